@@ -1,0 +1,271 @@
+/*
+ * ampprobe/probe.h - libprobe: the instrumentation API a trainer calls at
+ * every layer, and the validating reader every tool uses.
+ *
+ * Writing: open a session on a path, register layers, then per step
+ * probe_step_begin / probe_tensor_record ... / probe_step_scalars /
+ * probe_step_end. Every call returns a probe_status; the library never exits
+ * or aborts the host program. The file format is docs/trace-format.md.
+ *
+ * Reading: probe_trace_open validates a trace and gives chunked access to its
+ * tables, with memory bounded independently of trace length.
+ */
+#ifndef AMPPROBE_PROBE_H
+#define AMPPROBE_PROBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampprobe/numerics.h"
+#include "ampprobe/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PROBE_TRACE_FORMAT "ampprobe-trace"
+#define PROBE_TRACE_VERSION 1
+#define PROBE_NAME_MAX 64 /* layer names, including the terminating NUL */
+
+/* ---- vocabulary ----------------------------------------------------------- */
+
+/* Module kinds. Names (probe_kind_name) are what users type in --fp32. */
+#define PROBE_KIND_MAP(XX)                                                     \
+  XX(INPUT, "input")                                                           \
+  XX(LINEAR, "linear")                                                         \
+  XX(BN, "bn")                                                                 \
+  XX(LAYERNORM, "layernorm")                                                   \
+  XX(REVIN, "revin")                                                           \
+  XX(ACTIVATION, "activation")                                                 \
+  XX(SOFTMAX, "softmax")                                                       \
+  XX(ATTENTION, "attention")                                                   \
+  XX(LOSS, "loss")                                                             \
+  XX(OTHER, "other")
+
+typedef enum probe_kind {
+#define PROBE_KIND_ENUM_(name, str) PROBE_KIND_##name,
+  PROBE_KIND_MAP(PROBE_KIND_ENUM_)
+#undef PROBE_KIND_ENUM_
+      PROBE_KIND_COUNT
+} probe_kind;
+
+const char *probe_kind_name(probe_kind k);
+/* Returns PROBE_ERR_NOT_FOUND for an unknown name. */
+probe_status probe_kind_parse(const char *name, probe_kind *out);
+
+/* Precision a module runs in. */
+typedef enum probe_precision {
+  PROBE_PREC_FP32 = 0,
+  PROBE_PREC_FP16 = 1,
+  PROBE_PREC_BF16 = 2,
+} probe_precision;
+
+const char *probe_precision_name(probe_precision p); /* "fp32", ... */
+probe_status probe_precision_parse(const char *name, probe_precision *out);
+
+/* Where in a layer a tensor was observed. The phase follows from the site. */
+#define PROBE_SITE_MAP(XX)                                                     \
+  XX(FWD_IN, "fwd_in", FORWARD)       /* input the layer received */           \
+  XX(FWD_OUT, "fwd_out", FORWARD)     /* output the layer produced */          \
+  XX(FWD_SAVED, "fwd_saved", FORWARD) /* saved intermediate: mean, var,        \
+                                         scores, probabilities */              \
+  XX(GRAD_OUT, "grad_out", BACKWARD)  /* gradient arriving at the output */    \
+  XX(GRAD_IN, "grad_in", BACKWARD)    /* gradient leaving to the input */      \
+  XX(WEIGHT, "weight", FORWARD)       /* parameter as used (cast) */           \
+  XX(WEIGHT_GRAD, "weight_grad", BACKWARD) /* parameter gradient (scaled) */   \
+  XX(MASTER_WEIGHT, "master_weight", OPTIMIZER) /* FP32 master after step */
+
+typedef enum probe_site {
+#define PROBE_SITE_ENUM_(name, str, phase) PROBE_SITE_##name,
+  PROBE_SITE_MAP(PROBE_SITE_ENUM_)
+#undef PROBE_SITE_ENUM_
+      PROBE_SITE_COUNT
+} probe_site;
+
+typedef enum probe_phase {
+  PROBE_PHASE_FORWARD = 0,
+  PROBE_PHASE_BACKWARD = 1,
+  PROBE_PHASE_OPTIMIZER = 2,
+} probe_phase;
+
+const char *probe_site_name(probe_site s);
+probe_status probe_site_parse(const char *name, probe_site *out);
+probe_phase probe_site_phase(probe_site s);
+const char *probe_phase_name(probe_phase p);
+
+/* ---- records as stored and read back ------------------------------------- */
+
+typedef struct probe_layer_info {
+  int32_t id;                 /* index in the layers table, 0-based */
+  char name[PROBE_NAME_MAX];  /* hierarchical, "encoder.bn2" */
+  int32_t kind;               /* probe_kind */
+  int32_t precision;          /* probe_precision */
+} probe_layer_info;
+
+typedef struct probe_record {
+  int64_t step;
+  uint32_t seq;   /* execution order within the step, from 0 */
+  int32_t layer;  /* layer id */
+  int32_t site;   /* probe_site */
+  int32_t dtype;  /* probe_dtype of the tensor as materialised */
+  probe_stats stats;
+} probe_record;
+
+typedef struct probe_step_scalars {
+  int64_t step;
+  double loss;           /* unscaled loss of the step (NaN/inf kept) */
+  double loss_scale;     /* scale used for this step's backward; 1 if off */
+  int32_t growth_tracker; /* after the update */
+  int32_t found_inf;     /* a gradient was non-finite after unscaling */
+  int32_t skipped;       /* optimizer step skipped */
+  double lr;             /* learning rate used */
+  double grad_norm;      /* global L2 norm seen by the clipper, before clip */
+  double clip_threshold; /* max_norm; 0 when clipping is off */
+  double clip_coef;      /* coefficient applied, min(1, max/(norm+eps)); 1 if
+                            no clipping happened */
+  double wall_time;      /* seconds since the session opened */
+} probe_step_scalars;
+
+typedef enum probe_scaler_kind {
+  PROBE_SCALER_BACKOFF = 0,   /* non-finite gradients: scale *= backoff */
+  PROBE_SCALER_GROWTH = 1,    /* growth_interval clean steps: scale *= growth */
+  PROBE_SCALER_HYSTERESIS = 2, /* overflow absorbed by hysteresis, no change */
+  PROBE_SCALER_MIN_CLAMP = 3, /* backoff stopped at the minimum scale */
+} probe_scaler_kind;
+
+const char *probe_scaler_kind_name(probe_scaler_kind k);
+
+typedef struct probe_scaler_event {
+  int64_t step;
+  int32_t kind; /* probe_scaler_kind */
+  double old_scale;
+  double new_scale;
+  int32_t growth_tracker; /* after the event */
+} probe_scaler_event;
+
+/* ---- writing: the session ------------------------------------------------- */
+
+typedef struct probe_session probe_session;
+
+typedef enum probe_record_mode {
+  /* Step scalars always; per-layer records go to an in-memory ring of the
+   * last ring_steps steps, written out when the first non-finite value
+   * appears (the flight recorder). */
+  PROBE_MODE_SCALARS = 0,
+  /* Every selected layer at every selected step. */
+  PROBE_MODE_FULL = 1,
+} probe_record_mode;
+
+typedef struct probe_options {
+  probe_record_mode mode;    /* default PROBE_MODE_SCALARS */
+  const char *layer_select;  /* comma-separated name globs; NULL = all */
+  int64_t step_start;        /* first step recorded in full mode (0) */
+  int64_t step_end;          /* last step recorded, -1 = no end */
+  int64_t step_every;        /* record every N-th step (1) */
+  int ring_steps;            /* flight-recorder depth K (8) */
+  double flush_seconds;      /* flush at most this long after data (1.0) */
+  int64_t flush_steps;       /* also flush every N steps; 0 = off (0) */
+  int snapshot_on_nonfinite; /* store full tensors at the first event (1) */
+  size_t snapshot_max_elems; /* per tensor cap on stored elements (1<<20) */
+  const char *command_line;  /* stored as a root attribute; may be NULL */
+  const char *config_json;   /* run configuration, stored verbatim */
+  const char *precision_policy; /* human-readable, e.g. "fp16; fp32: bn" */
+  int cupti;                 /* collect kernel activity when on a GPU (0) */
+} probe_options;
+
+/* Fills the defaults shown above. */
+void probe_options_init(probe_options *opt);
+
+/* Creates (truncates) the trace file at path. */
+probe_status probe_session_open(probe_session **out, const char *path,
+                                const probe_options *opt);
+/* Flushes, marks the trace complete and closes. Always frees s. */
+probe_status probe_session_close(probe_session *s);
+/* Forces everything buffered to disk now. */
+probe_status probe_session_flush(probe_session *s);
+/* Text of the last error, for messages ("H5Dwrite failed: ..."). */
+const char *probe_session_last_error(const probe_session *s);
+
+/* Layers must be registered before the first probe_step_begin. */
+probe_status probe_layer_register(probe_session *s, const char *name,
+                                  probe_kind kind, probe_precision prec,
+                                  int32_t *layer_id);
+
+probe_status probe_step_begin(probe_session *s, int64_t step);
+
+/* Records the statistics of one tensor. data is host or CUDA device memory
+ * (detected); it must stay valid and unchanged until probe_step_end, since
+ * the probe may snapshot it when this layer turns out to hold the step's
+ * first non-finite value. Records of unselected layers/steps cost nothing
+ * beyond a check. */
+probe_status probe_tensor_record(probe_session *s, int32_t layer,
+                                 probe_site site, probe_dtype dtype,
+                                 const void *data, size_t n);
+
+/* Sets the step's scalars (sc->step is ignored; the current step is used). */
+probe_status probe_step_scalars(probe_session *s,
+                                const probe_step_scalars *sc);
+probe_status probe_scaler_transition(probe_session *s,
+                                     const probe_scaler_event *ev);
+probe_status probe_step_end(probe_session *s);
+
+/* NVTX range helpers: no-ops without CUDA/NVTX. */
+void probe_range_push(probe_session *s, int32_t layer, probe_site site);
+void probe_range_pop(probe_session *s);
+
+/* ---- reading -------------------------------------------------------------- */
+
+typedef struct probe_trace probe_trace;
+
+typedef struct probe_trace_info {
+  int version;
+  int complete;         /* 1 when the writer closed the file cleanly */
+  int record_mode;      /* probe_record_mode the writer used */
+  int64_t n_layers;
+  int64_t n_steps;      /* rows in the steps table */
+  int64_t n_records;
+  int64_t n_scaler_events;
+  int64_t n_snapshots;
+  int64_t last_step;    /* last step recorded, -1 if none */
+  int64_t first_nonfinite_step; /* as the writer saw it, -1 if none */
+  const char *created;      /* ISO 8601 UTC */
+  const char *command_line;
+  const char *config_json;
+  const char *precision_policy;
+  const char *library_versions;
+} probe_trace_info;
+
+/* Opens and validates (format name and version, tables, types). Errors:
+ * PROBE_ERR_NOT_FOUND, PROBE_ERR_NOT_HDF5, PROBE_ERR_NOT_TRACE,
+ * PROBE_ERR_VERSION, PROBE_ERR_CORRUPT. Opens traces of killed writers. */
+probe_status probe_trace_open(probe_trace **out, const char *path);
+void probe_trace_close(probe_trace *t);
+/* Text of the last error, one line. */
+const char *probe_trace_last_error(const probe_trace *t);
+
+const probe_trace_info *probe_trace_get_info(const probe_trace *t);
+/* The layers table (small: held in memory). */
+const probe_layer_info *probe_trace_layers(const probe_trace *t, size_t *n);
+
+/* Chunked reads: copy up to max rows starting at row `start` into buf and set
+ * *got (0 at the end). Rows are in write order (records: step, then seq). */
+probe_status probe_trace_read_records(probe_trace *t, int64_t start,
+                                      size_t max, probe_record *buf,
+                                      size_t *got);
+probe_status probe_trace_read_steps(probe_trace *t, int64_t start, size_t max,
+                                    probe_step_scalars *buf, size_t *got);
+probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
+                                            size_t max,
+                                            probe_scaler_event *buf,
+                                            size_t *got);
+
+/* Runs probe_trace_open in a child process first, so that a crash inside
+ * the HDF5 library on a malformed file becomes PROBE_ERR_CORRUPT instead of
+ * killing the caller; then opens it in this process. Tools use this. */
+probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
+                                       char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AMPPROBE_PROBE_H */

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, the Debian 12 packages ampprobe needs to build, test
+# and benchmark. Idempotent: packages already present are left alone, and
+# `apt-get update` runs only when something is missing.
+#
+#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh --browser  also chromium (the report tests)
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake pkg-config
+  libhdf5-dev hdf5-tools        # trace files (HDF5 C library, h5dump)
+  check                         # unit tests (libcheck, pkg-config 'check')
+  libjansson-dev                # configs and --json output
+  libopenblas-dev               # CPU GEMMs
+  python3-h5py python3-numpy    # interop tests read our traces with h5py
+  python3-torch                 # reference gradients for the trainer tests
+  chromium                      # report rendering test (headless)
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
