@@ -1,0 +1,573 @@
+/*
+ * tests/tools/test_diagnose.c - Check suite for the post-mortem engine
+ * (tools/diagnose.c). Each test writes a small trace through the libprobe
+ * writer API with a known anomaly (a 5-layer model input -> lin1 -> bn1 ->
+ * sm -> loss, 16-element tensors), reads it back with the isolated reader
+ * and checks the origin layer, the kind of event and the top diagnosis.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ampprobe/probe.h"
+#include "diagnose.h"
+
+#define N 16
+enum { L_INPUT, L_LIN, L_BN, L_SM, L_LOSS, N_LAYERS };
+
+typedef struct tb {
+  probe_session *s;
+  int32_t id[N_LAYERS];
+  float buf[64][N];
+  int nb;
+} tb;
+
+/* What goes wrong in one step. */
+typedef struct spec {
+  float in_mag;     /* input magnitude */
+  float bn_saved;   /* magnitude of bn's saved variance */
+  float grad_mag;   /* magnitude of the gradients */
+  int input_nan;    /* NaN in the input batch */
+  int bn_var_inf;   /* bn's variance overflows: saved inf, output NaN */
+  int lin_out_inf;  /* lin1's output overflows */
+  int sm_zeros;     /* softmax output underflows to zero, loss is inf */
+  int grad_inf;     /* lin1's weight gradient overflows (backward only) */
+  float weight_mag; /* |w| of lin1 */
+} spec;
+
+typedef struct scal {
+  double loss, scale, grad_norm, clip_threshold, clip_coef;
+  int skipped, found_inf;
+} scal;
+
+static char path_buf[256];
+static const char *tmp_path(const char *tag) {
+  snprintf(path_buf, sizeof path_buf, "/tmp/ampprobe-test-diag-%d-%s.h5",
+           (int)getpid(), tag);
+  return path_buf;
+}
+
+static void tb_open(tb *t, const char *path, int all_fp32) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.command_line = "ampprobe run --scenario unit --trace --steps 40";
+  o.config_json = "{\"name\": \"unit\"}";
+  o.precision_policy = all_fp32 ? "fp32" : "fp16";
+  memset(t, 0, sizeof *t);
+  ck_assert_int_eq(probe_session_open(&t->s, path, &o), PROBE_OK);
+  static const char *names[N_LAYERS] = {"input", "enc.lin1", "enc.bn1",
+                                        "head.sm", "loss"};
+  static const probe_kind kinds[N_LAYERS] = {PROBE_KIND_INPUT,
+                                             PROBE_KIND_LINEAR, PROBE_KIND_BN,
+                                             PROBE_KIND_SOFTMAX,
+                                             PROBE_KIND_LOSS};
+  for (int i = 0; i < N_LAYERS; i++) {
+    probe_precision p = (all_fp32 || i == L_INPUT || i == L_LOSS)
+                            ? PROBE_PREC_FP32
+                            : PROBE_PREC_FP16;
+    ck_assert_int_eq(probe_layer_register(t->s, names[i], kinds[i], p,
+                                          &t->id[i]),
+                     PROBE_OK);
+  }
+}
+
+/* Records N values: mag * (0.5 + i/N), with nan/inf/zeros at the start. */
+static void rec(tb *t, int layer, probe_site site, float mag, int n_nan,
+                int n_inf, int n_zero) {
+  ck_assert_int_lt(t->nb, 64);
+  float *b = t->buf[t->nb++];
+  for (int i = 0; i < N; i++) b[i] = mag * (0.5f + (float)i / N);
+  int k = 0;
+  for (int i = 0; i < n_nan; i++) b[k++] = NAN;
+  for (int i = 0; i < n_inf; i++) b[k++] = INFINITY;
+  for (int i = 0; i < n_zero; i++) b[k++] = 0.0f;
+  ck_assert_int_eq(probe_tensor_record(t->s, t->id[layer], site,
+                                       PROBE_DTYPE_F32, b, N),
+                   PROBE_OK);
+}
+
+static void tb_step(tb *t, int64_t step, const spec *sp, const scal *sc) {
+  t->nb = 0;
+  ck_assert_int_eq(probe_step_begin(t->s, step), PROBE_OK);
+  int bad = 0; /* a non-finite value flows forward */
+  float x = sp->in_mag > 0 ? sp->in_mag : 1.0f;
+  rec(t, L_INPUT, PROBE_SITE_FWD_OUT, x, sp->input_nan ? 2 : 0, 0, 0);
+  bad = sp->input_nan;
+  rec(t, L_LIN, PROBE_SITE_FWD_IN, x, bad ? 2 : 0, 0, 0);
+  rec(t, L_LIN, PROBE_SITE_WEIGHT, sp->weight_mag > 0 ? sp->weight_mag : 0.5f,
+      0, 0, 0);
+  rec(t, L_LIN, PROBE_SITE_FWD_OUT, x * 2, bad ? 2 : 0,
+      sp->lin_out_inf ? 3 : 0, 0);
+  bad = bad || sp->lin_out_inf;
+  rec(t, L_BN, PROBE_SITE_FWD_IN, x * 2, sp->input_nan ? 2 : 0,
+      sp->lin_out_inf ? 3 : 0, 0);
+  rec(t, L_BN, PROBE_SITE_FWD_SAVED, sp->bn_saved > 0 ? sp->bn_saved : 1.0f,
+      bad ? 1 : 0, sp->bn_var_inf ? 1 : 0, 0);
+  rec(t, L_BN, PROBE_SITE_FWD_OUT, 1.0f, (bad || sp->bn_var_inf) ? 4 : 0, 0, 0);
+  bad = bad || sp->bn_var_inf;
+  rec(t, L_SM, PROBE_SITE_FWD_IN, 1.0f, bad ? 4 : 0, 0, 0);
+  rec(t, L_SM, PROBE_SITE_FWD_OUT, 0.1f, bad ? 4 : 0, 0,
+      sp->sm_zeros ? 5 : 0);
+  rec(t, L_LOSS, PROBE_SITE_FWD_IN, 0.1f, bad ? 4 : 0, 0,
+      sp->sm_zeros ? 5 : 0);
+  rec(t, L_LOSS, PROBE_SITE_FWD_OUT, 1.0f, bad ? N : 0, sp->sm_zeros ? N : 0,
+      0);
+  bad = bad || sp->sm_zeros;
+  /* backward, in reverse */
+  float g = sp->grad_mag > 0 ? sp->grad_mag : 1.0f;
+  int gn = bad ? N : 0;
+  rec(t, L_LOSS, PROBE_SITE_GRAD_OUT, (float)sc->scale, 0, 0, 0);
+  rec(t, L_LOSS, PROBE_SITE_GRAD_IN, g, gn, 0, 0);
+  rec(t, L_SM, PROBE_SITE_GRAD_OUT, g, gn, 0, 0);
+  rec(t, L_SM, PROBE_SITE_GRAD_IN, g, gn, 0, 0);
+  rec(t, L_BN, PROBE_SITE_GRAD_OUT, g, gn, 0, 0);
+  rec(t, L_BN, PROBE_SITE_GRAD_IN, g, gn, 0, 0);
+  rec(t, L_BN, PROBE_SITE_WEIGHT_GRAD, g, gn, 0, 0);
+  rec(t, L_LIN, PROBE_SITE_GRAD_OUT, g, gn, 0, 0);
+  rec(t, L_LIN, PROBE_SITE_WEIGHT_GRAD, g, gn, sp->grad_inf ? 2 : 0, 0);
+  probe_step_scalars s;
+  memset(&s, 0, sizeof s);
+  s.loss = sp->sm_zeros ? INFINITY : (bad ? NAN : sc->loss);
+  s.loss_scale = sc->scale;
+  s.found_inf = sc->found_inf || bad || sp->grad_inf;
+  s.skipped = sc->skipped || s.found_inf;
+  s.lr = 1e-3;
+  s.grad_norm = sc->grad_norm;
+  s.clip_threshold = sc->clip_threshold;
+  s.clip_coef = sc->clip_coef > 0 ? sc->clip_coef : 1.0;
+  ck_assert_int_eq(probe_step_set_scalars(t->s, &s), PROBE_OK);
+  ck_assert_int_eq(probe_step_end(t->s), PROBE_OK);
+}
+
+static void scaler_event(tb *t, int64_t step, probe_scaler_kind k, double old,
+                         double nw) {
+  probe_scaler_event e = {.step = step, .kind = k, .old_scale = old,
+                          .new_scale = nw, .growth_tracker = 0};
+  ck_assert_int_eq(probe_scaler_transition(t->s, &e), PROBE_OK);
+}
+
+static void diag_of(probe_diag *d, const char *path) {
+  probe_trace *tr = NULL;
+  char err[256];
+  ck_assert_int_eq(probe_trace_open_isolated(&tr, path, err, sizeof err),
+                   PROBE_OK);
+  diag_options o;
+  diag_options_init(&o);
+  o.chunk_rows = 7; /* small chunks: exercise chunk boundaries */
+  ck_assert_int_eq(probe_diag_run(d, tr, path, &o), PROBE_OK);
+  probe_trace_close(tr);
+}
+
+static scal clean(double loss, double scale) {
+  scal s = {.loss = loss, .scale = scale, .grad_norm = 0.5,
+            .clip_threshold = 0, .clip_coef = 1};
+  return s;
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+START_TEST(test_healthy) {
+  const char *p = tmp_path("healthy");
+  tb t;
+  tb_open(&t, p, 0);
+  spec sp = {0};
+  for (int s = 0; s < 30; s++) {
+    scal sc = clean(2.0 - 0.05 * s, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_NONE);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  ck_assert_int_eq(probe_diag_problem(&d), 0);
+  ck_assert_int_eq(d.complete, 1);
+  ck_assert_int_eq(d.n_steps, 30);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_bn_reduction_overflow) {
+  const char *p = tmp_path("bn");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.in_mag = 100.0f * (float)(s + 1),
+               .bn_saved = 2000.0f * (float)(1 << (s < 10 ? s / 2 : 5))};
+    sp.bn_var_inf = s >= 10;
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+    if (s >= 10) scaler_event(&t, s, PROBE_SCALER_BACKOFF, 65536, 32768);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_REDUCTION_OVERFLOW);
+  ck_assert_int_eq(d.event_step, 10);
+  ck_assert_int_eq(d.event_phase, PROBE_PHASE_FORWARD);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.bn1");
+  ck_assert_int_eq(d.feeder_layer, L_LIN);
+  /* passed on: sm and loss (forward), then backward layers */
+  ck_assert_int_ge(d.n_passed, 2);
+  ck_assert_str_eq(diag_layer_name(&d, d.passed[0]), "head.sm");
+  ck_assert_str_eq(diag_layer_name(&d, d.passed[1]), "loss");
+  /* the history shrinks toward the event */
+  ck_assert_int_ge(d.n_history, 4);
+  ck_assert(d.history[0].headroom > d.history[d.n_history - 2].headroom);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  ck_assert_ptr_nonnull(strstr(d.findings[0].next_step,
+                               "ampprobe bisect --fp32-candidates bn"));
+  ck_assert_ptr_nonnull(strstr(d.findings[0].next_step, "--scenario unit"));
+  ck_assert_int_eq(probe_diag_problem(&d), 1);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_softmax_underflow_to_inf) {
+  const char *p = tmp_path("sm");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 8; s++) {
+    spec sp = {.sm_zeros = s >= 5};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_UNDERFLOW_TO_INF);
+  ck_assert_int_eq(d.event_step, 5);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "loss");
+  ck_assert_str_eq(diag_layer_name(&d, d.feeder_layer), "head.sm");
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  ck_assert_str_eq(d.fp32_candidates, "softmax");
+  ck_assert_int_eq(d.first_nonfinite_loss_step, 5);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_input_nan) {
+  const char *p = tmp_path("nanin");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 6; s++) {
+    spec sp = {.input_nan = s == 3};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_INPUT_NAN);
+  ck_assert_int_eq(d.event_step, 3);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "input");
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_CLEAN_INPUT);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_linear_overflow_nan_downstream) {
+  const char *p = tmp_path("lin");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 6; s++) {
+    spec sp = {.in_mag = 1000.0f * (float)(s + 1), .lin_out_inf = s == 4};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_OVERFLOW);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.lin1");
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(d.have_origin_in, 1);
+  ck_assert_uint_eq(d.origin_out.posinf_count, 3);
+  /* bn received inf and produced NaN: inf arithmetic */
+  ck_assert_str_eq(diag_layer_name(&d, d.nan_from_inf_layer), "enc.bn1");
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_warmup_backoffs_are_healthy) {
+  const char *p = tmp_path("warm");
+  tb t;
+  tb_open(&t, p, 0);
+  double scale = 65536;
+  for (int s = 0; s < 20; s++) {
+    spec sp = {.grad_inf = s < 3};
+    scal sc = clean(2.0 - 0.01 * s, scale);
+    tb_step(&t, s, &sp, &sc);
+    if (s < 3) {
+      scaler_event(&t, s, PROBE_SCALER_BACKOFF, scale, scale / 2);
+      scale /= 2;
+    }
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_NONE);
+  ck_assert_int_eq(d.first_grad_overflow_step, 0);
+  ck_assert_int_eq(d.backoffs, 3);
+  ck_assert_int_eq(d.late_backoffs, 0);
+  ck_assert_int_eq(d.skipped_steps, 3);
+  ck_assert_int_eq(d.longest_skip_run, 3);
+  ck_assert_int_eq(d.n_backoff_detail, 3);
+  ck_assert_int_eq(d.backoff_detail[0].n_layers, 1);
+  ck_assert_str_eq(diag_layer_name(&d, d.backoff_detail[0].layers[0]),
+                   "enc.lin1");
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_scale_collapse) {
+  const char *p = tmp_path("collapse");
+  tb t;
+  tb_open(&t, p, 0);
+  double scale = 65536;
+  for (int s = 0; s < 40; s++) {
+    spec sp = {.grad_inf = s >= 5};
+    scal sc = clean(1.0, scale);
+    tb_step(&t, s, &sp, &sc);
+    if (s >= 5) {
+      scaler_event(&t, s, PROBE_SCALER_BACKOFF, scale, scale / 2);
+      scale /= 2;
+    }
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.scale_collapsed, 1);
+  ck_assert_int_eq(d.event, DIAG_EVENT_GRAD_OVERFLOW);
+  ck_assert_int_eq(d.event_step, 5);
+  ck_assert_int_eq(d.event_phase, PROBE_PHASE_BACKWARD);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.lin1");
+  ck_assert_int_eq(d.longest_skip_run, 35);
+  ck_assert_int_eq(d.layers[L_LIN].backoff_steps, 35);
+  ck_assert_int_eq(probe_diag_problem(&d), 1);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_clip_before_unscale_signature) {
+  const char *p = tmp_path("clip");
+  tb t;
+  tb_open(&t, p, 0);
+  double scale = 65536;
+  for (int s = 0; s < 40; s++) {
+    spec sp = {0};
+    /* the clipper sees scaled norms: norm = scale * 0.7 */
+    scal sc = {.loss = 1.0 + 0.1 * s, .scale = scale,
+               .grad_norm = scale * 0.7, .clip_threshold = 1.0,
+               .clip_coef = 1.0 / (scale * 0.7)};
+    tb_step(&t, s, &sp, &sc);
+    if (s % 8 == 7) {
+      scaler_event(&t, s, PROBE_SCALER_GROWTH, scale, scale * 2);
+      scale *= 2;
+    }
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.clipping_on, 1);
+  ck_assert_int_eq(d.clip_scaled_signature, 1);
+  ck_assert(d.corr_norm_scale > 0.99);
+  ck_assert_double_eq_tol(d.norm_over_scale, 0.7, 1e-6);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FIX_CLIP_ORDER);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_correct_clip_order_no_signature) {
+  const char *p = tmp_path("clipok");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 30; s++) {
+    spec sp = {0};
+    double norm = 0.5 + 1.0 * (s % 3);
+    scal sc = {.loss = 1.0, .scale = 65536.0 * (s < 15 ? 1 : 2),
+               .grad_norm = norm, .clip_threshold = 1.0,
+               .clip_coef = norm > 1 ? 1.0 / norm : 1.0};
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.clip_scaled_signature, 0);
+  ck_assert_double_eq_tol(d.max_clip_ratio, 2.5, 1e-9);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_no_loss_scale_underflow) {
+  const char *p = tmp_path("uflow");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 20; s++) {
+    spec sp = {.grad_mag = 1e-6f}; /* below 2^-14: subnormal in FP16 */
+    scal sc = clean(1.0, 1.0);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.scaling_on, 0);
+  ck_assert(d.worst_underflow_frac > 0.5);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_fp32_divergence_is_lr) {
+  const char *p = tmp_path("lr");
+  tb t;
+  tb_open(&t, p, 1);
+  for (int s = 0; s < 10; s++) {
+    spec sp = {.weight_mag = 0.5f * (float)(1 << s), .lin_out_inf = s == 9};
+    scal sc = clean(1.0 * (1 << s), 1.0);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.fp32_run, 1);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_LOWER_LR);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* A loss that fell 10x and then met an overflow is not an lr problem. */
+START_TEST(test_falling_loss_is_not_lr) {
+  const char *p = tmp_path("fall");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.bn_var_inf = s == 11, .weight_mag = 0.5f + 0.1f * (float)s};
+    scal sc = clean(10.0 / (1.0 + (double)s), 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_double_eq_tol(d.loss_rise, 1.0, 1e-12);
+  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_int_ne(d.findings[i].id, DIAG_FINDING_LOWER_LR);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_killed_writer) {
+  const char *p = tmp_path("killed");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    tb t;
+    tb_open(&t, p, 0);
+    for (int s = 0; s < 25; s++) {
+      spec sp = {.bn_var_inf = s >= 20};
+      scal sc = clean(1.0, 65536);
+      tb_step(&t, s, &sp, &sc);
+    }
+    probe_session_flush(t.s);
+    raise(SIGKILL);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ck_assert(WIFSIGNALED(status));
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.complete, 0);
+  ck_assert_int_eq(d.last_step, 24);
+  ck_assert_int_eq(d.event, DIAG_EVENT_REDUCTION_OVERFLOW);
+  ck_assert_int_eq(d.event_step, 20);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.bn1");
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+START_TEST(test_json_has_no_nan) {
+  const char *p = tmp_path("json");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 6; s++) {
+    spec sp = {.bn_var_inf = s >= 2};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  json_t *j = probe_diag_to_json(&d);
+  char *txt = json_dumps(j, 0);
+  ck_assert_ptr_nonnull(txt);
+  json_error_t err;
+  json_t *back = json_loads(txt, 0, &err);
+  ck_assert_ptr_nonnull(back);
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(back, "event"), "origin_layer")),
+                   "enc.bn1");
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_array_get(json_object_get(back, "diagnosis"), 0),
+                       "id")),
+                   "force-fp32");
+  free(txt);
+  json_decref(j);
+  json_decref(back);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+static Suite *make_diagnose_suite(void) {
+  Suite *s = suite_create("diagnose");
+  TCase *tc = tcase_create("engine");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_healthy);
+  tcase_add_test(tc, test_bn_reduction_overflow);
+  tcase_add_test(tc, test_softmax_underflow_to_inf);
+  tcase_add_test(tc, test_input_nan);
+  tcase_add_test(tc, test_linear_overflow_nan_downstream);
+  tcase_add_test(tc, test_warmup_backoffs_are_healthy);
+  tcase_add_test(tc, test_scale_collapse);
+  tcase_add_test(tc, test_clip_before_unscale_signature);
+  tcase_add_test(tc, test_correct_clip_order_no_signature);
+  tcase_add_test(tc, test_no_loss_scale_underflow);
+  tcase_add_test(tc, test_fp32_divergence_is_lr);
+  tcase_add_test(tc, test_falling_loss_is_not_lr);
+  tcase_add_test(tc, test_killed_writer);
+  tcase_add_test(tc, test_json_has_no_nan);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(make_diagnose_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

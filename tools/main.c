@@ -1,0 +1,79 @@
+/*
+ * tools/main.c - the `ampprobe` command: dispatches to one subcommand per
+ * file (tools/<name>.c). To add a subcommand, add a row to `commands`.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct command {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command commands[] = {
+    {"run", cmd_run, "train a scenario or config with probes, write a trace"},
+    {"postmortem", cmd_postmortem,
+     "explain a trace: first non-finite event, why, what to do"},
+    {"bisect", cmd_bisect,
+     "find a minimal set of modules to keep in FP32 (delta debugging)"},
+    {"diff", cmd_diff, "compare a trace with its baseline layer by layer"},
+    {"report", cmd_report, "write a self-contained HTML report with plots"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ampprobe <command> [options]   (ampprobe <command> --help)\n"
+          "\n"
+          "Numerical diagnostics and NaN hunting for FP16 mixed-precision "
+          "training.\n"
+          "\n"
+          "commands:\n");
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f,
+          "\n"
+          "options:\n"
+          "  -h, --help     this help\n"
+          "  --version      print the version\n"
+          "\n"
+          "exit codes (every command):\n"
+          "  0    healthy / no problem found\n"
+          "  1    the run diverged or a problem was diagnosed\n"
+          "  2    usage error (unknown option, bad value)\n"
+          "  3    unreadable or corrupt input\n"
+          "  4    internal or runtime error (e.g. cannot write the output)\n"
+          "  130  interrupted (SIGINT/SIGTERM)\n"
+          "errors are one line on stderr: 'ampprobe: <command>: <what>'.\n"
+          "\n"
+          "example session:\n"
+          "  ampprobe run --scenario revin-overflow --trace -o fp16.h5\n"
+          "  ampprobe postmortem fp16.h5\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("ampprobe %s\n", CLI_VERSION);
+    return CLI_EXIT_OK;
+  }
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    if (!strcmp(cmd, commands[i].name))
+      return commands[i].fn(argc - 1, argv + 1);
+  if (cmd[0] == '-')
+    cli_error(NULL, "unknown option %s (see 'ampprobe --help')", cmd);
+  else
+    cli_error(NULL, "unknown command '%s' (see 'ampprobe --help')", cmd);
+  return CLI_EXIT_USAGE;
+}
