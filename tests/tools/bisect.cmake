@@ -1,0 +1,30 @@
+# tests/tools/bisect.cmake - tests of `ampprobe bisect` and `ampprobe diff`:
+# the ddmin core (pure, synthetic oracles), the diff analysis on traces
+# written with the libprobe writer, and end-to-end runs of the command over
+# the scenario zoo. Included from tests/tools/CMakeLists.txt.
+add_executable(test_ddmin ${CMAKE_CURRENT_LIST_DIR}/test_ddmin.c
+                          ${PROJECT_SOURCE_DIR}/tools/ddmin.c)
+target_include_directories(test_ddmin PRIVATE ${PROJECT_SOURCE_DIR}/tools
+                                              ${PROJECT_SOURCE_DIR}/include)
+target_link_libraries(test_ddmin PRIVATE PkgConfig::CHECK m)
+add_test(NAME tools.ddmin COMMAND test_ddmin)
+set_tests_properties(tools.ddmin PROPERTIES LABELS "tools;bisect")
+
+add_executable(test_diff ${CMAKE_CURRENT_LIST_DIR}/test_diff.c
+                         ${PROJECT_SOURCE_DIR}/tools/diffcore.c)
+target_include_directories(test_diff PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+target_link_libraries(test_diff PRIVATE ampprobe_probe PkgConfig::CHECK
+                                        PkgConfig::JANSSON m)
+add_test(NAME tools.diff COMMAND test_diff)
+set_tests_properties(tools.diff PROPERTIES LABELS "tools;diff")
+
+# End-to-end: the real binary over the scenario zoo (trainings with -j 2;
+# a few seconds each group).
+add_test(NAME tools.e2e.bisect.zoo
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe> zoo)
+add_test(NAME tools.e2e.bisect.errors
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe> errors)
+add_test(NAME tools.e2e.diff
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_diff.sh $<TARGET_FILE:ampprobe>)
+set_tests_properties(tools.e2e.bisect.zoo tools.e2e.bisect.errors tools.e2e.diff
+                     PROPERTIES LABELS "tools;e2e" TIMEOUT 300)

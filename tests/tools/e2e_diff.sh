@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# tests/tools/e2e_diff.sh - end-to-end tests of `ampprobe diff`, driving the
+# real binary on traces it records itself: FP16 against the FP32 baseline on
+# revin-overflow (the error is introduced at RevIN), grad-underflow (the
+# gradients that flush to zero), healthy (agreement within tolerance), two
+# traces that do not align, and bad input with its exit codes.
+#
+# usage: e2e_diff.sh AMPPROBE_BINARY
+set -u
+BIN=${1:?usage: e2e_diff.sh AMPPROBE_BINARY}
+PY=/usr/bin/python3
+WORK=$(mktemp -d /tmp/ampprobe-e2e-diff.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+FAILS=0
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+pass() { echo "ok:   $*"; }
+jget() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+record() { # scenario -> $WORK/<scenario>-16.h5 and -32.h5 (full traces)
+  "$BIN" run --scenario "$1" --trace -q -o "$WORK/$1-16.h5" >/dev/null 2>&1
+  "$BIN" run --scenario "$1" --trace -q --precision fp32 -o "$WORK/$1-32.h5" >/dev/null 2>&1
+  [ -f "$WORK/$1-16.h5" ] && [ -f "$WORK/$1-32.h5" ] || fail "$1: could not record the traces"
+}
+
+diff_json() { # scenario -> $WORK/<scenario>.json, RC
+  "$BIN" diff "$WORK/$1-16.h5" "$WORK/$1-32.h5" --json >"$WORK/$1.json" 2>"$WORK/$1.err"
+  RC=$?
+}
+
+# revin-overflow: the introduction point is the RevIN layer, a local error
+record revin-overflow
+diff_json revin-overflow
+intro=$(jget "$WORK/revin-overflow.json" "d['divergence']['introduction_point']['layer']")
+kind=$(jget "$WORK/revin-overflow.json" "[r['kind'] for r in d['layers'] if r['layer']==d['divergence']['introduction_point']['layer']][0]")
+local_=$(jget "$WORK/revin-overflow.json" "d['divergence']['introduction_point']['local']")
+if [ "$RC" = 1 ] && [ "$kind" = revin ] && [ "$local_" = True ]; then
+  pass "revin-overflow: error introduced at $intro (kind $kind, local)"
+else
+  fail "revin-overflow: expected the introduction point at a revin layer, got '$intro' ($kind) exit $RC"
+fi
+first=$(jget "$WORK/revin-overflow.json" "d['layers'][0]['kind']")
+[ "$first" = revin ] && pass "revin-overflow: the table starts at RevIN" \
+  || fail "revin-overflow: first row is a $first layer"
+"$BIN" diff "$WORK/revin-overflow-16.h5" "$WORK/revin-overflow-32.h5" >"$WORK/r.txt"
+grep -q "^verdict: DIVERGE" "$WORK/r.txt" && grep -q "error introduced at $intro" "$WORK/r.txt" \
+  && pass "revin-overflow: text verdict on top" || fail "revin-overflow: text verdict"
+
+# softmax-underflow: the softmax output underflows to zero; the loss's log
+# turns that into inf downstream (carried, not introduced, there)
+record softmax-underflow
+diff_json softmax-underflow
+kind=$(jget "$WORK/softmax-underflow.json" "[r['kind'] for r in d['layers'] if r['layer']==d['divergence']['introduction_point']['layer']][0]")
+za=$(jget "$WORK/softmax-underflow.json" "d['divergence']['introduction_point']['zero_frac_a'] > d['divergence']['introduction_point']['zero_frac_b'] + 0.05")
+if [ "$RC" = 1 ] && [ "$kind" = softmax ] && [ "$za" = True ]; then
+  pass "softmax-underflow: error introduced at the softmax (values underflowed to zero)"
+else
+  fail "softmax-underflow: introduction point is a $kind layer (zeros A>B: $za), exit $RC"
+fi
+
+# grad-underflow: the layers whose gradients flush to zero are named
+record grad-underflow
+diff_json grad-underflow
+flush=$(jget "$WORK/grad-underflow.json" "','.join(sorted({r['layer'] for r in d['layers'] if r['flushes_to_zero']}))")
+allgrad=$(jget "$WORK/grad-underflow.json" "all(r['site'] in ('grad_in','grad_out','weight_grad') for r in d['layers'] if r['flushes_to_zero'])")
+isite=$(jget "$WORK/grad-underflow.json" "d['divergence']['introduction_point']['site']")
+if [ "$RC" = 1 ] && [ -n "$flush" ] && [ "$allgrad" = True ] &&
+   jget "$WORK/grad-underflow.json" "d['summary']" | grep -q "flush to zero in A" &&
+   case "$isite" in grad_*|weight_grad) true ;; *) false ;; esac; then
+  pass "grad-underflow: gradients flush to zero in {$flush}; introduced at $isite"
+else
+  fail "grad-underflow: expected flushing gradient layers, got {$flush} intro site $isite exit $RC"
+fi
+# ...and those are the layers where B's gradients are mostly non-zero
+zeros=$(jget "$WORK/grad-underflow.json" "min(r['zero_frac_a']-r['zero_frac_b'] for r in d['layers'] if r['flushes_to_zero'])")
+"$PY" -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.05 else 1)" "$zeros" \
+  && pass "grad-underflow: zero fraction A exceeds B by >= 5 points on each ($zeros)" \
+  || fail "grad-underflow: zero fractions $zeros"
+
+# healthy: agreement within tolerance, exit 0, -o written
+record healthy
+"$BIN" diff "$WORK/healthy-16.h5" "$WORK/healthy-32.h5" -o "$WORK/h.json" >"$WORK/h.txt" 2>&1
+RC=$?
+if [ "$RC" = 0 ] && grep -q "agree within tolerance" "$WORK/h.txt" &&
+   [ "$(jget "$WORK/h.json" "d['verdict']")" = agree ]; then
+  pass "healthy: agreement within tolerance ($(jget "$WORK/h.json" "round(max(r['max_window_rel'] for r in d['layers']),4)") largest windowed difference)"
+else
+  fail "healthy: expected agreement, got exit $RC: $(sed -n 6p "$WORK/h.txt")"
+fi
+# the same trace against itself: zero difference everywhere
+"$BIN" diff "$WORK/healthy-16.h5" "$WORK/healthy-16.h5" --json >"$WORK/same.json"
+[ "$(jget "$WORK/same.json" "max(r['max_rel_absmax']+r['max_rel_rms'] for r in d['layers'])")" = 0.0 ] \
+  && pass "a trace against itself: no difference" || fail "a trace against itself differs"
+
+# traces that do not align: different models and configs, said clearly
+"$BIN" diff "$WORK/healthy-16.h5" "$WORK/revin-overflow-32.h5" --json >"$WORK/na.json"
+RC=$?
+notes=$(jget "$WORK/na.json" "' | '.join(d['alignment']['notes'])")
+if [ "$RC" = 1 ] && echo "$notes" | grep -q "layer lists differ" &&
+   echo "$notes" | grep -q "beyond the precision policy"; then
+  pass "unaligned traces: the layer lists and configs that differ are named"
+else
+  fail "unaligned traces: exit $RC, notes: $notes"
+fi
+
+# memory bounded: peak RSS of diff on 10x longer traces stays flat
+if [ -x /usr/bin/time ]; then
+  rss() { # steps -> peak RSS in KiB of diffing two traces of that length
+    "$BIN" run --scenario healthy --steps "$1" --trace -q -o "$WORK/m16.h5" >/dev/null 2>&1
+    "$BIN" run --scenario healthy --steps "$1" --precision fp32 --trace -q -o "$WORK/m32.h5" >/dev/null 2>&1
+    /usr/bin/time -f "%M" "$BIN" diff "$WORK/m16.h5" "$WORK/m32.h5" 2>&1 >/dev/null | tail -1
+  }
+  r1=$(rss 150)
+  r2=$(rss 1500)
+  if [ "$r2" -lt $((r1 * 5 / 4 + 4096)) ]; then
+    pass "memory bounded: peak RSS $r1 KiB at 150 steps, $r2 KiB at 1500"
+  else
+    fail "peak RSS grows with trace length: $r1 KiB at 150 steps, $r2 KiB at 1500"
+  fi
+else
+  echo "skip: /usr/bin/time not installed, memory check not run"
+fi
+
+# bad input
+expect_err() { # code what args...
+  local code=$1 what=$2
+  shift 2
+  "$BIN" diff "$@" >"$WORK/e.out" 2>"$WORK/e.err"
+  local rc=$?
+  if [ "$rc" = "$code" ] && [ "$(grep -c . "$WORK/e.err")" = 1 ] &&
+     grep -q "^ampprobe: diff: " "$WORK/e.err"; then
+    pass "$what: exit $rc, '$(cat "$WORK/e.err")'"
+  else
+    fail "$what: expected exit $code and one 'ampprobe: diff:' line, got $rc: $(cat "$WORK/e.err")"
+  fi
+}
+T=$WORK/healthy-16.h5
+echo "not a trace" >"$WORK/text.h5"
+"$PY" -c "import h5py,sys; h5py.File(sys.argv[1],'w').create_dataset('x',data=[1,2,3])" "$WORK/other.h5"
+head -c 3000 "$T" >"$WORK/trunc.h5"
+expect_err 2 "no arguments"
+expect_err 2 "one trace" "$T"
+expect_err 2 "three traces" "$T" "$T" "$T"
+expect_err 2 "bad --threshold" "$T" "$T" --threshold -1
+expect_err 2 "bad --window" "$T" "$T" --window 0
+expect_err 2 "unknown option" "$T" "$T" --frobnicate
+expect_err 3 "missing file" "$WORK/none.h5" "$T"
+expect_err 3 "not HDF5" "$T" "$WORK/text.h5"
+expect_err 3 "HDF5 but not a trace" "$WORK/other.h5" "$T"
+expect_err 3 "truncated trace" "$WORK/trunc.h5" "$T"
+
+echo "$FAILS failure(s)"
+[ "$FAILS" = 0 ]

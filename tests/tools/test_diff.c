@@ -1,0 +1,453 @@
+/*
+ * tests/tools/test_diff.c - Check suite for tools/diffcore.c: two traces
+ * written with the libprobe writer from a small synthetic model
+ * (input -> revin -> lin1 -> soft -> loss, forward then backward), where
+ * trace A departs from B in controlled ways: agreement within rounding, a
+ * local overflow at revin, an error introduced at lin1 and carried on,
+ * gradients flushed to zero, different layer lists and configs, runs of
+ * different length, and tiny read chunks (streaming gives the same answer).
+ */
+#define _DEFAULT_SOURCE /* mkdtemp */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ampprobe/probe.h"
+#include "diffcore.h"
+
+#define NEL 32
+#define N_LAYERS 5
+
+static const char *layer_names[N_LAYERS] = {"input", "revin", "lin1", "soft",
+                                            "loss"};
+static const probe_kind layer_kinds[N_LAYERS] = {
+    PROBE_KIND_INPUT, PROBE_KIND_REVIN, PROBE_KIND_LINEAR, PROBE_KIND_SOFTMAX,
+    PROBE_KIND_LOSS};
+
+/* How A departs from B. */
+typedef enum variant {
+  V_SAME,      /* A = B * (1 + 1e-3): FP16 rounding only */
+  V_REVIN_INF, /* from step 5, revin's output overflows in A; downstream
+                  non-finite */
+  V_LIN1_DRIFT, /* from step 3, lin1 output +30% in A (its input agrees);
+                   downstream follows */
+  V_GRAD_FLUSH, /* lin1's gradients are all zero in A */
+  V_LOSS_PART,  /* only the loss differs, from step 7 */
+  V_BACKOFF,    /* step 2: A's scaled gradients overflow, A skips the step */
+} variant;
+
+typedef struct spec {
+  variant v;
+  int side;      /* 0 = A, 1 = B */
+  int steps;
+  int rename;    /* register "lin1" as "dense1" */
+  int seed;      /* config seed */
+} spec;
+
+/* The value scale of one record, and whether it holds an inf. */
+static double value(const spec *s, int step, int layer, probe_site site,
+                    int *inf, int *zero) {
+  *inf = 0;
+  *zero = 0;
+  double base = (1.0 + 0.1 * layer) * (1.0 + 0.01 * step) *
+                (site == PROBE_SITE_GRAD_OUT || site == PROBE_SITE_GRAD_IN ||
+                         site == PROBE_SITE_WEIGHT_GRAD
+                     ? 1e-3
+                     : 1.0);
+  if (s->side == 1)
+    return base;
+  int bwd = probe_site_phase(site) == PROBE_PHASE_BACKWARD;
+  switch (s->v) {
+  case V_SAME:
+    return base * 1.001;
+  case V_REVIN_INF:
+    if (step >= 5 && ((layer == 1 && site != PROBE_SITE_FWD_IN) ||
+                      (layer > 1 && !bwd) || bwd))
+      *inf = 1;
+    return base * 1.001;
+  case V_LIN1_DRIFT:
+    if (step >= 3 && ((layer == 2 && site == PROBE_SITE_FWD_OUT) ||
+                      (layer > 2 && !bwd) || bwd))
+      return base * 1.3;
+    return base * 1.001;
+  case V_GRAD_FLUSH:
+    if (layer == 2 && (site == PROBE_SITE_GRAD_IN ||
+                       site == PROBE_SITE_WEIGHT_GRAD))
+      *zero = 1;
+    return base * 1.001;
+  case V_LOSS_PART:
+    return base * 1.001;
+  case V_BACKOFF:
+    if (step == 2 && bwd && layer <= 2)
+      *inf = 1;
+    return base * 1.001;
+  }
+  return base;
+}
+
+static void record(probe_session *ps, const spec *s, int step, int32_t id,
+                   int layer, probe_site site) {
+  float buf[NEL];
+  int inf, zero;
+  double v = value(s, step, layer, site, &inf, &zero);
+  /* A's gradients are scaled by its loss scale (2^16), B's are not */
+  if (s->side == 0 && probe_site_phase(site) == PROBE_PHASE_BACKWARD)
+    v *= 65536.0;
+  for (int i = 0; i < NEL; i++)
+    buf[i] = zero ? 0.0f : (float)(v * (i + 1) / NEL);
+  if (inf)
+    buf[NEL / 2] = INFINITY;
+  ck_assert_int_eq(probe_tensor_record(ps, id, site, PROBE_DTYPE_F32, buf, NEL),
+                   PROBE_OK);
+}
+
+static void write_trace(const char *path, const spec *s) {
+  probe_options opt;
+  probe_options_init(&opt);
+  opt.mode = PROBE_MODE_FULL;
+  opt.snapshot_on_nonfinite = 0;
+  char cfg[256];
+  snprintf(cfg, sizeof cfg,
+           "{\"name\":\"synthetic\",\"seed\":%d,\"precision\":\"%s\","
+           "\"model\":[{\"kind\":\"revin\"},{\"kind\":\"linear\",\"out\":8}]}",
+           s->seed, s->side == 0 ? "fp16" : "fp32");
+  opt.config_json = cfg;
+  opt.precision_policy = s->side == 0 ? "fp16" : "fp32";
+  probe_session *ps = NULL;
+  ck_assert_int_eq(probe_session_open(&ps, path, &opt), PROBE_OK);
+  int32_t ids[N_LAYERS];
+  for (int l = 0; l < N_LAYERS; l++) {
+    const char *name = layer_names[l];
+    if (s->rename && l == 2)
+      name = "dense1";
+    ck_assert_int_eq(probe_layer_register(ps, name, layer_kinds[l],
+                                          s->side == 0 ? PROBE_PREC_FP16
+                                                       : PROBE_PREC_FP32,
+                                          &ids[l]),
+                     PROBE_OK);
+  }
+  for (int step = 0; step < s->steps; step++) {
+    ck_assert_int_eq(probe_step_begin(ps, step), PROBE_OK);
+    for (int l = 0; l < N_LAYERS; l++) {
+      record(ps, s, step, ids[l], l, PROBE_SITE_FWD_IN);
+      if (l == 1)
+        record(ps, s, step, ids[l], l, PROBE_SITE_FWD_SAVED);
+      if (l == 2)
+        record(ps, s, step, ids[l], l, PROBE_SITE_WEIGHT);
+      record(ps, s, step, ids[l], l, PROBE_SITE_FWD_OUT);
+    }
+    for (int l = N_LAYERS - 1; l >= 1; l--) {
+      record(ps, s, step, ids[l], l, PROBE_SITE_GRAD_OUT);
+      record(ps, s, step, ids[l], l, PROBE_SITE_GRAD_IN);
+      if (l == 2)
+        record(ps, s, step, ids[l], l, PROBE_SITE_WEIGHT_GRAD);
+    }
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = 2.0 / (1.0 + step);
+    if (s->side == 0 && s->v == V_LOSS_PART && step >= 7)
+      sc.loss *= 3.0;
+    if (s->side == 0 && s->v == V_REVIN_INF && step >= 5)
+      sc.loss = NAN;
+    sc.loss_scale = s->side == 0 ? 65536.0 : 1.0;
+    if (s->side == 0 && s->v == V_BACKOFF && step == 2)
+      sc.found_inf = sc.skipped = 1;
+    sc.lr = 1e-3;
+    sc.clip_coef = 1.0;
+    ck_assert_int_eq(probe_step_set_scalars(ps, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(ps), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(ps), PROBE_OK);
+}
+
+static char dir[] = "/tmp/ampprobe-test-diff-XXXXXX";
+static char path_a[256], path_b[256];
+
+/* Writes A (fp16, variant v) and B (fp32 baseline), runs the diff. */
+static void run_diff_w(probe_diff *d, spec a, spec b, size_t chunk,
+                       int window) {
+  a.side = 0;
+  b.side = 1;
+  write_trace(path_a, &a);
+  write_trace(path_b, &b);
+  probe_trace *ta = NULL, *tb = NULL;
+  ck_assert_int_eq(probe_trace_open(&ta, path_a), PROBE_OK);
+  ck_assert_int_eq(probe_trace_open(&tb, path_b), PROBE_OK);
+  probe_diff_options opt;
+  probe_diff_options_init(&opt);
+  if (chunk)
+    opt.chunk_rows = chunk;
+  if (window)
+    opt.window = window;
+  ck_assert_int_eq(probe_diff_run(d, ta, tb, &opt), PROBE_OK);
+  probe_trace_close(ta);
+  probe_trace_close(tb);
+}
+
+static void run_diff(probe_diff *d, spec a, spec b, size_t chunk) {
+  run_diff_w(d, a, b, chunk, 0);
+}
+
+static const probe_diff_entry *find(const probe_diff *d, const char *layer,
+                                    probe_site site) {
+  for (size_t i = 0; i < d->n_entries; i++)
+    if (!strcmp(d->entries[i].layer, layer) && d->entries[i].site == (int)site)
+      return &d->entries[i];
+  return NULL;
+}
+
+static void setup(void) {
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path_a, sizeof path_a, "%s/a.h5", dir);
+  snprintf(path_b, sizeof path_b, "%s/b.h5", dir);
+}
+
+static void teardown(void) {
+  unlink(path_a);
+  unlink(path_b);
+  rmdir(dir);
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+START_TEST(test_rel) {
+  ck_assert_double_eq(probe_diff_rel(0, 0), 0);
+  ck_assert_double_eq_tol(probe_diff_rel(1.0, 1.1), 0.1 / 1.1, 1e-12);
+  ck_assert_double_eq(probe_diff_rel(2.0, 2.0), 0);
+  ck_assert_double_eq(probe_diff_rel(0, 1e-7), 1);
+  ck_assert_double_eq(probe_diff_rel(NAN, 1), 1);
+  ck_assert_double_eq(probe_diff_rel(NAN, NAN), 0);
+}
+END_TEST
+
+START_TEST(test_agree) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 12},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_AGREE);
+  ck_assert_int_eq(d.first_div_step, -1);
+  ck_assert_int_eq(d.loss_part_step, -1);
+  ck_assert_int_eq(d.steps_common, 12);
+  ck_assert_int_eq(d.n_layers_common, N_LAYERS);
+  ck_assert_int_eq(d.records_unmatched, 0);
+  ck_assert_int_eq(d.config_other, 0); /* only "precision" differs */
+  ck_assert_uint_eq(json_array_size(d.config_diff), 1);
+  const probe_diff_entry *e = find(&d, "lin1", PROBE_SITE_FWD_OUT);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->steps, 12);
+  ck_assert_double_eq_tol(e->max_rel_absmax, 0.001 / 1.001, 1e-5);
+  ck_assert_double_lt(e->max_rel_rms, 0.002);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "agree within tolerance"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_local_overflow_at_revin) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 10},
+           (spec){.v = V_SAME, .steps = 10}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_int_eq(d.first_div_step, 5);
+  ck_assert(d.intro.found);
+  ck_assert_str_eq(d.intro.layer, "revin");
+  ck_assert_int_eq(d.intro.site, PROBE_SITE_FWD_SAVED); /* first in order */
+  ck_assert(d.intro.local);
+  ck_assert(d.intro.nonfinite);
+  ck_assert(d.first_nonfinite_a.found && !d.first_nonfinite_b.found);
+  ck_assert_str_eq(d.first_nonfinite_a.layer, "revin");
+  ck_assert_int_eq(d.first_nonfinite_a.step, 5);
+  /* downstream lin1 output is carried, not local */
+  const probe_diff_entry *e = find(&d, "lin1", PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(e->first_div_step, 5);
+  ck_assert_int_eq(e->local_steps, 0);
+  ck_assert_int_eq(e->carried_steps, 5);
+  /* the table starts where divergence begins: revin first */
+  ck_assert_str_eq(d.entries[0].layer, "revin");
+  ck_assert_int_eq(d.entries[0].first_div_step, 5);
+  /* the input layer never diverges and sorts after every diverging one */
+  ck_assert_int_eq(find(&d, "input", PROBE_SITE_FWD_OUT)->first_div_step, -1);
+  ck_assert_int_eq(d.first_nonfinite_loss_a, 5);
+  ck_assert_int_eq(d.loss_part_step, 5);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "introduced at revin"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_carried_from_lin1) {
+  /* window 1: every step judged on its own */
+  probe_diff d;
+  run_diff_w(&d, (spec){.v = V_LIN1_DRIFT, .steps = 12},
+             (spec){.v = V_SAME, .steps = 12}, 0, 1);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_int_eq(d.first_div_step, 3);
+  ck_assert_str_eq(d.intro.layer, "lin1");
+  ck_assert_int_eq(d.intro.site, PROBE_SITE_FWD_OUT);
+  ck_assert_double_eq_tol(d.intro.rel, 0.3 / 1.3, 1e-4);
+  const probe_diff_entry *l1 = find(&d, "lin1", PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(l1->local_steps, 9);
+  ck_assert_int_eq(l1->carried_steps, 0);
+  ck_assert_int_eq(l1->first_exceed_step, 3);
+  const probe_diff_entry *sm = find(&d, "soft", PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(sm->local_steps, 0);
+  ck_assert_int_eq(sm->carried_steps, 9);
+  ck_assert_int_eq(find(&d, "revin", PROBE_SITE_FWD_OUT)->first_div_step, -1);
+  ck_assert(!d.first_nonfinite_a.found);
+  probe_diff_free(&d);
+
+  /* default window 10: a sustained 0.23 difference averages past 0.1 after
+   * five steps (0.23 * 5 / 10); the per-step first exceedance stays 3 */
+  run_diff(&d, (spec){.v = V_LIN1_DRIFT, .steps = 12},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_int_eq(d.first_div_step, 7);
+  ck_assert_str_eq(d.intro.layer, "lin1");
+  l1 = find(&d, "lin1", PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(l1->first_exceed_step, 3);
+  ck_assert_int_eq(l1->first_div_step, 7);
+  ck_assert_double_eq_tol(l1->max_window_rel, 0.3 / 1.3 * 9 / 10, 1e-4);
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_grad_flush) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_GRAD_FLUSH, .steps = 6},
+           (spec){.v = V_SAME, .steps = 6}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  const probe_diff_entry *g = find(&d, "lin1", PROBE_SITE_GRAD_IN);
+  ck_assert(g->flushes_to_zero);
+  ck_assert(find(&d, "lin1", PROBE_SITE_WEIGHT_GRAD)->flushes_to_zero);
+  ck_assert(!find(&d, "soft", PROBE_SITE_GRAD_IN)->flushes_to_zero);
+  ck_assert(!find(&d, "lin1", PROBE_SITE_FWD_OUT)->flushes_to_zero);
+  /* the zeros diverge at once (100% vs 0%), before the windowed RMS */
+  ck_assert_int_eq(d.first_div_step, 0);
+  ck_assert_double_eq(d.intro.zero_a, 1.0);
+  ck_assert_double_eq(d.intro.zero_b, 0.0);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "underflowed to zero"));
+  ck_assert_int_eq(g->first_exceed_step, 0);
+  ck_assert_str_eq(d.intro.layer, "lin1");
+  ck_assert_int_eq(d.intro.site, PROBE_SITE_GRAD_IN);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "flush to zero in A: lin1"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_loss_part) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_LOSS_PART, .steps = 10},
+           (spec){.v = V_SAME, .steps = 10}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_int_eq(d.first_div_step, -1); /* no layer diverges */
+  /* rel 2/3 per step from step 7; windowed over 10: 0.067, then 0.133 */
+  ck_assert_int_eq(d.loss_part_step, 8);
+  ck_assert_double_eq_tol(d.loss_a_at_part, 3.0 * 2.0 / 9.0, 1e-12);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "part at step 8"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_scaler_backoff_not_divergence) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_BACKOFF, .steps = 6},
+           (spec){.v = V_SAME, .steps = 6}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_AGREE);
+  /* lin1 grad_out, grad_in, weight_grad; revin grad_out, grad_in */
+  ck_assert_int_eq(d.scaler_overflow_records, 5);
+  ck_assert(!d.first_nonfinite_a.found);
+  ck_assert_int_eq(find(&d, "lin1", PROBE_SITE_WEIGHT_GRAD)->first_nonfinite_a,
+                   2);
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_not_aligned) {
+  probe_diff d;
+  spec a = {.v = V_SAME, .steps = 4, .rename = 1, .seed = 7};
+  spec b = {.v = V_SAME, .steps = 4, .seed = 1};
+  run_diff(&d, a, b, 0);
+  /* four layers still align; lin1/dense1 do not */
+  ck_assert_int_eq(d.n_layers_common, N_LAYERS - 1);
+  ck_assert_str_eq(d.only_a, "dense1");
+  ck_assert_str_eq(d.only_b, "lin1");
+  ck_assert(d.config_other);
+  int seed = 0;
+  for (size_t i = 0; i < json_array_size(d.config_diff); i++)
+    seed |= !strcmp(json_string_value(json_object_get(
+                        json_array_get(d.config_diff, i), "key")),
+                    "seed");
+  ck_assert(seed);
+  ck_assert_int_gt(d.records_unmatched, 0);
+  ck_assert_int_ge(d.n_notes, 2);
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_different_lengths) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 6},
+           (spec){.v = V_SAME, .steps = 9}, 0);
+  ck_assert_int_eq(d.steps_common, 6);
+  ck_assert_int_eq(d.steps_b, 9);
+  ck_assert_int_eq(d.last_step_a, 5);
+  ck_assert_int_eq(d.last_step_b, 8);
+  int said = 0;
+  for (int i = 0; i < d.n_notes; i++)
+    said |= strstr(d.notes[i], "end at different steps") != NULL;
+  ck_assert(said);
+  probe_diff_free(&d);
+}
+END_TEST
+
+START_TEST(test_chunked_same_answer) {
+  probe_diff big, small;
+  spec a = {.v = V_REVIN_INF, .steps = 9}, b = {.v = V_SAME, .steps = 9};
+  run_diff(&big, a, b, 0);
+  run_diff(&small, a, b, 3); /* chunks smaller than one step */
+  ck_assert_int_eq(big.n_entries, small.n_entries);
+  ck_assert_int_eq(big.first_div_step, small.first_div_step);
+  ck_assert_str_eq(big.intro.layer, small.intro.layer);
+  for (size_t i = 0; i < big.n_entries; i++) {
+    ck_assert_str_eq(big.entries[i].layer, small.entries[i].layer);
+    ck_assert_int_eq(big.entries[i].site, small.entries[i].site);
+    ck_assert_int_eq(big.entries[i].steps, small.entries[i].steps);
+    ck_assert_int_eq(big.entries[i].local_steps, small.entries[i].local_steps);
+  }
+  ck_assert_str_eq(big.verdict_text, small.verdict_text);
+  json_t *j = probe_diff_to_json(&big);
+  ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")), "diverge");
+  ck_assert_uint_eq(json_array_size(json_object_get(j, "layers")),
+                    big.n_entries);
+  json_decref(j);
+  probe_diff_free(&big);
+  probe_diff_free(&small);
+}
+END_TEST
+
+static Suite *make_diff_suite(void) {
+  Suite *s = suite_create("diff");
+  TCase *tc = tcase_create("core");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_rel);
+  tcase_add_test(tc, test_agree);
+  tcase_add_test(tc, test_local_overflow_at_revin);
+  tcase_add_test(tc, test_carried_from_lin1);
+  tcase_add_test(tc, test_grad_flush);
+  tcase_add_test(tc, test_loss_part);
+  tcase_add_test(tc, test_scaler_backoff_not_divergence);
+  tcase_add_test(tc, test_not_aligned);
+  tcase_add_test(tc, test_different_lengths);
+  tcase_add_test(tc, test_chunked_same_answer);
+  tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(make_diff_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,299 @@
+/*
+ * tools/diff.c - `ampprobe diff A.h5 B.h5`: compares a run (A, usually
+ * FP16) with its baseline (B, usually FP32) layer by layer and step by step.
+ * The analysis is tools/diffcore.c; this file parses options, opens both
+ * traces (isolated: a malformed file is "corrupt", never a crash), and
+ * renders the verdict, the alignment, the loss curves and the table sorted
+ * by where divergence begins, or the same as JSON.
+ * Exit 0 agree within tolerance, 1 diverge or not aligned.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "diffcore.h"
+
+static const char *SUB = "diff";
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: ampprobe diff A.h5 B.h5 [--threshold X] [--top N] [--json] [-o FILE]\n"
+"\n"
+"Compares trace A with trace B (same config and seed, different precision\n"
+"policy: A is usually the FP16 run, B its FP32 baseline). Layers are aligned\n"
+"by name, records by site and step. For each layer and site it reports the\n"
+"relative difference of absmax, RMS and L2 norm over the steps, the first\n"
+"step it exceeds the threshold, the first non-finite value on either side,\n"
+"and whether the error was introduced there (its inputs agreed) or carried\n"
+"in from upstream. The verdict names the error introduction point: at the\n"
+"first diverging step, the earliest layer whose output differs while its\n"
+"inputs did not. Loss curves are compared too. Record both runs with\n"
+"'ampprobe run --trace' for a step-by-step comparison.\n"
+"\n"
+"options:\n"
+"  --threshold X    relative difference that counts as divergence\n"
+"                   (default %.2f); rel = |a-b| / max(|a|,|b|)\n"
+"  --window W       steps the RMS difference is averaged over before it is\n"
+"                   compared with the threshold (default %d, 1 = per step)\n"
+"  --top N          rows of the table to print (default 20, 0 = all)\n"
+"  --json           print the result as JSON on stdout\n"
+"  -o, --output F   also write the JSON result to F\n"
+"  -q, --quiet      accepted for symmetry; diff shows no progress\n"
+"  -h, --help       this help\n"
+"\n"
+"exit: 0 A agrees with B within tolerance, 1 they diverge or do not align,\n"
+"      2 usage error, 3 unreadable or corrupt trace, 4 cannot write output\n"
+"\n"
+"example:\n"
+"  ampprobe run --scenario revin-overflow --trace -o fp16.h5\n"
+"  ampprobe run --scenario revin-overflow --precision fp32 --trace -o fp32.h5\n"
+"  ampprobe diff fp16.h5 fp32.h5\n",
+          PROBE_DIFF_DEFAULT_THRESHOLD, PROBE_DIFF_DEFAULT_WINDOW);
+}
+
+static void fmt_step(char *b, size_t n, int64_t s) {
+  if (s < 0)
+    snprintf(b, n, "-");
+  else
+    snprintf(b, n, "%lld", (long long)s);
+}
+
+static void fmt_val(char *b, size_t n, double x) {
+  if (isnan(x))
+    snprintf(b, n, "nan");
+  else if (isinf(x))
+    snprintf(b, n, "%sinf", x < 0 ? "-" : "");
+  else
+    snprintf(b, n, "%.6g", x);
+}
+
+static void print_text(const probe_diff *d, const char *pa, const char *pb,
+                       int top) {
+  FILE *f = stdout;
+  fprintf(f, "ampprobe diff: A = %s (%s)\n", pa, d->policy_a[0] ? d->policy_a : "?");
+  fprintf(f, "               B = %s (%s)\n\n", pb, d->policy_b[0] ? d->policy_b : "?");
+  fprintf(f, "verdict: %s\n\n",
+          d->verdict == PROBE_DIFF_AGREE     ? "AGREE"
+          : d->verdict == PROBE_DIFF_DIVERGE ? "DIVERGE"
+                                             : "NOT ALIGNED");
+  fprintf(f, "  %s\n\n", d->verdict_text);
+
+  fprintf(f, "alignment\n");
+  fprintf(f, "  layers          %lld in common (A %lld, B %lld)\n",
+          (long long)d->n_layers_common, (long long)d->n_layers_a,
+          (long long)d->n_layers_b);
+  char s1[32], s2[32];
+  fmt_step(s1, sizeof s1, d->first_common_step);
+  fmt_step(s2, sizeof s2, d->last_common_step);
+  fprintf(f, "  steps           %lld with per-layer records in both (%s..%s; "
+             "A %lld, B %lld)\n",
+          (long long)d->steps_common, s1, s2, (long long)d->steps_a,
+          (long long)d->steps_b);
+  size_t nc = d->config_diff ? json_array_size(d->config_diff) : 0;
+  if (nc == 0) {
+    fprintf(f, "  config          identical\n");
+  } else {
+    fprintf(f, "  config          %zu difference%s%s\n", nc, nc > 1 ? "s" : "",
+            d->config_other ? " (beyond the precision policy)" : " (precision "
+                                                                 "policy only)");
+    for (size_t i = 0; i < nc && i < 12; i++) {
+      json_t *row = json_array_get(d->config_diff, i);
+      char *va = json_dumps(json_object_get(row, "a"), JSON_COMPACT | JSON_ENCODE_ANY);
+      char *vb = json_dumps(json_object_get(row, "b"), JSON_COMPACT | JSON_ENCODE_ANY);
+      fprintf(f, "    %-30s A %s  B %s\n",
+              json_string_value(json_object_get(row, "key")), va ? va : "?",
+              vb ? vb : "?");
+      free(va);
+      free(vb);
+    }
+    if (nc > 12)
+      fprintf(f, "    ... %zu more (see --json)\n", nc - 12);
+  }
+  for (int i = 0; i < d->n_notes; i++)
+    fprintf(f, "  note            %s\n", d->notes[i]);
+
+  char a[32], b[32];
+  fprintf(f, "\nloss\n");
+  fprintf(f, "  steps compared  %lld\n", (long long)d->loss_steps);
+  fmt_val(a, sizeof a, d->final_loss_a);
+  fmt_val(b, sizeof b, d->final_loss_b);
+  fprintf(f, "  final           A %s  B %s", a, b);
+  if (isfinite(d->final_loss_rel))
+    fprintf(f, "  (%.2f%% apart; mean of the last 10 common steps)",
+            100.0 * d->final_loss_rel);
+  fprintf(f, "\n");
+  if (d->loss_part_step >= 0) {
+    fmt_val(a, sizeof a, d->loss_a_at_part);
+    fmt_val(b, sizeof b, d->loss_b_at_part);
+    fprintf(f, "  curves part     at step %lld (A %s, B %s)\n",
+            (long long)d->loss_part_step, a, b);
+  } else {
+    fprintf(f, "  curves part     never (largest difference %.3g)\n",
+            d->max_loss_rel);
+  }
+  if (d->first_nonfinite_loss_a >= 0 || d->first_nonfinite_loss_b >= 0) {
+    fmt_step(s1, sizeof s1, d->first_nonfinite_loss_a);
+    fmt_step(s2, sizeof s2, d->first_nonfinite_loss_b);
+    fprintf(f, "  non-finite loss A from step %s, B from step %s\n", s1, s2);
+  }
+
+  if (d->n_entries == 0)
+    return;
+  fprintf(f, "\nlayers (sorted by where divergence begins)\n");
+  fprintf(f, "  %-16s %-13s %9s %7s %7s %9s %8s %10s %10s %11s\n", "layer",
+          "site", "first div", "rel@div", "max win", "1st exceed", "max step",
+          "nonfin A/B", "local/carr", "zeros A/B");
+  size_t n = top > 0 && (size_t)top < d->n_entries ? (size_t)top : d->n_entries;
+  for (size_t i = 0; i < n; i++) {
+    const probe_diff_entry *e = &d->entries[i];
+    char fd[24], ra[16], fe[24], nf[72], lc[48], zz[40];
+    fmt_step(fd, sizeof fd, e->first_div_step);
+    if (e->first_div_step >= 0)
+      snprintf(ra, sizeof ra, "%.3g", e->first_div_rel);
+    else
+      snprintf(ra, sizeof ra, "-");
+    fmt_step(fe, sizeof fe, e->first_exceed_step);
+    fmt_step(s1, sizeof s1, e->first_nonfinite_a);
+    fmt_step(s2, sizeof s2, e->first_nonfinite_b);
+    snprintf(nf, sizeof nf, "%s/%s", s1, s2);
+    snprintf(lc, sizeof lc, "%lld/%lld", (long long)e->local_steps,
+             (long long)e->carried_steps);
+    snprintf(zz, sizeof zz, "%.0f%%/%.0f%%%s",
+             e->count_a ? 100.0 * (double)e->zero_a / (double)e->count_a : 0.0,
+             e->count_b ? 100.0 * (double)e->zero_b / (double)e->count_b : 0.0,
+             e->flushes_to_zero ? "!" : "");
+    double mx = fmax(e->max_rel_absmax, fmax(e->max_rel_rms, e->max_rel_l2));
+    fprintf(f, "  %-16s %-13s %9s %7s %7.3g %10s %8.3g %10s %10s %11s\n",
+            e->layer, probe_site_name((probe_site)e->site), fd, ra,
+            e->max_window_rel, fe, mx, nf, lc, zz);
+  }
+  if (n < d->n_entries)
+    fprintf(f, "  ... %zu more rows (--top 0 shows all)\n", d->n_entries - n);
+  fprintf(f,
+          "\n  first div: first step the RMS difference averaged over %d "
+          "steps exceeds %.3g (or one side is non-finite); rel@div, max win:\n"
+          "  that windowed difference; 1st exceed, max step: the same for "
+          "the largest single-step\n"
+          "  difference of absmax, RMS or L2; local/carr: diverging steps "
+          "whose inputs agreed (error\n"
+          "  introduced here) / already differed (carried in); '!': "
+          "gradients flushed to zero in A\n",
+          d->opt.window, d->opt.threshold);
+}
+
+/* One line naming the file once (the reader's message may name it too). */
+static void open_error(const char *path, const char *err, probe_status st) {
+  if (err[0] && strstr(err, path))
+    cli_error(SUB, "%s", err);
+  else
+    cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
+}
+
+int cmd_diff(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"threshold", required_argument, NULL, 't'},
+      {"top", required_argument, NULL, 'n'},
+      {"window", required_argument, NULL, 'w'},
+      {"json", no_argument, NULL, 'j'},
+      {"output", required_argument, NULL, 'o'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  probe_diff_options opt;
+  probe_diff_options_init(&opt);
+  int json = 0;
+  int64_t top = 20;
+  const char *out = NULL;
+  cli_getopt_reset();
+  int c;
+  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
+    switch (c) {
+    case 't':
+      if (cli_parse_double(SUB, "--threshold", optarg, 1e-12, 1.0,
+                           &opt.threshold))
+        return CLI_EXIT_USAGE;
+      break;
+    case 'n':
+      if (cli_parse_i64(SUB, "--top", optarg, 0, 1000000, &top))
+        return CLI_EXIT_USAGE;
+      break;
+    case 'w': {
+      int64_t w;
+      if (cli_parse_i64(SUB, "--window", optarg, 1, PROBE_DIFF_MAX_WINDOW, &w))
+        return CLI_EXIT_USAGE;
+      opt.window = (int)w;
+      break;
+    }
+    case 'j': json = 1; break;
+    case 'o': out = optarg; break;
+    case 'q': break;
+    case 'h': usage(stdout); return CLI_EXIT_OK;
+    default: return cli_getopt_error(SUB, argv, c);
+    }
+  }
+  if (argc - optind != 2) {
+    cli_error(SUB, "%s (see 'ampprobe diff --help')",
+              argc - optind < 2 ? "expected two traces: A.h5 B.h5"
+                                : "too many arguments: expected A.h5 B.h5");
+    return CLI_EXIT_USAGE;
+  }
+  const char *pa = argv[optind], *pb = argv[optind + 1];
+  probe_trace *ta = NULL, *tb = NULL;
+  char err[512] = "";
+  probe_status st = probe_trace_open_isolated(&ta, pa, err, sizeof err);
+  if (st < 0) {
+    open_error(pa, err, st);
+    return cli_exit_for_status(st);
+  }
+  err[0] = 0;
+  st = probe_trace_open_isolated(&tb, pb, err, sizeof err);
+  if (st < 0) {
+    open_error(pb, err, st);
+    probe_trace_close(ta);
+    return cli_exit_for_status(st);
+  }
+  probe_diff d;
+  st = probe_diff_run(&d, ta, tb, &opt);
+  if (st < 0) {
+    const char *ea = probe_trace_last_error(ta), *eb = probe_trace_last_error(tb);
+    const char *e = ea && *ea ? ea : (eb && *eb ? eb : "");
+    cli_error(SUB, "reading %s / %s: %s%s%s", pa, pb, probe_status_str(st),
+              *e ? ": " : "", e);
+    probe_diff_free(&d);
+    probe_trace_close(ta);
+    probe_trace_close(tb);
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
+  }
+  int rc = d.verdict == PROBE_DIFF_AGREE ? CLI_EXIT_OK : CLI_EXIT_PROBLEM;
+  json_t *j = NULL;
+  if (json || out) {
+    j = probe_diff_to_json(&d);
+    json_object_set_new(j, "trace_a", json_string(pa));
+    json_object_set_new(j, "trace_b", json_string(pb));
+  }
+  if (out && json_dump_file(j, out, JSON_INDENT(2)) != 0) {
+    cli_error(SUB, "cannot write %s", out);
+    rc = CLI_EXIT_INTERNAL;
+  }
+  if (json) {
+    if (cli_json_print(j) != 0) {
+      cli_error(SUB, "cannot write the JSON output");
+      rc = CLI_EXIT_INTERNAL;
+    }
+  } else {
+    print_text(&d, pa, pb, (int)top);
+    if (fflush(stdout) != 0) {
+      cli_error(SUB, "cannot write the output");
+      rc = CLI_EXIT_INTERNAL;
+    }
+  }
+  json_decref(j);
+  probe_diff_free(&d);
+  probe_trace_close(ta);
+  probe_trace_close(tb);
+  return rc;
+}

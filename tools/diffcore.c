@@ -1,0 +1,1073 @@
+/*
+ * tools/diffcore.c - streaming comparison of two traces (A against its
+ * baseline B): layer/site/step alignment, relative differences of absmax,
+ * RMS and L2, first divergence, local vs carried-in error and the error
+ * introduction point, loss curves, and the configurations key by key.
+ * Definitions are in diffcore.h. Memory: one step of records per side.
+ */
+#include "diffcore.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void probe_diff_options_init(probe_diff_options *o) {
+  o->threshold = PROBE_DIFF_DEFAULT_THRESHOLD;
+  o->window = PROBE_DIFF_DEFAULT_WINDOW;
+  o->chunk_rows = 4096;
+  o->zero_frac_margin = 0.05;
+}
+
+double probe_diff_rel(double a, double b) {
+  int fa = isfinite(a), fb = isfinite(b);
+  if (!fa && !fb)
+    return 0.0;
+  if (fa != fb)
+    return 1.0;
+  double m = fmax(fabs(a), fabs(b));
+  return m == 0.0 ? 0.0 : fabs(a - b) / m;
+}
+
+static void note(probe_diff *d, const char *fmt, ...) {
+  if (d->n_notes >= PROBE_DIFF_MAX_NOTES)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(d->notes[d->n_notes++], PROBE_DIFF_TEXT_MAX, fmt, ap);
+  va_end(ap);
+}
+
+static void append_name(char *buf, size_t len, const char *name) {
+  size_t n = strlen(buf);
+  if (n + strlen(name) + 6 >= len) {
+    if (n + 4 < len && (n < 3 || strcmp(buf + n - 3, "...")))
+      strcat(buf, "...");
+    return;
+  }
+  if (n)
+    strcat(buf, ", ");
+  strcat(buf, name);
+}
+
+/* ---- a trace read one step of records at a time -------------------------- */
+
+typedef struct cursor {
+  probe_trace *t;
+  int64_t row;           /* next row of the records table to read */
+  probe_record *chunk;
+  size_t chunk_n, chunk_pos, chunk_cap;
+  probe_record *step;    /* the records of the current step, seq order */
+  size_t step_n, step_cap;
+  int64_t step_no;       /* -1 at the end */
+  int64_t prev_step;
+  int64_t skipped;       /* records out of step order, ignored */
+} cursor;
+
+static probe_status cursor_init(cursor *c, probe_trace *t, size_t chunk) {
+  memset(c, 0, sizeof *c);
+  c->t = t;
+  c->chunk_cap = chunk ? chunk : 4096;
+  c->chunk = malloc(c->chunk_cap * sizeof *c->chunk);
+  c->step_no = c->prev_step = -1;
+  return c->chunk ? PROBE_OK : PROBE_ERR_NOMEM;
+}
+
+static void cursor_free(cursor *c) {
+  free(c->chunk);
+  free(c->step);
+}
+
+/* The next record, or NULL at the end. */
+static probe_status cursor_peek(cursor *c, const probe_record **r) {
+  if (c->chunk_pos == c->chunk_n) {
+    size_t got = 0;
+    probe_status st =
+        probe_trace_read_records(c->t, c->row, c->chunk_cap, c->chunk, &got);
+    if (st != PROBE_OK)
+      return st;
+    c->row += (int64_t)got;
+    c->chunk_n = got;
+    c->chunk_pos = 0;
+    if (got == 0) {
+      *r = NULL;
+      return PROBE_OK;
+    }
+  }
+  *r = &c->chunk[c->chunk_pos];
+  return PROBE_OK;
+}
+
+/* Loads the next step's records; step_no = -1 at the end. Groups whose step
+ * is not after the previous one (flight-recorder dumps overlapping) are
+ * skipped and counted. */
+static probe_status cursor_next(cursor *c) {
+  for (;;) {
+    const probe_record *r;
+    probe_status st = cursor_peek(c, &r);
+    if (st != PROBE_OK)
+      return st;
+    if (!r) {
+      c->step_no = -1;
+      c->step_n = 0;
+      return PROBE_OK;
+    }
+    int64_t s = r->step;
+    c->step_n = 0;
+    while (r && r->step == s) {
+      if (c->step_n == c->step_cap) {
+        size_t cap = c->step_cap ? 2 * c->step_cap : 256;
+        probe_record *p = realloc(c->step, cap * sizeof *p);
+        if (!p)
+          return PROBE_ERR_NOMEM;
+        c->step = p;
+        c->step_cap = cap;
+      }
+      c->step[c->step_n++] = *r;
+      c->chunk_pos++;
+      if ((st = cursor_peek(c, &r)) != PROBE_OK)
+        return st;
+    }
+    if (c->prev_step >= 0 && s <= c->prev_step) {
+      c->skipped += (int64_t)c->step_n;
+      continue;
+    }
+    c->prev_step = c->step_no = s;
+    return PROBE_OK;
+  }
+}
+
+/* ---- the loss scale of a step, read along in step order ----------------- */
+
+typedef struct scur {
+  probe_trace *t;
+  int64_t row;
+  probe_step_scalars *buf;
+  size_t n, pos, cap;
+} scur;
+
+/* The loss scale the step's backward used (1 when the step is not in the
+ * steps table or the scale is not a positive finite number). Steps are
+ * asked in increasing order. */
+static probe_status scale_at(scur *c, int64_t step, double *scale,
+                             int *skipped) {
+  *scale = 1.0;
+  *skipped = 0;
+  for (;;) {
+    if (c->pos == c->n) {
+      size_t got = 0;
+      probe_status st = probe_trace_read_steps(c->t, c->row, c->cap, c->buf, &got);
+      if (st != PROBE_OK)
+        return st;
+      c->row += (int64_t)got;
+      c->n = got;
+      c->pos = 0;
+      if (got == 0)
+        return PROBE_OK;
+    }
+    const probe_step_scalars *r = &c->buf[c->pos];
+    if (r->step < step) {
+      c->pos++;
+      continue;
+    }
+    if (r->step == step && isfinite(r->loss_scale) && r->loss_scale > 0)
+      *scale = r->loss_scale;
+    if (r->step == step)
+      *skipped = r->skipped || r->found_inf;
+    return PROBE_OK;
+  }
+}
+
+/* ---- site roles ---------------------------------------------------------- */
+
+static int site_is_input(int site) {
+  return site == PROBE_SITE_FWD_IN || site == PROBE_SITE_WEIGHT ||
+         site == PROBE_SITE_GRAD_OUT;
+}
+
+/* Gradient sites hold scaled gradients: compare them unscaled. */
+static int site_is_grad(int site) {
+  return site == PROBE_SITE_GRAD_IN || site == PROBE_SITE_GRAD_OUT ||
+         site == PROBE_SITE_WEIGHT_GRAD;
+}
+
+/* ---- the comparison ------------------------------------------------------ */
+
+typedef struct state {
+  probe_diff *d;
+  const probe_layer_info *la, *lb;
+  size_t nla, nlb;
+  int32_t *map_ab;      /* A layer id -> B layer id, -1 */
+  int32_t *slot_entry;  /* A layer * SITES + site -> entry index, -1 */
+  int64_t *entry_last_div; /* per entry: last step it diverged */
+  double *entry_rel_sum;
+  double *win;          /* per entry: the last W rel RMS values (ring) */
+  double *win_sum;
+  int32_t *head_b, *next_b; /* B index of one step */
+  size_t next_cap;
+  /* per layer state in one step; [layer * 3 + phase] */
+  unsigned char *seen, *has_in, *in_div, *implied_in;
+  unsigned char *fwd_div, *wgrad_div;
+  scur sa, sb; /* loss scales of A and B */
+} state;
+
+static int32_t entry_for(state *s, int32_t la, int32_t site, uint32_t seq) {
+  size_t slot = (size_t)la * PROBE_SITE_COUNT + (size_t)site;
+  if (s->slot_entry[slot] >= 0)
+    return s->slot_entry[slot];
+  probe_diff *d = s->d;
+  int32_t i = (int32_t)d->n_entries++;
+  probe_diff_entry *e = &d->entries[i];
+  memset(e, 0, sizeof *e);
+  snprintf(e->layer, sizeof e->layer, "%s", s->la[la].name);
+  e->kind = s->la[la].kind;
+  e->prec_a = s->la[la].precision;
+  e->prec_b = s->lb[s->map_ab[la]].precision;
+  e->site = site;
+  e->first_seq = seq;
+  e->first_div_step = e->first_nonfinite_a = e->first_nonfinite_b = -1;
+  e->max_rel_step = e->first_exceed_step = -1;
+  s->entry_last_div[i] = -1;
+  s->slot_entry[slot] = i;
+  return i;
+}
+
+static void set_point(probe_diff_point *p, int64_t step, const char *layer,
+                      int32_t site, uint32_t seq, double rel, int local,
+                      int nonfinite) {
+  p->found = 1;
+  p->step = step;
+  snprintf(p->layer, sizeof p->layer, "%s", layer);
+  p->site = site;
+  p->seq = seq;
+  p->rel = rel;
+  p->local = local;
+  p->nonfinite = nonfinite;
+}
+
+static probe_status compare_step(state *s, const cursor *ca,
+                                 const cursor *cb) {
+  probe_diff *d = s->d;
+  double thr = d->opt.threshold;
+  int64_t step = ca->step_no;
+  double scale_a, scale_b;
+  int skip_a, skip_b;
+  probe_status st = scale_at(&s->sa, step, &scale_a, &skip_a);
+  if (st == PROBE_OK)
+    st = scale_at(&s->sb, step, &scale_b, &skip_b);
+  if (st != PROBE_OK)
+    return st;
+  /* index B's records by (layer, site), occurrences in order */
+  if (cb->step_n > s->next_cap) {
+    int32_t *p = realloc(s->next_b, cb->step_n * sizeof *p);
+    if (!p)
+      return PROBE_ERR_NOMEM;
+    s->next_b = p;
+    s->next_cap = cb->step_n;
+  }
+  for (size_t j = cb->step_n; j-- > 0;) {
+    const probe_record *r = &cb->step[j];
+    if (r->layer < 0 || (size_t)r->layer >= s->nlb || r->site < 0 ||
+        r->site >= PROBE_SITE_COUNT) {
+      s->next_b[j] = -2;
+      continue;
+    }
+    size_t key = (size_t)r->layer * PROBE_SITE_COUNT + (size_t)r->site;
+    s->next_b[j] = s->head_b[key];
+    s->head_b[key] = (int32_t)j;
+  }
+  size_t nst = s->nla * 3;
+  memset(s->seen, 0, nst);
+  memset(s->has_in, 0, nst);
+  memset(s->in_div, 0, nst);
+  memset(s->implied_in, 0, nst);
+  memset(s->fwd_div, 0, s->nla);
+  memset(s->wgrad_div, 0, s->nla);
+  unsigned char last_out_div[3] = {0, 0, 0};
+  size_t matched = 0;
+
+  for (size_t i = 0; i < ca->step_n; i++) {
+    const probe_record *ra = &ca->step[i];
+    if (ra->layer < 0 || (size_t)ra->layer >= s->nla || ra->site < 0 ||
+        ra->site >= PROBE_SITE_COUNT || s->map_ab[ra->layer] < 0) {
+      d->records_unmatched++;
+      continue;
+    }
+    size_t key = (size_t)s->map_ab[ra->layer] * PROBE_SITE_COUNT +
+                 (size_t)ra->site;
+    int32_t jb = s->head_b[key];
+    if (jb < 0) {
+      d->records_unmatched++;
+      continue;
+    }
+    s->head_b[key] = s->next_b[jb];
+    matched++;
+    const probe_record *rb = &cb->step[jb];
+    const probe_stats *sa = &ra->stats, *sb = &rb->stats;
+
+    double ua = 1.0, ub = 1.0; /* unscale gradients */
+    if (site_is_grad(ra->site))
+      ua = 1.0 / scale_a, ub = 1.0 / scale_b;
+    double r_abs = probe_diff_rel(ua * sa->absmax, ub * sb->absmax);
+    double r_rms =
+        probe_diff_rel(ua * probe_stats_rms(sa), ub * probe_stats_rms(sb));
+    double r_l2 = probe_diff_rel(ua * probe_stats_l2(sa), ub * probe_stats_l2(sb));
+    double inst = fmax(r_abs, fmax(r_rms, r_l2));
+    int nfa = probe_stats_nonfinite(sa) > 0, nfb = probe_stats_nonfinite(sb) > 0;
+    /* Scaled gradients that overflow on a step the loss scaler skipped are
+     * AMP working as designed (backoff), not a divergence. */
+    int grad = site_is_grad(ra->site);
+    int ov_a = nfa && grad && skip_a, ov_b = nfb && grad && skip_b;
+    if (ov_a || ov_b) {
+      d->scaler_overflow_records++;
+      nfa &= !ov_a;
+      nfb &= !ov_b;
+      r_rms = r_abs = r_l2 = 0.0; /* nothing comparable in this record */
+      inst = 0.0;
+    }
+    int32_t ei = entry_for(s, ra->layer, ra->site, ra->seq);
+    probe_diff_entry *e = &d->entries[ei];
+    /* windowed mean of rel RMS; steps before the first count as 0 */
+    int W = d->opt.window;
+    double *ring = &s->win[(size_t)ei * (size_t)W];
+    size_t slot = (size_t)(e->steps % W);
+    s->win_sum[ei] += r_rms - ring[slot];
+    ring[slot] = r_rms;
+    double wrel = fmax(0.0, s->win_sum[ei]) / W;
+    /* values flushed to zero on one side only (underflow) */
+    double za = sa->count ? (double)sa->zero_count / (double)sa->count : 0.0;
+    double zb = sb->count ? (double)sb->zero_count / (double)sb->count : 0.0;
+    int zdiv = !ov_a && !ov_b && fabs(za - zb) >= d->opt.zero_frac_margin;
+    int div = wrel > thr || nfa != nfb || zdiv;
+    double rel = nfa != nfb ? 1.0 : wrel;
+    e->steps++;
+    s->entry_rel_sum[ei] += r_rms;
+    if (wrel > e->max_window_rel)
+      e->max_window_rel = wrel;
+    if (inst > thr && e->first_exceed_step < 0)
+      e->first_exceed_step = step;
+    double prev = fmax(e->max_rel_absmax, fmax(e->max_rel_rms, e->max_rel_l2));
+    if (e->max_rel_step < 0 || inst > prev)
+      e->max_rel_step = step;
+    e->max_rel_absmax = fmax(e->max_rel_absmax, r_abs);
+    e->max_rel_rms = fmax(e->max_rel_rms, r_rms);
+    e->max_rel_l2 = fmax(e->max_rel_l2, r_l2);
+    if ((nfa || ov_a) && e->first_nonfinite_a < 0)
+      e->first_nonfinite_a = step;
+    if ((nfb || ov_b) && e->first_nonfinite_b < 0)
+      e->first_nonfinite_b = step;
+    if (!ov_a && !ov_b) { /* zeros of a skipped overflow step mean nothing */
+      e->count_a += sa->count;
+      e->zero_a += sa->zero_count;
+      e->count_b += sb->count;
+      e->zero_b += sb->zero_count;
+    }
+    if (nfa && !d->first_nonfinite_a.found)
+      set_point(&d->first_nonfinite_a, step, e->layer, ra->site, ra->seq, 1.0,
+                0, 1);
+    if (nfb && !d->first_nonfinite_b.found)
+      set_point(&d->first_nonfinite_b, step, e->layer, ra->site, rb->seq, 1.0,
+                0, 1);
+
+    /* local or carried: what flowed into this record */
+    int ph = (int)probe_site_phase((probe_site)ra->site);
+    size_t ls = (size_t)ra->layer * 3 + (size_t)ph;
+    if (!s->seen[ls]) {
+      s->seen[ls] = 1;
+      s->implied_in[ls] = last_out_div[ph];
+    }
+    int inputs_div = 0;
+    if (site_is_input(ra->site)) {
+      s->has_in[ls] = 1;
+      s->in_div[ls] |= (unsigned char)div;
+      inputs_div = -1; /* not an output */
+    } else if (ph == PROBE_PHASE_OPTIMIZER) {
+      inputs_div = s->wgrad_div[ra->layer] || s->entry_last_div[ei] == step - 1;
+    } else {
+      inputs_div = s->has_in[ls] ? s->in_div[ls] : s->implied_in[ls];
+      if (ph == PROBE_PHASE_BACKWARD)
+        inputs_div |= s->fwd_div[ra->layer];
+      last_out_div[ph] = (unsigned char)div;
+    }
+    if (ph == PROBE_PHASE_FORWARD && div)
+      s->fwd_div[ra->layer] = 1;
+    if (ra->site == PROBE_SITE_WEIGHT_GRAD && div)
+      s->wgrad_div[ra->layer] = 1;
+
+    if (!div)
+      continue;
+    s->entry_last_div[ei] = step;
+    if (inputs_div == 0)
+      e->local_steps++;
+    else if (inputs_div > 0)
+      e->carried_steps++;
+    if (e->first_div_step < 0) {
+      e->first_div_step = step;
+      e->first_div_seq = ra->seq;
+      e->first_div_rel = rel;
+      e->absmax_a_at_div = ua * sa->absmax;
+      e->absmax_b_at_div = ub * sb->absmax;
+    }
+    if (d->first_div_step < 0)
+      d->first_div_step = step;
+    if (d->first_div_step == step) {
+      if (!d->first_div.found)
+      if (!d->first_div.found) {
+        set_point(&d->first_div, step, e->layer, ra->site, ra->seq, rel,
+                  inputs_div == 0, nfa != nfb);
+        d->first_div.zero_a = za, d->first_div.zero_b = zb;
+      }
+      if (!d->intro.found && inputs_div == 0) {
+        set_point(&d->intro, step, e->layer, ra->site, ra->seq, rel, 1,
+                  nfa != nfb);
+        d->intro.zero_a = za, d->intro.zero_b = zb;
+      }
+    }
+  }
+  /* unmatched B records; reset the index */
+  for (size_t j = 0; j < cb->step_n; j++) {
+    const probe_record *r = &cb->step[j];
+    if (s->next_b[j] == -2)
+      continue;
+    size_t key = (size_t)r->layer * PROBE_SITE_COUNT + (size_t)r->site;
+    s->head_b[key] = -1;
+  }
+  d->records_unmatched += (int64_t)(cb->step_n - matched); /* B leftovers */
+  return PROBE_OK;
+}
+
+/* ---- loss curves --------------------------------------------------------- */
+
+#define FINAL_WINDOW 10
+
+static probe_status compare_losses(probe_diff *d, probe_trace *a,
+                                   probe_trace *b, size_t chunk) {
+  probe_step_scalars *ba = malloc(chunk * sizeof *ba);
+  probe_step_scalars *bb = malloc(chunk * sizeof *bb);
+  probe_status st = PROBE_OK;
+  if (!ba || !bb) {
+    st = PROBE_ERR_NOMEM;
+    goto done;
+  }
+  int64_t rowa = 0, rowb = 0;
+  size_t na = 0, nb = 0, ia = 0, ib = 0;
+  double wa[FINAL_WINDOW], wb[FINAL_WINDOW];
+  int64_t nw = 0;
+  int W = d->opt.window;
+  double lring[PROBE_DIFF_MAX_WINDOW] = {0}, lsum = 0;
+  d->loss_part_step = d->first_nonfinite_loss_a = d->first_nonfinite_loss_b =
+      -1;
+  d->last_step_a = d->last_step_b = -1;
+  for (;;) {
+    if (ia == na) {
+      if ((st = probe_trace_read_steps(a, rowa, chunk, ba, &na)) != PROBE_OK)
+        goto done;
+      rowa += (int64_t)na;
+      ia = 0;
+    }
+    if (ib == nb) {
+      if ((st = probe_trace_read_steps(b, rowb, chunk, bb, &nb)) != PROBE_OK)
+        goto done;
+      rowb += (int64_t)nb;
+      ib = 0;
+    }
+    if (na == 0 && nb == 0)
+      break;
+    const probe_step_scalars *pa = ia < na ? &ba[ia] : NULL;
+    const probe_step_scalars *pb = ib < nb ? &bb[ib] : NULL;
+    if (pa) {
+      if (!isfinite(pa->loss) && d->first_nonfinite_loss_a < 0)
+        d->first_nonfinite_loss_a = pa->step;
+    }
+    if (pb) {
+      if (!isfinite(pb->loss) && d->first_nonfinite_loss_b < 0)
+        d->first_nonfinite_loss_b = pb->step;
+    }
+    if (pa && (!pb || pa->step < pb->step)) {
+      d->last_step_a = pa->step;
+      ia++;
+      /* avoid re-counting the non-finite check: done above once per row */
+      continue;
+    }
+    if (pb && (!pa || pb->step < pa->step)) {
+      d->last_step_b = pb->step;
+      ib++;
+      continue;
+    }
+    /* same step */
+    d->last_step_a = pa->step;
+    d->last_step_b = pb->step;
+    d->loss_steps++;
+    double rel = probe_diff_rel(pa->loss, pb->loss);
+    int fa = isfinite(pa->loss), fb = isfinite(pb->loss);
+    if (fa && fb && rel > d->max_loss_rel)
+      d->max_loss_rel = rel;
+    double r_fin = fa && fb ? rel : (fa == fb ? 0.0 : 1.0);
+    size_t slot = (size_t)(d->loss_steps - 1) % (size_t)W;
+    lsum += r_fin - lring[slot];
+    lring[slot] = r_fin;
+    double wrel = fmax(0.0, lsum) / W;
+    if (d->loss_part_step < 0 && (wrel > d->opt.threshold || fa != fb)) {
+      d->loss_part_step = pa->step;
+      d->loss_a_at_part = pa->loss;
+      d->loss_b_at_part = pb->loss;
+    }
+    wa[nw % FINAL_WINDOW] = pa->loss;
+    wb[nw % FINAL_WINDOW] = pb->loss;
+    nw++;
+    ia++;
+    ib++;
+  }
+  if (nw > 0) {
+    int64_t k = nw < FINAL_WINDOW ? nw : FINAL_WINDOW;
+    double sa = 0, sb = 0;
+    for (int64_t i = 0; i < k; i++)
+      sa += wa[i], sb += wb[i];
+    d->final_loss_a = sa / (double)k;
+    d->final_loss_b = sb / (double)k;
+    d->final_loss_rel = probe_diff_rel(d->final_loss_a, d->final_loss_b);
+  } else {
+    d->final_loss_a = d->final_loss_b = d->final_loss_rel = NAN;
+  }
+done:
+  free(ba);
+  free(bb);
+  return st;
+}
+
+/* ---- configurations key by key ------------------------------------------- */
+
+static void flatten(json_t *flat, const char *prefix, json_t *v) {
+  char path[512];
+  if (json_is_object(v)) {
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+      snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", k);
+      flatten(flat, path, x);
+    }
+  } else if (json_is_array(v)) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+      snprintf(path, sizeof path, "%s[%zu]", prefix, i);
+      flatten(flat, path, x);
+    }
+    if (json_array_size(v) == 0)
+      json_object_set(flat, prefix, v);
+  } else {
+    json_object_set(flat, *prefix ? prefix : "(root)", v);
+  }
+}
+
+/* Keys that belong to the precision policy, expected to differ. */
+static int policy_key(const char *k) {
+  return strstr(k, "precision") || strstr(k, "fp32") || strstr(k, "fp16") ||
+         strstr(k, "bf16") || strstr(k, "policy");
+}
+
+static void compare_configs(probe_diff *d, const char *ja, const char *jb) {
+  d->config_diff = json_array();
+  json_t *va = ja && *ja ? json_loads(ja, 0, NULL) : NULL;
+  json_t *vb = jb && *jb ? json_loads(jb, 0, NULL) : NULL;
+  if (!va || !vb) {
+    if (!va)
+      note(d, "trace A holds no readable configuration");
+    if (!vb)
+      note(d, "trace B holds no readable configuration");
+    json_decref(va);
+    json_decref(vb);
+    return;
+  }
+  json_t *fa = json_object(), *fb = json_object();
+  flatten(fa, "", va);
+  flatten(fb, "", vb);
+  const char *k;
+  json_t *x;
+  json_object_foreach(fa, k, x) {
+    json_t *y = json_object_get(fb, k);
+    if (y && json_equal(x, y))
+      continue;
+    json_t *row = json_object();
+    json_object_set_new(row, "key", json_string(k));
+    json_object_set(row, "a", x);
+    json_object_set(row, "b", y ? y : json_null());
+    json_array_append_new(d->config_diff, row);
+    d->config_other |= !policy_key(k);
+  }
+  json_object_foreach(fb, k, x) {
+    if (json_object_get(fa, k))
+      continue;
+    json_t *row = json_object();
+    json_object_set_new(row, "key", json_string(k));
+    json_object_set_new(row, "a", json_null());
+    json_object_set(row, "b", x);
+    json_array_append_new(d->config_diff, row);
+    d->config_other |= !policy_key(k);
+  }
+  json_decref(fa);
+  json_decref(fb);
+  json_decref(va);
+  json_decref(vb);
+}
+
+/* ---- ordering and the verdict -------------------------------------------- */
+
+static int entry_cmp(const void *pa, const void *pb) {
+  const probe_diff_entry *a = pa, *b = pb;
+  int da = a->first_div_step >= 0, db = b->first_div_step >= 0;
+  if (da != db)
+    return db - da;
+  if (da) {
+    if (a->first_div_step != b->first_div_step)
+      return a->first_div_step < b->first_div_step ? -1 : 1;
+    if (a->first_div_seq != b->first_div_seq)
+      return a->first_div_seq < b->first_div_seq ? -1 : 1;
+    return 0;
+  }
+  double ma = a->max_window_rel, mb = b->max_window_rel;
+  if (ma != mb)
+    return ma > mb ? -1 : 1;
+  return a->first_seq < b->first_seq ? -1 : a->first_seq > b->first_seq;
+}
+
+static void write_verdict(probe_diff *d) {
+  char *v = d->verdict_text;
+  size_t len = sizeof d->verdict_text, n = 0;
+#define PUT(...)                                                               \
+  do {                                                                         \
+    if (n < len)                                                               \
+      n += (size_t)snprintf(v + n, len - n, __VA_ARGS__);                      \
+  } while (0)
+  if (d->verdict == PROBE_DIFF_NOT_ALIGNED) {
+    PUT("A and B do not align: ");
+    if (d->n_layers_common == 0)
+      PUT("no layer name in common");
+    else
+      PUT("no step with per-layer records in common (A %lld steps, B %lld)",
+          (long long)d->steps_a, (long long)d->steps_b);
+    PUT(", so nothing was compared.");
+    return;
+  }
+  /* the largest difference, for both verdicts */
+  const probe_diff_entry *worst = NULL;
+  double wrel = -1;
+  for (size_t i = 0; i < d->n_entries; i++) {
+    const probe_diff_entry *e = &d->entries[i];
+    double m = e->max_window_rel;
+    if (m > wrel)
+      wrel = m, worst = e;
+  }
+  if (d->verdict == PROBE_DIFF_AGREE) {
+    PUT("A and B agree within tolerance (threshold %.3g on the RMS "
+        "difference averaged over %d steps)",
+        d->opt.threshold, d->opt.window);
+    if (worst)
+      PUT(": largest %.3g (%s %s)", wrel, worst->layer,
+          probe_site_name((probe_site)worst->site));
+    if (d->loss_steps > 0 && isfinite(d->final_loss_rel))
+      PUT("; final losses %.6g vs %.6g (%.2f%% apart)", d->final_loss_a,
+          d->final_loss_b, 100.0 * d->final_loss_rel);
+    PUT(".");
+    return;
+  }
+  PUT("A diverges from B");
+  if (d->first_div_step >= 0) {
+    PUT(" from step %lld", (long long)d->first_div_step);
+    if (d->intro.found)
+    {
+      PUT(": error introduced at %s (%s, ", d->intro.layer,
+          probe_site_name((probe_site)d->intro.site));
+      if (d->intro.nonfinite)
+        PUT("non-finite on one side");
+      else if (fabs(d->intro.zero_a - d->intro.zero_b) >=
+               d->opt.zero_frac_margin)
+        PUT("zeros %.0f%% vs %.0f%%: values underflowed to zero",
+            100.0 * d->intro.zero_a, 100.0 * d->intro.zero_b);
+      else
+        PUT("windowed relative difference %.3g", d->intro.rel);
+      PUT("), its inputs agreed");
+    }
+    else if (d->first_div.found)
+      PUT(": first at %s (%s); no record of that step differs while its "
+          "inputs agree, so the difference was carried in",
+          d->first_div.layer, probe_site_name((probe_site)d->first_div.site));
+    if (d->intro.found && d->first_div.found &&
+        (strcmp(d->intro.layer, d->first_div.layer) ||
+         d->intro.site != d->first_div.site))
+      PUT("; earlier in that step %s (%s) already differed",
+          d->first_div.layer, probe_site_name((probe_site)d->first_div.site));
+  }
+  PUT(".");
+  if (d->first_nonfinite_a.found && !d->first_nonfinite_b.found)
+    PUT(" A turns non-finite at step %lld in %s (%s); B stays finite.",
+        (long long)d->first_nonfinite_a.step, d->first_nonfinite_a.layer,
+        probe_site_name((probe_site)d->first_nonfinite_a.site));
+  else if (d->first_nonfinite_b.found && !d->first_nonfinite_a.found)
+    PUT(" B turns non-finite at step %lld in %s (%s); A stays finite.",
+        (long long)d->first_nonfinite_b.step, d->first_nonfinite_b.layer,
+        probe_site_name((probe_site)d->first_nonfinite_b.site));
+  if (d->loss_part_step >= 0)
+    PUT(" Loss curves part at step %lld (%.6g vs %.6g).",
+        (long long)d->loss_part_step, d->loss_a_at_part, d->loss_b_at_part);
+  else if (d->loss_steps > 0)
+    PUT(" Loss curves stay together (largest windowed difference below "
+        "%.3g).",
+        d->opt.threshold);
+  int nflush = 0;
+  for (size_t i = 0; i < d->n_entries; i++) {
+    const probe_diff_entry *e = &d->entries[i];
+    if (!e->flushes_to_zero)
+      continue;
+    if (nflush == 0)
+      PUT(" Gradients flush to zero in A:");
+    if (nflush < 6)
+      PUT("%s %s %s (zeros %.0f%% vs %.0f%%)", nflush ? "," : "", e->layer,
+          probe_site_name((probe_site)e->site),
+          100.0 * (double)e->zero_a / (double)e->count_a,
+          100.0 * (double)e->zero_b / (double)(e->count_b ? e->count_b : 1));
+    nflush++;
+  }
+  if (nflush > 6)
+    PUT(" and %d more", nflush - 6);
+  if (nflush)
+    PUT(".");
+#undef PUT
+}
+
+/* ---- entry point --------------------------------------------------------- */
+
+probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
+                            const probe_diff_options *opt) {
+  memset(d, 0, sizeof *d);
+  if (opt)
+    d->opt = *opt;
+  else
+    probe_diff_options_init(&d->opt);
+  if (d->opt.chunk_rows == 0)
+    d->opt.chunk_rows = 4096;
+  d->first_div_step = -1;
+  d->loss_part_step = -1;
+  d->first_common_step = d->last_common_step = -1;
+
+  const probe_trace_info *ia = probe_trace_get_info(a);
+  const probe_trace_info *ib = probe_trace_get_info(b);
+  d->record_mode_a = ia->record_mode;
+  d->record_mode_b = ib->record_mode;
+  snprintf(d->policy_a, sizeof d->policy_a, "%s",
+           ia->precision_policy ? ia->precision_policy : "");
+  snprintf(d->policy_b, sizeof d->policy_b, "%s",
+           ib->precision_policy ? ib->precision_policy : "");
+  compare_configs(d, ia->config_json, ib->config_json);
+  if (d->config_other)
+    note(d, "the configurations differ beyond the precision policy (see "
+            "config differences): the traces may not be comparable");
+
+  state s;
+  memset(&s, 0, sizeof s);
+  s.d = d;
+  s.la = probe_trace_layers(a, &s.nla);
+  s.lb = probe_trace_layers(b, &s.nlb);
+  d->n_layers_a = (int64_t)s.nla;
+  d->n_layers_b = (int64_t)s.nlb;
+  size_t nslots = (s.nla ? s.nla : 1) * PROBE_SITE_COUNT;
+  size_t nslots_b = (s.nlb ? s.nlb : 1) * PROBE_SITE_COUNT;
+  s.map_ab = malloc((s.nla + 1) * sizeof *s.map_ab);
+  s.slot_entry = malloc(nslots * sizeof *s.slot_entry);
+  s.entry_last_div = malloc(nslots * sizeof *s.entry_last_div);
+  s.entry_rel_sum = calloc(nslots, sizeof *s.entry_rel_sum);
+  if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
+    d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
+  s.win = calloc(nslots * (size_t)d->opt.window, sizeof *s.win);
+  s.win_sum = calloc(nslots, sizeof *s.win_sum);
+  s.head_b = malloc(nslots_b * sizeof *s.head_b);
+  d->entries = malloc(nslots * sizeof *d->entries);
+  size_t nst = (s.nla + 1) * 3;
+  s.seen = malloc(nst);
+  s.has_in = malloc(nst);
+  s.in_div = malloc(nst);
+  s.implied_in = malloc(nst);
+  s.fwd_div = malloc(s.nla + 1);
+  s.wgrad_div = malloc(s.nla + 1);
+  s.sa.t = a;
+  s.sb.t = b;
+  s.sa.cap = s.sb.cap = d->opt.chunk_rows;
+  s.sa.buf = malloc(s.sa.cap * sizeof *s.sa.buf);
+  s.sb.buf = malloc(s.sb.cap * sizeof *s.sb.buf);
+  cursor ca, cb;
+  probe_status st = cursor_init(&ca, a, d->opt.chunk_rows);
+  probe_status st2 = cursor_init(&cb, b, d->opt.chunk_rows);
+  if (!s.map_ab || !s.slot_entry || !s.entry_last_div || !s.entry_rel_sum ||
+      !s.head_b || !d->entries || !s.win || !s.win_sum || !s.seen || !s.has_in || !s.in_div ||
+      !s.implied_in || !s.fwd_div || !s.wgrad_div || !s.sa.buf || !s.sb.buf ||
+      st != PROBE_OK ||
+      st2 != PROBE_OK) {
+    st = PROBE_ERR_NOMEM;
+    goto done;
+  }
+  for (size_t i = 0; i < nslots; i++)
+    s.slot_entry[i] = -1;
+  for (size_t i = 0; i < nslots_b; i++)
+    s.head_b[i] = -1;
+
+  /* layers by name */
+  for (size_t i = 0; i < s.nla; i++) {
+    s.map_ab[i] = -1;
+    for (size_t j = 0; j < s.nlb; j++) {
+      if (strcmp(s.la[i].name, s.lb[j].name))
+        continue;
+      s.map_ab[i] = (int32_t)j;
+      if (s.la[i].kind != s.lb[j].kind)
+        note(d, "layer %s is a %s in A but a %s in B", s.la[i].name,
+             probe_kind_name((probe_kind)s.la[i].kind),
+             probe_kind_name((probe_kind)s.lb[j].kind));
+      break;
+    }
+    if (s.map_ab[i] >= 0)
+      d->n_layers_common++;
+    else
+      append_name(d->only_a, sizeof d->only_a, s.la[i].name);
+  }
+  for (size_t j = 0; j < s.nlb; j++) {
+    int found = 0;
+    for (size_t i = 0; i < s.nla && !found; i++)
+      found = !strcmp(s.la[i].name, s.lb[j].name);
+    if (!found)
+      append_name(d->only_b, sizeof d->only_b, s.lb[j].name);
+  }
+  if (d->only_a[0] || d->only_b[0])
+    note(d, "the layer lists differ: only in A: %s; only in B: %s",
+         d->only_a[0] ? d->only_a : "(none)",
+         d->only_b[0] ? d->only_b : "(none)");
+
+  /* records, step by step */
+  if ((st = cursor_next(&ca)) != PROBE_OK || (st = cursor_next(&cb)) != PROBE_OK)
+    goto done;
+  while (ca.step_no >= 0 || cb.step_no >= 0) {
+    if (cb.step_no < 0 || (ca.step_no >= 0 && ca.step_no < cb.step_no)) {
+      d->steps_a++;
+      d->records_unmatched += (int64_t)ca.step_n;
+      if ((st = cursor_next(&ca)) != PROBE_OK)
+        goto done;
+      continue;
+    }
+    if (ca.step_no < 0 || cb.step_no < ca.step_no) {
+      d->steps_b++;
+      d->records_unmatched += (int64_t)cb.step_n;
+      if ((st = cursor_next(&cb)) != PROBE_OK)
+        goto done;
+      continue;
+    }
+    d->steps_a++;
+    d->steps_b++;
+    d->steps_common++;
+    if (d->first_common_step < 0)
+      d->first_common_step = ca.step_no;
+    d->last_common_step = ca.step_no;
+    if ((st = compare_step(&s, &ca, &cb)) != PROBE_OK)
+      goto done;
+    if ((st = cursor_next(&ca)) != PROBE_OK ||
+        (st = cursor_next(&cb)) != PROBE_OK)
+      goto done;
+  }
+  if (ca.skipped || cb.skipped)
+    note(d, "records out of step order ignored (overlapping flight-recorder "
+            "dumps): %lld in A, %lld in B",
+         (long long)ca.skipped, (long long)cb.skipped);
+  if (d->scaler_overflow_records)
+    note(d, "%lld record%s scaled gradients that overflowed on steps the "
+            "loss scaler skipped (normal dynamic loss scaling), not counted as "
+            "divergence",
+         (long long)d->scaler_overflow_records,
+         d->scaler_overflow_records == 1 ? " holds" : "s hold");
+  if (d->records_unmatched)
+    note(d, "%lld records have no partner on the other side (steps or sites "
+            "recorded on one side only)",
+         (long long)d->records_unmatched);
+  if (d->record_mode_a != PROBE_MODE_FULL || d->record_mode_b != PROBE_MODE_FULL)
+    note(d, "%s recorded per-layer data only around non-finite events "
+            "(flight recorder); run with --trace for a step-by-step comparison",
+         d->record_mode_a != PROBE_MODE_FULL
+             ? (d->record_mode_b != PROBE_MODE_FULL ? "A and B" : "A")
+             : "B");
+
+  if ((st = compare_losses(d, a, b, d->opt.chunk_rows)) != PROBE_OK)
+    goto done;
+  if (d->last_step_a != d->last_step_b)
+    note(d, "the runs end at different steps: A at %lld, B at %lld; compared "
+            "the steps both hold",
+         (long long)d->last_step_a, (long long)d->last_step_b);
+
+  for (size_t i = 0; i < d->n_entries; i++) {
+    probe_diff_entry *e = &d->entries[i];
+    e->mean_rel_rms = e->steps ? s.entry_rel_sum[i] / (double)e->steps : 0.0;
+    if (site_is_grad(e->site) && e->count_a > 0 && e->count_b > 0) {
+      double za = (double)e->zero_a / (double)e->count_a;
+      double zb = (double)e->zero_b / (double)e->count_b;
+      e->flushes_to_zero = za >= zb + d->opt.zero_frac_margin;
+    }
+  }
+  qsort(d->entries, d->n_entries, sizeof *d->entries, entry_cmp);
+
+  if (d->n_layers_common == 0 || (d->steps_common == 0 && d->loss_steps == 0))
+    d->verdict = PROBE_DIFF_NOT_ALIGNED;
+  else if (d->first_div_step >= 0 || d->loss_part_step >= 0)
+    d->verdict = PROBE_DIFF_DIVERGE;
+  else
+    d->verdict = PROBE_DIFF_AGREE;
+  write_verdict(d);
+
+done:
+  cursor_free(&ca);
+  cursor_free(&cb);
+  free(s.map_ab);
+  free(s.slot_entry);
+  free(s.entry_last_div);
+  free(s.entry_rel_sum);
+  free(s.win);
+  free(s.win_sum);
+  free(s.head_b);
+  free(s.next_b);
+  free(s.seen);
+  free(s.has_in);
+  free(s.in_div);
+  free(s.implied_in);
+  free(s.fwd_div);
+  free(s.wgrad_div);
+  free(s.sa.buf);
+  free(s.sb.buf);
+  return st;
+}
+
+void probe_diff_free(probe_diff *d) {
+  if (!d)
+    return;
+  free(d->entries);
+  d->entries = NULL;
+  json_decref(d->config_diff);
+  d->config_diff = NULL;
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static json_t *point_json(const probe_diff_point *p) {
+  if (!p->found)
+    return json_null();
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(p->step));
+  json_object_set_new(o, "layer", json_string(p->layer));
+  json_object_set_new(o, "site", json_string(probe_site_name((probe_site)p->site)));
+  json_object_set_new(o, "seq", json_integer(p->seq));
+  json_object_set_new(o, "rel", num(p->rel));
+  json_object_set_new(o, "local", json_boolean(p->local));
+  json_object_set_new(o, "nonfinite", json_boolean(p->nonfinite));
+  json_object_set_new(o, "zero_frac_a", num(p->zero_a));
+  json_object_set_new(o, "zero_frac_b", num(p->zero_b));
+  return o;
+}
+
+static json_t *step_or_null(int64_t s) {
+  return s >= 0 ? json_integer(s) : json_null();
+}
+
+static const char *verdict_name(probe_diff_verdict v) {
+  return v == PROBE_DIFF_AGREE ? "agree"
+         : v == PROBE_DIFF_DIVERGE ? "diverge"
+                                   : "not-aligned";
+}
+
+json_t *probe_diff_to_json(const probe_diff *d) {
+  json_t *o = json_object();
+  json_object_set_new(o, "verdict", json_string(verdict_name(d->verdict)));
+  json_object_set_new(o, "summary", json_string(d->verdict_text));
+  json_object_set_new(o, "threshold", num(d->opt.threshold));
+  json_object_set_new(o, "window", json_integer(d->opt.window));
+
+  json_t *al = json_object();
+  json_object_set_new(al, "layers_a", json_integer(d->n_layers_a));
+  json_object_set_new(al, "layers_b", json_integer(d->n_layers_b));
+  json_object_set_new(al, "layers_common", json_integer(d->n_layers_common));
+  json_object_set_new(al, "only_in_a", json_string(d->only_a));
+  json_object_set_new(al, "only_in_b", json_string(d->only_b));
+  json_object_set_new(al, "steps_a", json_integer(d->steps_a));
+  json_object_set_new(al, "steps_b", json_integer(d->steps_b));
+  json_object_set_new(al, "steps_common", json_integer(d->steps_common));
+  json_object_set_new(al, "first_common_step", step_or_null(d->first_common_step));
+  json_object_set_new(al, "last_common_step", step_or_null(d->last_common_step));
+  json_object_set_new(al, "records_unmatched", json_integer(d->records_unmatched));
+  json_object_set_new(al, "scaler_overflow_records",
+                      json_integer(d->scaler_overflow_records));
+  json_object_set_new(al, "policy_a", json_string(d->policy_a));
+  json_object_set_new(al, "policy_b", json_string(d->policy_b));
+  json_object_set_new(al, "config_differences",
+                      d->config_diff ? json_incref(d->config_diff) : json_array());
+  json_object_set_new(al, "config_differs_beyond_policy",
+                      json_boolean(d->config_other));
+  json_t *notes = json_array();
+  for (int i = 0; i < d->n_notes; i++)
+    json_array_append_new(notes, json_string(d->notes[i]));
+  json_object_set_new(al, "notes", notes);
+  json_object_set_new(o, "alignment", al);
+
+  json_t *dv = json_object();
+  json_object_set_new(dv, "first_step", step_or_null(d->first_div_step));
+  json_object_set_new(dv, "introduction_point", point_json(&d->intro));
+  json_object_set_new(dv, "first_diverging_record", point_json(&d->first_div));
+  json_object_set_new(dv, "first_nonfinite_a", point_json(&d->first_nonfinite_a));
+  json_object_set_new(dv, "first_nonfinite_b", point_json(&d->first_nonfinite_b));
+  json_object_set_new(o, "divergence", dv);
+
+  json_t *lo = json_object();
+  json_object_set_new(lo, "steps_compared", json_integer(d->loss_steps));
+  json_object_set_new(lo, "part_step", step_or_null(d->loss_part_step));
+  json_object_set_new(lo, "loss_a_at_part", num(d->loss_a_at_part));
+  json_object_set_new(lo, "loss_b_at_part", num(d->loss_b_at_part));
+  json_object_set_new(lo, "max_rel", num(d->max_loss_rel));
+  json_object_set_new(lo, "final_loss_a", num(d->final_loss_a));
+  json_object_set_new(lo, "final_loss_b", num(d->final_loss_b));
+  json_object_set_new(lo, "final_rel", num(d->final_loss_rel));
+  json_object_set_new(lo, "first_nonfinite_a", step_or_null(d->first_nonfinite_loss_a));
+  json_object_set_new(lo, "first_nonfinite_b", step_or_null(d->first_nonfinite_loss_b));
+  json_object_set_new(o, "loss", lo);
+
+  json_t *rows = json_array();
+  for (size_t i = 0; i < d->n_entries; i++) {
+    const probe_diff_entry *e = &d->entries[i];
+    json_t *r = json_object();
+    json_object_set_new(r, "layer", json_string(e->layer));
+    json_object_set_new(r, "kind", json_string(probe_kind_name((probe_kind)e->kind)));
+    json_object_set_new(r, "site", json_string(probe_site_name((probe_site)e->site)));
+    json_object_set_new(r, "precision_a",
+                        json_string(probe_precision_name((probe_precision)e->prec_a)));
+    json_object_set_new(r, "precision_b",
+                        json_string(probe_precision_name((probe_precision)e->prec_b)));
+    json_object_set_new(r, "steps", json_integer(e->steps));
+    json_object_set_new(r, "max_rel_absmax", num(e->max_rel_absmax));
+    json_object_set_new(r, "max_rel_rms", num(e->max_rel_rms));
+    json_object_set_new(r, "max_rel_l2", num(e->max_rel_l2));
+    json_object_set_new(r, "max_rel_step", step_or_null(e->max_rel_step));
+    json_object_set_new(r, "mean_rel_rms", num(e->mean_rel_rms));
+    json_object_set_new(r, "max_window_rel", num(e->max_window_rel));
+    json_object_set_new(r, "first_exceed_step", step_or_null(e->first_exceed_step));
+    json_object_set_new(r, "first_divergence_step", step_or_null(e->first_div_step));
+    json_object_set_new(r, "first_divergence_rel",
+                        e->first_div_step >= 0 ? num(e->first_div_rel) : json_null());
+    json_object_set_new(r, "first_nonfinite_a", step_or_null(e->first_nonfinite_a));
+    json_object_set_new(r, "first_nonfinite_b", step_or_null(e->first_nonfinite_b));
+    json_object_set_new(r, "local_steps", json_integer(e->local_steps));
+    json_object_set_new(r, "carried_steps", json_integer(e->carried_steps));
+    json_object_set_new(r, "zero_frac_a",
+                        e->count_a ? num((double)e->zero_a / (double)e->count_a)
+                                   : json_null());
+    json_object_set_new(r, "zero_frac_b",
+                        e->count_b ? num((double)e->zero_b / (double)e->count_b)
+                                   : json_null());
+    json_object_set_new(r, "flushes_to_zero", json_boolean(e->flushes_to_zero));
+    json_array_append_new(rows, r);
+  }
+  json_object_set_new(o, "layers", rows);
+  return o;
+}
