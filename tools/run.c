@@ -195,7 +195,13 @@ static void print_summary(const probe_train_result *r, const char *name,
   printf("  trace           %s (%s)\n", path,
          full ? "full per-layer trace" : "flight recorder");
   printf("  time            %.2f s\n", r->wall_seconds);
-  if (r->diverged) printf("  next            ampprobe postmortem %s\n", path);
+  if (r->diverged)
+    printf("  next            ampprobe postmortem %s\n", path);
+  else if (r->first_nonfinite_step >= 0)
+    printf("  note            the loss stayed finite, but a layer produced inf/NaN"
+           " (%s at step %lld):\n"
+           "                  ampprobe postmortem %s\n",
+           r->first_nonfinite_layer, (long long)r->first_nonfinite_step, path);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,

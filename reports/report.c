@@ -1,0 +1,773 @@
+/*
+ * reports/report.c - the HTML report builder behind `ampprobe report`.
+ *
+ * A probe_report is fed a trace in chunks and reduces it as it goes:
+ *   - step scalars into probe_bins (min/max per pixel column) for the loss,
+ *     the baseline's loss, the loss scale, the gradient norm, the clip
+ *     threshold and the clip coefficient; skipped steps and clipped steps
+ *     into bins of their own (one marker per column that has any);
+ *   - scaler events into bins per kind (backoff, growth, minimum clamp);
+ *   - per-layer records into two layers x steps grids: FP16 headroom
+ *     log2(65504/absmax) (a cell keeps the smallest, the worst) and the
+ *     fraction of gradient values that are subnormal or flush to zero in
+ *     FP16 (a cell keeps the largest).
+ * Memory is fixed by the plot width and the layer count. probe_report_write
+ * then draws everything as inline SVG into one HTML page with inline CSS:
+ * nothing is loaded from anywhere else.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ampprobe/report.h"
+
+#define REPORT_MAX_META 24
+#define REPORT_MAX_SECTIONS 24
+
+typedef struct report_section {
+  probe_report_place at;
+  char *title;
+  char *body;     /* preformatted text, may be NULL */
+  int folded;     /* body inside a closed <details> */
+  int ncols;      /* 0: no table */
+  char **headers; /* (ncols) */
+  char **cells;   /* (nrows, ncols) */
+  size_t nrows, cap_rows;
+} report_section;
+
+struct probe_report {
+  probe_report_options opt;
+  char *title;
+  int n_meta;
+  char *meta_key[REPORT_MAX_META], *meta_val[REPORT_MAX_META];
+  probe_report_verdict verdict;
+  char *headline, *diag_body;
+
+  probe_layer_info *layers;
+  size_t n_layers;
+
+  int have_range;
+  int64_t x0, x1;
+  int ready; /* bins and grids allocated */
+  int plot_cols;
+  probe_bins loss, base_loss, scale, gnorm, clip_thr, clip_coef;
+  probe_bins skipped, clipped, backoff, growth, clamp;
+  probe_grid headroom, underflow;
+  int64_t n_skipped, n_clipped, n_backoff, n_growth, n_clamp, n_hysteresis;
+  int have_clip;      /* some step had clipping on */
+  int have_scaling;   /* some step had a scale other than 1 */
+  int64_t part_step;  /* -1 when not set */
+  char *baseline_label;
+
+  int n_sections;
+  report_section sections[REPORT_MAX_SECTIONS];
+
+  probe_report_counts counts;
+};
+
+/* Plot geometry: the data area is width - 84 - 24 pixels wide. */
+#define REPORT_PLOT_MARGINS (84 + 24)
+
+static char *dup_str(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  char *p = malloc(n);
+  if (p) memcpy(p, s, n);
+  return p;
+}
+
+void probe_report_options_init(probe_report_options *o) {
+  memset(o, 0, sizeof *o);
+  o->title = "ampprobe report";
+  o->width = 1200;
+  o->heat_cols = 400;
+}
+
+probe_status probe_report_new(probe_report **out,
+                              const probe_report_options *o) {
+  *out = NULL;
+  probe_report_options def;
+  if (!o) {
+    probe_report_options_init(&def);
+    o = &def;
+  }
+  if (o->width < 400 || o->width > 10000 || o->heat_cols < 1 ||
+      o->heat_cols > 10000)
+    return PROBE_ERR_INVALID_ARG;
+  probe_report *r = calloc(1, sizeof *r);
+  if (!r) return PROBE_ERR_NOMEM;
+  r->opt = *o;
+  r->title = dup_str(o->title ? o->title : "ampprobe report");
+  r->opt.title = NULL;
+  r->part_step = -1;
+  r->plot_cols = o->width - REPORT_PLOT_MARGINS;
+  if (!r->title) {
+    free(r);
+    return PROBE_ERR_NOMEM;
+  }
+  *out = r;
+  return PROBE_OK;
+}
+
+static void free_bins_grids(probe_report *r) {
+  probe_bins *all[] = {&r->loss,    &r->base_loss, &r->scale,   &r->gnorm,
+                       &r->clip_thr, &r->clip_coef, &r->skipped, &r->clipped,
+                       &r->backoff, &r->growth,    &r->clamp};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) probe_bins_free(all[i]);
+  probe_grid_free(&r->headroom);
+  probe_grid_free(&r->underflow);
+}
+
+void probe_report_free(probe_report *r) {
+  if (!r) return;
+  free(r->title);
+  for (int i = 0; i < r->n_meta; i++) {
+    free(r->meta_key[i]);
+    free(r->meta_val[i]);
+  }
+  free(r->headline);
+  free(r->diag_body);
+  free(r->layers);
+  free(r->baseline_label);
+  free_bins_grids(r);
+  for (int i = 0; i < r->n_sections; i++) {
+    report_section *s = &r->sections[i];
+    free(s->title);
+    free(s->body);
+    for (int c = 0; c < s->ncols; c++) free(s->headers[c]);
+    free(s->headers);
+    for (size_t k = 0; k < s->nrows * (size_t)s->ncols; k++) free(s->cells[k]);
+    free(s->cells);
+  }
+  free(r);
+}
+
+probe_status probe_report_add_meta(probe_report *r, const char *key,
+                                   const char *value) {
+  if (!key) return PROBE_ERR_INVALID_ARG;
+  if (r->n_meta >= REPORT_MAX_META) return PROBE_ERR_INVALID_ARG;
+  char *k = dup_str(key), *v = dup_str(value ? value : "");
+  if (!k || !v) {
+    free(k);
+    free(v);
+    return PROBE_ERR_NOMEM;
+  }
+  r->meta_key[r->n_meta] = k;
+  r->meta_val[r->n_meta] = v;
+  r->n_meta++;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_diagnosis(probe_report *r,
+                                        probe_report_verdict v,
+                                        const char *headline,
+                                        const char *body) {
+  free(r->headline);
+  free(r->diag_body);
+  r->verdict = v;
+  r->headline = dup_str(headline ? headline : "");
+  r->diag_body = dup_str(body);
+  if (!r->headline || (body && !r->diag_body)) return PROBE_ERR_NOMEM;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_layers(probe_report *r,
+                                     const probe_layer_info *layers,
+                                     size_t n) {
+  if (r->ready) return PROBE_ERR_STATE;
+  if (n && !layers) return PROBE_ERR_INVALID_ARG;
+  free(r->layers);
+  r->layers = NULL;
+  r->n_layers = 0;
+  if (n) {
+    r->layers = malloc(n * sizeof *layers);
+    if (!r->layers) return PROBE_ERR_NOMEM;
+    memcpy(r->layers, layers, n * sizeof *layers);
+    for (size_t i = 0; i < n; i++)
+      r->layers[i].name[PROBE_NAME_MAX - 1] = '\0';
+  }
+  r->n_layers = n;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_range(probe_report *r, int64_t first_step,
+                                    int64_t last_step) {
+  if (r->ready) return PROBE_ERR_STATE;
+  if (last_step < first_step) return PROBE_ERR_INVALID_ARG;
+  r->x0 = first_step;
+  r->x1 = last_step;
+  r->have_range = 1;
+  return PROBE_OK;
+}
+
+/* Allocates the reductions on the first data call. */
+static probe_status ensure_ready(probe_report *r) {
+  if (r->ready) return PROBE_OK;
+  if (!r->have_range) return PROBE_ERR_STATE;
+  probe_bins *line[] = {&r->loss,    &r->base_loss, &r->scale,   &r->gnorm,
+                        &r->clip_thr, &r->clip_coef, &r->skipped, &r->clipped,
+                        &r->backoff, &r->growth,    &r->clamp};
+  probe_status st = PROBE_OK;
+  for (size_t i = 0; i < sizeof line / sizeof line[0] && st == PROBE_OK; i++)
+    st = probe_bins_init(line[i], r->plot_cols, r->x0, r->x1);
+  if (st == PROBE_OK && r->n_layers) {
+    st = probe_grid_init(&r->headroom, (int)r->n_layers, r->opt.heat_cols,
+                         r->x0, r->x1, PROBE_GRID_MIN);
+    if (st == PROBE_OK)
+      st = probe_grid_init(&r->underflow, (int)r->n_layers, r->opt.heat_cols,
+                           r->x0, r->x1, PROBE_GRID_MAX);
+  }
+  if (st != PROBE_OK) {
+    free_bins_grids(r);
+    return st;
+  }
+  r->ready = 1;
+  return PROBE_OK;
+}
+
+probe_status probe_report_add_steps(probe_report *r,
+                                    const probe_step_scalars *s, size_t n) {
+  probe_status st = ensure_ready(r);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    const probe_step_scalars *p = &s[i];
+    probe_bins_add(&r->loss, p->step, p->loss);
+    probe_bins_add(&r->scale, p->step, p->loss_scale);
+    if (p->loss_scale != 1.0) r->have_scaling = 1;
+    probe_bins_add(&r->gnorm, p->step, p->grad_norm);
+    if (p->clip_threshold > 0) {
+      r->have_clip = 1;
+      probe_bins_add(&r->clip_thr, p->step, p->clip_threshold);
+      probe_bins_add(&r->clip_coef, p->step, p->clip_coef);
+      if (p->clip_coef < 1.0) {
+        probe_bins_add(&r->clipped, p->step, p->clip_coef);
+        r->n_clipped++;
+      }
+    }
+    if (p->skipped) {
+      probe_bins_add(&r->skipped, p->step, p->loss_scale);
+      r->n_skipped++;
+    }
+  }
+  r->counts.steps += (int64_t)n;
+  return PROBE_OK;
+}
+
+probe_status probe_report_add_baseline_steps(probe_report *r,
+                                             const probe_step_scalars *s,
+                                             size_t n) {
+  probe_status st = ensure_ready(r);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < n; i++)
+    probe_bins_add(&r->base_loss, s[i].step, s[i].loss);
+  r->counts.baseline_steps += (int64_t)n;
+  return PROBE_OK;
+}
+
+probe_status probe_report_add_scaler_events(probe_report *r,
+                                            const probe_scaler_event *e,
+                                            size_t n) {
+  probe_status st = ensure_ready(r);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    switch (e[i].kind) {
+    case PROBE_SCALER_BACKOFF:
+      probe_bins_add(&r->backoff, e[i].step, e[i].new_scale);
+      r->n_backoff++;
+      break;
+    case PROBE_SCALER_GROWTH:
+      probe_bins_add(&r->growth, e[i].step, e[i].new_scale);
+      r->n_growth++;
+      break;
+    case PROBE_SCALER_MIN_CLAMP:
+      probe_bins_add(&r->clamp, e[i].step, e[i].new_scale);
+      r->n_clamp++;
+      break;
+    default:
+      r->n_hysteresis++;
+      break;
+    }
+  }
+  r->counts.scaler_events += (int64_t)n;
+  return PROBE_OK;
+}
+
+static int is_grad_site(int32_t site) {
+  return site == PROBE_SITE_GRAD_OUT || site == PROBE_SITE_GRAD_IN ||
+         site == PROBE_SITE_WEIGHT_GRAD;
+}
+
+probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
+                                      size_t n) {
+  probe_status st = ensure_ready(r);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    const probe_record *p = &rec[i];
+    if (p->layer < 0 || (size_t)p->layer >= r->n_layers) {
+      r->counts.records_dropped++;
+      continue;
+    }
+    const probe_stats *s = &p->stats;
+    uint64_t bad = s->nan_count + s->posinf_count + s->neginf_count;
+    uint64_t finite = s->count >= bad ? s->count - bad : 0;
+    /* headroom log2(65504/absmax): +inf for all-zero tensors, no value
+     * when nothing is finite (the cell is then marked non-finite) */
+    double h = NAN;
+    if (finite > 0 && !isnan(s->absmax))
+      h = s->absmax > 0 ? log2(65504.0 / (double)s->absmax) : INFINITY;
+    probe_grid_add(&r->headroom, p->layer, p->step, h, bad > 0);
+    if (is_grad_site(p->site)) {
+      /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes
+       * the values that flush to zero (|x| <= 2^-25) */
+      double f = finite > 0 ? (double)s->f16_subnormal / (double)finite : NAN;
+      probe_grid_add(&r->underflow, p->layer, p->step, f, bad > 0);
+    }
+  }
+  r->counts.records += (int64_t)n;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_part_step(probe_report *r, int64_t step) {
+  r->part_step = step;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_baseline_label(probe_report *r,
+                                             const char *label) {
+  free(r->baseline_label);
+  r->baseline_label = dup_str(label);
+  return label && !r->baseline_label ? PROBE_ERR_NOMEM : PROBE_OK;
+}
+
+static report_section *new_section(probe_report *r, probe_report_place at,
+                                   const char *title) {
+  if (r->n_sections >= REPORT_MAX_SECTIONS) return NULL;
+  report_section *s = &r->sections[r->n_sections];
+  memset(s, 0, sizeof *s);
+  s->at = at;
+  s->title = dup_str(title ? title : "");
+  if (!s->title) return NULL;
+  r->n_sections++;
+  return s;
+}
+
+probe_status probe_report_add_text(probe_report *r, probe_report_place at,
+                                   const char *title, const char *body) {
+  report_section *s = new_section(r, at, title);
+  if (!s) return PROBE_ERR_NOMEM;
+  s->body = dup_str(body);
+  return body && !s->body ? PROBE_ERR_NOMEM : PROBE_OK;
+}
+
+probe_status probe_report_add_folded_text(probe_report *r,
+                                          probe_report_place at,
+                                          const char *title,
+                                          const char *body) {
+  probe_status st = probe_report_add_text(r, at, title, body);
+  if (st == PROBE_OK) r->sections[r->n_sections - 1].folded = 1;
+  return st;
+}
+
+probe_status probe_report_add_table(probe_report *r, probe_report_place at,
+                                    const char *title, int ncols,
+                                    const char *const *headers,
+                                    int *table_id) {
+  if (ncols <= 0 || ncols > 64 || !headers) return PROBE_ERR_INVALID_ARG;
+  report_section *s = new_section(r, at, title);
+  if (!s) return PROBE_ERR_NOMEM;
+  s->headers = calloc((size_t)ncols, sizeof *s->headers);
+  if (!s->headers) return PROBE_ERR_NOMEM;
+  s->ncols = ncols;
+  for (int c = 0; c < ncols; c++) {
+    s->headers[c] = dup_str(headers[c] ? headers[c] : "");
+    if (!s->headers[c]) return PROBE_ERR_NOMEM;
+  }
+  if (table_id) *table_id = r->n_sections - 1;
+  return PROBE_OK;
+}
+
+probe_status probe_report_table_row(probe_report *r, int table_id,
+                                    const char *const *cells) {
+  if (table_id < 0 || table_id >= r->n_sections || !cells)
+    return PROBE_ERR_INVALID_ARG;
+  report_section *s = &r->sections[table_id];
+  if (s->ncols == 0) return PROBE_ERR_INVALID_ARG;
+  if (s->nrows == s->cap_rows) {
+    size_t cap = s->cap_rows ? s->cap_rows * 2 : 16;
+    char **p = realloc(s->cells, cap * (size_t)s->ncols * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    s->cells = p;
+    s->cap_rows = cap;
+  }
+  char **row = s->cells + s->nrows * (size_t)s->ncols;
+  for (int c = 0; c < s->ncols; c++) {
+    row[c] = dup_str(cells[c] ? cells[c] : "");
+    if (!row[c]) {
+      while (c-- > 0) free(row[c]);
+      return PROBE_ERR_NOMEM;
+    }
+  }
+  s->nrows++;
+  return PROBE_OK;
+}
+
+void probe_report_get_counts(const probe_report *r, probe_report_counts *c) {
+  *c = r->counts;
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+static const char *CSS =
+    "body{font-family:sans-serif;margin:20px 28px;color:#222;"
+    "background:#fafafa;max-width:1260px}"
+    "h1{font-size:22px;margin:0 0 8px}"
+    "h2{font-size:17px;margin:26px 0 6px;border-bottom:1px solid #ccc;"
+    "padding-bottom:3px}"
+    "h3{font-size:14.5px;margin:14px 0 4px}"
+    "p.help{margin:2px 0 6px;font-size:13px;color:#444;max-width:1100px}"
+    "table{border-collapse:collapse;font-size:13px;margin:4px 0 10px}"
+    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+    "vertical-align:top}"
+    "th{background:#eee}"
+    "table.meta td:first-child{font-weight:bold;background:#f0f0f0}"
+    "pre{background:#fff;border:1px solid #ddd;padding:8px 10px;"
+    "font-size:12.5px;white-space:pre-wrap;max-width:1180px}"
+    "details{margin:4px 0 8px}summary{cursor:pointer;font-size:13.5px;"
+    "color:#333}"
+    ".verdict{padding:10px 14px;border-radius:4px;font-size:16px;"
+    "font-weight:bold;margin:10px 0}"
+    ".v0{background:#eee;border-left:6px solid #888}"
+    ".v1{background:#e6f4e6;border-left:6px solid #2ca02c}"
+    ".v2{background:#fdeaea;border-left:6px solid #d62728}"
+    "svg{display:block;background:#fff;margin:4px 0 8px}"
+    "svg text{font-family:sans-serif;font-size:12px;fill:#222}"
+    "svg .pt{font-size:14px;font-weight:bold}"
+    "svg .al{text-anchor:middle;font-size:12.5px}"
+    "svg .yt text,svg .rl text{text-anchor:end}"
+    "svg .rl text{font-family:monospace}"
+    "svg .xt text,svg .cb{text-anchor:middle}"
+    "svg .gr{stroke:#e4e4e4}"
+    "svg .note{text-anchor:middle;fill:#888;font-size:14px}";
+
+static void put_escaped(probe_buf *o, const char *s) { probe_buf_escape(o, s); }
+
+static void put_help(probe_buf *o, const char *text) {
+  probe_buf_puts(o, "<p class=\"help\">");
+  put_escaped(o, text);
+  probe_buf_puts(o, "</p>\n");
+}
+
+static void put_sections(probe_buf *o, const probe_report *r,
+                         probe_report_place at) {
+  for (int i = 0; i < r->n_sections; i++) {
+    const report_section *s = &r->sections[i];
+    if (s->at != at) continue;
+    if (s->folded) {
+      probe_buf_puts(o, "<details><summary>");
+      put_escaped(o, s->title[0] ? s->title : "details");
+      probe_buf_puts(o, "</summary><pre>");
+      put_escaped(o, s->body ? s->body : "");
+      probe_buf_puts(o, "</pre></details>\n");
+      continue;
+    }
+    if (s->title[0]) {
+      probe_buf_puts(o, at == PROBE_REPORT_TOP ? "<h2>" : "<h3>");
+      put_escaped(o, s->title);
+      probe_buf_puts(o, at == PROBE_REPORT_TOP ? "</h2>\n" : "</h3>\n");
+    }
+    if (s->body) {
+      probe_buf_puts(o, "<pre>");
+      put_escaped(o, s->body);
+      probe_buf_puts(o, "</pre>\n");
+    }
+    if (s->ncols) {
+      probe_buf_puts(o, "<table><tr>");
+      for (int c = 0; c < s->ncols; c++) {
+        probe_buf_puts(o, "<th>");
+        put_escaped(o, s->headers[c]);
+        probe_buf_puts(o, "</th>");
+      }
+      probe_buf_puts(o, "</tr>\n");
+      for (size_t k = 0; k < s->nrows; k++) {
+        probe_buf_puts(o, "<tr>");
+        for (int c = 0; c < s->ncols; c++) {
+          probe_buf_puts(o, "<td>");
+          put_escaped(o, s->cells[k * (size_t)s->ncols + c]);
+          probe_buf_puts(o, "</td>");
+        }
+        probe_buf_puts(o, "</tr>\n");
+      }
+      if (s->nrows == 0)
+        probe_buf_printf(o, "<tr><td colspan=\"%d\">(none)</td></tr>\n",
+                         s->ncols);
+      probe_buf_puts(o, "</table>\n");
+    }
+  }
+}
+
+static int has_sections(const probe_report *r, probe_report_place at) {
+  for (int i = 0; i < r->n_sections; i++)
+    if (r->sections[i].at == at) return 1;
+  return 0;
+}
+
+/* Markers at the first step of every column of b that holds a value. */
+static probe_status add_bin_markers(probe_plot *p, const probe_bins *b,
+                                    probe_marker m, const char *color,
+                                    const char *label, int at_bottom) {
+  int64_t *x = malloc(((size_t)b->ncols + 1) * sizeof *x);
+  double *y = malloc(((size_t)b->ncols + 1) * sizeof *y);
+  if (!x || !y) {
+    free(x);
+    free(y);
+    return PROBE_ERR_NOMEM;
+  }
+  size_t n = 0;
+  for (int c = 0; c < b->ncols; c++) {
+    const probe_bin *k = &b->bin[c];
+    if (k->n == 0) continue;
+    x[n] = k->first_x;
+    y[n] = at_bottom ? 0 : k->first;
+    n++;
+  }
+  probe_status st = probe_plot_add_markers(p, x, y, n, m, color, label);
+  free(x);
+  free(y);
+  return st;
+}
+
+static probe_status render_plot(probe_buf *o, probe_plot *p) {
+  probe_status st = probe_plot_render(p, o);
+  probe_plot_free(p);
+  return st;
+}
+
+static probe_status write_loss(probe_report *r, probe_buf *o) {
+  probe_plot *p;
+  probe_status st = probe_plot_new(&p, "Loss", r->opt.width, 330);
+  if (st != PROBE_OK) return st;
+  probe_plot_x_axis(p, "step", r->x0, r->x1);
+  /* a loss that spans more than three decades (a blow-up that stays finite)
+   * is drawn on a log axis, where the healthy part stays readable */
+  double mn = INFINITY, mx = -INFINITY;
+  const probe_bins *both[2] = {&r->loss, &r->base_loss};
+  for (int k = 0; k < 2; k++)
+    for (int c = 0; c < both[k]->ncols; c++)
+      if (both[k]->bin[c].n) {
+        mn = fmin(mn, both[k]->bin[c].min);
+        mx = fmax(mx, both[k]->bin[c].max);
+      }
+  if (mn > 0 && mx / mn > 1000)
+    probe_plot_y_axis(p, PROBE_AXIS_LOG10, "loss (unscaled, log10 axis)", NAN,
+                      NAN);
+  else
+    probe_plot_y_axis(p, PROBE_AXIS_LINEAR, "loss (unscaled)", NAN, NAN);
+  int base = r->counts.baseline_steps > 0;
+  if (base)
+    probe_plot_add_line(p, &r->base_loss, "#7f7f7f",
+                        r->baseline_label ? r->baseline_label : "baseline",
+                        "5 3", "#9467bd");
+  probe_plot_add_line(p, &r->loss, "#1f77b4", "loss", NULL, "#d62728");
+  if (base && r->part_step >= 0) {
+    char label[96];
+    snprintf(label, sizeof label, "curves part at step %lld",
+             (long long)r->part_step);
+    probe_plot_add_vline(p, r->part_step, "#ff7f0e", label, "3 3");
+  }
+  if (r->counts.steps == 0) probe_plot_set_note(p, "no steps recorded");
+  return render_plot(o, p);
+}
+
+static probe_status write_scale(probe_report *r, probe_buf *o) {
+  probe_plot *p;
+  probe_status st = probe_plot_new(&p, "Loss scale", r->opt.width, 300);
+  if (st != PROBE_OK) return st;
+  probe_plot_x_axis(p, "step", r->x0, r->x1);
+  probe_plot_y_axis(p, PROBE_AXIS_LOG2, "loss scale (log2 axis)", NAN, NAN);
+  probe_plot_add_line(p, &r->scale, "#1f77b4", "loss scale", NULL, NULL);
+  char label[96];
+  snprintf(label, sizeof label, "backoff (%lld)", (long long)r->n_backoff);
+  add_bin_markers(p, &r->backoff, PROBE_MARKER_TRIANGLE_DOWN, "#d62728",
+                  label, 0);
+  if (r->n_growth) {
+    snprintf(label, sizeof label, "growth (%lld)", (long long)r->n_growth);
+    add_bin_markers(p, &r->growth, PROBE_MARKER_TRIANGLE_UP, "#2ca02c", label,
+                    0);
+  }
+  if (r->n_clamp) {
+    snprintf(label, sizeof label, "at minimum scale (%lld)",
+             (long long)r->n_clamp);
+    add_bin_markers(p, &r->clamp, PROBE_MARKER_DIAMOND, "#8c564b", label, 0);
+  }
+  snprintf(label, sizeof label, "skipped step (%lld)", (long long)r->n_skipped);
+  add_bin_markers(p, &r->skipped, PROBE_MARKER_TICK, "#ff7f0e", label, 1);
+  if (r->counts.steps == 0) probe_plot_set_note(p, "no steps recorded");
+  else if (!r->have_scaling)
+    probe_plot_set_note(p, "loss scaling off (scale 1 throughout)");
+  return render_plot(o, p);
+}
+
+static probe_status write_gnorm(probe_report *r, probe_buf *o) {
+  probe_plot *p;
+  probe_status st = probe_plot_new(&p, "Gradient norm before clipping",
+                                   r->opt.width, 300);
+  if (st != PROBE_OK) return st;
+  probe_plot_x_axis(p, "step", r->x0, r->x1);
+  probe_plot_y_axis(p, PROBE_AXIS_LOG10, "global L2 norm (log10 axis)", NAN,
+                    NAN);
+  probe_plot_add_line(p, &r->gnorm, "#1f77b4", "gradient norm", NULL,
+                      "#d62728");
+  if (r->have_clip)
+    probe_plot_add_line(p, &r->clip_thr, "#d62728", "clip threshold", "6 3",
+                        NULL);
+  if (r->counts.steps == 0) probe_plot_set_note(p, "no steps recorded");
+  st = render_plot(o, p);
+  if (st != PROBE_OK || !r->have_clip) return st;
+
+  st = probe_plot_new(&p, "Clip coefficient applied", r->opt.width, 220);
+  if (st != PROBE_OK) return st;
+  probe_plot_x_axis(p, "step", r->x0, r->x1);
+  probe_plot_y_axis(p, PROBE_AXIS_LINEAR,
+                    "min(1, threshold / norm)", 0.0, 1.05);
+  probe_plot_add_line(p, &r->clip_coef, "#9467bd", "clip coefficient", NULL,
+                      NULL);
+  char label[96];
+  snprintf(label, sizeof label, "clipped step (%lld)", (long long)r->n_clipped);
+  add_bin_markers(p, &r->clipped, PROBE_MARKER_TICK, "#ff7f0e", label, 1);
+  return render_plot(o, p);
+}
+
+static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
+  if (!r->n_layers || !r->headroom.val) {
+    put_help(o, "This trace has no layers table, so there is nothing to "
+                "draw per layer.");
+    return PROBE_OK;
+  }
+  const char **labels = malloc(r->n_layers * sizeof *labels);
+  if (!labels) return PROBE_ERR_NOMEM;
+  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->layers[i].name;
+  int rh = r->n_layers > 60 ? 11 : 14;
+
+  probe_heatmap_opts h;
+  memset(&h, 0, sizeof h);
+  h.x_label = "step";
+  h.row_labels = labels;
+  h.width = r->opt.width;
+  h.row_height = rh;
+  h.empty_label = "no record";
+
+  probe_buf_puts(o, "<h2>FP16 headroom per layer</h2>\n");
+  put_help(o,
+           "Each row is a layer (in registration order), each column a range "
+           "of steps. The colour is the smallest headroom log2(65504 / absmax) "
+           "over the layer's recorded tensors (all sites) in those steps: the "
+           "number of doublings left before the largest value overflows FP16. "
+           "Red means close to overflow; at 0 the largest value is 65504. "
+           "Black cells held inf or NaN.");
+  h.title = "FP16 headroom: log2(65504 / absmax), worst tensor per cell";
+  h.value_label = "headroom [binades]";
+  h.nonfinite_label = "inf/NaN in a tensor";
+  h.cmap = (probe_colormap){6,
+                            {0, 2, 4, 8, 14, 24},
+                            {0xa50026, 0xf46d43, 0xfee090, 0xe0f3f8, 0x74add1,
+                             0x313695}};
+  probe_status st = probe_heatmap_render(&r->headroom, &h, o);
+  if (st == PROBE_OK) {
+    probe_buf_puts(o, "<h2>FP16 underflow of gradients per layer</h2>\n");
+    put_help(o,
+             "The colour is the largest fraction, over the layer's gradient "
+             "tensors (gradient at the output, gradient to the input, weight "
+             "gradient) in those steps, of finite values whose magnitude is "
+             "below 2^-14: subnormal in FP16, or so small (at most 2^-25) "
+             "that FP16 flushes them to zero. Values already stored as FP16 "
+             "zeros are not counted. Grey rows have no gradient records.");
+    h.title = "Fraction of gradient values subnormal or flushed to zero in "
+              "FP16, worst tensor per cell";
+    h.value_label = "fraction of finite values (0 to 1)";
+    h.nonfinite_label = "inf/NaN in a gradient";
+    h.cmap = (probe_colormap){5,
+                              {0, 0.05, 0.2, 0.5, 1},
+                              {0xffffe5, 0xfee391, 0xfe9929, 0xcc4c02,
+                               0x662506}};
+    st = probe_heatmap_render(&r->underflow, &h, o);
+  }
+  free(labels);
+  return st;
+}
+
+probe_status probe_report_write(probe_report *r, FILE *f) {
+  if (!f) return PROBE_ERR_INVALID_ARG;
+  if (!r->have_range) probe_report_set_range(r, 0, 0);
+  probe_status st = ensure_ready(r);
+  if (st != PROBE_OK) return st;
+  probe_buf o;
+  probe_buf_init(&o);
+
+  probe_buf_puts(&o, "<!DOCTYPE html>\n<html lang=\"en\"><head>"
+                     "<meta charset=\"utf-8\">\n<title>");
+  put_escaped(&o, r->title);
+  probe_buf_printf(&o, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>",
+                   CSS);
+  put_escaped(&o, r->title);
+  probe_buf_puts(&o, "</h1>\n");
+
+  /* diagnosis first */
+  probe_buf_printf(&o, "<div class=\"verdict v%d\" id=\"verdict\">",
+                   (int)r->verdict);
+  put_escaped(&o, r->headline ? r->headline : "no diagnosis available");
+  probe_buf_puts(&o, "</div>\n");
+  if (r->diag_body) {
+    probe_buf_puts(&o, "<h2>Post-mortem diagnosis</h2>\n<pre id=\"diagnosis\">");
+    put_escaped(&o, r->diag_body);
+    probe_buf_puts(&o, "</pre>\n");
+  }
+  put_sections(&o, r, PROBE_REPORT_TOP);
+
+  if (r->n_meta) {
+    probe_buf_puts(&o, "<h2>Trace</h2>\n<table class=\"meta\">\n");
+    for (int i = 0; i < r->n_meta; i++) {
+      probe_buf_puts(&o, "<tr><td>");
+      put_escaped(&o, r->meta_key[i]);
+      probe_buf_puts(&o, "</td><td>");
+      put_escaped(&o, r->meta_val[i]);
+      probe_buf_puts(&o, "</td></tr>\n");
+    }
+    probe_buf_puts(&o, "</table>\n");
+  }
+
+  probe_buf_puts(&o, "<h2>Training curves</h2>\n");
+  put_help(&o,
+           "Long traces are reduced to at most four points per pixel column "
+           "(first, smallest, largest, last), so a spike in a single step is "
+           "still drawn. Red triangles on the top edge mark steps whose value "
+           "was inf or NaN.");
+  if (st == PROBE_OK) st = write_loss(r, &o);
+  if (st == PROBE_OK) st = write_scale(r, &o);
+  if (st == PROBE_OK) st = write_gnorm(r, &o);
+  if (st == PROBE_OK) st = write_heatmaps(r, &o);
+
+  if (st == PROBE_OK && has_sections(r, PROBE_REPORT_DIFF)) {
+    probe_buf_puts(&o, "<h2>Comparison with the baseline</h2>\n");
+    put_sections(&o, r, PROBE_REPORT_DIFF);
+  }
+  if (st == PROBE_OK && has_sections(r, PROBE_REPORT_BISECT)) {
+    probe_buf_puts(&o, "<h2>Bisect: modules to keep in FP32</h2>\n");
+    put_sections(&o, r, PROBE_REPORT_BISECT);
+  }
+  if (st == PROBE_OK) put_sections(&o, r, PROBE_REPORT_END);
+  probe_buf_printf(&o,
+                   "<p class=\"help\">%lld steps, %lld layer records, %lld "
+                   "scaler events",
+                   (long long)r->counts.steps, (long long)r->counts.records,
+                   (long long)r->counts.scaler_events);
+  if (r->counts.baseline_steps)
+    probe_buf_printf(&o, ", %lld baseline steps",
+                     (long long)r->counts.baseline_steps);
+  probe_buf_puts(&o, ". Written by ampprobe report.</p>\n</body></html>\n");
+
+  if (st == PROBE_OK && o.oom) st = PROBE_ERR_NOMEM;
+  if (st == PROBE_OK && fwrite(o.data, 1, o.len, f) != o.len) st = PROBE_ERR_IO;
+  if (st == PROBE_OK && fflush(f) != 0) st = PROBE_ERR_IO;
+  probe_buf_free(&o);
+  return st;
+}

@@ -1,0 +1,619 @@
+/*
+ * tests/reports/test_report.c - Check suites for the report library: the
+ * text buffer and escaping, the min/max-per-column reduction (a one-step
+ * spike must survive 10,000 steps -> 500 columns), the heatmap grid, axis
+ * ticks, the SVG plot and heatmap renderers, and the HTML report builder
+ * (self-contained, sections in order, bounded size).
+ */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ampprobe/report.h"
+
+static int count_substr(const char *hay, const char *needle) {
+  int n = 0;
+  size_t k = strlen(needle);
+  for (const char *p = strstr(hay, needle); p; p = strstr(p + k, needle)) n++;
+  return n;
+}
+
+/* ---- buffer --------------------------------------------------------------- */
+
+START_TEST(test_buf_escape) {
+  probe_buf b;
+  probe_buf_init(&b);
+  ck_assert_int_eq(probe_buf_escape(&b, "a<b>&\"c'd"), PROBE_OK);
+  ck_assert_str_eq(b.data, "a&lt;b&gt;&amp;&quot;c&#39;d");
+  b.len = 0;
+  /* invalid UTF-8 (lone continuation, overlong) and a control byte */
+  ck_assert_int_eq(probe_buf_escape(&b, "x\x80y\xC0\xAFz\x01"), PROBE_OK);
+  ck_assert_str_eq(b.data, "x\xEF\xBF\xBDy\xEF\xBF\xBD\xEF\xBF\xBDz\xEF\xBF\xBD");
+  b.len = 0;
+  ck_assert_int_eq(probe_buf_escape(&b, "\xC3\xA9\xE2\x80\x96"), PROBE_OK);
+  ck_assert_str_eq(b.data, "\xC3\xA9\xE2\x80\x96"); /* valid UTF-8 kept */
+  probe_buf_free(&b);
+}
+END_TEST
+
+START_TEST(test_buf_printf_long) {
+  probe_buf b;
+  probe_buf_init(&b);
+  char big[5000];
+  memset(big, 'q', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  ck_assert_int_eq(probe_buf_printf(&b, "<%s>", big), PROBE_OK);
+  ck_assert_uint_eq(b.len, sizeof big + 1);
+  ck_assert_int_eq(b.data[0], '<');
+  ck_assert_int_eq(b.data[b.len - 1], '>');
+  probe_buf_free(&b);
+}
+END_TEST
+
+/* ---- downsampling ----------------------------------------------------------- */
+
+/* The spike: one step of 10,000 at loop position _i, up or down. */
+START_TEST(test_bins_spike_survives) {
+  const int64_t N = 10000;
+  const int64_t spike_at[] = {0, 1, 137, 4999, 5000, 7777, 9998, 9999};
+  int64_t at = spike_at[_i % 8];
+  double sign = _i < 8 ? 1.0 : -1.0;
+  probe_bins b;
+  ck_assert_int_eq(probe_bins_init(&b, 500, 0, N - 1), PROBE_OK);
+  ck_assert_int_eq(b.ncols, 500);
+  for (int64_t s = 0; s < N; s++) {
+    double y = 1.0 + 0.01 * sin((double)s * 0.37); /* noise in [0.99, 1.01] */
+    if (s == at) y = 1.0 + sign * 1000.0;
+    probe_bins_add(&b, s, y);
+  }
+  int64_t xs[2000];
+  double ys[2000];
+  size_t n = probe_bins_points(&b, xs, ys, 2000);
+  ck_assert_uint_le(n, 2000);
+  ck_assert_uint_ge(n, 500); /* at least one point per column */
+  int found = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (k) ck_assert_int_ge(xs[k], xs[k - 1]); /* in step order */
+    if (xs[k] == at && ys[k] == 1.0 + sign * 1000.0) found = 1;
+  }
+  ck_assert_msg(found, "spike at step %lld lost", (long long)at);
+
+  /* what plain striding (every 20th step) would do: it loses the spike
+   * unless it happens to land on it; this proves the test can fail */
+  if (at % 20 != 0) {
+    int strided = 0;
+    for (int64_t s = 0; s < N; s += 20) strided |= (s == at);
+    ck_assert(!strided);
+  }
+  probe_bins_free(&b);
+}
+END_TEST
+
+START_TEST(test_bins_columns_and_nonfinite) {
+  probe_bins b;
+  /* fewer steps than columns: one column per step */
+  ck_assert_int_eq(probe_bins_init(&b, 500, 10, 19), PROBE_OK);
+  ck_assert_int_eq(b.ncols, 10);
+  ck_assert_int_eq(probe_bins_col(&b, 10), 0);
+  ck_assert_int_eq(probe_bins_col(&b, 19), 9);
+  ck_assert_int_eq(probe_bins_col(&b, 5), 0);    /* clamped */
+  ck_assert_int_eq(probe_bins_col(&b, 1000), 9); /* clamped */
+  probe_bins_add(&b, 12, NAN);
+  probe_bins_add(&b, 13, INFINITY);
+  probe_bins_add(&b, 14, 2.0);
+  ck_assert_int_eq(b.bin[2].n_nan, 1);
+  ck_assert_int_eq(b.bin[3].n_inf, 1);
+  ck_assert_int_eq(b.bin[2].n, 0);
+  int64_t xs[64];
+  double ys[64];
+  ck_assert_uint_eq(probe_bins_points(&b, xs, ys, 64), 1); /* only finite */
+  probe_bins_free(&b);
+
+  /* a constant series reduces to at most 2 points per column */
+  ck_assert_int_eq(probe_bins_init(&b, 100, 0, 9999), PROBE_OK);
+  for (int64_t s = 0; s < 10000; s++) probe_bins_add(&b, s, 3.0);
+  size_t n = probe_bins_points(&b, xs, ys, 64);
+  ck_assert_uint_eq(n, 64); /* bounded by max */
+  int64_t *xb = malloc(400 * sizeof *xb);
+  double *yb = malloc(400 * sizeof *yb);
+  n = probe_bins_points(&b, xb, yb, 400);
+  ck_assert_uint_eq(n, 200);
+  free(xb);
+  free(yb);
+  /* columns partition the range evenly: 100 steps each */
+  ck_assert_int_eq(b.bin[0].n, 100);
+  ck_assert_int_eq(b.bin[99].n, 100);
+  ck_assert_int_eq(b.bin[0].first_x, 0);
+  ck_assert_int_eq(b.bin[0].last_x, 99);
+  probe_bins_free(&b);
+  ck_assert_int_eq(probe_bins_init(&b, 0, 0, 10), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_bins_init(&b, 10, 5, 4), PROBE_ERR_INVALID_ARG);
+}
+END_TEST
+
+/* ---- grid ----------------------------------------------------------------- */
+
+START_TEST(test_grid_aggregates) {
+  probe_grid g;
+  ck_assert_int_eq(probe_grid_init(&g, 3, 10, 0, 999, PROBE_GRID_MIN),
+                   PROBE_OK);
+  for (int64_t s = 0; s < 1000; s++) probe_grid_add(&g, 1, s, 10.0, 0);
+  probe_grid_add(&g, 1, 555, 0.5, 0); /* one low step in column 5 */
+  probe_grid_add(&g, 2, 42, NAN, 1);  /* all non-finite */
+  probe_grid_add(&g, 7, 42, 1.0, 0);  /* unknown row: ignored */
+  ck_assert_float_eq(probe_grid_val(&g, 1, 5), 0.5f);
+  ck_assert_float_eq(probe_grid_val(&g, 1, 4), 10.0f);
+  ck_assert(isnan(probe_grid_val(&g, 0, 0)));
+  ck_assert_uint_eq(g.count[0], 0);
+  ck_assert_uint_eq(g.count[1 * 10 + 5], 101);
+  ck_assert_uint_eq(g.nonfinite[2 * 10 + 0], 1);
+  ck_assert(isnan(probe_grid_val(&g, 2, 0)));
+  probe_grid_free(&g);
+
+  ck_assert_int_eq(probe_grid_init(&g, 1, 4, 0, 3, PROBE_GRID_MAX), PROBE_OK);
+  probe_grid_add(&g, 0, 2, 0.1, 0);
+  probe_grid_add(&g, 0, 2, 0.7, 0);
+  probe_grid_add(&g, 0, 2, 0.3, 0);
+  ck_assert_float_eq(probe_grid_val(&g, 0, 2), 0.7f);
+  probe_grid_free(&g);
+}
+END_TEST
+
+/* ---- ticks ---------------------------------------------------------------- */
+
+START_TEST(test_ticks) {
+  double t[32];
+  int n = probe_axis_ticks(PROBE_AXIS_LINEAR, 0, 10000, t, 11);
+  ck_assert_int_ge(n, 5);
+  ck_assert_int_le(n, 11);
+  ck_assert_double_eq(t[0], 0);
+  for (int i = 1; i < n; i++) {
+    double step = t[1] - t[0];
+    ck_assert_double_eq_tol(t[i] - t[i - 1], step, 1e-9);
+    double m = step / pow(10, floor(log10(step)));
+    ck_assert(fabs(m - 1) < 1e-9 || fabs(m - 2) < 1e-9 ||
+              fabs(m - 2.5) < 1e-9 || fabs(m - 5) < 1e-9);
+  }
+  n = probe_axis_ticks(PROBE_AXIS_LINEAR, -0.3, 0.7, t, 6);
+  for (int i = 0; i < n; i++) {
+    ck_assert(t[i] >= -0.3 - 1e-12 && t[i] <= 0.7 + 1e-12);
+  }
+  /* log10: powers of ten inside the range */
+  n = probe_axis_ticks(PROBE_AXIS_LOG10, 0.003, 2e4, t, 12);
+  ck_assert_int_eq(n, 7); /* 0.01 .. 1e4 */
+  ck_assert_double_eq_tol(t[0], 0.01, 1e-15);
+  ck_assert_double_eq_tol(t[6], 1e4, 1e-9);
+  /* log2 over 2^0..2^24 with at most 7 ticks: thinned, powers of two */
+  n = probe_axis_ticks(PROBE_AXIS_LOG2, 1, 16777216, t, 7);
+  ck_assert_int_le(n, 7);
+  ck_assert_int_ge(n, 4);
+  for (int i = 0; i < n; i++) {
+    double e = log2(t[i]);
+    ck_assert_double_eq_tol(e, round(e), 1e-12);
+  }
+  ck_assert_int_eq(probe_axis_ticks(PROBE_AXIS_LOG10, -1, 10, t, 5), 0);
+  ck_assert_int_eq(probe_axis_ticks(PROBE_AXIS_LINEAR, NAN, 10, t, 5), 0);
+}
+END_TEST
+
+/* ---- plot ----------------------------------------------------------------- */
+
+START_TEST(test_plot_render) {
+  probe_plot *p;
+  ck_assert_int_eq(probe_plot_new(&p, "Loss <&>", 900, 300), PROBE_OK);
+  int cols = probe_plot_data_width(p);
+  ck_assert_int_eq(cols, 900 - 108);
+  probe_bins b;
+  ck_assert_int_eq(probe_bins_init(&b, cols, 0, 9999), PROBE_OK);
+  for (int64_t s = 0; s < 10000; s++)
+    probe_bins_add(&b, s, s == 3000 ? NAN : 1.0 + (s == 6000 ? 50.0 : 0.0));
+  probe_plot_x_axis(p, "step", 0, 9999);
+  probe_plot_y_axis(p, PROBE_AXIS_LINEAR, "loss (nats)", NAN, NAN);
+  ck_assert_int_eq(probe_plot_add_line(p, &b, "#1f77b4", "loss", NULL,
+                                       "#d62728"),
+                   PROBE_OK);
+  ck_assert_int_eq(probe_plot_add_hline(p, 2.0, "#d62728", "threshold", "4 2"),
+                   PROBE_OK);
+  int64_t mx[2] = {100, 200};
+  double my[2] = {1.0, INFINITY};
+  ck_assert_int_eq(probe_plot_add_markers(p, mx, my, 2,
+                                          PROBE_MARKER_TRIANGLE_DOWN,
+                                          "#d62728", "backoff"),
+                   PROBE_OK);
+  probe_buf o;
+  probe_buf_init(&o);
+  ck_assert_int_eq(probe_plot_render(p, &o), PROBE_OK);
+  ck_assert_ptr_nonnull(strstr(o.data, "<svg"));
+  ck_assert_ptr_nonnull(strstr(o.data, "</svg>"));
+  ck_assert_ptr_nonnull(strstr(o.data, "Loss &lt;&amp;&gt;")); /* escaped */
+  ck_assert_ptr_nonnull(strstr(o.data, ">step<"));
+  ck_assert_ptr_nonnull(strstr(o.data, ">loss (nats)<"));
+  ck_assert_ptr_nonnull(strstr(o.data, ">threshold<"));
+  ck_assert_ptr_nonnull(strstr(o.data, ">backoff<"));
+  ck_assert_ptr_nonnull(strstr(o.data, "non-finite loss (1 steps)"));
+  ck_assert_ptr_null(strstr(o.data, "nan"));
+  ck_assert_ptr_null(strstr(o.data, "inf"));
+  ck_assert_ptr_nonnull(strstr(o.data, ">8000<")); /* step ticks */
+  probe_buf_free(&o);
+  probe_plot_free(p);
+  probe_bins_free(&b);
+}
+END_TEST
+
+START_TEST(test_plot_log_axes) {
+  probe_plot *p;
+  ck_assert_int_eq(probe_plot_new(&p, "Loss scale", 600, 260), PROBE_OK);
+  probe_bins b;
+  ck_assert_int_eq(probe_bins_init(&b, probe_plot_data_width(p), 0, 99),
+                   PROBE_OK);
+  for (int s = 0; s < 100; s++) probe_bins_add(&b, s, ldexp(1.0, 16 - s / 10));
+  probe_plot_x_axis(p, "step", 0, 99);
+  probe_plot_y_axis(p, PROBE_AXIS_LOG2, "loss scale (log2 axis)", NAN, NAN);
+  probe_plot_add_line(p, &b, "#1f77b4", "loss scale", NULL, NULL);
+  probe_buf o;
+  probe_buf_init(&o);
+  ck_assert_int_eq(probe_plot_render(p, &o), PROBE_OK);
+  ck_assert_ptr_nonnull(strstr(o.data, ">2^16<"));
+  ck_assert_ptr_nonnull(strstr(o.data, ">2^8<"));
+  probe_buf_free(&o);
+  probe_plot_free(p);
+  probe_bins_free(&b);
+}
+END_TEST
+
+/* ---- heatmap -------------------------------------------------------------- */
+
+START_TEST(test_heatmap_many_layers) {
+  const int L = 150;
+  probe_grid g;
+  ck_assert_int_eq(probe_grid_init(&g, L, 200, 0, 9999, PROBE_GRID_MIN),
+                   PROBE_OK);
+  char (*names)[80] = malloc((size_t)L * sizeof *names);
+  const char **labels = malloc((size_t)L * sizeof *labels);
+  for (int l = 0; l < L; l++) {
+    snprintf(names[l], sizeof names[l], "blocks.%d.mlp.fc%d", l, l % 2);
+    labels[l] = names[l];
+    for (int64_t s = 0; s < 10000; s += 7)
+      probe_grid_add(&g, l, s, 2.0 + (double)(l % 20), 0);
+  }
+  /* a very long name is shortened, with the full name kept as a tooltip */
+  snprintf(names[3], sizeof names[3],
+           "encoder.layers.11.self_attention.output.dense.norm_final");
+  probe_grid_add(&g, 77, 5000, NAN, 1);
+  probe_heatmap_opts h;
+  memset(&h, 0, sizeof h);
+  h.title = "FP16 headroom";
+  h.x_label = "step";
+  h.value_label = "headroom [binades]";
+  h.row_labels = labels;
+  h.cmap = (probe_colormap){2, {0, 24}, {0xff0000, 0x0000ff}};
+  h.width = 1200;
+  h.row_height = 4; /* asks for too little: raised to 10 */
+  probe_buf o;
+  probe_buf_init(&o);
+  ck_assert_int_eq(probe_heatmap_render(&g, &h, &o), PROBE_OK);
+  for (int l = 0; l < L; l++) {
+    if (l == 3) continue;
+    char needle[96];
+    snprintf(needle, sizeof needle, ">%s</text>", names[l]);
+    ck_assert_msg(strstr(o.data, needle), "label %s missing", names[l]);
+  }
+  ck_assert_ptr_nonnull(strstr(o.data, "<title>encoder.layers.11.self_attention"
+                                       ".output.dense.norm_final</title>"));
+  ck_assert_ptr_nonnull(strstr(o.data, "...")); /* shortened form */
+  /* every row gets at least 10 px: height >= 30 + 150*10 + margins */
+  int height = 0;
+  ck_assert_int_eq(sscanf(strstr(o.data, "height=\"") + 8, "%d", &height), 1);
+  ck_assert_int_ge(height, 30 + L * 10);
+  ck_assert_ptr_nonnull(strstr(o.data, "fill=\"#000000\"")); /* inf/NaN */
+  ck_assert_ptr_nonnull(strstr(o.data, ">headroom [binades]<"));
+  ck_assert_ptr_nonnull(strstr(o.data, "steps per column"));
+  /* merged runs keep it small: one colour per row here */
+  ck_assert_uint_lt(o.len, 120000);
+  probe_buf_free(&o);
+  probe_grid_free(&g);
+  free(names);
+  free(labels);
+}
+END_TEST
+
+START_TEST(test_colormap) {
+  probe_colormap cm = {3, {0, 1, 2}, {0x000000, 0xff0000, 0xffffff}};
+  ck_assert_uint_eq(probe_colormap_at(&cm, -5), 0x000000);
+  ck_assert_uint_eq(probe_colormap_at(&cm, 1), 0xff0000);
+  ck_assert_uint_eq(probe_colormap_at(&cm, 9), 0xffffff);
+  ck_assert_uint_eq(probe_colormap_at(&cm, 1.5), 0xff8080);
+  ck_assert_uint_eq(probe_colormap_at(&cm, INFINITY), 0xffffff);
+}
+END_TEST
+
+/* ---- report --------------------------------------------------------------- */
+
+/* A synthetic run: steps, layers, records, scaler events, optionally blowing
+ * up at step `blow` (-1: healthy). */
+static void feed_run(probe_report *r, int64_t steps, int layers, int64_t blow) {
+  probe_step_scalars sc[256];
+  size_t k = 0;
+  double scale = 65536;
+  for (int64_t s = 0; s < steps; s++) {
+    probe_step_scalars *p = &sc[k++];
+    memset(p, 0, sizeof *p);
+    p->step = s;
+    p->loss = 2.0 * exp(-(double)s / 500.0) + 0.1;
+    p->loss_scale = scale;
+    p->grad_norm = 3.0 * scale / 65536;
+    p->clip_threshold = 1.0;
+    p->clip_coef = fmin(1.0, 1.0 / p->grad_norm);
+    if (blow >= 0 && s >= blow) {
+      p->loss = NAN;
+      p->skipped = 1;
+      p->found_inf = 1;
+      p->grad_norm = INFINITY;
+      probe_scaler_event ev = {s, PROBE_SCALER_BACKOFF, scale, scale / 2, 0};
+      ck_assert_int_eq(probe_report_add_scaler_events(r, &ev, 1), PROBE_OK);
+      scale /= 2;
+    }
+    if (k == 256 || s == steps - 1) {
+      ck_assert_int_eq(probe_report_add_steps(r, sc, k), PROBE_OK);
+      k = 0;
+    }
+  }
+  probe_record rec[64];
+  for (int64_t s = 0; s < steps; s++) {
+    size_t n = 0;
+    for (int l = 0; l < layers; l++) {
+      probe_record *p = &rec[n++];
+      memset(p, 0, sizeof *p);
+      p->step = s;
+      p->layer = l;
+      p->site = l % 2 ? PROBE_SITE_GRAD_IN : PROBE_SITE_FWD_OUT;
+      p->stats.count = 1000;
+      p->stats.absmax = (float)(4.0 * (l + 1));
+      p->stats.f16_subnormal = (uint64_t)(l * 10);
+      if (blow >= 0 && s >= blow && l == 2) {
+        p->stats.posinf_count = 3;
+        p->stats.absmax = 70000.0f;
+      }
+    }
+    ck_assert_int_eq(probe_report_add_records(r, rec, n), PROBE_OK);
+  }
+}
+
+static char *write_report(probe_report *r, size_t *len) {
+  char *mem = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&mem, &n);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(probe_report_write(r, f), PROBE_OK);
+  fclose(f);
+  *len = n;
+  return mem;
+}
+
+static probe_report *new_report(int64_t steps, int layers) {
+  probe_report *r;
+  probe_report_options o;
+  probe_report_options_init(&o);
+  o.title = "ampprobe report: test <run>";
+  ck_assert_int_eq(probe_report_new(&r, &o), PROBE_OK);
+  probe_layer_info *li = calloc((size_t)layers, sizeof *li);
+  for (int l = 0; l < layers; l++) {
+    li[l].id = l;
+    snprintf(li[l].name, sizeof li[l].name, "block%d.%s", l / 3,
+             l % 3 == 0 ? "linear" : l % 3 == 1 ? "bn" : "revin");
+  }
+  ck_assert_int_eq(probe_report_set_layers(r, li, (size_t)layers), PROBE_OK);
+  free(li);
+  ck_assert_int_eq(probe_report_set_range(r, 0, steps - 1), PROBE_OK);
+  return r;
+}
+
+START_TEST(test_report_self_contained) {
+  probe_report *r = new_report(2000, 12);
+  ck_assert_int_eq(probe_report_set_diagnosis(r, PROBE_REPORT_PROBLEM,
+                                              "overflow in block0.revin",
+                                              "first non-finite: step 1500"),
+                   PROBE_OK);
+  ck_assert_int_eq(probe_report_add_meta(r, "trace", "run.h5"), PROBE_OK);
+  feed_run(r, 2000, 12, 1500);
+  probe_report_counts c;
+  probe_report_get_counts(r, &c);
+  ck_assert_int_eq(c.steps, 2000);
+  ck_assert_int_eq(c.records, 2000 * 12);
+  ck_assert_int_eq(c.scaler_events, 500);
+  ck_assert_int_eq(probe_report_set_range(r, 0, 10), PROBE_ERR_STATE);
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_uint_eq(strlen(html), len);
+  /* self-contained: no scripts, links, images or fetches from elsewhere */
+  ck_assert_ptr_null(strstr(html, "<script"));
+  ck_assert_ptr_null(strstr(html, "<link"));
+  ck_assert_ptr_null(strstr(html, "<img"));
+  ck_assert_ptr_null(strstr(html, "url("));
+  ck_assert_ptr_null(strstr(html, "@import"));
+  ck_assert_int_eq(count_substr(html, "http"),
+                   count_substr(html, "xmlns=\"http://www.w3.org/2000/svg\""));
+  ck_assert_int_eq(count_substr(html, "<svg"), count_substr(html, "</svg>"));
+  ck_assert_int_eq(count_substr(html, "<svg"), 6); /* 4 plots + 2 heatmaps */
+  /* order: diagnosis first, then the curves, then the heatmaps */
+  const char *v = strstr(html, "overflow in block0.revin");
+  const char *loss = strstr(html, ">Loss<");
+  const char *scale = strstr(html, ">Loss scale<");
+  const char *gn = strstr(html, ">Gradient norm before clipping<");
+  const char *head = strstr(html, "FP16 headroom per layer");
+  const char *under = strstr(html, "FP16 underflow of gradients");
+  ck_assert(v && loss && scale && gn && head && under);
+  ck_assert(v < loss && loss < scale && scale < gn && gn < head &&
+            head < under);
+  ck_assert_ptr_nonnull(strstr(html, "test &lt;run&gt;"));
+  ck_assert_ptr_nonnull(strstr(html, "backoff (500)"));
+  ck_assert_ptr_nonnull(strstr(html, "skipped step (500)"));
+  ck_assert_ptr_nonnull(strstr(html, "non-finite loss (500 steps)"));
+  ck_assert_ptr_nonnull(strstr(html, ">clip threshold<"));
+  ck_assert_ptr_nonnull(strstr(html, "fill=\"#000000\""));
+  ck_assert_ptr_nonnull(strstr(html, ">block0.revin</text>"));
+  ck_assert_ptr_null(strstr(html, "Comparison with the baseline"));
+  ck_assert_ptr_null(strstr(html, "Bisect"));
+  ck_assert_uint_lt(len, 1500000);
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
+START_TEST(test_report_baseline_diff_bisect) {
+  probe_report *r = new_report(300, 6);
+  ck_assert_int_eq(probe_report_set_baseline_label(r, "FP32 baseline"),
+                   PROBE_OK);
+  feed_run(r, 300, 6, 200);
+  probe_step_scalars b[300];
+  memset(b, 0, sizeof b);
+  for (int s = 0; s < 300; s++) {
+    b[s].step = s;
+    b[s].loss = 2.0 * exp(-(double)s / 500.0) + 0.1;
+  }
+  ck_assert_int_eq(probe_report_add_baseline_steps(r, b, 300), PROBE_OK);
+  probe_report_set_part_step(r, 200);
+  int t;
+  const char *hdr[3] = {"layer", "site", "first diverging step"};
+  ck_assert_int_eq(probe_report_add_table(r, PROBE_REPORT_DIFF, "Diff", 3, hdr,
+                                          &t),
+                   PROBE_OK);
+  const char *row[3] = {"block0.revin", "fwd_out", "200"};
+  ck_assert_int_eq(probe_report_table_row(r, t, row), PROBE_OK);
+  int t2;
+  const char *bh[2] = {"FP32 set", "verdict"};
+  ck_assert_int_eq(probe_report_add_table(r, PROBE_REPORT_BISECT, "Trials", 2,
+                                          bh, &t2),
+                   PROBE_OK);
+  for (int i = 0; i < 40; i++) { /* grows past the first allocation */
+    const char *br[2] = {i % 2 ? "revin" : "bn", i % 2 ? "pass" : "fail"};
+    ck_assert_int_eq(probe_report_table_row(r, t2, br), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_report_add_text(r, PROBE_REPORT_BISECT,
+                                         "Minimal set", "revin"),
+                   PROBE_OK);
+  ck_assert_int_eq(probe_report_table_row(r, 99, row), PROBE_ERR_INVALID_ARG);
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_ptr_nonnull(strstr(html, ">FP32 baseline<"));
+  ck_assert_ptr_nonnull(strstr(html, "curves part at step 200"));
+  const char *diff = strstr(html, "Comparison with the baseline");
+  const char *bis = strstr(html, "Bisect: modules to keep in FP32");
+  ck_assert(diff && bis && diff < bis);
+  ck_assert_ptr_nonnull(strstr(html, "<td>block0.revin</td>"));
+  ck_assert_int_eq(count_substr(html, "<td>pass</td>"), 20);
+  ck_assert_ptr_nonnull(strstr(html, "Minimal set"));
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
+START_TEST(test_report_states) {
+  probe_report *r;
+  ck_assert_int_eq(probe_report_new(&r, NULL), PROBE_OK);
+  probe_step_scalars s = {0};
+  /* data before the range is an error, not a crash */
+  ck_assert_int_eq(probe_report_add_steps(r, &s, 1), PROBE_ERR_STATE);
+  /* an empty report still writes a page with "no steps recorded" */
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_ptr_nonnull(strstr(html, "no steps recorded"));
+  ck_assert_ptr_nonnull(strstr(html, "no layers table"));
+  free(html);
+  probe_report_free(r);
+
+  r = new_report(10, 2);
+  probe_record rec;
+  memset(&rec, 0, sizeof rec);
+  rec.layer = 5; /* no such layer */
+  ck_assert_int_eq(probe_report_add_records(r, &rec, 1), PROBE_OK);
+  probe_report_counts c;
+  probe_report_get_counts(r, &c);
+  ck_assert_int_eq(c.records_dropped, 1);
+  probe_report_free(r);
+
+  probe_report_options o;
+  probe_report_options_init(&o);
+  o.width = 10;
+  ck_assert_int_eq(probe_report_new(&r, &o), PROBE_ERR_INVALID_ARG);
+}
+END_TEST
+
+/* A finite blow-up over more than three decades switches the loss axis to
+ * log10; a loss within one decade stays linear. */
+START_TEST(test_report_loss_axis) {
+  for (int blowup = 0; blowup < 2; blowup++) {
+    probe_report *r = new_report(100, 3);
+    probe_step_scalars s[100];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 100; i++) {
+      s[i].step = i;
+      s[i].loss = blowup && i > 80 ? 1e5 : 1.0 + 0.01 * i;
+      s[i].loss_scale = 1;
+    }
+    ck_assert_int_eq(probe_report_add_steps(r, s, 100), PROBE_OK);
+    size_t len;
+    char *html = write_report(r, &len);
+    if (blowup) {
+      ck_assert_ptr_nonnull(strstr(html, ">loss (unscaled, log10 axis)<"));
+    } else {
+      ck_assert_ptr_nonnull(strstr(html, ">loss (unscaled)<"));
+    }
+    ck_assert_ptr_nonnull(strstr(html, "loss scaling off"));
+    free(html);
+    probe_report_free(r);
+  }
+}
+END_TEST
+
+/* 10,000 steps x 30 layers: the page stays small. */
+START_TEST(test_report_long_trace_size) {
+  probe_report *r = new_report(10000, 30);
+  feed_run(r, 10000, 30, -1);
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_uint_lt(len, 1000000);
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
+static Suite *make_report_suite(void) {
+  Suite *s = suite_create("report");
+  TCase *tc = tcase_create("buf");
+  tcase_add_test(tc, test_buf_escape);
+  tcase_add_test(tc, test_buf_printf_long);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("bins");
+  tcase_add_loop_test(tc, test_bins_spike_survives, 0, 16);
+  tcase_add_test(tc, test_bins_columns_and_nonfinite);
+  tcase_add_test(tc, test_grid_aggregates);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("svg");
+  tcase_add_test(tc, test_ticks);
+  tcase_add_test(tc, test_plot_render);
+  tcase_add_test(tc, test_plot_log_axes);
+  tcase_add_test(tc, test_heatmap_many_layers);
+  tcase_add_test(tc, test_colormap);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("html");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_report_self_contained);
+  tcase_add_test(tc, test_report_baseline_diff_bisect);
+  tcase_add_test(tc, test_report_states);
+  tcase_add_test(tc, test_report_loss_axis);
+  tcase_add_test(tc, test_report_long_trace_size);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(make_report_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

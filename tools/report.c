@@ -1,0 +1,586 @@
+/*
+ * tools/report.c - `ampprobe report TRACE [--baseline FP32_TRACE]
+ * [--bisect RESULT.json] -o report.html`: one self-contained HTML page with
+ * the post-mortem diagnosis, the training curves, the per-layer heatmaps,
+ * and, when given, the comparison with the baseline and the bisect trials.
+ *
+ * Reuses the engines of the other subcommands: the diagnosis is
+ * probe_diag_run + probe_diag_print_text (tools/diagnose.h), the baseline
+ * comparison probe_diff_run (tools/diffcore.h), the bisect part is the JSON
+ * that `ampprobe bisect --json` / `-o` writes. This file only reads the
+ * traces in chunks and feeds the report builder (reports/, report.h), so its
+ * memory is bounded by the plot sizes and the layer count.
+ *
+ * Exit: 0 report written and the run healthy, 1 written and a problem
+ * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
+ */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "ampprobe/report.h"
+#include "cli.h"
+#include "diagnose.h"
+#include "diffcore.h"
+
+static const char *SUB = "report";
+
+#define CHUNK 4096
+#define DIFF_TABLE_ROWS 40 /* rows of the diff table, earliest first */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ampprobe report TRACE [--baseline FP32_TRACE] "
+          "[--bisect RESULT.json]\n"
+          "                       -o report.html [--width PX] "
+          "[--heat-cols N] [-q]\n"
+          "\n"
+          "Writes one self-contained HTML file (inline SVG and CSS, nothing "
+          "loaded from\nelsewhere) that shows, top to bottom: the post-mortem "
+          "diagnosis; the loss\nagainst step (the baseline overlaid); the "
+          "loss scale on a log axis with\nskipped steps and backoffs; the "
+          "gradient norm with the clip threshold and\nthe clip coefficient; "
+          "layers x steps heatmaps of FP16 headroom\nlog2(65504/absmax) and "
+          "of the fraction of gradient values subnormal or\nflushed to zero "
+          "in FP16; with --baseline the diff table and the step where\nthe "
+          "loss curves part; with --bisect the trials and the minimal set.\n"
+          "See docs/report.md for how to read each plot.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output FILE     the HTML file to write (required)\n"
+          "  --baseline TRACE      FP32 baseline of the same config and seed\n"
+          "  --bisect FILE         result JSON of 'ampprobe bisect --json'\n"
+          "  --width PX            plot width in pixels (600..4000, default "
+          "1200)\n"
+          "  --heat-cols N         step columns of the heatmaps (10..2000, "
+          "default 400)\n"
+          "  --title TEXT          page title (default: 'ampprobe report: "
+          "TRACE')\n"
+          "  -q, --quiet           no summary line on stderr\n"
+          "  -h, --help            this help\n"
+          "\n"
+          "exit: 0 written, run healthy; 1 written, problem diagnosed; 2 "
+          "usage;\n      3 unreadable or corrupt input; 4 cannot write the "
+          "output\n"
+          "\n"
+          "example:\n"
+          "  ampprobe run --scenario revin-overflow --trace -o fp16.h5\n"
+          "  ampprobe run --scenario revin-overflow --precision fp32 --trace "
+          "-o fp32.h5\n"
+          "  ampprobe report fp16.h5 --baseline fp32.h5 -o report.html\n");
+}
+
+/* First step of the steps table, or -1 when it is empty. */
+static probe_status first_step(probe_trace *t, int64_t *out) {
+  probe_step_scalars s;
+  size_t got = 0;
+  *out = -1;
+  probe_status st = probe_trace_read_steps(t, 0, 1, &s, &got);
+  if (st == PROBE_OK && got == 1) *out = s.step;
+  return st;
+}
+
+/* Step range of a trace's steps table (and of its records when the steps
+ * table is empty: flight-recorder traces always have steps). */
+static probe_status trace_range(probe_trace *t, int64_t *lo, int64_t *hi) {
+  const probe_trace_info *in = probe_trace_get_info(t);
+  probe_status st = first_step(t, lo);
+  *hi = in->last_step;
+  if (st == PROBE_OK && *lo < 0 && in->n_records > 0) {
+    probe_record r;
+    size_t got = 0;
+    st = probe_trace_read_records(t, 0, 1, &r, &got);
+    if (st == PROBE_OK && got) *lo = r.step;
+  }
+  return st;
+}
+
+static probe_status feed_trace(probe_report *rep, probe_trace *t,
+                               int baseline) {
+  probe_status st = PROBE_OK;
+  size_t got;
+  probe_step_scalars *steps = malloc(CHUNK * sizeof *steps);
+  probe_record *recs = malloc(CHUNK * sizeof *recs);
+  probe_scaler_event *evs = malloc(CHUNK * sizeof *evs);
+  if (!steps || !recs || !evs) st = PROBE_ERR_NOMEM;
+  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
+    st = probe_trace_read_steps(t, at, CHUNK, steps, &got);
+    if (st != PROBE_OK || got == 0) break;
+    st = baseline ? probe_report_add_baseline_steps(rep, steps, got)
+                  : probe_report_add_steps(rep, steps, got);
+  }
+  if (!baseline) {
+    for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
+      st = probe_trace_read_scaler_events(t, at, CHUNK, evs, &got);
+      if (st != PROBE_OK || got == 0) break;
+      st = probe_report_add_scaler_events(rep, evs, got);
+    }
+    for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
+      st = probe_trace_read_records(t, at, CHUNK, recs, &got);
+      if (st != PROBE_OK || got == 0) break;
+      st = probe_report_add_records(rep, recs, got);
+    }
+  }
+  free(steps);
+  free(recs);
+  free(evs);
+  return st;
+}
+
+/* The diagnosis engine's findings, ranked, shown first; its whole text
+ * (what `ampprobe postmortem` prints) folded under them. */
+static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return PROBE_ERR_NOMEM;
+  probe_diag_print_text(d, f);
+  fclose(f);
+  int problem = probe_diag_problem(d);
+  char head[DIAG_TEXT_MAX + 32];
+  if (d->n_findings > 0)
+    snprintf(head, sizeof head, "%s: %s", problem ? "PROBLEM" : "HEALTHY",
+             d->findings[0].title);
+  else
+    snprintf(head, sizeof head, "%s", problem ? "PROBLEM" : "HEALTHY");
+
+  probe_buf b;
+  probe_buf_init(&b);
+  if (d->event != DIAG_EVENT_NONE) {
+    probe_buf_printf(&b, "first non-finite event: step %lld, %s, %s",
+                     (long long)d->event_step,
+                     probe_phase_name(d->event_phase),
+                     diag_event_name(d->event));
+    if (d->origin_layer >= 0)
+      probe_buf_printf(&b, ", origin %s (%s)",
+                       diag_layer_name(d, d->origin_layer),
+                       probe_site_name(d->origin_site));
+    probe_buf_puts(&b, "\n\n");
+  }
+  for (int i = 0; i < d->n_findings; i++) {
+    const diag_finding *g = &d->findings[i];
+    probe_buf_printf(&b, "%d. [%s] %s\n", i + 1, diag_finding_name(g->id),
+                     g->title);
+    for (int k = 0; k < g->n_evidence; k++)
+      probe_buf_printf(&b, "   - %s\n", g->evidence[k]);
+    if (g->next_step[0]) probe_buf_printf(&b, "   next: %s\n", g->next_step);
+  }
+  probe_status st =
+      b.oom ? PROBE_ERR_NOMEM
+            : probe_report_set_diagnosis(
+                  rep, problem ? PROBE_REPORT_PROBLEM : PROBE_REPORT_HEALTHY,
+                  head, b.len ? b.data : text);
+  if (st == PROBE_OK && b.len)
+    st = probe_report_add_folded_text(
+        rep, PROBE_REPORT_TOP,
+        "Full post-mortem (what 'ampprobe postmortem' prints)", text);
+  probe_buf_free(&b);
+  free(text);
+  return st;
+}
+
+static void fmt_num(char *b, size_t n, double x) {
+  if (isnan(x)) snprintf(b, n, "nan");
+  else if (isinf(x)) snprintf(b, n, "%sinf", x < 0 ? "-" : "");
+  else snprintf(b, n, "%.4g", x);
+}
+
+static void fmt_step(char *b, size_t n, int64_t s) {
+  if (s < 0) snprintf(b, n, "-");
+  else snprintf(b, n, "%lld", (long long)s);
+}
+
+/* The diff engine's verdict, loss comparison and its table. */
+static probe_status add_diff(probe_report *rep, const probe_diff *d) {
+  char text[2048];
+  char a[32], b[32];
+  int n = snprintf(text, sizeof text, "%s\n", d->verdict_text);
+  if (d->loss_part_step >= 0) {
+    fmt_num(a, sizeof a, d->loss_a_at_part);
+    fmt_num(b, sizeof b, d->loss_b_at_part);
+    n += snprintf(text + n, sizeof text - (size_t)n,
+                  "loss curves part at step %lld (run %s, baseline %s)\n",
+                  (long long)d->loss_part_step, a, b);
+  } else {
+    n += snprintf(text + n, sizeof text - (size_t)n,
+                  "loss curves agree within %.3g over %lld common steps\n",
+                  d->opt.threshold, (long long)d->loss_steps);
+  }
+  if (d->intro.found && n < (int)sizeof text)
+    n += snprintf(text + n, sizeof text - (size_t)n,
+                  "error introduced at step %lld in %s (%s)%s\n",
+                  (long long)d->intro.step, d->intro.layer,
+                  probe_site_name((probe_site)d->intro.site),
+                  d->intro.local ? ", inputs in agreement" : "");
+  for (int i = 0; i < d->n_notes && n < (int)sizeof text; i++)
+    n += snprintf(text + n, sizeof text - (size_t)n, "note: %s\n",
+                  d->notes[i]);
+  probe_status st = probe_report_add_text(rep, PROBE_REPORT_DIFF,
+                                          "Verdict", text);
+  if (st != PROBE_OK) return st;
+  if (d->loss_part_step >= 0) probe_report_set_part_step(rep, d->loss_part_step);
+
+  const char *hdr[9] = {"layer",         "site",
+                        "first diverging step", "max rel absmax",
+                        "max rel RMS",   "max rel L2",
+                        "local / carried steps", "first non-finite (run / baseline)",
+                        "flushes to zero"};
+  int tid;
+  char title[96];
+  snprintf(title, sizeof title,
+           "Per layer and site, sorted by where divergence begins "
+           "(threshold %.3g)", d->opt.threshold);
+  st = probe_report_add_table(rep, PROBE_REPORT_DIFF, title, 9, hdr, &tid);
+  for (size_t i = 0; st == PROBE_OK && i < d->n_entries && i < DIFF_TABLE_ROWS;
+       i++) {
+    const probe_diff_entry *e = &d->entries[i];
+    char c2[24], c3[24], c4[24], c5[24], c6[48], c7[64], na[24], nb[24];
+    fmt_step(c2, sizeof c2, e->first_div_step);
+    fmt_num(c3, sizeof c3, e->max_rel_absmax);
+    fmt_num(c4, sizeof c4, e->max_rel_rms);
+    fmt_num(c5, sizeof c5, e->max_rel_l2);
+    snprintf(c6, sizeof c6, "%lld / %lld", (long long)e->local_steps,
+             (long long)e->carried_steps);
+    fmt_step(na, sizeof na, e->first_nonfinite_a);
+    fmt_step(nb, sizeof nb, e->first_nonfinite_b);
+    snprintf(c7, sizeof c7, "%s / %s", na, nb);
+    const char *row[9] = {e->layer, probe_site_name((probe_site)e->site),
+                          c2, c3, c4, c5, c6, c7,
+                          e->flushes_to_zero ? "yes" : ""};
+    st = probe_report_table_row(rep, tid, row);
+  }
+  if (st == PROBE_OK && d->n_entries > DIFF_TABLE_ROWS) {
+    char more[96];
+    snprintf(more, sizeof more,
+             "%zu more (layer, site) pairs not shown; 'ampprobe diff' lists "
+             "them all.", d->n_entries - DIFF_TABLE_ROWS);
+    st = probe_report_add_text(rep, PROBE_REPORT_DIFF, "", more);
+  }
+  return st;
+}
+
+/* A JSON value as table cell text: strings as they are, arrays joined with
+ * ",", numbers and booleans printed, objects compact. */
+static char *json_cell(json_t *v) {
+  if (json_is_string(v)) return strdup(json_string_value(v));
+  if (json_is_array(v)) {
+    size_t cap = 256, len = 0, i;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[0] = '\0';
+    json_t *x;
+    json_array_foreach(v, i, x) {
+      char *c = json_cell(x);
+      if (!c) continue;
+      size_t need = len + strlen(c) + 2;
+      if (need > cap) {
+        while (cap < need) cap *= 2;
+        char *p = realloc(s, cap);
+        if (!p) { free(c); break; }
+        s = p;
+      }
+      len += (size_t)sprintf(s + len, "%s%s", i ? "," : "", c);
+      free(c);
+    }
+    if (len == 0) {
+      free(s);
+      return strdup("(none)");
+    }
+    return s;
+  }
+  if (json_is_null(v)) return strdup("");
+  if (json_is_real(v)) { /* 4 significant digits read better in a table */
+    char b[32];
+    snprintf(b, sizeof b, "%.4g", json_real_value(v));
+    return strdup(b);
+  }
+  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+/* The bisect result: every array of objects becomes a table (columns from
+ * the keys of its first object), every other top-level member a line of the
+ * summary. Written against what `ampprobe bisect --json` emits, but tolerant
+ * of members it does not know. */
+static probe_status add_bisect(probe_report *rep, json_t *root) {
+  if (!json_is_object(root)) return PROBE_ERR_INVALID_ARG;
+  probe_buf sum;
+  probe_buf_init(&sum);
+  const char *key;
+  json_t *v;
+  /* the answer first, then every other member in the file's order */
+  static const char *const first[] = {"outcome", "summary", "minimal_set",
+                                      "minimal_layers", "reproduce"};
+  for (size_t i = 0; i < sizeof first / sizeof first[0]; i++) {
+    json_t *x = json_object_get(root, first[i]);
+    if (!x || json_is_null(x)) continue;
+    char *c = json_cell(x);
+    probe_buf_printf(&sum, "%-20s %s\n", first[i], c ? c : "");
+    free(c);
+  }
+  json_object_foreach(root, key, v) {
+    if (json_is_array(v) && json_array_size(v) > 0 &&
+        json_is_object(json_array_get(v, 0)))
+      continue; /* a table below */
+    int shown = 0;
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
+      shown |= strcmp(key, first[i]) == 0;
+    if (shown) continue;
+    char *c = json_cell(v);
+    probe_buf_printf(&sum, "%-20s %s\n", key, c ? c : "");
+    free(c);
+  }
+  probe_status st = PROBE_OK;
+  if (sum.len)
+    st = probe_report_add_text(rep, PROBE_REPORT_BISECT, "Result", sum.data);
+  probe_buf_free(&sum);
+  json_object_foreach(root, key, v) {
+    if (st != PROBE_OK) break;
+    if (!json_is_array(v) || json_array_size(v) == 0 ||
+        !json_is_object(json_array_get(v, 0)))
+      continue;
+    json_t *row0 = json_array_get(v, 0);
+    int ncols = (int)json_object_size(row0);
+    if (ncols < 1 || ncols > 32) continue;
+    const char *hdr[32];
+    int c = 0;
+    const char *k2;
+    json_t *v2;
+    json_object_foreach(row0, k2, v2) hdr[c++] = k2;
+    int tid;
+    st = probe_report_add_table(rep, PROBE_REPORT_BISECT, key, ncols, hdr,
+                                &tid);
+    size_t i;
+    json_t *row;
+    json_array_foreach(v, i, row) {
+      if (st != PROBE_OK || !json_is_object(row)) break;
+      char *cells[32];
+      for (c = 0; c < ncols; c++) {
+        json_t *x = json_object_get(row, hdr[c]);
+        cells[c] = x ? json_cell(x) : strdup("");
+      }
+      st = probe_report_table_row(rep, tid, (const char *const *)cells);
+      for (c = 0; c < ncols; c++) free(cells[c]);
+    }
+  }
+  return st;
+}
+
+static void add_trace_meta(probe_report *rep, const char *label,
+                           const char *path, probe_trace *t) {
+  const probe_trace_info *in = probe_trace_get_info(t);
+  char v[512];
+  snprintf(v, sizeof v, "%s (%s, %s; %lld steps, %lld layers, %lld layer "
+                        "records)",
+           path, in->complete ? "complete" : "incomplete: writer did not close it",
+           in->record_mode == PROBE_MODE_FULL ? "full trace" : "flight recorder",
+           (long long)in->n_steps, (long long)in->n_layers,
+           (long long)in->n_records);
+  probe_report_add_meta(rep, label, v);
+  if (in->precision_policy && in->precision_policy[0]) {
+    snprintf(v, sizeof v, "%s precision", label);
+    probe_report_add_meta(rep, v, in->precision_policy);
+  }
+  if (in->created && in->created[0]) {
+    snprintf(v, sizeof v, "%s created", label);
+    probe_report_add_meta(rep, v, in->created);
+  }
+  if (in->command_line && in->command_line[0]) {
+    snprintf(v, sizeof v, "%s command", label);
+    probe_report_add_meta(rep, v, in->command_line);
+  }
+}
+
+static int open_trace(const char *path, probe_trace **t) {
+  char err[512] = "";
+  probe_status st = probe_trace_open_isolated(t, path, err, sizeof err);
+  if (st < 0) {
+    size_t n = strlen(path);
+    if (err[0] && strncmp(err, path, n) == 0 && err[n] == ':')
+      cli_error(SUB, "%s", err); /* the message already names the file */
+    else
+      cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
+    return cli_exit_for_status(st);
+  }
+  return CLI_EXIT_OK;
+}
+
+int cmd_report(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"output", required_argument, NULL, 'o'},
+      {"baseline", required_argument, NULL, 'b'},
+      {"bisect", required_argument, NULL, 'B'},
+      {"width", required_argument, NULL, 'w'},
+      {"heat-cols", required_argument, NULL, 'c'},
+      {"title", required_argument, NULL, 't'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  const char *out = NULL, *base_path = NULL, *bisect_path = NULL;
+  const char *title = NULL;
+  int quiet = 0;
+  probe_report_options ro;
+  probe_report_options_init(&ro);
+  cli_getopt_reset();
+  int c;
+  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
+    int64_t v;
+    switch (c) {
+    case 'o': out = optarg; break;
+    case 'b': base_path = optarg; break;
+    case 'B': bisect_path = optarg; break;
+    case 't': title = optarg; break;
+    case 'q': quiet = 1; break;
+    case 'w':
+      if (cli_parse_i64(SUB, "--width", optarg, 600, 4000, &v))
+        return CLI_EXIT_USAGE;
+      ro.width = (int)v;
+      break;
+    case 'c':
+      if (cli_parse_i64(SUB, "--heat-cols", optarg, 10, 2000, &v))
+        return CLI_EXIT_USAGE;
+      ro.heat_cols = (int)v;
+      break;
+    case 'h': usage(stdout); return CLI_EXIT_OK;
+    default: return cli_getopt_error(SUB, argv, c);
+    }
+  }
+  if (optind >= argc) {
+    cli_error(SUB, "missing TRACE argument (see 'ampprobe report --help')");
+    return CLI_EXIT_USAGE;
+  }
+  if (argc - optind > 1) {
+    cli_error(SUB, "unexpected argument '%s' (one TRACE only)",
+              argv[optind + 1]);
+    return CLI_EXIT_USAGE;
+  }
+  if (!out) {
+    cli_error(SUB, "missing -o report.html (see 'ampprobe report --help')");
+    return CLI_EXIT_USAGE;
+  }
+  const char *path = argv[optind];
+  double t0 = cli_now();
+
+  /* the bisect JSON first: a bad file is a usage-level input error, found
+   * before the traces are read */
+  json_t *bisect = NULL;
+  if (bisect_path) {
+    json_error_t je;
+    bisect = json_load_file(bisect_path, 0, &je);
+    if (!bisect || !json_is_object(bisect)) {
+      cli_error(SUB, "%s: not a bisect result (line %d: %s)", bisect_path,
+                je.line, bisect ? "top level is not an object" : je.text);
+      json_decref(bisect);
+      return CLI_EXIT_INPUT;
+    }
+  }
+
+  probe_trace *t = NULL, *tb = NULL;
+  probe_report *rep = NULL;
+  probe_diag diag;
+  probe_diff diff;
+  int have_diag = 0, have_diff = 0;
+  int rc = open_trace(path, &t);
+  if (rc == CLI_EXIT_OK && base_path) rc = open_trace(base_path, &tb);
+  if (rc != CLI_EXIT_OK) goto done;
+
+  char deftitle[600];
+  snprintf(deftitle, sizeof deftitle, "ampprobe report: %s", path);
+  ro.title = title ? title : deftitle;
+  probe_status st = probe_report_new(&rep, &ro);
+  if (st != PROBE_OK) {
+    cli_error(SUB, "%s", probe_status_str(st));
+    rc = CLI_EXIT_INTERNAL;
+    goto done;
+  }
+
+  /* the diagnosis, from the post-mortem engine */
+  diag_options dopt;
+  diag_options_init(&dopt);
+  st = probe_diag_run(&diag, t, path, &dopt);
+  have_diag = 1;
+  if (st == PROBE_OK) st = add_diagnosis(rep, &diag);
+
+  /* layers and the step range (the union with the baseline's) */
+  size_t n_layers = 0;
+  const probe_layer_info *layers = probe_trace_layers(t, &n_layers);
+  int64_t lo = -1, hi = -1, blo = -1, bhi = -1;
+  if (st == PROBE_OK) st = probe_report_set_layers(rep, layers, n_layers);
+  if (st == PROBE_OK) st = trace_range(t, &lo, &hi);
+  if (st == PROBE_OK && tb) st = trace_range(tb, &blo, &bhi);
+  if (st == PROBE_OK) {
+    if (lo < 0 || (blo >= 0 && blo < lo)) lo = blo;
+    if (bhi > hi) hi = bhi;
+    if (lo < 0 || hi < lo) lo = hi = 0; /* empty trace: empty plots */
+    st = probe_report_set_range(rep, lo, hi);
+  }
+  add_trace_meta(rep, "trace", path, t);
+  if (tb) add_trace_meta(rep, "baseline", base_path, tb);
+
+  if (st == PROBE_OK) st = feed_trace(rep, t, 0);
+  if (st == PROBE_OK && tb) {
+    const probe_trace_info *bi = probe_trace_get_info(tb);
+    char label[160];
+    if (bi->precision_policy && bi->precision_policy[0])
+      snprintf(label, sizeof label, "baseline (%.120s)", bi->precision_policy);
+    else
+      snprintf(label, sizeof label, "baseline");
+    probe_report_set_baseline_label(rep, label);
+    st = feed_trace(rep, tb, 1);
+    if (st == PROBE_OK) {
+      probe_diff_options fo;
+      probe_diff_options_init(&fo);
+      st = probe_diff_run(&diff, t, tb, &fo);
+      have_diff = 1;
+      if (st == PROBE_OK) st = add_diff(rep, &diff);
+    }
+  }
+  if (st < 0) {
+    const char *e = probe_trace_last_error(t);
+    const char *eb = tb ? probe_trace_last_error(tb) : NULL;
+    if ((!e || !*e) && eb) e = eb;
+    cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
+              e && *e ? ": " : "", e ? e : "");
+    rc = st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
+    goto done;
+  }
+  if (bisect && (st = add_bisect(rep, bisect)) != PROBE_OK) {
+    cli_error(SUB, "%s: %s", bisect_path, probe_status_str(st));
+    rc = CLI_EXIT_INTERNAL;
+    goto done;
+  }
+
+  FILE *f = fopen(out, "w");
+  if (!f) {
+    cli_error(SUB, "cannot write %s: %s", out, strerror(errno));
+    rc = CLI_EXIT_INTERNAL;
+    goto done;
+  }
+  st = probe_report_write(rep, f);
+  long size = st == PROBE_OK ? ftell(f) : -1;
+  if (fclose(f) != 0 && st == PROBE_OK) st = PROBE_ERR_IO;
+  if (st != PROBE_OK) {
+    cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
+    rc = CLI_EXIT_INTERNAL;
+    goto done;
+  }
+  rc = probe_diag_problem(&diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
+  if (!quiet)
+    fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n", out,
+            (double)size / 1024.0, cli_now() - t0);
+
+done:
+  if (have_diff) probe_diff_free(&diff);
+  if (have_diag) probe_diag_free(&diag);
+  probe_report_free(rep);
+  if (tb) probe_trace_close(tb);
+  if (t) probe_trace_close(t);
+  json_decref(bisect);
+  return rc;
+}
