@@ -1,0 +1,164 @@
+/*
+ * bench/trainer.c - steps per second of the CPU trainer on a scenario (the
+ * default one unless --scenario), with tracing off, with the flight recorder
+ * (step scalars + in-memory ring) and with full per-layer tracing, side by
+ * side in one run: the three modes are interleaved repetition by repetition
+ * so that machine noise hits them alike. Reports the median of each and the
+ * overhead of tracing relative to tracing off; --md FILE writes the table.
+ *
+ *   bench_trainer [--scenario NAME | --config FILE] [--reps N] [--steps N]
+ *                 [--md FILE]
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ampprobe/trainer.h"
+
+static double cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+enum { MODE_OFF, MODE_RING, MODE_FULL, N_MODES };
+static const char *mode_name[N_MODES] = {"tracing off", "flight recorder",
+                                         "full per-layer trace"};
+
+int main(int argc, char **argv) {
+  const char *scn = PROBE_DEFAULT_SCENARIO, *md = NULL, *steps = NULL;
+  const char *cfg_file = NULL;
+  int reps = 9;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--scenario") && i + 1 < argc) scn = argv[++i];
+    else if (!strcmp(argv[i], "--config") && i + 1 < argc) cfg_file = argv[++i];
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = argv[++i];
+    else if (!strcmp(argv[i], "--md") && i + 1 < argc) md = argv[++i];
+    else {
+      fprintf(stderr, "usage: %s [--scenario NAME | --config FILE] [--reps N] "
+                      "[--steps N] [--md FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (reps < 1 || reps > 1000) reps = 9;
+  char err[512];
+  probe_train_config *c;
+  probe_status lst = cfg_file
+                         ? probe_config_load_file(&c, cfg_file, err, sizeof err)
+                         : probe_config_load_scenario(&c, scn, err, sizeof err);
+  if (cfg_file) scn = probe_config_name(c);
+  if (lst != PROBE_OK ||
+      (steps && probe_config_set(c, "steps", steps, err, sizeof err) != PROBE_OK)) {
+    fprintf(stderr, "bench_trainer: %s\n", err);
+    return 3;
+  }
+  char trace[64];
+  snprintf(trace, sizeof trace, "/tmp/bench_trainer_%ld.h5", (long)getpid());
+  double *sps[N_MODES], *cps[N_MODES];
+  int64_t records = 0;
+  for (int m = 0; m < N_MODES; m++) {
+    sps[m] = calloc((size_t)reps, sizeof(double));
+    cps[m] = calloc((size_t)reps, sizeof(double));
+  }
+  /* one warm-up run of each mode, not counted */
+  for (int r = -1; r < reps; r++) {
+    for (int m = 0; m < N_MODES; m++) {
+      probe_train_opts o;
+      probe_train_opts_init(&o);
+      if (m != MODE_OFF) {
+        o.trace_path = trace;
+        o.mode = m == MODE_FULL ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;
+      }
+      probe_train_result res;
+      double c0 = cpu_seconds();
+      if (probe_train(c, &o, &res, err, sizeof err) != PROBE_OK) {
+        fprintf(stderr, "bench_trainer: %s\n", err);
+        return 1;
+      }
+      double c1 = cpu_seconds();
+      if (r >= 0) {
+        sps[m][r] = (double)res.steps_run / res.wall_seconds;
+        cps[m][r] = (double)res.steps_run / (c1 - c0);
+      }
+    }
+  }
+  unlink(trace);
+  double med[N_MODES], cmed[N_MODES];
+  for (int m = 0; m < N_MODES; m++) {
+    med[m] = median(sps[m], reps);
+    cmed[m] = median(cps[m], reps);
+  }
+  (void)records;
+  char date[32];
+  time_t now = time(NULL);
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+  char cpu[256] = "unknown CPU";
+  FILE *ci = fopen("/proc/cpuinfo", "r");
+  if (ci) {
+    char line[512];
+    while (fgets(line, sizeof line, ci))
+      if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+        snprintf(cpu, sizeof cpu, "%s", strchr(line, ':') + 2);
+        cpu[strcspn(cpu, "\n")] = 0;
+        break;
+      }
+    fclose(ci);
+  }
+  FILE *outs[2] = {stdout, md ? fopen(md, "w") : NULL};
+  if (md && !outs[1]) {
+    perror(md);
+    return 1;
+  }
+  for (int k = 0; k < 2; k++) {
+    FILE *f = outs[k];
+    if (!f) continue;
+    if (k == 1)
+      fprintf(f, "# Trainer benchmark\n\nWritten by `bench_trainer --md` "
+                 "(bench/trainer.c).\n\n");
+    fprintf(f, "- date: %s\n- CPU: %s (%ld online), OpenBLAS single-threaded\n"
+               "- scenario: %s, %lld steps per run, %d interleaved "
+               "repetitions per mode (median)\n\n",
+            date, cpu, sysconf(_SC_NPROCESSORS_ONLN), scn,
+            (long long)probe_config_steps(c), reps);
+    for (int t = 0; t < 2; t++) {
+      double *md_ = t == 0 ? cmed : med;
+      double **v = t == 0 ? cps : sps;
+      fprintf(f, "%s\n\n| mode | steps/s (median) | min | max | overhead vs off |\n"
+                 "| --- | ---: | ---: | ---: | ---: |\n",
+              t == 0 ? "By process CPU time:" : "By wall time:");
+      for (int m = 0; m < N_MODES; m++) {
+        double lo = v[m][0], hi = v[m][reps - 1]; /* sorted by median() */
+        fprintf(f, "| %s | %.0f | %.0f | %.0f | %s%.1f%% |\n", mode_name[m],
+                md_[m], lo, hi, m == MODE_OFF ? "" : "+",
+                m == MODE_OFF ? 0.0 : 100.0 * (md_[MODE_OFF] / md_[m] - 1.0));
+      }
+      fprintf(f, "\n");
+    }
+    double full_over = 100.0 * (cmed[MODE_OFF] / cmed[MODE_FULL] - 1.0);
+    fprintf(f, "Overhead = time per step with tracing / time per step without "
+               "- 1. Target <= 10%% for the full trace (CPU time): %s (%.1f%%).\n",
+            full_over <= 10.0 ? "met" : "NOT met", full_over);
+  }
+  if (outs[1]) fclose(outs[1]);
+  for (int m = 0; m < N_MODES; m++) {
+    free(sps[m]);
+    free(cps[m]);
+  }
+  probe_config_free(c);
+  return 0;
+}

@@ -1,0 +1,184 @@
+/*
+ * ampprobe/trainer.h - the reference AMP trainer: configs, the scenario zoo
+ * and a training run instrumented by libprobe.
+ *
+ * A run is described by a JSON config (docs/config.md): the module stack,
+ * the data source, optimizer, learning-rate schedule, precision policy, loss
+ * scaler and clipping. Configs come from a file or from the built-in
+ * scenarios (trainer/scenarios/NAME.json, compiled into the library), are
+ * adjusted with probe_config_set ("precision" = "fp16", "fp32" = "bn,revin",
+ * "scaler.init" = "1024", ...) and then run with probe_train. The AMP
+ * semantics are in docs/precision.md.
+ *
+ * Functions that can fail return a probe_status; on error a one-line message
+ * goes to the caller's buffer (err, errlen; err may be NULL).
+ */
+#ifndef AMPPROBE_TRAINER_H
+#define AMPPROBE_TRAINER_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampprobe/probe.h"
+#include "ampprobe/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- configs ------------------------------------------------------------- */
+
+typedef struct probe_train_config probe_train_config;
+
+/* The name of the scenario used when none is given ("healthy"). */
+#define PROBE_DEFAULT_SCENARIO "healthy"
+
+/* Built-in scenarios, in name order. probe_scenario_name returns NULL past
+ * the end; probe_scenario_json returns the embedded config text or NULL. */
+size_t probe_scenario_count(void);
+const char *probe_scenario_name(size_t i);
+const char *probe_scenario_json(const char *name);
+/* The scenario's "description" (one sentence), or "" when it has none. */
+const char *probe_scenario_description(const char *name);
+
+/* Parse a config from JSON text, a file, or a built-in scenario name.
+ * Unknown keys, wrong types and impossible values are errors
+ * (PROBE_ERR_CONFIG) whose message names the key ("model[2].out: expected an
+ * integer", "stepz: unknown key"); file errors are prefixed with the path. */
+probe_status probe_config_from_json(probe_train_config **out, const char *text,
+                                    char *err, size_t errlen);
+probe_status probe_config_load_file(probe_train_config **out, const char *path,
+                                    char *err, size_t errlen);
+probe_status probe_config_load_scenario(probe_train_config **out,
+                                        const char *name, char *err,
+                                        size_t errlen);
+/* A deep copy (bisect runs many variants of one config). */
+probe_status probe_config_clone(probe_train_config **out,
+                                const probe_train_config *c);
+void probe_config_free(probe_train_config *c);
+
+/* Overrides one setting, value given as text the way a user types it.
+ * Keys (docs/config.md lists them with their JSON counterparts):
+ *   precision              fp16 | bf16 | fp32
+ *   fp32                   "bn,softmax,revin": kinds or layer-name globs
+ *                          forced to FP32 (replaces the config's list; ""
+ *                          clears it)
+ *   steps, seed, micro_batches, lr
+ *   scaler.enabled         0 | 1 (0 = no loss scaling)
+ *   scaler.init, scaler.growth, scaler.backoff, scaler.interval,
+ *   scaler.hysteresis, scaler.min_scale
+ *   clip.max_norm          0 = off
+ *   clip.before_unscale    0 | 1 (the classic misordering)
+ *   data.nan_step          step whose input batch holds NaN, -1 = none */
+probe_status probe_config_set(probe_train_config *c, const char *key,
+                              const char *value, char *err, size_t errlen);
+
+/* The effective config as JSON (what probe_train stores in the trace).
+ * Returns a malloc'd string the caller frees, or NULL when out of memory.
+ * Parsing it back gives the same config. */
+char *probe_config_to_json(const probe_train_config *c);
+
+/* The scenario/config name ("healthy", or the file's "name"). */
+const char *probe_config_name(const probe_train_config *c);
+int64_t probe_config_steps(const probe_train_config *c);
+/* Human-readable precision policy, e.g. "fp16; fp32: revin,softmax; loss fp32". */
+probe_status probe_config_policy_str(const probe_train_config *c, char *buf,
+                                     size_t len);
+
+/* ---- the model's layers --------------------------------------------------- */
+
+/* One layer instance of the model, as it is registered with libprobe. The
+ * first entry is always "input" (PROBE_KIND_INPUT). precision is the one the
+ * layer runs in under the config's current policy. */
+typedef struct probe_layer_desc {
+  char name[PROBE_NAME_MAX];
+  probe_kind kind;
+  probe_precision precision;
+} probe_layer_desc;
+
+/* Fills up to max entries; *n gets the total number of layers. */
+probe_status probe_config_layers(const probe_train_config *c,
+                                 probe_layer_desc *out, size_t max, size_t *n);
+
+/* 1 when one fp32-list entry (a kind name such as "bn", or a glob such as
+ * "enc.*") selects the layer, else 0. The rule probe_train applies. */
+int probe_policy_match(const char *entry, const char *layer_name,
+                       probe_kind kind);
+
+/* ---- a training run ------------------------------------------------------ */
+
+/* Where the layers run. The AMP step (unscale, clip, optimizer, scaler) is
+ * the same host code for both. */
+typedef enum probe_backend {
+  PROBE_BACKEND_CPU = 0,  /* layers_cpu.c, OpenBLAS single-threaded */
+  PROBE_BACKEND_CUDA = 1, /* layers_cuda.cu, cuBLAS; builds with CUDA */
+} probe_backend;
+
+/* 1 when this build and machine can run the backend. */
+int probe_train_backend_available(probe_backend b);
+
+/* Called after every step; a nonzero return stops the run (interrupted). */
+typedef int (*probe_train_progress_fn)(int64_t step, double loss, double scale,
+                                       void *user);
+
+typedef struct probe_train_opts {
+  const char *trace_path;   /* NULL: no trace is written */
+  probe_record_mode mode;   /* PROBE_MODE_SCALARS (flight recorder) or FULL */
+  int ring_steps;           /* flight-recorder depth; 0 = libprobe default */
+  const char *command_line; /* stored in the trace; may be NULL */
+  probe_train_progress_fn progress; /* may be NULL */
+  void *user;
+  /* Polled once per step; nonzero ends the run cleanly (SIGINT handler). */
+  volatile sig_atomic_t *stop_flag;
+  /* End the run K steps after the first non-finite loss; -1 = never. */
+  int64_t stop_on_nonfinite;
+  /* Number of final steps averaged into final_loss (default 10). */
+  int final_window;
+  probe_backend backend; /* PROBE_BACKEND_CPU by default */
+} probe_train_opts;
+
+void probe_train_opts_init(probe_train_opts *o);
+
+typedef struct probe_train_result {
+  int64_t steps_run;        /* optimizer steps attempted (incl. skipped) */
+  /* Mean loss of the last final_window steps run (all of them when fewer);
+   * NaN/inf when any of those losses is. */
+  double final_loss;
+  double last_loss;         /* loss of the last step run */
+  double first_loss;        /* loss of step 0 */
+  double min_scale, max_scale; /* loss scale range used (1, 1 if off) */
+  double final_scale;
+  int64_t backoffs;         /* scaler backoff events (incl. min clamps) */
+  int64_t growths;
+  int64_t skipped_steps;    /* optimizer steps skipped on overflow */
+  int64_t longest_skip_run; /* most consecutive skipped steps */
+  double max_clip_ratio;    /* max grad_norm / max_norm over finite norms;
+                               0 when clipping is off */
+  int64_t first_nonfinite_loss_step; /* -1 if none */
+  /* First tensor with a non-finite value, in execution order, as the
+   * trainer saw it (step -1 when none). */
+  int64_t first_nonfinite_step;
+  char first_nonfinite_layer[PROBE_NAME_MAX];
+  probe_site first_nonfinite_site;
+  int diverged;    /* any non-finite loss, or the final loss non-finite */
+  int interrupted; /* stop flag, progress callback or stop_on_nonfinite */
+  double wall_seconds;
+} probe_train_result;
+
+/* Trains the config. Runs share no trainer state, so several may run in
+ * threads, with two caveats: OpenBLAS's thread count is set to 1 globally,
+ * and the HDF5 library (traces, HDF5 data) is the serial build, so runs that
+ * write traces or read HDF5 data belong in separate processes.
+ * Returns PROBE_OK when the run completed (even when it
+ * diverged: see out->diverged) or was interrupted; an error status when it
+ * could not run (bad data file, trace not writable...; PROBE_ERR_UNSUPPORTED
+ * or PROBE_ERR_NO_DEVICE for a CUDA backend that is not there). */
+probe_status probe_train(const probe_train_config *c,
+                         const probe_train_opts *opts, probe_train_result *out,
+                         char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AMPPROBE_TRAINER_H */
