@@ -474,7 +474,7 @@ probe_status probe_relu_forward(float *out, const float *inp, size_t n,
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++) {
     float x = rnd(inp[i], prec);
-    out[i] = x > 0.0f ? x : 0.0f;
+    out[i] = x <= 0.0f ? 0.0f : x; /* NaN propagates, as in PyTorch */
   }
   return PROBE_OK;
 }
@@ -485,7 +485,7 @@ probe_status probe_relu_backward(float *dinp, const float *dout,
   CHECK_ARG((dinp && dout && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
-    dinp[i] = rnd(inp[i], prec) > 0.0f ? rnd(dout[i], prec) : 0.0f;
+    dinp[i] = rnd(inp[i], prec) <= 0.0f ? 0.0f : rnd(dout[i], prec);
   return PROBE_OK;
 }
 

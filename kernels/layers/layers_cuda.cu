@@ -766,14 +766,14 @@ __global__ void k_relu_fwd(float *out, const float *x, size_t n, int p) {
   if (i >= n)
     return;
   float v = drnd(x[i], p);
-  out[i] = v > 0.0f ? v : 0.0f;
+  out[i] = v <= 0.0f ? 0.0f : v; /* NaN propagates, as in PyTorch */
 }
 __global__ void k_relu_bwd(float *dx, const float *dout, const float *x,
                            size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= n)
     return;
-  dx[i] = drnd(x[i], p) > 0.0f ? drnd(dout[i], p) : 0.0f;
+  dx[i] = drnd(x[i], p) <= 0.0f ? 0.0f : drnd(dout[i], p);
 }
 __global__ void k_gelu_fwd(float *out, const float *x, size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;

@@ -980,12 +980,29 @@ START_TEST(helpers_invalid_args) {
 }
 END_TEST
 
+/* PyTorch's relu keeps NaN (relu(nan) = nan) and its backward passes the
+ * gradient where the input is NaN (threshold_backward tests x <= 0). */
+START_TEST(relu_propagates_nan) {
+  float in[3] = {NAN, -1.0f, 2.0f}, out[3], dout[3] = {5.0f, 5.0f, 5.0f},
+        dinp[3];
+  OK(probe_relu_forward(out, in, 3, F16));
+  ck_assert_float_nan(out[0]);
+  ck_assert_float_eq(out[1], 0.0f);
+  ck_assert_float_eq(out[2], 2.0f);
+  OK(probe_relu_backward(dinp, dout, in, 3, F16));
+  ck_assert_float_eq(dinp[0], 5.0f);
+  ck_assert_float_eq(dinp[1], 0.0f);
+  ck_assert_float_eq(dinp[2], 5.0f);
+}
+END_TEST
+
 static Suite *make_helpers_suite(void) {
   Suite *s = suite_create("helpers");
   TCase *tc = tcase_create("helpers");
   tcase_add_test(tc, helpers_grads);
   tcase_add_test(tc, helpers_round);
   tcase_add_test(tc, helpers_invalid_args);
+  tcase_add_test(tc, relu_propagates_nan);
   suite_add_tcase(s, tc);
   return s;
 }
