@@ -126,6 +126,34 @@ typedef struct probe_step_scalars {
   double wall_time;      /* seconds since the session opened */
 } probe_step_scalars;
 
+/* One stored tensor snapshot: n float32 values at data[offset .. offset+n)
+ * of /snapshots/data (fp16/bf16 tensors are widened exactly). */
+typedef struct probe_snapshot_info {
+  int64_t step;
+  uint32_t seq;    /* seq of the tensor's record in that step */
+  int32_t layer;
+  int32_t site;    /* probe_site */
+  int32_t dtype;   /* probe_dtype the tensor had */
+  int64_t offset;  /* first element in /snapshots/data */
+  int64_t n;       /* elements stored (capped at snapshot_max_elems) */
+  int64_t n_total; /* elements the tensor had */
+} probe_snapshot_info;
+
+#define PROBE_KERNEL_NAME_MAX 128 /* kernel names, including the NUL */
+
+/* One GPU kernel collected with CUPTI, attributed to the NVTX range
+ * (layer, site) open when it was launched; -1 when none was. */
+typedef struct probe_kernel_record {
+  int64_t step; /* -1 outside a step */
+  int32_t layer;
+  int32_t site;
+  char name[PROBE_KERNEL_NAME_MAX]; /* (mangled) kernel name, truncated */
+  uint64_t start_ns; /* GPU timestamps, ns */
+  uint64_t end_ns;
+  int32_t device;
+  uint32_t stream;
+} probe_kernel_record;
+
 typedef enum probe_scaler_kind {
   PROBE_SCALER_BACKOFF = 0,   /* non-finite gradients: scale *= backoff */
   PROBE_SCALER_GROWTH = 1,    /* growth_interval clean steps: scale *= growth */
@@ -149,8 +177,9 @@ typedef struct probe_session probe_session;
 
 typedef enum probe_record_mode {
   /* Step scalars always; per-layer records go to an in-memory ring of the
-   * last ring_steps steps, written out when the first non-finite value
-   * appears (the flight recorder). */
+   * last ring_steps steps, written out when a non-finite value appears,
+   * with the ring_steps steps that follow (the flight recorder; at most
+   * max_events times; docs/trace-format.md). */
   PROBE_MODE_SCALARS = 0,
   /* Every selected layer at every selected step. */
   PROBE_MODE_FULL = 1,
@@ -171,22 +200,32 @@ typedef struct probe_options {
   const char *config_json;   /* run configuration, stored verbatim */
   const char *precision_policy; /* human-readable, e.g. "fp16; fp32: bn" */
   int cupti;                 /* collect kernel activity when on a GPU (0) */
+  int max_events;            /* non-finite events that dump the flight
+                                recorder / take snapshots, at most (16) */
+  int64_t batch_rows;        /* rows buffered per table before one
+                                H5Dwrite (4096) */
 } probe_options;
 
 /* Fills the defaults shown above. */
 void probe_options_init(probe_options *opt);
 
-/* Creates (truncates) the trace file at path. */
+/* Creates (truncates) the trace file at path. On failure *out is NULL and
+ * probe_session_last_error(NULL) has the message. Sets SIGXFSZ to ignored
+ * when it is at its default action (docs/trace-format.md). */
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt);
 /* Flushes, marks the trace complete and closes. Always frees s. */
 probe_status probe_session_close(probe_session *s);
 /* Forces everything buffered to disk now. */
 probe_status probe_session_flush(probe_session *s);
-/* Text of the last error, for messages ("H5Dwrite failed: ..."). */
+/* Text of the last error, for messages ("H5Dwrite failed: ..."); s NULL:
+ * the last failed probe_session_open of this thread. I/O errors
+ * (PROBE_ERR_NOSPACE, PROBE_ERR_IO, PROBE_ERR_HDF5) are sticky: every later
+ * call returns them, and the file keeps its last flushed state. */
 const char *probe_session_last_error(const probe_session *s);
 
-/* Layers must be registered before the first probe_step_begin. */
+/* Layers may be registered at any time, but before the records that use
+ * them; ids are 0, 1, 2, ... in registration order. Names must be unique. */
 probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_precision prec,
                                   int32_t *layer_id);
@@ -202,14 +241,20 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  probe_site site, probe_dtype dtype,
                                  const void *data, size_t n);
 
-/* Sets the step's scalars (sc->step is ignored; the current step is used). */
-probe_status probe_step_scalars(probe_session *s,
-                                const probe_step_scalars *sc);
+/* Sets the step's scalars (sc->step is ignored; the current step is used;
+ * wall_time is filled by the probe at probe_step_end). A step gets a row in
+ * the steps table only when this was called. (Named _set_ because the type
+ * probe_step_scalars takes the plain name.) */
+probe_status probe_step_set_scalars(probe_session *s,
+                                    const probe_step_scalars *sc);
 probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev);
 probe_status probe_step_end(probe_session *s);
 
-/* NVTX range helpers: no-ops without CUDA/NVTX. */
+/* NVTX range named "<layer name>/<site name>" ("encoder.bn2/fwd_out") around
+ * a layer's work, so Nsight Systems timelines show the model; with
+ * opt.cupti, kernels launched inside the range are attributed to its step,
+ * layer and site in the kernels table. Ranges nest; no-ops without CUDA. */
 void probe_range_push(probe_session *s, int32_t layer, probe_site site);
 void probe_range_pop(probe_session *s);
 
@@ -226,6 +271,10 @@ typedef struct probe_trace_info {
   int64_t n_records;
   int64_t n_scaler_events;
   int64_t n_snapshots;
+  int64_t n_snapshot_elems; /* float32 values in /snapshots/data */
+  int64_t n_kernels;
+  int64_t n_events;     /* non-finite events the writer saw */
+  int64_t n_flushes;
   int64_t last_step;    /* last step recorded, -1 if none */
   int64_t first_nonfinite_step; /* as the writer saw it, -1 if none */
   const char *created;      /* ISO 8601 UTC */
@@ -235,12 +284,16 @@ typedef struct probe_trace_info {
   const char *library_versions;
 } probe_trace_info;
 
-/* Opens and validates (format name and version, tables, types). Errors:
- * PROBE_ERR_NOT_FOUND, PROBE_ERR_NOT_HDF5, PROBE_ERR_NOT_TRACE,
- * PROBE_ERR_VERSION, PROBE_ERR_CORRUPT. Opens traces of killed writers. */
+/* Opens and validates (format name and version, tables, types, state and
+ * layers in range). Errors: PROBE_ERR_NOT_FOUND, PROBE_ERR_NOT_HDF5,
+ * PROBE_ERR_NOT_TRACE, PROBE_ERR_VERSION, PROBE_ERR_CORRUPT, PROBE_ERR_IO.
+ * Opens traces of killed writers (their rows up to the last flush). On
+ * failure *out is NULL and probe_trace_last_error(NULL) has the message. */
 probe_status probe_trace_open(probe_trace **out, const char *path);
 void probe_trace_close(probe_trace *t);
-/* Text of the last error, one line. */
+/* Text of the last error, one line; t NULL: the last failed
+ * probe_trace_open of this thread. Every read checks the rows it returns
+ * (ids, sites, dtypes, counts in range) and fails with PROBE_ERR_CORRUPT. */
 const char *probe_trace_last_error(const probe_trace *t);
 
 const probe_trace_info *probe_trace_get_info(const probe_trace *t);
@@ -259,9 +312,23 @@ probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
                                             probe_scaler_event *buf,
                                             size_t *got);
 
-/* Runs probe_trace_open in a child process first, so that a crash inside
- * the HDF5 library on a malformed file becomes PROBE_ERR_CORRUPT instead of
- * killing the caller; then opens it in this process. Tools use this. */
+probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
+                                        size_t max, probe_snapshot_info *buf,
+                                        size_t *got);
+/* Copies the sn->n values of one snapshot into buf (n floats). */
+probe_status probe_trace_read_snapshot_data(probe_trace *t,
+                                            const probe_snapshot_info *sn,
+                                            float *buf);
+probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
+                                      size_t max, probe_kernel_record *buf,
+                                      size_t *got);
+
+/* Runs probe_trace_open in a child process first and reads every row of
+ * every table there (memory bounded), so that a crash inside the HDF5
+ * library on a malformed file becomes PROBE_ERR_CORRUPT instead of killing
+ * the caller, and a hang (30 s + 1 s per 20 MB of file) becomes one too;
+ * then opens it in this process. The one-line message goes to err. Tools
+ * use this. */
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen);
 

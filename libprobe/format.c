@@ -1,0 +1,218 @@
+/*
+ * format.c - the compound types of the trace tables (see format.h and
+ * docs/trace-format.md). Memory types follow the C structs of probe.h
+ * (the probe_stats of a record is flattened into the record); file types
+ * are the same fields at the same offsets, in little-endian byte order.
+ */
+#include "format.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define F_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len}
+#define FS_(fld, kind, len)                                                    \
+  {#fld, offsetof(probe_record, stats.fld), kind, len}
+
+static const probe__field layer_fields[] = {
+    F_(probe_layer_info, id, PROBE__F_I32, 1),
+    F_(probe_layer_info, name, PROBE__F_STR, PROBE_NAME_MAX),
+    F_(probe_layer_info, kind, PROBE__F_I32, 1),
+    F_(probe_layer_info, precision, PROBE__F_I32, 1),
+};
+
+static const probe__field record_fields[] = {
+    F_(probe_record, step, PROBE__F_I64, 1),
+    F_(probe_record, seq, PROBE__F_U32, 1),
+    F_(probe_record, layer, PROBE__F_I32, 1),
+    F_(probe_record, site, PROBE__F_I32, 1),
+    F_(probe_record, dtype, PROBE__F_I32, 1),
+    FS_(count, PROBE__F_U64, 1),
+    FS_(nan_count, PROBE__F_U64, 1),
+    FS_(posinf_count, PROBE__F_U64, 1),
+    FS_(neginf_count, PROBE__F_U64, 1),
+    FS_(zero_count, PROBE__F_U64, 1),
+    FS_(f16_subnormal, PROBE__F_U64, 1),
+    FS_(f16_flush, PROBE__F_U64, 1),
+    FS_(f16_overflow, PROBE__F_U64, 1),
+    FS_(min, PROBE__F_F32, 1),
+    FS_(max, PROBE__F_F32, 1),
+    FS_(absmax, PROBE__F_F32, 1),
+    FS_(absmin_nonzero, PROBE__F_F32, 1),
+    FS_(sum, PROBE__F_F64, 1),
+    FS_(sumsq, PROBE__F_F64, 1),
+    FS_(hist, PROBE__F_U64A, PROBE_HIST_BINS),
+};
+
+static const probe__field step_fields[] = {
+    F_(probe_step_scalars, step, PROBE__F_I64, 1),
+    F_(probe_step_scalars, loss, PROBE__F_F64, 1),
+    F_(probe_step_scalars, loss_scale, PROBE__F_F64, 1),
+    F_(probe_step_scalars, growth_tracker, PROBE__F_I32, 1),
+    F_(probe_step_scalars, found_inf, PROBE__F_I32, 1),
+    F_(probe_step_scalars, skipped, PROBE__F_I32, 1),
+    F_(probe_step_scalars, lr, PROBE__F_F64, 1),
+    F_(probe_step_scalars, grad_norm, PROBE__F_F64, 1),
+    F_(probe_step_scalars, clip_threshold, PROBE__F_F64, 1),
+    F_(probe_step_scalars, clip_coef, PROBE__F_F64, 1),
+    F_(probe_step_scalars, wall_time, PROBE__F_F64, 1),
+};
+
+static const probe__field scaler_fields[] = {
+    F_(probe_scaler_event, step, PROBE__F_I64, 1),
+    F_(probe_scaler_event, kind, PROBE__F_I32, 1),
+    F_(probe_scaler_event, old_scale, PROBE__F_F64, 1),
+    F_(probe_scaler_event, new_scale, PROBE__F_F64, 1),
+    F_(probe_scaler_event, growth_tracker, PROBE__F_I32, 1),
+};
+
+static const probe__field snapidx_fields[] = {
+    F_(probe_snapshot_info, step, PROBE__F_I64, 1),
+    F_(probe_snapshot_info, seq, PROBE__F_U32, 1),
+    F_(probe_snapshot_info, layer, PROBE__F_I32, 1),
+    F_(probe_snapshot_info, site, PROBE__F_I32, 1),
+    F_(probe_snapshot_info, dtype, PROBE__F_I32, 1),
+    F_(probe_snapshot_info, offset, PROBE__F_I64, 1),
+    F_(probe_snapshot_info, n, PROBE__F_I64, 1),
+    F_(probe_snapshot_info, n_total, PROBE__F_I64, 1),
+};
+
+static const probe__field kernel_fields[] = {
+    F_(probe_kernel_record, step, PROBE__F_I64, 1),
+    F_(probe_kernel_record, layer, PROBE__F_I32, 1),
+    F_(probe_kernel_record, site, PROBE__F_I32, 1),
+    F_(probe_kernel_record, name, PROBE__F_STR, PROBE_KERNEL_NAME_MAX),
+    F_(probe_kernel_record, start_ns, PROBE__F_U64, 1),
+    F_(probe_kernel_record, end_ns, PROBE__F_U64, 1),
+    F_(probe_kernel_record, device, PROBE__F_I32, 1),
+    F_(probe_kernel_record, stream, PROBE__F_U32, 1),
+};
+
+#define N_(a) (sizeof(a) / sizeof((a)[0]))
+
+const probe__tabledef probe__tables[PROBE__T_COUNT] = {
+    [PROBE__T_LAYERS] = {"/layers", layer_fields, N_(layer_fields),
+                         sizeof(probe_layer_info), 256},
+    [PROBE__T_STEPS] = {"/steps", step_fields, N_(step_fields),
+                        sizeof(probe_step_scalars), 256},
+    [PROBE__T_RECORDS] = {"/records", record_fields, N_(record_fields),
+                          sizeof(probe_record), 128},
+    [PROBE__T_SCALER] = {"/scaler_events", scaler_fields, N_(scaler_fields),
+                         sizeof(probe_scaler_event), 256},
+    [PROBE__T_SNAPIDX] = {"/snapshots/index", snapidx_fields,
+                          N_(snapidx_fields), sizeof(probe_snapshot_info), 256},
+    [PROBE__T_SNAPDATA] = {"/snapshots/data", NULL, 0, sizeof(float), 65536},
+    [PROBE__T_KERNELS] = {"/kernels", kernel_fields, N_(kernel_fields),
+                          sizeof(probe_kernel_record), 512},
+};
+
+/* Atomic type of one field; the caller closes it. */
+static hid_t field_type(const probe__field *f, int file) {
+  hid_t base = H5I_INVALID_HID;
+  switch (f->kind) {
+  case PROBE__F_I32:
+    return H5Tcopy(file ? H5T_STD_I32LE : H5T_NATIVE_INT32);
+  case PROBE__F_U32:
+    return H5Tcopy(file ? H5T_STD_U32LE : H5T_NATIVE_UINT32);
+  case PROBE__F_I64:
+    return H5Tcopy(file ? H5T_STD_I64LE : H5T_NATIVE_INT64);
+  case PROBE__F_U64:
+    return H5Tcopy(file ? H5T_STD_U64LE : H5T_NATIVE_UINT64);
+  case PROBE__F_F32:
+    return H5Tcopy(file ? H5T_IEEE_F32LE : H5T_NATIVE_FLOAT);
+  case PROBE__F_F64:
+    return H5Tcopy(file ? H5T_IEEE_F64LE : H5T_NATIVE_DOUBLE);
+  case PROBE__F_STR: {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0) return t;
+    if (H5Tset_size(t, f->len) < 0 || H5Tset_strpad(t, H5T_STR_NULLTERM) < 0 ||
+        H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+      H5Tclose(t);
+      return H5I_INVALID_HID;
+    }
+    return t;
+  }
+  case PROBE__F_U64A: {
+    hsize_t dims[1] = {f->len};
+    base = file ? H5T_STD_U64LE : H5T_NATIVE_UINT64;
+    return H5Tarray_create2(base, 1, dims);
+  }
+  }
+  return H5I_INVALID_HID;
+}
+
+hid_t probe__type_create(probe__table t, int file) {
+  const probe__tabledef *d = &probe__tables[t];
+  if (d->fields == NULL)
+    return H5Tcopy(file ? H5T_IEEE_F32LE : H5T_NATIVE_FLOAT);
+  /* The file type keeps the C struct's offsets and size (padding included,
+   * which deflate removes): on a little-endian host the two types are then
+   * identical and HDF5 copies rows without a per-field conversion. */
+  hid_t ct = H5Tcreate(H5T_COMPOUND, d->mem_size);
+  if (ct < 0) return ct;
+  for (size_t i = 0; i < d->n_fields; i++) {
+    const probe__field *f = &d->fields[i];
+    hid_t ft = field_type(f, file);
+    if (ft < 0) goto fail;
+    herr_t e = H5Tinsert(ct, f->name, f->offset, ft);
+    H5Tclose(ft);
+    if (e < 0) goto fail;
+  }
+  return ct;
+fail:
+  H5Tclose(ct);
+  return H5I_INVALID_HID;
+}
+
+int probe__type_check(probe__table t, hid_t file_type, char *why,
+                      size_t whylen) {
+  const probe__tabledef *d = &probe__tables[t];
+  H5T_class_t cls = H5Tget_class(file_type);
+  if (d->fields == NULL) {
+    if (cls != H5T_FLOAT || H5Tget_size(file_type) != 4) {
+      snprintf(why, whylen, "%s is not float32", d->path);
+      return -1;
+    }
+    return 0;
+  }
+  if (cls != H5T_COMPOUND) {
+    snprintf(why, whylen, "%s is not a compound table", d->path);
+    return -1;
+  }
+  for (size_t i = 0; i < d->n_fields; i++) {
+    const probe__field *f = &d->fields[i];
+    int idx = H5Tget_member_index(file_type, f->name);
+    if (idx < 0) {
+      snprintf(why, whylen, "%s lacks field '%s'", d->path, f->name);
+      return -1;
+    }
+    hid_t mt = H5Tget_member_type(file_type, (unsigned)idx);
+    if (mt < 0) {
+      snprintf(why, whylen, "%s: unreadable type of '%s'", d->path, f->name);
+      return -1;
+    }
+    hid_t want = field_type(f, 1);
+    int ok = want >= 0 && H5Tget_class(mt) == H5Tget_class(want) &&
+             H5Tget_size(mt) == H5Tget_size(want);
+    if (ok && f->kind != PROBE__F_STR && f->kind != PROBE__F_U64A &&
+        H5Tget_class(mt) == H5T_INTEGER)
+      ok = H5Tget_sign(mt) == H5Tget_sign(want);
+    if (want >= 0) H5Tclose(want);
+    H5Tclose(mt);
+    if (!ok) {
+      snprintf(why, whylen, "%s: field '%s' has the wrong type", d->path,
+               f->name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+hid_t probe__vlstr_type(void) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  if (t < 0) return t;
+  if (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+    H5Tclose(t);
+    return H5I_INVALID_HID;
+  }
+  return t;
+}

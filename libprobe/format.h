@@ -1,0 +1,94 @@
+/*
+ * format.h - private: the trace layout shared by the writer and the reader
+ * (docs/trace-format.md is the public description).
+ *
+ * Every table is a 1-D chunked dataset of a compound type. Each compound is
+ * described once, as a list of fields (name, offset in the C struct, kind);
+ * from that list format.c builds the native memory type and the
+ * little-endian file type, and the reader checks a file's type against it.
+ */
+#ifndef AMPPROBE_LIBPROBE_FORMAT_H
+#define AMPPROBE_LIBPROBE_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <hdf5.h>
+
+#include "ampprobe/probe.h"
+
+/* Tables, in the order the state dataset counts them. */
+typedef enum probe__table {
+  PROBE__T_LAYERS = 0,
+  PROBE__T_STEPS,
+  PROBE__T_RECORDS,
+  PROBE__T_SCALER,
+  PROBE__T_SNAPIDX,
+  PROBE__T_SNAPDATA, /* 1-D float32, not a compound */
+  PROBE__T_KERNELS,
+  PROBE__T_COUNT
+} probe__table;
+
+/* /meta/state: int64[PROBE__STATE_LEN], overwritten in place at each flush.
+ * Indices 1..7 are the committed row counts of the tables above. */
+enum {
+  PROBE__S_COMPLETE = 0,
+  PROBE__S_ROWS = 1, /* PROBE__S_ROWS + probe__table */
+  PROBE__S_LAST_STEP = PROBE__S_ROWS + PROBE__T_COUNT, /* 8 */
+  PROBE__S_FIRST_NONFINITE,                            /* 9 */
+  PROBE__S_EVENTS,                                     /* 10 */
+  PROBE__S_FLUSHES,                                    /* 11 */
+  PROBE__S_RECORD_MODE,                                /* 12 */
+  PROBE__STATE_LEN = 16
+};
+
+/* Names of the state entries, stored as the "fields" attribute of
+ * /meta/state (comma-separated). */
+#define PROBE__STATE_FIELDS                                                    \
+  "complete,n_layers,n_steps,n_records,n_scaler_events,n_snapshots,"          \
+  "n_snapshot_elems,n_kernels,last_step,first_nonfinite_step,n_events,"       \
+  "n_flushes,record_mode,reserved,reserved,reserved"
+
+typedef enum probe__fkind {
+  PROBE__F_I32,
+  PROBE__F_U32,
+  PROBE__F_I64,
+  PROBE__F_U64,
+  PROBE__F_F32,
+  PROBE__F_F64,
+  PROBE__F_STR,  /* fixed-length UTF-8, NUL-terminated; len = bytes */
+  PROBE__F_U64A, /* array of len uint64 */
+} probe__fkind;
+
+typedef struct probe__field {
+  const char *name;
+  size_t offset; /* in the C struct */
+  probe__fkind kind;
+  size_t len;    /* STR: bytes; U64A: elements; else 1 */
+} probe__field;
+
+typedef struct probe__tabledef {
+  const char *path;      /* dataset path in the file */
+  const probe__field *fields; /* NULL for the float data table */
+  size_t n_fields;
+  size_t mem_size;       /* sizeof the C struct (or float) */
+  hsize_t chunk_rows;
+} probe__tabledef;
+
+extern const probe__tabledef probe__tables[PROBE__T_COUNT];
+
+#define PROBE__STATE_PATH "/meta/state"
+
+/* Builds the native memory type (file = 0) or the little-endian file type
+ * (file = 1) of a table. Returns H5I_INVALID_HID on failure. */
+hid_t probe__type_create(probe__table t, int file);
+
+/* Checks that a file type holds every field of table t with a compatible
+ * class and size. Returns 0, or -1 with a reason written to why. */
+int probe__type_check(probe__table t, hid_t file_type, char *why,
+                      size_t whylen);
+
+/* Variable-length UTF-8 string type (for root attributes). */
+hid_t probe__vlstr_type(void);
+
+#endif /* AMPPROBE_LIBPROBE_FORMAT_H */

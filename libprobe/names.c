@@ -1,0 +1,113 @@
+/*
+ * names.c - names of the probe vocabulary (module kinds, precisions, sites,
+ * phases, scaler event kinds) and their parsers, generated from the X-macro
+ * lists in include/ampprobe/probe.h so names and enums cannot drift apart.
+ */
+#include <string.h>
+
+#include "ampprobe/probe.h"
+
+const char *probe_kind_name(probe_kind k) {
+  switch (k) {
+#define PROBE_KIND_NAME_(name, str)                                            \
+  case PROBE_KIND_##name:                                                      \
+    return str;
+    PROBE_KIND_MAP(PROBE_KIND_NAME_)
+#undef PROBE_KIND_NAME_
+  case PROBE_KIND_COUNT:
+    break;
+  }
+  return NULL;
+}
+
+probe_status probe_kind_parse(const char *name, probe_kind *out) {
+  if (name == NULL || out == NULL) return PROBE_ERR_INVALID_ARG;
+  for (int k = 0; k < PROBE_KIND_COUNT; k++) {
+    if (strcmp(name, probe_kind_name((probe_kind)k)) == 0) {
+      *out = (probe_kind)k;
+      return PROBE_OK;
+    }
+  }
+  return PROBE_ERR_NOT_FOUND;
+}
+
+static const char *const probe__precision_names[] = {"fp32", "fp16", "bf16"};
+
+const char *probe_precision_name(probe_precision p) {
+  if ((int)p < 0 || (int)p > 2) return NULL;
+  return probe__precision_names[p];
+}
+
+probe_status probe_precision_parse(const char *name, probe_precision *out) {
+  if (name == NULL || out == NULL) return PROBE_ERR_INVALID_ARG;
+  for (int p = 0; p < 3; p++) {
+    if (strcmp(name, probe__precision_names[p]) == 0) {
+      *out = (probe_precision)p;
+      return PROBE_OK;
+    }
+  }
+  return PROBE_ERR_NOT_FOUND;
+}
+
+const char *probe_site_name(probe_site s) {
+  switch (s) {
+#define PROBE_SITE_NAME_(name, str, phase)                                     \
+  case PROBE_SITE_##name:                                                      \
+    return str;
+    PROBE_SITE_MAP(PROBE_SITE_NAME_)
+#undef PROBE_SITE_NAME_
+  case PROBE_SITE_COUNT:
+    break;
+  }
+  return NULL;
+}
+
+probe_status probe_site_parse(const char *name, probe_site *out) {
+  if (name == NULL || out == NULL) return PROBE_ERR_INVALID_ARG;
+  for (int s = 0; s < PROBE_SITE_COUNT; s++) {
+    if (strcmp(name, probe_site_name((probe_site)s)) == 0) {
+      *out = (probe_site)s;
+      return PROBE_OK;
+    }
+  }
+  return PROBE_ERR_NOT_FOUND;
+}
+
+probe_phase probe_site_phase(probe_site s) {
+  switch (s) {
+#define PROBE_SITE_PHASE_(name, str, phase)                                    \
+  case PROBE_SITE_##name:                                                      \
+    return PROBE_PHASE_##phase;
+    PROBE_SITE_MAP(PROBE_SITE_PHASE_)
+#undef PROBE_SITE_PHASE_
+  case PROBE_SITE_COUNT:
+    break;
+  }
+  return PROBE_PHASE_FORWARD;
+}
+
+const char *probe_phase_name(probe_phase p) {
+  switch (p) {
+  case PROBE_PHASE_FORWARD:
+    return "forward";
+  case PROBE_PHASE_BACKWARD:
+    return "backward";
+  case PROBE_PHASE_OPTIMIZER:
+    return "optimizer";
+  }
+  return NULL;
+}
+
+const char *probe_scaler_kind_name(probe_scaler_kind k) {
+  switch (k) {
+  case PROBE_SCALER_BACKOFF:
+    return "backoff";
+  case PROBE_SCALER_GROWTH:
+    return "growth";
+  case PROBE_SCALER_HYSTERESIS:
+    return "hysteresis";
+  case PROBE_SCALER_MIN_CLAMP:
+    return "min_clamp";
+  }
+  return NULL;
+}

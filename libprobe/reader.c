@@ -1,0 +1,707 @@
+/*
+ * reader.c - opening, validating and reading traces (docs/trace-format.md).
+ *
+ * probe_trace_open checks, in order: the file exists, it is HDF5, it is an
+ * ampprobe trace (root attribute "format"), its version is one we read, every
+ * table is there with the fields and types we need, and the state and layers
+ * hold values in range. Row counts are min(state count, dataset extent): the
+ * writer commits the counts only after the rows are on disk, so a killed
+ * writer's trace yields exactly its flushed rows. Reads are chunked; every
+ * row read is range-checked, and a bad one is PROBE_ERR_CORRUPT.
+ *
+ * probe_trace_open_isolated does the whole parse (every row of every table)
+ * in a forked child first, since HDF5 1.10 can crash or hang on malformed
+ * files; a child that dies or times out means "corrupt".
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "ampprobe/probe.h"
+#include "format.h"
+
+/* Metadata read attempts under SWMR (HDF5's default there is 100). */
+#define PROBE__READ_ATTEMPTS 2
+
+struct probe_trace {
+  hid_t file;
+  hid_t dset[PROBE__T_COUNT];
+  hid_t mtype[PROBE__T_COUNT];
+  int64_t rows[PROBE__T_COUNT]; /* committed rows readable */
+  probe_trace_info info;
+  probe_layer_info *layers; /* (info.n_layers) */
+  char *path;
+  char h5msg[256]; /* HDF5's message of the last failed read */
+  char *strs[5]; /* created, command_line, config_json, precision_policy,
+                    library_versions */
+  char msg[512];
+};
+
+/* The message of the last failed probe_trace_open in this thread. */
+static _Thread_local char open_msg[512];
+
+/* Sets the one-line message "PATH: what". */
+static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
+                         ...) {
+  char what[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(t->msg, sizeof t->msg, "%s: %s", t->path ? t->path : "trace", what);
+  H5Eclear2(H5E_DEFAULT);
+  return st;
+}
+
+static herr_t first_desc(unsigned n, const H5E_error2_t *e, void *data) {
+  char *buf = data;
+  if (buf[0] == '\0' && e->desc) snprintf(buf, 200, "%s", e->desc);
+  return 0;
+}
+
+/* The most specific message on HDF5's error stack. */
+static void h5_desc(char *buf) {
+  buf[0] = '\0';
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, first_desc, buf);
+  if (buf[0] == '\0') snprintf(buf, 200, "HDF5 error");
+}
+
+void probe_trace_close(probe_trace *t) {
+  if (t == NULL) return;
+  H5E_BEGIN_TRY {
+    for (int i = 0; i < PROBE__T_COUNT; i++) {
+      if (t->dset[i] >= 0) H5Dclose(t->dset[i]);
+      if (t->mtype[i] >= 0) H5Tclose(t->mtype[i]);
+    }
+    if (t->file >= 0) H5Fclose(t->file);
+  }
+  H5E_END_TRY;
+  for (int i = 0; i < 5; i++) free(t->strs[i]);
+  free(t->path);
+  free(t->layers);
+  free(t);
+}
+
+const char *probe_trace_last_error(const probe_trace *t) {
+  if (t == NULL) return open_msg[0] ? open_msg : "no error";
+  return t->msg[0] ? t->msg : "no error";
+}
+
+const probe_trace_info *probe_trace_get_info(const probe_trace *t) {
+  return t ? &t->info : NULL;
+}
+
+const probe_layer_info *probe_trace_layers(const probe_trace *t, size_t *n) {
+  if (t == NULL) {
+    if (n) *n = 0;
+    return NULL;
+  }
+  if (n) *n = (size_t)t->info.n_layers;
+  return t->layers;
+}
+
+/* 1 when the HDF5 signature is at offset 0, 512, 1024, 2048, ... */
+static int has_hdf5_signature(int fd, off_t size) {
+  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a,
+                                       '\n'};
+  unsigned char buf[8];
+  for (off_t off = 0; off + 8 <= size; off = off ? off * 2 : 512) {
+    if (pread(fd, buf, 8, off) != 8) return 0;
+    if (memcmp(buf, sig, 8) == 0) return 1;
+  }
+  return 0;
+}
+
+/* Reads a string attribute (variable or fixed length) into a malloc'ed
+ * string; NULL when absent (*absent = 1) or unreadable (*absent = 0). */
+static char *attr_read_str(hid_t loc, const char *name, int *absent) {
+  char *out = NULL;
+  hid_t a = -1, ft = -1, mt = -1, sp = -1;
+  htri_t ex = H5Aexists(loc, name);
+  if (absent) *absent = ex == 0;
+  if (ex <= 0) return NULL;
+  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0) goto done;
+  if ((ft = H5Aget_type(a)) < 0 || H5Tget_class(ft) != H5T_STRING) goto done;
+  if ((sp = H5Aget_space(a)) < 0 || H5Sget_simple_extent_npoints(sp) != 1)
+    goto done;
+  if (H5Tis_variable_str(ft) > 0) {
+    char *v = NULL;
+    if ((mt = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 ||
+        H5Tset_cset(mt, H5Tget_cset(ft)) < 0)
+      goto done;
+    if (H5Aread(a, mt, &v) < 0) goto done;
+    out = strdup(v ? v : "");
+    if (v) H5free_memory(v);
+  } else {
+    size_t len = H5Tget_size(ft);
+    if (len == 0 || len > (1u << 24)) goto done;
+    if ((mt = H5Tcopy(ft)) < 0) goto done;
+    char *v = calloc(1, len + 1);
+    if (v && H5Aread(a, mt, v) >= 0) out = v;
+    else free(v);
+  }
+done:
+  if (mt >= 0) H5Tclose(mt);
+  if (sp >= 0) H5Sclose(sp);
+  if (ft >= 0) H5Tclose(ft);
+  if (a >= 0) H5Aclose(a);
+  return out;
+}
+
+/* Reads a scalar integer attribute; -1 when absent or not an integer. */
+static int attr_read_i64(hid_t loc, const char *name, int64_t *v) {
+  hid_t a = -1, ft = -1, sp = -1;
+  int rc = -1;
+  if (H5Aexists(loc, name) <= 0) return -1;
+  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0) goto done;
+  if ((ft = H5Aget_type(a)) < 0 || H5Tget_class(ft) != H5T_INTEGER) goto done;
+  if ((sp = H5Aget_space(a)) < 0 || H5Sget_simple_extent_npoints(sp) != 1)
+    goto done;
+  rc = H5Aread(a, H5T_NATIVE_INT64, v) < 0 ? -1 : 0;
+done:
+  if (sp >= 0) H5Sclose(sp);
+  if (ft >= 0) H5Tclose(ft);
+  if (a >= 0) H5Aclose(a);
+  return rc;
+}
+
+/* Extent of a 1-D dataset; -1 when it is not 1-D. */
+static int64_t extent_1d(hid_t d) {
+  hid_t sp = H5Dget_space(d);
+  if (sp < 0) return -1;
+  hsize_t dims[1] = {0};
+  int64_t n = -1;
+  if (H5Sget_simple_extent_ndims(sp) == 1 &&
+      H5Sget_simple_extent_dims(sp, dims, NULL) == 1)
+    n = (int64_t)dims[0];
+  H5Sclose(sp);
+  return n;
+}
+
+/* Reads rows [start, start+n) of table i into buf; on failure HDF5's
+ * message goes to t->h5msg (taken before later calls clear the stack). */
+static int read_rows(probe_trace *t, int i, int64_t start, size_t n,
+                     void *buf) {
+  hsize_t st[1] = {(hsize_t)start}, cnt[1] = {n};
+  hid_t fs = H5Dget_space(t->dset[i]), ms = H5Screate_simple(1, cnt, NULL);
+  int rc = -1;
+  if (fs >= 0 && ms >= 0 &&
+      H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cnt, NULL) >= 0 &&
+      H5Dread(t->dset[i], t->mtype[i], ms, fs, H5P_DEFAULT, buf) >= 0)
+    rc = 0;
+  if (rc < 0) h5_desc(t->h5msg);
+  if (ms >= 0) H5Sclose(ms);
+  if (fs >= 0) H5Sclose(fs);
+  return rc;
+}
+
+/* 1 when every link on the absolute path exists. */
+static int path_exists(hid_t f, const char *path) {
+  char buf[128];
+  for (const char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+    size_t len = (size_t)(p - path);
+    if (len >= sizeof buf) return 0;
+    memcpy(buf, path, len);
+    buf[len] = '\0';
+    if (H5Lexists(f, buf, H5P_DEFAULT) <= 0) return 0;
+  }
+  return H5Lexists(f, path, H5P_DEFAULT) > 0;
+}
+
+static probe_status open_tables(probe_trace *t) {
+  char why[256];
+  for (int i = 0; i < PROBE__T_COUNT; i++) {
+    const probe__tabledef *d = &probe__tables[i];
+    if (!path_exists(t->file, d->path))
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: table %s is missing",
+                  d->path);
+    t->dset[i] = H5Dopen2(t->file, d->path, H5P_DEFAULT);
+    if (t->dset[i] < 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open %s",
+                  d->path);
+    hid_t ft = H5Dget_type(t->dset[i]);
+    if (ft < 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: type of %s", d->path);
+    int bad = probe__type_check((probe__table)i, ft, why, sizeof why);
+    H5Tclose(ft);
+    if (bad) return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %s", why);
+    t->mtype[i] = probe__type_create((probe__table)i, 0);
+    if (t->mtype[i] < 0) return fail(t, PROBE_ERR_HDF5, "building types");
+    int64_t n = extent_1d(t->dset[i]);
+    if (n < 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %s is not 1-D",
+                  d->path);
+    t->rows[i] = n;
+  }
+  return PROBE_OK;
+}
+
+static probe_status read_state(probe_trace *t) {
+  int64_t st[PROBE__STATE_LEN];
+  if (!path_exists(t->file, PROBE__STATE_PATH))
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /meta/state is missing");
+  hid_t d = H5Dopen2(t->file, PROBE__STATE_PATH, H5P_DEFAULT);
+  if (d < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open /meta/state");
+  hid_t ft = H5Dget_type(d);
+  int ok = ft >= 0 && H5Tget_class(ft) == H5T_INTEGER &&
+           H5Tget_size(ft) == 8 && extent_1d(d) == PROBE__STATE_LEN &&
+           H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) >= 0;
+  if (ft >= 0) H5Tclose(ft);
+  H5Dclose(d);
+  if (!ok)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable /meta/state");
+  if (st[PROBE__S_COMPLETE] != 0 && st[PROBE__S_COMPLETE] != 1)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: bad completion flag");
+  for (int i = 0; i < PROBE__T_COUNT; i++) {
+    int64_t c = st[PROBE__S_ROWS + i];
+    if (c < 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: negative row count");
+    if (c < t->rows[i]) t->rows[i] = c;
+  }
+  int64_t mode = st[PROBE__S_RECORD_MODE];
+  if (st[PROBE__S_LAST_STEP] < -1 || st[PROBE__S_FIRST_NONFINITE] < -1 ||
+      st[PROBE__S_EVENTS] < 0 || st[PROBE__S_FLUSHES] < 0 ||
+      (mode != PROBE_MODE_SCALARS && mode != PROBE_MODE_FULL))
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: state out of range");
+  probe_trace_info *in = &t->info;
+  in->complete = (int)st[PROBE__S_COMPLETE];
+  in->record_mode = (int)mode;
+  in->last_step = st[PROBE__S_LAST_STEP];
+  in->first_nonfinite_step = st[PROBE__S_FIRST_NONFINITE];
+  in->n_events = st[PROBE__S_EVENTS];
+  in->n_flushes = st[PROBE__S_FLUSHES];
+  return PROBE_OK;
+}
+
+static probe_status read_layers(probe_trace *t) {
+  int64_t n = t->rows[PROBE__T_LAYERS];
+  if (n > (1 << 20))
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %lld layers",
+                (long long)n);
+  t->layers = calloc((size_t)n + 1, sizeof *t->layers);
+  if (t->layers == NULL) return fail(t, PROBE_ERR_NOMEM, "out of memory");
+  if (n > 0 && read_rows(t, PROBE__T_LAYERS, 0, (size_t)n, t->layers) < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable /layers (%s)",
+                t->h5msg);
+  for (int64_t i = 0; i < n; i++) {
+    probe_layer_info *l = &t->layers[i];
+    if (memchr(l->name, '\0', PROBE_NAME_MAX) == NULL || l->name[0] == '\0' ||
+        l->id != i || l->kind < 0 || l->kind >= PROBE_KIND_COUNT ||
+        l->precision < 0 || l->precision > PROBE_PREC_BF16)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /layers row %lld",
+                  (long long)i);
+  }
+  return PROBE_OK;
+}
+
+probe_status probe_trace_open(probe_trace **out, const char *path) {
+  if (out == NULL || path == NULL) return PROBE_ERR_INVALID_ARG;
+  *out = NULL;
+  probe_trace *t = calloc(1, sizeof *t);
+  if (t == NULL) return PROBE_ERR_NOMEM;
+  t->file = H5I_INVALID_HID;
+  for (int i = 0; i < PROBE__T_COUNT; i++)
+    t->dset[i] = t->mtype[i] = H5I_INVALID_HID;
+  if ((t->path = strdup(path)) == NULL) {
+    free(t);
+    return PROBE_ERR_NOMEM;
+  }
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  probe_status st = PROBE_OK;
+  char desc[256];
+
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    st = errno == ENOENT ? fail(t, PROBE_ERR_NOT_FOUND, "no such file")
+                         : fail(t, PROBE_ERR_IO, "%s", strerror(errno));
+    goto out;
+  }
+  if (S_ISDIR(sb.st_mode)) {
+    st = fail(t, PROBE_ERR_NOT_HDF5, "is a directory");
+    goto out;
+  }
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) {
+    st = fail(t, PROBE_ERR_IO, "%s", strerror(errno));
+    goto out;
+  }
+  int sig = has_hdf5_signature(fd, sb.st_size);
+  close(fd);
+  if (!sig) {
+    st = fail(t, PROBE_ERR_NOT_HDF5, "not an HDF5 file");
+    goto out;
+  }
+
+  /* SWMR read opens the trace of a writer that was killed in SWMR mode
+   * without h5clear; files that are not SWMR files need a plain open. */
+  /* HDF5 retries a metadata read whose checksum fails up to 100 times under
+   * SWMR, sleeping in between (a live writer may be mid-write): on a
+   * corrupt file that is minutes. A few attempts are enough here. */
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl >= 0) H5Pset_metadata_read_attempts(fapl, PROBE__READ_ATTEMPTS);
+  t->file = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ,
+                    fapl >= 0 ? fapl : H5P_DEFAULT);
+  if (fapl >= 0) H5Pclose(fapl);
+  if (t->file < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    t->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  }
+  if (t->file < 0) {
+    h5_desc(desc);
+    st = fail(t, PROBE_ERR_CORRUPT, "corrupt or truncated HDF5 file (%s)", desc);
+    goto out;
+  }
+  int absent = 0;
+  char *fmt = attr_read_str(t->file, "format", &absent);
+  int is_trace = fmt && strcmp(fmt, PROBE_TRACE_FORMAT) == 0;
+  free(fmt);
+  if (fmt == NULL && !absent) {
+    h5_desc(desc);
+    st = fail(t, PROBE_ERR_CORRUPT, "corrupt HDF5 file (root attributes: %s)",
+              desc);
+    goto out;
+  }
+  if (!is_trace) {
+    st = fail(t, PROBE_ERR_NOT_TRACE, "HDF5 file but not an ampprobe trace");
+    goto out;
+  }
+  int64_t version = 0;
+  if (attr_read_i64(t->file, "version", &version) < 0 || version < 1) {
+    st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (bad version attribute)");
+    goto out;
+  }
+  if (version > PROBE_TRACE_VERSION) {
+    st = fail(t, PROBE_ERR_VERSION,
+              "trace format version %lld is newer than this ampprobe "
+              "reads (%d)", (long long)version, PROBE_TRACE_VERSION);
+    goto out;
+  }
+  t->info.version = (int)version;
+  static const char *const names[5] = {"created", "command_line", "config_json",
+                                       "precision_policy", "library_versions"};
+  for (int i = 0; i < 5; i++) {
+    if ((t->strs[i] = attr_read_str(t->file, names[i], NULL)) == NULL) {
+      st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute %s)",
+                names[i]);
+      goto out;
+    }
+  }
+  t->info.created = t->strs[0];
+  t->info.command_line = t->strs[1];
+  t->info.config_json = t->strs[2];
+  t->info.precision_policy = t->strs[3];
+  t->info.library_versions = t->strs[4];
+
+  if ((st = open_tables(t)) != PROBE_OK || (st = read_state(t)) != PROBE_OK ||
+      (st = read_layers(t)) != PROBE_OK) {
+    goto out;
+  }
+  probe_trace_info *in = &t->info;
+  in->n_layers = t->rows[PROBE__T_LAYERS];
+  in->n_steps = t->rows[PROBE__T_STEPS];
+  in->n_records = t->rows[PROBE__T_RECORDS];
+  in->n_scaler_events = t->rows[PROBE__T_SCALER];
+  in->n_snapshots = t->rows[PROBE__T_SNAPIDX];
+  in->n_snapshot_elems = t->rows[PROBE__T_SNAPDATA];
+  in->n_kernels = t->rows[PROBE__T_KERNELS];
+
+out:
+  if (st != PROBE_OK) {
+    snprintf(open_msg, sizeof open_msg, "%s", t->msg);
+    probe_trace_close(t);
+    return st;
+  }
+  open_msg[0] = '\0';
+  *out = t;
+  return PROBE_OK;
+}
+
+/* ---- chunked reads with range checks ------------------------------------- */
+
+static probe_status read_chunk(probe_trace *t, int i, int64_t start, size_t max,
+                               void *buf, size_t *got) {
+  if (t == NULL || buf == NULL || got == NULL || start < 0)
+    return PROBE_ERR_INVALID_ARG;
+  *got = 0;
+  if (start >= t->rows[i] || max == 0) return PROBE_OK;
+  size_t n = (size_t)(t->rows[i] - start);
+  if (n > max) n = max;
+  if (read_rows(t, i, start, n, buf) < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: reading %s rows %lld..: %s",
+                probe__tables[i].path, (long long)start, t->h5msg);
+  *got = n;
+  return PROBE_OK;
+}
+
+static int stats_ok(const probe_stats *s) {
+  uint64_t special = s->nan_count + s->posinf_count + s->neginf_count;
+  if (special < s->nan_count || special > s->count) return 0;
+  if (s->zero_count > s->count - special) return 0;
+  if (s->f16_flush > s->f16_subnormal || s->f16_subnormal > s->count ||
+      s->f16_overflow > s->count)
+    return 0;
+  return 1;
+}
+
+probe_status probe_trace_read_records(probe_trace *t, int64_t start,
+                                      size_t max, probe_record *buf,
+                                      size_t *got) {
+  probe_status st = read_chunk(t, PROBE__T_RECORDS, start, max, buf, got);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < *got; i++) {
+    const probe_record *r = &buf[i];
+    if (r->step < 0 || r->layer < 0 || r->layer >= t->info.n_layers ||
+        r->site < 0 || r->site >= PROBE_SITE_COUNT || r->dtype < 0 ||
+        r->dtype > PROBE_DTYPE_BF16 || !stats_ok(&r->stats)) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /records row %lld",
+                  (long long)(start + (int64_t)i));
+    }
+  }
+  return PROBE_OK;
+}
+
+probe_status probe_trace_read_steps(probe_trace *t, int64_t start, size_t max,
+                                    probe_step_scalars *buf, size_t *got) {
+  probe_status st = read_chunk(t, PROBE__T_STEPS, start, max, buf, got);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < *got; i++) {
+    const probe_step_scalars *s = &buf[i];
+    if (s->step < 0 || (s->found_inf != 0 && s->found_inf != 1) ||
+        (s->skipped != 0 && s->skipped != 1)) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld",
+                  (long long)(start + (int64_t)i));
+    }
+  }
+  return PROBE_OK;
+}
+
+probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
+                                            size_t max,
+                                            probe_scaler_event *buf,
+                                            size_t *got) {
+  probe_status st = read_chunk(t, PROBE__T_SCALER, start, max, buf, got);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < *got; i++) {
+    if (buf[i].step < 0 || buf[i].kind < PROBE_SCALER_BACKOFF ||
+        buf[i].kind > PROBE_SCALER_MIN_CLAMP) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /scaler_events row %lld",
+                  (long long)(start + (int64_t)i));
+    }
+  }
+  return PROBE_OK;
+}
+
+static int snapshot_ok(const probe_trace *t, const probe_snapshot_info *s) {
+  return s->step >= 0 && s->layer >= 0 && s->layer < t->info.n_layers &&
+         s->site >= 0 && s->site < PROBE_SITE_COUNT && s->dtype >= 0 &&
+         s->dtype <= PROBE_DTYPE_BF16 && s->n >= 0 && s->n <= s->n_total &&
+         s->offset >= 0 && s->offset <= t->rows[PROBE__T_SNAPDATA] - s->n;
+}
+
+probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
+                                        size_t max, probe_snapshot_info *buf,
+                                        size_t *got) {
+  probe_status st = read_chunk(t, PROBE__T_SNAPIDX, start, max, buf, got);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < *got; i++) {
+    if (!snapshot_ok(t, &buf[i])) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /snapshots/index row %lld",
+                  (long long)(start + (int64_t)i));
+    }
+  }
+  return PROBE_OK;
+}
+
+probe_status probe_trace_read_snapshot_data(probe_trace *t,
+                                            const probe_snapshot_info *sn,
+                                            float *buf) {
+  if (t == NULL || sn == NULL || (buf == NULL && sn->n > 0))
+    return PROBE_ERR_INVALID_ARG;
+  if (!snapshot_ok(t, sn))
+    return fail(t, PROBE_ERR_INVALID_ARG, "snapshot outside /snapshots/data");
+  if (sn->n == 0) return PROBE_OK;
+  if (read_rows(t, PROBE__T_SNAPDATA, sn->offset, (size_t)sn->n, buf) < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
+                t->h5msg);
+  return PROBE_OK;
+}
+
+probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
+                                      size_t max, probe_kernel_record *buf,
+                                      size_t *got) {
+  probe_status st = read_chunk(t, PROBE__T_KERNELS, start, max, buf, got);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < *got; i++) {
+    probe_kernel_record *k = &buf[i];
+    k->name[PROBE_KERNEL_NAME_MAX - 1] = '\0';
+    if (k->layer < -1 || k->layer >= t->info.n_layers || k->site < -1 ||
+        k->site >= PROBE_SITE_COUNT || k->step < -1) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /kernels row %lld",
+                  (long long)(start + (int64_t)i));
+    }
+  }
+  return PROBE_OK;
+}
+
+/* ---- isolated open -------------------------------------------------------- */
+
+/* Reads every row of every table in chunks (memory bounded by the chunk). */
+static probe_status read_everything(probe_trace *t) {
+  enum { CH = 2048 };
+  size_t got;
+  probe_status st = PROBE_OK;
+  void *buf = malloc(CH * sizeof(probe_record));
+  if (buf == NULL) return PROBE_ERR_NOMEM;
+#define SWEEP_(fn, type)                                                       \
+  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
+    st = fn(t, at, CH, (type *)buf, &got);                                     \
+    if (got == 0) break;                                                       \
+  }
+  SWEEP_(probe_trace_read_records, probe_record)
+  SWEEP_(probe_trace_read_steps, probe_step_scalars)
+  SWEEP_(probe_trace_read_scaler_events, probe_scaler_event)
+  SWEEP_(probe_trace_read_kernels, probe_kernel_record)
+  SWEEP_(probe_trace_read_snapshots, probe_snapshot_info)
+#undef SWEEP_
+  /* Snapshot data, in slices of the chunk buffer. */
+  size_t slice = CH * sizeof(probe_record) / sizeof(float);
+  for (int64_t at = 0; st == PROBE_OK && at < t->rows[PROBE__T_SNAPDATA];
+       at += (int64_t)slice) {
+    size_t n = (size_t)(t->rows[PROBE__T_SNAPDATA] - at);
+    if (n > slice) n = slice;
+    if (read_rows(t, PROBE__T_SNAPDATA, at, n, buf) < 0)
+      st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
+                t->h5msg);
+  }
+  free(buf);
+  return st;
+}
+
+/* What the child reports through the pipe. */
+typedef struct iso_report {
+  int32_t status;
+  char msg[500];
+} iso_report;
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
+                                       char *err, size_t errlen) {
+  if (out == NULL || path == NULL) return PROBE_ERR_INVALID_ARG;
+  *out = NULL;
+  char dummy[1];
+  if (err == NULL || errlen == 0) {
+    err = dummy;
+    errlen = sizeof dummy;
+  }
+  err[0] = '\0';
+  struct stat sb;
+  /* 30 s, plus 1 s per 20 MB: a hang becomes an error, a big trace does not. */
+  double timeout = 30.0;
+  if (stat(path, &sb) == 0) timeout += (double)sb.st_size / 20e6;
+
+  int fds[2];
+  if (pipe(fds) != 0) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    return PROBE_ERR_IO;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    snprintf(err, errlen, "fork: %s", strerror(errno));
+    return PROBE_ERR_IO;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    iso_report rep;
+    memset(&rep, 0, sizeof rep);
+    probe_trace *t = NULL;
+    probe_status st = probe_trace_open(&t, path);
+    if (st == PROBE_OK) st = read_everything(t);
+    rep.status = st;
+    snprintf(rep.msg, sizeof rep.msg, "%s",
+             st == PROBE_OK ? "" : probe_trace_last_error(t));
+    /* No probe_trace_close: the child exits at once, and a crash while
+     * closing must not turn a good parse into a bad one. */
+    ssize_t w = write(fds[1], &rep, sizeof rep);
+    (void)w;
+    _exit(0);
+  }
+  close(fds[1]);
+  iso_report rep;
+  size_t have = 0;
+  int timed_out = 0;
+  double deadline = mono_s() + timeout;
+  while (have < sizeof rep) {
+    double left = deadline - mono_s();
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd p = {fds[0], POLLIN, 0};
+    int pr = poll(&p, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    ssize_t r = read(fds[0], (char *)&rep + have, sizeof rep - have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break; /* child gone */
+    have += (size_t)r;
+  }
+  close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int wst = 0;
+  while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    snprintf(err, errlen,
+             "%s: corrupt trace (reading it did not finish in %.0f s)", path,
+             timeout);
+    return PROBE_ERR_CORRUPT;
+  }
+  if (have < sizeof rep) {
+    if (WIFSIGNALED(wst))
+      snprintf(err, errlen,
+               "%s: corrupt trace (HDF5 crashed reading it: signal %d)", path,
+               WTERMSIG(wst));
+    else
+      snprintf(err, errlen, "%s: corrupt trace (the reader exited early)",
+               path);
+    return PROBE_ERR_CORRUPT;
+  }
+  rep.msg[sizeof rep.msg - 1] = '\0';
+  if (rep.status != PROBE_OK) {
+    snprintf(err, errlen, "%s", rep.msg);
+    return (probe_status)rep.status;
+  }
+  probe_status st = probe_trace_open(out, path);
+  if (st != PROBE_OK) snprintf(err, errlen, "%s", probe_trace_last_error(NULL));
+  return st;
+}

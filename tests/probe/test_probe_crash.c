@@ -1,0 +1,307 @@
+/*
+ * test_probe_crash.c - Check suite "crash": the writer survives its own
+ * death and the file-size limit.
+ *
+ * SIGKILL: a child writes a full trace continuously, flushing every 1-4
+ * steps, and after each flush reports the step through a pipe; the parent
+ * kills it at a random moment, then opens the trace and checks that every
+ * record and step up to the last reported flush is there, each equal to what
+ * the child computed (values derive from step and seq), and that nothing
+ * past the committed rows is torn. Repeated KILLS times with random seeds.
+ *
+ * RLIMIT_FSIZE: a child with a small file-size limit writes until the API
+ * returns PROBE_ERR_NOSPACE; it must not be killed by SIGXFSZ, and the
+ * trace must still open with every step flushed before the error.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "probe_testutil.h"
+
+enum { KILLS = 24, LAYERS = 4, SITES = 2, N = 96 };
+
+/* The writer loop of the child: never returns. */
+static void crash_child(const char *path, int wfd, unsigned seed) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.flush_seconds = 1e9; /* flushes are explicit below */
+  o.batch_rows = 1 + seed % 50;
+  int every = 1 + (int)(seed % 4);
+  probe_session *s;
+  if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(2);
+  static const char *const names[LAYERS] = {"in", "enc.lin", "enc.bn",
+                                            "head"};
+  for (int l = 0; l < LAYERS; l++)
+    if (probe_layer_register(s, names[l], PROBE_KIND_OTHER, PROBE_PREC_FP16,
+                             NULL) != PROBE_OK)
+      _exit(3);
+  float x[LAYERS * SITES][N];
+  for (int64_t step = 0; step < 1000000; step++) {
+    if (probe_step_begin(s, step) != PROBE_OK) _exit(4);
+    uint32_t seq = 0;
+    for (int l = 0; l < LAYERS; l++)
+      for (int k = 0; k < SITES; k++, seq++) {
+        pt_tensor(x[seq], N, step, seq);
+        if (probe_tensor_record(s, l, k ? PROBE_SITE_GRAD_IN
+                                        : PROBE_SITE_FWD_OUT,
+                                PROBE_DTYPE_F32, x[seq], N) != PROBE_OK)
+          _exit(5);
+      }
+    probe_step_scalars sc = {.loss = (double)step * 0.5,
+                             .loss_scale = 1024.0,
+                             .growth_tracker = (int32_t)(step % 7)};
+    if (probe_step_set_scalars(s, &sc) != PROBE_OK) _exit(6);
+    if (step % 10 == 3) {
+      probe_scaler_event ev = {.kind = PROBE_SCALER_GROWTH,
+                               .old_scale = (double)step,
+                               .new_scale = 2.0 * (double)step};
+      if (probe_scaler_transition(s, &ev) != PROBE_OK) _exit(7);
+    }
+    if (probe_step_end(s) != PROBE_OK) _exit(8);
+    if ((step + 1) % every == 0) {
+      if (probe_session_flush(s) != PROBE_OK) _exit(9);
+      if (write(wfd, &step, sizeof step) != (ssize_t)sizeof step) _exit(10);
+    }
+  }
+  _exit(11);
+}
+
+/* Checks the killed writer's trace: everything up to last_flushed. */
+static void verify_trace(const char *path, int64_t last_flushed) {
+  probe_trace *t = NULL;
+  probe_status st = probe_trace_open(&t, path);
+  ck_assert_msg(st == PROBE_OK, "open after kill: %s",
+                probe_trace_last_error(NULL));
+  const probe_trace_info *in = probe_trace_get_info(t);
+  ck_assert_int_eq(in->complete, 0);
+  ck_assert_int_eq(in->n_layers, LAYERS);
+  ck_assert_int_ge(in->last_step, last_flushed);
+  ck_assert_int_ge(in->n_steps, last_flushed + 1);
+  ck_assert_int_ge(in->n_records, (last_flushed + 1) * LAYERS * SITES);
+  ck_assert_int_eq(in->n_records % (LAYERS * SITES), 0);
+  /* Every committed record, in order, equal to what the child wrote. */
+  probe_record buf[64];
+  size_t got;
+  int64_t row = 0;
+  do {
+    st = probe_trace_read_records(t, row, 64, buf, &got);
+    ck_assert_msg(st == PROBE_OK, "%s", probe_trace_last_error(t));
+    for (size_t i = 0; i < got; i++, row++) {
+      int64_t step = row / (LAYERS * SITES);
+      uint32_t seq = (uint32_t)(row % (LAYERS * SITES));
+      ck_assert_int_eq(buf[i].step, step);
+      ck_assert_uint_eq(buf[i].seq, seq);
+      ck_assert_int_eq(buf[i].layer, (int)(seq / SITES));
+      probe_stats want;
+      pt_expected(&want, N, step, seq);
+      ck_assert_msg(memcmp(&want, &buf[i].stats, sizeof want) == 0,
+                    "record row %lld differs", (long long)row);
+    }
+  } while (got > 0);
+  ck_assert_int_eq(row, in->n_records);
+  probe_step_scalars sc[64];
+  row = 0;
+  do {
+    PT_CHECK(probe_trace_read_steps(t, row, 64, sc, &got));
+    for (size_t i = 0; i < got; i++, row++) {
+      ck_assert_int_eq(sc[i].step, row);
+      ck_assert_double_eq(sc[i].loss, (double)row * 0.5);
+      ck_assert_int_eq(sc[i].growth_tracker, (int)(row % 7));
+    }
+  } while (got > 0);
+  probe_scaler_event ev[64];
+  row = 0;
+  do {
+    PT_CHECK(probe_trace_read_scaler_events(t, row, 64, ev, &got));
+    for (size_t i = 0; i < got; i++, row++) {
+      ck_assert_int_eq(ev[i].step, 10 * row + 3);
+      ck_assert_double_eq(ev[i].new_scale, 2.0 * (double)ev[i].step);
+    }
+  } while (got > 0);
+  ck_assert_int_ge(row, (last_flushed + 7) / 10);
+  probe_trace_close(t);
+}
+
+/* Reads every complete int64 the child sent; returns the last or -1. */
+static int64_t drain(int fd, int wait_first_ms) {
+  int64_t last = -1, v;
+  struct pollfd p = {fd, POLLIN, 0};
+  if (wait_first_ms > 0) poll(&p, 1, wait_first_ms);
+  for (;;) {
+    if (poll(&p, 1, 0) <= 0) break;
+    ssize_t r = read(fd, &v, sizeof v);
+    if (r != (ssize_t)sizeof v) break;
+    last = v;
+  }
+  return last;
+}
+
+START_TEST(test_crash_sigkill) {
+  char path[256];
+  pt_path(path, sizeof path, "crash");
+  unsigned seed = (unsigned)time(NULL);
+  srand(seed);
+  int verified = 0;
+  for (int k = 0; k < KILLS; k++) {
+    unsigned cs = (unsigned)rand();
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      close(fds[0]);
+      crash_child(path, fds[1], cs);
+    }
+    close(fds[1]);
+    /* Wait for a first flush, then kill after 0-40 ms more writing. */
+    int64_t last = drain(fds[0], 5000);
+    struct timespec ts = {0, (long)(rand() % 40) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int wst;
+    waitpid(pid, &wst, 0);
+    ck_assert_msg(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL,
+                  "child ended by itself (status %d), seed %u", wst, seed);
+    int64_t later = drain(fds[0], 0);
+    if (later > last) last = later;
+    close(fds[0]);
+    ck_assert_msg(last >= 0, "child never flushed (seed %u)", seed);
+    verify_trace(path, last);
+    verified++;
+  }
+  ck_assert_int_ge(verified, 20);
+  unlink(path);
+}
+END_TEST
+
+/* The child of the file-size test: exit status 0 when the API reported
+ * PROBE_ERR_NOSPACE; the last flushed step goes to the pipe. */
+static void fsize_child(const char *path, int wfd) {
+  struct rlimit rl = {2 << 20, 2 << 20};
+  if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(20);
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.flush_steps = 5;
+  o.flush_seconds = 1e9;
+  probe_session *s;
+  if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(21);
+  for (int l = 0; l < LAYERS; l++) {
+    char name[16];
+    snprintf(name, sizeof name, "layer%d", l);
+    if (probe_layer_register(s, name, PROBE_KIND_OTHER, PROBE_PREC_FP16,
+                             NULL) != PROBE_OK)
+      _exit(22);
+  }
+  float x[LAYERS * SITES][N];
+  probe_status st = PROBE_OK;
+  for (int64_t step = 0; step < 100000 && st == PROBE_OK; step++) {
+    if ((st = probe_step_begin(s, step)) != PROBE_OK) break;
+    uint32_t seq = 0;
+    for (int l = 0; l < LAYERS && st == PROBE_OK; l++)
+      for (int k = 0; k < SITES && st == PROBE_OK; k++, seq++) {
+        pt_tensor(x[seq], N, step, seq);
+        st = probe_tensor_record(s, l,
+                                 k ? PROBE_SITE_GRAD_IN : PROBE_SITE_FWD_OUT,
+                                 PROBE_DTYPE_F32, x[seq], N);
+      }
+    probe_step_scalars sc = {.loss = (double)step * 0.5, .loss_scale = 1024.0,
+                             .growth_tracker = (int32_t)(step % 7)};
+    if (st == PROBE_OK) st = probe_step_set_scalars(s, &sc);
+    if (st == PROBE_OK && step % 10 == 3) {
+      probe_scaler_event ev = {.kind = PROBE_SCALER_GROWTH,
+                               .old_scale = (double)step,
+                               .new_scale = 2.0 * (double)step};
+      st = probe_scaler_transition(s, &ev);
+    }
+    if (st == PROBE_OK) st = probe_step_end(s);
+    if (st == PROBE_OK && (step + 1) % 5 == 0)
+      if (write(wfd, &step, sizeof step) != (ssize_t)sizeof step) _exit(23);
+  }
+  int msg_ok = strstr(probe_session_last_error(s), "limit") != NULL;
+  probe_status cst = probe_session_close(s);
+  if (st != PROBE_ERR_NOSPACE) _exit(24);
+  if (cst != PROBE_ERR_NOSPACE) _exit(25);
+  if (!msg_ok) _exit(26);
+  _exit(0);
+}
+
+START_TEST(test_fsize_limit) {
+  char path[256];
+  pt_path(path, sizeof path, "fsize");
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGXFSZ, SIG_DFL); /* as a fresh host program has it */
+    fsize_child(path, fds[1]);
+  }
+  close(fds[1]);
+  int wst;
+  waitpid(pid, &wst, 0);
+  int64_t last = drain(fds[0], 0);
+  close(fds[0]);
+  ck_assert_msg(!WIFSIGNALED(wst), "writer killed by signal %d",
+                WIFSIGNALED(wst) ? WTERMSIG(wst) : 0);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "writer exit %d",
+                WEXITSTATUS(wst));
+  ck_assert_int_gt(last, 10);
+  verify_trace(path, last);
+  unlink(path);
+}
+END_TEST
+
+/* A limit below what creating the file needs: the open itself fails with
+ * PROBE_ERR_NOSPACE, through HDF5's write error (the check before appends
+ * does not run yet), and SIGXFSZ does not kill the process. */
+START_TEST(test_fsize_limit_at_open) {
+  char path[256];
+  pt_path(path, sizeof path, "fsize0");
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit rl = {2048, 2048};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(20);
+    probe_session *s = NULL;
+    probe_status st = probe_session_open(&s, path, NULL);
+    if (s != NULL) _exit(21);
+    if (st != PROBE_ERR_NOSPACE) _exit(22);
+    if (strstr(probe_session_last_error(NULL), "File too large") == NULL)
+      _exit(23);
+    _exit(0);
+  }
+  int wst;
+  waitpid(pid, &wst, 0);
+  ck_assert_msg(!WIFSIGNALED(wst), "killed by signal %d",
+                WIFSIGNALED(wst) ? WTERMSIG(wst) : 0);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "child exit %d",
+                WEXITSTATUS(wst));
+  unlink(path);
+}
+END_TEST
+
+static Suite *make_crash_suite(void) {
+  Suite *s = suite_create("crash");
+  TCase *tc = tcase_create("crash");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_crash_sigkill);
+  tcase_add_test(tc, test_fsize_limit);
+  tcase_add_test(tc, test_fsize_limit_at_open);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(make_crash_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
