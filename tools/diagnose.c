@@ -198,7 +198,9 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
         d->first_nonfinite_loss_step = r->step;
     }
     /* loss scale */
-    if (r->loss_scale > 1.0) d->scaling_on = 1;
+    /* A scale other than 1 at any step means a scaler was at work (it may
+     * have started at 1 and backed off below it). */
+    if (r->loss_scale != 1.0) d->scaling_on = 1;
     if (isfinite(r->loss_scale) && r->loss_scale > 0) {
       if (isnan(d->scale_first)) d->scale_first = r->loss_scale;
       d->scale_last = r->loss_scale;
@@ -313,6 +315,7 @@ static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk) {
          got > 0) {
     for (size_t i = 0; i < got; i++) {
       const probe_scaler_event *e = &buf[i];
+      d->scaling_on = 1;
       switch (e->kind) {
       case PROBE_SCALER_BACKOFF:
       case PROBE_SCALER_MIN_CLAMP:

@@ -171,7 +171,8 @@ static void print_summary(const probe_train_result *r, const char *name,
          a, b, c);
   printf("  skipped steps   %lld (longest run %lld)\n",
          (long long)r->skipped_steps, (long long)r->longest_skip_run);
-  if (r->max_scale > 1.0 || r->min_scale > 1.0)
+  if (r->max_scale != 1.0 || r->min_scale != 1.0 || r->backoffs ||
+      r->growths)
     printf("  loss scale      %g..%g, final %g; %lld backoffs, %lld growths\n",
            r->min_scale, r->max_scale, r->final_scale, (long long)r->backoffs,
            (long long)r->growths);
