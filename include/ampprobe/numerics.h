@@ -191,7 +191,7 @@ double probe_stats_headroom(const probe_stats *s);
 double probe_stats_frac_below_exp(const probe_stats *s, int e);
 
 /* Fused one-pass statistics on host memory. `data` may be unaligned; n may be
- * 0. Chooses the AVX2/F16C path at run time when the CPU has it. */
+ * 0. Chooses the AVX-512 or AVX2/F16C path at run time when the CPU has it. */
 probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
                                  const void *data, size_t n);
 /* The portable scalar path, always available (the reference for tests). */
@@ -232,6 +232,12 @@ probe_status probe_cuda_stats_wait(probe_cuda_stats *ctx);
 
 /* 1 when ptr is CUDA device (or managed) memory; 0 for host or no CUDA. */
 int probe_cuda_is_device_ptr(const void *ptr);
+
+/* The last CUDA failure in this thread as "file:line: call: CUDA message"
+ * (set when a call above returns PROBE_ERR_CUDA or PROBE_ERR_NO_DEVICE, or
+ * probe_cuda_available finds no device); "" when none; "built without CUDA"
+ * in builds without CUDA. Never NULL. */
+const char *probe_cuda_last_error(void);
 
 #ifdef __cplusplus
 }

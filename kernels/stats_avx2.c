@@ -1,0 +1,572 @@
+/*
+ * stats_avx2.c - the vectorised statistics paths: the block driver shared by
+ * the AVX2 and AVX-512 paths, and the AVX2/F16C/FMA block functions
+ * (compiled with -mavx2 -mf16c -mfma; stats.c calls in only when the CPU has
+ * them; the AVX-512 block functions are in stats_avx512.c).
+ *
+ * Pass structure (docs/statistics.md has the whole story). The input is cut
+ * into blocks of up to 4096 elements. Per block, vector loops compute for
+ * every element and without branches: the counts, the smallest non-zero
+ * magnitude, the four integer extreme reductions (stats_impl.h), the double
+ * sum and sum of squares, and a histogram bin. Here (AVX2, 16 registers)
+ * that is three loops over the L1-resident block, so every accumulator
+ * stays in a register. Bins are written two at a time as one pair index
+ * lo + 66*hi (vpmaddwd) into a buffer; the pairs of an accepted block are
+ * counted into a 66x66 table of 16-bit counters (four copies) by scalar
+ * increments interleaved with the next block's vector loop, and the table is
+ * folded into the 66 bins before a counter can wrap and at the end.
+ *
+ * The vector loops assume finite data; each block is checked at its end
+ * (fp16: an OR of the non-finite masks; fp32 and bf16: the |x| >= 65520
+ * count, which includes inf and NaN, then a scan) and a block holding inf or
+ * NaN is discarded and redone by the portable routine. fp16 zeros and
+ * subnormals share the raw exponent 0, so the table counts them in the bin of
+ * exponent -15; zeros are subtracted there and a block with subnormals gets
+ * a scalar fix-up moving each into its exact bin. fp32/bf16 zeros land in
+ * bin 0 and are subtracted there; their FP16-subnormal count is read off the
+ * histogram (bins below exponent -14) instead of being counted per element.
+ *
+ * The AVX-512 block functions (stats_avx512.c) may count bins in window
+ * mode instead of pair indices (probe__pending.win); drive() picks the mode.
+ *
+ * Data may be unaligned (unaligned loads); the last n % 16 (AVX-512:
+ * n % 64) elements go through the portable routine.
+ */
+#include "stats_impl.h"
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+enum {
+  BLOCK = 4096,                                /* elements per checked block */
+  SMALL = 65536,                               /* see pair_hist.small */
+  NB = PROBE_HIST_BINS,                        /* 66 */
+  TABLE = PROBE_HIST_BINS * PROBE_HIST_BINS,   /* pair table entries */
+};
+
+/* fp16 raw exponent field e (1..30) has floor(log2|x|) = e - 15, bin
+ * e - 15 - MIN_EXP + 1 = e + 18. */
+#define F16_BIAS (-15 - PROBE_HIST_MIN_EXP + 1)
+/* binary32 raw exponent e8: bin e8 - 127 - MIN_EXP + 1 = e8 - 94, clamped. */
+#define F32_BIAS (127 + PROBE_HIST_MIN_EXP - 1)
+
+/* Per-call histogram state: the pair table, direct bin counts, and the
+ * corrections to apply at the fold. */
+typedef struct pair_hist {
+  /* table[k][lo + 66*hi]: pairs with bins lo, hi. Four copies, taken in
+   * turn, so that runs of equal indices do not chain through one counter;
+   * 16-bit counters keep all four in L1 and are folded before they wrap.
+   * Zeroed only when first used (table_ready). */
+  uint16_t table[4][TABLE];
+  int table_ready;
+  /* Calls on fewer than SMALL elements do not use the table in pair mode
+   * (zeroing and folding it would cost more than their data): they count
+   * both bins of each pair straight into direct[][], as window mode counts
+   * its bins (two copies, taken in turn). */
+  int small;
+  uint64_t direct[2][NB];
+  int64_t corr[NB];          /* added to the folded bins */
+  uint64_t in_hist;          /* elements counted since the last fold */
+  uint32_t per_copy;         /* pairs per table copy since the last fold */
+  uint32_t idx[2][BLOCK / 2]; /* pair indices: this block, the pending one */
+  uint8_t outb[BLOCK + 64];  /* window mode: bin values outside the window */
+} pair_hist;
+
+typedef probe__blk blk;
+
+/* ---- horizontal reductions ------------------------------------------------ */
+
+static inline uint64_t hsum_epi32(__m256i v) {
+  int32_t t[8];
+  _mm256_storeu_si256((__m256i *)(void *)t, v);
+  int64_t s = 0;
+  for (int i = 0; i < 8; i++) s += t[i];
+  return (uint64_t)s;
+}
+
+/* Counts kept as negated masks summed in 16-bit lanes (<= 256 per lane). */
+static inline uint64_t hsum_epi16(__m256i v) {
+  return hsum_epi32(_mm256_madd_epi16(v, _mm256_set1_epi16(1)));
+}
+
+static inline double hsum_pd(__m256d a, __m256d b, __m256d c, __m256d d) {
+  __m256d s = _mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(c, d));
+  double t[4];
+  _mm256_storeu_pd(t, s);
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+/* Extremes pass, 16-bit lanes (fp16 and bf16 alike: raw bit patterns). */
+static void extremes16(blk *b, const unsigned char *p, size_t nv, __m256i amin,
+                       int is_f16) {
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), smin = _mm256_set1_epi16(INT16_MAX);
+  __m256i umax = _mm256_setzero_si256(), umin = _mm256_set1_epi16(-1);
+  for (size_t v = 0; v < nv; v++) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
+    smax = _mm256_max_epi16(smax, h);
+    smin = _mm256_min_epi16(smin, h);
+    umax = _mm256_max_epu16(umax, h);
+    umin = _mm256_min_epu16(umin, h);
+  }
+  int16_t t0[16], t1[16];
+  uint16_t t2[16], t3[16], t4[16];
+  _mm256_storeu_si256((__m256i *)(void *)t0, smax);
+  _mm256_storeu_si256((__m256i *)(void *)t1, smin);
+  _mm256_storeu_si256((__m256i *)(void *)t2, umax);
+  _mm256_storeu_si256((__m256i *)(void *)t3, umin);
+  _mm256_storeu_si256((__m256i *)(void *)t4, amin);
+  int16_t a = INT16_MIN, c = INT16_MAX;
+  uint16_t u = 0, w = UINT16_MAX, m = UINT16_MAX;
+  for (int i = 0; i < 16; i++) {
+    if (t0[i] > a) a = t0[i];
+    if (t1[i] < c) c = t1[i];
+    if (t2[i] > u) u = t2[i];
+    if (t3[i] < w) w = t3[i];
+    if (t4[i] < m) m = t4[i];
+  }
+  probe__blk_extremes16(b, a, c, u, w, m, is_f16);
+}
+
+/* Sums pass on 16 binary32 values held as two vectors. */
+#define SUM16(f0, f1)                                                          \
+  do {                                                                         \
+    __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0));                  \
+    __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));                \
+    __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1));                  \
+    __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));                \
+    s0 = _mm256_add_pd(s0, d0);                                                \
+    s1 = _mm256_add_pd(s1, d1);                                                \
+    s2 = _mm256_add_pd(s2, d2);                                                \
+    s3 = _mm256_add_pd(s3, d3);                                                \
+    q0 = _mm256_fmadd_pd(d0, d0, q0);                                          \
+    q1 = _mm256_fmadd_pd(d1, d1, q1);                                          \
+    q2 = _mm256_fmadd_pd(d2, d2, q2);                                          \
+    q3 = _mm256_fmadd_pd(d3, d3, q3);                                          \
+  } while (0)
+
+static void sums(blk *b, probe_dtype dt, const unsigned char *p, size_t nv) {
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+  __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+  const __m256i z = _mm256_setzero_si256();
+  if (dt == PROBE_DTYPE_F16) {
+    for (size_t v = 0; v < nv; v++) {
+      __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(p + 32 * v));
+      __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(p + 32 * v + 16));
+      __m256 f0 = _mm256_cvtph_ps(h0), f1 = _mm256_cvtph_ps(h1);
+      SUM16(f0, f1);
+    }
+  } else if (dt == PROBE_DTYPE_BF16) {
+    for (size_t v = 0; v < nv; v++) {
+      __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
+      /* (0, h) pairs are the binary32 patterns, lane order permuted. */
+      __m256 f0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, h));
+      __m256 f1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h));
+      SUM16(f0, f1);
+    }
+  } else {
+    for (size_t v = 0; v < nv; v++) {
+      __m256 f0 = _mm256_loadu_ps((const float *)(const void *)(p + 64 * v));
+      __m256 f1 = _mm256_loadu_ps((const float *)(const void *)(p + 64 * v + 32));
+      SUM16(f0, f1);
+    }
+  }
+  b->sum = hsum_pd(s0, s1, s2, s3);
+  b->sumsq = hsum_pd(q0, q1, q2, q3);
+}
+
+/* ---- counts and histogram bins, per dtype ----------------------------------------- */
+
+static void blk_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                    const probe__pending *pd) {
+  PROBE__PENDING_LOCALS(pd);
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff);
+  const __m256i c0400 = _mm256_set1_epi16(0x0400);
+  const __m256i c7bff = _mm256_set1_epi16(0x7bff);
+  const __m256i pairc = _mm256_set1_epi32(0x00010000 * NB + 1); /* lo + 66*hi */
+  const __m256i z = _mm256_setzero_si256();
+  __m256i czero = z, csub = z, nonfin = z, amin = _mm256_set1_epi16(-1);
+  for (size_t v = 0; v < nv; v++) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
+    __m256i a = _mm256_and_si256(h, m7fff);
+    __m256i isz = _mm256_cmpeq_epi16(a, z);
+    czero = _mm256_sub_epi16(czero, isz);
+    csub = _mm256_sub_epi16(csub, _mm256_cmpgt_epi16(c0400, a));
+    nonfin = _mm256_or_si256(nonfin, _mm256_cmpgt_epi16(a, c7bff));
+    amin = _mm256_min_epu16(amin, _mm256_or_si256(a, isz));
+    __m256i e = _mm256_srli_epi16(a, 10); /* raw exponent 0..31 */
+    _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(e, pairc));
+    PROBE__PENDING_STEP(8);
+  }
+  PROBE__PENDING_FINISH(pd);
+  b->nonfinite = !_mm256_testz_si256(nonfin, nonfin);
+  b->zero = hsum_epi16(czero);
+  b->sub = hsum_epi16(csub) - b->zero;
+  b->flush = 0; /* no binary16 value has 0 < |x| <= 2^-25 */
+  b->ovf = 0;   /* nor a finite |x| >= 65520 */
+  if (b->nonfinite) return;
+  extremes16(b, p, nv, amin, 1);
+  sums(b, PROBE_DTYPE_F16, p, nv);
+}
+
+static void blk_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                     const probe__pending *pd) {
+  PROBE__PENDING_LOCALS(pd);
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff);
+  const __m256i c3301 = _mm256_set1_epi16(0x3301); /* a <= 0x3300: <= 2^-25 */
+  const __m256i c477f = _mm256_set1_epi16(0x477f); /* a >= 0x4780: >= 65520 */
+  const __m256i cbias = _mm256_set1_epi16(F32_BIAS);
+  const __m256i clast = _mm256_set1_epi16(NB - 1);
+  const __m256i pairc = _mm256_set1_epi32(0x00010000 * NB + 1);
+  const __m256i z = _mm256_setzero_si256();
+  __m256i czero = z, cflush = z, covf = z, amin = _mm256_set1_epi16(-1);
+  for (size_t v = 0; v < nv; v++) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
+    __m256i a = _mm256_and_si256(h, m7fff);
+    __m256i isz = _mm256_cmpeq_epi16(a, z);
+    czero = _mm256_sub_epi16(czero, isz);
+    cflush = _mm256_sub_epi16(cflush, _mm256_cmpgt_epi16(c3301, a));
+    covf = _mm256_sub_epi16(covf, _mm256_cmpgt_epi16(a, c477f));
+    amin = _mm256_min_epu16(amin, _mm256_or_si256(a, isz));
+    __m256i e = _mm256_srli_epi16(a, 7); /* binary32 raw exponent */
+    __m256i bin = _mm256_min_epu16(_mm256_subs_epu16(e, cbias), clast);
+    _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(bin, pairc));
+    PROBE__PENDING_STEP(8);
+  }
+  PROBE__PENDING_FINISH(pd);
+  b->nonfinite = 0; /* decided by the caller from ovf */
+  b->zero = hsum_epi16(czero);
+  b->flush = hsum_epi16(cflush) - b->zero;
+  b->ovf = hsum_epi16(covf);
+  b->sub = 0; /* read off the histogram at the fold */
+  extremes16(b, p, nv, amin, 0);
+  sums(b, PROBE_DTYPE_BF16, p, nv);
+}
+
+static void blk_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                    const probe__pending *pd) {
+  PROBE__PENDING_LOCALS(pd);
+  const __m256i mabs = _mm256_set1_epi32(0x7fffffff);
+  const __m256i cflush = _mm256_set1_epi32(0x33000001);
+  const __m256i covf = _mm256_set1_epi32(0x477fefff);
+  const __m256i cbias = _mm256_set1_epi16(F32_BIAS);
+  const __m256i clast = _mm256_set1_epi16(NB - 1);
+  const __m256i pairc = _mm256_set1_epi32(0x00010000 * NB + 1);
+  const __m256i z = _mm256_setzero_si256();
+  __m256i nzero = z, nflush = z, novf = z, amin = _mm256_set1_epi32(-1);
+  for (size_t v = 0; v < nv; v++) {
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * v));
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * v + 32));
+    __m256i a0 = _mm256_and_si256(x0, mabs), a1 = _mm256_and_si256(x1, mabs);
+    __m256i z0 = _mm256_cmpeq_epi32(a0, z), z1 = _mm256_cmpeq_epi32(a1, z);
+    nzero = _mm256_sub_epi32(nzero, _mm256_add_epi32(z0, z1));
+    nflush = _mm256_sub_epi32(nflush, _mm256_add_epi32(_mm256_cmpgt_epi32(cflush, a0),
+                                                       _mm256_cmpgt_epi32(cflush, a1)));
+    novf = _mm256_sub_epi32(novf, _mm256_add_epi32(_mm256_cmpgt_epi32(a0, covf),
+                                                   _mm256_cmpgt_epi32(a1, covf)));
+    amin = _mm256_min_epu32(amin, _mm256_min_epu32(_mm256_or_si256(a0, z0),
+                                                   _mm256_or_si256(a1, z1)));
+    /* Raw exponents (<= 255) packed to 16-bit lanes, order permuted. */
+    __m256i e = _mm256_packus_epi32(_mm256_srli_epi32(a0, 23), _mm256_srli_epi32(a1, 23));
+    __m256i bin = _mm256_min_epu16(_mm256_subs_epu16(e, cbias), clast);
+    _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(bin, pairc));
+    PROBE__PENDING_STEP(8);
+  }
+  PROBE__PENDING_FINISH(pd);
+  b->nonfinite = 0;
+  b->zero = hsum_epi32(nzero);
+  b->flush = hsum_epi32(nflush) - b->zero;
+  b->ovf = hsum_epi32(novf);
+  b->sub = 0;
+  __m256i smax = _mm256_set1_epi32(INT32_MIN), smin = _mm256_set1_epi32(INT32_MAX);
+  __m256i umax = z, umin = _mm256_set1_epi32(-1);
+  for (size_t v = 0; v < 2 * nv; v++) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
+    smax = _mm256_max_epi32(smax, x);
+    smin = _mm256_min_epi32(smin, x);
+    umax = _mm256_max_epu32(umax, x);
+    umin = _mm256_min_epu32(umin, x);
+  }
+  int32_t t0[8], t1[8];
+  uint32_t t2[8], t3[8], t4[8];
+  _mm256_storeu_si256((__m256i *)(void *)t0, smax);
+  _mm256_storeu_si256((__m256i *)(void *)t1, smin);
+  _mm256_storeu_si256((__m256i *)(void *)t2, umax);
+  _mm256_storeu_si256((__m256i *)(void *)t3, umin);
+  _mm256_storeu_si256((__m256i *)(void *)t4, amin);
+  b->smax = INT32_MIN;
+  b->smin = INT32_MAX;
+  b->umax = 0;
+  b->umin = UINT32_MAX;
+  uint32_t am = UINT32_MAX;
+  for (int i = 0; i < 8; i++) {
+    if (t0[i] > b->smax) b->smax = t0[i];
+    if (t1[i] < b->smin) b->smin = t1[i];
+    if (t2[i] > b->umax) b->umax = t2[i];
+    if (t3[i] < b->umin) b->umin = t3[i];
+    if (t4[i] < am) am = t4[i];
+  }
+  b->amin_m1 = am == UINT32_MAX ? UINT32_MAX : am - 1u;
+  sums(b, PROBE_DTYPE_F32, p, nv);
+}
+
+/* ---- driver ---------------------------------------------------------------------- */
+
+/* Folds the pair table and the direct counts into a->hist (and, for
+ * fp32/bf16, the FP16-subnormal count, which is the number of non-zero
+ * values in bins below exponent -14). */
+static void fold(probe__acc *a, pair_hist *ph, probe_dtype dt) {
+  if (ph->in_hist == 0) return;
+  uint64_t lo[NB], hi[NB] = {0};
+  for (int i = 0; i < NB; i++) lo[i] = ph->direct[0][i] + ph->direct[1][i];
+  memset(ph->direct, 0, sizeof ph->direct);
+  for (int j = 0; j < NB && ph->table_ready; j++) {
+    uint32_t row[NB];
+    for (int i = 0; i < NB; i++)
+      row[i] = (uint32_t)ph->table[0][NB * j + i] + ph->table[1][NB * j + i] +
+               ph->table[2][NB * j + i] + ph->table[3][NB * j + i];
+    uint64_t r = 0;
+    for (int i = 0; i < NB; i++) {
+      lo[i] += row[i];
+      r += row[i];
+    }
+    hi[j] = r;
+  }
+  int64_t bins[NB];
+  for (int i = 0; i < NB; i++) bins[i] = (int64_t)(lo[i] + hi[i]) + ph->corr[i];
+  if (dt != PROBE_DTYPE_F16) {
+    int below = -14 - PROBE_HIST_MIN_EXP + 1; /* bins 0..below-1: exp < -14 */
+    int64_t sub = 0;
+    for (int i = 0; i < below; i++) sub += bins[i];
+    a->sub += (uint64_t)sub; /* corr[0] already removed the zeros */
+  }
+  for (int i = 0; i < NB; i++) a->hist[i] += (uint64_t)bins[i];
+  if (ph->table_ready) memset(ph->table, 0, sizeof ph->table);
+  memset(ph->corr, 0, sizeof ph->corr);
+  ph->in_hist = 0;
+  ph->per_copy = 0;
+}
+
+/* The bin value the block functions use for one element: fp16 its raw
+ * exponent (0..31), fp32/bf16 its histogram bin (0..65, zeros in 0). */
+static int bin_value(probe_dtype dt, const unsigned char *p, size_t i) {
+  uint32_t e;
+  if (dt == PROBE_DTYPE_F32) {
+    uint32_t u;
+    memcpy(&u, p + 4 * i, 4);
+    e = (u >> 23) & 0xffu;
+  } else {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    if (dt == PROBE_DTYPE_F16) return (h >> 10) & 31;
+    e = (h >> 7) & 0xffu;
+  }
+  int bin = (int)e - F32_BIAS;
+  return bin < 0 ? 0 : bin > NB - 1 ? NB - 1 : bin;
+}
+
+/* The start of the 8-bin window holding most of cnt[0..nvals), and how many
+ * it holds. */
+static int best_window(const uint64_t *cnt, int nvals, uint64_t *held) {
+  int best = 0;
+  uint64_t bestc = 0;
+  for (int w = 0; w + 8 <= nvals; w++) {
+    uint64_t c = 0;
+    for (int k = 0; k < 8; k++) c += cnt[w + k];
+    if (c > bestc) {
+      bestc = c;
+      best = w;
+    }
+  }
+  *held = bestc;
+  return best;
+}
+
+static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
+  if (dt == PROBE_DTYPE_F32) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u;
+      memcpy(&u, p + 4 * i, 4);
+      if ((u & 0x7fffffffu) >= 0x7f800000u) return 1;
+    }
+  } else {
+    uint16_t lim = dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      if ((h & 0x7fffu) >= lim) return 1;
+    }
+  }
+  return 0;
+}
+
+/* Moves each fp16 subnormal of a block from the raw-exponent-0 bin to its
+ * exact bin (floor(log2|x|) = -15 .. -24). A vector scan finds them, so a
+ * block with a few subnormals (common: gradients) costs little extra. */
+static void fix_one_subnormal(pair_hist *ph, uint16_t h) {
+  ph->corr[F16_BIAS]--;
+  ph->corr[probe__hist_bin(probe_f32_bits(probe_f16_to_f32(h & 0x7fffu)))]++;
+}
+
+static void fix_f16_subnormals(pair_hist *ph, const unsigned char *p, size_t n) {
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c0400 = _mm256_set1_epi16(0x0400);
+  const __m256i z = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i a = _mm256_and_si256(
+        _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i)), m7fff);
+    __m256i sub = _mm256_andnot_si256(_mm256_cmpeq_epi16(a, z), _mm256_cmpgt_epi16(c0400, a));
+    uint32_t bits = (uint32_t)_mm256_movemask_epi8(sub); /* two bits per element */
+    while (bits) {
+      unsigned k = (unsigned)__builtin_ctz(bits) / 2;
+      uint16_t h;
+      memcpy(&h, p + 2 * (i + k), 2);
+      fix_one_subnormal(ph, h);
+      bits &= ~(3u << (2 * k));
+    }
+  }
+  for (; i < n; i++) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    if ((h & 0x7fffu) != 0 && (h & 0x7fffu) < 0x0400u) fix_one_subnormal(ph, h);
+  }
+}
+
+/* Runs the block functions blk[dt] over data(n); group = elements per
+ * vector step (16 for AVX2, 64 for AVX-512), block sizes are multiples of
+ * it; the rest goes through the portable loop. `window` allows window mode
+ * (probe__pending.win; AVX-512 only): it starts when a sample of 64
+ * elements has >= 1/2 of its bin values in some 8-bin window, the window
+ * moves when a block has < 3/4 of its elements in it, and pair mode takes
+ * over for the rest of the call when no window holds 1/2 of a block. */
+static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
+                  probe__blk_fn const blkfn[3], size_t group, int window) {
+  pair_hist ph;
+  ph.small = n < SMALL;
+  ph.table_ready = 0;
+  memset(ph.direct, 0, sizeof ph.direct);
+  memset(ph.corr, 0, sizeof ph.corr);
+  ph.in_hist = 0;
+  ph.per_copy = 0;
+  const int nvals = dt == PROBE_DTYPE_F16 ? 32 : NB; /* bin values */
+  /* Bin of a bin value: fp16 raw exponents are bins exponent + F16_BIAS;
+   * fp32/bf16 bin values are bins already. */
+  const int boff = dt == PROBE_DTYPE_F16 ? F16_BIAS : 0;
+  const size_t off = (size_t)boff * (NB + 1); /* the same for pair indices */
+  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb};
+  for (int k = 0; k < 4; k++) pd.t[k] = ph.table[k] + off;
+  int cur = 0; /* ph.idx[cur] receives this block's indices */
+  const size_t es = probe_dtype_size(dt);
+  const unsigned char *p = data;
+
+  if (window && n >= group) {
+    uint64_t cnt[NB] = {0}, held;
+    size_t ns = n < 64 ? n : 64, stride = n / ns; /* cheap: ~1 ns each */
+    for (size_t i = 0; i < ns; i++) cnt[bin_value(dt, p, i * stride)]++;
+    int w = best_window(cnt, nvals, &held);
+    if (2 * held >= ns) pd.win = w;
+  }
+
+  size_t done = 0;
+  while (n - done >= group) {
+    size_t m = n - done < BLOCK ? n - done : BLOCK;
+    m -= m % group;
+    size_t nv = m / 16; /* 16-element groups */
+    const unsigned char *q = p + done * es;
+    if (pd.win < 0 && !ph.small && !ph.table_ready) {
+      memset(ph.table, 0, sizeof ph.table);
+      ph.table_ready = 1;
+    }
+    if (pd.win >= 0 && pd.n) { /* window blocks do not count pending pairs */
+      probe__pending_count(&pd, 0, pd.n);
+      pd.n = 0;
+    }
+    blk b;
+    blkfn[dt](&b, ph.idx[cur], q, nv, &pd); /* also counts the pending pairs */
+    pd.n = 0;
+    if (b.nonfinite || (b.ovf && has_nonfinite(dt, q, m))) {
+      probe__acc_portable(a, dt, q, m); /* inf or NaN in the block */
+      done += m;
+      continue;
+    }
+    if (pd.win >= 0) {
+      uint64_t held = 0;
+      for (int k = 0; k < 8; k++) {
+        ph.direct[0][pd.win + k + boff] += b.wcount[k];
+        held += b.wcount[k];
+      }
+      for (size_t i = 0; i < b.nout; i++) ph.direct[i & 1][ph.outb[i] + boff]++;
+      if (4 * held < 3 * m) { /* move the window, or give it up */
+        uint64_t cnt[NB] = {0}, best;
+        for (int k = 0; k < 8; k++) cnt[pd.win + k] = b.wcount[k];
+        for (size_t i = 0; i < b.nout; i++) cnt[ph.outb[i]]++;
+        int w = best_window(cnt, nvals, &best);
+        pd.win = 2 * best >= m ? w : -1;
+      }
+    } else {
+      const uint32_t *ix = ph.idx[cur];
+      if (ph.small) {
+        for (size_t i = 0; i < m / 2; i += 2) {
+          uint32_t p0 = ix[i] + (uint32_t)off, p1 = ix[i + 1] + (uint32_t)off;
+          ph.direct[0][p0 % NB]++;
+          ph.direct[0][p0 / NB]++;
+          ph.direct[1][p1 % NB]++;
+          ph.direct[1][p1 / NB]++;
+        }
+      } else {
+        pd.idx = ix; /* counted while the next block runs */
+        pd.n = m / 2;
+        cur ^= 1;
+        ph.per_copy += (uint32_t)(m / 8);
+      }
+    }
+    ph.in_hist += m;
+    if (dt == PROBE_DTYPE_F16) {
+      ph.corr[F16_BIAS] -= (int64_t)b.zero; /* zeros: raw exponent 0 */
+      if (b.sub) fix_f16_subnormals(&ph, q, m);
+    } else {
+      ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
+    }
+    a->count += m;
+    a->zero += b.zero;
+    a->sub += b.sub;
+    a->flush += b.flush;
+    a->ovf += b.ovf;
+    a->sum += b.sum;
+    a->sumsq += b.sumsq;
+    probe__acc_extremes(a, b.smax, b.smin, b.umax, b.umin, b.amin_m1);
+    if (ph.per_copy > UINT16_MAX - BLOCK / 8) { /* before a 16-bit counter wraps */
+      probe__pending_count(&pd, 0, pd.n);
+      pd.n = 0;
+      fold(a, &ph, dt);
+    }
+    done += m;
+  }
+  probe__pending_count(&pd, 0, pd.n);
+  fold(a, &ph, dt);
+  probe__acc_portable(a, dt, p + done * es, n - done);
+}
+
+void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
+  static probe__blk_fn const fns[3] = {blk_f32, blk_f16, blk_bf16}; /* by dtype */
+  drive(a, dt, data, n, fns, 16, 0);
+}
+
+void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
+  static probe__blk_fn const fns[3] = {probe__blk_f32_avx512, probe__blk_f16_avx512,
+                                       probe__blk_bf16_avx512};
+  drive(a, dt, data, n, fns, 64, 1);
+}
+
+#else /* no AVX2 at compile time: stats.c never calls these */
+
+void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
+  probe__acc_portable(a, dt, data, n);
+}
+
+void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
+  probe__acc_portable(a, dt, data, n);
+}
+
+#endif

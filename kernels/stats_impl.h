@@ -1,0 +1,173 @@
+/*
+ * stats_impl.h - private to kernels/stats*.c: the accumulator every CPU
+ * statistics path fills, and the portable block routine the SIMD path falls
+ * back to.
+ *
+ * The accumulator keeps extremes as four integer reductions over the binary32
+ * bit patterns of the finite values (signed/unsigned max/min). Those four are
+ * associative and commutative, work the same on 16-bit lanes, and give min,
+ * max and absmax in the total order (-0 < +0) without building sort keys:
+ *   smax = max over bits as int32    smin = min over bits as int32
+ *   umax = max over bits as uint32   umin = min over bits as uint32
+ *   max   = smax if some value has sign 0, else smin
+ *   min   = umax if some value has sign 1, else umin
+ *   absmax = larger |.| of those two candidates.
+ */
+#ifndef AMPPROBE_STATS_IMPL_H
+#define AMPPROBE_STATS_IMPL_H
+
+#include "ampprobe/numerics.h"
+
+typedef struct probe__acc {
+  uint64_t count, nan, posinf, neginf, zero, sub, flush, ovf;
+  int32_t smax, smin;  /* identities INT32_MIN, INT32_MAX */
+  uint32_t umax, umin; /* identities 0, UINT32_MAX */
+  uint32_t amin_m1;    /* min over finite x of (|x| bits - 1), wrapping: zero
+                          gives UINT32_MAX, which is also the identity */
+  double sum, sumsq;
+  uint64_t hist[PROBE_HIST_BINS];
+} probe__acc;
+
+void probe__acc_init(probe__acc *a);
+/* Fold the extremes of one more set of finite binary32 bit patterns. */
+void probe__acc_extremes(probe__acc *a, int32_t smax, int32_t smin,
+                         uint32_t umax, uint32_t umin, uint32_t amin_m1);
+void probe__acc_finish(const probe__acc *a, probe_stats *out);
+/* Adds data[0..n) (dtype dt) into a, one element at a time. */
+void probe__acc_portable(probe__acc *a, probe_dtype dt, const void *data,
+                         size_t n);
+
+/* Histogram bin of a finite non-zero binary32 magnitude (|x| bits). */
+static inline int probe__hist_bin(uint32_t abits) {
+  int e = (int)(abits >> 23); /* 0 for binary32 subnormals: bin 0 */
+  int b = e - 127 - PROBE_HIST_MIN_EXP + 1;
+  return b < 0 ? 0 : (b > PROBE_HIST_BINS - 1 ? PROBE_HIST_BINS - 1 : b);
+}
+
+/* ---- the vectorised paths (stats_avx2.c drives, stats_avx512.c) ----------- */
+
+/* What one block's vector loops found, before the driver accepts it (all of
+ * it describes only the block's finite data; see stats_avx2.c). */
+typedef struct probe__blk {
+  uint64_t zero, sub, flush, ovf;
+  int nonfinite;             /* fp16: 1 when an inf or NaN was seen */
+  int32_t smax, smin;        /* extremes as binary32 bits */
+  uint32_t umax, umin, amin_m1;
+  double sum, sumsq;
+  /* Window mode (AVX-512 only, see probe__pending.win): elements whose bin
+   * value lies in win .. win+7, counted per bin, and how many others were
+   * written to outb. */
+  uint64_t wcount[8];
+  size_t nout;
+} probe__blk;
+
+/* Pair indices of the previous accepted block, still to be counted into the
+ * four 16-bit pair tables (copy i % 4 for index i). A block function counts
+ * them in steps inside its vector loop, so that the scalar increments run
+ * alongside the vector work, and finishes them before it returns. */
+typedef struct probe__pending {
+  const uint32_t *idx;
+  size_t n; /* pairs, a multiple of 16 */
+  uint16_t *t[4];
+  /* The AVX-512 block functions have a second way of counting bins: with
+   * win >= 0 they count, in vector byte counters, the elements whose bin
+   * value (fp16: raw exponent; fp32/bf16: bin) is win .. win+7, write the
+   * bin values of all other elements to outb (BLOCK + 64 bytes), and write
+   * no pair indices. win < 0: pair indices, as the AVX2 ones always do. */
+  int win;
+  uint8_t *outb;
+} probe__pending;
+
+static inline void probe__pending_count(const probe__pending *pd, size_t from, size_t to) {
+  uint16_t *t0 = pd->t[0], *t1 = pd->t[1], *t2 = pd->t[2], *t3 = pd->t[3];
+  const uint32_t *ix = pd->idx;
+  for (size_t i = from; i < to; i += 8) {
+    t0[ix[i]]++;
+    t1[ix[i + 1]]++;
+    t2[ix[i + 2]]++;
+    t3[ix[i + 3]]++;
+    t0[ix[i + 4]]++;
+    t1[ix[i + 5]]++;
+    t2[ix[i + 6]]++;
+    t3[ix[i + 7]]++;
+  }
+}
+
+/* Inside a block function's vector loop: count the next k (8 or 16; pn_ is
+ * a multiple of 16) pending pairs, if any are left. Uses locals set up by
+ * PROBE__PENDING_LOCALS, so the compiler keeps them in registers. */
+#define PROBE__PENDING_LOCALS(pd)                                              \
+  uint16_t *const pt0_ = (pd)->t[0], *const pt1_ = (pd)->t[1];                 \
+  uint16_t *const pt2_ = (pd)->t[2], *const pt3_ = (pd)->t[3];                 \
+  const uint32_t *const pix_ = (pd)->idx;                                      \
+  const size_t pn_ = (pd)->n;                                                  \
+  size_t pj_ = 0
+#define PROBE__PENDING_8()                                                     \
+  do {                                                                         \
+    const uint32_t *ix_ = pix_ + pj_;                                          \
+    pt0_[ix_[0]]++;                                                            \
+    pt1_[ix_[1]]++;                                                            \
+    pt2_[ix_[2]]++;                                                            \
+    pt3_[ix_[3]]++;                                                            \
+    pt0_[ix_[4]]++;                                                            \
+    pt1_[ix_[5]]++;                                                            \
+    pt2_[ix_[6]]++;                                                            \
+    pt3_[ix_[7]]++;                                                            \
+    pj_ += 8;                                                                  \
+  } while (0)
+#define PROBE__PENDING_STEP(k)                                                 \
+  do {                                                                         \
+    if (pj_ < pn_) {                                                           \
+      PROBE__PENDING_8();                                                      \
+      if ((k) == 16) PROBE__PENDING_8();                                       \
+    }                                                                          \
+  } while (0)
+#define PROBE__PENDING_FINISH(pd) probe__pending_count((pd), pj_, pn_)
+
+/* One block: p holds nv groups of 16 elements; writes nv*8 pair indices to
+ * idx (fp16: raw exponents e_lo + 66*e_hi; fp32/bf16: bins lo + 66*hi) and
+ * counts all of pd's pending pairs. */
+typedef void (*probe__blk_fn)(probe__blk *b, uint32_t *idx, const unsigned char *p,
+                              size_t nv, const probe__pending *pd);
+/* AVX-512 block functions (stats_avx512.c); nv must be even. */
+void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                           const probe__pending *pd);
+void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                           const probe__pending *pd);
+void probe__blk_bf16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                            const probe__pending *pd);
+
+/* Extremes of a block of 16-bit patterns (fp16 or bf16), reduced to scalars
+ * (amin: smallest non-zero |x| pattern, UINT16_MAX for none), widened. */
+static inline void probe__blk_extremes16(probe__blk *b, int16_t smax, int16_t smin,
+                                         uint16_t umax, uint16_t umin, uint16_t amin,
+                                         int is_f16) {
+#define W16(h) (is_f16 ? probe_f32_bits(probe_f16_to_f32(h)) : (uint32_t)(h) << 16)
+  b->smax = (int32_t)W16((uint16_t)smax);
+  b->smin = (int32_t)W16((uint16_t)smin);
+  b->umax = W16(umax);
+  b->umin = W16(umin);
+  b->amin_m1 = amin == UINT16_MAX ? UINT32_MAX : W16(amin) - 1u;
+#undef W16
+}
+
+/* Whole tensors on the AVX2 path and on the AVX-512 path; call only when
+ * probe__cpu_avx2() / probe__cpu_avx512() say the CPU has them. */
+void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+int probe__cpu_avx2(void);
+int probe__cpu_avx512(void);
+
+/* The paths, for tests and benchmarks that want one in particular. */
+enum {
+  PROBE__PATH_PORTABLE = 0,
+  PROBE__PATH_AVX2 = 1,
+  PROBE__PATH_AVX512 = 2,
+  PROBE__PATH_COUNT
+};
+/* Like probe_stats_compute on the given path; PROBE_ERR_UNSUPPORTED when
+ * this CPU cannot run it. */
+probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
+                                       const void *data, size_t n, int path);
+
+#endif /* AMPPROBE_STATS_IMPL_H */

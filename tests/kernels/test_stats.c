@@ -1,0 +1,572 @@
+/*
+ * test_stats.c - Check suite for the fused statistics record
+ * (kernels/stats.c, kernels/stats_avx2.c).
+ *
+ * Every field of every path (portable, AVX2 where the CPU has it) is compared
+ * with a naive reference written here: the elements are decoded from their
+ * bit fields with ldexp, and each statistic is its own loop in double (long
+ * double for the sums) using the C library's classification (isnan, isinf,
+ * ilogb, fabs). Counts, extremes and histogram bins must match exactly; sum
+ * and sum of squares must lie within the worst-case bound of n-term double
+ * summation, 2 n eps * sum|x| (and 2 n eps * sum x^2).
+ *
+ * Data: normal, log-uniform over many binades, Cauchy (heavy tails), raw
+ * random bit patterns (NaN, inf, subnormals included), and edge sets: all
+ * NaN, all inf, signed zeros, subnormals, values straddling 65504/65520,
+ * 2^-14, 2^-24, 2^-25, huge and tiny magnitudes; lengths 0, 1, odd, around
+ * the 16-element vector and the 4096-element block; unaligned starts (one
+ * element and one byte off). Merge: random splits merged give the whole
+ * record (exactly, sums within 1e-12 of sum|x|), the identity, commutativity.
+ */
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ampprobe/numerics.h"
+#include "stats_impl.h" /* probe__stats_compute_path */
+
+#define EXPECT(cond, ...)                                                      \
+  do {                                                                         \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__);                                    \
+  } while (0)
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static uint64_t rng_next(void) {
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * 0x2545f4914f6cdd1dull;
+}
+static double rng_unit(void) { return (double)(rng_next() >> 11) * 0x1p-53; }
+static double rng_normal(void) {
+  double u = rng_unit() + 0x1p-60, v = rng_unit();
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* ---- the naive reference ------------------------------------------------------ */
+
+/* Element i of a buffer, decoded from its fields (not via numerics.h). */
+static double ref_value(probe_dtype dt, const unsigned char *p, size_t i) {
+  if (dt == PROBE_DTYPE_F32) {
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return (double)f;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  int s = h >> 15;
+  double v;
+  if (dt == PROBE_DTYPE_F16) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    if (e == 31)
+      v = m ? NAN : INFINITY;
+    else
+      v = e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+  } else {
+    int e = (h >> 7) & 255, m = h & 127;
+    if (e == 255)
+      v = m ? NAN : INFINITY;
+    else
+      v = e ? ldexp(128 + m, e - 134) : ldexp(m, -133);
+  }
+  return s ? -v : v;
+}
+
+typedef struct ref_stats {
+  probe_stats s;
+  long double sumabs, sumsq_ld, sum_ld;
+} ref_stats;
+
+static void ref_compute(ref_stats *r, probe_dtype dt, const void *data, size_t n) {
+  const unsigned char *p = data;
+  probe_stats *s = &r->s;
+  memset(r, 0, sizeof *r);
+  s->count = n;
+  for (size_t i = 0; i < n; i++) s->nan_count += isnan(ref_value(dt, p, i)) != 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (isinf(x) && x > 0) s->posinf_count++;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (isinf(x) && x < 0) s->neginf_count++;
+  }
+  for (size_t i = 0; i < n; i++) s->zero_count += ref_value(dt, p, i) == 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double a = fabs(ref_value(dt, p, i));
+    if (a > 0 && a < 0x1p-14) s->f16_subnormal++;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double a = fabs(ref_value(dt, p, i));
+    if (a > 0 && a <= 0x1p-25) s->f16_flush++;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double a = fabs(ref_value(dt, p, i));
+    if (isfinite(a) && a >= 65520.0) s->f16_overflow++;
+  }
+  /* min / max in the order -0 < +0 */
+  int any = 0;
+  double mn = 0, mx = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (!isfinite(x)) continue;
+    if (!any || x < mn || (x == mn && signbit(x) && !signbit(mn))) mn = x;
+    any = 1;
+  }
+  any = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (!isfinite(x)) continue;
+    if (!any || x > mx || (x == mx && !signbit(x) && signbit(mx))) mx = x;
+    any = 1;
+  }
+  s->min = any ? (float)mn : NAN;
+  s->max = any ? (float)mx : NAN;
+  double amax = -1, amin = INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    double a = fabs(ref_value(dt, p, i));
+    if (isfinite(a) && a > amax) amax = a;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double a = fabs(ref_value(dt, p, i));
+    if (isfinite(a) && a > 0 && a < amin) amin = a;
+  }
+  s->absmax = amax >= 0 ? (float)amax : NAN;
+  s->absmin_nonzero = isfinite(amin) ? (float)amin : NAN;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (isfinite(x)) r->sum_ld += x;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (isfinite(x)) r->sumsq_ld += (long double)x * x;
+  }
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (isfinite(x)) r->sumabs += fabs(x);
+  }
+  s->sum = (double)r->sum_ld;
+  s->sumsq = (double)r->sumsq_ld;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref_value(dt, p, i);
+    if (!isfinite(x) || x == 0) continue;
+    int e = ilogb(x); /* floor(log2|x|), also for subnormals */
+    int b = e < PROBE_HIST_MIN_EXP ? 0
+            : e > PROBE_HIST_MAX_EXP ? PROBE_HIST_BINS - 1
+                                     : e - PROBE_HIST_MIN_EXP + 1;
+    s->hist[b]++;
+  }
+}
+
+static int same_float(float a, float b) {
+  return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* Exact comparison of everything but the sums; sums within `tol_sum` and
+ * `tol_sq`. Describes the first difference in `why`. */
+static int stats_differ(const probe_stats *a, const probe_stats *b, double tol_sum,
+                        double tol_sq, char *why, size_t whylen) {
+#define CNT(f)                                                                 \
+  if (a->f != b->f) {                                                          \
+    snprintf(why, whylen, #f ": %llu vs %llu", (unsigned long long)a->f,       \
+             (unsigned long long)b->f);                                        \
+    return 1;                                                                  \
+  }
+  CNT(count) CNT(nan_count) CNT(posinf_count) CNT(neginf_count) CNT(zero_count)
+  CNT(f16_subnormal) CNT(f16_flush) CNT(f16_overflow)
+#undef CNT
+#define FLT(f)                                                                 \
+  if (!same_float(a->f, b->f)) {                                               \
+    snprintf(why, whylen, #f ": %a vs %a", (double)a->f, (double)b->f);        \
+    return 1;                                                                  \
+  }
+  FLT(min) FLT(max) FLT(absmax) FLT(absmin_nonzero)
+#undef FLT
+  for (int i = 0; i < PROBE_HIST_BINS; i++)
+    if (a->hist[i] != b->hist[i]) {
+      snprintf(why, whylen, "hist[%d]: %llu vs %llu", i, (unsigned long long)a->hist[i],
+               (unsigned long long)b->hist[i]);
+      return 1;
+    }
+  if (!(fabs(a->sum - b->sum) <= tol_sum)) {
+    snprintf(why, whylen, "sum: %.17g vs %.17g (tol %g)", a->sum, b->sum, tol_sum);
+    return 1;
+  }
+  if (!(fabs(a->sumsq - b->sumsq) <= tol_sq)) {
+    snprintf(why, whylen, "sumsq: %.17g vs %.17g (tol %g)", a->sumsq, b->sumsq, tol_sq);
+    return 1;
+  }
+  return 0;
+}
+
+/* Checks every available path on data[0..n) against the reference. */
+static void check_all_paths(probe_dtype dt, const void *data, size_t n, const char *what) {
+  ref_stats r;
+  ref_compute(&r, dt, data, n);
+  double eps = DBL_EPSILON;
+  double tol_sum = 2.0 * (double)(n + 1) * eps * (double)r.sumabs;
+  double tol_sq = 2.0 * (double)(n + 1) * eps * (double)r.sumsq_ld;
+  for (int path = 0; path < PROBE__PATH_COUNT; path++) {
+    probe_stats s;
+    memset(&s, 0x5a, sizeof s);
+    probe_status st = probe__stats_compute_path(&s, dt, data, n, path);
+    if (st == PROBE_ERR_UNSUPPORTED) continue;
+    EXPECT(st == PROBE_OK, "%s: status %d", what, (int)st);
+    char why[160];
+    EXPECT(!stats_differ(&s, &r.s, tol_sum, tol_sq, why, sizeof why),
+           "%s %s n=%zu path %d: %s", what, probe_dtype_name(dt), n, path, why);
+  }
+  /* The public entry point is one of the paths. */
+  probe_stats s;
+  ck_assert_int_eq(probe_stats_compute(&s, dt, data, n), PROBE_OK);
+  char why[160];
+  EXPECT(!stats_differ(&s, &r.s, tol_sum, tol_sq, why, sizeof why), "%s public: %s", what, why);
+}
+
+/* ---- data -------------------------------------------------------------------------- */
+
+/* The *_FINITE sets have their inf and NaN made finite after conversion:
+ * the vectorised path redoes any 4096-element block holding inf or NaN with
+ * the portable code, so only finite data exercises all of its own logic. */
+enum {
+  DIST_NORMAL,
+  DIST_LOGUNIFORM,
+  DIST_CAUCHY,
+  DIST_BITS,
+  DIST_EDGES,
+  DIST_BITS_FINITE,
+  DIST_EDGES_FINITE,
+  DIST_COUNT
+};
+static const char *dist_name[] = {"normal",      "log-uniform", "cauchy",       "random-bits",
+                                  "edges",       "random-bits-finite", "edges-finite"};
+
+static const float edge_values[] = {
+    0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.996f, 65520.0f, 65520.004f, 65536.0f,
+    6.103515625e-05f /* 2^-14 */, 6.1035152e-05f, 6.1035160e-05f,
+    5.9604644775390625e-08f /* 2^-24 */, 5.9604641e-08f, 5.9604648e-08f,
+    2.98023223876953125e-08f /* 2^-25 */, 2.9802321e-08f, 2.9802326e-08f,
+    1e-40f /* fp32 subnormal */, 1.4e-45f, FLT_MIN, FLT_MAX, 3e38f, 1e-30f, 1e30f,
+    4.2949673e9f /* 2^32 */, 2.3283064e-10f /* 2^-32 */, 2.3283063e-10f,
+};
+
+/* n floats of a distribution, as the exact binary32 values to store. */
+static void gen_f32(float *x, size_t n, int dist) {
+  size_t ne = sizeof edge_values / sizeof edge_values[0];
+  for (size_t i = 0; i < n; i++) {
+    double v;
+    switch (dist) {
+    case DIST_NORMAL:
+      v = rng_normal();
+      break;
+    case DIST_LOGUNIFORM: /* 2^U(-45, 45): far past both ends of fp16 */
+      v = ldexp(1.0 + rng_unit(), (int)(rng_next() % 91) - 45) * ((rng_next() & 1) ? -1 : 1);
+      break;
+    case DIST_CAUCHY:
+      v = tan(3.141592653589793 * (rng_unit() - 0.5)) * 1e3;
+      break;
+    case DIST_BITS:
+    case DIST_BITS_FINITE: {
+      uint32_t b = (uint32_t)rng_next();
+      x[i] = probe_f32_from_bits(b);
+      continue;
+    }
+    default: {
+      float e = edge_values[rng_next() % ne];
+      uint32_t r = (uint32_t)rng_next();
+      if (r & 1) e = -e;
+      if ((r & 6) == 2) e = INFINITY * ((r & 8) ? 1.0f : -1.0f);
+      if ((r & 0x70) == 0x10) e = NAN;
+      x[i] = e;
+      continue;
+    }
+    }
+    x[i] = (float)v;
+  }
+}
+
+/* The same values stored as dtype dt (for fp16/bf16 rounded, plus raw random
+ * 16-bit patterns for DIST_BITS so every binary16 class appears). */
+static void gen(void *out, probe_dtype dt, size_t n, int dist) {
+  float *x = malloc((n + 1) * sizeof *x);
+  gen_f32(x, n, dist);
+  if (dt == PROBE_DTYPE_F32) {
+    if (dist == DIST_BITS_FINITE || dist == DIST_EDGES_FINITE)
+      for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) x[i] = probe_f32_from_bits(probe_f32_bits(x[i]) & 0xbfffffffu);
+    memcpy(out, x, n * 4);
+  } else {
+    uint16_t *h = malloc((n + 1) * 2);
+    if (dist == DIST_BITS || dist == DIST_BITS_FINITE)
+      for (size_t i = 0; i < n; i++) h[i] = (uint16_t)rng_next();
+    else if (dt == PROBE_DTYPE_F16)
+      probe_f32_to_f16_array(h, x, n);
+    else
+      probe_f32_to_bf16_array(h, x, n);
+    if (dist == DIST_BITS_FINITE || dist == DIST_EDGES_FINITE) {
+      uint16_t top = dt == PROBE_DTYPE_F16 ? 0x7c00 : 0x7f80;
+      for (size_t i = 0; i < n; i++)
+        if ((h[i] & top) == top) h[i] &= 0xbfff; /* clear the top exponent bit */
+    }
+    memcpy(out, h, n * 2);
+    free(h);
+  }
+  free(x);
+}
+
+/* ---- tests --------------------------------------------------------------------------- */
+
+static const size_t sizes[] = {0, 1, 2, 3, 15, 16, 17, 31, 33, 255, 4095, 4096, 4097, 8209, 70001};
+
+/* loop index: dtype (3) x distribution (DIST_COUNT) */
+START_TEST(test_against_reference) {
+  probe_dtype dt = (probe_dtype)(_i / DIST_COUNT);
+  int dist = _i % DIST_COUNT;
+  size_t maxn = 70001;
+  unsigned char *buf = malloc(maxn * 4 + 64);
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    size_t n = sizes[k];
+    for (int off = 0; off < 3; off++) {
+      /* off 0: aligned; 1: one element off; 2: one byte off */
+      size_t byte_off = off == 0 ? 0 : off == 1 ? probe_dtype_size(dt) : 1;
+      gen(buf + byte_off, dt, n, dist);
+      char what[64];
+      snprintf(what, sizeof what, "%s off=%zu", dist_name[dist], byte_off);
+      check_all_paths(dt, buf + byte_off, n, what);
+    }
+  }
+  free(buf);
+}
+END_TEST
+
+/* Uniform data of one special kind; n spans the vector and block sizes. */
+static void fill_const16(uint16_t *h, size_t n, uint16_t v) {
+  for (size_t i = 0; i < n; i++) h[i] = v;
+}
+
+START_TEST(test_special_buffers) {
+  static const size_t ns[] = {1, 17, 4096, 5000};
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+    size_t n = ns[k];
+    float *f = malloc(n * 4);
+    uint16_t *h = malloc(n * 2);
+    /* all NaN (mixed payloads and signs) */
+    for (size_t i = 0; i < n; i++) f[i] = probe_f32_from_bits((0x7f800001u + (uint32_t)i * 977u % 0x7fffffu) | (uint32_t)(i & 1u) << 31);
+    check_all_paths(PROBE_DTYPE_F32, f, n, "all-nan");
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(0x7c01u + (i % 1023u)) | (uint16_t)((i & 1u) << 15);
+    check_all_paths(PROBE_DTYPE_F16, h, n, "all-nan");
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(0x7f81u + (i % 127u)) | (uint16_t)((i & 1u) << 15);
+    check_all_paths(PROBE_DTYPE_BF16, h, n, "all-nan");
+    /* all inf, both signs */
+    for (size_t i = 0; i < n; i++) f[i] = (i % 3) ? INFINITY : -INFINITY;
+    check_all_paths(PROBE_DTYPE_F32, f, n, "all-inf");
+    for (size_t i = 0; i < n; i++) h[i] = (i % 3) ? 0x7c00 : 0xfc00;
+    check_all_paths(PROBE_DTYPE_F16, h, n, "all-inf");
+    for (size_t i = 0; i < n; i++) h[i] = (i % 3) ? 0x7f80 : 0xff80;
+    check_all_paths(PROBE_DTYPE_BF16, h, n, "all-inf");
+    /* only -0.0, then only +0.0, then both */
+    fill_const16(h, n, 0x8000);
+    check_all_paths(PROBE_DTYPE_F16, h, n, "neg-zero");
+    check_all_paths(PROBE_DTYPE_BF16, h, n, "neg-zero");
+    for (size_t i = 0; i < n; i++) f[i] = -0.0f;
+    check_all_paths(PROBE_DTYPE_F32, f, n, "neg-zero");
+    for (size_t i = 0; i < n; i++) f[i] = (i & 1) ? 0.0f : -0.0f;
+    check_all_paths(PROBE_DTYPE_F32, f, n, "zeros");
+    /* every fp16 subnormal, both signs */
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(1u + i % 1023u) | (uint16_t)((i & 2u) << 14);
+    check_all_paths(PROBE_DTYPE_F16, h, n, "f16-subnormal");
+    /* fp32 subnormals */
+    for (size_t i = 0; i < n; i++) f[i] = probe_f32_from_bits((uint32_t)(1u + i * 2654435761u % 0x7fffffu));
+    check_all_paths(PROBE_DTYPE_F32, f, n, "f32-subnormal");
+    /* mixed signs, one huge, one tiny */
+    for (size_t i = 0; i < n; i++) f[i] = (i & 1) ? -1.5f : 2.5f;
+    f[n / 2] = -FLT_MAX;
+    f[n - 1] = 1e-45f;
+    check_all_paths(PROBE_DTYPE_F32, f, n, "mixed");
+    /* all finite but one inf at the end of a block (the SIMD check) */
+    for (size_t i = 0; i < n; i++) f[i] = 1.0f + (float)i;
+    f[n - 1] = INFINITY;
+    check_all_paths(PROBE_DTYPE_F32, f, n, "late-inf");
+    for (size_t i = 0; i < n; i++) h[i] = 0x3c00;
+    h[n - 1] = 0xfe00;
+    check_all_paths(PROBE_DTYPE_F16, h, n, "late-nan");
+    free(f);
+    free(h);
+  }
+}
+END_TEST
+
+START_TEST(test_every_f16_and_bf16_value) {
+  static uint16_t all[65536 + 7];
+  for (uint32_t i = 0; i < 65536; i++) all[i] = (uint16_t)(i * 40503u); /* a permutation */
+  check_all_paths(PROBE_DTYPE_F16, all, 65536, "all-f16");
+  check_all_paths(PROBE_DTYPE_BF16, all, 65536, "all-bf16");
+  check_all_paths(PROBE_DTYPE_F16, all + 3, 65533, "all-f16 odd");
+}
+END_TEST
+
+START_TEST(test_hand_computed) {
+  /* 1, -2, 0, -0, inf, NaN, 2^-20, 70000: every field by hand. */
+  float x[8] = {1.0f, -2.0f, 0.0f, -0.0f, INFINITY, NAN, 0x1p-20f, 70000.0f};
+  probe_stats s;
+  for (int path = 0; path < PROBE__PATH_COUNT; path++) {
+    if (probe__stats_compute_path(&s, PROBE_DTYPE_F32, x, 8, path) == PROBE_ERR_UNSUPPORTED) continue;
+    ck_assert_uint_eq(s.count, 8);
+    ck_assert_uint_eq(s.nan_count, 1);
+    ck_assert_uint_eq(s.posinf_count, 1);
+    ck_assert_uint_eq(s.neginf_count, 0);
+    ck_assert_uint_eq(s.zero_count, 2);
+    ck_assert_uint_eq(s.f16_subnormal, 1);
+    ck_assert_uint_eq(s.f16_flush, 0);
+    ck_assert_uint_eq(s.f16_overflow, 1);
+    ck_assert(s.min == -2.0f && s.max == 70000.0f && s.absmax == 70000.0f);
+    ck_assert(s.absmin_nonzero == 0x1p-20f);
+    ck_assert(s.sum == 1.0 - 2.0 + 0x1p-20 + 70000.0);
+    ck_assert(s.sumsq == 1.0 + 4.0 + 0x1p-40 + 4.9e9);
+    ck_assert_uint_eq(s.hist[0 - PROBE_HIST_MIN_EXP + 1], 1);   /* 1 = 2^0 */
+    ck_assert_uint_eq(s.hist[1 - PROBE_HIST_MIN_EXP + 1], 1);   /* 2 */
+    ck_assert_uint_eq(s.hist[-20 - PROBE_HIST_MIN_EXP + 1], 1); /* 2^-20 */
+    ck_assert_uint_eq(s.hist[16 - PROBE_HIST_MIN_EXP + 1], 1);  /* 70000 */
+    ck_assert_uint_eq(probe_stats_finite(&s), 6);
+    ck_assert_uint_eq(probe_stats_nonfinite(&s), 2);
+    ck_assert(fabs(probe_stats_mean(&s) - s.sum / 6) < 1e-12);
+    ck_assert(fabs(probe_stats_rms(&s) - sqrt(s.sumsq / 6)) < 1e-9);
+    ck_assert(fabs(probe_stats_l2(&s) - sqrt(s.sumsq)) < 1e-9);
+    ck_assert(fabs(probe_stats_headroom(&s) - log2(65504.0 / 70000.0)) < 1e-12);
+    ck_assert(probe_stats_frac_below_exp(&s, 0) == 0.25);  /* 2^-20 of 4 */
+    ck_assert(probe_stats_frac_below_exp(&s, 1) == 0.5);
+    ck_assert(probe_stats_frac_below_exp(&s, 32) == 1.0);
+    ck_assert(isnan(probe_stats_frac_below_exp(&s, 40)));
+  }
+  /* Zeros only: +0 < ... the order -0 < +0; headroom +inf. */
+  float z[3] = {0.0f, -0.0f, 0.0f};
+  probe_stats_compute(&s, PROBE_DTYPE_F32, z, 3);
+  ck_assert(signbit(s.min) && !signbit(s.max) && s.absmax == 0.0f);
+  ck_assert(isnan(s.absmin_nonzero));
+  ck_assert(isinf(probe_stats_headroom(&s)));
+  /* Empty and non-finite only: extremes NaN, derived NaN. */
+  probe_stats_compute(&s, PROBE_DTYPE_F16, NULL, 0);
+  ck_assert(s.count == 0 && isnan(s.min) && isnan(s.max) && isnan(s.absmax));
+  ck_assert(isnan(probe_stats_mean(&s)) && isnan(probe_stats_headroom(&s)));
+  ck_assert(isnan(probe_stats_frac_below_exp(&s, 0)));
+  /* Bad arguments. */
+  ck_assert_int_eq(probe_stats_compute(NULL, PROBE_DTYPE_F32, x, 1), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_stats_compute(&s, (probe_dtype)9, x, 1), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_stats_compute(&s, PROBE_DTYPE_F32, NULL, 1), PROBE_ERR_INVALID_ARG);
+}
+END_TEST
+
+/* Past the 16-bit pair counters (folded every ~2^19 elements): 3M elements,
+ * most of them in one histogram bin, then spread over all bins. */
+START_TEST(test_large_buffer) {
+  size_t n = 3000017;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) h[i] = (i % 1000) ? 0x3c00 : (uint16_t)(0x3000 + i % 977);
+  check_all_paths(PROBE_DTYPE_F16, h, n, "large f16");
+  check_all_paths(PROBE_DTYPE_BF16, h, n, "large bf16");
+  /* Spread over every binade (finite fp16/bf16 patterns in a scrambled
+   * order), so the AVX-512 path counts in pair mode, not window mode. */
+  for (size_t i = 0; i < n; i++) h[i] = (uint16_t)((i * 40503u) & 0xbbffu);
+  check_all_paths(PROBE_DTYPE_F16, h, n, "large spread f16");
+  check_all_paths(PROBE_DTYPE_BF16, h, n, "large spread bf16");
+  free(h);
+}
+END_TEST
+
+static int records_equal_exact(const probe_stats *a, const probe_stats *b) {
+  char why[160];
+  return !stats_differ(a, b, 0.0, 0.0, why, sizeof why);
+}
+
+/* loop index: dtype */
+START_TEST(test_merge) {
+  probe_dtype dt = (probe_dtype)_i;
+  size_t n = 50000;
+  size_t es = probe_dtype_size(dt);
+  unsigned char *buf = malloc(n * es);
+  for (int dist = 0; dist < DIST_COUNT; dist++) {
+    gen(buf, dt, n, dist);
+    probe_stats whole;
+    probe_stats_compute(&whole, dt, buf, n);
+    ref_stats r;
+    ref_compute(&r, dt, buf, n);
+    for (int trial = 0; trial < 8; trial++) {
+      /* cut at k random points (sorted), compute pieces, merge in order */
+      size_t cuts[9];
+      int k = 1 + (int)(rng_next() % 8);
+      for (int c = 0; c < k; c++) cuts[c] = rng_next() % (n + 1);
+      for (int c = 1; c < k; c++) /* insertion sort */
+        for (int d = c; d > 0 && cuts[d - 1] > cuts[d]; d--) {
+          size_t t = cuts[d];
+          cuts[d] = cuts[d - 1];
+          cuts[d - 1] = t;
+        }
+      probe_stats acc, piece;
+      probe_stats_init(&acc);
+      size_t start = 0;
+      for (int c = 0; c <= k; c++) {
+        size_t end = c < k ? cuts[c] : n;
+        int path = (int)(rng_next() % PROBE__PATH_COUNT); /* mix the paths */
+        if (probe__stats_compute_path(&piece, dt, buf + start * es, end - start, path) ==
+            PROBE_ERR_UNSUPPORTED)
+          probe_stats_compute_portable(&piece, dt, buf + start * es, end - start);
+        probe_stats_merge(&acc, &piece);
+        start = end;
+      }
+      char why[160];
+      double tol_sum = 1e-12 * (double)r.sumabs, tol_sq = 1e-12 * (double)r.sumsq_ld;
+      EXPECT(!stats_differ(&acc, &whole, tol_sum, tol_sq, why, sizeof why),
+             "%s %s trial %d: %s", probe_dtype_name(dt), dist_name[dist], trial, why);
+    }
+    /* identity on either side, exactly */
+    probe_stats id, m;
+    probe_stats_init(&id);
+    m = id;
+    probe_stats_merge(&m, &whole);
+    ck_assert(records_equal_exact(&m, &whole));
+    m = whole;
+    probe_stats_merge(&m, &id);
+    ck_assert(records_equal_exact(&m, &whole));
+    /* commutative, exactly */
+    probe_stats a, b, ab, ba;
+    probe_stats_compute(&a, dt, buf, n / 3);
+    probe_stats_compute(&b, dt, buf + (n / 3) * es, n - n / 3);
+    ab = a;
+    probe_stats_merge(&ab, &b);
+    ba = b;
+    probe_stats_merge(&ba, &a);
+    ck_assert(records_equal_exact(&ab, &ba));
+  }
+  free(buf);
+}
+END_TEST
+
+static Suite *make_stats_suite(void) {
+  Suite *s = suite_create("stats");
+  TCase *tc = tcase_create("reference");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test_against_reference, 0, 3 * DIST_COUNT);
+  tcase_add_test(tc, test_special_buffers);
+  tcase_add_test(tc, test_every_f16_and_bf16_value);
+  tcase_add_test(tc, test_hand_computed);
+  tcase_add_test(tc, test_large_buffer);
+  suite_add_tcase(s, tc);
+  TCase *tm = tcase_create("merge");
+  tcase_set_timeout(tm, 300);
+  tcase_add_loop_test(tm, test_merge, 0, 3);
+  suite_add_tcase(s, tm);
+  return s;
+}
+
+int main(void) {
+  printf("stats paths tested: portable%s%s\n", probe__cpu_avx2() ? ", avx2" : " (no AVX2/F16C/FMA: AVX2 path skipped)",
+         probe__cpu_avx512() ? ", avx512" : " (no AVX-512 F/BW/VL/DQ: AVX-512 path skipped)");
+  SRunner *sr = srunner_create(make_stats_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
