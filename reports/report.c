@@ -56,6 +56,8 @@ struct probe_report {
   int64_t n_skipped, n_clipped, n_backoff, n_growth, n_clamp, n_hysteresis;
   int have_clip;      /* some step had clipping on */
   int have_scaling;   /* some step had a scale other than 1 */
+  int scaling_set;    /* probe_report_set_scaling was called: */
+  int scaling_on;     /* ... its answer replaces have_scaling */
   int64_t part_step;  /* -1 when not set */
   char *baseline_label;
 
@@ -324,6 +326,12 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
     }
   }
   r->counts.records += (int64_t)n;
+  return PROBE_OK;
+}
+
+probe_status probe_report_set_scaling(probe_report *r, int on) {
+  r->scaling_set = 1;
+  r->scaling_on = on != 0;
   return PROBE_OK;
 }
 
@@ -602,8 +610,10 @@ static probe_status write_scale(probe_report *r, probe_buf *o) {
   snprintf(label, sizeof label, "skipped step (%lld)", (long long)r->n_skipped);
   add_bin_markers(p, &r->skipped, PROBE_MARKER_TICK, "#ff7f0e", label, 1);
   if (r->counts.steps == 0) probe_plot_set_note(p, "no steps recorded");
-  else if (!r->have_scaling)
-    probe_plot_set_note(p, "loss scaling off (scale 1 throughout)");
+  else if (r->scaling_set ? !r->scaling_on : !r->have_scaling)
+    probe_plot_set_note(p, r->scaling_set
+                               ? "loss scaling off"
+                               : "loss scaling off (scale 1 throughout)");
   return render_plot(o, p);
 }
 

@@ -3,8 +3,8 @@
 # and benchmark. Idempotent: packages already present are left alone, and
 # `apt-get update` runs only when something is missing.
 #
-#   scripts/install-deps.sh            build + test dependencies
-#   scripts/install-deps.sh --browser  also chromium (the report tests)
+#   scripts/install-deps.sh            build + test dependencies, chromium
+#                                      included (the report tests); no options
 set -euo pipefail
 
 pkgs=(

@@ -120,6 +120,7 @@ typedef struct trial {
   int exit_code;    /* of the child; -signal when killed */
   int verdict;      /* PROBE_DDMIN_PASS / FAIL / UNKNOWN */
   char why[256];
+  const char *cancel_why; /* why it was cancelled (set by kill_running) */
   /* from the run's JSON summary */
   int have_summary;
   int64_t steps_run, steps_planned, longest_skip, first_nonfinite_loss;
@@ -379,7 +380,7 @@ static void trial_finish(bisect *b, trial *t, int status) {
     snprintf(t->why, sizeof t->why, "%s",
              b->interrupted || cli_stop_flag
                  ? "interrupted"
-                 : "cancelled: an earlier trial of the round passed");
+                 : (t->cancel_why ? t->cancel_why : "cancelled"));
     return;
   }
   if (t->exit_code == 0 || t->exit_code == 1) {
@@ -427,11 +428,13 @@ static void progress_clear(bisect *b) {
   }
 }
 
-static void kill_running(bisect *b, trial **ts, size_t n, size_t from) {
+/* Stops the running trials ts[from..n); why is shown for each. */
+static void kill_running(trial **ts, size_t n, size_t from, const char *why) {
   for (size_t i = from; i < n; i++)
     if (ts[i]->state == T_RUNNING) {
       kill(ts[i]->pid, SIGTERM);
       ts[i]->state = T_CANCELLING;
+      ts[i]->cancel_why = why;
     }
 }
 
@@ -443,17 +446,20 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
                                int first_pass) {
   size_t next = 0, running = 0, stop_at = n;
   probe_status result = PROBE_OK;
+  /* why the trials after stop_at are not run */
+  const char *not_run = "not needed: an earlier trial passed";
   for (;;) {
     if (cli_stop_flag && !b->interrupted) {
       b->interrupted = 1;
       result = PROBE_ERR_INTERRUPTED;
-      kill_running(b, ts, n, 0);
+      kill_running(ts, n, 0, "interrupted");
       stop_at = 0;
     }
     while (result == PROBE_OK && running < (size_t)b->jobs && next < stop_at) {
       if (trial_launch(b, ts[next]) != 0) {
         result = PROBE_ERR_IO;
-        kill_running(b, ts, n, 0);
+        not_run = "not run: a trial could not be started";
+        kill_running(ts, n, 0, "cancelled: a trial could not be started");
         stop_at = 0;
         break;
       }
@@ -487,13 +493,15 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
                ts[k]->id, ts[k]->why);
       b->error_exit = ts[k]->exit_code;
       result = PROBE_ERR_IO;
-      kill_running(b, ts, n, 0);
+      not_run = "not run: an earlier trial errored";
+      kill_running(ts, n, 0, "cancelled: another trial errored");
       stop_at = 0;
     }
     if (first_pass && ts[k]->state == T_DONE &&
         ts[k]->verdict == PROBE_DDMIN_PASS && k < stop_at) {
       stop_at = k + 1;
-      kill_running(b, ts, n, k + 1);
+      kill_running(ts, n, k + 1,
+                   "cancelled: an earlier trial of the round passed");
     }
   }
   /* trials never launched */
@@ -501,8 +509,7 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     if (ts[i]->state == T_QUEUED) {
       ts[i]->state = T_CANCELLED;
       snprintf(ts[i]->why, sizeof ts[i]->why, "%s",
-               b->interrupted ? "not run (interrupted)"
-                              : "not needed: an earlier trial passed");
+               b->interrupted ? "not run (interrupted)" : not_run);
     }
   return result;
 }

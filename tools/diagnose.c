@@ -897,6 +897,11 @@ static void fmt_loss(char *b, size_t n, double x) {
     snprintf(b, n, "%.4g", x);
 }
 
+static int layer_is_fp32(const probe_diag *d, int32_t id) {
+  return id >= 0 && id < d->n_layers &&
+         d->layers[id].info.precision == PROBE_PREC_FP32;
+}
+
 static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
   char args[320];
   run_args(d, cl, cfg_name, args, sizeof args);
@@ -917,15 +922,20 @@ static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
     for (char *tok = strtok(prior, ","); tok; tok = strtok(NULL, ","))
       add_candidate(d->fp32_candidates, sizeof d->fp32_candidates, tok);
   }
+  /* A layer that already runs in FP32 is never a candidate to force to
+   * FP32: when the origin is one, the underflow came from upstream. */
   if (d->origin_layer >= 0) {
-    if (d->event == DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0)
+    if (d->event == DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
+        !layer_is_fp32(d, d->feeder_layer))
       add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
                     probe_kind_name(d->layers[d->feeder_layer].info.kind));
-    add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
-                  probe_kind_name(d->layers[d->origin_layer].info.kind));
+    if (!layer_is_fp32(d, d->origin_layer))
+      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
+                    probe_kind_name(d->layers[d->origin_layer].info.kind));
   }
   for (int64_t i = 0; i < d->n_layers; i++)
-    if (d->layers[i].origin_steps > 0 && i != d->origin_layer)
+    if (d->layers[i].origin_steps > 0 && i != d->origin_layer &&
+        !layer_is_fp32(d, (int32_t)i))
       add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
                     probe_kind_name(d->layers[i].info.kind));
   for (int64_t i = 0; i < d->n_layers; i++) {
@@ -1039,14 +1049,38 @@ static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
       d->event != DIAG_EVENT_WEIGHT_NONFINITE && d->event != DIAG_EVENT_NONE &&
       !d->fp32_run && d->origin_layer >= 0) {
     double score = lr_signature ? 70 : (d->clip_scaled_signature ? 75 : 90);
-    const char *cands = d->fp32_candidates[0] ? d->fp32_candidates
-                                              : probe_kind_name(
-                                                    d->layers[d->origin_layer]
-                                                        .info.kind);
-    f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
-                    "FP16 %s in '%s' (%s): keep it in FP32",
-                    diag_event_name(d->event), oname,
-                    probe_kind_name(d->layers[d->origin_layer].info.kind));
+    /* The layer to keep in FP32: the origin, unless it already runs in
+     * FP32; then, for underflow-to-inf, the FP16 layer upstream that
+     * produced the zeros. -1: no such FP16 layer. */
+    int32_t target = d->origin_layer;
+    if (layer_is_fp32(d, target))
+      target = d->event == DIAG_EVENT_UNDERFLOW_TO_INF &&
+                       d->feeder_layer >= 0 &&
+                       !layer_is_fp32(d, d->feeder_layer)
+                   ? d->feeder_layer
+                   : -1;
+    const char *okind = probe_kind_name(d->layers[d->origin_layer].info.kind);
+    const char *cands =
+        d->fp32_candidates[0]
+            ? d->fp32_candidates
+            : (target >= 0 ? probe_kind_name(d->layers[target].info.kind)
+                           : NULL);
+    if (target == d->origin_layer)
+      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
+                      "FP16 %s in '%s' (%s): keep it in FP32",
+                      diag_event_name(d->event), oname, okind);
+    else if (target >= 0)
+      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
+                      "FP16 %s: '%s' (%s) underflowed to zero in FP16 and "
+                      "'%s' (%s, FP32) turned it into inf: keep '%s' in FP32",
+                      diag_event_name(d->event), diag_layer_name(d, target),
+                      probe_kind_name(d->layers[target].info.kind), oname,
+                      okind, diag_layer_name(d, target));
+    else
+      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
+                      "%s in '%s' (%s), a layer that already runs in FP32: "
+                      "what it received was produced in FP16 upstream",
+                      diag_event_name(d->event), oname, okind);
     add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
                  probe_phase_name(d->event_phase), diag_event_desc(d->event));
     if (d->have_origin_in)
@@ -1077,8 +1111,14 @@ static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
     else
       add_evidence(f, "a second culprit can hide behind the first: run "
                       "postmortem again on the fixed run");
-    snprintf(f->next_step, sizeof f->next_step,
-             "ampprobe bisect --fp32-candidates %s %s", cands, args);
+    if (cands)
+      snprintf(f->next_step, sizeof f->next_step,
+               "ampprobe bisect --fp32-candidates %s %s", cands, args);
+    else
+      snprintf(f->next_step, sizeof f->next_step,
+               "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
+               "trace against 'ampprobe run --precision fp32 %s --trace'",
+               oname, args);
   }
   /* Loss scaling off and gradients underflowing. */
   if (!d->scaling_on && !has_event && !d->fp32_run &&
@@ -1086,15 +1126,20 @@ static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
     const diag_layer *wl = &d->layers[d->worst_underflow_layer];
     f = add_finding(d, DIAG_FINDING_ENABLE_LOSS_SCALING, has_event ? 50 : 80,
                     "gradients underflow in FP16 without loss scaling");
-    add_evidence(f, "loss scaling is off (loss_scale 1 at every step)");
+    add_evidence(f, d->scaling_from_config
+                        ? "loss scaling is off (the run's config)"
+                        : "loss scaling is off (loss_scale 1 at every step)");
     uint64_t c0 = wl->grad_count[0], c1 = wl->grad_count[1];
-    double f0 = c0 ? (double)wl->grad_subnormal[0] / (double)c0 : NAN;
-    double f1 = c1 ? (double)wl->grad_subnormal[1] / (double)c1 : NAN;
+    char f0[16] = "n/a", f1[16] = "n/a";
+    if (c0)
+      snprintf(f0, sizeof f0, "%.1f%%",
+               100.0 * (double)wl->grad_subnormal[0] / (double)c0);
+    if (c1)
+      snprintf(f1, sizeof f1, "%.1f%%",
+               100.0 * (double)wl->grad_subnormal[1] / (double)c1);
     add_evidence(f, "'%s': %.1f%% of its gradient values are subnormal or "
-                    "flush to zero in FP16 (first half %.1f%%, second half "
-                    "%.1f%%)",
-                 wl->info.name, 100.0 * d->worst_underflow_frac, 100.0 * f0,
-                 100.0 * f1);
+                    "flush to zero in FP16 (first half %s, second half %s)",
+                 wl->info.name, 100.0 * d->worst_underflow_frac, f0, f1);
     fmt_loss(b1, sizeof b1, d->first_loss);
     fmt_loss(b2, sizeof b2, d->last_loss);
     add_evidence(f, "loss %s -> %s over %lld steps", b1, b2,
@@ -1223,6 +1268,21 @@ static probe_status edge_records(probe_trace *t, int64_t n, int64_t *first,
   return PROBE_OK;
 }
 
+int diag_config_scaling(const char *config_json) {
+  if (!config_json || !*config_json) return -1;
+  json_error_t jerr;
+  json_t *cfg = json_loads(config_json, 0, &jerr);
+  json_t *en = json_object_get(json_object_get(cfg, "scaler"), "enabled");
+  int on = -1;
+  if (json_is_boolean(en)) {
+    /* the trainer scales FP16 runs only; "precision" defaults to fp16 */
+    const char *prec = json_string_value(json_object_get(cfg, "precision"));
+    on = json_is_true(en) && (!prec || !strcmp(prec, "fp16"));
+  }
+  json_decref(cfg);
+  return on;
+}
+
 probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
                             const diag_options *opt) {
   diag_options defaults;
@@ -1271,6 +1331,13 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   if (st >= 0) st = pass_scaler(d, t, chunk);
   if (st >= 0) st = count_late_backoffs(d, t, chunk);
   if (st < 0) return st;
+  /* The stored config says whether a scaler ran; the steps only guess (a
+   * scaler that stays at an initial scale of 1 leaves no trace). */
+  int cfg_scaling = diag_config_scaling(info->config_json);
+  if (cfg_scaling >= 0) {
+    d->scaling_on = cfg_scaling;
+    d->scaling_from_config = 1;
+  }
 
   /* Collapse: the scale ended far below where it started and was still
    * backing off (or at its minimum), or the last steps were all skipped. */

@@ -161,7 +161,10 @@ typedef struct probe_diag {
   int64_t first_grad_overflow_step; /* first backward-only non-finite step */
 
   /* ---- loss scaler */
-  int scaling_on;
+  int scaling_on;          /* a dynamic loss scaler ran */
+  int scaling_from_config; /* scaling_on read from the trace's stored config
+                              (else guessed: a scale other than 1 or a
+                              scaler event) */
   double scale_first, scale_last, scale_min, scale_max;
   int64_t backoffs, growths, hysteresis_events, min_clamps;
   int64_t late_backoffs; /* after warm-up: the first clean step and at
@@ -219,6 +222,12 @@ void diag_options_init(diag_options *o);
 probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
                             const diag_options *opt);
 void probe_diag_free(probe_diag *d);
+
+/* Whether the run a config JSON describes (the text probe_train stores in
+ * the trace, probe_trace_info.config_json) had dynamic loss scaling on:
+ * 1 or 0, or -1 when the text is absent or does not say (no boolean
+ * scaler.enabled). The trainer scales FP16 runs only. */
+int diag_config_scaling(const char *config_json);
 
 /* Name of a layer id ("?" when out of range). */
 const char *diag_layer_name(const probe_diag *d, int32_t id);

@@ -22,6 +22,14 @@ static double frac(uint64_t a, uint64_t b) {
   return b ? (double)a / (double)b : NAN;
 }
 
+/* "12.34%", or "n/a" when there is no data (NaN). */
+static void fmt_pct(char *b, size_t n, double x) {
+  if (isnan(x))
+    snprintf(b, n, "n/a");
+  else
+    snprintf(b, n, "%.2f%%", 100 * x);
+}
+
 /* ---- text ----------------------------------------------------------------- */
 
 void probe_diag_print_text(const probe_diag *d, FILE *f) {
@@ -126,7 +134,9 @@ void probe_diag_print_text(const probe_diag *d, FILE *f) {
 
   fprintf(f, "LOSS SCALER\n");
   if (!d->scaling_on) {
-    fprintf(f, "  loss scaling off (scale 1 at every step)\n");
+    fprintf(f, d->scaling_from_config
+                   ? "  loss scaling off (the run's config)\n"
+                   : "  loss scaling off (scale 1 at every step)\n");
   } else {
     fprintf(f, "  scale       %g -> %g (range %g..%g)%s\n", d->scale_first,
             d->scale_last, d->scale_min, d->scale_max,
@@ -192,11 +202,11 @@ void probe_diag_print_text(const probe_diag *d, FILE *f) {
     const diag_layer *l = &d->layers[i];
     uint64_t c0 = l->grad_count[0], c1 = l->grad_count[1];
     if (!c0 && !c1) continue;
-    double u0 = frac(l->grad_subnormal[0], c0);
-    double u1 = frac(l->grad_subnormal[1], c1);
-    double z = frac(l->grad_zero[0] + l->grad_zero[1], c0 + c1);
-    fprintf(f, "  %-24s %6.2f%% -> %6.2f%%   zeros %6.2f%%\n", l->info.name,
-            100 * u0, 100 * u1, 100 * z);
+    char u0[16], u1[16], z[16];
+    fmt_pct(u0, sizeof u0, frac(l->grad_subnormal[0], c0));
+    fmt_pct(u1, sizeof u1, frac(l->grad_subnormal[1], c1));
+    fmt_pct(z, sizeof z, frac(l->grad_zero[0] + l->grad_zero[1], c0 + c1));
+    fprintf(f, "  %-24s %7s -> %7s   zeros %7s\n", l->info.name, u0, u1, z);
     shown_l++;
   }
   if (!shown_l) fprintf(f, "  no gradient records of FP16 layers\n");
@@ -304,6 +314,9 @@ json_t *probe_diag_to_json(const probe_diag *d) {
 
   json_t *sc = json_object();
   json_object_set_new(sc, "enabled", json_boolean(d->scaling_on));
+  json_object_set_new(sc, "enabled_source",
+                      json_string(d->scaling_from_config ? "config"
+                                                         : "loss-scale"));
   json_object_set_new(sc, "scale_first", cli_json_num(d->scale_first));
   json_object_set_new(sc, "scale_last", cli_json_num(d->scale_last));
   json_object_set_new(sc, "scale_min", cli_json_num(d->scale_min));

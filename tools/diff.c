@@ -20,7 +20,8 @@ static const char *SUB = "diff";
 
 static void usage(FILE *f) {
   fprintf(f,
-"usage: ampprobe diff A.h5 B.h5 [--threshold X] [--top N] [--json] [-o FILE]\n"
+"usage: ampprobe diff A.h5 B.h5 [--threshold X] [--window W] [--top N]\n"
+"                     [--json] [-o FILE] [-q]\n"
 "\n"
 "Compares trace A with trace B (same config and seed, different precision\n"
 "policy: A is usually the FP16 run, B its FP32 baseline). Layers are aligned\n"

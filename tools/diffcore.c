@@ -321,6 +321,7 @@ static probe_status compare_step(state *s, const cursor *ca,
     int ov_a = nfa && grad && skip_a, ov_b = nfb && grad && skip_b;
     if (ov_a || ov_b) {
       d->scaler_overflow_records++;
+      d->scaler_overflow_sides |= ov_a | ov_b << 1;
       nfa &= !ov_a;
       nfb &= !ov_b;
       r_rms = r_abs = r_l2 = 0.0; /* nothing comparable in this record */
@@ -459,6 +460,7 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
   d->loss_part_step = d->first_nonfinite_loss_a = d->first_nonfinite_loss_b =
       -1;
   d->last_step_a = d->last_step_b = -1;
+  d->trailing_skips_a = d->trailing_skips_b = 0;
   for (;;) {
     if (ia == na) {
       if ((st = probe_trace_read_steps(a, rowa, chunk, ba, &na)) != PROBE_OK)
@@ -486,18 +488,22 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
     }
     if (pa && (!pb || pa->step < pb->step)) {
       d->last_step_a = pa->step;
+      d->trailing_skips_a = pa->skipped ? d->trailing_skips_a + 1 : 0;
       ia++;
       /* avoid re-counting the non-finite check: done above once per row */
       continue;
     }
     if (pb && (!pa || pb->step < pa->step)) {
       d->last_step_b = pb->step;
+      d->trailing_skips_b = pb->skipped ? d->trailing_skips_b + 1 : 0;
       ib++;
       continue;
     }
     /* same step */
     d->last_step_a = pa->step;
     d->last_step_b = pb->step;
+    d->trailing_skips_a = pa->skipped ? d->trailing_skips_a + 1 : 0;
+    d->trailing_skips_b = pb->skipped ? d->trailing_skips_b + 1 : 0;
     d->loss_steps++;
     double rel = probe_diff_rel(pa->loss, pb->loss);
     int fa = isfinite(pa->loss), fb = isfinite(pb->loss);
@@ -875,12 +881,6 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
     note(d, "records out of step order ignored (overlapping flight-recorder "
             "dumps): %lld in A, %lld in B",
          (long long)ca.skipped, (long long)cb.skipped);
-  if (d->scaler_overflow_records)
-    note(d, "%lld record%s scaled gradients that overflowed on steps the "
-            "loss scaler skipped (normal dynamic loss scaling), not counted as "
-            "divergence",
-         (long long)d->scaler_overflow_records,
-         d->scaler_overflow_records == 1 ? " holds" : "s hold");
   if (d->records_unmatched)
     note(d, "%lld records have no partner on the other side (steps or sites "
             "recorded on one side only)",
@@ -894,6 +894,29 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
 
   if ((st = compare_losses(d, a, b, d->opt.chunk_rows)) != PROBE_OK)
     goto done;
+  if (d->scaler_overflow_records) {
+    /* Normal dynamic loss scaling only when the scaler recovered: a side
+     * whose last steps were all skipped never did (a collapsed scale). */
+    int stuck_a = (d->scaler_overflow_sides & 1) && d->trailing_skips_a > 0;
+    int stuck_b = (d->scaler_overflow_sides & 2) && d->trailing_skips_b > 0;
+    if (!stuck_a && !stuck_b)
+      note(d, "%lld record%s scaled gradients that overflowed on steps the "
+              "loss scaler skipped (normal dynamic loss scaling: it "
+              "recovered), not counted as divergence",
+           (long long)d->scaler_overflow_records,
+           d->scaler_overflow_records == 1 ? " holds" : "s hold");
+    else {
+      int64_t k = stuck_a ? d->trailing_skips_a : d->trailing_skips_b;
+      note(d, "%lld record%s scaled gradients that overflowed on steps the "
+              "loss scaler skipped, not counted as divergence; the scaler "
+              "did not recover (not normal dynamic loss scaling): the last "
+              "%lld step%s of %s skipped",
+           (long long)d->scaler_overflow_records,
+           d->scaler_overflow_records == 1 ? " holds" : "s hold",
+           (long long)k, k == 1 ? "" : "s",
+           stuck_a ? (k == 1 ? "A was" : "A were") : (k == 1 ? "B was" : "B were"));
+    }
+  }
   if (d->last_step_a != d->last_step_b)
     note(d, "the runs end at different steps: A at %lld, B at %lld; compared "
             "the steps both hold",
@@ -1000,6 +1023,10 @@ json_t *probe_diff_to_json(const probe_diff *d) {
   json_object_set_new(al, "records_unmatched", json_integer(d->records_unmatched));
   json_object_set_new(al, "scaler_overflow_records",
                       json_integer(d->scaler_overflow_records));
+  json_object_set_new(al, "trailing_skipped_steps_a",
+                      json_integer(d->trailing_skips_a));
+  json_object_set_new(al, "trailing_skipped_steps_b",
+                      json_integer(d->trailing_skips_b));
   json_object_set_new(al, "policy_a", json_string(d->policy_a));
   json_object_set_new(al, "policy_b", json_string(d->policy_b));
   json_object_set_new(al, "config_differences",

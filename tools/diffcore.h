@@ -127,6 +127,10 @@ typedef struct probe_diff {
   int64_t records_unmatched;        /* records present on one side only */
   int64_t scaler_overflow_records;  /* gradient records non-finite on a
                                        step the scaler skipped: ignored */
+  int scaler_overflow_sides;        /* where those were: 1 A, 2 B, 3 both */
+  int64_t trailing_skips_a;         /* steps skipped at the end of the
+                                       steps table (a scaler that never */
+  int64_t trailing_skips_b;         /* recovered when > 0) */
   int record_mode_a, record_mode_b;
   json_t *config_diff;  /* array of {key, a, b}: where the configs differ */
   int config_other;     /* differences beyond precision-policy keys */

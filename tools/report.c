@@ -39,7 +39,7 @@ static void usage(FILE *f) {
           "usage: ampprobe report TRACE [--baseline FP32_TRACE] "
           "[--bisect RESULT.json]\n"
           "                       -o report.html [--width PX] "
-          "[--heat-cols N] [-q]\n"
+          "[--heat-cols N] [--title TEXT] [-q]\n"
           "\n"
           "Writes one self-contained HTML file (inline SVG and CSS, nothing "
           "loaded from\nelsewhere) that shows, top to bottom: the post-mortem "
@@ -506,6 +506,8 @@ int cmd_report(int argc, char **argv) {
   st = probe_diag_run(&diag, t, path, &dopt);
   have_diag = 1;
   if (st == PROBE_OK) st = add_diagnosis(rep, &diag);
+  /* the loss-scale plot's "scaling off" note: the post-mortem's answer */
+  if (st == PROBE_OK) st = probe_report_set_scaling(rep, diag.scaling_on);
 
   /* layers and the step range (the union with the baseline's) */
   size_t n_layers = 0;

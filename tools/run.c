@@ -171,17 +171,20 @@ static void print_summary(const probe_train_result *r, const char *name,
          a, b, c);
   printf("  skipped steps   %lld (longest run %lld)\n",
          (long long)r->skipped_steps, (long long)r->longest_skip_run);
-  if (r->max_scale != 1.0 || r->min_scale != 1.0 || r->backoffs ||
-      r->growths)
+  if (r->scaler_enabled)
     printf("  loss scale      %g..%g, final %g; %lld backoffs, %lld growths\n",
            r->min_scale, r->max_scale, r->final_scale, (long long)r->backoffs,
            (long long)r->growths);
   else
     printf("  loss scale      off\n");
-  if (r->max_clip_ratio > 0)
-    printf("  largest clip    grad_norm/max_norm = %.4g\n", r->max_clip_ratio);
-  else
+  if (r->clip_max_norm <= 0)
     printf("  largest clip    clipping off\n");
+  else if (r->clip_norms_seen == 0)
+    printf("  largest clip    clipping on (max_norm %g); no finite gradient "
+           "norm seen\n", r->clip_max_norm);
+  else
+    printf("  largest clip    grad_norm/max_norm = %.4g (max_norm %g)\n",
+           r->max_clip_ratio, r->clip_max_norm);
   if (r->first_nonfinite_step >= 0)
     printf("  first non-finite step %lld, layer %s, site %s\n",
            (long long)r->first_nonfinite_step, r->first_nonfinite_layer,
@@ -221,12 +224,20 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
   json_object_set_new(o, "last_loss", cli_json_num(r->last_loss));
   json_object_set_new(o, "skipped_steps", json_integer(r->skipped_steps));
   json_object_set_new(o, "longest_skip_run", json_integer(r->longest_skip_run));
+  json_object_set_new(o, "loss_scaling", json_boolean(r->scaler_enabled));
   json_object_set_new(o, "min_scale", cli_json_num(r->min_scale));
   json_object_set_new(o, "max_scale", cli_json_num(r->max_scale));
   json_object_set_new(o, "final_scale", cli_json_num(r->final_scale));
   json_object_set_new(o, "backoffs", json_integer(r->backoffs));
   json_object_set_new(o, "growths", json_integer(r->growths));
-  json_object_set_new(o, "max_clip_ratio", cli_json_num(r->max_clip_ratio));
+  json_object_set_new(o, "clip_max_norm",
+                      r->clip_max_norm > 0 ? cli_json_num(r->clip_max_norm)
+                                           : json_null());
+  json_object_set_new(o, "clip_norms_seen", json_integer(r->clip_norms_seen));
+  /* null when there is no ratio: clipping off or no finite norm */
+  json_object_set_new(o, "max_clip_ratio",
+                      r->clip_norms_seen ? cli_json_num(r->max_clip_ratio)
+                                         : json_null());
   json_t *fe = json_null();
   if (r->first_nonfinite_step >= 0) {
     fe = json_object();
@@ -400,7 +411,11 @@ int cmd_run(int argc, char **argv) {
   if (config) {
     st = probe_config_load_file(&cfg, config, err, sizeof err);
     if (st < 0) {
-      cli_error(SUB, "%s: %s", config, err[0] ? err : probe_status_str(st));
+      /* the trainer's file errors start with the path (trainer.h) */
+      if (err[0])
+        cli_error(SUB, "%s", err);
+      else
+        cli_error(SUB, "%s: %s", config, err[0] ? err : probe_status_str(st));
       return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
     }
   } else {

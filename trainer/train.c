@@ -771,6 +771,8 @@ probe_status probe_train(const probe_train_config *c,
   if (c->precision != PROBE_PREC_FP16) ss.enabled = 0;
   pt_scaler scaler;
   pt_scaler_init(&scaler, &ss);
+  out->scaler_enabled = ss.enabled != 0;
+  out->clip_max_norm = c->clip_max_norm > 0 ? c->clip_max_norm : 0.0;
 
   int64_t skip_run = 0, step = 0;
   float *gp[1] = {NULL};
@@ -903,8 +905,11 @@ probe_status probe_train(const probe_train_config *c,
     } else {
       skip_run = 0;
     }
-    if (max_norm > 0 && isfinite(norm) && norm / max_norm > out->max_clip_ratio)
-      out->max_clip_ratio = norm / max_norm;
+    if (max_norm > 0 && isfinite(norm)) {
+      out->clip_norms_seen++;
+      if (norm / max_norm > out->max_clip_ratio)
+        out->max_clip_ratio = norm / max_norm;
+    }
     if (!isfinite(loss) && out->first_nonfinite_loss_step < 0)
       out->first_nonfinite_loss_step = step;
     if (opts->progress && opts->progress(step, loss, scale, opts->user)) {

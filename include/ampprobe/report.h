@@ -259,6 +259,11 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
 /* The step where the run's loss curve parts from the baseline's (from the
  * diff engine); drawn on the loss plot. */
 probe_status probe_report_set_part_step(probe_report *r, int64_t step);
+/* Whether the run had dynamic loss scaling on, as the caller knows it
+ * (ampprobe report passes the post-mortem's answer, read from the trace's
+ * stored config). Without it the loss-scale plot guesses from the data: off
+ * when the scale was 1 at every step. */
+probe_status probe_report_set_scaling(probe_report *r, int on);
 /* A label for the baseline series ("FP32 baseline"). */
 probe_status probe_report_set_baseline_label(probe_report *r,
                                              const char *label);

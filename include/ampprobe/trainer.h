@@ -147,14 +147,19 @@ typedef struct probe_train_result {
   double final_loss;
   double last_loss;         /* loss of the last step run */
   double first_loss;        /* loss of step 0 */
+  int scaler_enabled;       /* dynamic loss scaling was on (the config's
+                               scaler.enabled, and an FP16 run) */
   double min_scale, max_scale; /* loss scale range used (1, 1 if off) */
   double final_scale;
   int64_t backoffs;         /* scaler backoff events (incl. min clamps) */
   int64_t growths;
   int64_t skipped_steps;    /* optimizer steps skipped on overflow */
   int64_t longest_skip_run; /* most consecutive skipped steps */
+  double clip_max_norm;     /* the config's clip threshold; 0 = clipping off */
+  int64_t clip_norms_seen;  /* steps with clipping on and a finite norm */
   double max_clip_ratio;    /* max grad_norm / max_norm over finite norms;
-                               0 when clipping is off */
+                               0 when clipping is off or no norm was finite
+                               (clip_norms_seen 0) */
   int64_t first_nonfinite_loss_step; /* -1 if none */
   /* First tensor with a non-finite value, in execution order, as the
    * trainer saw it (step -1 when none). */

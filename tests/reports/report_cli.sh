@@ -66,6 +66,20 @@ has revin.html "{&quot;fail_nonfinite&quot;:true" # objects as compact JSON
 has revin.html ">revin</text>"                # a heatmap row label
 has healthy.html "HEALTHY"
 
+# the loss-scale plot's "loss scaling off" follows the post-mortem (the
+# stored config), not the scale: revin-overflow's scaler stays at its
+# initial 1 once RevIN is in FP32, and is still on
+hasnt() { # hasnt FILE TEXT
+  if grep -qF -- "$2" "$1"; then echo "FAIL $1 has '$2'"; fail=1
+  else echo "ok   $1 lacks '$2'"; fi
+}
+"$AMP" run --scenario revin-overflow --fp32 revin --trace -o scale1.h5 -q >/dev/null
+"$AMP" run --scenario revin-overflow --fp32 revin --no-loss-scale --trace -o noscale.h5 -q >/dev/null
+expect 0 "scaler on at scale 1" -- "$AMP" report scale1.h5 -o scale1.html -q
+expect 0 "scaler off" -- "$AMP" report noscale.h5 -o noscale.html -q
+hasnt scale1.html "loss scaling off"
+has noscale.html "loss scaling off"
+
 expect 2 "missing -o" -- "$AMP" report healthy.h5
 expect 2 "missing TRACE" -- "$AMP" report -o x.html
 expect 2 "bad --width" -- "$AMP" report healthy.h5 -o x.html --width 12

@@ -569,6 +569,33 @@ START_TEST(test_report_loss_axis) {
 }
 END_TEST
 
+/* Scale 1 at every step: without a caller's answer the page guesses
+ * "loss scaling off"; probe_report_set_scaling(1) (a scaler that stayed at
+ * an initial scale of 1) removes the note, set_scaling(0) keeps it. */
+START_TEST(test_report_scaling_source) {
+  for (int mode = 0; mode < 3; mode++) { /* 0 unset, 1 on, 2 off */
+    probe_report *r = new_report(20, 2);
+    if (mode) ck_assert_int_eq(probe_report_set_scaling(r, mode == 1), PROBE_OK);
+    probe_step_scalars s[20];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 20; i++) {
+      s[i].step = i;
+      s[i].loss = 1.0;
+      s[i].loss_scale = 1;
+    }
+    ck_assert_int_eq(probe_report_add_steps(r, s, 20), PROBE_OK);
+    size_t len;
+    char *html = write_report(r, &len);
+    if (mode == 1)
+      ck_assert_ptr_null(strstr(html, "loss scaling off"));
+    else
+      ck_assert_ptr_nonnull(strstr(html, "loss scaling off"));
+    free(html);
+    probe_report_free(r);
+  }
+}
+END_TEST
+
 /* 10,000 steps x 30 layers: the page stays small. */
 START_TEST(test_report_long_trace_size) {
   probe_report *r = new_report(10000, 30);
@@ -605,6 +632,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_baseline_diff_bisect);
   tcase_add_test(tc, test_report_states);
   tcase_add_test(tc, test_report_loss_axis);
+  tcase_add_test(tc, test_report_scaling_source);
   tcase_add_test(tc, test_report_long_trace_size);
   suite_add_tcase(s, tc);
   return s;

@@ -148,6 +148,19 @@ errors() {
   expect_err 3 "missing config file" --fp32-candidates bn --config "$WORK/none.json"
   expect_err 2 "run option the trials reject" --fp32-candidates revin \
     --scenario revin-overflow -j 2 -q --workdir "$WORK/wd-bad" -- --bogus
+  # the trials left are labelled as not run because one errored, not passed
+  for j in 1 2; do
+    "$BIN" bisect --fp32-candidates revin --scenario revin-overflow -j $j -q \
+      --workdir "$WORK/wd-bad$j" --json -- --bogus >"$WORK/bad$j.json" 2>/dev/null
+    local whys
+    whys=$(jget "$WORK/bad$j.json" "' | '.join(t['why'] for t in d['trials'] if t['verdict'] != 'error')")
+    if [ -n "$whys" ] && ! echo "$whys" | grep -q "passed" &&
+       echo "$whys" | grep -q "errored"; then
+      pass "-j $j: trials after an ERROR: $whys"
+    else
+      fail "-j $j: trials after an ERROR labelled: $whys"
+    fi
+  done
   echo '{"name": "x", "steps": "many"}' >"$WORK/bad.json"
   expect_err 2 "invalid config" --fp32-candidates bn --config "$WORK/bad.json"
   : >"$WORK/ro" # a file where the work directory should go

@@ -86,6 +86,23 @@ if [ "$RC" = 0 ] && grep -q "agree within tolerance" "$WORK/h.txt" &&
 else
   fail "healthy: expected agreement, got exit $RC: $(sed -n 6p "$WORK/h.txt")"
 fi
+# scaled-gradient overflows: normal loss scaling only when the scaler
+# recovered (healthy: one backoff early on); revin-overflow's scaler backs
+# off at every step to 0 and never does
+if grep -q "skipped (normal dynamic loss scaling: it recovered)" "$WORK/h.txt"; then
+  pass "healthy: the skipped overflow is normal dynamic loss scaling"
+else
+  fail "healthy: note on skipped overflows: $(grep "scaler skipped" "$WORK/h.txt")"
+fi
+ronote=$(jget "$WORK/revin-overflow.json" "' | '.join(n for n in d['alignment']['notes'] if 'scaler skipped' in n)")
+if echo "$ronote" | grep -q "did not recover" &&
+   ! echo "$ronote" | grep -q "(normal dynamic loss scaling" &&
+   [ "$(jget "$WORK/revin-overflow.json" "d['alignment']['trailing_skipped_steps_a']")" = 150 ]; then
+  pass "revin-overflow: the collapsed scaler is not called normal"
+else
+  fail "revin-overflow: note on skipped overflows: $ronote"
+fi
+
 # the same trace against itself: zero difference everywhere
 "$BIN" diff "$WORK/healthy-16.h5" "$WORK/healthy-16.h5" --json >"$WORK/same.json"
 [ "$(jget "$WORK/same.json" "max(r['max_rel_absmax']+r['max_rel_rms'] for r in d['layers'])")" = 0.0 ] \

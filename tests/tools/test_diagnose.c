@@ -53,12 +53,15 @@ static const char *tmp_path(const char *tag) {
   return path_buf;
 }
 
-static void tb_open(tb *t, const char *path, int all_fp32) {
+/* Layers in fp32_mask (bit per layer) run in FP32; input and loss always
+ * do. config_json is the stored config (NULL: {"name": "unit"}). */
+static void tb_open_ex(tb *t, const char *path, int all_fp32, unsigned fp32_mask,
+                       const char *config_json) {
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
   o.command_line = "ampprobe run --scenario unit --trace --steps 40";
-  o.config_json = "{\"name\": \"unit\"}";
+  o.config_json = config_json ? config_json : "{\"name\": \"unit\"}";
   o.precision_policy = all_fp32 ? "fp32" : "fp16";
   memset(t, 0, sizeof *t);
   ck_assert_int_eq(probe_session_open(&t->s, path, &o), PROBE_OK);
@@ -69,13 +72,18 @@ static void tb_open(tb *t, const char *path, int all_fp32) {
                                              PROBE_KIND_SOFTMAX,
                                              PROBE_KIND_LOSS};
   for (int i = 0; i < N_LAYERS; i++) {
-    probe_precision p = (all_fp32 || i == L_INPUT || i == L_LOSS)
-                            ? PROBE_PREC_FP32
-                            : PROBE_PREC_FP16;
+    probe_precision p =
+        (all_fp32 || i == L_INPUT || i == L_LOSS || (fp32_mask >> i & 1))
+            ? PROBE_PREC_FP32
+            : PROBE_PREC_FP16;
     ck_assert_int_eq(probe_layer_register(t->s, names[i], kinds[i], p,
                                           &t->id[i]),
                      PROBE_OK);
   }
+}
+
+static void tb_open(tb *t, const char *path, int all_fp32) {
+  tb_open_ex(t, path, all_fp32, 0, NULL);
 }
 
 /* Records N values: mag * (0.5 + i/N), with nan/inf/zeros at the start. */
@@ -251,8 +259,112 @@ START_TEST(test_softmax_underflow_to_inf) {
   ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
   ck_assert_str_eq(d.fp32_candidates, "softmax");
   ck_assert_int_eq(d.first_nonfinite_loss_step, 5);
+  /* the loss runs in FP32: the finding names the FP16 softmax upstream,
+   * never the loss */
+  ck_assert_msg(strstr(d.findings[0].title, "keep 'head.sm' in FP32"),
+                "title: %s", d.findings[0].title);
+  ck_assert_ptr_null(strstr(d.findings[0].title, "keep it in FP32"));
   probe_diag_free(&d);
   unlink(p);
+}
+END_TEST
+
+/* The same, with the softmax already in FP32 too: no FP16 layer fed the
+ * zeros, so nothing already in FP32 may be recommended. */
+START_TEST(test_underflow_from_fp32_layers) {
+  const char *p = tmp_path("sm32");
+  tb t;
+  tb_open_ex(&t, p, 0, 1u << L_SM, NULL);
+  for (int s = 0; s < 8; s++) {
+    spec sp = {.sm_zeros = s >= 5};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_int_eq(d.event, DIAG_EVENT_UNDERFLOW_TO_INF);
+  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "loss");
+  ck_assert_ptr_null(strstr(d.fp32_candidates, "softmax"));
+  for (int i = 0; i < d.n_findings; i++) {
+    ck_assert_msg(!strstr(d.findings[i].title, "keep it in FP32") &&
+                      !strstr(d.findings[i].title, "keep 'head.sm'") &&
+                      !strstr(d.findings[i].title, "keep 'loss'"),
+                  "finding %d: %s", i, d.findings[i].title);
+    ck_assert_ptr_null(strstr(d.findings[i].next_step, "softmax"));
+  }
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* diag_config_scaling reads scaler.enabled (and an fp16 precision). */
+START_TEST(test_config_scaling) {
+  ck_assert_int_eq(diag_config_scaling(NULL), -1);
+  ck_assert_int_eq(diag_config_scaling(""), -1);
+  ck_assert_int_eq(diag_config_scaling("not json"), -1);
+  ck_assert_int_eq(diag_config_scaling("{\"name\": \"unit\"}"), -1);
+  ck_assert_int_eq(diag_config_scaling("{\"scaler\": {\"init\": 1}}"), -1);
+  ck_assert_int_eq(
+      diag_config_scaling("{\"scaler\": {\"enabled\": true, \"init\": 1}}"),
+      1);
+  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"fp16\", "
+                                       "\"scaler\": {\"enabled\": false}}"),
+                   0);
+  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"bf16\", "
+                                       "\"scaler\": {\"enabled\": true}}"),
+                   0);
+  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"fp32\", "
+                                       "\"scaler\": {\"enabled\": true}}"),
+                   0);
+}
+END_TEST
+
+/* A scaler that stays at an initial scale of 1 (no event) is on: the stored
+ * config says so, and the post-mortem must not call scaling off. */
+START_TEST(test_scaler_at_scale_one_is_on) {
+  static const char *cfg[2] = {
+      "{\"name\": \"unit\", \"precision\": \"fp16\", "
+      "\"scaler\": {\"enabled\": true, \"init\": 1}}",
+      "{\"name\": \"unit\", \"precision\": \"fp16\", "
+      "\"scaler\": {\"enabled\": false, \"init\": 1}}"};
+  for (int on = 1; on >= 0; on--) {
+    const char *p = tmp_path(on ? "one-on" : "one-off");
+    tb t;
+    tb_open_ex(&t, p, 0, 0, cfg[on ? 0 : 1]);
+    for (int s = 0; s < 20; s++) {
+      spec sp = {.grad_mag = 1e-6f};
+      scal sc = clean(1.0, 1.0);
+      tb_step(&t, s, &sp, &sc);
+    }
+    ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+    probe_diag d;
+    diag_of(&d, p);
+    ck_assert_int_eq(d.scaling_on, on);
+    ck_assert_int_eq(d.scaling_from_config, 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    probe_diag_print_text(&d, f);
+    fclose(f);
+    if (on) {
+      ck_assert_ptr_null(strstr(text, "loss scaling off"));
+      ck_assert_ptr_nonnull(strstr(text, "scale       1 -> 1"));
+      ck_assert_int_ne(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+    } else {
+      ck_assert_ptr_nonnull(strstr(text, "loss scaling off"));
+      ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+    }
+    json_t *j = probe_diag_to_json(&d);
+    json_t *sc = json_object_get(j, "scaler");
+    ck_assert(json_boolean_value(json_object_get(sc, "enabled")) == on);
+    ck_assert_str_eq(json_string_value(json_object_get(sc, "enabled_source")),
+                     "config");
+    json_decref(j);
+    free(text);
+    probe_diag_free(&d);
+    unlink(p);
+  }
 }
 END_TEST
 
@@ -549,6 +661,9 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_healthy);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
+  tcase_add_test(tc, test_underflow_from_fp32_layers);
+  tcase_add_test(tc, test_config_scaling);
+  tcase_add_test(tc, test_scaler_at_scale_one_is_on);
   tcase_add_test(tc, test_input_nan);
   tcase_add_test(tc, test_linear_overflow_nan_downstream);
   tcase_add_test(tc, test_warmup_backoffs_are_healthy);

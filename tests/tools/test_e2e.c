@@ -6,7 +6,7 @@
  * same on a trace whose writer was SIGKILLed mid-run; Ctrl-C of a run; and
  * bad input (one-line error on stderr, documented exit code).
  *
- * Usage: test_e2e [scenarios|killed|errors|coverage]  (default: all)
+ * Usage: test_e2e [scenarios|killed|errors|coverage|outputs]  (default: all)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
@@ -523,6 +523,198 @@ START_TEST(test_output_unwritable) {
 }
 END_TEST
 
+/* ---- what the summaries and help say ------------------------------------- */
+
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+static json_t *parse_json(const char *text, const char *what) {
+  json_error_t err;
+  json_t *j = json_loads(text, 0, &err);
+  ck_assert_msg(j != NULL, "%s: not JSON: %s", what, err.text);
+  return j;
+}
+
+/* A config error names the file once. */
+START_TEST(test_config_error_path_once) {
+  char p[300];
+  snprintf(p, sizeof p, "%s/badkey.json", workdir);
+  const char *cfg = "{\"name\": \"x\", \"model\": [{\"type\": "
+                    "\"linear\", \"outt\": 3}]}\n";
+  write_file(p, cfg, strlen(cfg));
+  const char *args[] = {"run", "--config", p, NULL};
+  result r = run("badkey", args);
+  check_error(&r, 2, "run", "unknown key in a config file");
+  ck_assert_msg(count_of(r.err, p) == 1, "path not named once: %s", r.err);
+  ck_assert_ptr_nonnull(strstr(r.err, "model[0].outt: unknown key"));
+  result_free(&r);
+  snprintf(p, sizeof p, "%s/no-such-config.json", workdir);
+  const char *args2[] = {"run", "--config", p, NULL};
+  r = run("nocfg", args2);
+  check_error(&r, 3, "run", "missing config file");
+  ck_assert_msg(count_of(r.err, p) == 1, "path not named once: %s", r.err);
+  result_free(&r);
+}
+END_TEST
+
+/* revin-overflow: clipping on (max_norm 5) though no norm was finite; with
+ * --fp32 revin the scaler is on and stays at its initial scale 1, and
+ * postmortem agrees (it reads the stored config). */
+START_TEST(test_run_scaler_and_clip_lines) {
+  char t1[300], t2[300], t3[300];
+  snprintf(t1, sizeof t1, "%s/sum-ro.h5", workdir);
+  snprintf(t2, sizeof t2, "%s/sum-fix.h5", workdir);
+  snprintf(t3, sizeof t3, "%s/sum-off.h5", workdir);
+  const char *a1[] = {"run", "--scenario", "revin-overflow", "-q", "-o", t1,
+                      NULL};
+  result r = run("sum1", a1);
+  ck_assert_int_eq(r.rc, 1);
+  ck_assert_msg(strstr(r.out, "largest clip    clipping on (max_norm 5); no "
+                              "finite gradient norm seen"),
+                "%s", r.out);
+  ck_assert_ptr_null(strstr(r.out, "clipping off"));
+  result_free(&r);
+  const char *a1j[] = {"run", "--scenario", "revin-overflow", "-q", "--json",
+                       "-o", t1, NULL};
+  r = run("sum1j", a1j);
+  json_t *j = parse_json(r.out, "run --json");
+  ck_assert(json_is_true(json_object_get(j, "loss_scaling")));
+  ck_assert(json_real_value(json_object_get(j, "clip_max_norm")) == 5.0);
+  ck_assert_int_eq(json_integer_value(json_object_get(j, "clip_norms_seen")),
+                   0);
+  ck_assert(json_is_null(json_object_get(j, "max_clip_ratio")));
+  json_decref(j);
+  result_free(&r);
+
+  const char *a2[] = {"run", "--scenario", "revin-overflow", "--fp32", "revin",
+                      "--trace", "-q", "-o", t2, NULL};
+  r = run("sum2", a2);
+  ck_assert_int_eq(r.rc, 0);
+  ck_assert_msg(strstr(r.out, "loss scale      1..1, final 1; 0 backoffs"),
+                "%s", r.out);
+  ck_assert_ptr_null(strstr(r.out, "loss scale      off"));
+  ck_assert_ptr_nonnull(strstr(r.out, "(max_norm 5)"));
+  result_free(&r);
+  int rc = -1;
+  j = postmortem_json(t2, &rc);
+  ck_assert_ptr_nonnull(j);
+  json_t *sc = json_object_get(j, "scaler");
+  ck_assert(json_is_true(json_object_get(sc, "enabled")));
+  ck_assert_str_eq(json_string_value(json_object_get(sc, "enabled_source")),
+                   "config");
+  json_decref(j);
+  const char *pa[] = {"postmortem", t2, NULL};
+  r = run("sum2pm", pa);
+  ck_assert_ptr_null(strstr(r.out, "loss scaling off"));
+  ck_assert_ptr_nonnull(strstr(r.out, "scale       1 -> 1"));
+  result_free(&r);
+
+  /* really off: --no-loss-scale */
+  const char *a3[] = {"run", "--scenario", "revin-overflow", "--fp32", "revin",
+                      "--no-loss-scale", "--clip-norm", "0", "--trace", "-q",
+                      "-o", t3, NULL};
+  r = run("sum3", a3);
+  ck_assert_ptr_nonnull(strstr(r.out, "loss scale      off"));
+  ck_assert_ptr_nonnull(strstr(r.out, "largest clip    clipping off"));
+  result_free(&r);
+  const char *pb[] = {"postmortem", t3, NULL};
+  r = run("sum3pm", pb);
+  ck_assert_ptr_nonnull(strstr(r.out, "loss scaling off"));
+  result_free(&r);
+}
+END_TEST
+
+/* lr-too-high stops early: no gradient records in the second half -> n/a
+ * in the text, null in the JSON, never nan. */
+START_TEST(test_postmortem_no_nan_percent) {
+  char t[300];
+  snprintf(t, sizeof t, "%s/lr.h5", workdir);
+  const char *a[] = {"run", "--scenario", "lr-too-high", "--trace", "-q", "-o",
+                     t, NULL};
+  result r = run("lr", a);
+  ck_assert_int_eq(r.rc, 1);
+  result_free(&r);
+  const char *pa[] = {"postmortem", t, NULL};
+  r = run("lrpm", pa);
+  ck_assert_ptr_null(strstr(r.out, "nan%"));
+  ck_assert_ptr_null(strstr(r.out, "-nan"));
+  ck_assert_msg(strstr(r.out, "n/a   zeros"), "%s", r.out);
+  result_free(&r);
+  int rc;
+  json_t *j = postmortem_json(t, &rc);
+  ck_assert_ptr_nonnull(j);
+  json_t *l0 = json_array_get(json_object_get(j, "layers"), 0);
+  ck_assert_ptr_nonnull(l0);
+  ck_assert(json_is_null(
+      json_object_get(l0, "subnormal_or_flush_second_half")));
+  json_decref(j);
+}
+END_TEST
+
+/* two-culprits with revin in FP32: inf appears in the FP32 loss; the FP16
+ * softmax that underflowed is the layer to keep in FP32. */
+START_TEST(test_underflow_names_fp16_layer) {
+  char t[300];
+  snprintf(t, sizeof t, "%s/tc.h5", workdir);
+  const char *a[] = {"run", "--scenario", "two-culprits", "--fp32", "revin",
+                     "--trace", "-q", "-o", t, NULL};
+  result r = run("tc", a);
+  result_free(&r);
+  int rc;
+  json_t *j = postmortem_json(t, &rc);
+  ck_assert_ptr_nonnull(j);
+  json_t *top = json_array_get(json_object_get(j, "diagnosis"), 0);
+  const char *title = json_string_value(json_object_get(top, "title"));
+  ck_assert_str_eq(json_string_value(json_object_get(top, "id")),
+                   "force-fp32");
+  ck_assert_msg(title && strstr(title, "keep 'head.softmax' in FP32"),
+                "title: %s", title ? title : "");
+  ck_assert_ptr_null(strstr(title, "keep it in FP32"));
+  json_decref(j);
+}
+END_TEST
+
+/* Every long option of diff's and report's option list is in its usage
+ * line. */
+START_TEST(test_usage_lists_options) {
+  const char *subs[] = {"diff", "report", "postmortem"};
+  for (int i = 0; i < 3; i++) {
+    const char *a[] = {subs[i], "--help", NULL};
+    result r = run("usagehelp", a);
+    ck_assert_int_eq(r.rc, 0);
+    const char *blank = strstr(r.out, "\n\n");
+    ck_assert_ptr_nonnull(blank);
+    size_t ulen = (size_t)(blank - r.out);
+    char *usage = strndup(r.out, ulen);
+    for (const char *p = blank; (p = strstr(p, "\n  -")); p++) {
+      /* "  --name" or "  -x, --name" */
+      const char *opt = strstr(p, "--");
+      const char *eol = strchr(p + 1, '\n');
+      if (!opt || (eol && opt > eol)) continue;
+      char name[64];
+      size_t k = 0;
+      while (k < sizeof name - 1 &&
+             (opt[k] == '-' || (opt[k] >= 'a' && opt[k] <= 'z')))
+        name[k] = opt[k], k++;
+      name[k] = 0;
+      if (!strcmp(name, "--help")) continue;
+      char shortopt[4] = "";
+      if (p[4] != '-' && p[5] == ',') /* "\n  -x, --name" */
+        snprintf(shortopt, sizeof shortopt, "-%c", p[4]);
+      ck_assert_msg(strstr(usage, name) ||
+                        (shortopt[0] && strstr(usage, shortopt)),
+                    "%s: %s is missing from the usage line:\n%s", subs[i],
+                    name, usage);
+    }
+    free(usage);
+    result_free(&r);
+  }
+}
+END_TEST
+
 /* ---- runner --------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -562,6 +754,16 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_usage_errors);
     tcase_add_test(tc, test_help_and_version);
     tcase_add_test(tc, test_output_unwritable);
+    suite_add_tcase(s, tc);
+  }
+  if (!only || !strcmp(only, "outputs")) {
+    TCase *tc = tcase_create("outputs");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_config_error_path_once);
+    tcase_add_test(tc, test_run_scaler_and_clip_lines);
+    tcase_add_test(tc, test_postmortem_no_nan_percent);
+    tcase_add_test(tc, test_underflow_names_fp16_layer);
+    tcase_add_test(tc, test_usage_lists_options);
     suite_add_tcase(s, tc);
   }
   SRunner *sr = srunner_create(s);

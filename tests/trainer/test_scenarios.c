@@ -81,6 +81,17 @@ START_TEST(test_revin_overflow) {
   ck_assert(f.final_loss < 0.7 * f.first_loss);
   assert_close(fix.final_loss, f.final_loss, 0.05, "revin fp32 vs fp32");
   ck_assert_int_le(fix.skipped_steps, 2);
+  /* the result says what was configured, not what the numbers suggest:
+   * clipping at 5 with no finite norm in the failing run; the scaler on
+   * (at its initial scale 1) in the fixed one; off in FP32 */
+  ck_assert(h.clip_max_norm == 5.0);
+  ck_assert_int_eq(h.clip_norms_seen, 0);
+  ck_assert(h.max_clip_ratio == 0.0);
+  ck_assert_int_eq(h.scaler_enabled, 1);
+  ck_assert_int_eq(fix.scaler_enabled, 1);
+  ck_assert(fix.min_scale == 1.0 && fix.max_scale == 1.0);
+  ck_assert_int_eq(fix.clip_norms_seen, fix.steps_run);
+  ck_assert_int_eq(f.scaler_enabled, 0);
   /* the other kinds do not help */
   probe_train_result no = run("revin-overflow", "fp32", "bn,softmax,linear");
   ck_assert(no.diverged);
