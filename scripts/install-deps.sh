@@ -14,6 +14,7 @@ pkgs=(
   libjansson-dev                # configs and --json output
   libopenblas-dev               # CPU GEMMs
   python3-h5py python3-numpy    # interop tests read our traces with h5py
+  python3-pandas                # ... and load a table the way the docs show
   python3-torch                 # reference gradients for the trainer tests
   chromium                      # report rendering test (headless)
 )

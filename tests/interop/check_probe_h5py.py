@@ -91,6 +91,28 @@ def check(path, complete):
     cols = {k: r[k] for k in r.dtype.names if k != "hist"}
     assert all(v.ndim == 1 and len(v) == 10 for v in cols.values())
     f.close()
+    check_pandas_lines(path)
+
+
+def check_pandas_lines(path):
+    """Runs the three lines docs/trace-format.md shows, as written there."""
+    try:
+        import pandas as pd  # noqa: F401  (Debian's python3-pandas)
+    except ImportError:
+        print("note: pandas not importable, documented pandas lines not run")
+        return
+    doc = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "..", "..", "docs", "trace-format.md")
+    text = open(doc, encoding="utf-8").read()
+    start = text.index("```python\nimport h5py, pandas as pd")
+    code = text[start + len("```python\n"): text.index("```", start + 9)]
+    env = {}
+    exec(code.replace('"trace.h5"', repr(path)), env)
+    df = env["df"]
+    assert len(df) == 10, len(df)
+    assert "hist" not in df.columns and "nan_count" in df.columns
+    assert df["step"].tolist() == [s for s in range(5) for _ in (0, 1)]
+    env["f"].close()
 
 
 def main():
