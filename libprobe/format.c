@@ -4,8 +4,10 @@
  * (the probe_stats of a record is flattened into the record); file types
  * are the same fields at the same offsets, in little-endian byte order.
  */
+#define _GNU_SOURCE /* PTHREAD_MUTEX_RECURSIVE */
 #include "format.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -215,4 +217,41 @@ hid_t probe__vlstr_type(void) {
     return H5I_INVALID_HID;
   }
   return t;
+}
+
+/* ---- the process-wide HDF5 lock ------------------------------------------ */
+
+static pthread_mutex_t h5_mu;
+static pthread_once_t h5_once = PTHREAD_ONCE_INIT;
+
+static void h5_mu_create(void) {
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&h5_mu, &a);
+  pthread_mutexattr_destroy(&a);
+}
+
+/* fork() while a writer thread is inside HDF5 would leave the child an
+ * HDF5 in the middle of a call, and a lock owned by a thread it lacks:
+ * fork waits for the lock, and the child re-creates it. */
+static void h5_fork_prepare(void) { pthread_mutex_lock(&h5_mu); }
+static void h5_fork_parent(void) { pthread_mutex_unlock(&h5_mu); }
+static void h5_fork_child(void) { h5_mu_create(); }
+
+static void h5_mu_init(void) {
+  h5_mu_create();
+  pthread_atfork(h5_fork_prepare, h5_fork_parent, h5_fork_child);
+}
+
+void probe__h5_lock(void) {
+  pthread_once(&h5_once, h5_mu_init);
+  pthread_mutex_lock(&h5_mu);
+}
+
+void probe__h5_unlock(void) { pthread_mutex_unlock(&h5_mu); }
+
+void probe__h5_lock_child_reset(void) {
+  pthread_once(&h5_once, h5_mu_init);
+  h5_mu_create(); /* the copy in the child is owned by a thread it lacks */
 }

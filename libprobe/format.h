@@ -91,4 +91,15 @@ int probe__type_check(probe__table t, hid_t file_type, char *why,
 /* Variable-length UTF-8 string type (for root attributes). */
 hid_t probe__vlstr_type(void);
 
+/* The HDF5 library here is the serial (not thread-safe) build, and every
+ * writer session runs its own writer thread (writer.c). All of libprobe's
+ * HDF5 calls hold this process-wide recursive lock, so that two threads
+ * never run inside HDF5 at once. fork() takes it first (pthread_atfork,
+ * registered at its first use), so a child never inherits an HDF5 in the
+ * middle of a call; probe__h5_lock_child_reset re-creates it in the child
+ * of a fork() made while holding it. */
+void probe__h5_lock(void);
+void probe__h5_unlock(void);
+void probe__h5_lock_child_reset(void);
+
 #endif /* AMPPROBE_LIBPROBE_FORMAT_H */

@@ -80,7 +80,7 @@ static void h5_desc(char *buf) {
   if (buf[0] == '\0') snprintf(buf, 200, "HDF5 error");
 }
 
-void probe_trace_close(probe_trace *t) {
+static void probe_trace_close_impl(probe_trace *t) {
   if (t == NULL) return;
   H5E_BEGIN_TRY {
     for (int i = 0; i < PROBE__T_COUNT; i++) {
@@ -309,7 +309,7 @@ static probe_status read_layers(probe_trace *t) {
   return PROBE_OK;
 }
 
-probe_status probe_trace_open(probe_trace **out, const char *path) {
+static probe_status probe_trace_open_impl(probe_trace **out, const char *path) {
   if (out == NULL || path == NULL) return PROBE_ERR_INVALID_ARG;
   *out = NULL;
   probe_trace *t = calloc(1, sizeof *t);
@@ -458,7 +458,7 @@ static int stats_ok(const probe_stats *s) {
   return 1;
 }
 
-probe_status probe_trace_read_records(probe_trace *t, int64_t start,
+static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
                                       size_t max, probe_record *buf,
                                       size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_RECORDS, start, max, buf, got);
@@ -476,7 +476,7 @@ probe_status probe_trace_read_records(probe_trace *t, int64_t start,
   return PROBE_OK;
 }
 
-probe_status probe_trace_read_steps(probe_trace *t, int64_t start, size_t max,
+static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, size_t max,
                                     probe_step_scalars *buf, size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_STEPS, start, max, buf, got);
   if (st != PROBE_OK) return st;
@@ -492,7 +492,7 @@ probe_status probe_trace_read_steps(probe_trace *t, int64_t start, size_t max,
   return PROBE_OK;
 }
 
-probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
+static probe_status probe_trace_read_scaler_events_impl(probe_trace *t, int64_t start,
                                             size_t max,
                                             probe_scaler_event *buf,
                                             size_t *got) {
@@ -517,7 +517,7 @@ static int snapshot_ok(const probe_trace *t, const probe_snapshot_info *s) {
          s->offset >= 0 && s->offset <= t->rows[PROBE__T_SNAPDATA] - s->n;
 }
 
-probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
+static probe_status probe_trace_read_snapshots_impl(probe_trace *t, int64_t start,
                                         size_t max, probe_snapshot_info *buf,
                                         size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_SNAPIDX, start, max, buf, got);
@@ -533,7 +533,7 @@ probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
   return PROBE_OK;
 }
 
-probe_status probe_trace_read_snapshot_data(probe_trace *t,
+static probe_status probe_trace_read_snapshot_data_impl(probe_trace *t,
                                             const probe_snapshot_info *sn,
                                             float *buf) {
   if (t == NULL || sn == NULL || (buf == NULL && sn->n > 0))
@@ -547,7 +547,7 @@ probe_status probe_trace_read_snapshot_data(probe_trace *t,
   return PROBE_OK;
 }
 
-probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
+static probe_status probe_trace_read_kernels_impl(probe_trace *t, int64_t start,
                                       size_t max, probe_kernel_record *buf,
                                       size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_KERNELS, start, max, buf, got);
@@ -599,6 +599,45 @@ static probe_status read_everything(probe_trace *t) {
   return st;
 }
 
+/* ---- public entry points: every HDF5 call under the process-wide lock ---- */
+
+void probe_trace_close(probe_trace *t) {
+  probe__h5_lock();
+  probe_trace_close_impl(t);
+  probe__h5_unlock();
+}
+
+probe_status probe_trace_open(probe_trace **out, const char *path) {
+  probe__h5_lock();
+  probe_status st = probe_trace_open_impl(out, path);
+  probe__h5_unlock();
+  return st;
+}
+
+#define LOCKED_READ_(name, T)                                                  \
+  probe_status name(probe_trace *t, int64_t start, size_t max, T *buf,         \
+                    size_t *got) {                                             \
+    probe__h5_lock();                                                          \
+    probe_status st = name##_impl(t, start, max, buf, got);                    \
+    probe__h5_unlock();                                                        \
+    return st;                                                                 \
+  }
+LOCKED_READ_(probe_trace_read_records, probe_record)
+LOCKED_READ_(probe_trace_read_steps, probe_step_scalars)
+LOCKED_READ_(probe_trace_read_scaler_events, probe_scaler_event)
+LOCKED_READ_(probe_trace_read_snapshots, probe_snapshot_info)
+LOCKED_READ_(probe_trace_read_kernels, probe_kernel_record)
+#undef LOCKED_READ_
+
+probe_status probe_trace_read_snapshot_data(probe_trace *t,
+                                            const probe_snapshot_info *sn,
+                                            float *buf) {
+  probe__h5_lock();
+  probe_status st = probe_trace_read_snapshot_data_impl(t, sn, buf);
+  probe__h5_unlock();
+  return st;
+}
+
 /* What the child reports through the pipe. */
 typedef struct iso_report {
   int32_t status;
@@ -632,7 +671,12 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
     return PROBE_ERR_IO;
   }
   fflush(NULL);
+  /* Forked while holding the HDF5 lock, so that no writer thread of this
+   * process is inside HDF5 at that moment: the child's copy is whole. */
+  probe__h5_lock();
   pid_t pid = fork();
+  if (pid == 0) probe__h5_lock_child_reset();
+  else probe__h5_unlock();
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);

@@ -16,13 +16,30 @@
  * Flight recorder (PROBE_MODE_SCALARS): the per-layer records of the last
  * ring_steps steps stay in memory; a non-finite event writes them, the
  * step of the event and the ring_steps steps after it.
+ *
+ * Threads: every session owns one writer thread, and only that thread calls
+ * HDF5 for the session, from creating the file to closing it (HDF5 is the
+ * serial build; all of libprobe's HDF5 calls also hold the process-wide
+ * probe__h5_lock). The caller's thread computes the statistics, keeps the
+ * step's records, decides events and snapshots, and hands finished rows
+ * over at probe_step_end (one mutex per step; buffers are swapped, not
+ * copied). The writer thread batches them into H5Dwrite calls of
+ * batch_rows rows, compresses, and flushes on its own timer (flush_seconds
+ * after the first unflushed row, even while the caller is busy elsewhere).
+ * Flushes asked for by the caller (probe_session_flush, flush_steps, a
+ * non-finite event, close) are synchronous: the call returns when the rows
+ * are on disk and counted. The writer's I/O errors are sticky and come
+ * back to the caller at its next call, and at close. The rows waiting for
+ * the writer are bounded (WAIT_BYTES): a caller faster than the disk waits.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +52,21 @@
 #include <hdf5.h>
 
 #include "ampprobe/probe.h"
+#include "deflate.h"
 #include "format.h"
 #include "gpu.h"
 
 #ifndef AMPPROBE_VERSION
 #define AMPPROBE_VERSION "0.0.0"
 #endif
+
+/* Largest tensor (bytes) whose copy is kept to recognise it when it is
+ * recorded again (probe_tensor_record). */
+#define LAST_MAX_BYTES ((size_t)256 << 10)
+
+/* Bytes of rows handed over and not yet taken by the writer thread above
+ * which the caller waits (backpressure). */
+#define WAIT_BYTES ((size_t)64 << 20)
 
 /* ---- small growable arrays ------------------------------------------------ */
 
@@ -84,7 +110,9 @@ typedef struct ring_slot {
 struct probe_session {
   probe_options opt;
   char *layer_select; /* owned copy of opt.layer_select */
+  char *path;         /* owned copy, for the writer thread's H5Fcreate */
 
+  /* ---- the writer thread's own (the caller never touches these) ---- */
   hid_t file;
   hid_t dset[PROBE__T_COUNT];
   hid_t mtype[PROBE__T_COUNT];
@@ -92,6 +120,45 @@ struct probe_session {
   int64_t rows[PROBE__T_COUNT]; /* rows written with H5Dwrite so far */
   pvec pend[PROBE__T_COUNT];    /* rows waiting for their H5Dwrite */
   int64_t unflushed[PROBE__T_COUNT]; /* rows written since the last flush */
+  /* Tables written chunk by chunk with H5Dwrite_chunk (table_write): the
+   * rows of the last, partly filled chunk, rewritten as it grows. */
+  int direct[PROBE__T_COUNT];
+  int64_t batch[PROBE__T_COUNT]; /* rows per write: batch_rows, or at
+                                    most 4 chunks for direct tables (set
+                                    before the open handshake, then read
+                                    by both threads) */
+  uint8_t *tail[PROBE__T_COUNT]; /* (chunk_rows rows) */
+  size_t tail_n[PROBE__T_COUNT];
+  uint8_t *shuf, *zbuf;          /* encoder scratch */
+  size_t scratch_cap;
+  int64_t w_last_step, w_first_nonfinite, w_n_events; /* as of the rows
+                                                         taken */
+  int64_t n_flushes;
+  double t_last_flush;
+  probe_status w_err; /* sticky I/O error of the writer thread */
+  int detached;       /* file descriptor replaced after a failed write */
+  char w_msg[512];
+
+  /* ---- shared, under mu ---- */
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t wake; /* to the writer: rows, a request */
+  pthread_cond_t done; /* to the caller: opened, flushed, rows taken */
+  pvec in[PROBE__T_COUNT]; /* rows handed over, not yet taken */
+  size_t in_bytes;
+  int64_t sh_last_step, sh_first_nonfinite, sh_n_events;
+  uint64_t flush_req, flush_done; /* synchronous flush tickets */
+  int close_req, close_flush;
+  int opened;  /* 0 while opening, 1 open, -1 failed */
+  int w_idle;  /* the writer sleeps with nothing to flush */
+  probe_status sh_err;
+  char sh_msg[512];
+  atomic_int err_flag; /* sh_err is set (read without the lock) */
+
+  /* ---- the caller's ---- */
+  pvec stage[PROBE__T_COUNT]; /* scratch (snapshot data as float32) */
+  int64_t appended[PROBE__T_COUNT]; /* rows handed over so far */
 
   probe_layer_info *layers; /* (n_layers) */
   uint8_t *selected;        /* (n_layers) 1 when the layer is recorded */
@@ -107,6 +174,16 @@ struct probe_session {
   size_t n_cur, cap_cur;
   int cuda_pending;
   probe_cuda_stats *cuda;
+  /* A host tensor recorded twice in a row with the same bytes reuses its
+   * statistics. last: a copy of the bytes of record n_cur - 1 (last_ok),
+   * kept only where the step before recorded the same pointer next
+   * (repeat[seq], learnt in repeat_next), so tensors that never come back
+   * are not copied. */
+  void *last;
+  size_t last_n, last_cap;
+  probe_dtype last_dtype;
+  int last_ok;
+  uint8_t *repeat, *repeat_next; /* (cap_cur) */
 
   ring_slot *ring; /* (opt.ring_steps) */
   int ring_head, ring_len;
@@ -116,14 +193,12 @@ struct probe_session {
   int64_t n_events;
   int64_t first_nonfinite;
   int64_t last_step;
-  int64_t n_flushes;
   int64_t steps_since_flush;
-  double t0, t_last_flush;
+  double t0;
 
   probe__cupti *cupti;
 
-  probe_status err; /* sticky I/O error; PROBE_OK while healthy */
-  int detached;     /* file descriptor replaced after a failed write */
+  probe_status err; /* sticky error seen by the caller; PROBE_OK if healthy */
   char msg[512];
 };
 
@@ -141,6 +216,16 @@ static probe_status set_msg(probe_session *s, probe_status st, const char *fmt,
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(s->msg, sizeof s->msg, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* The writer thread's error message (the caller's is s->msg). */
+static probe_status set_wmsg(probe_session *s, probe_status st,
+                             const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->w_msg, sizeof s->w_msg, fmt, ap);
   va_end(ap);
   return st;
 }
@@ -192,14 +277,14 @@ static probe_status h5_fail(probe_session *s, const char *what) {
   probe_status st = PROBE_ERR_HDF5;
   if (e == EFBIG || e == ENOSPC || e == EDQUOT) {
     st = PROBE_ERR_NOSPACE;
-    set_msg(s, st, "%s failed: %s", what, strerror(e));
+    set_wmsg(s, st, "%s failed: %s", what, strerror(e));
   } else if (he.sys_errno) {
     st = PROBE_ERR_IO;
-    set_msg(s, st, "%s failed: %s", what, strerror(he.sys_errno));
+    set_wmsg(s, st, "%s failed: %s", what, strerror(he.sys_errno));
   } else {
-    set_msg(s, st, "%s failed: %s", what, he.n ? he.desc : "HDF5 error");
+    set_wmsg(s, st, "%s failed: %s", what, he.n ? he.desc : "HDF5 error");
   }
-  s->err = st;
+  s->w_err = st;
   if (st == PROBE_ERR_NOSPACE || st == PROBE_ERR_IO) file_detach(s);
   return st;
 }
@@ -338,6 +423,20 @@ static int create_layout(probe_session *s) {
     s->dset[t] = create_table(s, (probe__table)t);
     s->mtype[t] = probe__type_create((probe__table)t, 0);
     if (s->dset[t] < 0 || s->mtype[t] < 0) return -1;
+    /* The per-step tables are written chunk by chunk with our encoder
+     * when the file type is byte for byte the memory type (a
+     * little-endian host): that skips HDF5's conversion, its shuffle and
+     * zlib (deflate.c). */
+    if (t == PROBE__T_RECORDS || t == PROBE__T_STEPS) {
+      hid_t ft = H5Dget_type(s->dset[t]);
+      s->direct[t] = ft >= 0 && H5Tequal(ft, s->mtype[t]) > 0;
+      if (ft >= 0) H5Tclose(ft);
+    }
+    /* Direct tables are written a few chunks at a time: each chunk is one
+     * call anyway, and small hand-overs stay in cache. */
+    int64_t four = 4 * (int64_t)probe__tables[t].chunk_rows;
+    s->batch[t] = s->direct[t] && four < s->opt.batch_rows ? four
+                                                            : s->opt.batch_rows;
   }
   /* The state: int64[PROBE__STATE_LEN], one chunk, no filter. */
   hsize_t dims[1] = {PROBE__STATE_LEN};
@@ -354,10 +453,75 @@ static int create_layout(probe_session *s) {
 
 /* ---- appends and flushes -------------------------------------------------- */
 
-/* Writes the buffered rows of table t with one H5Dwrite. */
+/* Encodes the chunk of table t that starts at row `first` (tail_n[t] rows
+ * in tail[t], zeros after them, as HDF5 fills) with the dataset's filters,
+ * shuffle then deflate (deflate.c), and writes it with H5Dwrite_chunk. */
+static probe_status chunk_write(probe_session *s, probe__table t,
+                                int64_t first) {
+  const size_t rows = probe__tables[t].chunk_rows;
+  const size_t elem = probe__tables[t].mem_size, bytes = rows * elem;
+  if (s->scratch_cap < bytes) {
+    uint8_t *a = realloc(s->shuf, bytes);
+    if (a) s->shuf = a;
+    uint8_t *b = a ? realloc(s->zbuf, probe__deflate_bound(bytes)) : NULL;
+    if (b) s->zbuf = b;
+    if (a == NULL || b == NULL) {
+      s->w_err = PROBE_ERR_NOMEM;
+      return set_wmsg(s, s->w_err, "out of memory encoding a chunk");
+    }
+    s->scratch_cap = bytes;
+  }
+  uint8_t *c = s->tail[t];
+  memset(c + s->tail_n[t] * elem, 0, (rows - s->tail_n[t]) * elem);
+  probe__shuffle(s->shuf, c, rows, elem);
+  size_t len = probe__deflate(s->shuf, bytes, s->zbuf);
+  hsize_t off[1] = {(hsize_t)first};
+  if (H5Dwrite_chunk(s->dset[t], H5P_DEFAULT, 0, off, len, s->zbuf) < 0)
+    return h5_fail(s, "H5Dwrite_chunk");
+  return PROBE_OK;
+}
+
+/* Direct path of table_write: fills chunks from the pending rows; every
+ * chunk that fills is encoded and written once, the last partial one is
+ * written too and kept, to be rewritten when more rows come. */
+static probe_status table_write_direct(probe_session *s, probe__table t) {
+  pvec *v = &s->pend[t];
+  const size_t rows = probe__tables[t].chunk_rows, elem = v->elem;
+  if (s->tail[t] == NULL && (s->tail[t] = malloc(rows * elem)) == NULL) {
+    s->w_err = PROBE_ERR_NOMEM;
+    return set_wmsg(s, s->w_err, "out of memory buffering a chunk");
+  }
+  hsize_t size[1] = {(hsize_t)s->rows[t] + v->n};
+  if (H5Dset_extent(s->dset[t], size) < 0) return h5_fail(s, "H5Dset_extent");
+  int64_t first = s->rows[t] - (int64_t)s->tail_n[t]; /* the tail's chunk */
+  const char *src = v->data;
+  size_t left = v->n;
+  while (left > 0) {
+    size_t k = rows - s->tail_n[t];
+    if (k > left) k = left;
+    memcpy(s->tail[t] + s->tail_n[t] * elem, src, k * elem);
+    s->tail_n[t] += k;
+    src += k * elem;
+    left -= k;
+    probe_status st = chunk_write(s, t, first);
+    if (st != PROBE_OK) return st;
+    if (s->tail_n[t] == rows) {
+      s->tail_n[t] = 0;
+      first += (int64_t)rows;
+    }
+  }
+  s->rows[t] += (int64_t)v->n;
+  s->unflushed[t] += (int64_t)v->n;
+  v->n = 0;
+  return PROBE_OK;
+}
+
+/* Writes the buffered rows of table t with one H5Dwrite (or, for the
+ * tables written chunk by chunk, with H5Dwrite_chunk). */
 static probe_status table_write(probe_session *s, probe__table t) {
   pvec *v = &s->pend[t];
   if (v->n == 0) return PROBE_OK;
+  if (s->direct[t]) return table_write_direct(s, t);
   hsize_t start[1] = {(hsize_t)s->rows[t]}, count[1] = {v->n};
   hsize_t size[1] = {start[0] + count[0]};
   if (H5Dset_extent(s->dset[t], size) < 0) return h5_fail(s, "H5Dset_extent");
@@ -380,9 +544,9 @@ static probe_status state_write(probe_session *s, int complete) {
   int64_t st[PROBE__STATE_LEN] = {0};
   st[PROBE__S_COMPLETE] = complete;
   for (int t = 0; t < PROBE__T_COUNT; t++) st[PROBE__S_ROWS + t] = s->rows[t];
-  st[PROBE__S_LAST_STEP] = s->last_step;
-  st[PROBE__S_FIRST_NONFINITE] = s->first_nonfinite;
-  st[PROBE__S_EVENTS] = s->n_events;
+  st[PROBE__S_LAST_STEP] = s->w_last_step;
+  st[PROBE__S_FIRST_NONFINITE] = s->w_first_nonfinite;
+  st[PROBE__S_EVENTS] = s->w_n_events;
   st[PROBE__S_FLUSHES] = s->n_flushes;
   st[PROBE__S_RECORD_MODE] = s->opt.mode;
   if (H5Dwrite(s->state, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) <
@@ -419,9 +583,9 @@ static probe_status space_check(probe_session *s) {
       return h5_fail(s, "H5Fget_filesize");
     uint64_t end = size > eoa ? size : eoa;
     if (end + need > (uint64_t)rl.rlim_cur) {
-      s->err = PROBE_ERR_NOSPACE;
+      s->w_err = PROBE_ERR_NOSPACE;
       file_detach(s);
-      return set_msg(s, s->err,
+      return set_wmsg(s, s->w_err,
                      "file-size limit reached: trace at %llu bytes, limit "
                      "(RLIMIT_FSIZE) %llu bytes",
                      (unsigned long long)end, (unsigned long long)rl.rlim_cur);
@@ -432,9 +596,9 @@ static probe_status space_check(probe_session *s) {
   if (H5Fget_vfd_handle(s->file, H5P_DEFAULT, &handle) >= 0 && handle &&
       fstatvfs(*(int *)handle, &vf) == 0 &&
       (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-    s->err = PROBE_ERR_NOSPACE;
+    s->w_err = PROBE_ERR_NOSPACE;
     file_detach(s);
-    return set_msg(s, s->err, "no space left on the trace's file system");
+    return set_wmsg(s, s->w_err, "no space left on the trace's file system");
   }
   H5Eclear2(H5E_DEFAULT);
   return PROBE_OK;
@@ -442,7 +606,7 @@ static probe_status space_check(probe_session *s) {
 
 /* Everything buffered to disk, then the counts that make it visible. */
 static probe_status flush_all(probe_session *s, int complete) {
-  if (s->err != PROBE_OK) return s->err;
+  if (s->w_err != PROBE_OK) return s->w_err;
   probe_status st;
   if ((st = space_check(s)) != PROBE_OK) return st;
   for (int t = 0; t < PROBE__T_COUNT; t++)
@@ -452,36 +616,220 @@ static probe_status flush_all(probe_session *s, int complete) {
   if ((st = state_write(s, complete)) != PROBE_OK) return st;
   if (H5Dflush(s->state) < 0) return h5_fail(s, "H5Dflush(state)");
   s->t_last_flush = now_s();
-  s->steps_since_flush = 0;
   memset(s->unflushed, 0, sizeof s->unflushed);
   return PROBE_OK;
 }
 
-/* Buffers rows; writes the table when the buffer holds batch_rows. */
-static probe_status table_append(probe_session *s, probe__table t,
-                                 const void *rows, size_t n) {
-  if (pvec_push(&s->pend[t], rows, n) < 0)
-    return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
-  if ((int64_t)s->pend[t].n >= s->opt.batch_rows) {
+/* Writes the batches that are full: batch_rows rows of a table per H5Dwrite. */
+static probe_status write_full_batches(probe_session *s) {
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    if ((int64_t)s->pend[t].n < s->batch[t]) continue;
     probe_status st = space_check(s);
-    return st != PROBE_OK ? st : table_write(s, t);
+    if (st == PROBE_OK) st = table_write(s, (probe__table)t);
+    if (st != PROBE_OK) return st;
   }
   return PROBE_OK;
+}
+
+/* Caller: hands rows of table t to the writer thread (appended to the
+ * rows it has not taken yet, under the lock: one copy, no wake-up; the
+ * counters and the wake-up follow in hand_over). */
+static probe_status table_append(probe_session *s, probe__table t,
+                                 const void *rows, size_t n) {
+  pthread_mutex_lock(&s->mu);
+  int rc = pvec_push(&s->in[t], rows, n);
+  if (rc == 0) s->in_bytes += n * s->in[t].elem;
+  pthread_mutex_unlock(&s->mu);
+  if (rc < 0) return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+  s->appended[t] += (int64_t)n;
+  return PROBE_OK;
+}
+
+/* Moves the rows of src behind those of dst; swaps when dst is empty, so
+ * that steady-state hand-overs copy nothing. Returns -1 without memory. */
+static int pvec_move(pvec *dst, pvec *src) {
+  if (src->n == 0) return 0;
+  if (dst->n == 0) {
+    pvec t = *dst;
+    *dst = *src;
+    *src = t;
+    src->n = 0;
+    return 0;
+  }
+  if (pvec_push(dst, src->data, src->n) < 0) return -1;
+  src->n = 0;
+  return 0;
+}
+
+/* ---- the writer thread ---------------------------------------------------- */
+
+/* The sticky error of the writer thread, as the caller sees it. */
+static probe_status writer_error(probe_session *s) {
+  if (s->err == PROBE_OK &&
+      atomic_load_explicit(&s->err_flag, memory_order_acquire)) {
+    pthread_mutex_lock(&s->mu);
+    s->err = s->sh_err;
+    memcpy(s->msg, s->sh_msg, sizeof s->msg);
+    pthread_mutex_unlock(&s->mu);
+  }
+  return s->err;
+}
+
+/* Under mu: publishes the writer thread's error. */
+static void writer_error_publish(probe_session *s, probe_status st) {
+  if (st == PROBE_OK || atomic_load(&s->err_flag)) return;
+  s->sh_err = st;
+  memcpy(s->sh_msg, s->w_msg, sizeof s->sh_msg);
+  atomic_store_explicit(&s->err_flag, 1, memory_order_release);
+}
+
+static void deadline_ts(struct timespec *ts, double at) {
+  double sec = floor(at);
+  ts->tv_sec = (time_t)sec;
+  ts->tv_nsec = (long)((at - sec) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) ts->tv_nsec = 999999999L;
+}
+
+static int writer_has_data(const probe_session *s) {
+  for (int t = 0; t < PROBE__T_COUNT; t++)
+    if (s->in[t].n || s->pend[t].n || s->unflushed[t]) return 1;
+  return 0;
+}
+
+static probe_status file_create(probe_session *s);
+static void session_close_handles(probe_session *s);
+
+/* The writer thread: creates the file, then waits for rows and requests,
+ * writes full batches, flushes on request and flush_seconds after the
+ * first unflushed row, and at close flushes and closes the file. HDF5 is
+ * called only here, outside mu, under the process-wide HDF5 lock. */
+static void *writer_main(void *arg) {
+  probe_session *s = arg;
+  probe__h5_lock();
+  probe_status st = file_create(s);
+  probe__h5_unlock();
+  pthread_mutex_lock(&s->mu);
+  s->t_last_flush = now_s();
+  s->opened = st == PROBE_OK ? 1 : -1;
+  pthread_cond_broadcast(&s->done);
+  if (st != PROBE_OK) {
+    pthread_mutex_unlock(&s->mu);
+    return NULL; /* the caller closes the handles, after the join */
+  }
+  for (;;) {
+    int closing = s->close_req;
+    int want_flush = closing || s->flush_req > s->flush_done;
+    int big = 0;
+    for (int t = 0; t < PROBE__T_COUNT; t++)
+      if ((int64_t)(s->in[t].n + s->pend[t].n) >= s->batch[t]) big = 1;
+    int data = writer_has_data(s);
+    double due = s->t_last_flush + s->opt.flush_seconds;
+    int timer = data && now_s() >= due;
+    if (s->w_err != PROBE_OK) big = timer = 0; /* nothing more is written */
+    if (!want_flush && !big && !timer) {
+      s->w_idle = !data || s->w_err != PROBE_OK;
+      if (s->w_idle || s->opt.flush_seconds > 1e6) {
+        pthread_cond_wait(&s->wake, &s->mu);
+      } else {
+        struct timespec ts;
+        deadline_ts(&ts, due);
+        pthread_cond_timedwait(&s->wake, &s->mu, &ts);
+      }
+      s->w_idle = 0;
+      continue;
+    }
+    uint64_t ticket = s->flush_req;
+    int oom = 0;
+    for (int t = 0; t < PROBE__T_COUNT; t++)
+      if (pvec_move(&s->pend[t], &s->in[t]) < 0) oom = 1;
+    s->in_bytes = 0;
+    s->w_last_step = s->sh_last_step;
+    s->w_first_nonfinite = s->sh_first_nonfinite;
+    s->w_n_events = s->sh_n_events;
+    int final_flush = s->close_flush;
+    pthread_cond_broadcast(&s->done); /* room for a waiting caller */
+    pthread_mutex_unlock(&s->mu);
+
+    st = s->w_err;
+    if (oom && st == PROBE_OK)
+      st = s->w_err = set_wmsg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+    if (st == PROBE_OK && (!closing || final_flush)) {
+      probe__h5_lock();
+      st = want_flush || timer ? flush_all(s, closing) : write_full_batches(s);
+      probe__h5_unlock();
+    }
+    if (s->w_err != PROBE_OK) /* rows that cannot be written any more */
+      for (int t = 0; t < PROBE__T_COUNT; t++) {
+        s->pend[t].n = 0;
+        s->unflushed[t] = 0;
+      }
+
+    pthread_mutex_lock(&s->mu);
+    writer_error_publish(s, st);
+    if (want_flush) s->flush_done = ticket;
+    pthread_cond_broadcast(&s->done);
+    if (closing) break;
+  }
+  pthread_mutex_unlock(&s->mu);
+  probe__h5_lock();
+  session_close_handles(s);
+  probe__h5_unlock();
+  return NULL;
+}
+
+/* Caller: publishes the counters that go with the rows handed over (at
+ * the end of a step) and wakes the writer thread when it has work; with
+ * sync, also asks for a flush and waits until it is done. Returns the
+ * writer's sticky error if there is one. */
+static probe_status hand_over(probe_session *s, int sync) {
+  pthread_mutex_lock(&s->mu);
+  int big = 0;
+  for (int t = 0; t < PROBE__T_COUNT; t++)
+    if ((int64_t)s->in[t].n >= s->batch[t]) big = 1;
+  s->sh_last_step = s->last_step;
+  s->sh_first_nonfinite = s->first_nonfinite;
+  s->sh_n_events = s->n_events;
+  uint64_t ticket = 0;
+  if (sync) ticket = ++s->flush_req;
+  if (sync || big || s->w_idle) pthread_cond_signal(&s->wake);
+  /* Wait for a requested flush, or for room when the writer is behind. */
+  while (!atomic_load(&s->err_flag) &&
+         ((sync && s->flush_done < ticket) || s->in_bytes > WAIT_BYTES)) {
+    pthread_cond_signal(&s->wake);
+    pthread_cond_wait(&s->done, &s->mu);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (sync) s->steps_since_flush = 0;
+  return writer_error(s);
 }
 
 /* ---- session -------------------------------------------------------------- */
 
 static void session_free(probe_session *s) {
   if (s == NULL) return;
-  for (int t = 0; t < PROBE__T_COUNT; t++) free(s->pend[t].data);
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    free(s->pend[t].data);
+    free(s->in[t].data);
+    free(s->stage[t].data);
+    free(s->tail[t]);
+  }
+  free(s->shuf);
+  free(s->zbuf);
   if (s->ring)
     for (int i = 0; i < s->opt.ring_steps; i++) free(s->ring[i].recs);
   free(s->ring);
   free(s->cur);
   free(s->ref);
+  free(s->last);
+  free(s->repeat);
+  free(s->repeat_next);
   free(s->layers);
   free(s->selected);
   free(s->layer_select);
+  free(s->path);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->wake);
+  pthread_cond_destroy(&s->done);
   free(s);
 }
 
@@ -515,6 +863,46 @@ static void sigxfsz_ignore(void) {
   }
 }
 
+/* Writer thread, at its start: creates the file, its attributes and
+ * tables, and enters SWMR mode. */
+static probe_status file_create(probe_session *s) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl < 0 ||
+      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0) {
+    if (fapl >= 0) H5Pclose(fapl);
+    return h5_fail(s, "H5Pset_libver_bounds");
+  }
+  errno = 0;
+  s->file = H5Fcreate(s->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
+  if (s->file < 0) {
+    int e = errno;
+    h5_fail(s, "H5Fcreate");
+    if (s->w_err == PROBE_ERR_HDF5 && e != 0) s->w_err = PROBE_ERR_IO;
+    return set_wmsg(s, s->w_err, "cannot create trace '%s': %s", s->path,
+                    s->w_err == PROBE_ERR_HDF5 ? "HDF5 error" : strerror(e));
+  }
+  if (write_root_attrs(s) < 0) return h5_fail(s, "writing root attributes");
+  if (create_layout(s) < 0) return h5_fail(s, "creating tables");
+  probe_status st = state_write(s, 0);
+  if (st != PROBE_OK) return st;
+  if (H5Fstart_swmr_write(s->file) < 0)
+    return h5_fail(s, "H5Fstart_swmr_write");
+  return PROBE_OK;
+}
+
+static int session_sync_init(probe_session *s) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) return -1;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines: now_s() */
+  int rc = pthread_mutex_init(&s->mu, NULL) != 0 ||
+           pthread_cond_init(&s->wake, &ca) != 0 ||
+           pthread_cond_init(&s->done, NULL) != 0;
+  pthread_condattr_destroy(&ca);
+  return rc ? -1 : 0;
+}
+
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt) {
   if (out == NULL) return PROBE_ERR_INVALID_ARG;
@@ -531,56 +919,52 @@ probe_status probe_session_open(probe_session **out, const char *path,
 
   probe_session *s = calloc(1, sizeof *s);
   if (s == NULL) return PROBE_ERR_NOMEM;
+  if (session_sync_init(s) < 0) {
+    free(s);
+    return PROBE_ERR_NOMEM;
+  }
   s->opt = o;
   s->file = s->state = H5I_INVALID_HID;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
-    s->pend[t].elem = probe__tables[t].mem_size;
+    s->pend[t].elem = s->in[t].elem = s->stage[t].elem =
+        probe__tables[t].mem_size;
   }
-  s->last_step = -1;
-  s->first_nonfinite = -1;
+  s->last_step = s->w_last_step = -1;
+  s->first_nonfinite = s->w_first_nonfinite = -1;
   if (o.layer_select && (s->layer_select = strdup(o.layer_select)) == NULL)
     goto nomem;
   s->opt.layer_select = s->layer_select;
-  /* command_line / config_json / precision_policy are only used below. */
+  if ((s->path = strdup(path)) == NULL) goto nomem;
+  /* command_line / config_json / precision_policy are read by the writer
+   * thread while it creates the file, before this function returns. */
   if (o.ring_steps > 0 &&
       (s->ring = calloc((size_t)o.ring_steps, sizeof *s->ring)) == NULL)
     goto nomem;
 
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   sigxfsz_ignore();
-
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  if (fapl < 0 ||
-      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0) {
-    if (fapl >= 0) H5Pclose(fapl);
-    h5_fail(s, "H5Pset_libver_bounds");
-    goto fail;
+  if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+    snprintf(open_msg, sizeof open_msg, "cannot start the writer thread");
+    session_free(s);
+    return PROBE_ERR_NOMEM;
   }
-  s->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  H5Pclose(fapl);
-  if (s->file < 0) {
-    int e = errno;
-    h5_fail(s, "H5Fcreate");
-    if (s->err == PROBE_ERR_HDF5 && e != 0) s->err = PROBE_ERR_IO;
-    set_msg(s, s->err, "cannot create trace '%s': %s", path,
-            s->err == PROBE_ERR_HDF5 ? "HDF5 error" : strerror(e));
-    goto fail;
+  s->thread_started = 1;
+  pthread_mutex_lock(&s->mu);
+  while (s->opened == 0) pthread_cond_wait(&s->done, &s->mu);
+  int ok = s->opened > 0;
+  pthread_mutex_unlock(&s->mu);
+  if (!ok) {
+    pthread_join(s->thread, NULL);
+    probe_status st = s->w_err != PROBE_OK ? s->w_err : PROBE_ERR_HDF5;
+    snprintf(open_msg, sizeof open_msg, "%s", s->w_msg);
+    probe__h5_lock(); /* the thread has ended: this thread may close */
+    session_close_handles(s);
+    probe__h5_unlock();
+    session_free(s);
+    return st;
   }
-  if (write_root_attrs(s) < 0) {
-    h5_fail(s, "writing root attributes");
-    goto fail;
-  }
-  if (create_layout(s) < 0) {
-    h5_fail(s, "creating tables");
-    goto fail;
-  }
-  if (state_write(s, 0) != PROBE_OK) goto fail;
-  if (H5Fstart_swmr_write(s->file) < 0) {
-    h5_fail(s, "H5Fstart_swmr_write");
-    goto fail;
-  }
-  s->t0 = s->t_last_flush = now_s();
+  s->opt.command_line = s->opt.config_json = s->opt.precision_policy = NULL;
+  s->t0 = now_s();
   if (o.cupti) {
     /* Kernels are collected only where a GPU exists; elsewhere the kernels
      * table stays empty. */
@@ -594,13 +978,6 @@ probe_status probe_session_open(probe_session **out, const char *path,
 nomem:
   session_free(s);
   return PROBE_ERR_NOMEM;
-fail: {
-  probe_status st = s->err;
-  snprintf(open_msg, sizeof open_msg, "%s", s->msg);
-  session_close_handles(s);
-  session_free(s);
-  return st != PROBE_OK ? st : PROBE_ERR_HDF5;
-}
 }
 
 const char *probe_session_last_error(const probe_session *s) {
@@ -612,7 +989,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_precision prec,
                                   int32_t *layer_id) {
   if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   size_t len = strlen(name);
   if (len == 0 || len >= PROBE_NAME_MAX)
     return set_msg(s, PROBE_ERR_INVALID_ARG,
@@ -653,7 +1030,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
 
 probe_status probe_step_begin(probe_session *s, int64_t step) {
   if (s == NULL || step < 0) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   if (s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "step %lld begun inside step %lld",
                    (long long)step, (long long)s->step);
@@ -674,6 +1051,23 @@ probe_status probe_step_begin(probe_session *s, int64_t step) {
   return PROBE_OK;
 }
 
+/* Keeps a copy of a host tensor whose statistics are known. */
+static void last_keep(probe_session *s, probe_dtype dtype, const void *data,
+                      size_t n, size_t bytes) {
+  s->last_ok = 0;
+  if (bytes > LAST_MAX_BYTES || (n > 0 && data == NULL)) return;
+  if (bytes > s->last_cap) {
+    void *p = realloc(s->last, bytes);
+    if (p == NULL) return; /* no copy: nothing is reused */
+    s->last = p;
+    s->last_cap = bytes;
+  }
+  if (bytes) memcpy(s->last, data, bytes);
+  s->last_n = n;
+  s->last_dtype = dtype;
+  s->last_ok = 1;
+}
+
 /* Grows the current step's buffers; pending device results point into
  * them, so those land first. */
 static probe_status cur_grow(probe_session *s) {
@@ -689,6 +1083,14 @@ static probe_status cur_grow(probe_session *s) {
   tensor_ref *f = realloc(s->ref, cap * sizeof *f);
   if (f == NULL) return PROBE_ERR_NOMEM;
   s->ref = f;
+  uint8_t *a = realloc(s->repeat, cap);
+  if (a == NULL) return PROBE_ERR_NOMEM;
+  s->repeat = a;
+  uint8_t *b = realloc(s->repeat_next, cap);
+  if (b == NULL) return PROBE_ERR_NOMEM;
+  s->repeat_next = b;
+  memset(a + s->cap_cur, 0, cap - s->cap_cur);
+  memset(b + s->cap_cur, 0, cap - s->cap_cur);
   s->cap_cur = cap;
   return PROBE_OK;
 }
@@ -697,7 +1099,7 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  probe_site site, probe_dtype dtype,
                                  const void *data, size_t n) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_tensor_record outside a step");
   if (layer < 0 || layer >= s->n_layers || (int)site < 0 ||
@@ -725,10 +1127,26 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
       return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics enqueue failed");
     s->cuda_pending = 1;
   } else {
-    st = probe_stats_compute(&r->stats, dtype, data, n);
-    if (st != PROBE_OK)
-      return set_msg(s, st, "probe_stats_compute: %s", probe_status_str(st));
+    /* One layer's output is often the next one's input (and a gradient
+     * leaving one layer the one arriving at the previous): the tensor just
+     * recorded, recorded again. When its bytes are still those the
+     * statistics were computed from (the copy in s->last; compared, not
+     * assumed), the statistics are the same. */
+    size_t k = s->n_cur, bytes = n * probe_dtype_size(dtype);
+    int again = k > 0 && s->ref[k - 1].data == data && s->ref[k - 1].n == n &&
+                !s->ref[k - 1].device && s->cur[k - 1].dtype == (int32_t)dtype;
+    if (again) s->repeat_next[k - 1] = 1;
+    if (again && s->last_ok && s->last_n == n && s->last_dtype == dtype &&
+        memcmp(s->last, data, bytes) == 0) {
+      r->stats = s->cur[k - 1].stats; /* s->last holds these bytes still */
+    } else {
+      if ((st = probe_stats_compute(&r->stats, dtype, data, n)) != PROBE_OK)
+        return set_msg(s, st, "probe_stats_compute: %s", probe_status_str(st));
+      s->last_ok = 0;
+      if (s->repeat[k]) last_keep(s, dtype, data, n, bytes);
+    }
   }
+  if (device) s->last_ok = 0;
   s->ref[s->n_cur] = (tensor_ref){data, n, device};
   s->n_cur++;
   return PROBE_OK;
@@ -737,7 +1155,7 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
 probe_status probe_step_set_scalars(probe_session *s,
                                     const probe_step_scalars *sc) {
   if (s == NULL || sc == NULL) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_step_set_scalars outside a step");
   s->sc = *sc;
@@ -749,7 +1167,7 @@ probe_status probe_step_set_scalars(probe_session *s,
 probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev) {
   if (s == NULL || ev == NULL) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   if (ev->kind < PROBE_SCALER_BACKOFF || ev->kind > PROBE_SCALER_MIN_CLAMP)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "scaler event kind %d",
                    (int)ev->kind);
@@ -777,8 +1195,9 @@ static probe_status snapshot_layer(probe_session *s, int32_t layer) {
       }
       src = raw;
     }
-    pvec *v = &s->pend[PROBE__T_SNAPDATA];
-    if (pvec_reserve(v, v->n + n) < 0) {
+    pvec *v = &s->stage[PROBE__T_SNAPDATA];
+    v->n = 0;
+    if (pvec_reserve(v, n) < 0) {
       free(raw);
       return PROBE_ERR_NOMEM;
     }
@@ -796,12 +1215,14 @@ static probe_status snapshot_layer(probe_session *s, int32_t layer) {
         .layer = r->layer,
         .site = r->site,
         .dtype = r->dtype,
-        .offset = s->rows[PROBE__T_SNAPDATA] + (int64_t)v->n,
+        .offset = s->appended[PROBE__T_SNAPDATA],
         .n = (int64_t)n,
         .n_total = (int64_t)f->n,
     };
-    v->n += n;
-    probe_status st = table_append(s, PROBE__T_SNAPIDX, &sn, 1);
+    /* the data before its index row: a flush in between keeps the index
+     * pointing at committed data */
+    probe_status st = table_append(s, PROBE__T_SNAPDATA, v->data, n);
+    if (st == PROBE_OK) st = table_append(s, PROBE__T_SNAPIDX, &sn, 1);
     if (st != PROBE_OK) return st;
   }
   return PROBE_OK;
@@ -904,19 +1325,25 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
   }
   if (s->cupti && (st = kernels_collect(s)) != PROBE_OK) return st;
   s->last_step = s->step;
+  if (s->n_cur > 0) { /* what repeated in this step is expected next step */
+    uint8_t *t = s->repeat;
+    s->repeat = s->repeat_next;
+    s->repeat_next = t;
+    memset(s->repeat_next, 0, s->cap_cur);
+  }
+  s->last_ok = 0;
   s->n_cur = 0;
   s->steps_since_flush++;
 
-  if (act || (s->opt.flush_steps > 0 &&
-              s->steps_since_flush >= s->opt.flush_steps) ||
-      now_s() - s->t_last_flush >= s->opt.flush_seconds)
-    return flush_all(s, 0);
-  return PROBE_OK;
+  /* Flushes at an event and every flush_steps steps are synchronous; the
+   * writer thread flushes on its own flush_seconds timer. */
+  return hand_over(s, act || (s->opt.flush_steps > 0 &&
+                              s->steps_since_flush >= s->opt.flush_steps));
 }
 
 probe_status probe_step_end(probe_session *s) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
-  if (s->err != PROBE_OK) return s->err;
+  if (writer_error(s) != PROBE_OK) return s->err;
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_step_end without a step");
   return step_finish(s, 1);
@@ -924,21 +1351,34 @@ probe_status probe_step_end(probe_session *s) {
 
 probe_status probe_session_flush(probe_session *s) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
-  return flush_all(s, 0);
+  if (writer_error(s) != PROBE_OK) return s->err;
+  return hand_over(s, 1);
 }
 
 probe_status probe_session_close(probe_session *s) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
-  probe_status st = s->err;
+  probe_status st = writer_error(s);
   if (st == PROBE_OK && s->in_step) st = step_finish(s, 0);
   if (s->cupti) {
     if (st == PROBE_OK) st = kernels_collect(s);
     probe__cupti_stop(s->cupti);
     s->cupti = NULL;
   }
-  if (st == PROBE_OK) st = flush_all(s, 1);
+  /* The writer thread flushes (unless something failed), marks the trace
+   * complete and closes the file; then it ends. */
+  pthread_mutex_lock(&s->mu);
+  s->sh_last_step = s->last_step;
+  s->sh_first_nonfinite = s->first_nonfinite;
+  s->sh_n_events = s->n_events;
+  s->close_req = 1;
+  s->close_flush = st == PROBE_OK;
+  pthread_cond_signal(&s->wake);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  s->err = PROBE_OK;
+  probe_status wst = writer_error(s);
+  if (st == PROBE_OK) st = wst;
   if (s->cuda) probe_cuda_stats_destroy(s->cuda);
-  session_close_handles(s);
   session_free(s);
   return st;
 }

@@ -192,7 +192,9 @@ typedef struct probe_options {
   int64_t step_end;          /* last step recorded, -1 = no end */
   int64_t step_every;        /* record every N-th step (1) */
   int ring_steps;            /* flight-recorder depth K (8) */
-  double flush_seconds;      /* flush at most this long after data (1.0) */
+  double flush_seconds;      /* flush at most this long after data (1.0);
+                                the session's writer thread keeps this
+                                timer, calls or not */
   int64_t flush_steps;       /* also flush every N steps; 0 = off (0) */
   int snapshot_on_nonfinite; /* store full tensors at the first event (1) */
   size_t snapshot_max_elems; /* per tensor cap on stored elements (1<<20) */
@@ -203,7 +205,8 @@ typedef struct probe_options {
   int max_events;            /* non-finite events that dump the flight
                                 recorder / take snapshots, at most (16) */
   int64_t batch_rows;        /* rows buffered per table before one
-                                H5Dwrite (4096) */
+                                H5Dwrite (4096); records and steps are
+                                written at most 4 chunks at a time */
 } probe_options;
 
 /* Fills the defaults shown above. */
@@ -220,8 +223,10 @@ probe_status probe_session_close(probe_session *s);
 probe_status probe_session_flush(probe_session *s);
 /* Text of the last error, for messages ("H5Dwrite failed: ..."); s NULL:
  * the last failed probe_session_open of this thread. I/O errors
- * (PROBE_ERR_NOSPACE, PROBE_ERR_IO, PROBE_ERR_HDF5) are sticky: every later
- * call returns them, and the file keeps its last flushed state. */
+ * (PROBE_ERR_NOSPACE, PROBE_ERR_IO, PROBE_ERR_HDF5) happen on the session's
+ * writer thread and are sticky: the next call and every later one returns
+ * them, and the file keeps its last flushed state. A session is used from
+ * one thread at a time (docs/trace-format.md). */
 const char *probe_session_last_error(const probe_session *s);
 
 /* Layers may be registered at any time, but before the records that use
@@ -236,7 +241,9 @@ probe_status probe_step_begin(probe_session *s, int64_t step);
  * (detected); it must stay valid and unchanged until probe_step_end, since
  * the probe may snapshot it when this layer turns out to hold the step's
  * first non-finite value. Records of unselected layers/steps cost nothing
- * beyond a check. */
+ * beyond a check. A host tensor recorded again right after itself (one
+ * layer's output is the next one's input) with the same bytes reuses its
+ * statistics; the bytes are compared, not assumed. */
 probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  probe_site site, probe_dtype dtype,
                                  const void *data, size_t n);

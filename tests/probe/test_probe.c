@@ -6,7 +6,10 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 
 #include <hdf5.h>
@@ -684,6 +687,151 @@ START_TEST(test_writer_flush_visibility) {
 }
 END_TEST
 
+/* The writer thread flushes on its own timer: rows become visible
+ * flush_seconds after they were handed over even when the caller makes no
+ * further call (it may be busy in a long step, or stopped). */
+START_TEST(test_writer_idle_timer_flush) {
+  char path[256];
+  pt_path(path, sizeof path, "idle");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.flush_seconds = 0.2;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_OTHER, PROBE_PREC_FP16, &id));
+  float x[64];
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+  for (int step = 0; step < 5; step++) {
+    PT_CHECK(probe_step_begin(s, step));
+    pt_tensor(x, 64, step, 0);
+    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x,
+                                 64));
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  /* no call into the session from here on */
+  int64_t seen = 0;
+  for (int k = 0; k < 30 && seen < 5; k++) {
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    seen = child_count_steps(path);
+  }
+  ck_assert_int_eq(seen, 5);
+  PT_CHECK(probe_session_close(s));
+  unlink(path);
+}
+END_TEST
+
+/* Sessions on several threads at once, and a reader on another: libprobe
+ * serialises every HDF5 call (the serial build) and each trace comes out
+ * whole. */
+typedef struct thread_job {
+  char path[256];
+  int64_t steps;
+  probe_status st;
+} thread_job;
+
+static void *thread_writer(void *arg) {
+  thread_job *j = arg;
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.flush_seconds = 0.0005; /* flushes while the others write */
+  o.batch_rows = 7;
+  probe_session *s;
+  if ((j->st = probe_session_open(&s, j->path, &o)) != PROBE_OK) return NULL;
+  int32_t id[4];
+  static const char *const names[4] = {"a", "b.c", "b.d", "e"};
+  for (int l = 0; l < 4; l++)
+    if ((j->st = probe_layer_register(s, names[l], PROBE_KIND_OTHER,
+                                      PROBE_PREC_FP16, &id[l])) != PROBE_OK)
+      return NULL;
+  float x[4][96];
+  for (int64_t step = 0; step < j->steps && j->st == PROBE_OK; step++) {
+    j->st = probe_step_begin(s, step);
+    for (uint32_t q = 0; q < 4 && j->st == PROBE_OK; q++) {
+      pt_tensor(x[q], 96, step, q);
+      j->st = probe_tensor_record(s, id[q], PROBE_SITE_GRAD_IN, PROBE_DTYPE_F32,
+                                  x[q], 96);
+    }
+    probe_step_scalars sc = {.loss = (double)step, .loss_scale = 2.0};
+    if (j->st == PROBE_OK) j->st = probe_step_set_scalars(s, &sc);
+    if (j->st == PROBE_OK) j->st = probe_step_end(s);
+  }
+  probe_status cst = probe_session_close(s);
+  if (j->st == PROBE_OK) j->st = cst;
+  return NULL;
+}
+
+static void check_thread_trace(const thread_job *j) {
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, j->path));
+  const probe_trace_info *in = probe_trace_get_info(t);
+  ck_assert_int_eq(in->complete, 1);
+  ck_assert_int_eq(in->n_steps, j->steps);
+  ck_assert_int_eq(in->n_records, j->steps * 4);
+  probe_record r[50];
+  size_t got;
+  int64_t row = 0;
+  do {
+    PT_CHECK(probe_trace_read_records(t, row, 50, r, &got));
+    for (size_t i = 0; i < got; i++, row++) {
+      probe_stats want;
+      pt_expected(&want, 96, row / 4, (uint32_t)(row % 4));
+      ck_assert_int_eq(r[i].step, row / 4);
+      ck_assert_msg(memcmp(&want, &r[i].stats, sizeof want) == 0,
+                    "%s: record %lld differs", j->path, (long long)row);
+    }
+  } while (got > 0);
+  ck_assert_int_eq(row, j->steps * 4);
+  probe_trace_close(t);
+}
+
+static atomic_int writers_left;
+
+static void *thread_writer_counted(void *arg) {
+  thread_writer(arg);
+  atomic_fetch_sub(&writers_left, 1);
+  return NULL;
+}
+
+START_TEST(test_writer_threads) {
+  enum { NT = 4 };
+  thread_job jobs[NT];
+  pthread_t th[NT];
+  for (int k = 0; k < NT; k++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "thr%d", k);
+    pt_path(jobs[k].path, sizeof jobs[k].path, tag);
+    jobs[k].steps = 1500 + 100 * k;
+    jobs[k].st = PROBE_OK;
+  }
+  /* one finished trace for the reader to read while the others write */
+  thread_writer(&jobs[0]);
+  PT_CHECK(jobs[0].st);
+  atomic_store(&writers_left, NT - 1);
+  for (int k = 1; k < NT; k++)
+    ck_assert_int_eq(
+        pthread_create(&th[k], NULL, thread_writer_counted, &jobs[k]), 0);
+  int reads = 0;
+  while (atomic_load(&writers_left) > 0 || reads < 2) {
+    check_thread_trace(&jobs[0]);
+    reads++;
+  }
+  for (int k = 1; k < NT; k++) {
+    pthread_join(th[k], NULL);
+    ck_assert_msg(jobs[k].st == PROBE_OK, "thread %d: %s", k,
+                  probe_status_name(jobs[k].st));
+  }
+  for (int k = 0; k < NT; k++) {
+    check_thread_trace(&jobs[k]);
+    unlink(jobs[k].path);
+  }
+}
+END_TEST
+
 static Suite *make_writer_suite(void) {
   Suite *s = suite_create("writer");
   TCase *tc = tcase_create("writer");
@@ -696,6 +844,8 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_writer_max_events);
   tcase_add_test(tc, test_writer_event_spacing);
   tcase_add_test(tc, test_writer_flush_visibility);
+  tcase_add_test(tc, test_writer_idle_timer_flush);
+  tcase_add_test(tc, test_writer_threads);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -25,14 +25,17 @@
 
 enum { KILLS = 24, LAYERS = 4, SITES = 2, N = 96 };
 
-/* The writer loop of the child: never returns. */
-static void crash_child(const char *path, int wfd, unsigned seed) {
+/* The writer loop of the child: never returns. It flushes explicitly every
+ * 1-4 steps and reports each flushed step through wfd; with timer, it
+ * flushes and reports step 0 only, and then only the writer thread's timer
+ * flushes (every 5-20 ms). */
+static void crash_child(const char *path, int wfd, unsigned seed, int timer) {
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
-  o.flush_seconds = 1e9; /* flushes are explicit below */
+  o.flush_seconds = timer ? 0.005 * (1 + seed % 4) : 1e9;
   o.batch_rows = 1 + seed % 50;
-  int every = 1 + (int)(seed % 4);
+  int every = timer ? 1 << 30 : 1 + (int)(seed % 4);
   probe_session *s;
   if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(2);
   static const char *const names[LAYERS] = {"in", "enc.lin", "enc.bn",
@@ -64,7 +67,7 @@ static void crash_child(const char *path, int wfd, unsigned seed) {
       if (probe_scaler_transition(s, &ev) != PROBE_OK) _exit(7);
     }
     if (probe_step_end(s) != PROBE_OK) _exit(8);
-    if ((step + 1) % every == 0) {
+    if ((step + 1) % every == 0 || (timer && step == 0)) {
       if (probe_session_flush(s) != PROBE_OK) _exit(9);
       if (write(wfd, &step, sizeof step) != (ssize_t)sizeof step) _exit(10);
     }
@@ -156,7 +159,7 @@ START_TEST(test_crash_sigkill) {
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
       close(fds[0]);
-      crash_child(path, fds[1], cs);
+      crash_child(path, fds[1], cs, 0);
     }
     close(fds[1]);
     /* Wait for a first flush, then kill after 0-40 ms more writing. */
@@ -181,15 +184,17 @@ START_TEST(test_crash_sigkill) {
 END_TEST
 
 /* The child of the file-size test: exit status 0 when the API reported
- * PROBE_ERR_NOSPACE; the last flushed step goes to the pipe. */
+ * PROBE_ERR_NOSPACE; with wfd >= 0 it flushes every 5 steps (synchronous)
+ * and the last flushed step goes to the pipe; with wfd < 0 only the writer
+ * thread's timer flushes, and its error must come back at a later call. */
 static void fsize_child(const char *path, int wfd) {
   struct rlimit rl = {2 << 20, 2 << 20};
   if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(20);
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
-  o.flush_steps = 5;
-  o.flush_seconds = 1e9;
+  o.flush_steps = wfd >= 0 ? 5 : 0;
+  o.flush_seconds = wfd >= 0 ? 1e9 : 0.002;
   probe_session *s;
   if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(21);
   for (int l = 0; l < LAYERS; l++) {
@@ -221,8 +226,12 @@ static void fsize_child(const char *path, int wfd) {
       st = probe_scaler_transition(s, &ev);
     }
     if (st == PROBE_OK) st = probe_step_end(s);
-    if (st == PROBE_OK && (step + 1) % 5 == 0)
+    if (st == PROBE_OK && wfd >= 0 && (step + 1) % 5 == 0)
       if (write(wfd, &step, sizeof step) != (ssize_t)sizeof step) _exit(23);
+    /* timer-only: one explicit flush first, so that the trace surely
+     * holds the layers and 20 steps however late the writer thread runs
+     * (a writer behind by megabytes hits the limit check sooner) */
+    if (st == PROBE_OK && wfd < 0 && step == 19) st = probe_session_flush(s);
   }
   int msg_ok = strstr(probe_session_last_error(s), "limit") != NULL;
   probe_status cst = probe_session_close(s);
@@ -287,12 +296,74 @@ START_TEST(test_fsize_limit_at_open) {
 }
 END_TEST
 
+/* SIGKILL with only the writer thread's timer flushing (after a first
+ * explicit flush of step 0): whatever it had committed is there and whole.
+ * (That the timer flushes at all: test_probe's idle timer test.) */
+START_TEST(test_crash_sigkill_timer) {
+  char path[256];
+  pt_path(path, sizeof path, "crasht");
+  unsigned seed = (unsigned)time(NULL);
+  srand(seed);
+  for (int k = 0; k < 8; k++) {
+    unsigned cs = (unsigned)rand();
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      close(fds[0]);
+      crash_child(path, fds[1], cs, 1);
+    }
+    close(fds[1]);
+    int64_t first = drain(fds[0], 5000);
+    struct timespec ts = {0, (20 + (long)(rand() % 100)) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int wst;
+    waitpid(pid, &wst, 0);
+    close(fds[0]);
+    ck_assert_msg(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL,
+                  "child ended by itself (status %d), seed %u", wst, seed);
+    ck_assert_msg(first == 0, "child never flushed (seed %u)", seed);
+    verify_trace(path, 0);
+  }
+  unlink(path);
+}
+END_TEST
+
+/* The file-size limit hit by a timer flush of the writer thread: the error
+ * comes back to the caller at a later call and at close. */
+START_TEST(test_fsize_limit_async) {
+  char path[256];
+  pt_path(path, sizeof path, "fsizea");
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_DFL);
+    fsize_child(path, -1);
+  }
+  int wst;
+  waitpid(pid, &wst, 0);
+  ck_assert_msg(!WIFSIGNALED(wst), "writer killed by signal %d",
+                WIFSIGNALED(wst) ? WTERMSIG(wst) : 0);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "writer exit %d",
+                WEXITSTATUS(wst));
+  verify_trace(path, 19);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_ge(probe_trace_get_info(t)->n_steps, 20);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
 static Suite *make_crash_suite(void) {
   Suite *s = suite_create("crash");
   TCase *tc = tcase_create("crash");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_crash_sigkill);
+  tcase_add_test(tc, test_crash_sigkill_timer);
   tcase_add_test(tc, test_fsize_limit);
+  tcase_add_test(tc, test_fsize_limit_async);
   tcase_add_test(tc, test_fsize_limit_at_open);
   suite_add_tcase(s, tc);
   return s;
