@@ -27,7 +27,11 @@
  * histogram (bins below exponent -14) instead of being counted per element.
  *
  * The AVX-512 block functions (stats_avx512.c) may count bins in window
- * mode instead of pair indices (probe__pending.win); drive() picks the mode.
+ * mode instead of pair indices (probe__pending.win; stats_impl.h); drive()
+ * picks and moves the window, counts the elements outside it (outb), and
+ * owns the window's carry-save counters (probe__hs). In window mode zeros
+ * never enter the histogram and fp16 subnormals reach outb with their
+ * patterns, so neither needs the corrections above.
  *
  * Data may be unaligned (unaligned loads); the last n % 16 (AVX-512:
  * n % 64) elements go through the portable routine.
@@ -38,7 +42,8 @@
 #include <immintrin.h>
 
 enum {
-  BLOCK = 4096,                                /* elements per checked block */
+  BLOCK = PROBE__BLOCK,                        /* elements per checked block */
+  WIN = PROBE__WIN,                            /* window-mode window width */
   SMALL = 65536,                               /* see pair_hist.small */
   NB = PROBE_HIST_BINS,                        /* 66 */
   TABLE = PROBE_HIST_BINS * PROBE_HIST_BINS,   /* pair table entries */
@@ -69,7 +74,11 @@ typedef struct pair_hist {
   uint64_t in_hist;          /* elements counted since the last fold */
   uint32_t per_copy;         /* pairs per table copy since the last fold */
   uint32_t idx[2][BLOCK / 2]; /* pair indices: this block, the pending one */
-  uint8_t outb[BLOCK + 64];  /* window mode: bin values outside the window */
+  uint16_t outb[BLOCK + 32]; /* window mode: the elements outside the window */
+  probe__hs hs; /* window mode: counts of the elements inside the window */
+  uint64_t win_elems, win_out; /* window mode: elements, and those outside */
+  uint64_t outcnt[256];        /* window mode: those outside, by window value */
+  unsigned since, backoff;     /* window mode: blocks since the last choice */
 } pair_hist;
 
 typedef probe__blk blk;
@@ -346,39 +355,40 @@ static void fold(probe__acc *a, pair_hist *ph, probe_dtype dt) {
   ph->per_copy = 0;
 }
 
-/* The bin value the block functions use for one element: fp16 its raw
- * exponent (0..31), fp32/bf16 its histogram bin (0..65, zeros in 0). */
-static int bin_value(probe_dtype dt, const unsigned char *p, size_t i) {
-  uint32_t e;
+/* The window value the AVX-512 block functions use for one element (the raw
+ * exponent field: fp16 0..31, fp32/bf16 the binary32 one, 0..255). */
+static int win_value(probe_dtype dt, const unsigned char *p, size_t i, int *nonzero) {
   if (dt == PROBE_DTYPE_F32) {
     uint32_t u;
     memcpy(&u, p + 4 * i, 4);
-    e = (u >> 23) & 0xffu;
-  } else {
-    uint16_t h;
-    memcpy(&h, p + 2 * i, 2);
-    if (dt == PROBE_DTYPE_F16) return (h >> 10) & 31;
-    e = (h >> 7) & 0xffu;
+    *nonzero = (u & 0x7fffffffu) != 0;
+    return (int)((u >> 23) & 0xffu);
   }
-  int bin = (int)e - F32_BIAS;
-  return bin < 0 ? 0 : bin > NB - 1 ? NB - 1 : bin;
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  *nonzero = (h & 0x7fffu) != 0;
+  return dt == PROBE_DTYPE_F16 ? (h >> 10) & 31 : (h >> 7) & 0xff;
 }
 
-/* The start of the 8-bin window holding most of cnt[0..nvals), and how many
- * it holds. */
-static int best_window(const uint64_t *cnt, int nvals, uint64_t *held) {
-  int best = 0;
-  uint64_t bestc = 0;
-  for (int w = 0; w + 8 <= nvals; w++) {
-    uint64_t c = 0;
-    for (int k = 0; k < 8; k++) c += cnt[w + k];
+/* The start (>= lo) of the WIN-value window holding most of cnt[lo..nvals),
+ * and how many it holds. Of a run of equally good starts (nothing seen past
+ * either end) it takes the middle one, leaving a margin on both sides. */
+static int best_window(const uint64_t *cnt, int lo, int nvals, uint64_t *held) {
+  int first = lo, last = lo;
+  uint64_t c = 0;
+  for (int k = 0; k < WIN; k++) c += cnt[lo + k];
+  uint64_t bestc = c;
+  for (int w = lo + 1; w + WIN <= nvals; w++) {
+    c += cnt[w + WIN - 1] - cnt[w - 1];
     if (c > bestc) {
       bestc = c;
-      best = w;
+      first = last = w;
+    } else if (c == bestc && last == w - 1) {
+      last = w;
     }
   }
   *held = bestc;
-  return best;
+  return (first + last) / 2;
 }
 
 static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
@@ -433,11 +443,32 @@ static void fix_f16_subnormals(pair_hist *ph, const unsigned char *p, size_t n) 
   }
 }
 
+/* Window mode: counts the window counters into the direct bins (window
+ * value win + k is bin wbin[win + k]; wc[k] receives the count), and the
+ * zeros of the window blocks into a, and clears them and outcnt. */
+static void win_flush(probe__acc *a, pair_hist *ph, int win, const uint8_t *wbin,
+                      uint64_t wc[WIN]) {
+  uint64_t in = 0;
+  probe__hs_count(&ph->hs, wc);
+  for (int k = 0; k < WIN; k++) {
+    ph->direct[0][wbin[win + k]] += wc[k];
+    in += wc[k];
+  }
+  /* Every non-zero element of a window block is inside or outside. */
+  a->zero += ph->win_elems - in - ph->win_out;
+  ph->win_elems = ph->win_out = 0;
+  memset(ph->outcnt, 0, sizeof ph->outcnt);
+  memset(ph->hs.lo[ph->hs.cur], 0, sizeof ph->hs.lo[0]);
+  memset(ph->hs.hi, 0, sizeof ph->hs.hi);
+  ph->hs.n16 = 0;
+  ph->hs.nbig = 0;
+}
+
 /* Runs the block functions blk[dt] over data(n); group = elements per
  * vector step (16 for AVX2, 64 for AVX-512), block sizes are multiples of
  * it; the rest goes through the portable loop. `window` allows window mode
  * (probe__pending.win; AVX-512 only): it starts when a sample of 64
- * elements has >= 1/2 of its bin values in some 8-bin window, the window
+ * elements has >= 1/2 of its window values in some 16-value window, the window
  * moves when a block has < 3/4 of its elements in it, and pair mode takes
  * over for the rest of the call when no window holds 1/2 of a block. */
 static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
@@ -449,23 +480,47 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
   memset(ph.corr, 0, sizeof ph.corr);
   ph.in_hist = 0;
   ph.per_copy = 0;
-  const int nvals = dt == PROBE_DTYPE_F16 ? 32 : NB; /* bin values */
-  /* Bin of a bin value: fp16 raw exponents are bins exponent + F16_BIAS;
-   * fp32/bf16 bin values are bins already. */
+  /* Pair indices: fp16 raw exponents are bins exponent + F16_BIAS (shifted
+   * by off); fp32/bf16 pair indices are made of bins already. */
   const int boff = dt == PROBE_DTYPE_F16 ? F16_BIAS : 0;
-  const size_t off = (size_t)boff * (NB + 1); /* the same for pair indices */
-  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb};
+  const size_t off = (size_t)boff * (NB + 1);
+  /* Window values (raw exponent fields) and their bins. */
+  const int nvals = dt == PROBE_DTYPE_F16 ? 32 : 256;
+  /* An fp16 window never holds raw exponent 0, so that every subnormal
+   * reaches outb with its |x| pattern and lands in its exact bin. */
+  const int wlo = dt == PROBE_DTYPE_F16 ? 1 : 0;
+  uint8_t wbin[256 + WIN] = {0}; /* (values >= nvals never occur) */
+  for (int v = 0; v < nvals; v++) {
+    int bin = dt == PROBE_DTYPE_F16 ? v + F16_BIAS : v - F32_BIAS;
+    wbin[v] = (uint8_t)(bin < 0 ? 0 : bin > NB - 1 ? NB - 1 : bin);
+  }
+  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb, .hs = &ph.hs};
+  ph.hs.cur = 0;
+  memset(ph.hs.lo[0], 0, sizeof ph.hs.lo[0]);
+  memset(ph.hs.hi, 0, sizeof ph.hs.hi);
+  ph.hs.n16 = 0;
+  ph.hs.nbig = 0;
+  ph.win_elems = ph.win_out = 0;
+  memset(ph.outcnt, 0, sizeof ph.outcnt);
+  ph.since = 0;
+  ph.backoff = 1;
+  uint64_t wc[WIN];
   for (int k = 0; k < 4; k++) pd.t[k] = ph.table[k] + off;
   int cur = 0; /* ph.idx[cur] receives this block's indices */
   const size_t es = probe_dtype_size(dt);
   const unsigned char *p = data;
 
   if (window && n >= group) {
-    uint64_t cnt[NB] = {0}, held;
+    uint64_t cnt[256] = {0}, held;
     size_t ns = n < 64 ? n : 64, stride = n / ns; /* cheap: ~1 ns each */
-    for (size_t i = 0; i < ns; i++) cnt[bin_value(dt, p, i * stride)]++;
-    int w = best_window(cnt, nvals, &held);
-    if (2 * held >= ns) pd.win = w;
+    size_t nnz = 0;
+    for (size_t i = 0; i < ns; i++) {
+      int nonzero, v = win_value(dt, p, i * stride, &nonzero);
+      cnt[v] += (uint64_t)nonzero; /* zeros never enter the window */
+      nnz += (size_t)nonzero;
+    }
+    int w = best_window(cnt, wlo, nvals, &held);
+    if (2 * held >= nnz) pd.win = w;
   }
 
   size_t done = 0;
@@ -490,19 +545,43 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       done += m;
       continue;
     }
-    if (pd.win >= 0) {
-      uint64_t held = 0;
-      for (int k = 0; k < 8; k++) {
-        ph.direct[0][pd.win + k + boff] += b.wcount[k];
-        held += b.wcount[k];
+    const int window_block = pd.win >= 0;
+    if (window_block) {
+      ph.hs.cur ^= 1; /* accept the block's counters */
+      ph.hs.n16 = b.n16;
+      if (ph.hs.n16 >= 16) probe__hs_fold16(&ph.hs);
+      if (ph.hs.nbig + 3 > PROBE__BIG) win_flush(a, &ph, pd.win, wbin, wc);
+      if (dt == PROBE_DTYPE_F16) { /* outb: |x| patterns */
+        for (size_t i = 0; i < b.nout; i++) {
+          uint16_t u = ph.outb[i];
+          ph.direct[i & 1][probe__hist_bin(probe_f32_bits(probe_f16_to_f32(u)))]++;
+          ph.outcnt[u >> 10]++;
+          b.sub += u < 0x0400u;
+        }
+      } else { /* outb: window values */
+        for (size_t i = 0; i < b.nout; i++) {
+          ph.direct[i & 1][wbin[ph.outb[i]]]++;
+          ph.outcnt[ph.outb[i]]++;
+        }
       }
-      for (size_t i = 0; i < b.nout; i++) ph.direct[i & 1][ph.outb[i] + boff]++;
-      if (4 * held < 3 * m) { /* move the window, or give it up */
-        uint64_t cnt[NB] = {0}, best;
-        for (int k = 0; k < 8; k++) cnt[pd.win + k] = b.wcount[k];
-        for (size_t i = 0; i < b.nout; i++) cnt[ph.outb[i]]++;
-        int w = best_window(cnt, nvals, &best);
-        pd.win = 2 * best >= m ? w : -1;
+      ph.win_elems += m;
+      ph.win_out += b.nout;
+      /* Choose the window again when a quarter of the block was outside
+       * (zeros count as inside: they cost nothing here), or, with a backoff
+       * while that keeps the same window, when more than 1/64 was: each
+       * element outside costs some 40 cycles. The choice sees every value
+       * since the last flush: the window counters and outcnt. */
+      ph.since++;
+      if (4 * b.nout > m || (64 * b.nout > m && ph.since >= ph.backoff)) {
+        uint64_t cnt[256 + WIN] = {0}, best = 0, tot = 0;
+        for (int v = 0; v < nvals; v++) cnt[v] = ph.outcnt[v];
+        win_flush(a, &ph, pd.win, wbin, wc);
+        for (int k = 0; k < WIN; k++) cnt[pd.win + k] += wc[k];
+        for (int v = 0; v < nvals; v++) tot += cnt[v];
+        int w = best_window(cnt, wlo, nvals, &best), old = pd.win;
+        pd.win = 2 * best >= tot ? w : -1; /* or give it up for pair mode */
+        ph.backoff = pd.win == old && ph.backoff < 256 ? 2 * ph.backoff : 1;
+        ph.since = 0;
       }
     } else {
       const uint32_t *ix = ph.idx[cur];
@@ -522,11 +601,13 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       }
     }
     ph.in_hist += m;
-    if (dt == PROBE_DTYPE_F16) {
-      ph.corr[F16_BIAS] -= (int64_t)b.zero; /* zeros: raw exponent 0 */
-      if (b.sub) fix_f16_subnormals(&ph, q, m);
-    } else {
-      ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
+    if (!window_block) { /* window mode leaves zeros out of the histogram */
+      if (dt == PROBE_DTYPE_F16) {
+        ph.corr[F16_BIAS] -= (int64_t)b.zero; /* zeros: raw exponent 0 */
+        if (b.sub) fix_f16_subnormals(&ph, q, m);
+      } else {
+        ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
+      }
     }
     a->count += m;
     a->zero += b.zero;
@@ -544,6 +625,7 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
     done += m;
   }
   probe__pending_count(&pd, 0, pd.n);
+  if (pd.win >= 0) win_flush(a, &ph, pd.win, wbin, wc);
   fold(a, &ph, dt);
   probe__acc_portable(a, dt, p + done * es, n - done);
 }

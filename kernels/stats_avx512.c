@@ -6,29 +6,48 @@
  * histogram, the portable tail); stats.c selects this path when the CPU has
  * those extensions.
  *
- * Same work as the AVX2 block functions, in one pass per block: 32 fp16 or
- * bf16 elements, or 2 x 16 fp32 elements, per step (two steps at a time in
- * window mode). With 32 vector registers
- * every accumulator stays in a register; compares go to mask registers and
- * counts are masked adds of one. The pair indices (lo + 66*hi, vpmaddwd)
- * and the meaning of every output are exactly those of stats_avx2.c.
+ * Pair mode (pd->win < 0): the same work as the AVX2 block functions, in
+ * one pass per block, 32 fp16 or bf16 elements, or 2 x 16 fp32 elements,
+ * per step; the pair indices (lo + 66*hi, vpmaddwd) and the meaning of every
+ * output are exactly those of stats_avx2.c.
  *
- * Window mode (pd->win >= 0, chosen by the driver when the data's bins are
- * concentrated, as they are in almost every tensor): instead of pair
- * indices, 64 bin values per step are packed to bytes, the eight bins
- * win .. win+7 are counted with byte compares into eight vector byte
- * counters (at most 64 per lane per block), and the bin values of the
- * elements outside the window are compressed (vpcompressb, VBMI2) into
- * pd->outb for the driver to count one by one. This takes the histogram off
- * the scalar store path, which otherwise costs about half the time.
+ * Window mode (pd->win >= 0, chosen by the driver when the exponents are
+ * concentrated, as they are in almost every tensor; docs/statistics.md):
+ * per step of 32 elements, without branches except one rarely taken:
+ *  - extremes: smax and umax of the raw patterns, the smallest non-zero |x|
+ *    (smin and umin only when a block has one sign: ext16_fix);
+ *  - sums: binary32 -> double conversions, two sum and four sum-of-squares
+ *    accumulators;
+ *  - histogram: the 16-bit one-hot word 1 << (exponent field - win) of each
+ *    non-zero element (fp16: vpermw from a 32-entry table; fp32/bf16:
+ *    vpsllvw, which gives 0 past 15), summed by positional popcount: a
+ *    Harley-Seal carry-save tree of 16 steps into bit-sliced counters of
+ *    weights 1..8 whose weight-16 outputs go to hs->s16 (probe__hs, which
+ *    persists across blocks; the driver folds them further with
+ *    probe__hs_fold16 and reads them with probe__hs_count only when the
+ *    window moves or the call ends). Non-zero elements outside the window
+ *    (fp16: their |x| pattern, so subnormals get exact bins; fp32/bf16:
+ *    their exponent field) are compressed (vpcompressw) to pd->outb;
+ *  - counts: zeros are not counted per element (the driver takes them as
+ *    the elements neither inside nor outside the window); fp32/bf16
+ *    f16_flush by a masked compare; f16_overflow and fp16 inf/NaN detected
+ *    from smax/umax at the end of the block and only then counted.
+ * Nothing per element goes through scalar code; what is left per block is
+ * a few horizontal reductions.
  */
 #include "stats_impl.h"
+
+#include <string.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI2__) && \
     defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
 enum { NB = PROBE_HIST_BINS };
+/* Window mode runs fast enough that the hardware prefetcher alone leaves it
+ * waiting on memory; it also prefetches this far ahead (bytes; measured best
+ * of 1-8 KiB on Zen 5: fp32 +15-25%, fp16 +3%). */
+enum { PREFETCH = 6144, PREFETCH16 = 4096 };
 #define F32_BIAS (127 + PROBE_HIST_MIN_EXP - 1)
 
 static inline uint64_t hsum16(__m512i v) { /* 16-bit lane counts */
@@ -39,8 +58,10 @@ static inline uint64_t hsum32(__m512i v) {
   return (uint64_t)(int64_t)_mm512_reduce_add_epi32(v);
 }
 
-/* 32 binary32 values (two vectors) into the double sums: two sum and two
- * sum-of-squares accumulators, which leaves registers for the rest. */
+/* 32 binary32 values (two vectors) into the double sums: two sum and four
+ * sum-of-squares accumulators, one addition or FMA each per step, so that no
+ * chain of dependent FMAs (4 cycles each) bounds a step (with two
+ * sum-of-squares accumulators, two FMAs each, that was 8 cycles). */
 #define SUM32(f0, f1)                                                          \
   do {                                                                         \
     __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(f0));                  \
@@ -51,73 +72,232 @@ static inline uint64_t hsum32(__m512i v) {
     s1 = _mm512_add_pd(s1, _mm512_add_pd(d1, d3));                             \
     q0 = _mm512_fmadd_pd(d0, d0, q0);                                          \
     q1 = _mm512_fmadd_pd(d1, d1, q1);                                          \
-    q0 = _mm512_fmadd_pd(d2, d2, q0);                                          \
-    q1 = _mm512_fmadd_pd(d3, d3, q1);                                          \
+    q2 = _mm512_fmadd_pd(d2, d2, q2);                                          \
+    q3 = _mm512_fmadd_pd(d3, d3, q3);                                          \
   } while (0)
 
-/* Reduces 16-bit extreme vectors (raw patterns) into b. */
+/* Smallest unsigned 16-bit lane of v (phminposuw on the folded halves). */
+static inline uint16_t hmin_epu16(__m512i v) {
+  __m256i y = _mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i x = _mm_min_epu16(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  return (uint16_t)_mm_cvtsi128_si32(_mm_minpos_epu16(x));
+}
+
+/* Reduces 16-bit extreme vectors (raw patterns) into b. Signed lanes are
+ * mapped to unsigned by flipping the sign bit; maxima are minima of the
+ * complement. */
 static void finish16(probe__blk *b, __m512i smax, __m512i smin, __m512i umax, __m512i umin,
                      __m512i amin, int is_f16) {
-  int16_t t0[32], t1[32];
-  uint16_t t2[32], t3[32], t4[32];
-  _mm512_storeu_si512(t0, smax);
-  _mm512_storeu_si512(t1, smin);
-  _mm512_storeu_si512(t2, umax);
-  _mm512_storeu_si512(t3, umin);
-  _mm512_storeu_si512(t4, amin);
-  int16_t a = INT16_MIN, c = INT16_MAX;
-  uint16_t u = 0, w = UINT16_MAX, m = UINT16_MAX;
-  for (int i = 0; i < 32; i++) {
-    if (t0[i] > a) a = t0[i];
-    if (t1[i] < c) c = t1[i];
-    if (t2[i] > u) u = t2[i];
-    if (t3[i] < w) w = t3[i];
-    if (t4[i] < m) m = t4[i];
-  }
+  const __m512i ones = _mm512_set1_epi16(-1), sign = _mm512_set1_epi16(INT16_MIN);
+  int16_t a = (int16_t)(hmin_epu16(_mm512_xor_si512(smax, _mm512_set1_epi16(INT16_MAX))) ^ 0x7fff);
+  int16_t c = (int16_t)(hmin_epu16(_mm512_xor_si512(smin, sign)) ^ 0x8000);
+  uint16_t u = (uint16_t)~hmin_epu16(_mm512_xor_si512(umax, ones));
+  uint16_t w = hmin_epu16(umin), m = hmin_epu16(amin);
   probe__blk_extremes16(b, a, c, u, w, m, is_f16);
 }
 
-/* Window counting state: eight byte counters (a register each). */
-#define WIN_DECL(pd)                                                           \
-  const __m512i wbase = _mm512_set1_epi8((char)(pd)->win);                     \
-  const __m512i c8 = _mm512_set1_epi8(8);                                      \
-  __m512i w0 = _mm512_setzero_si512(), w1 = w0, w2 = w0, w3 = w0;              \
-  __m512i w4 = w0, w5 = w0, w6 = w0, w7 = w0;                                  \
-  uint8_t *outp = (pd)->outb
-
-/* Counts 64 byte bin values bb into the window or out to outp. */
-#define WIN_STEP(bb)                                                           \
-  do {                                                                         \
-    __m512i r_ = _mm512_sub_epi8((bb), wbase); /* outside: >= 8 unsigned */    \
-    const __m512i m1_ = _mm512_set1_epi8(-1);                                  \
-    w0 = _mm512_mask_sub_epi8(w0, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(0)), w0, m1_); \
-    w1 = _mm512_mask_sub_epi8(w1, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(1)), w1, m1_); \
-    w2 = _mm512_mask_sub_epi8(w2, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(2)), w2, m1_); \
-    w3 = _mm512_mask_sub_epi8(w3, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(3)), w3, m1_); \
-    w4 = _mm512_mask_sub_epi8(w4, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(4)), w4, m1_); \
-    w5 = _mm512_mask_sub_epi8(w5, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(5)), w5, m1_); \
-    w6 = _mm512_mask_sub_epi8(w6, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(6)), w6, m1_); \
-    w7 = _mm512_mask_sub_epi8(w7, _mm512_cmpeq_epi8_mask(r_, _mm512_set1_epi8(7)), w7, m1_); \
-    __mmask64 out_ = _mm512_cmpge_epu8_mask(r_, c8);                           \
-    _mm512_storeu_si512(outp, _mm512_maskz_compress_epi8(out_, (bb)));         \
-    outp += __builtin_popcountll(out_);                                        \
-  } while (0)
-
-static inline uint64_t hsum8(__m512i v) {
-  return (uint64_t)_mm512_reduce_add_epi64(_mm512_sad_epu8(v, _mm512_setzero_si512()));
+/* The window loops keep only smax and umax of the extremes (and amin, the
+ * smallest non-zero |x| pattern): smin is needed (stats_impl.h) only when
+ * no value has sign 0 (every lane of smax < 0), umin only when no value has
+ * sign 1 (every lane of umax < 0x8000); otherwise they stay at their
+ * identities, which is exact, as the record never reads them. Without sign 1
+ * the smallest pattern is +0 if the block has a zero, else amin; without
+ * sign 0 the smallest signed pattern is -0 if it has a zero, else
+ * 0x8000 | amin. Whether it has a zero takes a scan of the L1-resident
+ * block that stops at the first. */
+static int has_zero16(const unsigned char *p, size_t nv) {
+  const __m512i m = _mm512_set1_epi16(0x7fff);
+  for (size_t v = 0; v < nv / 2; v++)
+    if (_mm512_testn_epi16_mask(_mm512_loadu_si512(p + 64 * v), m)) return 1;
+  return 0;
 }
 
-#define WIN_FINISH(b, pd)                                                      \
+static void ext16_fix(const unsigned char *p, size_t nv, __m512i smax, __m512i umax,
+                      __m512i amin, __m512i *smin, __m512i *umin) {
+  int pos = _mm512_cmpge_epi16_mask(smax, _mm512_setzero_si512()) != 0;
+  int neg = _mm512_movepi16_mask(umax) != 0;
+  if (pos && neg) return;
+  int zero = has_zero16(p, nv);
+  uint16_t m = hmin_epu16(amin);
+  if (!pos) *smin = _mm512_set1_epi16((short)(zero ? 0x8000 : (m | 0x8000)));
+  if (!neg) *umin = _mm512_set1_epi16((short)(zero ? 0 : m));
+}
+
+static void ext32_fix(const unsigned char *p, size_t nv, __m512i smax, __m512i umax,
+                      __m512i amin, __m512i *smin, __m512i *umin) {
+  int pos = _mm512_cmpge_epi32_mask(smax, _mm512_setzero_si512()) != 0;
+  int neg = _mm512_movepi32_mask(umax) != 0;
+  if (pos && neg) return;
+  const __m512i m7 = _mm512_set1_epi32(0x7fffffff);
+  int zero = 0;
+  for (size_t v = 0; v < nv && !zero; v++)
+    zero = _mm512_testn_epi32_mask(_mm512_loadu_si512(p + 64 * v), m7) != 0;
+  uint32_t m = _mm512_reduce_min_epu32(amin);
+  if (!pos) *smin = _mm512_set1_epi32((int)(zero ? 0x80000000u : (m | 0x80000000u)));
+  if (!neg) *umin = _mm512_set1_epi32((int)(zero ? 0u : m));
+}
+
+/* ---- window mode: a 16-bin window counted by positional popcount -------- */
+
+/* Window values: fp16 raw exponent (a >> 10, 0..31); fp32 and bf16 raw
+ * binary32 exponent (0..255). For each non-zero element (mask nz_; zeros are
+ * counted apart and never enter the histogram here) with r = value - win,
+ * the one-hot word 1 << r (vpsllvw gives 0 for r >= 16, which with the
+ * unsigned wrap covers every value outside the window); the elements outside
+ * write ov_ (fp16: the |x| pattern; fp32, bf16: the value), compressed, to
+ * outb. */
+#define HOT(e_, nz_, ov_, oh_)                                                 \
   do {                                                                         \
-    (b)->wcount[0] = hsum8(w0);                                                \
-    (b)->wcount[1] = hsum8(w1);                                                \
-    (b)->wcount[2] = hsum8(w2);                                                \
-    (b)->wcount[3] = hsum8(w3);                                                \
-    (b)->wcount[4] = hsum8(w4);                                                \
-    (b)->wcount[5] = hsum8(w5);                                                \
-    (b)->wcount[6] = hsum8(w6);                                                \
-    (b)->wcount[7] = hsum8(w7);                                                \
+    __m512i r_ = _mm512_sub_epi16((e_), hwin);                                 \
+    oh_ = _mm512_maskz_sllv_epi16((nz_), hone, r_);                            \
+    __mmask32 o_ = _mm512_mask_cmpge_epu16_mask((nz_), r_, h16);               \
+    if (__builtin_expect(o_ != 0, 0)) {                                        \
+      _mm512_storeu_si512(outp, _mm512_maskz_compress_epi16(o_, (ov_)));       \
+      outp += __builtin_popcount(o_);                                          \
+    }                                                                          \
+  } while (0)
+
+/* Carry-save adder over 16-bit one-hot words (Harley-Seal): h, l = the carry
+ * and sum bits of a + b + c, bitwise. */
+#define CSA(h_, l_, a_, b_, c_)                                                \
+  do {                                                                         \
+    __m512i ca_ = (a_), cb_ = (b_), cc_ = (c_);                                   \
+    h_ = _mm512_ternarylogic_epi32(ca_, cb_, cc_, 0xe8);                          \
+    l_ = _mm512_ternarylogic_epi32(ca_, cb_, cc_, 0x96);                          \
+  } while (0)
+
+/* Sixteen one-hot (or weight-w) vectors through a Harley-Seal tree into the
+ * counters o_, t_, f_, e_ (weights w, 2w, 4w, 8w); the result, of weight
+ * 16w, is left in x_. IN(i, d) yields input i (0..15) in d. */
+#define HS16(IN, o_, t_, f_, e_, x_)                                           \
+  do {                                                                         \
+    __m512i d0_, d1_, tA_, tB_, fA_, fB_, eA_, eB_;                            \
+    IN(0, d0_); IN(1, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(2, d0_); IN(3, d1_); CSA(tB_, o_, o_, d0_, d1_);                        \
+    CSA(fA_, t_, t_, tA_, tB_);                                                \
+    IN(4, d0_); IN(5, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(6, d0_); IN(7, d1_); CSA(tB_, o_, o_, d0_, d1_);                        \
+    CSA(fB_, t_, t_, tA_, tB_);                                                \
+    CSA(eA_, f_, f_, fA_, fB_);                                                \
+    IN(8, d0_); IN(9, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(10, d0_); IN(11, d1_); CSA(tB_, o_, o_, d0_, d1_);                      \
+    CSA(fA_, t_, t_, tA_, tB_);                                                \
+    IN(12, d0_); IN(13, d1_); CSA(tA_, o_, o_, d0_, d1_);                      \
+    IN(14, d0_); IN(15, d1_); CSA(tB_, o_, o_, d0_, d1_);                      \
+    CSA(fB_, t_, t_, tA_, tB_);                                                \
+    CSA(eB_, f_, f_, fA_, fB_);                                                \
+    CSA(x_, e_, e_, eA_, eB_);                                                 \
+  } while (0)
+
+/* wc[i] += weight * (number of 16-bit lanes of v with bit i set). */
+static inline void hs_count(uint64_t wc[PROBE__WIN], __m512i v, uint64_t weight) {
+  for (int i = 0; i < PROBE__WIN; i++)
+    wc[i] += weight * (uint64_t)__builtin_popcount(
+                          _mm512_test_epi16_mask(v, _mm512_set1_epi16((short)(1 << i))));
+}
+
+void probe__hs_fold16(probe__hs *h) {
+  __m512i o = _mm512_loadu_si512(h->hi), t = _mm512_loadu_si512(h->hi + 32);
+  __m512i f = _mm512_loadu_si512(h->hi + 64), e = _mm512_loadu_si512(h->hi + 96);
+  size_t j = 0;
+  for (; j + 16 <= h->n16; j += 16) {
+    __m512i x;
+#define IN16(i_, d_) d_ = _mm512_loadu_si512(h->s16 + 32 * (j + (i_)))
+    HS16(IN16, o, t, f, e, x);
+#undef IN16
+    for (int k = 4; k < 12; k++) { /* weights 256 .. 32768 */
+      __m512i hk = _mm512_loadu_si512(h->hi + 32 * k);
+      _mm512_storeu_si512(h->hi + 32 * k, _mm512_xor_si512(hk, x));
+      x = _mm512_and_si512(hk, x);
+    }
+    if (_mm512_test_epi16_mask(x, x)) _mm512_storeu_si512(h->big + 32 * h->nbig++, x);
+  }
+  _mm512_storeu_si512(h->hi, o);
+  _mm512_storeu_si512(h->hi + 32, t);
+  _mm512_storeu_si512(h->hi + 64, f);
+  _mm512_storeu_si512(h->hi + 96, e);
+  memmove(h->s16, h->s16 + 32 * j, (h->n16 - j) * 64);
+  h->n16 -= j;
+}
+
+void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+  for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
+  for (int k = 0; k < 4; k++) hs_count(wc, _mm512_loadu_si512(h->lo[h->cur] + 32 * k), 1u << k);
+  for (size_t j = 0; j < h->n16; j++) hs_count(wc, _mm512_loadu_si512(h->s16 + 32 * j), 16);
+  for (int k = 0; k < 12; k++) hs_count(wc, _mm512_loadu_si512(h->hi + 32 * k), 16u << k);
+  for (size_t j = 0; j < h->nbig; j++) hs_count(wc, _mm512_loadu_si512(h->big + 32 * j), 65536);
+}
+
+/* Window-mode locals of a block function: the window, the counters of
+ * weights 1, 2, 4, 8 (from hs->lo[hs->cur]), the number of weight-16
+ * vectors in hs->s16 and the out-of-window pointer. */
+#define WIN_DECL(pd)                                                           \
+  const __m512i hwin = _mm512_set1_epi16((short)(pd)->win);                    \
+  const __m512i hone = _mm512_set1_epi16(1), h16 = _mm512_set1_epi16(16);      \
+  probe__hs *const hs_ = (pd)->hs;                                             \
+  const uint16_t *lo_ = hs_->lo[hs_->cur];                                     \
+  __m512i ones = _mm512_loadu_si512(lo_), twos = _mm512_loadu_si512(lo_ + 32); \
+  __m512i fours = _mm512_loadu_si512(lo_ + 64), eights = _mm512_loadu_si512(lo_ + 96); \
+  size_t n16 = hs_->n16;                                                       \
+  uint16_t *outp = (pd)->outb
+
+/* Runs STEP over bin vectors 0 .. nbv-1 (groups of 16 through the tree,
+ * the rest added one by one), writes the counters to hs->lo[!hs->cur] and
+ * leaves n16 and nout in b. */
+#define WIN_RUN(STEP, IN, b, pd, nbv)                                          \
+  do {                                                                         \
+    size_t v_ = 0;                                                             \
+    for (; v_ + 16 <= (nbv); v_ += 16) {                                       \
+      __m512i x_;                                                              \
+      HS16(IN, ones, twos, fours, eights, x_);                                 \
+      _mm512_storeu_si512(hs_->s16 + 32 * n16++, x_);                          \
+    }                                                                          \
+    for (; v_ < (nbv); v_++) {                                                 \
+      __m512i c_, t_;                                                          \
+      STEP(v_, c_);                                                            \
+      t_ = _mm512_and_si512(ones, c_), ones = _mm512_xor_si512(ones, c_), c_ = t_;   \
+      t_ = _mm512_and_si512(twos, c_), twos = _mm512_xor_si512(twos, c_), c_ = t_;   \
+      t_ = _mm512_and_si512(fours, c_), fours = _mm512_xor_si512(fours, c_), c_ = t_; \
+      t_ = _mm512_and_si512(eights, c_), eights = _mm512_xor_si512(eights, c_), c_ = t_; \
+      if (_mm512_test_epi16_mask(c_, c_)) _mm512_storeu_si512(hs_->s16 + 32 * n16++, c_); \
+    }                                                                          \
+    uint16_t *lw_ = hs_->lo[!hs_->cur];                                        \
+    _mm512_storeu_si512(lw_, ones);                                            \
+    _mm512_storeu_si512(lw_ + 32, twos);                                       \
+    _mm512_storeu_si512(lw_ + 64, fours);                                      \
+    _mm512_storeu_si512(lw_ + 96, eights);                                     \
+    (b)->n16 = n16;                                                            \
     (b)->nout = (size_t)(outp - (pd)->outb);                                   \
+  } while (0)
+
+/* 32 binary32 values at q (128 bytes) into the double sums. */
+#define SUM32M(q_)                                                             \
+  do {                                                                         \
+    __m512d d0 = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)(q_))); \
+    __m512d d1 = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)((q_) + 32))); \
+    __m512d d2 = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)((q_) + 64))); \
+    __m512d d3 = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)((q_) + 96))); \
+    s0 = _mm512_add_pd(s0, _mm512_add_pd(d0, d2));                             \
+    s1 = _mm512_add_pd(s1, _mm512_add_pd(d1, d3));                             \
+    q0 = _mm512_fmadd_pd(d0, d0, q0);                                          \
+    q1 = _mm512_fmadd_pd(d1, d1, q1);                                          \
+    q2 = _mm512_fmadd_pd(d2, d2, q2);                                          \
+    q3 = _mm512_fmadd_pd(d3, d3, q3);                                          \
+  } while (0)
+
+/* 32 binary16 values at q (64 bytes) into the double sums. */
+#define SUM16M(q_)                                                             \
+  do {                                                                         \
+    __m512d d0 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q_)))); \
+    __m512d d1 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 16)))); \
+    __m512d d2 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 32)))); \
+    __m512d d3 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 48)))); \
+    s0 = _mm512_add_pd(s0, _mm512_add_pd(d0, d2));                             \
+    s1 = _mm512_add_pd(s1, _mm512_add_pd(d1, d3));                             \
+    q0 = _mm512_fmadd_pd(d0, d0, q0);                                          \
+    q1 = _mm512_fmadd_pd(d1, d1, q1);                                          \
+    q2 = _mm512_fmadd_pd(d2, d2, q2);                                          \
+    q3 = _mm512_fmadd_pd(d3, d3, q3);                                          \
   } while (0)
 
 void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
@@ -135,7 +315,7 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
   __m512i cnt = z, amin = _mm512_set1_epi16(-1);
   __m512i smax = _mm512_set1_epi16(INT16_MIN), smin = _mm512_set1_epi16(INT16_MAX);
   __m512i umax = z, umin = _mm512_set1_epi16(-1);
-  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
   __mmask32 nonfin = 0;
 #define F16_STEP(v_, bin_)                                                            \
   do {                                                                                \
@@ -162,26 +342,53 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
       _mm512_storeu_si512(idx + 16 * v, _mm512_madd_epi16(bv, pairc));
       PROBE__PENDING_STEP(16);
     }
-  } else { /* window: 64 elements, one byte vector of bins, per step */
+    const __m512i m8 = _mm512_set1_epi16(0xff);
+    b->zero = hsum16(_mm512_and_si512(cnt, m8));
+    b->sub = hsum16(_mm512_srli_epi16(cnt, 8)) - b->zero;
+    b->nonfinite = nonfin != 0;
+  } else { /* window mode: 32 elements per step */
     WIN_DECL(pd);
-    for (size_t v = 0; v < nv / 2; v += 2) {
-      __m512i bv0, bv1;
-      F16_STEP(v, bv0);
-      F16_STEP(v + 1, bv1);
-      WIN_STEP(_mm512_packus_epi16(bv0, bv1));
-    }
-    WIN_FINISH(b, pd);
+    (void)hwin, (void)hone, (void)h16;
+    uint16_t tab[32]; /* raw exponent -> one-hot word (0 outside the window) */
+    for (int v = 0; v < 32; v++)
+      tab[v] = (uint16_t)(v >= pd->win && v < pd->win + PROBE__WIN ? 1u << (v - pd->win) : 0);
+    const __m512i otab = _mm512_loadu_si512(tab);
+#define F16_WSTEP(v_, oh_)                                                            \
+  do {                                                                                \
+    const unsigned char *q_ = p + 64 * (v_);                                          \
+    __m512i h = _mm512_loadu_si512(q_);                                               \
+    _mm_prefetch((const char *)q_ + PREFETCH16, _MM_HINT_T0);                         \
+    __m512i a = _mm512_and_si512(h, m7fff);                                           \
+    __mmask32 nz = _mm512_test_epi16_mask(a, a);                                      \
+    amin = _mm512_mask_min_epu16(amin, nz, amin, a);                                  \
+    smax = _mm512_max_epi16(smax, h);                                                 \
+    umax = _mm512_max_epu16(umax, h);                                                 \
+    SUM16M(q_);                                                                       \
+    /* one-hot word of the raw exponent (vpermw reads the low 5 bits) */              \
+    oh_ = _mm512_permutexvar_epi16(_mm512_srli_epi16(h, 10), otab);                   \
+    __mmask32 o_ = _mm512_mask_testn_epi16_mask(nz, oh_, oh_);                        \
+    if (__builtin_expect(o_ != 0, 0)) {                                               \
+      _mm512_storeu_si512(outp, _mm512_maskz_compress_epi16(o_, a));                  \
+      outp += __builtin_popcount(o_);                                                 \
+    }                                                                                 \
+  } while (0)
+#define F16_IN(i_, d_) F16_WSTEP(v_ + (i_), d_)
+    WIN_RUN(F16_WSTEP, F16_IN, b, pd, nv / 2);
+#undef F16_IN
+#undef F16_WSTEP
+    b->zero = 0; /* the driver counts them from the window counts */
+    b->sub = 0;  /* and these: all are outside the window */
+    ext16_fix(p, nv, smax, umax, amin, &smin, &umin);
+    /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
+    b->nonfinite = _mm512_cmpgt_epi16_mask(smax, c7bff) ||
+                   _mm512_cmpgt_epu16_mask(umax, _mm512_set1_epi16((short)0xfbff));
   }
 #undef F16_STEP
   PROBE__PENDING_FINISH(pd);
-  b->nonfinite = nonfin != 0;
-  const __m512i m8 = _mm512_set1_epi16(0xff);
-  b->zero = hsum16(_mm512_and_si512(cnt, m8));
-  b->sub = hsum16(_mm512_srli_epi16(cnt, 8)) - b->zero;
   b->flush = 0; /* no binary16 value has 0 < |x| <= 2^-25 */
   b->ovf = 0;   /* nor a finite |x| >= 65520 */
   b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(q0, q1));
+  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
   finish16(b, smax, smin, umax, umin, amin, 1);
 }
 
@@ -202,7 +409,7 @@ void probe__blk_bf16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p
   __m512i cnt = z, covf = z, amin = _mm512_set1_epi16(-1);
   __m512i smax = _mm512_set1_epi16(INT16_MIN), smin = _mm512_set1_epi16(INT16_MAX);
   __m512i umax = z, umin = _mm512_set1_epi16(-1);
-  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
 #define BF16_STEP(v_, bin_)                                                                 \
   do {                                                                                      \
     __m512i h = _mm512_loadu_si512(p + 64 * (v_));                                          \
@@ -230,26 +437,52 @@ void probe__blk_bf16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p
       _mm512_storeu_si512(idx + 16 * v, _mm512_madd_epi16(bv, pairc));
       PROBE__PENDING_STEP(16);
     }
-  } else { /* window: 64 elements, one byte vector of bins, per step */
+    const __m512i m8 = _mm512_set1_epi16(0xff);
+    b->zero = hsum16(_mm512_and_si512(cnt, m8));
+    b->flush = hsum16(_mm512_srli_epi16(cnt, 8)) - b->zero;
+    b->ovf = hsum16(covf);
+  } else { /* window mode: 32 elements per step; raw binary32 exponents */
     WIN_DECL(pd);
-    for (size_t v = 0; v < nv / 2; v += 2) {
-      __m512i bv0, bv1;
-      BF16_STEP(v, bv0);
-      BF16_STEP(v + 1, bv1);
-      WIN_STEP(_mm512_packus_epi16(bv0, bv1));
+#define BF16_WSTEP(v_, oh_)                                                                 \
+  do {                                                                                      \
+    __m512i h = _mm512_loadu_si512(p + 64 * (v_));                                          \
+    _mm_prefetch((const char *)p + 64 * (v_) + PREFETCH16, _MM_HINT_T0);                    \
+    __m512i a = _mm512_and_si512(h, m7fff);                                                 \
+    __mmask32 nz = _mm512_test_epi16_mask(a, a);                                            \
+    cnt = _mm512_mask_add_epi16(cnt, _mm512_mask_cmplt_epu16_mask(nz, a, c3301), cnt, one); \
+    amin = _mm512_mask_min_epu16(amin, nz, amin, a);                                        \
+    smax = _mm512_max_epi16(smax, h);                                                       \
+    umax = _mm512_max_epu16(umax, h);                                                       \
+    __m512 f0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, h));                           \
+    __m512 f1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, h));                           \
+    SUM32(f0, f1);                                                                          \
+    __m512i e_ = _mm512_srli_epi16(a, 7);                                                   \
+    HOT(e_, nz, e_, oh_);                                                                   \
+  } while (0)
+#define BF16_IN(i_, d_) BF16_WSTEP(v_ + (i_), d_)
+    WIN_RUN(BF16_WSTEP, BF16_IN, b, pd, nv / 2);
+#undef BF16_IN
+#undef BF16_WSTEP
+    b->zero = 0; /* the driver counts them from the window counts */
+    b->flush = hsum16(cnt);
+    ext16_fix(p, nv, smax, umax, amin, &smin, &umin);
+    b->ovf = 0; /* |x| >= 65520 (inf, NaN included): counted only if present,
+                   i.e. a positive pattern > 0x477f or a negative one > 0xc77f */
+    if (_mm512_cmpgt_epi16_mask(smax, c477f) ||
+        _mm512_cmpgt_epu16_mask(umax, _mm512_set1_epi16((short)0xc77f))) {
+      for (size_t i = 0; i < 16 * nv; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        b->ovf += (h & 0x7fffu) > 0x477fu;
+      }
     }
-    WIN_FINISH(b, pd);
   }
 #undef BF16_STEP
   PROBE__PENDING_FINISH(pd);
   b->nonfinite = 0; /* decided by the driver from ovf */
-  const __m512i m8 = _mm512_set1_epi16(0xff);
-  b->zero = hsum16(_mm512_and_si512(cnt, m8));
-  b->flush = hsum16(_mm512_srli_epi16(cnt, 8)) - b->zero;
-  b->ovf = hsum16(covf);
   b->sub = 0; /* read off the histogram at the fold */
   b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(q0, q1));
+  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
   finish16(b, smax, smin, umax, umin, amin, 0);
 }
 
@@ -270,7 +503,7 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
   __m512i cnt = z, amin = _mm512_set1_epi32(-1);
   __m512i smax = _mm512_set1_epi32(INT32_MIN), smin = _mm512_set1_epi32(INT32_MAX);
   __m512i umax = z, umin = _mm512_set1_epi32(-1);
-  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
 #define F32_STEP(v_, bin_)                                                                    \
   do {                                                                                        \
     __m512i x0 = _mm512_loadu_si512(p + 128 * (v_));                                          \
@@ -301,26 +534,57 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
       _mm512_storeu_si512(idx + 16 * v, _mm512_madd_epi16(bv, pairc));
       PROBE__PENDING_STEP(16);
     }
-  } else { /* window: 64 elements, one byte vector of bins, per step */
+    const __m512i m10 = _mm512_set1_epi32(0x3ff);
+    b->zero = hsum32(_mm512_and_si512(cnt, m10));
+    b->flush = hsum32(_mm512_and_si512(_mm512_srli_epi32(cnt, 10), m10)) - b->zero;
+    b->ovf = hsum32(_mm512_srli_epi32(cnt, 20));
+  } else { /* window mode: 32 elements per step; raw binary32 exponents */
     WIN_DECL(pd);
-    for (size_t v = 0; v < nv / 2; v += 2) {
-      __m512i bv0, bv1;
-      F32_STEP(v, bv0);
-      F32_STEP(v + 1, bv1);
-      WIN_STEP(_mm512_packus_epi16(bv0, bv1));
+    /* the high 16-bit halves of a0's then a1's lanes */
+    const __m512i hix = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+#define F32_WSTEP(v_, oh_)                                                                    \
+  do {                                                                                        \
+    const unsigned char *q_ = p + 128 * (v_);                                                 \
+    __m512i x0 = _mm512_loadu_si512(q_);                                                      \
+    __m512i x1 = _mm512_loadu_si512(q_ + 64);                                                 \
+    _mm_prefetch((const char *)q_ + PREFETCH, _MM_HINT_T0);                                   \
+    _mm_prefetch((const char *)q_ + PREFETCH + 64, _MM_HINT_T0);                              \
+    __m512i a0 = _mm512_and_si512(x0, mabs), a1 = _mm512_and_si512(x1, mabs);                 \
+    __mmask16 nz0 = _mm512_test_epi32_mask(a0, a0), nz1 = _mm512_test_epi32_mask(a1, a1);     \
+    cnt = _mm512_mask_add_epi32(cnt, _mm512_mask_cmplt_epu32_mask(nz0, a0, cflush), cnt, one); \
+    cnt = _mm512_mask_add_epi32(cnt, _mm512_mask_cmplt_epu32_mask(nz1, a1, cflush), cnt, one); \
+    amin = _mm512_mask_min_epu32(amin, nz0, amin, a0);                                        \
+    amin = _mm512_mask_min_epu32(amin, nz1, amin, a1);                                        \
+    smax = _mm512_max_epi32(smax, _mm512_max_epi32(x0, x1));                                  \
+    umax = _mm512_max_epu32(umax, _mm512_max_epu32(x0, x1));                                  \
+    SUM32M(q_);                                                                               \
+    __m512i e_ = _mm512_srli_epi16(_mm512_permutex2var_epi16(a0, hix, a1), 7);                \
+    HOT(e_, (__mmask32)nz0 | (__mmask32)nz1 << 16, e_, oh_);                                  \
+  } while (0)
+#define F32_IN(i_, d_) F32_WSTEP(v_ + (i_), d_)
+    WIN_RUN(F32_WSTEP, F32_IN, b, pd, nv / 2);
+#undef F32_IN
+#undef F32_WSTEP
+    b->zero = 0; /* the driver counts them from the window counts */
+    b->flush = hsum32(cnt);
+    ext32_fix(p, nv, smax, umax, amin, &smin, &umin);
+    b->ovf = 0; /* |x| >= 65520 (inf, NaN included): counted only if present,
+                   i.e. a positive pattern > 0x477fefff or a negative one > 0xc77fefff */
+    if (_mm512_reduce_max_epi32(smax) > 0x477fefff || _mm512_reduce_max_epu32(umax) > 0xc77fefffu) {
+      for (size_t i = 0; i < 16 * nv; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        b->ovf += (u & 0x7fffffffu) > 0x477fefffu;
+      }
     }
-    WIN_FINISH(b, pd);
   }
 #undef F32_STEP
   PROBE__PENDING_FINISH(pd);
   b->nonfinite = 0;
-  const __m512i m10 = _mm512_set1_epi32(0x3ff);
-  b->zero = hsum32(_mm512_and_si512(cnt, m10));
-  b->flush = hsum32(_mm512_and_si512(_mm512_srli_epi32(cnt, 10), m10)) - b->zero;
-  b->ovf = hsum32(_mm512_srli_epi32(cnt, 20));
   b->sub = 0;
   b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(q0, q1));
+  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
   b->smax = _mm512_reduce_max_epi32(smax);
   b->smin = _mm512_reduce_min_epi32(smin);
   b->umax = _mm512_reduce_max_epu32(umax);
@@ -330,6 +594,12 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
 }
 
 #else /* not compiled for AVX-512: stats.c never selects this path */
+
+void probe__hs_fold16(probe__hs *h) { (void)h; }
+void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+  (void)h;
+  for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
+}
 
 void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                            const probe__pending *pd) {

@@ -46,6 +46,11 @@ static inline int probe__hist_bin(uint32_t abits) {
 
 /* ---- the vectorised paths (stats_avx2.c drives, stats_avx512.c) ----------- */
 
+enum { PROBE__BLOCK = 4096, /* elements per checked block */
+       PROBE__WIN = 16,     /* bins per window (window mode) */
+       PROBE__S16 = 48,     /* see probe__hs */
+       PROBE__BIG = 16 };
+
 /* What one block's vector loops found, before the driver accepts it (all of
  * it describes only the block's finite data; see stats_avx2.c). */
 typedef struct probe__blk {
@@ -54,12 +59,30 @@ typedef struct probe__blk {
   int32_t smax, smin;        /* extremes as binary32 bits */
   uint32_t umax, umin, amin_m1;
   double sum, sumsq;
-  /* Window mode (AVX-512 only, see probe__pending.win): elements whose bin
-   * value lies in win .. win+7, counted per bin, and how many others were
-   * written to outb. */
-  uint64_t wcount[8];
+  /* Window mode (AVX-512 only, see probe__pending.win): the new number of
+   * weight-16 vectors in hs->s16, and how many elements were written to
+   * outb. (zero is 0 then: the driver counts zeros from the window counts.) */
+  size_t n16;
   size_t nout;
 } probe__blk;
+
+/* Window mode (AVX-512): the elements inside the window are counted in
+ * bit-sliced counters, vectors of 32 16-bit lanes in which bit k of a lane
+ * stands for window value win + k, that persist across blocks:
+ * lo[cur][0..3] have weights 1, 2, 4, 8; s16[0 .. n16) weight 16 each;
+ * hi[0..11] weights 16, 32, .., 32768; big[0 .. nbig) 65536 each. A block
+ * function reads lo[cur] and n16, writes lo[!cur] and appends to s16 from
+ * n16 on (at most 23 vectors); the driver accepts the block by flipping
+ * cur and taking its n16, so a discarded block changes nothing. */
+typedef struct probe__hs {
+  uint16_t lo[2][4 * 32];
+  int cur;
+  uint16_t s16[PROBE__S16 * 32];
+  size_t n16;
+  uint16_t hi[12 * 32];
+  uint16_t big[PROBE__BIG * 32];
+  size_t nbig;
+} probe__hs;
 
 /* Pair indices of the previous accepted block, still to be counted into the
  * four 16-bit pair tables (copy i % 4 for index i). A block function counts
@@ -70,13 +93,24 @@ typedef struct probe__pending {
   size_t n; /* pairs, a multiple of 16 */
   uint16_t *t[4];
   /* The AVX-512 block functions have a second way of counting bins: with
-   * win >= 0 they count, in vector byte counters, the elements whose bin
-   * value (fp16: raw exponent; fp32/bf16: bin) is win .. win+7, write the
-   * bin values of all other elements to outb (BLOCK + 64 bytes), and write
-   * no pair indices. win < 0: pair indices, as the AVX2 ones always do. */
+   * win >= 0 they count the non-zero elements whose window value (the raw
+   * exponent field: fp16 1..31, fp32/bf16 the binary32 one, 0..255) is
+   * win .. win+15 into *hs (positional popcount of one-hot words; an fp16
+   * window never holds 0), write the other non-zero elements to outb
+   * (PROBE__BLOCK + 32 entries; fp16: the |x| pattern, fp32/bf16: the
+   * window value), count no zeros, and write no pair indices. win < 0: pair
+   * indices, as the AVX2 ones always do. */
   int win;
-  uint8_t *outb;
+  uint16_t *outb;
+  probe__hs *hs; /* window mode: the counters of the elements inside */
 } probe__pending;
+
+/* wc[k] = the number of elements with window value win + k that h holds.
+ * AVX-512 only. */
+void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]);
+/* Folds each complete group of 16 weight-16 vectors of h->s16 into h->hi
+ * (and h->big). AVX-512 only. */
+void probe__hs_fold16(probe__hs *h);
 
 static inline void probe__pending_count(const probe__pending *pd, size_t from, size_t to) {
   uint16_t *t0 = pd->t[0], *t1 = pd->t[1], *t2 = pd->t[2], *t3 = pd->t[3];

@@ -1,8 +1,9 @@
 /*
  * test_stats.c - Check suite for the fused statistics record
- * (kernels/stats.c, kernels/stats_avx2.c).
+ * (kernels/stats.c, kernels/stats_avx2.c, kernels/stats_avx512.c).
  *
- * Every field of every path (portable, AVX2 where the CPU has it) is compared
+ * Every field of every path (portable; AVX2 and AVX-512 where the CPU has
+ * them) is compared
  * with a naive reference written here: the elements are decoded from their
  * bit fields with ldexp, and each statistic is its own loop in double (long
  * double for the sums) using the C library's classification (isnan, isinf,
@@ -15,7 +16,12 @@
  * NaN, all inf, signed zeros, subnormals, values straddling 65504/65520,
  * 2^-14, 2^-24, 2^-25, huge and tiny magnitudes; lengths 0, 1, odd, around
  * the 16-element vector and the 4096-element block; unaligned starts (one
- * element and one byte off). Merge: random splits merged give the whole
+ * element and one byte off). Window mode of the AVX-512 path: long buffers
+ * of segments (scaled normals walking every binade, zeros, one-signed
+ * blocks with and without zeros, fp16/fp32 subnormals, inf/NaN, FP16
+ * boundary values, a wide spread that forces pair mode), all 40 fp16
+ * binades, and 3M fp32 elements in one binade (every counter level).
+ * Merge: random splits merged give the whole
  * record (exactly, sums within 1e-12 of sum|x|), the identity, commutativity.
  */
 #include <check.h>
@@ -476,6 +482,170 @@ START_TEST(test_large_buffer) {
 }
 END_TEST
 
+/* ---- window mode (AVX-512) ------------------------------------------------------ */
+
+/* Stores x[0..n) as dtype dt (fp16/bf16 rounded to nearest even). */
+static void store_as(void *out, probe_dtype dt, const float *x, size_t n) {
+  if (dt == PROBE_DTYPE_F32)
+    memcpy(out, x, n * 4);
+  else if (dt == PROBE_DTYPE_F16)
+    probe_f32_to_f16_array(out, x, n);
+  else
+    probe_f32_to_bf16_array(out, x, n);
+}
+
+/* Segment kinds of test_window_mode, each a run of elements the AVX-512
+ * driver sees as one distribution (so it keeps, moves or gives up its
+ * window). */
+enum {
+  SEG_SCALED,    /* N(0,1) * 2^k: a window near exponent k */
+  SEG_ZERO,      /* +0 and -0 only */
+  SEG_POSITIVE,  /* |N(0,1)| * 2^k: no sign-1 value in a block */
+  SEG_NEGATIVE,  /* -|N(0,1)| * 2^k: no sign-0 value */
+  SEG_SUBNORMAL, /* N(0,1) * 2^k with fp16 (and fp32) subnormals and zeros mixed in */
+  SEG_NONFINITE, /* N(0,1) with a few inf and NaN */
+  SEG_RELU,      /* max(N(0,1), +0) * 2^k: +0 and sign-0 values only */
+  SEG_NEGRELU,   /* min(N(0,1), -0) * 2^k: -0 and sign-1 values only */
+  SEG_WIDE,      /* log-uniform over 2^-45 .. 2^45: no window holds half */
+  SEG_TIES,      /* 2^-25, 65520, 65504 and their neighbours, both signs */
+  SEG_COUNT
+};
+
+static float seg_value(int kind, int k) {
+  double v = rng_normal();
+  switch (kind) {
+  case SEG_SCALED:
+    return (float)ldexp(v, k);
+  case SEG_ZERO:
+    return (rng_next() & 1) ? -0.0f : 0.0f;
+  case SEG_POSITIVE:
+    return (float)ldexp(fabs(v), k);
+  case SEG_NEGATIVE:
+    return (float)-ldexp(fabs(v), k);
+  case SEG_SUBNORMAL: {
+    uint64_t r = rng_next() % 16;
+    if (r == 0) return 0.0f;
+    if (r == 1) return (float)ldexp(v, -20); /* fp16 subnormal */
+    if (r == 2) return (float)ldexp(v, -135); /* fp32 subnormal */
+    return (float)ldexp(v, k);
+  }
+  case SEG_NONFINITE: {
+    uint64_t r = rng_next() % 3000;
+    if (r == 0) return INFINITY;
+    if (r == 1) return -INFINITY;
+    if (r == 2) return NAN;
+    return (float)v;
+  }
+  case SEG_RELU:
+    return v > 0 ? (float)ldexp(v, k) : 0.0f;
+  case SEG_NEGRELU:
+    return v < 0 ? (float)ldexp(v, k) : -0.0f;
+  case SEG_WIDE:
+    return (float)ldexp(1.0 + rng_unit(), (int)(rng_next() % 91) - 45) * ((rng_next() & 1) ? -1 : 1);
+  default: {
+    static const float t[] = {2.98023223876953125e-08f, 2.9802321e-08f, 2.9802326e-08f,
+                              65520.0f, 65519.996f, 65504.0f, 1.0f};
+    float f = t[rng_next() % 7];
+    return (rng_next() & 1) ? -f : f;
+  }
+  }
+}
+
+/* loop index: dtype (3) x scenario (6). Long buffers made of segments of
+ * different distributions, lengths not multiples of the block, so that the
+ * AVX-512 path keeps its window over many blocks (folding its carry-save
+ * counters), moves it, leaves zeros and fp16 subnormals out of it, finds
+ * blocks of one sign, redoes blocks holding inf/NaN, and gives the window up
+ * for pair mode; every path is compared with the reference. */
+START_TEST(test_window_mode) {
+  probe_dtype dt = (probe_dtype)(_i / 6);
+  int scenario = _i % 6;
+  size_t n = 600011;
+  float *x = malloc(n * sizeof *x);
+  unsigned char *buf = malloc(n * 4 + 64);
+  size_t i = 0;
+  int seg = 0;
+  int kmax = dt == PROBE_DTYPE_F16 ? 12 : 60, kmin = dt == PROBE_DTYPE_F16 ? -20 : -60;
+  while (i < n) {
+    size_t len = 1 + rng_next() % (scenario == 3 ? 300000 : 40000);
+    int kind, k = kmin + (int)(rng_next() % (uint64_t)(kmax - kmin + 1));
+    switch (scenario) {
+    case 0: /* every kind except wide, in turn; the window moves */
+      kind = seg % (SEG_COUNT - 1);
+      if (kind == SEG_WIDE) kind = SEG_TIES;
+      break;
+    case 1: /* scaled data climbing through every binade of the dtype */
+      kind = SEG_SCALED;
+      k = kmin + seg % (kmax - kmin + 1);
+      len = 3000 + rng_next() % 9000;
+      break;
+    case 2: /* concentrated, then wide (pair mode takes over), then more */
+      kind = seg == 2 ? SEG_WIDE : (int)(rng_next() % (SEG_COUNT - 1));
+      if (kind == SEG_WIDE && seg != 2) kind = SEG_SCALED;
+      break;
+    case 3: /* long runs of one or two binades: many folds and carries */
+      kind = seg % 2 ? SEG_POSITIVE : SEG_ZERO;
+      k = 0;
+      break;
+    case 4: /* no sign-1 value anywhere: min is +0 or the smallest value */
+      kind = seg % 3 ? SEG_RELU : SEG_POSITIVE;
+      k = (int)(rng_next() % 5) - 2; /* near 1: the window stays */
+      break;
+    default: /* no sign-0 value anywhere: max is -0 or the largest value */
+      kind = seg % 3 ? SEG_NEGRELU : SEG_NEGATIVE;
+      k = (int)(rng_next() % 5) - 2;
+      break;
+    }
+    if (len > n - i) len = n - i;
+    for (size_t j = 0; j < len; j++) x[i + j] = seg_value(kind, k);
+    i += len;
+    seg++;
+  }
+  /* Scenarios 4 and 5: no zero in the last 200 elements, so that the
+   * zeros (and the extreme they set) are all in the vector blocks. */
+  if (scenario >= 4)
+    for (size_t j = n - 200; j < n; j++) x[j] = seg_value(scenario == 4 ? SEG_POSITIVE : SEG_NEGATIVE, 0);
+  store_as(buf, dt, x, n);
+  char what[64];
+  snprintf(what, sizeof what, "window scenario %d", scenario);
+  check_all_paths(dt, buf, n, what);
+  /* The same, one element off (unaligned) and cut short (a tail). */
+  store_as(buf + probe_dtype_size(dt), dt, x, n);
+  check_all_paths(dt, buf + probe_dtype_size(dt), n - 77, what);
+  free(buf);
+  free(x);
+}
+END_TEST
+
+/* fp16 windows over every binade: runs of constant magnitude walking all 40
+ * binades of binary16 (and back), each run spread over its whole binade. */
+START_TEST(test_window_f16_binades) {
+  size_t n = 40 * 2 * 6007;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    size_t run = i / 6007;
+    int b = run < 40 ? (int)run : 79 - (int)run; /* 0..39, then back */
+    uint16_t m = (uint16_t)(rng_next() & 0x3ff), sgn = (uint16_t)((rng_next() & 1) << 15);
+    /* binade b: fp16 subnormals for b < 10 (exponent -24 + b), normals after */
+    uint16_t v = b < 10 ? (uint16_t)((1u << b) | (m & ((1u << b) - 1u))) : (uint16_t)((b - 9) << 10 | m);
+    h[i] = (uint16_t)(v | sgn);
+  }
+  check_all_paths(PROBE_DTYPE_F16, h, n, "f16 binade walk");
+  free(h);
+}
+END_TEST
+
+/* fp32 past the 16-bit carry-save counters: 3M elements in one binade. */
+START_TEST(test_window_large_f32) {
+  size_t n = 3000017;
+  float *x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; i++) x[i] = 1.0f + (float)(i % 1021) * 0x1p-11f;
+  for (size_t i = 0; i < n; i += 9973) x[i] = 0.0f;
+  check_all_paths(PROBE_DTYPE_F32, x, n, "large f32");
+  free(x);
+}
+END_TEST
+
 static int records_equal_exact(const probe_stats *a, const probe_stats *b) {
   char why[160];
   return !stats_differ(a, b, 0.0, 0.0, why, sizeof why);
@@ -554,6 +724,12 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_hand_computed);
   tcase_add_test(tc, test_large_buffer);
   suite_add_tcase(s, tc);
+  TCase *tw = tcase_create("window");
+  tcase_set_timeout(tw, 300);
+  tcase_add_loop_test(tw, test_window_mode, 0, 18);
+  tcase_add_test(tw, test_window_f16_binades);
+  tcase_add_test(tw, test_window_large_f32);
+  suite_add_tcase(s, tw);
   TCase *tm = tcase_create("merge");
   tcase_set_timeout(tm, 300);
   tcase_add_loop_test(tm, test_merge, 0, 3);
