@@ -201,7 +201,10 @@ static void print_summary(const probe_train_result *r, const char *name,
   printf("  time            %.2f s\n", r->wall_seconds);
   if (r->diverged)
     printf("  next            ampprobe postmortem %s\n", path);
-  else if (r->first_nonfinite_step >= 0)
+  else if (r->first_nonfinite_step >= 0 &&
+           probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD)
+    /* Backward inf/NaN with a finite loss is a scaled gradient overflowing,
+     * which the scaler handles (skip + backoff); a forward one is not. */
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",

@@ -629,6 +629,29 @@ END_TEST
 
 /* lr-too-high stops early: no gradient records in the second half -> n/a
  * in the text, null in the JSON, never nan. */
+/* run's summary points at postmortem when a layer made inf/NaN in the forward
+ * pass although the loss stayed finite (bn-overflow), but not for a scaled
+ * gradient overflow the scaler handled (healthy's backoff at step 1). */
+START_TEST(test_run_note_on_forward_nonfinite) {
+  char t1[300], t2[300];
+  snprintf(t1, sizeof t1, "%s/note-bn.h5", workdir);
+  snprintf(t2, sizeof t2, "%s/note-healthy.h5", workdir);
+  const char *a1[] = {"run", "--scenario", "bn-overflow", "-q", "-o", t1, NULL};
+  result r = run("note1", a1);
+  ck_assert_int_eq(r.rc, 0);
+  ck_assert_msg(strstr(r.out, "note            the loss stayed finite, but a "
+                              "layer produced inf/NaN (enc.bn1 at step 0)"),
+                "%s", r.out);
+  result_free(&r);
+  const char *a2[] = {"run", "--scenario", "healthy", "-q", "-o", t2, NULL};
+  r = run("note2", a2);
+  ck_assert_int_eq(r.rc, 0);
+  ck_assert_msg(strstr(r.out, "site weight_grad"), "%s", r.out);
+  ck_assert_msg(!strstr(r.out, "note  "), "%s", r.out);
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_postmortem_no_nan_percent) {
   char t[300];
   snprintf(t, sizeof t, "%s/lr.h5", workdir);
@@ -762,6 +785,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_config_error_path_once);
     tcase_add_test(tc, test_run_scaler_and_clip_lines);
     tcase_add_test(tc, test_postmortem_no_nan_percent);
+    tcase_add_test(tc, test_run_note_on_forward_nonfinite);
     tcase_add_test(tc, test_underflow_names_fp16_layer);
     tcase_add_test(tc, test_usage_lists_options);
     suite_add_tcase(s, tc);
