@@ -9,6 +9,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config
+  time                          # /usr/bin/time: peak-RSS checks in tests and benches
   libhdf5-dev hdf5-tools        # trace files (HDF5 C library, h5dump)
   check                         # unit tests (libcheck, pkg-config 'check')
   libjansson-dev                # configs and --json output

@@ -28,3 +28,6 @@ add_test(NAME tools.e2e.diff
          COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_diff.sh $<TARGET_FILE:ampprobe>)
 set_tests_properties(tools.e2e.bisect.zoo tools.e2e.bisect.errors tools.e2e.diff
                      PROPERTIES LABELS "tools;e2e" TIMEOUT 300)
+if(AMPPROBE_SANITIZE)
+  set_tests_properties(tools.e2e.diff PROPERTIES ENVIRONMENT "AMPPROBE_SANITIZE=1")
+endif()
