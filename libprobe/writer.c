@@ -192,6 +192,11 @@ struct probe_session {
   int64_t quiet_remaining; /* steps in which non-finite is no new event */
   int64_t n_events;
   int64_t first_nonfinite;
+  /* The first record holding NaN or inf, in execution order (step -1: none
+   * yet); see probe_session_first_nonfinite. */
+  int64_t nf_rec_step;
+  int32_t nf_rec_layer;
+  probe_site nf_rec_site;
   int64_t last_step;
   int64_t steps_since_flush;
   double t0;
@@ -932,6 +937,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   }
   s->last_step = s->w_last_step = -1;
   s->first_nonfinite = s->w_first_nonfinite = -1;
+  s->nf_rec_step = -1;
   if (o.layer_select && (s->layer_select = strdup(o.layer_select)) == NULL)
     goto nomem;
   s->opt.layer_select = s->layer_select;
@@ -1092,6 +1098,25 @@ static probe_status cur_grow(probe_session *s) {
   memset(a + s->cap_cur, 0, cap - s->cap_cur);
   memset(b + s->cap_cur, 0, cap - s->cap_cur);
   s->cap_cur = cap;
+  return PROBE_OK;
+}
+
+probe_status probe_session_first_nonfinite(const probe_session *s,
+                                           int64_t *step, int32_t *layer,
+                                           probe_site *site, int *covers_all) {
+  if (s == NULL || step == NULL || layer == NULL || site == NULL)
+    return PROBE_ERR_INVALID_ARG;
+  *step = s->nf_rec_step;
+  *layer = s->nf_rec_step >= 0 ? s->nf_rec_layer : -1;
+  *site = s->nf_rec_step >= 0 ? s->nf_rec_site : PROBE_SITE_FWD_IN;
+  if (covers_all) {
+    const probe_options *o = &s->opt;
+    int every_step = o->mode == PROBE_MODE_FULL
+                         ? o->step_start <= 0 && o->step_end < 0 &&
+                               o->step_every <= 1
+                         : o->ring_steps > 0 || o->snapshot_on_nonfinite;
+    *covers_all = o->layer_select == NULL && every_step;
+  }
   return PROBE_OK;
 }
 
@@ -1295,6 +1320,11 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
     s->quiet_remaining--;
   }
   if (nonfinite && s->first_nonfinite < 0) s->first_nonfinite = s->step;
+  if (first < s->n_cur && s->nf_rec_step < 0) {
+    s->nf_rec_step = s->step;
+    s->nf_rec_layer = s->cur[first].layer;
+    s->nf_rec_site = (probe_site)s->cur[first].site;
+  }
 
   if (act && allow_snapshot && s->opt.snapshot_on_nonfinite && first < s->n_cur)
     if ((st = snapshot_layer(s, s->cur[first].layer)) != PROBE_OK) return st;

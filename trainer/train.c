@@ -140,7 +140,10 @@ typedef struct pt_run {
   void **allocs;
   char *alloc_dev;
   size_t n_allocs, cap_allocs;
-  /* first non-finite tensor */
+  /* first non-finite tensor: found by the trainer's own scan, or, when the
+   * probe session computes statistics of every record (nf_from_probe), asked
+   * of the session at the end, so that no tensor is read twice */
+  int nf_from_probe;
   int64_t nf_step;
   int32_t nf_layer;
   probe_site nf_site;
@@ -243,7 +246,7 @@ static void run_free(pt_run *R) {
 
 static probe_status rec(pt_run *R, int32_t lid, probe_site site,
                         const float *data, size_t n) {
-  if (R->nf_step < 0) {
+  if (R->nf_step < 0 && !R->nf_from_probe) {
     const float *h = data;
     if (R->cuda) {
       if (n > R->scan_cap) {
@@ -708,7 +711,33 @@ static probe_status open_trace(pt_run *R, const probe_train_opts *o, char *err,
       return pt_fail(err, errlen, st, "trace: registering layer %s: %s",
                      R->layers[i].name, probe_session_last_error(R->sess));
   }
+  int64_t step;
+  int32_t layer;
+  probe_site site;
+  if (probe_session_first_nonfinite(R->sess, &step, &layer, &site,
+                                    &R->nf_from_probe) != PROBE_OK)
+    R->nf_from_probe = 0;
   return PROBE_OK;
+}
+
+/* Takes the first non-finite tensor from the session when it computed every
+ * record (see pt_run.nf_from_probe). */
+static void nf_from_session(pt_run *R) {
+  int64_t step;
+  int32_t layer;
+  probe_site site;
+  if (!R->sess || !R->nf_from_probe ||
+      probe_session_first_nonfinite(R->sess, &step, &layer, &site, NULL) !=
+          PROBE_OK ||
+      step < 0)
+    return;
+  for (size_t i = 0; i < R->n_layers; i++)
+    if (R->ids[i] == layer) {
+      R->nf_step = step;
+      R->nf_layer = (int32_t)i;
+      R->nf_site = site;
+      return;
+    }
 }
 
 probe_status probe_train(const probe_train_config *c,
@@ -936,6 +965,7 @@ probe_status probe_train(const probe_train_config *c,
     out->min_scale = out->max_scale = scaler.scale;
   }
   out->final_scale = scaler.scale;
+  nf_from_session(&R);
   if (R.nf_step >= 0) {
     out->first_nonfinite_step = R.nf_step;
     snprintf(out->first_nonfinite_layer, PROBE_NAME_MAX, "%s",

@@ -229,6 +229,17 @@ probe_status probe_session_flush(probe_session *s);
  * one thread at a time (docs/trace-format.md). */
 const char *probe_session_last_error(const probe_session *s);
 
+/* The first record holding NaN or inf, in execution order, among the steps
+ * completed so far (probe_step_end): *step = -1 and *layer = -1 when none.
+ * It is taken from the statistics the session computes anyway, so a caller
+ * need not scan its tensors again. *covers_all (may be NULL) is 1 when the
+ * session computes every record it is given (no layer_select, every step in
+ * the window, and in scalars mode a flight recorder or snapshots on), so
+ * that the answer is the first non-finite tensor of the whole run. */
+probe_status probe_session_first_nonfinite(const probe_session *s,
+                                           int64_t *step, int32_t *layer,
+                                           probe_site *site, int *covers_all);
+
 /* Layers may be registered at any time, but before the records that use
  * them; ids are 0, 1, 2, ... in registration order. Names must be unique. */
 probe_status probe_layer_register(probe_session *s, const char *name,

@@ -462,6 +462,61 @@ START_TEST(test_writer_step_window) {
 }
 END_TEST
 
+/* probe_session_first_nonfinite: the first record with NaN/inf in execution
+ * order, over completed steps, and whether the session sees every record. */
+START_TEST(test_session_first_nonfinite) {
+  char path[256];
+  pt_path(path, sizeof path, "firstnf");
+  probe_options o;
+  probe_options_init(&o);
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t a, b;
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &a));
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_PREC_FP16, &b));
+  int64_t step;
+  int32_t layer;
+  probe_site site;
+  int all = -1;
+  float ok[4] = {1, 2, 3, 4}, bad[4] = {1, NAN, 3, 4}, inf[4] = {INFINITY, 0, 0, 0};
+  for (int64_t k = 0; k < 3; k++) {
+    PT_CHECK(probe_step_begin(s, k));
+    PT_CHECK(probe_tensor_record(s, a, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ok, 4));
+    PT_CHECK(probe_tensor_record(s, b, PROBE_SITE_FWD_SAVED, PROBE_DTYPE_F32,
+                                 k == 1 ? inf : ok, 4));
+    PT_CHECK(probe_tensor_record(s, a, PROBE_SITE_GRAD_IN, PROBE_DTYPE_F32,
+                                 k >= 1 ? bad : ok, 4));
+    PT_CHECK(probe_session_first_nonfinite(s, &step, &layer, &site, &all));
+    ck_assert_int_eq(step, k <= 1 ? -1 : 1); /* steps in progress do not count */
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_first_nonfinite(s, &step, &layer, &site, &all));
+  ck_assert_int_eq(step, 1);
+  ck_assert_int_eq(layer, b);
+  ck_assert_int_eq(site, PROBE_SITE_FWD_SAVED);
+  ck_assert_int_eq(all, 1); /* defaults: flight recorder, every layer */
+  PT_CHECK(probe_session_close(s));
+
+  o.layer_select = "a";
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_session_first_nonfinite(s, &step, &layer, &site, &all));
+  ck_assert_int_eq(all, 0);
+  ck_assert_int_eq(step, -1);
+  ck_assert_int_eq(layer, -1);
+  PT_CHECK(probe_session_close(s));
+  o.layer_select = NULL;
+  o.mode = PROBE_MODE_FULL;
+  o.step_every = 2;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_session_first_nonfinite(s, &step, &layer, &site, &all));
+  ck_assert_int_eq(all, 0);
+  PT_CHECK(probe_session_close(s));
+  ck_assert_int_eq(probe_session_first_nonfinite(NULL, &step, &layer, &site, NULL),
+                   PROBE_ERR_INVALID_ARG);
+  unlink(path);
+}
+END_TEST
+
 /* The flight recorder: steps 0..19, layers a, b, c; at step 10 layer b's
  * output holds a NaN. With ring_steps 3 the trace holds the records of
  * steps 7..13 only, and a snapshot of b's tensors of step 10. */
@@ -841,6 +896,7 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_writer_layer_select);
   tcase_add_test(tc, test_writer_step_window);
   tcase_add_test(tc, test_writer_flight_recorder);
+  tcase_add_test(tc, test_session_first_nonfinite);
   tcase_add_test(tc, test_writer_max_events);
   tcase_add_test(tc, test_writer_event_spacing);
   tcase_add_test(tc, test_writer_flush_visibility);

@@ -276,6 +276,50 @@ START_TEST(test_zoo_speed) {
 }
 END_TEST
 
+/* The first non-finite tensor comes from the trainer's own scan when there
+ * is no trace, and from the probe session's statistics when there is one
+ * (full trace or flight recorder): both must name the same tensor. */
+static probe_train_result run_mode(const char *name, const char *trace,
+                                   probe_record_mode mode) {
+  char err[512];
+  probe_train_config *c;
+  ck_assert_msg(probe_config_load_scenario(&c, name, err, sizeof err) == PROBE_OK,
+                "%s", err);
+  probe_train_opts o;
+  probe_train_opts_init(&o);
+  o.trace_path = trace;
+  o.mode = mode;
+  probe_train_result r;
+  ck_assert_msg(probe_train(c, &o, &r, err, sizeof err) == PROBE_OK, "%s", err);
+  probe_config_free(c);
+  return r;
+}
+
+START_TEST(test_first_nonfinite_scan_matches_probe) {
+  char trace[64];
+  snprintf(trace, sizeof trace, "/tmp/test_scn_nf_%ld.h5", (long)getpid());
+  int seen = 0;
+  for (size_t i = 0; i < probe_scenario_count(); i++) {
+    const char *name = probe_scenario_name(i);
+    probe_train_result scan = run_mode(name, NULL, PROBE_MODE_FULL);
+    for (int m = 0; m < 2; m++) {
+      probe_train_result r = run_mode(
+          name, trace, m ? PROBE_MODE_FULL : PROBE_MODE_SCALARS);
+      ck_assert_msg(r.first_nonfinite_step == scan.first_nonfinite_step,
+                    "%s mode %d: step %lld vs scan %lld", name, m,
+                    (long long)r.first_nonfinite_step,
+                    (long long)scan.first_nonfinite_step);
+      if (scan.first_nonfinite_step < 0) continue;
+      ck_assert_str_eq(r.first_nonfinite_layer, scan.first_nonfinite_layer);
+      ck_assert_int_eq(r.first_nonfinite_site, scan.first_nonfinite_site);
+    }
+    seen += scan.first_nonfinite_step >= 0;
+  }
+  ck_assert_int_ge(seen, 5); /* the comparison is not vacuous */
+  unlink(trace);
+}
+END_TEST
+
 static Suite *make_scenario_suite(void) {
   Suite *s = suite_create("scenarios");
   TCase *tc = tcase_create("zoo");
@@ -290,6 +334,7 @@ static Suite *make_scenario_suite(void) {
   tcase_add_test(tc, test_lr_too_high);
   tcase_add_test(tc, test_nan_input);
   tcase_add_test(tc, test_zoo_speed);
+  tcase_add_test(tc, test_first_nonfinite_scan_matches_probe);
   suite_add_tcase(s, tc);
   return s;
 }
