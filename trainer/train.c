@@ -269,11 +269,11 @@ static probe_status rec(pt_run *R, int32_t lid, probe_site site,
     }
   }
   if (!R->sess) return PROBE_OK;
-  if (R->cuda) {
-    /* libprobe reads device memory on its own stream: finish ours first */
-    probe_status st = probe_cuda_layers_sync(R->cuda);
-    if (st != PROBE_OK) return st;
-  }
+  /* No host synchronisation per tensor on the CUDA backend: the layers run on
+   * the legacy default stream (probe_cuda_layers_create(.., NULL)) and
+   * libprobe reads device tensors on a blocking stream of its own, which
+   * CUDA orders after the work already queued on the legacy stream (and the
+   * legacy stream after it), so the statistics see the finished tensor. */
   return probe_tensor_record(R->sess, R->ids[lid], site, PROBE_DTYPE_F32, data,
                              n);
 }
