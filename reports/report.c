@@ -310,13 +310,11 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
       continue;
     }
     const probe_stats *s = &p->stats;
-    uint64_t bad = s->nan_count + s->posinf_count + s->neginf_count;
-    uint64_t finite = s->count >= bad ? s->count - bad : 0;
-    /* headroom log2(65504/absmax): +inf for all-zero tensors, no value
-     * when nothing is finite (the cell is then marked non-finite) */
-    double h = NAN;
-    if (finite > 0 && !isnan(s->absmax))
-      h = s->absmax > 0 ? log2(65504.0 / (double)s->absmax) : INFINITY;
+    uint64_t bad = probe_stats_nonfinite(s);
+    uint64_t finite = probe_stats_finite(s);
+    /* headroom log2(65504/absmax): +inf for all-zero tensors, NaN (no
+     * value) when nothing is finite (the cell is then marked non-finite) */
+    double h = probe_stats_headroom(s);
     probe_grid_add(&r->headroom, p->layer, p->step, h, bad > 0);
     if (is_grad_site(p->site)) {
       /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes

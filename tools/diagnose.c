@@ -103,7 +103,7 @@ static const probe_step_scalars *steps_cursor_find(steps_cursor *c,
 /* ---- small helpers -------------------------------------------------------- */
 
 static int stats_nonfinite(const probe_stats *s) {
-  return s->nan_count + s->posinf_count + s->neginf_count > 0;
+  return probe_stats_nonfinite(s) > 0;
 }
 static int stats_has_inf(const probe_stats *s) {
   return s->posinf_count + s->neginf_count > 0;
