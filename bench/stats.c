@@ -6,6 +6,7 @@
  *
  *   bench_stats [--max-mib N] [--min-kib N] [--threads T] [--markdown]
  *               [--cpu-time] [--path portable|avx2|avx512]
+ *   bench_stats --short [--markdown]
  *
  * Sizes go from 16 KiB to 64 MiB by factors of 4, then by 2 up to 512 MiB
  * (past the 32 MiB L3). Data: N(0,1) values stored in the dtype. Each
@@ -17,6 +18,11 @@
  * with the thread's CPU clock instead of the wall clock, for machines shared
  * with other jobs; say so wherever such numbers are quoted. --path times one
  * CPU path of the fused kernel instead of the one probe_stats_compute picks.
+ *
+ * --short times what a trainer's tensors cost instead: nanoseconds per call
+ * of every path this CPU has and of probe_stats_compute (which picks one by
+ * length) for 32 .. 8192 elements, in cache, best of several batches; that
+ * is where kernels/stats.c's length thresholds come from.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -251,9 +257,62 @@ static void fill(unsigned char *buf, probe_dtype dt, size_t n) {
   free(x);
 }
 
+/* --short: ns per call of each path for short tensors (in L1/L2). */
+static int bench_short(int markdown) {
+  static const size_t ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  static const char *pname[] = {"portable", "avx2", "avx512", "small512"};
+  enum { NMAX = 8192 };
+  unsigned char *buf = aligned_alloc(64, NMAX * 4);
+  if (!buf) return 1;
+  printf("bench_stats --short: ns per call, in cache, best of 5 batches of 20000 calls\n");
+  for (int d = 0; d < 3; d++) {
+    probe_dtype dt = (probe_dtype)d;
+    fill(buf, dt, NMAX);
+    if (markdown) {
+      printf("\n| %s elements | auto |", probe_dtype_name(dt));
+      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %s |", pname[p]);
+      printf("\n|---:|---:|");
+      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf("---:|");
+      printf("\n");
+    } else {
+      printf("\n%-5s n %8s", probe_dtype_name(dt), "auto");
+      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %9s", pname[p]);
+      printf("\n");
+    }
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+      size_t n = ns[k];
+      printf(markdown ? "| %zu |" : "%-7zu", n);
+      for (int p = -1; p < PROBE__PATH_COUNT; p++) {
+        probe_stats st;
+        if (p >= 0 && probe__stats_compute_path(&st, dt, buf, n, p) != PROBE_OK) {
+          printf(markdown ? " - |" : " %9s", "-");
+          continue;
+        }
+        double best = 1e30;
+        for (int r = 0; r < 5; r++) {
+          double t0 = now_s();
+          for (int j = 0; j < 20000; j++) {
+            if (p < 0)
+              probe_stats_compute(&st, dt, buf, n);
+            else
+              probe__stats_compute_path(&st, dt, buf, n, p);
+            g_sink += st.count;
+          }
+          double t = (now_s() - t0) / 20000;
+          if (t < best) best = t;
+        }
+        printf(markdown ? " %.0f |" : " %9.0f", best * 1e9);
+      }
+      printf("\n");
+    }
+  }
+  free(buf);
+  return g_sink == 42 ? 3 : 0;
+}
+
 int main(int argc, char **argv) {
   size_t max_mib = 512, min_kib = 16;
-  int threads = 1, markdown = 0;
+  int threads = 1, markdown = 0, short_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--max-mib") && i + 1 < argc)
       max_mib = (size_t)atol(argv[++i]);
@@ -263,6 +322,8 @@ int main(int argc, char **argv) {
       threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--markdown"))
       markdown = 1;
+    else if (!strcmp(argv[i], "--short"))
+      short_mode = 1;
     else if (!strcmp(argv[i], "--cpu-time"))
       g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
@@ -280,11 +341,13 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s [--max-mib N] [--min-kib N] [--threads T] [--markdown] [--cpu-time]\n"
-              "       [--path portable|avx2|avx512]\n",
-              argv[0]);
+              "       [--path portable|avx2|avx512]\n"
+              "   or: %s --short [--markdown]   (ns per call, 32..8192 elements)\n",
+              argv[0], argv[0]);
       return 2;
     }
   }
+  if (short_mode) return bench_short(markdown);
   if (threads < 1 || threads > 16) threads = 1;
   if (threads > 1 && g_clock != CLOCK_MONOTONIC) {
     fprintf(stderr, "--cpu-time needs --threads 1\n");

@@ -274,6 +274,11 @@ probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
     if (!probe__cpu_avx512()) return PROBE_ERR_UNSUPPORTED;
     probe__acc_avx512(&a, dt, data, n);
     break;
+  case PROBE__PATH_SMALL512:
+    if (!probe__cpu_avx512()) return PROBE_ERR_UNSUPPORTED;
+    if (n > PROBE__SMALL_MAX_N) return PROBE_ERR_UNSUPPORTED;
+    probe__acc_small_avx512(&a, dt, data, n);
+    break;
   default:
     return PROBE_ERR_INVALID_ARG;
   }
@@ -281,19 +286,24 @@ probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
   return PROBE_OK;
 }
 
-/* Below these lengths a narrower path is faster: the vector paths pay a
+/* Below these lengths a narrower path is faster: the block paths pay a
  * fixed set-up (histogram tables, the AVX-512 exponent window) of roughly
  * 0.2 us (AVX2) and 0.65 us (AVX-512) per call, while the portable loop
- * costs about 3 ns per element (measured on the project machine, Zen 5;
- * trainer tensors are mostly 32..1024 elements). */
+ * costs about 2 ns per element and the short-tensor AVX-512 path
+ * (stats_small.c) about 0.06 us plus 0.25 ns per fp32 element. Measured on
+ * the project machine (Zen 5; bench/results/stats.md, "Short tensors");
+ * trainer tensors are mostly 32..1024 elements. The short path is faster
+ * up to about 3000 fp32 or 1500 fp16/bf16 elements. */
 #define STATS_MIN_N_AVX2 112
-#define STATS_MIN_N_AVX512 768
+#define STATS_MAX_N_SMALL_F32 3072
+#define STATS_MAX_N_SMALL_16 1536
 
 probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
                                  const void *data, size_t n) {
   int path = stats_path();
-  if (path == PROBE__PATH_AVX512 && n < STATS_MIN_N_AVX512)
-    path = PROBE__PATH_AVX2;
+  if (path == PROBE__PATH_AVX512 &&
+      n <= (dt == PROBE_DTYPE_F32 ? STATS_MAX_N_SMALL_F32 : STATS_MAX_N_SMALL_16))
+    path = PROBE__PATH_SMALL512;
   if (path == PROBE__PATH_AVX2 && n < STATS_MIN_N_AVX2)
     path = PROBE__PATH_PORTABLE;
   return probe__stats_compute_path(out, dt, data, n, path);

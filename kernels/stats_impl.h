@@ -189,6 +189,9 @@ static inline void probe__blk_extremes16(probe__blk *b, int16_t smax, int16_t sm
  * probe__cpu_avx2() / probe__cpu_avx512() say the CPU has them. */
 void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+/* The short-tensor AVX-512 path (stats_small.c), for n <= PROBE__SMALL_MAX_N. */
+enum { PROBE__SMALL_MAX_N = 4096 };
+void probe__acc_small_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 int probe__cpu_avx2(void);
 int probe__cpu_avx512(void);
 
@@ -197,10 +200,11 @@ enum {
   PROBE__PATH_PORTABLE = 0,
   PROBE__PATH_AVX2 = 1,
   PROBE__PATH_AVX512 = 2,
+  PROBE__PATH_SMALL512 = 3, /* stats_small.c; n <= PROBE__SMALL_MAX_N only */
   PROBE__PATH_COUNT
 };
 /* Like probe_stats_compute on the given path; PROBE_ERR_UNSUPPORTED when
- * this CPU cannot run it. */
+ * this CPU cannot run it or the path does not take n elements. */
 probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
                                        const void *data, size_t n, int path);
 

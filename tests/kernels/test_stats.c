@@ -1,9 +1,10 @@
 /*
  * test_stats.c - Check suite for the fused statistics record
- * (kernels/stats.c, kernels/stats_avx2.c, kernels/stats_avx512.c).
+ * (kernels/stats.c, kernels/stats_avx2.c, kernels/stats_avx512.c,
+ * kernels/stats_small.c).
  *
- * Every field of every path (portable; AVX2 and AVX-512 where the CPU has
- * them) is compared
+ * Every field of every path (portable; AVX2, AVX-512 and the short-tensor
+ * AVX-512 path, up to its 4096 elements, where the CPU has them) is compared
  * with a naive reference written here: the elements are decoded from their
  * bit fields with ldexp, and each statistic is its own loop in double (long
  * double for the sums) using the C library's classification (isnan, isinf,
@@ -739,7 +740,8 @@ static Suite *make_stats_suite(void) {
 
 int main(void) {
   printf("stats paths tested: portable%s%s\n", probe__cpu_avx2() ? ", avx2" : " (no AVX2/F16C/FMA: AVX2 path skipped)",
-         probe__cpu_avx512() ? ", avx512" : " (no AVX-512 F/BW/VL/DQ: AVX-512 path skipped)");
+         probe__cpu_avx512() ? ", avx512, small512 (n <= 4096)"
+                             : " (no AVX-512 F/BW/VL/DQ: AVX-512 paths skipped)");
   SRunner *sr = srunner_create(make_stats_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
