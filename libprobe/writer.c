@@ -110,7 +110,8 @@ typedef struct ring_slot {
 struct probe_session {
   probe_options opt;
   char *layer_select; /* owned copy of opt.layer_select */
-  char *path;         /* owned copy, for the writer thread's H5Fcreate */
+  char *path;
+  char *own_strings[3]; /* copies of command_line, config_json, precision_policy */         /* owned copy, for the writer thread's H5Fcreate */
 
   /* ---- the writer thread's own (the caller never touches these) ---- */
   hid_t file;
@@ -125,8 +126,8 @@ struct probe_session {
   int direct[PROBE__T_COUNT];
   int64_t batch[PROBE__T_COUNT]; /* rows per write: batch_rows, or at
                                     most 4 chunks for direct tables (set
-                                    before the open handshake, then read
-                                    by both threads) */
+                                    by the writer under mu once the file
+                                    exists, read by both threads) */
   uint8_t *tail[PROBE__T_COUNT]; /* (chunk_rows rows) */
   size_t tail_n[PROBE__T_COUNT];
   uint8_t *shuf, *zbuf;          /* encoder scratch */
@@ -150,7 +151,7 @@ struct probe_session {
   int64_t sh_last_step, sh_first_nonfinite, sh_n_events;
   uint64_t flush_req, flush_done; /* synchronous flush tickets */
   int close_req, close_flush;
-  int opened;  /* 0 while opening, 1 open, -1 failed */
+  int opened;  /* 0 while the writer creates the file, 1 done, -1 failed */
   int w_idle;  /* the writer sleeps with nothing to flush */
   probe_status sh_err;
   char sh_msg[512];
@@ -437,11 +438,6 @@ static int create_layout(probe_session *s) {
       s->direct[t] = ft >= 0 && H5Tequal(ft, s->mtype[t]) > 0;
       if (ft >= 0) H5Tclose(ft);
     }
-    /* Direct tables are written a few chunks at a time: each chunk is one
-     * call anyway, and small hand-overs stay in cache. */
-    int64_t four = 4 * (int64_t)probe__tables[t].chunk_rows;
-    s->batch[t] = s->direct[t] && four < s->opt.batch_rows ? four
-                                                            : s->opt.batch_rows;
   }
   /* The state: int64[PROBE__STATE_LEN], one chunk, no filter. */
   hsize_t dims[1] = {PROBE__STATE_LEN};
@@ -716,11 +712,21 @@ static void *writer_main(void *arg) {
   pthread_mutex_lock(&s->mu);
   s->t_last_flush = now_s();
   s->opened = st == PROBE_OK ? 1 : -1;
-  pthread_cond_broadcast(&s->done);
-  if (st != PROBE_OK) {
-    pthread_mutex_unlock(&s->mu);
-    return NULL; /* the caller closes the handles, after the join */
+  /* Direct tables (create_layout) are written a few chunks at a time: each
+   * chunk is one call anyway, and small hand-overs stay in cache. The
+   * caller reads batch[] under mu. */
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    int64_t four = 4 * (int64_t)probe__tables[t].chunk_rows;
+    if (s->direct[t] && four < s->opt.batch_rows) s->batch[t] = four;
   }
+  /* probe_session_open has returned already (the caller records while the
+   * file is created); a failure here is the session's sticky error, which
+   * the caller's next call returns, and nothing is written from now on. */
+  if (st != PROBE_OK) {
+    if (s->w_err == PROBE_OK) s->w_err = st;
+    writer_error_publish(s, st);
+  }
+  pthread_cond_broadcast(&s->done);
   for (;;) {
     int closing = s->close_req;
     int want_flush = closing || s->flush_req > s->flush_done;
@@ -832,6 +838,7 @@ static void session_free(probe_session *s) {
   free(s->selected);
   free(s->layer_select);
   free(s->path);
+  for (int i = 0; i < 3; i++) free(s->own_strings[i]);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->wake);
   pthread_cond_destroy(&s->done);
@@ -934,6 +941,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
     s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
     s->pend[t].elem = s->in[t].elem = s->stage[t].elem =
         probe__tables[t].mem_size;
+    s->batch[t] = o.batch_rows; /* the writer may lower it (writer_main) */
   }
   s->last_step = s->w_last_step = -1;
   s->first_nonfinite = s->w_first_nonfinite = -1;
@@ -942,11 +950,35 @@ probe_status probe_session_open(probe_session **out, const char *path,
     goto nomem;
   s->opt.layer_select = s->layer_select;
   if ((s->path = strdup(path)) == NULL) goto nomem;
-  /* command_line / config_json / precision_policy are read by the writer
-   * thread while it creates the file, before this function returns. */
+  /* command_line / config_json / precision_policy are written by the writer
+   * thread, after this function has returned: it reads copies. */
+  const char **strs[3] = {&s->opt.command_line, &s->opt.config_json,
+                          &s->opt.precision_policy};
+  for (int i = 0; i < 3; i++)
+    if (*strs[i] && (*strs[i] = s->own_strings[i] = strdup(*strs[i])) == NULL)
+      goto nomem;
   if (o.ring_steps > 0 &&
       (s->ring = calloc((size_t)o.ring_steps, sizeof *s->ring)) == NULL)
     goto nomem;
+
+  /* Creating the HDF5 file and its tables takes milliseconds (2.5 ms on the
+   * project machine, as long as 12 steps of the default scenario); the
+   * writer thread does it while the caller goes on. What usually goes wrong
+   * - a directory that does not exist, no permission, a read-only file
+   * system - is found here first, by opening the file for writing (created
+   * if missing; not truncated here: truncating a large old trace takes as
+   * long again, and H5Fcreate does it), so that open still fails with that
+   * error. A later failure of HDF5 itself (a disk that fills while the
+   * tables are created, say) is the session's sticky error, returned by the
+   * next call. */
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int e = errno;
+    snprintf(open_msg, sizeof open_msg, "cannot create trace '%s': %s", path, strerror(e));
+    session_free(s);
+    return e == ENOSPC || e == EDQUOT || e == EFBIG ? PROBE_ERR_NOSPACE : PROBE_ERR_IO;
+  }
+  close(fd);
 
   sigxfsz_ignore();
   if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
@@ -955,21 +987,6 @@ probe_status probe_session_open(probe_session **out, const char *path,
     return PROBE_ERR_NOMEM;
   }
   s->thread_started = 1;
-  pthread_mutex_lock(&s->mu);
-  while (s->opened == 0) pthread_cond_wait(&s->done, &s->mu);
-  int ok = s->opened > 0;
-  pthread_mutex_unlock(&s->mu);
-  if (!ok) {
-    pthread_join(s->thread, NULL);
-    probe_status st = s->w_err != PROBE_OK ? s->w_err : PROBE_ERR_HDF5;
-    snprintf(open_msg, sizeof open_msg, "%s", s->w_msg);
-    probe__h5_lock(); /* the thread has ended: this thread may close */
-    session_close_handles(s);
-    probe__h5_unlock();
-    session_free(s);
-    return st;
-  }
-  s->opt.command_line = s->opt.config_json = s->opt.precision_policy = NULL;
   s->t0 = now_s();
   if (o.cupti) {
     /* Kernels are collected only where a GPU exists; elsewhere the kernels

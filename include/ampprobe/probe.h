@@ -212,9 +212,13 @@ typedef struct probe_options {
 /* Fills the defaults shown above. */
 void probe_options_init(probe_options *opt);
 
-/* Creates (truncates) the trace file at path. On failure *out is NULL and
- * probe_session_last_error(NULL) has the message. Sets SIGXFSZ to ignored
- * when it is at its default action (docs/trace-format.md). */
+/* Creates (truncates) the trace file at path. The path is checked here (a
+ * missing directory, no permission, a read-only file system: this call
+ * fails, *out is NULL and probe_session_last_error(NULL) has the message);
+ * the HDF5 file and its tables are created by the session's writer thread
+ * while the caller goes on, so a failure there (the disk fills, a file-size
+ * limit) is a sticky I/O error like any later one (below). Sets SIGXFSZ to
+ * ignored when it is at its default action (docs/trace-format.md). */
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt);
 /* Flushes, marks the trace complete and closes. Always frees s. */

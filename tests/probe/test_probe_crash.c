@@ -267,9 +267,11 @@ START_TEST(test_fsize_limit) {
 }
 END_TEST
 
-/* A limit below what creating the file needs: the open itself fails with
- * PROBE_ERR_NOSPACE, through HDF5's write error (the check before appends
- * does not run yet), and SIGXFSZ does not kill the process. */
+/* A limit below what creating the file needs: probe_session_open returns
+ * before the writer thread has created the file (the path itself is
+ * writable), so the HDF5 write error (PROBE_ERR_NOSPACE, "File too large")
+ * is the session's sticky error, returned by the next calls and by close;
+ * SIGXFSZ does not kill the process. */
 START_TEST(test_fsize_limit_at_open) {
   char path[256];
   pt_path(path, sizeof path, "fsize0");
@@ -280,10 +282,16 @@ START_TEST(test_fsize_limit_at_open) {
     if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(20);
     probe_session *s = NULL;
     probe_status st = probe_session_open(&s, path, NULL);
-    if (s != NULL) _exit(21);
+    if (st != PROBE_OK || s == NULL) _exit(21);
+    /* a synchronous flush waits for the writer thread, which has failed */
+    st = probe_session_flush(s);
     if (st != PROBE_ERR_NOSPACE) _exit(22);
-    if (strstr(probe_session_last_error(NULL), "File too large") == NULL)
-      _exit(23);
+    if (strstr(probe_session_last_error(s), "File too large") == NULL) _exit(23);
+    int32_t id;
+    if (probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id) !=
+        PROBE_ERR_NOSPACE)
+      _exit(24);
+    if (probe_session_close(s) != PROBE_ERR_NOSPACE) _exit(25);
     _exit(0);
   }
   int wst;
