@@ -4,7 +4,11 @@
  * (step scalars + in-memory ring) and with full per-layer tracing, side by
  * side in one run: the three modes are interleaved repetition by repetition
  * so that machine noise hits them alike. Reports the median of each and the
- * overhead of tracing relative to tracing off; --md FILE writes the table.
+ * overhead of tracing relative to tracing off, by four clocks: the wall time
+ * of the whole run (model set-up, opening and closing the trace included),
+ * the wall time of the training loop alone (the steps: what "step time"
+ * means), the process's CPU time (libprobe's writer thread included) and the
+ * training thread's CPU time; --md FILE writes the tables.
  *
  *   bench_trainer [--scenario NAME | --config FILE] [--reps N] [--steps N]
  *                 [--md FILE]
@@ -83,12 +87,13 @@ int main(int argc, char **argv) {
   snprintf(trace, sizeof trace, "/tmp/bench_trainer_%ld.h5", (long)getpid());
   /* steps/s by wall time, by process CPU time (all threads: libprobe's
    * writer thread included) and by the CPU time of the training thread */
-  double *sps[N_MODES], *cps[N_MODES], *tps[N_MODES];
+  double *sps[N_MODES], *cps[N_MODES], *tps[N_MODES], *lps[N_MODES];
   int64_t records = 0;
   for (int m = 0; m < N_MODES; m++) {
     sps[m] = calloc((size_t)reps, sizeof(double));
     cps[m] = calloc((size_t)reps, sizeof(double));
     tps[m] = calloc((size_t)reps, sizeof(double));
+    lps[m] = calloc((size_t)reps, sizeof(double));
   }
   double load0 = loadavg();
   /* one warm-up run of each mode, not counted */
@@ -113,16 +118,18 @@ int main(int argc, char **argv) {
         sps[m][r] = (double)res.steps_run / res.wall_seconds;
         cps[m][r] = (double)res.steps_run / (c1 - c0);
         tps[m][r] = (double)res.steps_run / (h1 - h0);
+        lps[m][r] = (double)res.steps_run / res.loop_seconds;
       }
     }
   }
   unlink(trace);
   double load1 = loadavg();
-  double med[N_MODES], cmed[N_MODES], tmed[N_MODES];
+  double med[N_MODES], cmed[N_MODES], tmed[N_MODES], lmed[N_MODES];
   for (int m = 0; m < N_MODES; m++) {
     med[m] = median(sps[m], reps);
     cmed[m] = median(cps[m], reps);
     tmed[m] = median(tps[m], reps);
+    lmed[m] = median(lps[m], reps);
   }
   (void)records;
   char date[32];
@@ -157,15 +164,20 @@ int main(int argc, char **argv) {
                "repetitions per mode (median)\n\n",
             date, cpu, sysconf(_SC_NPROCESSORS_ONLN), load0, load1, scn,
             (long long)probe_config_steps(c), reps);
-    static const char *const by[3] = {
-        "By process CPU time (every thread of the process, libprobe's writer "
-        "thread included):",
-        "By wall time:",
-        "By CPU time of the training thread (what the training loop itself "
-        "pays; the writer thread's work is not in it):"};
-    for (int t = 0; t < 3; t++) {
-      double *md_ = t == 0 ? cmed : t == 1 ? med : tmed;
-      double **v = t == 0 ? cps : t == 1 ? sps : tps;
+    static const char *const by[4] = {
+        "By wall time of the training loop (the steps; model set-up, opening "
+        "and closing the trace excluded):",
+        "By wall time of the whole run (set-up, steps, opening and closing "
+        "the trace):",
+        "By process CPU time of the whole run (every thread of the process, "
+        "libprobe's writer thread included):",
+        "By CPU time of the training thread, whole run (what the training "
+        "loop itself pays; the writer thread's work is not in it):"};
+    double *const meds[4] = {lmed, med, cmed, tmed};
+    double **const vals[4] = {lps, sps, cps, tps};
+    for (int t = 0; t < 4; t++) {
+      double *md_ = meds[t];
+      double **v = vals[t];
       fprintf(f, "%s\n\n| mode | steps/s (median) | min | max | overhead vs off |\n"
                  "| --- | ---: | ---: | ---: | ---: |\n",
               by[t]);
@@ -177,19 +189,21 @@ int main(int argc, char **argv) {
       }
       fprintf(f, "\n");
     }
-    double full_cpu = 100.0 * (cmed[MODE_OFF] / cmed[MODE_FULL] - 1.0);
-    double full_wall = 100.0 * (med[MODE_OFF] / med[MODE_FULL] - 1.0);
+    double ov[4];
+    for (int t = 0; t < 4; t++) ov[t] = 100.0 * (meds[t][MODE_OFF] / meds[t][MODE_FULL] - 1.0);
     fprintf(f, "Overhead = time per step with tracing / time per step without "
-               "- 1. Target <= 10%% for the full trace: by wall time %s "
-               "(%.1f%%); by process CPU time %s (%.1f%%).\n",
-            full_wall <= 10.0 ? "met" : "NOT met", full_wall,
-            full_cpu <= 10.0 ? "met" : "NOT met", full_cpu);
+               "- 1. Target <= 10%% of step time for the full trace: "
+               "training loop (wall) %s (%.1f%%); whole run (wall) %s (%.1f%%); "
+               "process CPU %s (%.1f%%); training thread CPU %s (%.1f%%).\n",
+            ov[0] <= 10.0 ? "met" : "NOT met", ov[0], ov[1] <= 10.0 ? "met" : "NOT met", ov[1],
+            ov[2] <= 10.0 ? "met" : "NOT met", ov[2], ov[3] <= 10.0 ? "met" : "NOT met", ov[3]);
   }
   if (outs[1]) fclose(outs[1]);
   for (int m = 0; m < N_MODES; m++) {
     free(sps[m]);
     free(cps[m]);
     free(tps[m]);
+    free(lps[m]);
   }
   probe_config_free(c);
   return 0;

@@ -806,6 +806,7 @@ probe_status probe_train(const probe_train_config *c,
   int64_t skip_run = 0, step = 0;
   float *gp[1] = {NULL};
   size_t gn[1] = {R.n_params};
+  const double t_loop = now_seconds();
   for (step = 0; st == PROBE_OK && step < steps; step++) {
     if (opts->stop_flag && *opts->stop_flag) {
       out->interrupted = 1;
@@ -953,6 +954,7 @@ probe_status probe_train(const probe_train_config *c,
       break;
     }
   }
+  out->loop_seconds = now_seconds() - t_loop;
   out->steps_run = step < steps ? step : steps; /* steps completed */
   if (out->steps_run > 0) {
     int64_t w = window < out->steps_run ? window : out->steps_run;

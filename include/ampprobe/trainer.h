@@ -168,7 +168,9 @@ typedef struct probe_train_result {
   probe_site first_nonfinite_site;
   int diverged;    /* any non-finite loss, or the final loss non-finite */
   int interrupted; /* stop flag, progress callback or stop_on_nonfinite */
-  double wall_seconds;
+  double wall_seconds; /* the whole call: set-up, steps, closing the trace */
+  double loop_seconds; /* the steps alone (no set-up, no opening or closing
+                          of the trace) */
 } probe_train_result;
 
 /* Trains the config. Runs share no trainer state, so several may run in
