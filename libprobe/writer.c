@@ -788,11 +788,16 @@ static void *writer_main(void *arg) {
   return NULL;
 }
 
+/* What hand_over asks of the writer thread besides taking the rows. */
+enum { HAND_ROWS = 0, HAND_FLUSH_ASYNC = 1, HAND_FLUSH_SYNC = 2 };
+
 /* Caller: publishes the counters that go with the rows handed over (at
  * the end of a step) and wakes the writer thread when it has work; with
- * sync, also asks for a flush and waits until it is done. Returns the
- * writer's sticky error if there is one. */
-static probe_status hand_over(probe_session *s, int sync) {
+ * HAND_FLUSH_ASYNC also asks for a flush now, and with HAND_FLUSH_SYNC
+ * waits until it is done. Returns the writer's sticky error if there is
+ * one. */
+static probe_status hand_over(probe_session *s, int how) {
+  const int sync = how == HAND_FLUSH_SYNC;
   pthread_mutex_lock(&s->mu);
   int big = 0;
   for (int t = 0; t < PROBE__T_COUNT; t++)
@@ -801,8 +806,8 @@ static probe_status hand_over(probe_session *s, int sync) {
   s->sh_first_nonfinite = s->first_nonfinite;
   s->sh_n_events = s->n_events;
   uint64_t ticket = 0;
-  if (sync) ticket = ++s->flush_req;
-  if (sync || big || s->w_idle) pthread_cond_signal(&s->wake);
+  if (how != HAND_ROWS) ticket = ++s->flush_req;
+  if (how != HAND_ROWS || big || s->w_idle) pthread_cond_signal(&s->wake);
   /* Wait for a requested flush, or for room when the writer is behind. */
   while (!atomic_load(&s->err_flag) &&
          ((sync && s->flush_done < ticket) || s->in_bytes > WAIT_BYTES)) {
@@ -810,7 +815,7 @@ static probe_status hand_over(probe_session *s, int sync) {
     pthread_cond_wait(&s->done, &s->mu);
   }
   pthread_mutex_unlock(&s->mu);
-  if (sync) s->steps_since_flush = 0;
+  if (how != HAND_ROWS) s->steps_since_flush = 0;
   return writer_error(s);
 }
 
@@ -1317,14 +1322,20 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
     if (probe_cuda_stats_wait(s->cuda) != PROBE_OK)
       return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics failed");
   }
-  /* The step's first non-finite record, in execution order. */
+  /* The step's first non-finite record, in execution order, and whether
+   * any non-finite record is not a gradient. */
   size_t first = s->n_cur;
+  int bad_value = 0;
   for (size_t i = 0; i < s->n_cur; i++)
     if (probe_stats_nonfinite(&s->cur[i].stats) > 0) {
-      first = i;
-      break;
+      if (first == s->n_cur) first = i;
+      if (probe_site_phase((probe_site)s->cur[i].site) != PROBE_PHASE_BACKWARD) {
+        bad_value = 1;
+        break;
+      }
     }
   int loss_bad = s->have_scalars && !isfinite(s->sc.loss);
+  bad_value |= loss_bad;
   int nonfinite = first < s->n_cur || loss_bad;
   /* An event: a non-finite step not within ring_steps steps of the last
    * event (acted on or not). */
@@ -1382,10 +1393,19 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
   s->n_cur = 0;
   s->steps_since_flush++;
 
-  /* Flushes at an event and every flush_steps steps are synchronous; the
-   * writer thread flushes on its own flush_seconds timer. */
-  return hand_over(s, act || (s->opt.flush_steps > 0 &&
-                              s->steps_since_flush >= s->opt.flush_steps));
+  /* Flushes every flush_steps steps, and at an event where a value other
+   * than a gradient is non-finite (an activation, a weight, the loss), are
+   * synchronous. An event of non-finite gradients alone - the loss scaler's
+   * routine overflow, which nearly every FP16 run with dynamic loss scaling
+   * meets in its first steps - asks for the flush at once but does not wait
+   * for it (waiting cost 4 ms, 10% of a 200-step run of the default
+   * scenario). The writer thread also flushes on its own flush_seconds
+   * timer. */
+  int how = HAND_ROWS;
+  if (act) how = bad_value ? HAND_FLUSH_SYNC : HAND_FLUSH_ASYNC;
+  if (s->opt.flush_steps > 0 && s->steps_since_flush >= s->opt.flush_steps)
+    how = HAND_FLUSH_SYNC;
+  return hand_over(s, how);
 }
 
 probe_status probe_step_end(probe_session *s) {
@@ -1399,7 +1419,7 @@ probe_status probe_step_end(probe_session *s) {
 probe_status probe_session_flush(probe_session *s) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
   if (writer_error(s) != PROBE_OK) return s->err;
-  return hand_over(s, 1);
+  return hand_over(s, HAND_FLUSH_SYNC);
 }
 
 probe_status probe_session_close(probe_session *s) {

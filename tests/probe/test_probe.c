@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -742,6 +743,91 @@ START_TEST(test_writer_flush_visibility) {
 }
 END_TEST
 
+/* Holds libprobe's process-wide HDF5 lock for 300 ms, so that the writer
+ * thread cannot finish a flush meanwhile. */
+void probe__h5_lock(void);
+void probe__h5_unlock(void);
+static atomic_int h5_held;
+static void *hold_h5_lock(void *arg) {
+  (void)arg;
+  probe__h5_lock();
+  atomic_store(&h5_held, 1);
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL);
+  probe__h5_unlock();
+  return NULL;
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Flushes at events (flush_seconds and flush_steps off): a non-finite
+ * forward value is durable when probe_step_end returns (it waits for the
+ * flush: with the HDF5 lock held for 300 ms it takes that long); a
+ * non-finite gradient alone (the loss scaler's routine overflow) is flushed
+ * at once but not waited for (probe_step_end returns while the lock is
+ * held), and becomes visible shortly after with no further call into the
+ * session. */
+START_TEST(test_writer_event_flush) {
+  char path[256];
+  pt_path(path, sizeof path, "evflush");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.flush_seconds = 1e9;
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+  float x[64];
+  for (int kind = 0; kind < 2; kind++) {
+    probe_session *s;
+    PT_CHECK(probe_session_open(&s, path, &o));
+    int32_t id;
+    PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id));
+    for (int step = 0; step < 3; step++) { /* clean steps: not flushed */
+      PT_CHECK(probe_step_begin(s, step));
+      pt_tensor(x, 64, step, 0);
+      PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
+      PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_WEIGHT_GRAD, PROBE_DTYPE_F32, x, 64));
+      PT_CHECK(probe_step_set_scalars(s, &sc));
+      PT_CHECK(probe_step_end(s));
+    }
+    PT_CHECK(probe_step_begin(s, 3));
+    pt_tensor(x, 64, 3, 0);
+    x[7] = kind == 0 ? NAN : INFINITY;
+    PT_CHECK(probe_tensor_record(s, id, kind == 0 ? PROBE_SITE_FWD_OUT : PROBE_SITE_WEIGHT_GRAD,
+                                 PROBE_DTYPE_F32, x, 64));
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_session_flush(s)); /* the clean steps: the file exists */
+    ck_assert_int_eq(child_count_steps(path), 3);
+    pthread_t holder;
+    atomic_store(&h5_held, 0);
+    ck_assert_int_eq(pthread_create(&holder, NULL, hold_h5_lock, NULL), 0);
+    while (!atomic_load(&h5_held)) sched_yield();
+    double t0 = mono_s();
+    PT_CHECK(probe_step_end(s));
+    double took = mono_s() - t0;
+    pthread_join(holder, NULL);
+    if (kind == 0) {
+      ck_assert_msg(took >= 0.25, "a forward event returned after %.3f s", took);
+      ck_assert_int_eq(child_count_steps(path), 4); /* synchronous */
+    } else {
+      ck_assert_msg(took < 0.2, "a gradient-only event waited %.3f s", took);
+      int64_t seen = 0;
+      for (int k = 0; k < 50 && seen < 4; k++) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+        seen = child_count_steps(path);
+      }
+      ck_assert_int_eq(seen, 4);
+    }
+    PT_CHECK(probe_session_close(s));
+  }
+  unlink(path);
+}
+END_TEST
+
 /* The writer thread flushes on its own timer: rows become visible
  * flush_seconds after they were handed over even when the caller makes no
  * further call (it may be busy in a long step, or stopped). */
@@ -901,6 +987,7 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_writer_event_spacing);
   tcase_add_test(tc, test_writer_flush_visibility);
   tcase_add_test(tc, test_writer_idle_timer_flush);
+  tcase_add_test(tc, test_writer_event_flush);
   tcase_add_test(tc, test_writer_threads);
   suite_add_tcase(s, tc);
   return s;
