@@ -717,7 +717,10 @@ START_TEST(test_writer_flush_visibility) {
   o.flush_seconds = 1e9;
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
-  ck_assert_int_eq(child_count_steps(path), 0); /* opens before any step */
+  /* The writer thread creates the file after the open has returned; a flush
+   * waits for that. Then a reader opens it, before any step. */
+  PT_CHECK(probe_session_flush(s));
+  ck_assert_int_eq(child_count_steps(path), 0);
   probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
   for (int step = 0; step < 5; step++) {
     PT_CHECK(probe_step_begin(s, step));
