@@ -685,6 +685,58 @@ static void attribute_backoff(walker *w, const probe_record *r, int64_t step,
   }
 }
 
+/* Which gradients the clipper measured. The weight_grad records hold the
+ * gradients as the backward made them, multiplied by the loss scale S; the
+ * clipper's grad_norm is their norm divided by S when it ran after
+ * unscaling, and their norm itself when it ran before. On steps where S is
+ * at least 4 away from 1, every layer's weight gradient was recorded once
+ * (not per micro-batch) and all are finite, count the steps whose grad_norm
+ * is within 2x of the recorded norm and not of the recorded norm / S, and
+ * those where it is the other way round (steps that match neither are left
+ * out). This
+ * holds whatever the norms do over time, also when a falling scale lets
+ * them grow (the divergence that clipping before unscaling causes once S
+ * drops below 1), where the correlation test of pass 1 cannot see it.
+ * Layers of a kind with parameters must all have their weight gradient in
+ * the step (a layer selection leaves the recorded norm partial). */
+static void compare_clip_norm(walker *w, const probe_record *r, size_t n,
+                              const probe_step_scalars *sc) {
+  probe_diag *d = w->d;
+  if (!sc || !d->clipping_on || !d->scaling_on || !(sc->grad_norm > 0) ||
+      !isfinite(sc->grad_norm) || !(sc->loss_scale > 0) ||
+      !isfinite(sc->loss_scale) || fabs(log2(sc->loss_scale)) < 2)
+    return;
+  double sq = 0;
+  int64_t n_wgrad = 0, n_layers_wgrad = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].site != PROBE_SITE_WEIGHT_GRAD) continue;
+    if (stats_nonfinite(&r[i].stats)) return;
+    n_wgrad++;
+  }
+  for (int64_t l = 0; l < d->n_layers; l++) {
+    int k = w->ls[l].wgrad;
+    if (k < 0) {
+      /* a layer with parameters whose gradient is missing (a layer
+       * selection): the recorded norm is not the clipper's whole norm */
+      probe_kind kind = d->layers[l].info.kind;
+      if (kind == PROBE_KIND_LINEAR || kind == PROBE_KIND_BN ||
+          kind == PROBE_KIND_LAYERNORM || kind == PROBE_KIND_REVIN ||
+          kind == PROBE_KIND_ATTENTION)
+        return;
+      continue;
+    }
+    n_layers_wgrad++;
+    sq += r[k].stats.sumsq;
+  }
+  if (n_wgrad == 0 || n_wgrad != n_layers_wgrad || !(sq > 0)) return;
+  double rn = sqrt(sq);
+  int scaled = fabs(log2(sc->grad_norm / rn)) < 1;
+  int unscaled = fabs(log2(sc->grad_norm * sc->loss_scale / rn)) < 1;
+  if (scaled == unscaled) return; /* neither (or, S near 1, both): no answer */
+  d->clip_norm_steps++;
+  d->clip_norm_scaled_steps += scaled;
+}
+
 static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
                          const probe_step_scalars *sc) {
   probe_diag *d = w->d;
@@ -702,6 +754,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
     if (r[i].site == PROBE_SITE_MASTER_WEIGHT) fwd_nf = 1;
   }
   int loss_nf = sc && !isfinite(sc->loss);
+  compare_clip_norm(w, r, n, sc);
   update_layers(w, r, n, step);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
   if (!any_nf) return;
@@ -1005,7 +1058,14 @@ static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
                  (long long)d->clipped_steps, (long long)d->clip_steps_seen,
                  d->clip_log2_ratio_mean,
                  d->max_clip_ratio, (long long)d->max_clip_ratio_step);
-    if (isfinite(d->corr_norm_scale))
+    if (d->clip_norm_steps > 0 &&
+        5 * d->clip_norm_scaled_steps >= 4 * d->clip_norm_steps)
+      add_evidence(f, "on %lld of %lld steps the clipper's norm was the norm "
+                      "of the recorded weight gradients, which still carry "
+                      "the loss scale (not that norm / scale)",
+                   (long long)d->clip_norm_scaled_steps,
+                   (long long)d->clip_norm_steps);
+    else if (isfinite(d->corr_norm_scale))
       add_evidence(f, "corr(log2 grad_norm, log2 loss_scale) = %.2f over the "
                       "steps (the norms track the scale)",
                    d->corr_norm_scale);
@@ -1352,6 +1412,15 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   st = pass_records(d, t, chunk, opt->layer_history > 0 ? opt->layer_history
                                                         : 8);
   if (st < 0) return st;
+  /* The comparison of pass 3, where it could be made on 3 steps or more,
+   * decides; pass 1's correlation test (which also fires when the true
+   * gradient norm is simply far above the threshold and the scale did not
+   * move) only where it could not (the flight recorder's traces, a scale
+   * that stayed near 1). */
+  if (d->clip_norm_steps >= 3)
+    d->clip_scaled_signature =
+        d->clipping_on && d->scaling_on &&
+        5 * d->clip_norm_scaled_steps >= 4 * d->clip_norm_steps;
   if (d->event_step < 0 && d->first_nonfinite_loss_step >= 0) {
     d->event = DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;

@@ -192,7 +192,12 @@ typedef struct probe_diag {
   double norm_log2_var;     /* var(log2 grad_norm) */
   double norm_resid_var;    /* var(log2 grad_norm - log2 loss_scale) */
   double clip_log2_ratio_mean; /* mean log2(grad_norm / threshold) */
-  int clip_scaled_signature;
+  /* Steps whose grad_norm could be compared with the recorded (scaled)
+   * weight gradients' norm (loss scale >= 4 away from 1), and of those the
+   * steps where grad_norm was that scaled norm (pass 3). */
+  int64_t clip_norm_steps, clip_norm_scaled_steps;
+  int clip_scaled_signature; /* pass 1's correlation test, or pass 3's
+                                comparison on >= 80% of >= 3 steps */
 
   /* ---- underflow: the layer with most gradient values lost */
   int32_t worst_underflow_layer;

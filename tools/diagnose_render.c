@@ -192,6 +192,10 @@ void probe_diag_print_text(const probe_diag *d, FILE *f) {
             d->clip_scaled_signature
                 ? "  -> clipping sees SCALED gradients"
                 : "");
+    if (d->clip_norm_steps > 0)
+      fprintf(f, "  norm seen   = recorded (scaled) weight-gradient norm on %lld "
+                 "of %lld comparable steps; = that norm / scale on the rest\n",
+              (long long)d->clip_norm_scaled_steps, (long long)d->clip_norm_steps);
   }
   fprintf(f, "\n");
 
@@ -371,6 +375,8 @@ json_t *probe_diag_to_json(const probe_diag *d) {
   json_object_set_new(cl, "corr_log_norm_log_scale",
                       cli_json_num(d->corr_norm_scale));
   json_object_set_new(cl, "norm_over_scale", cli_json_num(d->norm_over_scale));
+  json_object_set_new(cl, "norm_compared_steps", json_integer(d->clip_norm_steps));
+  json_object_set_new(cl, "norm_scaled_steps", json_integer(d->clip_norm_scaled_steps));
   json_object_set_new(cl, "clips_scaled_gradients",
                       json_boolean(d->clip_scaled_signature));
   json_object_set_new(root, "clipping", cl);

@@ -506,6 +506,61 @@ START_TEST(test_clip_before_unscale_signature) {
 }
 END_TEST
 
+/* The norm the clipper saw against the recorded weight gradients (which
+ * carry the loss scale): a scale below 1 that keeps falling while the
+ * gradients grow, as when clipping before unscaling lets updates through
+ * 1/scale times the threshold. The norms do not track the scale (their
+ * correlation is negative), but each equals the recorded norm: clipping saw
+ * scaled gradients. With grad_norm = recorded norm / scale (unscaled first)
+ * the same trace has no signature. */
+static double wgrad_norm(float g) { /* two weight_grad records of rec() */
+  double sq = 0;
+  for (int i = 0; i < N; i++) {
+    double v = (double)(float)(g * (0.5f + (float)i / N));
+    sq += v * v;
+  }
+  return sqrt(2 * sq);
+}
+
+START_TEST(test_clip_norm_against_records) {
+  for (int misordered = 1; misordered >= 0; misordered--) {
+    const char *p = tmp_path(misordered ? "clipcmp1" : "clipcmp0");
+    tb t;
+    tb_open(&t, p, 0);
+    double scale = 0.25, truth = 1e4;
+    for (int s = 0; s < 30; s++) {
+      if (s > 0 && s % 5 == 0) {
+        scaler_event(&t, s, PROBE_SCALER_BACKOFF, scale, scale / 2);
+        scale /= 2;
+        truth *= 4;
+      }
+      spec sp = {0};
+      sp.grad_mag = (float)(scale * truth); /* recorded: scaled gradients */
+      double rn = wgrad_norm(sp.grad_mag);
+      double norm = misordered ? rn : rn / scale;
+      scal sc = {.loss = 1.0, .scale = scale, .grad_norm = norm,
+                 .clip_threshold = 1.0, .clip_coef = 1.0 / norm};
+      tb_step(&t, s, &sp, &sc);
+    }
+    ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+    probe_diag d;
+    diag_of(&d, p);
+    ck_assert_int_eq(d.clip_norm_steps, 30);
+    ck_assert_int_eq(d.clip_norm_scaled_steps, misordered ? 30 : 0);
+    ck_assert_int_eq(d.clip_scaled_signature, misordered);
+    if (misordered) {
+      ck_assert(d.corr_norm_scale < 0); /* pass 1 alone would miss it */
+      ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FIX_CLIP_ORDER);
+    } else {
+      for (int i = 0; i < d.n_findings; i++)
+        ck_assert_int_ne(d.findings[i].id, DIAG_FINDING_FIX_CLIP_ORDER);
+    }
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_correct_clip_order_no_signature) {
   const char *p = tmp_path("clipok");
   tb t;
@@ -669,6 +724,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_warmup_backoffs_are_healthy);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
+  tcase_add_test(tc, test_clip_norm_against_records);
   tcase_add_test(tc, test_correct_clip_order_no_signature);
   tcase_add_test(tc, test_no_loss_scale_underflow);
   tcase_add_test(tc, test_fp32_divergence_is_lr);
