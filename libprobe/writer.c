@@ -110,8 +110,10 @@ typedef struct ring_slot {
 struct probe_session {
   probe_options opt;
   char *layer_select; /* owned copy of opt.layer_select */
-  char *path;
-  char *own_strings[3]; /* copies of command_line, config_json, precision_policy */         /* owned copy, for the writer thread's H5Fcreate */
+  char *path;         /* owned copy, for the writer thread's H5Fcreate */
+  char *own_strings[3]; /* owned copies of opt.command_line, config_json and
+                           precision_policy, which the writer thread writes
+                           after probe_session_open has returned */
 
   /* ---- the writer thread's own (the caller never touches these) ---- */
   hid_t file;
