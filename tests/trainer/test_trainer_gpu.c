@@ -66,17 +66,21 @@ static void compare(const char *scn, const char *prec, double rtol,
     ck_assert_msg(rel <= rtol, "%s %s step %d: cpu %.9g cuda %.9g (rel %.2e > %.0e)",
                   scn, prec, s, a.v[s], b.v[s], rel, rtol);
   }
-  ck_assert_int_eq(ra.diverged, rb.diverged);
-  if (max_steps >= GPU_STEPS)
+  if (max_steps >= GPU_STEPS) { /* over the whole run */
+    ck_assert_int_eq(ra.diverged, rb.diverged);
     ck_assert_int_eq(ra.first_nonfinite_loss_step, rb.first_nonfinite_loss_step);
+  }
   printf("  %-20s %-5s worst relative loss difference %.2e (%.3f s cpu, %.3f s cuda)\n",
          scn, prec, worst, ra.wall_seconds, rb.wall_seconds);
 }
 
-/* lr-too-high grows geometrically: differences are amplified, so only its
- * first steps are compared. */
+/* lr-too-high grows geometrically, and clip-before-unscale runs away once
+ * its loss scale falls below 1 (each backoff doubles the next update):
+ * differences are amplified, so only their first steps are compared. */
 static int steps_for(const char *scn) {
-  return strcmp(scn, "lr-too-high") == 0 ? 5 : GPU_STEPS;
+  if (strcmp(scn, "lr-too-high") == 0) return 5;
+  if (strcmp(scn, "clip-before-unscale") == 0) return 20;
+  return GPU_STEPS;
 }
 
 START_TEST(test_fp32) {
