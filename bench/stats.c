@@ -36,6 +36,7 @@
 #endif
 
 #include "ampprobe/numerics.h"
+#include "stats_data.h"
 #include "stats_impl.h" /* probe__stats_compute_path, for --path */
 
 /* Wall clock, or with --cpu-time this thread's CPU time (for a machine
@@ -46,39 +47,6 @@ static double now_s(void) {
   struct timespec t;
   clock_gettime(g_clock, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ---- read-bandwidth baseline ---------------------------------------------------- */
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static uint64_t sum_words_avx2(const uint64_t *p, size_t n) {
-  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(const void *)(p + i)));
-    b = _mm256_add_epi64(b, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 4)));
-    c = _mm256_add_epi64(c, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 8)));
-    d = _mm256_add_epi64(d, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 12)));
-  }
-  a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-  uint64_t t[4];
-  _mm256_storeu_si256((__m256i *)(void *)t, a);
-  uint64_t s = t[0] + t[1] + t[2] + t[3];
-  for (; i < n; i++) s += p[i];
-  return s;
-}
-#endif
-
-/* Sum of the 64-bit words: the fastest plain read this CPU does. */
-static uint64_t sum_words(const void *data, size_t bytes) {
-  const uint64_t *p = data;
-  size_t n = bytes / 8;
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) return sum_words_avx2(p, n);
-#endif
-  uint64_t s = 0;
-  for (size_t i = 0; i < n; i++) s += p[i];
-  return s;
 }
 
 /* ---- naive multi-pass: one loop per statistic ------------------------------------- */
@@ -175,7 +143,7 @@ static void job_run(job *j) {
     naive_stats(&j->st, j->dt, j->data, j->n);
     break;
   default:
-    j->sink += sum_words(j->data, j->n * probe_dtype_size(j->dt));
+    j->sink += bench_sum_words(j->data, j->n * probe_dtype_size(j->dt));
   }
 }
 
@@ -230,32 +198,6 @@ static double best_time(int what, probe_dtype dt, const unsigned char *data, siz
   return best;
 }
 
-static void fill(unsigned char *buf, probe_dtype dt, size_t n) {
-  /* 1M normal values (Box-Muller on an LCG), repeated over the buffer. */
-  size_t pat = n < (1u << 20) ? n : (1u << 20);
-  float *x = malloc(pat * sizeof *x);
-  uint64_t s = 0x853c49e6748fea9bull;
-  for (size_t i = 0; i < pat; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    double u = ((double)(s >> 11) + 0.5) * 0x1p-53;
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    double v = (double)(s >> 11) * 0x1p-53;
-    x[i] = (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-  }
-  size_t es = probe_dtype_size(dt);
-  if (dt == PROBE_DTYPE_F32)
-    memcpy(buf, x, pat * es);
-  else if (dt == PROBE_DTYPE_F16)
-    probe_f32_to_f16_array((uint16_t *)(void *)buf, x, pat);
-  else
-    probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, pat);
-  for (size_t done = pat; done < n;) {
-    size_t c = n - done < pat ? n - done : pat;
-    memcpy(buf + done * es, buf, c * es);
-    done += c;
-  }
-  free(x);
-}
 
 /* --short: ns per call of each path for short tensors (in L1/L2). */
 static int bench_short(int markdown) {
@@ -267,7 +209,7 @@ static int bench_short(int markdown) {
   printf("bench_stats --short: ns per call, in cache, best of 5 batches of 20000 calls\n");
   for (int d = 0; d < 3; d++) {
     probe_dtype dt = (probe_dtype)d;
-    fill(buf, dt, NMAX);
+    bench_fill(buf, dt, NMAX);
     if (markdown) {
       printf("\n| %s elements | auto |", probe_dtype_name(dt));
       for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %s |", pname[p]);
@@ -383,7 +325,7 @@ int main(int argc, char **argv) {
   for (int d = 0; d < 3; d++) {
     probe_dtype dt = (probe_dtype)d;
     size_t es = probe_dtype_size(dt);
-    fill(buf, dt, maxb / es);
+    bench_fill(buf, dt, maxb / es);
     for (size_t k = 0; k < ns; k++) {
       size_t bytes = sizes[k], n = bytes / es;
       int tries = bytes >= (64u << 20) ? 3 : 5;

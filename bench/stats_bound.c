@@ -5,7 +5,8 @@
  *   bench_stats_bound [--markdown]
  *
  * On an L2-resident 1 MiB fp16 buffer (N(0,1) values), all in one run:
- *  - read: the read baseline of bench_stats (sum of 64-bit words);
+ *  - read: the read baseline of bench_stats (sum of 64-bit words) and
+ *    the same N(0,1) data (both from stats_data.h);
  *  - fused: probe_stats_compute, the whole record;
  *  - sums (convert): only sum and sum of squares in double, the way the
  *    kernel computes them (vcvtph2ps, vcvtps2pd, add, FMA; 4+4
@@ -30,6 +31,7 @@
 #include <time.h>
 
 #include "ampprobe/numerics.h"
+#include "stats_data.h"
 
 static double now_s(void) {
   struct timespec t;
@@ -123,20 +125,8 @@ AVX512 static double sums_built(const uint16_t *p, size_t n) {
   return ACC_RESULT;
 }
 
-__attribute__((target("avx2"))) static double read_words(const uint16_t *p16, size_t n) {
-  const uint64_t *p = (const uint64_t *)(const void *)p16;
-  size_t w = n / 4;
-  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-  for (size_t i = 0; i + 16 <= w; i += 16) {
-    a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(const void *)(p + i)));
-    b = _mm256_add_epi64(b, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 4)));
-    c = _mm256_add_epi64(c, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 8)));
-    d = _mm256_add_epi64(d, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 12)));
-  }
-  a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-  uint64_t t[4];
-  _mm256_storeu_si256((__m256i *)(void *)t, a);
-  return (double)(t[0] + t[1] + t[2] + t[3]);
+static double read_words(const uint16_t *p, size_t n) {
+  return (double)bench_sum_words(p, n * sizeof *p);
 }
 
 static double fused(const uint16_t *p, size_t n) {
@@ -173,18 +163,8 @@ int main(int argc, char **argv) {
   }
   const size_t n = (size_t)1 << 19; /* 1 MiB of fp16: in L2 */
   uint16_t *buf = aligned_alloc(64, n * 2);
-  float *x = malloc(n * sizeof *x);
-  if (!buf || !x) return 1;
-  uint64_t s = 0x853c49e6748fea9bull;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    double u = ((double)(s >> 11) + 0.5) * 0x1p-53;
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    double v = (double)(s >> 11) * 0x1p-53;
-    x[i] = (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-  }
-  probe_f32_to_f16_array(buf, x, n);
-  free(x);
+  if (!buf) return 1;
+  bench_fill((unsigned char *)buf, PROBE_DTYPE_F16, n);
   double ghz = clock_ghz();
   /* the two sum loops must agree with the kernel (to 1e-6: see build4) */
   probe_stats st;

@@ -15,8 +15,9 @@
  * docs/statistics.md's definitions as the portable path does):
  *  - extremes: signed/unsigned max/min of the bits and the smallest
  *    non-zero |x| - 1 (stats_impl.h), over finite lanes;
- *  - counts: non-zero, f16_subnormal, f16_flush, f16_overflow per lane in
- *    vector counters; zeros are the finite elements that are not non-zero;
+ *  - counts: f16_subnormal, f16_flush, f16_overflow per lane in vector
+ *    counters; zeros are the finite elements not among the non-zero ones,
+ *    whose number is that of the bins written below;
  *  - sums: binary32 -> double, two sum and two sum-of-squares accumulators;
  *  - histogram: each non-zero element's bin, as a byte, compressed into a
  *    buffer; at the end, for each bin value between the smallest and the
@@ -63,10 +64,10 @@ void probe__acc_small_avx512(probe__acc *a, probe_dtype dt, const void *data, si
   const __m512i z = _mm512_setzero_si512();
   __m512i smax = _mm512_set1_epi32(INT32_MIN), smin = _mm512_set1_epi32(INT32_MAX);
   __m512i umax = z, umin = _mm512_set1_epi32(-1), amin = _mm512_set1_epi32(-1);
-  __m512i cnz = z, csb = z, cfl = z, cov = z;
+  __m512i csb = z, cfl = z, cov = z;
   __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
   uint8_t bins[PROBE__SMALL_MAX_N + 64]; /* bins of the non-zero elements */
-  size_t nb = 0;
+  size_t nb = 0; /* = the number of finite non-zero elements */
   uint64_t nan = 0, posinf = 0, neginf = 0;
 
   for (size_t i = 0; i < n; i += 16) {
@@ -93,7 +94,6 @@ void probe__acc_small_avx512(probe__acc *a, probe_dtype dt, const void *data, si
     umax = _mm512_mask_max_epu32(umax, fm, umax, u);
     umin = _mm512_mask_min_epu32(umin, fm, umin, u);
     amin = _mm512_mask_min_epu32(amin, nz, amin, ab);
-    cnz = _mm512_mask_add_epi32(cnz, nz, cnz, one);
     csb = _mm512_mask_add_epi32(csb, _mm512_mask_cmplt_epu32_mask(nz, ab, csub), csb, one);
     cfl = _mm512_mask_add_epi32(cfl, _mm512_mask_cmplt_epu32_mask(nz, ab, cflush), cfl, one);
     cov = _mm512_mask_add_epi32(cov, _mm512_mask_cmpgt_epu32_mask(fm, ab, covf), cov, one);
@@ -139,12 +139,11 @@ void probe__acc_small_avx512(probe__acc *a, probe_dtype dt, const void *data, si
     }
   }
 
-  uint64_t nnz = (uint64_t)(uint32_t)_mm512_reduce_add_epi32(cnz);
   a->count += n;
   a->nan += nan;
   a->posinf += posinf;
   a->neginf += neginf;
-  a->zero += (uint64_t)n - nan - posinf - neginf - nnz;
+  a->zero += (uint64_t)n - nan - posinf - neginf - nb;
   a->sub += (uint64_t)(uint32_t)_mm512_reduce_add_epi32(csb);
   a->flush += (uint64_t)(uint32_t)_mm512_reduce_add_epi32(cfl);
   a->ovf += (uint64_t)(uint32_t)_mm512_reduce_add_epi32(cov);

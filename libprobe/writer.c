@@ -147,13 +147,12 @@ struct probe_session {
   int thread_started;
   pthread_mutex_t mu;
   pthread_cond_t wake; /* to the writer: rows, a request */
-  pthread_cond_t done; /* to the caller: opened, flushed, rows taken */
+  pthread_cond_t done; /* to the caller: flushed, rows taken, failed */
   pvec in[PROBE__T_COUNT]; /* rows handed over, not yet taken */
   size_t in_bytes;
   int64_t sh_last_step, sh_first_nonfinite, sh_n_events;
   uint64_t flush_req, flush_done; /* synchronous flush tickets */
   int close_req, close_flush;
-  int opened;  /* 0 while the writer creates the file, 1 done, -1 failed */
   int w_idle;  /* the writer sleeps with nothing to flush */
   probe_status sh_err;
   char sh_msg[512];
@@ -713,7 +712,6 @@ static void *writer_main(void *arg) {
   probe__h5_unlock();
   pthread_mutex_lock(&s->mu);
   s->t_last_flush = now_s();
-  s->opened = st == PROBE_OK ? 1 : -1;
   /* Direct tables (create_layout) are written a few chunks at a time: each
    * chunk is one call anyway, and small hand-overs stay in cache. The
    * caller reads batch[] under mu. */

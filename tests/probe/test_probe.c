@@ -708,6 +708,18 @@ static int64_t child_count_steps(const char *path) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Polls child_count_steps every interval_ms, at most tries times, until it
+ * sees want steps; returns the last count. */
+static int64_t wait_for_steps(const char *path, int64_t want, int tries, long interval_ms) {
+  int64_t seen = 0;
+  for (int k = 0; k < tries && seen < want; k++) {
+    struct timespec ts = {0, interval_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    seen = child_count_steps(path);
+  }
+  return seen;
+}
+
 START_TEST(test_writer_flush_visibility) {
   char path[256];
   pt_path(path, sizeof path, "flush");
@@ -817,13 +829,7 @@ START_TEST(test_writer_event_flush) {
       ck_assert_int_eq(child_count_steps(path), 4); /* synchronous */
     } else {
       ck_assert_msg(took < 0.2, "a gradient-only event waited %.3f s", took);
-      int64_t seen = 0;
-      for (int k = 0; k < 50 && seen < 4; k++) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-        seen = child_count_steps(path);
-      }
-      ck_assert_int_eq(seen, 4);
+      ck_assert_int_eq(wait_for_steps(path, 4, 50, 50), 4);
     }
     PT_CHECK(probe_session_close(s));
   }
@@ -856,13 +862,7 @@ START_TEST(test_writer_idle_timer_flush) {
     PT_CHECK(probe_step_end(s));
   }
   /* no call into the session from here on */
-  int64_t seen = 0;
-  for (int k = 0; k < 30 && seen < 5; k++) {
-    struct timespec ts = {0, 100 * 1000000L};
-    nanosleep(&ts, NULL);
-    seen = child_count_steps(path);
-  }
-  ck_assert_int_eq(seen, 5);
+  ck_assert_int_eq(wait_for_steps(path, 5, 30, 100), 5);
   PT_CHECK(probe_session_close(s));
   unlink(path);
 }

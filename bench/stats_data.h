@@ -1,0 +1,81 @@
+/*
+ * bench/stats_data.h - what bench_stats and bench_stats_bound share: the
+ * N(0,1) test data stored in a dtype, and the read-bandwidth baseline (the
+ * sum of a buffer's 64-bit words). Header-only: each benchmark is one file.
+ */
+#ifndef AMPPROBE_BENCH_STATS_DATA_H
+#define AMPPROBE_BENCH_STATS_DATA_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "ampprobe/numerics.h"
+
+/* ---- read-bandwidth baseline ---------------------------------------------------- */
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t bench_sum_words_avx2(const uint64_t *p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(const void *)(p + i)));
+    b = _mm256_add_epi64(b, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 4)));
+    c = _mm256_add_epi64(c, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 8)));
+    d = _mm256_add_epi64(d, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 12)));
+  }
+  a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+  uint64_t t[4];
+  _mm256_storeu_si256((__m256i *)(void *)t, a);
+  uint64_t s = t[0] + t[1] + t[2] + t[3];
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+#endif
+
+/* Sum of the 64-bit words: the fastest plain read this CPU does. */
+static uint64_t bench_sum_words(const void *data, size_t bytes) {
+  const uint64_t *p = data;
+  size_t n = bytes / 8;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) return bench_sum_words_avx2(p, n);
+#endif
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; i++) s += p[i];
+  return s;
+}
+
+/* ---- data ---------------------------------------------------------------------------- */
+
+static void bench_fill(unsigned char *buf, probe_dtype dt, size_t n) {
+  /* 1M normal values (Box-Muller on an LCG), repeated over the buffer. */
+  size_t pat = n < (1u << 20) ? n : (1u << 20);
+  float *x = malloc(pat * sizeof *x);
+  uint64_t s = 0x853c49e6748fea9bull;
+  for (size_t i = 0; i < pat; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    double u = ((double)(s >> 11) + 0.5) * 0x1p-53;
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    double v = (double)(s >> 11) * 0x1p-53;
+    x[i] = (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+  }
+  size_t es = probe_dtype_size(dt);
+  if (dt == PROBE_DTYPE_F32)
+    memcpy(buf, x, pat * es);
+  else if (dt == PROBE_DTYPE_F16)
+    probe_f32_to_f16_array((uint16_t *)(void *)buf, x, pat);
+  else
+    probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, pat);
+  for (size_t done = pat; done < n;) {
+    size_t c = n - done < pat ? n - done : pat;
+    memcpy(buf + done * es, buf, c * es);
+    done += c;
+  }
+  free(x);
+}
+
+#endif /* AMPPROBE_BENCH_STATS_DATA_H */
