@@ -222,7 +222,8 @@ int probe__cpu_avx512(void) {
   __builtin_cpu_init();
   return probe__cpu_avx2() && __builtin_cpu_supports("avx512f") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi2");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi2") &&
+         __builtin_cpu_supports("avx512vnni");
 #else
   return 0;
 #endif

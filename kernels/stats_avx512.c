@@ -1,10 +1,10 @@
 /*
- * stats_avx512.c - the AVX-512 (F, BW, VL, DQ, VBMI2) block functions of
- * the statistics kernel, compiled with -mavx512f -mavx512bw -mavx512vl
- * -mavx512dq -mavx512vbmi2 -mavx2 -mf16c -mfma. stats_avx2.c's driver calls them (cutting
- * blocks, checking for inf/NaN, counting the pair indices into the
- * histogram, the portable tail); stats.c selects this path when the CPU has
- * those extensions.
+ * stats_avx512.c - the AVX-512 (F, BW, VL, DQ, VBMI2, VNNI) block functions
+ * of the statistics kernel, compiled with -mavx512f -mavx512bw -mavx512vl
+ * -mavx512dq -mavx512vbmi2 -mavx512vnni -mavx2 -mf16c -mfma. stats_avx2.c's
+ * driver calls them (cutting blocks, checking for inf/NaN, counting the pair
+ * indices into the histogram, the portable tail); stats.c selects this path
+ * when the CPU has those extensions.
  *
  * Pair mode (pd->win < 0): the same work as the AVX2 block functions, in
  * one pass per block, 32 fp16 or bf16 elements, or 2 x 16 fp32 elements,
@@ -16,8 +16,10 @@
  * per step of 32 elements, without branches except one rarely taken:
  *  - extremes: smax and umax of the raw patterns, the smallest non-zero |x|
  *    (smin and umin only when a block has one sign: ext16_fix);
- *  - sums: binary32 -> double conversions, two sum and four sum-of-squares
- *    accumulators;
+ *  - sums: fp32 and bf16 by binary32 -> double conversions, two sum and
+ *    four sum-of-squares accumulators; fp16 without conversions (the sum
+ *    exactly, in integers, for the elements inside the window; squares of
+ *    binary64 values built from the bits: see F16_SQ);
  *  - histogram: the 16-bit one-hot word 1 << (exponent field - win) of each
  *    non-zero element (fp16: vpermw from a 32-entry table; fp32/bf16:
  *    vpsllvw, which gives 0 past 15), summed by positional popcount: a
@@ -26,8 +28,9 @@
  *    persists across blocks; the driver folds them further with
  *    probe__hs_fold16 and reads them with probe__hs_count only when the
  *    window moves or the call ends). Non-zero elements outside the window
- *    (fp16: their |x| pattern, so subnormals get exact bins; fp32/bf16:
- *    their exponent field) are compressed (vpcompressw) to pd->outb;
+ *    (fp16: their pattern, so subnormals get exact bins and the driver
+ *    their exact sums; fp32/bf16: their exponent field) are compressed
+ *    (vpcompressw) to pd->outb;
  *  - counts: zeros are not counted per element (the driver takes them as
  *    the elements neither inside nor outside the window); fp32/bf16
  *    f16_flush by a masked compare; f16_overflow and fp16 inf/NaN detected
@@ -40,7 +43,7 @@
 #include <string.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI2__) && \
-    defined(__F16C__) && defined(__FMA__)
+    defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
 enum { NB = PROBE_HIST_BINS };
@@ -144,8 +147,8 @@ static void ext32_fix(const unsigned char *p, size_t nv, __m512i smax, __m512i u
  * counted apart and never enter the histogram here) with r = value - win,
  * the one-hot word 1 << r (vpsllvw gives 0 for r >= 16, which with the
  * unsigned wrap covers every value outside the window); the elements outside
- * write ov_ (fp16: the |x| pattern; fp32, bf16: the value), compressed, to
- * outb. */
+ * write ov_ (the value), compressed, to outb. fp32 and bf16 only: the fp16
+ * step has its own (a table lookup, and a window of 15). */
 #define HOT(e_, nz_, ov_, oh_)                                                 \
   do {                                                                         \
     __m512i r_ = _mm512_sub_epi16((e_), hwin);                                 \
@@ -244,13 +247,17 @@ void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
 /* Runs STEP over bin vectors 0 .. nbv-1 (groups of 16 through the tree,
  * the rest added one by one), writes the counters to hs->lo[!hs->cur] and
  * leaves n16 and nout in b. */
-#define WIN_RUN(STEP, IN, b, pd, nbv)                                          \
+#define WIN_RUN(STEP, IN, b, pd, nbv) WIN_RUN_EVERY16(STEP, IN, b, pd, nbv, (void)0)
+/* The same, running EVERY16 after each group of 16 steps and once after the
+ * rest (the fp16 step's 32-bit sum counters hold 16 steps). */
+#define WIN_RUN_EVERY16(STEP, IN, b, pd, nbv, EVERY16)                         \
   do {                                                                         \
     size_t v_ = 0;                                                             \
     for (; v_ + 16 <= (nbv); v_ += 16) {                                       \
       __m512i x_;                                                              \
       HS16(IN, ones, twos, fours, eights, x_);                                 \
       _mm512_storeu_si512(hs_->s16 + 32 * n16++, x_);                          \
+      EVERY16;                                                                 \
     }                                                                          \
     for (; v_ < (nbv); v_++) {                                                 \
       __m512i c_, t_;                                                          \
@@ -261,6 +268,7 @@ void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
       t_ = _mm512_and_si512(eights, c_), eights = _mm512_xor_si512(eights, c_), c_ = t_; \
       if (_mm512_test_epi16_mask(c_, c_)) _mm512_storeu_si512(hs_->s16 + 32 * n16++, c_); \
     }                                                                          \
+    EVERY16;                                                                   \
     uint16_t *lw_ = hs_->lo[!hs_->cur];                                        \
     _mm512_storeu_si512(lw_, ones);                                            \
     _mm512_storeu_si512(lw_ + 32, twos);                                       \
@@ -285,19 +293,46 @@ void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
     q3 = _mm512_fmadd_pd(d3, d3, q3);                                          \
   } while (0)
 
-/* 32 binary16 values at q (64 bytes) into the double sums. */
-#define SUM16M(q_)                                                             \
+/* 2^e for a normal binary64 exponent e (ldexp is a library call). */
+static inline double pow2(int e) {
+  uint64_t u = (uint64_t)(1023 + e) << 52;
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+}
+
+/* fp16 window mode computes its sums without converting (the conversions,
+ * vcvtph2ps and vcvtps2pd, share two of Zen 5's four vector pipes with the
+ * double additions and took most of a step):
+ *  - sum: an element of raw exponent e >= 1 in the window is
+ *    +-m * 2^(e - 25) with m = 1024 + mantissa, and its one-hot word is
+ *    2^(e - win), so it is +-m * oh * 2^(win - 25). vpdpwssd adds m*oh and
+ *    s*oh (s = 0 or -1, the sign) in 32-bit lanes: (m ^ s) - s = +-m, so the
+ *    difference of the two counters is the exact sum of +-m * oh. Each
+ *    product is below 2^25 (oh <= 2^14: fp16 windows hold 15 values), two
+ *    per lane per step, so the counters are widened to 64 bits every 16
+ *    steps. Elements outside the window (oh = 0) are added by the driver
+ *    from outb, which holds their patterns, sign included.
+ *  - sum of squares: each lane becomes the binary64 pattern
+ *    (|x| bits << 42) | (1024 << 52), which is x * 2^16 for a normal x
+ *    (the raw exponent e lands in the low five bits of the binary64 exponent
+ *    e + 1024), by a 64-bit shift and a ternary-logic merge per quarter of
+ *    the lanes; squared by FMA, all of it exact but the accumulation. A zero
+ *    becomes 2.0 and a subnormal with mantissa m becomes 2 + m/512 (raw
+ *    exponent 0 reads as 1024): the driver takes (2^-15)^2 = 2^-30 per zero
+ *    back out at the flush and replaces each subnormal's term from outb;
+ *    those terms are exact, and below 2^-27, so the accumulation error
+ *    stays within the bound the tests hold every path to. */
+#define F16_SQ(h_)                                                             \
   do {                                                                         \
-    __m512d d0 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q_)))); \
-    __m512d d1 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 16)))); \
-    __m512d d2 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 32)))); \
-    __m512d d3 = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((q_) + 48)))); \
-    s0 = _mm512_add_pd(s0, _mm512_add_pd(d0, d2));                             \
-    s1 = _mm512_add_pd(s1, _mm512_add_pd(d1, d3));                             \
-    q0 = _mm512_fmadd_pd(d0, d0, q0);                                          \
-    q1 = _mm512_fmadd_pd(d1, d1, q1);                                          \
-    q2 = _mm512_fmadd_pd(d2, d2, q2);                                          \
-    q3 = _mm512_fmadd_pd(d3, d3, q3);                                          \
+    __m512d e0_ = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(_mm512_srli_epi64(h_, 6), mexp, cexp, 0xea)); \
+    __m512d e1_ = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(_mm512_slli_epi64(h_, 10), mexp, cexp, 0xea)); \
+    __m512d e2_ = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(_mm512_slli_epi64(h_, 26), mexp, cexp, 0xea)); \
+    __m512d e3_ = _mm512_castsi512_pd(_mm512_ternarylogic_epi64(_mm512_slli_epi64(h_, 42), mexp, cexp, 0xea)); \
+    q0 = _mm512_fmadd_pd(e0_, e0_, q0);                                        \
+    q1 = _mm512_fmadd_pd(e1_, e1_, q1);                                        \
+    q2 = _mm512_fmadd_pd(e2_, e2_, q2);                                        \
+    q3 = _mm512_fmadd_pd(e3_, e3_, q3);                                        \
   } while (0)
 
 void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
@@ -351,8 +386,13 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     (void)hwin, (void)hone, (void)h16;
     uint16_t tab[32]; /* raw exponent -> one-hot word (0 outside the window) */
     for (int v = 0; v < 32; v++)
-      tab[v] = (uint16_t)(v >= pd->win && v < pd->win + PROBE__WIN ? 1u << (v - pd->win) : 0);
+      tab[v] = (uint16_t)(v >= pd->win && v < pd->win + PROBE__WIN16 ? 1u << (v - pd->win) : 0);
     const __m512i otab = _mm512_loadu_si512(tab);
+    /* Sum: sign-magnitude significands (implicit bit set) times the one-hot
+     * word, exactly, in 32-bit lanes; see the comment above F16_SQ. */
+    const __m512i m3ff = _mm512_set1_epi16(0x03ff), c400 = _mm512_set1_epi16(0x0400);
+    const __m512i mexp = _mm512_set1_epi64(0x7fffll << 42), cexp = _mm512_set1_epi64(0x4000ll << 48);
+    __m512i msum = z, ssum = z, sum64 = z;
 #define F16_WSTEP(v_, oh_)                                                            \
   do {                                                                                \
     const unsigned char *q_ = p + 64 * (v_);                                          \
@@ -363,17 +403,29 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     amin = _mm512_mask_min_epu16(amin, nz, amin, a);                                  \
     smax = _mm512_max_epi16(smax, h);                                                 \
     umax = _mm512_max_epu16(umax, h);                                                 \
-    SUM16M(q_);                                                                       \
     /* one-hot word of the raw exponent (vpermw reads the low 5 bits) */              \
     oh_ = _mm512_permutexvar_epi16(_mm512_srli_epi16(h, 10), otab);                   \
     __mmask32 o_ = _mm512_mask_testn_epi16_mask(nz, oh_, oh_);                        \
     if (__builtin_expect(o_ != 0, 0)) {                                               \
-      _mm512_storeu_si512(outp, _mm512_maskz_compress_epi16(o_, a));                  \
+      _mm512_storeu_si512(outp, _mm512_maskz_compress_epi16(o_, h));                  \
       outp += __builtin_popcount(o_);                                                 \
     }                                                                                 \
+    __m512i s_ = _mm512_srai_epi16(h, 15);                                            \
+    __m512i m_ = _mm512_xor_si512(_mm512_ternarylogic_epi32(h, m3ff, c400, 0xea), s_); \
+    msum = _mm512_dpwssd_epi32(msum, m_, oh_);                                        \
+    ssum = _mm512_dpwssd_epi32(ssum, s_, oh_);                                        \
+    F16_SQ(h);                                                                        \
   } while (0)
 #define F16_IN(i_, d_) F16_WSTEP(v_ + (i_), d_)
-    WIN_RUN(F16_WSTEP, F16_IN, b, pd, nv / 2);
+#define F16_EVERY16                                                                   \
+  do {                                                                                \
+    __m512i d_ = _mm512_sub_epi32(msum, ssum);                                        \
+    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(d_))); \
+    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(d_, 1))); \
+    msum = ssum = z;                                                                  \
+  } while (0)
+    WIN_RUN_EVERY16(F16_WSTEP, F16_IN, b, pd, nv / 2, F16_EVERY16);
+#undef F16_EVERY16
 #undef F16_IN
 #undef F16_WSTEP
     b->zero = 0; /* the driver counts them from the window counts */
@@ -382,13 +434,20 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
     b->nonfinite = _mm512_cmpgt_epi16_mask(smax, c7bff) ||
                    _mm512_cmpgt_epu16_mask(umax, _mm512_set1_epi16((short)0xfbff));
+    /* |sum64| < 2^38 per block, so both are exact; the driver adds the
+     * elements outside the window (and takes out what zeros and subnormals
+     * put into the squares). */
+    b->sum = (double)_mm512_reduce_add_epi64(sum64) * pow2(pd->win - 25);
+    b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3))) * 0x1p-32;
   }
 #undef F16_STEP
   PROBE__PENDING_FINISH(pd);
   b->flush = 0; /* no binary16 value has 0 < |x| <= 2^-25 */
   b->ovf = 0;   /* nor a finite |x| >= 65520 */
-  b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-  b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
+  if (pd->win < 0) {
+    b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
+  }
   finish16(b, smax, smin, umax, umin, amin, 1);
 }
 

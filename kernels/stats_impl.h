@@ -48,6 +48,9 @@ static inline int probe__hist_bin(uint32_t abits) {
 
 enum { PROBE__BLOCK = 4096, /* elements per checked block */
        PROBE__WIN = 16,     /* bins per window (window mode) */
+       PROBE__WIN16 = 15,   /* values an fp16 window holds: its sums weight
+                               each element by its one-hot word, which must
+                               stay a positive int16 (stats_avx512.c) */
        PROBE__S16 = 48,     /* see probe__hs */
        PROBE__BIG = 16 };
 
@@ -95,10 +98,14 @@ typedef struct probe__pending {
   /* The AVX-512 block functions have a second way of counting bins: with
    * win >= 0 they count the non-zero elements whose window value (the raw
    * exponent field: fp16 1..31, fp32/bf16 the binary32 one, 0..255) is
-   * win .. win+15 into *hs (positional popcount of one-hot words; an fp16
-   * window never holds 0), write the other non-zero elements to outb
-   * (PROBE__BLOCK + 32 entries; fp16: the |x| pattern, fp32/bf16: the
-   * window value), count no zeros, and write no pair indices. win < 0: pair
+   * win .. win+15 (fp16: win .. win+14, PROBE__WIN16) into *hs (positional
+   * popcount of one-hot words; an fp16 window never holds 0), write the
+   * other non-zero elements to outb (PROBE__BLOCK + 32 entries; fp16: the
+   * pattern, sign included, fp32/bf16: the window value), count no zeros,
+   * and write no pair indices. An fp16 window block's sum covers only the
+   * elements inside, and its sum of squares counts every zero as 2^-30 and
+   * every subnormal wrongly (stats_avx512.c): the driver corrects both from
+   * outb and the zero count. win < 0: pair
    * indices, as the AVX2 ones always do. */
   int win;
   uint16_t *outb;

@@ -647,6 +647,28 @@ START_TEST(test_window_large_f32) {
 }
 END_TEST
 
+/* fp16 long enough (2^25 elements in two binades) that the window counters
+ * carry into their 65536-weight vectors and the driver flushes them mid-call
+ * (at about element 29M), with subnormals throughout and +-0 only in the last
+ * 2M elements: an fp16 window block's sum of squares counts each zero as
+ * 2^-30 and each subnormal wrongly, and the flushes take that back out, so
+ * the zeros a flush counts (none at the first) and the squares it corrects
+ * must cover the same blocks. */
+START_TEST(test_window_large_f16) {
+  size_t n = ((size_t)1 << 25) + 123;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    uint16_t m = (uint16_t)(rng_next() & 0x3ff), sgn = (uint16_t)((rng_next() & 1) << 15);
+    uint16_t v = (uint16_t)((i & 1 ? 15u : 14u) << 10 | m); /* [0.5, 2) */
+    if (i % 7 == 3 && i > n - (1u << 21)) v = 0; /* +-0 */
+    if (i % 9973 == 5) v = m | 1u;    /* a subnormal */
+    h[i] = (uint16_t)(v | sgn);
+  }
+  check_all_paths(PROBE_DTYPE_F16, h, n, "large f16");
+  free(h);
+}
+END_TEST
+
 static int records_equal_exact(const probe_stats *a, const probe_stats *b) {
   char why[160];
   return !stats_differ(a, b, 0.0, 0.0, why, sizeof why);
@@ -730,6 +752,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_loop_test(tw, test_window_mode, 0, 18);
   tcase_add_test(tw, test_window_f16_binades);
   tcase_add_test(tw, test_window_large_f32);
+  tcase_add_test(tw, test_window_large_f16);
   suite_add_tcase(s, tw);
   TCase *tm = tcase_create("merge");
   tcase_set_timeout(tm, 300);
