@@ -74,7 +74,7 @@ typedef struct pair_hist {
   uint64_t in_hist;          /* elements counted since the last fold */
   uint32_t per_copy;         /* pairs per table copy since the last fold */
   uint32_t idx[2][BLOCK / 2]; /* pair indices: this block, the pending one */
-  uint16_t outb[BLOCK + 32]; /* window mode: the elements outside the window */
+  uint16_t outb[PROBE__WBLOCK + 32]; /* window mode: the elements outside the window */
   probe__hs hs; /* window mode: counts of the elements inside the window */
   uint64_t win_elems, win_out; /* window mode: elements, and those outside */
   uint64_t outcnt[256];        /* window mode: those outside, by window value */
@@ -534,7 +534,8 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
 
   size_t done = 0;
   while (n - done >= group) {
-    size_t m = n - done < BLOCK ? n - done : BLOCK;
+    size_t bmax = pd.win >= 0 ? PROBE__WBLOCK : BLOCK;
+    size_t m = n - done < bmax ? n - done : bmax;
     m -= m % group;
     size_t nv = m / 16; /* 16-element groups */
     const unsigned char *q = p + done * es;

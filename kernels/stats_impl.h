@@ -47,11 +47,14 @@ static inline int probe__hist_bin(uint32_t abits) {
 /* ---- the vectorised paths (stats_avx2.c drives, stats_avx512.c) ----------- */
 
 enum { PROBE__BLOCK = 4096, /* elements per checked block */
+       PROBE__WBLOCK = 16384, /* the same in window mode, which has no 8-bit
+                                 counters to overflow: fewer blocks, less
+                                 per-block work (reductions, folds) */
        PROBE__WIN = 16,     /* bins per window (window mode) */
        PROBE__WIN16 = 15,   /* values an fp16 window holds: its sums weight
                                each element by its one-hot word, which must
                                stay a positive int16 (stats_avx512.c) */
-       PROBE__S16 = 48,     /* see probe__hs */
+       PROBE__S16 = 64,     /* see probe__hs */
        PROBE__BIG = 16 };
 
 /* What one block's vector loops found, before the driver accepts it (all of
@@ -75,7 +78,9 @@ typedef struct probe__blk {
  * lo[cur][0..3] have weights 1, 2, 4, 8; s16[0 .. n16) weight 16 each;
  * hi[0..11] weights 16, 32, .., 32768; big[0 .. nbig) 65536 each. A block
  * function reads lo[cur] and n16, writes lo[!cur] and appends to s16 from
- * n16 on (at most 23 vectors); the driver accepts the block by flipping
+ * n16 on (at most 47 vectors: 32 from the groups of 16 steps of a 16384-element
+ * block, 15 from its last steps; n16 < 16 when it starts, as the driver
+ * folds every group of 16); the driver accepts the block by flipping
  * cur and taking its n16, so a discarded block changes nothing. */
 typedef struct probe__hs {
   uint16_t lo[2][4 * 32];
@@ -100,7 +105,7 @@ typedef struct probe__pending {
    * exponent field: fp16 1..31, fp32/bf16 the binary32 one, 0..255) is
    * win .. win+15 (fp16: win .. win+14, PROBE__WIN16) into *hs (positional
    * popcount of one-hot words; an fp16 window never holds 0), write the
-   * other non-zero elements to outb (PROBE__BLOCK + 32 entries; fp16: the
+   * other non-zero elements to outb (PROBE__WBLOCK + 32 entries; fp16: the
    * pattern, sign included, fp32/bf16: the window value), count no zeros,
    * and write no pair indices. An fp16 window block's sum covers only the
    * elements inside, and its sum of squares counts every zero as 2^-30 and
