@@ -307,13 +307,13 @@ static inline double pow2(int e) {
  * double additions and took most of a step):
  *  - sum: an element of raw exponent e >= 1 in the window is
  *    +-m * 2^(e - 25) with m = 1024 + mantissa, and its one-hot word is
- *    2^(e - win), so it is +-m * oh * 2^(win - 25). vpdpwssd adds m*oh and
- *    s*oh (s = 0 or -1, the sign) in 32-bit lanes: (m ^ s) - s = +-m, so the
- *    difference of the two counters is the exact sum of +-m * oh. Each
- *    product is below 2^25 (oh <= 2^14: fp16 windows hold 15 values), two
- *    per lane per step, so the counters are widened to 64 bits every 16
- *    steps. Elements outside the window (oh = 0) are added by the driver
- *    from outb, which holds their patterns, sign included.
+ *    oh = 2^(e - win), so it is m * (+-oh) * 2^(win - 25). A second table
+ *    lookup (vpermt2w on sign and exponent, 64 entries) gives +-oh, and
+ *    vpdpwssd adds m * (+-oh) exactly in 32-bit lanes. Each product is
+ *    below 2^25 (oh <= 2^14: fp16 windows hold 15 values), two per lane per
+ *    step, so the counters are widened to 64 bits every 16 steps. Elements
+ *    outside the window (+-oh = 0) are added by the driver from outb, which
+ *    holds their patterns, sign included.
  *  - sum of squares: each lane becomes the binary64 pattern
  *    (|x| bits << 42) | (1024 << 52), which is x * 2^16 for a normal x
  *    (the raw exponent e lands in the low five bits of the binary64 exponent
@@ -389,11 +389,16 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     for (int v = 0; v < 32; v++)
       tab[v] = (uint16_t)(v >= pd->win && v < pd->win + PROBE__WIN16 ? 1u << (v - pd->win) : 0);
     const __m512i otab = _mm512_loadu_si512(tab);
-    /* Sum: sign-magnitude significands (implicit bit set) times the one-hot
-     * word, exactly, in 32-bit lanes; see the comment above F16_SQ. */
+    /* Sum: significands (implicit bit set) times the signed one-hot word
+     * (sign and raw exponent -> +-oh, 64 entries), exactly, in 32-bit lanes;
+     * see the comment above F16_SQ. */
+    int16_t stab[64];
+    for (int v = 0; v < 64; v++)
+      stab[v] = (int16_t)(v & 32 ? -(int)tab[v & 31] : (int)tab[v & 31]);
+    const __m512i stlo = _mm512_loadu_si512(stab), sthi = _mm512_loadu_si512(stab + 32);
     const __m512i m3ff = _mm512_set1_epi16(0x03ff), c400 = _mm512_set1_epi16(0x0400);
     const __m512i mexp = _mm512_set1_epi64(0x7fffll << 42), cexp = _mm512_set1_epi64(0x4000ll << 48);
-    __m512i msum = z, ssum = z, sum64 = z;
+    __m512i msum = z, sum64 = z;
 #define F16_WSTEP(v_, oh_)                                                            \
   do {                                                                                \
     const unsigned char *q_ = p + 64 * (v_);                                          \
@@ -405,25 +410,23 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     smax = _mm512_max_epi16(smax, h);                                                 \
     umax = _mm512_max_epu16(umax, h);                                                 \
     /* one-hot word of the raw exponent (vpermw reads the low 5 bits) */              \
-    oh_ = _mm512_permutexvar_epi16(_mm512_srli_epi16(h, 10), otab);                   \
+    __m512i e_ = _mm512_srli_epi16(h, 10); /* sign and raw exponent */                \
+    oh_ = _mm512_permutexvar_epi16(e_, otab);                                         \
     __mmask32 o_ = _mm512_mask_testn_epi16_mask(nz, oh_, oh_);                        \
     if (__builtin_expect(o_ != 0, 0)) {                                               \
       _mm512_storeu_si512(outp, _mm512_maskz_compress_epi16(o_, h));                  \
       outp += __builtin_popcount(o_);                                                 \
     }                                                                                 \
-    __m512i s_ = _mm512_srai_epi16(h, 15);                                            \
-    __m512i m_ = _mm512_xor_si512(_mm512_ternarylogic_epi32(h, m3ff, c400, 0xea), s_); \
-    msum = _mm512_dpwssd_epi32(msum, m_, oh_);                                        \
-    ssum = _mm512_dpwssd_epi32(ssum, s_, oh_);                                        \
+    __m512i m_ = _mm512_ternarylogic_epi32(a, m3ff, c400, 0xea);                      \
+    msum = _mm512_dpwssd_epi32(msum, m_, _mm512_permutex2var_epi16(stlo, e_, sthi));  \
     F16_SQ(h);                                                                        \
   } while (0)
 #define F16_IN(i_, d_) F16_WSTEP(v_ + (i_), d_)
 #define F16_EVERY16                                                                   \
   do {                                                                                \
-    __m512i d_ = _mm512_sub_epi32(msum, ssum);                                        \
-    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(d_))); \
-    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(d_, 1))); \
-    msum = ssum = z;                                                                  \
+    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(msum))); \
+    sum64 = _mm512_add_epi64(sum64, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(msum, 1))); \
+    msum = z;                                                                         \
   } while (0)
     WIN_RUN_EVERY16(F16_WSTEP, F16_IN, b, pd, nv / 2, F16_EVERY16);
 #undef F16_EVERY16
