@@ -5,7 +5,7 @@
  * 64-bit words), on the same buffers in the same run.
  *
  *   bench_stats [--max-mib N] [--min-kib N] [--threads T] [--markdown]
- *               [--cpu-time] [--path portable|avx2|avx512]
+ *               [--cpu-time] [--cold] [--path portable|avx2|avx512]
  *   bench_stats --short [--markdown]
  *
  * Sizes go from 16 KiB to 64 MiB by factors of 4, then by 2 up to 512 MiB
@@ -19,6 +19,14 @@
  * with other jobs; say so wherever such numbers are quoted. --path times one
  * CPU path of the fused kernel instead of the one probe_stats_compute picks.
  *
+ * --cold: before every timed run of a buffer larger than the last-level
+ * cache, every contender alike, read a separate buffer of eight times that
+ * cache (at least 256 MiB) first, so that the run reads its data from DRAM.
+ * Without it, a buffer a few times the L3 read over and over still finds
+ * part of itself there: on the project machine the read baseline gets 43-52
+ * GB/s at 64 MiB warm against 36-37 cold (bench/results/stats.md), which is
+ * L3 bandwidth the fused kernel, bound by its arithmetic, cannot use.
+ *
  * --short times what a trainer's tensors cost instead: nanoseconds per call
  * of every path this CPU has and of probe_stats_compute (which picks one by
  * length) for 32 .. 8192 elements, in cache, best of several batches; that
@@ -31,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -122,6 +131,26 @@ enum { FUSED, NAIVE, READ };
 
 static int g_path = -1; /* -1: probe_stats_compute's choice */
 
+/* --cold: the eviction buffer, and the size past which runs are cold. */
+static unsigned char *g_evict;
+static size_t g_evict_bytes, g_llc_bytes;
+
+/* The L3 the kernel sees: what Linux reports for cpu0 (lscpu's figure; under
+ * a VM glibc's sysconf may give the whole host's), else sysconf, else 32 MiB. */
+static size_t llc_bytes(void) {
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+  unsigned long kib = 0;
+  if (f) {
+    if (fscanf(f, "%luK", &kib) != 1) kib = 0;
+    fclose(f);
+  }
+  if (kib) return (size_t)kib << 10;
+  long l3 = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); /* glibc; 0 or -1 where unknown */
+#endif
+  return l3 > 0 ? (size_t)l3 : (size_t)32 << 20;
+}
 typedef struct job {
   int what;
   probe_dtype dt;
@@ -187,9 +216,12 @@ static double best_time(int what, probe_dtype dt, const unsigned char *data, siz
   size_t bytes = n * probe_dtype_size(dt);
   int batch = 1;
   if (what != NAIVE)
-    while ((double)bytes * batch < 64e6 && batch < 4096) batch *= 2; /* ~2+ ms at 30 GB/s */
+    while ((double)bytes * batch < 64e6 && batch < 4096 && !(g_evict && bytes > g_llc_bytes))
+      batch *= 2; /* ~2+ ms at 30 GB/s */
   double best = 1e30;
+  int cold = g_evict && bytes > g_llc_bytes;
   for (int r = 0; r < tries; r++) {
+    if (cold) g_sink += bench_sum_words(g_evict, g_evict_bytes); /* not timed */
     double t0 = now_s();
     for (int b = 0; b < batch; b++) run_once(what, dt, data, n, threads);
     double t = (now_s() - t0) / batch;
@@ -268,6 +300,8 @@ int main(int argc, char **argv) {
       short_mode = 1;
     else if (!strcmp(argv[i], "--cpu-time"))
       g_clock = CLOCK_THREAD_CPUTIME_ID;
+    else if (!strcmp(argv[i], "--cold"))
+      g_evict_bytes = 1; /* sized below */
     else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
       const char *pn = argv[++i];
       g_path = !strcmp(pn, "portable") ? PROBE__PATH_PORTABLE
@@ -283,7 +317,8 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s [--max-mib N] [--min-kib N] [--threads T] [--markdown] [--cpu-time]\n"
-              "       [--path portable|avx2|avx512]\n"
+              "       [--cold] [--path portable|avx2|avx512]\n"
+              "  --cold: buffers past the last-level cache are evicted before every timed run\n"
               "   or: %s --short [--markdown]   (ns per call, 32..8192 elements)\n",
               argv[0], argv[0]);
       return 2;
@@ -304,6 +339,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "out of memory for %zu bytes\n", maxb);
     return 1;
   }
+  g_llc_bytes = llc_bytes();
+  if (g_evict_bytes) {
+    g_evict_bytes = 8 * g_llc_bytes < ((size_t)256 << 20) ? (size_t)256 << 20 : 8 * g_llc_bytes;
+    g_evict = aligned_alloc(64, g_evict_bytes);
+    if (!g_evict) {
+      fprintf(stderr, "out of memory for the %zu-byte eviction buffer\n", g_evict_bytes);
+      return 1;
+    }
+    memset(g_evict, 1, g_evict_bytes);
+  }
 #if defined(__x86_64__)
   __builtin_cpu_init();
 #endif
@@ -315,6 +360,10 @@ int main(int argc, char **argv) {
   printf("bench_stats: fused kernel (%s path) vs naive multi-pass vs read baseline, %d thread%s, "
          "%s time\n",
          path, threads, threads > 1 ? "s" : "", g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
+  if (g_evict)
+    printf("cold: buffers over %zu MiB (the last-level cache) are evicted before every timed run "
+           "(a %zu MiB read)\n",
+           g_llc_bytes >> 20, g_evict_bytes >> 20);
   if (markdown) {
     printf("\n| dtype | size | fused GB/s | naive GB/s | read GB/s | fused/read | fused/naive |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|\n");
@@ -355,5 +404,6 @@ int main(int argc, char **argv) {
     }
   }
   free(buf);
+  free(g_evict);
   return g_sink == 42 ? 3 : 0; /* keeps the sums alive */
 }
