@@ -9,8 +9,8 @@
  *    the same N(0,1) data (both from stats_data.h);
  *  - fused: probe_stats_compute, the whole record;
  *  - sums (convert): only sum and sum of squares in double, the way the
- *    kernel computes them (vcvtph2ps, vcvtps2pd, add, FMA; 4+4
- *    accumulators, two 32-element steps per iteration);
+ *    kernel's conversion-based paths compute them (vcvtph2ps, vcvtps2pd,
+ *    add, FMA; 4+4 accumulators, two 32-element steps per iteration);
  *  - sums (built): the same sums with each binary64 pattern built from the
  *    fp16 bits by integer shifts and unpacks instead of the two conversions
  *    (exact for normal numbers, which is all this data has but zeros);
@@ -18,9 +18,14 @@
  *    kernel); fused minus the cheaper sums is a lower bound for it only if
  *    the two overlapped perfectly, which they do not.
  * Cycles per 32 elements use the core clock measured by a chain of
- * dependent additions. The point: bench_stats's target (fused >= 0.7 x
- * read from DRAM) needs the fused kernel at roughly 6 cycles per 32 fp16
- * elements or less, and the double sums alone take about that.
+ * dependent additions. This is how the fp16 bound was found: the two
+ * conversions per element (vcvtph2ps, vcvtps2pd) share two of Zen 5's four
+ * vector pipes with the double additions, and the convert loop alone took
+ * about 7 of the fused kernel's 10 cycles per 32 elements. The kernel's fp16
+ * window mode has since stopped converting (an exact integer sum by
+ * vpdpwssd, squares of binary64 patterns built from the bits:
+ * stats_avx512.c); the two loops here stay as the reference for what
+ * converting costs, which fp32, bf16 and fp16 pair mode still do.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>

@@ -5,7 +5,8 @@
  * them; the AVX-512 block functions are in stats_avx512.c).
  *
  * Pass structure (docs/statistics.md has the whole story). The input is cut
- * into blocks of up to 4096 elements. Per block, vector loops compute for
+ * into blocks of up to 4096 elements (16384 in window mode). Per block,
+ * vector loops compute for
  * every element and without branches: the counts, the smallest non-zero
  * magnitude, the four integer extreme reductions (stats_impl.h), the double
  * sum and sum of squares, and a histogram bin. Here (AVX2, 16 registers)
@@ -31,7 +32,9 @@
  * picks and moves the window, counts the elements outside it (outb), and
  * owns the window's carry-save counters (probe__hs). In window mode zeros
  * never enter the histogram and fp16 subnormals reach outb with their
- * patterns, so neither needs the corrections above.
+ * patterns, so neither needs the corrections above; fp16 window blocks'
+ * sums need others instead (the elements outside the window added, what
+ * zeros and subnormals put into the squares taken out), made here too.
  *
  * Data may be unaligned (unaligned loads); the last n % 16 (AVX-512:
  * n % 64) elements go through the portable routine.
