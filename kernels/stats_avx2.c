@@ -596,7 +596,8 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
        * The choice sees every value since the last flush: the window
        * counters and outcnt. */
       ph.since++;
-      if (4 * b.nout > m || (1024 * b.nout > m && ph.since >= ph.backoff)) {
+      if (n - done - m >= group && /* (not after the last block) */
+          (4 * b.nout > m || (1024 * b.nout > m && ph.since >= ph.backoff))) {
         uint64_t cnt[256 + WIN] = {0}, best = 0, tot = 0;
         for (int v = 0; v < nvals; v++) cnt[v] = ph.outcnt[v];
         win_flush(a, &ph, pd.win, wbin, zero_sq, wc);
