@@ -18,6 +18,7 @@ run() { # run NAME ARGS... : BUILD_DIR/bench/NAME
 }
 
 run bench_stats
+run bench_stats --cold --min-kib 65536
 run bench_stats --threads 2 --min-kib 65536
 run bench_stats --short
 run bench_stats_bound

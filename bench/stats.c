@@ -23,8 +23,8 @@
  * cache, every contender alike, read a separate buffer of eight times that
  * cache (at least 256 MiB) first, so that the run reads its data from DRAM.
  * Without it, a buffer a few times the L3 read over and over still finds
- * part of itself there: on the project machine the read baseline gets 43-52
- * GB/s at 64 MiB warm against 36-37 cold (bench/results/stats.md), which is
+ * part of itself there: on the project machine the read baseline got 42-50
+ * GB/s at 64 MiB warm against 34-43 cold (bench/results/stats.md), which is
  * L3 bandwidth the fused kernel, bound by its arithmetic, cannot use.
  *
  * --short times what a trainer's tensors cost instead: nanoseconds per call
