@@ -10,8 +10,9 @@
  * row read is range-checked, and a bad one is PROBE_ERR_CORRUPT.
  *
  * probe_trace_open_isolated does the whole parse (every row of every table)
- * in a forked child first, since HDF5 1.10 can crash or hang on malformed
- * files; a child that dies or times out means "corrupt".
+ * in a forked child first, since HDF5 1.10 can crash, hang or overrun its
+ * buffers on malformed files; a child that dies or times out, also while it
+ * releases what it read (where glibc notices an overrun), means "corrupt".
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -30,6 +31,9 @@
 #include <unistd.h>
 
 #include <hdf5.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "ampprobe/probe.h"
 #include "format.h"
@@ -309,11 +313,28 @@ static probe_status read_layers(probe_trace *t) {
   return PROBE_OK;
 }
 
-static probe_status probe_trace_open_impl(probe_trace **out, const char *path) {
-  if (out == NULL || path == NULL) return PROBE_ERR_INVALID_ARG;
+/* The five string attributes of a trace's root, in probe_trace.strs order. */
+static const char *const str_attrs[5] = {"created", "command_line", "config_json",
+                                         "precision_policy", "library_versions"};
+
+/* given: NULL, or the five string attributes (malloc'ed; taken over, also on
+ * failure) as probe_trace_open_isolated's child read them, so that this
+ * process reads no variable-length string from the file: a corrupt global
+ * heap makes HDF5 1.10 copy past its buffers there without crashing (seen
+ * with ASan), which would corrupt this process's heap after a clean check.
+ * The child has checked the "format" attribute too. */
+static probe_status probe_trace_open_impl(probe_trace **out, const char *path, char **given) {
+  if (out == NULL || path == NULL) {
+    for (int i = 0; given && i < 5; i++) free(given[i]);
+    return PROBE_ERR_INVALID_ARG;
+  }
   *out = NULL;
   probe_trace *t = calloc(1, sizeof *t);
-  if (t == NULL) return PROBE_ERR_NOMEM;
+  if (t == NULL) {
+    for (int i = 0; given && i < 5; i++) free(given[i]);
+    return PROBE_ERR_NOMEM;
+  }
+  for (int i = 0; given && i < 5; i++) t->strs[i] = given[i]; /* freed with t */
   t->file = H5I_INVALID_HID;
   for (int i = 0; i < PROBE__T_COUNT; i++)
     t->dset[i] = t->mtype[i] = H5I_INVALID_HID;
@@ -367,10 +388,10 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path) {
     goto out;
   }
   int absent = 0;
-  char *fmt = attr_read_str(t->file, "format", &absent);
-  int is_trace = fmt && strcmp(fmt, PROBE_TRACE_FORMAT) == 0;
+  char *fmt = given ? NULL : attr_read_str(t->file, "format", &absent);
+  int is_trace = given || (fmt && strcmp(fmt, PROBE_TRACE_FORMAT) == 0);
   free(fmt);
-  if (fmt == NULL && !absent) {
+  if (!given && fmt == NULL && !absent) {
     h5_desc(desc);
     st = fail(t, PROBE_ERR_CORRUPT, "corrupt HDF5 file (root attributes: %s)",
               desc);
@@ -392,12 +413,10 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path) {
     goto out;
   }
   t->info.version = (int)version;
-  static const char *const names[5] = {"created", "command_line", "config_json",
-                                       "precision_policy", "library_versions"};
-  for (int i = 0; i < 5; i++) {
-    if ((t->strs[i] = attr_read_str(t->file, names[i], NULL)) == NULL) {
+  for (int i = 0; i < 5 && !given; i++) {
+    if ((t->strs[i] = attr_read_str(t->file, str_attrs[i], NULL)) == NULL) {
       st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute %s)",
-                names[i]);
+                str_attrs[i]);
       goto out;
     }
   }
@@ -609,7 +628,7 @@ void probe_trace_close(probe_trace *t) {
 
 probe_status probe_trace_open(probe_trace **out, const char *path) {
   probe__h5_lock();
-  probe_status st = probe_trace_open_impl(out, path);
+  probe_status st = probe_trace_open_impl(out, path, NULL);
   probe__h5_unlock();
   return st;
 }
@@ -641,13 +660,38 @@ probe_status probe_trace_read_snapshot_data(probe_trace *t,
 /* What the child reports through the pipe. */
 typedef struct iso_report {
   int32_t status;
+  uint32_t strs_bytes; /* then, when status is PROBE_OK, the five string
+                          attributes, each a uint32_t length and its bytes */
   char msg[500];
 } iso_report;
+
 
 static double mono_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Reads n bytes from fd by the deadline; how many it got (short: the child
+ * is gone, or *timed_out). */
+static size_t read_by(int fd, void *buf, size_t n, double deadline, int *timed_out) {
+  size_t have = 0;
+  while (have < n) {
+    double left = deadline - mono_s();
+    if (left <= 0) {
+      *timed_out = 1;
+      break;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    int pr = poll(&p, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    ssize_t r = read(fd, (char *)buf + have, n - have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break; /* child gone */
+    have += (size_t)r;
+  }
+  return have;
 }
 
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
@@ -691,46 +735,75 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
     probe_status st = probe_trace_open(&t, path);
     if (st == PROBE_OK) st = read_everything(t);
     rep.status = st;
-    snprintf(rep.msg, sizeof rep.msg, "%s",
+    snprintf(rep.msg, sizeof rep.msg, "%.*s", (int)sizeof rep.msg - 1,
              st == PROBE_OK ? "" : probe_trace_last_error(t));
-    /* No probe_trace_close: the child exits at once, and a crash while
-     * closing must not turn a good parse into a bad one. */
-    ssize_t w = write(fds[1], &rep, sizeof rep);
-    (void)w;
+    char *strs = NULL; /* the string attributes, for the parent */
+    size_t nstrs = 0;
+    if (st == PROBE_OK) {
+      for (int i = 0; i < 5; i++) nstrs += 4 + strlen(t->strs[i]);
+      if (nstrs > UINT32_MAX || (strs = malloc(nstrs)) == NULL) _exit(1);
+      char *w = strs;
+      for (int i = 0; i < 5; i++) {
+        uint32_t len = (uint32_t)strlen(t->strs[i]);
+        memcpy(w, &len, 4);
+        memcpy(w + 4, t->strs[i], len);
+        w += 4 + len;
+      }
+      rep.strs_bytes = (uint32_t)nstrs;
+      /* A malformed file can make HDF5 write past its own buffers without
+       * crashing (a global-heap string of the wrong length, say). The
+       * parent would then corrupt its heap the same way and crash long
+       * after, somewhere else. So release everything the parse allocated,
+       * which is where glibc checks the chunks around each buffer, before
+       * saying it went well: a crash here is a corrupt file too. */
+      probe_trace_close(t);
+      probe__h5_lock();
+      H5garbage_collect();
+      probe__h5_unlock();
+#ifdef __GLIBC__
+      malloc_trim(0); /* consolidates every free chunk: checks them too */
+#endif
+    }
+    const char *wp = (const char *)&rep;
+    size_t left = sizeof rep;
+    for (int part = 0; part < 2; part++) {
+      while (left > 0) {
+        ssize_t w = write(fds[1], wp, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) _exit(1);
+        wp += w;
+        left -= (size_t)w;
+      }
+      wp = strs;
+      left = nstrs;
+    }
     _exit(0);
   }
   close(fds[1]);
   iso_report rep;
-  size_t have = 0;
   int timed_out = 0;
   double deadline = mono_s() + timeout;
-  while (have < sizeof rep) {
-    double left = deadline - mono_s();
-    if (left <= 0) {
-      timed_out = 1;
-      break;
-    }
-    struct pollfd p = {fds[0], POLLIN, 0};
-    int pr = poll(&p, 1, (int)(left * 1000) + 1);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) continue;
-    ssize_t r = read(fds[0], (char *)&rep + have, sizeof rep - have);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break; /* child gone */
-    have += (size_t)r;
-  }
+  size_t have = read_by(fds[0], &rep, sizeof rep, deadline, &timed_out);
+  char *strs = NULL;
+  int strs_ok = 0;
+  if (have == sizeof rep && rep.status == PROBE_OK && rep.strs_bytes <= (64u << 20) &&
+      (strs = malloc(rep.strs_bytes ? rep.strs_bytes : 1)) != NULL)
+    strs_ok = read_by(fds[0], strs, rep.strs_bytes, deadline, &timed_out) == rep.strs_bytes;
   close(fds[0]);
   if (timed_out) kill(pid, SIGKILL);
   int wst = 0;
   while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) {
+    free(strs);
     snprintf(err, errlen,
              "%s: corrupt trace (reading it did not finish in %.0f s)", path,
              timeout);
     return PROBE_ERR_CORRUPT;
   }
-  if (have < sizeof rep) {
+  if (have < sizeof rep || (rep.status == PROBE_OK && !strs_ok) ||
+      !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
+    free(strs);
     if (WIFSIGNALED(wst))
       snprintf(err, errlen,
                "%s: corrupt trace (HDF5 crashed reading it: signal %d)", path,
@@ -742,10 +815,39 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
   }
   rep.msg[sizeof rep.msg - 1] = '\0';
   if (rep.status != PROBE_OK) {
+    free(strs);
     snprintf(err, errlen, "%s", rep.msg);
     return (probe_status)rep.status;
   }
-  probe_status st = probe_trace_open(out, path);
+  /* The five strings, as the child read them. */
+  char *given[5] = {NULL};
+  size_t at = 0;
+  probe_status st = PROBE_OK;
+  for (int i = 0; i < 5 && st == PROBE_OK; i++) {
+    uint32_t len = 0;
+    if (at + 4 > rep.strs_bytes) {
+      st = PROBE_ERR_CORRUPT;
+      break;
+    }
+    memcpy(&len, strs + at, 4);
+    at += 4;
+    if (len > rep.strs_bytes - at || (given[i] = malloc((size_t)len + 1)) == NULL) {
+      st = given[i] ? PROBE_ERR_CORRUPT : PROBE_ERR_NOMEM;
+      break;
+    }
+    memcpy(given[i], strs + at, len);
+    given[i][len] = '\0';
+    at += len;
+  }
+  free(strs);
+  if (st != PROBE_OK) {
+    for (int i = 0; i < 5; i++) free(given[i]);
+    snprintf(err, errlen, "%s: corrupt trace (the reader's report was malformed)", path);
+    return st;
+  }
+  probe__h5_lock();
+  st = probe_trace_open_impl(out, path, given);
+  probe__h5_unlock();
   if (st != PROBE_OK) snprintf(err, errlen, "%s", probe_trace_last_error(NULL));
   return st;
 }

@@ -116,7 +116,12 @@ START_TEST(test_corrupt_random_bytes) {
     PT_CHECK(read_all(t));
     probe_trace_close(t);
   }
-  unsigned base = (unsigned)time(NULL);
+  /* A new range of seeds every run (PT_SEED_BASE repeats one); said first,
+   * so that a run that crashes still tells which range it was. */
+  const char *sb = getenv("PT_SEED_BASE");
+  unsigned base = sb ? (unsigned)strtoul(sb, NULL, 10) : (unsigned)time(NULL);
+  printf("corrupt sweep: seeds %u .. %u\n", base, base + SEEDS - 1);
+  fflush(stdout);
   int outcome[32] = {0};
   char *copy = malloc(g_size);
   for (unsigned k = 0; k < SEEDS; k++) {
