@@ -291,19 +291,23 @@ probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
  * fixed set-up (histogram tables, the AVX-512 exponent window) of roughly
  * 0.2 us (AVX2) and 0.65 us (AVX-512) per call, while the portable loop
  * costs about 2 ns per element and the short-tensor AVX-512 path
- * (stats_small.c) about 0.06 us plus 0.25 ns per fp32 element. Measured on
- * the project machine (Zen 5; bench/results/stats.md, "Short tensors");
- * trainer tensors are mostly 32..1024 elements. The short path is faster
- * up to about 3000 fp32 or 1500 fp16/bf16 elements. */
+ * (stats_small.c) about 0.06 us plus 0.25-0.3 ns per element. Measured on
+ * the project machine (Zen 5; bench/results/stats.md, "Short tensors"):
+ * the two AVX-512 paths cost the same at about 3000 fp32, 2048 fp16 (693
+ * against 691 ns) and 2900 bf16 elements (2560: 938 against 856 ns; 3072:
+ * 980 against 1003). Trainer tensors are mostly 32..1024 elements. */
 #define STATS_MIN_N_AVX2 112
 #define STATS_MAX_N_SMALL_F32 3072
-#define STATS_MAX_N_SMALL_16 1536
+#define STATS_MAX_N_SMALL_F16 2048
+#define STATS_MAX_N_SMALL_BF16 2560
 
 probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
                                  const void *data, size_t n) {
   int path = stats_path();
   if (path == PROBE__PATH_AVX512 &&
-      n <= (dt == PROBE_DTYPE_F32 ? STATS_MAX_N_SMALL_F32 : STATS_MAX_N_SMALL_16))
+      n <= (dt == PROBE_DTYPE_F32   ? STATS_MAX_N_SMALL_F32
+            : dt == PROBE_DTYPE_F16 ? STATS_MAX_N_SMALL_F16
+                                    : STATS_MAX_N_SMALL_BF16))
     path = PROBE__PATH_SMALL512;
   if (path == PROBE__PATH_AVX2 && n < STATS_MIN_N_AVX2)
     path = PROBE__PATH_PORTABLE;

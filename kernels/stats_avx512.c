@@ -438,7 +438,7 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
     b->nonfinite = _mm512_cmpgt_epi16_mask(smax, c7bff) ||
                    _mm512_cmpgt_epu16_mask(umax, _mm512_set1_epi16((short)0xfbff));
-    /* |sum64| < 2^38 per block, so both are exact; the driver adds the
+    /* |sum64| < 2^39 per block, so both are exact; the driver adds the
      * elements outside the window (and takes out what zeros and subnormals
      * put into the squares). */
     b->sum = (double)_mm512_reduce_add_epi64(sum64) * pow2(pd->win - 25);
