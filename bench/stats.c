@@ -131,7 +131,9 @@ enum { FUSED, NAIVE, READ };
 
 static int g_path = -1; /* -1: probe_stats_compute's choice */
 
-/* --cold: the eviction buffer, and the size past which runs are cold. */
+/* --cold: the eviction buffer (NULL without --cold), and the size past
+ * which runs are cold. */
+static int g_cold;
 static unsigned char *g_evict;
 static size_t g_evict_bytes, g_llc_bytes;
 
@@ -301,7 +303,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cpu-time"))
       g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--cold"))
-      g_evict_bytes = 1; /* sized below */
+      g_cold = 1;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
       const char *pn = argv[++i];
       g_path = !strcmp(pn, "portable") ? PROBE__PATH_PORTABLE
@@ -340,7 +342,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   g_llc_bytes = llc_bytes();
-  if (g_evict_bytes) {
+  if (g_cold) {
     g_evict_bytes = 8 * g_llc_bytes < ((size_t)256 << 20) ? (size_t)256 << 20 : 8 * g_llc_bytes;
     g_evict = aligned_alloc(64, g_evict_bytes);
     if (!g_evict) {

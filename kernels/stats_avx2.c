@@ -6,10 +6,9 @@
  *
  * Pass structure (docs/statistics.md has the whole story). The input is cut
  * into blocks of up to 4096 elements (16384 in window mode). Per block,
- * vector loops compute for
- * every element and without branches: the counts, the smallest non-zero
- * magnitude, the four integer extreme reductions (stats_impl.h), the double
- * sum and sum of squares, and a histogram bin. Here (AVX2, 16 registers)
+ * vector loops compute for every element and without branches: the counts,
+ * the smallest non-zero magnitude, the four integer extreme reductions
+ * (stats_impl.h), the double sum and sum of squares, and a histogram bin. Here (AVX2, 16 registers)
  * that is three loops over the L1-resident block, so every accumulator
  * stays in a register. Bins are written two at a time as one pair index
  * lo + 66*hi (vpmaddwd) into a buffer; the pairs of an accepted block are

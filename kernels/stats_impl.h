@@ -78,10 +78,10 @@ typedef struct probe__blk {
  * lo[cur][0..3] have weights 1, 2, 4, 8; s16[0 .. n16) weight 16 each;
  * hi[0..11] weights 16, 32, .., 32768; big[0 .. nbig) 65536 each. A block
  * function reads lo[cur] and n16, writes lo[!cur] and appends to s16 from
- * n16 on (at most 47 vectors: 32 from the groups of 16 steps of a 16384-element
- * block, 15 from its last steps; n16 < 16 when it starts, as the driver
- * folds every group of 16); the driver accepts the block by flipping
- * cur and taking its n16, so a discarded block changes nothing. */
+ * n16 on (at most 47 vectors: 32 from the groups of 16 steps of a
+ * 16384-element block, 15 from its last steps; n16 < 16 when it starts, as
+ * the driver folds every group of 16); the driver accepts the block by
+ * flipping cur and taking its n16, so a discarded block changes nothing. */
 typedef struct probe__hs {
   uint16_t lo[2][4 * 32];
   int cur;
@@ -110,8 +110,8 @@ typedef struct probe__pending {
    * and write no pair indices. An fp16 window block's sum covers only the
    * elements inside, and its sum of squares counts every zero as 2^-30 and
    * every subnormal wrongly (stats_avx512.c): the driver corrects both from
-   * outb and the zero count. win < 0: pair
-   * indices, as the AVX2 ones always do. */
+   * outb and the zero count. win < 0: pair indices, as the AVX2 ones always
+   * do. */
   int win;
   uint16_t *outb;
   probe__hs *hs; /* window mode: the counters of the elements inside */

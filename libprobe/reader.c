@@ -831,8 +831,12 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
     }
     memcpy(&len, strs + at, 4);
     at += 4;
-    if (len > rep.strs_bytes - at || (given[i] = malloc((size_t)len + 1)) == NULL) {
-      st = given[i] ? PROBE_ERR_CORRUPT : PROBE_ERR_NOMEM;
+    if (len > rep.strs_bytes - at) {
+      st = PROBE_ERR_CORRUPT;
+      break;
+    }
+    if ((given[i] = malloc((size_t)len + 1)) == NULL) {
+      st = PROBE_ERR_NOMEM;
       break;
     }
     memcpy(given[i], strs + at, len);
@@ -842,7 +846,10 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
   free(strs);
   if (st != PROBE_OK) {
     for (int i = 0; i < 5; i++) free(given[i]);
-    snprintf(err, errlen, "%s: corrupt trace (the reader's report was malformed)", path);
+    if (st == PROBE_ERR_NOMEM)
+      snprintf(err, errlen, "%s: out of memory", path);
+    else
+      snprintf(err, errlen, "%s: corrupt trace (the reader's report was malformed)", path);
     return st;
   }
   probe__h5_lock();
