@@ -3,5 +3,5 @@
 # GPU; elsewhere it prints SKIP.
 if(AMPPROBE_HAVE_CUDA)
   add_executable(bench_stats_gpu ${CMAKE_CURRENT_LIST_DIR}/stats_gpu.cu)
-  target_link_libraries(bench_stats_gpu PRIVATE ampprobe_kernels CUDA::cudart)
+  target_link_libraries(bench_stats_gpu PRIVATE ampprobe_static CUDA::cudart)
 endif()

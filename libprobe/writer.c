@@ -52,13 +52,10 @@
 #include <hdf5.h>
 
 #include "ampprobe/probe.h"
+#include "ampprobe/version.h"
 #include "deflate.h"
 #include "format.h"
 #include "gpu.h"
-
-#ifndef AMPPROBE_VERSION
-#define AMPPROBE_VERSION "0.0.0"
-#endif
 
 /* Largest tensor (bytes) whose copy is kept to recognise it when it is
  * recorded again (probe_tensor_record). */
@@ -377,7 +374,7 @@ static int write_root_attrs(probe_session *s) {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   snprintf(versions, sizeof versions, "ampprobe %s; hdf5 %u.%u.%u; cuda %s",
-           AMPPROBE_VERSION, maj, min, rel,
+           ampprobe_version(), maj, min, rel,
 #ifdef AMPPROBE_HAVE_CUDA
            "yes"
 #else

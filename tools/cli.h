@@ -30,8 +30,6 @@ enum {
   CLI_EXIT_INTERRUPTED = 130 /* SIGINT/SIGTERM */
 };
 
-#define CLI_VERSION "0.1.0"
-
 /* Subcommands. */
 int cmd_run(int argc, char **argv);
 int cmd_postmortem(int argc, char **argv);

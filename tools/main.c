@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ampprobe/version.h"
 #include "cli.h"
 
 typedef struct command {
@@ -65,7 +66,7 @@ int main(int argc, char **argv) {
     return CLI_EXIT_OK;
   }
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-    printf("ampprobe %s\n", CLI_VERSION);
+    printf("ampprobe %s\n", ampprobe_version());
     return CLI_EXIT_OK;
   }
   for (size_t i = 0; i < N_COMMANDS; i++)

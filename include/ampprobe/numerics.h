@@ -9,6 +9,8 @@
 #ifndef AMPPROBE_NUMERICS_H
 #define AMPPROBE_NUMERICS_H
 
+#include "ampprobe/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,8 +36,10 @@ typedef enum probe_dtype {
 } probe_dtype;
 
 /* "fp32", "fp16", "bf16"; NULL for an unknown value. */
+AMPPROBE_API
 const char *probe_dtype_name(probe_dtype dt);
 /* Bytes per element: 4, 2, 2; 0 for an unknown value. */
+AMPPROBE_API
 size_t probe_dtype_size(probe_dtype dt);
 
 /* ---- FP16 limits ---------------------------------------------------------- */
@@ -136,9 +140,13 @@ PROBE_HD float probe_round_bf16(float f) {
 }
 
 /* Bulk conversions on host arrays (vectorised where the CPU allows). */
+AMPPROBE_API
 void probe_f32_to_f16_array(uint16_t *out, const float *in, size_t n);
+AMPPROBE_API
 void probe_f16_to_f32_array(float *out, const uint16_t *in, size_t n);
+AMPPROBE_API
 void probe_f32_to_bf16_array(uint16_t *out, const float *in, size_t n);
+AMPPROBE_API
 void probe_bf16_to_f32_array(float *out, const uint16_t *in, size_t n);
 
 /* ---- the statistics record ------------------------------------------------ */
@@ -172,32 +180,44 @@ typedef struct probe_stats {
 } probe_stats;
 
 /* The identity record (count 0, extremes NaN): merging it changes nothing. */
+AMPPROBE_API
 void probe_stats_init(probe_stats *s);
 
 /* dst = dst (+) src. Associative and commutative: counts, extremes and the
  * histogram exactly; sum and sumsq up to double rounding. */
+AMPPROBE_API
 void probe_stats_merge(probe_stats *dst, const probe_stats *src);
 
 /* Derived values (documented in docs/statistics.md). */
+AMPPROBE_API
 uint64_t probe_stats_finite(const probe_stats *s);   /* count - nan - inf */
+AMPPROBE_API
 uint64_t probe_stats_nonfinite(const probe_stats *s); /* nan + both infs */
+AMPPROBE_API
 double probe_stats_mean(const probe_stats *s);   /* sum / finite */
+AMPPROBE_API
 double probe_stats_rms(const probe_stats *s);    /* sqrt(sumsq / finite) */
+AMPPROBE_API
 double probe_stats_l2(const probe_stats *s);     /* sqrt(sumsq) */
 /* log2(65504 / absmax): FP16 headroom in binades; +inf when absmax is 0,
  * NaN when nothing is finite. */
+AMPPROBE_API
 double probe_stats_headroom(const probe_stats *s);
 /* Fraction of finite non-zero values whose exponent floor(log2|x|) < e. */
+AMPPROBE_API
 double probe_stats_frac_below_exp(const probe_stats *s, int e);
 
 /* Fused one-pass statistics on host memory. `data` may be unaligned; n may be
  * 0. Chooses the AVX-512 or AVX2/F16C path at run time when the CPU has it. */
+AMPPROBE_API
 probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
                                  const void *data, size_t n);
 /* The portable scalar path, always available (the reference for tests). */
+AMPPROBE_API
 probe_status probe_stats_compute_portable(probe_stats *out, probe_dtype dt,
                                           const void *data, size_t n);
 /* 1 when the vectorised path is in use on this CPU. */
+AMPPROBE_API
 int probe_stats_have_simd(void);
 
 /* ---- CUDA statistics (kernels/stats_cuda.cu) ------------------------------ */
@@ -213,30 +233,37 @@ typedef struct probe_cuda_tensor {
 } probe_cuda_tensor;
 
 /* 1 when this build has CUDA and a device is usable. */
+AMPPROBE_API
 int probe_cuda_available(void);
 
 /* stream is a cudaStream_t (void * here to keep CUDA out of this header);
  * NULL uses a stream the context creates. max_tensors bounds one launch. */
+AMPPROBE_API
 probe_status probe_cuda_stats_create(probe_cuda_stats **out, void *stream,
                                      size_t max_tensors);
+AMPPROBE_API
 void probe_cuda_stats_destroy(probe_cuda_stats *ctx);
 
 /* Enqueue statistics of `count` device tensors; no host synchronisation.
  * Results land in `out` (which must stay valid) once probe_cuda_stats_wait
  * returns. Returns PROBE_ERR_UNSUPPORTED in builds without CUDA. */
+AMPPROBE_API
 probe_status probe_cuda_stats_enqueue(probe_cuda_stats *ctx,
                                       const probe_cuda_tensor *tensors,
                                       size_t count, probe_stats *out);
 /* Blocks until every enqueued batch has landed in its host records. */
+AMPPROBE_API
 probe_status probe_cuda_stats_wait(probe_cuda_stats *ctx);
 
 /* 1 when ptr is CUDA device (or managed) memory; 0 for host or no CUDA. */
+AMPPROBE_API
 int probe_cuda_is_device_ptr(const void *ptr);
 
 /* The last CUDA failure in this thread as "file:line: call: CUDA message"
  * (set when a call above returns PROBE_ERR_CUDA or PROBE_ERR_NO_DEVICE, or
  * probe_cuda_available finds no device); "" when none; "built without CUDA"
  * in builds without CUDA. Never NULL. */
+AMPPROBE_API
 const char *probe_cuda_last_error(void);
 
 #ifdef __cplusplus

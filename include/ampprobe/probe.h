@@ -13,6 +13,8 @@
 #ifndef AMPPROBE_PROBE_H
 #define AMPPROBE_PROBE_H
 
+#include "ampprobe/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,8 +51,10 @@ typedef enum probe_kind {
       PROBE_KIND_COUNT
 } probe_kind;
 
+AMPPROBE_API
 const char *probe_kind_name(probe_kind k);
 /* Returns PROBE_ERR_NOT_FOUND for an unknown name. */
+AMPPROBE_API
 probe_status probe_kind_parse(const char *name, probe_kind *out);
 
 /* Precision a module runs in. */
@@ -60,7 +64,9 @@ typedef enum probe_precision {
   PROBE_PREC_BF16 = 2,
 } probe_precision;
 
+AMPPROBE_API
 const char *probe_precision_name(probe_precision p); /* "fp32", ... */
+AMPPROBE_API
 probe_status probe_precision_parse(const char *name, probe_precision *out);
 
 /* Where in a layer a tensor was observed. The phase follows from the site. */
@@ -88,9 +94,13 @@ typedef enum probe_phase {
   PROBE_PHASE_OPTIMIZER = 2,
 } probe_phase;
 
+AMPPROBE_API
 const char *probe_site_name(probe_site s);
+AMPPROBE_API
 probe_status probe_site_parse(const char *name, probe_site *out);
+AMPPROBE_API
 probe_phase probe_site_phase(probe_site s);
+AMPPROBE_API
 const char *probe_phase_name(probe_phase p);
 
 /* ---- records as stored and read back ------------------------------------- */
@@ -161,6 +171,7 @@ typedef enum probe_scaler_kind {
   PROBE_SCALER_MIN_CLAMP = 3, /* backoff stopped at the minimum scale */
 } probe_scaler_kind;
 
+AMPPROBE_API
 const char *probe_scaler_kind_name(probe_scaler_kind k);
 
 typedef struct probe_scaler_event {
@@ -210,6 +221,7 @@ typedef struct probe_options {
 } probe_options;
 
 /* Fills the defaults shown above. */
+AMPPROBE_API
 void probe_options_init(probe_options *opt);
 
 /* Creates (truncates) the trace file at path. The path is checked here (a
@@ -219,11 +231,14 @@ void probe_options_init(probe_options *opt);
  * while the caller goes on, so a failure there (the disk fills, a file-size
  * limit) is a sticky I/O error like any later one (below). Sets SIGXFSZ to
  * ignored when it is at its default action (docs/trace-format.md). */
+AMPPROBE_API
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt);
 /* Flushes, marks the trace complete and closes. Always frees s. */
+AMPPROBE_API
 probe_status probe_session_close(probe_session *s);
 /* Forces everything buffered to disk now. */
+AMPPROBE_API
 probe_status probe_session_flush(probe_session *s);
 /* Text of the last error, for messages ("H5Dwrite failed: ..."); s NULL:
  * the last failed probe_session_open of this thread. I/O errors
@@ -231,6 +246,7 @@ probe_status probe_session_flush(probe_session *s);
  * writer thread and are sticky: the next call and every later one returns
  * them, and the file keeps its last flushed state. A session is used from
  * one thread at a time (docs/trace-format.md). */
+AMPPROBE_API
 const char *probe_session_last_error(const probe_session *s);
 
 /* The first record holding NaN or inf, in execution order, among the steps
@@ -240,16 +256,19 @@ const char *probe_session_last_error(const probe_session *s);
  * session computes every record it is given (no layer_select, every step in
  * the window, and in scalars mode a flight recorder or snapshots on), so
  * that the answer is the first non-finite tensor of the whole run. */
+AMPPROBE_API
 probe_status probe_session_first_nonfinite(const probe_session *s,
                                            int64_t *step, int32_t *layer,
                                            probe_site *site, int *covers_all);
 
 /* Layers may be registered at any time, but before the records that use
  * them; ids are 0, 1, 2, ... in registration order. Names must be unique. */
+AMPPROBE_API
 probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_precision prec,
                                   int32_t *layer_id);
 
+AMPPROBE_API
 probe_status probe_step_begin(probe_session *s, int64_t step);
 
 /* Records the statistics of one tensor. data is host or CUDA device memory
@@ -259,6 +278,7 @@ probe_status probe_step_begin(probe_session *s, int64_t step);
  * beyond a check. A host tensor recorded again right after itself (one
  * layer's output is the next one's input) with the same bytes reuses its
  * statistics; the bytes are compared, not assumed. */
+AMPPROBE_API
 probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  probe_site site, probe_dtype dtype,
                                  const void *data, size_t n);
@@ -267,17 +287,22 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
  * wall_time is filled by the probe at probe_step_end). A step gets a row in
  * the steps table only when this was called. (Named _set_ because the type
  * probe_step_scalars takes the plain name.) */
+AMPPROBE_API
 probe_status probe_step_set_scalars(probe_session *s,
                                     const probe_step_scalars *sc);
+AMPPROBE_API
 probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev);
+AMPPROBE_API
 probe_status probe_step_end(probe_session *s);
 
 /* NVTX range named "<layer name>/<site name>" ("encoder.bn2/fwd_out") around
  * a layer's work, so Nsight Systems timelines show the model; with
  * opt.cupti, kernels launched inside the range are attributed to its step,
  * layer and site in the kernels table. Ranges nest; no-ops without CUDA. */
+AMPPROBE_API
 void probe_range_push(probe_session *s, int32_t layer, probe_site site);
+AMPPROBE_API
 void probe_range_pop(probe_session *s);
 
 /* ---- reading -------------------------------------------------------------- */
@@ -311,36 +336,47 @@ typedef struct probe_trace_info {
  * PROBE_ERR_NOT_TRACE, PROBE_ERR_VERSION, PROBE_ERR_CORRUPT, PROBE_ERR_IO.
  * Opens traces of killed writers (their rows up to the last flush). On
  * failure *out is NULL and probe_trace_last_error(NULL) has the message. */
+AMPPROBE_API
 probe_status probe_trace_open(probe_trace **out, const char *path);
+AMPPROBE_API
 void probe_trace_close(probe_trace *t);
 /* Text of the last error, one line; t NULL: the last failed
  * probe_trace_open of this thread. Every read checks the rows it returns
  * (ids, sites, dtypes, counts in range) and fails with PROBE_ERR_CORRUPT. */
+AMPPROBE_API
 const char *probe_trace_last_error(const probe_trace *t);
 
+AMPPROBE_API
 const probe_trace_info *probe_trace_get_info(const probe_trace *t);
 /* The layers table (small: held in memory). */
+AMPPROBE_API
 const probe_layer_info *probe_trace_layers(const probe_trace *t, size_t *n);
 
 /* Chunked reads: copy up to max rows starting at row `start` into buf and set
  * *got (0 at the end). Rows are in write order (records: step, then seq). */
+AMPPROBE_API
 probe_status probe_trace_read_records(probe_trace *t, int64_t start,
                                       size_t max, probe_record *buf,
                                       size_t *got);
+AMPPROBE_API
 probe_status probe_trace_read_steps(probe_trace *t, int64_t start, size_t max,
                                     probe_step_scalars *buf, size_t *got);
+AMPPROBE_API
 probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
                                             size_t max,
                                             probe_scaler_event *buf,
                                             size_t *got);
 
+AMPPROBE_API
 probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
                                         size_t max, probe_snapshot_info *buf,
                                         size_t *got);
 /* Copies the sn->n values of one snapshot into buf (n floats). */
+AMPPROBE_API
 probe_status probe_trace_read_snapshot_data(probe_trace *t,
                                             const probe_snapshot_info *sn,
                                             float *buf);
+AMPPROBE_API
 probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
                                       size_t max, probe_kernel_record *buf,
                                       size_t *got);
@@ -351,6 +387,7 @@ probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
  * the caller, and a hang (30 s + 1 s per 20 MB of file) becomes one too;
  * then opens it in this process. The one-line message goes to err. Tools
  * use this. */
+AMPPROBE_API
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen);
 

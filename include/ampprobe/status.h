@@ -8,6 +8,8 @@
 #ifndef AMPPROBE_STATUS_H
 #define AMPPROBE_STATUS_H
 
+#include "ampprobe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -40,9 +42,11 @@ typedef enum probe_status {
 } probe_status;
 
 /* Returns a static, human-readable string for a status ("I/O error"). */
+AMPPROBE_API
 const char *probe_status_str(probe_status st);
 
 /* Returns the enum name without prefix ("ERR_IO"), for logs and JSON. */
+AMPPROBE_API
 const char *probe_status_name(probe_status st);
 
 #ifdef __cplusplus

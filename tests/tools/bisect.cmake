@@ -13,7 +13,7 @@ set_tests_properties(tools.ddmin PROPERTIES LABELS "tools;bisect")
 add_executable(test_diff ${CMAKE_CURRENT_LIST_DIR}/test_diff.c
                          ${PROJECT_SOURCE_DIR}/tools/diffcore.c)
 target_include_directories(test_diff PRIVATE ${PROJECT_SOURCE_DIR}/tools)
-target_link_libraries(test_diff PRIVATE ampprobe_probe PkgConfig::CHECK
+target_link_libraries(test_diff PRIVATE ampprobe_static PkgConfig::CHECK
                                         PkgConfig::JANSSON m)
 add_test(NAME tools.diff COMMAND test_diff)
 set_tests_properties(tools.diff PROPERTIES LABELS "tools;diff")
@@ -21,11 +21,11 @@ set_tests_properties(tools.diff PROPERTIES LABELS "tools;diff")
 # End-to-end: the real binary over the scenario zoo (trainings with -j 2;
 # a few seconds each group).
 add_test(NAME tools.e2e.bisect.zoo
-         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe> zoo)
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> zoo)
 add_test(NAME tools.e2e.bisect.errors
-         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe> errors)
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> errors)
 add_test(NAME tools.e2e.diff
-         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_diff.sh $<TARGET_FILE:ampprobe>)
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_diff.sh $<TARGET_FILE:ampprobe_exe>)
 set_tests_properties(tools.e2e.bisect.zoo tools.e2e.bisect.errors tools.e2e.diff
                      PROPERTIES LABELS "tools;e2e" TIMEOUT 300)
 if(AMPPROBE_SANITIZE)

@@ -1,0 +1,73 @@
+# cmake/AmpprobeInstall.cmake - what `cmake --install` (make install) puts in
+# place under the prefix:
+#   lib/libampprobe.so.0.2.0 (+ .so.0, .so links), lib/libampprobe.a
+#   include/ampprobe/{export,status,numerics,probe,version[,analysis]}.h
+#   lib/cmake/ampprobe/ampprobeConfig.cmake, ...ConfigVersion.cmake,
+#     ampprobeTargets*.cmake: find_package(ampprobe) gives ampprobe::ampprobe
+#     (shared) and ampprobe::ampprobe_static
+#   lib/pkgconfig/ampprobe.pc (pkg-config ampprobe [--static])
+#   bin/ampprobe (when the tools are built)
+# Both package files are relocatable: they find the prefix from where they lie.
+include(CMakePackageConfigHelpers)
+
+set(AMPPROBE_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/ampprobe)
+set(AMPPROBE_PKGCONFIGDIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+install(TARGETS ampprobe ampprobe_static EXPORT ampprobeTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${AMPPROBE_PUBLIC_HEADERS}
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ampprobe)
+if(TARGET ampprobe_exe)
+  install(TARGETS ampprobe_exe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+# ---- CMake package ---------------------------------------------------------------
+install(EXPORT ampprobeTargets NAMESPACE ampprobe::
+        DESTINATION ${AMPPROBE_CMAKEDIR})
+configure_package_config_file(
+  ${PROJECT_SOURCE_DIR}/cmake/ampprobeConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/ampprobeConfig.cmake
+  INSTALL_DESTINATION ${AMPPROBE_CMAKEDIR})
+# 0.x: a new minor version may change the API, so only the same minor matches.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/ampprobeConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/ampprobeConfig.cmake
+              ${PROJECT_BINARY_DIR}/ampprobeConfigVersion.cmake
+        DESTINATION ${AMPPROBE_CMAKEDIR})
+
+# ---- pkg-config --------------------------------------------------------------------
+# The static library's needs: HDF5 through its own .pc when there is one
+# (Debian: hdf5.pc), else its library files; threads, libm; the CUDA runtime
+# and CUPTI in CUDA builds.
+set(AMPPROBE_PC_REQUIRES_PRIVATE "")
+set(AMPPROBE_PC_LIBS_PRIVATE "")
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(AMPPROBE_PC_HDF5 QUIET hdf5)
+endif()
+if(AMPPROBE_PC_HDF5_FOUND)
+  set(AMPPROBE_PC_REQUIRES_PRIVATE "hdf5")
+else()
+  foreach(l ${HDF5_C_LIBRARIES})
+    string(APPEND AMPPROBE_PC_LIBS_PRIVATE " ${l}")
+  endforeach()
+endif()
+if(AMPPROBE_HAVE_CUDA)
+  foreach(t CUDA::cudart CUDA::cupti)
+    get_target_property(loc ${t} IMPORTED_LOCATION)
+    if(loc)
+      string(APPEND AMPPROBE_PC_LIBS_PRIVATE " ${loc}")
+    endif()
+  endforeach()
+endif()
+string(APPEND AMPPROBE_PC_LIBS_PRIVATE " -pthread -lm")
+string(STRIP "${AMPPROBE_PC_LIBS_PRIVATE}" AMPPROBE_PC_LIBS_PRIVATE)
+# prefix relative to the .pc file, so the installed tree can be moved.
+file(RELATIVE_PATH AMPPROBE_PC_TO_PREFIX /p/${AMPPROBE_PKGCONFIGDIR} /p)
+string(REGEX REPLACE "/$" "" AMPPROBE_PC_TO_PREFIX "${AMPPROBE_PC_TO_PREFIX}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/ampprobe.pc.in
+               ${PROJECT_BINARY_DIR}/ampprobe.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/ampprobe.pc DESTINATION ${AMPPROBE_PKGCONFIGDIR})
