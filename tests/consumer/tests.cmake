@@ -13,3 +13,25 @@ if(CMAKE_C_COMPILER_ID STREQUAL "GNU" AND CMAKE_NM)
             -P ${CMAKE_CURRENT_LIST_DIR}/check_exports.cmake)
   set_tests_properties(package.exports PROPERTIES LABELS "package" TIMEOUT 60)
 endif()
+
+# package.consumer  cmake --install into a fresh prefix, then the outside
+#                   program tests/consumer/consumer.c built with find_package
+#                   and with pkg-config, against the shared and the static
+#                   library; each runs, and its trace passes the installed
+#                   `ampprobe postmortem` (run_consumer.cmake).
+find_program(AMPPROBE_PKG_CONFIG NAMES pkg-config pkgconf)
+if(AMPPROBE_PKG_CONFIG AND CMAKE_NM)
+  set(_with_cli OFF)
+  if(TARGET ampprobe_exe)
+    set(_with_cli ON)
+  endif()
+  add_test(NAME package.consumer
+    COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR}
+            -DSOURCE_DIR=${CMAKE_CURRENT_LIST_DIR}
+            -DWORK=${CMAKE_CURRENT_BINARY_DIR}/package_consumer
+            -DCC=${CMAKE_C_COMPILER} -DNM=${CMAKE_NM}
+            "-DGENERATOR=${CMAKE_GENERATOR}" -DPKG_CONFIG=${AMPPROBE_PKG_CONFIG}
+            -DWITH_CLI=${_with_cli}
+            -P ${CMAKE_CURRENT_LIST_DIR}/run_consumer.cmake)
+  set_tests_properties(package.consumer PROPERTIES LABELS "package" TIMEOUT 600)
+endif()
