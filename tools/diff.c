@@ -1,7 +1,8 @@
 /*
  * tools/diff.c - `ampprobe diff A.h5 B.h5`: compares a run (A, usually
  * FP16) with its baseline (B, usually FP32) layer by layer and step by step.
- * The analysis is tools/diffcore.c; this file parses options, opens both
+ * The analysis is the library's probe_diff_run (ampprobe/analysis.h); this
+ * file parses options, opens both
  * traces (isolated: a malformed file is "corrupt", never a crash), and
  * renders the verdict, the alignment, the loss curves and the table sorted
  * by where divergence begins, or the same as JSON.
@@ -14,7 +15,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "diffcore.h"
+#include "ampprobe/analysis.h"
 
 static const char *SUB = "diff";
 
@@ -62,20 +63,16 @@ static void fmt_step(char *b, size_t n, int64_t s) {
     snprintf(b, n, "%lld", (long long)s);
 }
 
-static void fmt_val(char *b, size_t n, double x) {
-  if (isnan(x))
-    snprintf(b, n, "nan");
-  else if (isinf(x))
-    snprintf(b, n, "%sinf", x < 0 ? "-" : "");
-  else
-    snprintf(b, n, "%.6g", x);
-}
+static void fmt_val(char *b, size_t n, double x) { probe_num_format(b, n, x, 6); }
 
 static void print_text(const probe_diff *d, const char *pa, const char *pb,
                        int top) {
   FILE *f = stdout;
-  fprintf(f, "ampprobe diff: A = %s (%s)\n", pa, d->policy_a[0] ? d->policy_a : "?");
-  fprintf(f, "               B = %s (%s)\n\n", pb, d->policy_b[0] ? d->policy_b : "?");
+  char ea[1024], eb[1024];
+  probe_text_escape(ea, sizeof ea, pa);
+  probe_text_escape(eb, sizeof eb, pb);
+  fprintf(f, "ampprobe diff: A = %s (%s)\n", ea, d->policy_a[0] ? d->policy_a : "?");
+  fprintf(f, "               B = %s (%s)\n\n", eb, d->policy_b[0] ? d->policy_b : "?");
   fprintf(f, "verdict: %s\n\n",
           d->verdict == PROBE_DIFF_AGREE     ? "AGREE"
           : d->verdict == PROBE_DIFF_DIVERGE ? "DIVERGE"
@@ -93,7 +90,7 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
              "A %lld, B %lld)\n",
           (long long)d->steps_common, s1, s2, (long long)d->steps_a,
           (long long)d->steps_b);
-  size_t nc = d->config_diff ? json_array_size(d->config_diff) : 0;
+  size_t nc = d->n_config_diff;
   if (nc == 0) {
     fprintf(f, "  config          identical\n");
   } else {
@@ -101,14 +98,11 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
             d->config_other ? " (beyond the precision policy)" : " (precision "
                                                                  "policy only)");
     for (size_t i = 0; i < nc && i < 12; i++) {
-      json_t *row = json_array_get(d->config_diff, i);
-      char *va = json_dumps(json_object_get(row, "a"), JSON_COMPACT | JSON_ENCODE_ANY);
-      char *vb = json_dumps(json_object_get(row, "b"), JSON_COMPACT | JSON_ENCODE_ANY);
-      fprintf(f, "    %-30s A %s  B %s\n",
-              json_string_value(json_object_get(row, "key")), va ? va : "?",
-              vb ? vb : "?");
-      free(va);
-      free(vb);
+      const probe_diff_config_row *row = &d->config_diff[i];
+      char va[256], vb[256];
+      probe_text_escape(va, sizeof va, row->a ? row->a : "null");
+      probe_text_escape(vb, sizeof vb, row->b ? row->b : "null");
+      fprintf(f, "    %-30s A %s  B %s\n", row->key, va, vb);
     }
     if (nc > 12)
       fprintf(f, "    ... %zu more (see --json)\n", nc - 12);
@@ -270,29 +264,33 @@ int cmd_diff(int argc, char **argv) {
     return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
   }
   int rc = d.verdict == PROBE_DIFF_AGREE ? CLI_EXIT_OK : CLI_EXIT_PROBLEM;
-  json_t *j = NULL;
-  if (json || out) {
-    j = probe_diff_to_json(&d);
-    json_object_set_new(j, "trace_a", json_string(pa));
-    json_object_set_new(j, "trace_b", json_string(pb));
-  }
-  if (out && json_dump_file(j, out, JSON_INDENT(2)) != 0) {
-    cli_error(SUB, "cannot write %s", out);
+  char *j = NULL;
+  if ((json || out) && probe_diff_json(&d, pa, pb, &j) != PROBE_OK) {
+    cli_error(SUB, "cannot render the result: out of memory");
     rc = CLI_EXIT_INTERNAL;
   }
-  if (json) {
-    if (cli_json_print(j) != 0) {
+  if (out && j) {
+    FILE *fo = fopen(out, "w");
+    int bad = !fo || fputs(j, fo) == EOF;
+    if (fo && fclose(fo) != 0) bad = 1;
+    if (bad) {
+      cli_error(SUB, "cannot write %s", out);
+      rc = CLI_EXIT_INTERNAL;
+    }
+  }
+  if (json && j) {
+    if (fputs(j, stdout) == EOF || fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the JSON output");
       rc = CLI_EXIT_INTERNAL;
     }
-  } else {
+  } else if (!json) {
     print_text(&d, pa, pb, (int)top);
     if (fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the output");
       rc = CLI_EXIT_INTERNAL;
     }
   }
-  json_decref(j);
+  probe_free(j);
   probe_diff_free(&d);
   probe_trace_close(ta);
   probe_trace_close(tb);

@@ -1,15 +1,17 @@
 /*
  * tools/postmortem.c - `ampprobe postmortem TRACE`: opens a trace through
  * the isolated reader (a crash inside HDF5 on a malformed file becomes
- * "corrupt trace", exit 3), runs the analysis engine (diagnose.c) and
- * prints its findings as text or --json. Exit 0 healthy, 1 problem found.
+ * "corrupt trace", exit 3), runs the analysis library's post-mortem
+ * (probe_diag_run, include/ampprobe/analysis.h) and prints its text or its
+ * JSON document (probe_diag_render_json: the same document as
+ * probe_postmortem_json). Exit 0 healthy, 1 degraded or diverged.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
-#include "diagnose.h"
+#include "ampprobe/analysis.h"
 
 static const char *SUB = "postmortem";
 
@@ -30,8 +32,13 @@ static void usage(FILE *f) {
           "                        default 8)\n"
           "  -h, --help            this help\n"
           "\n"
-          "exit: 0 healthy, 1 problem diagnosed, 2 usage, 3 unreadable or "
-          "corrupt trace,\n      4 internal error\n"
+          "verdict: healthy, degraded (the loss stayed finite but a layer "
+          "collapsed or\nheld inf/NaN after warm-up, or another problem was "
+          "found) or diverged\n(non-finite loss or weights, or the loss scale "
+          "collapsed)\n"
+          "\n"
+          "exit: 0 healthy, 1 degraded or diverged, 2 usage, 3 unreadable or "
+          "corrupt\n      trace, 4 internal error\n"
           "\n"
           "example:\n"
           "  ampprobe run --scenario bn-overflow --trace -o bn.h5\n"
@@ -46,8 +53,8 @@ int cmd_postmortem(int argc, char **argv) {
       {NULL, 0, NULL, 0},
   };
   int json = 0;
-  diag_options opt;
-  diag_options_init(&opt);
+  probe_diag_options opt;
+  probe_diag_options_init(&opt);
   cli_getopt_reset();
   int c;
   while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
@@ -55,7 +62,7 @@ int cmd_postmortem(int argc, char **argv) {
     case 'j': json = 1; break;
     case 'H': {
       int64_t v;
-      if (cli_parse_i64(SUB, "--layer-history", optarg, 1, DIAG_HISTORY_MAX,
+      if (cli_parse_i64(SUB, "--layer-history", optarg, 1, PROBE_DIAG_HISTORY_MAX,
                         &v))
         return CLI_EXIT_USAGE;
       opt.layer_history = (int)v;
@@ -99,20 +106,16 @@ int cmd_postmortem(int argc, char **argv) {
     return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
   }
   int rc = probe_diag_problem(&d) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
-  if (json) {
-    json_t *j = probe_diag_to_json(&d);
-    if (!j || cli_json_print(j) != 0) {
-      cli_error(SUB, "cannot write the JSON output");
-      rc = CLI_EXIT_INTERNAL;
-    }
-    json_decref(j);
-  } else {
-    probe_diag_print_text(&d, stdout);
-    if (fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the output");
-      rc = CLI_EXIT_INTERNAL;
-    }
+  char *out = NULL;
+  st = json ? probe_diag_render_json(&d, &out) : probe_diag_render_text(&d, &out);
+  if (st < 0) {
+    cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
+    rc = CLI_EXIT_INTERNAL;
+  } else if (fputs(out, stdout) == EOF || fflush(stdout) != 0) {
+    cli_error(SUB, "cannot write the output");
+    rc = CLI_EXIT_INTERNAL;
   }
+  probe_free(out);
   probe_diag_free(&d);
   probe_trace_close(t);
   return rc;

@@ -2,17 +2,12 @@
 # the ddmin core (pure, synthetic oracles), the diff analysis on traces
 # written with the libprobe writer, and end-to-end runs of the command over
 # the scenario zoo. Included from tests/tools/CMakeLists.txt.
-add_executable(test_ddmin ${CMAKE_CURRENT_LIST_DIR}/test_ddmin.c
-                          ${PROJECT_SOURCE_DIR}/tools/ddmin.c)
-target_include_directories(test_ddmin PRIVATE ${PROJECT_SOURCE_DIR}/tools
-                                              ${PROJECT_SOURCE_DIR}/include)
-target_link_libraries(test_ddmin PRIVATE PkgConfig::CHECK m)
+add_executable(test_ddmin ${CMAKE_CURRENT_LIST_DIR}/test_ddmin.c)
+target_link_libraries(test_ddmin PRIVATE ampprobe_static PkgConfig::CHECK m)
 add_test(NAME tools.ddmin COMMAND test_ddmin)
 set_tests_properties(tools.ddmin PROPERTIES LABELS "tools;bisect")
 
-add_executable(test_diff ${CMAKE_CURRENT_LIST_DIR}/test_diff.c
-                         ${PROJECT_SOURCE_DIR}/tools/diffcore.c)
-target_include_directories(test_diff PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+add_executable(test_diff ${CMAKE_CURRENT_LIST_DIR}/test_diff.c)
 target_link_libraries(test_diff PRIVATE ampprobe_static PkgConfig::CHECK
                                         PkgConfig::JANSSON m)
 add_test(NAME tools.diff COMMAND test_diff)

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ddmin.h"
+#include "ampprobe/analysis.h"
 
 /* ---- oracles -------------------------------------------------------------- */
 

@@ -16,7 +16,8 @@
 #include <unistd.h>
 
 #include "ampprobe/probe.h"
-#include "diagnose.h"
+#include "ampprobe/analysis.h"
+#include <jansson.h>
 
 #define N 16
 enum { L_INPUT, L_LIN, L_BN, L_SM, L_LOSS, N_LAYERS };
@@ -45,6 +46,18 @@ typedef struct scal {
   double loss, scale, grad_norm, clip_threshold, clip_coef;
   int skipped, found_inf;
 } scal;
+
+/* The library's JSON document, parsed back with jansson (an independent
+ * reader: the document must be valid JSON). */
+static json_t *diag_json(const probe_diag *d) {
+  char *txt = NULL;
+  ck_assert_int_eq(probe_diag_render_json(d, &txt), PROBE_OK);
+  json_error_t err;
+  json_t *j = json_loads(txt, 0, &err);
+  ck_assert_msg(j != NULL, "not JSON: %s", err.text);
+  probe_free(txt);
+  return j;
+}
 
 static char path_buf[256];
 static const char *tmp_path(const char *tag) {
@@ -161,13 +174,13 @@ static void scaler_event(tb *t, int64_t step, probe_scaler_kind k, double old,
   ck_assert_int_eq(probe_scaler_transition(t->s, &e), PROBE_OK);
 }
 
-static void diag_of(probe_diag *d, const char *path) {
+static void probe_diag_of(probe_diag *d, const char *path) {
   probe_trace *tr = NULL;
   char err[256];
   ck_assert_int_eq(probe_trace_open_isolated(&tr, path, err, sizeof err),
                    PROBE_OK);
-  diag_options o;
-  diag_options_init(&o);
+  probe_diag_options o;
+  probe_diag_options_init(&o);
   o.chunk_rows = 7; /* small chunks: exercise chunk boundaries */
   ck_assert_int_eq(probe_diag_run(d, tr, path, &o), PROBE_OK);
   probe_trace_close(tr);
@@ -192,9 +205,9 @@ START_TEST(test_healthy) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_NONE);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_NONE);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_HEALTHY);
   ck_assert_int_eq(probe_diag_problem(&d), 0);
   ck_assert_int_eq(d.complete, 1);
   ck_assert_int_eq(d.n_steps, 30);
@@ -217,20 +230,20 @@ START_TEST(test_bn_reduction_overflow) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_REDUCTION_OVERFLOW);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_REDUCTION_OVERFLOW);
   ck_assert_int_eq(d.event_step, 10);
   ck_assert_int_eq(d.event_phase, PROBE_PHASE_FORWARD);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.bn1");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "enc.bn1");
   ck_assert_int_eq(d.feeder_layer, L_LIN);
   /* passed on: sm and loss (forward), then backward layers */
   ck_assert_int_ge(d.n_passed, 2);
-  ck_assert_str_eq(diag_layer_name(&d, d.passed[0]), "head.sm");
-  ck_assert_str_eq(diag_layer_name(&d, d.passed[1]), "loss");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.passed[0]), "head.sm");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.passed[1]), "loss");
   /* the history shrinks toward the event */
   ck_assert_int_ge(d.n_history, 4);
   ck_assert(d.history[0].headroom > d.history[d.n_history - 2].headroom);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
   ck_assert_ptr_nonnull(strstr(d.findings[0].next_step,
                                "ampprobe bisect --fp32-candidates bn"));
   ck_assert_ptr_nonnull(strstr(d.findings[0].next_step, "--scenario unit"));
@@ -251,12 +264,12 @@ START_TEST(test_softmax_underflow_to_inf) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_UNDERFLOW_TO_INF);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_UNDERFLOW_TO_INF);
   ck_assert_int_eq(d.event_step, 5);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "loss");
-  ck_assert_str_eq(diag_layer_name(&d, d.feeder_layer), "head.sm");
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "loss");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.feeder_layer), "head.sm");
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
   ck_assert_str_eq(d.fp32_candidates, "softmax");
   ck_assert_int_eq(d.first_nonfinite_loss_step, 5);
   /* the loss runs in FP32: the finding names the FP16 softmax upstream,
@@ -282,9 +295,9 @@ START_TEST(test_underflow_from_fp32_layers) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_UNDERFLOW_TO_INF);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "loss");
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_UNDERFLOW_TO_INF);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "loss");
   ck_assert_ptr_null(strstr(d.fp32_candidates, "softmax"));
   for (int i = 0; i < d.n_findings; i++) {
     ck_assert_msg(!strstr(d.findings[i].title, "keep it in FP32") &&
@@ -298,23 +311,23 @@ START_TEST(test_underflow_from_fp32_layers) {
 }
 END_TEST
 
-/* diag_config_scaling reads scaler.enabled (and an fp16 precision). */
+/* probe_diag_config_scaling reads scaler.enabled (and an fp16 precision). */
 START_TEST(test_config_scaling) {
-  ck_assert_int_eq(diag_config_scaling(NULL), -1);
-  ck_assert_int_eq(diag_config_scaling(""), -1);
-  ck_assert_int_eq(diag_config_scaling("not json"), -1);
-  ck_assert_int_eq(diag_config_scaling("{\"name\": \"unit\"}"), -1);
-  ck_assert_int_eq(diag_config_scaling("{\"scaler\": {\"init\": 1}}"), -1);
+  ck_assert_int_eq(probe_diag_config_scaling(NULL), -1);
+  ck_assert_int_eq(probe_diag_config_scaling(""), -1);
+  ck_assert_int_eq(probe_diag_config_scaling("not json"), -1);
+  ck_assert_int_eq(probe_diag_config_scaling("{\"name\": \"unit\"}"), -1);
+  ck_assert_int_eq(probe_diag_config_scaling("{\"scaler\": {\"init\": 1}}"), -1);
   ck_assert_int_eq(
-      diag_config_scaling("{\"scaler\": {\"enabled\": true, \"init\": 1}}"),
+      probe_diag_config_scaling("{\"scaler\": {\"enabled\": true, \"init\": 1}}"),
       1);
-  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"fp16\", "
+  ck_assert_int_eq(probe_diag_config_scaling("{\"precision\": \"fp16\", "
                                        "\"scaler\": {\"enabled\": false}}"),
                    0);
-  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"bf16\", "
+  ck_assert_int_eq(probe_diag_config_scaling("{\"precision\": \"bf16\", "
                                        "\"scaler\": {\"enabled\": true}}"),
                    0);
-  ck_assert_int_eq(diag_config_scaling("{\"precision\": \"fp32\", "
+  ck_assert_int_eq(probe_diag_config_scaling("{\"precision\": \"fp32\", "
                                        "\"scaler\": {\"enabled\": true}}"),
                    0);
 }
@@ -339,29 +352,26 @@ START_TEST(test_scaler_at_scale_one_is_on) {
     }
     ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
     probe_diag d;
-    diag_of(&d, p);
+    probe_diag_of(&d, p);
     ck_assert_int_eq(d.scaling_on, on);
     ck_assert_int_eq(d.scaling_from_config, 1);
     char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    probe_diag_print_text(&d, f);
-    fclose(f);
+    ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
     if (on) {
       ck_assert_ptr_null(strstr(text, "loss scaling off"));
       ck_assert_ptr_nonnull(strstr(text, "scale       1 -> 1"));
-      ck_assert_int_ne(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+      ck_assert_int_ne(d.findings[0].id, PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
     } else {
       ck_assert_ptr_nonnull(strstr(text, "loss scaling off"));
-      ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
     }
-    json_t *j = probe_diag_to_json(&d);
+    json_t *j = diag_json(&d);
     json_t *sc = json_object_get(j, "scaler");
     ck_assert(json_boolean_value(json_object_get(sc, "enabled")) == on);
     ck_assert_str_eq(json_string_value(json_object_get(sc, "enabled_source")),
                      "config");
     json_decref(j);
-    free(text);
+    probe_free(text);
     probe_diag_free(&d);
     unlink(p);
   }
@@ -379,11 +389,11 @@ START_TEST(test_input_nan) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_INPUT_NAN);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_INPUT_NAN);
   ck_assert_int_eq(d.event_step, 3);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "input");
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_CLEAN_INPUT);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "input");
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -400,14 +410,14 @@ START_TEST(test_linear_overflow_nan_downstream) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_OVERFLOW);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.lin1");
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_OVERFLOW);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "enc.lin1");
   ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
   ck_assert_int_eq(d.have_origin_in, 1);
   ck_assert_uint_eq(d.origin_out.posinf_count, 3);
   /* bn received inf and produced NaN: inf arithmetic */
-  ck_assert_str_eq(diag_layer_name(&d, d.nan_from_inf_layer), "enc.bn1");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.nan_from_inf_layer), "enc.bn1");
   probe_diag_free(&d);
   unlink(p);
 }
@@ -429,8 +439,8 @@ START_TEST(test_warmup_backoffs_are_healthy) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  ck_assert_int_eq(d.event, DIAG_EVENT_NONE);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_NONE);
   ck_assert_int_eq(d.first_grad_overflow_step, 0);
   ck_assert_int_eq(d.backoffs, 3);
   ck_assert_int_eq(d.late_backoffs, 0);
@@ -438,9 +448,9 @@ START_TEST(test_warmup_backoffs_are_healthy) {
   ck_assert_int_eq(d.longest_skip_run, 3);
   ck_assert_int_eq(d.n_backoff_detail, 3);
   ck_assert_int_eq(d.backoff_detail[0].n_layers, 1);
-  ck_assert_str_eq(diag_layer_name(&d, d.backoff_detail[0].layers[0]),
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.backoff_detail[0].layers[0]),
                    "enc.lin1");
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_HEALTHY);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -462,12 +472,12 @@ START_TEST(test_scale_collapse) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.scale_collapsed, 1);
-  ck_assert_int_eq(d.event, DIAG_EVENT_GRAD_OVERFLOW);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_GRAD_OVERFLOW);
   ck_assert_int_eq(d.event_step, 5);
   ck_assert_int_eq(d.event_phase, PROBE_PHASE_BACKWARD);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.lin1");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "enc.lin1");
   ck_assert_int_eq(d.longest_skip_run, 35);
   ck_assert_int_eq(d.layers[L_LIN].backoff_steps, 35);
   ck_assert_int_eq(probe_diag_problem(&d), 1);
@@ -495,12 +505,12 @@ START_TEST(test_clip_before_unscale_signature) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.clipping_on, 1);
   ck_assert_int_eq(d.clip_scaled_signature, 1);
   ck_assert(d.corr_norm_scale > 0.99);
   ck_assert_double_eq_tol(d.norm_over_scale, 0.7, 1e-6);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FIX_CLIP_ORDER);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -544,16 +554,16 @@ START_TEST(test_clip_norm_against_records) {
     }
     ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
     probe_diag d;
-    diag_of(&d, p);
+    probe_diag_of(&d, p);
     ck_assert_int_eq(d.clip_norm_steps, 30);
     ck_assert_int_eq(d.clip_norm_scaled_steps, misordered ? 30 : 0);
     ck_assert_int_eq(d.clip_scaled_signature, misordered);
     if (misordered) {
       ck_assert(d.corr_norm_scale < 0); /* pass 1 alone would miss it */
-      ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FIX_CLIP_ORDER);
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
     } else {
       for (int i = 0; i < d.n_findings; i++)
-        ck_assert_int_ne(d.findings[i].id, DIAG_FINDING_FIX_CLIP_ORDER);
+        ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
     }
     probe_diag_free(&d);
     unlink(p);
@@ -575,10 +585,10 @@ START_TEST(test_correct_clip_order_no_signature) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.clip_scaled_signature, 0);
   ck_assert_double_eq_tol(d.max_clip_ratio, 2.5, 1e-9);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_HEALTHY);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_HEALTHY);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -595,10 +605,10 @@ START_TEST(test_no_loss_scale_underflow) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.scaling_on, 0);
   ck_assert(d.worst_underflow_frac > 0.5);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_ENABLE_LOSS_SCALING);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -615,9 +625,9 @@ START_TEST(test_fp32_divergence_is_lr) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.fp32_run, 1);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_LOWER_LR);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_LOWER_LR);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -635,11 +645,11 @@ START_TEST(test_falling_loss_is_not_lr) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_double_eq_tol(d.loss_rise, 1.0, 1e-12);
-  ck_assert_int_eq(d.findings[0].id, DIAG_FINDING_FORCE_FP32);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
   for (int i = 0; i < d.n_findings; i++)
-    ck_assert_int_ne(d.findings[i].id, DIAG_FINDING_LOWER_LR);
+    ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_LOWER_LR);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -665,12 +675,12 @@ START_TEST(test_killed_writer) {
   waitpid(pid, &status, 0);
   ck_assert(WIFSIGNALED(status));
   probe_diag d;
-  diag_of(&d, p);
+  probe_diag_of(&d, p);
   ck_assert_int_eq(d.complete, 0);
   ck_assert_int_eq(d.last_step, 24);
-  ck_assert_int_eq(d.event, DIAG_EVENT_REDUCTION_OVERFLOW);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_REDUCTION_OVERFLOW);
   ck_assert_int_eq(d.event_step, 20);
-  ck_assert_str_eq(diag_layer_name(&d, d.origin_layer), "enc.bn1");
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "enc.bn1");
   probe_diag_free(&d);
   unlink(p);
 }
@@ -687,8 +697,8 @@ START_TEST(test_json_has_no_nan) {
   }
   ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
   probe_diag d;
-  diag_of(&d, p);
-  json_t *j = probe_diag_to_json(&d);
+  probe_diag_of(&d, p);
+  json_t *j = diag_json(&d);
   char *txt = json_dumps(j, 0);
   ck_assert_ptr_nonnull(txt);
   json_error_t err;

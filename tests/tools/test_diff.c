@@ -16,7 +16,8 @@
 #include <unistd.h>
 
 #include "ampprobe/probe.h"
-#include "diffcore.h"
+#include "ampprobe/analysis.h"
+#include <jansson.h>
 
 #define NEL 32
 #define N_LAYERS 5
@@ -234,7 +235,7 @@ START_TEST(test_agree) {
   ck_assert_int_eq(d.n_layers_common, N_LAYERS);
   ck_assert_int_eq(d.records_unmatched, 0);
   ck_assert_int_eq(d.config_other, 0); /* only "precision" differs */
-  ck_assert_uint_eq(json_array_size(d.config_diff), 1);
+  ck_assert_uint_eq(d.n_config_diff, 1);
   const probe_diff_entry *e = find(&d, "lin1", PROBE_SITE_FWD_OUT);
   ck_assert_ptr_nonnull(e);
   ck_assert_int_eq(e->steps, 12);
@@ -373,10 +374,8 @@ START_TEST(test_not_aligned) {
   ck_assert_str_eq(d.only_b, "lin1");
   ck_assert(d.config_other);
   int seed = 0;
-  for (size_t i = 0; i < json_array_size(d.config_diff); i++)
-    seed |= !strcmp(json_string_value(json_object_get(
-                        json_array_get(d.config_diff, i), "key")),
-                    "seed");
+  for (size_t i = 0; i < d.n_config_diff; i++)
+    seed |= !strcmp(d.config_diff[i].key, "seed");
   ck_assert(seed);
   ck_assert_int_gt(d.records_unmatched, 0);
   ck_assert_int_ge(d.n_notes, 2);
@@ -415,7 +414,13 @@ START_TEST(test_chunked_same_answer) {
     ck_assert_int_eq(big.entries[i].local_steps, small.entries[i].local_steps);
   }
   ck_assert_str_eq(big.verdict_text, small.verdict_text);
-  json_t *j = probe_diff_to_json(&big);
+  char *txt = NULL;
+  ck_assert_int_eq(probe_diff_json(&big, "a.h5", "b.h5", &txt), PROBE_OK);
+  json_error_t jerr;
+  json_t *j = json_loads(txt, 0, &jerr);
+  ck_assert_msg(j != NULL, "not JSON: %s", jerr.text);
+  probe_free(txt);
+  ck_assert_str_eq(json_string_value(json_object_get(j, "trace_a")), "a.h5");
   ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")), "diverge");
   ck_assert_uint_eq(json_array_size(json_object_get(j, "layers")),
                     big.n_entries);

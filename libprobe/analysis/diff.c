@@ -1,11 +1,12 @@
 /*
- * tools/diffcore.c - streaming comparison of two traces (A against its
+ * libprobe/analysis/diff.c - streaming comparison of two traces (A against its
  * baseline B): layer/site/step alignment, relative differences of absmax,
  * RMS and L2, first divergence, local vs carried-in error and the error
  * introduction point, loss curves, and the configurations key by key.
- * Definitions are in diffcore.h. Memory: one step of records per side.
+ * Definitions are in ampprobe/analysis.h. Memory: one step of records per side.
  */
-#include "diffcore.h"
+#define _POSIX_C_SOURCE 200809L
+#include "analysis-impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -39,7 +40,9 @@ static void note(probe_diff *d, const char *fmt, ...) {
   va_end(ap);
 }
 
-static void append_name(char *buf, size_t len, const char *name) {
+static void append_name(char *buf, size_t len, const char *raw) {
+  char name[PROBE_NAME_MAX * 4];
+  probe_text_escape(name, sizeof name, raw);
   size_t n = strlen(buf);
   if (n + strlen(name) + 6 >= len) {
     if (n + 4 < len && (n < 3 || strcmp(buf + n - 3, "...")))
@@ -220,7 +223,7 @@ static int32_t entry_for(state *s, int32_t la, int32_t site, uint32_t seq) {
   int32_t i = (int32_t)d->n_entries++;
   probe_diff_entry *e = &d->entries[i];
   memset(e, 0, sizeof *e);
-  snprintf(e->layer, sizeof e->layer, "%s", s->la[la].name);
+  probe_text_escape(e->layer, sizeof e->layer, s->la[la].name);
   e->kind = s->la[la].kind;
   e->prec_a = s->la[la].precision;
   e->prec_b = s->lb[s->map_ab[la]].precision;
@@ -544,78 +547,63 @@ done:
 
 /* ---- configurations key by key ------------------------------------------- */
 
-static void flatten(json_t *flat, const char *prefix, json_t *v) {
-  char path[512];
-  if (json_is_object(v)) {
-    const char *k;
-    json_t *x;
-    json_object_foreach(v, k, x) {
-      snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", k);
-      flatten(flat, path, x);
-    }
-  } else if (json_is_array(v)) {
-    size_t i;
-    json_t *x;
-    json_array_foreach(v, i, x) {
-      snprintf(path, sizeof path, "%s[%zu]", prefix, i);
-      flatten(flat, path, x);
-    }
-    if (json_array_size(v) == 0)
-      json_object_set(flat, prefix, v);
-  } else {
-    json_object_set(flat, *prefix ? prefix : "(root)", v);
-  }
-}
-
 /* Keys that belong to the precision policy, expected to differ. */
 static int policy_key(const char *k) {
   return strstr(k, "precision") || strstr(k, "fp32") || strstr(k, "fp16") ||
          strstr(k, "bf16") || strstr(k, "policy");
 }
 
-static void compare_configs(probe_diff *d, const char *ja, const char *jb) {
-  d->config_diff = json_array();
-  json_t *va = ja && *ja ? json_loads(ja, 0, NULL) : NULL;
-  json_t *vb = jb && *jb ? json_loads(jb, 0, NULL) : NULL;
-  if (!va || !vb) {
-    if (!va)
+static probe_status add_config_row(probe_diff *d, const char *key,
+                                   const char *a, const char *b) {
+  probe_diff_config_row *rows =
+      realloc(d->config_diff, (d->n_config_diff + 1) * sizeof *rows);
+  if (!rows) return PROBE_ERR_NOMEM;
+  d->config_diff = rows;
+  probe_diff_config_row *r = &rows[d->n_config_diff];
+  memset(r, 0, sizeof *r);
+  probe_text_escape(r->key, sizeof r->key, key);
+  r->a = a ? strdup(a) : NULL;
+  r->b = b ? strdup(b) : NULL;
+  if ((a && !r->a) || (b && !r->b)) {
+    free(r->a);
+    free(r->b);
+    return PROBE_ERR_NOMEM;
+  }
+  d->n_config_diff++;
+  d->config_other |= !policy_key(key);
+  return PROBE_OK;
+}
+
+/* Where the configs differ, leaf by leaf ("scaler.init", "fp32[0]"): a
+ * value is compared as written (its JSON text). */
+static probe_status compare_configs(probe_diff *d, const char *ja,
+                                    const char *jb) {
+  probe__jflat fa, fb;
+  int oka = ja && *ja && probe__jflat_parse(&fa, ja) == PROBE_OK;
+  int okb = jb && *jb && probe__jflat_parse(&fb, jb) == PROBE_OK;
+  probe_status st = PROBE_OK;
+  if (!oka || !okb) {
+    if (!oka)
       note(d, "trace A holds no readable configuration");
-    if (!vb)
+    if (!okb)
       note(d, "trace B holds no readable configuration");
-    json_decref(va);
-    json_decref(vb);
-    return;
+    goto done;
   }
-  json_t *fa = json_object(), *fb = json_object();
-  flatten(fa, "", va);
-  flatten(fb, "", vb);
-  const char *k;
-  json_t *x;
-  json_object_foreach(fa, k, x) {
-    json_t *y = json_object_get(fb, k);
-    if (y && json_equal(x, y))
+  for (size_t i = 0; i < fa.n && st == PROBE_OK; i++) {
+    const probe__jleaf *y = probe__jflat_get(&fb, fa.leaf[i].path);
+    if (y && !strcmp(y->raw, fa.leaf[i].raw))
       continue;
-    json_t *row = json_object();
-    json_object_set_new(row, "key", json_string(k));
-    json_object_set(row, "a", x);
-    json_object_set(row, "b", y ? y : json_null());
-    json_array_append_new(d->config_diff, row);
-    d->config_other |= !policy_key(k);
+    st = add_config_row(d, fa.leaf[i].path, fa.leaf[i].raw, y ? y->raw : NULL);
   }
-  json_object_foreach(fb, k, x) {
-    if (json_object_get(fa, k))
-      continue;
-    json_t *row = json_object();
-    json_object_set_new(row, "key", json_string(k));
-    json_object_set_new(row, "a", json_null());
-    json_object_set(row, "b", x);
-    json_array_append_new(d->config_diff, row);
-    d->config_other |= !policy_key(k);
-  }
-  json_decref(fa);
-  json_decref(fb);
-  json_decref(va);
-  json_decref(vb);
+  for (size_t i = 0; i < fb.n && st == PROBE_OK; i++)
+    if (!probe__jflat_get(&fa, fb.leaf[i].path))
+      st = add_config_row(d, fb.leaf[i].path, NULL, fb.leaf[i].raw);
+done:
+  if (oka)
+    probe__jflat_free(&fa);
+  if (okb)
+    probe__jflat_free(&fb);
+  return st;
 }
 
 /* ---- ordering and the verdict -------------------------------------------- */
@@ -742,10 +730,12 @@ static void write_verdict(probe_diff *d) {
 #undef PUT
 }
 
-/* ---- entry point --------------------------------------------------------- */
+/* ---- entry point, in stages ---------------------------------------------- */
 
-probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
-                            const probe_diff_options *opt) {
+/* Stage 1: options, the two traces' metadata and their configs. */
+static probe_status stage_metadata(probe_diff *d, probe_trace *a,
+                                   probe_trace *b,
+                                   const probe_diff_options *opt) {
   memset(d, 0, sizeof *d);
   if (opt)
     d->opt = *opt;
@@ -753,134 +743,160 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
     probe_diff_options_init(&d->opt);
   if (d->opt.chunk_rows == 0)
     d->opt.chunk_rows = 4096;
+  if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
+    d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
   d->first_div_step = -1;
   d->loss_part_step = -1;
   d->first_common_step = d->last_common_step = -1;
-
   const probe_trace_info *ia = probe_trace_get_info(a);
   const probe_trace_info *ib = probe_trace_get_info(b);
   d->record_mode_a = ia->record_mode;
   d->record_mode_b = ib->record_mode;
-  snprintf(d->policy_a, sizeof d->policy_a, "%s",
-           ia->precision_policy ? ia->precision_policy : "");
-  snprintf(d->policy_b, sizeof d->policy_b, "%s",
-           ib->precision_policy ? ib->precision_policy : "");
-  compare_configs(d, ia->config_json, ib->config_json);
+  probe_text_escape(d->policy_a, sizeof d->policy_a,
+                    ia->precision_policy ? ia->precision_policy : "");
+  probe_text_escape(d->policy_b, sizeof d->policy_b,
+                    ib->precision_policy ? ib->precision_policy : "");
+  if (compare_configs(d, ia->config_json, ib->config_json) != PROBE_OK)
+    return PROBE_ERR_NOMEM;
   if (d->config_other)
     note(d, "the configurations differ beyond the precision policy (see "
             "config differences): the traces may not be comparable");
+  return PROBE_OK;
+}
 
-  state s;
-  memset(&s, 0, sizeof s);
-  s.d = d;
-  s.la = probe_trace_layers(a, &s.nla);
-  s.lb = probe_trace_layers(b, &s.nlb);
-  d->n_layers_a = (int64_t)s.nla;
-  d->n_layers_b = (int64_t)s.nlb;
-  size_t nslots = (s.nla ? s.nla : 1) * PROBE_SITE_COUNT;
-  size_t nslots_b = (s.nlb ? s.nlb : 1) * PROBE_SITE_COUNT;
-  s.map_ab = malloc((s.nla + 1) * sizeof *s.map_ab);
-  s.slot_entry = malloc(nslots * sizeof *s.slot_entry);
-  s.entry_last_div = malloc(nslots * sizeof *s.entry_last_div);
-  s.entry_rel_sum = calloc(nslots, sizeof *s.entry_rel_sum);
-  if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
-    d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
-  s.win = calloc(nslots * (size_t)d->opt.window, sizeof *s.win);
-  s.win_sum = calloc(nslots, sizeof *s.win_sum);
-  s.head_b = malloc(nslots_b * sizeof *s.head_b);
+static void state_free(state *s) {
+  free(s->map_ab);
+  free(s->slot_entry);
+  free(s->entry_last_div);
+  free(s->entry_rel_sum);
+  free(s->win);
+  free(s->win_sum);
+  free(s->head_b);
+  free(s->next_b);
+  free(s->seen);
+  free(s->has_in);
+  free(s->in_div);
+  free(s->implied_in);
+  free(s->fwd_div);
+  free(s->wgrad_div);
+  free(s->sa.buf);
+  free(s->sb.buf);
+}
+
+/* Stage 2: the working state, sized by the two layer tables. */
+static probe_status stage_state(state *s, probe_diff *d, probe_trace *a,
+                                probe_trace *b) {
+  memset(s, 0, sizeof *s);
+  s->d = d;
+  s->la = probe_trace_layers(a, &s->nla);
+  s->lb = probe_trace_layers(b, &s->nlb);
+  d->n_layers_a = (int64_t)s->nla;
+  d->n_layers_b = (int64_t)s->nlb;
+  size_t nslots = (s->nla ? s->nla : 1) * PROBE_SITE_COUNT;
+  size_t nslots_b = (s->nlb ? s->nlb : 1) * PROBE_SITE_COUNT;
+  s->map_ab = malloc((s->nla + 1) * sizeof *s->map_ab);
+  s->slot_entry = malloc(nslots * sizeof *s->slot_entry);
+  s->entry_last_div = malloc(nslots * sizeof *s->entry_last_div);
+  s->entry_rel_sum = calloc(nslots, sizeof *s->entry_rel_sum);
+  s->win = calloc(nslots * (size_t)d->opt.window, sizeof *s->win);
+  s->win_sum = calloc(nslots, sizeof *s->win_sum);
+  s->head_b = malloc(nslots_b * sizeof *s->head_b);
   d->entries = malloc(nslots * sizeof *d->entries);
-  size_t nst = (s.nla + 1) * 3;
-  s.seen = malloc(nst);
-  s.has_in = malloc(nst);
-  s.in_div = malloc(nst);
-  s.implied_in = malloc(nst);
-  s.fwd_div = malloc(s.nla + 1);
-  s.wgrad_div = malloc(s.nla + 1);
-  s.sa.t = a;
-  s.sb.t = b;
-  s.sa.cap = s.sb.cap = d->opt.chunk_rows;
-  s.sa.buf = malloc(s.sa.cap * sizeof *s.sa.buf);
-  s.sb.buf = malloc(s.sb.cap * sizeof *s.sb.buf);
-  cursor ca, cb;
-  probe_status st = cursor_init(&ca, a, d->opt.chunk_rows);
-  probe_status st2 = cursor_init(&cb, b, d->opt.chunk_rows);
-  if (!s.map_ab || !s.slot_entry || !s.entry_last_div || !s.entry_rel_sum ||
-      !s.head_b || !d->entries || !s.win || !s.win_sum || !s.seen || !s.has_in || !s.in_div ||
-      !s.implied_in || !s.fwd_div || !s.wgrad_div || !s.sa.buf || !s.sb.buf ||
-      st != PROBE_OK ||
-      st2 != PROBE_OK) {
-    st = PROBE_ERR_NOMEM;
-    goto done;
-  }
+  size_t nst = (s->nla + 1) * 3;
+  s->seen = malloc(nst);
+  s->has_in = malloc(nst);
+  s->in_div = malloc(nst);
+  s->implied_in = malloc(nst);
+  s->fwd_div = malloc(s->nla + 1);
+  s->wgrad_div = malloc(s->nla + 1);
+  s->sa.t = a;
+  s->sb.t = b;
+  s->sa.cap = s->sb.cap = d->opt.chunk_rows;
+  s->sa.buf = malloc(s->sa.cap * sizeof *s->sa.buf);
+  s->sb.buf = malloc(s->sb.cap * sizeof *s->sb.buf);
+  if (!s->map_ab || !s->slot_entry || !s->entry_last_div ||
+      !s->entry_rel_sum || !s->head_b || !d->entries || !s->win ||
+      !s->win_sum || !s->seen || !s->has_in || !s->in_div || !s->implied_in ||
+      !s->fwd_div || !s->wgrad_div || !s->sa.buf || !s->sb.buf)
+    return PROBE_ERR_NOMEM;
   for (size_t i = 0; i < nslots; i++)
-    s.slot_entry[i] = -1;
+    s->slot_entry[i] = -1;
   for (size_t i = 0; i < nslots_b; i++)
-    s.head_b[i] = -1;
+    s->head_b[i] = -1;
+  return PROBE_OK;
+}
 
-  /* layers by name */
-  for (size_t i = 0; i < s.nla; i++) {
-    s.map_ab[i] = -1;
-    for (size_t j = 0; j < s.nlb; j++) {
-      if (strcmp(s.la[i].name, s.lb[j].name))
+/* Stage 3: layers aligned by name. */
+static void stage_align_layers(state *s) {
+  probe_diff *d = s->d;
+  for (size_t i = 0; i < s->nla; i++) {
+    s->map_ab[i] = -1;
+    for (size_t j = 0; j < s->nlb; j++) {
+      if (strcmp(s->la[i].name, s->lb[j].name))
         continue;
-      s.map_ab[i] = (int32_t)j;
-      if (s.la[i].kind != s.lb[j].kind)
-        note(d, "layer %s is a %s in A but a %s in B", s.la[i].name,
-             probe_kind_name((probe_kind)s.la[i].kind),
-             probe_kind_name((probe_kind)s.lb[j].kind));
+      s->map_ab[i] = (int32_t)j;
+      char esc[PROBE_NAME_MAX * 4];
+      probe_text_escape(esc, sizeof esc, s->la[i].name);
+      if (s->la[i].kind != s->lb[j].kind)
+        note(d, "layer %s is a %s in A but a %s in B", esc,
+             probe_kind_name((probe_kind)s->la[i].kind),
+             probe_kind_name((probe_kind)s->lb[j].kind));
       break;
     }
-    if (s.map_ab[i] >= 0)
+    if (s->map_ab[i] >= 0)
       d->n_layers_common++;
     else
-      append_name(d->only_a, sizeof d->only_a, s.la[i].name);
+      append_name(d->only_a, sizeof d->only_a, s->la[i].name);
   }
-  for (size_t j = 0; j < s.nlb; j++) {
+  for (size_t j = 0; j < s->nlb; j++) {
     int found = 0;
-    for (size_t i = 0; i < s.nla && !found; i++)
-      found = !strcmp(s.la[i].name, s.lb[j].name);
+    for (size_t i = 0; i < s->nla && !found; i++)
+      found = !strcmp(s->la[i].name, s->lb[j].name);
     if (!found)
-      append_name(d->only_b, sizeof d->only_b, s.lb[j].name);
+      append_name(d->only_b, sizeof d->only_b, s->lb[j].name);
   }
   if (d->only_a[0] || d->only_b[0])
     note(d, "the layer lists differ: only in A: %s; only in B: %s",
          d->only_a[0] ? d->only_a : "(none)",
          d->only_b[0] ? d->only_b : "(none)");
+}
 
-  /* records, step by step */
-  if ((st = cursor_next(&ca)) != PROBE_OK || (st = cursor_next(&cb)) != PROBE_OK)
-    goto done;
-  while (ca.step_no >= 0 || cb.step_no >= 0) {
-    if (cb.step_no < 0 || (ca.step_no >= 0 && ca.step_no < cb.step_no)) {
+/* Stage 4: the records, step by step, both traces in step order. */
+static probe_status stage_records(state *s, cursor *ca, cursor *cb) {
+  probe_diff *d = s->d;
+  probe_status st;
+  if ((st = cursor_next(ca)) != PROBE_OK || (st = cursor_next(cb)) != PROBE_OK)
+    return st;
+  while (ca->step_no >= 0 || cb->step_no >= 0) {
+    if (cb->step_no < 0 || (ca->step_no >= 0 && ca->step_no < cb->step_no)) {
       d->steps_a++;
-      d->records_unmatched += (int64_t)ca.step_n;
-      if ((st = cursor_next(&ca)) != PROBE_OK)
-        goto done;
+      d->records_unmatched += (int64_t)ca->step_n;
+      if ((st = cursor_next(ca)) != PROBE_OK)
+        return st;
       continue;
     }
-    if (ca.step_no < 0 || cb.step_no < ca.step_no) {
+    if (ca->step_no < 0 || cb->step_no < ca->step_no) {
       d->steps_b++;
-      d->records_unmatched += (int64_t)cb.step_n;
-      if ((st = cursor_next(&cb)) != PROBE_OK)
-        goto done;
+      d->records_unmatched += (int64_t)cb->step_n;
+      if ((st = cursor_next(cb)) != PROBE_OK)
+        return st;
       continue;
     }
     d->steps_a++;
     d->steps_b++;
     d->steps_common++;
     if (d->first_common_step < 0)
-      d->first_common_step = ca.step_no;
-    d->last_common_step = ca.step_no;
-    if ((st = compare_step(&s, &ca, &cb)) != PROBE_OK)
-      goto done;
-    if ((st = cursor_next(&ca)) != PROBE_OK ||
-        (st = cursor_next(&cb)) != PROBE_OK)
-      goto done;
+      d->first_common_step = ca->step_no;
+    d->last_common_step = ca->step_no;
+    if ((st = compare_step(s, ca, cb)) != PROBE_OK)
+      return st;
+    if ((st = cursor_next(ca)) != PROBE_OK || (st = cursor_next(cb)) != PROBE_OK)
+      return st;
   }
-  if (ca.skipped || cb.skipped)
+  if (ca->skipped || cb->skipped)
     note(d, "records out of step order ignored (overlapping flight-recorder "
             "dumps): %lld in A, %lld in B",
-         (long long)ca.skipped, (long long)cb.skipped);
+         (long long)ca->skipped, (long long)cb->skipped);
   if (d->records_unmatched)
     note(d, "%lld records have no partner on the other side (steps or sites "
             "recorded on one side only)",
@@ -891,9 +907,12 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
          d->record_mode_a != PROBE_MODE_FULL
              ? (d->record_mode_b != PROBE_MODE_FULL ? "A and B" : "A")
              : "B");
+  return PROBE_OK;
+}
 
-  if ((st = compare_losses(d, a, b, d->opt.chunk_rows)) != PROBE_OK)
-    goto done;
+/* Stage 6: notes on scaled-gradient overflows the scalers skipped and on
+ * runs of different length. */
+static void stage_scaler_notes(probe_diff *d) {
   if (d->scaler_overflow_records) {
     /* Normal dynamic loss scaling only when the scaler recovered: a side
      * whose last steps were all skipped never did (a collapsed scale). */
@@ -921,10 +940,14 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
     note(d, "the runs end at different steps: A at %lld, B at %lld; compared "
             "the steps both hold",
          (long long)d->last_step_a, (long long)d->last_step_b);
+}
 
+/* Stage 7: per-entry summaries, the table's order and the verdict. */
+static void stage_verdict(state *s) {
+  probe_diff *d = s->d;
   for (size_t i = 0; i < d->n_entries; i++) {
     probe_diff_entry *e = &d->entries[i];
-    e->mean_rel_rms = e->steps ? s.entry_rel_sum[i] / (double)e->steps : 0.0;
+    e->mean_rel_rms = e->steps ? s->entry_rel_sum[i] / (double)e->steps : 0.0;
     if (site_is_grad(e->site) && e->count_a > 0 && e->count_b > 0) {
       double za = (double)e->zero_a / (double)e->count_a;
       double zb = (double)e->zero_b / (double)e->count_b;
@@ -932,7 +955,6 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
     }
   }
   qsort(d->entries, d->n_entries, sizeof *d->entries, entry_cmp);
-
   if (d->n_layers_common == 0 || (d->steps_common == 0 && d->loss_steps == 0))
     d->verdict = PROBE_DIFF_NOT_ALIGNED;
   else if (d->first_div_step >= 0 || d->loss_part_step >= 0)
@@ -940,26 +962,36 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
   else
     d->verdict = PROBE_DIFF_AGREE;
   write_verdict(d);
+}
 
-done:
+probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
+                            const probe_diff_options *opt) {
+  if (!d || !a || !b)
+    return PROBE_ERR_INVALID_ARG;
+  probe_status st = stage_metadata(d, a, b, opt);
+  if (st != PROBE_OK)
+    return st;
+  state s;
+  cursor ca, cb;
+  memset(&ca, 0, sizeof ca);
+  memset(&cb, 0, sizeof cb);
+  st = stage_state(&s, d, a, b);
+  if (st == PROBE_OK && (cursor_init(&ca, a, d->opt.chunk_rows) != PROBE_OK ||
+                         cursor_init(&cb, b, d->opt.chunk_rows) != PROBE_OK))
+    st = PROBE_ERR_NOMEM;
+  if (st == PROBE_OK) {
+    stage_align_layers(&s);                         /* stage 3 */
+    st = stage_records(&s, &ca, &cb);               /* stage 4 */
+  }
+  if (st == PROBE_OK)                               /* stage 5 */
+    st = compare_losses(d, a, b, d->opt.chunk_rows);
+  if (st == PROBE_OK) {
+    stage_scaler_notes(d);                          /* stage 6 */
+    stage_verdict(&s);                              /* stage 7 */
+  }
   cursor_free(&ca);
   cursor_free(&cb);
-  free(s.map_ab);
-  free(s.slot_entry);
-  free(s.entry_last_div);
-  free(s.entry_rel_sum);
-  free(s.win);
-  free(s.win_sum);
-  free(s.head_b);
-  free(s.next_b);
-  free(s.seen);
-  free(s.has_in);
-  free(s.in_div);
-  free(s.implied_in);
-  free(s.fwd_div);
-  free(s.wgrad_div);
-  free(s.sa.buf);
-  free(s.sb.buf);
+  state_free(&s);
   return st;
 }
 
@@ -968,32 +1000,33 @@ void probe_diff_free(probe_diff *d) {
     return;
   free(d->entries);
   d->entries = NULL;
-  json_decref(d->config_diff);
+  for (size_t i = 0; i < d->n_config_diff; i++) {
+    free(d->config_diff[i].a);
+    free(d->config_diff[i].b);
+  }
+  free(d->config_diff);
   d->config_diff = NULL;
+  d->n_config_diff = 0;
 }
 
 /* ---- JSON ---------------------------------------------------------------- */
 
-static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
-
-static json_t *point_json(const probe_diff_point *p) {
-  if (!p->found)
-    return json_null();
-  json_t *o = json_object();
-  json_object_set_new(o, "step", json_integer(p->step));
-  json_object_set_new(o, "layer", json_string(p->layer));
-  json_object_set_new(o, "site", json_string(probe_site_name((probe_site)p->site)));
-  json_object_set_new(o, "seq", json_integer(p->seq));
-  json_object_set_new(o, "rel", num(p->rel));
-  json_object_set_new(o, "local", json_boolean(p->local));
-  json_object_set_new(o, "nonfinite", json_boolean(p->nonfinite));
-  json_object_set_new(o, "zero_frac_a", num(p->zero_a));
-  json_object_set_new(o, "zero_frac_b", num(p->zero_b));
-  return o;
-}
-
-static json_t *step_or_null(int64_t s) {
-  return s >= 0 ? json_integer(s) : json_null();
+static void point_json(probe__jw *w, const char *key, const probe_diff_point *p) {
+  if (!p->found) {
+    probe__jw_null(w, key);
+    return;
+  }
+  probe__jw_obj(w, key);
+  probe__jw_int(w, "step", p->step);
+  probe__jw_str(w, "layer", p->layer);
+  probe__jw_str(w, "site", probe_site_name((probe_site)p->site));
+  probe__jw_int(w, "seq", p->seq);
+  probe__jw_num(w, "rel", p->rel);
+  probe__jw_bool(w, "local", p->local);
+  probe__jw_bool(w, "nonfinite", p->nonfinite);
+  probe__jw_opt(w, "zero_frac_a", p->zero_a);
+  probe__jw_opt(w, "zero_frac_b", p->zero_b);
+  probe__jw_end(w, '}');
 }
 
 static const char *verdict_name(probe_diff_verdict v) {
@@ -1002,99 +1035,131 @@ static const char *verdict_name(probe_diff_verdict v) {
                                    : "not-aligned";
 }
 
-json_t *probe_diff_to_json(const probe_diff *d) {
-  json_t *o = json_object();
-  json_object_set_new(o, "verdict", json_string(verdict_name(d->verdict)));
-  json_object_set_new(o, "summary", json_string(d->verdict_text));
-  json_object_set_new(o, "threshold", num(d->opt.threshold));
-  json_object_set_new(o, "window", json_integer(d->opt.window));
+static void frac_or_null(probe__jw *w, const char *key, uint64_t a, uint64_t n) {
+  if (n)
+    probe__jw_num(w, key, (double)a / (double)n);
+  else
+    probe__jw_null(w, key);
+}
 
-  json_t *al = json_object();
-  json_object_set_new(al, "layers_a", json_integer(d->n_layers_a));
-  json_object_set_new(al, "layers_b", json_integer(d->n_layers_b));
-  json_object_set_new(al, "layers_common", json_integer(d->n_layers_common));
-  json_object_set_new(al, "only_in_a", json_string(d->only_a));
-  json_object_set_new(al, "only_in_b", json_string(d->only_b));
-  json_object_set_new(al, "steps_a", json_integer(d->steps_a));
-  json_object_set_new(al, "steps_b", json_integer(d->steps_b));
-  json_object_set_new(al, "steps_common", json_integer(d->steps_common));
-  json_object_set_new(al, "first_common_step", step_or_null(d->first_common_step));
-  json_object_set_new(al, "last_common_step", step_or_null(d->last_common_step));
-  json_object_set_new(al, "records_unmatched", json_integer(d->records_unmatched));
-  json_object_set_new(al, "scaler_overflow_records",
-                      json_integer(d->scaler_overflow_records));
-  json_object_set_new(al, "trailing_skipped_steps_a",
-                      json_integer(d->trailing_skips_a));
-  json_object_set_new(al, "trailing_skipped_steps_b",
-                      json_integer(d->trailing_skips_b));
-  json_object_set_new(al, "policy_a", json_string(d->policy_a));
-  json_object_set_new(al, "policy_b", json_string(d->policy_b));
-  json_object_set_new(al, "config_differences",
-                      d->config_diff ? json_incref(d->config_diff) : json_array());
-  json_object_set_new(al, "config_differs_beyond_policy",
-                      json_boolean(d->config_other));
-  json_t *notes = json_array();
+probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
+                             const char *trace_b, char **out) {
+  if (!d || !out)
+    return PROBE_ERR_INVALID_ARG;
+  probe__jw jw, *w = &jw;
+  probe__jw_init(w);
+  char esc[1024];
+  probe__jw_obj(w, NULL);
+  probe__jw_str(w, "verdict", verdict_name(d->verdict));
+  probe__jw_str(w, "summary", d->verdict_text);
+  if (trace_a) {
+    probe_text_escape(esc, sizeof esc, trace_a);
+    probe__jw_str(w, "trace_a", esc);
+  }
+  if (trace_b) {
+    probe_text_escape(esc, sizeof esc, trace_b);
+    probe__jw_str(w, "trace_b", esc);
+  }
+  probe__jw_num(w, "threshold", d->opt.threshold);
+  probe__jw_int(w, "window", d->opt.window);
+
+  probe__jw_obj(w, "alignment");
+  probe__jw_int(w, "layers_a", d->n_layers_a);
+  probe__jw_int(w, "layers_b", d->n_layers_b);
+  probe__jw_int(w, "layers_common", d->n_layers_common);
+  probe__jw_str(w, "only_in_a", d->only_a);
+  probe__jw_str(w, "only_in_b", d->only_b);
+  probe__jw_int(w, "steps_a", d->steps_a);
+  probe__jw_int(w, "steps_b", d->steps_b);
+  probe__jw_int(w, "steps_common", d->steps_common);
+  probe__jw_step(w, "first_common_step", d->first_common_step);
+  probe__jw_step(w, "last_common_step", d->last_common_step);
+  probe__jw_int(w, "records_unmatched", d->records_unmatched);
+  probe__jw_int(w, "scaler_overflow_records", d->scaler_overflow_records);
+  probe__jw_int(w, "trailing_skipped_steps_a", d->trailing_skips_a);
+  probe__jw_int(w, "trailing_skipped_steps_b", d->trailing_skips_b);
+  probe__jw_str(w, "policy_a", d->policy_a);
+  probe__jw_str(w, "policy_b", d->policy_b);
+  probe__jw_arr(w, "config_differences");
+  for (size_t i = 0; i < d->n_config_diff; i++) {
+    probe__jw_obj(w, NULL);
+    probe__jw_str(w, "key", d->config_diff[i].key);
+    probe__jw_raw(w, "a", d->config_diff[i].a);
+    probe__jw_raw(w, "b", d->config_diff[i].b);
+    probe__jw_end(w, '}');
+  }
+  probe__jw_end(w, ']');
+  probe__jw_bool(w, "config_differs_beyond_policy", d->config_other);
+  probe__jw_arr(w, "notes");
   for (int i = 0; i < d->n_notes; i++)
-    json_array_append_new(notes, json_string(d->notes[i]));
-  json_object_set_new(al, "notes", notes);
-  json_object_set_new(o, "alignment", al);
+    probe__jw_str(w, NULL, d->notes[i]);
+  probe__jw_end(w, ']');
+  probe__jw_end(w, '}');
 
-  json_t *dv = json_object();
-  json_object_set_new(dv, "first_step", step_or_null(d->first_div_step));
-  json_object_set_new(dv, "introduction_point", point_json(&d->intro));
-  json_object_set_new(dv, "first_diverging_record", point_json(&d->first_div));
-  json_object_set_new(dv, "first_nonfinite_a", point_json(&d->first_nonfinite_a));
-  json_object_set_new(dv, "first_nonfinite_b", point_json(&d->first_nonfinite_b));
-  json_object_set_new(o, "divergence", dv);
+  probe__jw_obj(w, "divergence");
+  probe__jw_step(w, "first_step", d->first_div_step);
+  point_json(w, "introduction_point", &d->intro);
+  point_json(w, "first_diverging_record", &d->first_div);
+  point_json(w, "first_nonfinite_a", &d->first_nonfinite_a);
+  point_json(w, "first_nonfinite_b", &d->first_nonfinite_b);
+  probe__jw_end(w, '}');
 
-  json_t *lo = json_object();
-  json_object_set_new(lo, "steps_compared", json_integer(d->loss_steps));
-  json_object_set_new(lo, "part_step", step_or_null(d->loss_part_step));
-  json_object_set_new(lo, "loss_a_at_part", num(d->loss_a_at_part));
-  json_object_set_new(lo, "loss_b_at_part", num(d->loss_b_at_part));
-  json_object_set_new(lo, "max_rel", num(d->max_loss_rel));
-  json_object_set_new(lo, "final_loss_a", num(d->final_loss_a));
-  json_object_set_new(lo, "final_loss_b", num(d->final_loss_b));
-  json_object_set_new(lo, "final_rel", num(d->final_loss_rel));
-  json_object_set_new(lo, "first_nonfinite_a", step_or_null(d->first_nonfinite_loss_a));
-  json_object_set_new(lo, "first_nonfinite_b", step_or_null(d->first_nonfinite_loss_b));
-  json_object_set_new(o, "loss", lo);
+  probe__jw_obj(w, "loss");
+  probe__jw_int(w, "steps_compared", d->loss_steps);
+  probe__jw_step(w, "part_step", d->loss_part_step);
+  if (d->loss_part_step >= 0) {
+    probe__jw_num(w, "loss_a_at_part", d->loss_a_at_part);
+    probe__jw_num(w, "loss_b_at_part", d->loss_b_at_part);
+  } else {
+    probe__jw_null(w, "loss_a_at_part");
+    probe__jw_null(w, "loss_b_at_part");
+  }
+  probe__jw_opt(w, "max_rel", d->max_loss_rel);
+  if (d->loss_steps > 0) {
+    probe__jw_num(w, "final_loss_a", d->final_loss_a);
+    probe__jw_num(w, "final_loss_b", d->final_loss_b);
+  } else {
+    probe__jw_null(w, "final_loss_a");
+    probe__jw_null(w, "final_loss_b");
+  }
+  probe__jw_opt(w, "final_rel", d->final_loss_rel);
+  probe__jw_step(w, "first_nonfinite_a", d->first_nonfinite_loss_a);
+  probe__jw_step(w, "first_nonfinite_b", d->first_nonfinite_loss_b);
+  probe__jw_end(w, '}');
 
-  json_t *rows = json_array();
+  probe__jw_arr(w, "layers");
   for (size_t i = 0; i < d->n_entries; i++) {
     const probe_diff_entry *e = &d->entries[i];
-    json_t *r = json_object();
-    json_object_set_new(r, "layer", json_string(e->layer));
-    json_object_set_new(r, "kind", json_string(probe_kind_name((probe_kind)e->kind)));
-    json_object_set_new(r, "site", json_string(probe_site_name((probe_site)e->site)));
-    json_object_set_new(r, "precision_a",
-                        json_string(probe_precision_name((probe_precision)e->prec_a)));
-    json_object_set_new(r, "precision_b",
-                        json_string(probe_precision_name((probe_precision)e->prec_b)));
-    json_object_set_new(r, "steps", json_integer(e->steps));
-    json_object_set_new(r, "max_rel_absmax", num(e->max_rel_absmax));
-    json_object_set_new(r, "max_rel_rms", num(e->max_rel_rms));
-    json_object_set_new(r, "max_rel_l2", num(e->max_rel_l2));
-    json_object_set_new(r, "max_rel_step", step_or_null(e->max_rel_step));
-    json_object_set_new(r, "mean_rel_rms", num(e->mean_rel_rms));
-    json_object_set_new(r, "max_window_rel", num(e->max_window_rel));
-    json_object_set_new(r, "first_exceed_step", step_or_null(e->first_exceed_step));
-    json_object_set_new(r, "first_divergence_step", step_or_null(e->first_div_step));
-    json_object_set_new(r, "first_divergence_rel",
-                        e->first_div_step >= 0 ? num(e->first_div_rel) : json_null());
-    json_object_set_new(r, "first_nonfinite_a", step_or_null(e->first_nonfinite_a));
-    json_object_set_new(r, "first_nonfinite_b", step_or_null(e->first_nonfinite_b));
-    json_object_set_new(r, "local_steps", json_integer(e->local_steps));
-    json_object_set_new(r, "carried_steps", json_integer(e->carried_steps));
-    json_object_set_new(r, "zero_frac_a",
-                        e->count_a ? num((double)e->zero_a / (double)e->count_a)
-                                   : json_null());
-    json_object_set_new(r, "zero_frac_b",
-                        e->count_b ? num((double)e->zero_b / (double)e->count_b)
-                                   : json_null());
-    json_object_set_new(r, "flushes_to_zero", json_boolean(e->flushes_to_zero));
-    json_array_append_new(rows, r);
+    probe__jw_obj(w, NULL);
+    probe__jw_str(w, "layer", e->layer);
+    probe__jw_str(w, "kind", probe_kind_name((probe_kind)e->kind));
+    probe__jw_str(w, "site", probe_site_name((probe_site)e->site));
+    probe__jw_str(w, "precision_a", probe_precision_name((probe_precision)e->prec_a));
+    probe__jw_str(w, "precision_b", probe_precision_name((probe_precision)e->prec_b));
+    probe__jw_int(w, "steps", e->steps);
+    probe__jw_num(w, "max_rel_absmax", e->max_rel_absmax);
+    probe__jw_num(w, "max_rel_rms", e->max_rel_rms);
+    probe__jw_num(w, "max_rel_l2", e->max_rel_l2);
+    probe__jw_step(w, "max_rel_step", e->max_rel_step);
+    probe__jw_num(w, "mean_rel_rms", e->mean_rel_rms);
+    probe__jw_num(w, "max_window_rel", e->max_window_rel);
+    probe__jw_step(w, "first_exceed_step", e->first_exceed_step);
+    probe__jw_step(w, "first_divergence_step", e->first_div_step);
+    if (e->first_div_step >= 0)
+      probe__jw_num(w, "first_divergence_rel", e->first_div_rel);
+    else
+      probe__jw_null(w, "first_divergence_rel");
+    probe__jw_step(w, "first_nonfinite_a", e->first_nonfinite_a);
+    probe__jw_step(w, "first_nonfinite_b", e->first_nonfinite_b);
+    probe__jw_int(w, "local_steps", e->local_steps);
+    probe__jw_int(w, "carried_steps", e->carried_steps);
+    frac_or_null(w, "zero_frac_a", e->zero_a, e->count_a);
+    frac_or_null(w, "zero_frac_b", e->zero_b, e->count_b);
+    probe__jw_bool(w, "flushes_to_zero", e->flushes_to_zero);
+    probe__jw_end(w, '}');
   }
-  json_object_set_new(o, "layers", rows);
-  return o;
+  probe__jw_end(w, ']');
+  probe__jw_end(w, '}');
+  *out = probe__jw_finish(w);
+  return *out ? PROBE_OK : PROBE_ERR_NOMEM;
 }

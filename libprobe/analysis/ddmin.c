@@ -1,10 +1,10 @@
 /*
- * tools/ddmin.c - delta debugging over candidate bit masks, minimising a
+ * libprobe/analysis/ddmin.c - delta debugging over candidate bit masks, minimising a
  * passing set with memoised, batched trials. The algorithm, its direction
- * and its trial bound are described in ddmin.h. Pure: no I/O, no processes;
+ * and its trial bound are described in ampprobe/analysis.h. Pure: no I/O, no processes;
  * the oracle callback does the work.
  */
-#include "ddmin.h"
+#include "ampprobe/analysis.h"
 
 #include <stdlib.h>
 #include <string.h>

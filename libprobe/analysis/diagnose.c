@@ -1,61 +1,63 @@
 /*
- * tools/diagnose.c - the post-mortem analysis engine (see diagnose.h).
+ * libprobe/analysis/diagnose.c - the post-mortem passes (ampprobe/analysis.h).
  *
  * Three streaming passes over a trace, each through the chunked reader so
  * memory depends on the model (layers x sites x history) and never on the
  * number of steps:
  *   1. the steps table: losses, loss-scale range and skip runs, clipping
- *      ratios in DIAG_TIME_BUCKETS windows, corr(log norm, log scale);
+ *      ratios in PROBE_DIAG_TIME_BUCKETS windows, corr(log norm, log scale);
  *   2. the scaler events: backoffs, growths, the first few backoffs kept;
  *   3. the per-layer records, one step at a time, walked in execution order
  *      (seq) alongside a second cursor on the steps table: the first
  *      non-finite event, its origin layer and kind, the layers that passed
  *      it on, the origin's absmax history, gradient underflow per layer,
  *      and the layers whose gradients overflowed behind each backoff.
- * Then the findings are ranked (diag_rank).
+ * Then the findings are ranked (probe_diag_rank).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "diagnose.h"
+#include "analysis-impl.h"
+#include "diagnose-impl.h"
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *event_names[] = {
 #define X_(name, str, desc) str,
-    DIAG_EVENT_MAP(X_)
+    PROBE_DIAG_EVENT_MAP(X_)
 #undef X_
 };
 static const char *event_descs[] = {
 #define X_(name, str, desc) desc,
-    DIAG_EVENT_MAP(X_)
+    PROBE_DIAG_EVENT_MAP(X_)
 #undef X_
 };
 static const char *finding_names[] = {
 #define X_(name, str) str,
-    DIAG_FINDING_MAP(X_)
+    PROBE_DIAG_FINDING_MAP(X_)
 #undef X_
 };
 
-const char *diag_event_name(diag_event e) {
-  return (unsigned)e < DIAG_EVENT_COUNT ? event_names[e] : "?";
+const char *probe_diag_event_name(probe_diag_event e) {
+  return (unsigned)e < PROBE_DIAG_EVENT_COUNT ? event_names[e] : "?";
 }
-const char *diag_event_desc(diag_event e) {
-  return (unsigned)e < DIAG_EVENT_COUNT ? event_descs[e] : "?";
+const char *probe_diag_event_desc(probe_diag_event e) {
+  return (unsigned)e < PROBE_DIAG_EVENT_COUNT ? event_descs[e] : "?";
 }
-const char *diag_finding_name(diag_finding_id f) {
-  return (unsigned)f < DIAG_FINDING_COUNT ? finding_names[f] : "?";
+const char *probe_diag_finding_name(probe_diag_finding_id f) {
+  return (unsigned)f < PROBE_DIAG_FINDING_COUNT ? finding_names[f] : "?";
 }
 
-void diag_options_init(diag_options *o) {
+void probe_diag_options_init(probe_diag_options *o) {
   o->layer_history = 8;
   o->chunk_rows = 4096;
 }
 
-const char *diag_layer_name(const probe_diag *d, int32_t id) {
+const char *probe_diag_layer_name(const probe_diag *d, int32_t id) {
   if (id < 0 || id >= d->n_layers || !d->layers) return "?";
-  return d->layers[id].info.name;
+  return d->layers[id].display;
 }
 
 /* ---- chunked cursors ------------------------------------------------------ */
@@ -108,10 +110,40 @@ static int stats_nonfinite(const probe_stats *s) {
 static int stats_has_inf(const probe_stats *s) {
   return s->posinf_count + s->neginf_count > 0;
 }
-static double headroom_of(double absmax) {
+double probe__diag_headroom(double absmax) {
   if (!isfinite(absmax)) return NAN;
   if (absmax <= 0) return INFINITY;
-  return log2(65504.0 / absmax);
+  return log2((double)PROBE_F16_MAX / absmax);
+}
+#define headroom_of probe__diag_headroom
+
+/* Variance of a tensor's finite values (whole tensor), NaN when empty. */
+static double stats_var(const probe_stats *s) {
+  uint64_t n = probe_stats_finite(s);
+  if (!n) return NAN;
+  double m = s->sum / (double)n;
+  double v = s->sumsq / (double)n - m * m;
+  return v > 0 ? v : 0;
+}
+
+static int is_norm_kind(int k) {
+  return k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||
+         k == PROBE_KIND_REVIN;
+}
+
+/* Kinds whose forward can make inf out of a zero: a log (the loss's
+ * cross-entropy), a division or 1/sqrt (normalisations, softmax and
+ * attention's softmax). A Linear or an activation cannot. */
+static int can_make_inf_from_zero(const probe_diag *d, int kind) {
+  switch (kind) {
+  case PROBE_KIND_LOSS: return d->cfg_loss_log;
+  case PROBE_KIND_BN:
+  case PROBE_KIND_LAYERNORM:
+  case PROBE_KIND_REVIN:
+  case PROBE_KIND_SOFTMAX:
+  case PROBE_KIND_ATTENTION: return 1;
+  default: return 0;
+  }
 }
 static int is_fwd_out(int site) {
   return site == PROBE_SITE_FWD_OUT || site == PROBE_SITE_FWD_SAVED;
@@ -125,33 +157,6 @@ static int is_weight(int site) {
 static int cmp_seq(const void *a, const void *b) {
   const probe_record *x = a, *y = b;
   return (x->seq > y->seq) - (x->seq < y->seq);
-}
-
-static void add_evidence(diag_finding *f, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void add_evidence(diag_finding *f, const char *fmt, ...) {
-  if (f->n_evidence >= DIAG_MAX_EVIDENCE) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(f->evidence[f->n_evidence++], DIAG_TEXT_MAX, fmt, ap);
-  va_end(ap);
-}
-
-static diag_finding *add_finding(probe_diag *d, diag_finding_id id,
-                                 double score, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static diag_finding *add_finding(probe_diag *d, diag_finding_id id,
-                                 double score, const char *fmt, ...) {
-  if (d->n_findings >= DIAG_MAX_FINDINGS) return NULL;
-  diag_finding *f = &d->findings[d->n_findings++];
-  memset(f, 0, sizeof *f);
-  f->id = id;
-  f->score = score;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(f->title, sizeof f->title, fmt, ap);
-  va_end(ap);
-  return f;
 }
 
 /* ---- pass 1: the steps table ---------------------------------------------- */
@@ -175,7 +180,7 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
   double log_ratio_sum = 0;
   int64_t n_ratio = 0;
   int64_t span = d->last_step - d->first_step + 1;
-  for (int b = 0; b < DIAG_TIME_BUCKETS; b++) d->bucket_first_step[b] = -1;
+  for (int b = 0; b < PROBE_DIAG_TIME_BUCKETS; b++) d->bucket_first_step[b] = -1;
 
   const probe_step_scalars *r;
   while ((r = steps_cursor_peek(&c))) {
@@ -231,11 +236,11 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
           d->max_clip_ratio = ratio;
           d->max_clip_ratio_step = r->step;
         }
-        int b = span > 0 ? (int)((r->step - d->first_step) * DIAG_TIME_BUCKETS /
+        int b = span > 0 ? (int)((r->step - d->first_step) * PROBE_DIAG_TIME_BUCKETS /
                                  span)
                          : 0;
         if (b < 0) b = 0;
-        if (b >= DIAG_TIME_BUCKETS) b = DIAG_TIME_BUCKETS - 1;
+        if (b >= PROBE_DIAG_TIME_BUCKETS) b = PROBE_DIAG_TIME_BUCKETS - 1;
         if (d->bucket_first_step[b] < 0) d->bucket_first_step[b] = r->step;
         d->bucket_ratio_mean[b] += ratio;
         if (ratio > d->bucket_ratio_max[b]) d->bucket_ratio_max[b] = ratio;
@@ -263,7 +268,7 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
   free(c.buf);
   if (st < 0) return st;
 
-  for (int b = 0; b < DIAG_TIME_BUCKETS; b++)
+  for (int b = 0; b < PROBE_DIAG_TIME_BUCKETS; b++)
     if (d->bucket_n[b]) d->bucket_ratio_mean[b] /= (double)d->bucket_n[b];
   d->corr_norm_scale = NAN;
   d->norm_log2_var = d->norm_resid_var = NAN;
@@ -323,10 +328,11 @@ static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk) {
           d->backoffs++;
         else
           d->min_clamps++;
-        if (d->n_backoff_detail < DIAG_MAX_BACKOFFS) {
-          diag_backoff *b = &d->backoff_detail[d->n_backoff_detail++];
+        if (d->n_backoff_detail < PROBE_DIAG_MAX_BACKOFFS) {
+          probe_diag_backoff *b = &d->backoff_detail[d->n_backoff_detail++];
           memset(b, 0, sizeof *b);
           b->step = e->step;
+          b->min_clamp = e->kind == PROBE_SCALER_MIN_CLAMP;
           b->old_scale = e->old_scale;
           b->new_scale = e->new_scale;
         }
@@ -362,6 +368,7 @@ static probe_status count_late_backoffs(probe_diag *d, probe_trace *t,
   int64_t warm = d->n_steps / 20 > 10 ? d->n_steps / 20 : 10;
   if (first_clean >= 0 && first_clean < d->first_step + warm)
     first_clean = d->first_step + warm;
+  d->warmup_end = first_clean >= 0 ? first_clean : d->first_step + warm;
   probe_status st = c.st;
   free(c.buf);
   if (st < 0) return st;
@@ -456,13 +463,98 @@ static int inputs_nonfinite(const layer_step *l, const probe_record *r,
          rec_nf(r, l->fwd_in);
 }
 
+/* The kind of a forward event at layer `l` (docs/precision.md, "How an
+ * event is classified"). Underflow-to-inf needs specific evidence: the op
+ * can make inf out of a zero (log, division, 1/sqrt), its input holds
+ * zeros that came from flushing (values at or below FP16's smallest
+ * subnormal in the input, subnormals beside the zeros, or a feeder -
+ * softmax, attention - whose outputs are never zero in exact arithmetic),
+ * and the magnitudes could not have overflowed in the product (for a
+ * Linear/attention ||W||_F * (||x||_F + 1) < 65504, the bound on any
+ * output; for a normalisation absmax(x)^2 < 65504, its sum of squares per
+ * element). Otherwise the inf is an overflow of the product or of the
+ * saved reduction. */
+static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
+                             size_t n, const probe_record *o,
+                             const layer_step *l, int lkind,
+                             const probe_stats *in, int out_inf, int saved_inf,
+                             probe_diag_event *kind) {
+  const probe_diag *d = w->d;
+  char *ev = e->event_evidence;
+  size_t evl = sizeof e->event_evidence;
+  /* the feeder's kind: the last forward output before this layer's input */
+  int feeder_kind = -1;
+  uint32_t first_seq = l->fwd_in >= 0 ? r[l->fwd_in].seq : o->seq;
+  for (size_t i = 0; i < n && r[i].seq < first_seq; i++)
+    if (r[i].site == PROBE_SITE_FWD_OUT && r[i].layer != o->layer &&
+        r[i].layer >= 0 && r[i].layer < d->n_layers)
+      feeder_kind = d->layers[r[i].layer].info.kind;
+  int in_zero = in && in->zero_count > 0;
+  int flushed =
+      in && (in->f16_flush > 0 ||
+             (in_zero && isfinite(in->absmin_nonzero) &&
+              in->absmin_nonzero < PROBE_F16_MIN_NORMAL) ||
+             (in_zero && (feeder_kind == PROBE_KIND_SOFTMAX ||
+                          feeder_kind == PROBE_KIND_ATTENTION)));
+  double bound = NAN; /* largest output magnitude the inputs allow */
+  if (in && (lkind == PROBE_KIND_LINEAR || lkind == PROBE_KIND_ATTENTION) &&
+      l->weight >= 0)
+    bound = sqrt(r[l->weight].stats.sumsq) * (sqrt(in->sumsq) + 1.0);
+  else if (in && is_norm_kind(lkind) && isfinite(in->absmax))
+    bound = (double)in->absmax * (double)in->absmax;
+  int can_overflow = !(bound < (double)PROBE_F16_MAX); /* NaN: cannot tell */
+  if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */
+  if ((out_inf || saved_inf) && in_zero && flushed &&
+      can_make_inf_from_zero(d, lkind) && !can_overflow) {
+    *kind = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;
+    snprintf(ev, evl,
+             "its input held %llu zeros that came from flushing (%s) and a "
+             "%s can turn a zero into inf; its inputs' magnitudes cannot "
+             "overflow FP16 (bound %.3g < 65504)",
+             (unsigned long long)in->zero_count,
+             in->f16_flush > 0 ? "values at or below 2^-25 in its input"
+             : (feeder_kind == PROBE_KIND_SOFTMAX ||
+                feeder_kind == PROBE_KIND_ATTENTION)
+                 ? "fed by a softmax, whose outputs are zero only by underflow"
+                 : "subnormal values beside the zeros",
+             lkind == PROBE_KIND_LOSS ? "log" : "division or 1/sqrt",
+             isfinite(bound) ? bound : 0.0);
+    return;
+  }
+  if (saved_inf || rec_nf(r, l->fwd_saved)) {
+    *kind = stats_has_inf(&r[l->fwd_saved].stats)
+                ? PROBE_DIAG_EVENT_REDUCTION_OVERFLOW
+                : PROBE_DIAG_EVENT_INF_ARITH_NAN;
+  } else if (out_inf) {
+    *kind = PROBE_DIAG_EVENT_OVERFLOW;
+  } else {
+    *kind = PROBE_DIAG_EVENT_INF_ARITH_NAN;
+  }
+  if (isfinite(bound) && can_overflow)
+    snprintf(ev, evl,
+             "its inputs' magnitudes can overflow FP16: %s %.3g >= 65504%s",
+             is_norm_kind(lkind) ? "absmax(x)^2 =" : "||W||*(||x||+1) =", bound,
+             in_zero ? " (the zeros in its input do not explain it)" : "");
+  else if (in_zero && !can_make_inf_from_zero(d, lkind))
+    snprintf(ev, evl,
+             "a %s cannot turn the %llu zeros of its input into inf: the "
+             "values overflowed",
+             probe_kind_name((probe_kind)lkind),
+             (unsigned long long)in->zero_count);
+  else if (in_zero && !flushed)
+    snprintf(ev, evl,
+             "the %llu zeros of its input are exact (no flushing evidence): "
+             "not an underflow",
+             (unsigned long long)in->zero_count);
+}
+
 /* Finds the origin of the step's first non-finite value and classifies it.
  * Writes the event fields of `e`. Returns 1 when the step holds one. */
 static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
                         size_t n, int64_t step) {
   const probe_diag *d = w->d;
   int origin = -1; /* record index */
-  diag_event kind = DIAG_EVENT_NONE;
+  probe_diag_event kind = PROBE_DIAG_EVENT_NONE;
   for (size_t i = 0; i < n && origin < 0; i++) {
     const probe_record *x = &r[i];
     if (!stats_nonfinite(&x->stats)) continue;
@@ -471,10 +563,10 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     const layer_step *l = &w->ls[x->layer];
     if (lkind == PROBE_KIND_INPUT) {
       origin = (int)i;
-      kind = DIAG_EVENT_INPUT_NAN;
+      kind = PROBE_DIAG_EVENT_INPUT_NAN;
     } else if (is_weight(x->site)) {
       origin = (int)i;
-      kind = DIAG_EVENT_WEIGHT_NONFINITE;
+      kind = PROBE_DIAG_EVENT_WEIGHT_NONFINITE;
     } else if ((is_fwd_out(x->site) || is_bwd_out(x->site)) &&
                !inputs_nonfinite(l, r, x->site)) {
       origin = (int)i;
@@ -496,28 +588,16 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   int lkind = d->layers[o->layer].info.kind;
   int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT;
   int in_idx = fwd ? l->fwd_in : l->grad_out;
-  if (kind == DIAG_EVENT_NONE) {
+  if (kind == PROBE_DIAG_EVENT_NONE) {
     if (!fwd) {
-      kind = stats_has_inf(&o->stats) ? DIAG_EVENT_GRAD_OVERFLOW
-                                      : DIAG_EVENT_INF_ARITH_NAN;
+      kind = stats_has_inf(&o->stats) ? PROBE_DIAG_EVENT_GRAD_OVERFLOW
+                                      : PROBE_DIAG_EVENT_INF_ARITH_NAN;
     } else {
       const probe_stats *in = in_idx >= 0 ? &r[in_idx].stats : NULL;
       int out_inf = rec_nf(r, l->fwd_out) && stats_has_inf(&r[l->fwd_out].stats);
       int saved_inf =
           rec_nf(r, l->fwd_saved) && stats_has_inf(&r[l->fwd_saved].stats);
-      int in_zero = in && (in->zero_count > 0 || in->f16_flush > 0);
-      double in_head = in ? headroom_of(in->absmax) : NAN;
-      if ((out_inf || saved_inf) && in_zero &&
-          (lkind == PROBE_KIND_LOSS || !(in_head <= 8.0)))
-        kind = DIAG_EVENT_UNDERFLOW_TO_INF;
-      else if (saved_inf || rec_nf(r, l->fwd_saved))
-        kind = stats_has_inf(&r[l->fwd_saved].stats)
-                   ? DIAG_EVENT_REDUCTION_OVERFLOW
-                   : DIAG_EVENT_INF_ARITH_NAN;
-      else if (out_inf)
-        kind = DIAG_EVENT_OVERFLOW;
-      else
-        kind = DIAG_EVENT_INF_ARITH_NAN;
+      classify_forward(w, e, r, n, o, l, lkind, in, out_inf, saved_inf, &kind);
     }
   }
   e->event = kind;
@@ -548,8 +628,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   e->more_passed = 0;
   e->nan_from_inf_layer = -1;
   /* The origin itself made NaN out of its own inf (e.g. a saved variance). */
-  if (o->stats.nan_count > 0 && kind != DIAG_EVENT_INPUT_NAN &&
-             kind != DIAG_EVENT_WEIGHT_NONFINITE &&
+  if (o->stats.nan_count > 0 && kind != PROBE_DIAG_EVENT_INPUT_NAN &&
+             kind != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
              ((l->fwd_saved >= 0 && stats_has_inf(&r[l->fwd_saved].stats)) ||
               stats_has_inf(&o->stats))) {
     e->nan_from_inf_layer = o->layer;
@@ -569,7 +649,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     for (int k = 0; k < e->n_passed; k++)
       if (e->passed[k] == x->layer) dup = 1;
     if (dup) continue;
-    if (e->n_passed < DIAG_MAX_PASSED)
+    if (e->n_passed < PROBE_DIAG_MAX_PASSED)
       e->passed[e->n_passed++] = x->layer;
     else
       e->more_passed++;
@@ -579,7 +659,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   int64_t cnt = w->hist_count[o->layer];
   int h = cnt < w->hist_len ? (int)cnt : w->hist_len;
   e->n_history = 0;
-  for (int k = 0; k < h && e->n_history < DIAG_HISTORY_MAX; k++) {
+  for (int k = 0; k < h && e->n_history < PROBE_DIAG_HISTORY_MAX; k++) {
     int64_t idx = (cnt - h + k) % w->hist_len;
     const hist_point *p = &w->hist[(int64_t)o->layer * w->hist_len + idx];
     double a = fwd ? p->fwd_absmax : p->bwd_absmax;
@@ -589,6 +669,60 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     e->n_history++;
   }
   return 1;
+}
+
+/* Silent faults of one layer at one step after warm-up (docs/precision.md,
+ * "Silent faults"): a forward output or saved intermediate holding inf/NaN,
+ * and for a normalisation running in FP16/BF16 a collapse - its saved
+ * statistic overflowed (inf/NaN), its saved 1/std holds exact zeros (only
+ * an infinite variance gives 1/sqrt(var) = 0), its saved variance holds
+ * exact zeros that the input's own zeros cannot explain (a variance that
+ * rounded to 0: fewer zero input values than the zero-variance rows or
+ * features would need), or its output's variance fell below
+ * PROBE_DIAG_COLLAPSE_VAR_FRAC of its weights' mean square while its
+ * input's variance did not. */
+static void silent_faults(walker *w, probe_diag_layer *dl, const layer_step *l,
+                          const probe_record *r, int64_t step) {
+  int fwd_nf = rec_nf(r, l->fwd_out) || rec_nf(r, l->fwd_saved);
+  if (fwd_nf && dl->info.kind != PROBE_KIND_INPUT) {
+    if (dl->fwd_nonfinite_steps++ == 0) dl->fwd_nonfinite_first = step;
+  }
+  (void)w;
+  if (!is_norm_kind(dl->info.kind) || dl->info.precision == PROBE_PREC_FP32)
+    return;
+  if (l->fwd_in < 0 || rec_nf(r, l->fwd_in)) return; /* a carried fault */
+  const probe_stats *in = &r[l->fwd_in].stats;
+  double in_var = stats_var(in);
+  if (!(in_var > 0)) return; /* a constant input collapses legitimately */
+  const probe_stats *sv = l->fwd_saved >= 0 ? &r[l->fwd_saved].stats : NULL;
+  int saved_inf = sv && stats_nonfinite(sv);
+  int zero_rstd = 0, zero_var = 0;
+  if (sv && sv->zero_count > 0 && sv->count > 0 && in->count >= sv->count) {
+    /* per saved value (a row or a feature), in->count / sv->count inputs */
+    double per = (double)in->count / (double)sv->count;
+    int explained = (double)in->zero_count >= (double)sv->zero_count * per;
+    if (dl->info.kind == PROBE_KIND_LAYERNORM && !explained) zero_rstd = 1;
+    if (dl->info.kind == PROBE_KIND_BN && !explained) zero_var = 1;
+  }
+  double out_var = l->fwd_out >= 0 ? stats_var(&r[l->fwd_out].stats) : NAN;
+  double w_ms = 1.0;
+  if (l->weight >= 0 && probe_stats_finite(&r[l->weight].stats))
+    w_ms = r[l->weight].stats.sumsq /
+           (double)probe_stats_finite(&r[l->weight].stats);
+  int var_collapse = isfinite(out_var) && w_ms > 0 &&
+                     out_var < PROBE_DIAG_COLLAPSE_VAR_FRAC * w_ms &&
+                     in_var > PROBE_DIAG_COLLAPSE_VAR_FRAC * w_ms;
+  if (!(saved_inf || zero_rstd || zero_var || var_collapse)) return;
+  probe_diag_collapse *c = &dl->collapse;
+  if (c->steps++ == 0) {
+    c->first_step = step;
+    c->saved_inf = saved_inf;
+    c->saved_zero_rstd = zero_rstd;
+    c->saved_zero = (zero_rstd || zero_var) ? sv->zero_count : 0;
+    c->saved_count = sv ? sv->count : 0;
+    c->out_var = out_var;
+    c->in_var = in_var;
+  }
 }
 
 static void update_layers(walker *w, const probe_record *r, size_t n,
@@ -615,7 +749,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
       if (isfinite(a) && (isnan(ba) || a > ba)) ba = a;
     }
     if (!any) continue;
-    diag_layer *dl = &d->layers[li];
+    probe_diag_layer *dl = &d->layers[li];
     if (!w->frozen) {
       hist_point *p = &w->hist[li * w->hist_len + w->hist_count[li] % w->hist_len];
       p->step = step;
@@ -647,6 +781,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
     for (size_t i = 0; i < n; i++)
       if (r[i].layer == li && stats_nonfinite(&r[i].stats)) nf = 1;
     if (nf) dl->nonfinite_steps++;
+    if (step >= d->warmup_end) silent_faults(w, dl, l, r, step);
   }
   /* weights: largest |w| of any layer at this step */
   double wmax = NAN;
@@ -664,7 +799,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
 static void attribute_backoff(walker *w, const probe_record *r, int64_t step,
                               int found_inf) {
   probe_diag *d = w->d;
-  diag_backoff *b = NULL;
+  probe_diag_backoff *b = NULL;
   while (w->backoff_i < d->n_backoff_detail &&
          d->backoff_detail[w->backoff_i].step < step)
     w->backoff_i++;
@@ -677,7 +812,7 @@ static void attribute_backoff(walker *w, const probe_record *r, int64_t step,
     if (!(rec_nf(r, l->grad_in) || rec_nf(r, l->wgrad))) continue;
     if (found_inf) d->layers[li].backoff_steps++;
     if (b) {
-      if (b->n_layers < DIAG_MAX_BACKOFF_LAYERS)
+      if (b->n_layers < PROBE_DIAG_MAX_BACKOFF_LAYERS)
         b->layers[b->n_layers++] = (int32_t)li;
       else
         b->more_layers++;
@@ -778,6 +913,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
         memcpy(d->passed, e.passed, sizeof d->passed);
         d->more_passed = e.more_passed;
         d->nan_from_inf_layer = e.nan_from_inf_layer;
+        memcpy(d->event_evidence, e.event_evidence, sizeof d->event_evidence);
         d->n_history = e.n_history;
         memcpy(d->history, e.history, sizeof d->history);
         w->frozen = 1;
@@ -865,6 +1001,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     memcpy(d->passed, w.bwd.passed, sizeof d->passed);
     d->more_passed = w.bwd.more_passed;
     d->nan_from_inf_layer = w.bwd.nan_from_inf_layer;
+    memcpy(d->event_evidence, w.bwd.event_evidence, sizeof d->event_evidence);
     d->n_history = w.bwd.n_history;
     memcpy(d->history, w.bwd.history, sizeof d->history);
   }
@@ -877,423 +1014,6 @@ done:
   free(step_buf);
   if (sc_ok) free(sc.buf);
   return st;
-}
-
-/* ---- ranking -------------------------------------------------------------- */
-
-/* Value of `--opt X` (or --opt=X) in a stored command line. */
-static int cmdline_value(const char *cl, const char *opt, char *out,
-                         size_t len) {
-  if (!cl) return 0;
-  size_t ol = strlen(opt);
-  for (const char *p = strstr(cl, opt); p; p = strstr(p + 1, opt)) {
-    if (p != cl && p[-1] != ' ') continue;
-    const char *v = p + ol;
-    if (*v == '=')
-      v++;
-    else if (*v == ' ')
-      while (*v == ' ') v++;
-    else
-      continue;
-    size_t k = 0;
-    while (v[k] && v[k] != ' ' && k + 1 < len) {
-      out[k] = v[k];
-      k++;
-    }
-    out[k] = 0;
-    return k > 0;
-  }
-  return 0;
-}
-
-/* "--scenario X [--steps N] [--seed S]" that reproduces the run. */
-static void run_args(const probe_diag *d, const char *cl, const char *cfg_name,
-                     char *out, size_t len) {
-  char v[200];
-  size_t k = 0;
-  out[0] = 0;
-  if (cmdline_value(cl, "--config", v, sizeof v))
-    k += (size_t)snprintf(out + k, len - k, "--config %s", v);
-  else if (cmdline_value(cl, "--scenario", v, sizeof v))
-    k += (size_t)snprintf(out + k, len - k, "--scenario %s", v);
-  else if (cfg_name && *cfg_name)
-    k += (size_t)snprintf(out + k, len - k, "--scenario %s", cfg_name);
-  else
-    k += (size_t)snprintf(out + k, len - k, "--config CONFIG.json");
-  if (k < len && cmdline_value(cl, "--steps", v, sizeof v))
-    k += (size_t)snprintf(out + k, len - k, " --steps %s", v);
-  if (k < len && cmdline_value(cl, "--seed", v, sizeof v))
-    k += (size_t)snprintf(out + k, len - k, " --seed %s", v);
-  (void)d;
-}
-
-static void add_candidate(char *list, size_t len, const char *kind) {
-  if (!kind || !*kind) return;
-  if (!strcmp(kind, "input") || !strcmp(kind, "loss") ||
-      !strcmp(kind, "other"))
-    return;
-  /* already there? */
-  size_t kl = strlen(kind);
-  for (const char *p = list; (p = strstr(p, kind)); p += kl)
-    if ((p == list || p[-1] == ',') && (p[kl] == 0 || p[kl] == ','))
-      return;
-  size_t n = strlen(list);
-  snprintf(list + n, len - n, "%s%s", n ? "," : "", kind);
-}
-
-static void fmt_loss(char *b, size_t n, double x) {
-  if (isnan(x))
-    snprintf(b, n, "nan");
-  else if (isinf(x))
-    snprintf(b, n, "%sinf", x < 0 ? "-" : "");
-  else
-    snprintf(b, n, "%.4g", x);
-}
-
-static int layer_is_fp32(const probe_diag *d, int32_t id) {
-  return id >= 0 && id < d->n_layers &&
-         d->layers[id].info.precision == PROBE_PREC_FP32;
-}
-
-static void diag_rank(probe_diag *d, const char *cl, const char *cfg_name) {
-  char args[320];
-  run_args(d, cl, cfg_name, args, sizeof args);
-  const char *oname = diag_layer_name(d, d->origin_layer);
-  int has_event = d->event_step >= 0 || d->first_nonfinite_loss_step >= 0;
-  char b1[32], b2[32];
-
-  /* Candidates to keep in FP32: the origin's kind, the layer that fed it
-   * zeros (underflow), other layers that were origins, sensitive layers
-   * with tight headroom. */
-  d->fp32_candidates[0] = 0;
-  char prior[200], prior_list[200] = "";
-  int have_prior = 0;
-  if (cmdline_value(cl, "--fp32", prior, sizeof prior)) {
-    /* what the run already kept in FP32 stays a candidate */
-    have_prior = 1;
-    snprintf(prior_list, sizeof prior_list, "%s", prior);
-    for (char *tok = strtok(prior, ","); tok; tok = strtok(NULL, ","))
-      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates, tok);
-  }
-  /* A layer that already runs in FP32 is never a candidate to force to
-   * FP32: when the origin is one, the underflow came from upstream. */
-  if (d->origin_layer >= 0) {
-    if (d->event == DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
-        !layer_is_fp32(d, d->feeder_layer))
-      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
-                    probe_kind_name(d->layers[d->feeder_layer].info.kind));
-    if (!layer_is_fp32(d, d->origin_layer))
-      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
-                    probe_kind_name(d->layers[d->origin_layer].info.kind));
-  }
-  for (int64_t i = 0; i < d->n_layers; i++)
-    if (d->layers[i].origin_steps > 0 && i != d->origin_layer &&
-        !layer_is_fp32(d, (int32_t)i))
-      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
-                    probe_kind_name(d->layers[i].info.kind));
-  for (int64_t i = 0; i < d->n_layers; i++) {
-    int k = d->layers[i].info.kind;
-    int sensitive = k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||
-                    k == PROBE_KIND_REVIN || k == PROBE_KIND_SOFTMAX ||
-                    k == PROBE_KIND_ATTENTION;
-    if (!sensitive || d->layers[i].info.precision != PROBE_PREC_FP16) continue;
-    int tight = d->layers[i].min_fwd_headroom < 1.0;
-    int zeros = k == PROBE_KIND_SOFTMAX && d->layers[i].fwd_out_zero > 0;
-    if (has_event && (tight || zeros))
-      add_candidate(d->fp32_candidates, sizeof d->fp32_candidates,
-                    probe_kind_name(k));
-  }
-
-  /* lr signature: the loss climbed and the weights grew before the event. */
-  int loss_climb = isfinite(d->loss_rise) && d->loss_rise >= 4.0;
-  double wgrowth = (isfinite(d->master_absmax_first) &&
-                    d->master_absmax_first > 0 &&
-                    isfinite(d->master_absmax_last))
-                       ? d->master_absmax_last / d->master_absmax_first
-                       : NAN;
-  int weights_grew = isfinite(wgrowth) && wgrowth >= 8.0;
-  int lr_signature = has_event && (d->fp32_run || (loss_climb && weights_grew));
-
-  diag_finding *f;
-  if (d->event == DIAG_EVENT_INPUT_NAN) {
-    f = add_finding(d, DIAG_FINDING_CLEAN_INPUT, 100,
-                    "NaN/inf arrived in the input data at step %lld",
-                    (long long)d->event_step);
-    add_evidence(f, "layer '%s' (kind input) holds %llu NaN, %llu inf of %llu "
-                    "values at step %lld",
-                 oname, (unsigned long long)d->origin_out.nan_count,
-                 (unsigned long long)(d->origin_out.posinf_count +
-                                      d->origin_out.neginf_count),
-                 (unsigned long long)d->origin_out.count,
-                 (long long)d->event_step);
-    add_evidence(f, "no layer produced it: it was non-finite before the "
-                    "first module ran");
-    snprintf(f->next_step, sizeof f->next_step,
-             "clean the input data of step %lld (drop or impute NaN/inf "
-             "samples, e.g. torch.nan_to_num or a data check); precision "
-             "changes will not help",
-             (long long)d->event_step);
-  }
-  if (d->event == DIAG_EVENT_WEIGHT_NONFINITE) {
-    f = add_finding(d, DIAG_FINDING_CHECK_WEIGHTS, 90,
-                    "the weights of '%s' are non-finite at step %lld", oname,
-                    (long long)d->event_step);
-    add_evidence(f, "site %s of '%s' holds %llu NaN, %llu inf",
-                 probe_site_name(d->origin_site), oname,
-                 (unsigned long long)d->origin_out.nan_count,
-                 (unsigned long long)(d->origin_out.posinf_count +
-                                      d->origin_out.neginf_count));
-    snprintf(f->next_step, sizeof f->next_step,
-             "a non-finite update reached the weights: check that steps with "
-             "non-finite gradients are skipped, and lower the learning rate; "
-             "compare with 'ampprobe run --precision fp32 %s'",
-             args);
-  }
-  if (d->clip_scaled_signature) {
-    f = add_finding(d, DIAG_FINDING_FIX_CLIP_ORDER, has_event ? 92 : 60,
-                    "gradients are clipped while still multiplied by the loss "
-                    "scale");
-    add_evidence(f, "%lld of %lld steps clipped; mean pre-clip norm / "
-                    "threshold is 2^%.1f, largest ratio %.3g at step %lld",
-                 (long long)d->clipped_steps, (long long)d->clip_steps_seen,
-                 d->clip_log2_ratio_mean,
-                 d->max_clip_ratio, (long long)d->max_clip_ratio_step);
-    if (d->clip_norm_steps > 0 &&
-        5 * d->clip_norm_scaled_steps >= 4 * d->clip_norm_steps)
-      add_evidence(f, "on %lld of %lld steps the clipper's norm was the norm "
-                      "of the recorded weight gradients, which still carry "
-                      "the loss scale (not that norm / scale)",
-                   (long long)d->clip_norm_scaled_steps,
-                   (long long)d->clip_norm_steps);
-    else if (isfinite(d->corr_norm_scale))
-      add_evidence(f, "corr(log2 grad_norm, log2 loss_scale) = %.2f over the "
-                      "steps (the norms track the scale)",
-                   d->corr_norm_scale);
-    add_evidence(f, "grad_norm / loss_scale = %.3g: that is the real "
-                    "(unscaled) gradient norm, against a threshold of %g",
-                 d->norm_over_scale, d->clip_threshold);
-    snprintf(f->next_step, sizeof f->next_step,
-             "unscale before clipping (scaler.unscale_(optimizer) before "
-             "clip_grad_norm_); check with 'ampprobe run %s' without "
-             "--clip-before-unscale",
-             args);
-  }
-  if (lr_signature) {
-    f = add_finding(d, DIAG_FINDING_LOWER_LR, d->fp32_run ? 95 : 88,
-                    d->fp32_run ? "the run diverged in FP32: not a precision "
-                                  "problem"
-                                : "the run diverged before it overflowed: the "
-                                  "learning rate looks too high");
-    if (d->fp32_run)
-      add_evidence(f, "every layer ran in FP32 and the loss still went "
-                      "non-finite at step %lld",
-                   (long long)d->first_nonfinite_loss_step);
-    if (isfinite(d->loss_rise)) {
-      fmt_loss(b1, sizeof b1, d->loss_before_event);
-      add_evidence(f, "the loss climbed %.3gx from its best before the "
-                      "event (last finite loss %s)",
-                   d->loss_rise, b1);
-    }
-    if (isfinite(wgrowth))
-      add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)",
-                   wgrowth, d->master_absmax_first, d->master_absmax_last);
-    snprintf(f->next_step, sizeof f->next_step,
-             d->fp32_run
-                 ? "lower the learning rate (e.g. 'ampprobe run %s --lr "
-                   "<smaller>'); forcing layers to FP32 will not help"
-                 : "check the FP32 baseline: 'ampprobe run --precision fp32 "
-                   "%s'; if it diverges too, lower the learning rate (--lr)",
-             args);
-  }
-  if (has_event && d->event != DIAG_EVENT_INPUT_NAN &&
-      d->event != DIAG_EVENT_WEIGHT_NONFINITE && d->event != DIAG_EVENT_NONE &&
-      !d->fp32_run && d->origin_layer >= 0) {
-    double score = lr_signature ? 70 : (d->clip_scaled_signature ? 75 : 90);
-    /* The layer to keep in FP32: the origin, unless it already runs in
-     * FP32; then, for underflow-to-inf, the FP16 layer upstream that
-     * produced the zeros. -1: no such FP16 layer. */
-    int32_t target = d->origin_layer;
-    if (layer_is_fp32(d, target))
-      target = d->event == DIAG_EVENT_UNDERFLOW_TO_INF &&
-                       d->feeder_layer >= 0 &&
-                       !layer_is_fp32(d, d->feeder_layer)
-                   ? d->feeder_layer
-                   : -1;
-    const char *okind = probe_kind_name(d->layers[d->origin_layer].info.kind);
-    const char *cands =
-        d->fp32_candidates[0]
-            ? d->fp32_candidates
-            : (target >= 0 ? probe_kind_name(d->layers[target].info.kind)
-                           : NULL);
-    if (target == d->origin_layer)
-      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
-                      "FP16 %s in '%s' (%s): keep it in FP32",
-                      diag_event_name(d->event), oname, okind);
-    else if (target >= 0)
-      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
-                      "FP16 %s: '%s' (%s) underflowed to zero in FP16 and "
-                      "'%s' (%s, FP32) turned it into inf: keep '%s' in FP32",
-                      diag_event_name(d->event), diag_layer_name(d, target),
-                      probe_kind_name(d->layers[target].info.kind), oname,
-                      okind, diag_layer_name(d, target));
-    else
-      f = add_finding(d, DIAG_FINDING_FORCE_FP32, score,
-                      "%s in '%s' (%s), a layer that already runs in FP32: "
-                      "what it received was produced in FP16 upstream",
-                      diag_event_name(d->event), oname, okind);
-    add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
-                 probe_phase_name(d->event_phase), diag_event_desc(d->event));
-    if (d->have_origin_in)
-      add_evidence(f, "its input was finite (absmax %.4g, %llu zeros) and "
-                      "its %s holds %llu NaN, %llu inf",
-                   d->origin_in.absmax,
-                   (unsigned long long)d->origin_in.zero_count,
-                   probe_site_name(d->origin_site),
-                   (unsigned long long)d->origin_out.nan_count,
-                   (unsigned long long)(d->origin_out.posinf_count +
-                                        d->origin_out.neginf_count));
-    if (d->n_history >= 2) {
-      const diag_history_point *a = &d->history[0];
-      const diag_history_point *z = &d->history[d->n_history - 1];
-      add_evidence(f, "headroom log2(65504/absmax) went %.2f -> %.2f over "
-                      "steps %lld..%lld",
-                   a->headroom, z->headroom, (long long)a->step,
-                   (long long)z->step);
-    }
-    if (d->event == DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0)
-      add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
-                   diag_layer_name(d, d->feeder_layer),
-                   probe_kind_name(d->layers[d->feeder_layer].info.kind));
-    if (have_prior)
-      add_evidence(f, "this run already kept '%s' in FP32; the candidates "
-                      "include it",
-                   prior_list);
-    else
-      add_evidence(f, "a second culprit can hide behind the first: run "
-                      "postmortem again on the fixed run");
-    if (cands)
-      snprintf(f->next_step, sizeof f->next_step,
-               "ampprobe bisect --fp32-candidates %s %s", cands, args);
-    else
-      snprintf(f->next_step, sizeof f->next_step,
-               "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
-               "trace against 'ampprobe run --precision fp32 %s --trace'",
-               oname, args);
-  }
-  /* Loss scaling off and gradients underflowing. */
-  if (!d->scaling_on && !has_event && !d->fp32_run &&
-      d->worst_underflow_layer >= 0 && d->worst_underflow_frac >= 0.01) {
-    const diag_layer *wl = &d->layers[d->worst_underflow_layer];
-    f = add_finding(d, DIAG_FINDING_ENABLE_LOSS_SCALING, has_event ? 50 : 80,
-                    "gradients underflow in FP16 without loss scaling");
-    add_evidence(f, d->scaling_from_config
-                        ? "loss scaling is off (the run's config)"
-                        : "loss scaling is off (loss_scale 1 at every step)");
-    uint64_t c0 = wl->grad_count[0], c1 = wl->grad_count[1];
-    char f0[16] = "n/a", f1[16] = "n/a";
-    if (c0)
-      snprintf(f0, sizeof f0, "%.1f%%",
-               100.0 * (double)wl->grad_subnormal[0] / (double)c0);
-    if (c1)
-      snprintf(f1, sizeof f1, "%.1f%%",
-               100.0 * (double)wl->grad_subnormal[1] / (double)c1);
-    add_evidence(f, "'%s': %.1f%% of its gradient values are subnormal or "
-                    "flush to zero in FP16 (first half %s, second half %s)",
-                 wl->info.name, 100.0 * d->worst_underflow_frac, f0, f1);
-    fmt_loss(b1, sizeof b1, d->first_loss);
-    fmt_loss(b2, sizeof b2, d->last_loss);
-    add_evidence(f, "loss %s -> %s over %lld steps", b1, b2,
-                 (long long)d->n_steps);
-    snprintf(f->next_step, sizeof f->next_step,
-             "enable dynamic loss scaling: 'ampprobe run %s' without "
-             "--no-loss-scale (init scale 65536)",
-             args);
-  }
-  /* The scaler cannot keep up. */
-  /* (Not when the skips follow from non-finite losses: a symptom then.) */
-  if (d->scaling_on && d->scale_collapsed &&
-      !(has_event && 2 * d->nonfinite_loss_steps >= d->skipped_steps)) {
-    f = add_finding(d, DIAG_FINDING_SCALE_COLLAPSE, has_event ? 60 : 85,
-                    "the loss scale collapsed: %lld backoffs, %lld skipped "
-                    "steps",
-                    (long long)(d->backoffs + d->min_clamps),
-                    (long long)d->skipped_steps);
-    add_evidence(f, "scale %.6g -> %.6g (min %.6g); longest skip run %lld "
-                    "steps from step %lld",
-                 d->scale_first, d->scale_last, d->scale_min,
-                 (long long)d->longest_skip_run,
-                 (long long)d->longest_skip_start);
-    int32_t top = -1;
-    for (int64_t i = 0; i < d->n_layers; i++)
-      if (d->layers[i].backoff_steps > 0 &&
-          (top < 0 || d->layers[i].backoff_steps > d->layers[top].backoff_steps))
-        top = (int32_t)i;
-    char cands[128] = "";
-    if (top >= 0) {
-      add_evidence(f, "'%s' held non-finite gradients in %lld overflow steps",
-                   d->layers[top].info.name,
-                   (long long)d->layers[top].backoff_steps);
-      add_candidate(cands, sizeof cands,
-                    probe_kind_name(d->layers[top].info.kind));
-    }
-    if (cands[0])
-      snprintf(f->next_step, sizeof f->next_step,
-               "ampprobe bisect --fp32-candidates %s %s", cands, args);
-    else
-      snprintf(f->next_step, sizeof f->next_step,
-               "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
-               args);
-  }
-  if (d->n_findings == 0 && d->event_step < 0 &&
-      d->first_nonfinite_loss_step >= 0) {
-    f = add_finding(d, DIAG_FINDING_LOWER_LR, 50,
-                    "the loss went non-finite at step %lld",
-                    (long long)d->first_nonfinite_loss_step);
-    add_evidence(f, "no per-layer record in the trace shows where (record "
-                    "with --trace to see the origin)");
-    snprintf(f->next_step, sizeof f->next_step,
-             "re-run with per-layer records: 'ampprobe run --trace %s', then "
-             "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
-             args, args);
-  }
-  if (d->n_findings == 0) {
-    f = add_finding(d, DIAG_FINDING_HEALTHY, 0, "healthy: no problem found");
-    fmt_loss(b1, sizeof b1, d->first_loss);
-    fmt_loss(b2, sizeof b2, d->last_loss);
-    add_evidence(f, "every loss finite; loss %s -> %s over %lld steps", b1,
-                 b2, (long long)d->n_steps);
-    if (d->scaling_on)
-      add_evidence(f, "%lld backoffs (%lld after warm-up), %lld skipped "
-                      "steps; scale %.6g -> %.6g",
-                   (long long)d->backoffs, (long long)d->late_backoffs,
-                   (long long)d->skipped_steps, d->scale_first, d->scale_last);
-    int32_t tight = -1;
-    for (int64_t i = 0; i < d->n_layers; i++)
-      if (isfinite(d->layers[i].min_fwd_headroom) &&
-          (tight < 0 ||
-           d->layers[i].min_fwd_headroom < d->layers[tight].min_fwd_headroom))
-        tight = (int32_t)i;
-    if (tight >= 0)
-      add_evidence(f, "tightest FP16 headroom: '%s' %.2f binades (step %lld)",
-                   d->layers[tight].info.name,
-                   d->layers[tight].min_fwd_headroom,
-                   (long long)d->layers[tight].min_fwd_headroom_step);
-    if (d->clipping_on)
-      add_evidence(f, "%lld of %lld steps clipped, largest clip ratio %.3g",
-                   (long long)d->clipped_steps, (long long)d->clip_steps_seen,
-                   d->max_clip_ratio);
-    snprintf(f->next_step, sizeof f->next_step, "nothing to fix");
-  }
-  /* rank: stable sort by score, descending */
-  for (int i = 1; i < d->n_findings; i++) {
-    diag_finding tmp = d->findings[i];
-    int j = i - 1;
-    while (j >= 0 && d->findings[j].score < tmp.score) {
-      d->findings[j + 1] = d->findings[j];
-      j--;
-    }
-    d->findings[j + 1] = tmp;
-  }
 }
 
 /* ---- entry point ---------------------------------------------------------- */
@@ -1328,31 +1048,116 @@ static probe_status edge_records(probe_trace *t, int64_t n, int64_t *first,
   return PROBE_OK;
 }
 
-int diag_config_scaling(const char *config_json) {
-  if (!config_json || !*config_json) return -1;
-  json_error_t jerr;
-  json_t *cfg = json_loads(config_json, 0, &jerr);
-  json_t *en = json_object_get(json_object_get(cfg, "scaler"), "enabled");
+int probe_diag_config_scaling(const char *config_json) {
+  probe__jflat f;
+  if (!config_json || !*config_json ||
+      probe__jflat_parse(&f, config_json) != PROBE_OK)
+    return -1;
+  const probe__jleaf *en = probe__jflat_get(&f, "scaler.enabled");
   int on = -1;
-  if (json_is_boolean(en)) {
+  if (en && en->type == PROBE__JV_BOOL) {
     /* the trainer scales FP16 runs only; "precision" defaults to fp16 */
-    const char *prec = json_string_value(json_object_get(cfg, "precision"));
-    on = json_is_true(en) && (!prec || !strcmp(prec, "fp16"));
+    const probe__jleaf *prec = probe__jflat_get(&f, "precision");
+    on = en->boolean && (!prec || prec->type != PROBE__JV_STR ||
+                         !strcmp(prec->str, "fp16"));
   }
-  json_decref(cfg);
+  probe__jflat_free(&f);
   return on;
 }
 
+/* The value of `--opt X` or `--opt=X` among the stored command line's
+ * words (the line is argv joined by spaces: a word is matched whole). */
+static int argv_value(const char *cl, const char *opt, char *out, size_t len) {
+  if (!cl) return 0;
+  size_t ol = strlen(opt);
+  const char *p = cl;
+  while (*p) {
+    while (*p == ' ') p++;
+    const char *w = p;
+    while (*p && *p != ' ') p++;
+    size_t wl = (size_t)(p - w);
+    const char *v = NULL;
+    size_t vl = 0;
+    if (wl == ol && !strncmp(w, opt, ol)) {
+      while (*p == ' ') p++;
+      v = p;
+      while (*p && *p != ' ') p++;
+      vl = (size_t)(p - v);
+    } else if (wl > ol && !strncmp(w, opt, ol) && w[ol] == '=') {
+      v = w + ol + 1;
+      vl = wl - ol - 1;
+    }
+    if (v && vl > 0) {
+      char raw[256];
+      snprintf(raw, sizeof raw, "%.*s", (int)(vl < 255 ? vl : 255), v);
+      probe_text_escape(out, len, raw);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void probe__diag_read_config(probe_diag *d, const char *config_json,
+                             const char *command_line) {
+  d->cfg_found = 0;
+  d->cfg_name[0] = d->cfg_fp32[0] = d->cfg_source[0] = 0;
+  d->cfg_steps = d->cfg_seed = -1;
+  d->cfg_clip_before_unscale = -1;
+  d->cfg_loss_log = 1;
+  probe__jflat f;
+  if (config_json && *config_json &&
+      probe__jflat_parse(&f, config_json) == PROBE_OK) {
+    d->cfg_found = 1;
+    const probe__jleaf *x = probe__jflat_get(&f, "name");
+    if (x && x->type == PROBE__JV_STR)
+      probe_text_escape(d->cfg_name, sizeof d->cfg_name, x->str);
+    if ((x = probe__jflat_get(&f, "steps")) && x->type == PROBE__JV_NUM)
+      d->cfg_steps = (int64_t)x->num;
+    if ((x = probe__jflat_get(&f, "seed")) && x->type == PROBE__JV_NUM)
+      d->cfg_seed = (int64_t)x->num;
+    if ((x = probe__jflat_get(&f, "clip.before_unscale")) &&
+        x->type == PROBE__JV_BOOL)
+      d->cfg_clip_before_unscale = x->boolean;
+    /* "fp32": a list of strings, or one comma-separated string */
+    if ((x = probe__jflat_get(&f, "fp32")) && x->type == PROBE__JV_STR) {
+      probe_text_escape(d->cfg_fp32, sizeof d->cfg_fp32, x->str);
+    } else {
+      for (int i = 0; i < 64; i++) {
+        char key[16], esc[128];
+        snprintf(key, sizeof key, "fp32[%d]", i);
+        if (!(x = probe__jflat_get(&f, key)) || x->type != PROBE__JV_STR) break;
+        probe_text_escape(esc, sizeof esc, x->str);
+        size_t n = strlen(d->cfg_fp32);
+        snprintf(d->cfg_fp32 + n, sizeof d->cfg_fp32 - n, "%s%s", n ? "," : "",
+                 esc);
+      }
+    }
+    if ((x = probe__jflat_get(&f, "loss")) && x->type == PROBE__JV_STR)
+      d->cfg_loss_log = !strcmp(x->str, "cross_entropy");
+    probe__jflat_free(&f);
+  }
+  /* How to run it again: the file or scenario it came from. */
+  char v[200];
+  if (argv_value(command_line, "--config", v, sizeof v))
+    snprintf(d->cfg_source, sizeof d->cfg_source, "--config %s", v);
+  else if (argv_value(command_line, "--scenario", v, sizeof v))
+    snprintf(d->cfg_source, sizeof d->cfg_source, "--scenario %s", v);
+  else if (d->cfg_name[0])
+    snprintf(d->cfg_source, sizeof d->cfg_source, "--scenario %s", d->cfg_name);
+  else
+    snprintf(d->cfg_source, sizeof d->cfg_source, "--config CONFIG.json");
+}
+
 probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
-                            const diag_options *opt) {
-  diag_options defaults;
+                            const probe_diag_options *opt) {
+  probe_diag_options defaults;
   if (!opt) {
-    diag_options_init(&defaults);
+    probe_diag_options_init(&defaults);
     opt = &defaults;
   }
   size_t chunk = opt->chunk_rows ? opt->chunk_rows : 4096;
   memset(d, 0, sizeof *d);
-  snprintf(d->path, sizeof d->path, "%s", path ? path : "");
+  probe_text_escape(d->path, sizeof d->path, path ? path : "");
   const probe_trace_info *info = probe_trace_get_info(t);
   d->complete = info->complete;
   d->record_mode = info->record_mode;
@@ -1365,8 +1170,8 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   d->first_grad_overflow_step = -1;
   d->worst_underflow_layer = -1;
   d->master_absmax_first = d->master_absmax_last = NAN;
-  snprintf(d->precision_policy, sizeof d->precision_policy, "%s",
-           info->precision_policy ? info->precision_policy : "");
+  probe_text_escape(d->precision_policy, sizeof d->precision_policy,
+                    info->precision_policy ? info->precision_policy : "");
 
   size_t nl = 0;
   const probe_layer_info *li = probe_trace_layers(t, &nl);
@@ -1378,6 +1183,10 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
     d->layers[i].info = li[i];
     d->layers[i].min_fwd_headroom = INFINITY;
     d->layers[i].min_fwd_headroom_step = -1;
+    d->layers[i].fwd_nonfinite_first = -1;
+    d->layers[i].collapse.first_step = -1;
+    probe_text_escape(d->layers[i].display, sizeof d->layers[i].display,
+                      li[i].name);
     if (li[i].kind != PROBE_KIND_INPUT && li[i].kind != PROBE_KIND_LOSS &&
         li[i].precision != PROBE_PREC_FP32)
       d->fp32_run = 0;
@@ -1393,7 +1202,8 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   if (st < 0) return st;
   /* The stored config says whether a scaler ran; the steps only guess (a
    * scaler that stays at an initial scale of 1 leaves no trace). */
-  int cfg_scaling = diag_config_scaling(info->config_json);
+  probe__diag_read_config(d, info->config_json, info->command_line);
+  int cfg_scaling = probe_diag_config_scaling(info->config_json);
   if (cfg_scaling >= 0) {
     d->scaling_on = cfg_scaling;
     d->scaling_from_config = 1;
@@ -1422,15 +1232,26 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
         d->clipping_on && d->scaling_on &&
         5 * d->clip_norm_scaled_steps >= 4 * d->clip_norm_steps;
   if (d->event_step < 0 && d->first_nonfinite_loss_step >= 0) {
-    d->event = DIAG_EVENT_LOSS_ONLY;
+    d->event = PROBE_DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;
     d->event_phase = PROBE_PHASE_FORWARD;
+  }
+
+  /* Silent faults: the first layer (execution order) with a collapse or
+   * forward inf/NaN after warm-up. */
+  d->silent_layer = -1;
+  d->silent_layers = 0;
+  for (int64_t i = 0; i < d->n_layers; i++) {
+    const probe_diag_layer *l = &d->layers[i];
+    if (l->collapse.steps == 0 && l->fwd_nonfinite_steps == 0) continue;
+    if (d->silent_layer < 0) d->silent_layer = (int32_t)i;
+    d->silent_layers++;
   }
 
   /* Worst gradient underflow. */
   uint64_t tot_c = 0, tot_z = 0;
   for (int64_t i = 0; i < d->n_layers; i++) {
-    const diag_layer *l = &d->layers[i];
+    const probe_diag_layer *l = &d->layers[i];
     uint64_t c = l->grad_count[0] + l->grad_count[1];
     tot_c += c;
     tot_z += l->grad_zero[0] + l->grad_zero[1];
@@ -1446,16 +1267,7 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   }
   d->total_grad_zero_frac = tot_c ? (double)tot_z / (double)tot_c : NAN;
 
-  /* scenario name from the stored config */
-  char cfg_name[128] = "";
-  if (info->config_json && *info->config_json) {
-    json_error_t jerr;
-    json_t *cfg = json_loads(info->config_json, 0, &jerr);
-    const char *nm = cfg ? json_string_value(json_object_get(cfg, "name")) : NULL;
-    if (nm) snprintf(cfg_name, sizeof cfg_name, "%s", nm);
-    json_decref(cfg);
-  }
-  diag_rank(d, info->command_line, cfg_name);
+  probe__diag_rank(d);
   return PROBE_OK;
 }
 
@@ -1465,5 +1277,16 @@ void probe_diag_free(probe_diag *d) {
 }
 
 int probe_diag_problem(const probe_diag *d) {
-  return d->n_findings > 0 && d->findings[0].id != DIAG_FINDING_HEALTHY;
+  return d->verdict != PROBE_VERDICT_HEALTHY;
 }
+
+const char *probe_verdict_name(probe_verdict v) {
+  switch (v) {
+  case PROBE_VERDICT_HEALTHY: return "healthy";
+  case PROBE_VERDICT_DEGRADED: return "degraded";
+  case PROBE_VERDICT_DIVERGED: return "diverged";
+  }
+  return "?";
+}
+
+void probe_free(void *p) { free(p); }

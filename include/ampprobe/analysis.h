@@ -1,0 +1,651 @@
+/*
+ * ampprobe/analysis.h - the analysis of traces as a library: the
+ * post-mortem diagnosis, the comparison of two traces (diff) and delta
+ * debugging (ddmin, the core of bisect). `ampprobe postmortem`, `diff`,
+ * `bisect` and `report` are thin layers over these functions; a program or
+ * the Python package calls them in-process. The library never prints and
+ * never exits: every function returns a probe_status (ampprobe/status.h)
+ * and fills plain structs; text and JSON renderings are made into malloc'd
+ * buffers that the caller releases with probe_free().
+ *
+ * Quick start (one call, the JSON document `ampprobe postmortem --json`
+ * prints):
+ *
+ *   char *json = NULL;
+ *   const char *paths[] = {"fp16.h5"};
+ *   if (probe_postmortem_json(paths, 1, &json) == PROBE_OK) {
+ *     puts(json);
+ *     probe_free(json);
+ *   }
+ *
+ * In C, with the structured result:
+ *
+ *   probe_trace *t; probe_diag d;
+ *   probe_trace_open(&t, "fp16.h5");
+ *   probe_diag_run(&d, t, "fp16.h5", NULL);
+ *   printf("%s\n", probe_verdict_name(d.verdict));  // healthy/degraded/diverged
+ *   probe_diag_free(&d); probe_trace_close(t);
+ *
+ * Verdicts (docs/precision.md): healthy (exit 0), degraded (exit 1: the loss
+ * stayed finite but a forward intermediate held inf/NaN after warm-up, a
+ * normalisation's output collapsed, or another problem was diagnosed),
+ * diverged (exit 1: the loss went non-finite, the weights did, or the loss
+ * scale collapsed).
+ *
+ * JSON conventions: numbers that are +inf, -inf or NaN are the strings
+ * "inf", "-inf", "nan" (JSON has no such numbers); a value that does not
+ * exist (no data) is null. Names read from files (layers, configs, paths)
+ * are escaped with probe_text_escape() in every text and JSON output.
+ *
+ * Layer names: probe_diag_layer_name() and every name in the results are
+ * the escaped display form; the raw name stays in layers[i].info.name.
+ */
+#ifndef AMPPROBE_ANALYSIS_H
+#define AMPPROBE_ANALYSIS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampprobe/export.h"
+#include "ampprobe/probe.h"
+#include "ampprobe/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== shared ================================================================ */
+
+/* Releases a buffer returned by this library (JSON or text renderings). */
+AMPPROBE_API void probe_free(void *p);
+
+/* Copies s into out (cap bytes, always NUL-terminated when cap > 0) with
+ * every byte that could control a terminal made visible: \n \r \t \e \a
+ * \b \f \v, a backslash as \\, C1 controls as \u0080..\u009f, bytes
+ * that are not valid UTF-8 as \xHH. Printable ASCII and valid UTF-8 pass
+ * unchanged. Returns the length the escaped text needs (as snprintf does),
+ * so a caller can size its buffer: probe_text_escape(NULL, 0, s) + 1. */
+AMPPROBE_API size_t probe_text_escape(char *out, size_t cap, const char *s);
+/* 1 when probe_text_escape would change s. */
+AMPPROBE_API int probe_text_needs_escape(const char *s);
+
+/* x with `digits` significant digits ("%.*g"), or "nan", "inf", "-inf":
+ * the one number format of the CLI's text outputs. */
+AMPPROBE_API void probe_num_format(char *buf, size_t n, double x, int digits);
+
+/* Verdict of a run (postmortem, run, bisect trials, report). */
+typedef enum probe_verdict {
+  PROBE_VERDICT_HEALTHY = 0,  /* nothing found; exit 0 */
+  PROBE_VERDICT_DEGRADED = 1, /* finite loss, but a silent fault or another
+                                 problem; exit 1 */
+  PROBE_VERDICT_DIVERGED = 2  /* non-finite loss or weights, or the loss
+                                 scale collapsed; exit 1 */
+} probe_verdict;
+
+/* "healthy", "degraded", "diverged" ("?" out of range). */
+AMPPROBE_API const char *probe_verdict_name(probe_verdict v);
+
+/* ==== post-mortem diagnosis ================================================= *
+ *
+ * Reads a trace through the chunked reader (memory bounded by the model
+ * size, never by the trace length) and fills a probe_diag: the first
+ * non-finite event and its origin layer, the kind of event, silent faults
+ * (collapsed normalisations, forward inf/NaN with a finite loss), the loss
+ * scaler's story, clipping, FP16 underflow of gradients, and a ranked
+ * diagnosis made by a table of rules (docs/precision.md), each finding with
+ * evidence and one next step.
+ */
+
+/* Kinds of first non-finite event. */
+#define PROBE_DIAG_EVENT_MAP(XX)                                                     \
+  XX(NONE, "none", "no non-finite value")                                      \
+  XX(OVERFLOW, "overflow",                                                     \
+     "finite values overflowed past the FP16 maximum 65504")                   \
+  XX(REDUCTION_OVERFLOW, "reduction-overflow",                                 \
+     "a reduction or saved intermediate overflowed while the input was "       \
+     "finite")                                                                 \
+  XX(UNDERFLOW_TO_INF, "underflow-to-inf",                                     \
+     "values underflowed to zero and a log or division turned them into inf")  \
+  XX(INF_ARITH_NAN, "inf-arithmetic-nan",                                      \
+     "inf-inf or 0*inf produced NaN")                                          \
+  XX(GRAD_OVERFLOW, "gradient-overflow",                                       \
+     "scaled gradients overflowed FP16 in the backward pass")                  \
+  XX(INPUT_NAN, "input-nan", "NaN or inf arrived in the input data")           \
+  XX(WEIGHT_NONFINITE, "weight-nonfinite", "the weights hold NaN or inf")      \
+  XX(LOSS_ONLY, "loss-nonfinite",                                              \
+     "the loss was non-finite but no per-layer record shows where")
+
+typedef enum probe_diag_event {
+#define PROBE_DIAG_EVENT_ENUM_(name, str, desc) PROBE_DIAG_EVENT_##name,
+  PROBE_DIAG_EVENT_MAP(PROBE_DIAG_EVENT_ENUM_)
+#undef PROBE_DIAG_EVENT_ENUM_
+      PROBE_DIAG_EVENT_COUNT
+} probe_diag_event;
+
+AMPPROBE_API const char *probe_diag_event_name(probe_diag_event e);
+AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
+
+/* Ranked findings. */
+#define PROBE_DIAG_FINDING_MAP(XX)                                                   \
+  XX(HEALTHY, "healthy")                                                       \
+  XX(FORCE_FP32, "force-fp32")                                                 \
+  XX(ENABLE_LOSS_SCALING, "enable-loss-scaling")                               \
+  XX(FIX_CLIP_ORDER, "fix-clip-order")                                         \
+  XX(LOWER_LR, "lower-lr")                                                     \
+  XX(CLEAN_INPUT, "clean-input")                                               \
+  XX(CHECK_WEIGHTS, "check-weights")                                           \
+  XX(SCALE_COLLAPSE, "scale-collapse")
+
+typedef enum probe_diag_finding_id {
+#define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,
+  PROBE_DIAG_FINDING_MAP(PROBE_DIAG_FINDING_ENUM_)
+#undef PROBE_DIAG_FINDING_ENUM_
+      PROBE_DIAG_FINDING_COUNT
+} probe_diag_finding_id;
+
+AMPPROBE_API const char *probe_diag_finding_name(probe_diag_finding_id f);
+
+#define PROBE_DIAG_MAX_FINDINGS 8
+#define PROBE_DIAG_MAX_EVIDENCE 6
+#define PROBE_DIAG_TEXT_MAX 320
+#define PROBE_DIAG_MAX_PASSED 16
+#define PROBE_DIAG_MAX_BACKOFFS 8
+#define PROBE_DIAG_MAX_BACKOFF_LAYERS 6
+#define PROBE_DIAG_TIME_BUCKETS 10
+#define PROBE_DIAG_HISTORY_MAX 64
+
+typedef struct probe_diag_finding {
+  probe_diag_finding_id id;
+  double score; /* higher ranks first */
+  char title[PROBE_DIAG_TEXT_MAX];
+  int n_evidence;
+  char evidence[PROBE_DIAG_MAX_EVIDENCE][PROBE_DIAG_TEXT_MAX];
+  char next_step[PROBE_DIAG_TEXT_MAX * 2];
+} probe_diag_finding;
+
+/* One point of the origin layer's history before the event. */
+typedef struct probe_diag_history_point {
+  int64_t step;
+  double absmax;   /* largest finite |x| of the origin's output sites */
+  double headroom; /* log2(65504 / absmax) */
+} probe_diag_history_point;
+
+/* Per-layer totals (one per layer of the trace). */
+/* Silent faults of a normalisation layer (bn, layernorm, revin) whose
+ * loss stayed finite; docs/precision.md, "Silent faults". */
+typedef struct probe_diag_collapse {
+  int64_t steps;        /* steps after warm-up with the evidence below */
+  int64_t first_step;   /* -1 none */
+  /* the evidence at first_step: */
+  int saved_inf;        /* its saved statistic held inf/NaN (a variance or
+                           sum of squares that overflowed) */
+  int saved_zero_rstd;  /* its saved 1/std held exact zeros: only an
+                           infinite variance gives 1/sqrt(var) = 0 */
+  uint64_t saved_zero;  /* saved variance values that are exactly 0 while
+                           the input varies (precision lost) */
+  uint64_t saved_count;
+  double out_var, in_var; /* variance of the output / input tensors */
+} probe_diag_collapse;
+
+/* Per-layer totals (one per layer of the trace). */
+typedef struct probe_diag_layer {
+  probe_layer_info info; /* as stored in the trace (raw name) */
+  char display[PROBE_NAME_MAX * 4]; /* the name escaped for output */
+  double min_fwd_headroom; /* tightest FP16 headroom of forward outputs
+                              (layers running in FP16; +inf otherwise) */
+  int64_t min_fwd_headroom_step;
+  /* Gradient sites (GRAD_IN, WEIGHT_GRAD): finite non-zero counts and
+   * subnormal / flushed / zero counts, for the first and second half of
+   * the recorded steps (index 0, 1). */
+  uint64_t grad_count[2], grad_subnormal[2], grad_flush[2], grad_zero[2];
+  /* (FP16 layers only; grad_subnormal includes the flushing values) */
+  int64_t origin_steps;    /* steps in which this layer was the origin */
+  int64_t backoff_steps;   /* backoff steps where its grads were non-finite */
+  int64_t nonfinite_steps; /* steps with any non-finite record */
+  uint64_t fwd_out_zero, fwd_out_count; /* forward-output zeros (underflow) */
+  int64_t fwd_nonfinite_steps; /* steps after warm-up with inf/NaN in its
+                                  forward outputs or saved intermediates */
+  int64_t fwd_nonfinite_first; /* first such step, -1 none */
+  probe_diag_collapse collapse;
+} probe_diag_layer;
+
+typedef struct probe_diag_backoff {
+  int64_t step;
+  int min_clamp; /* 1: a min-scale clamp (Megatron), 0: a backoff */
+  double old_scale, new_scale;
+  int n_layers;
+  int32_t layers[PROBE_DIAG_MAX_BACKOFF_LAYERS]; /* layer ids, execution order */
+  int more_layers;                          /* count not listed */
+} probe_diag_backoff;
+
+typedef struct probe_diag {
+  /* ---- the trace */
+  char path[512];
+  int complete;
+  int record_mode;
+  int64_t n_steps, n_records, n_layers;
+  int64_t first_step, last_step; /* of the steps table; -1 when empty */
+  int64_t rec_first_step, rec_last_step; /* of per-layer records */
+  int fp32_run; /* every layer ran in FP32 */
+  char precision_policy[128];
+  /* ---- the stored run config (structured, docs/config.md); -1 unknown */
+  int cfg_found;             /* the trace holds a config that parses */
+  char cfg_name[128];        /* "name", escaped */
+  char cfg_source[256];      /* --config FILE / --scenario NAME to rerun */
+  int64_t cfg_steps, cfg_seed; /* -1 unknown */
+  char cfg_fp32[200];        /* "fp32" list, comma-separated, escaped */
+  int cfg_clip_before_unscale; /* clip.before_unscale: 1, 0 or -1 */
+  int cfg_loss_log;          /* "loss" is cross_entropy (a log): 1, else 0;
+                                1 when the config does not say */
+  int64_t warmup_end;        /* first step after warm-up */
+
+  /* ---- losses */
+  double first_loss, last_loss;
+  double min_loss;
+  int64_t first_nonfinite_loss_step; /* -1 if none */
+  int64_t nonfinite_loss_steps;
+  double loss_before_event; /* last finite loss before the event */
+  double loss_rise; /* max over steps before the event of loss / (best loss
+                       so far): how far the loss climbed back */
+
+  /* ---- the first non-finite event */
+  probe_diag_event event;
+  char event_evidence[PROBE_DIAG_TEXT_MAX]; /* why that kind (one sentence) */
+  int64_t event_step;          /* -1 when none */
+  probe_phase event_phase;
+  int32_t origin_layer;        /* -1 when none */
+  probe_site origin_site;
+  probe_stats origin_out;      /* stats of the origin's non-finite output */
+  int have_origin_in;
+  probe_stats origin_in;       /* what flowed into it */
+  int32_t feeder_layer;        /* layer whose output fed the origin, -1 */
+  int n_passed;
+  int32_t passed[PROBE_DIAG_MAX_PASSED]; /* layers that passed it on */
+  int more_passed;
+  int32_t nan_from_inf_layer;  /* first layer making NaN out of inf, -1 */
+  int n_history;
+  probe_diag_history_point history[PROBE_DIAG_HISTORY_MAX]; /* oldest first */
+  int64_t first_grad_overflow_step; /* first backward-only non-finite step */
+
+  /* ---- loss scaler */
+  int scaling_on;          /* a dynamic loss scaler ran */
+  int scaling_from_config; /* scaling_on read from the trace's stored config
+                              (else guessed: a scale other than 1 or a
+                              scaler event) */
+  double scale_first, scale_last, scale_min, scale_max;
+  int64_t backoffs, growths, hysteresis_events, min_clamps;
+  int64_t late_backoffs; /* after warm-up: the first clean step and at
+                           least the first max(10, n/20) steps */
+  int64_t skipped_steps, found_inf_steps;
+  int64_t longest_skip_run, longest_skip_start;
+  int64_t trailing_skip_run; /* skipped steps at the end of the trace */
+  int scale_collapsed;
+  int n_backoff_detail;
+  probe_diag_backoff backoff_detail[PROBE_DIAG_MAX_BACKOFFS];
+
+  /* ---- clipping */
+  int clipping_on;
+  double clip_threshold;
+  int64_t clipped_steps, clip_steps_seen;
+  double max_clip_ratio; /* grad_norm / threshold */
+  int64_t max_clip_ratio_step;
+  double bucket_ratio_mean[PROBE_DIAG_TIME_BUCKETS];
+  double bucket_ratio_max[PROBE_DIAG_TIME_BUCKETS];
+  int64_t bucket_n[PROBE_DIAG_TIME_BUCKETS];
+  int64_t bucket_first_step[PROBE_DIAG_TIME_BUCKETS];
+  double corr_norm_scale;   /* corr(log grad_norm, log loss_scale); NaN */
+  double norm_over_scale;   /* geometric mean of grad_norm / loss_scale */
+  double scale_log2_spread; /* std of log2(loss_scale) over those steps */
+  double norm_log2_var;     /* var(log2 grad_norm) */
+  double norm_resid_var;    /* var(log2 grad_norm - log2 loss_scale) */
+  double clip_log2_ratio_mean; /* mean log2(grad_norm / threshold) */
+  /* Steps whose grad_norm could be compared with the recorded (scaled)
+   * weight gradients' norm (loss scale >= 4 away from 1), and of those the
+   * steps where grad_norm was that scaled norm (pass 3). */
+  int64_t clip_norm_steps, clip_norm_scaled_steps;
+  int clip_scaled_signature; /* the clipper saw scaled gradients: the
+                                stored config says so, or pass 3's
+                                comparison on >= 80% of >= 3 steps, or
+                                (neither available) a strong correlation */
+  int clip_order;            /* 1 clipped before unscaling, 0 after, -1
+                                cannot tell */
+  char clip_order_basis[PROBE_DIAG_TEXT_MAX]; /* the evidence, one sentence */
+
+  /* ---- underflow: the layer with most gradient values lost */
+  int32_t worst_underflow_layer;
+  double worst_underflow_frac; /* (subnormal+flush+zero)/count, all steps */
+  double total_grad_zero_frac;
+
+  /* ---- growth of the weights (lr signature) */
+  double master_absmax_first, master_absmax_last;
+
+  /* ---- per layer */
+  probe_diag_layer *layers;
+
+  /* ---- silent faults (finite loss): layers with collapse or forward
+   * inf/NaN after warm-up; -1 none */
+  int32_t silent_layer;     /* the first such layer in execution order */
+  int64_t silent_layers;    /* how many layers */
+
+  /* ---- ranked diagnosis */
+  probe_verdict verdict;
+  int n_findings;
+  probe_diag_finding findings[PROBE_DIAG_MAX_FINDINGS];
+  char fp32_candidates[256]; /* "revin,softmax": kinds implicated */
+} probe_diag;
+
+typedef struct probe_diag_options {
+  int layer_history; /* points of the origin's absmax history (8) */
+  size_t chunk_rows; /* rows per chunked read (4096) */
+} probe_diag_options;
+
+AMPPROBE_API void probe_diag_options_init(probe_diag_options *o);
+
+/* Analyses an open trace. Returns PROBE_OK or the reader's error. */
+AMPPROBE_API probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
+                            const probe_diag_options *opt);
+AMPPROBE_API void probe_diag_free(probe_diag *d);
+
+/* (internal, for tests) Whether the run a config JSON describes (the text probe_train stores in
+ * the trace, probe_trace_info.config_json) had dynamic loss scaling on:
+ * 1 or 0, or -1 when the text is absent or does not say (no boolean
+ * scaler.enabled). The trainer scales FP16 runs only. */
+AMPPROBE_API int probe_diag_config_scaling(const char *config_json);
+
+/* Name of a layer id ("?" when out of range). */
+AMPPROBE_API const char *probe_diag_layer_name(const probe_diag *d, int32_t id);
+
+/* 1 when the verdict is not healthy (exit code 1 of postmortem). */
+AMPPROBE_API int probe_diag_problem(const probe_diag *d);
+
+
+/* Text report (what `ampprobe postmortem` prints) and the JSON document
+ * (what `ampprobe postmortem --json` prints), malloc'd; free with
+ * probe_free. PROBE_ERR_NOMEM when memory runs out. */
+AMPPROBE_API probe_status probe_diag_render_text(const probe_diag *d,
+                                                 char **text_out);
+AMPPROBE_API probe_status probe_diag_render_json(const probe_diag *d,
+                                                 char **json_out);
+
+/* Opens each trace, diagnoses it and returns the JSON document: for one
+ * path exactly what `ampprobe postmortem --json PATH` prints; for several
+ * (the ranks of one job) {"verdict": worst, "traces": [document, ...]}.
+ * On an open or read error *json_out is NULL and the status says why
+ * (probe_trace_last_error(NULL) has the message of a failed open). */
+AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
+                                                size_t n_paths,
+                                                char **json_out);
+
+/* ==== trace diff ============================================================ *
+ *
+ * Aligns two traces of the same model and seed run under different
+ * precision policies (A is usually FP16, B its FP32 baseline) by layer
+ * name, site and step, and measures how far A drifts from B.
+ *
+ * Definitions (docs/cli.md, "ampprobe diff"):
+ *   rel(a, b)  = |a - b| / max(|a|, |b|), 0 when both are 0, 1 when exactly
+ *                one side has no finite value. Symmetric, in [0, 1] for the
+ *                non-negative absmax, RMS and L2 norm compared here.
+ *   gradient sites (GRAD_OUT, GRAD_IN, WEIGHT_GRAD) hold scaled gradients;
+ *                they are compared unscaled, divided by each run's loss
+ *                scale at that step (steps table).
+ *   per step, each (layer, site) gets rel of absmax, RMS and L2; the first
+ *                step where any of the three exceeds the threshold is
+ *                reported (first_exceed_step).
+ *   a record diverges at a step when the mean of its relative RMS difference
+ *                over the last W steps (W = window, default 10; steps before
+ *                the first count as 0) exceeds the threshold (default 0.1),
+ *                or when the fractions of exact zeros on the two sides
+ *                differ by zero_frac_margin or more at that step (values
+ *                underflowed to zero), or when exactly one side holds a
+ *                non-finite value (scaled
+ *                gradients that overflow on a step that side's loss scaler
+ *                skipped are normal backoffs and do not count). RMS, not
+ *                absmax: the absmax of a gradient is one element and jumps
+ *                from step to step (healthy FP16 runs against FP32 show
+ *                single-step absmax differences up to 0.4 and windowed RMS
+ *                differences up to 0.05; see docs/cli.md).
+ *   inputs of a record: FWD_IN and WEIGHT for forward outputs (FWD_OUT,
+ *                FWD_SAVED); GRAD_OUT and the layer's forward sites for
+ *                backward outputs (GRAD_IN, WEIGHT_GRAD); WEIGHT_GRAD for
+ *                MASTER_WEIGHT. A layer with no input record at a step takes
+ *                the previous output record of the same phase as its input.
+ *   local error: the output diverges while its inputs did not (the error was
+ *                introduced here); carried: its inputs diverged too.
+ *   introduction point: at the first step where any record diverges, the
+ *                earliest record in A's execution order that is a local
+ *                divergence.
+ * Memory: both traces are streamed in chunks in step order; what is held is
+ * one step of records per side plus one accumulator per (layer, site).
+ */
+
+#define PROBE_DIFF_DEFAULT_THRESHOLD 0.1
+#define PROBE_DIFF_DEFAULT_WINDOW 10
+#define PROBE_DIFF_MAX_WINDOW 256
+#define PROBE_DIFF_TEXT_MAX 512
+#define PROBE_DIFF_MAX_NOTES 16
+
+typedef struct probe_diff_options {
+  double threshold;  /* relative difference that counts as divergence */
+  int window;        /* steps averaged for divergence (10), 1..256 */
+  size_t chunk_rows; /* rows per chunked read (4096) */
+  /* A record diverges when its fractions of zero values differ by at least
+   * this much at a step, and a gradient site "flushes to zero" in A when
+   * its overall zero fraction exceeds B's by this much (0.05 = 5 points). */
+  double zero_frac_margin;
+} probe_diff_options;
+
+AMPPROBE_API void probe_diff_options_init(probe_diff_options *o);
+
+/* One aligned (layer, site) pair. */
+typedef struct probe_diff_entry {
+  char layer[PROBE_NAME_MAX];
+  int32_t kind;           /* probe_kind */
+  int32_t prec_a, prec_b; /* probe_precision in each trace */
+  int32_t site;           /* probe_site */
+  int64_t steps;          /* steps where both sides had the record */
+  uint32_t first_seq;     /* execution order in A at the first such step */
+  double max_rel_absmax, max_rel_rms, max_rel_l2;
+  int64_t max_rel_step;   /* step of the largest of the three */
+  double mean_rel_rms;    /* mean over steps of rel RMS */
+  double max_window_rel;  /* largest windowed mean of rel RMS */
+  int64_t first_exceed_step; /* first step any rel > threshold, -1 never */
+  int64_t first_div_step; /* first step it diverges, -1 never */
+  uint32_t first_div_seq;
+  double first_div_rel;   /* windowed rel at that step (1 for non-finite) */
+  double absmax_a_at_div, absmax_b_at_div;
+  int64_t first_nonfinite_a, first_nonfinite_b; /* -1 never */
+  int64_t local_steps;    /* diverging steps with inputs in agreement */
+  int64_t carried_steps;  /* diverging steps with inputs diverging too */
+  uint64_t count_a, zero_a, count_b, zero_b; /* values, exact zeros */
+  int flushes_to_zero;    /* gradient site, zero fraction A >> B */
+} probe_diff_entry;
+
+typedef struct probe_diff_config_row {
+  char key[256];
+  char *a, *b;
+} probe_diff_config_row;
+
+typedef enum probe_diff_verdict {
+  PROBE_DIFF_AGREE = 0,     /* within tolerance everywhere compared */
+  PROBE_DIFF_DIVERGE = 1,   /* some record or the loss diverges */
+  PROBE_DIFF_NOT_ALIGNED = 2 /* nothing to compare: no common layer/step */
+} probe_diff_verdict;
+
+typedef struct probe_diff_point {
+  int found;
+  int64_t step;
+  char layer[PROBE_NAME_MAX];
+  int32_t site;
+  uint32_t seq;
+  double rel;
+  int local;    /* 1: inputs agreed (introduced here) */
+  int nonfinite; /* one side non-finite */
+  double zero_a, zero_b; /* fraction of exact zeros on each side there */
+} probe_diff_point;
+
+typedef struct probe_diff {
+  probe_diff_options opt;
+  /* ---- alignment */
+  int64_t n_layers_a, n_layers_b, n_layers_common;
+  char only_a[PROBE_DIFF_TEXT_MAX]; /* layer names, comma separated */
+  char only_b[PROBE_DIFF_TEXT_MAX];
+  int64_t steps_a, steps_b;         /* steps holding per-layer records */
+  int64_t steps_common;
+  int64_t first_common_step, last_common_step;
+  int64_t last_step_a, last_step_b; /* from the steps tables */
+  int64_t records_unmatched;        /* records present on one side only */
+  int64_t scaler_overflow_records;  /* gradient records non-finite on a
+                                       step the scaler skipped: ignored */
+  int scaler_overflow_sides;        /* where those were: 1 A, 2 B, 3 both */
+  int64_t trailing_skips_a;         /* steps skipped at the end of the
+                                       steps table (a scaler that never */
+  int64_t trailing_skips_b;         /* recovered when > 0) */
+  int record_mode_a, record_mode_b;
+  /* where the configs differ, key by key (values as JSON text, NULL where
+   * a side lacks the key; keys escaped) */
+  size_t n_config_diff;
+  probe_diff_config_row *config_diff;
+  int config_other;     /* differences beyond precision-policy keys */
+  char policy_a[256], policy_b[256];
+  int n_notes;
+  char notes[PROBE_DIFF_MAX_NOTES][PROBE_DIFF_TEXT_MAX];
+
+  /* ---- per (layer, site), sorted by where divergence begins */
+  size_t n_entries;
+  probe_diff_entry *entries;
+
+  /* ---- divergence */
+  int64_t first_div_step; /* -1 when none */
+  probe_diff_point first_div;  /* earliest diverging record at that step */
+  probe_diff_point intro;      /* the error introduction point */
+  probe_diff_point first_nonfinite_a, first_nonfinite_b;
+
+  /* ---- loss curves */
+  int64_t loss_steps;         /* steps present in both steps tables */
+  int64_t loss_part_step;     /* first step the windowed mean of the loss's
+                                 rel exceeds the threshold, or finiteness
+                                 differs; -1 never */
+  double loss_a_at_part, loss_b_at_part;
+  double max_loss_rel;        /* over finite pairs */
+  double final_loss_a, final_loss_b; /* mean of the last <= 10 common steps */
+  double final_loss_rel;
+  int64_t first_nonfinite_loss_a, first_nonfinite_loss_b;
+
+  probe_diff_verdict verdict;
+  char verdict_text[1024];
+} probe_diff;
+
+/* Compares two open traces. PROBE_OK with d->verdict set, or a reader error
+ * (d->notes[0] then says which side). */
+AMPPROBE_API probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
+                            const probe_diff_options *opt);
+AMPPROBE_API void probe_diff_free(probe_diff *d);
+
+/* The whole result as a JSON document (malloc'd; free with probe_free).
+ * trace_a / trace_b (may be NULL) are stored as "trace_a" / "trace_b". */
+AMPPROBE_API probe_status probe_diff_json(const probe_diff *d,
+                                          const char *trace_a,
+                                          const char *trace_b, char **out);
+
+/* rel() as defined above. */
+AMPPROBE_API double probe_diff_rel(double a, double b);
+
+
+/* ==== delta debugging (bisect's core) ======================================= *
+ *
+ * Direction. bisect looks for a minimal set S of candidates (module kinds or
+ * layers) such that training with S forced to FP32 PASSES. The premises are
+ * that the empty set fails (everything in FP16 diverges) and the full set C
+ * passes. ddmin (Zeller & Hildebrandt, "Simplifying and Isolating
+ * Failure-Inducing Input", TSE 2002) minimises a set while it keeps a
+ * property; here the property kept is "passes", so the algorithm is ddmin
+ * applied as is, with "pass" in the role ddmin's paper gives to "fail":
+ *
+ *   S = C, n = 2
+ *   while |S| >= 2:
+ *     split S (in candidate order) into n near-equal parts D1..Dn
+ *     if some Di passes          : S = Di,      n = 2
+ *     elif some S\Di passes (n>2): S = S\Di,    n = max(n-1, 2)
+ *     elif n < |S|               : n = min(2n, |S|)
+ *     else                       : stop
+ *   if |S| == 1 and the empty set passes: S = {}
+ *
+ * The result is 1-minimal: dropping any one element of S makes it fail (the
+ * last round tested every S\{i}). Trials are memoised by set, so no set is
+ * ever run twice. Trial bound, with the empty set's verdict known (bisect's
+ * premise) and counting the full set's trial: for k culprits among n
+ * candidates and a monotone oracle (a superset of a passing set passes),
+ *   k = 1:  trials <= 1 + 2*ceil(log2 n)
+ *   k >= 1: trials <= 1 + 4*k*ceil(log2 n)
+ * checked in tests/tools/test_ddmin.c over every placement of k <= 3 culprits
+ * among n <= 16 candidates and for every k = 1..16 among 16. Measured worst
+ * cases for n = 16: 9 (k=1), 27 (k=2), 47 (k=3), 61 (k=4) trials, against
+ * 2^16 subsets. Without monotonicity ddmin's worst case is quadratic,
+ * (|C|^2 + 3|C|)/2, never exponential, and the answer is still 1-minimal.
+ *
+ * Parallelism. Each round's sets are handed to the oracle as one ordered
+ * batch [D1..Dn, S\D1..S\Dn] (memoised sets left out). The oracle may run
+ * them concurrently; it must answer every set up to and including the first
+ * one that passes and may leave the rest PROBE_DDMIN_UNKNOWN. ddmin takes the
+ * first passing set in batch order, so the answer does not depend on how many
+ * trials ran in parallel (only the count of speculative trials does).
+ */
+
+#define PROBE_DDMIN_MAX 64 /* candidates; a set is a uint64_t bit mask */
+
+enum {
+  PROBE_DDMIN_UNKNOWN = -1,
+  PROBE_DDMIN_FAIL = 0,
+  PROBE_DDMIN_PASS = 1,
+};
+
+/* Batch oracle: fill verdict[i] for sets[i], i < count, in order, at least up
+ * to the first PROBE_DDMIN_PASS. Returns PROBE_OK, or an error (for example
+ * PROBE_ERR_INTERRUPTED) which stops ddmin and is returned by it. Verdicts it
+ * did give before an error are still memoised. */
+typedef probe_status (*probe_ddmin_oracle)(void *ctx, const uint64_t *sets,
+                                           size_t count, int *verdict);
+
+typedef struct probe_ddmin_trial {
+  uint64_t set;
+  int verdict; /* PROBE_DDMIN_PASS or PROBE_DDMIN_FAIL */
+  int seeded;  /* 1 when given by probe_ddmin_seed, not asked of the oracle */
+} probe_ddmin_trial;
+
+typedef struct probe_ddmin {
+  int n; /* candidates, 1..64 */
+  probe_ddmin_oracle oracle;
+  void *ctx;
+  probe_ddmin_trial *memo; /* every known verdict, in the order learnt */
+  size_t n_memo, cap_memo;
+  size_t trials;  /* verdicts the oracle gave (seeded ones not counted) */
+  size_t rounds;  /* oracle batches */
+} probe_ddmin;
+
+AMPPROBE_API probe_status probe_ddmin_init(probe_ddmin *d, int n, probe_ddmin_oracle oracle,
+                              void *ctx);
+AMPPROBE_API void probe_ddmin_free(probe_ddmin *d);
+
+/* Records a verdict already known (bisect's premise runs), so ddmin never
+ * asks for it again. */
+AMPPROBE_API probe_status probe_ddmin_seed(probe_ddmin *d, uint64_t set, int verdict);
+/* PROBE_DDMIN_UNKNOWN when the set has not been tried. */
+AMPPROBE_API int probe_ddmin_lookup(const probe_ddmin *d, uint64_t set);
+
+/* Runs ddmin from the full set (all n candidates), which must pass: when it
+ * is not known yet it is asked of the oracle first, and PROBE_ERR_STATE is
+ * returned if it fails. On success *result is a 1-minimal passing set. */
+AMPPROBE_API probe_status probe_ddmin_minimize(probe_ddmin *d, uint64_t *result);
+
+/* Helpers. */
+static inline int probe_set_count(uint64_t s) { return __builtin_popcountll(s); }
+static inline uint64_t probe_set_full(int n) {
+  return n >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1);
+}
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AMPPROBE_ANALYSIS_H */

@@ -1,0 +1,89 @@
+/*
+ * libprobe/analysis/analysis-impl.h - what the analysis library's own files
+ * share and nobody else sees (`probe__` prefix, no export macro):
+ *
+ *   - a JSON writer into a growing buffer (probe__jw): the one place the
+ *     post-mortem and diff documents are made, so `ampprobe postmortem
+ *     --json` and probe_postmortem_json() cannot differ;
+ *   - a tiny JSON reader that flattens a document into (path, value) leaves
+ *     ("scaler.enabled" -> true, "fp32[0]" -> "revin"): enough to read the
+ *     few keys of the stored run config and to compare two configs key by
+ *     key, without a JSON library;
+ *
+ * JSON numbers: a finite double is written in the shortest %.15g/%.17g form
+ * that reads back exactly; +inf, -inf and NaN, which JSON cannot hold, are
+ * written as the strings "inf", "-inf" and "nan" (probe__jw_num). A value
+ * that is absent ("no data": a fraction of zero values, a statistic of an
+ * empty tensor) is null (probe__jw_opt).
+ */
+#ifndef AMPPROBE_ANALYSIS_IMPL_H
+#define AMPPROBE_ANALYSIS_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampprobe/analysis.h"
+
+#define PROBE__JW_DEPTH 32
+
+typedef struct probe__jw {
+  char *buf;
+  size_t len, cap;
+  int oom;
+  int depth;
+  int n_items[PROBE__JW_DEPTH]; /* items written at each open level */
+} probe__jw;
+
+void probe__jw_init(probe__jw *w);
+/* The document (malloc'd, NUL-terminated) or NULL when memory ran out; the
+ * writer is reset either way. */
+char *probe__jw_finish(probe__jw *w);
+void probe__jw_free(probe__jw *w);
+
+/* key is the member name inside an object, NULL inside an array or at the
+ * top level. */
+void probe__jw_obj(probe__jw *w, const char *key);
+void probe__jw_arr(probe__jw *w, const char *key);
+void probe__jw_end(probe__jw *w, char close); /* '}' or ']' */
+void probe__jw_str(probe__jw *w, const char *key, const char *s); /* NULL: null */
+void probe__jw_int(probe__jw *w, const char *key, int64_t v);
+void probe__jw_step(probe__jw *w, const char *key, int64_t v); /* <0: null */
+void probe__jw_num(probe__jw *w, const char *key, double v); /* inf: "inf" */
+void probe__jw_opt(probe__jw *w, const char *key, double v); /* NaN: null */
+void probe__jw_bool(probe__jw *w, const char *key, int v);
+void probe__jw_null(probe__jw *w, const char *key);
+void probe__jw_raw(probe__jw *w, const char *key, const char *json);
+
+/* ---- reading: a flattened document ---------------------------------------- */
+
+typedef enum probe__jv_type {
+  PROBE__JV_NULL,
+  PROBE__JV_BOOL,
+  PROBE__JV_NUM,
+  PROBE__JV_STR,
+  PROBE__JV_EMPTY /* [] or {} */
+} probe__jv_type;
+
+typedef struct probe__jleaf {
+  char *path;  /* "a.b[2].c" ("(root)" for a scalar document) */
+  char *raw;   /* the value's JSON text as written */
+  char *str;   /* decoded string (PROBE__JV_STR), else NULL */
+  probe__jv_type type;
+  int boolean;
+  double num;
+} probe__jleaf;
+
+typedef struct probe__jflat {
+  probe__jleaf *leaf;
+  size_t n, cap;
+} probe__jflat;
+
+/* PROBE_OK, PROBE_ERR_CONFIG for text that is not JSON (or nested deeper
+ * than 32), PROBE_ERR_NOMEM. */
+probe_status probe__jflat_parse(probe__jflat *f, const char *text);
+void probe__jflat_free(probe__jflat *f);
+const probe__jleaf *probe__jflat_get(const probe__jflat *f, const char *path);
+
+
+
+#endif /* AMPPROBE_ANALYSIS_IMPL_H */

@@ -1,0 +1,34 @@
+/*
+ * libprobe/analysis/diagnose-impl.h - what the post-mortem's passes
+ * (diagnose.c) hand to its rules (diagnose_rules.c) and renderers
+ * (diagnose_render.c). Internal.
+ */
+#ifndef AMPPROBE_DIAGNOSE_IMPL_H
+#define AMPPROBE_DIAGNOSE_IMPL_H
+
+#include "ampprobe/analysis.h"
+#include "analysis-impl.h"
+
+/* Named thresholds of the passes (the rules' own are in diagnose_rules.c);
+ * docs/precision.md lists them all. */
+/* A normalisation collapsed when its output's variance is below this
+ * fraction of its weights' mean square (gamma ~ 1: an output that should
+ * have variance ~1) while its input's variance is above it. */
+#define PROBE_DIAG_COLLAPSE_VAR_FRAC 1e-3
+
+/* Ranks the findings with the rules table and sets d->verdict. */
+void probe__diag_rank(probe_diag *d);
+
+/* Reads the stored run config (structured keys, docs/config.md) and the
+ * stored command line's --config/--scenario argument into d->cfg_*. */
+void probe__diag_read_config(probe_diag *d, const char *config_json,
+                             const char *command_line);
+
+/* Writes the post-mortem JSON document of d (diagnose_render.c). */
+void probe__diag_json(probe__jw *w, const probe_diag *d);
+
+/* FP16 headroom of a magnitude: log2(65504 / absmax); +inf for 0, NaN for
+ * a non-finite absmax. */
+double probe__diag_headroom(double absmax);
+
+#endif /* AMPPROBE_DIAGNOSE_IMPL_H */

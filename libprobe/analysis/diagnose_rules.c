@@ -1,0 +1,731 @@
+/*
+ * libprobe/analysis/diagnose_rules.c - the post-mortem's ranking: a table
+ * of rules, each a condition on the passes' results (diagnose.c), a score
+ * and the text of its finding (title, evidence, one next step). Every
+ * threshold is a named constant below; docs/precision.md ("The rules")
+ * lists the table. Then the verdict: diverged, degraded or healthy.
+ *
+ * To add a rule: write its `when` and `explain` functions and add a row to
+ * RULES. Rules run in table order (a rule may look at the findings made
+ * before it: the fallbacks at the end fire only when nothing else did) and
+ * the findings are then sorted by score, highest first (stable).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "analysis-impl.h"
+#include "diagnose-impl.h"
+
+/* ---- named thresholds ------------------------------------------------------ */
+
+/* lr signature: the loss climbed this many times above its best before the
+ * event, and the largest weight grew this many times. */
+#define LR_LOSS_CLIMB 4.0
+#define LR_WEIGHT_GROWTH 8.0
+/* Gradients underflow when this fraction of an FP16 layer's gradient values
+ * are subnormal or flush to zero (without loss scaling). */
+#define UNDERFLOW_FRAC 0.01
+/* Clipping of scaled gradients, from the norms alone: at least this
+ * fraction of steps clipped, with a mean log2(norm / threshold) of at least
+ * CLIP_LOG2_RATIO (norms 64x the threshold). */
+#define CLIP_CLIPPED_FRAC 0.8
+#define CLIP_LOG2_RATIO 6.0
+/* Norms compared with the recorded weight gradients (pass 3): at least
+ * CLIP_MIN_COMPARED steps, and the scaled norm on CLIP_SCALED_FRAC of them. */
+#define CLIP_MIN_COMPARED 3
+#define CLIP_SCALED_FRAC 0.8
+/* Without a config or comparable steps, "the norms track the scale" needs
+ * the scale to have moved (std of log2 scale >= CLIP_SCALE_SPREAD binades)
+ * and corr(log norm, log scale) >= CLIP_CORR_MIN. */
+#define CLIP_SCALE_SPREAD 0.5
+#define CLIP_CORR_MIN 0.5
+/* A sensitive FP16 layer (norms, softmax, attention) with less forward
+ * headroom than this (binades) is a candidate when the run had an event. */
+#define SENSITIVE_HEADROOM 1.0
+
+/* ---- scores (higher ranks first) ------------------------------------------- */
+
+#define SCORE_CLEAN_INPUT 100
+#define SCORE_LR_FP32 95
+#define SCORE_CLIP_EVENT 92
+#define SCORE_CHECK_WEIGHTS 90
+#define SCORE_FORCE_FP32 90
+#define SCORE_LR 88
+#define SCORE_SILENT 85
+#define SCORE_SCALE_COLLAPSE 85
+#define SCORE_LOSS_SCALING 80
+#define SCORE_FORCE_FP32_AFTER_CLIP 75
+#define SCORE_FORCE_FP32_AFTER_LR 70
+#define SCORE_CLIP 60
+#define SCORE_SCALE_COLLAPSE_EVENT 60
+#define SCORE_LOSS_ONLY 50
+#define SCORE_HEALTHY 0
+
+/* ---- context ---------------------------------------------------------------- */
+
+typedef struct rank_ctx {
+  probe_diag *d;
+  char args[400];        /* "--scenario X --steps N --seed S" */
+  const char *oname;     /* origin layer's name */
+  int has_event;         /* a non-finite event or loss */
+  int lr_signature;
+  double wgrowth;        /* largest weight, last / first */
+  char prior[200];       /* what the run already kept in FP32 */
+} rank_ctx;
+
+static void add_evidence(probe_diag_finding *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void add_evidence(probe_diag_finding *f, const char *fmt, ...) {
+  if (!f || f->n_evidence >= PROBE_DIAG_MAX_EVIDENCE) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f->evidence[f->n_evidence++], PROBE_DIAG_TEXT_MAX, fmt, ap);
+  va_end(ap);
+}
+
+static void set_title(probe_diag_finding *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void set_title(probe_diag_finding *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f->title, sizeof f->title, fmt, ap);
+  va_end(ap);
+}
+
+static void set_next(probe_diag_finding *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void set_next(probe_diag_finding *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f->next_step, sizeof f->next_step, fmt, ap);
+  va_end(ap);
+}
+
+static void add_candidate(char *list, size_t len, const char *kind) {
+  if (!kind || !*kind) return;
+  if (!strcmp(kind, "input") || !strcmp(kind, "loss") ||
+      !strcmp(kind, "other"))
+    return;
+  size_t kl = strlen(kind);
+  for (const char *p = list; (p = strstr(p, kind)); p += kl)
+    if ((p == list || p[-1] == ',') && (p[kl] == 0 || p[kl] == ','))
+      return;
+  size_t n = strlen(list);
+  snprintf(list + n, len - n, "%s%s", n ? "," : "", kind);
+}
+
+static void fmt_loss(char *b, size_t n, double x) { probe_num_format(b, n, x, 4); }
+
+static int layer_is_fp32(const probe_diag *d, int32_t id) {
+  return id >= 0 && id < d->n_layers &&
+         d->layers[id].info.precision == PROBE_PREC_FP32;
+}
+
+static const char *kind_of(const probe_diag *d, int32_t id) {
+  return id >= 0 && id < d->n_layers
+             ? probe_kind_name((probe_kind)d->layers[id].info.kind)
+             : "?";
+}
+
+/* The command that reruns the run: from the structured config. */
+static void run_args(rank_ctx *c) {
+  const probe_diag *d = c->d;
+  size_t k = (size_t)snprintf(c->args, sizeof c->args, "%s", d->cfg_source);
+  if (k < sizeof c->args && d->cfg_steps >= 0)
+    k += (size_t)snprintf(c->args + k, sizeof c->args - k, " --steps %lld",
+                          (long long)d->cfg_steps);
+  if (k < sizeof c->args && d->cfg_seed >= 0)
+    snprintf(c->args + k, sizeof c->args - k, " --seed %lld",
+             (long long)d->cfg_seed);
+}
+
+/* Candidates to keep in FP32: what the run already kept, the origin's kind
+ * (or, when the origin already runs in FP32, the FP16 layer that fed it
+ * zeros), other layers that were origins, silent-fault layers, and
+ * sensitive layers with tight headroom. */
+static void candidates(rank_ctx *c) {
+  probe_diag *d = c->d;
+  char *cl = d->fp32_candidates;
+  size_t cn = sizeof d->fp32_candidates;
+  cl[0] = 0;
+  snprintf(c->prior, sizeof c->prior, "%s", d->cfg_fp32);
+  char tmp[200];
+  snprintf(tmp, sizeof tmp, "%s", d->cfg_fp32);
+  char *save = NULL;
+  for (char *tok = strtok_r(tmp, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save))
+    add_candidate(cl, cn, tok);
+  if (d->origin_layer >= 0) {
+    if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
+        !layer_is_fp32(d, d->feeder_layer))
+      add_candidate(cl, cn, kind_of(d, d->feeder_layer));
+    if (!layer_is_fp32(d, d->origin_layer))
+      add_candidate(cl, cn, kind_of(d, d->origin_layer));
+  }
+  for (int64_t i = 0; i < d->n_layers; i++)
+    if (d->layers[i].origin_steps > 0 && i != d->origin_layer &&
+        !layer_is_fp32(d, (int32_t)i))
+      add_candidate(cl, cn, kind_of(d, (int32_t)i));
+  for (int64_t i = 0; i < d->n_layers; i++)
+    if (d->layers[i].collapse.steps > 0 && !layer_is_fp32(d, (int32_t)i))
+      add_candidate(cl, cn, kind_of(d, (int32_t)i));
+  for (int64_t i = 0; i < d->n_layers; i++) {
+    int k = d->layers[i].info.kind;
+    int sensitive = k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||
+                    k == PROBE_KIND_REVIN || k == PROBE_KIND_SOFTMAX ||
+                    k == PROBE_KIND_ATTENTION;
+    if (!sensitive || d->layers[i].info.precision != PROBE_PREC_FP16) continue;
+    int tight = d->layers[i].min_fwd_headroom < SENSITIVE_HEADROOM;
+    int zeros = k == PROBE_KIND_SOFTMAX && d->layers[i].fwd_out_zero > 0;
+    if (c->has_event && (tight || zeros))
+      add_candidate(cl, cn, probe_kind_name((probe_kind)k));
+  }
+}
+
+/* The clip order, from the best evidence there is (docs/precision.md,
+ * "Clipping before unscaling"): the stored config; else the comparison of
+ * the clipper's norm with the recorded (scaled) weight gradients; else,
+ * only when the scale moved, a strong correlation of norm and scale; else
+ * it cannot tell. Sets d->clip_order, clip_order_basis and
+ * clip_scaled_signature. */
+static void clip_order(probe_diag *d) {
+  char *b = d->clip_order_basis;
+  size_t bl = sizeof d->clip_order_basis;
+  d->clip_order = -1;
+  d->clip_scaled_signature = 0;
+  b[0] = 0;
+  if (!d->clipping_on) {
+    snprintf(b, bl, "clipping off");
+    return;
+  }
+  if (!d->scaling_on) {
+    d->clip_order = 0;
+    snprintf(b, bl, "no loss scaling: the clipper saw unscaled gradients");
+    return;
+  }
+  if (d->cfg_clip_before_unscale >= 0) {
+    d->clip_order = d->cfg_clip_before_unscale;
+    d->clip_scaled_signature = d->clip_order == 1;
+    snprintf(b, bl, "the run's config says clip.before_unscale: %s",
+             d->clip_order ? "true" : "false");
+    return;
+  }
+  if (d->clip_norm_steps >= CLIP_MIN_COMPARED) {
+    int scaled = (double)d->clip_norm_scaled_steps >=
+                 CLIP_SCALED_FRAC * (double)d->clip_norm_steps;
+    d->clip_order = scaled;
+    d->clip_scaled_signature = scaled;
+    snprintf(b, bl,
+             "on %lld of %lld comparable steps the clipper's norm was the "
+             "recorded weight gradients' norm %s",
+             (long long)(scaled ? d->clip_norm_scaled_steps
+                                : d->clip_norm_steps - d->clip_norm_scaled_steps),
+             (long long)d->clip_norm_steps,
+             scaled ? "(still multiplied by the loss scale)"
+                    : "divided by the loss scale (unscaled)");
+    return;
+  }
+  double frac = d->clip_steps_seen
+                    ? (double)d->clipped_steps / (double)d->clip_steps_seen
+                    : 0;
+  int suspicious = d->clip_steps_seen > 0 && frac >= CLIP_CLIPPED_FRAC &&
+                   d->clip_log2_ratio_mean >= CLIP_LOG2_RATIO;
+  int moved = d->scale_log2_spread >= CLIP_SCALE_SPREAD;
+  int tracks = moved && isfinite(d->corr_norm_scale) &&
+               d->corr_norm_scale >= CLIP_CORR_MIN &&
+               d->norm_resid_var < d->norm_log2_var;
+  if (suspicious && tracks) {
+    d->clip_order = 1;
+    d->clip_scaled_signature = 1;
+    snprintf(b, bl,
+             "no config and no comparable step; the norms track the loss "
+             "scale: corr(log2 grad_norm, log2 loss_scale) = %.2f >= %.2f",
+             d->corr_norm_scale, CLIP_CORR_MIN);
+    return;
+  }
+  snprintf(b, bl,
+           "cannot tell: the trace holds no clip order, no step where the "
+           "clipper's norm could be compared with the recorded gradients "
+           "(%lld), and %s",
+           (long long)d->clip_norm_steps,
+           moved ? "the norms do not follow the scale"
+                 : "the loss scale hardly moved");
+}
+
+/* ---- the rules --------------------------------------------------------------- */
+
+typedef struct rule {
+  const char *name;       /* documented in docs/precision.md */
+  probe_diag_finding_id id;
+  int (*when)(const rank_ctx *c);
+  double (*score)(const rank_ctx *c);
+  void (*explain)(rank_ctx *c, probe_diag_finding *f);
+} rule;
+
+/* clean-input: NaN/inf arrived with the data. */
+static int when_input(const rank_ctx *c) {
+  return c->d->event == PROBE_DIAG_EVENT_INPUT_NAN;
+}
+static double score_input(const rank_ctx *c) { (void)c; return SCORE_CLEAN_INPUT; }
+static void explain_input(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "NaN/inf arrived in the input data at step %lld",
+            (long long)d->event_step);
+  add_evidence(f, "layer '%s' (kind input) holds %llu NaN, %llu inf of %llu "
+                  "values at step %lld",
+               c->oname, (unsigned long long)d->origin_out.nan_count,
+               (unsigned long long)(d->origin_out.posinf_count +
+                                    d->origin_out.neginf_count),
+               (unsigned long long)d->origin_out.count,
+               (long long)d->event_step);
+  add_evidence(f, "no layer produced it: it was non-finite before the first "
+                  "module ran");
+  set_next(f, "clean the input data of step %lld (drop or impute NaN/inf "
+              "samples, e.g. torch.nan_to_num or a data check); precision "
+              "changes will not help",
+           (long long)d->event_step);
+}
+
+/* check-weights: a non-finite update reached the weights. */
+static int when_weights(const rank_ctx *c) {
+  return c->d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE;
+}
+static double score_weights(const rank_ctx *c) { (void)c; return SCORE_CHECK_WEIGHTS; }
+static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "the weights of '%s' are non-finite at step %lld", c->oname,
+            (long long)d->event_step);
+  add_evidence(f, "site %s of '%s' holds %llu NaN, %llu inf",
+               probe_site_name(d->origin_site), c->oname,
+               (unsigned long long)d->origin_out.nan_count,
+               (unsigned long long)(d->origin_out.posinf_count +
+                                    d->origin_out.neginf_count));
+  set_next(f, "a non-finite update reached the weights: check that steps "
+              "with non-finite gradients are skipped, and lower the learning "
+              "rate; compare with 'ampprobe run --precision fp32 %s'",
+           c->args);
+}
+
+/* fix-clip-order: the clipper saw scaled gradients. */
+static int when_clip(const rank_ctx *c) {
+  return c->d->clip_scaled_signature;
+}
+static double score_clip(const rank_ctx *c) {
+  return c->has_event ? SCORE_CLIP_EVENT : SCORE_CLIP;
+}
+static void explain_clip(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "gradients are clipped while still multiplied by the loss "
+               "scale");
+  add_evidence(f, "%s", d->clip_order_basis);
+  if (d->clip_steps_seen > 0)
+    add_evidence(f, "%lld of %lld steps clipped; mean pre-clip norm / "
+                    "threshold is 2^%.1f, largest ratio %.3g at step %lld",
+                 (long long)d->clipped_steps, (long long)d->clip_steps_seen,
+                 d->clip_log2_ratio_mean, d->max_clip_ratio,
+                 (long long)d->max_clip_ratio_step);
+  if (isfinite(d->norm_over_scale))
+    add_evidence(f, "grad_norm / loss_scale = %.3g: that is the real "
+                    "(unscaled) gradient norm, against a threshold of %g",
+                 d->norm_over_scale, d->clip_threshold);
+  set_next(f, "unscale before clipping (scaler.unscale_(optimizer) before "
+              "clip_grad_norm_); check with 'ampprobe run %s' without "
+              "--clip-before-unscale",
+           c->args);
+}
+
+/* lower-lr: the run diverges in FP32 too, or climbed before it overflowed. */
+static int when_lr(const rank_ctx *c) { return c->lr_signature; }
+static double score_lr(const rank_ctx *c) {
+  return c->d->fp32_run ? SCORE_LR_FP32 : SCORE_LR;
+}
+static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  char b1[32];
+  set_title(f, "%s", d->fp32_run ? "the run diverged in FP32: not a precision "
+                                   "problem"
+                                 : "the run diverged before it overflowed: the "
+                                   "learning rate looks too high");
+  if (d->fp32_run)
+    add_evidence(f, "every layer ran in FP32 and the loss still went "
+                    "non-finite at step %lld",
+                 (long long)d->first_nonfinite_loss_step);
+  if (isfinite(d->loss_rise)) {
+    fmt_loss(b1, sizeof b1, d->loss_before_event);
+    add_evidence(f, "the loss climbed %.3gx from its best before the event "
+                    "(last finite loss %s)",
+                 d->loss_rise, b1);
+  }
+  if (isfinite(c->wgrowth))
+    add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)",
+                 c->wgrowth, d->master_absmax_first, d->master_absmax_last);
+  if (d->fp32_run)
+    set_next(f, "lower the learning rate (e.g. 'ampprobe run %s --lr "
+                "<smaller>'); forcing layers to FP32 will not help",
+             c->args);
+  else
+    set_next(f, "check the FP32 baseline: 'ampprobe run --precision fp32 %s'; "
+                "if it diverges too, lower the learning rate (--lr)",
+             c->args);
+}
+
+/* force-fp32 (event): the first non-finite value was made in FP16. */
+static int when_event(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return c->has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
+         d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+         d->event != PROBE_DIAG_EVENT_NONE && !d->fp32_run &&
+         d->origin_layer >= 0;
+}
+static double score_event(const rank_ctx *c) {
+  return c->lr_signature ? SCORE_FORCE_FP32_AFTER_LR
+         : c->d->clip_scaled_signature ? SCORE_FORCE_FP32_AFTER_CLIP
+                                       : SCORE_FORCE_FP32;
+}
+static void explain_event(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  /* The layer to keep in FP32: the origin, unless it already runs in FP32;
+   * then, for underflow-to-inf, the FP16 layer upstream that made the
+   * zeros. -1: no such FP16 layer. */
+  int32_t target = d->origin_layer;
+  if (layer_is_fp32(d, target))
+    target = d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF &&
+                     d->feeder_layer >= 0 && !layer_is_fp32(d, d->feeder_layer)
+                 ? d->feeder_layer
+                 : -1;
+  const char *okind = kind_of(d, d->origin_layer);
+  const char *cands = d->fp32_candidates[0]
+                          ? d->fp32_candidates
+                          : (target >= 0 ? kind_of(d, target) : NULL);
+  if (target == d->origin_layer)
+    set_title(f, "FP16 %s in '%s' (%s): keep it in FP32",
+              probe_diag_event_name(d->event), c->oname, okind);
+  else if (target >= 0)
+    set_title(f, "FP16 %s: '%s' (%s) underflowed to zero in FP16 and '%s' "
+                 "(%s, FP32) turned it into inf: keep '%s' in FP32",
+              probe_diag_event_name(d->event), probe_diag_layer_name(d, target),
+              kind_of(d, target), c->oname, okind,
+              probe_diag_layer_name(d, target));
+  else
+    set_title(f, "%s in '%s' (%s), a layer that already runs in FP32: what "
+                 "it received was produced in FP16 upstream",
+              probe_diag_event_name(d->event), c->oname, okind);
+  add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
+               probe_phase_name(d->event_phase),
+               probe_diag_event_desc(d->event));
+  if (d->event_evidence[0]) add_evidence(f, "%s", d->event_evidence);
+  else if (d->have_origin_in)
+    add_evidence(f, "its input was finite (absmax %.4g, %llu zeros) and its "
+                    "%s holds %llu NaN, %llu inf",
+                 d->origin_in.absmax,
+                 (unsigned long long)d->origin_in.zero_count,
+                 probe_site_name(d->origin_site),
+                 (unsigned long long)d->origin_out.nan_count,
+                 (unsigned long long)(d->origin_out.posinf_count +
+                                      d->origin_out.neginf_count));
+  if (d->n_history >= 2) {
+    const probe_diag_history_point *a = &d->history[0];
+    const probe_diag_history_point *z = &d->history[d->n_history - 1];
+    add_evidence(f, "headroom log2(65504/absmax) went %.2f -> %.2f over steps "
+                    "%lld..%lld",
+                 a->headroom, z->headroom, (long long)a->step,
+                 (long long)z->step);
+  }
+  if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0)
+    add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
+                 probe_diag_layer_name(d, d->feeder_layer),
+                 kind_of(d, d->feeder_layer));
+  if (d->first_nonfinite_loss_step < 0)
+    add_evidence(f, "the loss stayed finite: a silent fault, the run is "
+                    "degraded, not healthy");
+  if (c->prior[0])
+    add_evidence(f, "this run already kept '%s' in FP32; the candidates "
+                    "include it",
+                 c->prior);
+  else
+    add_evidence(f, "a second culprit can hide behind the first: run "
+                    "postmortem again on the fixed run");
+  if (cands)
+    set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+  else
+    set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
+                "trace against 'ampprobe run --precision fp32 %s --trace'",
+             c->oname, c->args);
+}
+
+/* force-fp32 (silent fault): a normalisation collapsed, or a forward
+ * intermediate held inf/NaN after warm-up, with no event naming it. */
+static int when_silent(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return d->silent_layer >= 0 && d->silent_layer != d->origin_layer;
+}
+static double score_silent(const rank_ctx *c) { (void)c; return SCORE_SILENT; }
+static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  int32_t s = d->silent_layer;
+  const probe_diag_layer *l = &d->layers[s];
+  const probe_diag_collapse *k = &l->collapse;
+  if (k->steps > 0)
+    set_title(f, "'%s' (%s) collapsed in FP16 after warm-up: its output no "
+                 "longer depends on its input (the loss stayed finite)",
+              l->display, kind_of(d, s));
+  else
+    set_title(f, "'%s' (%s) held inf/NaN in the forward pass after warm-up "
+                 "while the loss stayed finite",
+              l->display, kind_of(d, s));
+  if (k->steps > 0) {
+    add_evidence(f, "%lld steps after warm-up (step %lld on), first at step "
+                    "%lld",
+                 (long long)k->steps, (long long)d->warmup_end,
+                 (long long)k->first_step);
+    if (k->saved_inf)
+      add_evidence(f, "its saved statistic (variance / sum of squares) "
+                      "overflowed: inf/NaN at step %lld",
+                   (long long)k->first_step);
+    if (k->saved_zero_rstd)
+      add_evidence(f, "its saved statistic holds %llu exact zeros of %llu: a "
+                      "1/std of 0 means the variance was inf; a variance of 0 "
+                      "that its input does not explain means it was lost",
+                   (unsigned long long)k->saved_zero,
+                   (unsigned long long)k->saved_count);
+    else if (k->saved_zero)
+      add_evidence(f, "its FP16 variance is exactly 0 in %llu of %llu "
+                      "features while its input varies: precision lost, "
+                      "those outputs are the bias",
+                   (unsigned long long)k->saved_zero,
+                   (unsigned long long)k->saved_count);
+    if (isfinite(k->out_var))
+      add_evidence(f, "output variance %.3g against input variance %.3g "
+                      "(collapse threshold %.0e of its weights' mean square)",
+                   k->out_var, k->in_var, PROBE_DIAG_COLLAPSE_VAR_FRAC);
+  } else {
+    add_evidence(f, "%lld steps after warm-up with inf/NaN in its forward "
+                    "outputs, first at step %lld",
+                 (long long)l->fwd_nonfinite_steps,
+                 (long long)l->fwd_nonfinite_first);
+  }
+  if (d->silent_layers > 1)
+    add_evidence(f, "%lld layers show silent faults; '%s' is the first in "
+                    "execution order",
+                 (long long)d->silent_layers, l->display);
+  add_evidence(f, "a silent fault: the run is degraded, not healthy ('ampprobe "
+                  "diff' against the FP32 run shows how far it drifts)");
+  const char *cands = d->fp32_candidates[0] ? d->fp32_candidates : kind_of(d, s);
+  set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+}
+
+/* enable-loss-scaling: gradients flush to zero without loss scaling. */
+static int when_scaling(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return !d->scaling_on && !c->has_event && !d->fp32_run &&
+         d->worst_underflow_layer >= 0 &&
+         d->worst_underflow_frac >= UNDERFLOW_FRAC;
+}
+static double score_scaling(const rank_ctx *c) { (void)c; return SCORE_LOSS_SCALING; }
+static void explain_scaling(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  const probe_diag_layer *wl = &d->layers[d->worst_underflow_layer];
+  char b1[32], b2[32];
+  set_title(f, "gradients underflow in FP16 without loss scaling");
+  add_evidence(f, "%s", d->scaling_from_config
+                            ? "loss scaling is off (the run's config)"
+                            : "loss scaling is off (loss_scale 1 at every "
+                              "step)");
+  uint64_t c0 = wl->grad_count[0], c1 = wl->grad_count[1];
+  char f0[16] = "n/a", f1[16] = "n/a";
+  if (c0)
+    snprintf(f0, sizeof f0, "%.1f%%",
+             100.0 * (double)wl->grad_subnormal[0] / (double)c0);
+  if (c1)
+    snprintf(f1, sizeof f1, "%.1f%%",
+             100.0 * (double)wl->grad_subnormal[1] / (double)c1);
+  add_evidence(f, "'%s': %.1f%% of its gradient values are subnormal or "
+                  "flush to zero in FP16 (first half %s, second half %s)",
+               wl->display, 100.0 * d->worst_underflow_frac, f0, f1);
+  fmt_loss(b1, sizeof b1, d->first_loss);
+  fmt_loss(b2, sizeof b2, d->last_loss);
+  add_evidence(f, "loss %s -> %s over %lld steps", b1, b2,
+               (long long)d->n_steps);
+  set_next(f, "enable dynamic loss scaling: 'ampprobe run %s' without "
+              "--no-loss-scale (init scale 65536)",
+           c->args);
+}
+
+/* scale-collapse: the scaler cannot keep up (not when the skips follow
+ * from non-finite losses: a symptom then). */
+static int when_collapse(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return d->scaling_on && d->scale_collapsed &&
+         !(c->has_event && 2 * d->nonfinite_loss_steps >= d->skipped_steps);
+}
+static double score_collapse(const rank_ctx *c) {
+  return c->has_event ? SCORE_SCALE_COLLAPSE_EVENT : SCORE_SCALE_COLLAPSE;
+}
+static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  if (d->min_clamps > 0)
+    set_title(f, "the loss scale collapsed: %lld backoffs, %lld min-scale "
+                 "clamps, %lld skipped steps",
+              (long long)d->backoffs, (long long)d->min_clamps,
+              (long long)d->skipped_steps);
+  else
+    set_title(f, "the loss scale collapsed: %lld backoffs, %lld skipped steps",
+              (long long)d->backoffs, (long long)d->skipped_steps);
+  add_evidence(f, "scale %.6g -> %.6g (min %.6g); longest skip run %lld steps "
+                  "from step %lld",
+               d->scale_first, d->scale_last, d->scale_min,
+               (long long)d->longest_skip_run,
+               (long long)d->longest_skip_start);
+  int32_t top = -1;
+  for (int64_t i = 0; i < d->n_layers; i++)
+    if (d->layers[i].backoff_steps > 0 &&
+        (top < 0 || d->layers[i].backoff_steps > d->layers[top].backoff_steps))
+      top = (int32_t)i;
+  char cands[128] = "";
+  if (top >= 0) {
+    add_evidence(f, "'%s' held non-finite gradients in %lld overflow steps",
+                 d->layers[top].display,
+                 (long long)d->layers[top].backoff_steps);
+    add_candidate(cands, sizeof cands, kind_of(d, top));
+  }
+  if (cands[0])
+    set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+  else
+    set_next(f, "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
+             c->args);
+}
+
+/* lower-lr (fallback): a non-finite loss and no per-layer record. */
+static int when_loss_only(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return d->n_findings == 0 && d->event_step < 0 &&
+         d->first_nonfinite_loss_step >= 0;
+}
+static double score_loss_only(const rank_ctx *c) { (void)c; return SCORE_LOSS_ONLY; }
+static void explain_loss_only(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "the loss went non-finite at step %lld",
+            (long long)d->first_nonfinite_loss_step);
+  add_evidence(f, "no per-layer record in the trace shows where (record with "
+                  "--trace to see the origin)");
+  set_next(f, "re-run with per-layer records: 'ampprobe run --trace %s', then "
+              "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
+           c->args, c->args);
+}
+
+/* healthy (fallback): nothing else fired. */
+static int when_healthy(const rank_ctx *c) {
+  return c->d->n_findings == 0 && c->d->silent_layer < 0;
+}
+static double score_healthy(const rank_ctx *c) { (void)c; return SCORE_HEALTHY; }
+static void explain_healthy(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  char b1[32], b2[32];
+  set_title(f, "healthy: no problem found");
+  fmt_loss(b1, sizeof b1, d->first_loss);
+  fmt_loss(b2, sizeof b2, d->last_loss);
+  add_evidence(f, "every loss finite; loss %s -> %s over %lld steps", b1, b2,
+               (long long)d->n_steps);
+  if (d->scaling_on)
+    add_evidence(f, "%lld backoffs (%lld after warm-up), %lld skipped steps; "
+                    "scale %.6g -> %.6g",
+                 (long long)d->backoffs, (long long)d->late_backoffs,
+                 (long long)d->skipped_steps, d->scale_first, d->scale_last);
+  int32_t tight = -1;
+  for (int64_t i = 0; i < d->n_layers; i++)
+    if (isfinite(d->layers[i].min_fwd_headroom) &&
+        (tight < 0 ||
+         d->layers[i].min_fwd_headroom < d->layers[tight].min_fwd_headroom))
+      tight = (int32_t)i;
+  if (tight >= 0)
+    add_evidence(f, "tightest FP16 headroom: '%s' %.2f binades (step %lld)",
+                 d->layers[tight].display, d->layers[tight].min_fwd_headroom,
+                 (long long)d->layers[tight].min_fwd_headroom_step);
+  if (d->clipping_on)
+    add_evidence(f, "%lld of %lld steps clipped, largest clip ratio %.3g",
+                 (long long)d->clipped_steps, (long long)d->clip_steps_seen,
+                 d->max_clip_ratio);
+  set_next(f, "nothing to fix");
+}
+
+static const rule RULES[] = {
+    {"input-nan", PROBE_DIAG_FINDING_CLEAN_INPUT, when_input, score_input,
+     explain_input},
+    {"weights-nonfinite", PROBE_DIAG_FINDING_CHECK_WEIGHTS, when_weights,
+     score_weights, explain_weights},
+    {"clip-before-unscale", PROBE_DIAG_FINDING_FIX_CLIP_ORDER, when_clip,
+     score_clip, explain_clip},
+    {"lr-signature", PROBE_DIAG_FINDING_LOWER_LR, when_lr, score_lr,
+     explain_lr},
+    {"fp16-event", PROBE_DIAG_FINDING_FORCE_FP32, when_event, score_event,
+     explain_event},
+    {"silent-fault", PROBE_DIAG_FINDING_FORCE_FP32, when_silent, score_silent,
+     explain_silent},
+    {"grad-underflow", PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING, when_scaling,
+     score_scaling, explain_scaling},
+    {"scale-collapse", PROBE_DIAG_FINDING_SCALE_COLLAPSE, when_collapse,
+     score_collapse, explain_collapse},
+    {"loss-only", PROBE_DIAG_FINDING_LOWER_LR, when_loss_only, score_loss_only,
+     explain_loss_only},
+    {"healthy", PROBE_DIAG_FINDING_HEALTHY, when_healthy, score_healthy,
+     explain_healthy},
+};
+
+/* diverged: the loss or the weights went non-finite, or the scaler never
+ * recovered; degraded: anything else found (silent faults included);
+ * healthy: nothing. */
+static probe_verdict verdict_of(const probe_diag *d) {
+  if (d->first_nonfinite_loss_step >= 0 ||
+      d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE ||
+      (d->scaling_on && d->scale_collapsed))
+    return PROBE_VERDICT_DIVERGED;
+  if (d->silent_layer >= 0 || d->event != PROBE_DIAG_EVENT_NONE)
+    return PROBE_VERDICT_DEGRADED;
+  for (int i = 0; i < d->n_findings; i++)
+    if (d->findings[i].id != PROBE_DIAG_FINDING_HEALTHY)
+      return PROBE_VERDICT_DEGRADED;
+  return PROBE_VERDICT_HEALTHY;
+}
+
+void probe__diag_rank(probe_diag *d) {
+  rank_ctx c;
+  memset(&c, 0, sizeof c);
+  c.d = d;
+  run_args(&c);
+  c.oname = probe_diag_layer_name(d, d->origin_layer);
+  c.has_event = d->event_step >= 0 || d->first_nonfinite_loss_step >= 0;
+  candidates(&c);
+  clip_order(d);
+  int loss_climb = isfinite(d->loss_rise) && d->loss_rise >= LR_LOSS_CLIMB;
+  c.wgrowth = (isfinite(d->master_absmax_first) && d->master_absmax_first > 0 &&
+               isfinite(d->master_absmax_last))
+                  ? d->master_absmax_last / d->master_absmax_first
+                  : NAN;
+  int weights_grew = isfinite(c.wgrowth) && c.wgrowth >= LR_WEIGHT_GROWTH;
+  c.lr_signature = c.has_event && (d->fp32_run || (loss_climb && weights_grew));
+
+  d->n_findings = 0;
+  for (size_t i = 0; i < sizeof RULES / sizeof RULES[0]; i++) {
+    const rule *r = &RULES[i];
+    if (d->n_findings >= PROBE_DIAG_MAX_FINDINGS || !r->when(&c)) continue;
+    probe_diag_finding *f = &d->findings[d->n_findings++];
+    memset(f, 0, sizeof *f);
+    f->id = r->id;
+    f->score = r->score(&c);
+    r->explain(&c, f);
+  }
+  /* rank: stable sort by score, descending */
+  for (int i = 1; i < d->n_findings; i++) {
+    probe_diag_finding tmp = d->findings[i];
+    int j = i - 1;
+    while (j >= 0 && d->findings[j].score < tmp.score) {
+      d->findings[j + 1] = d->findings[j];
+      j--;
+    }
+    d->findings[j + 1] = tmp;
+  }
+  d->verdict = verdict_of(d);
+}

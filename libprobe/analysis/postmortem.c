@@ -1,0 +1,58 @@
+/*
+ * libprobe/analysis/postmortem.c - probe_postmortem_json: open, diagnose
+ * and render one trace or several (the ranks of one job) in one call; the
+ * entry point of the Python package and of `ampprobe postmortem --json`.
+ */
+#include <stdlib.h>
+
+#include "analysis-impl.h"
+#include "diagnose-impl.h"
+
+static probe_status diagnose_path(const char *path, probe_diag *d) {
+  probe_trace *t = NULL;
+  probe_status st = probe_trace_open(&t, path);
+  if (st < 0) return st;
+  st = probe_diag_run(d, t, path, NULL);
+  probe_trace_close(t);
+  return st;
+}
+
+probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
+                                   char **json_out) {
+  if (!json_out) return PROBE_ERR_INVALID_ARG;
+  *json_out = NULL;
+  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
+  for (size_t i = 0; i < n_paths; i++)
+    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+  probe_diag *d = calloc(n_paths, sizeof *d);
+  if (!d) return PROBE_ERR_NOMEM;
+  probe_status st = PROBE_OK;
+  size_t done = 0;
+  for (; done < n_paths && st >= 0; done++) {
+    st = diagnose_path(paths[done], &d[done]);
+    if (st < 0) probe_diag_free(&d[done]);
+  }
+  if (st >= 0) {
+    probe__jw w;
+    probe__jw_init(&w);
+    if (n_paths == 1) {
+      probe__diag_json(&w, &d[0]);
+    } else {
+      probe_verdict worst = PROBE_VERDICT_HEALTHY;
+      for (size_t i = 0; i < n_paths; i++)
+        if (d[i].verdict > worst) worst = d[i].verdict;
+      probe__jw_obj(&w, NULL);
+      probe__jw_str(&w, "verdict", probe_verdict_name(worst));
+      probe__jw_bool(&w, "problem", worst != PROBE_VERDICT_HEALTHY);
+      probe__jw_arr(&w, "traces");
+      for (size_t i = 0; i < n_paths; i++) probe__diag_json(&w, &d[i]);
+      probe__jw_end(&w, ']');
+      probe__jw_end(&w, '}');
+    }
+    *json_out = probe__jw_finish(&w);
+    if (!*json_out) st = PROBE_ERR_NOMEM;
+  }
+  for (size_t i = 0; i < done; i++) probe_diag_free(&d[i]);
+  free(d);
+  return st < 0 ? st : PROBE_OK;
+}
