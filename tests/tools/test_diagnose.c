@@ -719,6 +719,215 @@ START_TEST(test_json_has_no_nan) {
 }
 END_TEST
 
+
+/* Names from files are data (issue 17.5): the escaping helper. */
+START_TEST(test_text_escape) {
+  char b[64];
+  ck_assert_uint_eq(probe_text_escape(b, sizeof b, "enc.fc1"), 7);
+  ck_assert_str_eq(b, "enc.fc1");
+  probe_text_escape(b, sizeof b, "a\nb\rc\td\a\x1b[2J\\");
+  ck_assert_str_eq(b, "a\\nb\\rc\\td\\a\\e[2J\\\\");
+  probe_text_escape(b, sizeof b, "caf\xc3\xa9"); /* valid UTF-8 passes */
+  ck_assert_str_eq(b, "caf\xc3\xa9");
+  probe_text_escape(b, sizeof b, "x\xff\xc3"); /* invalid bytes */
+  ck_assert_str_eq(b, "x\\xff\\xc3");
+  probe_text_escape(b, sizeof b, "\xc2\x9b" "2J"); /* C1 CSI */
+  ck_assert_str_eq(b, "\\u009b2J");
+  /* truncation keeps the terminator and reports the full length */
+  char s[5];
+  ck_assert_uint_eq(probe_text_escape(s, sizeof s, "\n\n\n"), 6);
+  ck_assert_uint_eq(strlen(s), 4);
+  ck_assert(probe_text_needs_escape("a\x1b"));
+  ck_assert(!probe_text_needs_escape("enc.bn1"));
+}
+END_TEST
+
+/* A layer name holding a newline, ESC, BEL and CR: printed escaped in the
+ * text and the JSON, and a newline cannot forge a "verdict" line. */
+START_TEST(test_hostile_names) {
+  const char *p = tmp_path("hostile");
+  static const char *names[4] = {"input", "enc.fc\nverdict     healthy",
+                                 "bn\x1b[2J\a\rX", "loss"};
+  static const probe_kind kinds[4] = {PROBE_KIND_INPUT, PROBE_KIND_LINEAR,
+                                      PROBE_KIND_BN, PROBE_KIND_LOSS};
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.config_json = "{\"name\": \"evil\\nverdict healthy\"}";
+  o.precision_policy = "fp16";
+  probe_session *ss = NULL;
+  ck_assert_int_eq(probe_session_open(&ss, p, &o), PROBE_OK);
+  int32_t id[4];
+  for (int i = 0; i < 4; i++) {
+    probe_status st = probe_layer_register(
+        ss, names[i], kinds[i], i == 0 || i == 3 ? PROBE_PREC_FP32 : PROBE_PREC_FP16,
+        &id[i]);
+    if (st != PROBE_OK) {
+      /* a writer that refuses such names is fine too: nothing to print */
+      fprintf(stderr, "test_hostile_names: the writer refuses '%s' (%s); "
+                      "the reader side is not exercised\n",
+              i == 1 ? "enc.fc\\n..." : "bn\\e...", probe_status_str(st));
+      probe_session_close(ss);
+      unlink(p);
+      return;
+    }
+  }
+  float v[N];
+  for (int step = 0; step < 4; step++) {
+    ck_assert_int_eq(probe_step_begin(ss, step), PROBE_OK);
+    for (int i = 0; i < N; i++) v[i] = 1.0f + (float)i;
+    ck_assert_int_eq(probe_tensor_record(ss, id[0], PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, v, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, id[1], PROBE_SITE_FWD_IN,
+                                         PROBE_DTYPE_F32, v, N), PROBE_OK);
+    if (step >= 2) v[0] = INFINITY;
+    ck_assert_int_eq(probe_tensor_record(ss, id[1], PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, v, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, id[2], PROBE_SITE_FWD_IN,
+                                         PROBE_DTYPE_F32, v, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, id[2], PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, v, N), PROBE_OK);
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = step >= 2 ? NAN : 1.0;
+    sc.loss_scale = 1;
+    ck_assert_int_eq(probe_step_set_scalars(ss, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(ss), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(ss), PROBE_OK);
+
+  probe_trace *tr = NULL;
+  ck_assert_int_eq(probe_trace_open(&tr, p), PROBE_OK);
+  probe_diag d;
+  ck_assert_int_eq(probe_diag_run(&d, tr, p, NULL), PROBE_OK);
+  probe_trace_close(tr);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer),
+                   "enc.fc\\nverdict     healthy");
+  char *text = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+  int verdict_lines = 0;
+  for (const char *q = text; *q; q++) {
+    unsigned char c = (unsigned char)*q;
+    ck_assert_msg(c >= 0x20 || c == '\n', "raw control byte 0x%02x", c);
+    if ((q == text || q[-1] == '\n') && !strncmp(q, "verdict", 7))
+      verdict_lines++;
+  }
+  ck_assert_int_eq(verdict_lines, 1);
+  ck_assert_ptr_nonnull(strstr(text, "verdict     diverged"));
+  ck_assert_ptr_nonnull(strstr(text, "bn\\e[2J\\a\\rX"));
+  probe_free(text);
+  json_t *j = diag_json(&d);
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(j, "event"), "origin_layer")),
+                   "enc.fc\\nverdict     healthy");
+  ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")),
+                   "diverged");
+  json_decref(j);
+
+  /* probe_postmortem_json gives the document the CLI prints */
+  char *a = NULL, *b = NULL;
+  ck_assert_int_eq(probe_diag_render_json(&d, &a), PROBE_OK);
+  const char *paths[1] = {p};
+  ck_assert_int_eq(probe_postmortem_json(paths, 1, &b), PROBE_OK);
+  ck_assert_str_eq(a, b);
+  probe_free(b);
+  /* two traces: {"verdict", "traces": [doc, doc]} */
+  const char *two[2] = {p, p};
+  ck_assert_int_eq(probe_postmortem_json(two, 2, &b), PROBE_OK);
+  json_error_t err;
+  json_t *jj = json_loads(b, 0, &err);
+  ck_assert_ptr_nonnull(jj);
+  ck_assert_uint_eq(json_array_size(json_object_get(jj, "traces")), 2);
+  ck_assert_str_eq(json_string_value(json_object_get(jj, "verdict")), "diverged");
+  json_decref(jj);
+  probe_free(a);
+  probe_free(b);
+  const char *missing[1] = {"/nonexistent/ampprobe.h5"};
+  b = (char *)1;
+  ck_assert_int_lt(probe_postmortem_json(missing, 1, &b), 0);
+  ck_assert_ptr_null(b);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* Class 3: clipping with norms 2^14 x the threshold and a loss scale that
+ * stays at 2 (no step comparable with the recorded gradients). Without a
+ * recorded clip order the post-mortem cannot tell, and says so; with the
+ * config's clip.before_unscale it follows the config. */
+static void clip_trace(const char *p, const char *config) {
+  tb t;
+  tb_open_ex(&t, p, 0, 0, config);
+  spec sp = {0};
+  for (int s = 0; s < 40; s++) {
+    scal sc = clean(1.0, 2.0);
+    sc.clip_threshold = 1.0;
+    sc.grad_norm = 16384.0 * (1.0 + 0.01 * (s % 5));
+    sc.clip_coef = 1.0 / sc.grad_norm;
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+}
+
+START_TEST(test_clip_order_cannot_tell) {
+  const char *p = tmp_path("clipnone");
+  clip_trace(p, "{\"name\": \"unit\"}");
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.clip_norm_steps, 0);
+  ck_assert_int_eq(d.clip_order, -1);
+  ck_assert_ptr_nonnull(strstr(d.clip_order_basis, "cannot tell"));
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("clipcfg");
+  clip_trace(p, "{\"name\": \"unit\", \"clip\": {\"max_norm\": 1, "
+                "\"before_unscale\": true}}");
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.clip_order, 1);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
+  ck_assert_ptr_nonnull(strstr(d.findings[0].evidence[0], "config"));
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("clipok");
+  clip_trace(p, "{\"name\": \"unit\", \"clip\": {\"max_norm\": 1, "
+                "\"before_unscale\": false}}");
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.clip_order, 0);
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_FIX_CLIP_ORDER);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* Class 6: an infinite loss is "inf" in the JSON, not null. */
+START_TEST(test_json_inf_is_a_string) {
+  const char *p = tmp_path("infloss");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 6; s++) {
+    spec sp = {.sm_zeros = s >= 3};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  json_t *j = diag_json(&d);
+  json_t *loss = json_object_get(j, "loss");
+  ck_assert_str_eq(json_string_value(json_object_get(loss, "last")), "inf");
+  ck_assert(json_is_real(json_object_get(loss, "first")));
+  ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")), "diverged");
+  json_decref(j);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -741,6 +950,10 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_falling_loss_is_not_lr);
   tcase_add_test(tc, test_killed_writer);
   tcase_add_test(tc, test_json_has_no_nan);
+  tcase_add_test(tc, test_text_escape);
+  tcase_add_test(tc, test_hostile_names);
+  tcase_add_test(tc, test_clip_order_cannot_tell);
+  tcase_add_test(tc, test_json_inf_is_a_string);
   suite_add_tcase(s, tc);
   return s;
 }
