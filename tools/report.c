@@ -185,11 +185,7 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
   return st;
 }
 
-static void fmt_num(char *b, size_t n, double x) {
-  if (isnan(x)) snprintf(b, n, "nan");
-  else if (isinf(x)) snprintf(b, n, "%sinf", x < 0 ? "-" : "");
-  else snprintf(b, n, "%.4g", x);
-}
+static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 4); }
 
 static void fmt_step(char *b, size_t n, int64_t s) {
   if (s < 0) snprintf(b, n, "-");

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ampprobe/analysis.h" /* probe_num_format */
 #include "ampprobe/trainer.h"
 #include "cli.h"
 
@@ -145,14 +146,7 @@ static char *join_args(int argc, char **argv) {
   return s;
 }
 
-static void fmt_num(char *b, size_t n, double x) {
-  if (isnan(x))
-    snprintf(b, n, "nan");
-  else if (isinf(x))
-    snprintf(b, n, "%sinf", x < 0 ? "-" : "");
-  else
-    snprintf(b, n, "%.6g", x);
-}
+static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 6); }
 
 static void print_summary(const probe_train_result *r, const char *name,
                           const char *policy, int64_t steps_planned,
