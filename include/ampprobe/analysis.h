@@ -376,6 +376,11 @@ AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
                                                 size_t n_paths,
                                                 char **json_out);
 
+/* The verdict alone (what `ampprobe run` and bisect's trials need): opens
+ * and diagnoses the trace at path. */
+AMPPROBE_API probe_status probe_postmortem_verdict(const char *path,
+                                                   probe_verdict *out);
+
 /* ==== trace diff ============================================================ *
  *
  * Aligns two traces of the same model and seed run under different

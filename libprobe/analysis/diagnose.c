@@ -288,22 +288,10 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
   d->loss_rise = max_rise;
   if (!isfinite(d->min_loss)) d->min_loss = NAN;
   if (d->scale_max == 0) d->scale_min = d->scale_max = NAN;
-  /* Clipping applied to scaled gradients: almost every step clipped, the
-   * pre-clip norm orders of magnitude above the threshold, and that norm
-   * following the loss scale (high correlation when the scale moved). */
+  /* Whether the clipper saw scaled gradients is decided by the rules
+   * (diagnose_rules.c, clip_order) from the config, pass 3's comparison or
+   * these statistics. */
   d->clip_log2_ratio_mean = n_ratio ? log_ratio_sum / (double)n_ratio : NAN;
-  if (d->clipping_on && d->scaling_on && d->clip_steps_seen > 0 && n_ratio) {
-    double clipped_frac = (double)d->clipped_steps / (double)d->clip_steps_seen;
-    double mean_log_ratio = d->clip_log2_ratio_mean;
-    /* When the scale hardly moved the norms cannot show that they follow
-     * it; when it did, dividing the norms by the scale must make them
-     * steadier (var(log norm - log scale) < var(log norm)). */
-    int tracks = !(d->scale_log2_spread >= 0.5) ||
-                 (isfinite(d->corr_norm_scale) && d->corr_norm_scale > 0 &&
-                  d->norm_resid_var < d->norm_log2_var);
-    if (clipped_frac >= 0.8 && mean_log_ratio >= 6.0 && tracks)
-      d->clip_scaled_signature = 1;
-  }
   return PROBE_OK;
 }
 
@@ -1222,15 +1210,6 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   st = pass_records(d, t, chunk, opt->layer_history > 0 ? opt->layer_history
                                                         : 8);
   if (st < 0) return st;
-  /* The comparison of pass 3, where it could be made on 3 steps or more,
-   * decides; pass 1's correlation test (which also fires when the true
-   * gradient norm is simply far above the threshold and the scale did not
-   * move) only where it could not (the flight recorder's traces, a scale
-   * that stayed near 1). */
-  if (d->clip_norm_steps >= 3)
-    d->clip_scaled_signature =
-        d->clipping_on && d->scaling_on &&
-        5 * d->clip_norm_scaled_steps >= 4 * d->clip_norm_steps;
   if (d->event_step < 0 && d->first_nonfinite_loss_step >= 0) {
     d->event = PROBE_DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;

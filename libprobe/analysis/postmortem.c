@@ -4,6 +4,7 @@
  * entry point of the Python package and of `ampprobe postmortem --json`.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
@@ -54,5 +55,15 @@ probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
   }
   for (size_t i = 0; i < done; i++) probe_diag_free(&d[i]);
   free(d);
+  return st < 0 ? st : PROBE_OK;
+}
+
+probe_status probe_postmortem_verdict(const char *path, probe_verdict *out) {
+  if (!path || !out) return PROBE_ERR_INVALID_ARG;
+  probe_diag d;
+  memset(&d, 0, sizeof d);
+  probe_status st = diagnose_path(path, &d);
+  if (st >= 0) *out = d.verdict;
+  probe_diag_free(&d);
   return st < 0 ? st : PROBE_OK;
 }
