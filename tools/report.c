@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -463,6 +464,16 @@ int cmd_report(int argc, char **argv) {
   const char *path = argv[optind];
   double t0 = cli_now();
 
+  /* the file rules (tools/cli.h): inputs are regular files, the output is
+   * none of them, whatever the flags */
+  const char *inputs[3] = {path, base_path, bisect_path};
+  for (int i = 0; i < 3; i++) {
+    int r = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
+    if (r) return r;
+  }
+  int orc = cli_check_output(SUB, out, inputs, 3);
+  if (orc) return orc;
+
   /* the bisect JSON first: a bad file is a usage-level input error, found
    * before the traces are read */
   json_t *bisect = NULL;
@@ -554,24 +565,29 @@ int cmd_report(int argc, char **argv) {
     goto done;
   }
 
-  FILE *f = fopen(out, "w");
-  if (!f) {
-    cli_error(SUB, "cannot write %s: %s", out, strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-    goto done;
-  }
-  st = probe_report_write(rep, f);
-  long size = st == PROBE_OK ? ftell(f) : -1;
-  if (fclose(f) != 0 && st == PROBE_OK) st = PROBE_ERR_IO;
+  /* written to a temporary file renamed over `out` once complete */
+  cli_out o;
+  rc = cli_out_open(SUB, &o, out);
+  if (rc != CLI_EXIT_OK) goto done;
+  st = probe_report_write(rep, o.f);
   if (st != PROBE_OK) {
-    cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
-    rc = CLI_EXIT_INTERNAL;
+    if (st == PROBE_ERR_NOMEM) {
+      cli_out_abort(&o);
+      cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
+      rc = CLI_EXIT_INTERNAL;
+    } else {
+      rc = cli_out_fail(SUB, &o, EIO);
+    }
     goto done;
   }
+  rc = cli_out_commit(SUB, &o);
+  if (rc != CLI_EXIT_OK) goto done;
+  struct stat ost;
+  double size = stat(out, &ost) == 0 ? (double)ost.st_size : 0;
   rc = probe_diag_problem(&diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
   if (!quiet)
     fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n", out,
-            (double)size / 1024.0, cli_now() - t0);
+            size / 1024.0, cli_now() - t0);
 
 done:
   if (have_diff) probe_diff_free(&diff);
