@@ -208,8 +208,8 @@ int cmd_diff(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
     switch (c) {
     case 't':
-      if (cli_parse_double(SUB, "--threshold", optarg, 1e-12, 1.0,
-                           &opt.threshold))
+      if (cli_parse_double_gt(SUB, "--threshold", optarg, 0, 1.0,
+                              &opt.threshold))
         return CLI_EXIT_USAGE;
       break;
     case 'n':
