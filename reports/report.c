@@ -16,6 +16,7 @@
  * nothing is loaded from anywhere else.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,31 @@ static const char *const site_names[] = {
     PROBE_SITE_MAP(SITE_NAME_)
 #undef SITE_NAME_
 };
+
+/* A name read from a trace as shown on the page: control characters (and
+ * the C1 controls in UTF-8) as \xNN, the way the command line prints them
+ * (tools/cli.c cli_escape_name), so a newline cannot start a line of its
+ * own in preformatted text and both outputs read the same. */
+static void escape_name(char *dst, size_t n, const char *name) {
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    char e[12];
+    size_t len;
+    if (*p < 0x20 || *p == 0x7f) {
+      len = (size_t)snprintf(e, sizeof e, "\\x%02x", *p);
+    } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+      len = (size_t)snprintf(e, sizeof e, "\\xc2\\x%02x", p[1]);
+      p++;
+    } else {
+      e[0] = (char)*p;
+      len = 1;
+    }
+    if (k + len >= n) break;
+    memcpy(dst + k, e, len);
+    k += len;
+  }
+  dst[k] = '\0';
+}
 
 static const char *site_str(int s) {
   return s >= 0 && s < PROBE_SITE_COUNT ? site_names[s] : "?";
@@ -69,6 +95,7 @@ struct probe_report {
   char *headline, *diag_body;
 
   probe_layer_info *layers;
+  char (*label)[PROBE_NAME_MAX * 4]; /* (n_layers) names as shown */
   size_t n_layers;
 
   int have_range;
@@ -161,6 +188,7 @@ void probe_report_free(probe_report *r) {
   free(r->headline);
   free(r->diag_body);
   free(r->layers);
+  free(r->label);
   free(r->baseline_label);
   free_bins_grids(r);
   for (int i = 0; i < r->n_sections; i++) {
@@ -210,14 +238,19 @@ probe_status probe_report_set_layers(probe_report *r,
   if (r->ready) return PROBE_ERR_STATE;
   if (n && !layers) return PROBE_ERR_INVALID_ARG;
   free(r->layers);
+  free(r->label);
   r->layers = NULL;
+  r->label = NULL;
   r->n_layers = 0;
   if (n) {
     r->layers = malloc(n * sizeof *layers);
-    if (!r->layers) return PROBE_ERR_NOMEM;
+    r->label = malloc(n * sizeof *r->label);
+    if (!r->layers || !r->label) return PROBE_ERR_NOMEM;
     memcpy(r->layers, layers, n * sizeof *layers);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
       r->layers[i].name[PROBE_NAME_MAX - 1] = '\0';
+      escape_name(r->label[i], sizeof r->label[i], r->layers[i].name);
+    }
   }
   r->n_layers = n;
   return PROBE_OK;
@@ -789,7 +822,7 @@ static void write_nonfinite_table(const probe_report *r, probe_buf *o) {
   for (size_t i = 0; i < r->n_layers; i++) {
     const layer_nonfinite *L = &r->lnf[i];
     probe_buf_puts(o, "<tr><td>");
-    put_escaped(o, r->layers[i].name);
+    put_escaped(o, r->label[i]);
     if (L->step < 0) {
       probe_buf_puts(o, "</td><td>never</td><td></td><td></td><td>0</td>"
                         "</tr>\n");
@@ -813,7 +846,7 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
   }
   const char **labels = malloc(r->n_layers * sizeof *labels);
   if (!labels) return PROBE_ERR_NOMEM;
-  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->layers[i].name;
+  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->label[i];
   int rh = r->n_layers > 60 ? 11 : 14;
 
   probe_heatmap_opts h;

@@ -134,6 +134,14 @@ static probe_status feed_trace(probe_report *rep, probe_trace *t,
   return st;
 }
 
+/* A one-line text of an engine that may quote names from the trace, with
+ * their control characters escaped (\xNN): 4x the input at most. */
+#define ESC_MAX (DIAG_TEXT_MAX * 8 + 16)
+static const char *esc(char *buf, const char *s) {
+  cli_escape_name(buf, ESC_MAX, s);
+  return buf;
+}
+
 /* The diagnosis engine's findings, ranked, shown first; its whole text
  * (what `ampprobe postmortem` prints) folded under them. */
 static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
@@ -144,10 +152,10 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
   probe_diag_print_text(d, f);
   fclose(f);
   int problem = probe_diag_problem(d);
-  char head[DIAG_TEXT_MAX + 32];
+  char head[ESC_MAX + 32], e1[ESC_MAX];
   if (d->n_findings > 0)
     snprintf(head, sizeof head, "%s: %s", problem ? "PROBLEM" : "HEALTHY",
-             d->findings[0].title);
+             esc(e1, d->findings[0].title));
   else
     snprintf(head, sizeof head, "%s", problem ? "PROBLEM" : "HEALTHY");
 
@@ -159,21 +167,19 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
                      probe_phase_name(d->event_phase),
                      diag_event_name(d->event));
     if (d->origin_layer >= 0)
-    {
-      char q[PROBE_NAME_MAX * 4 + 8]; /* a name from the file, escaped */
-      cli_escape_name(q, sizeof q, diag_layer_name(d, d->origin_layer));
-      probe_buf_printf(&b, ", origin %s (%s)", q,
+      probe_buf_printf(&b, ", origin %s (%s)",
+                       esc(e1, diag_layer_name(d, d->origin_layer)),
                        probe_site_name(d->origin_site));
-    }
     probe_buf_puts(&b, "\n\n");
   }
   for (int i = 0; i < d->n_findings; i++) {
     const diag_finding *g = &d->findings[i];
     probe_buf_printf(&b, "%d. [%s] %s\n", i + 1, diag_finding_name(g->id),
-                     g->title);
+                     esc(e1, g->title));
     for (int k = 0; k < g->n_evidence; k++)
-      probe_buf_printf(&b, "   - %s\n", g->evidence[k]);
-    if (g->next_step[0]) probe_buf_printf(&b, "   next: %s\n", g->next_step);
+      probe_buf_printf(&b, "   - %s\n", esc(e1, g->evidence[k]));
+    if (g->next_step[0])
+      probe_buf_printf(&b, "   next: %s\n", esc(e1, g->next_step));
   }
   probe_status st =
       b.oom ? PROBE_ERR_NOMEM
@@ -198,9 +204,9 @@ static void fmt_step(char *b, size_t n, int64_t s) {
 
 /* The diff engine's verdict, loss comparison and its table. */
 static probe_status add_diff(probe_report *rep, const probe_diff *d) {
-  char text[2048];
-  char a[32], b[32];
-  int n = snprintf(text, sizeof text, "%s\n", d->verdict_text);
+  char text[8192];
+  char a[32], b[32], e1[ESC_MAX];
+  int n = snprintf(text, sizeof text, "%s\n", esc(e1, d->verdict_text));
   if (d->loss_part_step >= 0) {
     fmt_num(a, sizeof a, d->loss_a_at_part);
     fmt_num(b, sizeof b, d->loss_b_at_part);
@@ -215,12 +221,12 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
   if (d->intro.found && n < (int)sizeof text)
     n += snprintf(text + n, sizeof text - (size_t)n,
                   "error introduced at step %lld in %s (%s)%s\n",
-                  (long long)d->intro.step, d->intro.layer,
+                  (long long)d->intro.step, esc(e1, d->intro.layer),
                   probe_site_name((probe_site)d->intro.site),
                   d->intro.local ? ", inputs in agreement" : "");
   for (int i = 0; i < d->n_notes && n < (int)sizeof text; i++)
     n += snprintf(text + n, sizeof text - (size_t)n, "note: %s\n",
-                  d->notes[i]);
+                  esc(e1, d->notes[i]));
   probe_status st = probe_report_add_text(rep, PROBE_REPORT_DIFF,
                                           "Verdict", text);
   if (st != PROBE_OK) return st;
@@ -250,7 +256,8 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
     fmt_step(na, sizeof na, e->first_nonfinite_a);
     fmt_step(nb, sizeof nb, e->first_nonfinite_b);
     snprintf(c7, sizeof c7, "%s / %s", na, nb);
-    const char *row[9] = {e->layer, probe_site_name((probe_site)e->site),
+    const char *row[9] = {esc(e1, e->layer),
+                          probe_site_name((probe_site)e->site),
                           c2, c3, c4, c5, c6, c7,
                           e->flushes_to_zero ? "yes" : ""};
     st = probe_report_table_row(rep, tid, row);
