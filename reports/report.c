@@ -109,8 +109,10 @@ struct probe_report {
   int64_t n_skipped, n_clipped, n_backoff, n_growth, n_clamp, n_hysteresis;
   int have_clip;      /* some step had clipping on */
   int64_t n_gnorm_finite;   /* steps with a finite gradient norm */
+  int64_t n_gnorm_unmeasured; /* steps whose norm was not measured */
   int64_t n_clip_nonfinite; /* clipping on, norm inf/NaN: no coefficient */
   int64_t n_clip_finite;    /* clipping on, finite norm: a coefficient */
+  int64_t n_clip_unmeasured; /* clipping on, norm not measured */
   int have_scaling;   /* some step had a scale other than 1 */
   int scaling_set;    /* probe_report_set_scaling was called: */
   int scaling_on;     /* ... its answer replaces have_scaling */
@@ -306,10 +308,21 @@ probe_status probe_report_add_steps(probe_report *r,
     probe_bins_add(&r->loss, p->step, p->loss);
     probe_bins_add(&r->scale, p->step, p->loss_scale);
     if (p->loss_scale != 1.0) r->have_scaling = 1;
-    probe_bins_add(&r->gnorm, p->step, p->grad_norm);
-    int norm_ok = isfinite(p->grad_norm);
+    /* A scalar the trainer did not measure is stored as NaN with its bit in
+     * `unmeasured` (libprobe); only a NaN without the bit is non-finite. */
+#ifdef PROBE_SCALAR_GRAD_NORM
+    int norm_measured = !(p->unmeasured & PROBE_SCALAR_GRAD_NORM);
+    int clip_measured = !(p->unmeasured & PROBE_SCALAR_CLIP);
+#else
+    int norm_measured = 1, clip_measured = 1;
+#endif
+    if (norm_measured)
+      probe_bins_add(&r->gnorm, p->step, p->grad_norm);
+    else
+      r->n_gnorm_unmeasured++;
+    int norm_ok = norm_measured && isfinite(p->grad_norm);
     r->n_gnorm_finite += norm_ok;
-    if (p->clip_threshold > 0) {
+    if (clip_measured && p->clip_threshold > 0) {
       r->have_clip = 1;
       probe_bins_add(&r->clip_thr, p->step, p->clip_threshold);
       /* min(1, threshold / norm) is only defined for a finite norm: the
@@ -322,6 +335,8 @@ probe_status probe_report_add_steps(probe_report *r,
           probe_bins_add(&r->clipped, p->step, p->clip_coef);
           r->n_clipped++;
         }
+      } else if (!norm_measured) {
+        r->n_clip_unmeasured++;
       } else {
         r->n_clip_nonfinite++;
       }
@@ -724,16 +739,25 @@ static probe_status write_gnorm(probe_report *r, probe_buf *o) {
   probe_plot_x_axis(p, "step", r->x0, r->x1);
   probe_plot_y_axis(p, PROBE_AXIS_LOG10, "global L2 norm (log10 axis)", NAN,
                     NAN);
-  probe_plot_add_line(p, &r->gnorm, "#1f77b4", "gradient norm", NULL,
-                      "#d62728");
+  char label[160];
+  if (r->n_gnorm_unmeasured > 0 && r->n_gnorm_unmeasured < r->counts.steps)
+    snprintf(label, sizeof label, "gradient norm (not measured at %lld step%s)",
+             (long long)r->n_gnorm_unmeasured,
+             r->n_gnorm_unmeasured > 1 ? "s" : "");
+  else
+    snprintf(label, sizeof label, "gradient norm");
+  probe_plot_add_line(p, &r->gnorm, "#1f77b4", label, NULL, "#d62728");
   if (r->have_clip)
     probe_plot_add_line(p, &r->clip_thr, "#d62728", "clip threshold", "6 3",
                         NULL);
   if (r->counts.steps == 0)
     probe_plot_set_note(p, "no steps recorded");
+  else if (r->n_gnorm_unmeasured == r->counts.steps)
+    probe_plot_set_note(p, "gradient norm not measured in this run");
   else if (r->n_gnorm_finite == 0)
     probe_plot_set_note(p, "no finite gradient norm: it was inf or NaN at "
-                           "every step (triangles on the top edge)");
+                           "every step it was measured (triangles on the "
+                           "top edge)");
   st = render_plot(o, p);
   if (st != PROBE_OK || !r->have_clip) return st;
 
@@ -742,11 +766,13 @@ static probe_status write_gnorm(probe_report *r, probe_buf *o) {
   probe_plot_x_axis(p, "step", r->x0, r->x1);
   probe_plot_y_axis(p, PROBE_AXIS_LINEAR,
                     "min(1, threshold / norm)", 0.0, 1.05);
-  char label[160];
   if (r->n_clip_finite == 0) {
     /* nothing was computed: a flat line at 1 would say "never clipped" */
-    probe_plot_set_note(p, "no finite gradient norm: no clip coefficient "
-                           "was computed at any step");
+    probe_plot_set_note(p, r->n_clip_nonfinite > 0
+                               ? "no finite gradient norm: no clip "
+                                 "coefficient was computed at any step"
+                               : "gradient norm not measured: no clip "
+                                 "coefficient to show");
     return render_plot(o, p);
   }
   if (r->n_clip_nonfinite > 0)

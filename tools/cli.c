@@ -446,6 +446,16 @@ int cli_write_json(const char *sub, const char *path, json_t *v) {
   return cli_out_commit(sub, &o);
 }
 
+int cli_write_text(const char *sub, const char *path, const char *text) {
+  cli_out o;
+  int rc = cli_out_open(sub, &o, path);
+  if (rc) return rc;
+  size_t n = text ? strlen(text) : 0;
+  if (!text || fwrite(text, 1, n, o.f) != n)
+    return cli_out_fail(sub, &o, text ? EIO : ENOMEM);
+  return cli_out_commit(sub, &o);
+}
+
 int cli_stdout_check(const char *sub) {
   int e = 0;
   errno = 0;

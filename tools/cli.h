@@ -140,6 +140,8 @@ int cli_out_fail(const char *sub, cli_out *o, int err_fallback);
 /* A whole JSON document (indented, final newline) written to path as above.
  * Returns 0 or CLI_EXIT_INTERNAL (message printed). */
 int cli_write_json(const char *sub, const char *path, json_t *v);
+/* The same for a text already rendered (e.g. a library's JSON string). */
+int cli_write_text(const char *sub, const char *path, const char *text);
 
 /* At the end of a command: flushes stdout; when anything written to it was
  * lost (a full disk, /dev/full, a closed descriptor), prints "cannot write

@@ -651,6 +651,52 @@ START_TEST(test_report_clip_without_finite_norm) {
 }
 END_TEST
 
+/* With libprobe's `unmeasured` bits: a gradient norm that was not measured
+ * is not "non-finite", and the panels say which it was. */
+START_TEST(test_report_clip_not_measured) {
+#ifdef PROBE_SCALAR_GRAD_NORM
+  for (int mode = 0; mode < 3; mode++) { /* 0 none measured, 1 half, 2 half + NaN */
+    probe_report *r = new_report(40, 2);
+    probe_step_scalars s[40];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 40; i++) {
+      s[i].step = i;
+      s[i].loss = 1.0;
+      s[i].loss_scale = 1024;
+      s[i].clip_threshold = 5;
+      s[i].clip_coef = 1.0;
+      s[i].grad_norm = mode == 2 ? NAN : 2.0;
+      if (mode == 0 || i % 2) {
+        s[i].grad_norm = NAN;
+        s[i].unmeasured = PROBE_SCALAR_GRAD_NORM;
+      }
+    }
+    ck_assert_int_eq(probe_report_add_steps(r, s, 40), PROBE_OK);
+    size_t len;
+    char *html = write_report(r, &len);
+    if (mode == 0) {
+      ck_assert_ptr_nonnull(strstr(html, "gradient norm not measured in this run"));
+      ck_assert_ptr_nonnull(strstr(html, "gradient norm not measured: no clip"));
+      ck_assert_ptr_null(strstr(html, "no finite gradient norm"));
+    } else if (mode == 1) {
+      ck_assert_ptr_nonnull(strstr(html, ">gradient norm (not measured at 20 steps)<"));
+      ck_assert_ptr_nonnull(strstr(html, ">clip coefficient<"));
+      ck_assert_ptr_null(strstr(html, "no finite gradient norm"));
+    } else {
+      ck_assert_ptr_nonnull(strstr(html, "no finite gradient norm: it was inf or "
+                                         "NaN at every step it was measured"));
+      ck_assert_ptr_nonnull(strstr(html, "no finite gradient norm: no clip"));
+    }
+    free(html);
+    probe_report_free(r);
+  }
+#else
+  printf("test_report_clip_not_measured: libprobe has no `unmeasured` bits "
+         "yet; nothing to check\n");
+#endif
+}
+END_TEST
+
 static probe_record nf_rec(int64_t step, int layer, int site, int bad) {
   probe_record p;
   memset(&p, 0, sizeof p);
@@ -827,6 +873,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_scaling_source);
   tcase_add_test(tc, test_report_long_trace_size);
   tcase_add_test(tc, test_report_clip_without_finite_norm);
+  tcase_add_test(tc, test_report_clip_not_measured);
   tcase_add_test(tc, test_report_nonfinite_story);
   tcase_add_test(tc, test_report_colour_bar_labels);
   suite_add_tcase(s, tc);
