@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ampprobe/analysis.h" /* probe_text_escape */
 #include "ampprobe/report.h"
 
 #define REPORT_MAX_META 24
@@ -32,29 +33,12 @@ static const char *const site_names[] = {
 #undef SITE_NAME_
 };
 
-/* A name read from a trace as shown on the page: control characters (and
- * the C1 controls in UTF-8) as \xNN, the way the command line prints them
- * (tools/cli.c cli_escape_name), so a newline cannot start a line of its
- * own in preformatted text and both outputs read the same. */
+/* A name read from a trace as shown on the page: escaped by
+ * probe_text_escape (ampprobe/analysis.h) as on the terminal, so a newline
+ * cannot start a line of its own in preformatted text and both outputs
+ * read the same. */
 static void escape_name(char *dst, size_t n, const char *name) {
-  size_t k = 0;
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-    char e[12];
-    size_t len;
-    if (*p < 0x20 || *p == 0x7f) {
-      len = (size_t)snprintf(e, sizeof e, "\\x%02x", *p);
-    } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
-      len = (size_t)snprintf(e, sizeof e, "\\xc2\\x%02x", p[1]);
-      p++;
-    } else {
-      e[0] = (char)*p;
-      len = 1;
-    }
-    if (k + len >= n) break;
-    memcpy(dst + k, e, len);
-    k += len;
-  }
-  dst[k] = '\0';
+  probe_text_escape(dst, n, name);
 }
 
 static const char *site_str(int s) {

@@ -8,6 +8,8 @@
 #define _GNU_SOURCE /* fopencookie */
 #include "cli.h"
 
+#include "ampprobe/analysis.h" /* probe_text_escape */
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -469,47 +471,18 @@ int cli_stdout_check(const char *sub) {
 /* ---- names from files -------------------------------------------------------- */
 
 void cli_escape_name(char *dst, size_t n, const char *name) {
-  size_t k = 0;
-  if (!n) return;
-  for (const unsigned char *p = (const unsigned char *)(name ? name : "");
-       *p; p++) {
-    char esc[12];
-    size_t len;
-    /* C0 controls, DEL, and the C1 controls as UTF-8 (U+0080..U+009F:
-     * C2 80..C2 9F) some terminals obey */
-    if (*p < 0x20 || *p == 0x7f) {
-      len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
-    } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
-      len = (size_t)snprintf(esc, sizeof esc, "\\xc2\\x%02x", p[1]);
-      p++;
-    } else {
-      esc[0] = (char)*p;
-      len = 1;
-    }
-    if (k + len >= n) break;
-    memcpy(dst + k, esc, len);
-    k += len;
-  }
-  dst[k] = '\0';
+  probe_text_escape(dst, n, name ? name : "");
 }
 
 int cli_print_name(FILE *f, const char *name) {
-  int total = 0;
-  for (const unsigned char *p = (const unsigned char *)(name ? name : "");
-       *p; p++) {
-    int r;
-    if (*p < 0x20 || *p == 0x7f) {
-      r = fprintf(f, "\\x%02x", *p);
-    } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
-      r = fprintf(f, "\\xc2\\x%02x", p[1]);
-      p++;
-    } else {
-      r = fputc(*p, f) == EOF ? -1 : 1;
-    }
-    if (r < 0) return r;
-    total += r;
-  }
-  return total;
+  char small[256];
+  size_t need = probe_text_escape(NULL, 0, name ? name : "") + 1;
+  char *buf = need <= sizeof small ? small : malloc(need);
+  if (!buf) return -1;
+  probe_text_escape(buf, need, name ? name : "");
+  int r = fputs(buf, f) == EOF ? -1 : (int)strlen(buf);
+  if (buf != small) free(buf);
+  return r;
 }
 
 int cli_json_print(json_t *v) {

@@ -149,10 +149,12 @@ int cli_write_text(const char *sub, const char *path, const char *text);
  * calls it after every subcommand. */
 int cli_stdout_check(const char *sub);
 
-/* Writes a name read from a file (a layer or scenario name) to f with
- * control characters and DEL escaped as \xNN and backslash as \\, so a
- * name cannot move the cursor, clear the screen, ring the bell or start a
- * forged line. Bytes >= 0x80 are passed (UTF-8). Returns what fprintf does. */
+/* Writes a name read from a file (a layer or scenario name, a path) to f
+ * escaped by the analysis library's probe_text_escape, the one escaping of
+ * the project: \n \r \t \e \a ..., \xHH, a backslash as \\, the C1
+ * controls as \u0080..\u009f; so a name cannot move the cursor, clear the
+ * screen, ring the bell or start a forged line. Returns the characters
+ * written, or -1. */
 int cli_print_name(FILE *f, const char *name);
 /* The same into a buffer (always NUL-terminated, truncated to fit). */
 void cli_escape_name(char *dst, size_t n, const char *name);

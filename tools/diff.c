@@ -8,6 +8,7 @@
  * by where divergence begins, or the same as JSON.
  * Exit 0 agree within tolerance, 1 diverge or not aligned.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -237,6 +238,12 @@ int cmd_diff(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *pa = argv[optind], *pb = argv[optind + 1];
+  /* the file rules (tools/cli.h): regular-file inputs, -o none of them */
+  const char *inputs[2] = {pa, pb};
+  int fr = cli_check_input(SUB, pa);
+  if (!fr) fr = cli_check_input(SUB, pb);
+  if (!fr) fr = cli_check_output(SUB, out, inputs, 2);
+  if (fr) return fr;
   probe_trace *ta = NULL, *tb = NULL;
   char err[512] = "";
   probe_status st = probe_trace_open_isolated(&ta, pa, err, sizeof err);
@@ -269,24 +276,19 @@ int cmd_diff(int argc, char **argv) {
     cli_error(SUB, "cannot render the result: out of memory");
     rc = CLI_EXIT_INTERNAL;
   }
-  if (out && j) {
-    FILE *fo = fopen(out, "w");
-    int bad = !fo || fputs(j, fo) == EOF;
-    if (fo && fclose(fo) != 0) bad = 1;
-    if (bad) {
-      cli_error(SUB, "cannot write %s", out);
-      rc = CLI_EXIT_INTERNAL;
-    }
-  }
-  if (json && j) {
+  if (out && j && cli_write_text(SUB, out, j) != 0) /* temp + rename */
+    rc = CLI_EXIT_INTERNAL;
+  if (rc == CLI_EXIT_INTERNAL) {
+    /* the error is reported: nothing on stdout (docs/cli.md) */
+  } else if (json && j) {
     if (fputs(j, stdout) == EOF || fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the JSON output");
+      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
       rc = CLI_EXIT_INTERNAL;
     }
   } else if (!json) {
     print_text(&d, pa, pb, (int)top);
     if (fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the output");
+      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
       rc = CLI_EXIT_INTERNAL;
     }
   }

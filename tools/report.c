@@ -134,11 +134,21 @@ static probe_status feed_trace(probe_report *rep, probe_trace *t,
   return st;
 }
 
-/* A one-line text of an engine that may quote names from the trace, with
- * their control characters escaped (\xNN): 4x the input at most. */
-#define ESC_MAX (DIAG_TEXT_MAX * 8 + 16)
+/* A one-line text of the analysis engines, which quote names from the trace
+ * already escaped (probe_text_escape). A guard for the page: any control
+ * byte left is written as \xHH; printable text, backslashes included, is
+ * untouched, so escaped text is never escaped twice. */
+#define ESC_MAX (PROBE_DIAG_TEXT_MAX * 8 + 16)
 static const char *esc(char *buf, const char *s) {
-  cli_escape_name(buf, ESC_MAX, s);
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (k + 5 >= ESC_MAX) break;
+    if (*p < 0x20 || *p == 0x7f)
+      k += (size_t)snprintf(buf + k, ESC_MAX - k, "\\x%02x", *p);
+    else
+      buf[k++] = (char)*p;
+  }
+  buf[k] = '\0';
   return buf;
 }
 

@@ -421,9 +421,9 @@ sys.stdout.write(re.sub(r"<details>.*?</details>", "", page, flags=re.S))
 ' h.html >own.html
   check_no_raw own.html "report's page (its own parts)"
   # names are shown, escaped as on the terminal
-  has own.html '>fc\x0aFORGED verdict healthy</text>'
-  has own.html '<td>loss\x07\x07\x0dOVERWRITTEN</td>'
-  has own.html 'in\x1b[2Jput'
+  has own.html '>fc\nFORGED verdict healthy</text>'
+  has own.html '<td>loss\a\a\rOVERWRITTEN</td>'
+  has own.html 'in\e[2Jput'
 }
 
 case_hostile_report_fulltext() {
