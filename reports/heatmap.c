@@ -154,6 +154,21 @@ probe_status probe_heatmap_render(const probe_grid *g,
                    "fill=\"none\" stroke=\"#888\"/>",
                    x0, y0, x1 - x0, y1 - y0);
 
+  if (o->note && o->note[0]) { /* over the grid, on a white band */
+    double ny = y0 + (y1 - y0) / 2;
+    double nw = probe__text_width(o->note, 14) + 24;
+    if (nw > x1 - x0) nw = x1 - x0;
+    probe_buf_printf(out,
+                     "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                     "height=\"22\" fill=\"#fff\" opacity=\"0.9\"/>"
+                     "<text class=\"hn\" x=\"%.1f\" y=\"%.1f\" "
+                     "text-anchor=\"middle\" font-size=\"14\" "
+                     "fill=\"#b00\">",
+                     (x0 + x1 - nw) / 2, ny - 15, nw, (x0 + x1) / 2, ny);
+    probe_buf_escape(out, o->note);
+    probe_buf_puts(out, "</text>");
+  }
+
   /* row labels, right-aligned against the grid */
   probe_buf_printf(out, "<g class=\"rl\" font-size=\"%.1f\">", font);
   for (int r = 0; r < g->rows; r++) {
@@ -225,9 +240,15 @@ probe_status probe_heatmap_render(const probe_grid *g,
     last_x = x;
     probe_buf_printf(out,
                      "<path d=\"M%.1f %.1fv4\" stroke=\"#444\"/>"
-                     "<text class=\"cb\" x=\"%.1f\" y=\"%.1f\">%s%g%s</text>",
-                     x, by + bh, x, by + bh + 14, i == 0 ? "&#8804;" : "",
-                     o->cmap.value[i], i == o->cmap.n - 1 ? "+" : "");
+                     "<text class=\"cb\" x=\"%.1f\" y=\"%.1f\">",
+                     x, by + bh, x, by + bh + 14);
+    if (o->stop_labels) {
+      probe_buf_escape(out, o->stop_labels[i] ? o->stop_labels[i] : "");
+    } else {
+      probe_buf_printf(out, "%s%g%s", i == 0 ? "&#8804;" : "",
+                       o->cmap.value[i], i == o->cmap.n - 1 ? "+" : "");
+    }
+    probe_buf_puts(out, "</text>");
   }
   probe_buf_printf(out, "<text class=\"lg\" x=\"%.1f\" y=\"%.1f\">",
                    bx + bw + 12, by + 10);

@@ -16,13 +16,48 @@
  * nothing is loaded from anywhere else.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ampprobe/analysis.h" /* probe_text_escape */
 #include "ampprobe/report.h"
 
 #define REPORT_MAX_META 24
 #define REPORT_MAX_SECTIONS 24
+
+/* Site names without linking libprobe (reports/ depends on kernels/ only). */
+static const char *const site_names[] = {
+#define SITE_NAME_(name, str, phase) str,
+    PROBE_SITE_MAP(SITE_NAME_)
+#undef SITE_NAME_
+};
+
+/* A name read from a trace as shown on the page: escaped by
+ * probe_text_escape (ampprobe/analysis.h) as on the terminal, so a newline
+ * cannot start a line of its own in preformatted text and both outputs
+ * read the same. */
+static void escape_name(char *dst, size_t n, const char *name) {
+  probe_text_escape(dst, n, name);
+}
+
+static const char *site_str(int s) {
+  return s >= 0 && s < PROBE_SITE_COUNT ? site_names[s] : "?";
+}
+
+/* Per layer: where its records first held inf/NaN, and which of its sites
+ * were non-finite or finite at that step, to tell whether the layer made
+ * the inf/NaN (born there) or received it (passed on to it). */
+typedef struct layer_nonfinite {
+  int64_t step;         /* first step with a non-finite record; -1: none */
+  int first_site;       /* the first such record's site, execution order */
+  int64_t first_seq;    /* and its sequence number within the trace */
+  uint32_t nf_sites;    /* bit per site non-finite at that step */
+  uint32_t fin_sites;   /* bit per site finite at that step */
+  int64_t n_records;    /* non-finite records over the whole trace */
+  int64_t cur_step;     /* before the first: the step being read */
+  uint32_t cur_fin;     /* ... and its sites seen finite so far */
+} layer_nonfinite;
 
 typedef struct report_section {
   probe_report_place at;
@@ -44,6 +79,7 @@ struct probe_report {
   char *headline, *diag_body;
 
   probe_layer_info *layers;
+  char (*label)[PROBE_NAME_MAX * 4]; /* (n_layers) names as shown */
   size_t n_layers;
 
   int have_range;
@@ -53,8 +89,14 @@ struct probe_report {
   probe_bins loss, base_loss, scale, gnorm, clip_thr, clip_coef;
   probe_bins skipped, clipped, backoff, growth, clamp;
   probe_grid headroom, underflow;
+  layer_nonfinite *lnf; /* (n_layers) */
   int64_t n_skipped, n_clipped, n_backoff, n_growth, n_clamp, n_hysteresis;
   int have_clip;      /* some step had clipping on */
+  int64_t n_gnorm_finite;   /* steps with a finite gradient norm */
+  int64_t n_gnorm_unmeasured; /* steps whose norm was not measured */
+  int64_t n_clip_nonfinite; /* clipping on, norm inf/NaN: no coefficient */
+  int64_t n_clip_finite;    /* clipping on, finite norm: a coefficient */
+  int64_t n_clip_unmeasured; /* clipping on, norm not measured */
   int have_scaling;   /* some step had a scale other than 1 */
   int scaling_set;    /* probe_report_set_scaling was called: */
   int scaling_on;     /* ... its answer replaces have_scaling */
@@ -118,6 +160,8 @@ static void free_bins_grids(probe_report *r) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) probe_bins_free(all[i]);
   probe_grid_free(&r->headroom);
   probe_grid_free(&r->underflow);
+  free(r->lnf);
+  r->lnf = NULL;
 }
 
 void probe_report_free(probe_report *r) {
@@ -130,6 +174,7 @@ void probe_report_free(probe_report *r) {
   free(r->headline);
   free(r->diag_body);
   free(r->layers);
+  free(r->label);
   free(r->baseline_label);
   free_bins_grids(r);
   for (int i = 0; i < r->n_sections; i++) {
@@ -179,14 +224,19 @@ probe_status probe_report_set_layers(probe_report *r,
   if (r->ready) return PROBE_ERR_STATE;
   if (n && !layers) return PROBE_ERR_INVALID_ARG;
   free(r->layers);
+  free(r->label);
   r->layers = NULL;
+  r->label = NULL;
   r->n_layers = 0;
   if (n) {
     r->layers = malloc(n * sizeof *layers);
-    if (!r->layers) return PROBE_ERR_NOMEM;
+    r->label = malloc(n * sizeof *r->label);
+    if (!r->layers || !r->label) return PROBE_ERR_NOMEM;
     memcpy(r->layers, layers, n * sizeof *layers);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
       r->layers[i].name[PROBE_NAME_MAX - 1] = '\0';
+      escape_name(r->label[i], sizeof r->label[i], r->layers[i].name);
+    }
   }
   r->n_layers = n;
   return PROBE_OK;
@@ -213,6 +263,12 @@ static probe_status ensure_ready(probe_report *r) {
   for (size_t i = 0; i < sizeof line / sizeof line[0] && st == PROBE_OK; i++)
     st = probe_bins_init(line[i], r->plot_cols, r->x0, r->x1);
   if (st == PROBE_OK && r->n_layers) {
+    r->lnf = malloc(r->n_layers * sizeof *r->lnf);
+    if (!r->lnf) st = PROBE_ERR_NOMEM;
+    for (size_t i = 0; st == PROBE_OK && i < r->n_layers; i++)
+      r->lnf[i] = (layer_nonfinite){-1, -1, -1, 0, 0, 0, -1, 0};
+  }
+  if (st == PROBE_OK && r->n_layers) {
     st = probe_grid_init(&r->headroom, (int)r->n_layers, r->opt.heat_cols,
                          r->x0, r->x1, PROBE_GRID_MIN);
     if (st == PROBE_OK)
@@ -236,14 +292,37 @@ probe_status probe_report_add_steps(probe_report *r,
     probe_bins_add(&r->loss, p->step, p->loss);
     probe_bins_add(&r->scale, p->step, p->loss_scale);
     if (p->loss_scale != 1.0) r->have_scaling = 1;
-    probe_bins_add(&r->gnorm, p->step, p->grad_norm);
-    if (p->clip_threshold > 0) {
+    /* A scalar the trainer did not measure is stored as NaN with its bit in
+     * `unmeasured` (libprobe); only a NaN without the bit is non-finite. */
+#ifdef PROBE_SCALAR_GRAD_NORM
+    int norm_measured = !(p->unmeasured & PROBE_SCALAR_GRAD_NORM);
+    int clip_measured = !(p->unmeasured & PROBE_SCALAR_CLIP);
+#else
+    int norm_measured = 1, clip_measured = 1;
+#endif
+    if (norm_measured)
+      probe_bins_add(&r->gnorm, p->step, p->grad_norm);
+    else
+      r->n_gnorm_unmeasured++;
+    int norm_ok = norm_measured && isfinite(p->grad_norm);
+    r->n_gnorm_finite += norm_ok;
+    if (clip_measured && p->clip_threshold > 0) {
       r->have_clip = 1;
       probe_bins_add(&r->clip_thr, p->step, p->clip_threshold);
-      probe_bins_add(&r->clip_coef, p->step, p->clip_coef);
-      if (p->clip_coef < 1.0) {
-        probe_bins_add(&r->clipped, p->step, p->clip_coef);
-        r->n_clipped++;
+      /* min(1, threshold / norm) is only defined for a finite norm: the
+       * coefficient stored for an inf/NaN norm (1, nothing applied since
+       * the step was skipped) is not drawn as if it had been computed */
+      if (norm_ok) {
+        r->n_clip_finite++;
+        probe_bins_add(&r->clip_coef, p->step, p->clip_coef);
+        if (p->clip_coef < 1.0) {
+          probe_bins_add(&r->clipped, p->step, p->clip_coef);
+          r->n_clipped++;
+        }
+      } else if (!norm_measured) {
+        r->n_clip_unmeasured++;
+      } else {
+        r->n_clip_nonfinite++;
       }
     }
     if (p->skipped) {
@@ -316,6 +395,27 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
      * value) when nothing is finite (the cell is then marked non-finite) */
     double h = probe_stats_headroom(s);
     probe_grid_add(&r->headroom, p->layer, p->step, h, bad > 0);
+    layer_nonfinite *L = &r->lnf[p->layer];
+    uint32_t bit = p->site >= 0 && p->site < 32 ? 1u << p->site : 0;
+    if (bad > 0) L->n_records++;
+    if (L->step < 0) { /* nothing non-finite yet: the current step's sites */
+      if (p->step != L->cur_step) {
+        L->cur_step = p->step;
+        L->cur_fin = 0;
+      }
+      if (bad > 0) {
+        L->step = p->step;
+        L->first_site = p->site;
+        L->first_seq = p->seq;
+        L->nf_sites = bit;
+        L->fin_sites = L->cur_fin;
+      } else {
+        L->cur_fin |= bit;
+      }
+    } else if (L->step == p->step) {
+      if (bad > 0) L->nf_sites |= bit;
+      else L->fin_sites |= bit;
+    }
     if (is_grad_site(p->site)) {
       /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes
        * the values that flush to zero (|x| <= 2^-25) */
@@ -623,12 +723,25 @@ static probe_status write_gnorm(probe_report *r, probe_buf *o) {
   probe_plot_x_axis(p, "step", r->x0, r->x1);
   probe_plot_y_axis(p, PROBE_AXIS_LOG10, "global L2 norm (log10 axis)", NAN,
                     NAN);
-  probe_plot_add_line(p, &r->gnorm, "#1f77b4", "gradient norm", NULL,
-                      "#d62728");
+  char label[160];
+  if (r->n_gnorm_unmeasured > 0 && r->n_gnorm_unmeasured < r->counts.steps)
+    snprintf(label, sizeof label, "gradient norm (not measured at %lld step%s)",
+             (long long)r->n_gnorm_unmeasured,
+             r->n_gnorm_unmeasured > 1 ? "s" : "");
+  else
+    snprintf(label, sizeof label, "gradient norm");
+  probe_plot_add_line(p, &r->gnorm, "#1f77b4", label, NULL, "#d62728");
   if (r->have_clip)
     probe_plot_add_line(p, &r->clip_thr, "#d62728", "clip threshold", "6 3",
                         NULL);
-  if (r->counts.steps == 0) probe_plot_set_note(p, "no steps recorded");
+  if (r->counts.steps == 0)
+    probe_plot_set_note(p, "no steps recorded");
+  else if (r->n_gnorm_unmeasured == r->counts.steps)
+    probe_plot_set_note(p, "gradient norm not measured in this run");
+  else if (r->n_gnorm_finite == 0)
+    probe_plot_set_note(p, "no finite gradient norm: it was inf or NaN at "
+                           "every step it was measured (triangles on the "
+                           "top edge)");
   st = render_plot(o, p);
   if (st != PROBE_OK || !r->have_clip) return st;
 
@@ -637,12 +750,102 @@ static probe_status write_gnorm(probe_report *r, probe_buf *o) {
   probe_plot_x_axis(p, "step", r->x0, r->x1);
   probe_plot_y_axis(p, PROBE_AXIS_LINEAR,
                     "min(1, threshold / norm)", 0.0, 1.05);
-  probe_plot_add_line(p, &r->clip_coef, "#9467bd", "clip coefficient", NULL,
-                      NULL);
-  char label[96];
+  if (r->n_clip_finite == 0) {
+    /* nothing was computed: a flat line at 1 would say "never clipped" */
+    probe_plot_set_note(p, r->n_clip_nonfinite > 0
+                               ? "no finite gradient norm: no clip "
+                                 "coefficient was computed at any step"
+                               : "gradient norm not measured: no clip "
+                                 "coefficient to show");
+    return render_plot(o, p);
+  }
+  if (r->n_clip_nonfinite > 0)
+    snprintf(label, sizeof label,
+             "clip coefficient (none at %lld step%s with an inf/NaN norm)",
+             (long long)r->n_clip_nonfinite, r->n_clip_nonfinite > 1 ? "s" : "");
+  else
+    snprintf(label, sizeof label, "clip coefficient");
+  probe_plot_add_line(p, &r->clip_coef, "#9467bd", label, NULL, NULL);
   snprintf(label, sizeof label, "clipped step (%lld)", (long long)r->n_clipped);
   add_bin_markers(p, &r->clipped, PROBE_MARKER_TICK, "#ff7f0e", label, 1);
   return render_plot(o, p);
+}
+
+/* 1 when the grid has data and every cell with data held inf/NaN. */
+static int grid_all_nonfinite(const probe_grid *g) {
+  size_t n = (size_t)g->rows * (size_t)g->cols, data = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!g->count[i]) continue;
+    if (!g->nonfinite[i]) return 0;
+    data++;
+  }
+  return data > 0;
+}
+
+#define SITE_BIT(x) (1u << PROBE_SITE_##x)
+
+/* Whether a layer made its first inf/NaN or received it, from the sites
+ * that were non-finite and finite at its first non-finite step. */
+static const char *nonfinite_story(const layer_nonfinite *L) {
+  uint32_t nf = L->nf_sites, fin = L->fin_sites;
+  if (nf & SITE_BIT(FWD_IN))
+    return "passed on: its input was already inf/NaN";
+  if (nf & SITE_BIT(WEIGHT))
+    return "passed on: its weights were already inf/NaN";
+  if (nf & (SITE_BIT(FWD_OUT) | SITE_BIT(FWD_SAVED)))
+    return fin & SITE_BIT(FWD_IN)
+               ? "born here: forward, from a finite input"
+               : "born here: forward (no input recorded for this layer)";
+  if (nf & SITE_BIT(GRAD_OUT))
+    return "passed on: the gradient arriving at its output was inf/NaN";
+  if (nf & (SITE_BIT(GRAD_IN) | SITE_BIT(WEIGHT_GRAD)))
+    return fin & SITE_BIT(GRAD_OUT)
+               ? "born here: backward, from a finite incoming gradient"
+               : "born here: backward (no incoming gradient recorded)";
+  if (nf & SITE_BIT(MASTER_WEIGHT))
+    return "born here: the optimizer update made its weights inf/NaN";
+  return "-";
+}
+
+/* Per layer: the first step whose records held inf/NaN, the site, and
+ * whether the layer made it or received it. */
+static void write_nonfinite_table(const probe_report *r, probe_buf *o) {
+  int64_t first = -1; /* the layer whose record was non-finite first */
+  for (size_t i = 0; i < r->n_layers; i++) {
+    const layer_nonfinite *L = &r->lnf[i];
+    if (L->step < 0) continue;
+    if (first < 0 || L->step < r->lnf[first].step ||
+        (L->step == r->lnf[first].step && L->first_seq < r->lnf[first].first_seq))
+      first = (int64_t)i;
+  }
+  if (first < 0) return;
+  probe_buf_puts(o, "<h3>Where each layer first held inf/NaN</h3>\n");
+  put_help(o, "Per layer (heatmap order): the first step at which any of "
+              "its recorded tensors held inf or NaN, the first such site in "
+              "execution order, and whether the layer made the inf/NaN "
+              "(born here: its input or incoming gradient was finite) or "
+              "received it (passed on). The layer whose record turned "
+              "non-finite first in the run is marked.");
+  probe_buf_puts(o, "<table id=\"nonfinite\"><tr><th>layer</th><th>first "
+                    "non-finite step</th><th>site</th><th>there</th>"
+                    "<th>non-finite records</th></tr>\n");
+  for (size_t i = 0; i < r->n_layers; i++) {
+    const layer_nonfinite *L = &r->lnf[i];
+    probe_buf_puts(o, "<tr><td>");
+    put_escaped(o, r->label[i]);
+    if (L->step < 0) {
+      probe_buf_puts(o, "</td><td>never</td><td></td><td></td><td>0</td>"
+                        "</tr>\n");
+      continue;
+    }
+    probe_buf_printf(o, "</td><td>%lld%s</td><td>", (long long)L->step,
+                     (int64_t)i == first ? " (first in the run)" : "");
+    put_escaped(o, site_str(L->first_site));
+    probe_buf_puts(o, "</td><td>");
+    put_escaped(o, nonfinite_story(L));
+    probe_buf_printf(o, "</td><td>%lld</td></tr>\n", (long long)L->n_records);
+  }
+  probe_buf_puts(o, "</table>\n");
 }
 
 static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
@@ -653,7 +856,7 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
   }
   const char **labels = malloc(r->n_layers * sizeof *labels);
   if (!labels) return PROBE_ERR_NOMEM;
-  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->layers[i].name;
+  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->label[i];
   int rh = r->n_layers > 60 ? 11 : 14;
 
   probe_heatmap_opts h;
@@ -679,7 +882,12 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
                             {0, 2, 4, 8, 14, 24},
                             {0xa50026, 0xf46d43, 0xfee090, 0xe0f3f8, 0x74add1,
                              0x313695}};
+  int all_bad = grid_all_nonfinite(&r->headroom);
+  h.note = all_bad ? "every record held inf/NaN: no headroom to show; see "
+                     "the table below"
+                   : NULL;
   probe_status st = probe_heatmap_render(&r->headroom, &h, o);
+  if (st == PROBE_OK) write_nonfinite_table(r, o);
   if (st == PROBE_OK) {
     probe_buf_puts(o, "<h2>FP16 underflow of gradients per layer</h2>\n");
     put_help(o,
@@ -691,12 +899,19 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
              "zeros are not counted. Grey rows have no gradient records.");
     h.title = "Fraction of gradient values subnormal or flushed to zero in "
               "FP16, worst tensor per cell";
-    h.value_label = "fraction of finite values (0 to 1)";
+    h.value_label = "fraction of finite values";
     h.nonfinite_label = "inf/NaN in a gradient";
     h.cmap = (probe_colormap){5,
                               {0, 0.05, 0.2, 0.5, 1},
                               {0xffffe5, 0xfee391, 0xfe9929, 0xcc4c02,
                                0x662506}};
+    /* a fraction is within [0, 1]: no "<=" or "+" at the ends */
+    static const char *const pct[5] = {"0%", "5%", "20%", "50%", "100%"};
+    h.stop_labels = pct;
+    h.note = grid_all_nonfinite(&r->underflow)
+                 ? "every gradient record held inf/NaN: no underflow "
+                   "fraction to show; see the table above"
+                 : NULL;
     st = probe_heatmap_render(&r->underflow, &h, o);
   }
   free(labels);

@@ -946,7 +946,7 @@ int cmd_bisect(int argc, char **argv) {
     case O_SCENARIO: b.scenario = optarg; break;
     case O_CONFIG: b.config = optarg; break;
     case O_STEPS:
-      if (cli_parse_i64(SUB, "--steps", optarg, 1, INT64_MAX / 2, &iv))
+      if (cli_parse_i64(SUB, "--steps", optarg, 1, 100000000, &iv))
         return CLI_EXIT_USAGE;
       b.steps = optarg;
       break;
@@ -977,7 +977,7 @@ int cmd_bisect(int argc, char **argv) {
         return CLI_EXIT_USAGE;
       break;
     case O_MINSCALE:
-      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 1e38, &b.min_scale))
+      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 3e38, &b.min_scale))
         return CLI_EXIT_USAGE;
       break;
     case O_REGRESS:

@@ -1,17 +1,25 @@
 /*
  * tools/cli.c - shared helpers of the `ampprobe` subcommands: the one-line
- * error format, strict option-value parsing, JSON printing, the Ctrl-C stop
- * flag and the progress line (stderr, terminals only). See cli.h.
+ * error format, strict option-value parsing, the file rules (regular-file
+ * inputs, atomic outputs that are never an input, write errors with their
+ * errno text), JSON printing, the Ctrl-C stop flag and the progress line
+ * (stderr, terminals only). See cli.h.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* fopencookie */
 #include "cli.h"
 
+#include "ampprobe/analysis.h" /* probe_text_escape */
+
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,19 +55,75 @@ int cli_exit_for_status(probe_status st) {
   }
 }
 
+/* The whole of s is [+-]digits. */
+static int is_decimal_int(const char *s) {
+  if (*s == '+' || *s == '-') s++;
+  if (!isdigit((unsigned char)*s)) return 0;
+  while (isdigit((unsigned char)*s)) s++;
+  return *s == '\0';
+}
+
+/* The whole of s is [+-](digits[.digits*] | .digits)[(e|E)[+-]digits]: what
+ * a person types, not C's hex floats, inf, nan or leading spaces. */
+static int is_decimal_real(const char *s) {
+  int digits = 0;
+  if (*s == '+' || *s == '-') s++;
+  while (isdigit((unsigned char)*s)) s++, digits++;
+  if (*s == '.') {
+    s++;
+    while (isdigit((unsigned char)*s)) s++, digits++;
+  }
+  if (!digits) return 0;
+  if (*s == 'e' || *s == 'E') {
+    s++;
+    if (*s == '+' || *s == '-') s++;
+    if (!isdigit((unsigned char)*s)) return 0;
+    while (isdigit((unsigned char)*s)) s++;
+  }
+  return *s == '\0';
+}
+
+/* A quoted copy of an option value for a message: control characters
+ * escaped, long values shortened. */
+static void quote_value(char *dst, size_t n, const char *s) {
+  cli_escape_name(dst, n, s ? s : "");
+  if (strlen(dst) + 1 >= n && n > 4) memcpy(dst + n - 4, "...", 4);
+}
+
 int cli_parse_i64(const char *sub, const char *opt, const char *s, int64_t lo,
                   int64_t hi, int64_t *out) {
-  char *end = NULL;
-  errno = 0;
-  long long v = s ? strtoll(s, &end, 10) : 0;
-  if (!s || !*s || *end || errno == ERANGE) {
-    cli_error(sub, "invalid value '%s' for %s: expected an integer",
-              s ? s : "", opt);
+  char q[96];
+  quote_value(q, sizeof q, s);
+  if (!s || !is_decimal_int(s)) {
+    cli_error(sub, "invalid value '%s' for %s: expected an integer", q, opt);
     return -1;
   }
-  if (v < lo || v > hi) {
-    cli_error(sub, "invalid value '%s' for %s: must be in [%lld, %lld]", s,
+  errno = 0;
+  long long v = strtoll(s, NULL, 10);
+  if (errno == ERANGE || v < lo || v > hi) { /* ERANGE: out of any range */
+    cli_error(sub, "invalid value '%s' for %s: must be in [%lld, %lld]", q,
               opt, (long long)lo, (long long)hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_real(const char *sub, const char *opt, const char *s,
+                      double lo, int lo_open, double hi, double *out) {
+  char q[96];
+  quote_value(q, sizeof q, s);
+  if (!s || !is_decimal_real(s)) {
+    cli_error(sub, "invalid value '%s' for %s: expected a decimal number", q,
+              opt);
+    return -1;
+  }
+  /* strtod sets ERANGE on overflow (+-HUGE_VAL, outside every range here)
+   * and on underflow (a value at most DBL_MIN, which the range decides) */
+  double v = strtod(s, NULL);
+  if (!isfinite(v) || (lo_open ? !(v > lo) : !(v >= lo)) || !(v <= hi)) {
+    cli_error(sub, "invalid value '%s' for %s: must be in %c%g, %g]", q, opt,
+              lo_open ? '(' : '[', lo, hi);
     return -1;
   }
   *out = v;
@@ -68,21 +132,12 @@ int cli_parse_i64(const char *sub, const char *opt, const char *s, int64_t lo,
 
 int cli_parse_double(const char *sub, const char *opt, const char *s,
                      double lo, double hi, double *out) {
-  char *end = NULL;
-  errno = 0;
-  double v = s ? strtod(s, &end) : 0;
-  if (!s || !*s || *end || errno == ERANGE || !isfinite(v)) {
-    cli_error(sub, "invalid value '%s' for %s: expected a finite number",
-              s ? s : "", opt);
-    return -1;
-  }
-  if (v < lo || v > hi) {
-    cli_error(sub, "invalid value '%s' for %s: must be in [%g, %g]", s, opt,
-              lo, hi);
-    return -1;
-  }
-  *out = v;
-  return 0;
+  return parse_real(sub, opt, s, lo, 0, hi, out);
+}
+
+int cli_parse_double_gt(const char *sub, const char *opt, const char *s,
+                        double lo, double hi, double *out) {
+  return parse_real(sub, opt, s, lo, 1, hi, out);
 }
 
 void cli_getopt_reset(void) {
@@ -112,6 +167,322 @@ int cli_getopt_error(const char *sub, char **argv, int c) {
     }
   }
   return CLI_EXIT_USAGE;
+}
+
+/* ---- files ------------------------------------------------------------------ */
+
+static const char *file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
+
+int cli_check_input(const char *sub, const char *path) {
+  struct stat st;
+  char q[PATH_MAX + 16];
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd >= 0) {
+    int r = fstat(fd, &st);
+    close(fd);
+    if (r != 0) return 0;
+  } else if (stat(path, &st) != 0) {
+    return 0; /* missing or unreadable: the reader says so */
+  }
+  if (S_ISREG(st.st_mode)) return 0;
+  cli_escape_name(q, sizeof q, path);
+  cli_error(sub, "%s: not a regular file (%s)", q, file_kind(st.st_mode));
+  return CLI_EXIT_INPUT;
+}
+
+/* The directory part of path ("." when none) in a new string. */
+static char *dir_part(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return strdup(".");
+  if (slash == path) return strdup("/");
+  return strndup(path, (size_t)(slash - path));
+}
+
+static const char *base_part(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+/* realpath of path, or of its directory joined with its last component when
+ * path does not exist (yet). NULL when neither resolves. */
+static char *canonical(const char *path) {
+  char *r = realpath(path, NULL);
+  if (r) return r;
+  char *dir = dir_part(path);
+  char *rd = dir ? realpath(dir, NULL) : NULL;
+  free(dir);
+  if (!rd) return NULL;
+  const char *base = base_part(path);
+  size_t n = strlen(rd) + strlen(base) + 2;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%s%s%s", rd, strcmp(rd, "/") ? "/" : "", base);
+  free(rd);
+  return out;
+}
+
+int cli_same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  if (!a || !b) return 0;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  char *ca = canonical(a), *cb = canonical(b);
+  int same = ca && cb && strcmp(ca, cb) == 0;
+  free(ca);
+  free(cb);
+  return same;
+}
+
+int cli_check_output(const char *sub, const char *out,
+                     const char *const *inputs, size_t n) {
+  if (!out) return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!inputs[i] || !cli_same_file(out, inputs[i])) continue;
+    char qo[PATH_MAX + 16], qi[PATH_MAX + 16];
+    cli_escape_name(qo, sizeof qo, out);
+    cli_escape_name(qi, sizeof qi, inputs[i]);
+    if (strcmp(out, inputs[i]) == 0)
+      cli_error(sub, "refusing to write %s: it is also an input of this "
+                     "command; choose another output", qo);
+    else
+      cli_error(sub, "refusing to write %s: it is the same file as the input "
+                     "%s; choose another output", qo, qi);
+    return CLI_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* The temporary file being written, removed if SIGINT, SIGTERM or SIGHUP
+ * ends the process first (only where nobody else handles those signals). */
+static char *volatile out_pending_tmp;
+static const int out_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+static int out_handled[3];
+
+static void out_on_signal(int sig) {
+  char *t = out_pending_tmp;
+  if (t) unlink(t);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void out_guard(char *tmp) {
+  if (out_pending_tmp) return; /* one guarded output at a time */
+  out_pending_tmp = tmp;
+  for (int i = 0; i < 3; i++) {
+    struct sigaction old, sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = out_on_signal;
+    sigemptyset(&sa.sa_mask);
+    out_handled[i] = 0;
+    if (sigaction(out_signals[i], NULL, &old) == 0 &&
+        old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) {
+      sigaction(out_signals[i], &sa, NULL);
+      out_handled[i] = 1;
+    }
+  }
+}
+
+static void out_unguard(char *tmp) {
+  if (!tmp || out_pending_tmp != tmp) return;
+  for (int i = 0; i < 3; i++)
+    if (out_handled[i]) signal(out_signals[i], SIG_DFL);
+  out_pending_tmp = NULL;
+}
+
+static ssize_t out_cookie_write(void *cookie, const char *buf, size_t size) {
+  cli_out *o = cookie;
+  size_t done = 0;
+  if (o->err) return 0; /* a failed output stays failed */
+  while (done < size) {
+    ssize_t w = write(o->fd, buf + done, size - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      o->err = w < 0 ? errno : EIO;
+      break;
+    }
+    done += (size_t)w;
+  }
+  return (ssize_t)done;
+}
+
+static void out_free(cli_out *o) {
+  free(o->path);
+  if (o->target != o->path) free(o->target);
+  free(o->tmp);
+  o->path = o->target = o->tmp = NULL;
+}
+
+static int out_error(const char *sub, cli_out *o, const char *path, int e) {
+  char q[PATH_MAX + 16];
+  cli_escape_name(q, sizeof q, path ? path : "");
+  cli_error(sub, "cannot write %s: %s", q, strerror(e ? e : EIO));
+  cli_out_abort(o);
+  return CLI_EXIT_INTERNAL;
+}
+
+int cli_out_open(const char *sub, cli_out *o, const char *path) {
+  memset(o, 0, sizeof *o);
+  o->fd = -1;
+  if (!path || !*path) return out_error(sub, o, "''", ENOENT);
+  o->path = strdup(path);
+  if (!o->path) return out_error(sub, o, path, ENOMEM);
+  o->target = o->path;
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+    char *r = realpath(path, NULL); /* NULL: a dangling link is replaced */
+    if (r) o->target = r;
+  }
+  int exists = stat(o->target, &st) == 0;
+  /* a file the user made read-only stays protected, as with a plain open */
+  if (exists && S_ISREG(st.st_mode) && access(o->target, W_OK) != 0)
+    return out_error(sub, o, path, errno);
+  if (exists && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) return out_error(sub, o, path, EISDIR);
+    /* /dev/null, /dev/full, a FIFO, a terminal: written in place (renaming
+     * over a device node would replace it) */
+    o->fd = open(o->target, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (o->fd < 0) return out_error(sub, o, path, errno);
+  } else {
+    const char *base = base_part(o->target);
+    if (!*base) return out_error(sub, o, path, EISDIR);
+    char *dir = dir_part(o->target);
+    size_t n = (dir ? strlen(dir) : 0) + 240;
+    o->tmp = dir ? malloc(n) : NULL;
+    if (!o->tmp) {
+      free(dir);
+      return out_error(sub, o, path, ENOMEM);
+    }
+    /* .NAME.tmp-PID-XXXXXX next to the target: the same file system, so
+     * the rename is atomic; the name shortened to stay under NAME_MAX */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long x = (unsigned long)ts.tv_nsec ^ ((unsigned long)getpid() << 16);
+    int e = EEXIST;
+    for (int tries = 0; tries < 100 && e == EEXIST; tries++) {
+      x = x * 6364136223846793005UL + 1442695040888963407UL;
+      snprintf(o->tmp, n, "%s/.%.200s.tmp-%ld-%06lx", dir, base,
+               (long)getpid(), (x >> 24) & 0xffffff);
+      o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+                               O_NOFOLLOW | O_NOCTTY, 0666);
+      e = o->fd < 0 ? errno : 0;
+    }
+    free(dir);
+    if (o->fd < 0) {
+      free(o->tmp);
+      o->tmp = NULL;
+      return out_error(sub, o, path, e);
+    }
+    out_guard(o->tmp);
+  }
+  cookie_io_functions_t io = {NULL, out_cookie_write, NULL, NULL};
+  o->f = fopencookie(o, "w", io);
+  if (!o->f) return out_error(sub, o, path, errno ? errno : ENOMEM);
+  return 0;
+}
+
+void cli_out_abort(cli_out *o) {
+  if (!o) return;
+  if (o->f) {
+    int keep = o->err;
+    o->err = ECANCELED; /* nothing more reaches the file */
+    fclose(o->f);
+    o->err = keep;
+    o->f = NULL;
+  }
+  if (o->fd >= 0) close(o->fd);
+  o->fd = -1;
+  if (o->tmp) {
+    unlink(o->tmp);
+    out_unguard(o->tmp);
+  }
+  out_free(o);
+}
+
+int cli_out_fail(const char *sub, cli_out *o, int err_fallback) {
+  int e = o->err ? o->err : err_fallback;
+  char *path = o->path ? strdup(o->path) : NULL;
+  int rc = out_error(sub, o, path ? path : "output", e);
+  free(path);
+  return rc;
+}
+
+int cli_out_commit(const char *sub, cli_out *o) {
+  int e = 0;
+  errno = 0;
+  if (fflush(o->f) != 0 || ferror(o->f)) e = o->err ? o->err : EIO;
+  if (fclose(o->f) != 0 && !e) e = o->err ? o->err : EIO;
+  o->f = NULL;
+  if (!e && o->tmp && fsync(o->fd) != 0) e = errno;
+  if (close(o->fd) != 0 && !e) e = errno;
+  o->fd = -1;
+  if (!e && o->tmp && rename(o->tmp, o->target) != 0) e = errno;
+  if (e) return cli_out_fail(sub, o, e);
+  if (o->tmp) {
+    out_unguard(o->tmp);
+    /* the rename itself reaches the disk with the directory (best effort) */
+    char *dir = dir_part(o->target);
+    int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {
+      fsync(dfd);
+      close(dfd);
+    }
+    free(dir);
+  }
+  out_free(o);
+  return 0;
+}
+
+int cli_write_json(const char *sub, const char *path, json_t *v) {
+  cli_out o;
+  int rc = cli_out_open(sub, &o, path);
+  if (rc) return rc;
+  if (!v || json_dumpf(v, o.f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0 ||
+      fputc('\n', o.f) == EOF)
+    return cli_out_fail(sub, &o, v ? EIO : ENOMEM);
+  return cli_out_commit(sub, &o);
+}
+
+int cli_write_text(const char *sub, const char *path, const char *text) {
+  cli_out o;
+  int rc = cli_out_open(sub, &o, path);
+  if (rc) return rc;
+  size_t n = text ? strlen(text) : 0;
+  if (!text || fwrite(text, 1, n, o.f) != n)
+    return cli_out_fail(sub, &o, text ? EIO : ENOMEM);
+  return cli_out_commit(sub, &o);
+}
+
+int cli_stdout_check(const char *sub) {
+  int e = 0;
+  errno = 0;
+  if (fflush(stdout) != 0) e = errno ? errno : EIO;
+  else if (ferror(stdout)) e = EIO;
+  if (!e) return 0;
+  cli_error(sub, "cannot write standard output: %s", strerror(e));
+  return CLI_EXIT_INTERNAL;
+}
+
+/* ---- names from files -------------------------------------------------------- */
+
+void cli_escape_name(char *dst, size_t n, const char *name) {
+  probe_text_escape(dst, n, name ? name : "");
+}
+
+int cli_print_name(FILE *f, const char *name) {
+  char small[256];
+  size_t need = probe_text_escape(NULL, 0, name ? name : "") + 1;
+  char *buf = need <= sizeof small ? small : malloc(need);
+  if (!buf) return -1;
+  probe_text_escape(buf, need, name ? name : "");
+  int r = fputs(buf, f) == EOF ? -1 : (int)strlen(buf);
+  if (buf != small) free(buf);
+  return r;
 }
 
 int cli_json_print(json_t *v) {

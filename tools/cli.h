@@ -1,7 +1,9 @@
 /*
  * tools/cli.h - what every `ampprobe` subcommand shares: exit codes, the
  * one-line error format, strict number parsing for options, JSON output,
- * the Ctrl-C stop flag and the stderr progress line.
+ * the Ctrl-C stop flag, the stderr progress line, and the file rules: inputs
+ * that must be regular files, outputs written atomically (temporary file +
+ * rename) that may not be an input, write errors reported with their errno.
  *
  * Adding a subcommand: write tools/<name>.c with
  *   int cmd_<name>(int argc, char **argv);   (argv[0] is the subcommand name)
@@ -13,6 +15,7 @@
 #define AMPPROBE_TOOLS_CLI_H
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -45,13 +48,20 @@ void cli_error(const char *sub, const char *fmt, ...)
 /* Exit code for a status returned by the reader or another library. */
 int cli_exit_for_status(probe_status st);
 
-/* Strict parsing of option values: the whole string must be a number in
- * [lo, hi]. On failure prints "invalid value 'x' for --name: ..." through
- * cli_error and returns -1 (the caller returns CLI_EXIT_USAGE). */
+/* Strict parsing of option values: the whole string must be a decimal
+ * number (integers: [+-]digits; reals: [+-]digits[.digits][e[+-]digits]) -
+ * no spaces, no hex, no inf/nan - in [lo, hi]. On failure prints through
+ * cli_error "invalid value 'x' for --name: expected an integer" (or "a
+ * decimal number"), or for a value outside the range (however large)
+ * "invalid value 'x' for --name: must be in [lo, hi]", and returns -1 (the
+ * caller returns CLI_EXIT_USAGE). */
 int cli_parse_i64(const char *sub, const char *opt, const char *s, int64_t lo,
                   int64_t hi, int64_t *out);
 int cli_parse_double(const char *sub, const char *opt, const char *s,
                      double lo, double hi, double *out);
+/* The same with an open lower bound: (lo, hi], e.g. a threshold in (0, 1]. */
+int cli_parse_double_gt(const char *sub, const char *opt, const char *s,
+                        double lo, double hi, double *out);
 
 /* Call before getopt_long in a subcommand (resets glibc's state). */
 void cli_getopt_reset(void);
@@ -64,6 +74,90 @@ int cli_getopt_error(const char *sub, char **argv, int c);
 int cli_json_print(json_t *v);
 /* json_real that turns NaN/inf (not valid JSON) into null. */
 json_t *cli_json_num(double x);
+
+/* ---- files: inputs, outputs and write errors ------------------------------
+ *
+ * The rules every subcommand follows (docs/cli.md, "Files"):
+ *  - an input that is not a regular file (FIFO, device, directory, socket)
+ *    is refused before it is read, so a FIFO or /dev/zero cannot hang a tool;
+ *  - an output that is one of the command's inputs is refused, whatever the
+ *    flags (same st_dev/st_ino, or for an output that does not exist yet,
+ *    the same real directory and name);
+ *  - an output is written to a temporary file in the target's directory
+ *    (created O_EXCL, mode 0666 & ~umask), flushed, fsync'ed and renamed over
+ *    the target only when everything was written: a failed or interrupted
+ *    write leaves the old file (or none), never a truncated one. A target
+ *    that exists and is not a regular file (/dev/null, /dev/full, a FIFO) is
+ *    written in place; an existing symlink is followed, so the file it names
+ *    is replaced and the link kept;
+ *  - every write failure (EFBIG under `ulimit -f`, ENOSPC, EIO, EDQUOT,
+ *    /dev/full) is one line, "cannot write PATH: <strerror text>", exit 4.
+ *    SIGXFSZ is ignored by main(), so a file-size limit is an EFBIG error and
+ *    not a signal.
+ */
+
+/* Returns 0 when path is a regular file, or when it cannot be opened (the
+ * reader then says why in its own words). Otherwise prints "PATH: not a
+ * regular file (a FIFO)" and returns CLI_EXIT_INPUT. Opens with O_NONBLOCK,
+ * so checking a FIFO never blocks. */
+int cli_check_input(const char *sub, const char *path);
+
+/* 1 when a and b name the same file (see above), else 0. */
+int cli_same_file(const char *a, const char *b);
+
+/* Refuses (CLI_EXIT_USAGE, one line naming both) an output that is one of
+ * the n inputs (NULL entries are skipped); 0 otherwise. */
+int cli_check_output(const char *sub, const char *out,
+                     const char *const *inputs, size_t n);
+
+/* An output being written. f is a stdio stream whose writes go through
+ * write(2); the first failure's errno is kept, so the message names the real
+ * cause even after stdio has moved on. */
+typedef struct cli_out {
+  FILE *f;
+  char *path;   /* the target as given (for messages) */
+  char *target; /* the file that is replaced (a symlink resolved) */
+  char *tmp;    /* the temporary file, NULL when written in place */
+  int fd;
+  int err;      /* errno of the first failed write, 0 when none */
+} cli_out;
+
+/* Opens an output. Returns 0, or prints "cannot write PATH: <why>" and
+ * returns CLI_EXIT_INTERNAL. */
+int cli_out_open(const char *sub, cli_out *o, const char *path);
+/* Finishes it: flush, fsync, close, rename into place. Returns 0, or
+ * prints "cannot write PATH: <why>", removes the temporary file and returns
+ * CLI_EXIT_INTERNAL. Closes o in every case. */
+int cli_out_commit(const char *sub, cli_out *o);
+/* Gives up on an output without a message: the temporary file is removed,
+ * the target left as it was. Safe on a zeroed or closed cli_out. */
+void cli_out_abort(cli_out *o);
+/* Prints "cannot write PATH: <why>" (the recorded errno, else err_fallback's
+ * text), aborts o and returns CLI_EXIT_INTERNAL. For a write that failed
+ * before commit. */
+int cli_out_fail(const char *sub, cli_out *o, int err_fallback);
+
+/* A whole JSON document (indented, final newline) written to path as above.
+ * Returns 0 or CLI_EXIT_INTERNAL (message printed). */
+int cli_write_json(const char *sub, const char *path, json_t *v);
+/* The same for a text already rendered (e.g. a library's JSON string). */
+int cli_write_text(const char *sub, const char *path, const char *text);
+
+/* At the end of a command: flushes stdout; when anything written to it was
+ * lost (a full disk, /dev/full, a closed descriptor), prints "cannot write
+ * standard output: <why>" and returns CLI_EXIT_INTERNAL, else 0. main()
+ * calls it after every subcommand. */
+int cli_stdout_check(const char *sub);
+
+/* Writes a name read from a file (a layer or scenario name, a path) to f
+ * escaped by the analysis library's probe_text_escape, the one escaping of
+ * the project: \n \r \t \e \a ..., \xHH, a backslash as \\, the C1
+ * controls as \u0080..\u009f; so a name cannot move the cursor, clear the
+ * screen, ring the bell or start a forged line. Returns the characters
+ * written, or -1. */
+int cli_print_name(FILE *f, const char *name);
+/* The same into a buffer (always NUL-terminated, truncated to fit). */
+void cli_escape_name(char *dst, size_t n, const char *name);
 
 /* Stop flag set by SIGINT/SIGTERM once cli_signals_install() was called. */
 extern volatile sig_atomic_t cli_stop_flag;

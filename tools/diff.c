@@ -8,6 +8,7 @@
  * by where divergence begins, or the same as JSON.
  * Exit 0 agree within tolerance, 1 diverge or not aligned.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -208,8 +209,8 @@ int cmd_diff(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
     switch (c) {
     case 't':
-      if (cli_parse_double(SUB, "--threshold", optarg, 1e-12, 1.0,
-                           &opt.threshold))
+      if (cli_parse_double_gt(SUB, "--threshold", optarg, 0, 1.0,
+                              &opt.threshold))
         return CLI_EXIT_USAGE;
       break;
     case 'n':
@@ -237,6 +238,12 @@ int cmd_diff(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *pa = argv[optind], *pb = argv[optind + 1];
+  /* the file rules (tools/cli.h): regular-file inputs, -o none of them */
+  const char *inputs[2] = {pa, pb};
+  int fr = cli_check_input(SUB, pa);
+  if (!fr) fr = cli_check_input(SUB, pb);
+  if (!fr) fr = cli_check_output(SUB, out, inputs, 2);
+  if (fr) return fr;
   probe_trace *ta = NULL, *tb = NULL;
   char err[512] = "";
   probe_status st = probe_trace_open_isolated(&ta, pa, err, sizeof err);
@@ -269,24 +276,19 @@ int cmd_diff(int argc, char **argv) {
     cli_error(SUB, "cannot render the result: out of memory");
     rc = CLI_EXIT_INTERNAL;
   }
-  if (out && j) {
-    FILE *fo = fopen(out, "w");
-    int bad = !fo || fputs(j, fo) == EOF;
-    if (fo && fclose(fo) != 0) bad = 1;
-    if (bad) {
-      cli_error(SUB, "cannot write %s", out);
-      rc = CLI_EXIT_INTERNAL;
-    }
-  }
-  if (json && j) {
+  if (out && j && cli_write_text(SUB, out, j) != 0) /* temp + rename */
+    rc = CLI_EXIT_INTERNAL;
+  if (rc == CLI_EXIT_INTERNAL) {
+    /* the error is reported: nothing on stdout (docs/cli.md) */
+  } else if (json && j) {
     if (fputs(j, stdout) == EOF || fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the JSON output");
+      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
       rc = CLI_EXIT_INTERNAL;
     }
   } else if (!json) {
     print_text(&d, pa, pb, (int)top);
     if (fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the output");
+      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
       rc = CLI_EXIT_INTERNAL;
     }
   }

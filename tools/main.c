@@ -1,7 +1,14 @@
 /*
  * tools/main.c - the `ampprobe` command: dispatches to one subcommand per
  * file (tools/<name>.c). To add a subcommand, add a row to `commands`.
+ *
+ * Before any subcommand runs, SIGXFSZ is ignored: past a file-size limit
+ * (`ulimit -f`) a write then fails with EFBIG, which every writer reports as
+ * "cannot write PATH: File too large" with exit 4, instead of the process
+ * being killed half-way through a file. After it, whatever went to stdout is
+ * flushed and checked (a full disk, /dev/full): a lost output is exit 4.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,7 +62,19 @@ static void usage(FILE *f) {
           "  ampprobe postmortem fp16.h5\n");
 }
 
+/* The subcommand's exit code, or 4 when its standard output was lost. An
+ * error already reported (2, 3, 4, 130) keeps its code. */
+static int finish(const char *sub, int rc) {
+  if (rc != CLI_EXIT_OK && rc != CLI_EXIT_PROBLEM) {
+    fflush(stdout); /* the error is reported already */
+    return rc;
+  }
+  int out = cli_stdout_check(sub);
+  return out ? out : rc;
+}
+
 int main(int argc, char **argv) {
+  signal(SIGXFSZ, SIG_IGN); /* inherited by bisect's trials through exec */
   if (argc < 2) {
     usage(stderr);
     return CLI_EXIT_USAGE;
@@ -63,15 +82,15 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
     usage(stdout);
-    return CLI_EXIT_OK;
+    return finish(NULL, CLI_EXIT_OK);
   }
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
     printf("ampprobe %s\n", ampprobe_version());
-    return CLI_EXIT_OK;
+    return finish(NULL, CLI_EXIT_OK);
   }
   for (size_t i = 0; i < N_COMMANDS; i++)
     if (!strcmp(cmd, commands[i].name))
-      return commands[i].fn(argc - 1, argv + 1);
+      return finish(cmd, commands[i].fn(argc - 1, argv + 1));
   if (cmd[0] == '-')
     cli_error(NULL, "unknown option %s (see 'ampprobe --help')", cmd);
   else

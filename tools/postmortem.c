@@ -6,6 +6,7 @@
  * JSON document (probe_diag_render_json: the same document as
  * probe_postmortem_json). Exit 0 healthy, 1 degraded or diverged.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,6 +83,8 @@ int cmd_postmortem(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *path = argv[optind];
+  int in = cli_check_input(SUB, path); /* a FIFO or device: refused */
+  if (in) return in;
 
   probe_trace *t = NULL;
   char err[512] = "";
@@ -112,7 +115,7 @@ int cmd_postmortem(int argc, char **argv) {
     cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
     rc = CLI_EXIT_INTERNAL;
   } else if (fputs(out, stdout) == EOF || fflush(stdout) != 0) {
-    cli_error(SUB, "cannot write the output");
+    cli_error(SUB, "cannot write standard output: %s", strerror(errno));
     rc = CLI_EXIT_INTERNAL;
   }
   probe_free(out);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -133,6 +134,24 @@ static probe_status feed_trace(probe_report *rep, probe_trace *t,
   return st;
 }
 
+/* A one-line text of the analysis engines, which quote names from the trace
+ * already escaped (probe_text_escape). A guard for the page: any control
+ * byte left is written as \xHH; printable text, backslashes included, is
+ * untouched, so escaped text is never escaped twice. */
+#define ESC_MAX (PROBE_DIAG_TEXT_MAX * 8 + 16)
+static const char *esc(char *buf, const char *s) {
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (k + 5 >= ESC_MAX) break;
+    if (*p < 0x20 || *p == 0x7f)
+      k += (size_t)snprintf(buf + k, ESC_MAX - k, "\\x%02x", *p);
+    else
+      buf[k++] = (char)*p;
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
 /* The diagnosis engine's findings, ranked, shown first; its whole text
  * (what `ampprobe postmortem` prints) folded under them. */
 static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
@@ -143,10 +162,10 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
   probe_diag_print_text(d, f);
   fclose(f);
   int problem = probe_diag_problem(d);
-  char head[DIAG_TEXT_MAX + 32];
+  char head[ESC_MAX + 32], e1[ESC_MAX];
   if (d->n_findings > 0)
     snprintf(head, sizeof head, "%s: %s", problem ? "PROBLEM" : "HEALTHY",
-             d->findings[0].title);
+             esc(e1, d->findings[0].title));
   else
     snprintf(head, sizeof head, "%s", problem ? "PROBLEM" : "HEALTHY");
 
@@ -159,17 +178,18 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
                      diag_event_name(d->event));
     if (d->origin_layer >= 0)
       probe_buf_printf(&b, ", origin %s (%s)",
-                       diag_layer_name(d, d->origin_layer),
+                       esc(e1, diag_layer_name(d, d->origin_layer)),
                        probe_site_name(d->origin_site));
     probe_buf_puts(&b, "\n\n");
   }
   for (int i = 0; i < d->n_findings; i++) {
     const diag_finding *g = &d->findings[i];
     probe_buf_printf(&b, "%d. [%s] %s\n", i + 1, diag_finding_name(g->id),
-                     g->title);
+                     esc(e1, g->title));
     for (int k = 0; k < g->n_evidence; k++)
-      probe_buf_printf(&b, "   - %s\n", g->evidence[k]);
-    if (g->next_step[0]) probe_buf_printf(&b, "   next: %s\n", g->next_step);
+      probe_buf_printf(&b, "   - %s\n", esc(e1, g->evidence[k]));
+    if (g->next_step[0])
+      probe_buf_printf(&b, "   next: %s\n", esc(e1, g->next_step));
   }
   probe_status st =
       b.oom ? PROBE_ERR_NOMEM
@@ -194,9 +214,9 @@ static void fmt_step(char *b, size_t n, int64_t s) {
 
 /* The diff engine's verdict, loss comparison and its table. */
 static probe_status add_diff(probe_report *rep, const probe_diff *d) {
-  char text[2048];
-  char a[32], b[32];
-  int n = snprintf(text, sizeof text, "%s\n", d->verdict_text);
+  char text[8192];
+  char a[32], b[32], e1[ESC_MAX];
+  int n = snprintf(text, sizeof text, "%s\n", esc(e1, d->verdict_text));
   if (d->loss_part_step >= 0) {
     fmt_num(a, sizeof a, d->loss_a_at_part);
     fmt_num(b, sizeof b, d->loss_b_at_part);
@@ -211,12 +231,12 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
   if (d->intro.found && n < (int)sizeof text)
     n += snprintf(text + n, sizeof text - (size_t)n,
                   "error introduced at step %lld in %s (%s)%s\n",
-                  (long long)d->intro.step, d->intro.layer,
+                  (long long)d->intro.step, esc(e1, d->intro.layer),
                   probe_site_name((probe_site)d->intro.site),
                   d->intro.local ? ", inputs in agreement" : "");
   for (int i = 0; i < d->n_notes && n < (int)sizeof text; i++)
     n += snprintf(text + n, sizeof text - (size_t)n, "note: %s\n",
-                  d->notes[i]);
+                  esc(e1, d->notes[i]));
   probe_status st = probe_report_add_text(rep, PROBE_REPORT_DIFF,
                                           "Verdict", text);
   if (st != PROBE_OK) return st;
@@ -246,7 +266,8 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
     fmt_step(na, sizeof na, e->first_nonfinite_a);
     fmt_step(nb, sizeof nb, e->first_nonfinite_b);
     snprintf(c7, sizeof c7, "%s / %s", na, nb);
-    const char *row[9] = {e->layer, probe_site_name((probe_site)e->site),
+    const char *row[9] = {esc(e1, e->layer),
+                          probe_site_name((probe_site)e->site),
                           c2, c3, c4, c5, c6, c7,
                           e->flushes_to_zero ? "yes" : ""};
     st = probe_report_table_row(rep, tid, row);
@@ -299,71 +320,283 @@ static char *json_cell(json_t *v) {
   return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
 }
 
-/* The bisect result: every array of objects becomes a table (columns from
- * the keys of its first object), every other top-level member a line of the
- * summary. Written against what `ampprobe bisect --json` emits, but tolerant
- * of members it does not know. */
+/* Checks that a JSON document is what `ampprobe bisect --json` / `-o`
+ * writes: an object with "outcome" and a "trials" array of objects, each
+ * with a "role" and a "verdict". Returns NULL or what is wrong. */
+static const char *bisect_shape_error(json_t *root) {
+  if (!json_is_object(root)) return "top level is not an object";
+  json_t *cmd = json_object_get(root, "command");
+  if (cmd && !(json_is_string(cmd) && !strcmp(json_string_value(cmd), "bisect")))
+    return "its \"command\" is not \"bisect\"";
+  if (!json_is_string(json_object_get(root, "outcome")))
+    return "no \"outcome\" string";
+  json_t *trials = json_object_get(root, "trials");
+  if (!json_is_array(trials)) return "no \"trials\" array";
+  size_t i;
+  json_t *t;
+  json_array_foreach(trials, i, t) {
+    if (!json_is_object(t) || !json_is_string(json_object_get(t, "role")) ||
+        !json_is_string(json_object_get(t, "verdict")))
+      return "a trial without \"role\" and \"verdict\"";
+  }
+  return NULL;
+}
+
+static const char *jstr(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* A list member (array of strings, or a string) as "a,b,c"; "" when absent
+ * or empty. Caller frees. */
+static char *jlist(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return strdup("");
+  return json_cell(v);
+}
+
+/* The bisect result drawn the way `ampprobe bisect` prints it: the header
+ * with the failure criteria, the trial table (#, trial, forced to FP32,
+ * verdict, steps, time, why) and the result lines. Members it does not know
+ * are kept in the folded raw JSON under it. */
 static probe_status add_bisect(probe_report *rep, json_t *root) {
-  if (!json_is_object(root)) return PROBE_ERR_INVALID_ARG;
-  probe_buf sum;
-  probe_buf_init(&sum);
-  const char *key;
-  json_t *v;
-  /* the answer first, then every other member in the file's order */
-  static const char *const first[] = {"outcome", "summary", "minimal_set",
-                                      "minimal_layers", "reproduce"};
-  for (size_t i = 0; i < sizeof first / sizeof first[0]; i++) {
-    json_t *x = json_object_get(root, first[i]);
-    if (!x || json_is_null(x)) continue;
-    char *c = json_cell(x);
-    probe_buf_printf(&sum, "%-20s %s\n", first[i], c ? c : "");
-    free(c);
-  }
-  json_object_foreach(root, key, v) {
-    if (json_is_array(v) && json_array_size(v) > 0 &&
-        json_is_object(json_array_get(v, 0)))
-      continue; /* a table below */
-    int shown = 0;
-    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
-      shown |= strcmp(key, first[i]) == 0;
-    if (shown) continue;
-    char *c = json_cell(v);
-    probe_buf_printf(&sum, "%-20s %s\n", key, c ? c : "");
-    free(c);
-  }
-  probe_status st = PROBE_OK;
-  if (sum.len)
-    st = probe_report_add_text(rep, PROBE_REPORT_BISECT, "Result", sum.data);
-  probe_buf_free(&sum);
-  json_object_foreach(root, key, v) {
-    if (st != PROBE_OK) break;
-    if (!json_is_array(v) || json_array_size(v) == 0 ||
-        !json_is_object(json_array_get(v, 0)))
-      continue;
-    json_t *row0 = json_array_get(v, 0);
-    int ncols = (int)json_object_size(row0);
-    if (ncols < 1 || ncols > 32) continue;
-    const char *hdr[32];
-    int c = 0;
-    const char *k2;
-    json_t *v2;
-    json_object_foreach(row0, k2, v2) hdr[c++] = k2;
-    int tid;
-    st = probe_report_add_table(rep, PROBE_REPORT_BISECT, key, ncols, hdr,
-                                &tid);
-    size_t i;
-    json_t *row;
-    json_array_foreach(v, i, row) {
-      if (st != PROBE_OK || !json_is_object(row)) break;
-      char *cells[32];
-      for (c = 0; c < ncols; c++) {
-        json_t *x = json_object_get(row, hdr[c]);
-        cells[c] = x ? json_cell(x) : strdup("");
-      }
-      st = probe_report_table_row(rep, tid, (const char *const *)cells);
-      for (c = 0; c < ncols; c++) free(cells[c]);
+  probe_buf t;
+  probe_buf_init(&t);
+  const char *name = jstr(root, "scenario");
+  char *cand = jlist(root, "candidates");
+  const char *gran = jstr(root, "granularity");
+  probe_buf_printf(&t, "ampprobe bisect: %s, candidates %s (granularity %s)\n",
+                   name ? name : "?", cand && *cand ? cand : "?",
+                   gran ? gran : "?");
+  free(cand);
+  json_t *cr = json_object_get(root, "criteria");
+  if (json_is_object(cr)) {
+    int any = 0;
+    probe_buf_puts(&t, "  a trial fails on:");
+    json_t *v;
+    if (json_is_true(json_object_get(cr, "fail_nonfinite")))
+      probe_buf_printf(&t, "%s non-finite loss", any++ ? ";" : "");
+    if (json_is_integer(v = json_object_get(cr, "max_consecutive_skips")))
+      probe_buf_printf(&t, "%s > %lld consecutive skipped steps",
+                       any++ ? ";" : "", (long long)json_integer_value(v));
+    if (json_is_number(v = json_object_get(cr, "min_scale")))
+      probe_buf_printf(&t, "%s loss scale < %g", any++ ? ";" : "",
+                       json_number_value(v));
+    if (json_is_number(v = json_object_get(cr, "max_loss_regress_pct")))
+      probe_buf_printf(&t, "%s final loss > %g%% above the FP32 baseline",
+                       any++ ? ";" : "", json_number_value(v));
+    const char *key;
+    json_object_foreach(cr, key, v) { /* criteria added later, as given */
+      if (!strcmp(key, "fail_nonfinite") ||
+          !strcmp(key, "max_consecutive_skips") || !strcmp(key, "min_scale") ||
+          !strcmp(key, "max_loss_regress_pct") || json_is_null(v) ||
+          json_is_false(v))
+        continue;
+      char *c = json_cell(v);
+      probe_buf_printf(&t, "%s %s %s", any++ ? ";" : "", key, c ? c : "");
+      free(c);
     }
+    if (!any) probe_buf_puts(&t, " nothing (every criterion is off)");
+    probe_buf_puts(&t, "\n");
   }
+  char *unmatched = jlist(root, "unmatched_candidates");
+  if (unmatched && *unmatched)
+    probe_buf_printf(&t, "  warning: %s matched no layer\n", unmatched);
+  free(unmatched);
+  probe_status st = t.oom ? PROBE_ERR_NOMEM
+                          : probe_report_add_text(rep, PROBE_REPORT_BISECT, "",
+                                                  t.data);
+  probe_buf_free(&t);
+
+  static const char *hdr[7] = {"#",       "trial", "forced to FP32", "verdict",
+                               "steps",   "time",  "why"};
+  int tid = -1;
+  if (st == PROBE_OK)
+    st = probe_report_add_table(rep, PROBE_REPORT_BISECT, "Trials", 7, hdr,
+                                &tid);
+  json_t *trials = json_object_get(root, "trials");
+  size_t i;
+  json_t *x;
+  json_array_foreach(trials, i, x) {
+    if (st != PROBE_OK) break;
+    char id[24], verdict[16], steps[48] = "-", tm[32] = "-";
+    json_t *v = json_object_get(x, "id");
+    snprintf(id, sizeof id, "%02lld",
+             json_is_integer(v) ? (long long)json_integer_value(v)
+                                : (long long)i);
+    const char *role = jstr(x, "role");
+    snprintf(verdict, sizeof verdict, "%s", jstr(x, "verdict"));
+    if (!strcmp(verdict, "cancelled")) snprintf(verdict, sizeof verdict, "-");
+    for (char *p = verdict; *p; p++)
+      if (*p >= 'a' && *p <= 'z') *p = (char)(*p - 'a' + 'A');
+    json_t *sr = json_object_get(x, "steps_run");
+    json_t *sp = json_object_get(x, "steps_planned");
+    if (json_is_integer(sr) && json_is_integer(sp))
+      snprintf(steps, sizeof steps, "%lld/%lld",
+               (long long)json_integer_value(sr),
+               (long long)json_integer_value(sp));
+    if (json_is_number(v = json_object_get(x, "seconds")))
+      snprintf(tm, sizeof tm, "%.2fs", json_number_value(v));
+    char *set = NULL;
+    if (!strcmp(role, "fp32-baseline") ||
+        json_is_null(json_object_get(x, "fp32")))
+      set = strdup("(all: --precision fp32)");
+    else {
+      set = jlist(x, "fp32");
+      if (set && (!*set || !strcmp(set, "(none)"))) {
+        free(set);
+        set = strdup("(nothing)");
+      }
+    }
+    const char *why = jstr(x, "why");
+    const char *row[7] = {id, role, set ? set : "", verdict, steps, tm,
+                          why ? why : ""};
+    st = probe_report_table_row(rep, tid, row);
+    free(set);
+  }
+
+  probe_buf r;
+  probe_buf_init(&r);
+  const char *summary = jstr(root, "summary");
+  probe_buf_printf(&r, "result: %s\n", summary ? summary : jstr(root, "outcome"));
+  static const char *const lines[][2] = {
+      {"minimal_set", "minimal set"},
+      {"minimal_layers", "minimal layers"},
+      {"implicated_layers", "implicated"},
+      {"suggested_candidates", "suggested"},
+      {"postmortem_finding", "post-mortem"},
+      {"reproduce", "reproduce"},
+  };
+  for (size_t k = 0; k < sizeof lines / sizeof lines[0]; k++) {
+    char *c = jlist(root, lines[k][0]);
+    if (c && *c)
+      probe_buf_printf(&r, "  %-15s %s%s\n", lines[k][1], c,
+                       k == 0 && strchr(c, ',')
+                           ? "  (1-minimal: dropping any one of them fails)"
+                           : "");
+    free(c);
+  }
+  json_t *ran = json_object_get(root, "trials_run");
+  if (json_is_integer(ran)) {
+    json_t *dd = json_object_get(root, "ddmin_trials");
+    json_t *ca = json_object_get(root, "trials_cancelled");
+    json_t *wall = json_object_get(root, "wall_seconds");
+    json_t *jobs = json_object_get(root, "jobs");
+    probe_buf_printf(&r, "  %-15s %lld run (%lld in ddmin), %lld cancelled, "
+                         "%.2f s wall with -j %lld\n",
+                     "trials", (long long)json_integer_value(ran),
+                     (long long)json_integer_value(dd),
+                     (long long)json_integer_value(ca),
+                     json_is_number(wall) ? json_number_value(wall) : 0.0,
+                     (long long)json_integer_value(jobs));
+  }
+  const char *wd = jstr(root, "workdir");
+  if (wd)
+    probe_buf_printf(&r, "  %-15s %s (trace, summary and log of every trial)\n",
+                     "workdir", wd);
+  if (st == PROBE_OK)
+    st = r.oom ? PROBE_ERR_NOMEM
+               : probe_report_add_text(rep, PROBE_REPORT_BISECT, "Result",
+                                       r.data);
+  probe_buf_free(&r);
+
+  char *raw = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (st == PROBE_OK && raw)
+    st = probe_report_add_folded_text(rep, PROBE_REPORT_BISECT,
+                                      "The whole bisect result (JSON)", raw);
+  free(raw);
+  return st;
+}
+
+/* ---- do the inputs belong together? ---------------------------------------- */
+
+/* The config stored in a trace, parsed; NULL when there is none. */
+static json_t *trace_config(probe_trace *t) {
+  const probe_trace_info *in = probe_trace_get_info(t);
+  if (!in->config_json || !in->config_json[0]) return NULL;
+  json_t *c = json_loads(in->config_json, 0, NULL);
+  if (c && !json_is_object(c)) {
+    json_decref(c);
+    c = NULL;
+  }
+  return c;
+}
+
+/* Keys of the config a precision baseline may change. */
+static int precision_key(const char *k) {
+  return !strcmp(k, "precision") || !strcmp(k, "fp32") ||
+         !strcmp(k, "loss_fp32");
+}
+
+/* Compares the trace's config with the baseline's and the bisect result's
+ * scenario: a baseline of another model, data or seed, or a bisect of
+ * another config, makes the page compare things that do not belong
+ * together. Each mismatch is a warning on stderr and on the page. */
+static probe_status check_configs(probe_report *rep, probe_trace *t,
+                                  const char *path, probe_trace *tb,
+                                  const char *base_path, json_t *bisect,
+                                  const char *bisect_path) {
+  json_t *ca = trace_config(t);
+  const char *name = ca ? jstr(ca, "name") : NULL;
+  probe_buf w;
+  probe_buf_init(&w);
+  char qn[200], qo[200];
+  cli_escape_name(qn, sizeof qn, name ? name : "");
+  if (tb && ca) {
+    json_t *cb = trace_config(tb);
+    const char *bname = cb ? jstr(cb, "name") : NULL;
+    if (cb && name && bname && strcmp(name, bname) != 0) {
+      cli_escape_name(qo, sizeof qo, bname);
+      probe_buf_printf(&w, "the baseline %s is a run of config '%s', the "
+                           "trace %s of '%s': the comparison is not a "
+                           "precision baseline\n",
+                       base_path, qo, path, qn);
+    } else if (cb) {
+      probe_buf diffk;
+      probe_buf_init(&diffk);
+      const char *k;
+      json_t *va;
+      json_object_foreach(ca, k, va) {
+        if (precision_key(k) || !strcmp(k, "description")) continue;
+        json_t *vb = json_object_get(cb, k);
+        if (!vb || !json_equal(va, vb))
+          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+      }
+      json_object_foreach(cb, k, va)
+        if (!precision_key(k) && strcmp(k, "description") &&
+            !json_object_get(ca, k))
+          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+      if (diffk.len)
+        probe_buf_printf(&w, "the baseline %s and the trace %s are of config "
+                             "'%s' but differ in more than precision (%s)\n",
+                         base_path, path, qn, diffk.data);
+      probe_buf_free(&diffk);
+    }
+    json_decref(cb);
+  }
+  const char *bname = bisect ? jstr(bisect, "scenario") : NULL;
+  if (bname && name && strcmp(bname, name) != 0) {
+    cli_escape_name(qo, sizeof qo, bname);
+    probe_buf_printf(&w, "the bisect result %s is of config '%s', the trace "
+                         "%s of '%s'\n",
+                     bisect_path, qo, path, qn);
+  }
+  json_decref(ca);
+  probe_status st = PROBE_OK;
+  if (w.len) {
+    char *line = w.data, *nl;
+    while ((nl = strchr(line, '\n'))) { /* one stderr line per warning */
+      *nl = '\0';
+      cli_error(SUB, "warning: %s", line);
+      *nl = '\n';
+      line = nl + 1;
+    }
+    st = probe_report_add_text(rep, PROBE_REPORT_TOP,
+                               "Warning: these inputs do not belong together",
+                               w.data);
+  }
+  if (w.oom) st = PROBE_ERR_NOMEM;
+  probe_buf_free(&w);
   return st;
 }
 
@@ -463,15 +696,30 @@ int cmd_report(int argc, char **argv) {
   const char *path = argv[optind];
   double t0 = cli_now();
 
+  /* the file rules (tools/cli.h): inputs are regular files, the output is
+   * none of them, whatever the flags */
+  const char *inputs[3] = {path, base_path, bisect_path};
+  for (int i = 0; i < 3; i++) {
+    int r = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
+    if (r) return r;
+  }
+  int orc = cli_check_output(SUB, out, inputs, 3);
+  if (orc) return orc;
+
   /* the bisect JSON first: a bad file is a usage-level input error, found
    * before the traces are read */
   json_t *bisect = NULL;
   if (bisect_path) {
     json_error_t je;
     bisect = json_load_file(bisect_path, 0, &je);
-    if (!bisect || !json_is_object(bisect)) {
+    const char *why = bisect ? bisect_shape_error(bisect) : NULL;
+    if (!bisect) {
       cli_error(SUB, "%s: not a bisect result (line %d: %s)", bisect_path,
-                je.line, bisect ? "top level is not an object" : je.text);
+                je.line, je.text);
+      return CLI_EXIT_INPUT;
+    }
+    if (why) {
+      cli_error(SUB, "%s: not a bisect result (%s)", bisect_path, why);
       json_decref(bisect);
       return CLI_EXIT_INPUT;
     }
@@ -518,6 +766,8 @@ int cmd_report(int argc, char **argv) {
     if (lo < 0 || hi < lo) lo = hi = 0; /* empty trace: empty plots */
     st = probe_report_set_range(rep, lo, hi);
   }
+  if (st == PROBE_OK)
+    st = check_configs(rep, t, path, tb, base_path, bisect, bisect_path);
   add_trace_meta(rep, "trace", path, t);
   if (tb) add_trace_meta(rep, "baseline", base_path, tb);
 
@@ -554,24 +804,29 @@ int cmd_report(int argc, char **argv) {
     goto done;
   }
 
-  FILE *f = fopen(out, "w");
-  if (!f) {
-    cli_error(SUB, "cannot write %s: %s", out, strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-    goto done;
-  }
-  st = probe_report_write(rep, f);
-  long size = st == PROBE_OK ? ftell(f) : -1;
-  if (fclose(f) != 0 && st == PROBE_OK) st = PROBE_ERR_IO;
+  /* written to a temporary file renamed over `out` once complete */
+  cli_out o;
+  rc = cli_out_open(SUB, &o, out);
+  if (rc != CLI_EXIT_OK) goto done;
+  st = probe_report_write(rep, o.f);
   if (st != PROBE_OK) {
-    cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
-    rc = CLI_EXIT_INTERNAL;
+    if (st == PROBE_ERR_NOMEM) {
+      cli_out_abort(&o);
+      cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
+      rc = CLI_EXIT_INTERNAL;
+    } else {
+      rc = cli_out_fail(SUB, &o, EIO);
+    }
     goto done;
   }
+  rc = cli_out_commit(SUB, &o);
+  if (rc != CLI_EXIT_OK) goto done;
+  struct stat ost;
+  double size = stat(out, &ost) == 0 ? (double)ost.st_size : 0;
   rc = probe_diag_problem(&diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
   if (!quiet)
     fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n", out,
-            (double)size / 1024.0, cli_now() - t0);
+            size / 1024.0, cli_now() - t0);
 
 done:
   if (have_diff) probe_diff_free(&diff);

@@ -319,7 +319,7 @@ int cmd_run(int argc, char **argv) {
       break;
     case O_FP32: OV("fp32", optarg); break;
     case O_STEPS:
-      if (cli_parse_i64(SUB, "--steps", optarg, 1, INT64_MAX / 2, &iv))
+      if (cli_parse_i64(SUB, "--steps", optarg, 1, 100000000, &iv))
         return CLI_EXIT_USAGE;
       OV("steps", optarg);
       break;
@@ -329,7 +329,7 @@ int cmd_run(int argc, char **argv) {
       OV("seed", optarg);
       break;
     case O_INIT_SCALE:
-      if (cli_parse_double(SUB, "--init-scale", optarg, 1e-30, 1e38, &dv))
+      if (cli_parse_double(SUB, "--init-scale", optarg, 1e-30, 3e38, &dv))
         return CLI_EXIT_USAGE;
       OV("scaler.init", optarg);
       break;
@@ -350,24 +350,24 @@ int cmd_run(int argc, char **argv) {
       OV("scaler.backoff", optarg);
       break;
     case O_HYSTERESIS:
-      if (cli_parse_i64(SUB, "--hysteresis", optarg, 1, INT32_MAX, &iv))
+      if (cli_parse_i64(SUB, "--hysteresis", optarg, 1, 1 << 20, &iv))
         return CLI_EXIT_USAGE;
       OV("scaler.hysteresis", optarg);
       break;
     case O_MIN_SCALE:
-      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 1e38, &dv))
+      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 3e38, &dv))
         return CLI_EXIT_USAGE;
       OV("scaler.min_scale", optarg);
       break;
     case O_NO_LOSS_SCALE: OV("scaler.enabled", "0"); break;
     case O_CLIP_NORM:
-      if (cli_parse_double(SUB, "--clip-norm", optarg, 0, 1e38, &dv))
+      if (cli_parse_double(SUB, "--clip-norm", optarg, 0, 1e30, &dv))
         return CLI_EXIT_USAGE;
       OV("clip.max_norm", optarg);
       break;
     case O_CLIP_BEFORE_UNSCALE: OV("clip.before_unscale", "1"); break;
     case O_MICRO_BATCHES:
-      if (cli_parse_i64(SUB, "--micro-batches", optarg, 1, 1 << 20, &iv))
+      if (cli_parse_i64(SUB, "--micro-batches", optarg, 1, 1024, &iv))
         return CLI_EXIT_USAGE;
       OV("micro_batches", optarg);
       break;

@@ -191,6 +191,14 @@ typedef struct probe_heatmap_opts {
   int width;                  /* whole SVG; the height follows the rows */
   int row_height;             /* pixels per layer row; >= 10 keeps labels
                                  readable whatever the layer count */
+  /* Labels of the colour bar's stops (cmap.n of them). NULL: the stop
+   * values, the first marked <= and the last + (values beyond the ends are
+   * clamped: right for headroom in binades, wrong for a fraction, which
+   * passes e.g. {"0%", "5%", ..., "100%"}). */
+  const char *const *stop_labels;
+  /* A line drawn over the grid (NULL: none), e.g. when every cell is
+   * non-finite and the colours say nothing. */
+  const char *note;
 } probe_heatmap_opts;
 
 probe_status probe_heatmap_render(const probe_grid *g,

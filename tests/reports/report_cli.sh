@@ -31,14 +31,23 @@ for f in fp16.h5 fp32.h5 healthy.h5; do
   [ -s $f ] || { echo "FAIL: ampprobe run did not write $f"; exit 1; }
 done
 cat > bisect.json <<'JSON'
-{"command": "bisect", "scenario": "revin-overflow",
+{"command": "bisect", "scenario": "revin-overflow", "candidates": ["revin"],
+ "granularity": "kind",
  "criteria": {"fail_nonfinite": true, "max_consecutive_skips": 20},
- "outcome": "minimal-set-found", "minimal_set": ["revin"],
+ "outcome": "minimal-set-found", "summary": "keep revin in FP32",
+ "minimal_set": ["revin"],
  "reproduce": "ampprobe run --scenario revin-overflow --fp32 revin",
- "trials": [{"id": 0, "fp32": [], "verdict": "fail", "why": "non-finite loss",
+ "trials": [{"id": 0, "role": "all-fp16", "fp32": [], "verdict": "fail",
+             "why": "non-finite loss", "steps_run": 1, "steps_planned": 150,
              "seconds": 0.25713055599999279},
-            {"id": 1, "fp32": ["revin"], "verdict": "pass", "why": "",
-             "seconds": 0.1}]}
+            {"id": 1, "role": "fp32-baseline", "fp32": null,
+             "verdict": "pass", "why": "final loss 8.1e4", "steps_run": 150,
+             "steps_planned": 150, "seconds": 0.1},
+            {"id": 2, "role": "ddmin", "fp32": ["revin"], "verdict": "pass",
+             "why": "", "steps_run": 150, "steps_planned": 150,
+             "seconds": 0.1}],
+ "trials_run": 3, "trials_cancelled": 0, "ddmin_trials": 1, "jobs": 1,
+ "wall_seconds": 0.5, "workdir": "./w"}
 JSON
 
 # a real bisect result (ampprobe bisect --json) rendered too
@@ -47,7 +56,7 @@ JSON
 expect 1 "revin-overflow with a real bisect result" -- \
   "$AMP" report fp16.h5 --bisect bisect-real.json -o revin-real.html -q
 has revin-real.html "minimal_set"
-has revin-real.html "<th>verdict</th>"
+has revin-real.html "<th>forced to FP32</th>"
 has revin-real.html "ampprobe run --scenario revin-overflow --fp32 revin"
 
 expect 0 "healthy run" -- "$AMP" report healthy.h5 -o healthy.html -q
@@ -60,9 +69,15 @@ has revin.html "FIRST NON-FINITE EVENT"       # the diagnosis engine's text
 has revin.html "Comparison with the baseline"
 has revin.html "curves part at step"
 has revin.html "Bisect: modules to keep in FP32"
-has revin.html "<td>revin</td>"
-has revin.html "<td>0.2571</td>"             # reals at 4 digits
-has revin.html "{&quot;fail_nonfinite&quot;:true" # objects as compact JSON
+# the bisect section is the CLI's trial table, not a key/value dump
+has revin.html "<th>#</th><th>trial</th><th>forced to FP32</th><th>verdict</th><th>steps</th><th>time</th><th>why</th>"
+has revin.html "<td>00</td><td>all-fp16</td><td>(nothing)</td><td>FAIL</td><td>1/150</td><td>0.26s</td>"
+has revin.html "<td>01</td><td>fp32-baseline</td><td>(all: --precision fp32)</td><td>PASS</td>"
+has revin.html "<td>02</td><td>ddmin</td><td>revin</td><td>PASS</td>"
+has revin.html "a trial fails on: non-finite loss; &gt; 20 consecutive skipped steps"
+has revin.html "result: keep revin in FP32"
+has revin.html "  minimal set     revin"
+has revin.html "  trials          3 run (1 in ddmin), 0 cancelled"
 has revin.html ">revin</text>"                # a heatmap row label
 has healthy.html "HEALTHY"
 
@@ -91,4 +106,51 @@ expect 3 "bad baseline" -- "$AMP" report healthy.h5 --baseline junk.h5 -o x.html
 echo "{ not json" > bad.json
 expect 3 "bad bisect JSON" -- "$AMP" report healthy.h5 --bisect bad.json -o x.html
 expect 4 "unwritable output" -- "$AMP" report healthy.h5 -o /nonexistent-dir/x.html
+has err.txt "cannot write /nonexistent-dir/x.html: No such file or directory"
+
+# a --bisect file of the wrong shape is bad input (exit 3), not a page
+printf '{"a": 1}\n' > shape1.json
+printf '[1, 2]\n' > shape2.json
+printf '{"command": "diff", "outcome": "x", "trials": []}\n' > shape3.json
+printf '{"outcome": "healthy", "trials": {"id": 0}}\n' > shape4.json
+printf '{"outcome": "healthy", "trials": [{"id": 0, "verdict": "pass"}]}\n' > shape5.json
+for k in 1 2 3 4 5; do
+  expect 3 "bisect JSON of the wrong shape ($k)" -- \
+    "$AMP" report healthy.h5 --bisect shape$k.json -o shape.html
+  has err.txt "shape$k.json: not a bisect result"
+  [ -e shape.html ] && { echo "FAIL shape$k: a page was written"; fail=1; }
+done
+
+# inputs of another config: a warning on stderr and on the page, exit as usual
+"$AMP" run --scenario two-culprits --precision fp32 --trace -o tc32.h5 -q >/dev/null
+"$AMP" run --scenario revin-overflow --precision fp32 --seed 7 --trace -o seed7.h5 -q >/dev/null
+cat > bisect-other.json <<'JSON'
+{"command": "bisect", "scenario": "two-culprits", "outcome": "minimal-set-found",
+ "trials": [{"id": 0, "role": "all-fp16", "fp32": [], "verdict": "fail", "why": ""}]}
+JSON
+expect 1 "baseline of another config" -- \
+  "$AMP" report fp16.h5 --baseline tc32.h5 -o other.html -q
+has err.txt "warning: the baseline tc32.h5 is a run of config 'two-culprits', the trace fp16.h5 of 'revin-overflow'"
+has other.html "these inputs do not belong together"
+expect 1 "bisect of another config" -- \
+  "$AMP" report fp16.h5 --bisect bisect-other.json -o other2.html -q
+has err.txt "warning: the bisect result bisect-other.json is of config 'two-culprits', the trace fp16.h5 of 'revin-overflow'"
+expect 1 "baseline with another seed" -- \
+  "$AMP" report fp16.h5 --baseline seed7.h5 -o other3.html -q
+has err.txt "differ in more than precision (seed)"
+expect 1 "matching baseline and bisect: no warning" -- \
+  "$AMP" report fp16.h5 --baseline fp32.h5 --bisect bisect.json -o same.html -q
+hasnt err.txt "warning"
+hasnt same.html "do not belong together"
+
+# extreme data (#15.5): no finite gradient norm, every gradient non-finite
+has revin.html "no finite gradient norm: no clip coefficient was computed at any step"
+hasnt revin.html ">clip coefficient<"
+has revin.html "every gradient record held inf/NaN"
+has revin.html "<td>revin</td><td>0 (first in the run)</td><td>fwd_saved</td><td>born here: forward, from a finite input</td>"
+has revin.html "<td>loss</td><td>0</td><td>fwd_in</td><td>passed on: its input was already inf/NaN</td>"
+has revin.html ">100%<"
+hasnt revin.html ">1+<"
+has healthy.html ">clip coefficient"
+hasnt healthy.html "no clip coefficient was computed"
 exit $fail

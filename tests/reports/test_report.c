@@ -608,6 +608,244 @@ START_TEST(test_report_long_trace_size) {
 }
 END_TEST
 
+/* #15.5: the clip-coefficient panel draws only coefficients computed from
+ * a finite gradient norm; with none it says so instead of a flat 1.0. */
+START_TEST(test_report_clip_without_finite_norm) {
+  /* 0 every norm NaN, 1 every norm inf, 2 half NaN, 3 all finite */
+  for (int mode = 0; mode < 4; mode++) {
+    probe_report *r = new_report(100, 2);
+    probe_step_scalars s[100];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 100; i++) {
+      s[i].step = i;
+      s[i].loss = 1.0;
+      s[i].loss_scale = 1024;
+      s[i].clip_threshold = 5;
+      s[i].clip_coef = 1.0; /* what the trainer stores for a skipped step */
+      s[i].grad_norm = mode == 0   ? NAN
+                       : mode == 1 ? INFINITY
+                       : mode == 2 && i % 2 ? NAN
+                                            : 2.0;
+    }
+    ck_assert_int_eq(probe_report_add_steps(r, s, 100), PROBE_OK);
+    size_t len;
+    char *html = write_report(r, &len);
+    const char *none = "no finite gradient norm: no clip coefficient was "
+                       "computed at any step";
+    if (mode <= 1) {
+      ck_assert_ptr_nonnull(strstr(html, none));
+      ck_assert_ptr_nonnull(strstr(html, "no finite gradient norm: it was inf "
+                                         "or NaN at every step"));
+      ck_assert_ptr_null(strstr(html, ">clip coefficient"));
+    } else if (mode == 2) {
+      ck_assert_ptr_null(strstr(html, none));
+      ck_assert_ptr_nonnull(strstr(
+          html, ">clip coefficient (none at 50 steps with an inf/NaN norm)<"));
+    } else {
+      ck_assert_ptr_null(strstr(html, none));
+      ck_assert_ptr_nonnull(strstr(html, ">clip coefficient<"));
+    }
+    free(html);
+    probe_report_free(r);
+  }
+}
+END_TEST
+
+/* With libprobe's `unmeasured` bits: a gradient norm that was not measured
+ * is not "non-finite", and the panels say which it was. */
+START_TEST(test_report_clip_not_measured) {
+#ifdef PROBE_SCALAR_GRAD_NORM
+  for (int mode = 0; mode < 3; mode++) { /* 0 none measured, 1 half, 2 half + NaN */
+    probe_report *r = new_report(40, 2);
+    probe_step_scalars s[40];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 40; i++) {
+      s[i].step = i;
+      s[i].loss = 1.0;
+      s[i].loss_scale = 1024;
+      s[i].clip_threshold = 5;
+      s[i].clip_coef = 1.0;
+      s[i].grad_norm = mode == 2 ? NAN : 2.0;
+      if (mode == 0 || i % 2) {
+        s[i].grad_norm = NAN;
+        s[i].unmeasured = PROBE_SCALAR_GRAD_NORM;
+      }
+    }
+    ck_assert_int_eq(probe_report_add_steps(r, s, 40), PROBE_OK);
+    size_t len;
+    char *html = write_report(r, &len);
+    if (mode == 0) {
+      ck_assert_ptr_nonnull(strstr(html, "gradient norm not measured in this run"));
+      ck_assert_ptr_nonnull(strstr(html, "gradient norm not measured: no clip"));
+      ck_assert_ptr_null(strstr(html, "no finite gradient norm"));
+    } else if (mode == 1) {
+      ck_assert_ptr_nonnull(strstr(html, ">gradient norm (not measured at 20 steps)<"));
+      ck_assert_ptr_nonnull(strstr(html, ">clip coefficient<"));
+      ck_assert_ptr_null(strstr(html, "no finite gradient norm"));
+    } else {
+      ck_assert_ptr_nonnull(strstr(html, "no finite gradient norm: it was inf or "
+                                         "NaN at every step it was measured"));
+      ck_assert_ptr_nonnull(strstr(html, "no finite gradient norm: no clip"));
+    }
+    free(html);
+    probe_report_free(r);
+  }
+#else
+  printf("test_report_clip_not_measured: libprobe has no `unmeasured` bits "
+         "yet; nothing to check\n");
+#endif
+}
+END_TEST
+
+static probe_record nf_rec(int64_t step, int layer, int site, int bad) {
+  probe_record p;
+  memset(&p, 0, sizeof p);
+  p.step = step;
+  p.layer = layer;
+  p.site = site;
+  p.stats.count = 100;
+  p.stats.absmax = 3.0f;
+  if (bad) p.stats.nan_count = 100;
+  return p;
+}
+
+/* The row of the "first held inf/NaN" table for a layer name. */
+static const char *nf_row(const char *html, const char *name) {
+  const char *t = strstr(html, "<table id=\"nonfinite\">");
+  if (!t) return NULL;
+  char key[80];
+  snprintf(key, sizeof key, "<tr><td>%s</td>", name);
+  return strstr(t, key);
+}
+
+static int row_has(const char *row, const char *text) {
+  const char *end = row ? strstr(row, "</tr>") : NULL;
+  const char *hit = row ? strstr(row, text) : NULL;
+  return hit && end && hit < end;
+}
+
+/* #15.5: when every record is non-finite the heatmaps say so, and per layer
+ * the first non-finite step and whether it was born or passed there. */
+START_TEST(test_report_nonfinite_story) {
+  /* every record of every layer NaN from step 0: block0.linear has only an
+   * output (the data), the others receive it through their inputs */
+  probe_report *r = new_report(20, 3);
+  for (int64_t st = 0; st < 20; st++) {
+    probe_record rec[5] = {nf_rec(st, 0, PROBE_SITE_FWD_OUT, 1),
+                           nf_rec(st, 1, PROBE_SITE_FWD_IN, 1),
+                           nf_rec(st, 1, PROBE_SITE_FWD_OUT, 1),
+                           nf_rec(st, 2, PROBE_SITE_FWD_IN, 1),
+                           nf_rec(st, 2, PROBE_SITE_GRAD_IN, 1)};
+    for (int i = 0; i < 5; i++) rec[i].seq = (uint32_t)i;
+    ck_assert_int_eq(probe_report_add_records(r, rec, 5), PROBE_OK);
+  }
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_ptr_nonnull(strstr(html, "every record held inf/NaN: no headroom"));
+  ck_assert_ptr_nonnull(strstr(html, "every gradient record held inf/NaN"));
+  const char *r0 = nf_row(html, "block0.linear");
+  const char *r1 = nf_row(html, "block0.bn");
+  const char *r2 = nf_row(html, "block0.revin");
+  ck_assert(row_has(r0, "<td>0 (first in the run)</td>"));
+  ck_assert(row_has(r0, "born here: forward (no input recorded"));
+  ck_assert(row_has(r1, "passed on: its input was already inf/NaN"));
+  ck_assert(!row_has(r1, "first in the run"));
+  ck_assert(row_has(r2, "passed on: its input was already inf/NaN"));
+  ck_assert(row_has(r2, "<td>40</td>")); /* 2 records x 20 steps */
+  free(html);
+  probe_report_free(r);
+
+  /* finite until step 7, where block0.revin's saved variance overflows
+   * from a finite input, the next layer's input follows, and block0.bn's
+   * weight gradient goes non-finite from a finite incoming gradient at 9;
+   * block0.linear never */
+  r = new_report(20, 4);
+  for (int64_t st = 0; st < 20; st++) {
+    int b7 = st >= 7, b9 = st >= 9;
+    probe_record rec[8] = {nf_rec(st, 0, PROBE_SITE_FWD_OUT, 0),
+                           nf_rec(st, 2, PROBE_SITE_FWD_IN, 0),
+                           nf_rec(st, 2, PROBE_SITE_FWD_SAVED, b7),
+                           nf_rec(st, 2, PROBE_SITE_FWD_OUT, b7),
+                           nf_rec(st, 3, PROBE_SITE_FWD_IN, b7),
+                           nf_rec(st, 3, PROBE_SITE_FWD_OUT, b7),
+                           nf_rec(st, 1, PROBE_SITE_GRAD_OUT, 0),
+                           nf_rec(st, 1, PROBE_SITE_WEIGHT_GRAD, b9)};
+    for (int i = 0; i < 8; i++) rec[i].seq = (uint32_t)i;
+    ck_assert_int_eq(probe_report_add_records(r, rec, 8), PROBE_OK);
+  }
+  html = write_report(r, &len);
+  ck_assert_ptr_null(strstr(html, "every record held inf/NaN"));
+  ck_assert(row_has(nf_row(html, "block0.linear"), "<td>never</td>"));
+  const char *rv = nf_row(html, "block0.revin");
+  ck_assert(row_has(rv, "<td>7 (first in the run)</td>"));
+  ck_assert(row_has(rv, "<td>fwd_saved</td>"));
+  ck_assert(row_has(rv, "born here: forward, from a finite input"));
+  const char *l3 = nf_row(html, "block1.linear");
+  ck_assert(row_has(l3, "<td>7</td>"));
+  ck_assert(row_has(l3, "passed on: its input was already inf/NaN"));
+  const char *bn = nf_row(html, "block0.bn");
+  ck_assert(row_has(bn, "<td>9</td>"));
+  ck_assert(row_has(bn, "born here: backward, from a finite incoming gradient"));
+  free(html);
+  probe_report_free(r);
+
+  /* a healthy run: no table at all */
+  r = new_report(50, 3);
+  feed_run(r, 50, 3, -1);
+  html = write_report(r, &len);
+  ck_assert_ptr_null(strstr(html, "<table id=\"nonfinite\">"));
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
+/* #15.5: the underflow colour bar is a fraction: 0% .. 100%, no "<=0" or
+ * "1+"; headroom keeps its open ends (values beyond are clamped). */
+START_TEST(test_report_colour_bar_labels) {
+  probe_report *r = new_report(300, 6);
+  feed_run(r, 300, 6, -1);
+  size_t len;
+  char *html = write_report(r, &len);
+  const char *under = strstr(html, "FP16 underflow of gradients per layer");
+  ck_assert_ptr_nonnull(under);
+  ck_assert_ptr_nonnull(strstr(under, ">0%<"));
+  ck_assert_ptr_nonnull(strstr(under, ">100%<"));
+  ck_assert_ptr_null(strstr(under, ">1+<"));
+  ck_assert_ptr_null(strstr(under, "&#8804;"));
+  /* the headroom bar, before it, keeps <=0 and 24+ */
+  const char *le = strstr(html, ">&#8804;0<");
+  ck_assert(le && le < under);
+  const char *p24 = strstr(html, ">24+<");
+  ck_assert(p24 && p24 < under);
+  free(html);
+  probe_report_free(r);
+
+  /* stop labels given to the renderer are escaped and replace the values */
+  probe_grid g;
+  ck_assert_int_eq(probe_grid_init(&g, 1, 4, 0, 3, PROBE_GRID_MAX), PROBE_OK);
+  probe_grid_add(&g, 0, 1, 0.5, 0);
+  static const char *const lab[3] = {"none", "half <", "all"};
+  static const char *const rows[1] = {"x"};
+  probe_heatmap_opts o;
+  memset(&o, 0, sizeof o);
+  o.title = "t";
+  o.row_labels = rows;
+  o.width = 800;
+  o.row_height = 12;
+  o.cmap = (probe_colormap){3, {0, 0.5, 1}, {0xffffff, 0x888888, 0}};
+  o.stop_labels = lab;
+  o.note = "a note & more";
+  probe_buf b;
+  probe_buf_init(&b);
+  ck_assert_int_eq(probe_heatmap_render(&g, &o, &b), PROBE_OK);
+  ck_assert_ptr_nonnull(strstr(b.data, ">half &lt;<"));
+  ck_assert_ptr_nonnull(strstr(b.data, ">a note &amp; more<"));
+  ck_assert_ptr_null(strstr(b.data, "1+"));
+  probe_buf_free(&b);
+  probe_grid_free(&g);
+}
+END_TEST
+
 static Suite *make_report_suite(void) {
   Suite *s = suite_create("report");
   TCase *tc = tcase_create("buf");
@@ -634,6 +872,10 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_loss_axis);
   tcase_add_test(tc, test_report_scaling_source);
   tcase_add_test(tc, test_report_long_trace_size);
+  tcase_add_test(tc, test_report_clip_without_finite_norm);
+  tcase_add_test(tc, test_report_clip_not_measured);
+  tcase_add_test(tc, test_report_nonfinite_story);
+  tcase_add_test(tc, test_report_colour_bar_labels);
   suite_add_tcase(s, tc);
   return s;
 }

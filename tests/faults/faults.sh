@@ -1,0 +1,531 @@
+#!/usr/bin/env bash
+# tests/faults/faults.sh - fault injection for the `ampprobe` tools (#17):
+# what happens when writing fails (file-size limit, full file system,
+# /dev/full, /dev/null), when two writers share an output, when an output
+# is an input, when an input is a FIFO or a device, when names in a trace
+# are hostile, when a bisect work directory holds planted symlinks, and
+# when bisect is SIGKILLed.
+#
+#   faults.sh CASE AMPPROBE HOSTILE_TRACE WORKDIR
+#
+# One CASE per CTest test (tests/faults/CMakeLists.txt, label `faults`).
+# Every command runs under `timeout`, so a regression that hangs fails
+# instead of blocking the suite. A case whose fix is not in this tree yet is
+# registered with PENDING=<what it needs>: its failures are then printed
+# and the case exits 77 (skipped) naming that fix; when it passes anyway it
+# says the mark can go. Cases that need something the machine lacks (a
+# mount namespace) print why and exit 77.
+set -u
+CASE=$1
+AMP=$2
+HOSTILE=$3
+W=$4
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+TMO=${FAULTS_TIMEOUT:-60}
+fail=0
+
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+skip() { echo "SKIP: $*"; exit 77; }
+
+# t [LIMIT_KB] -- cmd...: runs cmd with a timeout (and a file-size limit in
+# KiB when given), stdout to out.txt, stderr to err.txt; sets rc.
+t() {
+  local lim=
+  if [ "$1" != "--" ]; then lim=$1; shift; fi
+  shift
+  if [ -n "$lim" ]; then
+    # the limit applies to every regular file the command writes, so its
+    # stdout and stderr go through pipes to writers outside the limit
+    rm -f .o.fifo .e.fifo && mkfifo .o.fifo .e.fifo
+    cat .o.fifo >out.txt & local co=$!
+    cat .e.fifo >err.txt & local ce=$!
+    (ulimit -f "$lim"; exec timeout -k 5 "$TMO" "$@") >.o.fifo 2>.e.fifo
+    rc=$?
+    wait $co $ce
+    rm -f .o.fifo .e.fifo
+    return
+  else
+    timeout -k 5 "$TMO" "$@" >out.txt 2>err.txt
+  fi
+  rc=$?
+}
+
+# expect WANT DESC: rc must be one of WANT ("4" or "0|1").
+expect() {
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    bad "$2: timed out after ${TMO}s (a hang)"
+  elif echo "|$1|" | grep -q "|$rc|"; then
+    ok "$2 (exit $rc)"
+  else
+    bad "$2: exit $rc, want $1"; sed 's/^/     | /' err.txt | head -5
+  fi
+}
+
+# one_line WHAT [TEXT]: err.txt is exactly one 'ampprobe: ...' line
+# (no raw HDF5 error stack), containing TEXT when given.
+one_line() {
+  local n
+  n=$(wc -l <err.txt)
+  if [ "$n" -ne 1 ] || ! head -1 err.txt | grep -q '^ampprobe: '; then
+    bad "$1: stderr is not one 'ampprobe: ' line ($n lines)"
+    sed 's/^/     | /' err.txt | head -6
+  elif [ $# -ge 2 ] && ! grep -qF -- "$2" err.txt; then
+    bad "$1: stderr lacks '$2': $(cat err.txt)"
+  else
+    ok "$1: one line: $(cat err.txt)"
+  fi
+}
+
+has() { if grep -qF -- "$2" "$1"; then ok "$1 has '$2'"; else bad "$1 lacks '$2'"; fi; }
+hasnt() { if grep -qF -- "$2" "$1"; then bad "$1 has '$2'"; else ok "$1 lacks '$2'"; fi; }
+absent() { if [ -e "$1" ]; then bad "$1 exists ($2)"; else ok "$1 absent ($2)"; fi; }
+no_temps() { # no temporary files left in a directory
+  local left
+  left=$(find "$1" -maxdepth 1 -name '.*.tmp-*' | head -3)
+  if [ -n "$left" ]; then bad "temporary files left in $1: $left"; else ok "no temporary files left in $1"; fi
+}
+unchanged() { # unchanged FILE SUM WHAT
+  if [ "$(cksum <"$1")" = "$2" ]; then ok "$1 unchanged ($3)"; else bad "$1 was modified ($3)"; fi
+}
+sum() { cksum <"$1"; }
+
+# Fixtures: a problem run with its FP32 baseline.
+fixtures() {
+  "$AMP" run --scenario revin-overflow --trace -q -o fp16.h5 >/dev/null 2>&1
+  "$AMP" run --scenario revin-overflow --precision fp32 --trace -q -o fp32.h5 >/dev/null 2>&1
+  [ -s fp16.h5 ] && [ -s fp32.h5 ] || { echo "cannot make the fixture traces"; exit 1; }
+}
+
+# The file a trace writer left must open (exit 0 or 1, never 3/4).
+trace_opens() {
+  t -- "$AMP" postmortem "$1"
+  expect "0|1" "$2: the trace left behind opens"
+}
+
+case_fsize_report() {
+  fixtures
+  echo "an earlier report" >old.html
+  local s; s=$(sum old.html)
+  for lim in 0 4 16; do
+    t "$lim" -- "$AMP" report fp16.h5 --baseline fp32.h5 -o new$lim.html
+    expect 4 "report under ulimit -f $lim"
+    one_line "report under ulimit -f $lim" "cannot write new$lim.html: File too large"
+    absent new$lim.html "no truncated report"
+    t "$lim" -- "$AMP" report fp16.h5 -o old.html -q
+    expect 4 "report over an existing file under ulimit -f $lim"
+    unchanged old.html "$s" "the earlier report survives a failed write"
+  done
+  no_temps .
+  t -- "$AMP" report fp16.h5 -o fine.html -q
+  expect 1 "report without a limit"
+}
+
+case_fsize_diff() {
+  fixtures
+  for lim in 0 2; do
+    t "$lim" -- "$AMP" diff fp16.h5 fp32.h5 -q --top 3 -o d$lim.json
+    expect 4 "diff -o under ulimit -f $lim"
+    has err.txt "File too large"
+    absent d$lim.json "no truncated JSON"
+  done
+  no_temps .
+}
+
+case_fsize_postmortem() {
+  fixtures
+  # stdout to a regular file is limited too
+  t 0 -- sh -c "exec \"$AMP\" postmortem fp16.h5 >pm.txt"
+  expect 4 "postmortem > file under ulimit -f 0"
+  one_line "postmortem > file" "File too large"
+  t 0 -- sh -c "exec \"$AMP\" postmortem --json fp16.h5 >pm.json"
+  expect 4 "postmortem --json > file under ulimit -f 0"
+  one_line "postmortem --json > file" "File too large"
+  if "$AMP" postmortem --help 2>&1 | grep -q -- '-o, --output'; then
+    t 0 -- "$AMP" postmortem fp16.h5 -o pm-o.txt
+    expect 4 "postmortem -o under ulimit -f 0"
+    has err.txt "File too large"
+    absent pm-o.txt "no truncated output"
+  else
+    echo "note postmortem has no -o option: only its stdout is checked"
+  fi
+}
+
+case_fsize_run() {
+  for lim in 0 100 300; do
+    t "$lim" -- "$AMP" run --scenario healthy --trace -q -o r$lim.h5
+    expect 4 "run --trace under ulimit -f $lim"
+    one_line "run --trace under ulimit -f $lim" "File too large"
+    if [ "$lim" -gt 100 ] && [ -e r$lim.h5 ]; then trace_opens r$lim.h5 "run under ulimit -f $lim"; fi
+  done
+}
+
+# A small tmpfs in a private mount namespace (needs root and unshare).
+in_small_fs() { # in_small_fs SIZE SCRIPT
+  unshare -m sh -c "mount -t tmpfs -o size=$1 tmpfs \"$W/fs\" && cd \"$W/fs\" && $2"
+}
+
+need_mount_ns() {
+  mkdir -p fs
+  local why
+  why=$(unshare -m sh -c "mount -t tmpfs -o size=64k tmpfs \"$W/fs\"" 2>&1) ||
+    skip "no small file system can be made here (unshare -m + mount tmpfs: ${why:-failed}; needs root and CAP_SYS_ADMIN)"
+}
+
+case_full_fs_report() {
+  need_mount_ns
+  fixtures
+  in_small_fs 24k "\"$AMP\" report ../fp16.h5 -o r.html >../out.txt 2>../err.txt; echo \$? >../rc.txt; ls -A >../ls.txt"
+  rc=$(cat rc.txt)
+  expect 4 "report into a full file system"
+  one_line "report into a full file system" "cannot write r.html: No space left on device"
+  hasnt ls.txt "r.html"
+  hasnt ls.txt ".tmp-"
+  in_small_fs 1m "mount -o remount,ro \"$W/fs\" && \"$AMP\" report ../fp16.h5 -o r.html >../out.txt 2>../err.txt; echo \$? >../rc.txt"
+  rc=$(cat rc.txt)
+  expect 4 "report into a read-only file system"
+  one_line "report into a read-only file system" "Read-only file system"
+}
+
+case_full_fs_diff() {
+  need_mount_ns
+  fixtures
+  in_small_fs 4k "head -c 2048 /dev/zero >pad; \"$AMP\" diff ../fp16.h5 ../fp32.h5 -q -o d.json >../out.txt 2>../err.txt; echo \$? >../rc.txt; ls -A >../ls.txt"
+  rc=$(cat rc.txt)
+  expect 4 "diff -o into a full file system"
+  has err.txt "No space left on device"
+  hasnt ls.txt "d.json"
+}
+
+case_full_fs_run() {
+  need_mount_ns
+  in_small_fs 96k "\"$AMP\" run --scenario healthy --trace -q -o t.h5 >../out.txt 2>../err.txt; echo \$? >../rc.txt; cp t.h5 ../t-full.h5 2>/dev/null; true"
+  rc=$(cat rc.txt)
+  expect 4 "run --trace into a full file system"
+  one_line "run --trace into a full file system" "No space left on device"
+}
+
+case_devices_report() {
+  fixtures
+  t -- "$AMP" report fp16.h5 -o /dev/full
+  expect 4 "report -o /dev/full"
+  one_line "report -o /dev/full" "cannot write /dev/full: No space left on device"
+  t -- "$AMP" report fp16.h5 -o /dev/null -q
+  expect "1" "report -o /dev/null"
+  [ -c /dev/null ] && ok "/dev/null is still a device" || bad "/dev/null was replaced"
+  # stdout lost: every command checks it at exit
+  for cmd in "--help" "--version" "report --help" "run --list-scenarios" "run --help"; do
+    t -- sh -c "exec \"$AMP\" $cmd >/dev/full"
+    expect 4 "ampprobe $cmd >/dev/full"
+    one_line "ampprobe $cmd >/dev/full" "cannot write standard output: No space left on device"
+  done
+  t -- sh -c "exec \"$AMP\" --version >&-"
+  expect 4 "ampprobe --version with stdout closed"
+  one_line "stdout closed" "Bad file descriptor"
+}
+
+case_devices_analysis() {
+  fixtures
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o /dev/full
+  expect 4 "diff -o /dev/full"
+  one_line "diff -o /dev/full" "No space left on device"
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o /dev/null
+  expect 1 "diff -o /dev/null"
+  [ -c /dev/null ] && ok "/dev/null is still a device" || bad "/dev/null was replaced"
+  for cmd in "postmortem fp16.h5" "postmortem --json fp16.h5" "diff fp16.h5 fp32.h5" "diff --json fp16.h5 fp32.h5"; do
+    t -- sh -c "exec \"$AMP\" $cmd >/dev/full"
+    expect 4 "ampprobe $cmd >/dev/full"
+    one_line "ampprobe $cmd >/dev/full" "No space left on device"
+  done
+}
+
+case_devices_run() {
+  for dev in /dev/null /dev/full; do
+    t -- "$AMP" run --scenario healthy --trace -q -o $dev
+    expect 4 "run --trace -o $dev"
+    one_line "run --trace -o $dev"
+    [ -c $dev ] && ok "$dev is still a device" || bad "$dev was replaced"
+  done
+}
+
+# Two writers, one output: at most one succeeds, the file stays a trace.
+case_concurrent_run() {
+  local pairs=5 i
+  for i in $(seq $pairs); do
+    rm -f same.h5
+    (timeout -k 5 "$TMO" "$AMP" run --scenario healthy --trace -q -o same.h5 >a.out 2>a.err; echo $? >a.rc) &
+    (timeout -k 5 "$TMO" "$AMP" run --scenario healthy --trace -q -o same.h5 >b.out 2>b.err; echo $? >b.rc) &
+    wait
+    local ra rb
+    ra=$(cat a.rc); rb=$(cat b.rc)
+    if { [ "$ra" -le 1 ] && [ "$rb" = 4 ]; } || { [ "$rb" -le 1 ] && [ "$ra" = 4 ]; }; then
+      ok "pair $i: one writer won, the other exit 4 ($(cat a.err b.err | head -1))"
+    else
+      bad "pair $i: exits $ra and $rb (want one 0/1 and one 4)"
+      cat a.err b.err | sed 's/^/     | /' | head -6
+    fi
+    trace_opens same.h5 "pair $i"
+  done
+}
+
+case_input_output_report() {
+  fixtures
+  local s16 s32
+  s16=$(sum fp16.h5); s32=$(sum fp32.h5)
+  t -- "$AMP" report fp16.h5 -o fp16.h5
+  expect 2 "report T -o T"; one_line "report T -o T" "also an input"
+  t -- "$AMP" report fp16.h5 --baseline fp32.h5 -o fp32.h5
+  expect 2 "report T --baseline X -o X"
+  t -- "$AMP" report fp16.h5 -o ./././fp16.h5
+  expect 2 "report T -o ./././T"
+  ln fp16.h5 hard.h5
+  t -- "$AMP" report fp16.h5 -o hard.h5
+  expect 2 "report T -o HARDLINK-TO-T"; one_line "hard link" "same file as the input fp16.h5"
+  ln -s fp32.h5 sym.h5
+  t -- "$AMP" report fp16.h5 --baseline fp32.h5 -o sym.h5
+  expect 2 "report T --baseline X -o SYMLINK-TO-X"
+  mkdir -p sub
+  t -- "$AMP" report fp16.h5 --baseline sub/../fp32.h5 -o fp32.h5
+  expect 2 "report T --baseline sub/../X -o X"
+  "$AMP" bisect --scenario revin-overflow --fp32-candidates revin -q --workdir bw -o b.json >/dev/null 2>&1
+  local sb; sb=$(sum b.json)
+  t -- "$AMP" report fp16.h5 --bisect b.json -o b.json
+  expect 2 "report T --bisect B -o B"
+  unchanged fp16.h5 "$s16" "inputs survive"
+  unchanged fp32.h5 "$s32" "inputs survive"
+  unchanged b.json "$sb" "inputs survive"
+  t -- "$AMP" report fp16.h5 -o sym-new.html -q
+  expect 1 "an ordinary output is still written"
+}
+
+case_input_output_diff() {
+  fixtures
+  local s16 s32
+  s16=$(sum fp16.h5); s32=$(sum fp32.h5)
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o fp16.h5
+  expect 2 "diff A B -o A"
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o fp32.h5
+  expect 2 "diff A B -o B"
+  ln -s fp16.h5 link.h5
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o link.h5
+  expect 2 "diff A B -o SYMLINK-TO-A"
+  unchanged fp16.h5 "$s16" "inputs survive"
+  unchanged fp32.h5 "$s32" "inputs survive"
+}
+
+case_input_output_run_bisect() {
+  "$AMP" run --scenario healthy --trace -q -o keep.h5 >/dev/null 2>&1
+  cat >cfg.json <<'JSON'
+{"name": "io", "steps": 5, "model": [{"type": "linear", "name": "fc", "out": 4}],
+ "loss": "mse", "data": {"kind": "regression", "batch": 8, "features": 4, "outputs": 4}}
+JSON
+  local sc sk
+  sc=$(sum cfg.json); sk=$(sum keep.h5)
+  t -- "$AMP" run --config cfg.json -q -o cfg.json
+  expect "2|4" "run --config X -o X"
+  unchanged cfg.json "$sc" "the config survives"
+  t -- "$AMP" run --scenario healthy --trace -q -o keep.h5
+  expect "2|4" "run -o onto an existing trace"
+  unchanged keep.h5 "$sk" "the earlier trace survives"
+  t -- "$AMP" bisect --config cfg.json --fp32-candidates linear -q -o cfg.json
+  expect "2|4" "bisect --config X -o X"
+  unchanged cfg.json "$sc" "the config survives"
+}
+
+# FIFOs and devices as inputs: refused at once, never read forever.
+case_fifo_report() {
+  TMO=15 # an answer takes well under a second; a hang is cut short
+  fixtures
+  mkfifo pipe
+  echo '{}' >empty.json
+  for args in "pipe" "fp16.h5 --baseline pipe" "fp16.h5 --bisect pipe" \
+              "/dev/zero" "fp16.h5 --baseline /dev/zero" "fp16.h5 --bisect /dev/zero" \
+              "fp16.h5 --bisect /dev/stdin" "."; do
+    t -- "$AMP" report $args -o x.html
+    expect 3 "report $args"
+    one_line "report $args" "not a regular file"
+  done
+  absent x.html "nothing written"
+}
+
+case_fifo_analysis() {
+  TMO=15
+  fixtures
+  mkfifo pipe
+  for args in "postmortem pipe" "postmortem /dev/zero" "diff pipe fp32.h5" \
+              "diff fp16.h5 pipe" "diff fp16.h5 /dev/zero"; do
+    t -- "$AMP" $args
+    expect 3 "$args"
+    one_line "$args" "not a regular file"
+  done
+}
+
+case_fifo_run_bisect() {
+  TMO=15
+  mkfifo pipe
+  cat >cfg.json <<JSON
+{"name": "fifo", "steps": 5, "model": [{"type": "linear", "name": "fc", "out": 4}],
+ "loss": "mse", "data": {"kind": "csv", "path": "$W/pipe", "targets": 1}}
+JSON
+  for args in "run --config pipe -q -o a.h5" "run --config /dev/zero -q -o b.h5" \
+              "run --config cfg.json -q -o c.h5" \
+              "bisect --config pipe --fp32-candidates linear -q" ; do
+    t -- "$AMP" $args
+    expect "2|3|4" "$args"
+    one_line "$args"
+  done
+}
+
+# Layer names with ESC[2J, a newline forging a line, BEL and CR.
+check_no_raw() { # check_no_raw FILE WHAT
+  if LC_ALL=C grep -q "$(printf '[\033\007\r]')" "$1"; then
+    bad "$2: raw control characters in the output"
+    LC_ALL=C grep -n "$(printf '[\033\007\r]')" "$1" | cat -v | head -3 | sed 's/^/     | /'
+  else
+    ok "$2: no raw ESC, BEL or CR"
+  fi
+  if grep -q '^FORGED' "$1"; then
+    bad "$2: a name forged a line: $(grep '^FORGED' "$1" | head -1)"
+  else
+    ok "$2: no forged line"
+  fi
+}
+
+hostile_fixtures() {
+  "$HOSTILE" h16.h5 fp16 && "$HOSTILE" h32.h5 fp32 || { echo "cannot write the hostile traces"; exit 1; }
+}
+
+case_hostile_postmortem_diff() {
+  hostile_fixtures
+  for args in "postmortem h16.h5" "postmortem --json h16.h5" "diff h16.h5 h32.h5 --top 0" \
+              "diff --json h16.h5 h32.h5"; do
+    t -- "$AMP" $args
+    expect "0|1|3" "$args"
+    cat out.txt err.txt >all.txt
+    check_no_raw all.txt "$args"
+  done
+}
+
+case_hostile_report() {
+  hostile_fixtures
+  t -- "$AMP" report h16.h5 --baseline h32.h5 -o h.html
+  expect "0|1|3" "report of a hostile trace"
+  check_no_raw err.txt "report's stderr"
+  [ "$rc" = 3 ] && return # refused as corrupt: nothing is shown
+  # the page's own parts (everything but the post-mortem's full text,
+  # folded in <details>, which case hostile_report_fulltext checks)
+  /usr/bin/python3 -c '
+import re, sys
+page = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+sys.stdout.write(re.sub(r"<details>.*?</details>", "", page, flags=re.S))
+' h.html >own.html
+  check_no_raw own.html "report's page (its own parts)"
+  # names are shown, escaped as on the terminal
+  has own.html '>fc\nFORGED verdict healthy</text>'
+  has own.html '<td>loss\a\a\rOVERWRITTEN</td>'
+  has own.html 'in\e[2Jput'
+}
+
+case_hostile_report_fulltext() {
+  hostile_fixtures
+  t -- "$AMP" report h16.h5 --baseline h32.h5 -o h.html
+  expect "0|1|3" "report of a hostile trace"
+  [ "$rc" = 3 ] || check_no_raw h.html "report's whole page"
+}
+
+# Planted symlinks in bisect's work directory must not be followed.
+case_bisect_symlinks() {
+  mkdir victim
+  echo "precious 1" >victim/a; echo "precious 2" >victim/b; echo "precious 3" >victim/c
+  local sa sb sc
+  sa=$(sum victim/a); sb=$(sum victim/b); sc=$(sum victim/c)
+  mkdir wd
+  ln -s "$W/victim/a" wd/trial-00.h5
+  ln -s "$W/victim/b" wd/trial-00.log
+  ln -s "$W/victim/c" wd/trial-01.json
+  t -- "$AMP" bisect --scenario revin-overflow --fp32-candidates revin -q --workdir wd
+  echo "     bisect with planted trial files: exit $rc"
+  unchanged victim/a "$sa" "trial-00.h5 -> victim/a"
+  unchanged victim/b "$sb" "trial-00.log -> victim/b"
+  unchanged victim/c "$sc" "trial-01.json -> victim/c"
+  ln -s "$W/victim" wdlink
+  t -- "$AMP" bisect --scenario revin-overflow --fp32-candidates revin -q --workdir wdlink
+  echo "     bisect with the work directory a symlink: exit $rc"
+  if [ "$(ls victim | wc -l)" -eq 3 ]; then ok "nothing written through the linked work directory"
+  else bad "files created through the symlinked work directory: $(ls victim | tr '\n' ' ')"; fi
+}
+
+# SIGKILL of bisect: its running trials die with it.
+case_bisect_sigkill() {
+  local tag="$W/kill-wd" pid i left
+  "$AMP" bisect --scenario two-culprits --fp32-candidates revin,softmax -j 2 \
+    --steps 200000 -q --workdir "$tag" >/dev/null 2>&1 &
+  pid=$!
+  for i in $(seq 50); do # until trials run (at most 10 s)
+    left=$(pgrep -f -- "$tag/trial-" || true)
+    [ -n "$left" ] && break
+    sleep 0.2
+  done
+  [ -n "$left" ] || { kill -9 $pid 2>/dev/null; bad "no trial started within 10 s"; return; }
+  ok "trials running: $(echo $left | wc -w)"
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  sleep 2
+  left=$(pgrep -f -- "$tag/trial-" || true)
+  if [ -n "$left" ]; then
+    bad "orphan trials after SIGKILL of bisect: pids $(echo $left)"
+    for p in $left; do kill -9 "$p" 2>/dev/null; done # only the trials this case started
+  else
+    ok "no trial outlived bisect"
+  fi
+}
+
+# Strict numbers (#17.8): the whole argument is a decimal number, one
+# wording for every range error.
+case_numbers() {
+  local v
+  for v in " 5" "5 " "0x10" "+" "" "1e3" "5x" "٣"; do
+    t -- "$AMP" run --scenario healthy -q -o n.h5 --steps "$v"
+    expect 2 "--steps '$v'"; one_line "--steps '$v'" "expected an integer"
+  done
+  for v in " 0.1" "0.1 " "0x1p3" "inf" "nan" "-inf" "1e" ".e1" "1.2.3" "1,5"; do
+    t -- "$AMP" run --scenario healthy -q -o n.h5 --lr "$v"
+    expect 2 "--lr '$v'"; one_line "--lr '$v'" "expected a decimal number"
+  done
+  for v in -5 0 200000000 99999999999999999999; do
+    t -- "$AMP" run --scenario healthy -q -o n.h5 --steps "$v"
+    expect 2 "--steps $v"; one_line "--steps $v" "invalid value '$v' for --steps: must be in [1, 100000000]"
+  done
+  t -- "$AMP" run --scenario healthy -q -o n.h5 --lr 1e400
+  expect 2 "--lr 1e400"; one_line "--lr 1e400" "must be in [0, 1e+06]"
+  rm -f n.h5
+  t -- "$AMP" run --scenario healthy -q --steps 2 --init-scale 3e38 -o big.h5
+  expect 0 "--init-scale 3e38 (the config maximum)"
+  t -- "$AMP" run --scenario healthy -q --steps 2 --init-scale 3.1e38 -o big2.h5
+  expect 2 "--init-scale 3.1e38"; one_line "--init-scale 3.1e38" "must be in [1e-30, 3e+38]"
+  t -- "$AMP" run --scenario healthy -q --steps 2 --micro-batches 2048 -o mb.h5
+  expect 2 "--micro-batches 2048"; one_line "--micro-batches 2048" "must be in [1, 1024]"
+  "$AMP" run --scenario healthy --trace -q --steps 20 -o a.h5 >/dev/null 2>&1
+  "$AMP" run --scenario healthy --trace -q --steps 20 --precision fp32 -o b.h5 >/dev/null 2>&1
+  for v in 1e-300 1 0.5 4.9e-324; do
+    t -- "$AMP" diff a.h5 b.h5 -q --threshold "$v"
+    expect "0|1" "diff --threshold $v (in (0, 1])"
+  done
+  for v in 0 -0.1 1.0000001 1e-400; do
+    t -- "$AMP" diff a.h5 b.h5 -q --threshold "$v"
+    expect 2 "diff --threshold $v"; one_line "diff --threshold $v" "must be in (0, 1]"
+  done
+  t -- "$AMP" report a.h5 -o r.html --width " 800"
+  expect 2 "report --width ' 800'"
+}
+
+"case_$CASE" || true
+if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
+  echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
+  exit 77
+fi
+if [ "$fail" -eq 0 ] && [ -n "${PENDING:-}" ]; then
+  echo "NOTE: passes although marked pending on '$PENDING': drop the mark in tests/faults/CMakeLists.txt"
+fi
+[ "$fail" -eq 0 ] && echo "PASS $CASE" || echo "FAILED $CASE"
+exit $fail

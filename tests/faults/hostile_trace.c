@@ -1,0 +1,134 @@
+/*
+ * tests/faults/hostile_trace.c - writes a small trace whose layer names
+ * hold terminal control sequences, for the hostile-names fault test:
+ *
+ *   hostile_trace OUT.h5 fp16   layer 1 overflows to inf from step 5 and
+ *                               the loss follows (a problem to explain)
+ *   hostile_trace OUT.h5 fp32   the same run, finite throughout (a baseline)
+ *
+ * Layers (ids 0..2, in execution order):
+ *   0  "in" ESC "[2Jput"                      clears the screen if printed raw
+ *   1  "fc" LF "FORGED verdict healthy"       forges a line if printed raw
+ *   2  "loss" BEL BEL CR "OVERWRITTEN"        rings, then rewrites the line
+ *
+ * The trace is written through libprobe with plain placeholder names (so
+ * a writer that refuses such names still lets us build the file), then the
+ * names are patched into /layers with the HDF5 C API: the file is what a
+ * crafted or foreign trace would look like. Tools must either refuse it
+ * (exit 3, one line) or print the names escaped; never raw.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <hdf5.h>
+
+#include "ampprobe/probe.h"
+
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    probe_status st_ = (call);                                                 \
+    if (st_ != PROBE_OK) {                                                     \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
+              probe_status_str(st_));                                          \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+static const char *const hostile[3] = {
+    "in\x1b[2Jput",
+    "fc\nFORGED verdict healthy",
+    "loss\x07\x07\rOVERWRITTEN",
+};
+
+/* Rewrites the name field of every row of /layers. */
+static int patch_names(const char *path) {
+  int rc = 1;
+  hid_t f = H5I_INVALID_HID, ds = H5I_INVALID_HID, ft = H5I_INVALID_HID,
+        mt = H5I_INVALID_HID;
+  unsigned char buf[3 * 512];
+  f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) goto error;
+  ds = H5Dopen2(f, "layers", H5P_DEFAULT);
+  if (ds < 0) goto error;
+  ft = H5Dget_type(ds);
+  mt = H5Tget_native_type(ft, H5T_DIR_DEFAULT);
+  if (ft < 0 || mt < 0) goto error;
+  size_t row = H5Tget_size(mt);
+  int idx = H5Tget_member_index(mt, "name");
+  if (row == 0 || row > 512 || idx < 0) goto error;
+  size_t off = H5Tget_member_offset(mt, (unsigned)idx);
+  hid_t nt = H5Tget_member_type(mt, (unsigned)idx);
+  size_t nlen = H5Tget_size(nt);
+  H5Tclose(nt);
+  if (H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) goto error;
+  for (int i = 0; i < 3; i++) {
+    memset(buf + (size_t)i * row + off, 0, nlen);
+    memcpy(buf + (size_t)i * row + off, hostile[i], strlen(hostile[i]));
+  }
+  if (H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) goto error;
+  rc = 0;
+error:
+  H5E_BEGIN_TRY {
+    H5Tclose(mt);
+    H5Tclose(ft);
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  H5E_END_TRY;
+  if (rc) fprintf(stderr, "hostile_trace: cannot patch /layers of %s\n", path);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "fp32"))) {
+    fprintf(stderr, "usage: %s OUT.h5 fp16|fp32\n", argv[0]);
+    return 2;
+  }
+  int blow = strcmp(argv[2], "fp16") == 0;
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.snapshot_on_nonfinite = 0;
+  o.command_line = "hostile_trace";
+  o.config_json = blow ? "{\"name\": \"hostile\", \"precision\": \"fp16\"}"
+                       : "{\"name\": \"hostile\", \"precision\": \"fp32\"}";
+  o.precision_policy = argv[2];
+  probe_session *s;
+  CHECK(probe_session_open(&s, argv[1], &o));
+  int32_t in, fc, loss;
+  CHECK(probe_layer_register(s, "L0", PROBE_KIND_INPUT, PROBE_PREC_FP32, &in));
+  CHECK(probe_layer_register(s, "L1", PROBE_KIND_LINEAR,
+                             blow ? PROBE_PREC_FP16 : PROBE_PREC_FP32, &fc));
+  CHECK(probe_layer_register(s, "L2", PROBE_KIND_LOSS, PROBE_PREC_FP32,
+                             &loss));
+  for (int step = 0; step < 10; step++) {
+    int bad = blow && step >= 5;
+    float x[16], y[16], l[1], g[16];
+    for (int i = 0; i < 16; i++) {
+      x[i] = 1.0f + 0.1f * (float)i;
+      y[i] = bad && i % 4 == 0 ? INFINITY : 3.0f * x[i];
+      g[i] = 0.01f * (float)(i + 1);
+    }
+    l[0] = bad ? INFINITY : 1.0f / (float)(step + 1);
+    CHECK(probe_step_begin(s, step));
+    CHECK(probe_tensor_record(s, in, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 16));
+    CHECK(probe_tensor_record(s, fc, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, 16));
+    CHECK(probe_tensor_record(s, fc, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, y, 16));
+    CHECK(probe_tensor_record(s, loss, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, y, 16));
+    CHECK(probe_tensor_record(s, loss, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, l, 1));
+    CHECK(probe_tensor_record(s, fc, PROBE_SITE_GRAD_OUT, PROBE_DTYPE_F32, g, 16));
+    CHECK(probe_tensor_record(s, fc, PROBE_SITE_WEIGHT_GRAD, PROBE_DTYPE_F32, g, 16));
+    probe_step_scalars sc = {.loss = l[0],
+                             .loss_scale = 1.0,
+                             .lr = 0.01,
+                             .grad_norm = bad ? NAN : 0.5,
+                             .found_inf = bad,
+                             .skipped = bad,
+                             .clip_coef = 1.0};
+    CHECK(probe_step_set_scalars(s, &sc));
+    CHECK(probe_step_end(s));
+  }
+  CHECK(probe_session_close(s));
+  return patch_names(argv[1]);
+}

@@ -1,0 +1,295 @@
+/*
+ * tests/faults/test_cli_files.c - the CLI's file rules and number parsing
+ * (tools/cli.h) checked directly, where the shell cases cannot reach: the
+ * temporary file removed on failure, on abort and on SIGTERM; a symlinked
+ * target replaced through the link; the same-file test on hard links,
+ * symlinks and names not created yet; strict numbers at their edges; the
+ * name escaping.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static char dir[256];
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/test_cli_files.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  ck_assert_int_eq(chdir(dir), 0);
+}
+
+static void teardown(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (chdir("/") != 0 || system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
+}
+
+/* Files in the working directory whose name starts with '.' (temporaries). */
+static int hidden_files(void) {
+  DIR *d = opendir(".");
+  struct dirent *e;
+  int n = 0;
+  while ((e = readdir(d)))
+    if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      n++;
+  closedir(d);
+  return n;
+}
+
+static void put(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static char *get(const char *path) {
+  static char buf[4096];
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+START_TEST(test_out_commit_and_abort) {
+  put("t.html", "old");
+  cli_out o;
+  ck_assert_int_eq(cli_out_open("t", &o, "t.html"), 0);
+  ck_assert_int_eq(hidden_files(), 1); /* the temporary file */
+  fputs("new page", o.f);
+  ck_assert_str_eq(get("t.html"), "old"); /* not replaced before commit */
+  ck_assert_int_eq(cli_out_commit("t", &o), 0);
+  ck_assert_str_eq(get("t.html"), "new page");
+  ck_assert_int_eq(hidden_files(), 0);
+
+  ck_assert_int_eq(cli_out_open("t", &o, "t.html"), 0);
+  fputs("half", o.f);
+  cli_out_abort(&o);
+  ck_assert_str_eq(get("t.html"), "new page");
+  ck_assert_int_eq(hidden_files(), 0);
+
+  /* a new file gets 0666 & ~umask */
+  mode_t old = umask(027);
+  ck_assert_int_eq(cli_out_open("t", &o, "n.html"), 0);
+  ck_assert_int_eq(cli_out_commit("t", &o), 0);
+  umask(old);
+  struct stat st;
+  ck_assert_int_eq(stat("n.html", &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0640);
+}
+END_TEST
+
+START_TEST(test_out_symlink_and_devices) {
+  put("real.html", "old");
+  ck_assert_int_eq(symlink("real.html", "link.html"), 0);
+  cli_out o;
+  ck_assert_int_eq(cli_out_open("t", &o, "link.html"), 0);
+  fputs("through the link", o.f);
+  ck_assert_int_eq(cli_out_commit("t", &o), 0);
+  struct stat st;
+  ck_assert_int_eq(lstat("link.html", &st), 0);
+  ck_assert(S_ISLNK(st.st_mode)); /* the link is kept */
+  ck_assert_str_eq(get("real.html"), "through the link");
+
+  /* /dev/null is written in place, never renamed over */
+  ck_assert_int_eq(cli_out_open("t", &o, "/dev/null"), 0);
+  ck_assert_ptr_null(o.tmp);
+  fputs("gone", o.f);
+  ck_assert_int_eq(cli_out_commit("t", &o), 0);
+  ck_assert_int_eq(stat("/dev/null", &st), 0);
+  ck_assert(S_ISCHR(st.st_mode));
+
+  /* /dev/full: the errno survives stdio */
+  ck_assert_int_eq(cli_out_open("t", &o, "/dev/full"), 0);
+  for (int i = 0; i < 2000; i++) fputs("0123456789", o.f);
+  ck_assert_int_eq(cli_out_commit("t", &o), CLI_EXIT_INTERNAL);
+
+  /* a directory and a missing directory */
+  ck_assert_int_eq(mkdir("d", 0755), 0);
+  ck_assert_int_eq(cli_out_open("t", &o, "d"), CLI_EXIT_INTERNAL);
+  ck_assert_int_eq(cli_out_open("t", &o, "nodir/x.html"), CLI_EXIT_INTERNAL);
+  ck_assert_int_eq(hidden_files(), 0);
+}
+END_TEST
+
+/* The file-size limit: EFBIG, the temporary file removed, the old kept. */
+START_TEST(test_out_file_size_limit) {
+  put("big.html", "old");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {1024, 1024};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    cli_out o;
+    if (cli_out_open("t", &o, "big.html")) _exit(10);
+    for (int i = 0; i < 1000; i++) fputs("0123456789", o.f);
+    int rc = cli_out_commit("t", &o);
+    _exit(rc == CLI_EXIT_INTERNAL && o.err == EFBIG ? 0 : 11);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  ck_assert(WIFEXITED(status));
+  ck_assert_int_eq(WEXITSTATUS(status), 0);
+  ck_assert_str_eq(get("big.html"), "old");
+  ck_assert_int_eq(hidden_files(), 0);
+}
+END_TEST
+
+/* SIGTERM while the temporary file is open: it is removed, the process
+ * still dies of the signal. */
+START_TEST(test_out_signal_removes_temp) {
+  for (int sig = SIGINT; sig <= SIGTERM; sig += SIGTERM - SIGINT) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      /* as in a tool: default dispositions (Check's runner installs
+       * handlers of its own that its children inherit) */
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      cli_out o;
+      if (cli_out_open("t", &o, "sig.html")) _exit(10);
+      fputs("partial", o.f);
+      fflush(o.f);
+      raise(sig);
+      _exit(12);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFSIGNALED(status));
+    ck_assert_int_eq(WTERMSIG(status), sig);
+    ck_assert_int_eq(hidden_files(), 0);
+    ck_assert_int_ne(access("sig.html", F_OK), 0);
+  }
+}
+END_TEST
+
+START_TEST(test_same_file) {
+  put("a.h5", "a");
+  put("b.h5", "b");
+  ck_assert_int_eq(link("a.h5", "hard.h5"), 0);
+  ck_assert_int_eq(symlink("a.h5", "sym.h5"), 0);
+  ck_assert_int_eq(mkdir("sub", 0755), 0);
+  ck_assert(cli_same_file("a.h5", "a.h5"));
+  ck_assert(cli_same_file("a.h5", "./a.h5"));
+  ck_assert(cli_same_file("a.h5", "sub/../a.h5"));
+  ck_assert(cli_same_file("a.h5", "hard.h5"));
+  ck_assert(cli_same_file("sym.h5", "a.h5"));
+  ck_assert(!cli_same_file("a.h5", "b.h5"));
+  /* names not created yet: the real directory and the name */
+  ck_assert(cli_same_file("new.h5", "sub/../new.h5"));
+  ck_assert(!cli_same_file("new.h5", "sub/new.h5"));
+  const char *in[3] = {"a.h5", NULL, "b.h5"};
+  ck_assert_int_eq(cli_check_output("t", "hard.h5", in, 3), CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_output("t", "./b.h5", in, 3), CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_output("t", "c.h5", in, 3), 0);
+  ck_assert_int_eq(cli_check_output("t", NULL, in, 3), 0);
+}
+END_TEST
+
+START_TEST(test_check_input) {
+  put("a.h5", "a");
+  ck_assert_int_eq(mkfifo("p", 0600), 0);
+  ck_assert_int_eq(mkdir("d", 0755), 0);
+  ck_assert_int_eq(cli_check_input("t", "a.h5"), 0);
+  ck_assert_int_eq(cli_check_input("t", "missing.h5"), 0); /* the reader says */
+  ck_assert_int_eq(cli_check_input("t", "p"), CLI_EXIT_INPUT); /* no block */
+  ck_assert_int_eq(cli_check_input("t", "d"), CLI_EXIT_INPUT);
+  ck_assert_int_eq(cli_check_input("t", "/dev/zero"), CLI_EXIT_INPUT);
+  ck_assert_int_eq(symlink("p", "lp"), 0);
+  ck_assert_int_eq(cli_check_input("t", "lp"), CLI_EXIT_INPUT);
+}
+END_TEST
+
+START_TEST(test_numbers) {
+  int64_t i;
+  double d;
+  static const char *const bad_int[] = {" 5", "5 ", "+", "-", "", "0x10",
+                                        "1e3", "5.0", "٣", "1_000"};
+  for (size_t k = 0; k < sizeof bad_int / sizeof *bad_int; k++)
+    ck_assert_int_eq(cli_parse_i64("t", "--n", bad_int[k], 0, 100, &i), -1);
+  ck_assert_int_eq(cli_parse_i64("t", "--n", "+7", 0, 100, &i), 0);
+  ck_assert_int_eq(i, 7);
+  ck_assert_int_eq(cli_parse_i64("t", "--n", "-0", 0, 100, &i), 0);
+  ck_assert_int_eq(cli_parse_i64("t", "--n", "101", 0, 100, &i), -1);
+  ck_assert_int_eq(cli_parse_i64("t", "--n", "9223372036854775808", 0,
+                                 INT64_MAX, &i), -1);
+  ck_assert_int_eq(cli_parse_i64("t", "--n", "9223372036854775807", 0,
+                                 INT64_MAX, &i), 0);
+  static const char *const bad_real[] = {" 0.1", "0.1 ", "0x1p3", "inf",
+                                         "nan", "-inf", "1e", ".", ".e1",
+                                         "1.2.3", "1,5", "e5", "1e+"};
+  for (size_t k = 0; k < sizeof bad_real / sizeof *bad_real; k++)
+    ck_assert_int_eq(cli_parse_double("t", "--x", bad_real[k], 0, 10, &d), -1);
+  static const char *const good_real[] = {"1", "1.", ".5", "-0", "+2.5e-1",
+                                          "1E1", "3e-320"};
+  for (size_t k = 0; k < sizeof good_real / sizeof *good_real; k++)
+    ck_assert_int_eq(cli_parse_double("t", "--x", good_real[k], -1, 10, &d), 0);
+  ck_assert_int_eq(cli_parse_double("t", "--x", "1e400", 0, 10, &d), -1);
+  /* (0, 1]: 1e-300 and the smallest subnormal are in, 0 and 1e-400 out */
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "1e-300", 0, 1, &d), 0);
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "4.9e-324", 0, 1, &d), 0);
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "1", 0, 1, &d), 0);
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "0", 0, 1, &d), -1);
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "1e-400", 0, 1, &d), -1);
+  ck_assert_int_eq(cli_parse_double_gt("t", "--t", "1.0000001", 0, 1, &d), -1);
+}
+END_TEST
+
+START_TEST(test_escape_name) {
+  /* the project's one escaping, probe_text_escape (ampprobe/analysis.h) */
+  char b[64];
+  cli_escape_name(b, sizeof b, "in\x1b[2Jput");
+  ck_assert_str_eq(b, "in\\e[2Jput");
+  cli_escape_name(b, sizeof b, "fc\nFORGED");
+  ck_assert_str_eq(b, "fc\\nFORGED");
+  cli_escape_name(b, sizeof b, "bell\x07\r\x7f");
+  ck_assert_str_eq(b, "bell\\a\\r\\x7f");
+  cli_escape_name(b, sizeof b, "r\xc3\xa9 \xc2\x9b" "x"); /* é kept, CSI C1 not */
+  ck_assert_str_eq(b, "r\xc3\xa9 \\u009bx");
+  cli_escape_name(b, 5, "\x1b\x1b\x1b");
+  ck_assert_str_eq(b, "\\e\\e"); /* truncated, terminated */
+  char *mem = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&mem, &n);
+  ck_assert_int_eq(cli_print_name(f, "a\nb\x1b"), 6);
+  fclose(f);
+  ck_assert_str_eq(mem, "a\\nb\\e");
+  free(mem);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cli_files");
+  TCase *tc = tcase_create("files");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_out_commit_and_abort);
+  tcase_add_test(tc, test_out_symlink_and_devices);
+  tcase_add_test(tc, test_out_file_size_limit);
+  tcase_add_test(tc, test_out_signal_removes_temp);
+  tcase_add_test(tc, test_same_file);
+  tcase_add_test(tc, test_check_input);
+  tcase_add_test(tc, test_numbers);
+  tcase_add_test(tc, test_escape_name);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
