@@ -33,7 +33,9 @@ extern "C" {
   XX(ERR_UNSUPPORTED, -14, "not supported in this build")                      \
   XX(ERR_CONFIG, -15, "invalid configuration")                                 \
   XX(ERR_NONFINITE, -16, "non-finite value encountered")                       \
-  XX(ERR_INTERRUPTED, -17, "interrupted")
+  XX(ERR_INTERRUPTED, -17, "interrupted")                                      \
+  XX(ERR_EXISTS, -18, "file exists (not overwritten)")                         \
+  XX(ERR_LOCKED, -19, "trace is being written by another writer")
 
 typedef enum probe_status {
 #define PROBE_STATUS_ENUM_(name, value, desc) PROBE_##name = value,
