@@ -1,0 +1,774 @@
+/*
+ * session.c - the probe session, caller's side: turns tensors into
+ * statistics records and hands them, with step scalars and scaler events,
+ * to the session's writer thread (writer.c), which writes the crash-safe
+ * HDF5 trace (docs/trace-format.md).
+ *
+ * Everything here runs on the caller's thread: it computes the statistics
+ * (host tensors here, device tensors with the CUDA statistics kernels),
+ * keeps the step's records, decides non-finite events and snapshots, and
+ * hands finished rows over at probe_step_end (one mutex per step; the
+ * writer swaps buffers instead of copying). Flushes the caller asks for
+ * (probe_session_flush, flush_steps, a non-finite event, close) are
+ * synchronous: the call returns when the rows are on disk and counted.
+ * The rows waiting for the writer are bounded (WAIT_BYTES): a caller
+ * faster than the disk waits. The writer's I/O errors are sticky and come
+ * back to the caller at its next call, and at close.
+ *
+ * Flight recorder (PROBE_MODE_SCALARS): the per-layer records of the last
+ * ring_steps steps stay in memory; a non-finite event writes them, the
+ * step of the event and the ring_steps steps after it.
+ *
+ * Errors: every call returns a probe_status, and the session's message
+ * (probe_session_last_error) says what failed in one line; a CUDA failure
+ * carries the CUDA runtime's own text.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "ampprobe/probe.h"
+#include "deflate.h"
+#include "format.h"
+#include "gpu.h"
+#include "session.h"
+
+
+/* The message of the last failed probe_session_open in this thread. */
+static _Thread_local char open_msg[512];
+
+static probe_status set_msg(probe_session *s, probe_status st, const char *fmt,
+                            ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->msg, sizeof s->msg, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* ---- options and selection ------------------------------------------------ */
+
+void probe_options_init(probe_options *opt) {
+  memset(opt, 0, sizeof *opt);
+  opt->mode = PROBE_MODE_SCALARS;
+  opt->layer_select = NULL;
+  opt->step_start = 0;
+  opt->step_end = -1;
+  opt->step_every = 1;
+  opt->ring_steps = 8;
+  opt->flush_seconds = 1.0;
+  opt->flush_steps = 0;
+  opt->snapshot_on_nonfinite = 1;
+  opt->snapshot_max_elems = (size_t)1 << 20;
+  opt->cupti = 0;
+  opt->max_events = 16;
+  opt->batch_rows = 4096;
+}
+
+/* 1 when name matches one of the comma-separated globs in sel. */
+static int select_match(const char *sel, const char *name) {
+  if (sel == NULL || *sel == '\0') return 1;
+  const char *p = sel;
+  char pat[256];
+  while (*p) {
+    while (*p == ' ' || *p == ',') p++;
+    size_t len = strcspn(p, ",");
+    while (len > 0 && p[len - 1] == ' ') len--;
+    if (len > 0 && len < sizeof pat) {
+      memcpy(pat, p, len);
+      pat[len] = '\0';
+      if (fnmatch(pat, name, 0) == 0) return 1;
+    }
+    p += strcspn(p, ",");
+  }
+  return 0;
+}
+
+static int step_in_window(const probe_options *o, int64_t step) {
+  if (step < o->step_start) return 0;
+  if (o->step_end >= 0 && step > o->step_end) return 0;
+  return (step - o->step_start) % o->step_every == 0;
+}
+
+/* Caller: hands rows of table t to the writer thread (appended to the
+ * rows it has not taken yet, under the lock: one copy, no wake-up; the
+ * counters and the wake-up follow in hand_over). */
+static probe_status table_append(probe_session *s, probe__table t,
+                                 const void *rows, size_t n) {
+  pthread_mutex_lock(&s->mu);
+  int rc = pvec_push(&s->in[t], rows, n);
+  if (rc == 0) s->in_bytes += n * s->in[t].elem;
+  pthread_mutex_unlock(&s->mu);
+  if (rc < 0) return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+  s->appended[t] += (int64_t)n;
+  return PROBE_OK;
+}
+
+
+/* The sticky error of the writer thread, as the caller sees it. */
+static probe_status writer_error(probe_session *s) {
+  if (s->err == PROBE_OK &&
+      atomic_load_explicit(&s->err_flag, memory_order_acquire)) {
+    pthread_mutex_lock(&s->mu);
+    s->err = s->sh_err;
+    memcpy(s->msg, s->sh_msg, sizeof s->msg);
+    pthread_mutex_unlock(&s->mu);
+  }
+  return s->err;
+}
+
+/* What hand_over asks of the writer thread besides taking the rows. */
+enum { HAND_ROWS = 0, HAND_FLUSH_ASYNC = 1, HAND_FLUSH_SYNC = 2 };
+
+/* Caller: publishes the counters that go with the rows handed over (at
+ * the end of a step) and wakes the writer thread when it has work; with
+ * HAND_FLUSH_ASYNC also asks for a flush now, and with HAND_FLUSH_SYNC
+ * waits until it is done. Returns the writer's sticky error if there is
+ * one. */
+static probe_status hand_over(probe_session *s, int how) {
+  const int sync = how == HAND_FLUSH_SYNC;
+  pthread_mutex_lock(&s->mu);
+  int big = 0;
+  for (int t = 0; t < PROBE__T_COUNT; t++)
+    if ((int64_t)s->in[t].n >= s->batch[t]) big = 1;
+  s->sh_last_step = s->last_step;
+  s->sh_first_nonfinite = s->first_nonfinite;
+  s->sh_n_events = s->n_events;
+  uint64_t ticket = 0;
+  if (how != HAND_ROWS) ticket = ++s->flush_req;
+  if (how != HAND_ROWS || big || s->w_idle) pthread_cond_signal(&s->wake);
+  /* Wait for a requested flush, or for room when the writer is behind. */
+  while (!atomic_load(&s->err_flag) &&
+         ((sync && s->flush_done < ticket) || s->in_bytes > WAIT_BYTES)) {
+    pthread_cond_signal(&s->wake);
+    pthread_cond_wait(&s->done, &s->mu);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (how != HAND_ROWS) s->steps_since_flush = 0;
+  return writer_error(s);
+}
+
+/* ---- session -------------------------------------------------------------- */
+
+static void session_free(probe_session *s) {
+  if (s == NULL) return;
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    free(s->pend[t].data);
+    free(s->in[t].data);
+    free(s->stage[t].data);
+    free(s->tail[t]);
+  }
+  free(s->shuf);
+  free(s->zbuf);
+  if (s->ring)
+    for (int i = 0; i < s->opt.ring_steps; i++) free(s->ring[i].recs);
+  free(s->ring);
+  free(s->cur);
+  free(s->ref);
+  free(s->last);
+  free(s->repeat);
+  free(s->repeat_next);
+  free(s->layers);
+  free(s->selected);
+  free(s->layer_select);
+  free(s->path);
+  for (int i = 0; i < 3; i++) free(s->own_strings[i]);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->wake);
+  pthread_cond_destroy(&s->done);
+  free(s);
+}
+
+/* A file-size limit would kill the host with SIGXFSZ at the first write
+ * past it; ignored, the write fails with EFBIG and we report it. Only the
+ * default action is replaced: a handler the host installed is kept. */
+static void sigxfsz_ignore(void) {
+  struct sigaction old;
+  if (sigaction(SIGXFSZ, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
+      old.sa_handler == SIG_DFL) {
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGXFSZ, &ign, NULL);
+  }
+}
+
+static int session_sync_init(probe_session *s) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) return -1;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines: now_s() */
+  int rc = pthread_mutex_init(&s->mu, NULL) != 0 ||
+           pthread_cond_init(&s->wake, &ca) != 0 ||
+           pthread_cond_init(&s->done, NULL) != 0;
+  pthread_condattr_destroy(&ca);
+  return rc ? -1 : 0;
+}
+
+probe_status probe_session_open(probe_session **out, const char *path,
+                                const probe_options *opt) {
+  if (out == NULL) return PROBE_ERR_INVALID_ARG;
+  *out = NULL;
+  if (path == NULL || *path == '\0') return PROBE_ERR_INVALID_ARG;
+  probe_options o;
+  if (opt) o = *opt;
+  else probe_options_init(&o);
+  if ((o.mode != PROBE_MODE_SCALARS && o.mode != PROBE_MODE_FULL) ||
+      o.step_every < 1 || o.step_start < 0 || o.ring_steps < 0 ||
+      o.flush_seconds < 0 || o.flush_steps < 0 || o.max_events < 0 ||
+      o.batch_rows < 1)
+    return PROBE_ERR_CONFIG;
+
+  probe_session *s = calloc(1, sizeof *s);
+  if (s == NULL) return PROBE_ERR_NOMEM;
+  if (session_sync_init(s) < 0) {
+    free(s);
+    return PROBE_ERR_NOMEM;
+  }
+  s->opt = o;
+  s->file = s->state = H5I_INVALID_HID;
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
+    s->pend[t].elem = s->in[t].elem = s->stage[t].elem =
+        probe__tables[t].mem_size;
+    s->batch[t] = o.batch_rows; /* the writer may lower it (writer_main) */
+  }
+  s->last_step = s->w_last_step = -1;
+  s->first_nonfinite = s->w_first_nonfinite = -1;
+  s->nf_rec_step = -1;
+  if (o.layer_select && (s->layer_select = strdup(o.layer_select)) == NULL)
+    goto nomem;
+  s->opt.layer_select = s->layer_select;
+  if ((s->path = strdup(path)) == NULL) goto nomem;
+  /* command_line / config_json / precision_policy are written by the writer
+   * thread, after this function has returned: it reads copies. */
+  const char **strs[3] = {&s->opt.command_line, &s->opt.config_json,
+                          &s->opt.precision_policy};
+  for (int i = 0; i < 3; i++)
+    if (*strs[i] && (*strs[i] = s->own_strings[i] = strdup(*strs[i])) == NULL)
+      goto nomem;
+  if (o.ring_steps > 0 &&
+      (s->ring = calloc((size_t)o.ring_steps, sizeof *s->ring)) == NULL)
+    goto nomem;
+
+  /* Creating the HDF5 file and its tables takes milliseconds (2.5 ms on the
+   * project machine, as long as 12 steps of the default scenario); the
+   * writer thread does it while the caller goes on. What usually goes wrong
+   * - a directory that does not exist, no permission, a read-only file
+   * system - is found here first, by opening the file for writing (created
+   * if missing; not truncated here: truncating a large old trace takes as
+   * long again, and H5Fcreate does it), so that open still fails with that
+   * error. A later failure of HDF5 itself (a disk that fills while the
+   * tables are created, say) is the session's sticky error, returned by the
+   * next call. */
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int e = errno;
+    snprintf(open_msg, sizeof open_msg, "cannot create trace '%s': %s", path, strerror(e));
+    session_free(s);
+    return e == ENOSPC || e == EDQUOT || e == EFBIG ? PROBE_ERR_NOSPACE : PROBE_ERR_IO;
+  }
+  close(fd);
+
+  sigxfsz_ignore();
+  if (pthread_create(&s->thread, NULL, probe__writer_main, s) != 0) {
+    snprintf(open_msg, sizeof open_msg, "cannot start the writer thread");
+    session_free(s);
+    return PROBE_ERR_NOMEM;
+  }
+  s->thread_started = 1;
+  s->t0 = now_s();
+  if (o.cupti) {
+    /* Kernels are collected only where a GPU exists; elsewhere the kernels
+     * table stays empty. */
+    if (probe_cuda_available() && probe__cupti_start(&s->cupti) != PROBE_OK)
+      s->cupti = NULL;
+  }
+  open_msg[0] = '\0';
+  *out = s;
+  return PROBE_OK;
+
+nomem:
+  session_free(s);
+  return PROBE_ERR_NOMEM;
+}
+
+const char *probe_session_last_error(const probe_session *s) {
+  if (s == NULL) return open_msg[0] ? open_msg : "no error";
+  return s->msg[0] ? s->msg : "no error";
+}
+
+probe_status probe_layer_register(probe_session *s, const char *name,
+                                  probe_kind kind, probe_precision prec,
+                                  int32_t *layer_id) {
+  if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  size_t len = strlen(name);
+  if (len == 0 || len >= PROBE_NAME_MAX)
+    return set_msg(s, PROBE_ERR_INVALID_ARG,
+                   "layer name '%.80s' is empty or longer than %d bytes", name,
+                   PROBE_NAME_MAX - 1);
+  if ((int)kind < 0 || kind >= PROBE_KIND_COUNT || (int)prec < 0 ||
+      (int)prec > PROBE_PREC_BF16)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s': bad kind/precision",
+                   name);
+  for (int32_t i = 0; i < s->n_layers; i++)
+    if (strcmp(s->layers[i].name, name) == 0)
+      return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s' registered twice",
+                     name);
+  if (s->n_layers == INT32_MAX / 2) return PROBE_ERR_INVALID_ARG;
+  if (s->n_layers == s->cap_layers) {
+    int32_t cap = s->cap_layers ? s->cap_layers * 2 : 32;
+    probe_layer_info *l = realloc(s->layers, (size_t)cap * sizeof *l);
+    if (l == NULL) return PROBE_ERR_NOMEM;
+    s->layers = l;
+    uint8_t *sel = realloc(s->selected, (size_t)cap);
+    if (sel == NULL) return PROBE_ERR_NOMEM;
+    s->selected = sel;
+    s->cap_layers = cap;
+  }
+  probe_layer_info *l = &s->layers[s->n_layers];
+  memset(l, 0, sizeof *l);
+  l->id = s->n_layers;
+  memcpy(l->name, name, len + 1);
+  l->kind = (int32_t)kind;
+  l->precision = (int32_t)prec;
+  s->selected[s->n_layers] = (uint8_t)select_match(s->layer_select, name);
+  probe_status st = table_append(s, PROBE__T_LAYERS, l, 1);
+  if (st != PROBE_OK) return st;
+  if (layer_id) *layer_id = s->n_layers;
+  s->n_layers++;
+  return PROBE_OK;
+}
+
+probe_status probe_step_begin(probe_session *s, int64_t step) {
+  if (s == NULL || step < 0) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (s->in_step)
+    return set_msg(s, PROBE_ERR_STATE, "step %lld begun inside step %lld",
+                   (long long)step, (long long)s->step);
+  if (step <= s->last_step)
+    return set_msg(s, PROBE_ERR_STATE, "step %lld after step %lld",
+                   (long long)step, (long long)s->last_step);
+  s->in_step = 1;
+  s->step = step;
+  s->n_cur = 0;
+  s->have_scalars = 0;
+  s->cuda_pending = 0;
+  s->step_recorded = s->opt.mode == PROBE_MODE_SCALARS
+                         ? s->opt.ring_steps > 0 || s->opt.snapshot_on_nonfinite
+                         : step_in_window(&s->opt, step);
+  /* After an event in scalars mode, the next ring_steps steps are full. */
+  if (s->opt.mode == PROBE_MODE_SCALARS && s->post_remaining > 0)
+    s->step_recorded = 1;
+  return PROBE_OK;
+}
+
+/* Keeps a copy of a host tensor whose statistics are known. */
+static void last_keep(probe_session *s, probe_dtype dtype, const void *data,
+                      size_t n, size_t bytes) {
+  s->last_ok = 0;
+  if (bytes > LAST_MAX_BYTES || (n > 0 && data == NULL)) return;
+  if (bytes > s->last_cap) {
+    void *p = realloc(s->last, bytes);
+    if (p == NULL) return; /* no copy: nothing is reused */
+    s->last = p;
+    s->last_cap = bytes;
+  }
+  if (bytes) memcpy(s->last, data, bytes);
+  s->last_n = n;
+  s->last_dtype = dtype;
+  s->last_ok = 1;
+}
+
+/* Grows the current step's buffers; pending device results point into
+ * them, so those land first. */
+static probe_status cur_grow(probe_session *s) {
+  if (s->cuda_pending) {
+    if (probe_cuda_stats_wait(s->cuda) != PROBE_OK)
+      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics failed");
+    s->cuda_pending = 0;
+  }
+  size_t cap = s->cap_cur ? s->cap_cur * 2 : 64;
+  probe_record *r = realloc(s->cur, cap * sizeof *r);
+  if (r == NULL) return PROBE_ERR_NOMEM;
+  s->cur = r;
+  tensor_ref *f = realloc(s->ref, cap * sizeof *f);
+  if (f == NULL) return PROBE_ERR_NOMEM;
+  s->ref = f;
+  uint8_t *a = realloc(s->repeat, cap);
+  if (a == NULL) return PROBE_ERR_NOMEM;
+  s->repeat = a;
+  uint8_t *b = realloc(s->repeat_next, cap);
+  if (b == NULL) return PROBE_ERR_NOMEM;
+  s->repeat_next = b;
+  memset(a + s->cap_cur, 0, cap - s->cap_cur);
+  memset(b + s->cap_cur, 0, cap - s->cap_cur);
+  s->cap_cur = cap;
+  return PROBE_OK;
+}
+
+probe_status probe_session_first_nonfinite(const probe_session *s,
+                                           int64_t *step, int32_t *layer,
+                                           probe_site *site, int *covers_all) {
+  if (s == NULL || step == NULL || layer == NULL || site == NULL)
+    return PROBE_ERR_INVALID_ARG;
+  *step = s->nf_rec_step;
+  *layer = s->nf_rec_step >= 0 ? s->nf_rec_layer : -1;
+  *site = s->nf_rec_step >= 0 ? s->nf_rec_site : PROBE_SITE_FWD_IN;
+  if (covers_all) {
+    const probe_options *o = &s->opt;
+    int every_step = o->mode == PROBE_MODE_FULL
+                         ? o->step_start <= 0 && o->step_end < 0 &&
+                               o->step_every <= 1
+                         : o->ring_steps > 0 || o->snapshot_on_nonfinite;
+    *covers_all = o->layer_select == NULL && every_step;
+  }
+  return PROBE_OK;
+}
+
+probe_status probe_tensor_record(probe_session *s, int32_t layer,
+                                 probe_site site, probe_dtype dtype,
+                                 const void *data, size_t n) {
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (!s->in_step)
+    return set_msg(s, PROBE_ERR_STATE, "probe_tensor_record outside a step");
+  if (layer < 0 || layer >= s->n_layers || (int)site < 0 ||
+      site >= PROBE_SITE_COUNT || (int)dtype < 0 || dtype > PROBE_DTYPE_BF16 ||
+      (data == NULL && n > 0))
+    return set_msg(s, PROBE_ERR_INVALID_ARG,
+                   "probe_tensor_record: bad layer %d / site %d / dtype %d",
+                   (int)layer, (int)site, (int)dtype);
+  if (!s->step_recorded || !s->selected[layer]) return PROBE_OK;
+  probe_status st;
+  if (s->n_cur == s->cap_cur && (st = cur_grow(s)) != PROBE_OK) return st;
+  probe_record *r = &s->cur[s->n_cur];
+  r->step = s->step;
+  r->seq = (uint32_t)s->n_cur;
+  r->layer = layer;
+  r->site = (int32_t)site;
+  r->dtype = (int32_t)dtype;
+  int device = n > 0 && probe_cuda_is_device_ptr(data);
+  if (device) {
+    if (s->cuda == NULL &&
+        probe_cuda_stats_create(&s->cuda, NULL, 64) != PROBE_OK)
+      return set_msg(s, PROBE_ERR_CUDA, "cannot create CUDA statistics");
+    probe_cuda_tensor ct = {data, n, dtype};
+    if (probe_cuda_stats_enqueue(s->cuda, &ct, 1, &r->stats) != PROBE_OK)
+      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics enqueue failed");
+    s->cuda_pending = 1;
+  } else {
+    /* One layer's output is often the next one's input (and a gradient
+     * leaving one layer the one arriving at the previous): the tensor just
+     * recorded, recorded again. When its bytes are still those the
+     * statistics were computed from (the copy in s->last; compared, not
+     * assumed), the statistics are the same. */
+    size_t k = s->n_cur, bytes = n * probe_dtype_size(dtype);
+    int again = k > 0 && s->ref[k - 1].data == data && s->ref[k - 1].n == n &&
+                !s->ref[k - 1].device && s->cur[k - 1].dtype == (int32_t)dtype;
+    if (again) s->repeat_next[k - 1] = 1;
+    if (again && s->last_ok && s->last_n == n && s->last_dtype == dtype &&
+        memcmp(s->last, data, bytes) == 0) {
+      r->stats = s->cur[k - 1].stats; /* s->last holds these bytes still */
+    } else {
+      if ((st = probe_stats_compute(&r->stats, dtype, data, n)) != PROBE_OK)
+        return set_msg(s, st, "probe_stats_compute: %s", probe_status_str(st));
+      s->last_ok = 0;
+      if (s->repeat[k]) last_keep(s, dtype, data, n, bytes);
+    }
+  }
+  if (device) s->last_ok = 0;
+  s->ref[s->n_cur] = (tensor_ref){data, n, device};
+  s->n_cur++;
+  return PROBE_OK;
+}
+
+probe_status probe_step_set_scalars(probe_session *s,
+                                    const probe_step_scalars *sc) {
+  if (s == NULL || sc == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (!s->in_step)
+    return set_msg(s, PROBE_ERR_STATE, "probe_step_set_scalars outside a step");
+  s->sc = *sc;
+  s->sc.step = s->step;
+  s->have_scalars = 1;
+  return PROBE_OK;
+}
+
+probe_status probe_scaler_transition(probe_session *s,
+                                     const probe_scaler_event *ev) {
+  if (s == NULL || ev == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (ev->kind < PROBE_SCALER_BACKOFF || ev->kind > PROBE_SCALER_MIN_CLAMP)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "scaler event kind %d",
+                   (int)ev->kind);
+  probe_scaler_event e = *ev;
+  if (s->in_step) e.step = s->step;
+  return table_append(s, PROBE__T_SCALER, &e, 1);
+}
+
+/* Stores the tensors of `layer` recorded in this step as float32. */
+static probe_status snapshot_layer(probe_session *s, int32_t layer) {
+  size_t cap = s->opt.snapshot_max_elems;
+  for (size_t i = 0; i < s->n_cur; i++) {
+    const probe_record *r = &s->cur[i];
+    const tensor_ref *f = &s->ref[i];
+    if (r->layer != layer) continue;
+    size_t n = f->n < cap ? f->n : cap;
+    size_t esz = probe_dtype_size((probe_dtype)r->dtype);
+    void *raw = NULL;
+    const void *src = f->data;
+    if (f->device && n > 0) {
+      if ((raw = malloc(n * esz)) == NULL) return PROBE_ERR_NOMEM;
+      if (probe__gpu_copy_to_host(raw, f->data, n * esz) != PROBE_OK) {
+        free(raw);
+        return set_msg(s, PROBE_ERR_CUDA, "snapshot copy from the device");
+      }
+      src = raw;
+    }
+    pvec *v = &s->stage[PROBE__T_SNAPDATA];
+    v->n = 0;
+    if (pvec_reserve(v, n) < 0) {
+      free(raw);
+      return PROBE_ERR_NOMEM;
+    }
+    float *dst = (float *)v->data + v->n;
+    if (n > 0) {
+      if (r->dtype == PROBE_DTYPE_F32) memcpy(dst, src, n * sizeof(float));
+      else if (r->dtype == PROBE_DTYPE_F16)
+        probe_f16_to_f32_array(dst, src, n);
+      else probe_bf16_to_f32_array(dst, src, n);
+    }
+    free(raw);
+    probe_snapshot_info sn = {
+        .step = s->step,
+        .seq = r->seq,
+        .layer = r->layer,
+        .site = r->site,
+        .dtype = r->dtype,
+        .offset = s->appended[PROBE__T_SNAPDATA],
+        .n = (int64_t)n,
+        .n_total = (int64_t)f->n,
+    };
+    /* the data before its index row: a flush in between keeps the index
+     * pointing at committed data */
+    probe_status st = table_append(s, PROBE__T_SNAPDATA, v->data, n);
+    if (st == PROBE_OK) st = table_append(s, PROBE__T_SNAPIDX, &sn, 1);
+    if (st != PROBE_OK) return st;
+  }
+  return PROBE_OK;
+}
+
+static probe_status ring_dump(probe_session *s) {
+  for (int k = 0; k < s->ring_len; k++) {
+    int i = (s->ring_head - s->ring_len + k + s->opt.ring_steps) %
+            s->opt.ring_steps;
+    ring_slot *slot = &s->ring[i];
+    probe_status st = table_append(s, PROBE__T_RECORDS, slot->recs, slot->n);
+    if (st != PROBE_OK) return st;
+  }
+  s->ring_len = 0;
+  return PROBE_OK;
+}
+
+static probe_status ring_push(probe_session *s) {
+  if (s->opt.ring_steps == 0) return PROBE_OK;
+  ring_slot *slot = &s->ring[s->ring_head];
+  if (slot->cap < s->n_cur) {
+    probe_record *r = realloc(slot->recs, s->n_cur * sizeof *r);
+    if (r == NULL) return PROBE_ERR_NOMEM;
+    slot->recs = r;
+    slot->cap = s->n_cur;
+  }
+  if (s->n_cur) memcpy(slot->recs, s->cur, s->n_cur * sizeof *s->cur);
+  slot->n = s->n_cur;
+  s->ring_head = (s->ring_head + 1) % s->opt.ring_steps;
+  if (s->ring_len < s->opt.ring_steps) s->ring_len++;
+  return PROBE_OK;
+}
+
+static probe_status kernels_collect(probe_session *s) {
+  probe_kernel_record *k = NULL;
+  size_t n = 0;
+  if (probe__cupti_collect(s->cupti, &k, &n) != PROBE_OK) return PROBE_OK;
+  probe_status st = n ? table_append(s, PROBE__T_KERNELS, k, n) : PROBE_OK;
+  free(k);
+  return st;
+}
+
+/* Ends the current step; allow_snapshot is 0 when the tensors may be gone
+ * (a session closed in the middle of a step). */
+static probe_status step_finish(probe_session *s, int allow_snapshot) {
+  probe_status st;
+  s->in_step = 0;
+  if (s->cuda_pending) {
+    s->cuda_pending = 0;
+    if (probe_cuda_stats_wait(s->cuda) != PROBE_OK)
+      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics failed");
+  }
+  /* The step's first non-finite record, in execution order, and whether
+   * any non-finite record is not a gradient. */
+  size_t first = s->n_cur;
+  int bad_value = 0;
+  for (size_t i = 0; i < s->n_cur; i++)
+    if (probe_stats_nonfinite(&s->cur[i].stats) > 0) {
+      if (first == s->n_cur) first = i;
+      if (probe_site_phase((probe_site)s->cur[i].site) != PROBE_PHASE_BACKWARD) {
+        bad_value = 1;
+        break;
+      }
+    }
+  int loss_bad = s->have_scalars && !isfinite(s->sc.loss);
+  bad_value |= loss_bad;
+  int nonfinite = first < s->n_cur || loss_bad;
+  /* An event: a non-finite step not within ring_steps steps of the last
+   * event (acted on or not). */
+  int event = nonfinite && s->quiet_remaining == 0;
+  int act = event && s->n_events < s->opt.max_events;
+  if (event) {
+    s->n_events++;
+    s->quiet_remaining = s->opt.ring_steps;
+  } else if (s->quiet_remaining > 0) {
+    s->quiet_remaining--;
+  }
+  if (nonfinite && s->first_nonfinite < 0) s->first_nonfinite = s->step;
+  if (first < s->n_cur && s->nf_rec_step < 0) {
+    s->nf_rec_step = s->step;
+    s->nf_rec_layer = s->cur[first].layer;
+    s->nf_rec_site = (probe_site)s->cur[first].site;
+  }
+
+  if (act && allow_snapshot && s->opt.snapshot_on_nonfinite && first < s->n_cur)
+    if ((st = snapshot_layer(s, s->cur[first].layer)) != PROBE_OK) return st;
+
+  if (s->opt.mode == PROBE_MODE_FULL) {
+    if (s->step_recorded && s->n_cur &&
+        (st = table_append(s, PROBE__T_RECORDS, s->cur, s->n_cur)) != PROBE_OK)
+      return st;
+  } else if (act) {
+    if ((st = ring_dump(s)) != PROBE_OK) return st;
+    if (s->n_cur &&
+        (st = table_append(s, PROBE__T_RECORDS, s->cur, s->n_cur)) != PROBE_OK)
+      return st;
+    s->post_remaining = s->opt.ring_steps;
+  } else if (s->post_remaining > 0) {
+    if (s->n_cur &&
+        (st = table_append(s, PROBE__T_RECORDS, s->cur, s->n_cur)) != PROBE_OK)
+      return st;
+    s->post_remaining--;
+  } else if ((st = ring_push(s)) != PROBE_OK) {
+    return st;
+  }
+
+  if (s->have_scalars) {
+    s->sc.wall_time = now_s() - s->t0;
+    if ((st = table_append(s, PROBE__T_STEPS, &s->sc, 1)) != PROBE_OK)
+      return st;
+  }
+  if (s->cupti && (st = kernels_collect(s)) != PROBE_OK) return st;
+  s->last_step = s->step;
+  if (s->n_cur > 0) { /* what repeated in this step is expected next step */
+    uint8_t *t = s->repeat;
+    s->repeat = s->repeat_next;
+    s->repeat_next = t;
+    memset(s->repeat_next, 0, s->cap_cur);
+  }
+  s->last_ok = 0;
+  s->n_cur = 0;
+  s->steps_since_flush++;
+
+  /* Flushes every flush_steps steps, and at an event where a value other
+   * than a gradient is non-finite (an activation, a weight, the loss), are
+   * synchronous. An event of non-finite gradients alone - the loss scaler's
+   * routine overflow, which nearly every FP16 run with dynamic loss scaling
+   * meets in its first steps - asks for the flush at once but does not wait
+   * for it (waiting cost 4 ms, 10% of a 200-step run of the default
+   * scenario). The writer thread also flushes on its own flush_seconds
+   * timer. */
+  int how = HAND_ROWS;
+  if (act) how = bad_value ? HAND_FLUSH_SYNC : HAND_FLUSH_ASYNC;
+  if (s->opt.flush_steps > 0 && s->steps_since_flush >= s->opt.flush_steps)
+    how = HAND_FLUSH_SYNC;
+  return hand_over(s, how);
+}
+
+probe_status probe_step_end(probe_session *s) {
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (!s->in_step)
+    return set_msg(s, PROBE_ERR_STATE, "probe_step_end without a step");
+  return step_finish(s, 1);
+}
+
+probe_status probe_session_flush(probe_session *s) {
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  return hand_over(s, HAND_FLUSH_SYNC);
+}
+
+probe_status probe_session_close(probe_session *s) {
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  probe_status st = writer_error(s);
+  if (st == PROBE_OK && s->in_step) st = step_finish(s, 0);
+  if (s->cupti) {
+    if (st == PROBE_OK) st = kernels_collect(s);
+    probe__cupti_stop(s->cupti);
+    s->cupti = NULL;
+  }
+  /* The writer thread flushes (unless something failed), marks the trace
+   * complete and closes the file; then it ends. */
+  pthread_mutex_lock(&s->mu);
+  s->sh_last_step = s->last_step;
+  s->sh_first_nonfinite = s->first_nonfinite;
+  s->sh_n_events = s->n_events;
+  s->close_req = 1;
+  s->close_flush = st == PROBE_OK;
+  pthread_cond_signal(&s->wake);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  s->err = PROBE_OK;
+  probe_status wst = writer_error(s);
+  if (st == PROBE_OK) st = wst;
+  if (s->cuda) probe_cuda_stats_destroy(s->cuda);
+  session_free(s);
+  return st;
+}
+
+void probe_range_push(probe_session *s, int32_t layer, probe_site site) {
+  if (s == NULL) return;
+#ifdef AMPPROBE_HAVE_CUDA
+  char name[PROBE_NAME_MAX + 24];
+  const char *ln = layer >= 0 && layer < s->n_layers ? s->layers[layer].name
+                                                     : "?";
+  const char *sn = probe_site_name(site);
+  snprintf(name, sizeof name, "%s/%s", ln, sn ? sn : "?");
+  probe__nvtx_push(name);
+  if (s->cupti)
+    probe__cupti_push(s->cupti, probe__cupti_encode(s->in_step ? s->step : -1,
+                                                    layer, (int32_t)site));
+#endif
+}
+
+void probe_range_pop(probe_session *s) {
+  if (s == NULL) return;
+#ifdef AMPPROBE_HAVE_CUDA
+  probe__nvtx_pop();
+  if (s->cupti) probe__cupti_pop(s->cupti);
+#endif
+}
