@@ -8,6 +8,8 @@
 #include "format.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -250,6 +252,23 @@ void probe__h5_lock(void) {
 }
 
 void probe__h5_unlock(void) { pthread_mutex_unlock(&h5_mu); }
+
+/* ---- HDF5's clean-up at exit (format.h) ----------------------------------- */
+
+static atomic_int h5_close_failed;
+
+void probe__h5_close_failed(void) { atomic_store(&h5_close_failed, 1); }
+
+static void h5_exit_cleanup(void) {
+  if (!atomic_load(&h5_close_failed)) H5close();
+}
+
+__attribute__((constructor)) static void h5_exit_guard(void) {
+  /* Before the host's first HDF5 call, HDF5 has registered nothing yet. If
+   * it has (HDF5 initialised by another constructor), its own handler stays
+   * and this one's H5close finds the library closed already. */
+  if (H5dont_atexit() >= 0) atexit(h5_exit_cleanup);
+}
 
 void probe__h5_lock_child_reset(void) {
   pthread_once(&h5_once, h5_mu_init);

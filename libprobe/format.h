@@ -102,4 +102,15 @@ void probe__h5_lock(void);
 void probe__h5_unlock(void);
 void probe__h5_lock_child_reset(void);
 
+/* HDF5's clean-up at exit (H5_term_library) closes every file still open;
+ * after an H5Fclose that failed - HDF5 1.10 then keeps the id of a file it
+ * has freed - it crashes there (SIGSEGV in H5F__close_cb, or it prints
+ * "infinite loop closing library"). libprobe therefore asks HDF5 not to
+ * register that handler (H5dont_atexit, from a constructor that runs when
+ * the library is loaded, before any HDF5 call of the host) and registers
+ * its own, which calls H5close - the same clean-up - unless a close failed,
+ * in which case it leaves HDF5 alone: the process exits, and the kernel
+ * closes the files. probe__h5_close_failed records such a failure. */
+void probe__h5_close_failed(void);
+
 #endif /* AMPPROBE_LIBPROBE_FORMAT_H */

@@ -23,7 +23,7 @@
  * (probe_session_last_error) says what failed in one line; a CUDA failure
  * carries the CUDA runtime's own text.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* F_OFD_SETLK */
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -188,25 +189,110 @@ static void session_free(probe_session *s) {
   free(s->layer_select);
   free(s->path);
   for (int i = 0; i < 3; i++) free(s->own_strings[i]);
+  if (s->lock_fd >= 0) close(s->lock_fd); /* releases the writer lock */
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->wake);
   pthread_cond_destroy(&s->done);
   free(s);
 }
 
-/* A file-size limit would kill the host with SIGXFSZ at the first write
- * past it; ignored, the write fails with EFBIG and we report it. Only the
- * default action is replaced: a handler the host installed is kept. */
-static void sigxfsz_ignore(void) {
-  struct sigaction old;
-  if (sigaction(SIGXFSZ, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
-      old.sa_handler == SIG_DFL) {
-    struct sigaction ign;
-    memset(&ign, 0, sizeof ign);
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
-    sigaction(SIGXFSZ, &ign, NULL);
+/* Sets the message of a failed probe_session_open (this thread's). */
+static probe_status open_fail(probe_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(open_msg, sizeof open_msg, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* 1 when another open file description holds a lock on fd's file, and
+ * the pid (-1 when unknown: OFD locks have none) in *pid. */
+static int lock_held(int fd, pid_t *pid) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  *pid = -1;
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return 0;
+  if (fl.l_type == F_UNLCK) return 0;
+  if (fl.l_pid > 0) *pid = fl.l_pid;
+  return 1;
+}
+
+/* Claims the trace file at path for this session, before the writer thread
+ * creates the HDF5 file in it: creates it exclusively (an existing file is
+ * PROBE_ERR_EXISTS unless opt.overwrite; it must then be a regular file),
+ * and takes an exclusive open-file-description lock (fcntl F_OFD_SETLK) on
+ * it, held until the session closes, so that a second writer of the same
+ * trace - in this process or another - fails here at once with
+ * PROBE_ERR_LOCKED instead of interleaving its writes. Readers take no
+ * lock and are not stopped; HDF5's own flock() locking is independent of
+ * this one. The lock goes with the process (SIGKILL included). A file
+ * system without OFD locks (EINVAL) is written unlocked.
+ *
+ * Doing this here, not in the writer thread, also makes what usually goes
+ * wrong - a directory that does not exist, no permission, a read-only file
+ * system - fail probe_session_open itself with its message. The file is
+ * not truncated here (truncating a large old trace takes time; H5Fcreate
+ * does it on the writer thread). Returns the descriptor that holds the
+ * lock in *lock_fd. */
+static probe_status trace_claim(const char *path, int overwrite,
+                                int *lock_fd) {
+  *lock_fd = -1;
+  int created = 1;
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+  if (fd < 0 && errno == EEXIST) {
+    created = 0;
+    fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) /* removed in between: try once more */
+      return trace_claim(path, overwrite, lock_fd);
   }
+  if (fd < 0) {
+    int e = errno;
+    return open_fail(e == ENOSPC || e == EDQUOT || e == EFBIG
+                         ? PROBE_ERR_NOSPACE
+                         : PROBE_ERR_IO,
+                     "cannot create trace '%s': %s", path, strerror(e));
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return open_fail(PROBE_ERR_IO,
+                     "cannot create trace '%s': not a regular file", path);
+  }
+  pid_t holder;
+  if (!created && lock_held(fd, &holder)) {
+    close(fd);
+    if (holder > 0)
+      return open_fail(PROBE_ERR_LOCKED,
+                       "trace '%s' is being written by another writer "
+                       "(process %d)",
+                       path, (int)holder);
+    return open_fail(PROBE_ERR_LOCKED,
+                     "trace '%s' is being written by another writer", path);
+  }
+  if (!created && !overwrite) {
+    close(fd);
+    return open_fail(PROBE_ERR_EXISTS,
+                     "trace '%s' exists; not overwritten (overwrite option "
+                     "not set)",
+                     path);
+  }
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET; /* l_start = l_len = 0: the whole file */
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0 && errno != EINVAL) {
+    int e = errno;
+    close(fd); /* created or not, the file is the lock holder's now */
+    if (e == EAGAIN || e == EACCES)
+      return open_fail(PROBE_ERR_LOCKED,
+                       "trace '%s' is being written by another writer", path);
+    return open_fail(PROBE_ERR_IO, "cannot lock trace '%s': %s", path,
+                     strerror(e));
+  }
+  *lock_fd = fd;
+  return PROBE_OK;
 }
 
 static int session_sync_init(probe_session *s) {
@@ -222,9 +308,11 @@ static int session_sync_init(probe_session *s) {
 
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt) {
-  if (out == NULL) return PROBE_ERR_INVALID_ARG;
+  if (out == NULL)
+    return open_fail(PROBE_ERR_INVALID_ARG, "probe_session_open: out is NULL");
   *out = NULL;
-  if (path == NULL || *path == '\0') return PROBE_ERR_INVALID_ARG;
+  if (path == NULL || *path == '\0')
+    return open_fail(PROBE_ERR_INVALID_ARG, "probe_session_open: empty path");
   probe_options o;
   if (opt) o = *opt;
   else probe_options_init(&o);
@@ -232,13 +320,17 @@ probe_status probe_session_open(probe_session **out, const char *path,
       o.step_every < 1 || o.step_start < 0 || o.ring_steps < 0 ||
       o.flush_seconds < 0 || o.flush_steps < 0 || o.max_events < 0 ||
       o.batch_rows < 1)
-    return PROBE_ERR_CONFIG;
+    return open_fail(PROBE_ERR_CONFIG,
+                     "probe_session_open: option out of range (mode, "
+                     "step_every, step_start, ring_steps, flush_seconds, "
+                     "flush_steps, max_events or batch_rows)");
 
   probe_session *s = calloc(1, sizeof *s);
-  if (s == NULL) return PROBE_ERR_NOMEM;
+  if (s == NULL) return open_fail(PROBE_ERR_NOMEM, "out of memory");
+  s->lock_fd = -1;
   if (session_sync_init(s) < 0) {
     free(s);
-    return PROBE_ERR_NOMEM;
+    return open_fail(PROBE_ERR_NOMEM, "out of memory");
   }
   s->opt = o;
   s->file = s->state = H5I_INVALID_HID;
@@ -268,28 +360,20 @@ probe_status probe_session_open(probe_session **out, const char *path,
 
   /* Creating the HDF5 file and its tables takes milliseconds (2.5 ms on the
    * project machine, as long as 12 steps of the default scenario); the
-   * writer thread does it while the caller goes on. What usually goes wrong
-   * - a directory that does not exist, no permission, a read-only file
-   * system - is found here first, by opening the file for writing (created
-   * if missing; not truncated here: truncating a large old trace takes as
-   * long again, and H5Fcreate does it), so that open still fails with that
-   * error. A later failure of HDF5 itself (a disk that fills while the
-   * tables are created, say) is the session's sticky error, returned by the
-   * next call. */
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    int e = errno;
-    snprintf(open_msg, sizeof open_msg, "cannot create trace '%s': %s", path, strerror(e));
+   * writer thread does it while the caller goes on. The path is claimed
+   * here first (trace_claim: exclusive creation, the writer lock, and the
+   * usual errors reported by this call). A later failure of HDF5 itself (a
+   * disk that fills while the tables are created, say) is the session's
+   * sticky error, returned by the next call. */
+  probe_status cst = trace_claim(path, o.overwrite, &s->lock_fd);
+  if (cst != PROBE_OK) {
     session_free(s);
-    return e == ENOSPC || e == EDQUOT || e == EFBIG ? PROBE_ERR_NOSPACE : PROBE_ERR_IO;
+    return cst;
   }
-  close(fd);
 
-  sigxfsz_ignore();
   if (pthread_create(&s->thread, NULL, probe__writer_main, s) != 0) {
-    snprintf(open_msg, sizeof open_msg, "cannot start the writer thread");
     session_free(s);
-    return PROBE_ERR_NOMEM;
+    return open_fail(PROBE_ERR_NOMEM, "cannot start the writer thread");
   }
   s->thread_started = 1;
   s->t0 = now_s();
@@ -305,7 +389,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
 
 nomem:
   session_free(s);
-  return PROBE_ERR_NOMEM;
+  return open_fail(PROBE_ERR_NOMEM, "out of memory");
 }
 
 const char *probe_session_last_error(const probe_session *s) {

@@ -111,6 +111,7 @@ struct probe_session {
   /* ---- shared, under mu ---- */
   pthread_t thread;
   int thread_started;
+  int lock_fd; /* holds the writer lock on the trace (session.c) */
   pthread_mutex_t mu;
   pthread_cond_t wake; /* to the writer: rows, a request */
   pthread_cond_t done; /* to the caller: flushed, rows taken, failed */

@@ -31,7 +31,7 @@
  * H5F_CLOSE_STRONG semantics inside the library, and HDF5's automatic
  * error printing is off: the error is one line in the session's message.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -71,9 +72,19 @@ static probe_status set_wmsg(probe_session *s, probe_status st,
 
 /* After a failed write the file must not change any more: HDF5 would go on
  * writing metadata (at close, at the next flush) that may point past what
- * reached the disk. The descriptor under HDF5 is replaced by /dev/null opened
- * read-only, so every later write fails and the file keeps its last flushed
- * state, still marked as an SWMR file that readers open as it is. */
+ * reached the disk. So the descriptor under HDF5 is replaced by a sink and
+ * the file keeps its last flushed state, still marked as an SWMR file that
+ * readers open as it is.
+ *
+ * The sink must take every write and truncate that closing the file does:
+ * HDF5 1.10 frees a file whose H5Fclose fails but keeps its id, and its
+ * atexit handler (H5_term_library -> H5F__close_cb) then crashes on that id
+ * (SIGSEGV at exit after a failed write, issue 17.1). /dev/null cannot be
+ * truncated (EINVAL, which fails the close), so the sink is an anonymous
+ * memory file (memfd): writes and ftruncate succeed, reads of what was not
+ * written since return zeros, and what HDF5 writes while closing - a few
+ * KiB of metadata - is dropped with it. Without memfd_create, /dev/null
+ * opened read-write is the fallback. */
 static void file_detach(probe_session *s) {
   void *handle = NULL;
   if (s->file < 0 || s->detached) return;
@@ -82,10 +93,14 @@ static void file_detach(probe_session *s) {
     return;
   }
   int fd = *(int *)handle;
-  int nul = open("/dev/null", O_RDONLY);
-  if (nul >= 0) {
-    if (dup2(nul, fd) >= 0) s->detached = 1;
-    close(nul);
+  int sink = -1;
+#ifdef MFD_CLOEXEC
+  sink = memfd_create("ampprobe-detached-trace", MFD_CLOEXEC);
+#endif
+  if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (sink >= 0) {
+    if (dup2(sink, fd) >= 0) s->detached = 1;
+    close(sink);
   }
 }
 
@@ -345,11 +360,19 @@ static probe_status state_write(probe_session *s, int complete) {
   return PROBE_OK;
 }
 
+/* Room kept for metadata beyond the rows of a flush (and for closing). */
+#define FLUSH_MARGIN ((uint64_t)128 << 10)
+
+/* The smallest file-size limit (RLIMIT_FSIZE) a trace is started under:
+ * creating the file and its tables takes about 12 KiB, and the first flush
+ * keeps FLUSH_MARGIN free besides its rows. */
+#define MIN_FSIZE_LIMIT ((uint64_t)256 << 10)
+
 /* Bytes the next flush may add to the file, at most: every row not yet
  * flushed, uncompressed, plus one rewritten chunk per table that grew (the
  * last, partly filled one) and room for metadata. */
 static uint64_t flush_bound(const probe_session *s) {
-  uint64_t b = 128 * 1024;
+  uint64_t b = FLUSH_MARGIN;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     uint64_t rows = s->pend[t].n + (uint64_t)s->unflushed[t];
     if (rows)
@@ -361,8 +384,12 @@ static uint64_t flush_bound(const probe_session *s) {
 /* Refuses to write when the file-size limit (RLIMIT_FSIZE) or the free
  * space of the file system could be exceeded, so that a full disk or a
  * limit stops the trace at its last flush instead of in the middle of
- * one. The error is sticky, and the file is detached (file_detach) so that
- * closing writes nothing more: it keeps its last flushed state. */
+ * one. The error is sticky, and nothing more is written but what closing
+ * the file needs. Under the file-size limit that is room the last check
+ * left: each check that passed kept need (>= FLUSH_MARGIN of metadata)
+ * free beyond the rows it let through, so the file closes normally and
+ * with valid metadata. A file system short of space may have none left,
+ * so there the file is detached first (file_detach). */
 static probe_status space_check(probe_session *s) {
   uint64_t need = flush_bound(s);
   struct rlimit rl;
@@ -374,7 +401,6 @@ static probe_status space_check(probe_session *s) {
     uint64_t end = size > eoa ? size : eoa;
     if (end + need > (uint64_t)rl.rlim_cur) {
       s->w_err = PROBE_ERR_NOSPACE;
-      file_detach(s);
       return set_wmsg(s, s->w_err,
                      "file-size limit reached: trace at %llu bytes, limit "
                      "(RLIMIT_FSIZE) %llu bytes",
@@ -532,22 +558,39 @@ void *probe__writer_main(void *arg) {
   probe__h5_lock();
   session_close_handles(s);
   probe__h5_unlock();
+  pthread_mutex_lock(&s->mu);
+  writer_error_publish(s, s->w_err);
+  pthread_mutex_unlock(&s->mu);
   return NULL;
 }
 
-/* Closes every HDF5 handle; errors are ignored (the file may be unwritable). */
+/* Closes every HDF5 handle. A close that fails is the session's error if
+ * it had none. HDF5 1.10 cannot recover from a failed H5Fclose: it frees
+ * the file but keeps its id, and a flush that failed once (a full disk)
+ * leaves its metadata cache unable to flush again ("slist already
+ * enabled"), so the close of such a file always fails. The checks before
+ * every write (space_check, file_create) keep that from happening in the
+ * cases we can foresee; when it happens anyway, probe__h5_close_failed
+ * keeps HDF5's clean-up at exit away from the freed file (format.c). */
 static void session_close_handles(probe_session *s) {
+  int bad = 0;
   H5E_BEGIN_TRY {
     for (int t = 0; t < PROBE__T_COUNT; t++) {
-      if (s->dset[t] >= 0) H5Dclose(s->dset[t]);
+      if (s->dset[t] >= 0 && H5Dclose(s->dset[t]) < 0) bad = 1;
       if (s->mtype[t] >= 0) H5Tclose(s->mtype[t]);
       s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
     }
-    if (s->state >= 0) H5Dclose(s->state);
-    if (s->file >= 0) H5Fclose(s->file);
+    if (s->state >= 0 && H5Dclose(s->state) < 0) bad = 1;
+    if (s->file >= 0 && H5Fclose(s->file) < 0) {
+      bad = 1;
+      probe__h5_close_failed();
+    }
   }
   H5E_END_TRY;
+  H5Eclear2(H5E_DEFAULT);
   s->state = s->file = H5I_INVALID_HID;
+  if (bad && s->w_err == PROBE_OK)
+    s->w_err = set_wmsg(s, PROBE_ERR_IO, "closing the trace failed");
 }
 
 /* Writer thread, at its start: creates the file, its attributes and
@@ -559,6 +602,17 @@ static probe_status file_create(probe_session *s) {
       H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0) {
     if (fapl >= 0) H5Pclose(fapl);
     return h5_fail(s, "H5Pset_libver_bounds");
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      (uint64_t)rl.rlim_cur < MIN_FSIZE_LIMIT) {
+    H5Pclose(fapl);
+    s->w_err = PROBE_ERR_NOSPACE;
+    return set_wmsg(s, s->w_err,
+                    "file-size limit (RLIMIT_FSIZE) of %llu bytes is too "
+                    "small for a trace (at least %llu)",
+                    (unsigned long long)rl.rlim_cur,
+                    (unsigned long long)MIN_FSIZE_LIMIT);
   }
   errno = 0;
   s->file = H5Fcreate(s->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);

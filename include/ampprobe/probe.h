@@ -218,19 +218,29 @@ typedef struct probe_options {
   int64_t batch_rows;        /* rows buffered per table before one
                                 H5Dwrite (4096); records and steps are
                                 written at most 4 chunks at a time */
+  int overwrite;             /* replace an existing trace file (0: an
+                                existing file is PROBE_ERR_EXISTS) */
 } probe_options;
 
 /* Fills the defaults shown above. */
 AMPPROBE_API
 void probe_options_init(probe_options *opt);
 
-/* Creates (truncates) the trace file at path. The path is checked here (a
- * missing directory, no permission, a read-only file system: this call
- * fails, *out is NULL and probe_session_last_error(NULL) has the message);
- * the HDF5 file and its tables are created by the session's writer thread
- * while the caller goes on, so a failure there (the disk fills, a file-size
- * limit) is a sticky I/O error like any later one (below). Sets SIGXFSZ to
- * ignored when it is at its default action (docs/trace-format.md). */
+/* Creates the trace file at path and starts the session's writer thread.
+ * The path is claimed here: created exclusively - an existing file is
+ * PROBE_ERR_EXISTS unless opt->overwrite (then it must be a regular file,
+ * and is truncated) - and locked for the session's life, so that a second
+ * writer of the same trace, in this process or another, fails at once
+ * with PROBE_ERR_LOCKED. A missing directory, no permission, a read-only
+ * file system, a path that is not a regular file (/dev/null) fail here too
+ * (PROBE_ERR_IO). The HDF5 file and its tables are created by the writer
+ * thread while the caller goes on, so a failure there (the disk fills, a
+ * file-size limit) is a sticky I/O error like any later one (below).
+ * The library installs no signal handler: a host that may run under a
+ * file-size limit should ignore SIGXFSZ (the CLI does), so that a write
+ * past the limit fails with EFBIG, which becomes PROBE_ERR_NOSPACE. The
+ * writer checks the limit before each write and stops short of it anyway
+ * (docs/trace-format.md). */
 AMPPROBE_API
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt);

@@ -499,6 +499,7 @@ START_TEST(test_session_first_nonfinite) {
   PT_CHECK(probe_session_close(s));
 
   o.layer_select = "a";
+  o.overwrite = 1; /* the same path again */
   PT_CHECK(probe_session_open(&s, path, &o));
   PT_CHECK(probe_session_first_nonfinite(s, &step, &layer, &site, &all));
   ck_assert_int_eq(all, 0);
@@ -744,6 +745,7 @@ START_TEST(test_writer_flush_visibility) {
 
   /* Same again without periodic flushes: nothing new until the flush. */
   o.flush_steps = 0;
+  o.overwrite = 1;
   PT_CHECK(probe_session_open(&s, path, &o));
   for (int step = 0; step < 5; step++) {
     PT_CHECK(probe_step_begin(s, step));
@@ -793,6 +795,7 @@ START_TEST(test_writer_event_flush) {
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
   o.flush_seconds = 1e9;
+  o.overwrite = 1; /* one path, two sessions */
   probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
   float x[64];
   for (int kind = 0; kind < 2; kind++) {

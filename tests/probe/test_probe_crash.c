@@ -35,6 +35,7 @@ static void crash_child(const char *path, int wfd, unsigned seed, int timer) {
   o.mode = PROBE_MODE_FULL;
   o.flush_seconds = timer ? 0.005 * (1 + seed % 4) : 1e9;
   o.batch_rows = 1 + seed % 50;
+  o.overwrite = 1; /* one path for every kill */
   int every = timer ? 1 << 30 : 1 + (int)(seed % 4);
   probe_session *s;
   if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(2);
@@ -267,11 +268,13 @@ START_TEST(test_fsize_limit) {
 }
 END_TEST
 
-/* A limit below what creating the file needs: probe_session_open returns
+/* A limit below what creating a trace needs: probe_session_open returns
  * before the writer thread has created the file (the path itself is
- * writable), so the HDF5 write error (PROBE_ERR_NOSPACE, "File too large")
- * is the session's sticky error, returned by the next calls and by close;
- * SIGXFSZ does not kill the process. */
+ * writable), and the writer refuses to start under such a limit
+ * (PROBE_ERR_NOSPACE, "too small for a trace"): the session's sticky
+ * error, returned by the next calls and by close. SIGXFSZ is at its
+ * default action and nothing past the limit is written, so it never
+ * comes. */
 START_TEST(test_fsize_limit_at_open) {
   char path[256];
   pt_path(path, sizeof path, "fsize0");
@@ -286,7 +289,8 @@ START_TEST(test_fsize_limit_at_open) {
     /* a synchronous flush waits for the writer thread, which has failed */
     st = probe_session_flush(s);
     if (st != PROBE_ERR_NOSPACE) _exit(22);
-    if (strstr(probe_session_last_error(s), "File too large") == NULL) _exit(23);
+    if (strstr(probe_session_last_error(s), "too small for a trace") == NULL)
+      _exit(23);
     int32_t id;
     if (probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id) !=
         PROBE_ERR_NOSPACE)
