@@ -211,6 +211,19 @@ int probe__type_check(probe__table t, hid_t file_type, char *why,
   return 0;
 }
 
+int64_t probe__state_check(const int64_t st[PROBE__STATE_LEN]) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < PROBE__STATE_LEN; i++) {
+    if (i == PROBE__S_CHECK) continue;
+    uint64_t v = (uint64_t)st[i];
+    for (int b = 0; b < 8; b++) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return (int64_t)h;
+}
+
 hid_t probe__vlstr_type(void) {
   hid_t t = H5Tcopy(H5T_C_S1);
   if (t < 0) return t;

@@ -39,15 +39,25 @@ enum {
   PROBE__S_EVENTS,                                     /* 10 */
   PROBE__S_FLUSHES,                                    /* 11 */
   PROBE__S_RECORD_MODE,                                /* 12 */
+  PROBE__S_CHECK,    /* 13: probe__state_check of the others (features) */
+  PROBE__S_FEATURES, /* 14: PROBE__FEAT_* bits; 0 in older traces */
   PROBE__STATE_LEN = 16
 };
+
+/* Bits of /meta/state[PROBE__S_FEATURES]. */
+#define PROBE__FEAT_CHECK 1 /* state[PROBE__S_CHECK] holds the check value */
+
+/* The check value of a state: FNV-1a (64 bit) over the little-endian bytes
+ * of every entry but PROBE__S_CHECK. A reader that finds it wrong has a
+ * state that was edited or damaged after the writer wrote it. */
+int64_t probe__state_check(const int64_t st[PROBE__STATE_LEN]);
 
 /* Names of the state entries, stored as the "fields" attribute of
  * /meta/state (comma-separated). */
 #define PROBE__STATE_FIELDS                                                    \
   "complete,n_layers,n_steps,n_records,n_scaler_events,n_snapshots,"          \
   "n_snapshot_elems,n_kernels,last_step,first_nonfinite_step,n_events,"       \
-  "n_flushes,record_mode,reserved,reserved,reserved"
+  "n_flushes,record_mode,check,features,reserved"
 
 typedef enum probe__fkind {
   PROBE__F_I32,

@@ -46,6 +46,7 @@ struct probe_trace {
   hid_t dset[PROBE__T_COUNT];
   hid_t mtype[PROBE__T_COUNT];
   int64_t rows[PROBE__T_COUNT]; /* committed rows readable */
+  int64_t state[PROBE__STATE_LEN]; /* /meta/state as read */
   probe_trace_info info;
   probe_layer_info *layers; /* (info.n_layers) */
   char *path;
@@ -254,8 +255,12 @@ static probe_status open_tables(probe_trace *t) {
   return PROBE_OK;
 }
 
+/* Reads /meta/state into t->state and checks each value's own range.
+ * Called before the tables are opened: the writer grows a table before it
+ * counts its rows, so a state read first never counts more rows than the
+ * tables have when they are opened after it, even while the writer runs. */
 static probe_status read_state(probe_trace *t) {
-  int64_t st[PROBE__STATE_LEN];
+  int64_t *st = t->state;
   if (!path_exists(t->file, PROBE__STATE_PATH))
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /meta/state is missing");
   hid_t d = H5Dopen2(t->file, PROBE__STATE_PATH, H5P_DEFAULT);
@@ -265,18 +270,35 @@ static probe_status read_state(probe_trace *t) {
   int ok = ft >= 0 && H5Tget_class(ft) == H5T_INTEGER &&
            H5Tget_size(ft) == 8 && extent_1d(d) == PROBE__STATE_LEN &&
            H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) >= 0;
+  /* A state with a check value that does not match may have been read
+   * while a live writer rewrote it: read it again, a few times. */
+  for (int again = 0; ok && again < 3 &&
+                      (st[PROBE__S_FEATURES] & PROBE__FEAT_CHECK) &&
+                      st[PROBE__S_CHECK] != probe__state_check(st);
+       again++) {
+    struct timespec ts = {0, 5000000L};
+    nanosleep(&ts, NULL);
+    H5Drefresh(d);
+    ok = H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) >= 0;
+  }
   if (ft >= 0) H5Tclose(ft);
   H5Dclose(d);
   if (!ok)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable /meta/state");
+  if ((st[PROBE__S_FEATURES] & PROBE__FEAT_CHECK) &&
+      st[PROBE__S_CHECK] != probe__state_check(st))
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: /meta/state fails its check value (edited "
+                "or damaged after it was written)");
+  if (st[PROBE__S_FEATURES] < 0 ||
+      (st[PROBE__S_FEATURES] & ~(int64_t)PROBE__FEAT_CHECK) != 0)
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: /meta/state has unknown feature bits");
   if (st[PROBE__S_COMPLETE] != 0 && st[PROBE__S_COMPLETE] != 1)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: bad completion flag");
-  for (int i = 0; i < PROBE__T_COUNT; i++) {
-    int64_t c = st[PROBE__S_ROWS + i];
-    if (c < 0)
+  for (int i = 0; i < PROBE__T_COUNT; i++)
+    if (st[PROBE__S_ROWS + i] < 0)
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: negative row count");
-    if (c < t->rows[i]) t->rows[i] = c;
-  }
   int64_t mode = st[PROBE__S_RECORD_MODE];
   if (st[PROBE__S_LAST_STEP] < -1 || st[PROBE__S_FIRST_NONFINITE] < -1 ||
       st[PROBE__S_EVENTS] < 0 || st[PROBE__S_FLUSHES] < 0 ||
@@ -289,6 +311,78 @@ static probe_status read_state(probe_trace *t) {
   in->first_nonfinite_step = st[PROBE__S_FIRST_NONFINITE];
   in->n_events = st[PROBE__S_EVENTS];
   in->n_flushes = st[PROBE__S_FLUSHES];
+  return PROBE_OK;
+}
+
+/* Step of row `row` of a table whose rows start with an int64 step (steps,
+ * records, snapshot index); -2 when unreadable. */
+static int64_t row_step(probe_trace *t, int i, int64_t row) {
+  union {
+    probe_record r;
+    probe_step_scalars s;
+    probe_snapshot_info n;
+  } u;
+  if (read_rows(t, i, row, 1, &u) < 0) return -2;
+  return u.r.step; /* step is the first member of all three */
+}
+
+/* The state against the tables (after open_tables and read_state): counts
+ * no larger than the tables (min() would hide a damaged count), and the
+ * steps, events and snapshots it states consistent with the rows. Each
+ * failure is PROBE_ERR_CORRUPT naming what disagrees. */
+static probe_status check_state(probe_trace *t) {
+  const int64_t *st = t->state;
+  for (int i = 0; i < PROBE__T_COUNT; i++) {
+    int64_t c = st[PROBE__S_ROWS + i];
+    if (c > t->rows[i])
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /meta/state counts %lld rows of %s, the "
+                  "table has %lld",
+                  (long long)c, probe__tables[i].path, (long long)t->rows[i]);
+    t->rows[i] = c;
+  }
+  int64_t last = st[PROBE__S_LAST_STEP], nf = st[PROBE__S_FIRST_NONFINITE];
+  int64_t n_steps = t->rows[PROBE__T_STEPS];
+  if (nf > last)
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: first non-finite step %lld after the last "
+                "step %lld",
+                (long long)nf, (long long)last);
+  if ((nf >= 0) != (st[PROBE__S_EVENTS] > 0))
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: %lld non-finite events but first non-finite "
+                "step %lld",
+                (long long)st[PROBE__S_EVENTS], (long long)nf);
+  if (t->rows[PROBE__T_SNAPIDX] > 0 && nf < 0)
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: snapshots without a non-finite step");
+  /* steps are strictly increasing from 0, one row at most each */
+  if (n_steps > last + 1)
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: %lld rows in /steps but the last step is %lld",
+                (long long)n_steps, (long long)last);
+  static const int stepped[3] = {PROBE__T_STEPS, PROBE__T_RECORDS,
+                                 PROBE__T_SNAPIDX};
+  for (int k = 0; k < 3; k++) {
+    int i = stepped[k];
+    if (t->rows[i] == 0) continue;
+    int64_t s = row_step(t, i, t->rows[i] - 1);
+    if (s == -2)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable %s (%s)",
+                  probe__tables[i].path, t->h5msg);
+    if (s < 0 || s > last)
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: the last row of %s is step %lld, the last "
+                  "step is %lld",
+                  probe__tables[i].path, (long long)s, (long long)last);
+  }
+  int64_t mode_attr = -1;
+  if (attr_read_i64(t->file, "record_mode", &mode_attr) == 0 &&
+      mode_attr != st[PROBE__S_RECORD_MODE])
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: record mode %lld in /meta/state, %lld in the "
+                "root attribute",
+                (long long)st[PROBE__S_RECORD_MODE], (long long)mode_attr);
   return PROBE_OK;
 }
 
@@ -426,8 +520,8 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   t->info.precision_policy = t->strs[3];
   t->info.library_versions = t->strs[4];
 
-  if ((st = open_tables(t)) != PROBE_OK || (st = read_state(t)) != PROBE_OK ||
-      (st = read_layers(t)) != PROBE_OK) {
+  if ((st = read_state(t)) != PROBE_OK || (st = open_tables(t)) != PROBE_OK ||
+      (st = check_state(t)) != PROBE_OK || (st = read_layers(t)) != PROBE_OK) {
     goto out;
   }
   probe_trace_info *in = &t->info;
@@ -694,15 +788,13 @@ static size_t read_by(int fd, void *buf, size_t n, double deadline, int *timed_o
   return have;
 }
 
-probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
+static probe_status open_isolated_impl(probe_trace **out, const char *path,
                                        char *err, size_t errlen) {
-  if (out == NULL || path == NULL) return PROBE_ERR_INVALID_ARG;
-  *out = NULL;
-  char dummy[1];
-  if (err == NULL || errlen == 0) {
-    err = dummy;
-    errlen = sizeof dummy;
+  if (out == NULL || path == NULL) {
+    snprintf(err, errlen, "probe_trace_open_isolated: NULL argument");
+    return PROBE_ERR_INVALID_ARG;
   }
+  *out = NULL;
   err[0] = '\0';
   struct stat sb;
   /* 30 s, plus 1 s per 20 MB: a hang becomes an error, a big trace does not. */
@@ -729,6 +821,13 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
   }
   if (pid == 0) {
     close(fds[0]);
+    /* What a crash inside HDF5 or glibc prints ("free(): invalid pointer")
+     * is not the caller's to see: its answer is the one-line message. */
+    int nul = open("/dev/null", O_WRONLY);
+    if (nul >= 0) {
+      dup2(nul, 2);
+      close(nul);
+    }
     iso_report rep;
     memset(&rep, 0, sizeof rep);
     probe_trace *t = NULL;
@@ -856,5 +955,17 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
   st = probe_trace_open_impl(out, path, given);
   probe__h5_unlock();
   if (st != PROBE_OK) snprintf(err, errlen, "%s", probe_trace_last_error(NULL));
+  return st;
+}
+
+/* The message goes where every failed open's goes (probe_trace_last_error
+ * of NULL), and into err when the caller passes a buffer. */
+probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
+                                       char *err, size_t errlen) {
+  char msg[sizeof open_msg];
+  probe_status st = open_isolated_impl(out, path, msg, sizeof msg);
+  if (st != PROBE_OK) snprintf(open_msg, sizeof open_msg, "%s", msg);
+  else open_msg[0] = '\0';
+  if (err && errlen) snprintf(err, errlen, "%s", st != PROBE_OK ? msg : "");
   return st;
 }

@@ -354,6 +354,8 @@ static probe_status state_write(probe_session *s, int complete) {
   st[PROBE__S_EVENTS] = s->w_n_events;
   st[PROBE__S_FLUSHES] = s->n_flushes;
   st[PROBE__S_RECORD_MODE] = s->opt.mode;
+  st[PROBE__S_FEATURES] = PROBE__FEAT_CHECK;
+  st[PROBE__S_CHECK] = probe__state_check(st);
   if (H5Dwrite(s->state, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) <
       0)
     return h5_fail(s, "H5Dwrite(state)");

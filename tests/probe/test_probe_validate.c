@@ -1,0 +1,250 @@
+/*
+ * test_probe_validate.c - Check suite "validate": the reader checks
+ * /meta/state against the tables (docs/trace-format.md, "Reading").
+ *
+ * Each case edits one thing of a valid trace through HDF5 - so the file is
+ * well-formed and only the meaning is wrong - and expects
+ * PROBE_ERR_CORRUPT naming it, from probe_trace_open and from the
+ * isolated open the tools use, quickly. Edits are made with the state's
+ * check value left as it was (a stale check: any edit is caught) and with
+ * it recomputed (as a careful forger would: the consistency checks alone
+ * must catch it). A trace of an older writer (no check value) still opens.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <hdf5.h>
+#include <time.h>
+
+#include "probe_testutil.h"
+
+enum {
+  S_COMPLETE = 0,
+  S_N_LAYERS = 1,
+  S_N_STEPS = 2,
+  S_N_RECORDS = 3,
+  S_N_SNAPSHOTS = 5,
+  S_LAST_STEP = 8,
+  S_FIRST_NF = 9,
+  S_EVENTS = 10,
+  S_MODE = 12,
+  S_CHECK = 13,
+  S_FEATURES = 14,
+};
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* FNV-1a 64 over the little-endian bytes of every entry but 13, as
+ * docs/trace-format.md defines the check value (an independent copy). */
+static int64_t fnv_state(const int64_t st[16]) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < 16; i++) {
+    if (i == S_CHECK) continue;
+    for (int b = 0; b < 8; b++) {
+      h ^= ((uint64_t)st[i] >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return (int64_t)h;
+}
+
+/* 200 steps (0..199) with scalars, 2 layers, full mode, a NaN at step 150
+ * (one event, a snapshot). */
+static void make_trace(const char *path) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.overwrite = 1;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+                                NULL));
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_PREC_FP32,
+                                NULL));
+  float x[16];
+  for (int step = 0; step < 200; step++) {
+    PT_CHECK(probe_step_begin(s, step));
+    for (int l = 0; l < 2; l++) {
+      pt_tensor(x, 16, step, (uint32_t)l);
+      if (step == 150 && l == 1) x[3] = NAN;
+      PT_CHECK(probe_tensor_record(s, l, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32,
+                                   x, 16));
+    }
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, a)) > 0)
+    ck_assert_uint_eq(fwrite(buf, 1, n, b), n);
+  fclose(a);
+  fclose(b);
+}
+
+/* Sets state entries (idx[k] = v[k], k < n); fix: recompute the check. */
+static void edit_state(const char *path, const int *idx, const int64_t *v,
+                       int n, int fix) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, "/meta/state", H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  int64_t st[16];
+  ck_assert_int_ge(
+      H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st), 0);
+  for (int k = 0; k < n; k++) st[idx[k]] = v[k];
+  if (fix) st[S_CHECK] = fnv_state(st);
+  ck_assert_int_ge(
+      H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st), 0);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+static void expect_corrupt(const char *path, const char *why,
+                           const char *case_name) {
+  probe_trace *t = (probe_trace *)1;
+  probe_status st = probe_trace_open(&t, path);
+  ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s: %s", case_name,
+                probe_status_name(st));
+  ck_assert_ptr_null(t);
+  const char *m = probe_trace_last_error(NULL);
+  ck_assert_msg(strstr(m, why) != NULL, "%s: '%s' lacks '%s'", case_name, m,
+                why);
+  char err[512];
+  double t0 = mono();
+  st = probe_trace_open_isolated(&t, path, err, sizeof err);
+  ck_assert_int_eq(st, PROBE_ERR_CORRUPT);
+  ck_assert_double_lt(mono() - t0, 5.0);
+  ck_assert_msg(strstr(err, why) != NULL, "%s: isolated '%s'", case_name,
+                err);
+  /* the one mechanism: the same text from probe_trace_last_error(NULL) */
+  ck_assert_str_eq(probe_trace_last_error(NULL), err);
+}
+
+typedef struct vcase {
+  const char *name;
+  int n;
+  int idx[3];
+  int64_t v[3];
+  const char *why_fixed; /* with the check recomputed */
+} vcase;
+
+static const vcase cases[] = {
+    /* the two of issue 17.7 */
+    {"n_layers 3388997641", 1, {S_N_LAYERS}, {3388997641LL}, "rows of /layers"},
+    {"last_step 200", 1, {S_LAST_STEP}, {200}, NULL},
+    /* counts beyond the tables */
+    {"n_steps + 1", 1, {S_N_STEPS}, {201}, "rows of /steps"},
+    {"n_records huge", 1, {S_N_RECORDS}, {INT64_MAX}, "rows of /records"},
+    {"n_snapshots + 5", 1, {S_N_SNAPSHOTS}, {99}, "rows of /snapshots/index"},
+    /* steps against rows */
+    {"last_step 198", 1, {S_LAST_STEP}, {198}, "rows in /steps"},
+    {"last_step -1", 1, {S_LAST_STEP}, {-1}, "first non-finite"},
+    {"first non-finite after last", 1, {S_FIRST_NF}, {250}, "after the last"},
+    {"events without a step", 2, {S_FIRST_NF, S_EVENTS}, {-1, 1},
+     "first non-finite step -1"},
+    {"a step without events", 1, {S_EVENTS}, {0}, "0 non-finite events"},
+    {"mode flipped", 1, {S_MODE}, {PROBE_MODE_SCALARS}, "record mode"},
+    {"unknown feature", 1, {S_FEATURES}, {3}, "feature bits"},
+    {"complete 2", 1, {S_COMPLETE}, {2}, "completion flag"},
+};
+
+START_TEST(test_validate_state) {
+  const vcase *c = &cases[_i / 2];
+  int fix = _i % 2;
+  char orig[256], path[256];
+  pt_path(orig, sizeof orig, "val-orig");
+  pt_path(path, sizeof path, "val");
+  make_trace(orig);
+  copy_file(orig, path);
+  edit_state(path, c->idx, c->v, c->n, fix);
+  char name[128];
+  snprintf(name, sizeof name, "%s (%s)", c->name,
+           fix ? "check recomputed" : "stale check");
+  if (!fix) {
+    expect_corrupt(path, "check value", name);
+  } else if (c->why_fixed) {
+    expect_corrupt(path, c->why_fixed, name);
+  } else {
+    /* last_step 200 with a recomputed check: one more step ended without
+     * scalars is what such a state says; the trace opens, the step axis
+     * ends at 200 and every row is still checked. */
+    probe_trace *t;
+    PT_CHECK(probe_trace_open(&t, path));
+    ck_assert_int_eq(probe_trace_get_info(t)->last_step, 200);
+    probe_trace_close(t);
+  }
+  unlink(orig);
+  unlink(path);
+}
+END_TEST
+
+/* Unchanged, and re-checked without change: opens. */
+START_TEST(test_validate_clean) {
+  char path[256];
+  pt_path(path, sizeof path, "val-clean");
+  make_trace(path);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->last_step, 199);
+  ck_assert_int_eq(probe_trace_get_info(t)->n_steps, 200);
+  probe_trace_close(t);
+  int idx[1] = {S_LAST_STEP};
+  int64_t v[1] = {199};
+  edit_state(path, idx, v, 1, 1);
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* A trace of an older writer: no check value, no feature bits (0, 0). It
+ * opens; the consistency checks still apply to it. */
+START_TEST(test_validate_old_writer) {
+  char path[256];
+  pt_path(path, sizeof path, "val-old");
+  make_trace(path);
+  int idx[2] = {S_CHECK, S_FEATURES};
+  int64_t v[2] = {0, 0};
+  edit_state(path, idx, v, 2, 0);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->n_steps, 200);
+  probe_trace_close(t);
+  int idx2[1] = {S_N_LAYERS};
+  int64_t v2[1] = {3388997641LL};
+  edit_state(path, idx2, v2, 1, 0);
+  expect_corrupt(path, "rows of /layers", "old writer, n_layers");
+  unlink(path);
+}
+END_TEST
+
+static Suite *make_validate_suite(void) {
+  Suite *s = suite_create("validate");
+  TCase *tc = tcase_create("validate");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_validate_state, 0,
+                      (int)(2 * sizeof cases / sizeof cases[0]));
+  tcase_add_test(tc, test_validate_clean);
+  tcase_add_test(tc, test_validate_old_writer);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  SRunner *sr = srunner_create(make_validate_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
