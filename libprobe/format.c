@@ -13,9 +13,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define F_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len}
+#define F_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len, 0}
+#define FOPT_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len, 1}
 #define FS_(fld, kind, len)                                                    \
-  {#fld, offsetof(probe_record, stats.fld), kind, len}
+  {#fld, offsetof(probe_record, stats.fld), kind, len, 0}
 
 static const probe__field layer_fields[] = {
     F_(probe_layer_info, id, PROBE__F_I32, 1),
@@ -54,6 +55,7 @@ static const probe__field step_fields[] = {
     F_(probe_step_scalars, growth_tracker, PROBE__F_I32, 1),
     F_(probe_step_scalars, found_inf, PROBE__F_I32, 1),
     F_(probe_step_scalars, skipped, PROBE__F_I32, 1),
+    FOPT_(probe_step_scalars, unmeasured, PROBE__F_U32, 1), /* in padding */
     F_(probe_step_scalars, lr, PROBE__F_F64, 1),
     F_(probe_step_scalars, grad_norm, PROBE__F_F64, 1),
     F_(probe_step_scalars, clip_threshold, PROBE__F_F64, 1),
@@ -167,6 +169,30 @@ fail:
   return H5I_INVALID_HID;
 }
 
+hid_t probe__type_create_read(probe__table t, hid_t file_type, int *missing) {
+  const probe__tabledef *d = &probe__tables[t];
+  *missing = 0;
+  if (d->fields == NULL) return probe__type_create(t, 0);
+  hid_t ct = H5Tcreate(H5T_COMPOUND, d->mem_size);
+  if (ct < 0) return ct;
+  for (size_t i = 0; i < d->n_fields; i++) {
+    const probe__field *f = &d->fields[i];
+    if (f->optional && H5Tget_member_index(file_type, f->name) < 0) {
+      *missing = 1;
+      continue;
+    }
+    hid_t ft = field_type(f, 0);
+    if (ft < 0) goto fail;
+    herr_t e = H5Tinsert(ct, f->name, f->offset, ft);
+    H5Tclose(ft);
+    if (e < 0) goto fail;
+  }
+  return ct;
+fail:
+  H5Tclose(ct);
+  return H5I_INVALID_HID;
+}
+
 int probe__type_check(probe__table t, hid_t file_type, char *why,
                       size_t whylen) {
   const probe__tabledef *d = &probe__tables[t];
@@ -185,6 +211,7 @@ int probe__type_check(probe__table t, hid_t file_type, char *why,
   for (size_t i = 0; i < d->n_fields; i++) {
     const probe__field *f = &d->fields[i];
     int idx = H5Tget_member_index(file_type, f->name);
+    if (idx < 0 && f->optional) continue;
     if (idx < 0) {
       snprintf(why, whylen, "%s lacks field '%s'", d->path, f->name);
       return -1;

@@ -75,6 +75,8 @@ typedef struct probe__field {
   size_t offset; /* in the C struct */
   probe__fkind kind;
   size_t len;    /* STR: bytes; U64A: elements; else 1 */
+  int optional;  /* added after version 1 was first written: traces of
+                    older writers lack it, and read it as zeros */
 } probe__field;
 
 typedef struct probe__tabledef {
@@ -93,8 +95,14 @@ extern const probe__tabledef probe__tables[PROBE__T_COUNT];
  * (file = 1) of a table. Returns H5I_INVALID_HID on failure. */
 hid_t probe__type_create(probe__table t, int file);
 
-/* Checks that a file type holds every field of table t with a compatible
- * class and size. Returns 0, or -1 with a reason written to why. */
+/* The native memory type of table t holding only the fields that
+ * file_type has (optional fields may be absent); *missing is set to 1
+ * when one was. Returns H5I_INVALID_HID on failure. */
+hid_t probe__type_create_read(probe__table t, hid_t file_type, int *missing);
+
+/* Checks that a file type holds every field of table t (optional ones
+ * when present) with a compatible class and size. Returns 0, or -1 with a
+ * reason written to why. */
 int probe__type_check(probe__table t, hid_t file_type, char *why,
                       size_t whylen);
 

@@ -47,6 +47,7 @@ struct probe_trace {
   hid_t mtype[PROBE__T_COUNT];
   int64_t rows[PROBE__T_COUNT]; /* committed rows readable */
   int64_t state[PROBE__STATE_LEN]; /* /meta/state as read */
+  int missing[PROBE__T_COUNT]; /* the file lacks an optional field */
   probe_trace_info info;
   probe_layer_info *layers; /* (info.n_layers) */
   char *path;
@@ -242,9 +243,11 @@ static probe_status open_tables(probe_trace *t) {
     if (ft < 0)
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: type of %s", d->path);
     int bad = probe__type_check((probe__table)i, ft, why, sizeof why);
+    if (!bad)
+      t->mtype[i] = probe__type_create_read((probe__table)i, ft,
+                                            &t->missing[i]);
     H5Tclose(ft);
     if (bad) return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %s", why);
-    t->mtype[i] = probe__type_create((probe__table)i, 0);
     if (t->mtype[i] < 0) return fail(t, PROBE_ERR_HDF5, "building types");
     int64_t n = extent_1d(t->dset[i]);
     if (n < 0)
@@ -578,7 +581,8 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
   if (st != PROBE_OK) return st;
   for (size_t i = 0; i < *got; i++) {
     const probe_record *r = &buf[i];
-    if (r->step < 0 || r->layer < 0 || r->layer >= t->info.n_layers ||
+    if (r->step < 0 || r->step > t->info.last_step || r->layer < 0 ||
+        r->layer >= t->info.n_layers ||
         r->site < 0 || r->site >= PROBE_SITE_COUNT || r->dtype < 0 ||
         r->dtype > PROBE_DTYPE_BF16 || !stats_ok(&r->stats)) {
       *got = 0;
@@ -594,9 +598,13 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
   probe_status st = read_chunk(t, PROBE__T_STEPS, start, max, buf, got);
   if (st != PROBE_OK) return st;
   for (size_t i = 0; i < *got; i++) {
-    const probe_step_scalars *s = &buf[i];
-    if (s->step < 0 || (s->found_inf != 0 && s->found_inf != 1) ||
-        (s->skipped != 0 && s->skipped != 1)) {
+    probe_step_scalars *s = &buf[i];
+    if (t->missing[PROBE__T_STEPS]) s->unmeasured = 0; /* older writer */
+    if (s->step < 0 || s->step > t->info.last_step ||
+        (i > 0 && s->step <= buf[i - 1].step) ||
+        (s->found_inf != 0 && s->found_inf != 1) ||
+        (s->skipped != 0 && s->skipped != 1) ||
+        (s->unmeasured & ~PROBE_SCALAR_ALL) != 0) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld",
                   (long long)(start + (int64_t)i));
@@ -624,7 +632,8 @@ static probe_status probe_trace_read_scaler_events_impl(probe_trace *t, int64_t 
 }
 
 static int snapshot_ok(const probe_trace *t, const probe_snapshot_info *s) {
-  return s->step >= 0 && s->layer >= 0 && s->layer < t->info.n_layers &&
+  return s->step >= 0 && s->step <= t->info.last_step && s->layer >= 0 &&
+         s->layer < t->info.n_layers &&
          s->site >= 0 && s->site < PROBE_SITE_COUNT && s->dtype >= 0 &&
          s->dtype <= PROBE_DTYPE_BF16 && s->n >= 0 && s->n <= s->n_total &&
          s->offset >= 0 && s->offset <= t->rows[PROBE__T_SNAPDATA] - s->n;

@@ -106,20 +106,34 @@ static int step_in_window(const probe_options *o, int64_t step) {
   return (step - o->step_start) % o->step_every == 0;
 }
 
-/* Caller: hands rows of table t to the writer thread (appended to the
- * rows it has not taken yet, under the lock: one copy, no wake-up; the
- * counters and the wake-up follow in hand_over). */
+/* Caller: queues rows of table t for the writer thread. They stay in the
+ * caller's out[] until hand_over moves them to in[] together with the
+ * counters that describe them (last_step, events), under one lock: the
+ * writer, whose timer may take in[] at any moment, then never commits the
+ * rows of a step without that step's counters (a /records row of step
+ * N+1 under last_step N, which the reader calls corrupt). */
 static probe_status table_append(probe_session *s, probe__table t,
                                  const void *rows, size_t n) {
-  pthread_mutex_lock(&s->mu);
-  int rc = pvec_push(&s->in[t], rows, n);
-  if (rc == 0) s->in_bytes += n * s->in[t].elem;
-  pthread_mutex_unlock(&s->mu);
-  if (rc < 0) return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+  if (pvec_push(&s->out[t], rows, n) < 0)
+    return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
   s->appended[t] += (int64_t)n;
   return PROBE_OK;
 }
 
+/* Under mu: moves the queued rows to the writer's in[], with the counters
+ * that go with them. Returns -1 without memory. */
+static int out_move_locked(probe_session *s) {
+  int rc = 0;
+  for (int t = 0; t < PROBE__T_COUNT; t++) {
+    size_t bytes = s->out[t].n * s->out[t].elem;
+    if (pvec_move(&s->in[t], &s->out[t]) < 0) rc = -1;
+    else s->in_bytes += bytes;
+  }
+  s->sh_last_step = s->last_step;
+  s->sh_first_nonfinite = s->first_nonfinite;
+  s->sh_n_events = s->n_events;
+  return rc;
+}
 
 /* The sticky error of the writer thread, as the caller sees it. */
 static probe_status writer_error(probe_session *s) {
@@ -144,12 +158,13 @@ enum { HAND_ROWS = 0, HAND_FLUSH_ASYNC = 1, HAND_FLUSH_SYNC = 2 };
 static probe_status hand_over(probe_session *s, int how) {
   const int sync = how == HAND_FLUSH_SYNC;
   pthread_mutex_lock(&s->mu);
+  if (out_move_locked(s) < 0) {
+    pthread_mutex_unlock(&s->mu);
+    return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+  }
   int big = 0;
   for (int t = 0; t < PROBE__T_COUNT; t++)
     if ((int64_t)s->in[t].n >= s->batch[t]) big = 1;
-  s->sh_last_step = s->last_step;
-  s->sh_first_nonfinite = s->first_nonfinite;
-  s->sh_n_events = s->n_events;
   uint64_t ticket = 0;
   if (how != HAND_ROWS) ticket = ++s->flush_req;
   if (how != HAND_ROWS || big || s->w_idle) pthread_cond_signal(&s->wake);
@@ -172,6 +187,7 @@ static void session_free(probe_session *s) {
     free(s->pend[t].data);
     free(s->in[t].data);
     free(s->stage[t].data);
+    free(s->out[t].data);
     free(s->tail[t]);
   }
   free(s->shuf);
@@ -336,7 +352,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   s->file = s->state = H5I_INVALID_HID;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
-    s->pend[t].elem = s->in[t].elem = s->stage[t].elem =
+    s->pend[t].elem = s->in[t].elem = s->stage[t].elem = s->out[t].elem =
         probe__tables[t].mem_size;
     s->batch[t] = o.batch_rows; /* the writer may lower it (writer_main) */
   }
@@ -589,8 +605,23 @@ probe_status probe_step_set_scalars(probe_session *s,
   if (writer_error(s) != PROBE_OK) return s->err;
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_step_set_scalars outside a step");
+  if (sc->unmeasured & ~PROBE_SCALAR_ALL)
+    return set_msg(s, PROBE_ERR_INVALID_ARG,
+                   "probe_step_set_scalars: unknown bits 0x%x in unmeasured",
+                   (unsigned)(sc->unmeasured & ~PROBE_SCALAR_ALL));
   s->sc = *sc;
   s->sc.step = s->step;
+  /* What was not measured is NaN in the file whatever the caller left
+   * there, so that a reader that does not know the bits still sees no
+   * number, and one that does can tell it from a measured NaN. */
+  uint32_t u = sc->unmeasured;
+  if (u & PROBE_SCALAR_LOSS) s->sc.loss = NAN;
+  if (u & PROBE_SCALAR_LOSS_SCALE) s->sc.loss_scale = NAN;
+  if (u & PROBE_SCALAR_SCALER)
+    s->sc.growth_tracker = s->sc.found_inf = s->sc.skipped = 0;
+  if (u & PROBE_SCALAR_LR) s->sc.lr = NAN;
+  if (u & PROBE_SCALAR_GRAD_NORM) s->sc.grad_norm = NAN;
+  if (u & PROBE_SCALAR_CLIP) s->sc.clip_threshold = s->sc.clip_coef = NAN;
   s->have_scalars = 1;
   return PROBE_OK;
 }
@@ -718,7 +749,8 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
         break;
       }
     }
-  int loss_bad = s->have_scalars && !isfinite(s->sc.loss);
+  int loss_bad = s->have_scalars && !isfinite(s->sc.loss) &&
+                 !(s->sc.unmeasured & PROBE_SCALAR_LOSS);
   bad_value |= loss_bad;
   int nonfinite = first < s->n_cur || loss_bad;
   /* An event: a non-finite step not within ring_steps steps of the last
@@ -818,9 +850,8 @@ probe_status probe_session_close(probe_session *s) {
   /* The writer thread flushes (unless something failed), marks the trace
    * complete and closes the file; then it ends. */
   pthread_mutex_lock(&s->mu);
-  s->sh_last_step = s->last_step;
-  s->sh_first_nonfinite = s->first_nonfinite;
-  s->sh_n_events = s->n_events;
+  if (out_move_locked(s) < 0 && st == PROBE_OK)
+    st = set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
   s->close_req = 1;
   s->close_flush = st == PROBE_OK;
   pthread_cond_signal(&s->wake);

@@ -127,6 +127,7 @@ struct probe_session {
 
   /* ---- the caller's ---- */
   pvec stage[PROBE__T_COUNT]; /* scratch (snapshot data as float32) */
+  pvec out[PROBE__T_COUNT];   /* rows queued, handed over at hand_over */
   int64_t appended[PROBE__T_COUNT]; /* rows handed over so far */
 
   probe_layer_info *layers; /* (n_layers) */

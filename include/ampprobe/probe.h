@@ -121,6 +121,20 @@ typedef struct probe_record {
   probe_stats stats;
 } probe_record;
 
+/* Bits of probe_step_scalars.unmeasured: which scalars were not measured
+ * in a step. A scalar that was not measured is stored as NaN (the ints of
+ * PROBE_SCALAR_SCALER as 0) with its bit set, so that a reader tells it
+ * from a measured NaN: only a NaN whose bit is clear is a non-finite
+ * value. 0, the default of a zero-initialised struct and what traces
+ * written before the field existed read back as, means "all measured". */
+#define PROBE_SCALAR_LOSS (1u << 0)       /* loss */
+#define PROBE_SCALAR_LOSS_SCALE (1u << 1) /* loss_scale */
+#define PROBE_SCALAR_SCALER (1u << 2)     /* growth_tracker, found_inf, skipped */
+#define PROBE_SCALAR_LR (1u << 3)         /* lr */
+#define PROBE_SCALAR_GRAD_NORM (1u << 4)  /* grad_norm */
+#define PROBE_SCALAR_CLIP (1u << 5)       /* clip_threshold, clip_coef */
+#define PROBE_SCALAR_ALL ((1u << 6) - 1)
+
 typedef struct probe_step_scalars {
   int64_t step;
   double loss;           /* unscaled loss of the step (NaN/inf kept) */
@@ -128,6 +142,8 @@ typedef struct probe_step_scalars {
   int32_t growth_tracker; /* after the update */
   int32_t found_inf;     /* a gradient was non-finite after unscaling */
   int32_t skipped;       /* optimizer step skipped */
+  uint32_t unmeasured;   /* PROBE_SCALAR_* bits of the scalars not measured
+                            this step; 0: all were */
   double lr;             /* learning rate used */
   double grad_norm;      /* global L2 norm seen by the clipper, before clip */
   double clip_threshold; /* max_norm; 0 when clipping is off */
@@ -294,7 +310,11 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  const void *data, size_t n);
 
 /* Sets the step's scalars (sc->step is ignored; the current step is used;
- * wall_time is filled by the probe at probe_step_end). A step gets a row in
+ * wall_time is filled by the probe at probe_step_end). Scalars the caller
+ * did not measure (no clipper: grad_norm, clip_coef) get their
+ * PROBE_SCALAR_* bit in sc->unmeasured; their values are then stored as NaN
+ * (0 for the scaler's ints) whatever sc holds. Unknown bits are
+ * PROBE_ERR_INVALID_ARG. A step gets a row in
  * the steps table only when this was called. (Named _set_ because the type
  * probe_step_scalars takes the plain name.) */
 AMPPROBE_API

@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <hdf5.h>
+#include <math.h>
 #include <time.h>
 
 #include "probe_testutil.h"
@@ -228,6 +229,144 @@ START_TEST(test_validate_old_writer) {
 }
 END_TEST
 
+/* ---- scalars that were not measured ------------------------------------- */
+
+static void write_scalars(const char *path, const probe_step_scalars *sc,
+                          int n) {
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  for (int i = 0; i < n; i++) {
+    PT_CHECK(probe_step_begin(s, i));
+    PT_CHECK(probe_step_set_scalars(s, &sc[i]));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+}
+
+/* Each combination of bits reads back as written; unmeasured values are
+ * NaN whatever the caller left in them; a measured NaN keeps its bit clear
+ * and stays distinguishable. */
+START_TEST(test_scalars_unmeasured_roundtrip) {
+  char path[256];
+  pt_path(path, sizeof path, "unmeasured");
+  probe_step_scalars in[8];
+  memset(in, 0, sizeof in);
+  for (int i = 0; i < 8; i++) {
+    in[i].loss = 0.25 * i;
+    in[i].loss_scale = 1024;
+    in[i].lr = 0.01;
+    in[i].grad_norm = 3.0 + i;
+    in[i].clip_threshold = 1.0;
+    in[i].clip_coef = 0.5;
+    in[i].growth_tracker = i;
+  }
+  in[1].unmeasured = PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP; /* no clip */
+  in[2].grad_norm = NAN; /* measured, and NaN: a non-finite gradient norm */
+  in[3].unmeasured = PROBE_SCALAR_ALL;
+  in[4].unmeasured = PROBE_SCALAR_LR;
+  in[5].unmeasured = PROBE_SCALAR_SCALER;
+  in[6].unmeasured = PROBE_SCALAR_GRAD_NORM;
+  in[6].grad_norm = NAN; /* unmeasured NaN: the same value, another meaning */
+  write_scalars(path, in, 8);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_step_scalars out[8];
+  size_t got;
+  PT_CHECK(probe_trace_read_steps(t, 0, 8, out, &got));
+  ck_assert_uint_eq(got, 8);
+  for (int i = 0; i < 8; i++) {
+    ck_assert_uint_eq(out[i].unmeasured, in[i].unmeasured);
+    uint32_t u = in[i].unmeasured;
+    ck_assert(u & PROBE_SCALAR_LOSS ? isnan(out[i].loss)
+                                    : out[i].loss == in[i].loss);
+    ck_assert(u & PROBE_SCALAR_LR ? isnan(out[i].lr) : out[i].lr == 0.01);
+    ck_assert(u & PROBE_SCALAR_CLIP ? isnan(out[i].clip_coef)
+                                    : out[i].clip_coef == 0.5);
+    ck_assert_int_eq(out[i].growth_tracker,
+                     u & PROBE_SCALAR_SCALER ? 0 : i);
+  }
+  ck_assert(isnan(out[1].grad_norm) && (out[1].unmeasured & PROBE_SCALAR_GRAD_NORM));
+  ck_assert(isnan(out[2].grad_norm) && !(out[2].unmeasured & PROBE_SCALAR_GRAD_NORM));
+  ck_assert(isnan(out[6].grad_norm) && (out[6].unmeasured & PROBE_SCALAR_GRAD_NORM));
+  ck_assert(out[0].grad_norm == 3.0);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* An unmeasured loss is no non-finite event; a measured NaN loss is. */
+START_TEST(test_scalars_unmeasured_loss_no_event) {
+  char path[256];
+  pt_path(path, sizeof path, "unmeasured-loss");
+  probe_step_scalars in[3];
+  memset(in, 0, sizeof in);
+  in[0].loss = 1;
+  in[1].unmeasured = PROBE_SCALAR_LOSS;
+  in[2].loss = 2;
+  write_scalars(path, in, 3);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->first_nonfinite_step, -1);
+  ck_assert_int_eq(probe_trace_get_info(t)->n_events, 0);
+  probe_trace_close(t);
+  in[1].unmeasured = 0;
+  in[1].loss = NAN;
+  write_scalars(path, in, 3);
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->first_nonfinite_step, 1);
+  ck_assert_int_eq(probe_trace_get_info(t)->n_events, 1);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* Unknown bits are refused, and the session goes on. */
+START_TEST(test_scalars_unknown_bits) {
+  char path[256];
+  pt_path(path, sizeof path, "unmeasured-bad");
+  unlink(path);
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, NULL));
+  PT_CHECK(probe_step_begin(s, 0));
+  static const uint32_t bad[] = {1u << 6, 1u << 31, PROBE_SCALAR_ALL + 1};
+  for (int i = 0; i < 3; i++) {
+    probe_step_scalars sc = {.loss = 1, .unmeasured = bad[i]};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "unmeasured"));
+  }
+  probe_step_scalars ok = {.loss = 1};
+  PT_CHECK(probe_step_set_scalars(s, &ok));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_close(s));
+  unlink(path);
+}
+END_TEST
+
+/* A trace of the writer before the field (tests/probe/data): opens, reads
+ * unmeasured = 0 everywhere, its NaN grad_norm as it was. */
+START_TEST(test_scalars_old_trace) {
+  probe_trace *t;
+  char err[512];
+  PT_CHECK(probe_trace_open_isolated(&t, PT_DATA_DIR "/trace-v1-2026-11.h5",
+                                     err, sizeof err));
+  ck_assert_int_eq(probe_trace_get_info(t)->n_steps, 6);
+  probe_step_scalars out[6];
+  memset(out, 0xff, sizeof out); /* the reader must clear the field */
+  size_t got;
+  PT_CHECK(probe_trace_read_steps(t, 0, 6, out, &got));
+  ck_assert_uint_eq(got, 6);
+  for (int i = 0; i < 6; i++) {
+    ck_assert_uint_eq(out[i].unmeasured, 0);
+    ck_assert_int_eq(out[i].step, i);
+    ck_assert(i % 2 ? isnan(out[i].grad_norm) : out[i].grad_norm == 2.0);
+  }
+  probe_trace_close(t);
+}
+END_TEST
+
 static Suite *make_validate_suite(void) {
   Suite *s = suite_create("validate");
   TCase *tc = tcase_create("validate");
@@ -237,6 +376,12 @@ static Suite *make_validate_suite(void) {
   tcase_add_test(tc, test_validate_clean);
   tcase_add_test(tc, test_validate_old_writer);
   suite_add_tcase(s, tc);
+  TCase *ts = tcase_create("scalars");
+  tcase_add_test(ts, test_scalars_unmeasured_roundtrip);
+  tcase_add_test(ts, test_scalars_unmeasured_loss_no_event);
+  tcase_add_test(ts, test_scalars_unknown_bits);
+  tcase_add_test(ts, test_scalars_old_trace);
+  suite_add_tcase(s, ts);
   return s;
 }
 

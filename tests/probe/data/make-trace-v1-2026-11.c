@@ -1,0 +1,21 @@
+#include <math.h>
+#include <stdio.h>
+#include "ampprobe/probe.h"
+/* Writes tests/probe/data/trace-v1-2026-11.h5 with the writer of main at
+ * 6176dcf: 6 steps, grad_norm NaN ("not measured", the only way then) at
+ * odd steps, one layer. */
+int main(int argc, char **argv) {
+  probe_options o; probe_options_init(&o); o.mode = PROBE_MODE_FULL;
+  probe_session *s; if (probe_session_open(&s, argv[1], &o)) return 1;
+  int32_t id; probe_layer_register(s, "lin", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (int step = 0; step < 6; step++) {
+    probe_step_begin(s, step);
+    probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 8);
+    probe_step_scalars sc = {.loss = 0.5, .loss_scale = 1024, .lr = 0.1,
+      .grad_norm = step % 2 ? NAN : 2.0, .clip_threshold = 0, .clip_coef = 1};
+    probe_step_set_scalars(s, &sc);
+    probe_step_end(s);
+  }
+  return probe_session_close(s) != 0;
+}
