@@ -185,6 +185,17 @@ done:
   return rc;
 }
 
+/* probe_trace_open_isolated's child: its progress's progress: a byte on a pipe per chunk it reads (read_rows)
+ * and per table it opens, which the parent watches (iso_watch). */
+static int iso_beat_fd = -1;
+
+static void iso_beat(void) {
+  if (iso_beat_fd < 0) return;
+  char c = 0;
+  if (write(iso_beat_fd, &c, 1) < 0) { /* full (EAGAIN): progress known */
+  }
+}
+
 /* Extent of a 1-D dataset; -1 when it is not 1-D. */
 static int64_t extent_1d(hid_t d) {
   hid_t sp = H5Dget_space(d);
@@ -205,6 +216,7 @@ static int read_rows(probe_trace *t, int i, int64_t start, size_t n,
   hsize_t st[1] = {(hsize_t)start}, cnt[1] = {n};
   hid_t fs = H5Dget_space(t->dset[i]), ms = H5Screate_simple(1, cnt, NULL);
   int rc = -1;
+  iso_beat();
   if (fs >= 0 && ms >= 0 &&
       H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cnt, NULL) >= 0 &&
       H5Dread(t->dset[i], t->mtype[i], ms, fs, H5P_DEFAULT, buf) >= 0)
@@ -232,6 +244,7 @@ static probe_status open_tables(probe_trace *t) {
   char why[256];
   for (int i = 0; i < PROBE__T_COUNT; i++) {
     const probe__tabledef *d = &probe__tables[i];
+    iso_beat();
     if (!path_exists(t->file, d->path))
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: table %s is missing",
                   d->path);
@@ -246,8 +259,24 @@ static probe_status open_tables(probe_trace *t) {
     if (!bad)
       t->mtype[i] = probe__type_create_read((probe__table)i, ft,
                                             &t->missing[i]);
+    size_t row_bytes = H5Tget_size(ft);
     H5Tclose(ft);
     if (bad) return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %s", why);
+    /* What reading a row and a chunk will allocate: a damaged type or
+     * layout message can make them gigabytes, which HDF5 allocates and
+     * fills before it fails (slowly: that is the isolated open's timer). */
+    hid_t dcpl = H5Dget_create_plist(t->dset[i]);
+    hsize_t cd[1] = {0};
+    int chunked = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
+    int cdims = chunked ? H5Pget_chunk(dcpl, 1, cd) : 0;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (row_bytes == 0 || row_bytes > ((size_t)64 << 10) ||
+        (chunked && (cdims != 1 || cd[0] == 0 ||
+                     cd[0] > ((hsize_t)64 << 20) / row_bytes)))
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: %s has rows of %zu bytes in chunks of %llu "
+                  "rows",
+                  d->path, row_bytes, (unsigned long long)cd[0]);
     if (t->mtype[i] < 0) return fail(t, PROBE_ERR_HDF5, "building types");
     int64_t n = extent_1d(t->dset[i]);
     if (n < 0)
@@ -453,7 +482,13 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     st = fail(t, PROBE_ERR_NOT_HDF5, "is a directory");
     goto out;
   }
-  int fd = open(path, O_RDONLY);
+  /* A FIFO or a device would block the open (a FIFO without a writer) or
+   * never end (/dev/zero): a trace is a regular file. */
+  if (!S_ISREG(sb.st_mode)) {
+    st = fail(t, PROBE_ERR_NOT_HDF5, "not a regular file");
+    goto out;
+  }
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
   if (fd < 0) {
     st = fail(t, PROBE_ERR_IO, "%s", strerror(errno));
     goto out;
@@ -775,20 +810,50 @@ static double mono_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Reads n bytes from fd by the deadline; how many it got (short: the child
- * is gone, or *timed_out). */
-static size_t read_by(int fd, void *buf, size_t n, double deadline, int *timed_out) {
+/* The parent's watch on the child: a hard deadline (the whole read), and
+ * at most ISO_STALL_S without a sign of progress, so that a child stuck in
+ * one HDF5 call on a damaged file is given up on after seconds, not after
+ * the whole budget of a large trace. */
+#define ISO_STALL_S 10.0
+
+typedef struct iso_watch {
+  int beat_fd;
+  double deadline, last_beat;
+  int timed_out, stalled;
+} iso_watch;
+
+/* Reads n bytes from fd within the watch; how many it got (short: the
+ * child is gone, or timed out / stalled). */
+static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
   size_t have = 0;
   while (have < n) {
-    double left = deadline - mono_s();
-    if (left <= 0) {
-      *timed_out = 1;
+    double now = mono_s();
+    if (now >= w->deadline) {
+      w->timed_out = 1;
       break;
     }
-    struct pollfd p = {fd, POLLIN, 0};
-    int pr = poll(&p, 1, (int)(left * 1000) + 1);
+    if (now - w->last_beat >= ISO_STALL_S) {
+      w->stalled = 1;
+      break;
+    }
+    double left = w->deadline - now;
+    if (w->last_beat + ISO_STALL_S - now < left)
+      left = w->last_beat + ISO_STALL_S - now;
+    struct pollfd p[2] = {{fd, POLLIN, 0}, {w->beat_fd, POLLIN, 0}};
+    int pr = poll(p, w->beat_fd >= 0 ? 2 : 1, (int)(left * 1000) + 1);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
+    if (w->beat_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP))) {
+      char junk[256];
+      ssize_t r = read(w->beat_fd, junk, sizeof junk);
+      if (r > 0) w->last_beat = mono_s();
+      else if (r == 0) { /* the child closed it: it is writing its report */
+        close(w->beat_fd);
+        w->beat_fd = -1;
+        w->last_beat = 1e300; /* the hard deadline alone from now */
+      }
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP))) continue;
     ssize_t r = read(fd, (char *)buf + have, n - have);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break; /* child gone */
@@ -806,13 +871,27 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   *out = NULL;
   err[0] = '\0';
   struct stat sb;
-  /* 30 s, plus 1 s per 20 MB: a hang becomes an error, a big trace does not. */
+  /* 30 s, plus 1 s per 20 MB: a hang becomes an error, a big trace does not
+   * (and ISO_STALL_S without progress, whatever the size). */
   double timeout = 30.0;
-  if (stat(path, &sb) == 0) timeout += (double)sb.st_size / 20e6;
+  if (stat(path, &sb) == 0) {
+    timeout += (double)sb.st_size / 20e6;
+    if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
+      /* not even forked for: the open would block (a FIFO) */
+      snprintf(err, errlen, "%s: not a regular file", path);
+      return PROBE_ERR_NOT_HDF5;
+    }
+  }
 
-  int fds[2];
+  int fds[2], beat[2];
   if (pipe(fds) != 0) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
+    return PROBE_ERR_IO;
+  }
+  if (pipe(beat) != 0) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    close(fds[0]);
+    close(fds[1]);
     return PROBE_ERR_IO;
   }
   fflush(NULL);
@@ -825,11 +904,16 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
+    close(beat[0]);
+    close(beat[1]);
     snprintf(err, errlen, "fork: %s", strerror(errno));
     return PROBE_ERR_IO;
   }
   if (pid == 0) {
     close(fds[0]);
+    close(beat[0]);
+    fcntl(beat[1], F_SETFL, O_NONBLOCK);
+    iso_beat_fd = beat[1];
     /* What a crash inside HDF5 or glibc prints ("free(): invalid pointer")
      * is not the caller's to see: its answer is the one-line message. */
     int nul = open("/dev/null", O_WRONLY);
@@ -872,6 +956,8 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
       malloc_trim(0); /* consolidates every free chunk: checks them too */
 #endif
     }
+    close(iso_beat_fd); /* done: the parent waits for the report alone */
+    iso_beat_fd = -1;
     const char *wp = (const char *)&rep;
     size_t left = sizeof rep;
     for (int part = 0; part < 2; part++) {
@@ -888,25 +974,33 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     _exit(0);
   }
   close(fds[1]);
+  close(beat[1]);
   iso_report rep;
-  int timed_out = 0;
-  double deadline = mono_s() + timeout;
-  size_t have = read_by(fds[0], &rep, sizeof rep, deadline, &timed_out);
+  double t0 = mono_s();
+  iso_watch w = {beat[0], t0 + timeout, t0, 0, 0};
+  size_t have = read_by(fds[0], &rep, sizeof rep, &w);
   char *strs = NULL;
   int strs_ok = 0;
   if (have == sizeof rep && rep.status == PROBE_OK && rep.strs_bytes <= (64u << 20) &&
       (strs = malloc(rep.strs_bytes ? rep.strs_bytes : 1)) != NULL)
-    strs_ok = read_by(fds[0], strs, rep.strs_bytes, deadline, &timed_out) == rep.strs_bytes;
+    strs_ok = read_by(fds[0], strs, rep.strs_bytes, &w) == rep.strs_bytes;
   close(fds[0]);
+  if (w.beat_fd >= 0) close(w.beat_fd);
+  int timed_out = w.timed_out || w.stalled;
   if (timed_out) kill(pid, SIGKILL);
   int wst = 0;
   while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) {
     free(strs);
-    snprintf(err, errlen,
-             "%s: corrupt trace (reading it did not finish in %.0f s)", path,
-             timeout);
+    if (w.stalled)
+      snprintf(err, errlen,
+               "%s: corrupt trace (reading it made no progress for %.0f s)",
+               path, ISO_STALL_S);
+    else
+      snprintf(err, errlen,
+               "%s: corrupt trace (reading it did not finish in %.0f s)",
+               path, timeout);
     return PROBE_ERR_CORRUPT;
   }
   if (have < sizeof rep || (rep.status == PROBE_OK && !strs_ok) ||

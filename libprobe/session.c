@@ -212,6 +212,13 @@ static void session_free(probe_session *s) {
   free(s);
 }
 
+/* A CUDA failure: the session's message carries the CUDA runtime's own
+ * text (probe_cuda_last_error of the statistics kernels), so that the
+ * caller needs no second error channel. */
+static probe_status cuda_fail(probe_session *s, const char *what) {
+  return set_msg(s, PROBE_ERR_CUDA, "%s: %s", what, probe_cuda_last_error());
+}
+
 /* Sets the message of a failed probe_session_open (this thread's). */
 static probe_status open_fail(probe_status st, const char *fmt, ...) {
   va_list ap;
@@ -431,14 +438,14 @@ probe_status probe_layer_register(probe_session *s, const char *name,
     if (strcmp(s->layers[i].name, name) == 0)
       return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s' registered twice",
                      name);
-  if (s->n_layers == INT32_MAX / 2) return PROBE_ERR_INVALID_ARG;
+  if (s->n_layers == INT32_MAX / 2) return set_msg(s, PROBE_ERR_INVALID_ARG, "too many layers");
   if (s->n_layers == s->cap_layers) {
     int32_t cap = s->cap_layers ? s->cap_layers * 2 : 32;
     probe_layer_info *l = realloc(s->layers, (size_t)cap * sizeof *l);
-    if (l == NULL) return PROBE_ERR_NOMEM;
+    if (l == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
     s->layers = l;
     uint8_t *sel = realloc(s->selected, (size_t)cap);
-    if (sel == NULL) return PROBE_ERR_NOMEM;
+    if (sel == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
     s->selected = sel;
     s->cap_layers = cap;
   }
@@ -501,21 +508,21 @@ static void last_keep(probe_session *s, probe_dtype dtype, const void *data,
 static probe_status cur_grow(probe_session *s) {
   if (s->cuda_pending) {
     if (probe_cuda_stats_wait(s->cuda) != PROBE_OK)
-      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics failed");
+      return cuda_fail(s, "CUDA statistics failed");
     s->cuda_pending = 0;
   }
   size_t cap = s->cap_cur ? s->cap_cur * 2 : 64;
   probe_record *r = realloc(s->cur, cap * sizeof *r);
-  if (r == NULL) return PROBE_ERR_NOMEM;
+  if (r == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   s->cur = r;
   tensor_ref *f = realloc(s->ref, cap * sizeof *f);
-  if (f == NULL) return PROBE_ERR_NOMEM;
+  if (f == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   s->ref = f;
   uint8_t *a = realloc(s->repeat, cap);
-  if (a == NULL) return PROBE_ERR_NOMEM;
+  if (a == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   s->repeat = a;
   uint8_t *b = realloc(s->repeat_next, cap);
-  if (b == NULL) return PROBE_ERR_NOMEM;
+  if (b == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   s->repeat_next = b;
   memset(a + s->cap_cur, 0, cap - s->cap_cur);
   memset(b + s->cap_cur, 0, cap - s->cap_cur);
@@ -568,10 +575,10 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
   if (device) {
     if (s->cuda == NULL &&
         probe_cuda_stats_create(&s->cuda, NULL, 64) != PROBE_OK)
-      return set_msg(s, PROBE_ERR_CUDA, "cannot create CUDA statistics");
+      return cuda_fail(s, "cannot create CUDA statistics");
     probe_cuda_tensor ct = {data, n, dtype};
     if (probe_cuda_stats_enqueue(s->cuda, &ct, 1, &r->stats) != PROBE_OK)
-      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics enqueue failed");
+      return cuda_fail(s, "CUDA statistics enqueue failed");
     s->cuda_pending = 1;
   } else {
     /* One layer's output is often the next one's input (and a gradient
@@ -650,10 +657,11 @@ static probe_status snapshot_layer(probe_session *s, int32_t layer) {
     void *raw = NULL;
     const void *src = f->data;
     if (f->device && n > 0) {
-      if ((raw = malloc(n * esz)) == NULL) return PROBE_ERR_NOMEM;
+      if ((raw = malloc(n * esz)) == NULL)
+        return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
       if (probe__gpu_copy_to_host(raw, f->data, n * esz) != PROBE_OK) {
         free(raw);
-        return set_msg(s, PROBE_ERR_CUDA, "snapshot copy from the device");
+        return cuda_fail(s, "snapshot copy from the device");
       }
       src = raw;
     }
@@ -661,7 +669,7 @@ static probe_status snapshot_layer(probe_session *s, int32_t layer) {
     v->n = 0;
     if (pvec_reserve(v, n) < 0) {
       free(raw);
-      return PROBE_ERR_NOMEM;
+      return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
     }
     float *dst = (float *)v->data + v->n;
     if (n > 0) {
@@ -707,7 +715,7 @@ static probe_status ring_push(probe_session *s) {
   ring_slot *slot = &s->ring[s->ring_head];
   if (slot->cap < s->n_cur) {
     probe_record *r = realloc(slot->recs, s->n_cur * sizeof *r);
-    if (r == NULL) return PROBE_ERR_NOMEM;
+    if (r == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
     slot->recs = r;
     slot->cap = s->n_cur;
   }
@@ -735,7 +743,7 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
   if (s->cuda_pending) {
     s->cuda_pending = 0;
     if (probe_cuda_stats_wait(s->cuda) != PROBE_OK)
-      return set_msg(s, PROBE_ERR_CUDA, "CUDA statistics failed");
+      return cuda_fail(s, "CUDA statistics failed");
   }
   /* The step's first non-finite record, in execution order, and whether
    * any non-finite record is not a gradient. */

@@ -697,7 +697,8 @@ static probe_status open_trace(pt_run *R, const probe_train_opts *o, char *err,
   probe_status st = probe_session_open(&R->sess, o->trace_path, &po);
   free(cfg);
   if (st != PROBE_OK) {
-    const char *why = R->sess ? probe_session_last_error(R->sess) : NULL;
+    /* a failed open leaves its line for the NULL handle */
+    const char *why = probe_session_last_error(R->sess);
     pt_fail(err, errlen, st, "%s: cannot open trace: %s", o->trace_path,
             why && *why ? why : probe_status_str(st));
     if (R->sess) probe_session_close(R->sess);

@@ -9,6 +9,18 @@
  *
  * Reading: probe_trace_open validates a trace and gives chunked access to its
  * tables, with memory bounded independently of trace length.
+ *
+ * Errors, one way for every call: the probe_status it returns says what
+ * kind of failure (probe_status_str for its text, status.h), and the handle
+ * keeps one line saying what exactly failed - probe_session_last_error(s),
+ * probe_trace_last_error(t). A call that fails before there is a handle (a
+ * failed probe_session_open, probe_trace_open or probe_trace_open_isolated)
+ * leaves its line where the same functions find it with a NULL handle
+ * (per thread). Details from below are folded into that line: HDF5's
+ * message or the errno of a failed write, and for PROBE_ERR_CUDA the CUDA
+ * runtime's own text (probe_cuda_last_error in numerics.h is the kernels'
+ * layer of the same thing; a session caller need not read it). The
+ * library prints nothing and installs no signal handlers.
  */
 #ifndef AMPPROBE_PROBE_H
 #define AMPPROBE_PROBE_H
@@ -415,8 +427,9 @@ probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
  * every table there (memory bounded), so that a crash inside the HDF5
  * library on a malformed file becomes PROBE_ERR_CORRUPT instead of killing
  * the caller, and a hang (30 s + 1 s per 20 MB of file) becomes one too;
- * then opens it in this process. The one-line message goes to err. Tools
- * use this. */
+ * then opens it in this process. On failure the one-line message is
+ * probe_trace_last_error(NULL), as for probe_trace_open; err (may be NULL)
+ * gets a copy. Tools use this. */
 AMPPROBE_API
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen);

@@ -213,6 +213,10 @@ static void check_one(const char *bad, uint64_t seed, const char *kind,
   double t0 = mono();
   probe_status st = probe_trace_open_isolated(&t, bad, err, sizeof err);
   double dt = mono() - t0;
+  const char *slow = getenv("PT_FUZZ_SLOW"); /* report opens slower than */
+  if (slow && dt > atof(slow))
+    printf("slow: seed %llu (%s) %.2f s: %s\n", (unsigned long long)seed,
+           kind, dt, err);
   if (dt > oc->slowest) {
     oc->slowest = dt;
     oc->slowest_seed = seed;

@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <hdf5.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "probe_testutil.h"
@@ -229,6 +230,58 @@ START_TEST(test_validate_old_writer) {
 }
 END_TEST
 
+/* ---- inputs that would hang or allocate without bound ------------------- */
+
+/* A FIFO (no writer: open() would block for ever), /dev/zero (never ends)
+ * and /dev/null: refused at once, by both opens, before any read. */
+START_TEST(test_validate_not_regular) {
+  char fifo[256];
+  pt_path(fifo, sizeof fifo, "fifo");
+  unlink(fifo);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  const char *paths[] = {fifo, "/dev/zero", "/dev/null"};
+  for (int k = 0; k < 3; k++) {
+    probe_trace *t;
+    char err[512];
+    double t0 = mono();
+    ck_assert_int_eq(probe_trace_open(&t, paths[k]), PROBE_ERR_NOT_HDF5);
+    ck_assert_ptr_nonnull(
+        strstr(probe_trace_last_error(NULL), "not a regular file"));
+    ck_assert_int_eq(probe_trace_open_isolated(&t, paths[k], err, sizeof err),
+                     PROBE_ERR_NOT_HDF5);
+    ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
+    ck_assert_double_lt(mono() - t0, 2.0);
+  }
+  unlink(fifo);
+}
+END_TEST
+
+/* A table whose chunks would take more than 64 MiB to read (a damaged
+ * layout message, or another writer's file): corrupt, before HDF5
+ * allocates them. */
+START_TEST(test_validate_huge_chunks) {
+  char path[256];
+  pt_path(path, sizeof path, "val-chunks");
+  make_trace(path);
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  ck_assert_int_ge(H5Ldelete(f, "/snapshots/data", H5P_DEFAULT), 0);
+  hsize_t dims[1] = {16}, maxd[1] = {H5S_UNLIMITED}, chunk[1] = {1u << 25};
+  hid_t sp = H5Screate_simple(1, dims, maxd);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 1, chunk);
+  hid_t d = H5Dcreate2(f, "/snapshots/data", H5T_IEEE_F32LE, sp, H5P_DEFAULT,
+                       dcpl, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  H5Fclose(f);
+  expect_corrupt(path, "in chunks of 33554432 rows", "huge chunks");
+  unlink(path);
+}
+END_TEST
+
 /* ---- scalars that were not measured ------------------------------------- */
 
 static void write_scalars(const char *path, const probe_step_scalars *sc,
@@ -375,6 +428,8 @@ static Suite *make_validate_suite(void) {
                       (int)(2 * sizeof cases / sizeof cases[0]));
   tcase_add_test(tc, test_validate_clean);
   tcase_add_test(tc, test_validate_old_writer);
+  tcase_add_test(tc, test_validate_not_regular);
+  tcase_add_test(tc, test_validate_huge_chunks);
   suite_add_tcase(s, tc);
   TCase *ts = tcase_create("scalars");
   tcase_add_test(ts, test_scalars_unmeasured_roundtrip);
