@@ -53,6 +53,7 @@ static double now(void) {
 static void generate(const char *path, int64_t steps) {
   probe_options o;
   probe_options_init(&o);
+  o.overwrite = 1; /* reruns write the same path */
   o.mode = PROBE_MODE_FULL;
   o.command_line = "bench_postmortem";
   o.config_json = "{\"name\": \"bench\"}";

@@ -85,6 +85,7 @@ static double run_probe(const char *path, probe_record_mode mode,
                         int64_t *records, double *caller) {
   probe_options o;
   probe_options_init(&o);
+  o.overwrite = 1; /* reruns write the same path */
   o.mode = mode;
   probe_session *s;
   double t0 = now_s(), c0 = thread_s();

@@ -689,6 +689,7 @@ static probe_status open_trace(pt_run *R, const probe_train_opts *o, char *err,
   po.mode = o->mode;
   if (o->ring_steps > 0) po.ring_steps = o->ring_steps;
   po.command_line = o->command_line;
+  po.overwrite = !o->trace_exclusive;
   char *cfg = probe_config_to_json(R->c);
   char policy[512];
   probe_config_policy_str(R->c, policy, sizeof policy);

@@ -136,6 +136,12 @@ typedef struct probe_train_opts {
   /* Number of final steps averaged into final_loss (default 10). */
   int final_window;
   probe_backend backend; /* PROBE_BACKEND_CPU by default */
+  /* 1: an existing file at trace_path is refused (PROBE_ERR_EXISTS, as
+   * libprobe does by default); 0 (the default, as before): it is replaced
+   * (probe_options.overwrite). A trace being written by another writer is
+   * refused either way (PROBE_ERR_LOCKED). The CLI sets it unless told to
+   * overwrite. */
+  int trace_exclusive;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);

@@ -110,6 +110,7 @@ static void write_trace(const char *path, const spec *s) {
   probe_options_init(&opt);
   opt.mode = PROBE_MODE_FULL;
   opt.snapshot_on_nonfinite = 0;
+  opt.overwrite = 1; /* fixtures are rewritten at one path */
   char cfg[256];
   snprintf(cfg, sizeof cfg,
            "{\"name\":\"synthetic\",\"seed\":%d,\"precision\":\"%s\","
