@@ -239,7 +239,7 @@ int probe__type_check(probe__table t, hid_t file_type, char *why,
 }
 
 int64_t probe__state_check(const int64_t st[PROBE__STATE_LEN]) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (int i = 0; i < PROBE__STATE_LEN; i++) {
     if (i == PROBE__S_CHECK) continue;
     uint64_t v = (uint64_t)st[i];

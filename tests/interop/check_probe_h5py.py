@@ -75,6 +75,21 @@ def check(path, complete):
     assert s["skipped"].tolist() == [0, 0, 0, 1, 0]
     assert (s["lr"] == 0.01).all()
     assert np.all(np.diff(s["wall_time"]) >= 0)
+    # not measured (bit set, value NaN) vs measured: docs/trace-format.md
+    assert s["unmeasured"].tolist() == [0, 0, 16 | 32, 0, 0]
+    assert np.isnan(s["grad_norm"][2]) and np.isnan(s["clip_coef"][2])
+    assert s["clip_coef"][[0, 1, 3, 4]].tolist() == [1.0] * 4
+
+    # the state's check value: FNV-1a 64 over the little-endian bytes of
+    # every entry but "check" (docs/trace-format.md, /meta/state)
+    assert st["features"] & 1
+    h = 14695981039346656037
+    for i, v in enumerate(state.tolist()):
+        if fields[i] == "check":
+            continue
+        for b in int(v & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little"):
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    assert h == st["check"] & 0xFFFFFFFFFFFFFFFF, (h, st["check"])
 
     e = f["scaler_events"][: st["n_scaler_events"]]
     assert e["step"].tolist() == [3] and e["kind"].tolist() == [0]
@@ -120,6 +135,9 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     done = os.path.join(workdir, "interop-complete.h5")
     killed = os.path.join(workdir, "interop-killed.h5")
+    for p in (done, killed):  # a failed run's leftovers: traces are exclusive
+        if os.path.exists(p):
+            os.remove(p)
     subprocess.run([writer, done, "complete"], check=True)
     rc = subprocess.run([writer, killed, "killed"]).returncode
     assert rc == -9, "writer should have been SIGKILLed, rc %d" % rc

@@ -66,7 +66,11 @@ int main(int argc, char **argv) {
                              .lr = 0.01,
                              .found_inf = step == 3,
                              .skipped = step == 3,
-                             .clip_coef = 1.0};
+                             .clip_coef = 1.0,
+                             /* step 2: no clipper ran (not measured) */
+                             .unmeasured = step == 2 ? PROBE_SCALAR_GRAD_NORM |
+                                                           PROBE_SCALAR_CLIP
+                                                     : 0};
     CHECK(probe_step_set_scalars(s, &sc));
     if (step == 3) {
       probe_scaler_event ev = {.kind = PROBE_SCALER_BACKOFF,

@@ -154,7 +154,7 @@ static const int64_t edge[] = {-2, -1, 0, 1, 2, 199, 200, 1 << 20,
 /* Same algorithm as the writer's check value (docs/trace-format.md),
  * written again here as an independent reference. */
 static int64_t fnv_state(const int64_t st[16]) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (int i = 0; i < 16; i++) {
     if (i == 13) continue;
     for (int b = 0; b < 8; b++) {
