@@ -106,6 +106,7 @@ struct probe_session {
   double t_last_flush;
   probe_status w_err; /* sticky I/O error of the writer thread */
   int detached;       /* file descriptor replaced after a failed write */
+  int committing;     /* limit_commit is writing: no second commit */
   char w_msg[512];
 
   /* ---- shared, under mu ---- */

@@ -258,6 +258,20 @@ static int create_layout(probe_session *s) {
 
 /* ---- appends and flushes -------------------------------------------------- */
 
+/* Room kept for metadata beyond the rows of a flush (and for closing). */
+#define FLUSH_MARGIN ((uint64_t)128 << 10)
+
+/* Room kept for the metadata of the commit at the file-size limit
+ * (limit_commit), beyond the chunks it writes. */
+#define COMMIT_MARGIN ((uint64_t)32 << 10)
+
+/* The smallest file-size limit (RLIMIT_FSIZE) a trace is started under:
+ * creating the file and its tables takes about 12 KiB, and the first flush
+ * keeps FLUSH_MARGIN free besides its rows. */
+#define MIN_FSIZE_LIMIT ((uint64_t)256 << 10)
+
+static probe_status space_check_need(probe_session *s, uint64_t need);
+
 /* Encodes the chunk of table t that starts at row `first` (tail_n[t] rows
  * in tail[t], zeros after them, as HDF5 fills) with the dataset's filters,
  * shuffle then deflate (deflate.c), and writes it with H5Dwrite_chunk. */
@@ -280,6 +294,9 @@ static probe_status chunk_write(probe_session *s, probe__table t,
   memset(c + s->tail_n[t] * elem, 0, (rows - s->tail_n[t]) * elem);
   probe__shuffle(s->shuf, c, rows, elem);
   size_t len = probe__deflate(s->shuf, bytes, s->zbuf);
+  probe_status st = space_check_need(
+      s, (uint64_t)len + (s->committing ? COMMIT_MARGIN : FLUSH_MARGIN));
+  if (st != PROBE_OK) return st;
   hsize_t off[1] = {(hsize_t)first};
   if (H5Dwrite_chunk(s->dset[t], H5P_DEFAULT, 0, off, len, s->zbuf) < 0)
     return h5_fail(s, "H5Dwrite_chunk");
@@ -362,20 +379,16 @@ static probe_status state_write(probe_session *s, int complete) {
   return PROBE_OK;
 }
 
-/* Room kept for metadata beyond the rows of a flush (and for closing). */
-#define FLUSH_MARGIN ((uint64_t)128 << 10)
-
-/* The smallest file-size limit (RLIMIT_FSIZE) a trace is started under:
- * creating the file and its tables takes about 12 KiB, and the first flush
- * keeps FLUSH_MARGIN free besides its rows. */
-#define MIN_FSIZE_LIMIT ((uint64_t)256 << 10)
-
 /* Bytes the next flush may add to the file, at most: every row not yet
  * flushed, uncompressed, plus one rewritten chunk per table that grew (the
- * last, partly filled one) and room for metadata. */
+ * last, partly filled one) and room for metadata. The tables written chunk
+ * by chunk (direct) are not counted: chunk_write checks each encoded chunk
+ * itself, exactly (their rows compress about 13 times, and counting them
+ * uncompressed refused a 1 MiB limit before its first flush). */
 static uint64_t flush_bound(const probe_session *s) {
   uint64_t b = FLUSH_MARGIN;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
+    if (s->direct[t]) continue;
     uint64_t rows = s->pend[t].n + (uint64_t)s->unflushed[t];
     if (rows)
       b += (rows + probe__tables[t].chunk_rows) * probe__tables[t].mem_size;
@@ -392,8 +405,47 @@ static uint64_t flush_bound(const probe_session *s) {
  * free beyond the rows it let through, so the file closes normally and
  * with valid metadata. A file system short of space may have none left,
  * so there the file is detached first (file_detach). */
-static probe_status space_check(probe_session *s) {
-  uint64_t need = flush_bound(s);
+/* H5Fflush, then the counts of the rows written so far: the second half
+ * of a flush (flush_all), for rows already written. */
+static probe_status flush_commit(probe_session *s, int complete) {
+  probe_status st;
+  if (H5Fflush(s->file, H5F_SCOPE_LOCAL) < 0) return h5_fail(s, "H5Fflush");
+  s->n_flushes++;
+  if ((st = state_write(s, complete)) != PROBE_OK) return st;
+  if (H5Dflush(s->state) < 0) return h5_fail(s, "H5Dflush(state)");
+  return PROBE_OK;
+}
+
+static probe_status table_write(probe_session *s, probe__table t);
+
+/* At the file-size limit, what can still be made durable is, in the room
+ * the last check kept (FLUSH_MARGIN): the pending layers, step scalars and
+ * scaler events (each checked against COMMIT_MARGIN), then the counts of
+ * every row written so far - so the trace ends at its last written row, not at
+ * its last timed flush (in a fast full-trace run that was the difference
+ * between 10 and 300 steps under `ulimit -f 1000`). */
+static probe_status limit_commit(probe_session *s) {
+  /* The layers first: committed records name them. Then the steps and
+   * scaler events; a table that does not fit is left out. */
+  static const probe__table small[] = {PROBE__T_LAYERS, PROBE__T_STEPS,
+                                       PROBE__T_SCALER};
+  s->committing = 1;
+  for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+    probe__table t = small[i];
+    uint64_t bytes = (s->pend[t].n + probe__tables[t].chunk_rows) *
+                     probe__tables[t].mem_size;
+    if (s->pend[t].n == 0 ||
+        (!s->direct[t] &&
+         space_check_need(s, bytes + COMMIT_MARGIN) != PROBE_OK))
+      continue; /* direct tables check each chunk themselves */
+    table_write(s, t); /* a refused chunk leaves its rows out */
+  }
+  probe_status st = s->w_err == PROBE_OK ? flush_commit(s, 0) : s->w_err;
+  s->committing = 0;
+  return st;
+}
+
+static probe_status space_check_need(probe_session *s, uint64_t need) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     hsize_t size = 0;
@@ -402,6 +454,8 @@ static probe_status space_check(probe_session *s) {
       return h5_fail(s, "H5Fget_filesize");
     uint64_t end = size > eoa ? size : eoa;
     if (end + need > (uint64_t)rl.rlim_cur) {
+      if (s->committing) return PROBE_ERR_NOSPACE; /* see limit_commit */
+      if (limit_commit(s) != PROBE_OK) return s->w_err;
       s->w_err = PROBE_ERR_NOSPACE;
       return set_wmsg(s, s->w_err,
                      "file-size limit reached: trace at %llu bytes, limit "
@@ -422,6 +476,10 @@ static probe_status space_check(probe_session *s) {
   return PROBE_OK;
 }
 
+static probe_status space_check(probe_session *s) {
+  return space_check_need(s, flush_bound(s));
+}
+
 /* Everything buffered to disk, then the counts that make it visible. */
 static probe_status flush_all(probe_session *s, int complete) {
   if (s->w_err != PROBE_OK) return s->w_err;
@@ -429,10 +487,7 @@ static probe_status flush_all(probe_session *s, int complete) {
   if ((st = space_check(s)) != PROBE_OK) return st;
   for (int t = 0; t < PROBE__T_COUNT; t++)
     if ((st = table_write(s, (probe__table)t)) != PROBE_OK) return st;
-  if (H5Fflush(s->file, H5F_SCOPE_LOCAL) < 0) return h5_fail(s, "H5Fflush");
-  s->n_flushes++;
-  if ((st = state_write(s, complete)) != PROBE_OK) return st;
-  if (H5Dflush(s->state) < 0) return h5_fail(s, "H5Dflush(state)");
+  if ((st = flush_commit(s, complete)) != PROBE_OK) return st;
   s->t_last_flush = now_s();
   memset(s->unflushed, 0, sizeof s->unflushed);
   return PROBE_OK;

@@ -46,6 +46,7 @@ typedef struct wjob {
 typedef struct wresult {
   int32_t open_st, loop_st, close_st;
   int64_t last_flushed; /* last step of a completed synchronous flush */
+  int64_t last_ended;   /* last step whose probe_step_end succeeded */
   char msg[300];
 } wresult;
 
@@ -54,6 +55,7 @@ static int wchild(const wjob *j, int rfd) {
   wresult r;
   memset(&r, 0, sizeof r);
   r.last_flushed = -1;
+  r.last_ended = -1;
   signal(SIGXFSZ, j->sigxfsz_ign ? SIG_IGN : SIG_DFL);
   if (j->fsize >= 0) {
     struct rlimit rl = {(rlim_t)j->fsize, (rlim_t)j->fsize};
@@ -88,6 +90,7 @@ static int wchild(const wjob *j, int rfd) {
       probe_step_scalars sc = {.loss = (double)step, .loss_scale = 1.0};
       if (st == PROBE_OK) st = probe_step_set_scalars(s, &sc);
       if (st == PROBE_OK) st = probe_step_end(s);
+      if (st == PROBE_OK) r.last_ended = step;
       if (st == PROBE_OK && j->flush_steps > 0 &&
           (step + 1) % j->flush_steps == 0)
         r.last_flushed = step;
@@ -193,6 +196,39 @@ START_TEST(test_wfail_fsize) {
                   w.r.msg);
     if (limits[k] >= (700 << 10)) ck_assert_int_gt(w.r.last_flushed, 10);
     trace_holds(path, w.r.last_flushed);
+    unlink(path);
+  }
+}
+END_TEST
+
+/* Only the writer thread's own flushes (none within the run: flush_seconds
+ * is huge, flush_steps 0): at the limit, what was written is committed
+ * (the pending step scalars too), so the trace holds nearly every step
+ * ended, not the none of its last flush. */
+START_TEST(test_wfail_fsize_commit_at_limit) {
+  static const long long limits[] = {700 << 10, 1 << 20, 3 << 20};
+  for (size_t k = 0; k < sizeof limits / sizeof limits[0]; k++) {
+    char path[256], what[64];
+    snprintf(what, sizeof what, "fsizec%lld", limits[k]);
+    pt_path(path, sizeof path, what);
+    unlink(path);
+    wjob j = {path, limits[k], 1, 0, 0, 1000000};
+    wrun w;
+    wrun_job(&j, &w);
+    wrun_clean(&w, what);
+    ck_assert_int_eq(w.r.loop_st, PROBE_ERR_NOSPACE);
+    ck_assert_int_gt(w.r.last_ended, 500);
+    probe_trace *t;
+    char err[512];
+    ck_assert_msg(probe_trace_open_isolated(&t, path, err, sizeof err) ==
+                      PROBE_OK,
+                  "%s: %s", what, err);
+    int64_t n = probe_trace_get_info(t)->n_steps;
+    ck_assert_msg(n * 10 >= (w.r.last_ended + 1) * 9,
+                  "%s: %lld steps committed of %lld ended", what,
+                  (long long)n, (long long)w.r.last_ended + 1);
+    ck_assert_int_gt(probe_trace_get_info(t)->n_records, 0);
+    probe_trace_close(t);
     unlink(path);
   }
 }
@@ -533,6 +569,7 @@ static Suite *make_wfail_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_wfail_fsize);
   tcase_add_test(tc, test_wfail_fsize_sigdfl);
+  tcase_add_test(tc, test_wfail_fsize_commit_at_limit);
   tcase_add_test(tc, test_wfail_not_regular);
   tcase_add_test(tc, test_wfail_full_fs);
   suite_add_tcase(s, tc);
