@@ -53,6 +53,7 @@ static inline int pvec_reserve(pvec *v, size_t want) {
 }
 
 static inline int pvec_push(pvec *v, const void *rows, size_t n) {
+  if (n == 0) return 0; /* rows may be NULL (an empty snapshot) */
   if (pvec_reserve(v, v->n + n) < 0) return -1;
   memcpy(v->data + v->n * v->elem, rows, n * v->elem);
   v->n += n;
