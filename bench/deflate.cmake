@@ -8,7 +8,7 @@ if(ZLIB_FOUND)
   add_executable(bench_deflate ${CMAKE_CURRENT_LIST_DIR}/deflate.c
                  ${PROJECT_SOURCE_DIR}/libprobe/deflate.c)
   target_include_directories(bench_deflate PRIVATE ${PROJECT_SOURCE_DIR}/libprobe)
-  target_link_libraries(bench_deflate PRIVATE ampprobe_probe ZLIB::ZLIB)
+  target_link_libraries(bench_deflate PRIVATE ampprobe_static ZLIB::ZLIB)
   if(AMPPROBE_LIBDEFLATE_INCLUDE AND AMPPROBE_LIBDEFLATE_LIB)
     target_include_directories(bench_deflate PRIVATE ${AMPPROBE_LIBDEFLATE_INCLUDE})
     target_link_libraries(bench_deflate PRIVATE ${AMPPROBE_LIBDEFLATE_LIB})
