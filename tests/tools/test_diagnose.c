@@ -1,6 +1,6 @@
 /*
  * tests/tools/test_diagnose.c - Check suite for the post-mortem engine
- * (tools/diagnose.c). Each test writes a small trace through the libprobe
+ * (libprobe/analysis/diagnose*.c). Each test writes a small trace through the libprobe
  * writer API with a known anomaly (a 5-layer model input -> lin1 -> bn1 ->
  * sm -> loss, 16-element tensors), reads it back with the isolated reader
  * and checks the origin layer, the kind of event and the top diagnosis.

@@ -1,5 +1,5 @@
 /*
- * tests/tools/test_diff.c - Check suite for tools/diffcore.c: two traces
+ * tests/tools/test_diff.c - Check suite for libprobe/analysis/diff.c: two traces
  * written with the libprobe writer from a small synthetic model
  * (input -> revin -> lin1 -> soft -> loss, forward then backward), where
  * trace A departs from B in controlled ways: agreement within rounding, a
