@@ -928,6 +928,35 @@ START_TEST(test_json_inf_is_a_string) {
 }
 END_TEST
 
+/* A trace written by another framework (the Python package's config says
+ * "framework": "pytorch" and stores the command): the next steps rerun
+ * that command, bisect takes it after "--". */
+START_TEST(test_external_command) {
+  const char *p = tmp_path("external");
+  tb t;
+  tb_open_ex(&t, p, 0, 0,
+             "{\"name\": \"pytorch\", \"framework\": \"pytorch\", "
+             "\"command\": \"python train.py --lr 0.1\", \"fp32\": null}");
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.bn_var_inf = s >= 10};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.cfg_external, 1);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_str_eq(d.findings[0].next_step,
+                   "ampprobe bisect --fp32-candidates bn -- python train.py "
+                   "--lr 0.1");
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_ptr_null(strstr(d.findings[i].next_step, "--scenario"));
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -954,6 +983,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_hostile_names);
   tcase_add_test(tc, test_clip_order_cannot_tell);
   tcase_add_test(tc, test_json_inf_is_a_string);
+  tcase_add_test(tc, test_external_command);
   suite_add_tcase(s, tc);
   return s;
 }
