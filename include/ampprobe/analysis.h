@@ -237,6 +237,10 @@ typedef struct probe_diag {
   int cfg_clip_before_unscale; /* clip.before_unscale: 1, 0 or -1 */
   int cfg_loss_log;          /* "loss" is cross_entropy (a log): 1, else 0;
                                 1 when the config does not say */
+  int cfg_external;          /* written by another framework (the config's
+                                "framework", e.g. "pytorch"): rerun with
+                                its own command, cfg_command */
+  char cfg_command[512];     /* that command, escaped */
   int64_t warmup_end;        /* first step after warm-up */
 
   /* ---- losses */

@@ -1088,7 +1088,8 @@ static int argv_value(const char *cl, const char *opt, char *out, size_t len) {
 void probe__diag_read_config(probe_diag *d, const char *config_json,
                              const char *command_line) {
   d->cfg_found = 0;
-  d->cfg_name[0] = d->cfg_fp32[0] = d->cfg_source[0] = 0;
+  d->cfg_external = 0;
+  d->cfg_name[0] = d->cfg_fp32[0] = d->cfg_source[0] = d->cfg_command[0] = 0;
   d->cfg_steps = d->cfg_seed = -1;
   d->cfg_clip_before_unscale = -1;
   d->cfg_loss_log = 1;
@@ -1122,6 +1123,15 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
     }
     if ((x = probe__jflat_get(&f, "loss")) && x->type == PROBE__JV_STR)
       d->cfg_loss_log = !strcmp(x->str, "cross_entropy");
+    if ((x = probe__jflat_get(&f, "framework")) && x->type == PROBE__JV_STR &&
+        strcmp(x->str, "ampprobe") != 0) {
+      d->cfg_external = 1;
+      const probe__jleaf *cmd = probe__jflat_get(&f, "command");
+      probe_text_escape(d->cfg_command, sizeof d->cfg_command,
+                        cmd && cmd->type == PROBE__JV_STR ? cmd->str
+                        : command_line && *command_line ? command_line
+                                                        : "YOUR TRAINING COMMAND");
+    }
     probe__jflat_free(&f);
   }
   /* How to run it again: the file or scenario it came from. */

@@ -68,12 +68,14 @@
 
 typedef struct rank_ctx {
   probe_diag *d;
-  char args[400];        /* "--scenario X --steps N --seed S" */
+  char args[600];        /* "--scenario X --steps N --seed S", "-- CMD" */
   const char *oname;     /* origin layer's name */
   int has_event;         /* a non-finite event or loss */
   int lr_signature;
   double wgrowth;        /* largest weight, last / first */
   char prior[200];       /* what the run already kept in FP32 */
+  char run_fp32[700];    /* how to run the FP32 baseline, quoted */
+  char run_same[700];    /* how to run it again, quoted */
 } rank_ctx;
 
 static void add_evidence(probe_diag_finding *f, const char *fmt, ...)
@@ -130,9 +132,18 @@ static const char *kind_of(const probe_diag *d, int32_t id) {
              : "?";
 }
 
-/* The command that reruns the run: from the structured config. */
+/* The command that reruns the run: from the structured config. A trace of
+ * another framework (the config's "framework", e.g. the Python package's
+ * "pytorch") is rerun with its own command: bisect takes it after "--". */
 static void run_args(rank_ctx *c) {
   const probe_diag *d = c->d;
+  if (d->cfg_external) {
+    snprintf(c->args, sizeof c->args, "-- %s", d->cfg_command);
+    snprintf(c->run_same, sizeof c->run_same, "'%s'", d->cfg_command);
+    snprintf(c->run_fp32, sizeof c->run_fp32,
+             "'%s' with every module in FP32", d->cfg_command);
+    return;
+  }
   size_t k = (size_t)snprintf(c->args, sizeof c->args, "%s", d->cfg_source);
   if (k < sizeof c->args && d->cfg_steps >= 0)
     k += (size_t)snprintf(c->args + k, sizeof c->args - k, " --steps %lld",
@@ -140,6 +151,9 @@ static void run_args(rank_ctx *c) {
   if (k < sizeof c->args && d->cfg_seed >= 0)
     snprintf(c->args + k, sizeof c->args - k, " --seed %lld",
              (long long)d->cfg_seed);
+  snprintf(c->run_same, sizeof c->run_same, "'ampprobe run %s'", c->args);
+  snprintf(c->run_fp32, sizeof c->run_fp32, "'ampprobe run --precision fp32 %s'",
+           c->args);
 }
 
 /* Candidates to keep in FP32: what the run already kept, the origin's kind
@@ -305,8 +319,8 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
                                     d->origin_out.neginf_count));
   set_next(f, "a non-finite update reached the weights: check that steps "
               "with non-finite gradients are skipped, and lower the learning "
-              "rate; compare with 'ampprobe run --precision fp32 %s'",
-           c->args);
+              "rate; compare with %s",
+           c->run_fp32);
 }
 
 /* fix-clip-order: the clipper saw scaled gradients. */
@@ -331,10 +345,15 @@ static void explain_clip(rank_ctx *c, probe_diag_finding *f) {
     add_evidence(f, "grad_norm / loss_scale = %.3g: that is the real "
                     "(unscaled) gradient norm, against a threshold of %g",
                  d->norm_over_scale, d->clip_threshold);
-  set_next(f, "unscale before clipping (scaler.unscale_(optimizer) before "
-              "clip_grad_norm_); check with 'ampprobe run %s' without "
-              "--clip-before-unscale",
-           c->args);
+  if (c->d->cfg_external)
+    set_next(f, "unscale before clipping (scaler.unscale_(optimizer) before "
+                "clip_grad_norm_), then run %s again",
+             c->run_same);
+  else
+    set_next(f, "unscale before clipping (scaler.unscale_(optimizer) before "
+                "clip_grad_norm_); check with %s without "
+                "--clip-before-unscale",
+             c->run_same);
 }
 
 /* lower-lr: the run diverges in FP32 too, or climbed before it overflowed. */
@@ -363,13 +382,13 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
     add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)",
                  c->wgrowth, d->master_absmax_first, d->master_absmax_last);
   if (d->fp32_run)
-    set_next(f, "lower the learning rate (e.g. 'ampprobe run %s --lr "
-                "<smaller>'); forcing layers to FP32 will not help",
-             c->args);
+    set_next(f, "lower the learning rate (and run %s again); forcing layers "
+                "to FP32 will not help",
+             c->run_same);
   else
-    set_next(f, "check the FP32 baseline: 'ampprobe run --precision fp32 %s'; "
-                "if it diverges too, lower the learning rate (--lr)",
-             c->args);
+    set_next(f, "check the FP32 baseline: %s; if it diverges too, lower the "
+                "learning rate",
+             c->run_fp32);
 }
 
 /* force-fp32 (event): the first non-finite value was made in FP16. */
@@ -452,8 +471,8 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
     set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
   else
     set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
-                "trace against 'ampprobe run --precision fp32 %s --trace'",
-             c->oname, c->args);
+                "trace against a full trace of %s",
+             c->oname, c->run_fp32);
 }
 
 /* force-fp32 (silent fault): a normalisation collapsed, or a forward
@@ -549,9 +568,14 @@ static void explain_scaling(rank_ctx *c, probe_diag_finding *f) {
   fmt_loss(b2, sizeof b2, d->last_loss);
   add_evidence(f, "loss %s -> %s over %lld steps", b1, b2,
                (long long)d->n_steps);
-  set_next(f, "enable dynamic loss scaling: 'ampprobe run %s' without "
-              "--no-loss-scale (init scale 65536)",
-           c->args);
+  if (d->cfg_external)
+    set_next(f, "enable dynamic loss scaling (torch.amp.GradScaler, init "
+                "scale 65536) and run %s again",
+             c->run_same);
+  else
+    set_next(f, "enable dynamic loss scaling: %s without --no-loss-scale "
+                "(init scale 65536)",
+             c->run_same);
 }
 
 /* scale-collapse: the scaler cannot keep up (not when the skips follow
@@ -594,8 +618,7 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
   if (cands[0])
     set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
   else
-    set_next(f, "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
-             c->args);
+    set_next(f, "check the FP32 baseline: %s", c->run_fp32);
 }
 
 /* lower-lr (fallback): a non-finite loss and no per-layer record. */
@@ -611,9 +634,14 @@ static void explain_loss_only(rank_ctx *c, probe_diag_finding *f) {
             (long long)d->first_nonfinite_loss_step);
   add_evidence(f, "no per-layer record in the trace shows where (record with "
                   "--trace to see the origin)");
-  set_next(f, "re-run with per-layer records: 'ampprobe run --trace %s', then "
-              "check the FP32 baseline: 'ampprobe run --precision fp32 %s'",
-           c->args, c->args);
+  if (d->cfg_external)
+    set_next(f, "re-run %s with per-layer records (a full trace), then check "
+                "the FP32 baseline: %s",
+             c->run_same, c->run_fp32);
+  else
+    set_next(f, "re-run with per-layer records: 'ampprobe run --trace %s', "
+                "then check the FP32 baseline: %s",
+             c->args, c->run_fp32);
 }
 
 /* healthy (fallback): nothing else fired. */

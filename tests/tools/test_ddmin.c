@@ -1,5 +1,5 @@
 /*
- * tests/tools/test_ddmin.c - Check suite for tools/ddmin.c, the delta
+ * tests/tools/test_ddmin.c - Check suite for libprobe/analysis/ddmin.c, the delta
  * debugging core of `ampprobe bisect`, with synthetic oracles: single and
  * multiple culprits, interacting culprits, either-suffices culprits, a
  * non-monotone oracle, memoisation, batches answered out of order, errors.

@@ -1,6 +1,6 @@
 /*
  * tests/tools/test_diagnose.c - Check suite for the post-mortem engine
- * (tools/diagnose.c). Each test writes a small trace through the libprobe
+ * (libprobe/analysis/diagnose*.c). Each test writes a small trace through the libprobe
  * writer API with a known anomaly (a 5-layer model input -> lin1 -> bn1 ->
  * sm -> loss, 16-element tensors), reads it back with the isolated reader
  * and checks the origin layer, the kind of event and the top diagnosis.
@@ -928,6 +928,138 @@ START_TEST(test_json_inf_is_a_string) {
 }
 END_TEST
 
+/* A trace written by another framework (the Python package's config says
+ * "framework": "pytorch" and stores the command): the next steps rerun
+ * that command, bisect takes it after "--". */
+START_TEST(test_external_command) {
+  const char *p = tmp_path("external");
+  tb t;
+  tb_open_ex(&t, p, 0, 0,
+             "{\"name\": \"pytorch\", \"framework\": \"pytorch\", "
+             "\"command\": \"python train.py --lr 0.1\", \"fp32\": null}");
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.bn_var_inf = s >= 10};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.cfg_external, 1);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_str_eq(d.findings[0].next_step,
+                   "ampprobe bisect --fp32-candidates bn -- python train.py "
+                   "--lr 0.1");
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_ptr_null(strstr(d.findings[i].next_step, "--scenario"));
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* Class 1 at the record level: an FP16 BatchNorm (8 features, batch 8)
+ * whose saved variance holds one exact 0 from step 0 on. When the input
+ * holds 8 zeros (a dead, all-zero feature after a ReLU) the zero is
+ * explained and the run is healthy; when the input holds none, the
+ * variance was lost to rounding: a collapse, verdict degraded. A LayerNorm
+ * whose saved statistic is 0 in every row (1/std of an inf variance, or a
+ * variance rounded to 0) collapses as well. */
+static void norm_trace(const char *p, probe_kind kind, int in_zeros,
+                       int saved_zeros, int saved_n, int flat_out) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.config_json = "{\"name\": \"unit\"}";
+  o.precision_policy = "fp16";
+  probe_session *ss = NULL;
+  ck_assert_int_eq(probe_session_open(&ss, p, &o), PROBE_OK);
+  int32_t in_id, nm_id, loss_id;
+  ck_assert_int_eq(probe_layer_register(ss, "input", PROBE_KIND_INPUT,
+                                        PROBE_PREC_FP32, &in_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "enc.norm", kind, PROBE_PREC_FP16,
+                                        &nm_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "loss", PROBE_KIND_LOSS,
+                                        PROBE_PREC_FP32, &loss_id), PROBE_OK);
+  float x[64], w[16], sv[8], y[64], l[1] = {0.5f};
+  for (int step = 0; step < 30; step++) {
+    ck_assert_int_eq(probe_step_begin(ss, step), PROBE_OK);
+    for (int i = 0; i < 64; i++) x[i] = i < in_zeros ? 0.0f : 1.0f + (float)(i % 7);
+    for (int i = 0; i < 16; i++) w[i] = i < 8 ? 1.0f : 0.0f; /* gamma, beta */
+    for (int i = 0; i < saved_n; i++) sv[i] = i < saved_zeros ? 0.0f : 4.0f;
+    for (int i = 0; i < 64; i++)
+      y[i] = flat_out ? 0.01f * (float)(i % 2) : (float)(i % 5) - 2.0f;
+    ck_assert_int_eq(probe_tensor_record(ss, in_id, PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, x, 64), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, nm_id, PROBE_SITE_FWD_IN,
+                                         PROBE_DTYPE_F32, x, 64), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, nm_id, PROBE_SITE_WEIGHT,
+                                         PROBE_DTYPE_F32, w, 16), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, nm_id, PROBE_SITE_FWD_SAVED,
+                                         PROBE_DTYPE_F32, sv, (size_t)saved_n),
+                     PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, nm_id, PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, y, 64), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(ss, loss_id, PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, l, 1), PROBE_OK);
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = 0.5;
+    sc.loss_scale = 65536;
+    ck_assert_int_eq(probe_step_set_scalars(ss, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(ss), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(ss), PROBE_OK);
+}
+
+START_TEST(test_norm_collapse_records) {
+  const char *p = tmp_path("bn-dead");
+  norm_trace(p, PROBE_KIND_BN, 8, 1, 8, 0); /* dead feature: explained */
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_HEALTHY);
+  ck_assert_int_eq(d.silent_layer, -1);
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("bn-lost");
+  norm_trace(p, PROBE_KIND_BN, 0, 1, 8, 0); /* variance rounded to 0 */
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+  ck_assert_int_eq(d.silent_layer, 1);
+  ck_assert_int_eq(d.layers[1].collapse.saved_zero, 1);
+  ck_assert_int_eq(d.layers[1].collapse.first_step, d.warmup_end);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_str_eq(d.fp32_candidates, "bn");
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("ln-rstd0");
+  norm_trace(p, PROBE_KIND_LAYERNORM, 0, 8, 8, 0); /* every row: 1/std = 0 */
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+  ck_assert_int_eq(d.layers[1].collapse.saved_zero_rstd, 1);
+  ck_assert_int_eq(probe_diag_problem(&d), 1);
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("ln-flat");
+  norm_trace(p, PROBE_KIND_LAYERNORM, 0, 0, 8, 1); /* output variance ~0 */
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+  ck_assert(d.layers[1].collapse.out_var < 1e-3);
+  ck_assert_int_eq(d.layers[1].collapse.saved_zero, 0);
+  probe_diag_free(&d);
+  unlink(p);
+
+  p = tmp_path("ln-ok");
+  norm_trace(p, PROBE_KIND_LAYERNORM, 0, 0, 8, 0); /* nothing wrong */
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_HEALTHY);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -954,6 +1086,8 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_hostile_names);
   tcase_add_test(tc, test_clip_order_cannot_tell);
   tcase_add_test(tc, test_json_inf_is_a_string);
+  tcase_add_test(tc, test_external_command);
+  tcase_add_test(tc, test_norm_collapse_records);
   suite_add_tcase(s, tc);
   return s;
 }

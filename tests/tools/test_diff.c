@@ -1,5 +1,5 @@
 /*
- * tests/tools/test_diff.c - Check suite for tools/diffcore.c: two traces
+ * tests/tools/test_diff.c - Check suite for libprobe/analysis/diff.c: two traces
  * written with the libprobe writer from a small synthetic model
  * (input -> revin -> lin1 -> soft -> loss, forward then backward), where
  * trace A departs from B in controlled ways: agreement within rounding, a
@@ -46,6 +46,7 @@ typedef struct spec {
   int steps;
   int rename;    /* register "lin1" as "dense1" */
   int seed;      /* config seed */
+  int hostile;   /* register "revin" with control characters in its name */
 } spec;
 
 /* The value scale of one record, and whether it holds an inf. */
@@ -125,6 +126,8 @@ static void write_trace(const char *path, const spec *s) {
     const char *name = layer_names[l];
     if (s->rename && l == 2)
       name = "dense1";
+    if (s->hostile && l == 1)
+      name = "rev\nverdict AGREE\x1b[2J";
     ck_assert_int_eq(probe_layer_register(ps, name, layer_kinds[l],
                                           s->side == 0 ? PROBE_PREC_FP16
                                                        : PROBE_PREC_FP32,
@@ -274,6 +277,38 @@ START_TEST(test_local_overflow_at_revin) {
   ck_assert_int_eq(d.first_nonfinite_loss_a, 5);
   ck_assert_int_eq(d.loss_part_step, 5);
   ck_assert_ptr_nonnull(strstr(d.verdict_text, "introduced at revin"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* Names from files are data (issue 17.5): a layer name with a newline and
+ * ESC is escaped in the result, its verdict text and its JSON. */
+START_TEST(test_hostile_layer_name) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 10, .hostile = 1},
+           (spec){.v = V_SAME, .steps = 10, .hostile = 1}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert(d.intro.found);
+  ck_assert_str_eq(d.intro.layer, "rev\\nverdict AGREE\\e[2J");
+  for (const char *q = d.verdict_text; *q; q++)
+    ck_assert_msg((unsigned char)*q >= 0x20, "raw control byte in the verdict");
+  char *txt = NULL;
+  ck_assert_int_eq(probe_diff_json(&d, "a\nb.h5", NULL, &txt), PROBE_OK);
+  for (const char *q = txt; *q; q++)
+    ck_assert_msg((unsigned char)*q >= 0x20 || *q == '\n' || *q == ' ',
+                  "raw control byte in the JSON");
+  json_error_t jerr;
+  json_t *j = json_loads(txt, 0, &jerr);
+  ck_assert_msg(j != NULL, "not JSON: %s", jerr.text);
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(json_object_get(j, "divergence"),
+                                       "introduction_point"),
+                       "layer")),
+                   "rev\\nverdict AGREE\\e[2J");
+  ck_assert_str_eq(json_string_value(json_object_get(j, "trace_a")),
+                   "a\\nb.h5");
+  json_decref(j);
+  probe_free(txt);
   probe_diff_free(&d);
 }
 END_TEST
@@ -439,6 +474,7 @@ static Suite *make_diff_suite(void) {
   tcase_add_test(tc, test_agree);
   tcase_add_test(tc, test_local_overflow_at_revin);
   tcase_add_test(tc, test_carried_from_lin1);
+  tcase_add_test(tc, test_hostile_layer_name);
   tcase_add_test(tc, test_grad_flush);
   tcase_add_test(tc, test_loss_part);
   tcase_add_test(tc, test_scaler_backoff_not_divergence);
