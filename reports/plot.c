@@ -563,6 +563,13 @@ probe_status probe_plot_render(const probe_plot *p, probe_buf *o) {
     }
   }
   if (p->note[0]) {
+    /* on a white band, so that a line under it does not cross the words */
+    double nw = probe__text_width(p->note, 14) + 20;
+    if (nw > f.x1 - f.x0) nw = f.x1 - f.x0;
+    probe_buf_printf(o,
+                     "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                     "height=\"22\" fill=\"#fff\" opacity=\"0.85\"/>",
+                     (f.x0 + f.x1 - nw) / 2, (f.y0 + f.y1) / 2 - 16, nw);
     probe_buf_printf(o, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\">",
                      (f.x0 + f.x1) / 2, (f.y0 + f.y1) / 2);
     probe_buf_escape(o, p->note);
