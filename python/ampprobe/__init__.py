@@ -10,11 +10,11 @@ from ._lib import ProbeError, library_path, kind_names
 from .core import (Session, Trace, read_trace, postmortem, stats, find_cli,
                    RECORD_DTYPE, STEP_DTYPE, SCALER_EVENT_DTYPE, LAYER_DTYPE,
                    SNAPSHOT_DTYPE)
-from .policy import Policy
+from .policy import Policy, env_seed
 
 __version__ = "0.1.0"
 
 __all__ = ["ProbeError", "library_path", "kind_names", "Session", "Trace",
-           "read_trace", "postmortem", "stats", "find_cli", "Policy",
+           "read_trace", "postmortem", "stats", "find_cli", "Policy", "env_seed",
            "RECORD_DTYPE", "STEP_DTYPE", "SCALER_EVENT_DTYPE", "LAYER_DTYPE",
            "SNAPSHOT_DTYPE"]

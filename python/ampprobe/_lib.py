@@ -144,6 +144,9 @@ class probe_options(ctypes.Structure):
         ("cupti", ctypes.c_int),
         ("max_events", ctypes.c_int),
         ("batch_rows", ctypes.c_int64),
+        # Newer libraries: replace an existing trace (0: PROBE_ERR_EXISTS).
+        # An older library ignores it (it lands in probe_options_buf's pad).
+        ("overwrite", ctypes.c_int),
     ]
 
 

@@ -8,7 +8,9 @@ through exactly these variables:
                       on module names ("enc.bn*"), as `--fp32`;
   AMPPROBE_PRECISION  "fp32" runs the whole job in FP32 (also fp16, bf16:
                       overrides the job's own choice);
-  AMPPROBE_TRACE      the path the trace goes to (overrides the job's).
+  AMPPROBE_TRACE      the path the trace goes to (overrides the job's);
+  AMPPROBE_SEED       the seed to use (bisect's second FP32 baseline measures
+                      seed-to-seed noise with it): env_seed(default).
 """
 import fnmatch
 import os
@@ -16,6 +18,19 @@ import os
 ENV_FP32 = "AMPPROBE_FP32"
 ENV_PRECISION = "AMPPROBE_PRECISION"
 ENV_TRACE = "AMPPROBE_TRACE"
+ENV_SEED = "AMPPROBE_SEED"
+
+
+def env_seed(default, environ=None):
+    """$AMPPROBE_SEED as an int when set, else default."""
+    env = os.environ if environ is None else environ
+    v = env.get(ENV_SEED)
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("%s=%r: expected an integer" % (ENV_SEED, v))
 
 # The kind vocabulary of probe.h, for telling kinds from globs without
 # loading the library. Kept in step with PROBE_KIND_MAP by a test.

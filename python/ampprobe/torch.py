@@ -512,12 +512,15 @@ class Tracer:
         return hook
 
     def _make_bwd_hook(self, L):
+        loss = L.kind == "loss"
+
         def hook(module, grad_input, grad_output):
             if L.emulate:
                 grad_input = tuple(None if g is None else _round16(g)
                                    for g in grad_input)
-            for g in grad_input:
-                if g is not None:
+            # A loss: the gradient to the prediction only (not the target).
+            for g in grad_input[:1] if loss else grad_input:
+                if g is not None and g.is_floating_point():
                     self._record(L, "grad_in", g)
             return grad_input if L.emulate else None
         return hook
