@@ -16,7 +16,6 @@ import contextlib
 import fnmatch
 import json
 import math
-import os
 import sys
 import warnings
 import weakref
@@ -395,7 +394,8 @@ class Tracer:
         if loss_fn is not None:
             units.append(("loss", loss_fn))
         for name, m in units:
-            kind = _user_kind(m, user_kinds) or default_kind(m)
+            kind = _user_kind(m, user_kinds) or (
+                "loss" if m is loss_fn else default_kind(m))
             name = uniq(name)
             sel = not self._globs or any(fnmatch.fnmatchcase(name, g)
                                          for g in self._globs)
@@ -451,16 +451,18 @@ class Tracer:
         """Hands one tensor to libprobe by pointer (copy if it must)."""
         if not self._recording:
             return
-        t = t.detach()
-        if t.dtype not in _DT:
-            t = t.float()
-            self.copies += 1
-        if not t.is_contiguous():
+        dt = _DT.get(t.dtype)
+        if dt is None or not t.is_contiguous():
+            t = t.detach()
+            if dt is None:
+                t, dt = t.float(), 0
             t = t.contiguous()
             self.copies += 1
+        # The tensor itself (no detach: one object less per record) is kept
+        # until end_step; libprobe reads it now and may snapshot it then.
         self._refs.append((L, site, t))
-        st = self._rec(self._h, L.lid, _SITE[site], _DT[t.dtype],
-                       t.data_ptr(), t.numel())
+        st = self._rec(self._h, L.lid, _SITE[site], dt, t.data_ptr(),
+                       t.numel())
         if st < 0:
             self.session._check(st, "probe_tensor_record(%s, %s)" %
                                 (L.name, site))

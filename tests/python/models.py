@@ -1,7 +1,5 @@
 """Small models and data for the tracer tests: Linear + BatchNorm + a
 RevIN-like module + softmax, with overflows planted on request."""
-import math
-
 import torch
 import torch.nn as nn
 
