@@ -178,6 +178,15 @@ def records_per_step(job):
     return int((r["step"] == r["step"][-1]).sum())
 
 
+def hooks_per_step(model):
+    """Hook calls of one traced step: per leaf module a forward pre-hook, a
+    forward hook, a tensor hook on its output, a full backward hook and
+    one hook per parameter (the master_weight records at end_step are a
+    loop, not hooks)."""
+    leaves = [m for m in model.modules() if not list(m.children())]
+    return sum(4 + len(list(m.parameters(recurse=False))) for m in leaves)
+
+
 def bench(name, rounds, steps, tmp):
     jobs = {v: Job(name, v, tmp) for v in ("untraced", "ampprobe", "naive")}
     for j in jobs.values():  # warm-up
@@ -188,10 +197,11 @@ def bench(name, rounds, steps, tmp):
             times[v].append(j.run(steps))
     jobs["ampprobe"].tracer.session.flush()
     nrec = records_per_step(jobs["ampprobe"])
+    nhook = hooks_per_step(jobs["ampprobe"].model)
     for j in jobs.values():
         j.close()
     med = {v: statistics.median(ts) for v, ts in times.items()}
-    return med, nrec, times
+    return med, nrec, nhook, times
 
 
 def main():
@@ -217,18 +227,20 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             steps = a.steps or (200 if name == "healthy" else 10)
-            med, nrec, _ = bench(name, a.rounds, steps, tmp)
+            med, nrec, nhook, _ = bench(name, a.rounds, steps, tmp)
             base = med["untraced"]
             ov = med["ampprobe"] / base - 1
             nv = med["naive"] / base - 1
             per = (med["ampprobe"] - base) / nrec * 1e6
+            perh = (med["ampprobe"] - base) / nhook * 1e6
             rows.append((name, base, med["ampprobe"], med["naive"], ov, nv,
-                         nrec, per))
+                         nrec, per, nhook, perh))
             print("%-8s untraced %8.3f ms  ampprobe %8.3f ms (%+.1f%%)  "
                   "naive %8.3f ms (%+.1f%%)  records/step %d  %.2f us/record  "
-                  "ratio %.3f" % (name, base * 1e3, med["ampprobe"] * 1e3,
-                                  ov * 100, med["naive"] * 1e3, nv * 100,
-                                  nrec, per, ov / nv if nv > 0 else float("nan")))
+                  "hooks/step %d  %.2f us/hook  ratio %.3f" % (
+                      name, base * 1e3, med["ampprobe"] * 1e3, ov * 100,
+                      med["naive"] * 1e3, nv * 100, nrec, per, nhook, perh,
+                      ov / nv if nv > 0 else float("nan")))
     now = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "## Python tracer overhead (`bench/python_overhead.py`)",
@@ -242,13 +254,16 @@ def main():
            platform.python_version(), load, a.rounds),
         "",
         "| model | untraced ms/step | ampprobe ms/step | overhead | naive ms/step "
-        "| naive overhead | ampprobe / naive | records/step | us per record |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| naive overhead | ampprobe / naive | records/step | us per record "
+        "| hook calls/step | us per hook call |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for (name, base, amp, nai, ov, nv, nrec, per) in rows:
-        lines.append("| %s | %.3f | %.3f | %+.1f%% | %.3f | %+.1f%% | %.3f | %d | %.2f |"
+    for (name, base, amp, nai, ov, nv, nrec, per, nhook, perh) in rows:
+        lines.append("| %s | %.3f | %.3f | %+.1f%% | %.3f | %+.1f%% | %.3f | %d "
+                     "| %.2f | %d | %.2f |"
                      % (name, base * 1e3, amp * 1e3, ov * 100, nai * 1e3,
-                        nv * 100, ov / nv if nv > 0 else float("nan"), nrec, per))
+                        nv * 100, ov / nv if nv > 0 else float("nan"), nrec,
+                        per, nhook, perh))
     lines += ["", "Targets (#13): overhead at most a fifth of the naive peer's "
               "on both models, and at most 25% on the large one.", ""]
     text = "\n".join(lines)

@@ -190,11 +190,14 @@ class Session:
             ctypes.c_void_p(ptr), int(n)), "probe_tensor_record")
 
     def record(self, layer, site, array, dtype=None):
-        """Records a NumPy array. float32 and float16 C-contiguous arrays go
+        """Records a NumPy array (or a host DLPack producer, viewed through
+        np.from_dlpack without a copy). float32 and float16 C-contiguous arrays go
         by pointer; uint16 arrays are bfloat16 bits when dtype="bf16" (by
         pointer). Others are copied to float32. Returns the array libprobe
         read (keep it alive and unchanged until end_step: the session does,
         in a list cleared at end_step). Returns (array, copied)."""
+        if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
+            array = np.from_dlpack(array)  # host DLPack producers: no copy
         a = np.asarray(array)
         copied = False
         if dtype == "bf16":

@@ -312,3 +312,16 @@ def test_attention_and_conv_model_traces(tmp_path):
     conv = names.index("conv")
     assert SITES.index("fwd_in") in r[r["layer"] == conv]["site"]
     assert tr.copies > 0  # the transposed views were made contiguous
+
+
+def test_core_session_takes_dlpack_tensors(tmp_path):
+    """The torch-free Session records any host DLPack producer by pointer."""
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with ampprobe.Session(str(tmp_path / "d.h5")) as s:
+        lid = s.register("x")
+        s.begin_step(0)
+        a, copied = s.record(lid, "fwd_out", t)
+        assert not copied and a.ctypes.data == t.data_ptr()
+        s.end_step()
+    r = ampprobe.read_trace(str(tmp_path / "d.h5"))["records"][0]
+    assert (r["count"], r["max"], r["zero_count"]) == (12, 11.0, 1)
