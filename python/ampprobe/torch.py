@@ -13,6 +13,7 @@ converted to float32 (a copy each). Every tensor recorded in a step is kept
 referenced until end_step, because libprobe may snapshot it there.
 """
 import contextlib
+import ctypes
 import fnmatch
 import json
 import math
@@ -335,7 +336,8 @@ class Tracer:
             **session_options)
         self._lib = self.session._lib
         self._rec = self._lib.probe_tensor_record
-        self._h = self.session.handle
+        # A c_void_p object: ctypes passes it without converting an int.
+        self._h = ctypes.c_void_p(self.session.handle)
         self._hooks = []
         self._layers = []
         self._by_param = {}
