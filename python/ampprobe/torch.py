@@ -17,6 +17,7 @@ import ctypes
 import fnmatch
 import json
 import math
+import shlex
 import sys
 import warnings
 import weakref
@@ -320,7 +321,8 @@ class Tracer:
         self._globs = _split(layers)
         cfg = {"name": "pytorch", "framework": "pytorch",
                "torch": torch.__version__, "precision": self.precision,
-               "fp32": self.policy.fp32, "emulate_fp16": self.emulate}
+               "fp32": self.policy.fp32, "emulate_fp16": self.emulate,
+               "command": _command_line()}
         if config:
             cfg.update(config)
         self._every = max(int(every), 1)
@@ -330,7 +332,7 @@ class Tracer:
             self.path, mode=mode,
             layer_select=",".join(self._globs) if self._globs else None,
             step_start=step_start, step_end=step_end, step_every=every,
-            ring_steps=ring_steps, command_line=" ".join(sys.argv),
+            ring_steps=ring_steps, command_line=_command_line(),
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
@@ -761,6 +763,14 @@ def _tracker(sc):
         return int(v)
     except (TypeError, ValueError):
         return 0
+
+
+def _command_line():
+    """The job's command as the shell would take it back, interpreter
+    included ("/usr/bin/python3 train.py --steps 40"), for the trace's
+    command_line (the post-mortem's suggested commands start from it)."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
+    return shlex.join(argv)
 
 
 def _split(x):
