@@ -12,7 +12,7 @@ from .core import (Session, Trace, read_trace, postmortem, stats, find_cli,
                    SNAPSHOT_DTYPE)
 from .policy import Policy, env_seed
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # = project(ampprobe VERSION) (tests/python/test_core.py)
 
 __all__ = ["ProbeError", "library_path", "kind_names", "Session", "Trace",
            "read_trace", "postmortem", "stats", "find_cli", "Policy", "env_seed",

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -289,3 +290,55 @@ def test_postmortem_names_origin(tmp_path):
     ev = pm["event"]
     assert (ev["step"], ev["phase"], ev["origin_layer"], ev["origin_kind"],
             ev["origin_site"]) == (0, "forward", "b", "softmax", "fwd_out")
+
+
+def test_version_follows_the_project():
+    """One version: the package's is CMake's project(ampprobe VERSION) and
+    the library's ampprobe_version()."""
+    import re as _re
+    cm = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    v = _re.search(r"project\(ampprobe VERSION (\d+\.\d+\.\d+)", cm).group(1)
+    py = open(os.path.join(REPO, "python", "pyproject.toml")).read()
+    assert 'version = "%s"' % v in py
+    assert ampprobe.__version__ == v
+    lib = _lib.load()
+    if hasattr(lib, "ampprobe_version"):
+        assert lib.ampprobe_version().decode() == v
+
+
+def test_installed_package_finds_an_installed_library(tmp_path):
+    """pip-installed (no repository around it): the library comes from
+    AMPPROBE_PREFIX, and without any hint the error lists where it looked."""
+    pip = subprocess.run([sys.executable, "-m", "pip", "--version"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if pip.returncode != 0:
+        pytest.skip("no pip")
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                        "--no-build-isolation", "--no-deps", "--target",
+                        str(site), os.path.join(REPO, "python")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    if r.returncode != 0:
+        pytest.skip("pip cannot build here: %s" % r.stderr.decode()[-300:])
+    prefix = tmp_path / "prefix"
+    (prefix / "lib").mkdir(parents=True)
+    shutil.copy(ampprobe.library_path(), str(prefix / "lib" / "libampprobe.so"))
+    code = ("import ampprobe, sys; print(ampprobe.__file__); "
+            "print(ampprobe.library_path())")
+    env = dict(os.environ, PYTHONPATH=str(site), AMPPROBE_LIB="",
+               AMPPROBE_PREFIX=str(prefix))
+    r = subprocess.run([sys.executable, "-c", code], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode().split()
+    assert out[0].startswith(str(site)) and out[1] == str(prefix / "lib" / "libampprobe.so")
+    env.pop("AMPPROBE_PREFIX")
+    r = subprocess.run([sys.executable, "-c", code], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    if r.returncode == 0:  # an installed copy on the loader's path
+        assert "build" not in r.stdout.decode().split()[1]
+    else:
+        assert "cannot load libampprobe" in r.stderr.decode()
