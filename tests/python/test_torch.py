@@ -157,7 +157,7 @@ def test_env_policy_fixes_and_routes(tmp_path, monkeypatch):
     assert t["records"]["posinf_count"].sum() == 0
     monkeypatch.setenv("AMPPROBE_FP32", "fc*,bn")
     monkeypatch.setenv("AMPPROBE_PRECISION", "fp32")
-    model, loss_fn, tr, _ = make(tmp_path)
+    model, loss_fn, tr, _ = make(tmp_path, overwrite=True)  # same trace
     assert tr.precision == "fp32" and not tr.emulate
     train(tr, model, loss_fn, 1, make=mk)
     tr.close()
