@@ -271,6 +271,9 @@ def _declare(lib):
         fn("probe_postmortem_json", st, c.POINTER(c.c_char_p), c.c_size_t,
            c.POINTER(c.c_void_p))
         fn("probe_free", None, c.c_void_p)
+    if hasattr(lib, "probe_postmortem_verdict"):
+        fn("probe_postmortem_verdict", st, c.c_char_p, c.POINTER(c.c_int))
+        fn("probe_verdict_name", c.c_char_p, c.c_int)
     if hasattr(lib, "ampprobe_version"):
         fn("ampprobe_version", c.c_char_p)
 

@@ -463,7 +463,10 @@ def postmortem(path, *more_paths):
         out = ctypes.c_void_p()
         st = lib.probe_postmortem_json(arr, len(paths), ctypes.byref(out))
         try:
-            check(st, "probe_postmortem_json(%s)" % ", ".join(paths))
+            if st < 0:
+                e = lib.probe_trace_last_error(None)
+                check(st, "probe_postmortem_json(%s)" % ", ".join(paths),
+                      e.decode(errors="replace") if e else None)
             text = ctypes.string_at(out.value).decode()
         finally:
             if out.value:
@@ -481,6 +484,22 @@ def postmortem(path, *more_paths):
             r.returncode, r.stderr.decode(errors="replace").strip()),
             "ERR_IO")
     return _json_loads(r.stdout.decode())
+
+
+def verdict(path):
+    """The post-mortem's verdict of one trace: "healthy", "degraded" or
+    "diverged" (probe_postmortem_verdict; with an older library, from the
+    post-mortem document)."""
+    lib = _lib.load()
+    if hasattr(lib, "probe_postmortem_verdict"):
+        v = ctypes.c_int(-1)
+        st = lib.probe_postmortem_verdict(os.fsencode(path), ctypes.byref(v))
+        if st < 0:
+            e = lib.probe_trace_last_error(None)
+            check(st, "probe_postmortem_verdict(%s)" % path,
+                  e.decode(errors="replace") if e else None)
+        return lib.probe_verdict_name(v.value).decode()
+    return postmortem(path)["verdict"]
 
 
 def _selftest_main():

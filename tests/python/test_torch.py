@@ -60,6 +60,7 @@ def test_planted_overflow_postmortem(tmp_path, case):
     ev = pm["event"]
     assert (ev["origin_layer"], ev["origin_kind"], ev["origin_site"],
             ev["phase"], ev["step"]) == want + (0,), ev
+    assert ampprobe.verdict(path) in ("degraded", "diverged")
     if case == "revin":
         assert ev["origin_output"]["posinf"] > 0
         assert ev["kind"] == "reduction-overflow"
@@ -135,6 +136,7 @@ def test_bf16_autocast_is_healthy(tmp_path):
     assert t["layers"]["precision"][fc1] == 2
     pm = ampprobe.postmortem(path)
     assert pm["event"]["kind"] == "none"
+    assert ampprobe.verdict(path) == "healthy"
     assert tr.copies == 0
 
 
