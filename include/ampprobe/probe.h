@@ -54,7 +54,9 @@ extern "C" {
   XX(SOFTMAX, "softmax")                                                       \
   XX(ATTENTION, "attention")                                                   \
   XX(LOSS, "loss")                                                             \
-  XX(OTHER, "other")
+  XX(OTHER, "other")                                                           \
+  XX(CONV, "conv")           /* appended: convolutions (PyTorch tracer) */    \
+  XX(EMBEDDING, "embedding") /* appended: embedding lookups */
 
 typedef enum probe_kind {
 #define PROBE_KIND_ENUM_(name, str) PROBE_KIND_##name,

@@ -1,0 +1,339 @@
+"""ampprobe._lib - finds and loads libampprobe with ctypes, and mirrors the C
+structs of include/ampprobe/probe.h and numerics.h.
+
+Library search order (docs/python.md):
+  1. $AMPPROBE_LIB, the path of the shared library itself (when set, the
+     only place tried);
+  2. $AMPPROBE_PREFIX/lib (and lib64) of an installation, then the loader's
+     own search (ctypes.util.find_library("ampprobe"): ldconfig's cache,
+     LD_LIBRARY_PATH);
+  3. the build tree of the repository this package sits in:
+     <repo>/build/libprobe/libampprobe.so.
+The struct layouts here are checked against the C compiler's sizeof/offsetof
+by tests/python/test_core.py.
+"""
+import ctypes
+import ctypes.util
+import os
+import pathlib
+
+# ---- vocabulary (names as probe.h; ids are looked up in the library) -------
+
+SITES = ("fwd_in", "fwd_out", "fwd_saved", "grad_out", "grad_in", "weight",
+         "weight_grad", "master_weight")
+SITE_PHASE = {"fwd_in": "forward", "fwd_out": "forward", "fwd_saved": "forward",
+              "grad_out": "backward", "grad_in": "backward",
+              "weight": "forward", "weight_grad": "backward",
+              "master_weight": "optimizer"}
+PRECISIONS = ("fp32", "fp16", "bf16")
+DTYPES = ("fp32", "fp16", "bf16")
+SCALER_KINDS = ("backoff", "growth", "hysteresis", "min_clamp")
+MODES = {"scalars": 0, "flight": 0, "flight-recorder": 0, "full": 1}
+
+PROBE_NAME_MAX = 64
+PROBE_HIST_BINS = 66
+PROBE_KERNEL_NAME_MAX = 128
+
+
+class ProbeError(RuntimeError):
+    """A libprobe call failed: .status is the probe_status code (negative),
+    .name its enum name without prefix ("ERR_IO")."""
+
+    def __init__(self, status, message, name=""):
+        super().__init__(message)
+        self.status = status
+        self.name = name
+
+
+# ---- structs ----------------------------------------------------------------
+
+class probe_stats(ctypes.Structure):
+    _fields_ = [
+        ("count", ctypes.c_uint64),
+        ("nan_count", ctypes.c_uint64),
+        ("posinf_count", ctypes.c_uint64),
+        ("neginf_count", ctypes.c_uint64),
+        ("zero_count", ctypes.c_uint64),
+        ("f16_subnormal", ctypes.c_uint64),
+        ("f16_flush", ctypes.c_uint64),
+        ("f16_overflow", ctypes.c_uint64),
+        ("min", ctypes.c_float),
+        ("max", ctypes.c_float),
+        ("absmax", ctypes.c_float),
+        ("absmin_nonzero", ctypes.c_float),
+        ("sum", ctypes.c_double),
+        ("sumsq", ctypes.c_double),
+        ("hist", ctypes.c_uint64 * PROBE_HIST_BINS),
+    ]
+
+
+class probe_record(ctypes.Structure):
+    _fields_ = [
+        ("step", ctypes.c_int64),
+        ("seq", ctypes.c_uint32),
+        ("layer", ctypes.c_int32),
+        ("site", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("stats", probe_stats),
+    ]
+
+
+class probe_step_scalars(ctypes.Structure):
+    _fields_ = [
+        ("step", ctypes.c_int64),
+        ("loss", ctypes.c_double),
+        ("loss_scale", ctypes.c_double),
+        ("growth_tracker", ctypes.c_int32),
+        ("found_inf", ctypes.c_int32),
+        ("skipped", ctypes.c_int32),
+        ("lr", ctypes.c_double),
+        ("grad_norm", ctypes.c_double),
+        ("clip_threshold", ctypes.c_double),
+        ("clip_coef", ctypes.c_double),
+        ("wall_time", ctypes.c_double),
+    ]
+
+
+class probe_scaler_event(ctypes.Structure):
+    _fields_ = [
+        ("step", ctypes.c_int64),
+        ("kind", ctypes.c_int32),
+        ("old_scale", ctypes.c_double),
+        ("new_scale", ctypes.c_double),
+        ("growth_tracker", ctypes.c_int32),
+    ]
+
+
+class probe_layer_info(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_int32),
+        ("name", ctypes.c_char * PROBE_NAME_MAX),
+        ("kind", ctypes.c_int32),
+        ("precision", ctypes.c_int32),
+    ]
+
+
+class probe_snapshot_info(ctypes.Structure):
+    _fields_ = [
+        ("step", ctypes.c_int64),
+        ("seq", ctypes.c_uint32),
+        ("layer", ctypes.c_int32),
+        ("site", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("offset", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("n_total", ctypes.c_int64),
+    ]
+
+
+class probe_options(ctypes.Structure):
+    _fields_ = [
+        ("mode", ctypes.c_int),
+        ("layer_select", ctypes.c_char_p),
+        ("step_start", ctypes.c_int64),
+        ("step_end", ctypes.c_int64),
+        ("step_every", ctypes.c_int64),
+        ("ring_steps", ctypes.c_int),
+        ("flush_seconds", ctypes.c_double),
+        ("flush_steps", ctypes.c_int64),
+        ("snapshot_on_nonfinite", ctypes.c_int),
+        ("snapshot_max_elems", ctypes.c_size_t),
+        ("command_line", ctypes.c_char_p),
+        ("config_json", ctypes.c_char_p),
+        ("precision_policy", ctypes.c_char_p),
+        ("cupti", ctypes.c_int),
+        ("max_events", ctypes.c_int),
+        ("batch_rows", ctypes.c_int64),
+        # Newer libraries: replace an existing trace (0: PROBE_ERR_EXISTS).
+        # An older library ignores it (it lands in probe_options_buf's pad).
+        ("overwrite", ctypes.c_int),
+    ]
+
+
+class probe_options_buf(ctypes.Union):
+    """probe_options with spare room: probe_options_init writes the C
+    library's whole struct, which a newer library may have grown."""
+    _fields_ = [("opt", probe_options), ("_pad", ctypes.c_char * 1024)]
+
+
+class probe_trace_info(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_int),
+        ("complete", ctypes.c_int),
+        ("record_mode", ctypes.c_int),
+        ("n_layers", ctypes.c_int64),
+        ("n_steps", ctypes.c_int64),
+        ("n_records", ctypes.c_int64),
+        ("n_scaler_events", ctypes.c_int64),
+        ("n_snapshots", ctypes.c_int64),
+        ("n_snapshot_elems", ctypes.c_int64),
+        ("n_kernels", ctypes.c_int64),
+        ("n_events", ctypes.c_int64),
+        ("n_flushes", ctypes.c_int64),
+        ("last_step", ctypes.c_int64),
+        ("first_nonfinite_step", ctypes.c_int64),
+        ("created", ctypes.c_char_p),
+        ("command_line", ctypes.c_char_p),
+        ("config_json", ctypes.c_char_p),
+        ("precision_policy", ctypes.c_char_p),
+        ("library_versions", ctypes.c_char_p),
+    ]
+
+
+# ---- finding the library ----------------------------------------------------
+
+_LIBNAMES = ("libampprobe.so", "libampprobe.so.0", "libampprobe.dylib")
+
+
+def repo_root():
+    """The repository this package sits in (python/ampprobe/_lib.py), or
+    None when it was installed elsewhere."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if (root / "include" / "ampprobe" / "probe.h").exists():
+        return root
+    return None
+
+
+def candidates():
+    """(where, path-or-name) in search order; names are for the loader."""
+    out = []
+    env = os.environ.get("AMPPROBE_LIB")
+    if env:  # when set, it is the only candidate: no silent substitute
+        return [("AMPPROBE_LIB", env)]
+    prefix = os.environ.get("AMPPROBE_PREFIX")
+    if prefix:
+        for sub in ("lib", "lib64"):
+            for n in _LIBNAMES:
+                out.append(("AMPPROBE_PREFIX", os.path.join(prefix, sub, n)))
+    found = ctypes.util.find_library("ampprobe")
+    if found:
+        out.append(("loader", found))
+    root = repo_root()
+    if root is not None:
+        for n in _LIBNAMES:
+            out.append(("build tree", str(root / "build" / "libprobe" / n)))
+    return out
+
+
+_lib = None
+_lib_path = None
+
+
+def _declare(lib):
+    c = ctypes
+    P = c.c_void_p
+    st = c.c_int
+
+    def fn(name, res, *args):
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = list(args)
+        return f
+
+    fn("probe_status_str", c.c_char_p, st)
+    fn("probe_status_name", c.c_char_p, st)
+    fn("probe_kind_name", c.c_char_p, c.c_int)
+    fn("probe_kind_parse", st, c.c_char_p, c.POINTER(c.c_int))
+    fn("probe_site_name", c.c_char_p, c.c_int)
+    fn("probe_options_init", None, c.POINTER(probe_options_buf))
+    fn("probe_session_open", st, c.POINTER(P), c.c_char_p,
+       c.POINTER(probe_options_buf))
+    fn("probe_session_close", st, P)
+    fn("probe_session_flush", st, P)
+    fn("probe_session_last_error", c.c_char_p, P)
+    fn("probe_session_first_nonfinite", st, P, c.POINTER(c.c_int64),
+       c.POINTER(c.c_int32), c.POINTER(c.c_int), c.POINTER(c.c_int))
+    fn("probe_layer_register", st, P, c.c_char_p, c.c_int, c.c_int,
+       c.POINTER(c.c_int32))
+    fn("probe_step_begin", st, P, c.c_int64)
+    fn("probe_tensor_record", st, P, c.c_int32, c.c_int, c.c_int, P,
+       c.c_size_t)
+    fn("probe_step_set_scalars", st, P, c.POINTER(probe_step_scalars))
+    fn("probe_scaler_transition", st, P, c.POINTER(probe_scaler_event))
+    fn("probe_step_end", st, P)
+    fn("probe_stats_compute", st, c.POINTER(probe_stats), c.c_int, P,
+       c.c_size_t)
+    fn("probe_trace_open", st, c.POINTER(P), c.c_char_p)
+    fn("probe_trace_close", None, P)
+    fn("probe_trace_last_error", c.c_char_p, P)
+    fn("probe_trace_get_info", c.POINTER(probe_trace_info), P)
+    fn("probe_trace_layers", c.POINTER(probe_layer_info), P,
+       c.POINTER(c.c_size_t))
+    for what, T in (("records", probe_record), ("steps", probe_step_scalars),
+                    ("scaler_events", probe_scaler_event),
+                    ("snapshots", probe_snapshot_info)):
+        fn("probe_trace_read_" + what, st, P, c.c_int64, c.c_size_t,
+           c.POINTER(T), c.POINTER(c.c_size_t))
+    fn("probe_trace_read_snapshot_data", st, P,
+       c.POINTER(probe_snapshot_info), c.POINTER(c.c_float))
+    # Optional: the analysis API (include/ampprobe/analysis.h) and version.
+    if hasattr(lib, "probe_postmortem_json"):
+        fn("probe_postmortem_json", st, c.POINTER(c.c_char_p), c.c_size_t,
+           c.POINTER(c.c_void_p))
+        fn("probe_free", None, c.c_void_p)
+    if hasattr(lib, "probe_postmortem_verdict"):
+        fn("probe_postmortem_verdict", st, c.c_char_p, c.POINTER(c.c_int))
+        fn("probe_verdict_name", c.c_char_p, c.c_int)
+    if hasattr(lib, "ampprobe_version"):
+        fn("ampprobe_version", c.c_char_p)
+
+
+def load():
+    """Loads libampprobe (once) and returns the ctypes.CDLL. Raises OSError
+    listing every place tried when none loads."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    tried = []
+    for where, path in candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append("%s: %s (missing)" % (where, path))
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+        except (OSError, AttributeError) as e:
+            tried.append("%s: %s (%s)" % (where, path, e))
+            continue
+        _lib, _lib_path = lib, path
+        return lib
+    raise OSError("ampprobe: cannot load libampprobe; tried:\n  " +
+                  "\n  ".join(tried or ["nothing: set AMPPROBE_LIB"]) +
+                  "\nSet AMPPROBE_LIB to the library's path or AMPPROBE_PREFIX "
+                  "to the installation prefix (docs/python.md).")
+
+
+def library_path():
+    load()
+    return _lib_path
+
+
+def check(st, what, detail=None):
+    """Raises ProbeError for a negative status."""
+    if st >= 0:
+        return st
+    lib = load()
+    msg = "%s: %s" % (what, lib.probe_status_str(st).decode())
+    if detail:
+        msg += ": " + detail
+    raise ProbeError(st, msg, lib.probe_status_name(st).decode())
+
+
+def kind_id(name):
+    """The probe_kind of a name ("linear"), or None if this library does not
+    know it."""
+    v = ctypes.c_int(0)
+    if load().probe_kind_parse(name.encode(), ctypes.byref(v)) < 0:
+        return None
+    return v.value
+
+
+def kind_names():
+    lib = load()
+    out, k = [], 0
+    while True:
+        n = lib.probe_kind_name(k)
+        if not n:
+            return out
+        out.append(n.decode())
+        k += 1

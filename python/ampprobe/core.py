@@ -1,0 +1,509 @@
+"""ampprobe.core - the torch-free core: a writing Session over libprobe, a
+Trace reader giving NumPy structured arrays, and the post-mortem.
+
+Buffers are handed to libprobe by pointer: a C-contiguous NumPy array of
+float32, float16 or uint16 (bfloat16 bits; say dtype="bf16") is not copied.
+Anything else (float64, a strided view) is converted to a contiguous float32
+copy first, and Session.record says so in its return value.
+"""
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import weakref
+
+import numpy as np
+
+from . import _lib
+from ._lib import ProbeError, check
+
+# ---- NumPy views of the C structs ------------------------------------------
+
+
+def _np_type(ct):
+    if issubclass(ct, ctypes.Array):
+        return (_np_type(ct._type_), (ct._length_,))
+    m = {ctypes.c_int64: "<i8", ctypes.c_uint64: "<u8", ctypes.c_int32: "<i4",
+         ctypes.c_uint32: "<u4", ctypes.c_float: "<f4", ctypes.c_double: "<f8",
+         ctypes.c_int: "<i4"}
+    for k, v in m.items():
+        if ct is k:
+            return np.dtype(v)
+    raise TypeError(ct)
+
+
+def _flat_dtype(struct, base=0, out=None):
+    """A NumPy dtype with the C struct's fields at its offsets, nested
+    structs flattened (probe_record's stats fields appear at top level, as
+    h5py shows /records)."""
+    top = out is None
+    if top:
+        out = {"names": [], "formats": [], "offsets": []}
+    for name, ct in struct._fields_:
+        off = base + getattr(struct, name).offset
+        if isinstance(ct, type) and issubclass(ct, ctypes.Structure):
+            _flat_dtype(ct, off, out)
+            continue
+        if issubclass(ct, ctypes.Array) and ct._type_ is ctypes.c_char:
+            fmt = np.dtype("S%d" % ct._length_)
+        else:
+            fmt = _np_type(ct)
+            if isinstance(fmt, tuple):
+                fmt = np.dtype(fmt)
+        out["names"].append(name)
+        out["formats"].append(fmt)
+        out["offsets"].append(off)
+    if top:
+        out["itemsize"] = ctypes.sizeof(struct)
+        return np.dtype(out)
+    return out
+
+
+RECORD_DTYPE = _flat_dtype(_lib.probe_record)
+STEP_DTYPE = _flat_dtype(_lib.probe_step_scalars)
+SCALER_EVENT_DTYPE = _flat_dtype(_lib.probe_scaler_event)
+LAYER_DTYPE = _flat_dtype(_lib.probe_layer_info)
+SNAPSHOT_DTYPE = _flat_dtype(_lib.probe_snapshot_info)
+
+_NP_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+_DT_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
+
+
+def _site_id(site):
+    if isinstance(site, int):
+        return site
+    return _lib.SITES.index(site)
+
+
+def _prec_id(p):
+    if isinstance(p, int):
+        return p
+    return _lib.PRECISIONS.index(p)
+
+
+def _kind_id(kind):
+    if isinstance(kind, int):
+        return kind
+    k = _lib.kind_id(kind)
+    if k is None:
+        raise ValueError("unknown module kind %r (this library knows: %s)" %
+                         (kind, ", ".join(_lib.kind_names())))
+    return k
+
+
+# ---- writing ------------------------------------------------------------------
+
+
+def _close_handle(lib, handle_box):
+    """Finalizer: closes a session still open when its owner is collected or
+    the interpreter exits (atexit runs weakref.finalize callbacks)."""
+    h = handle_box[0]
+    if h:
+        handle_box[0] = None
+        lib.probe_session_close(h)
+
+
+class Session:
+    """One trace being written (probe_session). Options are those of
+    probe_options (probe.h): mode "full" or "scalars" (the flight recorder),
+    layer_select (comma-separated globs), step_start/step_end/step_every,
+    ring_steps, flush_seconds, flush_steps, snapshot_on_nonfinite,
+    snapshot_max_elems, command_line, config_json, precision_policy,
+    max_events. The file is closed by close(), by `with`, when the object is
+    collected, or at interpreter exit, whichever comes first."""
+
+    def __init__(self, path, mode="full", **options):
+        lib = _lib.load()
+        self._lib = lib
+        self._hold = []  # buffers recorded this step (valid until end_step)
+        buf = _lib.probe_options_buf()
+        lib.probe_options_init(ctypes.byref(buf))
+        o = buf.opt
+        o.mode = _lib.MODES[mode] if isinstance(mode, str) else int(mode)
+        self._keep = []  # C strings must outlive the open call
+        for k, v in options.items():
+            if v is None:
+                continue
+            if not hasattr(o, k):
+                raise TypeError("unknown session option %r" % k)
+            if k in ("layer_select", "command_line", "config_json",
+                     "precision_policy"):
+                if not isinstance(v, str):
+                    v = json.dumps(v) if k == "config_json" else str(v)
+                b = v.encode()
+                self._keep.append(b)
+                setattr(o, k, b)
+            else:
+                setattr(o, k, v)
+        h = ctypes.c_void_p()
+        st = lib.probe_session_open(ctypes.byref(h), os.fsencode(path),
+                                    ctypes.byref(buf))
+        if st < 0:
+            e = lib.probe_session_last_error(None)
+            check(st, "probe_session_open(%s)" % path,
+                  e.decode(errors="replace") if e else None)
+        self.path = os.fspath(path)
+        self._box = [h.value]
+        self._finalizer = weakref.finalize(self, _close_handle, lib, self._box)
+        self.layers = {}  # name -> id
+        self.step = None
+
+    @property
+    def handle(self):
+        if not self._box[0]:
+            raise ProbeError(-10, "session is closed", "ERR_STATE")
+        return self._box[0]
+
+    @property
+    def closed(self):
+        return not self._box[0]
+
+    def _check(self, st, what):
+        if st < 0:
+            e = self._lib.probe_session_last_error(self._box[0])
+            check(st, what, e.decode(errors="replace") if e else None)
+        return st
+
+    def register(self, name, kind="other", precision="fp32"):
+        """Registers a layer; returns its id (0, 1, ...)."""
+        lid = ctypes.c_int32(-1)
+        self._check(self._lib.probe_layer_register(
+            self.handle, name.encode(), _kind_id(kind), _prec_id(precision),
+            ctypes.byref(lid)), "probe_layer_register(%s)" % name)
+        self.layers[name] = lid.value
+        return lid.value
+
+    def begin_step(self, step):
+        self._check(self._lib.probe_step_begin(self.handle, int(step)),
+                    "probe_step_begin(%d)" % step)
+        self.step = int(step)
+
+    def record_ptr(self, layer, site, dtype, ptr, n):
+        """Records n elements at address ptr (host or CUDA device memory),
+        dtype "fp32", "fp16" or "bf16". The memory must stay valid and
+        unchanged until end_step (libprobe may snapshot it)."""
+        self._check(self._lib.probe_tensor_record(
+            self.handle, int(layer), _site_id(site),
+            _DT_IDS[dtype] if isinstance(dtype, str) else int(dtype),
+            ctypes.c_void_p(ptr), int(n)), "probe_tensor_record")
+
+    def record(self, layer, site, array, dtype=None):
+        """Records a NumPy array (or a host DLPack producer, viewed through
+        np.from_dlpack without a copy). float32 and float16 C-contiguous arrays go
+        by pointer; uint16 arrays are bfloat16 bits when dtype="bf16" (by
+        pointer). Others are copied to float32. Returns the array libprobe
+        read (keep it alive and unchanged until end_step: the session does,
+        in a list cleared at end_step). Returns (array, copied)."""
+        if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
+            array = np.from_dlpack(array)  # host DLPack producers: no copy
+        a = np.asarray(array)
+        copied = False
+        if dtype == "bf16":
+            if a.dtype != np.uint16:
+                raise TypeError("bf16 buffers are uint16 arrays of the bits")
+            dt = 2
+        elif a.dtype in _NP_DTYPES:
+            dt = _NP_DTYPES[a.dtype]
+        else:
+            a = a.astype(np.float32)
+            dt, copied = 0, True
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+            copied = True
+        self._hold.append(a)
+        self.record_ptr(layer, site, dt, a.ctypes.data, a.size)
+        return a, copied
+
+    def set_scalars(self, loss=float("nan"), loss_scale=1.0, growth_tracker=0,
+                    found_inf=0, skipped=0, lr=float("nan"),
+                    grad_norm=float("nan"), clip_threshold=0.0, clip_coef=1.0):
+        sc = _lib.probe_step_scalars(
+            0, float(loss), float(loss_scale), int(growth_tracker),
+            int(found_inf), int(skipped), float(lr), float(grad_norm),
+            float(clip_threshold), float(clip_coef), 0.0)
+        self._check(self._lib.probe_step_set_scalars(self.handle,
+                                                     ctypes.byref(sc)),
+                    "probe_step_set_scalars")
+
+    def scaler_event(self, kind, old_scale, new_scale, growth_tracker=0):
+        """kind: "backoff", "growth", "hysteresis" or "min_clamp"."""
+        k = _lib.SCALER_KINDS.index(kind) if isinstance(kind, str) else kind
+        ev = _lib.probe_scaler_event(self.step if self.step is not None else 0,
+                                     k, float(old_scale), float(new_scale),
+                                     int(growth_tracker))
+        self._check(self._lib.probe_scaler_transition(self.handle,
+                                                      ctypes.byref(ev)),
+                    "probe_scaler_transition")
+
+    def end_step(self):
+        try:
+            self._check(self._lib.probe_step_end(self.handle),
+                        "probe_step_end")
+        finally:
+            self._hold.clear()
+
+    def first_nonfinite(self):
+        """(step, layer_id, site_name, covers_all), step -1 when none, over
+        the steps ended so far (probe_session_first_nonfinite)."""
+        step = ctypes.c_int64(-1)
+        layer = ctypes.c_int32(-1)
+        site = ctypes.c_int(0)
+        cov = ctypes.c_int(0)
+        self._check(self._lib.probe_session_first_nonfinite(
+            self.handle, ctypes.byref(step), ctypes.byref(layer),
+            ctypes.byref(site), ctypes.byref(cov)),
+            "probe_session_first_nonfinite")
+        return (step.value, layer.value,
+                _lib.SITES[site.value] if step.value >= 0 else None,
+                bool(cov.value))
+
+    def flush(self):
+        self._check(self._lib.probe_session_flush(self.handle),
+                    "probe_session_flush")
+
+    def close(self):
+        h = self._box[0]
+        if not h:
+            return
+        self._box[0] = None
+        self._finalizer.detach()
+        st = self._lib.probe_session_close(h)
+        if st < 0:
+            e = self._lib.probe_session_last_error(None)
+            check(st, "probe_session_close", e.decode() if e else None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def stats(array, dtype=None):
+    """The probe_stats of one buffer (probe_stats_compute) as a dict."""
+    lib = _lib.load()
+    a = np.ascontiguousarray(array)
+    if dtype == "bf16":
+        dt = 2
+    elif a.dtype in _NP_DTYPES:
+        dt = _NP_DTYPES[a.dtype]
+    else:
+        a, dt = np.ascontiguousarray(a, dtype=np.float32), 0
+    s = _lib.probe_stats()
+    check(lib.probe_stats_compute(ctypes.byref(s), dt,
+                                  ctypes.c_void_p(a.ctypes.data), a.size),
+          "probe_stats_compute")
+    out = {n: getattr(s, n) for n, _ in s._fields_ if n != "hist"}
+    out["hist"] = list(s.hist)
+    return out
+
+
+# ---- reading ------------------------------------------------------------------
+
+
+class Trace:
+    """A trace opened with libprobe's validating reader (probe_trace_open).
+    Tables come back as NumPy structured arrays with the field names of
+    docs/trace-format.md: records(), steps(), scaler_events(), layers(),
+    snapshots(); info is a dict of the root attributes and counts."""
+
+    def __init__(self, path):
+        lib = _lib.load()
+        self._lib = lib
+        h = ctypes.c_void_p()
+        st = lib.probe_trace_open(ctypes.byref(h), os.fsencode(path))
+        if st < 0:
+            e = lib.probe_trace_last_error(None)
+            check(st, "probe_trace_open(%s)" % path,
+                  e.decode(errors="replace") if e else None)
+        self._h = h.value
+        self.path = os.fspath(path)
+        p = lib.probe_trace_get_info(self._h).contents
+        self.info = {}
+        for name, ct in p._fields_:
+            v = getattr(p, name)
+            if ct is ctypes.c_char_p:
+                v = v.decode(errors="replace") if v else ""
+            self.info[name] = v
+        n = ctypes.c_size_t(0)
+        lp = lib.probe_trace_layers(self._h, ctypes.byref(n))
+        arr = np.zeros(n.value, dtype=LAYER_DTYPE)
+        if n.value:
+            ctypes.memmove(arr.ctypes.data, lp,
+                           n.value * ctypes.sizeof(_lib.probe_layer_info))
+        self._layers = arr
+
+    def close(self):
+        if self._h:
+            self._lib.probe_trace_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _read(self, what, ctype, dtype, total, chunk=4096):
+        fn = getattr(self._lib, "probe_trace_read_" + what)
+        out = np.zeros(max(int(total), 0), dtype=dtype)
+        start = 0
+        got = ctypes.c_size_t(0)
+        while start < total:
+            n = min(chunk, total - start)
+            ptr = ctypes.cast(out.ctypes.data + start * dtype.itemsize,
+                              ctypes.POINTER(ctype))
+            st = fn(self._h, start, n, ptr, ctypes.byref(got))
+            if st < 0:
+                e = self._lib.probe_trace_last_error(self._h)
+                check(st, "probe_trace_read_" + what,
+                      e.decode(errors="replace") if e else None)
+            if got.value == 0:
+                break
+            start += got.value
+        return out[:start]
+
+    def layers(self):
+        return self._layers.copy()
+
+    def layer_names(self):
+        return [n.decode() for n in self._layers["name"]]
+
+    def records(self):
+        return self._read("records", _lib.probe_record, RECORD_DTYPE,
+                          self.info["n_records"])
+
+    def steps(self):
+        return self._read("steps", _lib.probe_step_scalars, STEP_DTYPE,
+                          self.info["n_steps"])
+
+    def scaler_events(self):
+        return self._read("scaler_events", _lib.probe_scaler_event,
+                          SCALER_EVENT_DTYPE, self.info["n_scaler_events"])
+
+    def snapshots(self):
+        return self._read("snapshots", _lib.probe_snapshot_info,
+                          SNAPSHOT_DTYPE, self.info["n_snapshots"])
+
+    def snapshot_data(self, row):
+        """The float32 values of one snapshot (a row of snapshots())."""
+        sn = _lib.probe_snapshot_info(*(int(row[n]) for n, _ in
+                                        _lib.probe_snapshot_info._fields_))
+        out = np.zeros(int(row["n"]), dtype=np.float32)
+        st = self._lib.probe_trace_read_snapshot_data(
+            self._h, ctypes.byref(sn),
+            out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        if st < 0:
+            check(st, "probe_trace_read_snapshot_data")
+        return out
+
+
+def read_trace(path):
+    """Every table of a trace as NumPy structured arrays:
+    {"info", "layers", "records", "steps", "scaler_events", "snapshots"}."""
+    with Trace(path) as t:
+        return {"info": dict(t.info), "layers": t.layers(),
+                "records": t.records(), "steps": t.steps(),
+                "scaler_events": t.scaler_events(),
+                "snapshots": t.snapshots()}
+
+
+# ---- the post-mortem ----------------------------------------------------------
+
+
+def find_cli():
+    """The `ampprobe` executable: $AMPPROBE_CLI, beside the library
+    (<prefix>/bin for an installed one, <build>/tools for the build tree),
+    then PATH. None when there is none."""
+    env = os.environ.get("AMPPROBE_CLI")
+    if env:
+        return env
+    try:
+        libdir = os.path.dirname(os.path.abspath(_lib.library_path()))
+    except OSError:
+        libdir = None
+    if libdir:
+        for rel in ("../bin/ampprobe", "../tools/ampprobe", "ampprobe"):
+            p = os.path.normpath(os.path.join(libdir, rel))
+            if os.access(p, os.X_OK) and os.path.isfile(p):
+                return p
+    root = _lib.repo_root()
+    if root is not None:
+        p = root / "build" / "tools" / "ampprobe"
+        if os.access(str(p), os.X_OK):
+            return str(p)
+    return shutil.which("ampprobe")
+
+
+def _json_loads(text):
+    # ampprobe writes non-finite numbers as strings or bare tokens; accept
+    # both NaN/Infinity spellings.
+    return json.loads(text)
+
+
+def postmortem(path, *more_paths):
+    """The structured post-mortem of a trace, as a dict: the same document
+    `ampprobe postmortem --json` prints ("event": {"step", "phase",
+    "origin_layer", "origin_kind", "origin_site", ...}, "diagnosis", ...).
+
+    Uses the C analysis API (probe_postmortem_json) when the library has it,
+    otherwise runs the `ampprobe postmortem --json` command (find_cli())."""
+    lib = _lib.load()
+    paths = [os.fspath(path)] + [os.fspath(p) for p in more_paths]
+    if hasattr(lib, "probe_postmortem_json"):
+        arr = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
+        out = ctypes.c_void_p()
+        st = lib.probe_postmortem_json(arr, len(paths), ctypes.byref(out))
+        try:
+            if st < 0:
+                e = lib.probe_trace_last_error(None)
+                check(st, "probe_postmortem_json(%s)" % ", ".join(paths),
+                      e.decode(errors="replace") if e else None)
+            text = ctypes.string_at(out.value).decode()
+        finally:
+            if out.value:
+                lib.probe_free(out)
+        return _json_loads(text)
+    cli = find_cli()
+    if cli is None:
+        raise ProbeError(-14, "postmortem: this libampprobe has no analysis "
+                         "API and no `ampprobe` command was found (set "
+                         "AMPPROBE_CLI)", "ERR_UNSUPPORTED")
+    r = subprocess.run([cli, "postmortem", "--json"] + paths,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if r.returncode not in (0, 1):
+        raise ProbeError(-3, "ampprobe postmortem exit %d: %s" % (
+            r.returncode, r.stderr.decode(errors="replace").strip()),
+            "ERR_IO")
+    return _json_loads(r.stdout.decode())
+
+
+def verdict(path):
+    """The post-mortem's verdict of one trace: "healthy", "degraded" or
+    "diverged" (probe_postmortem_verdict; with an older library, from the
+    post-mortem document)."""
+    lib = _lib.load()
+    if hasattr(lib, "probe_postmortem_verdict"):
+        v = ctypes.c_int(-1)
+        st = lib.probe_postmortem_verdict(os.fsencode(path), ctypes.byref(v))
+        if st < 0:
+            e = lib.probe_trace_last_error(None)
+            check(st, "probe_postmortem_verdict(%s)" % path,
+                  e.decode(errors="replace") if e else None)
+        return lib.probe_verdict_name(v.value).decode()
+    return postmortem(path)["verdict"]
+
+
+def _selftest_main():
+    # python -m ampprobe.core TRACE: prints the tables' sizes.
+    t = read_trace(sys.argv[1])
+    print({k: (len(v) if hasattr(v, "__len__") else v)
+           for k, v in t.items() if k != "info"})

@@ -1,0 +1,786 @@
+"""ampprobe.torch - the PyTorch tracer: records, per traced module and step,
+what the C trainer records (fwd_in, fwd_out, fwd_saved, grad_out, grad_in,
+weight, weight_grad, master_weight) into a libprobe trace, applies the
+precision policy of the environment (ampprobe.policy), optionally emulates
+FP16 on the CPU, and warns or raises at the first non-finite value.
+
+Import cost: this module imports torch; `import ampprobe` does not.
+
+Tensors go to libprobe by pointer (tensor.data_ptr()) when they are
+contiguous float32/float16/bfloat16, on the host or a CUDA device; a
+non-contiguous tensor is made contiguous and any other floating dtype is
+converted to float32 (a copy each). Every tensor recorded in a step is kept
+referenced until end_step, because libprobe may snapshot it there.
+"""
+import contextlib
+import ctypes
+import fnmatch
+import json
+import math
+import shlex
+import sys
+import warnings
+import weakref
+
+import torch
+import torch.nn as nn
+
+from . import _lib
+from .core import Session
+from .policy import Policy
+
+_SITE = {s: i for i, s in enumerate(_lib.SITES)}
+_DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised by Tracer.end_step with on_nonfinite="raise": the first
+    non-finite value of a step, where it was produced."""
+
+    def __init__(self, step, phase, module, site, kind, detail=""):
+        self.step, self.phase, self.module = step, phase, module
+        self.site, self.kind = site, kind
+        msg = ("ampprobe: non-finite value at step %d, %s phase: produced by "
+               "module '%s' (%s), site %s%s" %
+               (step, phase, module, kind, site, detail))
+        super().__init__(msg)
+
+
+class NonFiniteWarning(RuntimeWarning):
+    pass
+
+
+# ---- module kinds -------------------------------------------------------------
+
+def _cls(name):
+    return getattr(nn, name, None)
+
+
+def default_kind(m):
+    """The probe kind name of a module from its class."""
+    n = nn
+    if isinstance(m, nn.modules.loss._Loss):
+        return "loss"
+    if isinstance(m, (n.Linear, n.Bilinear)) or type(m).__name__ in (
+            "LazyLinear", "NonDynamicallyQuantizableLinear"):
+        return "linear"
+    if isinstance(m, nn.modules.conv._ConvNd):
+        return "conv"
+    if isinstance(m, (n.Embedding, n.EmbeddingBag)):
+        return "embedding"
+    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+        return "bn"
+    norms = tuple(c for c in (_cls("LayerNorm"), _cls("GroupNorm"),
+                              _cls("RMSNorm"), _cls("LocalResponseNorm"))
+                  if c is not None)
+    if isinstance(m, norms) or isinstance(
+            m, nn.modules.instancenorm._InstanceNorm):
+        return "layernorm"
+    if isinstance(m, (n.Softmax, n.LogSoftmax, n.Softmin, n.Softmax2d)):
+        return "softmax"
+    if isinstance(m, n.MultiheadAttention):
+        return "attention"
+    if type(m).__module__ == "torch.nn.modules.activation":
+        return "activation"
+    return "other"
+
+
+def _leaf_units(root, user_kinds):
+    """(name, module) of the modules to trace: leaves, plus modules whose
+    class the user mapped or that are MultiheadAttention (traced as one
+    unit, their children not)."""
+    out = []
+
+    def unit(m):
+        return _user_kind(m, user_kinds) is not None or isinstance(
+            m, nn.MultiheadAttention)
+
+    def walk(prefix, m):
+        kids = list(m.named_children())
+        if not kids or unit(m):
+            out.append((prefix, m))
+            return
+        for n, c in kids:
+            walk(prefix + "." + n if prefix else n, c)
+
+    walk("", root)
+    return out
+
+
+def _user_kind(m, user_kinds):
+    if not user_kinds:
+        return None
+    for k, v in user_kinds.items():
+        if isinstance(k, str):
+            if type(m).__name__ == k:
+                return v
+        elif isinstance(m, k):
+            return v
+    return None
+
+
+# ---- the active tracer of a module (for saved()) ------------------------------
+
+def saved(module, tensor):
+    """Records a module's saved intermediate (a variance, attention scores,
+    probabilities) at site fwd_saved, from inside its forward, and returns
+    it: rounded to binary16 when the tracer emulates FP16 for this module
+    (so an FP16 variance that overflows is inf, as on a GPU). Without an
+    attached tracer it returns the tensor unchanged."""
+    ref = getattr(module, "_ampprobe_ref", None)
+    tr = ref[0]() if ref else None
+    if tr is None:
+        return tensor
+    return tr._saved(module, ref[1], tensor)
+
+
+def materialized(module, tensor):
+    """An intermediate a module materialises (a mean, a standard deviation)
+    without recording it: rounded to binary16 when the tracer emulates FP16
+    for this module, unchanged otherwise. Makes the emulation round where an
+    FP16 kernel would store a half tensor."""
+    ref = getattr(module, "_ampprobe_ref", None)
+    tr = ref[0]() if ref else None
+    if tr is None or not ref[1].emulate:
+        return tensor
+    return _round16(tensor)
+
+
+# ---- a loss scaler for CPU runs ------------------------------------------------
+
+class LossScaler:
+    """Dynamic loss scaling with torch.cuda.amp.GradScaler's rules, in plain
+    torch, for CPU jobs (Debian's torch 1.13 disables GradScaler without
+    CUDA) and FP16 emulation: scale starts at init_scale; a step with
+    non-finite gradients is skipped and scale *= backoff, tracker = 0;
+    otherwise tracker += 1 and every growth_interval clean steps the scale
+    grows (if finite). Same methods as GradScaler: scale, unscale_, step,
+    update, get_scale, is_enabled; the tracer reads it like GradScaler."""
+
+    def __init__(self, init_scale=65536.0, growth_factor=2.0,
+                 backoff_factor=0.5, growth_interval=2000, enabled=True):
+        self._scale = float(init_scale)
+        self._growth = growth_factor
+        self._backoff = backoff_factor
+        self._interval = growth_interval
+        self._tracker = 0
+        self._enabled = enabled
+        self._found_inf = None
+        self._unscaled = False
+
+    def is_enabled(self):
+        return self._enabled
+
+    def get_scale(self):
+        return self._scale if self._enabled else 1.0
+
+    def _get_growth_tracker(self):
+        return self._tracker
+
+    def scale(self, loss):
+        return loss * self._scale if self._enabled else loss
+
+    def unscale_(self, optimizer):
+        if not self._enabled or self._unscaled:
+            return
+        inv = 1.0 / self._scale  # in double, as GradScaler
+        found = False
+        with torch.no_grad():
+            for g in optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    p.grad.mul_(inv)
+                    if not bool(torch.isfinite(p.grad).all()):
+                        found = True
+        self._found_inf = found
+        self._unscaled = True
+
+    def step(self, optimizer):
+        if not self._enabled:
+            optimizer.step()
+            return
+        self.unscale_(optimizer)
+        if not self._found_inf:
+            optimizer.step()
+
+    def update(self):
+        if not self._enabled:
+            return
+        if self._found_inf:
+            self._scale *= self._backoff
+            self._tracker = 0
+        else:
+            self._tracker += 1
+            if self._tracker >= self._interval:
+                new = self._scale * self._growth
+                if math.isfinite(new):
+                    self._scale = new
+                self._tracker = 0
+        self._found_inf = None
+        self._unscaled = False
+
+
+# ---- the tracer ----------------------------------------------------------------
+
+def _round16(t):
+    return t.half().float() if t.dtype == torch.float32 else t
+
+
+def _floats(x):
+    """Floating tensors in a forward input/output (tensor, tuple, list)."""
+    if torch.is_tensor(x):
+        return [x] if x.is_floating_point() else []
+    if isinstance(x, (tuple, list)):
+        return [t for t in x if torch.is_tensor(t) and t.is_floating_point()]
+    return []
+
+
+def _map_floats(x, fn):
+    if torch.is_tensor(x):
+        return fn(x) if x.is_floating_point() else x
+    if isinstance(x, tuple):
+        return tuple(_map_floats(t, fn) if torch.is_tensor(t) else t
+                     for t in x)
+    if isinstance(x, list):
+        return [_map_floats(t, fn) if torch.is_tensor(t) else t for t in x]
+    return x
+
+
+class _Layer:
+    __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
+                 "emulate", "params", "selected")
+
+
+class Tracer:
+    """Traces a model into a libprobe trace.
+
+        tracer = ampprobe.torch.Tracer(model, "run.h5", loss_fn=criterion,
+                                       emulate_fp16=True,
+                                       kinds={RevIN: "revin"})
+        for step, (x, y) in enumerate(loader):
+            with tracer.autocast():
+                loss = criterion(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt); scaler.update()
+            tracer.end_step(loss=loss, optimizer=opt, scaler=scaler,
+                            grad_norm=norm, max_norm=1.0)
+        tracer.close()
+
+    Arguments (all keywords but model and path):
+      path          the trace file; $AMPPROBE_TRACE overrides it.
+      mode          "full" (every selected record) or "scalars" (flight
+                    recorder: the last ring_steps steps are written when a
+                    non-finite value appears).
+      layers        comma-separated globs (or a list) on module names: only
+                    those are hooked (all are listed in the trace's layers).
+      every, step_start, step_end   record every N-th step of a window.
+      ring_steps    flight-recorder depth.
+      precision     what the job runs in: "fp16" (default with emulate_fp16),
+                    "bf16" or "fp32"; $AMPPROBE_PRECISION overrides it.
+      emulate_fp16  round every traced module's inputs, outputs and
+                    gradients (and saved() intermediates) to binary16 on
+                    the CPU (docs/python.md: what it cannot emulate).
+      fp32          modules forced to FP32 (kinds or name globs), added to
+                    $AMPPROBE_FP32; they run outside autocast on FP32 inputs.
+      kinds         {class or class name: kind name} for custom modules.
+      on_nonfinite  "record" (default), "warn" or "raise" (NonFiniteError)
+                    at the end of the step whose records first show it.
+      loss_fn       a loss module to trace too (kind loss).
+      record_input  record the model's input as layer "input" (True).
+      config        a dict stored as the trace's config_json ("name" etc.).
+      env           obey the AMPPROBE_* environment variables (True).
+    Other keywords go to the libprobe session (flush_seconds, max_events,
+    snapshot_on_nonfinite, snapshot_max_elems, ...).
+    """
+
+    def __init__(self, model, path=None, *, mode="full", layers=None,
+                 every=1, step_start=0, step_end=-1, ring_steps=8,
+                 precision=None, emulate_fp16=False, fp32=(), kinds=None,
+                 on_nonfinite="record", loss_fn=None, record_input=True,
+                 config=None, env=True, device_type=None, **session_options):
+        if on_nonfinite not in ("record", "warn", "raise"):
+            raise ValueError("on_nonfinite: record, warn or raise")
+        base = precision or ("fp16" if emulate_fp16 else None)
+        self.policy = (Policy.from_env(fp32=fp32, precision=base, trace=path)
+                       if env else Policy(fp32=fp32, precision=base,
+                                          trace=path))
+        if self.policy.trace is None:
+            raise ValueError("no trace path: pass path or set AMPPROBE_TRACE")
+        self.precision = self.policy.precision or "fp32"
+        self.emulate = bool(emulate_fp16) and self.precision == "fp16"
+        if emulate_fp16 and self.precision not in ("fp16", "fp32"):
+            raise ValueError("emulate_fp16 needs precision fp16")
+        self.device_type = device_type or (
+            "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu")
+        self.on_nonfinite = on_nonfinite
+        self.model = model
+        self.path = self.policy.trace
+        self._globs = _split(layers)
+        cfg = {"name": "pytorch", "framework": "pytorch",
+               "torch": torch.__version__, "precision": self.precision,
+               "fp32": self.policy.fp32, "emulate_fp16": self.emulate,
+               "command": _command_line()}
+        if config:
+            cfg.update(config)
+        self._every = max(int(every), 1)
+        self._start, self._end = int(step_start), int(step_end)
+        self._full = mode == "full"
+        self.session = Session(
+            self.path, mode=mode,
+            layer_select=",".join(self._globs) if self._globs else None,
+            step_start=step_start, step_end=step_end, step_every=every,
+            ring_steps=ring_steps, command_line=_command_line(),
+            config_json=json.dumps(cfg),
+            precision_policy=self.policy.describe(self.precision),
+            **session_options)
+        self._lib = self.session._lib
+        self._rec = self._lib.probe_tensor_record
+        # A c_void_p object: ctypes passes it without converting an int.
+        self._h = ctypes.c_void_p(self.session.handle)
+        self._hooks = []
+        self._layers = []
+        self._by_param = {}
+        self._step = None
+        self._next = 0
+        self._recording = False
+        self._hold = []
+        self._refs = []  # (layer, site, tensor) of this step, for scans
+        self._scale_begin = None
+        self._scaler = None
+        self._clip = None
+        self._hand_events = []
+        self._reported = -1
+        self.copies = 0  # tensors copied before recording (not contiguous
+        #                 or not fp32/fp16/bf16)
+        self._closed = False
+        self._attach(model, kinds, loss_fn, record_input)
+
+    # -- attaching ----------------------------------------------------------------
+
+    def _register(self, name, module, kind, selected):
+        L = _Layer()
+        L.name, L.module, L.kind = name, module, kind
+        # Losses run in FP32, as under autocast (the C trainer's loss_fp32).
+        L.fp32 = kind == "loss" or self.policy.forces_fp32(name, kind)
+        L.precision = "fp32" if L.fp32 else self.precision
+        L.emulate = self.emulate and not L.fp32
+        kid = _lib.kind_id(kind)
+        if kid is None:  # an older library without this kind
+            kid = _lib.kind_id("other")
+        L.lid = self.session.register(name, kid, L.precision)
+        L.params = [] if module is None else [
+            p for p in module.parameters(recurse=False)]
+        L.selected = selected
+        self._layers.append(L)
+        return L
+
+    def _attach(self, model, user_kinds, loss_fn, record_input):
+        used = set()
+
+        def uniq(name):
+            name = (name or type(model).__name__.lower())[:60]
+            base, i = name, 1
+            while name in used:
+                i += 1
+                name = "%s~%d" % (base[:56], i)
+            used.add(name)
+            return name
+
+        if record_input:
+            L = self._register(uniq("input"), None, "input", True)
+            self._input_layer = L
+            self._hooks.append(model.register_forward_pre_hook(
+                self._make_input_hook(L)))
+        units = _leaf_units(model, user_kinds)
+        if loss_fn is not None:
+            units.append(("loss", loss_fn))
+        for name, m in units:
+            kind = _user_kind(m, user_kinds) or (
+                "loss" if m is loss_fn else default_kind(m))
+            name = uniq(name)
+            sel = not self._globs or any(fnmatch.fnmatchcase(name, g)
+                                         for g in self._globs)
+            L = self._register(name, m, kind, sel)
+            if L.fp32:
+                self._wrap_fp32(m)
+            m._ampprobe_ref = (weakref.ref(self), L)
+            if not sel:
+                continue
+            if getattr(m, "inplace", False) is True:
+                m.inplace = False  # full backward hooks refuse in-place
+            self._hooks.append(m.register_forward_pre_hook(
+                self._make_pre_hook(L)))
+            self._hooks.append(m.register_forward_hook(
+                self._make_fwd_hook(L)))
+            self._hooks.append(m.register_full_backward_hook(
+                self._make_bwd_hook(L)))
+            for p in L.params:
+                if p.requires_grad and id(p) not in self._by_param:
+                    self._by_param[id(p)] = L
+                    self._hooks.append(p.register_hook(
+                        self._make_param_hook(L)))
+        # Close the file even if the job raises and never calls us again.
+        self._finalizer = weakref.finalize(self, Tracer._finalize,
+                                           self.session)
+
+    @staticmethod
+    def _finalize(session):
+        try:
+            session.close()
+        except Exception:
+            pass
+
+    def _wrap_fp32(self, m):
+        """m runs outside autocast, its floating inputs cast to float32."""
+        if getattr(m, "_ampprobe_fp32", False):
+            return
+        orig = m.forward
+        dev = self.device_type
+
+        def forward(*args, **kwargs):
+            args = tuple(a.float() if torch.is_tensor(a)
+                         and a.is_floating_point() else a for a in args)
+            with torch.autocast(device_type=dev, enabled=False):
+                return orig(*args, **kwargs)
+
+        m.forward = forward
+        m._ampprobe_fp32 = True
+
+    # -- the hooks ------------------------------------------------------------------
+
+    def _record(self, L, site, t):
+        """Hands one tensor to libprobe by pointer (copy if it must)."""
+        if not self._recording:
+            return
+        dt = _DT.get(t.dtype)
+        if dt is None or not t.is_contiguous():
+            t = t.detach()
+            if dt is None:
+                t, dt = t.float(), 0
+            t = t.contiguous()
+            self.copies += 1
+        # The tensor itself (no detach: one object less per record) is kept
+        # until end_step; libprobe reads it now and may snapshot it then.
+        self._refs.append((L, site, t))
+        st = self._rec(self._h, L.lid, _SITE[site], dt, t.data_ptr(),
+                       t.numel())
+        if st < 0:
+            self.session._check(st, "probe_tensor_record(%s, %s)" %
+                                (L.name, site))
+
+    def _ensure_step(self):
+        if self._step is None:
+            self.begin_step(self._next)
+
+    def _make_input_hook(self, L):
+        def hook(module, inputs):
+            self._ensure_step()
+            for t in _floats(inputs):
+                self._record(L, "fwd_out", t)
+        return hook
+
+    def _make_pre_hook(self, L):
+        loss = L.kind == "loss"
+
+        def hook(module, inputs):
+            self._ensure_step()
+            for t in _floats(inputs)[:1] if loss else _floats(inputs):
+                self._record(L, "fwd_in", t)  # a loss: the prediction only
+            if self._recording:
+                for p in L.params:
+                    w = p.detach()
+                    if L.emulate:
+                        w = w.half()  # as autocast would cast it
+                    self._record(L, "weight", w)
+            if L.emulate:
+                return _map_floats(inputs, _round16)
+            return None
+        return hook
+
+    def _make_fwd_hook(self, L):
+        def grad_out_hook(g):
+            if L.emulate:
+                g = _round16(g)
+            self._record(L, "grad_out", g)
+            return g if L.emulate else None
+
+        def hook(module, inputs, output):
+            if L.emulate:
+                output = _map_floats(output, _round16)
+            for t in _floats(output):
+                self._record(L, "fwd_out", t)
+                if t.requires_grad:
+                    t.register_hook(grad_out_hook)
+            return output if L.emulate else None
+        return hook
+
+    def _make_bwd_hook(self, L):
+        loss = L.kind == "loss"
+
+        def hook(module, grad_input, grad_output):
+            if L.emulate:
+                grad_input = tuple(None if g is None else _round16(g)
+                                   for g in grad_input)
+            # A loss: the gradient to the prediction only (not the target).
+            for g in grad_input[:1] if loss else grad_input:
+                if g is not None and g.is_floating_point():
+                    self._record(L, "grad_in", g)
+            return grad_input if L.emulate else None
+        return hook
+
+    def _make_param_hook(self, L):
+        def hook(g):
+            if L.emulate:
+                g = _round16(g)
+            self._record(L, "weight_grad", g)
+            return g if L.emulate else None
+        return hook
+
+    def _saved(self, module, L, t):
+        if L.emulate:
+            t = _round16(t)
+        if self._step is not None and L.selected:
+            self._record(L, "fwd_saved", t)
+        return t
+
+    # -- steps ----------------------------------------------------------------------
+
+    def _in_window(self, step):
+        if not self._full:
+            return True
+        if step < self._start or (self._end >= 0 and step > self._end):
+            return False
+        return (step - self._start) % self._every == 0
+
+    def begin_step(self, step=None):
+        """Starts a step (the first traced forward of a step does it by
+        itself, numbering steps 0, 1, ...)."""
+        if self._step is not None:
+            raise RuntimeError("ampprobe: step %d not ended (end_step)" %
+                               self._step)
+        step = self._next if step is None else int(step)
+        self.session.begin_step(step)
+        self._step = step
+        self._recording = self._in_window(step)
+        if self._scaler is not None:
+            self._scale_begin = float(self._scaler.get_scale())
+
+    def attach_scaler(self, scaler):
+        """A torch.cuda.amp / torch.amp GradScaler or an ampprobe LossScaler:
+        its scale at the start of each step is the step's loss scale, and a
+        change by end_step a backoff (skipped step) or a growth event.
+        Passing scaler= to end_step does the same from the next step on."""
+        self._scaler = scaler
+        if self._step is not None and self._scale_begin is None:
+            self._scale_begin = float(scaler.get_scale())
+
+    def clip(self, grad_norm, max_norm):
+        """The job's clipping of this step: clip_grad_norm_'s return value
+        and its max_norm (the coefficient is min(1, max_norm/(norm+1e-6)),
+        torch's). Returns grad_norm."""
+        self._clip = (float(grad_norm), float(max_norm))
+        return grad_norm
+
+    def scaler_event(self, kind, old_scale, new_scale, growth_tracker=0):
+        """A loss-scale change of a job that scales by hand: kind "backoff"
+        (the step was skipped), "growth", "hysteresis" or "min_clamp"."""
+        self._ensure_step()
+        self._hand_events.append((kind, float(old_scale), float(new_scale),
+                                  int(growth_tracker)))
+
+    def end_step(self, loss=None, optimizer=None, scaler=None, grad_norm=None,
+                 max_norm=None, lr=None, loss_scale=None, found_inf=None,
+                 skipped=None, growth_tracker=None):
+        """Ends the step, after the optimizer step and scaler.update():
+        records every traced parameter (the FP32 master after the step),
+        the step's scalars (loss, loss scale, scaler events, lr from
+        optimizer.param_groups[0], grad norm and clip coefficient), then
+        checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
+        loss_scale/found_inf/skipped/growth_tracker and call
+        scaler_event()."""
+        self._ensure_step()
+        step = self._step
+        if scaler is not None and self._scaler is None:
+            self._scaler = scaler  # the scale at this step's start is unknown
+        events = []
+        sc = self._scaler
+        scale = loss_scale
+        tracker = growth_tracker
+        fi, sk = found_inf, skipped
+        if sc is not None and (not hasattr(sc, "is_enabled")
+                               or sc.is_enabled()):
+            new = float(sc.get_scale())
+            old = self._scale_begin if self._scale_begin is not None else new
+            if scale is None:
+                scale = old
+            if tracker is None:
+                tracker = _tracker(sc)
+            if new < old:
+                events.append(("backoff", old, new, tracker or 0))
+                fi = 1 if fi is None else fi
+                sk = 1 if sk is None else sk
+            elif new > old:
+                events.append(("growth", old, new, tracker or 0))
+        for e in self._hand_events:
+            events.append(e)
+            if e[0] == "backoff":
+                fi = 1 if fi is None else fi
+                sk = 1 if sk is None else sk
+        if self._recording:
+            for L in self._layers:
+                if L.selected:
+                    for p in L.params:
+                        self._record(L, "master_weight", p.detach())
+        if grad_norm is None and self._clip is not None:
+            grad_norm, max_norm = self._clip
+        gn = float(grad_norm) if grad_norm is not None else float("nan")
+        mx = float(max_norm) if max_norm else 0.0
+        coef = min(1.0, mx / (gn + 1e-6)) if mx > 0 and math.isfinite(gn) \
+            else 1.0
+        if lr is None and optimizer is not None:
+            lr = optimizer.param_groups[0]["lr"]
+        lossv = float(loss.detach().float()) if torch.is_tensor(loss) else (
+            float(loss) if loss is not None else float("nan"))
+        s = self.session
+        try:
+            s.set_scalars(loss=lossv,
+                          loss_scale=scale if scale is not None else 1.0,
+                          growth_tracker=tracker or 0, found_inf=fi or 0,
+                          skipped=sk or 0,
+                          lr=lr if lr is not None else float("nan"),
+                          grad_norm=gn, clip_threshold=mx, clip_coef=coef)
+            for e in events:
+                s.scaler_event(*e)
+            s.end_step()
+        finally:
+            refs = self._refs
+            self._refs = []
+            self._step = None
+            self._next = step + 1
+            self._clip = None
+            self._hand_events = []
+            if sc is not None:
+                self._scale_begin = None
+        if self.on_nonfinite != "record":
+            self._check_nonfinite(step, lossv, bool(sk), refs)
+
+    def _check_nonfinite(self, step, lossv, skipped, refs):
+        first = self.session.first_nonfinite()
+        hit = None
+        if first[0] == step:
+            L = next(x for x in self._layers if x.lid == first[1])
+            hit = (L, first[2])
+        elif first[0] >= 0 and (not math.isfinite(lossv) or skipped):
+            # An earlier event took the session's "first"; scan this step's
+            # tensors (only on a step whose loss or gradients are bad).
+            for L, site, t in refs:
+                if not bool(torch.isfinite(t).all()):
+                    hit = (L, site)
+                    break
+        if hit is None:
+            if not math.isfinite(lossv) and first[0] != step:
+                hit = (None, "loss")
+            else:
+                return
+        L, site = hit
+        phase = _lib.SITE_PHASE.get(site, "forward")
+        if phase == "backward" and skipped:
+            return  # the loss scaler's routine overflow: step skipped
+        if step <= self._reported:
+            return
+        self._reported = step
+        name = L.name if L is not None else "loss"
+        kind = L.kind if L is not None else "loss"
+        detail = ""
+        if L is not None:
+            t = next((t for (l2, s2, t) in refs if l2 is L and s2 == site),
+                     None)
+            if t is not None:
+                detail = " (%d NaN, %d +inf, %d -inf of %d)" % (
+                    int(torch.isnan(t).sum()), int((t == math.inf).sum()),
+                    int((t == -math.inf).sum()), t.numel())
+        err = NonFiniteError(step, phase, name, site, kind, detail)
+        if self.on_nonfinite == "raise":
+            try:
+                self.session.flush()
+            except Exception:
+                pass
+            raise err
+        warnings.warn(str(err), NonFiniteWarning, stacklevel=3)
+
+    # -- helpers for the job ----------------------------------------------------------
+
+    def autocast(self, dtype=None):
+        """The autocast context the policy asks for: none for fp32 and for
+        FP16 emulation, torch.autocast(device, dtype) otherwise."""
+        if self.precision == "fp32" or self.emulate:
+            return contextlib.nullcontext()
+        dt = dtype or (torch.bfloat16 if self.precision == "bf16"
+                       else torch.float16)
+        return torch.autocast(device_type=self.device_type, dtype=dt)
+
+    def layer_names(self):
+        return [L.name for L in self._layers]
+
+    def fp32_modules(self):
+        """Modules the policy forces to FP32 (losses, always FP32, left
+        out)."""
+        return [L.name for L in self._layers if L.fp32 and L.kind != "loss"]
+
+    def close(self):
+        """Removes the hooks and closes the trace (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for L in self._layers:
+            if L.module is not None and hasattr(L.module, "_ampprobe_ref"):
+                try:
+                    del L.module._ampprobe_ref
+                except AttributeError:
+                    pass
+        self._finalizer.detach()
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _tracker(sc):
+    f = getattr(sc, "_get_growth_tracker", None)
+    if f is None:
+        return 0
+    v = f()
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _command_line():
+    """The job's command as the shell would take it back, interpreter
+    included ("/usr/bin/python3 train.py --steps 40"), for the trace's
+    command_line (the post-mortem's suggested commands start from it)."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
+    return shlex.join(argv)
+
+
+def _split(x):
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [t.strip() for t in x.split(",") if t.strip()]
+    return list(x)
+
+
+def trace(model, path=None, **kw):
+    """Tracer(model, path, **kw)."""
+    return Tracer(model, path, **kw)

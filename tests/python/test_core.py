@@ -1,0 +1,344 @@
+"""The torch-free core: struct layouts against the C compiler, writing and
+reading traces (checked against h5py), buffers by pointer, the policy, the
+library search and the post-mortem."""
+import ctypes
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_py
+
+import ampprobe
+from ampprobe import _lib, policy
+
+STRUCTS = {
+    "probe_stats": _lib.probe_stats,
+    "probe_record": _lib.probe_record,
+    "probe_step_scalars": _lib.probe_step_scalars,
+    "probe_scaler_event": _lib.probe_scaler_event,
+    "probe_layer_info": _lib.probe_layer_info,
+    "probe_snapshot_info": _lib.probe_snapshot_info,
+    "probe_options": _lib.probe_options,
+    "probe_trace_info": _lib.probe_trace_info,
+}
+
+
+def test_struct_layout_matches_c(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    header = open(os.path.join(REPO, "include", "ampprobe", "probe.h")).read()
+    # Trailing fields of newer libraries the header may not have yet: their
+    # value lands in probe_options_buf's spare room.
+    newer = {("probe_options", "overwrite")}
+    skipped = set()
+    lines = []
+    for sname, st in STRUCTS.items():
+        fields = [f for f, _ in st._fields_]
+        while (sname, fields[-1]) in newer and not re.search(
+                r"\b%s;" % fields[-1], header):
+            skipped.add((sname, fields.pop()))
+        if (sname, None) in skipped or any(s == sname for s, _ in skipped):
+            pass
+        else:
+            lines.append('printf("%s sizeof %%zu\\n", sizeof(%s));' % (sname, sname))
+        for f in fields:
+            lines.append('printf("%s %s %%zu\\n", offsetof(%s, %s));' %
+                         (sname, f, sname, f))
+    src = tmp_path / "layout.c"
+    src.write_text('#include <stdio.h>\n#include <stddef.h>\n'
+                   '#include "ampprobe/probe.h"\nint main(void) {\n' +
+                   "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-I", os.path.join(REPO, "include"),
+                    str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], stdout=subprocess.PIPE, check=True)
+    n = 0
+    for line in out.stdout.decode().splitlines():
+        sname, field, val = line.split()
+        st = STRUCTS[sname]
+        got = ctypes.sizeof(st) if field == "sizeof" else getattr(st, field).offset
+        assert got == int(val), "%s.%s: ctypes %d, C %s" % (sname, field, got, val)
+        n += 1
+    assert n == sum(len(s._fields_) + 1 for s in STRUCTS.values()) - 2 * len(skipped)
+
+
+def test_numpy_dtypes_match_structs():
+    assert ampprobe.RECORD_DTYPE.itemsize == 648
+    assert ampprobe.STEP_DTYPE.itemsize == 80
+    assert ampprobe.SCALER_EVENT_DTYPE.itemsize == 40
+    assert ampprobe.RECORD_DTYPE.fields["hist"][0].shape == (66,)
+    assert ampprobe.RECORD_DTYPE.fields["sum"][1] == 24 + 80
+
+
+def _write_sample(path):
+    rng = np.random.default_rng(3)
+    with ampprobe.Session(path, mode="full", config_json={"name": "t"},
+                          precision_policy="fp16; fp32: b") as s:
+        a = s.register("enc.a", "linear", "fp16")
+        b = s.register("enc.b", "bn", "fp32")
+        bufs = []
+        for step in range(3):
+            s.begin_step(step)
+            x = (rng.standard_normal(1000) * 10 ** step).astype(np.float32)
+            x[7] = np.nan if step == 2 else x[7]
+            h = (rng.standard_normal(300) * 1e-6).astype(np.float16)
+            bf = (rng.standard_normal(50).astype(np.float32).view(np.uint32)
+                  >> 16).astype(np.uint16)
+            s.record(a, "fwd_in", x)
+            s.record(a, "fwd_out", h)
+            s.record(b, "fwd_saved", bf, dtype="bf16")
+            s.record(b, "weight_grad", rng.standard_normal((4, 4))[:, ::2])
+            bufs.append((x.copy(), h.copy(), bf.copy()))
+            s.set_scalars(loss=1.0 / (step + 1), loss_scale=2.0 ** (16 - step),
+                          growth_tracker=step, found_inf=step == 1,
+                          skipped=step == 1, lr=1e-3, grad_norm=2.5,
+                          clip_threshold=1.0, clip_coef=0.4)
+            if step == 1:
+                s.scaler_event("backoff", 2.0 ** 15, 2.0 ** 14, 0)
+            s.end_step()
+        first = s.first_nonfinite()
+    return bufs, first
+
+
+def test_roundtrip_against_h5py(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    p = str(tmp_path / "t.h5")
+    bufs, first = _write_sample(p)
+    assert first[0] == 2 and first[2] == "fwd_in"
+    t = ampprobe.read_trace(p)
+    assert t["info"]["complete"] == 1
+    assert t["info"]["precision_policy"] == "fp16; fp32: b"
+    assert [n.decode() for n in t["layers"]["name"]] == ["enc.a", "enc.b"]
+    assert list(t["layers"]["kind"]) == [1, 2]
+    f = h5py.File(p, "r", swmr=True)
+    n = f["meta/state"][3]
+    ref = f["records"][:n]
+    assert len(ref) == len(t["records"]) == 12
+    for name in ref.dtype.names:
+        a, b = ref[name], t["records"][name]
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), name
+    st = f["steps"][: f["meta/state"][2]]
+    for name in st.dtype.names:
+        if name == "wall_time":
+            continue
+        assert np.array_equal(st[name], t["steps"][name]), name
+    ev = t["scaler_events"]
+    assert len(ev) == 1 and ev["kind"][0] == 0 and ev["new_scale"][0] == 2.0 ** 14
+    # values against NumPy for the first step's fp32 buffer
+    r0 = t["records"][0]
+    x = bufs[0][0]
+    assert r0["count"] == x.size and r0["min"] == x.min() and r0["max"] == x.max()
+    assert math.isclose(r0["sum"], float(x.astype(np.float64).sum()), rel_tol=1e-9)
+    assert t["records"]["dtype"][1] == 1 and t["records"]["dtype"][2] == 2
+    r2 = t["records"][t["records"]["step"] == 2][0]
+    assert r2["nan_count"] == 1
+
+
+def test_record_by_pointer_and_copies(tmp_path):
+    with ampprobe.Session(str(tmp_path / "c.h5")) as s:
+        lid = s.register("l")
+        s.begin_step(0)
+        for arr, dt, want_copy in [
+                (np.ones(10, np.float32), None, False),
+                (np.ones(10, np.float16), None, False),
+                (np.ones(10, np.uint16), "bf16", False),
+                (np.ones(10, np.float64), None, True),
+                (np.ones((4, 4), np.float32)[:, 1], None, True)]:
+            a, copied = s.record(lid, "fwd_out", arr, dtype=dt)
+            assert copied == want_copy
+            if not copied:
+                assert a.ctypes.data == arr.ctypes.data  # the caller's memory
+        s.end_step()
+
+
+def test_stats_of_buffers():
+    x = np.array([0.0, -0.0, 1.0, -3.0, np.inf, -np.inf, np.nan, 7e4, 1e-8],
+                 np.float32)
+    s = ampprobe.stats(x)
+    assert (s["count"], s["nan_count"], s["posinf_count"], s["neginf_count"],
+            s["zero_count"]) == (9, 1, 1, 1, 2)
+    assert s["f16_overflow"] == 1 and s["f16_flush"] == 1
+    assert s["min"] == -3.0 and s["max"] == np.float32(7e4)
+    bits = (np.array([1.5, -2.0], np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    b = ampprobe.stats(bits, dtype="bf16")
+    assert b["min"] == -2.0 and b["max"] == 1.5 and b["count"] == 2
+    h = ampprobe.stats(np.array([65504, -1], np.float16))
+    assert h["absmax"] == 65504.0
+
+
+def test_session_errors(tmp_path):
+    with pytest.raises(ampprobe.ProbeError) as e:
+        ampprobe.Session(str(tmp_path / "no" / "such" / "dir.h5"))
+    assert "dir.h5" in str(e.value) or "No such" in str(e.value)
+    with ampprobe.Session(str(tmp_path / "e.h5")) as s:
+        s.register("x")
+        with pytest.raises(ampprobe.ProbeError):
+            s.register("x")  # names are unique
+        with pytest.raises(ValueError):
+            s.register("y", kind="no-such-kind")
+        s.begin_step(0)
+        with pytest.raises(ampprobe.ProbeError):
+            s.record(99, "fwd_out", np.ones(3, np.float32))
+        s.end_step()
+    with pytest.raises(ampprobe.ProbeError) as e:
+        ampprobe.Trace(str(tmp_path / "missing.h5"))
+    assert e.value.name == "ERR_NOT_FOUND"
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not a trace at all" * 10)
+    with pytest.raises(ampprobe.ProbeError) as e:
+        ampprobe.Trace(str(bad))
+    assert e.value.name == "ERR_NOT_HDF5"
+
+
+def test_policy_from_env():
+    p = ampprobe.Policy.from_env({"AMPPROBE_FP32": "bn, enc.*",
+                                  "AMPPROBE_TRACE": "/x.h5"}, fp32="revin")
+    assert p.fp32 == ["revin", "bn", "enc.*"] and p.trace == "/x.h5"
+    assert p.forces_fp32("dec.norm", "bn")
+    assert p.forces_fp32("enc.fc1", "linear")
+    assert p.forces_fp32("r", "revin")
+    assert not p.forces_fp32("dec.fc", "linear")
+    assert p.describe("fp16") == "fp16; fp32: revin,bn,enc.*"
+    q = ampprobe.Policy.from_env({"AMPPROBE_PRECISION": "fp32"}, precision="fp16")
+    assert q.precision == "fp32" and q.forces_fp32("anything", "linear")
+    with pytest.raises(ValueError):
+        ampprobe.Policy.from_env({"AMPPROBE_PRECISION": "fp8"})
+
+
+def test_kind_vocabulary_in_step_with_library():
+    assert tuple(ampprobe.kind_names()) == policy.KINDS
+
+
+def test_library_search_order(tmp_path):
+    r = run_py(["-c", "import ampprobe; ampprobe.library_path()"],
+               env={"AMPPROBE_LIB": str(tmp_path / "nope.so")})
+    assert r.returncode != 0
+    err = r.stderr.decode()
+    assert "AMPPROBE_LIB" in err and "nope.so (missing)" in err
+    # An installation prefix is searched when AMPPROBE_LIB is unset.
+    pre = tmp_path / "prefix" / "lib"
+    pre.mkdir(parents=True)
+    shutil.copy(ampprobe.library_path(), str(pre / "libampprobe.so"))
+    env = {"AMPPROBE_LIB": "", "AMPPROBE_PREFIX": str(tmp_path / "prefix")}
+    r = run_py(["-c", "import ampprobe; print(ampprobe.library_path())"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == str(pre / "libampprobe.so")
+
+
+def test_core_without_torch(tmp_path):
+    """The core writes a trace, reads it into NumPy structured arrays and
+    runs the post-mortem with torch impossible to import."""
+    p = str(tmp_path / "nt.h5")
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch blocked by the test")
+        sys.meta_path.insert(0, Block())
+        import numpy as np, ampprobe
+        with ampprobe.Session(%r) as s:
+            l = s.register("fc", "linear", "fp16")
+            for step in range(2):
+                s.begin_step(step)
+                s.record(l, "fwd_out", np.array([1, 2, np.inf if step else 3], np.float32))
+                s.set_scalars(loss=1.0)
+                s.end_step()
+        t = ampprobe.read_trace(%r)
+        r = t["records"]
+        assert isinstance(r, np.ndarray) and r.dtype.names[:3] == ("step", "seq", "layer")
+        assert list(r["posinf_count"]) == [0, 1], r["posinf_count"]
+        assert t["steps"]["loss"].tolist() == [1.0, 1.0]
+        pm = ampprobe.postmortem(%r)
+        assert pm["event"]["origin_layer"] == "fc" and pm["event"]["step"] == 1
+        assert "torch" not in sys.modules
+        try:
+            import ampprobe.torch
+        except ImportError as e:
+            print("blocked:", e)
+        print("ok")
+    """ % (p, p, p))
+    r = run_py(["-c", code])
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert "ok" in out and "blocked" in out
+
+
+def test_postmortem_names_origin(tmp_path):
+    p = str(tmp_path / "pm.h5")
+    with ampprobe.Session(p) as s:
+        a = s.register("a", "linear", "fp16")
+        b = s.register("b", "softmax", "fp16")
+        s.begin_step(0)
+        x = np.array([1.0, 2.0], np.float32)
+        y = np.array([np.nan, 2.0], np.float32)
+        s.record(a, "fwd_in", x)
+        s.record(a, "fwd_out", x)
+        s.record(b, "fwd_in", x)
+        s.record(b, "fwd_out", y)
+        s.set_scalars(loss=float("nan"))
+        s.end_step()
+    pm = ampprobe.postmortem(p)
+    ev = pm["event"]
+    assert (ev["step"], ev["phase"], ev["origin_layer"], ev["origin_kind"],
+            ev["origin_site"]) == (0, "forward", "b", "softmax", "fwd_out")
+
+
+def test_version_follows_the_project():
+    """One version: the package's is CMake's project(ampprobe VERSION) and
+    the library's ampprobe_version()."""
+    import re as _re
+    cm = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    v = _re.search(r"project\(ampprobe VERSION (\d+\.\d+\.\d+)", cm).group(1)
+    py = open(os.path.join(REPO, "python", "pyproject.toml")).read()
+    assert 'version = "%s"' % v in py
+    assert ampprobe.__version__ == v
+    lib = _lib.load()
+    if hasattr(lib, "ampprobe_version"):
+        assert lib.ampprobe_version().decode() == v
+
+
+def test_installed_package_finds_an_installed_library(tmp_path):
+    """pip-installed (no repository around it): the library comes from
+    AMPPROBE_PREFIX, and without any hint the error lists where it looked."""
+    pip = subprocess.run([sys.executable, "-m", "pip", "--version"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if pip.returncode != 0:
+        pytest.skip("no pip")
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                        "--no-build-isolation", "--no-deps", "--target",
+                        str(site), os.path.join(REPO, "python")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    if r.returncode != 0:
+        pytest.skip("pip cannot build here: %s" % r.stderr.decode()[-300:])
+    prefix = tmp_path / "prefix"
+    (prefix / "lib").mkdir(parents=True)
+    shutil.copy(ampprobe.library_path(), str(prefix / "lib" / "libampprobe.so"))
+    code = ("import ampprobe, sys; print(ampprobe.__file__); "
+            "print(ampprobe.library_path())")
+    env = dict(os.environ, PYTHONPATH=str(site), AMPPROBE_LIB="",
+               AMPPROBE_PREFIX=str(prefix))
+    r = subprocess.run([sys.executable, "-c", code], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode().split()
+    assert out[0].startswith(str(site)) and out[1] == str(prefix / "lib" / "libampprobe.so")
+    env.pop("AMPPROBE_PREFIX")
+    r = subprocess.run([sys.executable, "-c", code], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(tmp_path))
+    if r.returncode == 0:  # an installed copy on the loader's path
+        assert "build" not in r.stdout.decode().split()[1]
+    else:
+        assert "cannot load libampprobe" in r.stderr.decode()

@@ -1,0 +1,329 @@
+"""The PyTorch tracer: planted FP16 overflows under emulation are named by
+the post-mortem and by on_nonfinite; bf16 autocast is healthy; the policy
+from the environment; record selection; scalars; what is recorded."""
+import math
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+import ampprobe  # noqa: E402
+import ampprobe.torch as at  # noqa: E402
+from ampprobe._lib import SITES  # noqa: E402
+from models import Net, ProbNLL, RevINLike, data, train  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def make(tmp_path, name="t.h5", seed=0, **kw):
+    torch.manual_seed(seed)
+    model = Net()
+    loss_fn = ProbNLL()
+    kw.setdefault("emulate_fp16", True)
+    tr = at.Tracer(model, str(tmp_path / name), kinds={RevINLike: "revin"},
+                   loss_fn=loss_fn, **kw)
+    return model, loss_fn, tr, str(tmp_path / name)
+
+
+# Planted overflows: (case, data maker, model tweak, expected origin)
+def _big_weights(model):
+    with torch.no_grad():
+        model.fc1.weight.mul_(1e5)
+
+
+CASES = {
+    # large-magnitude series: RevIN's FP16 variance overflows (saved)
+    "revin": (lambda s: data(s, level=3000.0, spread=500.0), None,
+              ("revin", "revin", "fwd_saved", "forward")),
+    # over-scaled first linear layer: its FP16 output overflows
+    "linear": (lambda s: data(s), _big_weights,
+               ("fc1", "linear", "fwd_out", "forward")),
+    # a NaN in the input batch of step 0
+    "nan-input": (lambda s: data(s, nan=True), None,
+                  ("input", "input", "fwd_out", "forward")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_planted_overflow_postmortem(tmp_path, case):
+    mk, tweak, want = CASES[case]
+    model, loss_fn, tr, path = make(tmp_path)
+    if tweak:
+        tweak(model)
+    train(tr, model, loss_fn, 3, make=mk)
+    tr.close()
+    pm = ampprobe.postmortem(path)
+    ev = pm["event"]
+    assert (ev["origin_layer"], ev["origin_kind"], ev["origin_site"],
+            ev["phase"], ev["step"]) == want + (0,), ev
+    assert ampprobe.verdict(path) in ("degraded", "diverged")
+    if case == "revin":
+        assert ev["origin_output"]["posinf"] > 0
+        assert ev["kind"] == "reduction-overflow"
+        assert "revin" in pm["diagnosis"][0]["title"] if isinstance(
+            pm.get("diagnosis"), list) and pm["diagnosis"] and isinstance(
+            pm["diagnosis"][0], dict) and "title" in pm["diagnosis"][0] else True
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_raise_names_producer(tmp_path, case):
+    mk, tweak, want = CASES[case]
+    model, loss_fn, tr, path = make(tmp_path, on_nonfinite="raise")
+    if tweak:
+        tweak(model)
+    with pytest.raises(at.NonFiniteError) as e:
+        train(tr, model, loss_fn, 3, make=mk)
+    err = e.value
+    assert (err.module, err.kind, err.site, err.phase, err.step) == want + (0,)
+    msg = str(err)
+    for part in ("step 0", want[3], "'%s'" % want[0], want[2]):
+        assert part in msg, msg
+    assert tr._next == 1  # raised at the end of step 0, not later
+    tr.close()
+    assert ampprobe.read_trace(path)["info"]["complete"] == 1
+
+
+def test_warn_once_per_step(tmp_path):
+    mk, tweak, want = CASES["revin"]
+    model, loss_fn, tr, path = make(tmp_path, on_nonfinite="warn")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        train(tr, model, loss_fn, 2, make=mk)
+    tr.close()
+    msgs = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
+    assert msgs and "'revin'" in msgs[0] and "fwd_saved" in msgs[0]
+
+
+def test_gradient_overflow_is_scalers_business(tmp_path):
+    """A huge loss scale overflows the FP16 gradients: the step is skipped
+    and backed off; raise mode stays quiet (the scaler's routine), and the
+    trace has the backoff and the origin in the backward phase."""
+    model, loss_fn, tr, path = make(tmp_path, on_nonfinite="raise")
+    sc = at.LossScaler(init_scale=2.0 ** 40, growth_interval=2)
+    losses = train(tr, model, loss_fn, 4, scaler=sc, make=lambda s: data(s))
+    tr.close()
+    assert all(math.isfinite(x) for x in losses)
+    t = ampprobe.read_trace(path)
+    st = t["steps"]
+    assert st["skipped"][0] == 1 and st["found_inf"][0] == 1
+    assert st["loss_scale"][0] == 2.0 ** 40 and st["loss_scale"][1] == 2.0 ** 39
+    ev = t["scaler_events"]
+    assert ev["kind"][0] == 0 and ev["old_scale"][0] == 2.0 ** 40
+    pm = ampprobe.postmortem(path)
+    assert pm["event"]["kind"] == "none"  # nothing in forward or weights
+    assert pm["event"]["first_gradient_overflow_step"] == 0
+    assert pm["scaler"]["backoffs"] >= 1
+
+
+def test_bf16_autocast_is_healthy(tmp_path):
+    mk = CASES["revin"][0]
+    model, loss_fn, tr, path = make(tmp_path, emulate_fp16=False,
+                                    precision="bf16")
+    losses = train(tr, model, loss_fn, 4, make=mk)
+    tr.close()
+    assert all(math.isfinite(x) for x in losses)
+    t = ampprobe.read_trace(path)
+    r = t["records"]
+    assert r["nan_count"].sum() == 0 and r["posinf_count"].sum() == 0
+    names = [n.decode() for n in t["layers"]["name"]]
+    fc1 = names.index("fc1")
+    out = r[(r["layer"] == fc1) & (r["site"] == SITES.index("fwd_out"))]
+    assert (out["dtype"] == 2).all()  # bf16 outputs recorded as bf16
+    assert t["layers"]["precision"][fc1] == 2
+    pm = ampprobe.postmortem(path)
+    assert pm["event"]["kind"] == "none"
+    assert ampprobe.verdict(path) == "healthy"
+    assert tr.copies == 0
+
+
+def test_env_policy_fixes_and_routes(tmp_path, monkeypatch):
+    mk = CASES["revin"][0]
+    other = str(tmp_path / "from-env.h5")
+    monkeypatch.setenv("AMPPROBE_FP32", "revin")
+    monkeypatch.setenv("AMPPROBE_TRACE", other)
+    model, loss_fn, tr, path = make(tmp_path)
+    assert tr.path == other and tr.fp32_modules() == ["revin"]
+    losses = train(tr, model, loss_fn, 3, make=mk)
+    tr.close()
+    assert not os.path.exists(path) and os.path.exists(other)
+    assert all(math.isfinite(x) for x in losses)
+    t = ampprobe.read_trace(other)
+    names = [n.decode() for n in t["layers"]["name"]]
+    assert t["layers"]["precision"][names.index("revin")] == 0
+    assert t["layers"]["precision"][names.index("fc1")] == 1
+    assert t["info"]["precision_policy"] == "fp16; fp32: revin"
+    assert t["records"]["posinf_count"].sum() == 0
+    monkeypatch.setenv("AMPPROBE_FP32", "fc*,bn")
+    monkeypatch.setenv("AMPPROBE_PRECISION", "fp32")
+    model, loss_fn, tr, _ = make(tmp_path, overwrite=True)  # same trace
+    assert tr.precision == "fp32" and not tr.emulate
+    train(tr, model, loss_fn, 1, make=mk)
+    tr.close()
+    t = ampprobe.read_trace(other)
+    assert (t["layers"]["precision"] == 0).all()
+    assert t["records"]["posinf_count"].sum() == 0
+
+
+def test_fp32_modules_run_outside_autocast(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPPROBE_FP32", "linear")
+    model, loss_fn, tr, path = make(tmp_path, emulate_fp16=False,
+                                    precision="bf16")
+    train(tr, model, loss_fn, 1, make=lambda s: data(s))
+    tr.close()
+    t = ampprobe.read_trace(path)
+    names = [n.decode() for n in t["layers"]["name"]]
+    r = t["records"]
+    fo = SITES.index("fwd_out")
+    for n, want in (("fc1", 0), ("head", 0)):
+        d = r[(r["layer"] == names.index(n)) & (r["site"] == fo)]["dtype"]
+        assert (d == want).all(), (n, d)
+    d = r[(r["layer"] == names.index("revin")) & (r["site"] == fo)]["dtype"]
+    assert (d == 0).all()  # revin: fp32 elementwise ops under CPU autocast
+
+
+def test_every_n_and_layer_globs(tmp_path):
+    model, loss_fn, tr, path = make(tmp_path, layers="fc1,head", every=2,
+                                    emulate_fp16=False)
+    train(tr, model, loss_fn, 5, make=lambda s: data(s))
+    tr.close()
+    t = ampprobe.read_trace(path)
+    names = [n.decode() for n in t["layers"]["name"]]
+    assert set(names) >= {"input", "revin", "fc1", "bn", "head", "sm", "loss"}
+    got = {names[i] for i in np.unique(t["records"]["layer"])}
+    assert got == {"fc1", "head"}
+    assert sorted(np.unique(t["records"]["step"])) == [0, 2, 4]
+    assert len(t["steps"]) == 5  # scalars every step
+
+
+def test_flight_recorder_keeps_steps_around_event(tmp_path):
+    model, loss_fn, tr, path = make(tmp_path, mode="scalars", ring_steps=2)
+    mk = lambda s: data(s, level=3000.0 if s == 6 else 0.0,
+                        spread=500.0 if s == 6 else 1.0)
+    train(tr, model, loss_fn, 12, make=mk)
+    tr.close()
+    t = ampprobe.read_trace(path)
+    steps = sorted(np.unique(t["records"]["step"]))
+    assert steps == [4, 5, 6, 7, 8], steps
+    assert len(t["steps"]) == 12
+    assert ampprobe.postmortem(path)["event"]["step"] == 6
+
+
+def test_scalars_recorded(tmp_path):
+    model, loss_fn, tr, path = make(tmp_path, emulate_fp16=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = data(0)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    n = nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    opt.step()
+    tr.clip(n, 0.01)
+    tr.scaler_event("backoff", 8.0, 4.0, 0)
+    tr.end_step(loss=loss, optimizer=opt, loss_scale=8.0)
+    tr.close()
+    t = ampprobe.read_trace(path)
+    s = t["steps"][0]
+    assert math.isclose(s["loss"], float(loss), rel_tol=1e-6)
+    assert s["lr"] == 0.05 and s["loss_scale"] == 8.0
+    assert math.isclose(s["grad_norm"], float(n), rel_tol=1e-6)
+    assert s["clip_threshold"] == pytest.approx(0.01)
+    assert s["clip_coef"] == pytest.approx(0.01 / (float(n) + 1e-6))
+    assert s["skipped"] == 1 and s["found_inf"] == 1
+    assert t["scaler_events"]["new_scale"][0] == 4.0
+
+
+def test_sites_and_emulated_rounding(tmp_path):
+    model, loss_fn, tr, path = make(tmp_path)
+    train(tr, model, loss_fn, 1, make=lambda s: data(s))
+    tr.close()
+    t = ampprobe.read_trace(path)
+    names = [n.decode() for n in t["layers"]["name"]]
+    r = t["records"]
+    fc1 = names.index("fc1")
+    sites = [SITES[s] for s in r[r["layer"] == fc1]["site"]]
+    assert sites == ["fwd_in", "weight", "weight", "fwd_out", "grad_out",
+                     "weight_grad", "weight_grad", "grad_in",
+                     "master_weight", "master_weight"], sites
+    # emulated FP16: weights as used are fp16, outputs hold binary16 values
+    w = r[(r["layer"] == fc1) & (r["site"] == SITES.index("weight"))]
+    assert (w["dtype"] == 1).all()
+    assert [SITES[s] for s in r[r["layer"] == names.index("revin")]["site"]][:4] == [
+        "fwd_in", "weight", "weight", "fwd_saved"]
+    assert tr.copies == 0
+
+
+def test_emulation_rounds_to_binary16(tmp_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[7e4, 0.0], [1e-8, 0.0], [1.0, 1e-4]]))
+    tr = at.Tracer(lin, str(tmp_path / "r.h5"), emulate_fp16=True)
+    out = lin(torch.tensor([[1.0, 1.0]]))
+    assert out[0, 0] == math.inf and out[0, 1] == 0.0
+    assert out[0, 2].item() == torch.tensor(1.0001).half().float().item()
+    tr.end_step(loss=0.0)
+    tr.close()
+
+
+def test_kinds_from_classes():
+    m = nn.ModuleDict({
+        "c": nn.Conv2d(1, 1, 3), "e": nn.Embedding(4, 2), "ln": nn.LayerNorm(2),
+        "gn": nn.GroupNorm(1, 2), "bn": nn.BatchNorm2d(2), "mha": nn.MultiheadAttention(4, 1),
+        "g": nn.GELU(), "sm": nn.LogSoftmax(-1), "ce": nn.CrossEntropyLoss(),
+        "l": nn.Linear(2, 2), "d": nn.Dropout()})
+    kinds = {k: at.default_kind(v) for k, v in m.items()}
+    assert kinds == {"c": "conv", "e": "embedding", "ln": "layernorm",
+                     "gn": "layernorm", "bn": "bn", "mha": "attention",
+                     "g": "activation", "sm": "softmax", "ce": "loss",
+                     "l": "linear", "d": "other"}
+    units = [n for n, _ in at._leaf_units(m, {"GELU": "revin"})]
+    assert "mha" in units and "mha.out_proj" not in units
+
+
+def test_attention_and_conv_model_traces(tmp_path):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 8)
+            self.conv = nn.Conv1d(8, 8, 3, padding=1)
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.ln = nn.LayerNorm(8)
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            h = self.conv(h.transpose(1, 2)).transpose(1, 2)
+            a, _ = self.attn(h, h, h)
+            return self.ln(a + h)
+
+    torch.manual_seed(0)
+    m = M()
+    tr = at.Tracer(m, str(tmp_path / "a.h5"), emulate_fp16=True)
+    out = m(torch.randint(0, 10, (2, 5)))
+    out.sum().backward()
+    tr.end_step(loss=float(out.sum()))
+    tr.close()
+    t = ampprobe.read_trace(str(tmp_path / "a.h5"))
+    names = [n.decode() for n in t["layers"]["name"]]
+    assert names == ["input", "emb", "conv", "attn", "ln"]
+    kinds = [ampprobe.kind_names()[k] for k in t["layers"]["kind"]]
+    assert kinds == ["input", "embedding", "conv", "attention", "layernorm"]
+    r = t["records"]
+    conv = names.index("conv")
+    assert SITES.index("fwd_in") in r[r["layer"] == conv]["site"]
+    assert tr.copies > 0  # the transposed views were made contiguous
+
+
+def test_core_session_takes_dlpack_tensors(tmp_path):
+    """The torch-free Session records any host DLPack producer by pointer."""
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with ampprobe.Session(str(tmp_path / "d.h5")) as s:
+        lid = s.register("x")
+        s.begin_step(0)
+        a, copied = s.record(lid, "fwd_out", t)
+        assert not copied and a.ctypes.data == t.data_ptr()
+        s.end_step()
+    r = ampprobe.read_trace(str(tmp_path / "d.h5"))["records"][0]
+    assert (r["count"], r["max"], r["zero_count"]) == (12, 11.0, 1)
