@@ -34,6 +34,9 @@ struct pt_data {
   int64_t rows;
   float *fx;      /* (rows, in_dim) */
   float *fy;      /* (rows, out_dim) or (rows) labels */
+  /* batch scratch, sized at open (no stack array sized by the config) */
+  float *series;  /* timeseries: (window + horizon) */
+  double *z;      /* regression: (features) */
 };
 
 #define PT_REG_HIDDEN 16
@@ -49,7 +52,41 @@ void pt_data_close(pt_data *d) {
   free(d->w2);
   free(d->fx);
   free(d->fy);
+  free(d->series);
+  free(d->z);
   free(d);
+}
+
+double pt_data_need_bytes(const pt_data_spec *s, pt_loss_type loss) {
+  (void)loss;
+  const double f = (double)sizeof(float);
+  switch (s->kind) {
+  case PT_DATA_TIMESERIES:
+    return (double)(s->window + s->horizon) * f;
+  case PT_DATA_CLUSTERS:
+    return (double)s->classes * (double)s->features * f;
+  case PT_DATA_REGRESSION:
+    return ((double)s->features * PT_REG_HIDDEN +
+            (double)PT_REG_HIDDEN * (double)s->outputs) * f +
+           (double)s->features * sizeof(double);
+  default:
+    return 0.0;
+  }
+}
+
+size_t pt_data_bytes(const pt_data *d) {
+  const pt_data_spec *s = &d->spec;
+  size_t b = 0;
+  if (d->centers) b += (size_t)(s->classes * s->features) * sizeof(float);
+  if (d->w1) b += (size_t)(s->features * PT_REG_HIDDEN) * sizeof(float);
+  if (d->w2) b += (size_t)(PT_REG_HIDDEN * s->outputs) * sizeof(float);
+  if (d->z) b += (size_t)s->features * sizeof(double);
+  if (d->series) b += (size_t)(s->window + s->horizon) * sizeof(float);
+  if (d->fx) b += (size_t)(d->rows * d->in_dim) * sizeof(float);
+  if (d->fy)
+    b += (size_t)(d->rows * (d->loss == PT_LOSS_CE ? 1 : d->out_dim)) *
+         sizeof(float);
+  return b;
 }
 
 /* ---- CSV ------------------------------------------------------------------ */
@@ -275,11 +312,16 @@ probe_status pt_data_open(pt_data **out, const pt_data_spec *spec,
   case PT_DATA_TIMESERIES:
     d->in_dim = spec->window;
     d->out_dim = spec->classify ? spec->classes : spec->horizon;
-    if ((loss == PT_LOSS_CE) != (spec->classify != 0))
+    if ((loss == PT_LOSS_CE) != (spec->classify != 0)) {
       st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
                    "data.task: %s needs loss %s",
                    spec->classify ? "classify" : "forecast",
                    spec->classify ? "cross_entropy" : "mse");
+      break;
+    }
+    d->series = malloc((size_t)(spec->window + spec->horizon) * sizeof(float));
+    if (!d->series)
+      st = pt_fail(err, errlen, PROBE_ERR_NOMEM, "data: out of memory");
     break;
   case PT_DATA_CLUSTERS: {
     d->in_dim = spec->features;
@@ -311,7 +353,8 @@ probe_status pt_data_open(pt_data **out, const pt_data_spec *spec,
     size_t n2 = (size_t)(PT_REG_HIDDEN * spec->outputs);
     d->w1 = malloc(n1 * sizeof(float));
     d->w2 = malloc(n2 * sizeof(float));
-    if (!d->w1 || !d->w2) {
+    d->z = malloc((size_t)spec->features * sizeof(double));
+    if (!d->w1 || !d->w2 || !d->z) {
       st = pt_fail(err, errlen, PROBE_ERR_NOMEM, "data: out of memory");
       break;
     }
@@ -366,7 +409,7 @@ probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,
   switch (s->kind) {
   case PT_DATA_TIMESERIES: {
     int64_t len = s->window + s->horizon;
-    float tmp[len];
+    float *tmp = d->series; /* (len), allocated at open */
     for (int64_t b = 0; b < B; b++) {
       int cls = s->classify ? (int)(pt_rng_u64(&r) % (uint64_t)s->classes) : 0;
       gen_series(s, &r, cls, tmp, len);
@@ -392,7 +435,7 @@ probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,
   case PT_DATA_REGRESSION: {
     const int64_t O = s->outputs;
     for (int64_t b = 0; b < B; b++) {
-      double z[F];
+      double *z = d->z; /* (F), allocated at open */
       for (int64_t f = 0; f < F; f++) z[f] = pt_rng_normal(&r);
       double h[PT_REG_HIDDEN];
       for (int j = 0; j < PT_REG_HIDDEN; j++) {

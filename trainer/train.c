@@ -18,25 +18,31 @@
  * a step stay untouched until probe_step_end (one workspace per micro-batch,
  * scaled gradients kept apart from the unscaled ones).
  *
- * Backends: the CPU layer kernels, or (builds with CUDA, opts->backend
- * PROBE_BACKEND_CUDA) the CUDA ones with the same arguments on device
- * buffers; the K() macro picks one. On CUDA the forward and backward run on
- * the device and the AMP step (unscale, check, clip, optimizer, scaler) runs
- * on the host on a copy of the gradients, so both backends share it.
+ * Backends: the layer kernels are called through the table of operations
+ * chosen once at the start (probe_layers_backend_init, ampprobe/layers.h):
+ * the CPU one, or (builds with CUDA, opts->backend PROBE_BACKEND_CUDA) the
+ * CUDA one on device buffers. With a backend whose memory is not the host's
+ * the forward and backward run there and the AMP step (unscale, check, clip,
+ * optimizer, scaler) runs on the host on a copy of the gradients, so both
+ * backends share it.
+ *
+ * Memory: everything the run allocates is computed from the config first
+ * (run_memory_need) and the run is refused, with the figure, when it exceeds
+ * the limit (opts->max_memory, default a fraction of physical memory).
+ * Nothing is sized by input on the stack.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ampprobe/layers.h"
 #include "trainer-impl.h"
 
-#ifdef AMPPROBE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS extension */
 
@@ -99,12 +105,16 @@ typedef struct pt_mod {
 } pt_mod;
 
 /* One micro-batch's tensors. act[i] is the input of module i, act[L] the
- * model output; dact mirrors it. */
+ * model output; dact mirrors it. Saved intermediates per module:
+ *   bn         s1 mean (C), s2 var (C)
+ *   layernorm  s1 mean (B), s2 rstd (B), s3 var (B)
+ *   revin      s1 mean (B), s2 stdev (B), s3 var (B)
+ *   attention  s1 qkv, s2 scores, s3 probs, s4 atty */
 typedef struct pt_work {
   float *act[PT_MAX_MODULES + 1];
   float *dact[PT_MAX_MODULES + 1];
-  float *s1[PT_MAX_MODULES], *s2[PT_MAX_MODULES]; /* saved: mean/var/... */
-  float *s3[PT_MAX_MODULES], *s4[PT_MAX_MODULES]; /* attention probs, atty */
+  float *s1[PT_MAX_MODULES], *s2[PT_MAX_MODULES];
+  float *s3[PT_MAX_MODULES], *s4[PT_MAX_MODULES];
   float *pred, *dpred;  /* after denorm (== act[L] without denorm) */
   float *target;        /* (B, out) */
   int *labels;          /* (B) */
@@ -124,6 +134,9 @@ typedef struct pt_run {
   int revin; /* module index of revin or -1 */
   int64_t B, in_dim, out_dim;
   size_t n_params;
+  probe_layers_backend be;    /* the layer backend, chosen once */
+  const probe_layer_ops *ops; /* be.ops */
+  int dev;                    /* ops->device_memory */
   float *master;   /* (n_params) host FP32 masters */
   float *master_b; /* backend copy of the masters (== master on the CPU) */
   float *wcast;    /* backend: masters rounded to each module's precision */
@@ -134,8 +147,7 @@ typedef struct pt_run {
   int *lab_h;
   int64_t M;
   pt_work *work;
-  probe_cuda_layers *cuda; /* NULL: CPU backend */
-  float *scan;      /* host scratch for the non-finite scan on CUDA */
+  float *scan;      /* host scratch for the non-finite scan off the host */
   size_t scan_cap;
   void **allocs;
   char *alloc_dev;
@@ -152,43 +164,8 @@ typedef struct pt_run {
 
 /* ---- memory: host or backend --------------------------------------------- */
 
-#ifdef AMPPROBE_HAVE_CUDA
-static void *dev_alloc(size_t bytes) {
-  void *p = NULL;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
-  if (cudaMemset(p, 0, bytes) != cudaSuccess) {
-    cudaFree(p);
-    return NULL;
-  }
-  return p;
-}
-static void dev_free(void *p) { cudaFree(p); }
-/* Synchronous copy in either direction (UVA infers it). */
-static probe_status dev_copy(pt_run *R, void *dst, const void *src,
-                             size_t bytes) {
-  if (probe_cuda_layers_sync(R->cuda) != PROBE_OK) return PROBE_ERR_CUDA;
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) == cudaSuccess
-             ? PROBE_OK
-             : PROBE_ERR_CUDA;
-}
-#else
-static void *dev_alloc(size_t bytes) {
-  (void)bytes;
-  return NULL;
-}
-static void dev_free(void *p) { (void)p; }
-static probe_status dev_copy(pt_run *R, void *dst, const void *src,
-                             size_t bytes) {
-  (void)R;
-  (void)dst;
-  (void)src;
-  (void)bytes;
-  return PROBE_ERR_UNSUPPORTED;
-}
-#endif
-
-/* n floats (or ints) of zeroed memory; on the backend (device) when dev and
- * the run is on CUDA, else on the host. Freed by run_free. */
+/* n floats (or ints) of zeroed memory; on the backend when dev (device memory
+ * on CUDA; the host on the CPU), else on the host. Freed by run_free. */
 static void *alloc_mem(pt_run *R, size_t nfloats, int dev) {
   if (R->n_allocs == R->cap_allocs) {
     size_t nc = R->cap_allocs ? R->cap_allocs * 2 : 64;
@@ -200,9 +177,14 @@ static void *alloc_mem(pt_run *R, size_t nfloats, int dev) {
     R->alloc_dev = nd;
     R->cap_allocs = nc;
   }
-  dev = dev && R->cuda;
+  dev = dev && R->dev;
   size_t bytes = (nfloats ? nfloats : 1) * sizeof(float);
-  void *p = dev ? dev_alloc(bytes) : calloc(1, bytes);
+  void *p = NULL;
+  if (dev) {
+    if (R->ops->alloc(R->be.ctx, &p, bytes) != PROBE_OK) p = NULL;
+  } else {
+    p = calloc(1, bytes);
+  }
   if (p) {
     R->allocs[R->n_allocs] = p;
     R->alloc_dev[R->n_allocs++] = (char)dev;
@@ -216,18 +198,18 @@ static void *halloc(pt_run *R, size_t nfloats) { return alloc_mem(R, nfloats, 0)
 /* Copies between host and backend memory; a memcpy on the CPU backend. */
 static probe_status to_backend(pt_run *R, void *dst, const void *src,
                                size_t bytes) {
-  if (!R->cuda) {
+  if (!R->dev) {
     if (dst != src) memcpy(dst, src, bytes);
     return PROBE_OK;
   }
-  return dev_copy(R, dst, src, bytes);
+  return R->ops->copy(R->be.ctx, dst, src, bytes);
 }
 #define to_host to_backend
 
 static void run_free(pt_run *R) {
   for (size_t i = 0; i < R->n_allocs; i++) {
     if (R->alloc_dev[i])
-      dev_free(R->allocs[i]);
+      R->ops->free(R->be.ctx, R->allocs[i]);
     else
       free(R->allocs[i]);
   }
@@ -235,12 +217,9 @@ static void run_free(pt_run *R) {
   free(R->alloc_dev);
   free(R->work);
   free(R->scan);
-  if (R->cuda) probe_cuda_layers_destroy(R->cuda);
+  probe_layers_backend_free(&R->be);
+  R->ops = NULL;
 }
-
-/* A layer kernel on the run's backend: probe_X(...) or probe_cuda_X(ctx, ...). */
-#define K(name, ...)                                                           \
-  (R->cuda ? probe_cuda_##name(R->cuda, __VA_ARGS__) : probe_##name(__VA_ARGS__))
 
 /* ---- recording -------------------------------------------------------------- */
 
@@ -248,7 +227,7 @@ static probe_status rec(pt_run *R, int32_t lid, probe_site site,
                         const float *data, size_t n) {
   if (R->nf_step < 0 && !R->nf_from_probe) {
     const float *h = data;
-    if (R->cuda) {
+    if (R->dev) {
       if (n > R->scan_cap) {
         float *ns = realloc(R->scan, n * sizeof(float));
         if (!ns) return PROBE_ERR_NOMEM;
@@ -270,7 +249,7 @@ static probe_status rec(pt_run *R, int32_t lid, probe_site site,
   }
   if (!R->sess) return PROBE_OK;
   /* No host synchronisation per tensor on the CUDA backend: the layers run on
-   * the legacy default stream (probe_cuda_layers_create(.., NULL)) and
+   * the legacy default stream (probe_layers_backend_init(.., NULL)) and
    * libprobe reads device tensors on a blocking stream of its own, which
    * CUDA orders after the work already queued on the legacy stream (and the
    * legacy stream after it), so the statistics see the finished tensor. */
@@ -283,13 +262,6 @@ static probe_status rec(pt_run *R, int32_t lid, probe_site site,
     probe_status st_ = (x);                                                    \
     if (st_ != PROBE_OK) return st_;                                           \
   } while (0)
-
-static probe_status probe_layers_round_any(pt_run *R, float *out,
-                                           const float *in, size_t n,
-                                           probe_precision prec) {
-  return R->cuda ? probe_cuda_layers_round(R->cuda, out, in, n, prec)
-                 : probe_layers_round(out, in, n, prec);
-}
 
 /* ---- assembly -------------------------------------------------------------- */
 
@@ -353,10 +325,10 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
                    c->loss == PT_LOSS_CE ? "classes" : "targets");
   R->n_params = off;
   R->master = halloc(R, off);
-  R->master_b = R->cuda ? ralloc(R, off) : R->master;
+  R->master_b = R->dev ? ralloc(R, off) : R->master;
   R->wcast = ralloc(R, off);
   R->grad = ralloc(R, off);
-  R->grad_h = R->cuda ? halloc(R, off) : R->grad;
+  R->grad_h = R->dev ? halloc(R, off) : R->grad;
   R->ugrad = halloc(R, off);
   R->x_h = halloc(R, (size_t)(R->B * R->in_dim));
   R->y_h = halloc(R, (size_t)(R->B * R->out_dim));
@@ -441,8 +413,9 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
         break;
       case PT_MOD_LAYERNORM:
       case PT_MOD_REVIN:
-        ok &= (W->s1[i] = ralloc(R, B)) != NULL;
-        ok &= (W->s2[i] = ralloc(R, B)) != NULL;
+        ok &= (W->s1[i] = ralloc(R, B)) != NULL; /* mean */
+        ok &= (W->s2[i] = ralloc(R, B)) != NULL; /* rstd / stdev */
+        ok &= (W->s3[i] = ralloc(R, B)) != NULL; /* var */
         break;
       case PT_MOD_ATTENTION: {
         size_t T = (size_t)m->spec->seq, Ca = C / T;
@@ -474,6 +447,8 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
 /* ---- forward / backward of one micro-batch -------------------------------- */
 
 static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
+  const probe_layer_ops *ops = R->ops;
+  void *bx = R->be.ctx;
   const int B = (int)R->B;
   TRY(rec(R, R->lid_input, PROBE_SITE_FWD_OUT, W->act[0],
           (size_t)(R->B * R->in_dim)));
@@ -488,41 +463,43 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
     if (m->p_n && first_micro) TRY(rec(R, m->lid, PROBE_SITE_WEIGHT, p, m->p_n));
     switch (s->type) {
     case PT_MOD_LINEAR:
-      TRY(K(linear_forward, out, in, p, s->bias ? p + s->out * C : NULL, B,
+      TRY(ops->linear_forward(bx, out, in, p, s->bias ? p + s->out * C : NULL, B,
                                C, (int)s->out, m->prec));
       break;
     case PT_MOD_BN:
-      TRY(K(bn_forward, out, W->s1[i], W->s2[i], m->run_mean, m->run_var,
+      TRY(ops->bn_forward(bx, out, W->s1[i], W->s2[i], m->run_mean, m->run_var,
                            in, p, p + C, (float)s->momentum, (float)s->eps, B,
                            C, m->prec));
       TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i], (size_t)C)); /* var */
       break;
     case PT_MOD_LAYERNORM:
-      TRY(K(layernorm_forward, out, W->s1[i], W->s2[i], in, p, p + C,
-                                  (float)s->eps, B, C, m->prec));
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i], (size_t)B)); /* rstd */
+      TRY(ops->layernorm_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], in, p,
+                                 p + C, (float)s->eps, B, C, m->prec));
+      /* the variance as materialised: inf where it overflowed, 0 where it
+       * lost all precision (rstd would read 0 and finite) */
+      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B));
       break;
     case PT_MOD_REVIN:
-      TRY(K(revin_norm_forward, out, W->s1[i], W->s2[i], in,
-                                   s->affine ? p : NULL,
-                                   s->affine ? p + 1 : NULL, (float)s->eps, B,
-                                   C, 1, m->prec));
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i], (size_t)B)); /* stdev */
+      TRY(ops->revin_norm_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], in,
+                                  s->affine ? p : NULL,
+                                  s->affine ? p + 1 : NULL, (float)s->eps, B,
+                                  C, 1, m->prec));
+      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B)); /* var */
       break;
     case PT_MOD_RELU:
-      TRY(K(relu_forward, out, in, n_in, m->prec));
+      TRY(ops->relu_forward(bx, out, in, n_in, m->prec));
       break;
     case PT_MOD_GELU:
-      TRY(K(gelu_forward, out, in, n_in, m->prec));
+      TRY(ops->gelu_forward(bx, out, in, n_in, m->prec));
       break;
     case PT_MOD_SOFTMAX:
-      TRY(K(softmax_forward, out, in, B, C, m->prec));
+      TRY(ops->softmax_forward(bx, out, in, B, C, m->prec));
       break;
     case PT_MOD_ATTENTION: {
       int T = (int)s->seq, Ca = C / T;
       const float *wqkv = p, *bqkv = p + 3 * Ca * Ca, *wo = bqkv + 3 * Ca,
                   *bo = wo + Ca * Ca;
-      TRY(K(attention_forward, out, W->s1[i], W->s2[i], W->s3[i], W->s4[i],
+      TRY(ops->attention_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], W->s4[i],
                                   in, wqkv, bqkv, wo, bo, 0, B, T, Ca,
                                   m->prec));
       TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i],
@@ -540,7 +517,7 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
     const float *p = R->wcast + m->p_off;
     int aff = m->spec->affine;
     TRY(rec(R, R->lid_denorm, PROBE_SITE_FWD_IN, W->act[L], n_out));
-    TRY(K(revin_denorm_forward, W->pred, W->act[L], W->s1[R->revin],
+    TRY(ops->revin_denorm_forward(bx, W->pred, W->act[L], W->s1[R->revin],
                                    W->s2[R->revin], aff ? p : NULL,
                                    aff ? p + 1 : NULL, (float)m->spec->eps, B,
                                    (int)R->out_dim, 1, m->prec));
@@ -549,9 +526,9 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
   probe_precision lp = R->layers[R->lid_loss].precision;
   TRY(rec(R, R->lid_loss, PROBE_SITE_FWD_IN, W->pred, n_out));
   if (R->c->loss == PT_LOSS_MSE)
-    TRY(K(mse_forward, W->loss, W->pred, W->target, n_out, lp));
+    TRY(ops->mse_forward(bx, W->loss, W->pred, W->target, n_out, lp));
   else
-    TRY(K(crossentropy_forward, W->loss, NULL, W->pred, W->labels, B,
+    TRY(ops->crossentropy_forward(bx, W->loss, NULL, W->pred, W->labels, B,
                                    (int)R->out_dim, lp));
   TRY(to_host(R, &W->loss_h, W->loss, sizeof(float)));
   if (R->c->loss_weight != 1.0) {
@@ -564,15 +541,17 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
 
 static probe_status backward(pt_run *R, pt_work *W, float dloss,
                              int last_micro) {
+  const probe_layer_ops *ops = R->ops;
+  void *bx = R->be.ctx;
   const int B = (int)R->B, L = R->n_mods;
   const size_t n_out = (size_t)(R->B * R->out_dim);
   probe_precision lp = R->layers[R->lid_loss].precision;
   W->dloss = dloss; /* host value: libprobe takes host or device memory */
   TRY(rec(R, R->lid_loss, PROBE_SITE_GRAD_OUT, &W->dloss, 1));
   if (R->c->loss == PT_LOSS_MSE)
-    TRY(K(mse_backward, W->dpred, W->pred, W->target, dloss, n_out, lp));
+    TRY(ops->mse_backward(bx, W->dpred, W->pred, W->target, dloss, n_out, lp));
   else
-    TRY(K(crossentropy_backward, W->dpred, W->pred, W->labels, dloss, B,
+    TRY(ops->crossentropy_backward(bx, W->dpred, W->pred, W->labels, dloss, B,
                                     (int)R->out_dim, lp));
   TRY(rec(R, R->lid_loss, PROBE_SITE_GRAD_IN, W->dpred, n_out));
   if (R->lid_denorm >= 0) {
@@ -581,7 +560,7 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
     float *g = R->grad + m->p_off;
     int aff = m->spec->affine;
     TRY(rec(R, R->lid_denorm, PROBE_SITE_GRAD_OUT, W->dpred, n_out));
-    TRY(K(revin_denorm_backward, W->dact[L], aff ? g : NULL,
+    TRY(ops->revin_denorm_backward(bx, W->dact[L], aff ? g : NULL,
                                     aff ? g + 1 : NULL, W->dpred, W->act[L],
                                     W->s2[R->revin], aff ? p : NULL,
                                     aff ? p + 1 : NULL, (float)m->spec->eps, B,
@@ -600,38 +579,38 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
     TRY(rec(R, m->lid, PROBE_SITE_GRAD_OUT, dout, (size_t)B * (size_t)m->out_w));
     switch (s->type) {
     case PT_MOD_LINEAR:
-      TRY(K(linear_backward, din, g, s->bias ? g + s->out * C : NULL, dout,
+      TRY(ops->linear_backward(bx, din, g, s->bias ? g + s->out * C : NULL, dout,
                                 in, p, B, C, (int)s->out, m->prec));
       break;
     case PT_MOD_BN:
-      TRY(K(bn_backward, din, g, g + C, dout, in, W->s1[i], W->s2[i], p,
+      TRY(ops->bn_backward(bx, din, g, g + C, dout, in, W->s1[i], W->s2[i], p,
                             (float)s->eps, B, C, m->prec));
       break;
     case PT_MOD_LAYERNORM:
-      TRY(K(layernorm_backward, din, g, g + C, dout, in, W->s1[i], W->s2[i],
+      TRY(ops->layernorm_backward(bx, din, g, g + C, dout, in, W->s1[i], W->s2[i],
                                    p, B, C, m->prec));
       break;
     case PT_MOD_REVIN:
-      TRY(K(revin_norm_backward, din, s->affine ? g : NULL,
+      TRY(ops->revin_norm_backward(bx, din, s->affine ? g : NULL,
                                     s->affine ? g + 1 : NULL, dout, in,
                                     W->s1[i], W->s2[i], s->affine ? p : NULL,
                                     B, C, 1, m->prec));
       break;
     case PT_MOD_RELU:
-      TRY(K(relu_backward, din, dout, in, n_in, m->prec));
+      TRY(ops->relu_backward(bx, din, dout, in, n_in, m->prec));
       break;
     case PT_MOD_GELU:
-      TRY(K(gelu_backward, din, dout, in, n_in, m->prec));
+      TRY(ops->gelu_backward(bx, din, dout, in, n_in, m->prec));
       break;
     case PT_MOD_SOFTMAX:
-      TRY(K(softmax_backward, din, dout, out, B, C, m->prec));
+      TRY(ops->softmax_backward(bx, din, dout, out, B, C, m->prec));
       break;
     case PT_MOD_ATTENTION: {
       int T = (int)s->seq, Ca = C / T;
       const float *wqkv = p, *wo = p + 3 * Ca * Ca + 3 * Ca;
       float *gwqkv = g, *gbqkv = g + 3 * Ca * Ca, *gwo = gbqkv + 3 * Ca,
             *gbo = gwo + Ca * Ca;
-      TRY(K(attention_backward, din, gwqkv, gbqkv, gwo, gbo, m->dqkv,
+      TRY(ops->attention_backward(bx, din, gwqkv, gbqkv, gwo, gbo, m->dqkv,
                                    m->datty, m->dprobs, m->dscores, dout, in,
                                    W->s1[i], W->s3[i], W->s4[i], wqkv, wo, B,
                                    T, Ca, m->prec));
@@ -645,6 +624,130 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
   return PROBE_OK;
 }
 
+/* ---- memory: computed from the config before anything is allocated -------- */
+
+/* Bytes build() and the kernels will allocate for the model (host and
+ * backend), mirroring build(): parameters and their copies, optimizer state,
+ * one workspace per micro-batch, module scratch, the CPU kernels' rounding
+ * copies (FP16/BF16) and, off the host, the scan buffer. Computed in double:
+ * the largest configs overflow 64-bit integers of bytes only in theory, but
+ * products of several 2^20 sizes come close. */
+static void model_memory(const probe_train_config *c, int64_t in_dim,
+                         int64_t out_dim, int dev, double *host,
+                         double *backend) {
+  const double B = (double)c->data.batch, M = (double)c->micro_batches;
+  double P = 0, work = 0, mod = 0, transient = 0, largest = B * (double)in_dim;
+  double w = (double)in_dim, acts = w;
+  for (int i = 0; i < c->n_modules; i++) {
+    const pt_module_spec *s = &c->modules[i];
+    double out_w = w;
+    switch (s->type) {
+    case PT_MOD_LINEAR: {
+      out_w = (double)s->out;
+      P += out_w * w + (s->bias ? out_w : 0);
+      /* rounded input, weight, dout copies + the dweight tile */
+      double t = B * w + 2 * out_w * w + B * out_w + B * w;
+      if (t > transient) transient = t;
+      break;
+    }
+    case PT_MOD_BN:
+      P += 2 * w;
+      mod += 2 * w;       /* running statistics */
+      work += 2 * w;      /* mean, var */
+      break;
+    case PT_MOD_LAYERNORM:
+      P += 2 * w;
+      work += 3 * B;      /* mean, rstd, var */
+      break;
+    case PT_MOD_REVIN:
+      P += s->affine ? 2 : 0;
+      work += 3 * B;
+      break;
+    case PT_MOD_ATTENTION: {
+      double T = (double)s->seq, Ca = w / T;
+      P += 4 * Ca * Ca + 4 * Ca;
+      double bt = B * T;
+      mod += bt * (4 * Ca + 2 * T);              /* backward scratch */
+      work += bt * (3 * Ca + 2 * T + Ca);        /* qkv, scores, probs, atty */
+      double t = 2 * bt * 3 * Ca + 2 * 3 * Ca * Ca + bt * Ca + bt * 3 * Ca;
+      if (t > transient) transient = t;
+      if (bt * T > largest) largest = bt * T;
+      break;
+    }
+    default: break;
+    }
+    w = out_w;
+    acts += w;
+    if (B * w > largest) largest = B * w;
+  }
+  const double od = (double)out_dim;
+  work += 2 * B * acts;                     /* act, dact */
+  work += B * od + B + 1;                   /* target, labels, loss */
+  for (int i = 0; i < c->n_modules; i++)
+    if (c->modules[i].type == PT_MOD_REVIN && c->modules[i].denorm)
+      work += 2 * B * od;                   /* pred, dpred */
+  const double fl = (double)sizeof(float);
+  /* host: masters, unscaled gradients, optimizer m and v, batch staging */
+  double h = 4 * P + B * (double)in_dim + B * od + B;
+  /* backend: the masters as used, scaled gradients, workspaces, scratch */
+  double b = 2 * P + M * work + mod + transient;
+  if (dev) {
+    b += P;           /* the backend copy of the masters */
+    h += P + largest; /* host copy of the gradients; scan buffer */
+    transient /= 2;   /* 16-bit operands on the device */
+  }
+  *host = h * fl + (dev ? 0 : b * fl);
+  *backend = dev ? b * fl : 0;
+}
+
+/* The default limit: 80% of physical memory, or the address-space / data
+ * limit of this process when one is set and lower. */
+static double default_memory_limit(const char **why) {
+  double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  double lim = phys > 0 ? 0.8 * phys : 0;
+  *why = "80% of physical memory";
+  static const int res[2] = {RLIMIT_AS, RLIMIT_DATA};
+  for (int i = 0; i < 2; i++) {
+    struct rlimit rl;
+    if (getrlimit(res[i], &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (lim <= 0 || (double)rl.rlim_cur < lim)) {
+      lim = (double)rl.rlim_cur;
+      *why = i ? "the process's data limit (ulimit -d)"
+               : "the process's address-space limit (ulimit -v)";
+    }
+  }
+  return lim;
+}
+
+/* "1.50 GiB" */
+static const char *fmt_bytes(double b, char *buf, size_t n) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int k = 0;
+  while (b >= 1024.0 && k < 6) {
+    b /= 1024.0;
+    k++;
+  }
+  snprintf(buf, n, k ? "%.2f %s" : "%.0f %s", b, u[k]);
+  return buf;
+}
+
+/* Refuses a run whose host memory need (model plus data already loaded)
+ * exceeds the limit, naming both. */
+static probe_status check_memory(const char *what, double need, double have,
+                                 const probe_train_opts *o, char *err,
+                                 size_t errlen) {
+  const char *why = "max_memory";
+  double lim = o->max_memory ? (double)o->max_memory : default_memory_limit(&why);
+  if (lim <= 0 || need <= lim) return PROBE_OK;
+  char a[32], b[32], d[32];
+  return pt_fail(err, errlen, PROBE_ERR_NOMEM,
+                 "%s needs %s of memory (%s already in use by its data), more "
+                 "than the limit of %s (%s); shrink the model or batch, or "
+                 "raise max_memory", what, fmt_bytes(need, a, sizeof a),
+                 fmt_bytes(have, d, sizeof d), fmt_bytes(lim, b, sizeof b),
+                 why);
+}
+
 /* ---- the run ------------------------------------------------------------- */
 
 void probe_train_opts_init(probe_train_opts *o) {
@@ -655,11 +758,9 @@ void probe_train_opts_init(probe_train_opts *o) {
 }
 
 int probe_train_backend_available(probe_backend b) {
-  if (b == PROBE_BACKEND_CPU) return 1;
-  if (b != PROBE_BACKEND_CUDA) return 0;
-  probe_cuda_layers *ctx = NULL;
-  if (probe_cuda_layers_create(&ctx, NULL) != PROBE_OK) return 0;
-  probe_cuda_layers_destroy(ctx);
+  probe_layers_backend be;
+  if (probe_layers_backend_init(&be, b, NULL) != PROBE_OK) return 0;
+  probe_layers_backend_free(&be);
   return 1;
 }
 
@@ -742,6 +843,367 @@ static void nf_from_session(pt_run *R) {
     }
 }
 
+/* Everything one probe_train call holds besides the model. */
+typedef struct pt_train {
+  pt_run R;
+  const probe_train_config *c;
+  const probe_train_opts *o;
+  probe_train_result *out;
+  char *err;
+  size_t errlen;
+  pt_data *data;
+  pt_optim opt;
+  pt_scaler scaler;
+  double *losses;   /* the last `window` losses, a ring by step % window */
+  int64_t window;
+  int64_t skip_run; /* current run of skipped steps */
+  double t0, t_loop, t_step;
+  probe_train_progress_info info; /* what the report hook last saw */
+} pt_train;
+
+/* What one step computed, stage by stage. */
+typedef struct pt_step {
+  int64_t step;
+  float scale;      /* the loss scale the step used */
+  double lr;
+  double loss;      /* mean over micro-batches */
+  int found_inf;    /* a non-finite gradient after unscaling */
+  int skip;         /* optimizer step skipped (found_inf with scaling on) */
+  double norm, coef; /* global gradient norm, clip coefficient */
+} pt_step;
+
+/* Calls the report hook (if any); nonzero: stop the run. */
+static int report(pt_train *T, probe_train_phase phase) {
+  if (!T->o->report) return 0;
+  T->info.phase = phase;
+  T->info.steps = T->c->steps;
+  T->info.elapsed_s = now_seconds() - T->t0;
+  return T->o->report(&T->info, T->o->user);
+}
+
+/* Stage 0: backend, data, memory check, model, optimizer, trace, scaler. */
+static probe_status run_setup(pt_train *T) {
+  const probe_train_config *c = T->c;
+  pt_run *R = &T->R;
+  char *err = T->err;
+  size_t errlen = T->errlen;
+  R->c = c;
+  R->nf_step = -1;
+  R->B = c->data.batch;
+  R->M = c->micro_batches;
+  probe_status st =
+      probe_layers_backend_init(&R->be, T->o->backend, NULL);
+  if (st != PROBE_OK)
+    return pt_fail(err, errlen, st, "%s backend: %s",
+                   probe_backend_name(T->o->backend), probe_status_str(st));
+  R->ops = R->be.ops;
+  R->dev = R->ops->device_memory;
+  /* Generator parameters are sized by the config alone: check them before
+   * drawing them; file data is checked with the model once loaded. */
+  st = check_memory("data generation", pt_data_need_bytes(&c->data, c->loss),
+                    0, T->o, err, errlen);
+  if (st != PROBE_OK) return st;
+  st = pt_data_open(&T->data, &c->data, c->loss, c->seed, err, errlen);
+  if (st != PROBE_OK) return st;
+  R->in_dim = pt_data_in_dim(T->data);
+  R->out_dim = pt_data_out_dim(T->data);
+  double host, backend, data = (double)pt_data_bytes(T->data);
+  model_memory(c, R->in_dim, R->out_dim, R->dev, &host, &backend);
+  st = check_memory("this config", host + data, data, T->o, err, errlen);
+  if (st != PROBE_OK) return st;
+  T->info.host_bytes = (uint64_t)(host + data);
+  T->info.device_bytes = (uint64_t)backend;
+  T->info.loss = NAN;
+  T->info.scale = NAN;
+  if (report(T, PROBE_TRAIN_PHASE_SETUP)) {
+    T->out->interrupted = 1;
+    return pt_fail(err, errlen, PROBE_ERR_INTERRUPTED,
+                   "trainer: stopped before the first step");
+  }
+  st = build(R, err, errlen);
+  if (st != PROBE_OK) return st;
+  if (pt_optim_init(&T->opt, &c->opt, R->n_params) != PROBE_OK)
+    return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+  T->window = T->o->final_window > 0 ? T->o->final_window : 10;
+  T->losses = malloc((size_t)T->window * sizeof(double));
+  if (!T->losses)
+    return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+  if (T->o->trace_path) {
+    st = open_trace(R, T->o, err, errlen);
+    if (st != PROBE_OK) return st;
+  }
+  /* Loss scaling applies to fp16 runs; fp32 and bf16 train unscaled. */
+  pt_scaler_spec ss = c->scaler;
+  if (c->precision != PROBE_PREC_FP16) ss.enabled = 0;
+  pt_scaler_init(&T->scaler, &ss);
+  T->out->scaler_enabled = ss.enabled != 0;
+  T->out->clip_max_norm = c->clip_max_norm > 0 ? c->clip_max_norm : 0.0;
+  return PROBE_OK;
+}
+
+/* Stage 1: the FP32 masters cast to each module's precision, "as used";
+ * the scaled-gradient accumulators zeroed. */
+static probe_status step_cast_weights(pt_run *R) {
+  probe_status st =
+      to_backend(R, R->master_b, R->master, R->n_params * sizeof(float));
+  for (int i = 0; i < R->n_mods && st == PROBE_OK; i++)
+    if (R->mods[i].p_n)
+      st = R->ops->round(R->be.ctx, R->wcast + R->mods[i].p_off,
+                         R->master_b + R->mods[i].p_off, R->mods[i].p_n,
+                         R->mods[i].prec);
+  memset(R->grad_h, 0, R->n_params * sizeof(float));
+  if (st == PROBE_OK && R->dev)
+    st = to_backend(R, R->grad, R->grad_h, R->n_params * sizeof(float));
+  return st;
+}
+
+/* Micro-batch mb of the step's data into its workspace (staged on the host
+ * when the backend's memory is not). */
+static probe_status load_batch(pt_run *R, pt_data *data, int64_t step,
+                               int64_t mb) {
+  pt_work *W = &R->work[mb];
+  if (!R->dev) return pt_data_batch(data, step, mb, W->act[0], W->target, W->labels);
+  probe_status st = pt_data_batch(data, step, mb, R->x_h, R->y_h, R->lab_h);
+  if (st == PROBE_OK)
+    st = to_backend(R, W->act[0], R->x_h,
+                    (size_t)(R->B * R->in_dim) * sizeof(float));
+  if (st == PROBE_OK && R->c->loss == PT_LOSS_MSE)
+    st = to_backend(R, W->target, R->y_h,
+                    (size_t)(R->B * R->out_dim) * sizeof(float));
+  if (st == PROBE_OK && R->c->loss == PT_LOSS_CE)
+    st = to_backend(R, W->labels, R->lab_h, (size_t)R->B * sizeof(int));
+  return st;
+}
+
+/* Stage 2: forward and scaled backward of every micro-batch; the scaled
+ * gradients end up in grad_h on the host. */
+static probe_status step_forward_backward(pt_train *T, pt_step *S) {
+  pt_run *R = &T->R;
+  /* d(weight * loss / M)/d(loss) times the scale, in FP32. */
+  const float dloss = S->scale / (float)R->M * (float)T->c->loss_weight;
+  probe_status st = PROBE_OK;
+  S->loss = 0.0;
+  for (int64_t mb = 0; mb < R->M && st == PROBE_OK; mb++) {
+    pt_work *W = &R->work[mb];
+    st = load_batch(R, T->data, S->step, mb);
+    if (st == PROBE_OK) st = forward(R, W, mb == 0);
+    if (st == PROBE_OK) st = backward(R, W, dloss, mb == R->M - 1);
+    S->loss += (double)W->loss_h / (double)R->M;
+  }
+  if (st == PROBE_OK && R->dev)
+    st = to_host(R, R->grad_h, R->grad, R->n_params * sizeof(float));
+  return st;
+}
+
+/* Clips g (the global norm already in *norm) to max_norm; *coef gets the
+ * factor applied (1 when none). */
+static void clip_grads(float *const *gp, const size_t *gn, double max_norm,
+                       double norm, double *coef) {
+  *coef = 1.0;
+  double k;
+  if (isfinite(norm) && (k = max_norm / (norm + 1e-6)) < 1.0) {
+    probe_grads_scale(gp, gn, 1, (float)k, NULL);
+    *coef = k;
+  }
+}
+
+/* Stage 3: unscale (g * (float)(1/scale), inverse in double, as GradScaler),
+ * check for inf/NaN, clip by the global norm - after unscaling, or before
+ * with the config's clip.before_unscale (the classic misordering). The
+ * unscaled gradients go to ugrad; grad_h is left as recorded. */
+static void step_unscale_clip(pt_train *T, pt_step *S) {
+  pt_run *R = &T->R;
+  memcpy(R->ugrad, R->grad_h, R->n_params * sizeof(float));
+  float *gp[1] = {R->ugrad};
+  size_t gn[1] = {R->n_params};
+  const float inv = (float)(1.0 / (double)S->scale);
+  const double max_norm = T->c->clip_max_norm;
+  S->found_inf = 0;
+  S->norm = 0.0;
+  S->coef = 1.0;
+  if (max_norm > 0 && T->c->clip_before_unscale) {
+    probe_grads_l2norm(&S->norm, gp, gn, 1); /* of the SCALED gradients */
+    clip_grads(gp, gn, max_norm, S->norm, &S->coef);
+    probe_grads_scale(gp, gn, 1, inv, &S->found_inf);
+  } else {
+    probe_grads_scale(gp, gn, 1, inv, &S->found_inf);
+    probe_grads_l2norm(&S->norm, gp, gn, 1);
+    if (max_norm > 0) clip_grads(gp, gn, max_norm, S->norm, &S->coef);
+  }
+  S->skip = T->scaler.spec.enabled && S->found_inf;
+}
+
+/* Stage 4: the optimizer step (skipped on overflow), then the new masters
+ * recorded. */
+static probe_status step_optimizer(pt_train *T, pt_step *S) {
+  pt_run *R = &T->R;
+  if (!S->skip) pt_optim_step(&T->opt, R->master, R->ugrad, S->lr);
+  probe_status st = PROBE_OK;
+  for (int i = 0; i < R->n_mods && st == PROBE_OK; i++)
+    if (R->mods[i].p_n)
+      st = rec(R, R->mods[i].lid, PROBE_SITE_MASTER_WEIGHT,
+               R->master + R->mods[i].p_off, R->mods[i].p_n);
+  return st;
+}
+
+/* Stage 5: the loss scaler's update; a transition goes to the trace. */
+static probe_status step_scaler_update(pt_train *T, pt_step *S) {
+  probe_scaler_event ev;
+  memset(&ev, 0, sizeof ev);
+  if (!pt_scaler_update(&T->scaler, S->found_inf, S->step, &ev))
+    return PROBE_OK;
+  if (ev.kind == PROBE_SCALER_BACKOFF || ev.kind == PROBE_SCALER_MIN_CLAMP)
+    T->out->backoffs++;
+  if (ev.kind == PROBE_SCALER_GROWTH) T->out->growths++;
+  return T->R.sess ? probe_scaler_transition(T->R.sess, &ev) : PROBE_OK;
+}
+
+/* Stage 6: the step's scalars into the trace, and the step closed. */
+static probe_status step_record(pt_train *T, const pt_step *S) {
+  if (!T->R.sess) return PROBE_OK;
+  const double max_norm = T->c->clip_max_norm;
+  probe_step_scalars sc;
+  memset(&sc, 0, sizeof sc);
+  sc.step = S->step;
+  sc.loss = S->loss;
+  sc.loss_scale = S->scale;
+  sc.growth_tracker = T->scaler.growth_tracker;
+  sc.found_inf = S->found_inf;
+  sc.skipped = S->skip;
+  sc.lr = S->lr;
+  sc.grad_norm = S->norm;
+  sc.clip_threshold = max_norm > 0 ? max_norm : 0.0;
+  sc.clip_coef = S->coef;
+  sc.wall_time = now_seconds() - T->t0;
+  probe_status st = probe_step_set_scalars(T->R.sess, &sc);
+  if (st == PROBE_OK) st = probe_step_end(T->R.sess);
+  return st;
+}
+
+/* Stage 7: the result's running figures. */
+static void step_bookkeeping(pt_train *T, const pt_step *S) {
+  probe_train_result *out = T->out;
+  const double max_norm = T->c->clip_max_norm;
+  T->losses[S->step % T->window] = S->loss;
+  if (S->step == 0) out->first_loss = S->loss;
+  if (S->scale < out->min_scale) out->min_scale = S->scale;
+  if (S->scale > out->max_scale) out->max_scale = S->scale;
+  if (S->skip) {
+    out->skipped_steps++;
+    if (++T->skip_run > out->longest_skip_run)
+      out->longest_skip_run = T->skip_run;
+  } else {
+    T->skip_run = 0;
+  }
+  if (max_norm > 0 && isfinite(S->norm)) {
+    out->clip_norms_seen++;
+    if (S->norm / max_norm > out->max_clip_ratio)
+      out->max_clip_ratio = S->norm / max_norm;
+  }
+  if (!isfinite(S->loss) && out->first_nonfinite_loss_step < 0)
+    out->first_nonfinite_loss_step = S->step;
+}
+
+/* One whole step, stage by stage. */
+static probe_status run_step(pt_train *T, int64_t step) {
+  pt_run *R = &T->R;
+  char *err = T->err;
+  size_t errlen = T->errlen;
+  pt_step S;
+  memset(&S, 0, sizeof S);
+  S.step = step;
+  S.scale = T->scaler.scale;
+  S.lr = pt_sched_lr(&T->c->sched, T->c->opt.lr, step, T->c->steps);
+  R->step = step;
+  probe_status st;
+  if (R->sess && (st = probe_step_begin(R->sess, step)) != PROBE_OK)
+    return pt_fail(err, errlen, st, "step %lld: trace: %s", (long long)step,
+                   probe_session_last_error(R->sess));
+  st = step_cast_weights(R);
+  if (st == PROBE_OK) st = step_forward_backward(T, &S);
+  if (st != PROBE_OK)
+    return pt_fail(err, errlen, st, "step %lld: %s%s%s", (long long)step,
+                   probe_status_str(st), R->sess ? ": " : "",
+                   R->sess ? probe_session_last_error(R->sess) : "");
+  step_unscale_clip(T, &S);
+  st = step_optimizer(T, &S);
+  if (st == PROBE_OK) st = step_scaler_update(T, &S);
+  if (st == PROBE_OK) st = step_record(T, &S);
+  if (st != PROBE_OK)
+    return pt_fail(err, errlen, st, "step %lld: trace: %s", (long long)step,
+                   R->sess ? probe_session_last_error(R->sess)
+                           : probe_status_str(st));
+  step_bookkeeping(T, &S);
+  T->info.step = step + 1;
+  T->info.loss = S.loss;
+  T->info.scale = S.scale;
+  return PROBE_OK;
+}
+
+/* 1 when the run should end after this step: the progress or report hook
+ * asked, or stop_on_nonfinite's steps after the first non-finite loss. */
+static int should_stop(pt_train *T, int64_t step) {
+  const probe_train_opts *o = T->o;
+  const probe_train_result *out = T->out;
+  double now = now_seconds();
+  T->info.step_s = now - T->t_step;
+  T->t_step = now;
+  if (o->progress && o->progress(step, T->info.loss, T->info.scale, o->user))
+    return 1;
+  if (report(T, PROBE_TRAIN_PHASE_STEP)) return 1;
+  return o->stop_on_nonfinite >= 0 && out->first_nonfinite_loss_step >= 0 &&
+         step >= out->first_nonfinite_loss_step + o->stop_on_nonfinite;
+}
+
+/* Stage 8: final figures, the first non-finite tensor, the trace closed. */
+static probe_status run_finish(pt_train *T, int64_t steps_run,
+                               probe_status st) {
+  pt_run *R = &T->R;
+  probe_train_result *out = T->out;
+  out->loop_seconds = now_seconds() - T->t_loop;
+  out->steps_run = steps_run;
+  if (out->steps_run > 0) {
+    int64_t w = T->window < out->steps_run ? T->window : out->steps_run;
+    double s = 0.0;
+    for (int64_t k = out->steps_run - w; k < out->steps_run; k++)
+      s += T->losses[k % T->window];
+    out->final_loss = s / (double)w;
+    out->last_loss = T->losses[(out->steps_run - 1) % T->window];
+  } else {
+    out->min_scale = out->max_scale = T->scaler.scale;
+  }
+  out->final_scale = T->scaler.scale;
+  nf_from_session(R);
+  if (R->nf_step >= 0) {
+    out->first_nonfinite_step = R->nf_step;
+    snprintf(out->first_nonfinite_layer, PROBE_NAME_MAX, "%s",
+             R->layers[R->nf_layer].name);
+    out->first_nonfinite_site = R->nf_site;
+  }
+  out->diverged =
+      out->first_nonfinite_loss_step >= 0 || !isfinite(out->final_loss);
+  if (out->steps_run == 0) out->diverged = 0;
+  if (R->sess) {
+    probe_status cst = probe_session_close(R->sess);
+    R->sess = NULL;
+    if (st == PROBE_OK && cst != PROBE_OK) {
+      st = cst;
+      pt_fail(T->err, T->errlen, st, "%s: closing the trace failed",
+              T->o->trace_path);
+    }
+  }
+  report(T, PROBE_TRAIN_PHASE_DONE);
+  return st;
+}
+
+static void run_free_all(pt_train *T) {
+  if (T->R.sess) probe_session_close(T->R.sess);
+  free(T->losses);
+  pt_optim_free(&T->opt);
+  pt_data_close(T->data);
+  run_free(&T->R);
+}
+
 probe_status probe_train(const probe_train_config *c,
                          const probe_train_opts *opts, probe_train_result *out,
                          char *err, size_t errlen) {
@@ -757,240 +1219,40 @@ probe_status probe_train(const probe_train_config *c,
   if (st != PROBE_OK) return st;
   openblas_set_num_threads(1); /* bit-identical GEMMs run to run */
 
-  const double t0 = now_seconds();
-  pt_run R;
-  memset(&R, 0, sizeof R);
-  R.c = c;
-  R.nf_step = -1;
-  R.B = c->data.batch;
-  R.M = c->micro_batches;
-  if (opts->backend == PROBE_BACKEND_CUDA) {
-    st = probe_cuda_layers_create(&R.cuda, NULL);
-    if (st != PROBE_OK)
-      return pt_fail(err, errlen, st, "CUDA backend: %s%s",
-                     probe_status_str(st),
-                     st == PROBE_ERR_UNSUPPORTED ? " (built without CUDA)" : "");
-  } else if (opts->backend != PROBE_BACKEND_CPU) {
-    return pt_fail(err, errlen, PROBE_ERR_INVALID_ARG, "unknown backend %d",
-                   (int)opts->backend);
-  }
-  pt_data *data = NULL;
-  st = pt_data_open(&data, &c->data, c->loss, c->seed, err, errlen);
+  pt_train *T = calloc(1, sizeof *T);
+  if (!T) return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+  T->c = c;
+  T->o = opts;
+  T->out = out;
+  T->err = err;
+  T->errlen = errlen;
+  T->t0 = now_seconds();
+  st = run_setup(T);
   if (st != PROBE_OK) {
-    run_free(&R);
+    if (st == PROBE_ERR_INTERRUPTED) st = PROBE_OK; /* stopped by the hook */
+    out->wall_seconds = now_seconds() - T->t0;
+    run_free_all(T);
+    free(T);
     return st;
   }
-  R.in_dim = pt_data_in_dim(data);
-  R.out_dim = pt_data_out_dim(data);
-  pt_optim opt;
-  memset(&opt, 0, sizeof opt);
-  double *losses = NULL;
-  st = build(&R, err, errlen);
-  if (st == PROBE_OK) {
-    st = pt_optim_init(&opt, &c->opt, R.n_params);
-    if (st != PROBE_OK) pt_fail(err, errlen, st, "trainer: out of memory");
-  }
-  const int64_t steps = c->steps;
-  /* The last `window` losses, a ring indexed by step % window. */
-  const int64_t window = opts->final_window > 0 ? opts->final_window : 10;
-  if (st == PROBE_OK && !(losses = malloc((size_t)window * sizeof(double))))
-    st = pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
-  if (st == PROBE_OK && opts->trace_path) st = open_trace(&R, opts, err, errlen);
-
-  /* Loss scaling applies to fp16 runs; fp32 and bf16 train unscaled. */
-  pt_scaler_spec ss = c->scaler;
-  if (c->precision != PROBE_PREC_FP16) ss.enabled = 0;
-  pt_scaler scaler;
-  pt_scaler_init(&scaler, &ss);
-  out->scaler_enabled = ss.enabled != 0;
-  out->clip_max_norm = c->clip_max_norm > 0 ? c->clip_max_norm : 0.0;
-
-  int64_t skip_run = 0, step = 0;
-  float *gp[1] = {NULL};
-  size_t gn[1] = {R.n_params};
-  const double t_loop = now_seconds();
-  for (step = 0; st == PROBE_OK && step < steps; step++) {
+  T->t_loop = T->t_step = now_seconds();
+  int64_t step = 0;
+  for (; step < c->steps; step++) {
     if (opts->stop_flag && *opts->stop_flag) {
       out->interrupted = 1;
       break;
     }
-    R.step = step;
-    if (R.sess && (st = probe_step_begin(R.sess, step)) != PROBE_OK) {
-      pt_fail(err, errlen, st, "step %lld: trace: %s", (long long)step,
-              probe_session_last_error(R.sess));
-      break;
-    }
-    const float scale = scaler.scale;
-    const double lr = pt_sched_lr(&c->sched, c->opt.lr, step, steps);
-    /* Cast the FP32 masters to each module's precision, "as used". */
-    pt_run *const Rp = &R;
-    st = to_backend(Rp, R.master_b, R.master, R.n_params * sizeof(float));
-    for (int i = 0; i < R.n_mods && st == PROBE_OK; i++)
-      if (R.mods[i].p_n)
-        st = probe_layers_round_any(Rp, R.wcast + R.mods[i].p_off,
-                                    R.master_b + R.mods[i].p_off,
-                                    R.mods[i].p_n, R.mods[i].prec);
-    memset(R.grad_h, 0, R.n_params * sizeof(float));
-    if (st == PROBE_OK && R.cuda)
-      st = to_backend(Rp, R.grad, R.grad_h, R.n_params * sizeof(float));
-    double loss = 0.0;
-    /* d(weight * loss / M)/d(loss) times the scale, in FP32. */
-    const float dloss = scale / (float)R.M * (float)c->loss_weight;
-    for (int64_t mb = 0; mb < R.M && st == PROBE_OK; mb++) {
-      pt_work *W = &R.work[mb];
-      if (!R.cuda) {
-        st = pt_data_batch(data, step, mb, W->act[0], W->target, W->labels);
-      } else {
-        st = pt_data_batch(data, step, mb, R.x_h, R.y_h, R.lab_h);
-        if (st == PROBE_OK)
-          st = to_backend(Rp, W->act[0], R.x_h,
-                          (size_t)(R.B * R.in_dim) * sizeof(float));
-        if (st == PROBE_OK && c->loss == PT_LOSS_MSE)
-          st = to_backend(Rp, W->target, R.y_h,
-                          (size_t)(R.B * R.out_dim) * sizeof(float));
-        if (st == PROBE_OK && c->loss == PT_LOSS_CE)
-          st = to_backend(Rp, W->labels, R.lab_h, (size_t)R.B * sizeof(int));
-      }
-      if (st == PROBE_OK) st = forward(&R, W, mb == 0);
-      if (st == PROBE_OK) st = backward(&R, W, dloss, mb == R.M - 1);
-      loss += (double)W->loss_h / (double)R.M;
-    }
-    if (st == PROBE_OK && R.cuda)
-      st = to_host(Rp, R.grad_h, R.grad, R.n_params * sizeof(float));
-    if (st != PROBE_OK) {
-      pt_fail(err, errlen, st, "step %lld: %s%s%s", (long long)step,
-              probe_status_str(st), R.sess ? ": " : "",
-              R.sess ? probe_session_last_error(R.sess) : "");
-      break;
-    }
-
-    /* Unscale, check, clip. */
-    memcpy(R.ugrad, R.grad_h, R.n_params * sizeof(float));
-    gp[0] = R.ugrad;
-    const float inv = (float)(1.0 / (double)scale);
-    int found_inf = 0;
-    double norm = 0.0, coef = 1.0;
-    const double max_norm = c->clip_max_norm;
-    if (max_norm > 0 && c->clip_before_unscale) {
-      probe_grads_l2norm(&norm, gp, gn, 1); /* of the SCALED gradients */
-      if (isfinite(norm) && (coef = max_norm / (norm + 1e-6)) < 1.0)
-        probe_grads_scale(gp, gn, 1, (float)coef, NULL);
-      else
-        coef = 1.0;
-      probe_grads_scale(gp, gn, 1, inv, &found_inf);
-    } else {
-      probe_grads_scale(gp, gn, 1, inv, &found_inf);
-      if (max_norm > 0) {
-        probe_grads_l2norm(&norm, gp, gn, 1);
-        if (isfinite(norm) && (coef = max_norm / (norm + 1e-6)) < 1.0)
-          probe_grads_scale(gp, gn, 1, (float)coef, NULL);
-        else
-          coef = 1.0;
-      }
-    }
-    if (max_norm <= 0) probe_grads_l2norm(&norm, gp, gn, 1);
-    const int skip = scaler.spec.enabled && found_inf;
-    if (!skip) pt_optim_step(&opt, R.master, R.ugrad, lr);
-    for (int i = 0; i < R.n_mods && st == PROBE_OK; i++)
-      if (R.mods[i].p_n)
-        st = rec(&R, R.mods[i].lid, PROBE_SITE_MASTER_WEIGHT,
-                 R.master + R.mods[i].p_off, R.mods[i].p_n);
-    probe_scaler_event ev;
-    memset(&ev, 0, sizeof ev);
-    if (pt_scaler_update(&scaler, found_inf, step, &ev)) {
-      if (ev.kind == PROBE_SCALER_BACKOFF || ev.kind == PROBE_SCALER_MIN_CLAMP)
-        out->backoffs++;
-      if (ev.kind == PROBE_SCALER_GROWTH) out->growths++;
-      if (R.sess && st == PROBE_OK) st = probe_scaler_transition(R.sess, &ev);
-    }
-    if (R.sess && st == PROBE_OK) {
-      probe_step_scalars sc;
-      memset(&sc, 0, sizeof sc);
-      sc.step = step;
-      sc.loss = loss;
-      sc.loss_scale = scale;
-      sc.growth_tracker = scaler.growth_tracker;
-      sc.found_inf = found_inf;
-      sc.skipped = skip;
-      sc.lr = lr;
-      sc.grad_norm = norm;
-      sc.clip_threshold = max_norm > 0 ? max_norm : 0.0;
-      sc.clip_coef = coef;
-      sc.wall_time = now_seconds() - t0;
-      st = probe_step_set_scalars(R.sess, &sc);
-      if (st == PROBE_OK) st = probe_step_end(R.sess);
-    }
-    if (st != PROBE_OK) {
-      pt_fail(err, errlen, st, "step %lld: trace: %s", (long long)step,
-              R.sess ? probe_session_last_error(R.sess) : probe_status_str(st));
-      break;
-    }
-
-    /* Bookkeeping for the result. */
-    losses[step % window] = loss;
-    if (step == 0) out->first_loss = loss;
-    if (scale < out->min_scale) out->min_scale = scale;
-    if (scale > out->max_scale) out->max_scale = scale;
-    if (skip) {
-      out->skipped_steps++;
-      if (++skip_run > out->longest_skip_run) out->longest_skip_run = skip_run;
-    } else {
-      skip_run = 0;
-    }
-    if (max_norm > 0 && isfinite(norm)) {
-      out->clip_norms_seen++;
-      if (norm / max_norm > out->max_clip_ratio)
-        out->max_clip_ratio = norm / max_norm;
-    }
-    if (!isfinite(loss) && out->first_nonfinite_loss_step < 0)
-      out->first_nonfinite_loss_step = step;
-    if (opts->progress && opts->progress(step, loss, scale, opts->user)) {
-      out->interrupted = 1;
-      step++;
-      break;
-    }
-    if (opts->stop_on_nonfinite >= 0 && out->first_nonfinite_loss_step >= 0 &&
-        step >= out->first_nonfinite_loss_step + opts->stop_on_nonfinite) {
+    if ((st = run_step(T, step)) != PROBE_OK) break;
+    if (should_stop(T, step)) {
       out->interrupted = 1;
       step++;
       break;
     }
   }
-  out->loop_seconds = now_seconds() - t_loop;
-  out->steps_run = step < steps ? step : steps; /* steps completed */
-  if (out->steps_run > 0) {
-    int64_t w = window < out->steps_run ? window : out->steps_run;
-    double s = 0.0;
-    for (int64_t k = out->steps_run - w; k < out->steps_run; k++)
-      s += losses[k % window];
-    out->final_loss = s / (double)w;
-    out->last_loss = losses[(out->steps_run - 1) % window];
-  } else {
-    out->min_scale = out->max_scale = scaler.scale;
-  }
-  out->final_scale = scaler.scale;
-  nf_from_session(&R);
-  if (R.nf_step >= 0) {
-    out->first_nonfinite_step = R.nf_step;
-    snprintf(out->first_nonfinite_layer, PROBE_NAME_MAX, "%s",
-             R.layers[R.nf_layer].name);
-    out->first_nonfinite_site = R.nf_site;
-  }
-  out->diverged = out->first_nonfinite_loss_step >= 0 || !isfinite(out->final_loss);
-  if (out->steps_run == 0) out->diverged = 0;
-  if (R.sess) {
-    probe_status cst = probe_session_close(R.sess);
-    if (st == PROBE_OK && cst != PROBE_OK) {
-      st = cst;
-      pt_fail(err, errlen, st, "%s: closing the trace failed",
-              opts->trace_path);
-    }
-  }
-  out->wall_seconds = now_seconds() - t0;
-  free(losses);
-  pt_optim_free(&opt);
-  pt_data_close(data);
-  run_free(&R);
+  st = run_finish(T, step < c->steps ? step : c->steps, st);
+  out->wall_seconds = now_seconds() - T->t0;
+  run_free_all(T);
+  free(T);
   return st;
 }
 
@@ -1008,9 +1270,15 @@ probe_status pt_debug_grad(const probe_train_config *c, pt_debug_out *o,
   R.nf_step = -1;
   R.B = c->data.batch;
   R.M = 1;
+  st = probe_layers_backend_init(&R.be, PROBE_BACKEND_CPU, NULL);
+  if (st != PROBE_OK) return st;
+  R.ops = R.be.ops;
   pt_data *data = NULL;
   st = pt_data_open(&data, &c->data, c->loss, c->seed, err, errlen);
-  if (st != PROBE_OK) return st;
+  if (st != PROBE_OK) {
+    run_free(&R);
+    return st;
+  }
   R.in_dim = pt_data_in_dim(data);
   R.out_dim = pt_data_out_dim(data);
   st = build(&R, err, errlen);
@@ -1018,9 +1286,9 @@ probe_status pt_debug_grad(const probe_train_config *c, pt_debug_out *o,
   if (st == PROBE_OK)
     for (int i = 0; i < R.n_mods && st == PROBE_OK; i++)
       if (R.mods[i].p_n)
-        st = probe_layers_round(R.wcast + R.mods[i].p_off,
-                                R.master + R.mods[i].p_off, R.mods[i].p_n,
-                                R.mods[i].prec);
+        st = R.ops->round(R.be.ctx, R.wcast + R.mods[i].p_off,
+                          R.master + R.mods[i].p_off, R.mods[i].p_n,
+                          R.mods[i].prec);
   if (st == PROBE_OK)
     st = pt_data_batch(data, 0, 0, W->act[0], W->target, W->labels);
   if (st == PROBE_OK) st = forward(&R, W, 1);

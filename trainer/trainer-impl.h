@@ -163,6 +163,11 @@ probe_status pt_data_open(pt_data **out, const pt_data_spec *spec,
 void pt_data_close(pt_data *d);
 int64_t pt_data_in_dim(const pt_data *d);
 int64_t pt_data_out_dim(const pt_data *d); /* targets; classes for CE */
+/* Bytes pt_data_open will allocate for a generator's parameters, from the
+ * spec alone (0 for file data, whose size is known once loaded). */
+double pt_data_need_bytes(const pt_data_spec *spec, pt_loss_type loss);
+/* Bytes the opened source holds (generator parameters or file data). */
+size_t pt_data_bytes(const pt_data *d);
 /* Fills micro-batch `micro` of `step`: x (B, in_dim), y (B, out_dim) floats
  * or labels (B) for classification. Deterministic in (seed, step, micro). */
 probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,

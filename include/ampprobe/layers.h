@@ -108,12 +108,15 @@ probe_status probe_bn_forward_eval(float *out, const float *inp,
 
 #define PROBE_LN_EPS 1e-5f
 
-/* Per row n of inp(N,C): mean(N), var materialised (rounded, not saved),
- * rstd(N) = 1/sqrt(var + eps) rounded; out(N,C) = (x-mean)*rstd*weight + bias.
- * mean, rstd saved for backward. */
+/* Per row n of inp(N,C): mean(N), var(N) materialised (rounded: inf in
+ * FP16 past 65504), rstd(N) = 1/sqrt(var + eps) rounded;
+ * out(N,C) = (x-mean)*rstd*weight + bias. mean, rstd are saved for backward;
+ * var is written when not NULL (the quantity that overflows, for the trace's
+ * fwd_saved site; backward does not need it). */
 probe_status probe_layernorm_forward(float *out, float *mean, float *rstd,
-                                     const float *inp, const float *weight,
-                                     const float *bias, float eps, int N, int C,
+                                     float *var, const float *inp,
+                                     const float *weight, const float *bias,
+                                     float eps, int N, int C,
                                      probe_precision prec);
 
 /* dinp(N,C) overwritten; dweight(C), dbias(C) accumulated (NULL to skip). */
@@ -128,16 +131,18 @@ probe_status probe_layernorm_backward(float *dinp, float *dweight, float *dbias,
 #define PROBE_REVIN_EPS 1e-5f
 
 /* inp(B,T,C) (C = 1 for a (B,T) series). Per series (b,c), over T:
- * mean(B,C), var = mean of squared deviations (biased, materialised: rounded,
- * -> inf in FP16 past 65504, not saved), stdev(B,C) = sqrt(var + eps) rounded.
+ * mean(B,C), var(B,C) = mean of squared deviations (biased, materialised:
+ * rounded, -> inf in FP16 past 65504; written when var is not NULL),
+ * stdev(B,C) = sqrt(var + eps) rounded.
  * out = (x - mean) / stdev, then if gamma != NULL: out = out*gamma[c] + beta[c]
  * (gamma, beta (C) both given or both NULL). mean, stdev are saved and shared
  * with probe_revin_denorm_*. As in the reference code the statistics are
  * detached: no gradient flows through mean or stdev. */
 probe_status probe_revin_norm_forward(float *out, float *mean, float *stdev,
-                                      const float *inp, const float *gamma,
-                                      const float *beta, float eps, int B,
-                                      int T, int C, probe_precision prec);
+                                      float *var, const float *inp,
+                                      const float *gamma, const float *beta,
+                                      float eps, int B, int T, int C,
+                                      probe_precision prec);
 
 /* dinp(B,T,C) = dout * gamma / stdev (overwritten); dgamma(C) += sum dout *
  * (x-mean)/stdev, dbeta(C) += sum dout (accumulated; NULL to skip, and
@@ -270,146 +275,180 @@ probe_status probe_grads_scale(float *const *grads, const size_t *sizes,
                                size_t count, float factor,
                                int *found_nonfinite);
 
-/* ---- CUDA backend (layers_cuda.cu; layers_nocuda.c in builds without) ---- */
-/* Same arguments as the CPU functions, preceded by a context; every array is
- * device memory. GEMMs are cublasGemmEx (strided-batched in attention) with
- * CUBLAS_COMPUTE_32F: in FP16/BF16 mode CUDA_R_16F (CUDA_R_16BF) operands and
- * output, except a linear forward with bias, whose GEMM outputs CUDA_R_32F so
- * the bias is added before the single rounding (as a cuBLASLt bias epilogue
- * does); CUDA_R_32F throughout in FP32 mode (no TF32). Other ops are CUDA
- * kernels doing the same per-element rounding as the CPU, in the CPU's order.
- * Calls are asynchronous on the context's stream; call
- * probe_cuda_layers_sync before reading results on the host. The attention
- * block's scratch arguments are as on the CPU. A context holds scratch
- * memory: use it from one host thread at a time. */
+/* ---- backends: one table of operations, chosen once ----------------------- */
+/*
+ * A backend is a table of function pointers (probe_layer_ops) and a context
+ * (ctx) passed as each operation's first argument. Every operation takes the
+ * arguments of the CPU function of the same name above, in the same order,
+ * on the backend's memory:
+ *
+ *   cpu   the functions above; memory is host memory (malloc).
+ *   cuda  layers_cuda.cu; every array is device memory, from ops->alloc or
+ *         cudaMalloc. GEMMs are cublasGemmEx (strided-batched in attention)
+ *         with CUBLAS_COMPUTE_32F: in FP16/BF16 mode CUDA_R_16F (CUDA_R_16BF)
+ *         operands and output, except a linear forward with bias, whose GEMM
+ *         outputs CUDA_R_32F so the bias is added before the single rounding
+ *         (as a cuBLASLt bias epilogue does); CUDA_R_32F throughout in FP32
+ *         mode (no TF32). Other ops are the shared per-element code of
+ *         layers-impl.h, one thread per element/row/column, in the CPU's
+ *         order. Calls are asynchronous on the context's stream: call
+ *         ops->sync before reading results on the host. Losses write *loss
+ *         to device memory; cross-entropy targets are device memory and a
+ *         target out of [0, V) gives NaN there instead of
+ *         PROBE_ERR_INVALID_ARG. grads_l2norm / grads_scale take HOST arrays
+ *         of device pointers and return host values (they synchronise).
+ *         A context holds scratch memory: one host thread at a time.
+ *
+ * Operations return PROBE_OK or the errors listed at the top, plus
+ * PROBE_ERR_CUDA for a failed CUDA call.
+ */
 
-typedef struct probe_cuda_layers probe_cuda_layers;
+/* Where the layers run. */
+typedef enum probe_backend {
+  PROBE_BACKEND_CPU = 0,  /* layers_cpu.c, OpenBLAS */
+  PROBE_BACKEND_CUDA = 1, /* layers_cuda.cu, cuBLAS; builds with CUDA */
+} probe_backend;
 
-/* stream is a cudaStream_t (void * to keep CUDA out of this header); NULL
- * uses the default stream. Creates a cuBLAS handle. Without CUDA:
- * PROBE_ERR_UNSUPPORTED; without a device: PROBE_ERR_NO_DEVICE. */
-probe_status probe_cuda_layers_create(probe_cuda_layers **out, void *stream);
-void probe_cuda_layers_destroy(probe_cuda_layers *ctx);
-probe_status probe_cuda_layers_sync(probe_cuda_layers *ctx);
+typedef struct probe_layer_ops {
+  const char *name;  /* "cpu", "cuda" */
+  int device_memory; /* 1: the arrays are not host memory (copy to read) */
 
-probe_status probe_cuda_layers_round(probe_cuda_layers *ctx, float *out,
-                                     const float *in, size_t n,
-                                     probe_precision prec);
-probe_status probe_cuda_linear_forward(probe_cuda_layers *ctx, float *out,
-                                       const float *inp, const float *weight,
-                                       const float *bias, int N, int C, int OC,
-                                       probe_precision prec);
-probe_status probe_cuda_linear_backward(probe_cuda_layers *ctx, float *dinp,
-                                        float *dweight, float *dbias,
-                                        const float *dout, const float *inp,
-                                        const float *weight, int N, int C,
-                                        int OC, probe_precision prec);
-probe_status probe_cuda_bn_forward(probe_cuda_layers *ctx, float *out,
-                                   float *mean, float *var, float *running_mean,
-                                   float *running_var, const float *inp,
-                                   const float *gamma, const float *beta,
-                                   float momentum, float eps, int N, int C,
-                                   probe_precision prec);
-probe_status probe_cuda_bn_backward(probe_cuda_layers *ctx, float *dinp,
-                                    float *dgamma, float *dbeta,
-                                    const float *dout, const float *inp,
-                                    const float *mean, const float *var,
-                                    const float *gamma, float eps, int N, int C,
+  /* ---- context and memory ---- */
+  void (*destroy)(void *ctx);
+  probe_status (*sync)(void *ctx); /* waits for queued work */
+  /* *out = bytes of zeroed backend memory (PROBE_ERR_NOMEM on failure). */
+  probe_status (*alloc)(void *ctx, void **out, size_t bytes);
+  void (*free)(void *ctx, void *p);
+  /* bytes between host and backend memory, either direction; synchronous
+   * (waits for queued work first). */
+  probe_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+
+  /* ---- operations (arguments as the CPU functions, after ctx) ---- */
+  probe_status (*round)(void *ctx, float *out, const float *in, size_t n,
+                        probe_precision prec);
+  probe_status (*linear_forward)(void *ctx, float *out, const float *inp,
+                                 const float *weight, const float *bias, int N,
+                                 int C, int OC, probe_precision prec);
+  probe_status (*linear_backward)(void *ctx, float *dinp, float *dweight,
+                                  float *dbias, const float *dout,
+                                  const float *inp, const float *weight, int N,
+                                  int C, int OC, probe_precision prec);
+  probe_status (*bn_forward)(void *ctx, float *out, float *mean, float *var,
+                             float *running_mean, float *running_var,
+                             const float *inp, const float *gamma,
+                             const float *beta, float momentum, float eps,
+                             int N, int C, probe_precision prec);
+  probe_status (*bn_backward)(void *ctx, float *dinp, float *dgamma,
+                              float *dbeta, const float *dout,
+                              const float *inp, const float *mean,
+                              const float *var, const float *gamma, float eps,
+                              int N, int C, probe_precision prec);
+  probe_status (*bn_forward_eval)(void *ctx, float *out, const float *inp,
+                                  const float *gamma, const float *beta,
+                                  const float *running_mean,
+                                  const float *running_var, float eps, int N,
+                                  int C, probe_precision prec);
+  probe_status (*layernorm_forward)(void *ctx, float *out, float *mean,
+                                    float *rstd, float *var, const float *inp,
+                                    const float *weight, const float *bias,
+                                    float eps, int N, int C,
                                     probe_precision prec);
-probe_status probe_cuda_bn_forward_eval(probe_cuda_layers *ctx, float *out,
-                                        const float *inp, const float *gamma,
-                                        const float *beta,
-                                        const float *running_mean,
-                                        const float *running_var, float eps,
-                                        int N, int C, probe_precision prec);
-probe_status probe_cuda_layernorm_forward(probe_cuda_layers *ctx, float *out,
-                                          float *mean, float *rstd,
-                                          const float *inp, const float *weight,
-                                          const float *bias, float eps, int N,
-                                          int C, probe_precision prec);
-probe_status probe_cuda_layernorm_backward(probe_cuda_layers *ctx, float *dinp,
-                                           float *dweight, float *dbias,
-                                           const float *dout, const float *inp,
-                                           const float *mean, const float *rstd,
-                                           const float *weight, int N, int C,
-                                           probe_precision prec);
-probe_status probe_cuda_revin_norm_forward(probe_cuda_layers *ctx, float *out,
-                                           float *mean, float *stdev,
-                                           const float *inp, const float *gamma,
-                                           const float *beta, float eps, int B,
-                                           int T, int C, probe_precision prec);
-probe_status probe_cuda_revin_norm_backward(
-    probe_cuda_layers *ctx, float *dinp, float *dgamma, float *dbeta,
-    const float *dout, const float *inp, const float *mean, const float *stdev,
-    const float *gamma, int B, int T, int C, probe_precision prec);
-probe_status probe_cuda_revin_denorm_forward(
-    probe_cuda_layers *ctx, float *out, const float *y, const float *mean,
-    const float *stdev, const float *gamma, const float *beta, float eps, int B,
-    int H, int C, probe_precision prec);
-probe_status probe_cuda_revin_denorm_backward(
-    probe_cuda_layers *ctx, float *dy, float *dgamma, float *dbeta,
-    const float *dout, const float *y, const float *stdev, const float *gamma,
-    const float *beta, float eps, int B, int H, int C, probe_precision prec);
-probe_status probe_cuda_relu_forward(probe_cuda_layers *ctx, float *out,
-                                     const float *inp, size_t n,
-                                     probe_precision prec);
-probe_status probe_cuda_relu_backward(probe_cuda_layers *ctx, float *dinp,
-                                      const float *dout, const float *inp,
-                                      size_t n, probe_precision prec);
-probe_status probe_cuda_gelu_forward(probe_cuda_layers *ctx, float *out,
-                                     const float *inp, size_t n,
-                                     probe_precision prec);
-probe_status probe_cuda_gelu_backward(probe_cuda_layers *ctx, float *dinp,
-                                      const float *dout, const float *inp,
-                                      size_t n, probe_precision prec);
-probe_status probe_cuda_softmax_forward(probe_cuda_layers *ctx, float *probs,
-                                        const float *logits, int N, int V,
+  probe_status (*layernorm_backward)(void *ctx, float *dinp, float *dweight,
+                                     float *dbias, const float *dout,
+                                     const float *inp, const float *mean,
+                                     const float *rstd, const float *weight,
+                                     int N, int C, probe_precision prec);
+  probe_status (*revin_norm_forward)(void *ctx, float *out, float *mean,
+                                     float *stdev, float *var,
+                                     const float *inp, const float *gamma,
+                                     const float *beta, float eps, int B,
+                                     int T, int C, probe_precision prec);
+  probe_status (*revin_norm_backward)(void *ctx, float *dinp, float *dgamma,
+                                      float *dbeta, const float *dout,
+                                      const float *inp, const float *mean,
+                                      const float *stdev, const float *gamma,
+                                      int B, int T, int C,
+                                      probe_precision prec);
+  probe_status (*revin_denorm_forward)(void *ctx, float *out, const float *y,
+                                       const float *mean, const float *stdev,
+                                       const float *gamma, const float *beta,
+                                       float eps, int B, int H, int C,
+                                       probe_precision prec);
+  probe_status (*revin_denorm_backward)(void *ctx, float *dy, float *dgamma,
+                                        float *dbeta, const float *dout,
+                                        const float *y, const float *stdev,
+                                        const float *gamma, const float *beta,
+                                        float eps, int B, int H, int C,
                                         probe_precision prec);
-probe_status probe_cuda_softmax_backward(probe_cuda_layers *ctx, float *dlogits,
-                                         const float *dprobs,
-                                         const float *probs, int N, int V,
-                                         probe_precision prec);
-probe_status probe_cuda_attention_forward(probe_cuda_layers *ctx, float *out,
-                                          float *qkv, float *scores,
-                                          float *probs, float *atty,
-                                          const float *inp, const float *wqkv,
-                                          const float *bqkv, const float *wo,
-                                          const float *bo, int causal, int B,
-                                          int T, int C, probe_precision prec);
-probe_status probe_cuda_attention_backward(
-    probe_cuda_layers *ctx, float *dinp, float *dwqkv, float *dbqkv, float *dwo,
-    float *dbo, float *dqkv, float *datty, float *dprobs, float *dscores,
-    const float *dout, const float *inp, const float *qkv, const float *probs,
-    const float *atty, const float *wqkv, const float *wo, int B, int T, int C,
-    probe_precision prec);
-/* Losses: *loss is a device float. targets is device memory; a target out
- * of [0, V) gives NaN there instead of PROBE_ERR_INVALID_ARG. */
-probe_status probe_cuda_mse_forward(probe_cuda_layers *ctx, float *loss,
-                                    const float *pred, const float *target,
-                                    size_t n, probe_precision prec);
-probe_status probe_cuda_mse_backward(probe_cuda_layers *ctx, float *dpred,
-                                     const float *pred, const float *target,
-                                     float dloss, size_t n,
-                                     probe_precision prec);
-probe_status probe_cuda_crossentropy_forward(probe_cuda_layers *ctx,
-                                             float *loss, float *losses,
-                                             const float *probs,
-                                             const int *targets, int N, int V,
-                                             probe_precision prec);
-probe_status probe_cuda_crossentropy_backward(probe_cuda_layers *ctx,
-                                              float *dprobs, const float *probs,
-                                              const int *targets, float dloss,
-                                              int N, int V,
-                                              probe_precision prec);
-/* Gradient helpers on device arrays; grads/sizes are HOST arrays holding
- * device pointers. *out / *found_nonfinite are host values (these two
- * synchronise the stream). */
-probe_status probe_cuda_grads_l2norm(probe_cuda_layers *ctx, double *out,
-                                     float *const *grads, const size_t *sizes,
-                                     size_t count);
-probe_status probe_cuda_grads_scale(probe_cuda_layers *ctx, float *const *grads,
-                                    const size_t *sizes, size_t count,
-                                    float factor, int *found_nonfinite);
+  probe_status (*relu_forward)(void *ctx, float *out, const float *inp,
+                               size_t n, probe_precision prec);
+  probe_status (*relu_backward)(void *ctx, float *dinp, const float *dout,
+                                const float *inp, size_t n,
+                                probe_precision prec);
+  probe_status (*gelu_forward)(void *ctx, float *out, const float *inp,
+                               size_t n, probe_precision prec);
+  probe_status (*gelu_backward)(void *ctx, float *dinp, const float *dout,
+                                const float *inp, size_t n,
+                                probe_precision prec);
+  probe_status (*softmax_forward)(void *ctx, float *probs, const float *logits,
+                                  int N, int V, probe_precision prec);
+  probe_status (*softmax_backward)(void *ctx, float *dlogits,
+                                   const float *dprobs, const float *probs,
+                                   int N, int V, probe_precision prec);
+  probe_status (*attention_forward)(void *ctx, float *out, float *qkv,
+                                    float *scores, float *probs, float *atty,
+                                    const float *inp, const float *wqkv,
+                                    const float *bqkv, const float *wo,
+                                    const float *bo, int causal, int B, int T,
+                                    int C, probe_precision prec);
+  probe_status (*attention_backward)(
+      void *ctx, float *dinp, float *dwqkv, float *dbqkv, float *dwo,
+      float *dbo, float *dqkv, float *datty, float *dprobs, float *dscores,
+      const float *dout, const float *inp, const float *qkv, const float *probs,
+      const float *atty, const float *wqkv, const float *wo, int B, int T,
+      int C, probe_precision prec);
+  probe_status (*mse_forward)(void *ctx, float *loss, const float *pred,
+                              const float *target, size_t n,
+                              probe_precision prec);
+  probe_status (*mse_backward)(void *ctx, float *dpred, const float *pred,
+                               const float *target, float dloss, size_t n,
+                               probe_precision prec);
+  probe_status (*crossentropy_forward)(void *ctx, float *loss, float *losses,
+                                       const float *probs, const int *targets,
+                                       int N, int V, probe_precision prec);
+  probe_status (*crossentropy_backward)(void *ctx, float *dprobs,
+                                        const float *probs, const int *targets,
+                                        float dloss, int N, int V,
+                                        probe_precision prec);
+  probe_status (*grads_l2norm)(void *ctx, double *out, float *const *grads,
+                               const size_t *sizes, size_t count);
+  probe_status (*grads_scale)(void *ctx, float *const *grads,
+                              const size_t *sizes, size_t count, float factor,
+                              int *found_nonfinite);
+} probe_layer_ops;
+
+/* A started backend: its table and its context. */
+typedef struct probe_layers_backend {
+  const probe_layer_ops *ops;
+  void *ctx;
+  probe_backend kind;
+} probe_layers_backend;
+
+/* Starts a backend (once; then call through b->ops). stream: a cudaStream_t
+ * for CUDA (NULL: the legacy default stream), ignored by the CPU.
+ * Returns PROBE_OK; PROBE_ERR_UNSUPPORTED when this build has no such backend
+ * (CUDA in a build without CUDA: "not supported in this build");
+ * PROBE_ERR_NO_DEVICE when the machine has no usable device;
+ * PROBE_ERR_INVALID_ARG for an unknown kind. On error *b is zeroed. */
+probe_status probe_layers_backend_init(probe_layers_backend *b,
+                                       probe_backend kind, void *stream);
+/* Frees the context; b may be zeroed or NULL. */
+void probe_layers_backend_free(probe_layers_backend *b);
+/* "cpu", "cuda", or "?" for an unknown kind. */
+const char *probe_backend_name(probe_backend kind);
+/* 1 when this build has the backend's code (the machine may still have no
+ * device: see probe_layers_backend_init). */
+int probe_backend_compiled(probe_backend kind);
 
 #ifdef __cplusplus
 }

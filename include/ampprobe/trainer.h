@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ampprobe/layers.h"
 #include "ampprobe/probe.h"
 #include "ampprobe/status.h"
 
@@ -108,12 +109,9 @@ int probe_policy_match(const char *entry, const char *layer_name,
 
 /* ---- a training run ------------------------------------------------------ */
 
-/* Where the layers run. The AMP step (unscale, clip, optimizer, scaler) is
- * the same host code for both. */
-typedef enum probe_backend {
-  PROBE_BACKEND_CPU = 0,  /* layers_cpu.c, OpenBLAS single-threaded */
-  PROBE_BACKEND_CUDA = 1, /* layers_cuda.cu, cuBLAS; builds with CUDA */
-} probe_backend;
+/* Where the layers run: probe_backend (ampprobe/layers.h), PROBE_BACKEND_CPU
+ * (OpenBLAS single-threaded) or PROBE_BACKEND_CUDA. The AMP step (unscale,
+ * clip, optimizer, scaler) is the same host code for both. */
 
 /* 1 when this build and machine can run the backend. */
 int probe_train_backend_available(probe_backend b);
@@ -121,6 +119,34 @@ int probe_train_backend_available(probe_backend b);
 /* Called after every step; a nonzero return stops the run (interrupted). */
 typedef int (*probe_train_progress_fn)(int64_t step, double loss, double scale,
                                        void *user);
+
+/* Progress of a run for logs and progress lines (the caller decides how
+ * often to print). The report hook is called:
+ *   SETUP  once, after the memory need was computed and accepted, before the
+ *          model is allocated (host_bytes / device_bytes are known; step 0);
+ *   STEP   after every step (step = steps completed, loss and scale of that
+ *          step, step_s its wall time);
+ *   DONE   once at the end (also after an error or interruption).
+ * A nonzero return from SETUP or STEP stops the run (interrupted). */
+typedef enum probe_train_phase {
+  PROBE_TRAIN_PHASE_SETUP = 0,
+  PROBE_TRAIN_PHASE_STEP = 1,
+  PROBE_TRAIN_PHASE_DONE = 2,
+} probe_train_phase;
+
+typedef struct probe_train_progress_info {
+  probe_train_phase phase;
+  int64_t step;          /* steps completed */
+  int64_t steps;         /* steps the run will take (the config's) */
+  double loss, scale;    /* of the last step; NaN before the first */
+  double elapsed_s;      /* since probe_train began */
+  double step_s;         /* wall time of the last step */
+  uint64_t host_bytes;   /* memory need computed from the config (host) */
+  uint64_t device_bytes; /* and on the device (CUDA backend) */
+} probe_train_progress_info;
+
+typedef int (*probe_train_report_fn)(const probe_train_progress_info *info,
+                                     void *user);
 
 typedef struct probe_train_opts {
   const char *trace_path;   /* NULL: no trace is written */
@@ -142,6 +168,14 @@ typedef struct probe_train_opts {
    * refused either way (PROBE_ERR_LOCKED). The CLI sets it unless told to
    * overwrite. */
   int trace_exclusive;
+  /* Progress for logs (see probe_train_report_fn); may be NULL. Gets the
+   * same `user` as progress. */
+  probe_train_report_fn report;
+  /* Host memory the run may need, in bytes: a config needing more is
+   * refused before anything is allocated, with a one-line message naming
+   * both figures (PROBE_ERR_NOMEM). 0 = the default: 80% of physical
+   * memory, or the process's ulimit -v / -d when lower. */
+  uint64_t max_memory;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);

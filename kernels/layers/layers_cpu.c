@@ -16,6 +16,7 @@
 
 #include "ampprobe/layers.h"
 #include "ampprobe/numerics.h"
+#include "layers-impl.h"
 
 #define CHECK_ARG(cond)                                                        \
   do {                                                                         \
@@ -26,13 +27,7 @@
 #define PREC_OK(p)                                                             \
   ((p) == PROBE_PREC_FP32 || (p) == PROBE_PREC_FP16 || (p) == PROBE_PREC_BF16)
 
-static inline float rnd(float x, probe_precision p) {
-  if (p == PROBE_PREC_FP16)
-    return probe_round_f16(x);
-  if (p == PROBE_PREC_BF16)
-    return probe_round_bf16(x);
-  return x;
-}
+static inline float rnd(float x, probe_precision p) { return pl_rnd(x, p); }
 
 float probe_layers_round1(float x, probe_precision prec) {
   return rnd(x, prec);
@@ -92,7 +87,7 @@ probe_status probe_linear_forward(float *out, const float *inp,
   for (int n = 0; n < N; n++) {
     float *o = out + (size_t)n * OC;
     for (int j = 0; j < OC; j++)
-      o[j] = rnd(bias ? o[j] + rnd(bias[j], prec) : o[j], prec);
+      o[j] = pl_bias_round(o[j], bias, j, prec);
   }
   free(ti);
   free(tw);
@@ -146,14 +141,9 @@ probe_status probe_linear_backward(float *dinp, float *dweight, float *dbias,
         dweight[i] += rnd(tg[i], prec);
     }
   }
-  if (dbias) {
-    for (int j = 0; j < OC; j++) {
-      float s = 0.0f;
-      for (int n = 0; n < N; n++)
-        s += g[(size_t)n * OC + j];
-      dbias[j] += rnd(s, prec);
-    }
-  }
+  if (dbias)
+    for (int j = 0; j < OC; j++)
+      pl_colsum_acc(dbias, dout, N, OC, j, prec);
 done:
   free(td);
   free(ti);
@@ -171,31 +161,9 @@ probe_status probe_bn_forward(float *out, float *mean, float *var,
                               int N, int C, probe_precision prec) {
   CHECK_ARG(out && mean && var && inp && gamma && beta && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int c = 0; c < C; c++) {
-    float s = 0.0f;
-    for (int n = 0; n < N; n++)
-      s += rnd(inp[(size_t)n * C + c], prec);
-    float m = rnd(s / N, prec);
-    float ss = 0.0f;
-    for (int n = 0; n < N; n++) {
-      float d = rnd(inp[(size_t)n * C + c], prec) - m;
-      ss += d * d;
-    }
-    float v = rnd(ss / N, prec); /* FP16: >= 65520 becomes inf */
-    mean[c] = m;
-    var[c] = v;
-    float rstd = 1.0f / sqrtf(v + eps);
-    float g = rnd(gamma[c], prec), b = rnd(beta[c], prec);
-    for (int n = 0; n < N; n++) {
-      size_t i = (size_t)n * C + c;
-      out[i] = rnd((rnd(inp[i], prec) - m) * rstd * g + b, prec);
-    }
-    if (running_mean)
-      running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-    if (running_var)
-      running_var[c] = (1.0f - momentum) * running_var[c] +
-                       momentum * (v * (float)N / (float)(N - 1));
-  }
+  for (int c = 0; c < C; c++)
+    pl_bn_forward_col(out, mean, var, running_mean, running_var, inp, gamma,
+                      beta, momentum, eps, N, C, c, prec);
   return PROBE_OK;
 }
 
@@ -206,33 +174,9 @@ probe_status probe_bn_backward(float *dinp, float *dgamma, float *dbeta,
                                probe_precision prec) {
   CHECK_ARG(dinp && dout && inp && mean && var && gamma && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int c = 0; c < C; c++) {
-    float m = rnd(mean[c], prec);
-    float rstd = 1.0f / sqrtf(rnd(var[c], prec) + eps);
-    float g = rnd(gamma[c], prec);
-    float sum_d = 0.0f, sum_dx = 0.0f, sum_go = 0.0f, sum_goxh = 0.0f;
-    for (int n = 0; n < N; n++) {
-      size_t i = (size_t)n * C + c;
-      float go = rnd(dout[i], prec);
-      float xh = (rnd(inp[i], prec) - m) * rstd;
-      float dxh = go * g;
-      sum_d += dxh;
-      sum_dx += dxh * xh;
-      sum_go += go;
-      sum_goxh += go * xh;
-    }
-    float mean_d = sum_d / N, mean_dx = sum_dx / N;
-    for (int n = 0; n < N; n++) {
-      size_t i = (size_t)n * C + c;
-      float go = rnd(dout[i], prec);
-      float xh = (rnd(inp[i], prec) - m) * rstd;
-      dinp[i] = rnd(rstd * (go * g - mean_d - xh * mean_dx), prec);
-    }
-    if (dgamma)
-      dgamma[c] += rnd(sum_goxh, prec);
-    if (dbeta)
-      dbeta[c] += rnd(sum_go, prec);
-  }
+  for (int c = 0; c < C; c++)
+    pl_bn_backward_col(dinp, dgamma, dbeta, dout, inp, mean, var, gamma, eps, N,
+                       C, c, prec);
   return PROBE_OK;
 }
 
@@ -243,47 +187,28 @@ probe_status probe_bn_forward_eval(float *out, const float *inp,
                                    int C, probe_precision prec) {
   CHECK_ARG(out && inp && gamma && beta && running_mean && running_var);
   CHECK_ARG(N > 0 && C > 0 && PREC_OK(prec));
-  for (int c = 0; c < C; c++) {
-    float m = rnd(running_mean[c], prec);
-    float rstd = 1.0f / sqrtf(rnd(running_var[c], prec) + eps);
-    float g = rnd(gamma[c], prec), b = rnd(beta[c], prec);
-    for (int n = 0; n < N; n++) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
       size_t i = (size_t)n * C + c;
-      out[i] = rnd((rnd(inp[i], prec) - m) * rstd * g + b, prec);
+      out[i] = pl_bn_eval(inp[i], running_mean[c], running_var[c], gamma[c],
+                          beta[c], eps, prec);
     }
-  }
   return PROBE_OK;
 }
 
 /* ---- layernorm ----------------------------------------------------------- */
 
 probe_status probe_layernorm_forward(float *out, float *mean, float *rstd,
-                                     const float *inp, const float *weight,
-                                     const float *bias, float eps, int N, int C,
+                                     float *var, const float *inp,
+                                     const float *weight, const float *bias,
+                                     float eps, int N, int C,
                                      probe_precision prec) {
   CHECK_ARG(out && mean && rstd && inp && weight && bias && N > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C;
-    float *o = out + (size_t)n * C;
-    float s = 0.0f;
-    for (int i = 0; i < C; i++)
-      s += rnd(x[i], prec);
-    float m = rnd(s / C, prec);
-    float ss = 0.0f;
-    for (int i = 0; i < C; i++) {
-      float d = rnd(x[i], prec) - m;
-      ss += d * d;
-    }
-    float v = rnd(ss / C, prec); /* materialised variance */
-    float r = rnd(1.0f / sqrtf(v + eps), prec);
-    for (int i = 0; i < C; i++)
-      o[i] = rnd((rnd(x[i], prec) - m) * r * rnd(weight[i], prec) +
-                     rnd(bias[i], prec),
-                 prec);
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  for (int n = 0; n < N; n++)
+    pl_ln_forward_row(out + (size_t)n * C, mean + n, rstd + n,
+                      var ? var + n : NULL, inp + (size_t)n * C, weight, bias,
+                      eps, C, prec);
   return PROBE_OK;
 }
 
@@ -294,86 +219,29 @@ probe_status probe_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       probe_precision prec) {
   CHECK_ARG(dinp && dout && inp && mean && rstd && weight && N > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
-  float *tdw = NULL, *tdb = NULL;
-  if (dweight || dbias) {
-    tdw = calloc((size_t)C, sizeof *tdw);
-    tdb = calloc((size_t)C, sizeof *tdb);
-    if (!tdw || !tdb) {
-      free(tdw);
-      free(tdb);
-      return PROBE_ERR_NOMEM;
-    }
-  }
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C;
-    const float *go = dout + (size_t)n * C;
-    float *dx = dinp + (size_t)n * C;
-    float m = rnd(mean[n], prec), r = rnd(rstd[n], prec);
-    float sum_d = 0.0f, sum_dx = 0.0f;
-    for (int i = 0; i < C; i++) {
-      float g = rnd(go[i], prec);
-      float xh = (rnd(x[i], prec) - m) * r;
-      float dn = g * rnd(weight[i], prec);
-      sum_d += dn;
-      sum_dx += dn * xh;
-      if (tdw) {
-        tdw[i] += g * xh;
-        tdb[i] += g;
-      }
-    }
-    float mean_d = sum_d / C, mean_dx = sum_dx / C;
-    for (int i = 0; i < C; i++) {
-      float g = rnd(go[i], prec);
-      float xh = (rnd(x[i], prec) - m) * r;
-      float dn = g * rnd(weight[i], prec);
-      dx[i] = rnd(r * (dn - mean_d - xh * mean_dx), prec);
-    }
-  }
-  for (int i = 0; i < C && tdw; i++) {
-    if (dweight)
-      dweight[i] += rnd(tdw[i], prec);
-    if (dbias)
-      dbias[i] += rnd(tdb[i], prec);
-  }
-  free(tdw);
-  free(tdb);
+  for (int n = 0; n < N; n++)
+    pl_ln_backward_row(dinp + (size_t)n * C, dout + (size_t)n * C,
+                       inp + (size_t)n * C, mean[n], rstd[n], weight, C, prec);
+  if (dweight || dbias)
+    for (int i = 0; i < C; i++)
+      pl_ln_backward_col(dweight, dbias, dout, inp, mean, rstd, N, C, i, prec);
   return PROBE_OK;
 }
 
 /* ---- RevIN --------------------------------------------------------------- */
 
 probe_status probe_revin_norm_forward(float *out, float *mean, float *stdev,
-                                      const float *inp, const float *gamma,
-                                      const float *beta, float eps, int B,
-                                      int T, int C, probe_precision prec) {
+                                      float *var, const float *inp,
+                                      const float *gamma, const float *beta,
+                                      float eps, int B, int T, int C,
+                                      probe_precision prec) {
   CHECK_ARG(out && mean && stdev && inp && B > 0 && T > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
-  for (int b = 0; b < B; b++) {
-    for (int c = 0; c < C; c++) {
-      const float *x = inp + (size_t)b * T * C + c; /* stride C */
-      float *o = out + (size_t)b * T * C + c;
-      float s = 0.0f;
-      for (int t = 0; t < T; t++)
-        s += rnd(x[(size_t)t * C], prec);
-      float m = rnd(s / T, prec);
-      float ss = 0.0f;
-      for (int t = 0; t < T; t++) {
-        float d = rnd(x[(size_t)t * C], prec) - m;
-        ss += d * d;
-      }
-      float v = rnd(ss / T, prec); /* FP16: inf when std > ~256 */
-      float sd = rnd(sqrtf(v + eps), prec);
-      float g = gamma ? rnd(gamma[c], prec) : 1.0f;
-      float be = beta ? rnd(beta[c], prec) : 0.0f;
-      for (int t = 0; t < T; t++) {
-        float xh = (rnd(x[(size_t)t * C], prec) - m) / sd;
-        o[(size_t)t * C] = rnd(gamma ? xh * g + be : xh, prec);
-      }
-      mean[(size_t)b * C + c] = m;
-      stdev[(size_t)b * C + c] = sd;
-    }
-  }
+  for (int b = 0; b < B; b++)
+    for (int c = 0; c < C; c++)
+      pl_revin_norm_series(out, mean, stdev, var, inp, gamma, beta, eps, T, C,
+                           b, c, prec);
   return PROBE_OK;
 }
 
@@ -384,25 +252,15 @@ probe_status probe_revin_norm_backward(float *dinp, float *dgamma, float *dbeta,
                                        probe_precision prec) {
   CHECK_ARG(dinp && dout && inp && mean && stdev && B > 0 && T > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int c = 0; c < C; c++) {
-    float g = gamma ? rnd(gamma[c], prec) : 1.0f;
-    float sg = 0.0f, sgx = 0.0f;
-    for (int b = 0; b < B; b++) {
-      float m = rnd(mean[(size_t)b * C + c], prec);
-      float sd = rnd(stdev[(size_t)b * C + c], prec);
-      for (int t = 0; t < T; t++) {
-        size_t i = ((size_t)b * T + t) * C + c;
-        float go = rnd(dout[i], prec);
-        dinp[i] = rnd(go * g / sd, prec);
-        sg += go;
-        sgx += go * ((rnd(inp[i], prec) - m) / sd);
-      }
-    }
-    if (gamma && dgamma)
-      dgamma[c] += rnd(sgx, prec);
-    if (gamma && dbeta)
-      dbeta[c] += rnd(sg, prec);
+  for (size_t i = 0; i < (size_t)B * T * C; i++) {
+    int c = (int)(i % C), b = (int)(i / ((size_t)T * C));
+    dinp[i] =
+        pl_revin_norm_dx(dout[i], gamma, stdev[(size_t)b * C + c], c, prec);
   }
+  if (gamma && (dgamma || dbeta))
+    for (int c = 0; c < C; c++)
+      pl_revin_norm_dparams_col(dgamma, dbeta, dout, inp, mean, stdev, B, T, C,
+                                c, prec);
   return PROBE_OK;
 }
 
@@ -414,20 +272,11 @@ probe_status probe_revin_denorm_forward(float *out, const float *y,
   CHECK_ARG(out && y && mean && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
-  for (int b = 0; b < B; b++) {
-    for (int c = 0; c < C; c++) {
-      float m = rnd(mean[(size_t)b * C + c], prec);
-      float sd = rnd(stdev[(size_t)b * C + c], prec);
-      float g = gamma ? rnd(gamma[c], prec) : 1.0f;
-      float be = beta ? rnd(beta[c], prec) : 0.0f;
-      for (int t = 0; t < H; t++) {
-        size_t i = ((size_t)b * H + t) * C + c;
-        float v = rnd(y[i], prec);
-        if (gamma)
-          v = (v - be) / (g + eps * eps);
-        out[i] = rnd(v * sd + m, prec);
-      }
-    }
+  for (size_t i = 0; i < (size_t)B * H * C; i++) {
+    int c = (int)(i % C), b = (int)(i / ((size_t)H * C));
+    size_t s = (size_t)b * C + c;
+    out[i] =
+        pl_revin_denorm(y[i], mean[s], stdev[s], gamma, beta, c, eps, prec);
   }
   return PROBE_OK;
 }
@@ -440,29 +289,15 @@ probe_status probe_revin_denorm_backward(float *dy, float *dgamma, float *dbeta,
   CHECK_ARG(dy && dout && y && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
-  for (int c = 0; c < C; c++) {
-    float g = gamma ? rnd(gamma[c], prec) + eps * eps : 1.0f;
-    float be = beta ? rnd(beta[c], prec) : 0.0f;
-    float sdb = 0.0f, sdg = 0.0f;
-    for (int b = 0; b < B; b++) {
-      float sd = rnd(stdev[(size_t)b * C + c], prec);
-      for (int t = 0; t < H; t++) {
-        size_t i = ((size_t)b * H + t) * C + c;
-        float go = rnd(dout[i], prec);
-        float dv = go * sd; /* gradient of the de-affined value */
-        dy[i] = rnd(dv / g, prec);
-        if (gamma) {
-          float yy = rnd(y[i], prec) - be;
-          sdb += -dv / g;
-          sdg += -dv * yy / (g * g);
-        }
-      }
-    }
-    if (gamma && dgamma)
-      dgamma[c] += rnd(sdg, prec);
-    if (gamma && dbeta)
-      dbeta[c] += rnd(sdb, prec);
+  for (size_t i = 0; i < (size_t)B * H * C; i++) {
+    int c = (int)(i % C), b = (int)(i / ((size_t)H * C));
+    dy[i] = pl_revin_denorm_dy(dout[i], stdev[(size_t)b * C + c], gamma, c, eps,
+                               prec);
   }
+  if (gamma && (dgamma || dbeta))
+    for (int c = 0; c < C; c++)
+      pl_revin_denorm_dparams_col(dgamma, dbeta, dout, y, stdev, gamma, beta,
+                                  eps, B, H, C, c, prec);
   return PROBE_OK;
 }
 
@@ -472,10 +307,8 @@ probe_status probe_relu_forward(float *out, const float *inp, size_t n,
                                 probe_precision prec) {
   CHECK_ARG((out && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
-  for (size_t i = 0; i < n; i++) {
-    float x = rnd(inp[i], prec);
-    out[i] = x <= 0.0f ? 0.0f : x; /* NaN propagates, as in PyTorch */
-  }
+  for (size_t i = 0; i < n; i++)
+    out[i] = pl_relu(inp[i], prec);
   return PROBE_OK;
 }
 
@@ -485,22 +318,16 @@ probe_status probe_relu_backward(float *dinp, const float *dout,
   CHECK_ARG((dinp && dout && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
-    dinp[i] = rnd(inp[i], prec) <= 0.0f ? 0.0f : rnd(dout[i], prec);
+    dinp[i] = pl_relu_grad(dout[i], inp[i], prec);
   return PROBE_OK;
 }
-
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_K 0.044715f
 
 probe_status probe_gelu_forward(float *out, const float *inp, size_t n,
                                 probe_precision prec) {
   CHECK_ARG((out && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
-  for (size_t i = 0; i < n; i++) {
-    float x = rnd(inp[i], prec);
-    float u = GELU_SCALE * (x + GELU_K * x * x * x);
-    out[i] = rnd(0.5f * x * (1.0f + tanhf(u)), prec);
-  }
+  for (size_t i = 0; i < n; i++)
+    out[i] = pl_gelu(inp[i], prec);
   return PROBE_OK;
 }
 
@@ -509,15 +336,8 @@ probe_status probe_gelu_backward(float *dinp, const float *dout,
                                  probe_precision prec) {
   CHECK_ARG((dinp && dout && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
-  for (size_t i = 0; i < n; i++) {
-    float x = rnd(inp[i], prec);
-    float u = GELU_SCALE * (x + GELU_K * x * x * x);
-    float th = tanhf(u);
-    float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) *
-                                           GELU_SCALE *
-                                           (1.0f + 3.0f * GELU_K * x * x);
-    dinp[i] = rnd(rnd(dout[i], prec) * local, prec);
-  }
+  for (size_t i = 0; i < n; i++)
+    dinp[i] = pl_gelu_grad(dout[i], inp[i], prec);
   return PROBE_OK;
 }
 
@@ -527,23 +347,8 @@ probe_status probe_softmax_forward(float *probs, const float *logits, int N,
                                    int V, probe_precision prec) {
   CHECK_ARG(probs && logits && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int n = 0; n < N; n++) {
-    const float *x = logits + (size_t)n * V;
-    float *p = probs + (size_t)n * V;
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) {
-      float v = rnd(x[i], prec);
-      if (v > mx)
-        mx = v;
-    }
-    float s = 0.0f;
-    for (int i = 0; i < V; i++) {
-      p[i] = expf(rnd(x[i], prec) - mx); /* FP32 exp, not yet materialised */
-      s += p[i];
-    }
-    for (int i = 0; i < V; i++)
-      p[i] = rnd(p[i] / s, prec);
-  }
+  for (int n = 0; n < N; n++)
+    pl_softmax_row(probs + (size_t)n * V, logits + (size_t)n * V, V, prec);
   return PROBE_OK;
 }
 
@@ -552,16 +357,9 @@ probe_status probe_softmax_backward(float *dlogits, const float *dprobs,
                                     probe_precision prec) {
   CHECK_ARG(dlogits && dprobs && probs && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
-  for (int n = 0; n < N; n++) {
-    const float *dp = dprobs + (size_t)n * V;
-    const float *p = probs + (size_t)n * V;
-    float *dl = dlogits + (size_t)n * V;
-    float s = 0.0f;
-    for (int i = 0; i < V; i++)
-      s += rnd(dp[i], prec) * rnd(p[i], prec);
-    for (int i = 0; i < V; i++)
-      dl[i] = rnd(rnd(p[i], prec) * (rnd(dp[i], prec) - s), prec);
-  }
+  for (int n = 0; n < N; n++)
+    pl_softmax_row_grad(dlogits + (size_t)n * V, dprobs + (size_t)n * V,
+                        probs + (size_t)n * V, V, prec);
   return PROBE_OK;
 }
 
@@ -665,10 +463,8 @@ probe_status probe_mse_forward(float *loss, const float *pred,
   CHECK_ARG(loss && pred && target && n > 0);
   CHECK_ARG(PREC_OK(prec));
   float s = 0.0f;
-  for (size_t i = 0; i < n; i++) {
-    float d = rnd(pred[i], prec) - rnd(target[i], prec);
-    s += d * d;
-  }
+  for (size_t i = 0; i < n; i++)
+    s += pl_mse_term(pred[i], target[i], prec);
   *loss = rnd(s / (float)n, prec);
   return PROBE_OK;
 }
@@ -678,9 +474,9 @@ probe_status probe_mse_backward(float *dpred, const float *pred,
                                 probe_precision prec) {
   CHECK_ARG(dpred && pred && target && n > 0);
   CHECK_ARG(PREC_OK(prec));
-  float k = 2.0f * rnd(dloss, prec) / (float)n;
+  float k = pl_mse_grad_k(dloss, n, prec);
   for (size_t i = 0; i < n; i++)
-    dpred[i] = rnd(k * (rnd(pred[i], prec) - rnd(target[i], prec)), prec);
+    dpred[i] = pl_mse_grad(k, pred[i], target[i], prec);
   return PROBE_OK;
 }
 
@@ -693,7 +489,7 @@ probe_status probe_crossentropy_forward(float *loss, float *losses,
     CHECK_ARG(targets[n] >= 0 && targets[n] < V);
   float s = 0.0f;
   for (int n = 0; n < N; n++) {
-    float l = rnd(-logf(rnd(probs[(size_t)n * V + targets[n]], prec)), prec);
+    float l = pl_ce_term(probs[(size_t)n * V + targets[n]], prec);
     if (losses)
       losses[n] = l;
     s += l;
@@ -709,11 +505,11 @@ probe_status probe_crossentropy_backward(float *dprobs, const float *probs,
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
     CHECK_ARG(targets[n] >= 0 && targets[n] < V);
-  float k = -rnd(dloss, prec) / (float)N;
+  float k = pl_ce_grad_k(dloss, N, prec);
   memset(dprobs, 0, (size_t)N * V * sizeof *dprobs);
   for (int n = 0; n < N; n++) {
     size_t i = (size_t)n * V + targets[n];
-    dprobs[i] = rnd(k / rnd(probs[i], prec), prec);
+    dprobs[i] = pl_ce_grad(k, probs[i], prec);
   }
   return PROBE_OK;
 }

@@ -1,7 +1,10 @@
 /*
- * layers_cuda.cu - CUDA version of the trainer's layer kernels, same
- * arguments as the CPU reference in layers_cpu.c (plus a context; every array
- * is device memory). See include/ampprobe/layers.h and docs/precision.md.
+ * layers_cuda.cu - the CUDA backend of the trainer's layer kernels: the
+ * table of operations probe__cuda_layer_ops() (ampprobe/layers.h, reached
+ * through probe_layers_backend_init), same arguments as the CPU reference in
+ * layers_cpu.c after a context; every array is device memory. The
+ * per-element math is the shared code of layers-impl.h, called from one
+ * thread per element/row/column. See docs/precision.md.
  *
  * GEMMs: cublasGemmEx / cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F.
  * In FP16 (BF16) mode the operands are converted to CUDA_R_16F (CUDA_R_16BF)
@@ -19,18 +22,21 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ampprobe/layers.h"
 #include "ampprobe/numerics.h"
+#include "layers-backend.h"
+#include "layers-impl.h"
 
-struct probe_cuda_layers {
+typedef struct cuda_ctx {
   cudaStream_t stream;
   cublasHandle_t blas;
   char *scratch; /* device bump allocator, grown on demand */
   size_t cap, used;
   double *d_acc; /* device accumulator for l2norm */
   int *d_flag;   /* device flag for grads_scale */
-};
+} cuda_ctx;
 
 #define CUDA_TRY(call)                                                         \
   do {                                                                         \
@@ -71,13 +77,7 @@ static inline unsigned blocks(size_t n) {
 
 /* ---- device helpers ------------------------------------------------------ */
 
-__device__ __forceinline__ float drnd(float x, int p) {
-  if (p == PROBE_PREC_FP16)
-    return probe_round_f16(x);
-  if (p == PROBE_PREC_BF16)
-    return probe_round_bf16(x);
-  return x;
-}
+__device__ __forceinline__ float drnd(float x, int p) { return pl_rnd(x, p); }
 
 /* 16-bit encodings of the module precision */
 __device__ __forceinline__ uint16_t denc(float x, int p) {
@@ -117,10 +117,7 @@ __global__ void k_bias_round(float *out, const float *t, const float *bias,
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= (size_t)N * OC)
     return;
-  float v = t[i];
-  if (bias)
-    v += drnd(bias[i % OC], p);
-  out[i] = drnd(v, p);
+  out[i] = pl_bias_round(t[i], bias, (int)(i % OC), p);
 }
 
 /* dst[j] += rnd(sum_n rnd(g[n,j])), one thread per column */
@@ -128,16 +125,25 @@ __global__ void k_colsum_acc(float *dst, const float *g, int N, int OC, int p) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= OC)
     return;
-  float s = 0.0f;
-  for (int n = 0; n < N; n++)
-    s += drnd(g[(size_t)n * OC + j], p);
-  dst[j] += drnd(s, p);
+  pl_colsum_acc(dst, g, N, OC, j, p);
 }
 
 /* ---- context and scratch ------------------------------------------------- */
 
-extern "C" probe_status probe_cuda_layers_create(probe_cuda_layers **out,
-                                                 void *stream) {
+static void cuda_destroy(void *ctx) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
+  if (!c)
+    return;
+  cudaStreamSynchronize(c->stream);
+  if (c->blas)
+    cublasDestroy(c->blas);
+  cudaFree(c->scratch);
+  cudaFree(c->d_acc);
+  cudaFree(c->d_flag);
+  free(c);
+}
+
+extern "C" probe_status probe__cuda_layers_create(void **out, void *stream) {
   CHECK_ARG(out);
   *out = NULL;
   int n = 0;
@@ -145,7 +151,7 @@ extern "C" probe_status probe_cuda_layers_create(probe_cuda_layers **out,
     cudaGetLastError();
     return PROBE_ERR_NO_DEVICE;
   }
-  probe_cuda_layers *c = (probe_cuda_layers *)calloc(1, sizeof *c);
+  cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
   if (!c)
     return PROBE_ERR_NOMEM;
   c->stream = (cudaStream_t)stream;
@@ -158,36 +164,61 @@ extern "C" probe_status probe_cuda_layers_create(probe_cuda_layers **out,
           CUBLAS_STATUS_SUCCESS ||
       cudaMalloc((void **)&c->d_acc, sizeof(double)) != cudaSuccess ||
       cudaMalloc((void **)&c->d_flag, sizeof(int)) != cudaSuccess) {
-    probe_cuda_layers_destroy(c);
+    cuda_destroy(c);
     return PROBE_ERR_CUDA;
   }
   *out = c;
   return PROBE_OK;
 }
 
-extern "C" void probe_cuda_layers_destroy(probe_cuda_layers *c) {
-  if (!c)
-    return;
-  cudaStreamSynchronize(c->stream);
-  if (c->blas)
-    cublasDestroy(c->blas);
-  cudaFree(c->scratch);
-  cudaFree(c->d_acc);
-  cudaFree(c->d_flag);
-  free(c);
-}
-
-extern "C" probe_status probe_cuda_layers_sync(probe_cuda_layers *c) {
+static probe_status cuda_sync(void *ctx) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c);
   CUDA_TRY(cudaStreamSynchronize(c->stream));
   CUDA_TRY(cudaGetLastError());
   return PROBE_OK;
 }
 
+/* Zeroed device memory. */
+static probe_status cuda_alloc(void *ctx, void **out, size_t bytes) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
+  CHECK_ARG(c && out);
+  *out = NULL;
+  void *p = NULL;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError();
+    return PROBE_ERR_NOMEM;
+  }
+  if (cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream) != cudaSuccess ||
+      cudaStreamSynchronize(c->stream) != cudaSuccess) {
+    cudaFree(p);
+    return PROBE_ERR_CUDA;
+  }
+  *out = p;
+  return PROBE_OK;
+}
+
+static void cuda_free(void *ctx, void *p) {
+  (void)ctx;
+  cudaFree(p);
+}
+
+/* Synchronous copy in either direction (unified addressing infers it). */
+static probe_status cuda_copy(void *ctx, void *dst, const void *src,
+                              size_t bytes) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
+  CHECK_ARG(c && ((dst && src) || bytes == 0));
+  if (bytes == 0)
+    return PROBE_OK;
+  CUDA_TRY(cudaStreamSynchronize(c->stream));
+  CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return PROBE_OK;
+}
+
 /* Makes room for `bytes` of scratch and resets the cursor. Ops reserve once,
  * before carving; a nested op (attention calling linear) runs only while the
  * caller holds no live scratch. */
-static probe_status scratch_reserve(probe_cuda_layers *c, size_t bytes) {
+static probe_status scratch_reserve(cuda_ctx *c, size_t bytes) {
   bytes += 8 * 256; /* alignment slack */
   if (bytes > c->cap) {
     CUDA_TRY(cudaStreamSynchronize(c->stream));
@@ -202,7 +233,7 @@ static probe_status scratch_reserve(probe_cuda_layers *c, size_t bytes) {
   return PROBE_OK;
 }
 
-static void *scratch_take(probe_cuda_layers *c, size_t bytes) {
+static void *scratch_take(cuda_ctx *c, size_t bytes) {
   void *p = c->scratch + c->used;
   c->used += (bytes + 255) & ~(size_t)255;
   return p;
@@ -220,10 +251,10 @@ static size_t esize(probe_precision p) { return p == PROBE_PREC_FP32 ? 4 : 2; }
 /* Row-major C(M,N) = alpha op(A) op(B) + beta C, `batch` times with the given
  * element strides, like cblas_sgemm(CblasRowMajor, ...): computed as the
  * column-major C^T = op(B)^T op(A)^T. */
-static probe_status gemm(probe_cuda_layers *c, int ta, int tb, int M, int N,
-                         int K, float alpha, const void *A, int lda,
-                         long long sA, const void *B, int ldb, long long sB,
-                         float beta, void *C, int ldc, long long sC, int batch,
+static probe_status gemm(cuda_ctx *c, int ta, int tb, int M, int N, int K,
+                         float alpha, const void *A, int lda, long long sA,
+                         const void *B, int ldb, long long sB, float beta,
+                         void *C, int ldc, long long sC, int batch,
                          cudaDataType abt, cudaDataType ct) {
   cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -239,7 +270,7 @@ static probe_status gemm(probe_cuda_layers *c, int ta, int tb, int M, int N,
 }
 
 /* In FP32 returns x itself; else encodes x into a 16-bit scratch buffer. */
-static const void *operand(probe_cuda_layers *c, const float *x, size_t n,
+static const void *operand(cuda_ctx *c, const float *x, size_t n,
                            probe_precision p) {
   if (p == PROBE_PREC_FP32)
     return x;
@@ -248,9 +279,8 @@ static const void *operand(probe_cuda_layers *c, const float *x, size_t n,
   return h;
 }
 
-static probe_status decode(probe_cuda_layers *c, float *out, const void *h,
-                           int rows, int cols, int ld, int acc,
-                           probe_precision p) {
+static probe_status decode(cuda_ctx *c, float *out, const void *h, int rows,
+                           int cols, int ld, int acc, probe_precision p) {
   PROBE_LAUNCH(k_decode, blocks((size_t)rows * cols), TPB, c->stream, out,
                (const uint16_t *)h, rows, cols, ld, acc, p);
   LAUNCHED();
@@ -259,9 +289,9 @@ static probe_status decode(probe_cuda_layers *c, float *out, const void *h,
 
 /* ---- round --------------------------------------------------------------- */
 
-extern "C" probe_status probe_cuda_layers_round(probe_cuda_layers *c,
-                                                float *out, const float *in,
-                                                size_t n, probe_precision p) {
+static probe_status cuda_round(void *ctx, float *out, const float *in, size_t n,
+                               probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && ((out && in) || n == 0) && PREC_OK(p));
   if (n == 0)
     return PROBE_OK;
@@ -274,10 +304,11 @@ extern "C" probe_status probe_cuda_layers_round(probe_cuda_layers *c,
 
 /* ---- linear -------------------------------------------------------------- */
 
-extern "C" probe_status
-probe_cuda_linear_forward(probe_cuda_layers *c, float *out, const float *inp,
-                          const float *weight, const float *bias, int N, int C,
-                          int OC, probe_precision p) {
+static probe_status cuda_linear_forward(void *ctx, float *out, const float *inp,
+                                        const float *weight, const float *bias,
+                                        int N, int C, int OC,
+                                        probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && inp && weight && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(PREC_OK(p));
   size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
@@ -302,11 +333,12 @@ probe_cuda_linear_forward(probe_cuda_layers *c, float *out, const float *inp,
   return PROBE_OK;
 }
 
-extern "C" probe_status
-probe_cuda_linear_backward(probe_cuda_layers *c, float *dinp, float *dweight,
-                           float *dbias, const float *dout, const float *inp,
-                           const float *weight, int N, int C, int OC,
-                           probe_precision p) {
+static probe_status cuda_linear_backward(void *ctx, float *dinp, float *dweight,
+                                         float *dbias, const float *dout,
+                                         const float *inp, const float *weight,
+                                         int N, int C, int OC,
+                                         probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dout && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(!dinp || weight);
   CHECK_ARG(!dweight || inp);
@@ -348,29 +380,8 @@ __global__ void k_bn_forward(float *out, float *mean, float *var, float *rmean,
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
-  float s = 0.0f;
-  for (int n = 0; n < N; n++)
-    s += drnd(x[(size_t)n * C + c], p);
-  float m = drnd(s / N, p);
-  float ss = 0.0f;
-  for (int n = 0; n < N; n++) {
-    float d = drnd(x[(size_t)n * C + c], p) - m;
-    ss += d * d;
-  }
-  float v = drnd(ss / N, p);
-  mean[c] = m;
-  var[c] = v;
-  float rstd = 1.0f / sqrtf(v + eps);
-  float g = drnd(gamma[c], p), b = drnd(beta[c], p);
-  for (int n = 0; n < N; n++) {
-    size_t i = (size_t)n * C + c;
-    out[i] = drnd((drnd(x[i], p) - m) * rstd * g + b, p);
-  }
-  if (rmean)
-    rmean[c] = (1.0f - momentum) * rmean[c] + momentum * m;
-  if (rvar)
-    rvar[c] = (1.0f - momentum) * rvar[c] +
-              momentum * (v * (float)N / (float)(N - 1));
+  pl_bn_forward_col(out, mean, var, rmean, rvar, x, gamma, beta, momentum, eps,
+                    N, C, c, p);
 }
 
 __global__ void k_bn_backward(float *dinp, float *dgamma, float *dbeta,
@@ -381,38 +392,17 @@ __global__ void k_bn_backward(float *dinp, float *dgamma, float *dbeta,
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
-  float m = drnd(mean[c], p);
-  float rstd = 1.0f / sqrtf(drnd(var[c], p) + eps);
-  float g = drnd(gamma[c], p);
-  float sum_d = 0.0f, sum_dx = 0.0f, sum_go = 0.0f, sum_goxh = 0.0f;
-  for (int n = 0; n < N; n++) {
-    size_t i = (size_t)n * C + c;
-    float go = drnd(dout[i], p);
-    float xh = (drnd(x[i], p) - m) * rstd;
-    float dxh = go * g;
-    sum_d += dxh;
-    sum_dx += dxh * xh;
-    sum_go += go;
-    sum_goxh += go * xh;
-  }
-  float mean_d = sum_d / N, mean_dx = sum_dx / N;
-  for (int n = 0; n < N; n++) {
-    size_t i = (size_t)n * C + c;
-    float go = drnd(dout[i], p);
-    float xh = (drnd(x[i], p) - m) * rstd;
-    dinp[i] = drnd(rstd * (go * g - mean_d - xh * mean_dx), p);
-  }
-  if (dgamma)
-    dgamma[c] += drnd(sum_goxh, p);
-  if (dbeta)
-    dbeta[c] += drnd(sum_go, p);
+  pl_bn_backward_col(dinp, dgamma, dbeta, dout, x, mean, var, gamma, eps, N, C,
+                     c, p);
 }
 
-extern "C" probe_status
-probe_cuda_bn_forward(probe_cuda_layers *c, float *out, float *mean, float *var,
-                      float *running_mean, float *running_var, const float *inp,
-                      const float *gamma, const float *beta, float momentum,
-                      float eps, int N, int C, probe_precision p) {
+static probe_status cuda_bn_forward(void *ctx, float *out, float *mean,
+                                    float *var, float *running_mean,
+                                    float *running_var, const float *inp,
+                                    const float *gamma, const float *beta,
+                                    float momentum, float eps, int N, int C,
+                                    probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && var && inp && gamma && beta && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(p));
   PROBE_LAUNCH(k_bn_forward, blocks(C), TPB, c->stream, out, mean, var,
@@ -422,11 +412,13 @@ probe_cuda_bn_forward(probe_cuda_layers *c, float *out, float *mean, float *var,
   return PROBE_OK;
 }
 
-extern "C" probe_status
-probe_cuda_bn_backward(probe_cuda_layers *c, float *dinp, float *dgamma,
-                       float *dbeta, const float *dout, const float *inp,
-                       const float *mean, const float *var, const float *gamma,
-                       float eps, int N, int C, probe_precision p) {
+static probe_status cuda_bn_backward(void *ctx, float *dinp, float *dgamma,
+                                     float *dbeta, const float *dout,
+                                     const float *inp, const float *mean,
+                                     const float *var, const float *gamma,
+                                     float eps, int N, int C,
+                                     probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && var && gamma && N >= 2 &&
             C > 0);
   CHECK_ARG(PREC_OK(p));
@@ -443,17 +435,16 @@ __global__ void k_bn_eval(float *out, const float *x, const float *gamma,
   if (i >= (size_t)N * C)
     return;
   int c = (int)(i % C);
-  float m = drnd(rmean[c], p);
-  float rstd = 1.0f / sqrtf(drnd(rvar[c], p) + eps);
-  out[i] = drnd(
-      (drnd(x[i], p) - m) * rstd * drnd(gamma[c], p) + drnd(beta[c], p), p);
+  out[i] = pl_bn_eval(x[i], rmean[c], rvar[c], gamma[c], beta[c], eps, p);
 }
 
-extern "C" probe_status
-probe_cuda_bn_forward_eval(probe_cuda_layers *c, float *out, const float *inp,
-                           const float *gamma, const float *beta,
-                           const float *running_mean, const float *running_var,
-                           float eps, int N, int C, probe_precision p) {
+static probe_status cuda_bn_forward_eval(void *ctx, float *out,
+                                         const float *inp, const float *gamma,
+                                         const float *beta,
+                                         const float *running_mean,
+                                         const float *running_var, float eps,
+                                         int N, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && inp && gamma && beta && running_mean && running_var);
   CHECK_ARG(N > 0 && C > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_bn_eval, blocks((size_t)N * C), TPB, c->stream, out, inp,
@@ -464,29 +455,14 @@ probe_cuda_bn_forward_eval(probe_cuda_layers *c, float *out, const float *inp,
 
 /* ---- layernorm ----------------------------------------------------------- */
 
-__global__ void k_ln_forward(float *out, float *mean, float *rstd,
+__global__ void k_ln_forward(float *out, float *mean, float *rstd, float *var,
                              const float *inp, const float *w, const float *b,
                              float eps, int N, int C, int p) {
   int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N)
     return;
-  const float *x = inp + (size_t)n * C;
-  float *o = out + (size_t)n * C;
-  float s = 0.0f;
-  for (int i = 0; i < C; i++)
-    s += drnd(x[i], p);
-  float m = drnd(s / C, p);
-  float ss = 0.0f;
-  for (int i = 0; i < C; i++) {
-    float d = drnd(x[i], p) - m;
-    ss += d * d;
-  }
-  float v = drnd(ss / C, p);
-  float r = drnd(1.0f / sqrtf(v + eps), p);
-  for (int i = 0; i < C; i++)
-    o[i] = drnd((drnd(x[i], p) - m) * r * drnd(w[i], p) + drnd(b[i], p), p);
-  mean[n] = m;
-  rstd[n] = r;
+  pl_ln_forward_row(out + (size_t)n * C, mean + n, rstd + n,
+                    var ? var + n : NULL, inp + (size_t)n * C, w, b, eps, C, p);
 }
 
 __global__ void k_ln_backward_dx(float *dinp, const float *dout,
@@ -496,23 +472,8 @@ __global__ void k_ln_backward_dx(float *dinp, const float *dout,
   int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N)
     return;
-  const float *x = inp + (size_t)n * C;
-  const float *go = dout + (size_t)n * C;
-  float *dx = dinp + (size_t)n * C;
-  float m = drnd(mean[n], p), r = drnd(rstd[n], p);
-  float sum_d = 0.0f, sum_dx = 0.0f;
-  for (int i = 0; i < C; i++) {
-    float xh = (drnd(x[i], p) - m) * r;
-    float dn = drnd(go[i], p) * drnd(w[i], p);
-    sum_d += dn;
-    sum_dx += dn * xh;
-  }
-  float mean_d = sum_d / C, mean_dx = sum_dx / C;
-  for (int i = 0; i < C; i++) {
-    float xh = (drnd(x[i], p) - m) * r;
-    float dn = drnd(go[i], p) * drnd(w[i], p);
-    dx[i] = drnd(r * (dn - mean_d - xh * mean_dx), p);
-  }
+  pl_ln_backward_row(dinp + (size_t)n * C, dout + (size_t)n * C,
+                     inp + (size_t)n * C, mean[n], rstd[n], w, C, p);
 }
 
 __global__ void k_ln_backward_dw(float *dw, float *db, const float *dout,
@@ -521,38 +482,31 @@ __global__ void k_ln_backward_dw(float *dw, float *db, const float *dout,
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= C)
     return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int n = 0; n < N; n++) {
-    size_t e = (size_t)n * C + i;
-    float g = drnd(dout[e], p);
-    float xh = (drnd(inp[e], p) - drnd(mean[n], p)) * drnd(rstd[n], p);
-    sw += g * xh;
-    sb += g;
-  }
-  if (dw)
-    dw[i] += drnd(sw, p);
-  if (db)
-    db[i] += drnd(sb, p);
+  pl_ln_backward_col(dw, db, dout, inp, mean, rstd, N, C, i, p);
 }
 
-extern "C" probe_status
-probe_cuda_layernorm_forward(probe_cuda_layers *c, float *out, float *mean,
-                             float *rstd, const float *inp, const float *weight,
-                             const float *bias, float eps, int N, int C,
-                             probe_precision p) {
+static probe_status cuda_layernorm_forward(void *ctx, float *out, float *mean,
+                                           float *rstd, float *var,
+                                           const float *inp,
+                                           const float *weight,
+                                           const float *bias, float eps, int N,
+                                           int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && rstd && inp && weight && bias && N > 0 &&
             C > 0);
   CHECK_ARG(PREC_OK(p));
-  PROBE_LAUNCH(k_ln_forward, blocks(N), TPB, c->stream, out, mean, rstd, inp,
-               weight, bias, eps, N, C, p);
+  PROBE_LAUNCH(k_ln_forward, blocks(N), TPB, c->stream, out, mean, rstd, var,
+               inp, weight, bias, eps, N, C, p);
   LAUNCHED();
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_layernorm_backward(
-    probe_cuda_layers *c, float *dinp, float *dweight, float *dbias,
-    const float *dout, const float *inp, const float *mean, const float *rstd,
-    const float *weight, int N, int C, probe_precision p) {
+static probe_status
+cuda_layernorm_backward(void *ctx, float *dinp, float *dweight, float *dbias,
+                        const float *dout, const float *inp, const float *mean,
+                        const float *rstd, const float *weight, int N, int C,
+                        probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && rstd && weight && N > 0 &&
             C > 0);
   CHECK_ARG(PREC_OK(p));
@@ -569,35 +523,15 @@ extern "C" probe_status probe_cuda_layernorm_backward(
 
 /* ---- RevIN --------------------------------------------------------------- */
 
-__global__ void k_revin_norm(float *out, float *mean, float *stdev,
+__global__ void k_revin_norm(float *out, float *mean, float *stdev, float *var,
                              const float *inp, const float *gamma,
                              const float *beta, float eps, int B, int T, int C,
                              int p) {
   int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= B * C)
     return;
-  int b = s / C, c = s % C;
-  const float *x = inp + (size_t)b * T * C + c;
-  float *o = out + (size_t)b * T * C + c;
-  float sum = 0.0f;
-  for (int t = 0; t < T; t++)
-    sum += drnd(x[(size_t)t * C], p);
-  float m = drnd(sum / T, p);
-  float ss = 0.0f;
-  for (int t = 0; t < T; t++) {
-    float d = drnd(x[(size_t)t * C], p) - m;
-    ss += d * d;
-  }
-  float v = drnd(ss / T, p);
-  float sd = drnd(sqrtf(v + eps), p);
-  float g = gamma ? drnd(gamma[c], p) : 1.0f;
-  float be = beta ? drnd(beta[c], p) : 0.0f;
-  for (int t = 0; t < T; t++) {
-    float xh = (drnd(x[(size_t)t * C], p) - m) / sd;
-    o[(size_t)t * C] = drnd(gamma ? xh * g + be : xh, p);
-  }
-  mean[s] = m;
-  stdev[s] = sd;
+  pl_revin_norm_series(out, mean, stdev, var, inp, gamma, beta, eps, T, C,
+                       s / C, s % C, p);
 }
 
 __global__ void k_revin_norm_dx(float *dinp, const float *dout,
@@ -607,8 +541,7 @@ __global__ void k_revin_norm_dx(float *dinp, const float *dout,
   if (i >= (size_t)B * T * C)
     return;
   int c = (int)(i % C), b = (int)(i / ((size_t)T * C));
-  float g = gamma ? drnd(gamma[c], p) : 1.0f;
-  dinp[i] = drnd(drnd(dout[i], p) * g / drnd(stdev[(size_t)b * C + c], p), p);
+  dinp[i] = pl_revin_norm_dx(dout[i], gamma, stdev[(size_t)b * C + c], c, p);
 }
 
 __global__ void k_revin_norm_dparams(float *dgamma, float *dbeta,
@@ -618,21 +551,8 @@ __global__ void k_revin_norm_dparams(float *dgamma, float *dbeta,
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
-  float sg = 0.0f, sgx = 0.0f;
-  for (int b = 0; b < B; b++) {
-    float m = drnd(mean[(size_t)b * C + c], p);
-    float sd = drnd(stdev[(size_t)b * C + c], p);
-    for (int t = 0; t < T; t++) {
-      size_t i = ((size_t)b * T + t) * C + c;
-      float go = drnd(dout[i], p);
-      sg += go;
-      sgx += go * ((drnd(inp[i], p) - m) / sd);
-    }
-  }
-  if (dgamma)
-    dgamma[c] += drnd(sgx, p);
-  if (dbeta)
-    dbeta[c] += drnd(sg, p);
+  pl_revin_norm_dparams_col(dgamma, dbeta, dout, inp, mean, stdev, B, T, C, c,
+                            p);
 }
 
 __global__ void k_revin_denorm(float *out, const float *y, const float *mean,
@@ -643,12 +563,8 @@ __global__ void k_revin_denorm(float *out, const float *y, const float *mean,
   if (i >= (size_t)B * H * C)
     return;
   int c = (int)(i % C), b = (int)(i / ((size_t)H * C));
-  float m = drnd(mean[(size_t)b * C + c], p);
-  float sd = drnd(stdev[(size_t)b * C + c], p);
-  float v = drnd(y[i], p);
-  if (gamma)
-    v = (v - drnd(beta[c], p)) / (drnd(gamma[c], p) + eps * eps);
-  out[i] = drnd(v * sd + m, p);
+  size_t s = (size_t)b * C + c;
+  out[i] = pl_revin_denorm(y[i], mean[s], stdev[s], gamma, beta, c, eps, p);
 }
 
 __global__ void k_revin_denorm_dy(float *dy, const float *dout,
@@ -658,9 +574,8 @@ __global__ void k_revin_denorm_dy(float *dy, const float *dout,
   if (i >= (size_t)B * H * C)
     return;
   int c = (int)(i % C), b = (int)(i / ((size_t)H * C));
-  float g = gamma ? drnd(gamma[c], p) + eps * eps : 1.0f;
-  float dv = drnd(dout[i], p) * drnd(stdev[(size_t)b * C + c], p);
-  dy[i] = drnd(dv / g, p);
+  dy[i] =
+      pl_revin_denorm_dy(dout[i], stdev[(size_t)b * C + c], gamma, c, eps, p);
 }
 
 __global__ void k_revin_denorm_dparams(float *dgamma, float *dbeta,
@@ -671,43 +586,32 @@ __global__ void k_revin_denorm_dparams(float *dgamma, float *dbeta,
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
-  float g = drnd(gamma[c], p) + eps * eps;
-  float be = drnd(beta[c], p);
-  float sdb = 0.0f, sdg = 0.0f;
-  for (int b = 0; b < B; b++) {
-    float sd = drnd(stdev[(size_t)b * C + c], p);
-    for (int t = 0; t < H; t++) {
-      size_t i = ((size_t)b * H + t) * C + c;
-      float dv = drnd(dout[i], p) * sd;
-      float yy = drnd(y[i], p) - be;
-      sdb += -dv / g;
-      sdg += -dv * yy / (g * g);
-    }
-  }
-  if (dgamma)
-    dgamma[c] += drnd(sdg, p);
-  if (dbeta)
-    dbeta[c] += drnd(sdb, p);
+  pl_revin_denorm_dparams_col(dgamma, dbeta, dout, y, stdev, gamma, beta, eps,
+                              B, H, C, c, p);
 }
 
-extern "C" probe_status
-probe_cuda_revin_norm_forward(probe_cuda_layers *c, float *out, float *mean,
-                              float *stdev, const float *inp,
-                              const float *gamma, const float *beta, float eps,
-                              int B, int T, int C, probe_precision p) {
+static probe_status cuda_revin_norm_forward(void *ctx, float *out, float *mean,
+                                            float *stdev, float *var,
+                                            const float *inp,
+                                            const float *gamma,
+                                            const float *beta, float eps, int B,
+                                            int T, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && stdev && inp && B > 0 && T > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(p));
   PROBE_LAUNCH(k_revin_norm, blocks((size_t)B * C), TPB, c->stream, out, mean,
-               stdev, inp, gamma, beta, eps, B, T, C, p);
+               stdev, var, inp, gamma, beta, eps, B, T, C, p);
   LAUNCHED();
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_revin_norm_backward(
-    probe_cuda_layers *c, float *dinp, float *dgamma, float *dbeta,
-    const float *dout, const float *inp, const float *mean, const float *stdev,
-    const float *gamma, int B, int T, int C, probe_precision p) {
+static probe_status
+cuda_revin_norm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
+                         const float *dout, const float *inp, const float *mean,
+                         const float *stdev, const float *gamma, int B, int T,
+                         int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && stdev && B > 0 && T > 0 &&
             C > 0);
   CHECK_ARG(PREC_OK(p));
@@ -723,10 +627,12 @@ extern "C" probe_status probe_cuda_revin_norm_backward(
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_revin_denorm_forward(
-    probe_cuda_layers *c, float *out, const float *y, const float *mean,
-    const float *stdev, const float *gamma, const float *beta, float eps, int B,
-    int H, int C, probe_precision p) {
+static probe_status
+cuda_revin_denorm_forward(void *ctx, float *out, const float *y,
+                          const float *mean, const float *stdev,
+                          const float *gamma, const float *beta, float eps,
+                          int B, int H, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && y && mean && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(p));
@@ -737,10 +643,11 @@ extern "C" probe_status probe_cuda_revin_denorm_forward(
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_revin_denorm_backward(
-    probe_cuda_layers *c, float *dy, float *dgamma, float *dbeta,
-    const float *dout, const float *y, const float *stdev, const float *gamma,
-    const float *beta, float eps, int B, int H, int C, probe_precision p) {
+static probe_status cuda_revin_denorm_backward(
+    void *ctx, float *dy, float *dgamma, float *dbeta, const float *dout,
+    const float *y, const float *stdev, const float *gamma, const float *beta,
+    float eps, int B, int H, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dy && dout && y && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(p));
@@ -758,42 +665,27 @@ extern "C" probe_status probe_cuda_revin_denorm_backward(
 
 /* ---- activations --------------------------------------------------------- */
 
-#define GELU_SCALE 0.7978845608028654f
-#define GELU_K 0.044715f
-
 __global__ void k_relu_fwd(float *out, const float *x, size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n)
-    return;
-  float v = drnd(x[i], p);
-  out[i] = v <= 0.0f ? 0.0f : v; /* NaN propagates, as in PyTorch */
+  if (i < n)
+    out[i] = pl_relu(x[i], p);
 }
 __global__ void k_relu_bwd(float *dx, const float *dout, const float *x,
                            size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n)
-    return;
-  dx[i] = drnd(x[i], p) <= 0.0f ? 0.0f : drnd(dout[i], p);
+  if (i < n)
+    dx[i] = pl_relu_grad(dout[i], x[i], p);
 }
 __global__ void k_gelu_fwd(float *out, const float *x, size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n)
-    return;
-  float v = drnd(x[i], p);
-  float u = GELU_SCALE * (v + GELU_K * v * v * v);
-  out[i] = drnd(0.5f * v * (1.0f + tanhf(u)), p);
+  if (i < n)
+    out[i] = pl_gelu(x[i], p);
 }
 __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x,
                            size_t n, int p) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  if (i >= n)
-    return;
-  float v = drnd(x[i], p);
-  float u = GELU_SCALE * (v + GELU_K * v * v * v);
-  float th = tanhf(u);
-  float local = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_SCALE *
-                                         (1.0f + 3.0f * GELU_K * v * v);
-  dx[i] = drnd(drnd(dout[i], p) * local, p);
+  if (i < n)
+    dx[i] = pl_gelu_grad(dout[i], x[i], p);
 }
 
 #define ELEMENTWISE(name, kern, ...)                                           \
@@ -804,29 +696,29 @@ __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x,
   LAUNCHED();                                                                  \
   return PROBE_OK;
 
-extern "C" probe_status probe_cuda_relu_forward(probe_cuda_layers *c,
-                                                float *out, const float *inp,
-                                                size_t n, probe_precision p) {
+static probe_status cuda_relu_forward(void *ctx, float *out, const float *inp,
+                                      size_t n, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((out && inp) || n == 0);
   ELEMENTWISE(relu_fwd, k_relu_fwd, out, inp)
 }
-extern "C" probe_status probe_cuda_relu_backward(probe_cuda_layers *c,
-                                                 float *dinp, const float *dout,
-                                                 const float *inp, size_t n,
-                                                 probe_precision p) {
+static probe_status cuda_relu_backward(void *ctx, float *dinp,
+                                       const float *dout, const float *inp,
+                                       size_t n, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((dinp && dout && inp) || n == 0);
   ELEMENTWISE(relu_bwd, k_relu_bwd, dinp, dout, inp)
 }
-extern "C" probe_status probe_cuda_gelu_forward(probe_cuda_layers *c,
-                                                float *out, const float *inp,
-                                                size_t n, probe_precision p) {
+static probe_status cuda_gelu_forward(void *ctx, float *out, const float *inp,
+                                      size_t n, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((out && inp) || n == 0);
   ELEMENTWISE(gelu_fwd, k_gelu_fwd, out, inp)
 }
-extern "C" probe_status probe_cuda_gelu_backward(probe_cuda_layers *c,
-                                                 float *dinp, const float *dout,
-                                                 const float *inp, size_t n,
-                                                 probe_precision p) {
+static probe_status cuda_gelu_backward(void *ctx, float *dinp,
+                                       const float *dout, const float *inp,
+                                       size_t n, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((dinp && dout && inp) || n == 0);
   ELEMENTWISE(gelu_bwd, k_gelu_bwd, dinp, dout, inp)
 }
@@ -836,44 +728,22 @@ extern "C" probe_status probe_cuda_gelu_backward(probe_cuda_layers *c,
 __global__ void k_softmax_fwd(float *probs, const float *logits, int N, int V,
                               int p) {
   int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N)
-    return;
-  const float *x = logits + (size_t)n * V;
-  float *pr = probs + (size_t)n * V;
-  float mx = -INFINITY;
-  for (int i = 0; i < V; i++) {
-    float v = drnd(x[i], p);
-    if (v > mx)
-      mx = v;
-  }
-  float s = 0.0f;
-  for (int i = 0; i < V; i++) {
-    pr[i] = expf(drnd(x[i], p) - mx);
-    s += pr[i];
-  }
-  for (int i = 0; i < V; i++)
-    pr[i] = drnd(pr[i] / s, p);
+  if (n < N)
+    pl_softmax_row(probs + (size_t)n * V, logits + (size_t)n * V, V, p);
 }
 
 __global__ void k_softmax_bwd(float *dlogits, const float *dprobs,
                               const float *probs, int N, int V, int p) {
   int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N)
-    return;
-  const float *dp = dprobs + (size_t)n * V;
-  const float *pr = probs + (size_t)n * V;
-  float *dl = dlogits + (size_t)n * V;
-  float s = 0.0f;
-  for (int i = 0; i < V; i++)
-    s += drnd(dp[i], p) * drnd(pr[i], p);
-  for (int i = 0; i < V; i++)
-    dl[i] = drnd(drnd(pr[i], p) * (drnd(dp[i], p) - s), p);
+  if (n < N)
+    pl_softmax_row_grad(dlogits + (size_t)n * V, dprobs + (size_t)n * V,
+                        probs + (size_t)n * V, V, p);
 }
 
-extern "C" probe_status probe_cuda_softmax_forward(probe_cuda_layers *c,
-                                                   float *probs,
-                                                   const float *logits, int N,
-                                                   int V, probe_precision p) {
+static probe_status cuda_softmax_forward(void *ctx, float *probs,
+                                         const float *logits, int N, int V,
+                                         probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && probs && logits && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_softmax_fwd, blocks(N), TPB, c->stream, probs, logits, N, V,
                p);
@@ -881,11 +751,11 @@ extern "C" probe_status probe_cuda_softmax_forward(probe_cuda_layers *c,
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_softmax_backward(probe_cuda_layers *c,
-                                                    float *dlogits,
-                                                    const float *dprobs,
-                                                    const float *probs, int N,
-                                                    int V, probe_precision p) {
+static probe_status cuda_softmax_backward(void *ctx, float *dlogits,
+                                          const float *dprobs,
+                                          const float *probs, int N, int V,
+                                          probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dlogits && dprobs && probs && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_softmax_bwd, blocks(N), TPB, c->stream, dlogits, dprobs, probs,
                N, V, p);
@@ -908,18 +778,18 @@ __global__ void k_scores_mask(float *scores, const void *src, int B, int T,
   scores[e] = (causal && j > i) ? -INFINITY : v;
 }
 
-extern "C" probe_status probe_cuda_attention_forward(
-    probe_cuda_layers *c, float *out, float *qkv, float *scores, float *probs,
-    float *atty, const float *inp, const float *wqkv, const float *bqkv,
-    const float *wo, const float *bo, int causal, int B, int T, int C,
-    probe_precision p) {
+static probe_status cuda_attention_forward(
+    void *ctx, float *out, float *qkv, float *scores, float *probs, float *atty,
+    const float *inp, const float *wqkv, const float *bqkv, const float *wo,
+    const float *bo, int causal, int B, int T, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && qkv && scores && probs && atty && inp && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0 && PREC_OK(p));
   int N = B * T, C3 = 3 * C;
   int f32 = p == PROBE_PREC_FP32;
   cudaDataType t = ab_type(p);
   size_t es = esize(p);
-  TRY(probe_cuda_linear_forward(c, qkv, inp, wqkv, bqkv, N, C, C3, p));
+  TRY(cuda_linear_forward(c, qkv, inp, wqkv, bqkv, N, C, C3, p));
   size_t nqkv = (size_t)N * C3, nss = (size_t)B * T * T, ny = (size_t)N * C;
   TRY(scratch_reserve(c, f32 ? 0 : 2 * (nqkv + 2 * nss + ny)));
   const char *q = (const char *)operand(c, qkv, nqkv, p);
@@ -932,7 +802,7 @@ extern "C" probe_status probe_cuda_attention_forward(
   PROBE_LAUNCH(k_scores_mask, blocks(nss), TPB, c->stream, scores, s, B, T,
                causal, p);
   LAUNCHED();
-  TRY(probe_cuda_softmax_forward(c, probs, scores, N, T, p));
+  TRY(cuda_softmax_forward(c, probs, scores, N, T, p));
   /* atty_b(T,C) = probs_b v_b */
   const void *pr = operand(c, probs, nss, p);
   void *y = f32 ? (void *)atty : scratch_take(c, ny * 2);
@@ -940,15 +810,17 @@ extern "C" probe_status probe_cuda_attention_forward(
            (long long)T * C3, 0.0f, y, C, (long long)T * C, B, t, t));
   if (!f32)
     TRY(decode(c, atty, y, N, C, C, 0, p));
-  return probe_cuda_linear_forward(c, out, atty, wo, bo, N, C, C, p);
+  return cuda_linear_forward(c, out, atty, wo, bo, N, C, C, p);
 }
 
-extern "C" probe_status probe_cuda_attention_backward(
-    probe_cuda_layers *c, float *dinp, float *dwqkv, float *dbqkv, float *dwo,
-    float *dbo, float *dqkv, float *datty, float *dprobs, float *dscores,
-    const float *dout, const float *inp, const float *qkv, const float *probs,
-    const float *atty, const float *wqkv, const float *wo, int B, int T, int C,
-    probe_precision p) {
+static probe_status
+cuda_attention_backward(void *ctx, float *dinp, float *dwqkv, float *dbqkv,
+                        float *dwo, float *dbo, float *dqkv, float *datty,
+                        float *dprobs, float *dscores, const float *dout,
+                        const float *inp, const float *qkv, const float *probs,
+                        const float *atty, const float *wqkv, const float *wo,
+                        int B, int T, int C, probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dwqkv && dwo && dqkv && datty && dprobs && dscores);
   CHECK_ARG(dout && inp && qkv && probs && atty && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0 && PREC_OK(p));
@@ -957,8 +829,7 @@ extern "C" probe_status probe_cuda_attention_backward(
   cudaDataType t = ab_type(p);
   size_t es = esize(p);
   float scale = 1.0f / sqrtf((float)C);
-  TRY(probe_cuda_linear_backward(c, datty, dwo, dbo, dout, atty, wo, N, C, C,
-                                 p));
+  TRY(cuda_linear_backward(c, datty, dwo, dbo, dout, atty, wo, N, C, C, p));
   size_t nqkv = (size_t)N * C3, nss = (size_t)B * T * T, ny = (size_t)N * C;
   TRY(scratch_reserve(c, f32 ? 0 : 2 * (2 * nqkv + 3 * nss + ny)));
   const char *q = (const char *)operand(c, qkv, nqkv, p);
@@ -978,7 +849,7 @@ extern "C" probe_status probe_cuda_attention_backward(
   /* dv_b(T,C) = probs_b^T datty_b */
   TRY(gemm(c, 1, 0, T, C, T, 1.0f, pr, T, ss, dy, C, sy, 0.0f, dv, C3, sq, B, t,
            t));
-  TRY(probe_cuda_softmax_backward(c, dscores, dprobs, probs, N, T, p));
+  TRY(cuda_softmax_backward(c, dscores, dprobs, probs, N, T, p));
   const void *ds = operand(c, dscores, nss, p);
   /* dq_b = scale dscores_b k_b ; dk_b = scale dscores_b^T q_b */
   TRY(gemm(c, 0, 0, T, C, T, scale, ds, T, ss, k, C3, sq, 0.0f, dq, C3, sq, B,
@@ -987,8 +858,8 @@ extern "C" probe_status probe_cuda_attention_backward(
            t, t));
   if (!f32)
     TRY(decode(c, dqkv, dq, N, C3, C3, 0, p));
-  return probe_cuda_linear_backward(c, dinp, dwqkv, dbqkv, dqkv, inp, wqkv, N,
-                                    C, C3, p);
+  return cuda_linear_backward(c, dinp, dwqkv, dbqkv, dqkv, inp, wqkv, N, C, C3,
+                              p);
 }
 
 /* ---- losses -------------------------------------------------------------- */
@@ -1010,10 +881,8 @@ __device__ float block_sum(float v) {
 __global__ void k_mse_fwd(float *loss, const float *pred, const float *target,
                           size_t n, int p) {
   float s = 0.0f;
-  for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float d = drnd(pred[i], p) - drnd(target[i], p);
-    s += d * d;
-  }
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+    s += pl_mse_term(pred[i], target[i], p);
   s = block_sum(s);
   if (threadIdx.x == 0)
     *loss = drnd(s / (float)n, p);
@@ -1024,8 +893,7 @@ __global__ void k_mse_bwd(float *dpred, const float *pred, const float *target,
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i >= n)
     return;
-  float k = 2.0f * drnd(dloss, p) / (float)n;
-  dpred[i] = drnd(k * (drnd(pred[i], p) - drnd(target[i], p)), p);
+  dpred[i] = pl_mse_grad(pl_mse_grad_k(dloss, n, p), pred[i], target[i], p);
 }
 
 __global__ void k_ce_fwd(float *loss, float *losses, const float *probs,
@@ -1033,9 +901,7 @@ __global__ void k_ce_fwd(float *loss, float *losses, const float *probs,
   float s = 0.0f;
   for (int n = threadIdx.x; n < N; n += blockDim.x) {
     int y = targets[n];
-    float l = (y >= 0 && y < V)
-                  ? drnd(-logf(drnd(probs[(size_t)n * V + y], p)), p)
-                  : NAN;
+    float l = (y >= 0 && y < V) ? pl_ce_term(probs[(size_t)n * V + y], p) : NAN;
     if (losses)
       losses[n] = l;
     s += l;
@@ -1051,28 +917,27 @@ __global__ void k_ce_bwd(float *dprobs, const float *probs, const int *targets,
   if (e >= (size_t)N * V)
     return;
   int n = (int)(e / V), v = (int)(e % V);
-  float k = -drnd(dloss, p) / (float)N;
   int y = targets[n];
   dprobs[e] = (y < 0 || y >= V) ? NAN
-              : v == y          ? drnd(k / drnd(probs[e], p), p)
-                                : 0.0f;
+              : v == y ? pl_ce_grad(pl_ce_grad_k(dloss, N, p), probs[e], p)
+                       : 0.0f;
 }
 
-extern "C" probe_status probe_cuda_mse_forward(probe_cuda_layers *c,
-                                               float *loss, const float *pred,
-                                               const float *target, size_t n,
-                                               probe_precision p) {
+static probe_status cuda_mse_forward(void *ctx, float *loss, const float *pred,
+                                     const float *target, size_t n,
+                                     probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && loss && pred && target && n > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_mse_fwd, 1, TPB, c->stream, loss, pred, target, n, p);
   LAUNCHED();
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_mse_backward(probe_cuda_layers *c,
-                                                float *dpred, const float *pred,
-                                                const float *target,
-                                                float dloss, size_t n,
-                                                probe_precision p) {
+static probe_status cuda_mse_backward(void *ctx, float *dpred,
+                                      const float *pred, const float *target,
+                                      float dloss, size_t n,
+                                      probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dpred && pred && target && n > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_mse_bwd, blocks(n), TPB, c->stream, dpred, pred, target, dloss,
                n, p);
@@ -1082,9 +947,11 @@ extern "C" probe_status probe_cuda_mse_backward(probe_cuda_layers *c,
 
 /* Targets out of range cannot be checked on the host without a copy: they
  * give NaN losses and gradients instead of PROBE_ERR_INVALID_ARG. */
-extern "C" probe_status probe_cuda_crossentropy_forward(
-    probe_cuda_layers *c, float *loss, float *losses, const float *probs,
-    const int *targets, int N, int V, probe_precision p) {
+static probe_status cuda_crossentropy_forward(void *ctx, float *loss,
+                                              float *losses, const float *probs,
+                                              const int *targets, int N, int V,
+                                              probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && loss && probs && targets && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_ce_fwd, 1, TPB, c->stream, loss, losses, probs, targets, N, V,
                p);
@@ -1092,10 +959,12 @@ extern "C" probe_status probe_cuda_crossentropy_forward(
   return PROBE_OK;
 }
 
-extern "C" probe_status
-probe_cuda_crossentropy_backward(probe_cuda_layers *c, float *dprobs,
-                                 const float *probs, const int *targets,
-                                 float dloss, int N, int V, probe_precision p) {
+static probe_status cuda_crossentropy_backward(void *ctx, float *dprobs,
+                                               const float *probs,
+                                               const int *targets, float dloss,
+                                               int N, int V,
+                                               probe_precision p) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dprobs && probs && targets && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_ce_bwd, blocks((size_t)N * V), TPB, c->stream, dprobs, probs,
                targets, dloss, N, V, p);
@@ -1134,9 +1003,10 @@ __global__ void k_scale(float *g, size_t n, float f, int *flag) {
     *flag = 1;
 }
 
-extern "C" probe_status
-probe_cuda_grads_l2norm(probe_cuda_layers *c, double *out, float *const *grads,
-                        const size_t *sizes, size_t count) {
+static probe_status cuda_grads_l2norm(void *ctx, double *out,
+                                      float *const *grads, const size_t *sizes,
+                                      size_t count) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && (count == 0 || (grads && sizes)));
   CUDA_TRY(cudaMemsetAsync(c->d_acc, 0, sizeof(double), c->stream));
   for (size_t t = 0; t < count; t++) {
@@ -1156,11 +1026,10 @@ probe_cuda_grads_l2norm(probe_cuda_layers *c, double *out, float *const *grads,
   return PROBE_OK;
 }
 
-extern "C" probe_status probe_cuda_grads_scale(probe_cuda_layers *c,
-                                               float *const *grads,
-                                               const size_t *sizes,
-                                               size_t count, float factor,
-                                               int *found_nonfinite) {
+static probe_status cuda_grads_scale(void *ctx, float *const *grads,
+                                     const size_t *sizes, size_t count,
+                                     float factor, int *found_nonfinite) {
+  cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && (count == 0 || (grads && sizes)));
   CUDA_TRY(cudaMemsetAsync(c->d_flag, 0, sizeof(int), c->stream));
   for (size_t t = 0; t < count; t++) {
@@ -1178,4 +1047,51 @@ extern "C" probe_status probe_cuda_grads_scale(probe_cuda_layers *c,
   if (found_nonfinite)
     *found_nonfinite = flag;
   return PROBE_OK;
+}
+
+/* ---- the table ------------------------------------------------------------
+ */
+
+static probe_layer_ops make_ops(void) {
+  probe_layer_ops o;
+  memset(&o, 0, sizeof o);
+  o.name = "cuda";
+  o.device_memory = 1;
+  o.destroy = cuda_destroy;
+  o.sync = cuda_sync;
+  o.alloc = cuda_alloc;
+  o.free = cuda_free;
+  o.copy = cuda_copy;
+  o.round = cuda_round;
+  o.linear_forward = cuda_linear_forward;
+  o.linear_backward = cuda_linear_backward;
+  o.bn_forward = cuda_bn_forward;
+  o.bn_backward = cuda_bn_backward;
+  o.bn_forward_eval = cuda_bn_forward_eval;
+  o.layernorm_forward = cuda_layernorm_forward;
+  o.layernorm_backward = cuda_layernorm_backward;
+  o.revin_norm_forward = cuda_revin_norm_forward;
+  o.revin_norm_backward = cuda_revin_norm_backward;
+  o.revin_denorm_forward = cuda_revin_denorm_forward;
+  o.revin_denorm_backward = cuda_revin_denorm_backward;
+  o.relu_forward = cuda_relu_forward;
+  o.relu_backward = cuda_relu_backward;
+  o.gelu_forward = cuda_gelu_forward;
+  o.gelu_backward = cuda_gelu_backward;
+  o.softmax_forward = cuda_softmax_forward;
+  o.softmax_backward = cuda_softmax_backward;
+  o.attention_forward = cuda_attention_forward;
+  o.attention_backward = cuda_attention_backward;
+  o.mse_forward = cuda_mse_forward;
+  o.mse_backward = cuda_mse_backward;
+  o.crossentropy_forward = cuda_crossentropy_forward;
+  o.crossentropy_backward = cuda_crossentropy_backward;
+  o.grads_l2norm = cuda_grads_l2norm;
+  o.grads_scale = cuda_grads_scale;
+  return o;
+}
+
+extern "C" const probe_layer_ops *probe__cuda_layer_ops(void) {
+  static const probe_layer_ops ops = make_ops();
+  return &ops;
 }

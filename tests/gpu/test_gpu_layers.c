@@ -26,7 +26,10 @@
 #include "ampprobe/numerics.h"
 #include "testutil.h"
 
-static probe_cuda_layers *ctx;
+/* The CUDA backend, started once in main; every call goes through its
+ * table of operations, as the trainer's do. */
+static probe_layers_backend cu;
+#define CU(op, ...) cu.ops->op(cu.ctx, __VA_ARGS__)
 
 #define OK(call) ck_assert_int_eq((call), PROBE_OK)
 
@@ -53,7 +56,7 @@ static int *dev_ints(const int *h, size_t n) {
 /* Compares device tensor d with the CPU's c. */
 static void cmp(const char *what, const float *c, const float *d, size_t n,
                 probe_precision p) {
-  OK(probe_cuda_layers_sync(ctx));
+  OK(cu.ops->sync(cu.ctx));
   float *g = falloc(n);
   ck_assert_int_eq(cudaMemcpy(g, d, n * sizeof(float), cudaMemcpyDeviceToHost),
                    cudaSuccess);
@@ -104,11 +107,10 @@ START_TEST(gpu_linear) {
         *d_dx = DEV(dx, N * C), *d_dw = DEV(dw, OC * C), *d_db = DEV(db, OC);
   const float *bias = with_bias ? b : NULL, *d_bias = with_bias ? d_b : NULL;
   OK(probe_linear_forward(out, x, w, bias, N, C, OC, p));
-  OK(probe_cuda_linear_forward(ctx, d_out, d_x, d_w, d_bias, N, C, OC, p));
+  OK(CU(linear_forward, d_out, d_x, d_w, d_bias, N, C, OC, p));
   cmp("linear out", out, d_out, N * OC, p);
   OK(probe_linear_backward(dx, dw, db, go, x, w, N, C, OC, p));
-  OK(probe_cuda_linear_backward(ctx, d_dx, d_dw, d_db, d_go, d_x, d_w, N, C, OC,
-                                p));
+  OK(CU(linear_backward, d_dx, d_dw, d_db, d_go, d_x, d_w, N, C, OC, p));
   cmp("linear dx", dx, d_dx, N * C, p);
   cmp("linear dw (+=)", dw, d_dw, OC * C, p);
   cmp("linear db (+=)", db, d_db, OC, p);
@@ -139,8 +141,8 @@ START_TEST(gpu_bn) {
         *d_out = DEV(out, N * C), *d_mean = DEV(mean, C), *d_var = DEV(var, C),
         *d_dx = DEV(dx, N * C), *d_dg = DEV(dg, C), *d_db = DEV(db, C);
   OK(probe_bn_forward(out, mean, var, rm, rv, x, g, be, 0.1f, 1e-5f, N, C, p));
-  OK(probe_cuda_bn_forward(ctx, d_out, d_mean, d_var, d_rm, d_rv, d_x, d_g,
-                           d_be, 0.1f, 1e-5f, N, C, p));
+  OK(CU(bn_forward, d_out, d_mean, d_var, d_rm, d_rv, d_x, d_g, d_be, 0.1f,
+        1e-5f, N, C, p));
   cmp("bn out", out, d_out, N * C, p);
   cmp("bn mean", mean, d_mean, C, p);
   cmp("bn var", var, d_var, C, p);
@@ -150,14 +152,13 @@ START_TEST(gpu_bn) {
     ck_assert(isinf(var[0])); /* the FP16 overflow case */
   float *eo = falloc(N * C), *d_eo = DEV(eo, N * C);
   OK(probe_bn_forward_eval(eo, go, g, be, rm, rv, 1e-5f, N, C, p));
-  OK(probe_cuda_bn_forward_eval(ctx, d_eo, d_go, d_g, d_be, d_rm, d_rv, 1e-5f,
-                                N, C, p));
+  OK(CU(bn_forward_eval, d_eo, d_go, d_g, d_be, d_rm, d_rv, 1e-5f, N, C, p));
   cmp("bn eval out", eo, d_eo, N * C, p);
   DFREE(d_eo);
   free(eo);
   OK(probe_bn_backward(dx, dg, db, go, x, mean, var, g, 1e-5f, N, C, p));
-  OK(probe_cuda_bn_backward(ctx, d_dx, d_dg, d_db, d_go, d_x, d_mean, d_var,
-                            d_g, 1e-5f, N, C, p));
+  OK(CU(bn_backward, d_dx, d_dg, d_db, d_go, d_x, d_mean, d_var, d_g, 1e-5f, N,
+        C, p));
   cmp("bn dx", dx, d_dx, N * C, p);
   cmp("bn dgamma", dg, d_dg, C, p);
   cmp("bn dbeta", db, d_db, C, p);
@@ -183,15 +184,19 @@ START_TEST(gpu_layernorm) {
         *d_go = DEV(go, N * C), *d_out = DEV(out, N * C),
         *d_mean = DEV(mean, N), *d_rstd = DEV(rstd, N), *d_dx = DEV(dx, N * C),
         *d_dw = DEV(dw, C), *d_db = DEV(db, C);
-  OK(probe_layernorm_forward(out, mean, rstd, x, w, b, 1e-5f, N, C, p));
-  OK(probe_cuda_layernorm_forward(ctx, d_out, d_mean, d_rstd, d_x, d_w, d_b,
-                                  1e-5f, N, C, p));
+  float *var = falloc(N), *d_var = DEV(var, N);
+  OK(probe_layernorm_forward(out, mean, rstd, var, x, w, b, 1e-5f, N, C, p));
+  OK(CU(layernorm_forward, d_out, d_mean, d_rstd, d_var, d_x, d_w, d_b, 1e-5f,
+        N, C, p));
   cmp("ln out", out, d_out, N * C, p);
   cmp("ln mean", mean, d_mean, N, p);
   cmp("ln rstd", rstd, d_rstd, N, p);
+  cmp("ln var", var, d_var, N, p);
+  DFREE(d_var);
+  free(var);
   OK(probe_layernorm_backward(dx, dw, db, go, x, mean, rstd, w, N, C, p));
-  OK(probe_cuda_layernorm_backward(ctx, d_dx, d_dw, d_db, d_go, d_x, d_mean,
-                                   d_rstd, d_w, N, C, p));
+  OK(CU(layernorm_backward, d_dx, d_dw, d_db, d_go, d_x, d_mean, d_rstd, d_w, N,
+        C, p));
   cmp("ln dx", dx, d_dx, N * C, p);
   cmp("ln dw", dw, d_dw, C, p);
   cmp("ln db", db, d_db, C, p);
@@ -225,26 +230,32 @@ START_TEST(gpu_revin) {
         *d_xn = DEV(xn, nx), *d_yd = DEV(yd, ny), *d_mean = DEV(mean, B * C),
         *d_sd = DEV(sd, B * C), *d_dx = DEV(dx, nx), *d_dy = DEV(dy, ny),
         *d_dg = DEV(dg, C), *d_db = DEV(db, C);
-  OK(probe_revin_norm_forward(xn, mean, sd, x, g, be, 1e-5f, B, T, C, p));
-  OK(probe_cuda_revin_norm_forward(ctx, d_xn, d_mean, d_sd, d_x, d_g, d_be,
-                                   1e-5f, B, T, C, p));
+  float *var = falloc(B * C), *d_var = DEV(var, B * C);
+  OK(probe_revin_norm_forward(xn, mean, sd, var, x, g, be, 1e-5f, B, T, C, p));
+  OK(CU(revin_norm_forward, d_xn, d_mean, d_sd, d_var, d_x, d_g, d_be, 1e-5f, B,
+        T, C, p));
   cmp("revin norm out", xn, d_xn, nx, p);
   cmp("revin mean", mean, d_mean, B * C, p);
   cmp("revin stdev", sd, d_sd, B * C, p);
+  cmp("revin var", var, d_var, B * C, p);
+  if (_i == 4)
+    ck_assert(isinf(var[0])); /* fwd_saved records this, not the stdev */
+  DFREE(d_var);
+  free(var);
   if (_i == 4)
     ck_assert(isinf(sd[0]));
   OK(probe_revin_denorm_forward(yd, y, mean, sd, g, be, 1e-5f, B, H, C, p));
-  OK(probe_cuda_revin_denorm_forward(ctx, d_yd, d_y, d_mean, d_sd, d_g, d_be,
-                                     1e-5f, B, H, C, p));
+  OK(CU(revin_denorm_forward, d_yd, d_y, d_mean, d_sd, d_g, d_be, 1e-5f, B, H,
+        C, p));
   cmp("revin denorm out", yd, d_yd, ny, p);
   OK(probe_revin_denorm_backward(dy, dg, db, gyd, y, sd, g, be, 1e-5f, B, H, C,
                                  p));
-  OK(probe_cuda_revin_denorm_backward(ctx, d_dy, d_dg, d_db, d_gyd, d_y, d_sd,
-                                      d_g, d_be, 1e-5f, B, H, C, p));
+  OK(CU(revin_denorm_backward, d_dy, d_dg, d_db, d_gyd, d_y, d_sd, d_g, d_be,
+        1e-5f, B, H, C, p));
   cmp("revin denorm dy", dy, d_dy, ny, p);
   OK(probe_revin_norm_backward(dx, dg, db, gxn, x, mean, sd, g, B, T, C, p));
-  OK(probe_cuda_revin_norm_backward(ctx, d_dx, d_dg, d_db, d_gxn, d_x, d_mean,
-                                    d_sd, d_g, B, T, C, p));
+  OK(CU(revin_norm_backward, d_dx, d_dg, d_db, d_gxn, d_x, d_mean, d_sd, d_g, B,
+        T, C, p));
   cmp("revin norm dx", dx, d_dx, nx, p);
   cmp("revin dgamma (both)", dg, d_dg, C, p);
   cmp("revin dbeta (both)", db, d_db, C, p);
@@ -266,22 +277,22 @@ START_TEST(gpu_activations) {
   float *d_x = DEV(x, n), *d_go = DEV(go, n), *d_o = DEV(o, n),
         *d_dx = DEV(dx, n);
   OK(probe_relu_forward(o, x, n, p));
-  OK(probe_cuda_relu_forward(ctx, d_o, d_x, n, p));
+  OK(CU(relu_forward, d_o, d_x, n, p));
   cmp("relu out", o, d_o, n, p);
   OK(probe_relu_backward(dx, go, x, n, p));
-  OK(probe_cuda_relu_backward(ctx, d_dx, d_go, d_x, n, p));
+  OK(CU(relu_backward, d_dx, d_go, d_x, n, p));
   cmp("relu dx", dx, d_dx, n, p);
   OK(probe_gelu_forward(o, x, n, p));
-  OK(probe_cuda_gelu_forward(ctx, d_o, d_x, n, p));
+  OK(CU(gelu_forward, d_o, d_x, n, p));
   cmp("gelu out", o, d_o, n, p);
   OK(probe_gelu_backward(dx, go, x, n, p));
-  OK(probe_cuda_gelu_backward(ctx, d_dx, d_go, d_x, n, p));
+  OK(CU(gelu_backward, d_dx, d_go, d_x, n, p));
   cmp("gelu dx", dx, d_dx, n, p);
   /* rounding helper */
   x[0] = 70000.0f, x[1] = 1e-9f;
   float *d_x2 = DEV(x, n);
   OK(probe_layers_round(o, x, n, p));
-  OK(probe_cuda_layers_round(ctx, d_o, d_x2, n, p));
+  OK(CU(round, d_o, d_x2, n, p));
   cmp("round", o, d_o, n, p);
   DFREE(d_x), DFREE(d_x2), DFREE(d_go), DFREE(d_o), DFREE(d_dx);
   free(x), free(go), free(o), free(dx);
@@ -305,18 +316,17 @@ START_TEST(gpu_softmax_ce) {
         *d_losses = DEV(losses, N);
   int *d_y = dev_ints(y, N);
   OK(probe_softmax_forward(pr, x, N, V, p));
-  OK(probe_cuda_softmax_forward(ctx, d_pr, d_x, N, V, p));
+  OK(CU(softmax_forward, d_pr, d_x, N, V, p));
   cmp("softmax out", pr, d_pr, N * V, p);
   OK(probe_softmax_backward(dl, go, pr, N, V, p));
-  OK(probe_cuda_softmax_backward(ctx, d_dl, d_go, d_pr, N, V, p));
+  OK(CU(softmax_backward, d_dl, d_go, d_pr, N, V, p));
   cmp("softmax dx", dl, d_dl, N * V, p);
   OK(probe_crossentropy_forward(&loss, losses, pr, y, N, V, p));
-  OK(probe_cuda_crossentropy_forward(ctx, d_loss, d_losses, d_pr, d_y, N, V,
-                                     p));
+  OK(CU(crossentropy_forward, d_loss, d_losses, d_pr, d_y, N, V, p));
   cmp("ce losses", losses, d_losses, N, p);
   cmp("ce loss", &loss, d_loss, 1, p);
   OK(probe_crossentropy_backward(dp, pr, y, 2.5f, N, V, p));
-  OK(probe_cuda_crossentropy_backward(ctx, d_dp, d_pr, d_y, 2.5f, N, V, p));
+  OK(CU(crossentropy_backward, d_dp, d_pr, d_y, 2.5f, N, V, p));
   cmp("ce dprobs", dp, d_dp, N * V, p);
   if (p == PROBE_PREC_FP16) {
     int zeros = 0;
@@ -340,10 +350,10 @@ START_TEST(gpu_mse) {
   float *d_a = DEV(a, n), *d_t = DEV(t, n), *d_dp = DEV(dp, n),
         *d_loss = DEV(&loss, 1);
   OK(probe_mse_forward(&loss, a, t, n, p));
-  OK(probe_cuda_mse_forward(ctx, d_loss, d_a, d_t, n, p));
+  OK(CU(mse_forward, d_loss, d_a, d_t, n, p));
   cmp("mse loss", &loss, d_loss, 1, p);
   OK(probe_mse_backward(dp, a, t, 1024.0f, n, p));
-  OK(probe_cuda_mse_backward(ctx, d_dp, d_a, d_t, 1024.0f, n, p));
+  OK(CU(mse_backward, d_dp, d_a, d_t, 1024.0f, n, p));
   cmp("mse dpred", dp, d_dp, n, p);
   DFREE(d_a), DFREE(d_t), DFREE(d_dp), DFREE(d_loss);
   free(a), free(t), free(dp);
@@ -377,9 +387,8 @@ START_TEST(gpu_attention) {
         *d_dpr = DEV(dpr, ns), *d_dsc = DEV(dsc, ns);
   OK(probe_attention_forward(out, qkv, sc, pr, at, x, wqkv, bqkv, wo, bo,
                              causal, B, T, C, p));
-  OK(probe_cuda_attention_forward(ctx, d_out, d_qkv, d_sc, d_pr, d_at, d_x,
-                                  d_wqkv, d_bqkv, d_wo, d_bo, causal, B, T, C,
-                                  p));
+  OK(CU(attention_forward, d_out, d_qkv, d_sc, d_pr, d_at, d_x, d_wqkv, d_bqkv,
+        d_wo, d_bo, causal, B, T, C, p));
   cmp("attn qkv", qkv, d_qkv, nq, p);
   cmp("attn scores", sc, d_sc, ns, p);
   cmp("attn probs", pr, d_pr, ns, p);
@@ -387,9 +396,8 @@ START_TEST(gpu_attention) {
   cmp("attn out", out, d_out, nx, p);
   OK(probe_attention_backward(dx, dwqkv, dbqkv, dwo, dbo, dqkv, dat, dpr, dsc,
                               go, x, qkv, pr, at, wqkv, wo, B, T, C, p));
-  OK(probe_cuda_attention_backward(
-      ctx, d_dx, d_dwqkv, d_dbqkv, d_dwo, d_dbo, d_dqkv, d_dat, d_dpr, d_dsc,
-      d_go, d_x, d_qkv, d_pr, d_at, d_wqkv, d_wo, B, T, C, p));
+  OK(CU(attention_backward, d_dx, d_dwqkv, d_dbqkv, d_dwo, d_dbo, d_dqkv, d_dat,
+        d_dpr, d_dsc, d_go, d_x, d_qkv, d_pr, d_at, d_wqkv, d_wo, B, T, C, p));
   cmp("attn datty", dat, d_dat, nx, p);
   cmp("attn dprobs", dpr, d_dpr, ns, p);
   cmp("attn dscores", dsc, d_dsc, ns, p);
@@ -421,20 +429,20 @@ START_TEST(gpu_grads_helpers) {
   }
   double nc, ng;
   OK(probe_grads_l2norm(&nc, h, sz, 3));
-  OK(probe_cuda_grads_l2norm(ctx, &ng, d, sz, 3));
+  OK(CU(grads_l2norm, &ng, d, sz, 3));
   ck_assert_double_eq_tol(ng, nc, 1e-12 * nc);
   int bc = -1, bg = -1;
   OK(probe_grads_scale(h, sz, 3, 0.125f, &bc));
-  OK(probe_cuda_grads_scale(ctx, d, sz, 3, 0.125f, &bg));
+  OK(CU(grads_scale, d, sz, 3, 0.125f, &bg));
   ck_assert_int_eq(bc, 0);
   ck_assert_int_eq(bg, 0);
   cmp("grads scaled", h[0], d[0], sz[0], PROBE_PREC_FP32);
   h[1][3] = INFINITY;
   DFREE(d[1]);
   d[1] = DEV(h[1], sz[1]);
-  OK(probe_cuda_grads_scale(ctx, d, sz, 3, 1.0f, &bg));
+  OK(CU(grads_scale, d, sz, 3, 1.0f, &bg));
   ck_assert_int_eq(bg, 1);
-  OK(probe_cuda_grads_l2norm(ctx, &ng, d, sz, 3));
+  OK(CU(grads_l2norm, &ng, d, sz, 3));
   ck_assert(isinf(ng));
   for (int i = 0; i < 3; i++)
     DFREE(d[i]), free(h[i]);
@@ -459,7 +467,7 @@ static Suite *make_gpu_layers_suite(void) {
 }
 
 int main(void) {
-  probe_status st = probe_cuda_layers_create(&ctx, NULL);
+  probe_status st = probe_layers_backend_init(&cu, PROBE_BACKEND_CUDA, NULL);
   if (st != PROBE_OK) {
     printf("SKIP: no usable CUDA device for the layer kernels (%s)\n",
            probe_status_str(st));
@@ -470,6 +478,6 @@ int main(void) {
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
-  probe_cuda_layers_destroy(ctx);
+  probe_layers_backend_free(&cu);
   return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -350,7 +350,7 @@ START_TEST(grad_layernorm) {
   float *dout = fill_uniform(falloc(N * C), N * C, &r, -1, 1);
   float *out = falloc(N * C), *mean = falloc(N), *rstd = falloc(N),
         *dx = falloc(N * C), *dw = falloc(C), *db = falloc(C);
-  OK(probe_layernorm_forward(out, mean, rstd, x, w, b, PROBE_LN_EPS, N, C,
+  OK(probe_layernorm_forward(out, mean, rstd, NULL, x, w, b, PROBE_LN_EPS, N, C,
                              F32));
   OK(probe_layernorm_backward(dx, dw, db, dout, x, mean, rstd, w, N, C, F32));
   fdcase c = {.d = {N, C}, .fwd = ref_ln, .n_out = N * C};
@@ -382,7 +382,7 @@ START_TEST(grad_revin) {
   float *xn = falloc(B * T * C), *yd = falloc(B * H * C), *mean = falloc(B * C),
         *sd = falloc(B * C), *dx = falloc(B * T * C), *dy = falloc(B * H * C),
         *dg = falloc(C), *db = falloc(C), *dg2 = falloc(C), *db2 = falloc(C);
-  OK(probe_revin_norm_forward(xn, mean, sd, x, g, be, PROBE_REVIN_EPS, B, T, C,
+  OK(probe_revin_norm_forward(xn, mean, sd, NULL, x, g, be, PROBE_REVIN_EPS, B, T, C,
                               F32));
   OK(probe_revin_norm_backward(dx, dg, db, dxn, x, mean, sd, g, B, T, C, F32));
   OK(probe_revin_denorm_forward(yd, y, mean, sd, g, be, PROBE_REVIN_EPS, B, H,
@@ -631,7 +631,8 @@ START_TEST(fp16_materialised_values) {
   float *be = fill_uniform(falloc(C), C, &r, -1, 1);
   float *dout = fill_uniform(falloc(N * C), N * C, &r, -1, 1);
   float *o1 = falloc(N * C), *o2 = falloc(N * C), *s1 = falloc(N * C),
-        *s2 = falloc(N * C), *dx = falloc(N * C), *dw = falloc(OC * C),
+        *s2 = falloc(N * C), *s3 = falloc(N * C), *dx = falloc(N * C),
+        *dw = falloc(OC * C),
         *db = falloc(C), *dg = falloc(C);
   /* linear */
   OK(probe_linear_forward(o1, x, w, b, N, C, OC, P));
@@ -654,8 +655,9 @@ START_TEST(fp16_materialised_values) {
   expect_representable("bn dbeta", db, C, P);
   /* layernorm */
   memset(dg, 0, C * sizeof *dg), memset(db, 0, C * sizeof *db);
-  OK(probe_layernorm_forward(o1, s1, s2, x, g, be, 1e-5f, N, C, P));
+  OK(probe_layernorm_forward(o1, s1, s2, s3, x, g, be, 1e-5f, N, C, P));
   expect_representable("ln out", o1, N * C, P);
+  expect_representable("ln var", s3, N, P);
   expect_representable("ln mean", s1, N, P);
   expect_representable("ln rstd", s2, N, P);
   OK(probe_layernorm_backward(dx, dg, db, dout, x, s1, s2, g, N, C, P));
@@ -663,8 +665,9 @@ START_TEST(fp16_materialised_values) {
   expect_representable("ln dw", dg, C, P);
   /* revin: (B,T,C) = (2,3,5) */
   memset(dg, 0, C * sizeof *dg), memset(db, 0, C * sizeof *db);
-  OK(probe_revin_norm_forward(o1, s1, s2, x, g, be, 1e-5f, 2, 3, C, P));
+  OK(probe_revin_norm_forward(o1, s1, s2, s3, x, g, be, 1e-5f, 2, 3, C, P));
   expect_representable("revin out", o1, N * C, P);
+  expect_representable("revin var", s3, 2 * C, P);
   expect_representable("revin mean", s1, 2 * C, P);
   expect_representable("revin stdev", s2, 2 * C, P);
   OK(probe_revin_norm_backward(dx, dg, db, dout, x, s1, s2, g, 2, 3, C, P));
@@ -730,7 +733,7 @@ START_TEST(fp16_materialised_values) {
     free(wqkv), free(wo), free(bq);
   }
   free(x), free(w), free(b), free(g), free(be), free(dout), free(o1), free(o2),
-      free(s1), free(s2), free(dx), free(dw), free(db), free(dg);
+      free(s1), free(s2), free(s3), free(dx), free(dw), free(db), free(dg);
 }
 END_TEST
 
@@ -795,13 +798,17 @@ END_TEST
 
 START_TEST(fp16_layernorm_variance_overflow) {
   float x[4] = {-300, 300, -300, 300}, w[4] = {1, 1, 1, 1},
-        b[4] = {0.5f, 0.5f, 0.5f, 0.5f}, out[4], mean, rstd;
-  OK(probe_layernorm_forward(out, &mean, &rstd, x, w, b, 1e-5f, 1, 4, F16));
+        b[4] = {0.5f, 0.5f, 0.5f, 0.5f}, out[4], mean, rstd, var = 0.0f;
+  OK(probe_layernorm_forward(out, &mean, &rstd, &var, x, w, b, 1e-5f, 1, 4,
+                             F16));
   ck_assert_float_eq(rstd, 0.0f); /* 1/sqrt(inf) */
+  ck_assert(isinf(var) && var > 0); /* the quantity that overflowed */
   for (int i = 0; i < 4; i++)
     ck_assert_float_eq(out[i], 0.5f);
-  OK(probe_layernorm_forward(out, &mean, &rstd, x, w, b, 1e-5f, 1, 4, F32));
+  OK(probe_layernorm_forward(out, &mean, &rstd, &var, x, w, b, 1e-5f, 1, 4,
+                             F32));
   ck_assert_float_eq_tol(rstd, 1.0f / 300.0f, 1e-7f);
+  ck_assert_float_eq_tol(var, 90000.0f, 1e-2f);
   ck_assert_float_eq_tol(out[1], 1.5f, 1e-5f);
 }
 END_TEST
@@ -810,20 +817,21 @@ END_TEST
  * denormalisation is non-finite; FP32 round-trips. */
 START_TEST(fp16_revin_variance_overflow) {
   int B = 1, T = 16, C = 1;
-  float x[16], xn[16], y[16], mean, sd;
+  float x[16], xn[16], y[16], mean, sd, var = 0.0f;
   for (int t = 0; t < T; t++)
     x[t] = 1000.0f + (t % 2 ? 300.0f : -300.0f);
-  OK(probe_revin_norm_forward(xn, &mean, &sd, x, NULL, NULL, 1e-5f, B, T, C,
-                              F16));
+  OK(probe_revin_norm_forward(xn, &mean, &sd, &var, x, NULL, NULL, 1e-5f, B, T,
+                              C, F16));
   ck_assert_float_eq(mean, 1000.0f);
   ck_assert(isinf(sd) && sd > 0);
+  ck_assert(isinf(var) && var > 0);
   for (int t = 0; t < T; t++)
     ck_assert_float_eq(xn[t], 0.0f);
   OK(probe_revin_denorm_forward(y, xn, &mean, &sd, NULL, NULL, 1e-5f, B, T, C,
                                 F16));
   for (int t = 0; t < T; t++)
     ck_assert(!isfinite(y[t])); /* 0 * inf = NaN */
-  OK(probe_revin_norm_forward(xn, &mean, &sd, x, NULL, NULL, 1e-5f, B, T, C,
+  OK(probe_revin_norm_forward(xn, &mean, &sd, NULL, x, NULL, NULL, 1e-5f, B, T, C,
                               F32));
   ck_assert_float_eq_tol(sd, 300.0f, 1e-3f);
   OK(probe_revin_denorm_forward(y, xn, &mean, &sd, NULL, NULL, 1e-5f, B, T, C,
@@ -835,6 +843,56 @@ END_TEST
 
 /* Logits 20 apart: p = e^-20 = 2.1e-9 <= 2^-25 is exactly 0 in FP16, the
  * cross-entropy is +inf, its gradient -inf and the softmax backward NaN. */
+/* Precision loss without any inf (issue #15.1): values 2048 +- 0.5 are all
+ * 2048 in FP16 (spacing 2 there), so each normalisation's materialised
+ * variance is exactly 0 - the quantity the trainer records in fwd_saved -
+ * while the FP32 variance is 0.25. Loop: 0 batchnorm, 1 layernorm, 2 revin,
+ * each with a second, healthy group (values +-300 around 0) that keeps a
+ * non-zero FP16 variance. */
+START_TEST(fp16_normalisation_variance_rounds_to_zero) {
+  enum { N = 8, C = 2 };
+  float x[N * C], out[N * C], g[C] = {1, 1}, b[C] = {0, 0};
+  for (int n = 0; n < N; n++) {
+    x[n * C + 0] = 2048.0f + (n % 2 ? 0.5f : -0.5f); /* group 0: collapses */
+    x[n * C + 1] = n % 2 ? 3.0f : -3.0f;             /* group 1: healthy */
+  }
+  float v16[N * C], v32[N * C], s1[N * C], s2[N * C];
+  int groups = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    probe_precision P = pass ? F32 : F16;
+    float *v = pass ? v32 : v16;
+    switch (_i) {
+    case 0: /* bn: per feature over N rows */
+      OK(probe_bn_forward(out, s1, v, NULL, NULL, x, g, b, 0.1f, 1e-5f, N, C,
+                          P));
+      groups = 2;
+      break;
+    case 1: { /* layernorm: per row; rows of 2048+-0.5 only, then +-3 */
+      float xr[2 * 4] = {2047.5f, 2048.5f, 2047.5f, 2048.5f, -3, 3, -3, 3};
+      float w4[4] = {1, 1, 1, 1}, b4[4] = {0, 0, 0, 0};
+      OK(probe_layernorm_forward(out, s1, s2, v, xr, w4, b4, 1e-5f, 2, 4, P));
+      groups = 2;
+      break;
+    }
+    default: { /* revin (B,T,C) = (2,4,1): series 0 collapses, series 1 not */
+      float xs[2 * 4] = {2047.5f, 2048.5f, 2047.5f, 2048.5f, -3, 3, -3, 3};
+      OK(probe_revin_norm_forward(out, s1, s2, v, xs, NULL, NULL, 1e-5f, 2, 4,
+                                  1, P));
+      groups = 2;
+      break;
+    }
+    }
+  }
+  ck_assert_msg(v16[0] == 0.0f, "kind %d: fp16 variance %g, expected 0", _i,
+                (double)v16[0]);
+  ck_assert_float_eq_tol(v32[0], 0.25f, 1e-6f);
+  for (int k = 1; k < groups; k++) {
+    ck_assert_float_eq_tol(v16[k], 9.0f, 1e-3f);
+    ck_assert_float_eq_tol(v32[k], 9.0f, 1e-5f);
+  }
+}
+END_TEST
+
 START_TEST(fp16_softmax_underflow) {
   float logits[2] = {0.0f, -20.0f}, p[2], loss, dp[2], dl[2];
   int y = 1;
@@ -913,6 +971,7 @@ static Suite *make_fp16_suite(void) {
   tcase_add_test(tc, fp16_bn_variance_overflow);
   tcase_add_test(tc, fp16_layernorm_variance_overflow);
   tcase_add_test(tc, fp16_revin_variance_overflow);
+  tcase_add_loop_test(tc, fp16_normalisation_variance_rounds_to_zero, 0, 3);
   tcase_add_test(tc, fp16_softmax_underflow);
   tcase_add_test(tc, fp16_gradient_underflow_and_scaling);
   tcase_add_test(tc, accumulation_semantics);
@@ -975,7 +1034,7 @@ START_TEST(helpers_invalid_args) {
   ck_assert_int_eq(probe_crossentropy_forward(&loss, NULL, a, &y, 1, 4, F32),
                    PROBE_ERR_INVALID_ARG);
   ck_assert_int_eq(
-      probe_revin_norm_forward(b, a, a, a, a, NULL, 1e-5f, 1, 4, 1, F32),
+      probe_revin_norm_forward(b, a, a, NULL, a, a, NULL, 1e-5f, 1, 4, 1, F32),
       PROBE_ERR_INVALID_ARG); /* gamma without beta */
 }
 END_TEST

@@ -206,7 +206,7 @@ static void build_cases(archive *in, archive *res) {
     float *dout = fill_uniform(falloc(N * C), N * C, &r, -1, 1);
     float *out = falloc(N * C), *mean = falloc(N), *rstd = falloc(N),
           *dx = falloc(N * C), *dw = falloc(C), *db = falloc(C);
-    OK(probe_layernorm_forward(out, mean, rstd, x, w, b, PROBE_LN_EPS, N, C,
+    OK(probe_layernorm_forward(out, mean, rstd, NULL, x, w, b, PROBE_LN_EPS, N, C,
                                F32));
     OK(probe_layernorm_backward(dx, dw, db, dout, x, mean, rstd, w, N, C, F32));
     ar_f32(in, "ln.x", x, N, C, 0);
@@ -233,7 +233,7 @@ static void build_cases(archive *in, archive *res) {
     float *xn = falloc(B * T * C), *yd = falloc(B * H * C),
           *mean = falloc(B * C), *sd = falloc(B * C), *dx = falloc(B * T * C),
           *dy = falloc(B * H * C), *dg = falloc(C), *db = falloc(C);
-    OK(probe_revin_norm_forward(xn, mean, sd, x, g, be, PROBE_REVIN_EPS, B, T,
+    OK(probe_revin_norm_forward(xn, mean, sd, NULL, x, g, be, PROBE_REVIN_EPS, B, T,
                                 C, F32));
     OK(probe_revin_denorm_forward(yd, y, mean, sd, g, be, PROBE_REVIN_EPS, B, H,
                                   C, F32));
