@@ -8,7 +8,9 @@
  * fall back to a default.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
@@ -16,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "trainer-impl.h"
 
@@ -27,6 +31,147 @@ probe_status pt_fail(char *err, size_t errlen, probe_status st,
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
   }
+  return st;
+}
+
+/* ---- input files: regular files only ------------------------------------------ */
+
+FILE *pt_open_regular(const char *path, const char *what, probe_status *st,
+                      char *err, size_t errlen) {
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+   * writer; the check below then refuses it. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    *st = pt_fail(err, errlen,
+                  errno == ENOENT ? PROBE_ERR_NOT_FOUND : PROBE_ERR_IO,
+                  "%s%s%s: %s", what, *what ? " " : "", path, strerror(errno));
+    return NULL;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    const char *kind = S_ISFIFO(sb.st_mode)   ? "a FIFO"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISDIR(sb.st_mode)  ? "a directory"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                                              : "not a regular file";
+    close(fd);
+    *st = pt_fail(err, errlen, PROBE_ERR_IO,
+                  "%s%s%s: %s; only regular files are read", what,
+                  *what ? " " : "", path, kind);
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    *st = pt_fail(err, errlen, PROBE_ERR_NOMEM, "%s: out of memory", path);
+    close(fd);
+    return NULL;
+  }
+  *st = PROBE_OK;
+  return f;
+}
+
+/* ---- name rules ------------------------------------------------------------- */
+
+/* s with every byte outside printable ASCII written as \xHH, for messages
+ * that must not carry control characters to a terminal. */
+static const char *escaped(const char *s, char *buf, size_t n) {
+  size_t o = 0;
+  for (; *s && o + 5 < n; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\')
+      buf[o++] = (char)ch;
+    else
+      o += (size_t)snprintf(buf + o, n - o, "\\x%02x", ch);
+  }
+  buf[o] = '\0';
+  return buf;
+}
+
+static int name_char(unsigned char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+         (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+}
+
+/* The rules of docs/config.md, "Names": 1-63 characters from [A-Za-z0-9_.-],
+ * starting with a letter, digit or '_' (no leading '-' or '.': a name may
+ * become a file name); for layer names ('.' separates the parts of a
+ * hierarchical name) also no empty part: no trailing '.', no "..". */
+static probe_status check_name(const char *key, const char *name, int layer,
+                               char *err, size_t errlen) {
+  char e[4 * PROBE_NAME_MAX + 8];
+  size_t n = strlen(name);
+  if (n == 0)
+    return pt_fail(err, errlen, PROBE_ERR_CONFIG, "%s: empty name", key);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)name[i];
+    if (!name_char(ch)) {
+      char shown[8];
+      if (ch >= 0x20 && ch < 0x7f)
+        snprintf(shown, sizeof shown, "'%c'", ch);
+      else
+        snprintf(shown, sizeof shown, "\\x%02x", ch);
+      return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                     "%s: '%s' has %s at position %zu; names use only "
+                     "letters, digits, '_', '-' and '.'", key,
+                     escaped(name, e, sizeof e), shown, i + 1);
+    }
+  }
+  if (name[0] == '-' || name[0] == '.')
+    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                   "%s: '%s' starts with '%c'; names start with a letter, "
+                   "digit or '_'", key, name, name[0]);
+  if (layer && (name[n - 1] == '.' || strstr(name, "..")))
+    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                   "%s: '%s' has an empty part ('.' separates the parts of "
+                   "a layer name)", key, name);
+  return PROBE_OK;
+}
+
+/* Free text (description, paths, globs): no control characters. */
+static probe_status check_text(const char *key, const char *text, char *err,
+                               size_t errlen) {
+  for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) {
+      char e[1100];
+      return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                     "%s: '%s' holds the control character \\x%02x", key,
+                     escaped(text, e, sizeof e), *p);
+    }
+  return PROBE_OK;
+}
+
+/* Every name and text field of a config. */
+static probe_status check_names(const probe_train_config *c, char *err,
+                                size_t errlen) {
+  probe_status st = check_name("name", c->name, 0, err, errlen);
+  if (st == PROBE_OK) st = check_text("description", c->description, err, errlen);
+  for (int i = 0; i < c->n_modules && st == PROBE_OK; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "model[%d].name", i);
+    st = check_name(key, c->modules[i].name, 1, err, errlen);
+    const size_t n = strlen(c->modules[i].name);
+    for (int k = 0; k < c->n_modules && st == PROBE_OK; k++) {
+      /* "<revin>.denorm" is the name of a RevIN's denormalisation layer */
+      const char *r = c->modules[k].name;
+      if (c->modules[k].type == PT_MOD_REVIN && n == strlen(r) + 7 &&
+          strncmp(c->modules[i].name, r, strlen(r)) == 0 &&
+          strcmp(c->modules[i].name + strlen(r), ".denorm") == 0)
+        st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                     "%s: '%s' is reserved for the RevIN's denormalisation",
+                     key, c->modules[i].name);
+    }
+  }
+  for (int i = 0; i < c->n_fp32 && st == PROBE_OK; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "fp32[%d]", i);
+    st = check_text(key, c->fp32[i], err, errlen);
+  }
+  if (st == PROBE_OK) st = check_text("data.path", c->data.path, err, errlen);
+  if (st == PROBE_OK) st = check_text("data.x", c->data.x_dataset, err, errlen);
+  if (st == PROBE_OK) st = check_text("data.y", c->data.y_dataset, err, errlen);
   return st;
 }
 
@@ -481,6 +626,8 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
 /* Shapes: walk the stack with the data's widths. */
 probe_status pt_config_validate(const probe_train_config *c, char *err,
                                 size_t errlen) {
+  probe_status nst = check_names(c, err, errlen);
+  if (nst != PROBE_OK) return nst;
   for (int i = 0; i < c->n_modules; i++)
     for (int k = 0; k < i; k++)
       if (strcmp(c->modules[i].name, c->modules[k].name) == 0)
@@ -550,16 +697,38 @@ probe_status probe_config_from_json(probe_train_config **out, const char *text,
   return PROBE_OK;
 }
 
+/* A relative data.path is taken from the config file's folder (not the
+ * working directory): it becomes that folder's absolute path joined with it,
+ * which is also what the trace stores. */
+static probe_status resolve_data_path(probe_train_config *c, const char *path,
+                                      char *err, size_t errlen) {
+  char *p = c->data.path;
+  if (!p[0] || p[0] == '/') return PROBE_OK;
+  char *real = realpath(path, NULL);
+  if (!real)
+    return pt_fail(err, errlen, PROBE_ERR_IO, "%s: %s", path, strerror(errno));
+  char *slash = strrchr(real, '/');
+  if (slash) slash[slash == real ? 1 : 0] = '\0';
+  char joined[PT_PATH_MAX];
+  int n = snprintf(joined, sizeof joined, "%s%s%s", real,
+                   real[strlen(real) - 1] == '/' ? "" : "/", p);
+  free(real);
+  if (n < 0 || (size_t)n >= sizeof joined)
+    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                   "data.path: '%s' joined with the config's folder is longer "
+                   "than %d characters", p, PT_PATH_MAX - 1);
+  memcpy(p, joined, (size_t)n + 1);
+  return PROBE_OK;
+}
+
 probe_status probe_config_load_file(probe_train_config **out, const char *path,
                                     char *err, size_t errlen) {
   if (!out || !path)
     return pt_fail(err, errlen, PROBE_ERR_INVALID_ARG, "config: no path");
   *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return pt_fail(err, errlen, errno == ENOENT ? PROBE_ERR_NOT_FOUND
-                                                : PROBE_ERR_IO,
-                   "%s: %s", path, strerror(errno));
+  probe_status st;
+  FILE *f = pt_open_regular(path, "", &st, err, errlen);
+  if (!f) return st;
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
   while (buf) {
@@ -567,6 +736,13 @@ probe_status probe_config_load_file(probe_train_config **out, const char *path,
     len += got;
     if (got == 0) break;
     if (len + 1 >= cap) {
+      if (cap >= PT_CONFIG_MAX_BYTES) {
+        free(buf);
+        fclose(f);
+        return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                       "%s: larger than %d MiB; not a config", path,
+                       PT_CONFIG_MAX_BYTES >> 20);
+      }
       char *nb = realloc(buf, cap * 2);
       if (!nb) {
         free(buf);
@@ -586,8 +762,15 @@ probe_status probe_config_load_file(probe_train_config **out, const char *path,
   }
   buf[len] = '\0';
   char sub[384];
-  probe_status st = probe_config_from_json(out, buf, sub, sizeof sub);
+  st = probe_config_from_json(out, buf, sub, sizeof sub);
   free(buf);
+  if (st == PROBE_OK) {
+    st = resolve_data_path(*out, path, sub, sizeof sub);
+    if (st != PROBE_OK) {
+      probe_config_free(*out);
+      *out = NULL;
+    }
+  }
   if (st != PROBE_OK) pt_fail(err, errlen, st, "%s: %s", path, sub);
   return st;
 }

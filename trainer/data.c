@@ -100,11 +100,9 @@ static int line_is_numeric(const char *s) {
 
 static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
   const char *path = d->spec.path;
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return pt_fail(err, errlen,
-                   errno == ENOENT ? PROBE_ERR_NOT_FOUND : PROBE_ERR_IO,
-                   "data.path %s: %s", path, strerror(errno));
+  probe_status ost;
+  FILE *f = pt_open_regular(path, "data.path", &ost, err, errlen);
+  if (!f) return ost;
   const int line_cap = 1 << 16;
   char *line = malloc((size_t)line_cap);
   float row[PT_CSV_MAX_COLS];
@@ -244,11 +242,10 @@ done:
 
 static probe_status load_hdf5(pt_data *d, char *err, size_t errlen) {
   const char *path = d->spec.path;
-  FILE *probe = fopen(path, "rb");
-  if (!probe)
-    return pt_fail(err, errlen,
-                   errno == ENOENT ? PROBE_ERR_NOT_FOUND : PROBE_ERR_IO,
-                   "data.path %s: %s", path, strerror(errno));
+  /* A FIFO or device would make HDF5 block or read forever: refused. */
+  probe_status ost;
+  FILE *probe = pt_open_regular(path, "data.path", &ost, err, errlen);
+  if (!probe) return ost;
   fclose(probe);
   hid_t file = H5I_INVALID_HID;
   H5E_BEGIN_TRY { file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT); }

@@ -265,7 +265,8 @@ static probe_status rec(pt_run *R, int32_t lid, probe_site site,
 
 /* ---- assembly -------------------------------------------------------------- */
 
-static probe_status build(pt_run *R, char *err, size_t errlen) {
+/* Layer list, module widths and parameter layout (no allocation). */
+static probe_status build_layout(pt_run *R, char *err, size_t errlen) {
   const probe_train_config *c = R->c;
   R->n_layers = layer_list(c, R->layers, PT_MAX_MODULES + 3);
   R->lid_input = 0;
@@ -324,6 +325,12 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
                    "the data needs %lld (%s)", (long long)w, (long long)want,
                    c->loss == PT_LOSS_CE ? "classes" : "targets");
   R->n_params = off;
+  return PROBE_OK;
+}
+
+/* The parameter arrays: masters, their backend copies and the gradients. */
+static probe_status build_params(pt_run *R, char *err, size_t errlen) {
+  const size_t off = R->n_params;
   R->master = halloc(R, off);
   R->master_b = R->dev ? ralloc(R, off) : R->master;
   R->wcast = ralloc(R, off);
@@ -336,8 +343,13 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
   if (!R->master || !R->master_b || !R->wcast || !R->grad || !R->grad_h ||
       !R->ugrad || !R->x_h || !R->y_h || !R->lab_h)
     return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+  return PROBE_OK;
+}
 
-  /* Initialisation as PyTorch's defaults, from the seed. */
+/* Initialisation as PyTorch's defaults, from the seed; module state (BN
+ * running statistics) and scratch (attention backward). */
+static probe_status init_modules(pt_run *R, char *err, size_t errlen) {
+  const probe_train_config *c = R->c;
   pt_rng r;
   pt_rng_seed(&r, pt_seed_mix(c->seed, 0x1417ULL));
   for (int i = 0; i < R->n_mods; i++) {
@@ -390,8 +402,12 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
     default: break;
     }
   }
+  return PROBE_OK;
+}
 
-  /* Workspaces, one per micro-batch. */
+/* Workspaces, one per micro-batch: activations, their gradients, saved
+ * intermediates, targets. */
+static probe_status build_workspaces(pt_run *R, char *err, size_t errlen) {
   R->work = calloc((size_t)R->M, sizeof(pt_work));
   if (!R->work) return PROBE_ERR_NOMEM;
   const size_t B = (size_t)R->B;
@@ -444,73 +460,84 @@ static probe_status build(pt_run *R, char *err, size_t errlen) {
   return PROBE_OK;
 }
 
+/* The model of R->c on R's backend, initialised. */
+static probe_status build(pt_run *R, char *err, size_t errlen) {
+  probe_status st = build_layout(R, err, errlen);
+  if (st == PROBE_OK) st = build_params(R, err, errlen);
+  if (st == PROBE_OK) st = init_modules(R, err, errlen);
+  if (st == PROBE_OK) st = build_workspaces(R, err, errlen);
+  return st;
+}
+
 /* ---- forward / backward of one micro-batch -------------------------------- */
 
-static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
+/* Module i's forward kernel on micro-batch W, and its saved intermediate
+ * recorded (fwd_saved: the quantity that overflows or loses precision). */
+static probe_status module_forward(pt_run *R, pt_work *W, int i) {
   const probe_layer_ops *ops = R->ops;
   void *bx = R->be.ctx;
   const int B = (int)R->B;
-  TRY(rec(R, R->lid_input, PROBE_SITE_FWD_OUT, W->act[0],
-          (size_t)(R->B * R->in_dim)));
-  for (int i = 0; i < R->n_mods; i++) {
-    pt_mod *m = &R->mods[i];
-    const pt_module_spec *s = m->spec;
-    float *in = W->act[i], *out = W->act[i + 1];
-    const float *p = R->wcast + m->p_off;
-    const int C = (int)m->in_w;
-    const size_t n_in = (size_t)B * (size_t)C;
-    TRY(rec(R, m->lid, PROBE_SITE_FWD_IN, in, n_in));
-    if (m->p_n && first_micro) TRY(rec(R, m->lid, PROBE_SITE_WEIGHT, p, m->p_n));
-    switch (s->type) {
-    case PT_MOD_LINEAR:
-      TRY(ops->linear_forward(bx, out, in, p, s->bias ? p + s->out * C : NULL, B,
-                               C, (int)s->out, m->prec));
-      break;
-    case PT_MOD_BN:
-      TRY(ops->bn_forward(bx, out, W->s1[i], W->s2[i], m->run_mean, m->run_var,
-                           in, p, p + C, (float)s->momentum, (float)s->eps, B,
-                           C, m->prec));
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i], (size_t)C)); /* var */
-      break;
-    case PT_MOD_LAYERNORM:
-      TRY(ops->layernorm_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], in, p,
-                                 p + C, (float)s->eps, B, C, m->prec));
-      /* the variance as materialised: inf where it overflowed, 0 where it
-       * lost all precision (rstd would read 0 and finite) */
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B));
-      break;
-    case PT_MOD_REVIN:
-      TRY(ops->revin_norm_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], in,
-                                  s->affine ? p : NULL,
-                                  s->affine ? p + 1 : NULL, (float)s->eps, B,
-                                  C, 1, m->prec));
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B)); /* var */
-      break;
-    case PT_MOD_RELU:
-      TRY(ops->relu_forward(bx, out, in, n_in, m->prec));
-      break;
-    case PT_MOD_GELU:
-      TRY(ops->gelu_forward(bx, out, in, n_in, m->prec));
-      break;
-    case PT_MOD_SOFTMAX:
-      TRY(ops->softmax_forward(bx, out, in, B, C, m->prec));
-      break;
-    case PT_MOD_ATTENTION: {
-      int T = (int)s->seq, Ca = C / T;
-      const float *wqkv = p, *bqkv = p + 3 * Ca * Ca, *wo = bqkv + 3 * Ca,
-                  *bo = wo + Ca * Ca;
-      TRY(ops->attention_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], W->s4[i],
-                                  in, wqkv, bqkv, wo, bo, 0, B, T, Ca,
-                                  m->prec));
-      TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i],
-              (size_t)B * (size_t)T * (size_t)T)); /* scores */
-      break;
-    }
-    default: return PROBE_ERR_STATE;
-    }
-    TRY(rec(R, m->lid, PROBE_SITE_FWD_OUT, out, (size_t)B * (size_t)m->out_w));
+  pt_mod *m = &R->mods[i];
+  const pt_module_spec *s = m->spec;
+  float *in = W->act[i], *out = W->act[i + 1];
+  const float *p = R->wcast + m->p_off;
+  const int C = (int)m->in_w;
+  const size_t n_in = (size_t)B * (size_t)C;
+  switch (s->type) {
+  case PT_MOD_LINEAR:
+    TRY(ops->linear_forward(bx, out, in, p, s->bias ? p + s->out * C : NULL,
+                            B, C, (int)s->out, m->prec));
+    break;
+  case PT_MOD_BN:
+    TRY(ops->bn_forward(bx, out, W->s1[i], W->s2[i], m->run_mean, m->run_var,
+                        in, p, p + C, (float)s->momentum, (float)s->eps, B, C,
+                        m->prec));
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i], (size_t)C)); /* var */
+    break;
+  case PT_MOD_LAYERNORM:
+    TRY(ops->layernorm_forward(bx, out, W->s1[i], W->s2[i], W->s3[i], in, p,
+                               p + C, (float)s->eps, B, C, m->prec));
+    /* the variance as materialised: inf where it overflowed, 0 where it
+     * lost all precision (rstd would read 0 and finite) */
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B));
+    break;
+  case PT_MOD_REVIN:
+    TRY(ops->revin_norm_forward(
+        bx, out, W->s1[i], W->s2[i], W->s3[i], in, s->affine ? p : NULL,
+        s->affine ? p + 1 : NULL, (float)s->eps, B, C, 1, m->prec));
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s3[i], (size_t)B)); /* var */
+    break;
+  case PT_MOD_RELU:
+    TRY(ops->relu_forward(bx, out, in, n_in, m->prec));
+    break;
+  case PT_MOD_GELU:
+    TRY(ops->gelu_forward(bx, out, in, n_in, m->prec));
+    break;
+  case PT_MOD_SOFTMAX:
+    TRY(ops->softmax_forward(bx, out, in, B, C, m->prec));
+    break;
+  case PT_MOD_ATTENTION: {
+    int T = (int)s->seq, Ca = C / T;
+    const float *wqkv = p, *bqkv = p + 3 * Ca * Ca, *wo = bqkv + 3 * Ca,
+                *bo = wo + Ca * Ca;
+    TRY(ops->attention_forward(bx, out, W->s1[i], W->s2[i], W->s3[i],
+                               W->s4[i], in, wqkv, bqkv, wo, bo, 0, B, T, Ca,
+                               m->prec));
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_SAVED, W->s2[i],
+            (size_t)B * (size_t)T * (size_t)T)); /* scores */
+    break;
   }
-  const int L = R->n_mods;
+  default:
+    return PROBE_ERR_STATE;
+  }
+  return PROBE_OK;
+}
+
+/* The RevIN denormalisation (when there is one) and the loss. */
+static probe_status head_forward(pt_run *R, pt_work *W) {
+  const probe_layer_ops *ops = R->ops;
+  void *bx = R->be.ctx;
+  const int B = (int)R->B, L = R->n_mods;
   const size_t n_out = (size_t)(R->B * R->out_dim);
   if (R->lid_denorm >= 0) {
     pt_mod *m = &R->mods[R->revin];
@@ -518,9 +545,9 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
     int aff = m->spec->affine;
     TRY(rec(R, R->lid_denorm, PROBE_SITE_FWD_IN, W->act[L], n_out));
     TRY(ops->revin_denorm_forward(bx, W->pred, W->act[L], W->s1[R->revin],
-                                   W->s2[R->revin], aff ? p : NULL,
-                                   aff ? p + 1 : NULL, (float)m->spec->eps, B,
-                                   (int)R->out_dim, 1, m->prec));
+                                  W->s2[R->revin], aff ? p : NULL,
+                                  aff ? p + 1 : NULL, (float)m->spec->eps, B,
+                                  (int)R->out_dim, 1, m->prec));
     TRY(rec(R, R->lid_denorm, PROBE_SITE_FWD_OUT, W->pred, n_out));
   }
   probe_precision lp = R->layers[R->lid_loss].precision;
@@ -529,7 +556,7 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
     TRY(ops->mse_forward(bx, W->loss, W->pred, W->target, n_out, lp));
   else
     TRY(ops->crossentropy_forward(bx, W->loss, NULL, W->pred, W->labels, B,
-                                   (int)R->out_dim, lp));
+                                  (int)R->out_dim, lp));
   TRY(to_host(R, &W->loss_h, W->loss, sizeof(float)));
   if (R->c->loss_weight != 1.0) {
     W->loss_h *= (float)R->c->loss_weight;
@@ -539,8 +566,83 @@ static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
   return PROBE_OK;
 }
 
-static probe_status backward(pt_run *R, pt_work *W, float dloss,
-                             int last_micro) {
+static probe_status forward(pt_run *R, pt_work *W, int first_micro) {
+  const int B = (int)R->B;
+  TRY(rec(R, R->lid_input, PROBE_SITE_FWD_OUT, W->act[0],
+          (size_t)(R->B * R->in_dim)));
+  for (int i = 0; i < R->n_mods; i++) {
+    pt_mod *m = &R->mods[i];
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_IN, W->act[i],
+            (size_t)B * (size_t)m->in_w));
+    if (m->p_n && first_micro)
+      TRY(rec(R, m->lid, PROBE_SITE_WEIGHT, R->wcast + m->p_off, m->p_n));
+    TRY(module_forward(R, W, i));
+    TRY(rec(R, m->lid, PROBE_SITE_FWD_OUT, W->act[i + 1],
+            (size_t)B * (size_t)m->out_w));
+  }
+  return head_forward(R, W);
+}
+
+/* Module i's backward kernel: dact[i] from dact[i+1]; parameter gradients
+ * accumulated into grad. */
+static probe_status module_backward(pt_run *R, pt_work *W, int i) {
+  const probe_layer_ops *ops = R->ops;
+  void *bx = R->be.ctx;
+  const int B = (int)R->B;
+  pt_mod *m = &R->mods[i];
+  const pt_module_spec *s = m->spec;
+  const float *p = R->wcast + m->p_off;
+  float *g = R->grad + m->p_off;
+  float *in = W->act[i], *out = W->act[i + 1];
+  float *din = W->dact[i], *dout = W->dact[i + 1];
+  const int C = (int)m->in_w;
+  const size_t n_in = (size_t)B * (size_t)C;
+  switch (s->type) {
+  case PT_MOD_LINEAR:
+    TRY(ops->linear_backward(bx, din, g, s->bias ? g + s->out * C : NULL,
+                             dout, in, p, B, C, (int)s->out, m->prec));
+    break;
+  case PT_MOD_BN:
+    TRY(ops->bn_backward(bx, din, g, g + C, dout, in, W->s1[i], W->s2[i], p,
+                         (float)s->eps, B, C, m->prec));
+    break;
+  case PT_MOD_LAYERNORM:
+    TRY(ops->layernorm_backward(bx, din, g, g + C, dout, in, W->s1[i],
+                                W->s2[i], p, B, C, m->prec));
+    break;
+  case PT_MOD_REVIN:
+    TRY(ops->revin_norm_backward(
+        bx, din, s->affine ? g : NULL, s->affine ? g + 1 : NULL, dout, in,
+        W->s1[i], W->s2[i], s->affine ? p : NULL, B, C, 1, m->prec));
+    break;
+  case PT_MOD_RELU:
+    TRY(ops->relu_backward(bx, din, dout, in, n_in, m->prec));
+    break;
+  case PT_MOD_GELU:
+    TRY(ops->gelu_backward(bx, din, dout, in, n_in, m->prec));
+    break;
+  case PT_MOD_SOFTMAX:
+    TRY(ops->softmax_backward(bx, din, dout, out, B, C, m->prec));
+    break;
+  case PT_MOD_ATTENTION: {
+    int T = (int)s->seq, Ca = C / T;
+    const float *wqkv = p, *wo = p + 3 * Ca * Ca + 3 * Ca;
+    float *gwqkv = g, *gbqkv = g + 3 * Ca * Ca, *gwo = gbqkv + 3 * Ca,
+          *gbo = gwo + Ca * Ca;
+    TRY(ops->attention_backward(bx, din, gwqkv, gbqkv, gwo, gbo, m->dqkv,
+                                m->datty, m->dprobs, m->dscores, dout, in,
+                                W->s1[i], W->s3[i], W->s4[i], wqkv, wo, B, T,
+                                Ca, m->prec));
+    break;
+  }
+  default:
+    return PROBE_ERR_STATE;
+  }
+  return PROBE_OK;
+}
+
+/* The loss's backward (seeded with dloss) and the denormalisation's. */
+static probe_status head_backward(pt_run *R, pt_work *W, float dloss) {
   const probe_layer_ops *ops = R->ops;
   void *bx = R->be.ctx;
   const int B = (int)R->B, L = R->n_mods;
@@ -552,7 +654,7 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
     TRY(ops->mse_backward(bx, W->dpred, W->pred, W->target, dloss, n_out, lp));
   else
     TRY(ops->crossentropy_backward(bx, W->dpred, W->pred, W->labels, dloss, B,
-                                    (int)R->out_dim, lp));
+                                   (int)R->out_dim, lp));
   TRY(rec(R, R->lid_loss, PROBE_SITE_GRAD_IN, W->dpred, n_out));
   if (R->lid_denorm >= 0) {
     pt_mod *m = &R->mods[R->revin];
@@ -560,66 +662,28 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
     float *g = R->grad + m->p_off;
     int aff = m->spec->affine;
     TRY(rec(R, R->lid_denorm, PROBE_SITE_GRAD_OUT, W->dpred, n_out));
-    TRY(ops->revin_denorm_backward(bx, W->dact[L], aff ? g : NULL,
-                                    aff ? g + 1 : NULL, W->dpred, W->act[L],
-                                    W->s2[R->revin], aff ? p : NULL,
-                                    aff ? p + 1 : NULL, (float)m->spec->eps, B,
-                                    (int)R->out_dim, 1, m->prec));
+    TRY(ops->revin_denorm_backward(
+        bx, W->dact[L], aff ? g : NULL, aff ? g + 1 : NULL, W->dpred, W->act[L],
+        W->s2[R->revin], aff ? p : NULL, aff ? p + 1 : NULL,
+        (float)m->spec->eps, B, (int)R->out_dim, 1, m->prec));
     TRY(rec(R, R->lid_denorm, PROBE_SITE_GRAD_IN, W->dact[L], n_out));
   }
-  for (int i = L - 1; i >= 0; i--) {
+  return PROBE_OK;
+}
+
+static probe_status backward(pt_run *R, pt_work *W, float dloss,
+                             int last_micro) {
+  const int B = (int)R->B;
+  TRY(head_backward(R, W, dloss));
+  for (int i = R->n_mods - 1; i >= 0; i--) {
     pt_mod *m = &R->mods[i];
-    const pt_module_spec *s = m->spec;
-    const float *p = R->wcast + m->p_off;
-    float *g = R->grad + m->p_off;
-    float *in = W->act[i], *out = W->act[i + 1];
-    float *din = W->dact[i], *dout = W->dact[i + 1];
-    const int C = (int)m->in_w;
-    const size_t n_in = (size_t)B * (size_t)C;
-    TRY(rec(R, m->lid, PROBE_SITE_GRAD_OUT, dout, (size_t)B * (size_t)m->out_w));
-    switch (s->type) {
-    case PT_MOD_LINEAR:
-      TRY(ops->linear_backward(bx, din, g, s->bias ? g + s->out * C : NULL, dout,
-                                in, p, B, C, (int)s->out, m->prec));
-      break;
-    case PT_MOD_BN:
-      TRY(ops->bn_backward(bx, din, g, g + C, dout, in, W->s1[i], W->s2[i], p,
-                            (float)s->eps, B, C, m->prec));
-      break;
-    case PT_MOD_LAYERNORM:
-      TRY(ops->layernorm_backward(bx, din, g, g + C, dout, in, W->s1[i], W->s2[i],
-                                   p, B, C, m->prec));
-      break;
-    case PT_MOD_REVIN:
-      TRY(ops->revin_norm_backward(bx, din, s->affine ? g : NULL,
-                                    s->affine ? g + 1 : NULL, dout, in,
-                                    W->s1[i], W->s2[i], s->affine ? p : NULL,
-                                    B, C, 1, m->prec));
-      break;
-    case PT_MOD_RELU:
-      TRY(ops->relu_backward(bx, din, dout, in, n_in, m->prec));
-      break;
-    case PT_MOD_GELU:
-      TRY(ops->gelu_backward(bx, din, dout, in, n_in, m->prec));
-      break;
-    case PT_MOD_SOFTMAX:
-      TRY(ops->softmax_backward(bx, din, dout, out, B, C, m->prec));
-      break;
-    case PT_MOD_ATTENTION: {
-      int T = (int)s->seq, Ca = C / T;
-      const float *wqkv = p, *wo = p + 3 * Ca * Ca + 3 * Ca;
-      float *gwqkv = g, *gbqkv = g + 3 * Ca * Ca, *gwo = gbqkv + 3 * Ca,
-            *gbo = gwo + Ca * Ca;
-      TRY(ops->attention_backward(bx, din, gwqkv, gbqkv, gwo, gbo, m->dqkv,
-                                   m->datty, m->dprobs, m->dscores, dout, in,
-                                   W->s1[i], W->s3[i], W->s4[i], wqkv, wo, B,
-                                   T, Ca, m->prec));
-      break;
-    }
-    default: return PROBE_ERR_STATE;
-    }
-    if (m->p_n && last_micro) TRY(rec(R, m->lid, PROBE_SITE_WEIGHT_GRAD, g, m->p_n));
-    TRY(rec(R, m->lid, PROBE_SITE_GRAD_IN, din, n_in));
+    TRY(rec(R, m->lid, PROBE_SITE_GRAD_OUT, W->dact[i + 1],
+            (size_t)B * (size_t)m->out_w));
+    TRY(module_backward(R, W, i));
+    if (m->p_n && last_micro)
+      TRY(rec(R, m->lid, PROBE_SITE_WEIGHT_GRAD, R->grad + m->p_off, m->p_n));
+    TRY(rec(R, m->lid, PROBE_SITE_GRAD_IN, W->dact[i],
+            (size_t)B * (size_t)m->in_w));
   }
   return PROBE_OK;
 }
@@ -731,21 +795,24 @@ static const char *fmt_bytes(double b, char *buf, size_t n) {
   return buf;
 }
 
-/* Refuses a run whose host memory need (model plus data already loaded)
- * exceeds the limit, naming both. */
-static probe_status check_memory(const char *what, double need, double have,
+/* Refuses a run whose host memory need (model plus data already loaded,
+ * `data` of it) exceeds the limit, naming both figures. */
+static probe_status check_memory(const char *what, double need, double data,
                                  const probe_train_opts *o, char *err,
                                  size_t errlen) {
   const char *why = "max_memory";
   double lim = o->max_memory ? (double)o->max_memory : default_memory_limit(&why);
   if (lim <= 0 || need <= lim) return PROBE_OK;
-  char a[32], b[32], d[32];
+  char a[32], b[32], d[48] = "";
+  if (data > 0) {
+    char t[32];
+    snprintf(d, sizeof d, " (its data %s)", fmt_bytes(data, t, sizeof t));
+  }
   return pt_fail(err, errlen, PROBE_ERR_NOMEM,
-                 "%s needs %s of memory (%s already in use by its data), more "
-                 "than the limit of %s (%s); shrink the model or batch, or "
-                 "raise max_memory", what, fmt_bytes(need, a, sizeof a),
-                 fmt_bytes(have, d, sizeof d), fmt_bytes(lim, b, sizeof b),
-                 why);
+                 "%s needs %s of memory%s, more than the limit of %s (%s); "
+                 "shrink the model, batch or data, or raise max_memory",
+                 what, fmt_bytes(need, a, sizeof a), d,
+                 fmt_bytes(lim, b, sizeof b), why);
 }
 
 /* ---- the run ------------------------------------------------------------- */
@@ -858,6 +925,7 @@ typedef struct pt_train {
   int64_t window;
   int64_t skip_run; /* current run of skipped steps */
   double t0, t_loop, t_step;
+  int reported;                   /* SETUP was reported: DONE will be */
   probe_train_progress_info info; /* what the report hook last saw */
 } pt_train;
 
@@ -915,6 +983,7 @@ static probe_status run_setup(pt_train *T) {
   T->info.device_bytes = (uint64_t)backend;
   T->info.loss = NAN;
   T->info.scale = NAN;
+  T->reported = 1;
   if (report(T, PROBE_TRAIN_PHASE_SETUP)) {
     T->out->interrupted = 1;
     return pt_fail(err, errlen, PROBE_ERR_INTERRUPTED,
@@ -1230,6 +1299,7 @@ probe_status probe_train(const probe_train_config *c,
   st = run_setup(T);
   if (st != PROBE_OK) {
     if (st == PROBE_ERR_INTERRUPTED) st = PROBE_OK; /* stopped by the hook */
+    if (T->reported) report(T, PROBE_TRAIN_PHASE_DONE);
     out->wall_seconds = now_seconds() - T->t0;
     run_free_all(T);
     free(T);

@@ -12,12 +12,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ampprobe/trainer.h"
 
 #define PT_MAX_MODULES 32
 #define PT_MAX_FP32 32
 #define PT_PATH_MAX 512
+#define PT_CONFIG_MAX_BYTES (16 << 20) /* a config file larger is refused */
 
 /* ---- the config ----------------------------------------------------------- */
 
@@ -129,6 +131,13 @@ probe_status pt_config_validate(const probe_train_config *c, char *err,
 /* Precision a named layer of the given kind runs in under c's policy. */
 probe_precision pt_policy_precision(const probe_train_config *c,
                                     const char *name, probe_kind kind);
+
+/* Opens path for reading when it is a regular file; a FIFO, device
+ * (/dev/zero), directory or socket is refused at once with a one-line
+ * message ("<what> <path>: a FIFO; only regular files are read"), so that
+ * nothing blocks or reads forever. NULL on error with *st set. */
+FILE *pt_open_regular(const char *path, const char *what, probe_status *st,
+                      char *err, size_t errlen);
 
 /* Formats into err (if any) and returns st. */
 probe_status pt_fail(char *err, size_t errlen, probe_status st,

@@ -126,7 +126,8 @@ typedef int (*probe_train_progress_fn)(int64_t step, double loss, double scale,
  *          model is allocated (host_bytes / device_bytes are known; step 0);
  *   STEP   after every step (step = steps completed, loss and scale of that
  *          step, step_s its wall time);
- *   DONE   once at the end (also after an error or interruption).
+ *   DONE   once at the end of a run that reported SETUP (also after an
+ *          error or interruption).
  * A nonzero return from SETUP or STEP stops the run (interrupted). */
 typedef enum probe_train_phase {
   PROBE_TRAIN_PHASE_SETUP = 0,
