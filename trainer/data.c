@@ -10,6 +10,12 @@
  * replacement, row indices drawn the same way. x is (B, in_dim) row-major;
  * targets are (B, out_dim) floats for regression/forecasting or (B) class
  * labels for classification.
+ *
+ * Errors in a data file's contents (a CSV cell that is not a number, ragged
+ * rows, a dataset of the wrong shape, a label that is not an integer) are
+ * PROBE_ERR_IO like the file's other errors (CLI exit 4); PROBE_ERR_CONFIG is
+ * kept for the config's own mistakes (a task that needs another loss). Data
+ * paths must name regular files (pt_open_regular).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -126,7 +132,7 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
       char *end;
       double v = strtod(p, &end);
       if (end == p || c >= PT_CSV_MAX_COLS) {
-        st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+        st = pt_fail(err, errlen, PROBE_ERR_IO,
                      "%s:%lld: column %lld is not a number", path,
                      (long long)lineno, (long long)(c + 1));
         goto done;
@@ -139,13 +145,13 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
         continue;
       }
       if (*p == 0) break;
-      st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+      st = pt_fail(err, errlen, PROBE_ERR_IO,
                    "%s:%lld: unexpected character '%c'", path,
                    (long long)lineno, *p);
       goto done;
     }
     if (cols >= 0 && c != cols) {
-      st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+      st = pt_fail(err, errlen, PROBE_ERR_IO,
                    "%s:%lld: %lld columns, expected %lld", path,
                    (long long)lineno, (long long)c, (long long)cols);
       goto done;
@@ -171,7 +177,7 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
   }
   int64_t nt = d->loss == PT_LOSS_CE ? 1 : d->spec.targets;
   if (n < 1 || cols <= nt) {
-    st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+    st = pt_fail(err, errlen, PROBE_ERR_IO,
                  "%s: needs at least one row with more than %lld columns",
                  path, (long long)nt);
     goto done;
@@ -214,7 +220,7 @@ static probe_status read_h5(hid_t file, const char *path, const char *name,
   int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
   hsize_t dims[2] = {0, 1};
   if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
-    st = pt_fail(err, errlen, PROBE_ERR_CONFIG,
+    st = pt_fail(err, errlen, PROBE_ERR_IO,
                  "%s: dataset '%s' must be 1-D or 2-D", path, name);
     goto done;
   }
@@ -261,12 +267,12 @@ static probe_status load_hdf5(pt_data *d, char *err, size_t errlen) {
   H5Fclose(file);
   if (st != PROBE_OK) return st;
   if (xr != yr || xr < 1)
-    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+    return pt_fail(err, errlen, PROBE_ERR_IO,
                    "%s: '%s' has %lld rows but '%s' has %lld", path,
                    d->spec.x_dataset, (long long)xr, d->spec.y_dataset,
                    (long long)yr);
   if (d->loss == PT_LOSS_CE && yc != 1)
-    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+    return pt_fail(err, errlen, PROBE_ERR_IO,
                    "%s: '%s' must hold one class label per row", path,
                    d->spec.y_dataset);
   d->rows = xr;
@@ -281,7 +287,7 @@ static probe_status check_labels(pt_data *d, char *err, size_t errlen) {
   for (int64_t r = 0; r < d->rows; r++) {
     float v = d->fy[r];
     if (!(v >= 0) || v != floorf(v) || v > 65535)
-      return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+      return pt_fail(err, errlen, PROBE_ERR_IO,
                      "%s: row %lld: class label %g is not an integer >= 0",
                      d->spec.path, (long long)r, v);
     if (v > mx) mx = v;

@@ -574,10 +574,10 @@ START_TEST(test_csv) {
   snprintf(json, sizeof json,
            "{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"data\": "
            "{\"kind\": \"csv\", \"path\": \"%s\"}}", path);
-  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_CONFIG);
+  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_IO);
   ck_assert_ptr_nonnull(strstr(err, "data.csv:2: 2 columns, expected 3"));
   write_file(path, "1,2,3\n4,x,6\n");
-  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_CONFIG);
+  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_IO);
   ck_assert_ptr_nonnull(strstr(err, "data.csv:2: column 2 is not a number"));
   snprintf(json, sizeof json,
            "{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"data\": "
