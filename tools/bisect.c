@@ -310,7 +310,9 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max,
     ARG(b->pass[i]);
   if (b->fail_nonfinite)
     ARG("--stop-on-nonfinite");
-  if (b->full_trace)
+  /* the all-candidates run gets a full trace: when it fails, its
+   * post-mortem is what says why (underflow needs per-layer records) */
+  if (b->full_trace || t->role == R_ALL_CAND)
     ARG("--trace");
   ARG("--json");
   ARG("-q");
@@ -976,6 +978,9 @@ typedef struct result {
   char suggest[512];             /* new candidates it proposes */
   char finding[DIAG_TEXT_MAX];   /* its top-ranked finding */
   char hint[768];                /* what to do, from what the trials showed */
+  int scaling_off;               /* the all-candidates run had no scaler */
+  char underflow_layer[PROBE_NAME_MAX]; /* most gradient values lost */
+  double underflow_frac;
   size_t ddmin_trials;
   int n_layers_searched;
 } result;
@@ -1467,7 +1472,14 @@ static int implicate(const bisect *b, const trial *t, result *r) {
   diag_options o;
   diag_options_init(&o);
   int id = -1;
+  const probe_trace_info *inf = probe_trace_get_info(tr);
+  r->scaling_off = inf && diag_config_scaling(inf->config_json) == 0;
   if (probe_diag_run(&d, tr, t->trace, &o) == PROBE_OK) {
+    if (d.worst_underflow_layer >= 0) {
+      snprintf(r->underflow_layer, sizeof r->underflow_layer, "%s",
+               diag_layer_name(&d, d.worst_underflow_layer));
+      r->underflow_frac = d.worst_underflow_frac;
+    }
     if (d.origin_layer >= 0)
       snprintf(r->implicated, sizeof r->implicated, "%s",
                diag_layer_name(&d, d.origin_layer));
@@ -1484,7 +1496,7 @@ static int implicate(const bisect *b, const trial *t, result *r) {
     size_t off = 0;
     for (char *p = strtok_r(tmp, ",", &save); p && off < sizeof r->suggest;
          p = strtok_r(NULL, ",", &save)) {
-      int known = 0;
+      int known = p[0] == '-'; /* not a kind (a stray option word) */
       for (int i = 0; i < b->n_cand_all; i++)
         known |= !strcmp(b->cand_all[i], p);
       if (!known)
@@ -1509,40 +1521,51 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
     if (o < hl)                                                                \
       o += (size_t)snprintf(h + o, hl - o, __VA_ARGS__);                       \
   } while (0)
-  int scaling_off = 0;
+  int scaling_off = r->scaling_off;
   for (int i = 0; i < b->n_pass; i++)
     scaling_off |= !strcmp(b->pass[i], "--no-loss-scale");
+  if (finding == DIAG_FINDING_ENABLE_LOSS_SCALING ||
+      (scaling_off && r->underflow_frac > 0.01)) {
+    PUT("gradients flush to zero in FP16%s", scaling_off
+                                               ? " with loss scaling off"
+                                               : "");
+    if (r->underflow_layer[0])
+      PUT(" (%.0f%% of %s's gradient values subnormal, flushed or zero)",
+          100.0 * r->underflow_frac, r->underflow_layer);
+    PUT(": enable loss scaling%s rather than forcing modules to FP32",
+        scaling_off && !b->ext ? " (drop --no-loss-scale or scaler.enabled "
+                                 "false)"
+                               : (b->ext ? " (torch.amp.GradScaler)" : ""));
+    finding = -1; /* said */
+  } else if (scaling_off) {
+    PUT("loss scaling is off in this FP16 run: small gradients flush to "
+        "zero without it; try enabling loss scaling");
+  }
   switch (finding) {
-  case DIAG_FINDING_ENABLE_LOSS_SCALING:
-    PUT("gradients flush to zero in FP16%s: enable loss scaling%s rather than "
-        "forcing modules to FP32",
-        scaling_off ? " with loss scaling off" : "",
-        scaling_off ? " (drop --no-loss-scale)"
-                    : (b->ext ? " (torch.amp.GradScaler)" : " (scaler.enabled)"));
-    break;
   case DIAG_FINDING_FIX_CLIP_ORDER:
-    PUT("clip after unscaling the gradients: no FP32 set fixes the clip order");
+    PUT("%sclip after unscaling the gradients: no FP32 set fixes the clip order", o ? "; " : "");
     break;
   case DIAG_FINDING_LOWER_LR:
-    PUT("lower the learning rate: the post-mortem blames the step size, not "
-        "a module's precision");
+    PUT("%slower the learning rate: the post-mortem blames the step size, not "
+        "a module's precision", o ? "; " : "");
     break;
   case DIAG_FINDING_CLEAN_INPUT:
-    PUT("clean the input data: NaN/inf arrive with the batch");
+    PUT("%sclean the input data: NaN/inf arrive with the batch", o ? "; " : "");
     break;
   case DIAG_FINDING_CHECK_WEIGHTS:
-    PUT("check the weights: they hold NaN/inf");
+    PUT("%scheck the weights: they hold NaN/inf", o ? "; " : "");
     break;
   case DIAG_FINDING_SCALE_COLLAPSE:
-    PUT("the loss scale collapsed: set a minimum scale or find the layer "
-        "whose gradients overflow at any scale");
+    PUT("%sthe loss scale collapsed: set a minimum scale or find the layer "
+        "whose gradients overflow at any scale", o ? "; " : "");
     break;
   default:
     break;
   }
   if (r->suggest[0])
-    PUT("%sadd %s to --fp32-candidates (the post-mortem implicates %s)",
-        o ? "; " : "", r->suggest, r->implicated[0] ? r->implicated : "it");
+    PUT("%sadd %s to --fp32-candidates (the post-mortem of that run "
+        "proposes %s)",
+        o ? "; " : "", r->suggest, strchr(r->suggest, ',') ? "them" : "it");
   else if (r->implicated[0] && finding == DIAG_FINDING_FORCE_FP32)
     PUT("%sadd the layer %s (or its kind) to --fp32-candidates", o ? "; " : "",
         r->implicated);
@@ -1904,18 +1927,29 @@ static void judge_tolerance(bisect *b) {
   }
 }
 
-/* 1 when the baseline's loss did not go down: the mean of its last window
- * is not below the mean of its first. */
+static double var_of(const double *x, int64_t from, int64_t len, double m) {
+  double s = 0;
+  for (int64_t i = from; i < from + len; i++)
+    s += (x[i] - m) * (x[i] - m);
+  return len > 1 ? s / (double)(len - 1) : 0;
+}
+
+/* 1 when the baseline does not train: the mean loss of its last window is
+ * not below that of its first by more than twice the standard error of the
+ * difference (step-to-step noise of the batches), so a run whose loss only
+ * wanders (learning rate 0) or climbs counts as not training. */
 static int baseline_does_not_train(const trial *t, double *first,
                                    double *last) {
   int64_t n = t->n_steps, k = window_len(n);
   if (2 * k > n)
     k = n / 2;
-  if (k < 1 || !t->loss)
+  if (k < 2 || !t->loss)
     return 0;
   *first = mean_of(t->loss, 0, k);
   *last = mean_of(t->loss, n - k, k);
-  return isfinite(*first) && isfinite(*last) && *last >= *first;
+  double se = sqrt((var_of(t->loss, 0, k, *first) +
+                    var_of(t->loss, n - k, k, *last)) / (double)k);
+  return isfinite(*first) && isfinite(*last) && *first - *last <= 2 * se;
 }
 
 /* Runs the premises and decides whether to search. Returns 1 to go on to
@@ -1995,7 +2029,7 @@ static int run_premises(bisect *b, result *r) {
     snprintf(r->summary, sizeof r->summary,
              "not a precision problem: the FP32 baseline does not train (its "
              "mean loss went from %.4g over the first steps to %.4g over the "
-             "last), so no FP16 trial can be judged against it; fix the "
+             "last, no drop beyond the batch-to-batch noise), so no FP16 trial can be judged against it; fix the "
              "training itself first (learning rate, data, model; ampprobe "
              "postmortem %.300s)",
              first, last, base->trace);
