@@ -1342,10 +1342,14 @@ static int workdir_open(bisect *b, const char *want) {
               strerror(errno));
     return -1;
   }
-  int fd = open(b->workdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat ls;
+  int is_link = lstat(b->workdir, &ls) == 0 && S_ISLNK(ls.st_mode);
+  int fd = is_link ? -1
+                   : open(b->workdir,
+                          O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     cli_error(SUB, "cannot use the work directory %s: %s", b->workdir,
-              errno == ELOOP ? "it is a symbolic link (refused: trial files "
+              is_link || errno == ELOOP ? "it is a symbolic link (refused: trial files "
                                "are never written through a symlink)"
                              : strerror(errno));
     return -1;
@@ -2007,7 +2011,18 @@ static int run_premises(bisect *b, result *r) {
   if (!ac)
     ac = a16;
   double first = NAN, last = NAN;
-  if (a16->verdict == PROBE_DDMIN_PASS) {
+  if (base->verdict == PROBE_DDMIN_PASS &&
+      baseline_does_not_train(base, &first, &last)) {
+    /* first: every loss comparison, even "healthy", stands on it */
+    r->oc = O_NOT_TRAINING;
+    snprintf(r->summary, sizeof r->summary,
+             "not a precision problem: the FP32 baseline does not train (its "
+             "mean loss went from %.4g over the first steps to %.4g over the "
+             "last, no drop beyond the batch-to-batch noise), so no FP16 trial can be judged against it; fix the "
+             "training itself first (learning rate, data, model; ampprobe "
+             "postmortem %.300s)",
+             first, last, base->trace);
+  } else if (a16->verdict == PROBE_DDMIN_PASS) {
     r->oc = O_HEALTHY;
     snprintf(r->summary, sizeof r->summary,
              "healthy, nothing to bisect: with everything in FP16 the run "
@@ -2024,15 +2039,6 @@ static int run_premises(bisect *b, result *r) {
              "learning rate, the data and the model (ampprobe postmortem "
              "%.300s)",
              base->why, base->trace);
-  } else if (baseline_does_not_train(base, &first, &last)) {
-    r->oc = O_NOT_TRAINING;
-    snprintf(r->summary, sizeof r->summary,
-             "not a precision problem: the FP32 baseline does not train (its "
-             "mean loss went from %.4g over the first steps to %.4g over the "
-             "last, no drop beyond the batch-to-batch noise), so no FP16 trial can be judged against it; fix the "
-             "training itself first (learning rate, data, model; ampprobe "
-             "postmortem %.300s)",
-             first, last, base->trace);
   } else if (ac->verdict == PROBE_DDMIN_FAIL || b->n_cand == 0) {
     r->oc = O_INSUFFICIENT;
     int finding = implicate(b, ac, r);
