@@ -580,8 +580,9 @@ START_TEST(test_run_scaler_and_clip_lines) {
                 "%s", r.out);
   ck_assert_ptr_null(strstr(r.out, "clipping off"));
   result_free(&r);
+  /* the same -o again: replacing a trace takes --force (issue 17.3) */
   const char *a1j[] = {"run", "--scenario", "revin-overflow", "-q", "--json",
-                       "-o", t1, NULL};
+                       "--force", "-o", t1, NULL};
   r = run("sum1j", a1j);
   json_t *j = parse_json(r.out, "run --json");
   ck_assert(json_is_true(json_object_get(j, "loss_scaling")));
