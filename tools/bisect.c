@@ -1956,26 +1956,39 @@ static int baseline_does_not_train(const trial *t, double *first,
   return isfinite(*first) && isfinite(*last) && *first - *last <= 2 * se;
 }
 
-/* Runs the premises and decides whether to search. Returns 1 to go on to
- * ddmin, 0 when r->oc is the answer. */
-static int run_premises(bisect *b, result *r) {
+/* Runs the premise trials in parallel and judges them; *t16 and *tall get
+ * the ids of the all-FP16 and all-candidates trials (-1: not run). Returns
+ * 1 when they ran, else 0 with r->oc set (interrupted, error). */
+static int premises_run(bisect *b, result *r, int *t16, int *tall) {
   uint64_t full = probe_set_full(b->n_cand);
-  char all[LIST_MAX];
+  char all[LIST_MAX], given[LIST_MAX];
   b->names = b->cand;
   b->n_names = b->n_cand;
   set_to_list(b, full, all, sizeof all);
-  int t16 = trial_new(b, R_ALL_FP16, "", 0)->id;
-  b->base_id = trial_new(b, R_BASELINE, NULL, 0)->id;
-  if (b->noise_on)
-    b->noise_id = trial_new(b, R_NOISE, NULL, 0)->id;
-  /* external: the layers are unknown until a trace exists, so the full
+  b->names = b->cand_all;
+  b->n_names = b->n_cand_all;
+  set_to_list(b, probe_set_full(b->n_cand_all), given, sizeof given);
+  b->names = b->cand;
+  b->n_names = b->n_cand;
+  trial *t = trial_new(b, R_ALL_FP16, "", 0);
+  int ok = t != NULL;
+  *t16 = ok ? t->id : -1;
+  ok = ok && (t = trial_new(b, R_BASELINE, NULL, 0));
+  b->base_id = ok ? t->id : -1;
+  if (ok && b->noise_on && (ok = (t = trial_new(b, R_NOISE, NULL, 0)) != NULL))
+    b->noise_id = t->id;
+  /* external: the layers are unknown until a trace exists, so the whole
    * list is tried; internal: only the candidates that match (none: the
    * all-FP16 trial stands for it) */
-  int tall = -1;
-  if (b->ext)
-    tall = trial_new(b, R_ALL_CAND, b->candidates, full)->id;
-  else if (b->n_cand > 0)
-    tall = trial_new(b, R_ALL_CAND, all, full)->id;
+  *tall = -1;
+  if (ok && (b->ext || b->n_cand > 0) &&
+      (ok = (t = trial_new(b, R_ALL_CAND, b->ext ? given : all, full)) != NULL))
+    *tall = t->id;
+  if (!ok) {
+    snprintf(b->error, sizeof b->error, "out of memory");
+    r->oc = O_ERROR;
+    return 0;
+  }
   b->est_total = (int)b->n_trials +
                  (b->n_cand > 1 ? 1 + 2 * clog2(b->n_cand) : 0);
   trial *prem[4];
@@ -1983,12 +1996,8 @@ static int run_premises(bisect *b, result *r) {
   for (size_t i = 0; i < np; i++)
     prem[i] = &b->trials[i];
   probe_status st = run_trials(b, prem, np, 0);
-  if (st == PROBE_ERR_INTERRUPTED) {
-    r->oc = O_INTERRUPTED;
-    return 0;
-  }
   if (st != PROBE_OK) {
-    r->oc = O_ERROR;
+    r->oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
     return 0;
   }
   b->baseline_known = 1;
@@ -1996,6 +2005,15 @@ static int run_premises(bisect *b, result *r) {
   for (size_t i = 0; i < np; i++)
     if (!is_baseline(prem[i]->role))
       trial_judge(b, prem[i]);
+  return 1;
+}
+
+/* Runs the premises and decides whether to search. Returns 1 to go on to
+ * ddmin, 0 when r->oc is the answer. */
+static int run_premises(bisect *b, result *r) {
+  int t16, tall;
+  if (!premises_run(b, r, &t16, &tall))
+    return 0;
   trial *a16 = T(b, t16), *base = T(b, b->base_id), *ac = T(b, tall);
   if (b->ext) {
     /* the all-FP16 trace named the layers: drop what matches none */
@@ -2018,8 +2036,8 @@ static int run_premises(bisect *b, result *r) {
     snprintf(r->summary, sizeof r->summary,
              "not a precision problem: the FP32 baseline does not train (its "
              "mean loss went from %.4g over the first steps to %.4g over the "
-             "last, no drop beyond the batch-to-batch noise), so no FP16 trial can be judged against it; fix the "
-             "training itself first (learning rate, data, model; ampprobe "
+             "last, no drop beyond the batch-to-batch noise), so no FP16 "
+             "trial can be judged against it; fix the training itself first (learning rate, data, model; ampprobe "
              "postmortem %.300s)",
              first, last, base->trace);
   } else if (a16->verdict == PROBE_DDMIN_PASS) {
@@ -2047,7 +2065,8 @@ static int run_premises(bisect *b, result *r) {
         r->summary, sizeof r->summary,
         "the candidates are not enough: with %.200s in FP32 the run still "
         "fails (%.300s)",
-        b->n_cand ? all : "none of them (no candidate matches a layer)",
+        ac != a16 && b->n_cand ? ac->fp32
+                               : "none of them (no candidate matches a layer)",
         ac->why);
     if (r->implicated[0] && o < sizeof r->summary)
       o += (size_t)snprintf(r->summary + o, sizeof r->summary - o,
