@@ -45,10 +45,9 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "ampprobe/analysis.h" /* ddmin, post-mortem, verdicts */
 #include "ampprobe/trainer.h"
 #include "cli.h"
-#include "ddmin.h"
-#include "diagnose.h"
 #include "runguard.h"
 
 static const char *SUB = "bisect";
@@ -711,6 +710,13 @@ static void trial_finish(bisect *b, trial *t, int status) {
     if (!b->ext)
       trial_read_summary(b, t);
     if (trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) == 0) {
+      /* an external job's verdict: the post-mortem of its trace (a `run`
+       * trial reports it in its summary); the trace passed the isolated
+       * reader above */
+      probe_verdict v;
+      if (b->ext && probe_postmortem_verdict(t->trace, &v) == PROBE_OK)
+        snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s",
+                 probe_verdict_name(v));
       t->state = T_DONE;
       if (b->baseline_known || is_baseline(t->role))
         trial_judge(b, t);
@@ -976,7 +982,7 @@ typedef struct result {
   char reproduce[LIST_MAX + 1024];
   char implicated[512];          /* postmortem on the all-candidates run */
   char suggest[512];             /* new candidates it proposes */
-  char finding[DIAG_TEXT_MAX];   /* its top-ranked finding */
+  char finding[PROBE_DIAG_TEXT_MAX];   /* its top-ranked finding */
   char hint[768];                /* what to do, from what the trials showed */
   int scaling_off;               /* the all-candidates run had no scaler */
   char underflow_layer[PROBE_NAME_MAX]; /* most gradient values lost */
@@ -1473,24 +1479,24 @@ static int implicate(const bisect *b, const trial *t, result *r) {
   if (probe_trace_open_isolated(&tr, t->trace, err, sizeof err) != PROBE_OK)
     return -1;
   probe_diag d;
-  diag_options o;
-  diag_options_init(&o);
+  probe_diag_options o;
+  probe_diag_options_init(&o);
   int id = -1;
   const probe_trace_info *inf = probe_trace_get_info(tr);
-  r->scaling_off = inf && diag_config_scaling(inf->config_json) == 0;
+  r->scaling_off = inf && probe_diag_config_scaling(inf->config_json) == 0;
   if (probe_diag_run(&d, tr, t->trace, &o) == PROBE_OK) {
     if (d.worst_underflow_layer >= 0) {
       snprintf(r->underflow_layer, sizeof r->underflow_layer, "%s",
-               diag_layer_name(&d, d.worst_underflow_layer));
+               probe_diag_layer_name(&d, d.worst_underflow_layer));
       r->underflow_frac = d.worst_underflow_frac;
     }
     if (d.origin_layer >= 0)
       snprintf(r->implicated, sizeof r->implicated, "%s",
-               diag_layer_name(&d, d.origin_layer));
+               probe_diag_layer_name(&d, d.origin_layer));
     else if (d.worst_underflow_layer >= 0 && d.worst_underflow_frac > 0.01)
       snprintf(r->implicated, sizeof r->implicated, "%s",
-               diag_layer_name(&d, d.worst_underflow_layer));
-    if (d.n_findings > 0 && d.findings[0].id != DIAG_FINDING_HEALTHY) {
+               probe_diag_layer_name(&d, d.worst_underflow_layer));
+    if (d.n_findings > 0 && d.findings[0].id != PROBE_DIAG_FINDING_HEALTHY) {
       snprintf(r->finding, sizeof r->finding, "%s", d.findings[0].title);
       id = (int)d.findings[0].id;
     }
@@ -1528,7 +1534,7 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
   int scaling_off = r->scaling_off;
   for (int i = 0; i < b->n_pass; i++)
     scaling_off |= !strcmp(b->pass[i], "--no-loss-scale");
-  if (finding == DIAG_FINDING_ENABLE_LOSS_SCALING ||
+  if (finding == PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING ||
       (scaling_off && r->underflow_frac > 0.01)) {
     PUT("gradients flush to zero in FP16%s", scaling_off
                                                ? " with loss scaling off"
@@ -1546,20 +1552,20 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
         "zero without it; try enabling loss scaling");
   }
   switch (finding) {
-  case DIAG_FINDING_FIX_CLIP_ORDER:
+  case PROBE_DIAG_FINDING_FIX_CLIP_ORDER:
     PUT("%sclip after unscaling the gradients: no FP32 set fixes the clip order", o ? "; " : "");
     break;
-  case DIAG_FINDING_LOWER_LR:
+  case PROBE_DIAG_FINDING_LOWER_LR:
     PUT("%slower the learning rate: the post-mortem blames the step size, not "
         "a module's precision", o ? "; " : "");
     break;
-  case DIAG_FINDING_CLEAN_INPUT:
+  case PROBE_DIAG_FINDING_CLEAN_INPUT:
     PUT("%sclean the input data: NaN/inf arrive with the batch", o ? "; " : "");
     break;
-  case DIAG_FINDING_CHECK_WEIGHTS:
+  case PROBE_DIAG_FINDING_CHECK_WEIGHTS:
     PUT("%scheck the weights: they hold NaN/inf", o ? "; " : "");
     break;
-  case DIAG_FINDING_SCALE_COLLAPSE:
+  case PROBE_DIAG_FINDING_SCALE_COLLAPSE:
     PUT("%sthe loss scale collapsed: set a minimum scale or find the layer "
         "whose gradients overflow at any scale", o ? "; " : "");
     break;
@@ -1570,7 +1576,7 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
     PUT("%sadd %s to --fp32-candidates (the post-mortem of that run "
         "proposes %s)",
         o ? "; " : "", r->suggest, strchr(r->suggest, ',') ? "them" : "it");
-  else if (r->implicated[0] && finding == DIAG_FINDING_FORCE_FP32)
+  else if (r->implicated[0] && finding == PROBE_DIAG_FINDING_FORCE_FP32)
     PUT("%sadd the layer %s (or its kind) to --fp32-candidates", o ? "; " : "",
         r->implicated);
   if (!o && tall->longest_skip > 0 && b->max_skips >= 0 &&

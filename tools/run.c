@@ -4,7 +4,8 @@
  * (full trace with --trace, else the flight recorder), and prints a summary
  * read at a glance. SIGINT/SIGTERM set the trainer's stop flag: the step
  * ends, the trace is closed, the summary printed, exit 130.
- * Exit 0 healthy, 1 diverged.
+ * Exit 0 healthy, 1 diverged or degraded (the post-mortem's verdict on the
+ * trace written).
  *
  * Stages: run_parse (options) -> run_load (config + overrides) ->
  * run_claim_output (trace path; never an input, never an existing file
@@ -86,7 +87,7 @@ static void usage(FILE *f) {
 "                           terminal or not (for job logs under a scheduler)\n"
 "  -h, --help               this help\n"
 "\n"
-"exit: 0 healthy, 1 diverged, 2 usage or bad config (or -o exists, or is an\n"
+"exit: 0 healthy, 1 diverged or degraded, 2 usage or bad config (or -o exists, or is an\n"
 "      input), 3 unreadable config (or not a regular file),\n"
 "      4 runtime error (e.g. the trace cannot be written), 130 interrupted\n"
 "\n"
@@ -158,7 +159,8 @@ static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 6);
 
 static void print_summary(const probe_train_result *r, const char *name,
                           const char *policy, int64_t steps_planned,
-                          const char *path, int full, int interrupted) {
+                          const char *path, int full, int interrupted,
+                          probe_verdict v) {
   char a[32], b[32], c[32];
   printf("ampprobe run: %s, %s\n", name, policy);
   printf("  steps run       %lld of %lld%s\n", (long long)r->steps_run,
@@ -197,25 +199,31 @@ static void print_summary(const probe_train_result *r, const char *name,
     printf("  non-finite loss from step %lld\n",
            (long long)r->first_nonfinite_loss_step);
   printf("  verdict         %s\n",
-         interrupted ? "INTERRUPTED" : (r->diverged ? "DIVERGED" : "healthy"));
+         interrupted                        ? "INTERRUPTED"
+         : v == PROBE_VERDICT_DIVERGED      ? "DIVERGED"
+         : v == PROBE_VERDICT_DEGRADED      ? "DEGRADED (the loss stayed "
+                                              "finite; see the post-mortem)"
+                                            : "healthy");
   printf("  trace           %s (%s)\n", path,
          full ? "full per-layer trace" : "flight recorder");
   printf("  time            %.2f s\n", r->wall_seconds);
-  if (r->diverged)
-    printf("  next            ampprobe postmortem %s\n", path);
-  else if (r->first_nonfinite_step >= 0 &&
-           probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD)
+  int fwd = !r->diverged && r->first_nonfinite_step >= 0 &&
+            probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD;
+  if (fwd)
     /* Backward inf/NaN with a finite loss is a scaled gradient overflowing,
      * which the scaler handles (skip + backoff); a forward one is not. */
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
            r->first_nonfinite_layer, (long long)r->first_nonfinite_step, path);
+  else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
+    printf("  next            ampprobe postmortem %s\n", path);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,
                             const char *policy, int64_t steps_planned,
-                            const char *path, int full, int interrupted) {
+                            const char *path, int full, int interrupted,
+                            probe_verdict v) {
   json_t *o = json_object();
   json_object_set_new(o, "scenario", json_string(name));
   json_object_set_new(o, "precision_policy", json_string(policy));
@@ -257,6 +265,9 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
                           ? json_integer(r->first_nonfinite_loss_step)
                           : json_null());
   json_object_set_new(o, "diverged", json_boolean(r->diverged));
+  json_object_set_new(o, "verdict", json_string(interrupted
+                                                    ? "interrupted"
+                                                    : probe_verdict_name(v)));
   json_object_set_new(o, "interrupted", json_boolean(interrupted));
   json_object_set_new(o, "wall_seconds", cli_json_num(r->wall_seconds));
   return o;
@@ -622,6 +633,20 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
 
 /* ---- stage 5: the summary ----------------------------------------------- */
 
+/* The run's verdict: diverged from the trainer (a non-finite loss), else
+ * the post-mortem's on the trace just written, which also finds what keeps
+ * the loss finite: a forward intermediate that held inf/NaN after warm-up,
+ * a normalisation whose output collapsed (degraded, exit 1). */
+static probe_verdict run_verdict(const probe_train_result *res,
+                                 const char *path, int interrupted) {
+  if (res->diverged)
+    return PROBE_VERDICT_DIVERGED;
+  probe_verdict v = PROBE_VERDICT_HEALTHY;
+  if (!interrupted && probe_postmortem_verdict(path, &v) != PROBE_OK)
+    v = PROBE_VERDICT_HEALTHY; /* no readable trace: the trainer's word */
+  return v;
+}
+
 static int run_print(const run_args *a, const probe_train_config *cfg,
                      const probe_train_result *res, const char *path) {
   const char *name = probe_config_name(cfg);
@@ -629,18 +654,20 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
   probe_config_policy_str(cfg, policy, sizeof policy);
   int64_t steps = probe_config_steps(cfg);
   int interrupted = cli_stop_flag != 0;
+  probe_verdict v = run_verdict(res, path, interrupted);
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
-                       : (res->diverged ? CLI_EXIT_PROBLEM : CLI_EXIT_OK);
+                       : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
+                                                     : CLI_EXIT_OK);
   if (a->json) {
     json_t *j = summary_json(res, name, policy, steps, path, a->full,
-                             interrupted);
+                             interrupted, v);
     if (cli_json_print(j) != 0) {
       cli_error(SUB, "cannot write the JSON output");
       rc = CLI_EXIT_INTERNAL;
     }
     json_decref(j);
   } else {
-    print_summary(res, name, policy, steps, path, a->full, interrupted);
+    print_summary(res, name, policy, steps, path, a->full, interrupted, v);
     if (fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the output");
       rc = CLI_EXIT_INTERNAL;

@@ -246,6 +246,22 @@ fair() {
     grep -q "fp32-noise" "$WORK/crit.txt" && pass "criterion and noise baseline in the table" \
     || fail "criterion line: $(grep 'fails on' "$WORK/crit.txt")"
 
+  # the post-mortem verdict "degraded" is a failed trial, loss criterion or
+  # not: with it off, bn-overflow and two-culprits in FP16 keep a finite
+  # loss and would pass as healthy
+  expect_set degr-bn bn-overflow bn,linear bn --max-loss-regress -1
+  jget "$WORK/degr-bn.json" "d['trials'][0]['why']" | grep -q "verdict degraded" &&
+    pass "bn-overflow all-FP16 trial: '$(jget "$WORK/degr-bn.json" "d['trials'][0]['why']")'" ||
+    fail "bn-overflow all-FP16 why: $(jget "$WORK/degr-bn.json" "d['trials'][0]['why']")"
+  expect_set degr-two two-culprits softmax,revin revin,softmax --max-loss-regress -1
+  expect_set degr-bnl bn-overflow bn,layernorm,linear bn --max-loss-regress -1 --no-noise-baseline
+  "$BIN" bisect --fp32-candidates bn,linear -j 2 -q --workdir "$WORK/wd-xdeg" --json \
+    --max-loss-regress -1 -- "$FAKE" "$BIN" bn-overflow >"$WORK/xdeg.json" 2>"$WORK/xdeg.err"
+  [ "$(jget "$WORK/xdeg.json" "','.join(d['minimal_set'] or [])")" = bn ] &&
+    jget "$WORK/xdeg.json" "d['trials'][0]['why']" | grep -q "verdict degraded" &&
+    pass "external job: its trace's post-mortem verdict degraded fails the trial" ||
+    fail "external degraded: $(cat "$WORK/xdeg.err") $(jget "$WORK/xdeg.json" "d['summary']")"
+
   # (b) an FP32 baseline that survives but does not train: learning rate 0
   for sc in revin-overflow softmax-underflow two-culprits; do
     mkcfg "$sc" "$WORK/lr0-$sc.json" optimizer.lr=0 'schedule={"type":"constant"}'
