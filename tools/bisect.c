@@ -1765,7 +1765,7 @@ static int plan_config(bisect *b) {
   probe_train_config *cfg = NULL;
   probe_status st;
   if (b->config) {
-    int rc = guard_regular_input(SUB, "--config", b->config);
+    int rc = cli_check_input(SUB, b->config);
     if (rc)
       return rc;
     st = probe_config_load_file(&cfg, b->config, err, sizeof err);
@@ -1855,11 +1855,10 @@ static void plan_ext_name(bisect *b) {
 static int plan_output(bisect *b) {
   if (!b->out)
     return -1;
-  if (b->config && guard_same_file(b->out, b->config)) {
-    cli_error(SUB, "-o %s is the config file: refusing to overwrite an input",
-              b->out);
-    return CLI_EXIT_USAGE;
-  }
+  const char *inputs[] = {b->config};
+  int rc = cli_check_output(SUB, b->out, inputs, 1);
+  if (rc)
+    return rc;
   struct stat sb;
   if (!b->force && lstat(b->out, &sb) == 0) {
     cli_error(SUB, "%s already exists: refusing to overwrite it (use --force "
@@ -1901,7 +1900,7 @@ static int bisect_plan(bisect *b) {
   }
   if (workdir_open(b, wd) != 0)
     return CLI_EXIT_INTERNAL;
-  if (b->out && guard_same_file(b->out, b->workdir)) {
+  if (b->out && cli_same_file(b->out, b->workdir)) {
     cli_error(SUB, "-o %s is the work directory", b->out);
     return CLI_EXIT_USAGE;
   }

@@ -449,7 +449,7 @@ static int run_load(const run_args *a, probe_train_config **out) {
   probe_status st;
   *out = NULL;
   if (a->config) {
-    int rc = guard_regular_input(SUB, "--config", a->config);
+    int rc = cli_check_input(SUB, a->config);
     if (rc)
       return rc;
     st = probe_config_load_file(&cfg, a->config, err, sizeof err);
@@ -502,20 +502,14 @@ static void config_data_path(const probe_train_config *cfg, char *buf,
   free(text);
 }
 
-/* 1 when out is the data file, read from the working directory or from
- * the config's folder (where the trainer resolves relative paths). */
-static int out_is_data(const char *out, const char *data, const char *config) {
-  if (!data[0])
-    return 0;
-  if (guard_same_file(out, data))
-    return 1;
-  if (data[0] != '/' && config && strchr(config, '/')) {
-    char p[2048];
-    snprintf(p, sizeof p, "%.*s/%s", (int)(strrchr(config, '/') - config),
+/* The data file as the trainer may resolve it: from the config's folder
+ * (relative paths), else as written (the working directory). */
+static void data_in_config_dir(const char *data, const char *config,
+                               char *buf, size_t len) {
+  buf[0] = 0;
+  if (data[0] && data[0] != '/' && config && strchr(config, '/'))
+    snprintf(buf, len, "%.*s/%s", (int)(strrchr(config, '/') - config),
              config, data);
-    return guard_same_file(out, p);
-  }
-  return 0;
 }
 
 /* ---- stage 3: the output ------------------------------------------------ */
@@ -534,17 +528,14 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
     guard_sanitize(safe, sizeof safe, probe_config_name(cfg));
     snprintf(path, len, "./ampprobe-%s.h5", safe);
   }
-  char data[1024];
+  char data[1024], data2[2048];
   config_data_path(cfg, data, sizeof data);
-  if ((a->config && guard_same_file(path, a->config)) ||
-      out_is_data(path, data, a->config)) {
-    cli_error(SUB, "-o %s is an input of this run (the %s): refusing to "
-                   "overwrite it",
-              path, a->config && guard_same_file(path, a->config)
-                        ? "config file"
-                        : "data file");
-    return CLI_EXIT_USAGE;
-  }
+  data_in_config_dir(data, a->config, data2, sizeof data2);
+  const char *inputs[] = {a->config, data[0] ? data : NULL,
+                          data2[0] ? data2 : NULL};
+  int rc = cli_check_output(SUB, path, inputs, 3);
+  if (rc)
+    return rc;
   if (a->force)
     return -1;
   int e = guard_create_excl(path);

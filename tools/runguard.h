@@ -1,10 +1,7 @@
 /*
- * tools/runguard.h - the file-safety rules `run` and `bisect` share, as
- * static functions (no CMake change; tools/cli.c is another owner's):
- *   - an input must be a regular file: a FIFO or /dev/zero given as a config
- *     would hang the JSON reader, so it is refused before it is opened;
- *   - an output that is one of the inputs (same st_dev/st_ino) is refused
- *     whatever --force says;
+ * tools/runguard.h - the file-safety rules `run` and `bisect` add to
+ * tools/cli.h's (cli_check_input: no FIFO or device as an input;
+ * cli_check_output: no input as output), as static functions:
  *   - a new output is created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW), so an
  *     existing file or a planted symlink is never replaced without --force;
  *   - a name taken from a config becomes a file-name component only after
@@ -24,34 +21,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-
-/* 0 when path is a regular file or does not exist (the loader then says
- * "no such file"); otherwise prints the one-line error and returns
- * CLI_EXIT_INPUT. stat() does not open, so a FIFO cannot block here. */
-static inline int guard_regular_input(const char *sub, const char *opt,
-                                      const char *path) {
-  struct stat st;
-  if (stat(path, &st) != 0)
-    return 0;
-  if (S_ISREG(st.st_mode))
-    return 0;
-  cli_error(sub, "%s %s: not a regular file (%s); give a file", opt, path,
-            S_ISFIFO(st.st_mode)   ? "a FIFO"
-            : S_ISCHR(st.st_mode)  ? "a character device"
-            : S_ISBLK(st.st_mode)  ? "a block device"
-            : S_ISDIR(st.st_mode)  ? "a directory"
-            : S_ISSOCK(st.st_mode) ? "a socket"
-                                   : "not a plain file");
-  return CLI_EXIT_INPUT;
-}
-
-/* 1 when a and b name the same existing file (st_dev and st_ino). */
-static inline int guard_same_file(const char *a, const char *b) {
-  struct stat sa, sb;
-  if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0)
-    return 0;
-  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
 
 /* Creates path exclusively (never through a symlink) and closes it: 0, or
  * the errno (EEXIST when anything, even a dangling symlink, is there). */

@@ -62,7 +62,7 @@ run_rc 2 "-o a symlink to the config --force" --config cfg.json -o cfg-link.h5 -
 mkdir sub && ln cfg.json sub/hard.h5
 run_rc 2 "-o a hard link to the config --force" --config cfg.json -o sub/hard.h5 -q --steps 3 --force
 [ "$(md5sum <cfg.json)" = "$sum" ] && pass "config untouched" || fail "config changed"
-grep -q "is an input" o.err && pass "message: '$(cat o.err)'" || fail "message: $(cat o.err)"
+grep -q "refusing to write" o.err && pass "message: '$(cat o.err)'" || fail "message: $(cat o.err)"
 # the data file (CSV, relative to the config's folder or the working directory)
 mkdir data
 "$PY" - <<'PYEOF'
