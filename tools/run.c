@@ -533,7 +533,14 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
   data_in_config_dir(data, a->config, data2, sizeof data2);
   const char *inputs[] = {a->config, data[0] ? data : NULL,
                           data2[0] ? data2 : NULL};
-  int rc = cli_check_output(SUB, path, inputs, 3);
+  /* the data file must be a regular file too: a FIFO would hang the
+   * trainer's reader (checked wherever the path may resolve) */
+  int rc = 0;
+  for (int i = 1; i < 3 && !rc; i++)
+    if (inputs[i])
+      rc = cli_check_input(SUB, inputs[i]);
+  if (!rc)
+    rc = cli_check_output(SUB, path, inputs, 3);
   if (rc)
     return rc;
   if (a->force)

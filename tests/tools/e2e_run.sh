@@ -88,6 +88,15 @@ for what in fifo /dev/zero "$WORK"; do
   [ $((SECONDS - t0)) -lt 5 ] || fail "--config $what took $((SECONDS - t0)) s"
 done
 
+# a data.path naming a FIFO (relative to the config's folder): refused, no hang
+mkfifo data/pipe
+"$PY" -c "
+import json; c = json.load(open('data/cfg.json')); c['data']['path'] = 'pipe'
+json.dump(c, open('data/cfg-fifo.json', 'w'))"
+t0=$SECONDS
+run_rc 3 "data.path a FIFO" --config data/cfg-fifo.json -q -o fifo-data.h5
+[ $((SECONDS - t0)) -lt 5 ] || fail "data.path FIFO took $((SECONDS - t0)) s"
+
 # a config name is not a path
 mkdir -p deep/a/b
 "$PY" -c "
