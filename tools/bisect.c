@@ -1230,10 +1230,24 @@ static json_t *result_json(const bisect *b, const result *r) {
   return o;
 }
 
+/* Names come from configs, traces and the command line: printed escaped
+ * (cli_escape_name), so a control character cannot forge a line. The
+ * JSON keeps them as they are (jansson escapes them). */
+#define ESC_LEN (LIST_MAX + 1024)
+static const char *esc_next(char (*buf)[ESC_LEN], unsigned *n, const char *s) {
+  char *d = buf[(*n)++ % 4];
+  cli_escape_name(d, ESC_LEN, s);
+  return d;
+}
+#define ESC(s) esc_next(escbuf, &escn, (s))
+
 static void print_text(const bisect *b, const result *r) {
   FILE *f = stdout;
-  fprintf(f, "ampprobe bisect: %s, candidates %s (granularity %s)\n", b->name,
-          b->candidates, b->granularity);
+  static char escbuf[4][ESC_LEN];
+  unsigned escn = 0;
+  fprintf(f, "ampprobe bisect: %s, ", ESC(b->name));
+  fprintf(f, "candidates %s (granularity %s)\n", ESC(b->candidates),
+          b->granularity);
   char ct[1024];
   criteria_text(b, ct, sizeof ct);
   fprintf(f, "  a trial fails on: %s\n\n", ct);
@@ -1271,31 +1285,34 @@ static void print_text(const bisect *b, const result *r) {
       set = setb;
     }
     fprintf(f, "  %02d  %-15s %-*s %-7s %-9s %7s  %s\n", t->id,
-            role_name[t->role], w, set, verdict_str(t), steps, tm, t->why);
+            role_name[t->role], w, ESC(set), verdict_str(t), steps, tm, ESC(t->why));
   }
   fprintf(f, "\n");
-  fprintf(f, "result: %s\n", r->summary);
+  fprintf(f, "result: %s\n", ESC(r->summary));
   if (r->oc == O_FOUND) {
-    fprintf(f, "  minimal set     %s%s\n", r->minimal,
+    fprintf(f, "  minimal set     %s%s\n", ESC(r->minimal),
             strchr(r->minimal, ',')
                 ? "  (1-minimal: dropping any one of them fails)"
                 : "");
     if (r->minimal_layers[0])
-      fprintf(f, "  minimal layers  %s\n", r->minimal_layers);
+      fprintf(f, "  minimal layers  %s\n", ESC(r->minimal_layers));
   }
   if (r->implicated[0])
     fprintf(f, "  implicated      %s (post-mortem of the all-candidates run)\n",
-            r->implicated);
+            ESC(r->implicated));
   if (r->hint[0])
-    fprintf(f, "  hint            %s\n", r->hint);
+    fprintf(f, "  hint            %s\n", ESC(r->hint));
   if (r->reproduce[0])
-    fprintf(f, "  reproduce       %s\n", r->reproduce);
+    fprintf(f, "  reproduce       %s\n", ESC(r->reproduce));
   fprintf(f, "  trials          %zu run (%zu in ddmin), %zu cancelled, %.2f s "
              "wall with -j %d\n",
           ran, r->ddmin_trials, cancelled, cli_now() - b->t_start, b->jobs);
   fprintf(f, "  workdir         %s (trace, summary and log of every trial)\n",
-          b->workdir);
+          ESC(b->workdir));
 }
+
+#undef ESC
+#undef ESC_LEN
 
 /* ---- helpers ------------------------------------------------------------------- */
 
@@ -1460,11 +1477,15 @@ static int select_candidates(bisect *b) {
                b->cand_all[i]);
     }
   }
-  if (b->warnings[0])
+  if (b->warnings[0]) {
+    char w[LIST_MAX + 64], nm[PROBE_NAME_MAX * 8];
+    cli_escape_name(w, sizeof w, b->warnings);
+    cli_escape_name(nm, sizeof nm, b->name);
     fprintf(stderr, "ampprobe: bisect: warning: %s match%s no layer of %s "
                     "(dropped: forcing %s to FP32 changes nothing)\n",
-            b->warnings, strchr(b->warnings, ',') ? "" : "es", b->name,
+            w, strchr(b->warnings, ',') ? "" : "es", nm,
             strchr(b->warnings, ',') ? "them" : "it");
+  }
   return 0;
 }
 

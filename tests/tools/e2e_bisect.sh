@@ -472,6 +472,30 @@ safety() {
     pass "config name x/../../escaped: work directory ampprobe-bisect-x_.._.._escaped, nothing outside" ||
     fail "config name escaped: $(ls "$WORK/deep" "$WORK/deep/a" "$WORK/deep/a/b")"
 
+  # hostile names (config name, a layer name with ESC, BEL, newline) are
+  # printed escaped: no raw control character, no forged line. (A trainer
+  # that refuses such names up front passes too: exit 2, one line.)
+  "$PY" - "$HERE/../../trainer/scenarios/bn-overflow.json" "$WORK/evil.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c['name'] = 'evil\x1b[2J\nverdict healthy'
+for m in c['model']:
+    if m.get('name') == 'enc.bn1':
+        m['name'] = 'enc.bn1\x07\nFORGED'
+json.dump(c, open(sys.argv[2], 'w'))
+PYEOF
+  "$BIN" bisect --config "$WORK/evil.json" --fp32-candidates bn --granularity layer -j 2 -q \
+    --workdir "$WORK/wd-evil" >"$WORK/evil.out" 2>"$WORK/evil.err"
+  RC=$?
+  if LC_ALL=C grep -q "$(printf '[\033\007]')" "$WORK/evil.out" "$WORK/evil.err" ||
+     grep -q "^FORGED\|^verdict healthy" "$WORK/evil.out" "$WORK/evil.err"; then
+    fail "hostile names: raw control characters or a forged line (exit $RC)"
+  elif [ "$RC" = 1 ] || { [ "$RC" = 2 ] && [ "$(grep -c . "$WORK/evil.err")" = 1 ]; }; then
+    pass "hostile names printed escaped (exit $RC): $(grep -m1 'minimal layers\|bisect:' "$WORK/evil.out" "$WORK/evil.err" | head -1)"
+  else
+    fail "hostile names: exit $RC $(head -2 "$WORK/evil.err")"
+  fi
+
   # SIGKILL of bisect: its trials die with it (process group + PDEATHSIG)
   "$BIN" bisect --scenario revin-overflow --fp32-candidates revin,linear --steps 200000 \
     --no-fail-nonfinite -j 2 -q --workdir "$WORK/wd-kill" >/dev/null 2>&1 &
