@@ -162,6 +162,16 @@ static void print_summary(const probe_train_result *r, const char *name,
                           const char *path, int full, int interrupted,
                           probe_verdict v) {
   char a[32], b[32], c[32];
+  /* names from the config print escaped: no control character reaches the
+   * terminal (cli_escape_name) */
+  char nm[PROBE_NAME_MAX * 8], ly[PROBE_NAME_MAX * 8], pol[2048], pa[4096];
+  cli_escape_name(nm, sizeof nm, name);
+  cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
+  cli_escape_name(pol, sizeof pol, policy);
+  cli_escape_name(pa, sizeof pa, path);
+  name = nm;
+  policy = pol;
+  path = pa;
   printf("ampprobe run: %s, %s\n", name, policy);
   printf("  steps run       %lld of %lld%s\n", (long long)r->steps_run,
          (long long)steps_planned,
@@ -191,7 +201,7 @@ static void print_summary(const probe_train_result *r, const char *name,
            r->max_clip_ratio, r->clip_max_norm);
   if (r->first_nonfinite_step >= 0)
     printf("  first non-finite step %lld, layer %s, site %s\n",
-           (long long)r->first_nonfinite_step, r->first_nonfinite_layer,
+           (long long)r->first_nonfinite_step, ly,
            probe_site_name(r->first_nonfinite_site));
   else
     printf("  first non-finite none\n");
@@ -215,7 +225,7 @@ static void print_summary(const probe_train_result *r, const char *name,
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
-           r->first_nonfinite_layer, (long long)r->first_nonfinite_step, path);
+           ly, (long long)r->first_nonfinite_step, path);
   else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
     printf("  next            ampprobe postmortem %s\n", path);
 }

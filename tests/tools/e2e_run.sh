@@ -107,6 +107,25 @@ c['name'] = 'x/../../escaped'; c['steps'] = 3; json.dump(c, open('deep/a/b/evil.
   pass "config name x/../../escaped: trace ampprobe-x_.._.._escaped.h5 in the working directory" ||
   fail "config name: $(ls deep deep/a deep/a/b)"
 
+# hostile names (config and layer) are printed escaped by run's summary
+"$PY" - "$HERE/../../trainer/scenarios/bn-overflow.json" evil2.json <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c['name'] = 'evil\x1b[2J\nverdict healthy'
+c['steps'] = 5
+for m in c['model']:
+    if m.get('name') == 'enc.bn1':
+        m['name'] = 'enc.bn1\x07\nFORGED'
+json.dump(c, open(sys.argv[2], 'w'))
+PYEOF
+"$BIN" run --config evil2.json -q -o evil2.h5 >evil2.out 2>evil2.err
+rc=$?
+if LC_ALL=C grep -q "$(printf '[\033\007]')" evil2.out evil2.err || grep -q "^FORGED\|^verdict healthy" evil2.out; then
+  fail "run: hostile names reach the terminal raw (exit $rc)"
+else
+  pass "run: hostile names printed escaped (exit $rc)"
+fi
+
 # --progress-every: plain lines on stderr without a terminal
 "$BIN" run --steps 300 --progress-every 0.01 -o prog.h5 >/dev/null 2>prog.err
 n=$(grep -Ec "^ampprobe: run: step [0-9]+ of 300 \([0-9]+%\), [0-9.]+ steps/s, elapsed [0-9]+s, ETA [0-9a-z]+, loss [0-9.e+-]+, scale " prog.err)
