@@ -621,9 +621,10 @@ static int judge_loss(const bisect *b, trial *t, char *w, size_t len) {
            (long long)t->win_from, (long long)(n - 1));
   char bspan[128] = "";
   if (shift > 0)
-    snprintf(bspan, sizeof bspan, " over steps %lld-%lld (%lld warm-up skips)",
-             (long long)t->win_base_from,
-             (long long)(t->win_base_from + k - 1), (long long)shift);
+    snprintf(bspan, sizeof bspan, " over steps %lld-%lld (%lld warm-up "
+             "skip%s)", (long long)t->win_base_from,
+             (long long)(t->win_base_from + k - 1), (long long)shift,
+             shift == 1 ? "" : "s");
   if (!isfinite(t->win_loss)) {
     snprintf(w, len, "mean loss over %s is not finite", span);
     return 1;
@@ -1885,6 +1886,19 @@ static int plan_output(bisect *b) {
     cli_error(SUB, "%s already exists: refusing to overwrite it (use --force "
                    "to replace it, or choose another -o)", b->out);
     return CLI_EXIT_USAGE;
+  }
+  /* its folder must take the result: said now, not after every trial ran */
+  char dir[1024];
+  const char *slash = strrchr(b->out, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == b->out)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - b->out), b->out);
+  if (access(dir, W_OK | X_OK) != 0) {
+    cli_error(SUB, "cannot write %s: %s", b->out, strerror(errno));
+    return CLI_EXIT_INTERNAL;
   }
   return -1;
 }
