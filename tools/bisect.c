@@ -1,100 +1,145 @@
 /*
  * tools/bisect.c - `ampprobe bisect --fp32-candidates LIST`: finds a minimal
- * set of modules to keep in FP32 so that FP16 training stays healthy.
+ * set of modules to keep in FP32 so that FP16 training stays healthy, for
+ * the built-in trainer (a scenario or config) or for an external command
+ * (`-- python train.py ARGS`, driven through AMPPROBE_* variables).
  *
- * 1. Premises, run in parallel: everything in FP16 (must fail), the FP32
- *    baseline (must pass, else "not a precision problem"), every candidate
- *    in FP32 (must pass, else "candidates are not enough", with the layers
- *    the post-mortem engine implicates in that still-failing run).
- * 2. ddmin (tools/ddmin.c) over the candidates; with --granularity layer a
- *    second ddmin narrows the kinds found down to their layer instances.
- * Each trial is a child process `ampprobe run ... --json -q -o
- * WORKDIR/trial-NN.h5` (fork/exec of /proc/self/exe), at most -j at a time;
- * its JSON summary is judged by the failure criteria (docs/cli.md). Ctrl-C
- * stops the children and prints the table so far (exit 130).
+ * Stages (cmd_bisect): bisect_parse (options) -> bisect_plan (config,
+ * candidates, work directory, output) -> premises (all-FP16, two FP32
+ * baselines of different seeds, all candidates in FP32; run in parallel)
+ * -> search (ddmin over the candidates, then over layers with
+ * --granularity layer) -> bisect_output (table or JSON, only on success).
+ *
+ * Trials. An internal trial is `ampprobe run ... --json -q -o
+ * WORKDIR/trial-NN.h5` (fork/exec of /proc/self/exe); an external one is
+ * the user's command with AMPPROBE_FP32, AMPPROBE_PRECISION, AMPPROBE_TRACE
+ * (and AMPPROBE_SEED for the noise baseline) in its environment. Either way
+ * it is judged from the trace it wrote: the loss series of /steps (read
+ * through libprobe's reader), skipped steps, loss scale. Each trial runs in
+ * its own process group with PR_SET_PDEATHSIG(SIGKILL), so trials die with
+ * bisect; SIGINT/SIGTERM stop the groups and print the table so far (130).
+ *
+ * Judging (docs/cli.md "What fails"): besides non-finite losses, skips and
+ * the scale floor, a trial's mean loss over its last K steps is compared
+ * with the FP32 baseline's mean over the same number of optimizer updates,
+ * i.e. shifted by the trial's warm-up skips (the first backoffs from the
+ * initial scale), with a tolerance of max(--max-loss-regress, the spread
+ * between the two baselines of different seeds).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
 
+#include "ampprobe/analysis.h" /* ddmin, post-mortem, verdicts */
 #include "ampprobe/trainer.h"
 #include "cli.h"
-#include "ddmin.h"
-#include "diagnose.h"
+#include "runguard.h"
 
 static const char *SUB = "bisect";
 
 #define MAX_PASS 32      /* run options passed through after -- */
+#define MAX_EXT 256      /* words of an external command */
 #define LIST_MAX 4352    /* a comma-separated fp32 list: 64 names of 64 */
+#define STEPS_MAX 100000000 /* the trainer's range for steps */
+#define WINDOW_MIN 10    /* steps in the loss windows, at least */
+#define CANCEL_GRACE 5.0 /* seconds from SIGTERM to SIGKILL of a trial */
 
 static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe bisect --fp32-candidates LIST [--scenario NAME | --config FILE]\n"
 "                       [--granularity kind|layer] [-j N] [--steps N] [--seed S]\n"
-"                       [--workdir DIR] [failure criteria] [--json] [-o FILE]\n"
-"                       [-q] [-- RUN OPTIONS]\n"
+"                       [--workdir DIR] [failure criteria] [--json]\n"
+"                       [-o FILE [--force]] [-q] [--progress-every SECONDS]\n"
+"                       [-- RUN OPTIONS | -- COMMAND ARGS...]\n"
 "\n"
 "Finds a minimal set of modules to keep in FP32 so that FP16 training stays\n"
-"healthy. Candidates are module kinds or layer-name globs, as in 'run --fp32'.\n"
-"It first checks its premises: the run with everything in FP16 must fail, the\n"
-"FP32 baseline must pass (otherwise it is not a precision problem), and the\n"
-"run with every candidate in FP32 must pass (otherwise the candidates are not\n"
-"enough). Then delta debugging (ddmin) finds a set from which no candidate\n"
-"can be dropped, in about k*log2(n) trials for k culprits among n candidates.\n"
+"healthy. Candidates are module kinds or layer-name globs, as in 'run --fp32';\n"
+"those that match no layer are dropped with a warning. It first checks its\n"
+"premises: the run with everything in FP16 must fail, the FP32 baseline must\n"
+"pass and train (otherwise it is not a precision problem), and the run with\n"
+"every candidate in FP32 must pass (otherwise the candidates are not enough).\n"
+"Then delta debugging (ddmin) finds a set from which no candidate can be\n"
+"dropped, in about k*log2(n) trials for k culprits among n candidates.\n"
 "\n"
 "what to run:\n"
 "  --fp32-candidates LIST   comma-separated kinds or layer globs (required)\n"
 "  --scenario NAME          built-in scenario (default '%s')\n"
 "  --config FILE            JSON config file\n"
-"  --steps N, --seed S      passed to every trial\n"
-"  -- RUN OPTIONS           anything after -- is passed to every 'ampprobe run'\n"
-"                           (e.g. -- --lr 0.01 --no-loss-scale)\n"
+"  --steps N, --seed S      passed to every trial (N in 1..100000000)\n"
+"  -- RUN OPTIONS           words after -- that start with '-' are passed to\n"
+"                           every 'ampprobe run' (e.g. -- --lr 0.01)\n"
+"  -- COMMAND ARGS...       otherwise they are an external training command,\n"
+"                           run once per trial with AMPPROBE_FP32=<set>,\n"
+"                           AMPPROBE_PRECISION=fp32 (the baselines only),\n"
+"                           AMPPROBE_TRACE=<trial trace> and, for the second\n"
+"                           baseline, AMPPROBE_SEED; judged from its trace\n"
+"                           (e.g. -- python train.py --epochs 1)\n"
 "  --granularity G          kind (default): answer in the candidates as given;\n"
 "                           layer: then narrow them to single layer instances\n"
 "\n"
-"a trial fails when (criteria, all checked on the trial's run summary):\n"
-"  --fail-nonfinite         any non-finite loss (default on; the trial is\n"
-"                           stopped at the first one)\n"
+"a trial fails when (criteria, checked on the trace each trial wrote):\n"
+"  --fail-nonfinite         any non-finite loss (default on; internal trials\n"
+"                           are stopped at the first one)\n"
 "  --no-fail-nonfinite      do not count non-finite losses by themselves\n"
 "  --max-consecutive-skips K  more than K consecutive skipped optimizer\n"
 "                           steps (default 20; -1 = off)\n"
 "  --min-scale S            the loss scale fell below S (default off)\n"
-"  --max-loss-regress PCT   final loss worse than the FP32 baseline's by more\n"
-"                           than PCT percent (default 10; -1 = off)\n"
+"  --max-loss-regress PCT   the mean loss of the trial's last K steps is more\n"
+"                           than T%% above the FP32 baseline's at the same\n"
+"                           optimizer update (shifted by the trial's warm-up\n"
+"                           skips), T = max(PCT, the seed-to-seed spread of\n"
+"                           two baselines) (default PCT 10; -1 = off)\n"
+"  --noise-seed S           seed of the second baseline (default: seed + 1);\n"
+"  --no-noise-baseline      or none: T = PCT\n"
+"  the post-mortem verdict 'degraded' of a trial also counts as a failure\n"
 "\n"
 "execution and output:\n"
 "  -j, --jobs N             trials run in parallel (default: number of CPUs)\n"
 "  --workdir DIR            where each trial's trace, summary and log are kept\n"
-"                           (default ./ampprobe-bisect-<scenario>/)\n"
+"                           (default ./ampprobe-bisect-<name>/); a folder with\n"
+"                           earlier trials gets a new run-N subfolder\n"
 "  --trace                  trials record full per-layer traces (default: the\n"
 "                           flight recorder)\n"
 "  --json                   print the result as JSON on stdout\n"
 "  -o, --output FILE        also write the JSON result to FILE (read by\n"
-"                           'ampprobe report --bisect FILE')\n"
+"                           'ampprobe report --bisect FILE'); an existing FILE\n"
+"                           is refused unless --force\n"
+"  --force                  replace an existing -o FILE\n"
 "  -q, --quiet              no progress line on stderr\n"
+"  --progress-every S       a plain progress line (trials done of the\n"
+"                           expected total, ETA) every S seconds, terminal or\n"
+"                           not (for job logs under a scheduler)\n"
 "  -h, --help               this help\n"
 "\n"
 "exit: 0 healthy, nothing to bisect; 1 a minimal set was found, or not a\n"
-"      precision problem, or the candidates are not enough; 2 usage error;\n"
-"      3 unreadable config; 4 a trial could not run; 130 interrupted\n"
+"      precision problem (the FP32 baseline fails), or the candidates are not\n"
+"      enough; 2 usage error; 3 unreadable config; 4 a trial could not run;\n"
+"      5 the FP32 baseline does not train (its loss does not go down);\n"
+"      130 interrupted\n"
 "\n"
 "examples:\n"
 "  ampprobe bisect --scenario two-culprits --fp32-candidates bn,softmax,revin\n"
-"  ampprobe bisect --scenario bn-overflow --fp32-candidates bn --granularity layer\n",
+"  ampprobe bisect --scenario bn-overflow --fp32-candidates bn --granularity layer\n"
+"  ampprobe bisect --fp32-candidates bn,softmax,revin -j 2 -- python train.py\n",
           PROBE_DEFAULT_SCENARIO);
 }
+
+enum { EXIT_NOT_TRAINING = 5 }; /* docs/cli.md, bisect's exit codes */
 
 /* ---- trials ---------------------------------------------------------------- */
 
@@ -103,61 +148,97 @@ typedef enum trial_state {
 } trial_state;
 
 typedef enum trial_role {
-  R_ALL_FP16, R_BASELINE, R_ALL_CAND, R_DDMIN, R_DDMIN_LAYER
+  R_ALL_FP16, R_BASELINE, R_NOISE, R_ALL_CAND, R_DDMIN, R_DDMIN_LAYER
 } trial_role;
 
-static const char *role_name[] = {"all-fp16", "fp32-baseline",
+static const char *role_name[] = {"all-fp16", "fp32-baseline", "fp32-noise",
                                   "all-candidates", "ddmin", "ddmin-layer"};
+
+static int is_baseline(trial_role r) { return r == R_BASELINE || r == R_NOISE; }
 
 typedef struct trial {
   int id;
   trial_role role;
-  char fp32[LIST_MAX]; /* --fp32 value; unused for the baseline */
+  char fp32[LIST_MAX]; /* AMPPROBE_FP32 / --fp32 value; unused for baselines */
   uint64_t set;
   trial_state state;
   pid_t pid;
-  double t0, seconds;
+  double t0, seconds, cancel_t;
   int exit_code;    /* of the child; -signal when killed */
   int verdict;      /* PROBE_DDMIN_PASS / FAIL / UNKNOWN */
-  char why[256];
+  char why[320];
   const char *cancel_why; /* why it was cancelled (set by kill_running) */
-  /* from the run's JSON summary */
-  int have_summary;
-  int64_t steps_run, steps_planned, longest_skip, first_nonfinite_loss;
-  double final_loss, min_scale;
-  int diverged;
-  char trace[1024];
+  /* internal trials: the run's JSON summary */
+  int64_t steps_planned;
+  char pm_verdict[16]; /* "healthy" / "degraded" / "diverged", "" unknown */
+  /* from the trace's /steps */
+  int have_trace;
+  int64_t n_steps, skipped, longest_skip, first_nonfinite_loss;
+  int64_t warmup_skips, warmup_end; /* the scaler's warm-up (judge_warmup) */
+  double min_scale;
+  double *loss;        /* n_steps losses; kept for the baselines only */
+  double final_loss;   /* mean of the last window */
+  double win_loss, win_base; /* judged windows: trial's, baseline's */
+  int64_t win_from, win_base_from, win_len;
+  char trace[1100];
 } trial;
+
+/* A layer of the model: from the config (internal) or the all-FP16 trial's
+ * trace (external). */
+typedef struct layer_ref {
+  char name[PROBE_NAME_MAX];
+  probe_kind kind;
+} layer_ref;
 
 typedef struct bisect {
   /* options */
   const char *scenario, *config;
   const char *steps, *seed;
+  const char *candidates, *granularity, *out, *workdir_opt;
   char *pass[MAX_PASS];
   int n_pass;
-  int jobs, full_trace, quiet;
+  char **ext; /* external command (NULL-terminated), NULL for run trials */
+  int n_ext;
+  int jobs, full_trace, quiet, json, force;
+  double progress_every;
   int fail_nonfinite;
   int64_t max_skips;
   double min_scale, max_regress;
-  char workdir[512];
+  int noise_on;
+  int64_t noise_seed; /* -1: seed + 1 */
+  /* plan */
+  char name[PROBE_NAME_MAX * 2];
+  char workdir[1024];
+  int wd_fd;
   char self[1024];
-  char warnings[1024]; /* candidates that match no layer */
+  layer_ref *layers;
+  size_t n_layers;
+  char **cand_all; /* as given */
+  int n_cand_all;
+  char **cand;     /* those matching a layer: what ddmin searches */
+  int n_cand;
+  char warnings[LIST_MAX]; /* candidates that match no layer */
   /* state */
   trial *trials;
   size_t n_trials, cap_trials;
   int baseline_known;
-  double baseline_loss;
+  int base_id, noise_id;
+  double tol_pct, noise_pct; /* tolerance used; measured spread (NaN: none) */
+  int64_t noise_seed_used, base_seed;
   /* the names ddmin works on at the current level */
   char **names;
   int n_names;
   trial_role level_role;
-  char error[512];
+  int est_total; /* expected trials, for progress */
+  char error[1024];
   int error_exit; /* exit code of the trial that could not run */
   int interrupted;
   double t_start;
-  int progress_on;
-  double last_draw;
+  int progress_tty;
+  double last_draw, last_line;
 } bisect;
+
+static trial *T(bisect *b, int id) { return id >= 0 ? &b->trials[id] : NULL; }
 
 static trial *trial_new(bisect *b, trial_role role, const char *fp32,
                         uint64_t set) {
@@ -176,19 +257,20 @@ static trial *trial_new(bisect *b, trial_role role, const char *fp32,
   snprintf(t->fp32, sizeof t->fp32, "%s", fp32 ? fp32 : "");
   t->set = set;
   t->verdict = PROBE_DDMIN_UNKNOWN;
-  t->final_loss = t->min_scale = NAN;
+  t->final_loss = t->min_scale = t->win_loss = t->win_base = NAN;
   t->first_nonfinite_loss = -1;
-  snprintf(t->trace, sizeof t->trace, "%s/trial-%02d.h5", b->workdir, t->id);
+  snprintf(t->trace, sizeof t->trace, "%.1000s/trial-%02d.h5", b->workdir, t->id);
   return t;
 }
 
-static void trial_path(const bisect *b, const trial *t, const char *ext,
-                       char *buf, size_t len) {
-  snprintf(buf, len, "%s/trial-%02d.%s", b->workdir, t->id, ext);
+static void trial_file(const trial *t, const char *ext, char *buf, size_t len) {
+  snprintf(buf, len, "trial-%02d.%s", t->id, ext);
 }
 
-/* argv of `ampprobe run` for one trial; strings point into b and t. */
-static int trial_argv(const bisect *b, const trial *t, char **argv, int max) {
+/* argv of `ampprobe run` for one internal trial; strings point into b and
+ * t (seedbuf holds the noise baseline's seed). */
+static int trial_argv(const bisect *b, const trial *t, char **argv, int max,
+                      char *seedbuf, size_t seedlen) {
   int n = 0;
 #define ARG(s)                                                                 \
   do {                                                                         \
@@ -208,11 +290,15 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max) {
     ARG("--steps");
     ARG(b->steps);
   }
-  if (b->seed) {
+  if (t->role == R_NOISE) {
+    snprintf(seedbuf, seedlen, "%lld", (long long)b->noise_seed_used);
+    ARG("--seed");
+    ARG(seedbuf);
+  } else if (b->seed) {
     ARG("--seed");
     ARG(b->seed);
   }
-  if (t->role == R_BASELINE) {
+  if (is_baseline(t->role)) {
     ARG("--precision");
     ARG("fp32");
   } else {
@@ -223,7 +309,9 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max) {
     ARG(b->pass[i]);
   if (b->fail_nonfinite)
     ARG("--stop-on-nonfinite");
-  if (b->full_trace)
+  /* the all-candidates run gets a full trace: when it fails, its
+   * post-mortem is what says why (underflow needs per-layer records) */
+  if (b->full_trace || t->role == R_ALL_CAND)
     ARG("--trace");
   ARG("--json");
   ARG("-q");
@@ -234,74 +322,150 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max) {
   return n;
 }
 
+/* The environment of an external trial (called in the child). */
+static void trial_env(const bisect *b, const trial *t, const char *trace_abs) {
+  unsetenv("AMPPROBE_FP32");
+  unsetenv("AMPPROBE_PRECISION");
+  if (is_baseline(t->role))
+    setenv("AMPPROBE_PRECISION", "fp32", 1);
+  else
+    setenv("AMPPROBE_FP32", t->fp32, 1);
+  setenv("AMPPROBE_TRACE", trace_abs, 1);
+  if (t->role == R_NOISE) {
+    char s[32];
+    snprintf(s, sizeof s, "%lld", (long long)b->noise_seed_used);
+    setenv("AMPPROBE_SEED", s, 1);
+  }
+}
+
+/* Opens WORKDIR/name for a new trial file: exclusively, never through a
+ * symlink, relative to the work directory's descriptor. */
+static int trial_open(const bisect *b, const trial *t, const char *ext) {
+  char name[64];
+  trial_file(t, ext, name, sizeof name);
+  return openat(b->wd_fd, name,
+                O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+}
+
 static int trial_launch(bisect *b, trial *t) {
   char *argv[64 + MAX_PASS];
-  trial_argv(b, t, argv, (int)(sizeof argv / sizeof argv[0]));
-  char out[1100], log[1100];
-  trial_path(b, t, "json", out, sizeof out);
-  trial_path(b, t, "log", log, sizeof log);
+  char seedbuf[32];
+  if (!b->ext)
+    trial_argv(b, t, argv, (int)(sizeof argv / sizeof argv[0]), seedbuf,
+               sizeof seedbuf);
+  char trace_abs[2048];
+  if (t->trace[0] == '/') {
+    snprintf(trace_abs, sizeof trace_abs, "%s", t->trace);
+  } else {
+    char cwd[1024];
+    if (!getcwd(cwd, sizeof cwd))
+      cwd[0] = 0;
+    snprintf(trace_abs, sizeof trace_abs, "%s/%s", cwd, t->trace);
+  }
+  /* the trace must not exist yet: an earlier file is never replaced */
+  char tname[64];
+  struct stat sb;
+  trial_file(t, "h5", tname, sizeof tname);
+  if (fstatat(b->wd_fd, tname, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+    snprintf(b->error, sizeof b->error, "%.300s already exists: refusing to "
+             "replace an earlier trial's trace", t->trace);
+    return -1;
+  }
+  int fo = b->ext ? -1 : trial_open(b, t, "json");
+  int fe = trial_open(b, t, "log");
+  if ((!b->ext && fo < 0) || fe < 0) {
+    snprintf(b->error, sizeof b->error, "cannot create trial %02d's files in "
+             "%.300s: %.100s", t->id, b->workdir, strerror(errno));
+    if (fo >= 0)
+      close(fo);
+    if (fe >= 0)
+      close(fe);
+    return -1;
+  }
   fflush(stdout);
   fflush(stderr);
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     snprintf(b->error, sizeof b->error, "cannot start a trial: %s",
              strerror(errno));
+    if (fo >= 0)
+      close(fo);
+    close(fe);
     return -1;
   }
   if (pid == 0) {
-    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int fe = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    /* its own process group, which bisect stops as a whole; killed when
+     * bisect dies, even by SIGKILL */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127);
     int fi = open("/dev/null", O_RDONLY);
-    if (fo < 0 || fe < 0 || fi < 0)
+    if (fi < 0)
       _exit(127);
     dup2(fi, 0);
-    dup2(fo, 1);
+    dup2(fo >= 0 ? fo : fe, 1);
     dup2(fe, 2);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    execv(b->self, argv);
-    dprintf(2, "ampprobe: bisect: cannot run %s: %s\n", b->self,
-            strerror(errno));
+    if (b->ext) {
+      trial_env(b, t, trace_abs);
+      execvp(b->ext[0], b->ext);
+      dprintf(2, "ampprobe: bisect: cannot run %s: %s\n", b->ext[0],
+              strerror(errno));
+    } else {
+      execv(b->self, argv);
+      dprintf(2, "ampprobe: bisect: cannot run %s: %s\n", b->self,
+              strerror(errno));
+    }
     _exit(127);
   }
+  setpgid(pid, pid); /* also here: no window in which a kill misses it */
+  if (fo >= 0)
+    close(fo);
+  close(fe);
   t->pid = pid;
   t->state = T_RUNNING;
   t->t0 = cli_now();
   return 0;
 }
 
-/* Reads the run's JSON summary (stdout of the child). */
+/* Reads the run's JSON summary (internal trials): steps planned and the
+ * verdict, when the run reports one. */
 static void trial_read_summary(bisect *b, trial *t) {
-  char path[1100];
-  trial_path(b, t, "json", path, sizeof path);
-  json_t *j = json_load_file(path, 0, NULL);
+  char name[64];
+  trial_file(t, "json", name, sizeof name);
+  int fd = openat(b->wd_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  json_t *j = f ? json_loadf(f, 0, NULL) : NULL;
+  if (f)
+    fclose(f);
+  else if (fd >= 0)
+    close(fd);
   if (!json_is_object(j)) {
     json_decref(j);
     return;
   }
-  t->have_summary = 1;
-  json_t *v;
-  t->steps_run = json_integer_value(json_object_get(j, "steps_run"));
   t->steps_planned = json_integer_value(json_object_get(j, "steps_planned"));
-  t->longest_skip = json_integer_value(json_object_get(j, "longest_skip_run"));
-  v = json_object_get(j, "final_loss");
-  t->final_loss = json_is_number(v) ? json_number_value(v) : NAN;
-  v = json_object_get(j, "min_scale");
-  t->min_scale = json_is_number(v) ? json_number_value(v) : NAN;
-  v = json_object_get(j, "first_nonfinite_loss_step");
-  t->first_nonfinite_loss = json_is_integer(v) ? json_integer_value(v) : -1;
-  t->diverged = json_is_true(json_object_get(j, "diverged"));
+  const char *v = json_string_value(json_object_get(j, "verdict"));
+  if (v)
+    snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
   json_decref(j);
 }
 
-/* The last line of a trial's stderr, for error messages. */
+/* The last line of a trial's log, for error messages. */
 static void trial_last_log_line(bisect *b, trial *t, char *buf, size_t len) {
-  char path[1100];
-  trial_path(b, t, "log", path, sizeof path);
+  char name[64];
+  trial_file(t, "log", name, sizeof name);
   buf[0] = 0;
-  FILE *f = fopen(path, "r");
-  if (!f)
+  int fd = openat(b->wd_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    if (fd >= 0)
+      close(fd);
     return;
+  }
   char line[512];
   while (fgets(line, sizeof line, f))
     if (line[0] && line[0] != '\n' && line[0] != '\r')
@@ -312,58 +476,217 @@ static void trial_last_log_line(bisect *b, trial *t, char *buf, size_t len) {
     buf[--n] = 0;
 }
 
-/* Applies the failure criteria. The baseline is judged without the loss
- * regression criterion. */
+/* ---- reading a trial's trace -------------------------------------------------- */
+
+/* The scaler's warm-up: the skipped steps at the start of the run, the
+ * first backoffs from the initial scale. It starts within the first two
+ * steps and goes on while skips are at most one clean step apart; it ends
+ * after its last skip. Returns the number of skips; *end is the step after
+ * the last (0 when there is no warm-up). */
+static int64_t warmup_of(const unsigned char *skipped, int64_t n, int64_t *end) {
+  int64_t skips = 0, gap = 0;
+  *end = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (skipped[i]) {
+      skips++;
+      *end = i + 1;
+      gap = 0;
+    } else if (++gap > 1) {
+      break;
+    }
+  }
+  return skips;
+}
+
+/* Reads /steps of the trial's trace: the loss series, skips, scale.
+ * Returns 0, or -1 with why set when the trace cannot be read. With
+ * layers (the all-FP16 trial of an external command) it also takes the
+ * model's layers from the trace. */
+static int trial_read_trace(bisect *b, trial *t, int want_layers) {
+  probe_trace *tr = NULL;
+  char err[256] = "";
+  if (probe_trace_open_isolated(&tr, t->trace, err, sizeof err) != PROBE_OK) {
+    snprintf(t->why, sizeof t->why, "no readable trace at %.150s (%.120s)", t->trace,
+             err[0] ? err : "cannot open");
+    return -1;
+  }
+  const probe_trace_info *inf = probe_trace_get_info(tr);
+  int64_t n = inf->n_steps;
+  double *loss = malloc((size_t)(n > 0 ? n : 1) * sizeof *loss);
+  unsigned char *skip = malloc((size_t)(n > 0 ? n : 1));
+  probe_step_scalars buf[1024];
+  int64_t row = 0;
+  int ok = loss && skip;
+  t->min_scale = INFINITY;
+  while (ok && row < n) {
+    size_t got = 0;
+    if (probe_trace_read_steps(tr, row, 1024, buf, &got) != PROBE_OK) {
+      snprintf(t->why, sizeof t->why, "%.150s: %.150s", t->trace,
+               probe_trace_last_error(tr));
+      ok = 0;
+      break;
+    }
+    if (got == 0)
+      break;
+    for (size_t i = 0; i < got && row < n; i++, row++) {
+      loss[row] = buf[i].loss;
+      skip[row] = buf[i].skipped != 0;
+      if (buf[i].loss_scale < t->min_scale)
+        t->min_scale = buf[i].loss_scale;
+      if (!isfinite(buf[i].loss) && t->first_nonfinite_loss < 0)
+        t->first_nonfinite_loss = buf[i].step;
+    }
+  }
+  if (ok && row == 0)
+    snprintf(t->why, sizeof t->why, "the trace %.250s holds no step", t->trace);
+  if (ok && row > 0) {
+    n = row;
+    int64_t run = 0;
+    for (int64_t i = 0; i < n; i++) {
+      t->skipped += skip[i];
+      run = skip[i] ? run + 1 : 0;
+      if (run > t->longest_skip)
+        t->longest_skip = run;
+    }
+    t->warmup_skips = warmup_of(skip, n, &t->warmup_end);
+    t->n_steps = n;
+    int64_t k = n < WINDOW_MIN ? n : WINDOW_MIN;
+    double s = 0;
+    for (int64_t i = n - k; i < n; i++)
+      s += loss[i];
+    t->final_loss = s / (double)k;
+    t->loss = loss;
+    loss = NULL;
+    t->have_trace = 1;
+    if (!isfinite(t->min_scale))
+      t->min_scale = NAN;
+  }
+  if (ok && row > 0 && want_layers && !b->layers) {
+    size_t nl = 0;
+    const probe_layer_info *li = probe_trace_layers(tr, &nl);
+    b->layers = calloc(nl ? nl : 1, sizeof *b->layers);
+    for (size_t i = 0; b->layers && i < nl; i++) {
+      snprintf(b->layers[i].name, sizeof b->layers[i].name, "%s", li[i].name);
+      b->layers[i].kind = (probe_kind)li[i].kind;
+    }
+    b->n_layers = b->layers ? nl : 0;
+  }
+  free(loss);
+  free(skip);
+  probe_trace_close(tr);
+  return t->have_trace ? 0 : -1;
+}
+
+/* ---- judging ------------------------------------------------------------------ */
+
+static double mean_of(const double *x, int64_t from, int64_t len) {
+  double s = 0;
+  for (int64_t i = from; i < from + len; i++)
+    s += x[i];
+  return len > 0 ? s / (double)len : NAN;
+}
+
+/* Steps in the compared windows: a tenth of the run, at least WINDOW_MIN
+ * (all of it when shorter). */
+static int64_t window_len(int64_t n) {
+  int64_t k = n / 10 > WINDOW_MIN ? n / 10 : WINDOW_MIN;
+  return k < n ? k : n;
+}
+
+/* The loss criterion: the trial's mean loss over its last K steps against
+ * the FP32 baseline's over the steps with the same number of optimizer
+ * updates behind them (shifted back by the trial's warm-up skips). Returns
+ * 1 when it fails; fills the windows and why. */
+static int judge_loss(const bisect *b, trial *t, char *w, size_t len) {
+  const trial *base = &b->trials[b->base_id];
+  int64_t n = t->n_steps < base->n_steps ? t->n_steps : base->n_steps;
+  int64_t shift = t->warmup_skips;
+  int64_t k = window_len(n);
+  if (k > n - t->warmup_end) /* only steps after the warm-up */
+    k = n - t->warmup_end;
+  if (k > n - shift)
+    k = n - shift;
+  if (k < 1) { /* a run that is all warm-up: compare its last step */
+    k = 1;
+    shift = 0;
+  }
+  t->win_len = k;
+  t->win_from = n - k;
+  t->win_base_from = n - k - shift;
+  t->win_loss = mean_of(t->loss, t->win_from, k);
+  t->win_base = mean_of(base->loss, t->win_base_from, k);
+  double bl = t->win_base, rel = 100.0 * (t->win_loss - bl) / fabs(bl);
+  char span[96];
+  snprintf(span, sizeof span, "steps %lld-%lld",
+           (long long)t->win_from, (long long)(n - 1));
+  char bspan[128] = "";
+  if (shift > 0)
+    snprintf(bspan, sizeof bspan, " over steps %lld-%lld (%lld warm-up "
+             "skip%s)", (long long)t->win_base_from,
+             (long long)(t->win_base_from + k - 1), (long long)shift,
+             shift == 1 ? "" : "s");
+  if (!isfinite(t->win_loss)) {
+    snprintf(w, len, "mean loss over %s is not finite", span);
+    return 1;
+  }
+  if (t->win_loss > bl + fabs(bl) * b->tol_pct / 100.0) {
+    snprintf(w, len, "mean loss %.4g over %s is %.0f%% above the FP32 "
+                     "baseline's %.4g%s (> %.3g%%)",
+             t->win_loss, span, rel, bl, bspan, b->tol_pct);
+    return 1;
+  }
+  snprintf(w, len, "mean loss %.4g over %s, %+.1f%% vs FP32 baseline%s "
+                   "(<= %.3g%%)",
+           t->win_loss, span, rel, bspan, b->tol_pct);
+  return 0;
+}
+
+/* Applies the failure criteria in order; the first that holds is the
+ * reason. The baselines are judged without the loss criterion. */
 static void trial_judge(bisect *b, trial *t) {
   if (t->state != T_DONE)
     return;
-  int fail = 0;
+  int fail = 1;
   char *w = t->why;
   size_t len = sizeof t->why;
-  if (b->fail_nonfinite && (t->diverged || t->first_nonfinite_loss >= 0)) {
-    fail = 1;
-    if (t->first_nonfinite_loss >= 0)
-      snprintf(w, len, "non-finite loss at step %lld",
-               (long long)t->first_nonfinite_loss);
-    else
-      snprintf(w, len, "non-finite final loss");
+  const trial *base = b->baseline_known ? &b->trials[b->base_id] : NULL;
+  char ext[48] = "";
+  if (b->ext && t->exit_code != 0)
+    snprintf(ext, sizeof ext, " (the command exited %d)", t->exit_code);
+  if (b->fail_nonfinite && t->first_nonfinite_loss >= 0) {
+    snprintf(w, len, "non-finite loss at step %lld%s",
+             (long long)t->first_nonfinite_loss, ext);
+  } else if (!strcmp(t->pm_verdict, "degraded") ||
+             !strcmp(t->pm_verdict, "diverged")) {
+    snprintf(w, len, "post-mortem verdict %s%s", t->pm_verdict, ext);
   } else if (b->max_skips >= 0 && t->longest_skip > b->max_skips) {
-    fail = 1;
-    snprintf(w, len, "%lld consecutive skipped steps (> %lld)",
-             (long long)t->longest_skip, (long long)b->max_skips);
+    snprintf(w, len, "%lld consecutive skipped steps (> %lld)%s",
+             (long long)t->longest_skip, (long long)b->max_skips, ext);
   } else if (b->min_scale > 0 && isfinite(t->min_scale) &&
              t->min_scale < b->min_scale) {
+    snprintf(w, len, "loss scale fell to %g (< %g)%s", t->min_scale,
+             b->min_scale, ext);
+  } else if (base && t != base && t->n_steps < base->n_steps) {
+    snprintf(w, len, "stopped after %lld of the baseline's %lld steps%s",
+             (long long)t->n_steps, (long long)base->n_steps, ext);
+  } else if (b->ext && t->exit_code != 0 && !is_baseline(t->role)) {
+    snprintf(w, len, "the command exited %d", t->exit_code);
+  } else if (!is_baseline(t->role) && b->max_regress >= 0 && base) {
+    fail = judge_loss(b, t, w, len);
+  } else {
+    fail = 0;
+    snprintf(w, len, "final loss %.4g (mean of the last %lld steps)",
+             t->final_loss, (long long)window_len(t->n_steps));
+  }
+  if (b->ext && t->exit_code != 0 && is_baseline(t->role) && !fail) {
     fail = 1;
-    snprintf(w, len, "loss scale fell to %g (< %g)", t->min_scale,
-             b->min_scale);
-  } else if (t->role != R_BASELINE && b->max_regress >= 0 &&
-             b->baseline_known && isfinite(b->baseline_loss) &&
-             (!isfinite(t->final_loss) ||
-              t->final_loss > b->baseline_loss +
-                                  fabs(b->baseline_loss) * b->max_regress /
-                                      100.0)) {
-    fail = 1;
-    if (isfinite(t->final_loss))
-      snprintf(w, len, "final loss %.4g is %.0f%% above the FP32 baseline's "
-                       "%.4g (> %g%%)",
-               t->final_loss,
-               100.0 * (t->final_loss - b->baseline_loss) /
-                   fabs(b->baseline_loss),
-               b->baseline_loss, b->max_regress);
-    else
-      snprintf(w, len, "final loss is not finite");
-  } else if (!fail) {
-    if (t->role != R_BASELINE && b->baseline_known &&
-        isfinite(b->baseline_loss) && b->baseline_loss != 0 &&
-        isfinite(t->final_loss))
-      snprintf(w, len, "final loss %.4g (%+.1f%% vs FP32 baseline)",
-               t->final_loss,
-               100.0 * (t->final_loss - b->baseline_loss) /
-                   fabs(b->baseline_loss));
-    else
-      snprintf(w, len, "final loss %.4g", t->final_loss);
+    snprintf(w, len, "the command exited %d", t->exit_code);
   }
   t->verdict = fail ? PROBE_DDMIN_FAIL : PROBE_DDMIN_PASS;
+  if (!is_baseline(t->role)) { /* only the baselines' series are needed */
+    free(t->loss);
+    t->loss = NULL;
+  }
 }
 
 static void trial_finish(bisect *b, trial *t, int status) {
@@ -371,8 +694,6 @@ static void trial_finish(bisect *b, trial *t, int status) {
   t->exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
                                    : -(WIFSIGNALED(status) ? WTERMSIG(status)
                                                            : 0);
-  /* Ctrl-C on the terminal reaches the trials too: they stop cleanly with
-   * exit 130, perhaps before this process has looked at its own flag */
   if (cli_stop_flag && (t->exit_code == CLI_EXIT_INTERRUPTED || t->exit_code < 0))
     t->state = T_CANCELLING;
   if (t->state == T_CANCELLING) {
@@ -383,58 +704,144 @@ static void trial_finish(bisect *b, trial *t, int status) {
                  : (t->cancel_why ? t->cancel_why : "cancelled"));
     return;
   }
-  if (t->exit_code == 0 || t->exit_code == 1) {
-    trial_read_summary(b, t);
-    if (t->have_summary) {
+  /* internal: run exits 0 healthy, 1 diverged (or degraded); an external
+   * command may exit nonzero after writing its trace: its trace decides */
+  int judged = b->ext ? t->exit_code >= 0 : (t->exit_code == 0 || t->exit_code == 1);
+  if (judged) {
+    if (!b->ext)
+      trial_read_summary(b, t);
+    if (trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) == 0) {
+      /* an external job's verdict: the post-mortem of its trace (a `run`
+       * trial reports it in its summary); the trace passed the isolated
+       * reader above */
+      probe_verdict v;
+      if (b->ext && probe_postmortem_verdict(t->trace, &v) == PROBE_OK)
+        snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s",
+                 probe_verdict_name(v));
       t->state = T_DONE;
-      if (b->baseline_known || t->role == R_BASELINE)
+      if (b->baseline_known || is_baseline(t->role))
         trial_judge(b, t);
       return;
     }
   }
   t->state = T_ERROR;
-  char line[400];
+  char line[400], tw[320];
+  snprintf(tw, sizeof tw, "%s", t->why);
   trial_last_log_line(b, t, line, sizeof line);
   if (t->exit_code < 0)
-    snprintf(t->why, sizeof t->why, "killed by signal %d%s%s", -t->exit_code,
+    snprintf(t->why, sizeof t->why, "killed by signal %d%s%.250s",
+             -t->exit_code, line[0] ? ": " : "", line);
+  else if (t->exit_code != 0 || !tw[0])
+    snprintf(t->why, sizeof t->why, "exit %d%s%.250s", t->exit_code,
              line[0] ? ": " : "", line);
+  else /* exit 0 without a readable trace */
+    snprintf(t->why, sizeof t->why, "%.200s%s", tw,
+             b->ext ? "; does the command write AMPPROBE_TRACE (the ampprobe "
+                      "Python package)?"
+                    : "");
+}
+
+/* ---- progress ----------------------------------------------------------------- */
+
+static void fmt_secs(char *buf, size_t n, double s) {
+  if (!isfinite(s) || s < 0)
+    snprintf(buf, n, "?");
+  else if (s < 60)
+    snprintf(buf, n, "%.0fs", s);
+  else if (s < 3600)
+    snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
   else
-    snprintf(t->why, sizeof t->why, "exit %d%s%s", t->exit_code,
-             line[0] ? ": " : "", line);
+    snprintf(buf, n, "%dh%02dm", (int)(s / 3600), ((int)s % 3600) / 60);
+}
+
+/* "7 of ~13 trials done, 2 running, elapsed 12s, ETA ~20s": the total is
+ * the premises plus ddmin's bound for one culprit (raised when exceeded),
+ * the ETA the mean trial time times the trials left over -j. */
+static void progress_text(const bisect *b, char *buf, size_t len) {
+  size_t done = 0, running = 0;
+  double busy = 0;
+  for (size_t i = 0; i < b->n_trials; i++) {
+    trial_state s = b->trials[i].state;
+    if (s == T_DONE || s == T_ERROR) {
+      done++;
+      busy += b->trials[i].seconds;
+    } else if (s == T_CANCELLED) {
+      done++;
+    }
+    running += s == T_RUNNING || s == T_CANCELLING;
+  }
+  size_t total = (size_t)b->est_total;
+  if (total < done + running)
+    total = done + running;
+  double el = cli_now() - b->t_start;
+  size_t ran = 0;
+  for (size_t i = 0; i < b->n_trials; i++)
+    ran += b->trials[i].state == T_DONE || b->trials[i].state == T_ERROR;
+  double per = ran ? busy / (double)ran : NAN;
+  double eta = per * (double)(total - done) / (double)(b->jobs > 0 ? b->jobs : 1);
+  char es[32], ts[32];
+  fmt_secs(es, sizeof es, el);
+  fmt_secs(ts, sizeof ts, eta);
+  snprintf(buf, len, "%zu of ~%zu trials done, %zu running, elapsed %s, "
+                     "ETA ~%s", done, total, running, es, ts);
 }
 
 static void progress_draw(bisect *b, int force) {
-  if (!b->progress_on)
-    return;
   double now = cli_now();
-  if (!force && now - b->last_draw < 0.1)
+  if (b->progress_every > 0 && !b->quiet &&
+      now - b->last_line >= b->progress_every) {
+    char line[256];
+    progress_text(b, line, sizeof line);
+    fprintf(stderr, "ampprobe: bisect: %s\n", line);
+    fflush(stderr);
+    b->last_line = now;
+  }
+  if (!b->progress_tty || (!force && now - b->last_draw < 0.1))
     return;
   b->last_draw = now;
-  size_t done = 0, running = 0;
-  for (size_t i = 0; i < b->n_trials; i++) {
-    trial_state s = b->trials[i].state;
-    done += s == T_DONE || s == T_CANCELLED || s == T_ERROR;
-    running += s == T_RUNNING || s == T_CANCELLING;
-  }
-  fprintf(stderr, "\r\033[Kbisect: %zu trials done, %zu running, %.1f s",
-          done, running, now - b->t_start);
+  char line[256];
+  progress_text(b, line, sizeof line);
+  fprintf(stderr, "\r\033[Kbisect: %s", line);
   fflush(stderr);
 }
 
 static void progress_clear(bisect *b) {
-  if (b->progress_on) {
+  if (b->progress_tty) {
     fprintf(stderr, "\r\033[K");
     fflush(stderr);
   }
 }
 
-/* Stops the running trials ts[from..n); why is shown for each. */
+/* ceil(log2 n) */
+static int clog2(int n) {
+  int k = 0;
+  while ((1 << k) < n)
+    k++;
+  return k;
+}
+
+/* ---- running trials ------------------------------------------------------------ */
+
+/* Stops the running trials ts[from..n) (their whole process groups); why
+ * is shown for each. */
 static void kill_running(trial **ts, size_t n, size_t from, const char *why) {
   for (size_t i = from; i < n; i++)
     if (ts[i]->state == T_RUNNING) {
-      kill(ts[i]->pid, SIGTERM);
+      kill(-ts[i]->pid, SIGTERM);
       ts[i]->state = T_CANCELLING;
       ts[i]->cancel_why = why;
+      ts[i]->cancel_t = cli_now();
+    }
+}
+
+/* A trial that ignores SIGTERM for CANCEL_GRACE seconds gets SIGKILL. */
+static void kill_stragglers(trial **ts, size_t n) {
+  double now = cli_now();
+  for (size_t i = 0; i < n; i++)
+    if (ts[i]->state == T_CANCELLING && ts[i]->cancel_t > 0 &&
+        now - ts[i]->cancel_t > CANCEL_GRACE) {
+      kill(-ts[i]->pid, SIGKILL);
+      ts[i]->cancel_t = 0;
     }
 }
 
@@ -458,6 +865,7 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     while (result == PROBE_OK && running < (size_t)b->jobs && next < stop_at) {
       if (trial_launch(b, ts[next]) != 0) {
         result = PROBE_ERR_IO;
+        b->error_exit = CLI_EXIT_INTERNAL;
         not_run = "not run: a trial could not be started";
         kill_running(ts, n, 0, "cancelled: a trial could not be started");
         stop_at = 0;
@@ -472,6 +880,7 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid == 0 || (pid < 0 && errno == EINTR)) {
       progress_draw(b, 0);
+      kill_stragglers(ts, n);
       struct timespec ts_sleep = {0, 10 * 1000 * 1000};
       nanosleep(&ts_sleep, NULL);
       continue;
@@ -486,11 +895,13 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     if (k == n)
       continue; /* not ours */
     running--;
+    kill(-pid, SIGKILL); /* anything the trial left behind in its group */
     trial_finish(b, ts[k], status);
     progress_draw(b, 1);
     if (ts[k]->state == T_ERROR && result == PROBE_OK) {
-      snprintf(b->error, sizeof b->error, "trial %02d could not run (%s)",
-               ts[k]->id, ts[k]->why);
+      snprintf(b->error, sizeof b->error, "trial %02d (%s) could not run (%.300s); "
+               "its log: %.300s/trial-%02d.log", ts[k]->id, role_name[ts[k]->role],
+               ts[k]->why, b->workdir, ts[k]->id);
       b->error_exit = ts[k]->exit_code;
       result = PROBE_ERR_IO;
       not_run = "not run: an earlier trial errored";
@@ -551,27 +962,34 @@ static probe_status oracle(void *ctx, const uint64_t *sets, size_t count,
   return st;
 }
 
-/* ---- output ------------------------------------------------------------------ */
+/* ---- the result ------------------------------------------------------------- */
 
 typedef enum outcome {
-  O_FOUND, O_HEALTHY, O_NOT_PRECISION, O_INSUFFICIENT, O_INTERRUPTED, O_ERROR
+  O_FOUND, O_HEALTHY, O_NOT_PRECISION, O_NOT_TRAINING, O_INSUFFICIENT,
+  O_INTERRUPTED, O_ERROR
 } outcome;
 
 static const char *outcome_name[] = {"minimal-set-found", "healthy",
                                      "not-a-precision-problem",
+                                     "baseline-does-not-train",
                                      "candidates-insufficient", "interrupted",
                                      "error"};
 
 typedef struct result {
   outcome oc;
-  char summary[1024];
+  char summary[2048];
   char minimal[LIST_MAX];        /* candidates as given */
   char minimal_layers[LIST_MAX]; /* --granularity layer */
-  char reproduce[LIST_MAX + 512];
+  char reproduce[LIST_MAX + 1024];
   char implicated[512];          /* postmortem on the all-candidates run */
   char suggest[512];             /* new candidates it proposes */
-  char finding[DIAG_TEXT_MAX];   /* its top-ranked finding */
+  char finding[PROBE_DIAG_TEXT_MAX];   /* its top-ranked finding */
+  char hint[768];                /* what to do, from what the trials showed */
+  int scaling_off;               /* the all-candidates run had no scaler */
+  char underflow_layer[PROBE_NAME_MAX]; /* most gradient values lost */
+  double underflow_frac;
   size_t ddmin_trials;
+  int n_layers_searched;
 } result;
 
 static const char *verdict_str(const trial *t) {
@@ -613,6 +1031,15 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
     if (o < len)                                                               \
       o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
   } while (0)
+  if (b->ext) {
+    shell_quote(q, sizeof q, fp32);
+    PUT("AMPPROBE_FP32=%s", q);
+    for (int i = 0; i < b->n_ext; i++) {
+      shell_quote(q, sizeof q, b->ext[i]);
+      PUT(" %s", q);
+    }
+    return;
+  }
   PUT("ampprobe run");
   if (b->config) {
     shell_quote(q, sizeof q, b->config);
@@ -647,25 +1074,121 @@ static json_t *list_json(const char *list) {
   return a;
 }
 
-static json_t *result_json(const bisect *b, const result *r,
-                           const char *candidates, const char *granularity,
-                           const char *name) {
+/* One line saying how trials are judged (text and JSON). */
+static void criteria_text(const bisect *b, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = 0;
+#define PUT(...)                                                               \
+  do {                                                                         \
+    if (o < len)                                                               \
+      o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
+  } while (0)
+  if (b->fail_nonfinite)
+    PUT("non-finite loss; ");
+  PUT("post-mortem verdict degraded");
+  if (b->max_skips >= 0)
+    PUT("; > %lld consecutive skipped steps", (long long)b->max_skips);
+  if (b->min_scale > 0)
+    PUT("; loss scale < %g", b->min_scale);
+  if (b->max_regress >= 0) {
+    const trial *base = b->baseline_known ? &b->trials[b->base_id] : NULL;
+    char k[48] = "max(10, steps/10)";
+    if (base && base->have_trace)
+      snprintf(k, sizeof k, "%lld", (long long)window_len(base->n_steps));
+    PUT("; mean loss of the last %s steps more than %.3g%% above the FP32 "
+        "baseline's at the same optimizer update (its window shifted back "
+        "by the trial's warm-up skips)",
+        k, base ? b->tol_pct : b->max_regress);
+    if (base && isfinite(b->noise_pct))
+      PUT(", tolerance = max(%g%%, the %.3g%% spread between FP32 baselines "
+          "of seeds %lld and %lld)",
+          b->max_regress, b->noise_pct, (long long)b->base_seed,
+          (long long)b->noise_seed_used);
+    else if (base && b->noise_on)
+      PUT(", tolerance %g%% (the noise baseline did not pass)",
+          b->max_regress);
+    else
+      PUT(", tolerance %g%% (no noise baseline)", b->max_regress);
+  }
+#undef PUT
+}
+
+static json_t *trial_json(const trial *t) {
+  json_t *x = json_object();
+  json_object_set_new(x, "id", json_integer(t->id));
+  json_object_set_new(x, "role", json_string(role_name[t->role]));
+  json_object_set_new(x, "precision",
+                      json_string(is_baseline(t->role) ? "fp32" : "fp16"));
+  json_object_set_new(x, "fp32", is_baseline(t->role) ? json_null()
+                                                       : list_json(t->fp32));
+  json_object_set_new(
+      x, "verdict",
+      json_string(t->state == T_DONE
+                      ? (t->verdict == PROBE_DDMIN_PASS ? "pass" : "fail")
+                      : t->state == T_ERROR ? "error" : "cancelled"));
+  json_object_set_new(x, "why", json_string(t->why));
+  json_object_set_new(x, "steps_run", json_integer(t->n_steps));
+  json_object_set_new(x, "steps_planned", json_integer(t->steps_planned));
+  json_object_set_new(x, "final_loss", num_or_null(t->final_loss));
+  json_object_set_new(x, "warmup_skips", json_integer(t->warmup_skips));
+  json_t *win = json_null();
+  if (t->win_len > 0) {
+    win = json_object();
+    json_object_set_new(win, "steps", json_integer(t->win_len));
+    json_object_set_new(win, "from", json_integer(t->win_from));
+    json_object_set_new(win, "baseline_from", json_integer(t->win_base_from));
+    json_object_set_new(win, "mean_loss", num_or_null(t->win_loss));
+    json_object_set_new(win, "baseline_mean_loss", num_or_null(t->win_base));
+  }
+  json_object_set_new(x, "loss_window", win);
+  json_object_set_new(x, "longest_skip_run", json_integer(t->longest_skip));
+  json_object_set_new(x, "min_scale", num_or_null(t->min_scale));
+  json_object_set_new(x, "exit_code", json_integer(t->exit_code));
+  json_object_set_new(x, "seconds", num_or_null(t->seconds));
+  json_object_set_new(x, "trace", json_string(t->trace));
+  return x;
+}
+
+static json_t *result_json(const bisect *b, const result *r) {
   json_t *o = json_object();
   json_object_set_new(o, "command", json_string("bisect"));
-  json_object_set_new(o, "scenario", json_string(name));
+  json_object_set_new(o, "scenario", json_string(b->name));
   json_object_set_new(o, "config", b->config ? json_string(b->config) : json_null());
-  json_object_set_new(o, "candidates", list_json(candidates));
-  json_object_set_new(o, "granularity", json_string(granularity));
+  json_t *ext = json_null();
+  if (b->ext) {
+    ext = json_array();
+    for (int i = 0; i < b->n_ext; i++)
+      json_array_append_new(ext, json_string(b->ext[i]));
+  }
+  json_object_set_new(o, "external_command", ext);
+  json_object_set_new(o, "candidates", list_json(b->candidates));
+  json_object_set_new(o, "granularity", json_string(b->granularity));
   json_object_set_new(o, "unmatched_candidates",
                       b->warnings[0] ? list_json(b->warnings) : json_array());
   json_t *c = json_object();
   json_object_set_new(c, "fail_nonfinite", json_boolean(b->fail_nonfinite));
+  json_object_set_new(c, "fail_degraded", json_true());
   json_object_set_new(c, "max_consecutive_skips",
                       b->max_skips >= 0 ? json_integer(b->max_skips) : json_null());
   json_object_set_new(c, "min_scale", b->min_scale > 0 ? json_real(b->min_scale)
                                                        : json_null());
   json_object_set_new(c, "max_loss_regress_pct",
                       b->max_regress >= 0 ? json_real(b->max_regress) : json_null());
+  json_object_set_new(c, "loss_tolerance_pct",
+                      b->max_regress >= 0 && b->baseline_known
+                          ? num_or_null(b->tol_pct)
+                          : json_null());
+  json_object_set_new(c, "baseline_noise_pct", num_or_null(b->noise_pct));
+  json_object_set_new(c, "noise_seed", b->noise_on ? json_integer(b->noise_seed_used)
+                                                   : json_null());
+  json_object_set_new(c, "loss_window",
+                      json_string("mean loss of the trial's last max(10, "
+                                  "steps/10) steps after its warm-up, against "
+                                  "the FP32 baseline's over as many steps "
+                                  "ending warm-up-skips earlier"));
+  char ct[1024];
+  criteria_text(b, ct, sizeof ct);
+  json_object_set_new(c, "text", json_string(ct));
   json_object_set_new(o, "criteria", c);
   json_object_set_new(o, "outcome", json_string(outcome_name[r->oc]));
   json_object_set_new(o, "summary", json_string(r->summary));
@@ -683,38 +1206,20 @@ static json_t *result_json(const bisect *b, const result *r,
                       r->suggest[0] ? list_json(r->suggest) : json_null());
   json_object_set_new(o, "postmortem_finding",
                       r->finding[0] ? json_string(r->finding) : json_null());
+  json_object_set_new(o, "hint", r->hint[0] ? json_string(r->hint) : json_null());
+  const trial *base = b->base_id >= 0 && (size_t)b->base_id < b->n_trials
+                          ? &b->trials[b->base_id]
+                          : NULL;
   json_object_set_new(o, "baseline_final_loss",
-                      b->baseline_known ? num_or_null(b->baseline_loss)
-                                        : json_null());
+                      base && base->have_trace ? num_or_null(base->final_loss)
+                                               : json_null());
   size_t ran = 0, cancelled = 0;
   json_t *arr = json_array();
   for (size_t i = 0; i < b->n_trials; i++) {
     const trial *t = &b->trials[i];
     ran += t->state == T_DONE || t->state == T_ERROR;
     cancelled += t->state == T_CANCELLED;
-    json_t *x = json_object();
-    json_object_set_new(x, "id", json_integer(t->id));
-    json_object_set_new(x, "role", json_string(role_name[t->role]));
-    json_object_set_new(x, "precision",
-                        json_string(t->role == R_BASELINE ? "fp32" : "fp16"));
-    json_object_set_new(x, "fp32", t->role == R_BASELINE ? json_null()
-                                                         : list_json(t->fp32));
-    json_object_set_new(x, "verdict",
-                        json_string(t->state == T_DONE
-                                        ? (t->verdict == PROBE_DDMIN_PASS
-                                               ? "pass"
-                                               : "fail")
-                                        : t->state == T_ERROR ? "error"
-                                                              : "cancelled"));
-    json_object_set_new(x, "why", json_string(t->why));
-    json_object_set_new(x, "steps_run", json_integer(t->steps_run));
-    json_object_set_new(x, "steps_planned", json_integer(t->steps_planned));
-    json_object_set_new(x, "final_loss", num_or_null(t->final_loss));
-    json_object_set_new(x, "longest_skip_run", json_integer(t->longest_skip));
-    json_object_set_new(x, "min_scale", num_or_null(t->min_scale));
-    json_object_set_new(x, "seconds", num_or_null(t->seconds));
-    json_object_set_new(x, "trace", json_string(t->trace));
-    json_array_append_new(arr, x);
+    json_array_append_new(arr, trial_json(t));
   }
   json_object_set_new(o, "trials", arr);
   json_object_set_new(o, "trials_run", json_integer((json_int_t)ran));
@@ -726,29 +1231,30 @@ static json_t *result_json(const bisect *b, const result *r,
   return o;
 }
 
-static void print_text(const bisect *b, const result *r, const char *candidates,
-                       const char *granularity, const char *name) {
+/* Names come from configs, traces and the command line: printed escaped
+ * (cli_escape_name), so a control character cannot forge a line. The
+ * JSON keeps them as they are (jansson escapes them). */
+#define ESC_LEN (LIST_MAX + 1024)
+static const char *esc_next(char (*buf)[ESC_LEN], unsigned *n, const char *s) {
+  char *d = buf[(*n)++ % 4];
+  cli_escape_name(d, ESC_LEN, s);
+  return d;
+}
+#define ESC(s) esc_next(escbuf, &escn, (s))
+
+static void print_text(const bisect *b, const result *r) {
   FILE *f = stdout;
-  fprintf(f, "ampprobe bisect: %s, candidates %s (granularity %s)\n", name,
-          candidates, granularity);
-  fprintf(f, "  a trial fails on:");
-  int any = 0;
-  if (b->fail_nonfinite)
-    fprintf(f, "%s non-finite loss", any++ ? ";" : "");
-  if (b->max_skips >= 0)
-    fprintf(f, "%s > %lld consecutive skipped steps", any++ ? ";" : "",
-            (long long)b->max_skips);
-  if (b->min_scale > 0)
-    fprintf(f, "%s loss scale < %g", any++ ? ";" : "", b->min_scale);
-  if (b->max_regress >= 0)
-    fprintf(f, "%s final loss > %g%% above the FP32 baseline",
-            any++ ? ";" : "", b->max_regress);
-  if (!any)
-    fprintf(f, " nothing (every criterion is off)");
-  fprintf(f, "\n\n");
+  static char escbuf[4][ESC_LEN];
+  unsigned escn = 0;
+  fprintf(f, "ampprobe bisect: %s, ", ESC(b->name));
+  fprintf(f, "candidates %s (granularity %s)\n", ESC(b->candidates),
+          b->granularity);
+  char ct[1024];
+  criteria_text(b, ct, sizeof ct);
+  fprintf(f, "  a trial fails on: %s\n\n", ct);
   int w = 14; /* width of the set column: the longest set, at most 48 */
   for (size_t i = 0; i < b->n_trials; i++) {
-    int l = b->trials[i].role == R_BASELINE ? 23 : (int)strlen(b->trials[i].fp32);
+    int l = is_baseline(b->trials[i].role) ? 23 : (int)strlen(b->trials[i].fp32);
     if (l > w)
       w = l < 48 ? l : 48;
   }
@@ -760,42 +1266,59 @@ static void print_text(const bisect *b, const result *r, const char *candidates,
     ran += t->state == T_DONE || t->state == T_ERROR;
     cancelled += t->state == T_CANCELLED;
     char steps[48] = "-", tm[24] = "-";
-    if (t->have_summary)
-      snprintf(steps, sizeof steps, "%lld/%lld", (long long)t->steps_run,
-               (long long)t->steps_planned);
+    if (t->have_trace) {
+      if (t->steps_planned > 0)
+        snprintf(steps, sizeof steps, "%lld/%lld", (long long)t->n_steps,
+                 (long long)t->steps_planned);
+      else
+        snprintf(steps, sizeof steps, "%lld", (long long)t->n_steps);
+    }
     if (t->state == T_DONE || t->state == T_ERROR || t->seconds > 0)
       snprintf(tm, sizeof tm, "%.2fs", t->seconds);
-    const char *set = t->role == R_BASELINE ? "(all: --precision fp32)"
+    const char *set = t->role == R_BASELINE ? "(all: fp32 baseline)"
+                      : t->role == R_NOISE  ? "(all: fp32, seed 2)"
                       : t->fp32[0]          ? t->fp32
                                             : "(nothing)";
+    char setb[64];
+    if (t->role == R_NOISE) {
+      snprintf(setb, sizeof setb, "(all: fp32, seed %lld)",
+               (long long)b->noise_seed_used);
+      set = setb;
+    }
     fprintf(f, "  %02d  %-15s %-*s %-7s %-9s %7s  %s\n", t->id,
-            role_name[t->role], w, set, verdict_str(t), steps, tm, t->why);
+            role_name[t->role], w, ESC(set), verdict_str(t), steps, tm, ESC(t->why));
   }
   fprintf(f, "\n");
-  fprintf(f, "result: %s\n", r->summary);
+  fprintf(f, "result: %s\n", ESC(r->summary));
   if (r->oc == O_FOUND) {
-    fprintf(f, "  minimal set     %s%s\n", r->minimal,
+    fprintf(f, "  minimal set     %s%s\n", ESC(r->minimal),
             strchr(r->minimal, ',')
                 ? "  (1-minimal: dropping any one of them fails)"
                 : "");
     if (r->minimal_layers[0])
-      fprintf(f, "  minimal layers  %s\n", r->minimal_layers);
+      fprintf(f, "  minimal layers  %s\n", ESC(r->minimal_layers));
   }
   if (r->implicated[0])
     fprintf(f, "  implicated      %s (post-mortem of the all-candidates run)\n",
-            r->implicated);
+            ESC(r->implicated));
+  if (r->hint[0])
+    fprintf(f, "  hint            %s\n", ESC(r->hint));
   if (r->reproduce[0])
-    fprintf(f, "  reproduce       %s\n", r->reproduce);
+    fprintf(f, "  reproduce       %s\n", ESC(r->reproduce));
   fprintf(f, "  trials          %zu run (%zu in ddmin), %zu cancelled, %.2f s "
              "wall with -j %d\n",
           ran, r->ddmin_trials, cancelled, cli_now() - b->t_start, b->jobs);
   fprintf(f, "  workdir         %s (trace, summary and log of every trial)\n",
-          b->workdir);
+          ESC(b->workdir));
 }
+
+#undef ESC
+#undef ESC_LEN
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static int mkdir_p(const char *path) {
+/* mkdir -p of the folders above path (not path itself). */
+static int mkdir_parents(const char *path) {
   char tmp[1024];
   snprintf(tmp, sizeof tmp, "%s", path);
   for (char *p = tmp + 1; *p; p++) {
@@ -806,10 +1329,81 @@ static int mkdir_p(const char *path) {
       return -1;
     *p = '/';
   }
-  if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+  return 0;
+}
+
+/* 1 when the open folder holds files of an earlier bisect (trial-*). */
+static int holds_trials(int fd) {
+  int dfd = dup(fd);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0)
+      close(dfd);
+    return 1; /* cannot tell: do not reuse */
+  }
+  int found = 0;
+  struct dirent *e;
+  while (!found && (e = readdir(d)))
+    found = !strncmp(e->d_name, "trial-", 6);
+  closedir(d);
+  return found;
+}
+
+/* The work directory, created safely: a new folder is made with mkdir and
+ * opened with O_DIRECTORY|O_NOFOLLOW (a symlink planted there is refused);
+ * an existing one without trial files is used as is; one that holds an
+ * earlier bisect's trials gets a fresh run-N subfolder (mkdirat, exclusive),
+ * so no earlier file is ever replaced. b->workdir and b->wd_fd are set.
+ * Returns 0, or -1 with the error printed. */
+static int workdir_open(bisect *b, const char *want) {
+  snprintf(b->workdir, sizeof b->workdir, "%s", want);
+  size_t l = strlen(b->workdir);
+  while (l > 1 && b->workdir[l - 1] == '/')
+    b->workdir[--l] = 0;
+  if (mkdir_parents(b->workdir) != 0 ||
+      (mkdir(b->workdir, 0755) != 0 && errno != EEXIST)) {
+    cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
+              strerror(errno));
     return -1;
-  struct stat st;
-  return stat(tmp, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+  }
+  struct stat ls;
+  int is_link = lstat(b->workdir, &ls) == 0 && S_ISLNK(ls.st_mode);
+  int fd = is_link ? -1
+                   : open(b->workdir,
+                          O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    cli_error(SUB, "cannot use the work directory %s: %s", b->workdir,
+              is_link || errno == ELOOP ? "it is a symbolic link (refused: trial files "
+                               "are never written through a symlink)"
+                             : strerror(errno));
+    return -1;
+  }
+  if (holds_trials(fd)) {
+    int sub = -1;
+    char name[32];
+    for (int i = 2; i < 10000 && sub < 0; i++) {
+      snprintf(name, sizeof name, "run-%d", i);
+      if (mkdirat(fd, name, 0755) == 0)
+        sub = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      else if (errno != EEXIST)
+        break;
+    }
+    if (sub < 0) {
+      cli_error(SUB, "cannot create a fresh folder in the work directory "
+                     "%s: %s", b->workdir, strerror(errno));
+      close(fd);
+      return -1;
+    }
+    size_t o = strlen(b->workdir);
+    snprintf(b->workdir + o, sizeof b->workdir - o, "/%s", name);
+    fprintf(stderr, "ampprobe: bisect: note: the work directory holds an "
+                    "earlier bisect's trials; this one's go to %s\n",
+            b->workdir);
+    close(fd);
+    fd = sub;
+  }
+  b->wd_fd = fd;
+  return 0;
 }
 
 /* Splits a comma list into unique, non-empty entries. */
@@ -859,52 +1453,174 @@ static void free_list(char **v, int n) {
   free(v);
 }
 
+static int matches_layer(const bisect *b, const char *cand) {
+  for (size_t l = 0; l < b->n_layers; l++)
+    if (b->layers[l].kind != PROBE_KIND_INPUT &&
+        probe_policy_match(cand, b->layers[l].name, b->layers[l].kind))
+      return 1;
+  return 0;
+}
+
+/* Keeps in b->cand the candidates that match a layer of the model; the
+ * others are named in a warning and cost no trial of the search. */
+static int select_candidates(bisect *b) {
+  b->cand = calloc(PROBE_DDMIN_MAX + 1, sizeof *b->cand);
+  if (!b->cand)
+    return -1;
+  b->n_cand = 0;
+  b->warnings[0] = 0;
+  for (int i = 0; i < b->n_cand_all; i++) {
+    if (matches_layer(b, b->cand_all[i])) {
+      b->cand[b->n_cand++] = strdup(b->cand_all[i]);
+    } else {
+      size_t o = strlen(b->warnings);
+      snprintf(b->warnings + o, sizeof b->warnings - o, "%s%s", o ? "," : "",
+               b->cand_all[i]);
+    }
+  }
+  if (b->warnings[0]) {
+    char w[LIST_MAX + 64], nm[PROBE_NAME_MAX * 8];
+    cli_escape_name(w, sizeof w, b->warnings);
+    cli_escape_name(nm, sizeof nm, b->name);
+    fprintf(stderr, "ampprobe: bisect: warning: %s match%s no layer of %s "
+                    "(dropped: forcing %s to FP32 changes nothing)\n",
+            w, strchr(b->warnings, ',') ? "" : "es", nm,
+            strchr(b->warnings, ',') ? "them" : "it");
+  }
+  return 0;
+}
+
 /* Post-mortem of a failing trial: the origin layer (or the layer whose
- * gradients underflow most), the diagnosis engine's top finding, and the
- * FP32 candidates it proposes that are not candidates already. */
-static void implicate(const trial *t, char **cand, int n_cand, char *layers,
-                      size_t ll, char *sugg, size_t sl, char *finding,
-                      size_t fl) {
-  layers[0] = sugg[0] = finding[0] = 0;
+ * gradients underflow most), the diagnosis engine's top finding and its
+ * id, and the FP32 candidates it proposes that are not candidates
+ * already. Returns the top finding's id, or -1. */
+static int implicate(const bisect *b, const trial *t, result *r) {
+  r->implicated[0] = r->suggest[0] = r->finding[0] = 0;
   probe_trace *tr = NULL;
   char err[256];
   if (probe_trace_open_isolated(&tr, t->trace, err, sizeof err) != PROBE_OK)
-    return;
+    return -1;
   probe_diag d;
-  diag_options o;
-  diag_options_init(&o);
+  probe_diag_options o;
+  probe_diag_options_init(&o);
+  int id = -1;
+  const probe_trace_info *inf = probe_trace_get_info(tr);
+  r->scaling_off = inf && probe_diag_config_scaling(inf->config_json) == 0;
   if (probe_diag_run(&d, tr, t->trace, &o) == PROBE_OK) {
+    if (d.worst_underflow_layer >= 0) {
+      snprintf(r->underflow_layer, sizeof r->underflow_layer, "%s",
+               probe_diag_layer_name(&d, d.worst_underflow_layer));
+      r->underflow_frac = d.worst_underflow_frac;
+    }
     if (d.origin_layer >= 0)
-      snprintf(layers, ll, "%s", diag_layer_name(&d, d.origin_layer));
+      snprintf(r->implicated, sizeof r->implicated, "%s",
+               probe_diag_layer_name(&d, d.origin_layer));
     else if (d.worst_underflow_layer >= 0 && d.worst_underflow_frac > 0.01)
-      snprintf(layers, ll, "%s", diag_layer_name(&d, d.worst_underflow_layer));
-    if (d.n_findings > 0 && d.findings[0].id != DIAG_FINDING_HEALTHY)
-      snprintf(finding, fl, "%s", d.findings[0].title);
+      snprintf(r->implicated, sizeof r->implicated, "%s",
+               probe_diag_layer_name(&d, d.worst_underflow_layer));
+    if (d.n_findings > 0 && d.findings[0].id != PROBE_DIAG_FINDING_HEALTHY) {
+      snprintf(r->finding, sizeof r->finding, "%s", d.findings[0].title);
+      id = (int)d.findings[0].id;
+    }
     char tmp[sizeof d.fp32_candidates];
     snprintf(tmp, sizeof tmp, "%s", d.fp32_candidates);
     char *save = NULL;
     size_t off = 0;
-    for (char *p = strtok_r(tmp, ",", &save); p && off < sl;
+    for (char *p = strtok_r(tmp, ",", &save); p && off < sizeof r->suggest;
          p = strtok_r(NULL, ",", &save)) {
-      int known = 0;
-      for (int i = 0; i < n_cand; i++)
-        known |= !strcmp(cand[i], p);
+      int known = p[0] == '-'; /* not a kind (a stray option word) */
+      for (int i = 0; i < b->n_cand_all; i++)
+        known |= !strcmp(b->cand_all[i], p);
       if (!known)
-        off += (size_t)snprintf(sugg + off, sl - off, "%s%s", off ? "," : "", p);
+        off += (size_t)snprintf(r->suggest + off, sizeof r->suggest - off,
+                                "%s%s", off ? "," : "", p);
     }
     probe_diag_free(&d);
   }
   probe_trace_close(tr);
+  return id;
 }
 
-/* ---- the command ------------------------------------------------------------ */
+/* What to do when the candidates are not enough, from what the trials and
+ * the post-mortem of the all-candidates run showed. */
+static void insufficient_hint(const bisect *b, const trial *tall, int finding,
+                              result *r) {
+  size_t o = 0;
+  char *h = r->hint;
+  size_t hl = sizeof r->hint;
+#define PUT(...)                                                               \
+  do {                                                                         \
+    if (o < hl)                                                                \
+      o += (size_t)snprintf(h + o, hl - o, __VA_ARGS__);                       \
+  } while (0)
+  int scaling_off = r->scaling_off;
+  for (int i = 0; i < b->n_pass; i++)
+    scaling_off |= !strcmp(b->pass[i], "--no-loss-scale");
+  if (finding == PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING ||
+      (scaling_off && r->underflow_frac > 0.01)) {
+    PUT("gradients flush to zero in FP16%s", scaling_off
+                                               ? " with loss scaling off"
+                                               : "");
+    if (r->underflow_layer[0])
+      PUT(" (%.0f%% of %s's gradient values subnormal, flushed or zero)",
+          100.0 * r->underflow_frac, r->underflow_layer);
+    PUT(": enable loss scaling%s rather than forcing modules to FP32",
+        scaling_off && !b->ext ? " (drop --no-loss-scale or scaler.enabled "
+                                 "false)"
+                               : (b->ext ? " (torch.amp.GradScaler)" : ""));
+    finding = -1; /* said */
+  } else if (scaling_off) {
+    PUT("loss scaling is off in this FP16 run: small gradients flush to "
+        "zero without it; try enabling loss scaling");
+  }
+  switch (finding) {
+  case PROBE_DIAG_FINDING_FIX_CLIP_ORDER:
+    PUT("%sclip after unscaling the gradients: no FP32 set fixes the clip order", o ? "; " : "");
+    break;
+  case PROBE_DIAG_FINDING_LOWER_LR:
+    PUT("%slower the learning rate: the post-mortem blames the step size, not "
+        "a module's precision", o ? "; " : "");
+    break;
+  case PROBE_DIAG_FINDING_CLEAN_INPUT:
+    PUT("%sclean the input data: NaN/inf arrive with the batch", o ? "; " : "");
+    break;
+  case PROBE_DIAG_FINDING_CHECK_WEIGHTS:
+    PUT("%scheck the weights: they hold NaN/inf", o ? "; " : "");
+    break;
+  case PROBE_DIAG_FINDING_SCALE_COLLAPSE:
+    PUT("%sthe loss scale collapsed: set a minimum scale or find the layer "
+        "whose gradients overflow at any scale", o ? "; " : "");
+    break;
+  default:
+    break;
+  }
+  if (r->suggest[0])
+    PUT("%sadd %s to --fp32-candidates (the post-mortem of that run "
+        "proposes %s)",
+        o ? "; " : "", r->suggest, strchr(r->suggest, ',') ? "them" : "it");
+  else if (r->implicated[0] && finding == PROBE_DIAG_FINDING_FORCE_FP32)
+    PUT("%sadd the layer %s (or its kind) to --fp32-candidates", o ? "; " : "",
+        r->implicated);
+  if (!o && tall->longest_skip > 0 && b->max_skips >= 0 &&
+      tall->longest_skip > b->max_skips)
+    PUT("the loss scaler kept skipping steps with every candidate in FP32: "
+        "some gradient overflows at every scale; see ampprobe postmortem %.300s",
+        tall->trace);
+  if (!o)
+    PUT("see ampprobe postmortem %.300s", tall->trace);
+#undef PUT
+}
+
+/* ---- stage 1: options -------------------------------------------------------- */
 
 enum {
   O_CAND = 256, O_SCENARIO, O_CONFIG, O_STEPS, O_SEED, O_GRAN, O_WORKDIR,
-  O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON
+  O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON,
+  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE
 };
 
-int cmd_bisect(int argc, char **argv) {
+/* Returns -1 to go on, or the exit code. */
+static int bisect_parse(int argc, char **argv, bisect *b) {
   static const struct option longs[] = {
       {"fp32-candidates", required_argument, NULL, O_CAND},
       {"scenario", required_argument, NULL, O_SCENARIO},
@@ -919,41 +1635,48 @@ int cmd_bisect(int argc, char **argv) {
       {"max-consecutive-skips", required_argument, NULL, O_MAXSKIP},
       {"min-scale", required_argument, NULL, O_MINSCALE},
       {"max-loss-regress", required_argument, NULL, O_REGRESS},
+      {"noise-seed", required_argument, NULL, O_NOISE_SEED},
+      {"no-noise-baseline", no_argument, NULL, O_NO_NOISE},
       {"trace", no_argument, NULL, O_TRACE},
       {"json", no_argument, NULL, O_JSON},
       {"output", required_argument, NULL, 'o'},
+      {"force", no_argument, NULL, O_FORCE},
+      {"progress-every", required_argument, NULL, O_PROGRESS},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  bisect b;
-  memset(&b, 0, sizeof b);
-  b.fail_nonfinite = 1;
-  b.max_skips = 20;
-  b.max_regress = 10.0;
+  b->fail_nonfinite = 1;
+  b->max_skips = 20;
+  b->max_regress = 10.0;
+  b->noise_on = 1;
+  b->noise_seed = -1;
+  b->noise_pct = NAN;
+  b->base_id = b->noise_id = -1;
+  b->wd_fd = -1;
+  b->granularity = "kind";
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  b.jobs = ncpu > 0 ? (int)ncpu : 1;
-  const char *candidates = NULL, *granularity = "kind", *out = NULL;
-  const char *workdir = NULL;
-  int json = 0;
+  b->jobs = ncpu > 0 ? (int)ncpu : 1;
   int64_t iv;
 
   cli_getopt_reset();
+  /* '+': stop at the first non-option, so that an external command's own
+   * options are not taken for ours */
   int c;
-  while ((c = getopt_long(argc, argv, ":j:o:qh", longs, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "+:j:o:qh", longs, NULL)) != -1) {
     switch (c) {
-    case O_CAND: candidates = optarg; break;
-    case O_SCENARIO: b.scenario = optarg; break;
-    case O_CONFIG: b.config = optarg; break;
+    case O_CAND: b->candidates = optarg; break;
+    case O_SCENARIO: b->scenario = optarg; break;
+    case O_CONFIG: b->config = optarg; break;
     case O_STEPS:
-      if (cli_parse_i64(SUB, "--steps", optarg, 1, 100000000, &iv))
+      if (cli_parse_i64(SUB, "--steps", optarg, 1, STEPS_MAX, &iv))
         return CLI_EXIT_USAGE;
-      b.steps = optarg;
+      b->steps = optarg;
       break;
     case O_SEED:
-      if (cli_parse_i64(SUB, "--seed", optarg, 0, INT64_MAX, &iv))
+      if (cli_parse_i64(SUB, "--seed", optarg, 0, INT64_MAX - 1, &iv))
         return CLI_EXIT_USAGE;
-      b.seed = optarg;
+      b->seed = optarg;
       break;
     case O_GRAN:
       if (strcmp(optarg, "kind") && strcmp(optarg, "layer")) {
@@ -961,337 +1684,613 @@ int cmd_bisect(int argc, char **argv) {
                        "or layer", optarg);
         return CLI_EXIT_USAGE;
       }
-      granularity = optarg;
+      b->granularity = optarg;
       break;
     case 'j':
       if (cli_parse_i64(SUB, "--jobs", optarg, 1, 1024, &iv))
         return CLI_EXIT_USAGE;
-      b.jobs = (int)iv;
+      b->jobs = (int)iv;
       break;
-    case O_WORKDIR: workdir = optarg; break;
-    case O_FAILNF: b.fail_nonfinite = 1; break;
-    case O_NOFAILNF: b.fail_nonfinite = 0; break;
+    case O_WORKDIR: b->workdir_opt = optarg; break;
+    case O_FAILNF: b->fail_nonfinite = 1; break;
+    case O_NOFAILNF: b->fail_nonfinite = 0; break;
     case O_MAXSKIP:
       if (cli_parse_i64(SUB, "--max-consecutive-skips", optarg, -1,
-                        INT64_MAX / 2, &b.max_skips))
+                        INT64_MAX / 2, &b->max_skips))
         return CLI_EXIT_USAGE;
       break;
     case O_MINSCALE:
-      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 3e38, &b.min_scale))
+      if (cli_parse_double(SUB, "--min-scale", optarg, 0, 3e38, &b->min_scale))
         return CLI_EXIT_USAGE;
       break;
     case O_REGRESS:
       if (cli_parse_double(SUB, "--max-loss-regress", optarg, -1, 1e9,
-                           &b.max_regress))
+                           &b->max_regress))
         return CLI_EXIT_USAGE;
-      if (b.max_regress < 0)
-        b.max_regress = -1;
+      if (b->max_regress < 0)
+        b->max_regress = -1;
       break;
-    case O_TRACE: b.full_trace = 1; break;
-    case O_JSON: json = 1; break;
-    case 'o': out = optarg; break;
-    case 'q': b.quiet = 1; break;
+    case O_NOISE_SEED:
+      if (cli_parse_i64(SUB, "--noise-seed", optarg, 0, INT64_MAX,
+                        &b->noise_seed))
+        return CLI_EXIT_USAGE;
+      b->noise_on = 1;
+      break;
+    case O_NO_NOISE: b->noise_on = 0; break;
+    case O_TRACE: b->full_trace = 1; break;
+    case O_JSON: b->json = 1; break;
+    case 'o': b->out = optarg; break;
+    case O_FORCE: b->force = 1; break;
+    case O_PROGRESS:
+      if (cli_parse_double(SUB, "--progress-every", optarg, 0.01, 86400,
+                           &b->progress_every))
+        return CLI_EXIT_USAGE;
+      break;
+    case 'q': b->quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
     }
   }
-  /* after --: options for every `ampprobe run` */
+  /* after --: options for every `ampprobe run`, or an external command */
   if (optind < argc && optind > 0 && !strcmp(argv[optind - 1], "--")) {
-    for (int i = optind; i < argc; i++) {
-      if (b.n_pass == MAX_PASS) {
-        cli_error(SUB, "too many run options after -- (at most %d)", MAX_PASS);
+    if (argv[optind][0] == '-') {
+      for (int i = optind; i < argc; i++) {
+        if (b->n_pass == MAX_PASS) {
+          cli_error(SUB, "too many run options after -- (at most %d)",
+                    MAX_PASS);
+          return CLI_EXIT_USAGE;
+        }
+        b->pass[b->n_pass++] = argv[i];
+      }
+    } else {
+      if (argc - optind > MAX_EXT) {
+        cli_error(SUB, "the command after -- has too many words (at most %d)",
+                  MAX_EXT);
         return CLI_EXIT_USAGE;
       }
-      b.pass[b.n_pass++] = argv[i];
+      b->ext = &argv[optind]; /* argv is NULL-terminated */
+      b->n_ext = argc - optind;
     }
   } else if (optind < argc) {
-    cli_error(SUB, "unexpected argument '%s' (run options go after --; see "
-                   "'ampprobe bisect --help')", argv[optind]);
+    cli_error(SUB, "unexpected argument '%s' (run options or a command go "
+                   "after --; see 'ampprobe bisect --help')", argv[optind]);
     return CLI_EXIT_USAGE;
   }
-  if (!candidates) {
+  if (!b->candidates) {
     cli_error(SUB, "--fp32-candidates is required, e.g. --fp32-candidates "
                    "bn,softmax,revin");
     return CLI_EXIT_USAGE;
   }
-  if (b.scenario && b.config) {
+  if (b->scenario && b->config) {
     cli_error(SUB, "--scenario and --config exclude each other");
     return CLI_EXIT_USAGE;
   }
-  if (!b.scenario && !b.config)
-    b.scenario = PROBE_DEFAULT_SCENARIO;
+  if (b->ext && (b->scenario || b->config || b->steps || b->seed ||
+                 b->full_trace)) {
+    cli_error(SUB, "%s does not apply to an external command (after --): "
+                   "the command decides what it trains",
+              b->scenario ? "--scenario" : b->config ? "--config"
+              : b->steps  ? "--steps" : b->seed ? "--seed" : "--trace");
+    return CLI_EXIT_USAGE;
+  }
+  if (!b->ext && !b->scenario && !b->config)
+    b->scenario = PROBE_DEFAULT_SCENARIO;
+  return -1;
+}
 
-  /* the config, for its name and layers */
+/* ---- stage 2: the plan ---------------------------------------------------------- */
+
+/* The config's name and layers (internal trials). Returns -1 or the exit
+ * code. */
+static int plan_config(bisect *b) {
   char err[512] = "";
   probe_train_config *cfg = NULL;
   probe_status st;
-  if (b.config) {
-    st = probe_config_load_file(&cfg, b.config, err, sizeof err);
+  if (b->config) {
+    int rc = cli_check_input(SUB, b->config);
+    if (rc)
+      return rc;
+    st = probe_config_load_file(&cfg, b->config, err, sizeof err);
     if (st < 0) {
-      if (err[0] && strstr(err, b.config))
+      if (err[0] && strstr(err, b->config))
         cli_error(SUB, "%s", err);
       else
-        cli_error(SUB, "%s: %s", b.config, err[0] ? err : probe_status_str(st));
+        cli_error(SUB, "%s: %s", b->config, err[0] ? err : probe_status_str(st));
       return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
     }
   } else {
-    st = probe_config_load_scenario(&cfg, b.scenario, err, sizeof err);
+    st = probe_config_load_scenario(&cfg, b->scenario, err, sizeof err);
     if (st < 0) {
       if (st == PROBE_ERR_NOT_FOUND)
         cli_error(SUB, "unknown scenario '%s' (see 'ampprobe run "
-                       "--list-scenarios')", b.scenario);
+                       "--list-scenarios')", b->scenario);
       else
-        cli_error(SUB, "scenario %s: %s", b.scenario,
+        cli_error(SUB, "scenario %s: %s", b->scenario,
                   err[0] ? err : probe_status_str(st));
       return CLI_EXIT_USAGE;
     }
   }
-  if ((b.steps && probe_config_set(cfg, "steps", b.steps, err, sizeof err) < 0) ||
-      (b.seed && probe_config_set(cfg, "seed", b.seed, err, sizeof err) < 0)) {
+  if ((b->steps && probe_config_set(cfg, "steps", b->steps, err, sizeof err) < 0) ||
+      (b->seed && probe_config_set(cfg, "seed", b->seed, err, sizeof err) < 0)) {
     cli_error(SUB, "%s", err);
     probe_config_free(cfg);
     return CLI_EXIT_USAGE;
   }
-  char name[PROBE_NAME_MAX * 2];
-  snprintf(name, sizeof name, "%s",
+  snprintf(b->name, sizeof b->name, "%s",
            probe_config_name(cfg) && *probe_config_name(cfg)
                ? probe_config_name(cfg)
                : "run");
-  size_t n_layers = 0;
-  probe_config_layers(cfg, NULL, 0, &n_layers);
-  probe_layer_desc *layers = calloc(n_layers ? n_layers : 1, sizeof *layers);
-  if (!layers) {
+  /* the noise baseline's seed: the trials' seed + 1 */
+  {
+    char *text = probe_config_to_json(cfg);
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+    b->base_seed = json_integer_value(json_object_get(j, "seed"));
+    b->noise_seed_used = b->base_seed + 1;
+    json_decref(j);
+    free(text);
+    if (b->noise_seed >= 0)
+      b->noise_seed_used = b->noise_seed;
+  }
+  size_t n = 0;
+  probe_config_layers(cfg, NULL, 0, &n);
+  probe_layer_desc *ld = calloc(n ? n : 1, sizeof *ld);
+  b->layers = calloc(n ? n : 1, sizeof *b->layers);
+  if (!ld || !b->layers) {
+    free(ld);
     probe_config_free(cfg);
     return CLI_EXIT_INTERNAL;
   }
-  probe_config_layers(cfg, layers, n_layers, &n_layers);
+  probe_config_layers(cfg, ld, n, &n);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(b->layers[i].name, sizeof b->layers[i].name, "%s", ld[i].name);
+    b->layers[i].kind = ld[i].kind;
+  }
+  b->n_layers = n;
+  free(ld);
   probe_config_free(cfg);
+  return -1;
+}
 
-  char **cand = NULL;
-  int n_cand = 0;
-  int rc = CLI_EXIT_INTERNAL;
+/* A name for the external command: its script (train.py -> train), else
+ * the program. */
+static void plan_ext_name(bisect *b) {
+  const char *pick = b->ext[0];
+  for (int i = 1; i < b->n_ext; i++) {
+    size_t l = strlen(b->ext[i]);
+    if (l > 3 && !strcmp(b->ext[i] + l - 3, ".py")) {
+      pick = b->ext[i];
+      break;
+    }
+  }
+  const char *slash = strrchr(pick, '/');
+  snprintf(b->name, sizeof b->name, "%s", slash ? slash + 1 : pick);
+  size_t l = strlen(b->name);
+  if (l > 3 && !strcmp(b->name + l - 3, ".py"))
+    b->name[l - 3] = 0;
+  const char *env = getenv("AMPPROBE_SEED");
+  b->base_seed = env ? atoll(env) : 0;
+  b->noise_seed_used = b->noise_seed >= 0 ? b->noise_seed : b->base_seed + 1;
+}
+
+/* -o: never the config, never an existing file without --force (checked
+ * now, before any trial runs). */
+static int plan_output(bisect *b) {
+  if (!b->out)
+    return -1;
+  const char *inputs[] = {b->config};
+  int rc = cli_check_output(SUB, b->out, inputs, 1);
+  if (rc)
+    return rc;
+  struct stat sb;
+  if (!b->force && lstat(b->out, &sb) == 0) {
+    cli_error(SUB, "%s already exists: refusing to overwrite it (use --force "
+                   "to replace it, or choose another -o)", b->out);
+    return CLI_EXIT_USAGE;
+  }
+  /* its folder must take the result: said now, not after every trial ran */
+  char dir[1024];
+  const char *slash = strrchr(b->out, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == b->out)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - b->out), b->out);
+  if (access(dir, W_OK | X_OK) != 0) {
+    cli_error(SUB, "cannot write %s: %s", b->out, strerror(errno));
+    return CLI_EXIT_INTERNAL;
+  }
+  return -1;
+}
+
+/* Returns -1 to go on, or the exit code. */
+static int bisect_plan(bisect *b) {
+  int rc;
+  if (b->ext)
+    plan_ext_name(b);
+  else if ((rc = plan_config(b)) >= 0)
+    return rc;
+  if ((rc = plan_output(b)) >= 0)
+    return rc;
+  if (split_list(b->candidates, &b->cand_all, &b->n_cand_all) != 0)
+    return CLI_EXIT_INTERNAL;
+  if (b->n_cand_all == 0) {
+    cli_error(SUB, "--fp32-candidates is empty");
+    return CLI_EXIT_USAGE;
+  }
+  if (b->n_cand_all > PROBE_DDMIN_MAX) {
+    cli_error(SUB, "too many candidates (at most %d)", PROBE_DDMIN_MAX);
+    return CLI_EXIT_USAGE;
+  }
+  /* internal: the layers are known now; external: from the first trace */
+  if (!b->ext && select_candidates(b) != 0)
+    return CLI_EXIT_INTERNAL;
+  char wd[1024];
+  if (b->workdir_opt) {
+    snprintf(wd, sizeof wd, "%s", b->workdir_opt);
+  } else {
+    char safe[80];
+    guard_sanitize(safe, sizeof safe, b->name);
+    snprintf(wd, sizeof wd, "./ampprobe-bisect-%s", safe);
+  }
+  if (workdir_open(b, wd) != 0)
+    return CLI_EXIT_INTERNAL;
+  if (b->out && cli_same_file(b->out, b->workdir)) {
+    cli_error(SUB, "-o %s is the work directory", b->out);
+    return CLI_EXIT_USAGE;
+  }
+  if (!b->ext) {
+    ssize_t sl = readlink("/proc/self/exe", b->self, sizeof b->self - 1);
+    if (sl <= 0) {
+      cli_error(SUB, "cannot find the ampprobe binary (/proc/self/exe): %s",
+                strerror(errno));
+      return CLI_EXIT_INTERNAL;
+    }
+    b->self[sl] = 0;
+  }
+  return -1;
+}
+
+/* ---- stage 3: premises ------------------------------------------------------------ */
+
+/* The loss tolerance: max(--max-loss-regress, the relative spread between
+ * the two FP32 baselines' mean losses over their last window). */
+static void judge_tolerance(bisect *b) {
+  b->tol_pct = b->max_regress;
+  trial *b1 = T(b, b->base_id), *b2 = T(b, b->noise_id);
+  if (!b2 || b2->state != T_DONE || b2->verdict != PROBE_DDMIN_PASS ||
+      !b1->loss || !b2->loss)
+    return;
+  int64_t n = b1->n_steps < b2->n_steps ? b1->n_steps : b2->n_steps;
+  int64_t k = window_len(n);
+  double m1 = mean_of(b1->loss, n - k, k), m2 = mean_of(b2->loss, n - k, k);
+  if (isfinite(m1) && isfinite(m2) && m1 != 0) {
+    b->noise_pct = 100.0 * fabs(m2 - m1) / fabs(m1);
+    if (b->noise_pct > b->tol_pct)
+      b->tol_pct = b->noise_pct;
+  }
+}
+
+static double var_of(const double *x, int64_t from, int64_t len, double m) {
+  double s = 0;
+  for (int64_t i = from; i < from + len; i++)
+    s += (x[i] - m) * (x[i] - m);
+  return len > 1 ? s / (double)(len - 1) : 0;
+}
+
+/* 1 when the baseline does not train: the mean loss of its last window is
+ * not below that of its first by more than twice the standard error of the
+ * difference (step-to-step noise of the batches), so a run whose loss only
+ * wanders (learning rate 0) or climbs counts as not training. */
+static int baseline_does_not_train(const trial *t, double *first,
+                                   double *last) {
+  int64_t n = t->n_steps, k = window_len(n);
+  if (2 * k > n)
+    k = n / 2;
+  if (k < 2 || !t->loss)
+    return 0;
+  *first = mean_of(t->loss, 0, k);
+  *last = mean_of(t->loss, n - k, k);
+  double se = sqrt((var_of(t->loss, 0, k, *first) +
+                    var_of(t->loss, n - k, k, *last)) / (double)k);
+  return isfinite(*first) && isfinite(*last) && *first - *last <= 2 * se;
+}
+
+/* Runs the premise trials in parallel and judges them; *t16 and *tall get
+ * the ids of the all-FP16 and all-candidates trials (-1: not run). Returns
+ * 1 when they ran, else 0 with r->oc set (interrupted, error). */
+static int premises_run(bisect *b, result *r, int *t16, int *tall) {
+  uint64_t full = probe_set_full(b->n_cand);
+  char all[LIST_MAX], given[LIST_MAX];
+  b->names = b->cand;
+  b->n_names = b->n_cand;
+  set_to_list(b, full, all, sizeof all);
+  b->names = b->cand_all;
+  b->n_names = b->n_cand_all;
+  set_to_list(b, probe_set_full(b->n_cand_all), given, sizeof given);
+  b->names = b->cand;
+  b->n_names = b->n_cand;
+  trial *t = trial_new(b, R_ALL_FP16, "", 0);
+  int ok = t != NULL;
+  *t16 = ok ? t->id : -1;
+  ok = ok && (t = trial_new(b, R_BASELINE, NULL, 0));
+  b->base_id = ok ? t->id : -1;
+  if (ok && b->noise_on && (ok = (t = trial_new(b, R_NOISE, NULL, 0)) != NULL))
+    b->noise_id = t->id;
+  /* external: the layers are unknown until a trace exists, so the whole
+   * list is tried; internal: only the candidates that match (none: the
+   * all-FP16 trial stands for it) */
+  *tall = -1;
+  if (ok && (b->ext || b->n_cand > 0) &&
+      (ok = (t = trial_new(b, R_ALL_CAND, b->ext ? given : all, full)) != NULL))
+    *tall = t->id;
+  if (!ok) {
+    snprintf(b->error, sizeof b->error, "out of memory");
+    r->oc = O_ERROR;
+    return 0;
+  }
+  b->est_total = (int)b->n_trials +
+                 (b->n_cand > 1 ? 1 + 2 * clog2(b->n_cand) : 0);
+  trial *prem[4];
+  size_t np = b->n_trials;
+  for (size_t i = 0; i < np; i++)
+    prem[i] = &b->trials[i];
+  probe_status st = run_trials(b, prem, np, 0);
+  if (st != PROBE_OK) {
+    r->oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
+    return 0;
+  }
+  b->baseline_known = 1;
+  judge_tolerance(b);
+  for (size_t i = 0; i < np; i++)
+    if (!is_baseline(prem[i]->role))
+      trial_judge(b, prem[i]);
+  return 1;
+}
+
+/* Runs the premises and decides whether to search. Returns 1 to go on to
+ * ddmin, 0 when r->oc is the answer. */
+static int run_premises(bisect *b, result *r) {
+  int t16, tall;
+  if (!premises_run(b, r, &t16, &tall))
+    return 0;
+  trial *a16 = T(b, t16), *base = T(b, b->base_id), *ac = T(b, tall);
+  if (b->ext) {
+    /* the all-FP16 trace named the layers: drop what matches none */
+    if (select_candidates(b) != 0) {
+      r->oc = O_ERROR;
+      return 0;
+    }
+    b->names = b->cand;
+    b->n_names = b->n_cand;
+    b->est_total = (int)b->n_trials +
+                   (b->n_cand > 1 ? 1 + 2 * clog2(b->n_cand) : 0);
+  }
+  if (!ac)
+    ac = a16;
+  double first = NAN, last = NAN;
+  if (base->verdict == PROBE_DDMIN_PASS &&
+      baseline_does_not_train(base, &first, &last)) {
+    /* first: every loss comparison, even "healthy", stands on it */
+    r->oc = O_NOT_TRAINING;
+    snprintf(r->summary, sizeof r->summary,
+             "not a precision problem: the FP32 baseline does not train (its "
+             "mean loss went from %.4g over the first steps to %.4g over the "
+             "last, no drop beyond the batch-to-batch noise), so no FP16 "
+             "trial can be judged against it; fix the training itself first (learning rate, data, model; ampprobe "
+             "postmortem %.300s)",
+             first, last, base->trace);
+  } else if (a16->verdict == PROBE_DDMIN_PASS) {
+    r->oc = O_HEALTHY;
+    snprintf(r->summary, sizeof r->summary,
+             "healthy, nothing to bisect: with everything in FP16 the run "
+             "passes (%.300s)%s",
+             a16->why,
+             base->verdict == PROBE_DDMIN_FAIL
+                 ? "; note that the FP32 baseline fails"
+                 : "");
+  } else if (base->verdict == PROBE_DDMIN_FAIL) {
+    r->oc = O_NOT_PRECISION;
+    snprintf(r->summary, sizeof r->summary,
+             "not a precision problem: the FP32 baseline fails too (%.200s), "
+             "so no set of modules kept in FP32 can fix it; check the "
+             "learning rate, the data and the model (ampprobe postmortem "
+             "%.300s)",
+             base->why, base->trace);
+  } else if (ac->verdict == PROBE_DDMIN_FAIL || b->n_cand == 0) {
+    r->oc = O_INSUFFICIENT;
+    int finding = implicate(b, ac, r);
+    insufficient_hint(b, ac, finding, r);
+    size_t o = (size_t)snprintf(
+        r->summary, sizeof r->summary,
+        "the candidates are not enough: with %.200s in FP32 the run still "
+        "fails (%.300s)",
+        ac != a16 && b->n_cand ? ac->fp32
+                               : "none of them (no candidate matches a layer)",
+        ac->why);
+    if (r->implicated[0] && o < sizeof r->summary)
+      o += (size_t)snprintf(r->summary + o, sizeof r->summary - o,
+                            "; the post-mortem of that run implicates %.100s",
+                            r->implicated);
+    if (r->finding[0] && o < sizeof r->summary)
+      o += (size_t)snprintf(r->summary + o, sizeof r->summary - o,
+                            "; its top finding: %.200s", r->finding);
+    if (r->suggest[0] && o < sizeof r->summary)
+      snprintf(r->summary + o, sizeof r->summary - o,
+               "; try adding to --fp32-candidates: %.200s", r->suggest);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- stage 4: the search --------------------------------------------------------- */
+
+/* --granularity layer: the layer instances of the kinds found, narrowed by
+ * a second ddmin seeded with the kind-level answer. */
+static void search_layers(bisect *b, result *r, uint64_t min_set,
+                          char ***lnames, int *n_lnames) {
+  char **ln = calloc(PROBE_DDMIN_MAX + 1, sizeof *ln);
+  int nl = 0;
+  for (size_t l = 0; ln && l < b->n_layers; l++) {
+    if (b->layers[l].kind == PROBE_KIND_INPUT)
+      continue;
+    int hit = 0;
+    for (int i = 0; i < b->n_cand; i++)
+      hit |= (min_set >> i & 1) &&
+             probe_policy_match(b->cand[i], b->layers[l].name,
+                                b->layers[l].kind);
+    if (hit && nl < PROBE_DDMIN_MAX)
+      ln[nl++] = strdup(b->layers[l].name);
+  }
+  *lnames = ln;
+  *n_lnames = nl;
+  r->n_layers_searched = nl;
+  b->names = ln;
+  b->n_names = nl;
+  if (nl == 1) {
+    snprintf(r->minimal_layers, sizeof r->minimal_layers, "%s", ln[0]);
+    return;
+  }
+  if (nl < 2)
+    return;
+  probe_ddmin dl;
+  probe_ddmin_init(&dl, nl, oracle, b);
+  probe_ddmin_seed(&dl, 0, PROBE_DDMIN_FAIL);
+  /* all these layers in FP32 is the kind-level answer: it passed */
+  probe_ddmin_seed(&dl, probe_set_full(nl), PROBE_DDMIN_PASS);
+  b->level_role = R_DDMIN_LAYER;
+  b->est_total = (int)b->n_trials + 1 + 2 * clog2(nl);
+  uint64_t min_l = 0;
+  probe_status st = probe_ddmin_minimize(&dl, &min_l);
+  r->ddmin_trials += dl.trials;
+  probe_ddmin_free(&dl);
+  if (st == PROBE_OK)
+    set_to_list(b, min_l, r->minimal_layers, sizeof r->minimal_layers);
+  else
+    r->oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
+}
+
+static void run_search(bisect *b, result *r, char ***lnames, int *n_lnames) {
+  probe_ddmin dd;
+  uint64_t full = probe_set_full(b->n_cand);
+  probe_ddmin_init(&dd, b->n_cand, oracle, b);
+  probe_ddmin_seed(&dd, 0, PROBE_DDMIN_FAIL);
+  probe_ddmin_seed(&dd, full, PROBE_DDMIN_PASS);
+  b->level_role = R_DDMIN;
+  uint64_t min_set = 0;
+  probe_status st = probe_ddmin_minimize(&dd, &min_set);
+  r->ddmin_trials += dd.trials;
+  probe_ddmin_free(&dd);
+  if (st != PROBE_OK) {
+    r->oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
+    return;
+  }
+  set_to_list(b, min_set, r->minimal, sizeof r->minimal);
+  r->oc = O_FOUND;
+  if (!strcmp(b->granularity, "layer"))
+    search_layers(b, r, min_set, lnames, n_lnames);
+  if (r->oc != O_FOUND)
+    return;
+  const char *fix = r->minimal_layers[0] ? r->minimal_layers : r->minimal;
+  make_reproduce(b, fix, r->reproduce, sizeof r->reproduce);
+  int k = 1;
+  for (const char *p = fix; *p; p++)
+    k += *p == ',';
+  int of = r->minimal_layers[0] ? r->n_layers_searched : b->n_cand;
+  snprintf(r->summary, sizeof r->summary,
+           "keep %.400s in FP32: the smallest set found with which training "
+           "passes (%d of %d candidate%s%s)",
+           fix, k, of, r->minimal_layers[0] ? " layer" : "", of > 1 ? "s" : "");
+}
+
+/* ---- stage 5: output -------------------------------------------------------------- */
+
+static int exit_code_of(const bisect *b, const result *r) {
+  switch (r->oc) {
+  case O_HEALTHY: return CLI_EXIT_OK;
+  case O_FOUND:
+  case O_NOT_PRECISION:
+  case O_INSUFFICIENT: return CLI_EXIT_PROBLEM;
+  case O_NOT_TRAINING: return EXIT_NOT_TRAINING;
+  case O_INTERRUPTED: return CLI_EXIT_INTERRUPTED;
+  case O_ERROR: break;
+  }
+  /* a run option the trial rejected is the user's usage error */
+  return !b->ext && b->error_exit == CLI_EXIT_USAGE ? CLI_EXIT_USAGE
+                                                    : CLI_EXIT_INTERNAL;
+}
+
+/* The table (or JSON) and the -o file; on an error only the one-line
+ * message, nothing on stdout. */
+static int bisect_output(bisect *b, result *r) {
+  int rc = exit_code_of(b, r);
+  if (r->oc == O_ERROR) {
+    cli_error(SUB, "stopped: %s", b->error[0] ? b->error : "a trial could not run");
+    return rc;
+  }
+  if (r->oc == O_INTERRUPTED)
+    snprintf(r->summary, sizeof r->summary,
+             "interrupted: the table shows the trials so far");
+  json_t *j = NULL;
+  if (b->json || b->out)
+    j = result_json(b, r);
+  if (b->out && r->oc != O_INTERRUPTED) {
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int e = text ? guard_write_atomic(b->out, text, strlen(text), b->force)
+                 : ENOMEM;
+    free(text);
+    if (e) {
+      cli_error(SUB, "cannot write %s: %s", b->out,
+                e == EEXIST ? "it appeared meanwhile (use --force)"
+                            : strerror(e));
+      json_decref(j);
+      return CLI_EXIT_INTERNAL;
+    }
+  }
+  if (b->json) {
+    if (cli_json_print(j) != 0)
+      rc = CLI_EXIT_INTERNAL;
+  } else {
+    print_text(b, r);
+    if (fflush(stdout) != 0)
+      rc = CLI_EXIT_INTERNAL;
+  }
+  json_decref(j);
+  return rc;
+}
+
+static void bisect_free(bisect *b) {
+  for (size_t i = 0; i < b->n_trials; i++)
+    free(b->trials[i].loss);
+  free(b->trials);
+  free_list(b->cand_all, b->n_cand_all);
+  free_list(b->cand, b->n_cand);
+  free(b->layers);
+  if (b->wd_fd >= 0)
+    close(b->wd_fd);
+}
+
+int cmd_bisect(int argc, char **argv) {
+  bisect b;
+  memset(&b, 0, sizeof b);
   result r;
   memset(&r, 0, sizeof r);
   char **lnames = NULL;
   int n_lnames = 0;
-  if (split_list(candidates, &cand, &n_cand) != 0)
-    goto out;
-  if (n_cand == 0) {
-    cli_error(SUB, "--fp32-candidates is empty");
-    rc = CLI_EXIT_USAGE;
-    goto out;
+  int rc = bisect_parse(argc, argv, &b);
+  if (rc < 0)
+    rc = bisect_plan(&b);
+  if (rc < 0) {
+    cli_signals_install();
+    b.t_start = b.last_line = cli_now();
+    b.progress_tty = !b.quiet && b.progress_every <= 0 && isatty(STDERR_FILENO);
+    if (run_premises(&b, &r))
+      run_search(&b, &r, &lnames, &n_lnames);
+    progress_clear(&b);
+    rc = bisect_output(&b, &r);
   }
-  if (n_cand > PROBE_DDMIN_MAX) {
-    cli_error(SUB, "too many candidates (at most %d)", PROBE_DDMIN_MAX);
-    rc = CLI_EXIT_USAGE;
-    goto out;
-  }
-  for (int i = 0; i < n_cand; i++) {
-    int hits = 0;
-    for (size_t l = 0; l < n_layers; l++)
-      hits += layers[l].kind != PROBE_KIND_INPUT &&
-              probe_policy_match(cand[i], layers[l].name, layers[l].kind);
-    if (!hits) {
-      size_t o = strlen(b.warnings);
-      snprintf(b.warnings + o, sizeof b.warnings - o, "%s%s", o ? "," : "",
-               cand[i]);
-    }
-  }
-  if (b.warnings[0])
-    fprintf(stderr, "ampprobe: bisect: warning: %s match%s no layer of %s "
-                    "(kept; forcing %s to FP32 changes nothing)\n",
-            b.warnings, strchr(b.warnings, ',') ? "" : "es", name,
-            strchr(b.warnings, ',') ? "them" : "it");
-
-  /* work directory and our own binary */
-  if (workdir)
-    snprintf(b.workdir, sizeof b.workdir, "%s", workdir);
-  else
-    snprintf(b.workdir, sizeof b.workdir, "./ampprobe-bisect-%s", name);
-  if (mkdir_p(b.workdir) != 0) {
-    cli_error(SUB, "cannot create the work directory %s: %s", b.workdir,
-              strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-    goto out;
-  }
-  ssize_t sl = readlink("/proc/self/exe", b.self, sizeof b.self - 1);
-  if (sl <= 0) {
-    cli_error(SUB, "cannot find the ampprobe binary (/proc/self/exe): %s",
-              strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-    goto out;
-  }
-  b.self[sl] = 0;
-
-  cli_signals_install();
-  b.t_start = cli_now();
-  b.progress_on = !b.quiet && isatty(STDERR_FILENO);
-
-  /* ---- 1. premises, in parallel */
-  b.names = cand;
-  b.n_names = n_cand;
-  uint64_t full = probe_set_full(n_cand);
-  char all[LIST_MAX];
-  set_to_list(&b, full, all, sizeof all);
-  trial_new(&b, R_ALL_FP16, "", 0);
-  trial_new(&b, R_BASELINE, NULL, 0);
-  trial_new(&b, R_ALL_CAND, all, full);
-  trial *prem[3] = {&b.trials[0], &b.trials[1], &b.trials[2]};
-  st = run_trials(&b, prem, 3, 0);
-  trial *t16 = &b.trials[0], *t32 = &b.trials[1], *tall = &b.trials[2];
-  if (st == PROBE_OK) {
-    b.baseline_known = 1;
-    b.baseline_loss = t32->final_loss;
-    trial_judge(&b, t16);
-    trial_judge(&b, tall);
-  }
-  if (st == PROBE_ERR_INTERRUPTED) {
-    r.oc = O_INTERRUPTED;
-  } else if (st != PROBE_OK) {
-    r.oc = O_ERROR;
-  } else if (t16->verdict == PROBE_DDMIN_PASS) {
-    r.oc = O_HEALTHY;
-    snprintf(r.summary, sizeof r.summary,
-             "healthy, nothing to bisect: with everything in FP16 the run "
-             "passes (%.200s)%s",
-             t16->why,
-             t32->verdict == PROBE_DDMIN_FAIL
-                 ? "; note that the FP32 baseline fails"
-                 : "");
-  } else if (t32->verdict == PROBE_DDMIN_FAIL) {
-    r.oc = O_NOT_PRECISION;
-    snprintf(r.summary, sizeof r.summary,
-             "not a precision problem: the FP32 baseline fails too (%.200s), so no "
-             "set of modules kept in FP32 can fix it; check the learning "
-             "rate, the data and the model (ampprobe postmortem %.300s)",
-             t32->why, t32->trace);
-  } else if (tall->verdict == PROBE_DDMIN_FAIL) {
-    r.oc = O_INSUFFICIENT;
-    implicate(tall, cand, n_cand, r.implicated, sizeof r.implicated,
-              r.suggest, sizeof r.suggest, r.finding, sizeof r.finding);
-    size_t o = (size_t)snprintf(
-        r.summary, sizeof r.summary,
-        "the candidates are not enough: with %.200s in FP32 the run still "
-        "fails (%.200s)",
-        all, tall->why);
-    if (r.implicated[0] && o < sizeof r.summary)
-      o += (size_t)snprintf(r.summary + o, sizeof r.summary - o,
-                            "; the post-mortem of that run implicates %.100s",
-                            r.implicated);
-    if (r.finding[0] && o < sizeof r.summary)
-      o += (size_t)snprintf(r.summary + o, sizeof r.summary - o,
-                            "; its top finding: %.200s", r.finding);
-    if (o < sizeof r.summary)
-      snprintf(r.summary + o, sizeof r.summary - o, "%s%.200s",
-               r.suggest[0] ? "; try adding to --fp32-candidates: " : "",
-               r.suggest);
-  } else {
-    /* ---- 2. ddmin over the candidates */
-    probe_ddmin dd;
-    probe_ddmin_init(&dd, n_cand, oracle, &b);
-    probe_ddmin_seed(&dd, 0, PROBE_DDMIN_FAIL);
-    probe_ddmin_seed(&dd, full, PROBE_DDMIN_PASS);
-    b.level_role = R_DDMIN;
-    uint64_t min_set = 0;
-    st = probe_ddmin_minimize(&dd, &min_set);
-    r.ddmin_trials += dd.trials;
-    probe_ddmin_free(&dd);
-    if (st == PROBE_OK) {
-      set_to_list(&b, min_set, r.minimal, sizeof r.minimal);
-      r.oc = O_FOUND;
-    } else {
-      r.oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
-    }
-    /* ---- 3. --granularity layer: narrow to layer instances */
-    if (r.oc == O_FOUND && !strcmp(granularity, "layer")) {
-      lnames = calloc(PROBE_DDMIN_MAX + 1, sizeof *lnames);
-      for (size_t l = 0; lnames && l < n_layers; l++) {
-        if (layers[l].kind == PROBE_KIND_INPUT)
-          continue;
-        int hit = 0;
-        for (int i = 0; i < n_cand; i++)
-          hit |= (min_set >> i & 1) &&
-                 probe_policy_match(cand[i], layers[l].name, layers[l].kind);
-        if (hit && n_lnames < PROBE_DDMIN_MAX)
-          lnames[n_lnames++] = strdup(layers[l].name);
-      }
-      b.names = lnames;
-      b.n_names = n_lnames;
-      if (n_lnames == 1) {
-        snprintf(r.minimal_layers, sizeof r.minimal_layers, "%s", lnames[0]);
-      } else if (n_lnames > 1) {
-        probe_ddmin dl;
-        probe_ddmin_init(&dl, n_lnames, oracle, &b);
-        probe_ddmin_seed(&dl, 0, PROBE_DDMIN_FAIL);
-        /* all these layers in FP32 is the kind-level answer: it passed */
-        probe_ddmin_seed(&dl, probe_set_full(n_lnames), PROBE_DDMIN_PASS);
-        b.level_role = R_DDMIN_LAYER;
-        uint64_t min_l = 0;
-        st = probe_ddmin_minimize(&dl, &min_l);
-        r.ddmin_trials += dl.trials;
-        probe_ddmin_free(&dl);
-        if (st == PROBE_OK)
-          set_to_list(&b, min_l, r.minimal_layers, sizeof r.minimal_layers);
-        else
-          r.oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
-      }
-    }
-    if (r.oc == O_FOUND) {
-      const char *fix = r.minimal_layers[0] ? r.minimal_layers : r.minimal;
-      make_reproduce(&b, fix, r.reproduce, sizeof r.reproduce);
-      int k = 1;
-      for (const char *p = fix; *p; p++)
-        k += *p == ',';
-      snprintf(r.summary, sizeof r.summary,
-               "keep %.400s in FP32: the smallest set found with which training "
-               "passes (%d of %d candidate%s%s)",
-               fix, k, r.minimal_layers[0] ? n_lnames : n_cand,
-               r.minimal_layers[0] ? " layer" : "",
-               (r.minimal_layers[0] ? n_lnames : n_cand) > 1 ? "s" : "");
-    }
-  }
-  if (r.oc == O_INTERRUPTED)
-    snprintf(r.summary, sizeof r.summary,
-             "interrupted: the table shows the trials so far");
-  if (r.oc == O_ERROR)
-    snprintf(r.summary, sizeof r.summary, "stopped: %s",
-             b.error[0] ? b.error : "a trial could not run");
-  progress_clear(&b);
-
-  /* ---- output */
-  switch (r.oc) {
-  case O_HEALTHY: rc = CLI_EXIT_OK; break;
-  case O_FOUND:
-  case O_NOT_PRECISION:
-  case O_INSUFFICIENT: rc = CLI_EXIT_PROBLEM; break;
-  case O_INTERRUPTED: rc = CLI_EXIT_INTERRUPTED; break;
-  case O_ERROR:
-    /* a run option the trial rejected is the user's usage error */
-    rc = b.error_exit == CLI_EXIT_USAGE ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
-    break;
-  }
-  json_t *j = NULL;
-  if (json || out)
-    j = result_json(&b, &r, candidates, granularity, name);
-  if (out && json_dump_file(j, out, JSON_INDENT(2)) != 0) {
-    cli_error(SUB, "cannot write %s", out);
-    rc = CLI_EXIT_INTERNAL;
-  }
-  if (json) {
-    if (cli_json_print(j) != 0)
-      rc = CLI_EXIT_INTERNAL;
-  } else {
-    print_text(&b, &r, candidates, granularity, name);
-    fflush(stdout);
-  }
-  json_decref(j);
-  if (r.oc == O_ERROR)
-    cli_error(SUB, "%s", r.summary);
-
-out:
-  free_list(cand, n_cand);
   free_list(lnames, n_lnames);
-  free(layers);
-  free(b.trials);
+  bisect_free(&b);
   return rc;
 }

@@ -4,25 +4,36 @@
  * (full trace with --trace, else the flight recorder), and prints a summary
  * read at a glance. SIGINT/SIGTERM set the trainer's stop flag: the step
  * ends, the trace is closed, the summary printed, exit 130.
- * Exit 0 healthy, 1 diverged.
+ * Exit 0 healthy, 1 diverged or degraded (the post-mortem's verdict on the
+ * trace written).
+ *
+ * Stages: run_parse (options) -> run_load (config + overrides) ->
+ * run_claim_output (trace path; never an input, never an existing file
+ * without --force) -> run_train -> run_print.
  */
+#define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ampprobe/analysis.h" /* probe_num_format */
 #include "ampprobe/trainer.h"
 #include "cli.h"
+#include "runguard.h"
 
 static const char *SUB = "run";
 
 static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe run [--scenario NAME | --config FILE] [--trace] [-o PATH]\n"
-"                    [--precision fp16|bf16|fp32] [--fp32 LIST] [--steps N]\n"
-"                    [--seed S] [scaler and clipping options] [--json] [-q]\n"
+"                    [--force] [--precision fp16|bf16|fp32] [--fp32 LIST]\n"
+"                    [--steps N] [--seed S] [scaler and clipping options]\n"
+"                    [--json] [-q] [--progress-every SECONDS]\n"
 "\n"
 "Trains a scenario of the zoo (or a JSON config) with libprobe recording every\n"
 "layer, writes the trace and prints a summary. With no arguments it runs the\n"
@@ -38,7 +49,10 @@ static void usage(FILE *f) {
 "                           default: step scalars + a flight recorder of the\n"
 "                           last steps, written at the first non-finite value\n"
 "  --ring-steps K           flight-recorder depth in steps (default: libprobe's)\n"
-"  -o, --output PATH        trace file (default ./ampprobe-<scenario>.h5)\n"
+"  -o, --output PATH        trace file (default ./ampprobe-<scenario>.h5); an\n"
+"                           existing file is refused, and so is an input\n"
+"                           (the config or data file) whatever the flags\n"
+"  --force                  replace an existing trace file\n"
 "\n"
 "precision:\n"
 "  --precision P            fp16 | bf16 | fp32 (global policy)\n"
@@ -46,7 +60,7 @@ static void usage(FILE *f) {
 "                           FP32, e.g. --fp32 bn,softmax or --fp32 'enc.*'\n"
 "\n"
 "training:\n"
-"  --steps N                optimizer steps\n"
+"  --steps N                optimizer steps, 1..100000000\n"
 "  --seed S                 random seed\n"
 "  --lr X                   learning rate\n"
 "  --micro-batches N        gradient accumulation over N micro-batches\n"
@@ -69,9 +83,12 @@ static void usage(FILE *f) {
 "output:\n"
 "  --json                   print the summary as JSON on stdout\n"
 "  -q, --quiet              no progress line on stderr\n"
+"  --progress-every S       a plain progress line on stderr every S seconds,\n"
+"                           terminal or not (for job logs under a scheduler)\n"
 "  -h, --help               this help\n"
 "\n"
-"exit: 0 healthy, 1 diverged, 2 usage or bad config, 3 unreadable config,\n"
+"exit: 0 healthy, 1 diverged or degraded, 2 usage or bad config (or -o exists, or is an\n"
+"      input), 3 unreadable config (or not a regular file),\n"
 "      4 runtime error (e.g. the trace cannot be written), 130 interrupted\n"
 "\n"
 "examples:\n"
@@ -86,26 +103,18 @@ enum {
   O_INIT_SCALE, O_GROWTH_INTERVAL, O_GROWTH_FACTOR, O_BACKOFF_FACTOR,
   O_HYSTERESIS, O_MIN_SCALE, O_NO_LOSS_SCALE, O_CLIP_NORM,
   O_CLIP_BEFORE_UNSCALE, O_MICRO_BATCHES, O_LR, O_STOP_NONFINITE,
-  O_LIST, O_JSON, O_RING
+  O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY
 };
+
+/* The trainer's range for steps (docs/config.md), checked here so that
+ * --steps -5 and --steps 200000000 get the same message. */
+#define RUN_STEPS_MAX 100000000
 
 /* One override, validated here and applied with probe_config_set. */
 typedef struct override {
   const char *key;
   const char *value;
 } override;
-
-typedef struct progress_ctx {
-  cli_progress bar;
-} progress_ctx;
-
-static int on_progress(int64_t step, double loss, double scale, void *user) {
-  progress_ctx *p = user;
-  char extra[96];
-  snprintf(extra, sizeof extra, "loss %.4g  scale %g", loss, scale);
-  cli_progress_update(&p->bar, step + 1, extra);
-  return 0;
-}
 
 static int list_scenarios(int json) {
   size_t n = probe_scenario_count();
@@ -150,8 +159,19 @@ static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 6);
 
 static void print_summary(const probe_train_result *r, const char *name,
                           const char *policy, int64_t steps_planned,
-                          const char *path, int full, int interrupted) {
+                          const char *path, int full, int interrupted,
+                          probe_verdict v) {
   char a[32], b[32], c[32];
+  /* names from the config print escaped: no control character reaches the
+   * terminal (cli_escape_name) */
+  char nm[PROBE_NAME_MAX * 8], ly[PROBE_NAME_MAX * 8], pol[2048], pa[4096];
+  cli_escape_name(nm, sizeof nm, name);
+  cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
+  cli_escape_name(pol, sizeof pol, policy);
+  cli_escape_name(pa, sizeof pa, path);
+  name = nm;
+  policy = pol;
+  path = pa;
   printf("ampprobe run: %s, %s\n", name, policy);
   printf("  steps run       %lld of %lld%s\n", (long long)r->steps_run,
          (long long)steps_planned,
@@ -181,7 +201,7 @@ static void print_summary(const probe_train_result *r, const char *name,
            r->max_clip_ratio, r->clip_max_norm);
   if (r->first_nonfinite_step >= 0)
     printf("  first non-finite step %lld, layer %s, site %s\n",
-           (long long)r->first_nonfinite_step, r->first_nonfinite_layer,
+           (long long)r->first_nonfinite_step, ly,
            probe_site_name(r->first_nonfinite_site));
   else
     printf("  first non-finite none\n");
@@ -189,25 +209,31 @@ static void print_summary(const probe_train_result *r, const char *name,
     printf("  non-finite loss from step %lld\n",
            (long long)r->first_nonfinite_loss_step);
   printf("  verdict         %s\n",
-         interrupted ? "INTERRUPTED" : (r->diverged ? "DIVERGED" : "healthy"));
+         interrupted                        ? "INTERRUPTED"
+         : v == PROBE_VERDICT_DIVERGED      ? "DIVERGED"
+         : v == PROBE_VERDICT_DEGRADED      ? "DEGRADED (the loss stayed "
+                                              "finite; see the post-mortem)"
+                                            : "healthy");
   printf("  trace           %s (%s)\n", path,
          full ? "full per-layer trace" : "flight recorder");
   printf("  time            %.2f s\n", r->wall_seconds);
-  if (r->diverged)
-    printf("  next            ampprobe postmortem %s\n", path);
-  else if (r->first_nonfinite_step >= 0 &&
-           probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD)
+  int fwd = !r->diverged && r->first_nonfinite_step >= 0 &&
+            probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD;
+  if (fwd)
     /* Backward inf/NaN with a finite loss is a scaled gradient overflowing,
      * which the scaler handles (skip + backoff); a forward one is not. */
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
-           r->first_nonfinite_layer, (long long)r->first_nonfinite_step, path);
+           ly, (long long)r->first_nonfinite_step, path);
+  else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
+    printf("  next            ampprobe postmortem %s\n", path);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,
                             const char *policy, int64_t steps_planned,
-                            const char *path, int full, int interrupted) {
+                            const char *path, int full, int interrupted,
+                            probe_verdict v) {
   json_t *o = json_object();
   json_object_set_new(o, "scenario", json_string(name));
   json_object_set_new(o, "precision_policy", json_string(policy));
@@ -249,17 +275,33 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
                           ? json_integer(r->first_nonfinite_loss_step)
                           : json_null());
   json_object_set_new(o, "diverged", json_boolean(r->diverged));
+  json_object_set_new(o, "verdict", json_string(interrupted
+                                                    ? "interrupted"
+                                                    : probe_verdict_name(v)));
   json_object_set_new(o, "interrupted", json_boolean(interrupted));
   json_object_set_new(o, "wall_seconds", cli_json_num(r->wall_seconds));
   return o;
 }
 
-int cmd_run(int argc, char **argv) {
+/* ---- stage 1: options --------------------------------------------------- */
+
+typedef struct run_args {
+  const char *scenario, *config, *out_path;
+  int full, json, quiet, list, force;
+  int64_t ring, stop_k;
+  double progress_every; /* seconds between plain progress lines; 0 = off */
+  override ov[32];
+  int n_ov;
+} run_args;
+
+/* Parses argv into a; returns -1 to go on, or the exit code. */
+static int run_parse(int argc, char **argv, run_args *a) {
   static const struct option longs[] = {
       {"scenario", required_argument, NULL, O_SCENARIO},
       {"config", required_argument, NULL, O_CONFIG},
       {"trace", no_argument, NULL, O_TRACE},
       {"output", required_argument, NULL, 'o'},
+      {"force", no_argument, NULL, O_FORCE},
       {"ring-steps", required_argument, NULL, O_RING},
       {"precision", required_argument, NULL, O_PRECISION},
       {"fp32", required_argument, NULL, O_FP32},
@@ -279,34 +321,32 @@ int cmd_run(int argc, char **argv) {
       {"stop-on-nonfinite", optional_argument, NULL, O_STOP_NONFINITE},
       {"list-scenarios", no_argument, NULL, O_LIST},
       {"json", no_argument, NULL, O_JSON},
+      {"progress-every", required_argument, NULL, O_PROGRESS_EVERY},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  const char *scenario = NULL, *config = NULL, *out_path = NULL;
-  int full = 0, json = 0, quiet = 0, list = 0;
-  int64_t ring = 0, stop_k = -1;
-  override ov[32];
-  int n_ov = 0;
+  memset(a, 0, sizeof *a);
+  a->stop_k = -1;
   int64_t iv;
   double dv;
   probe_precision prec;
-#define OV(k, v) (ov[n_ov].key = (k), ov[n_ov].value = (v), n_ov++)
-
+#define OV(k, v) (a->ov[a->n_ov].key = (k), a->ov[a->n_ov].value = (v), a->n_ov++)
   cli_getopt_reset();
   int c;
   while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
-    if (n_ov >= (int)(sizeof ov / sizeof ov[0]) - 1) {
+    if (a->n_ov >= (int)(sizeof a->ov / sizeof a->ov[0]) - 1) {
       cli_error(SUB, "too many options");
       return CLI_EXIT_USAGE;
     }
     switch (c) {
-    case O_SCENARIO: scenario = optarg; break;
-    case O_CONFIG: config = optarg; break;
-    case O_TRACE: full = 1; break;
-    case 'o': out_path = optarg; break;
+    case O_SCENARIO: a->scenario = optarg; break;
+    case O_CONFIG: a->config = optarg; break;
+    case O_TRACE: a->full = 1; break;
+    case 'o': a->out_path = optarg; break;
+    case O_FORCE: a->force = 1; break;
     case O_RING:
-      if (cli_parse_i64(SUB, "--ring-steps", optarg, 1, 1000000, &ring))
+      if (cli_parse_i64(SUB, "--ring-steps", optarg, 1, 1000000, &a->ring))
         return CLI_EXIT_USAGE;
       break;
     case O_PRECISION:
@@ -319,7 +359,8 @@ int cmd_run(int argc, char **argv) {
       break;
     case O_FP32: OV("fp32", optarg); break;
     case O_STEPS:
-      if (cli_parse_i64(SUB, "--steps", optarg, 1, 100000000, &iv))
+      /* the trainer's own range, so -5 and 200000000 read alike */
+      if (cli_parse_i64(SUB, "--steps", optarg, 1, RUN_STEPS_MAX, &iv))
         return CLI_EXIT_USAGE;
       OV("steps", optarg);
       break;
@@ -377,15 +418,20 @@ int cmd_run(int argc, char **argv) {
       OV("lr", optarg);
       break;
     case O_STOP_NONFINITE:
-      stop_k = 0;
+      a->stop_k = 0;
       if (optarg &&
           cli_parse_i64(SUB, "--stop-on-nonfinite", optarg, 0, INT64_MAX / 2,
-                        &stop_k))
+                        &a->stop_k))
         return CLI_EXIT_USAGE;
       break;
-    case O_LIST: list = 1; break;
-    case O_JSON: json = 1; break;
-    case 'q': quiet = 1; break;
+    case O_PROGRESS_EVERY:
+      if (cli_parse_double(SUB, "--progress-every", optarg, 0.01, 86400,
+                           &a->progress_every))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_LIST: a->list = 1; break;
+    case O_JSON: a->json = 1; break;
+    case 'q': a->quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
     }
@@ -396,27 +442,37 @@ int cmd_run(int argc, char **argv) {
               argv[optind]);
     return CLI_EXIT_USAGE;
   }
-  if (list) return list_scenarios(json);
-  if (scenario && config) {
+  if (a->scenario && a->config) {
     cli_error(SUB, "--scenario and --config exclude each other");
     return CLI_EXIT_USAGE;
   }
+  return -1;
+}
 
+/* ---- stage 2: the config ------------------------------------------------ */
+
+/* Loads the scenario or config file and applies the overrides; returns -1
+ * to go on (*out set), or the exit code. */
+static int run_load(const run_args *a, probe_train_config **out) {
   char err[512] = "";
   probe_train_config *cfg = NULL;
   probe_status st;
-  if (config) {
-    st = probe_config_load_file(&cfg, config, err, sizeof err);
+  *out = NULL;
+  if (a->config) {
+    int rc = cli_check_input(SUB, a->config);
+    if (rc)
+      return rc;
+    st = probe_config_load_file(&cfg, a->config, err, sizeof err);
     if (st < 0) {
       /* the trainer's file errors start with the path (trainer.h) */
       if (err[0])
         cli_error(SUB, "%s", err);
       else
-        cli_error(SUB, "%s: %s", config, err[0] ? err : probe_status_str(st));
+        cli_error(SUB, "%s: %s", a->config, probe_status_str(st));
       return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
     }
   } else {
-    const char *nm = scenario ? scenario : PROBE_DEFAULT_SCENARIO;
+    const char *nm = a->scenario ? a->scenario : PROBE_DEFAULT_SCENARIO;
     st = probe_config_load_scenario(&cfg, nm, err, sizeof err);
     if (st < 0) {
       if (st == PROBE_ERR_NOT_FOUND)
@@ -430,69 +486,235 @@ int cmd_run(int argc, char **argv) {
                  : CLI_EXIT_INTERNAL;
     }
   }
-  for (int i = 0; i < n_ov; i++) {
-    st = probe_config_set(cfg, ov[i].key, ov[i].value, err, sizeof err);
+  for (int i = 0; i < a->n_ov; i++) {
+    st = probe_config_set(cfg, a->ov[i].key, a->ov[i].value, err, sizeof err);
     if (st < 0) {
       cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
       probe_config_free(cfg);
       return CLI_EXIT_USAGE;
     }
   }
+  *out = cfg;
+  return -1;
+}
 
-  const char *name = probe_config_name(cfg);
-  char default_path[256];
-  if (!out_path) {
-    snprintf(default_path, sizeof default_path, "./ampprobe-%s.h5",
-             name && *name ? name : "run");
-    out_path = default_path;
+/* The config's data file (data.path), as written, or "" when it has none. */
+static void config_data_path(const probe_train_config *cfg, char *buf,
+                             size_t len) {
+  buf[0] = 0;
+  char *text = probe_config_to_json(cfg);
+  json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+  const char *p = json_string_value(
+      json_object_get(json_object_get(j, "data"), "path"));
+  if (p)
+    snprintf(buf, len, "%s", p);
+  json_decref(j);
+  free(text);
+}
+
+/* The data file as the trainer may resolve it: from the config's folder
+ * (relative paths), else as written (the working directory). */
+static void data_in_config_dir(const char *data, const char *config,
+                               char *buf, size_t len) {
+  buf[0] = 0;
+  if (data[0] && data[0] != '/' && config && strchr(config, '/'))
+    snprintf(buf, len, "%.*s/%s", (int)(strrchr(config, '/') - config),
+             config, data);
+}
+
+/* ---- stage 3: the output ------------------------------------------------ */
+
+/* Decides the trace path (default from the sanitised config name), refuses
+ * an input as output whatever --force says, and without --force creates
+ * the file exclusively so an existing one is never replaced. Returns -1 to
+ * go on, or the exit code; *created is 1 when the file was created here. */
+static int run_claim_output(const run_args *a, const probe_train_config *cfg,
+                            char *path, size_t len, int *created) {
+  *created = 0;
+  if (a->out_path) {
+    snprintf(path, len, "%s", a->out_path);
+  } else {
+    char safe[80];
+    guard_sanitize(safe, sizeof safe, probe_config_name(cfg));
+    snprintf(path, len, "./ampprobe-%s.h5", safe);
   }
-  char policy[256] = "";
-  probe_config_policy_str(cfg, policy, sizeof policy);
-  int64_t steps = probe_config_steps(cfg);
-  char *cmdline = join_args(argc, argv);
+  char data[1024], data2[2048];
+  config_data_path(cfg, data, sizeof data);
+  data_in_config_dir(data, a->config, data2, sizeof data2);
+  const char *inputs[] = {a->config, data[0] ? data : NULL,
+                          data2[0] ? data2 : NULL};
+  /* the data file must be a regular file too: a FIFO would hang the
+   * trainer's reader (checked wherever the path may resolve) */
+  int rc = 0;
+  for (int i = 1; i < 3 && !rc; i++)
+    if (inputs[i])
+      rc = cli_check_input(SUB, inputs[i]);
+  if (!rc)
+    rc = cli_check_output(SUB, path, inputs, 3);
+  if (rc)
+    return rc;
+  if (a->force)
+    return -1;
+  int e = guard_create_excl(path);
+  if (e == EEXIST) {
+    cli_error(SUB, "%s already exists: refusing to overwrite it (use "
+                   "--force to replace it, or choose another -o)", path);
+    return CLI_EXIT_USAGE;
+  }
+  if (e) {
+    cli_error(SUB, "cannot create %s: %s", path, strerror(e));
+    return CLI_EXIT_INTERNAL;
+  }
+  *created = 1;
+  return -1;
+}
 
+/* ---- stage 4: training -------------------------------------------------- */
+
+typedef struct progress_ctx {
+  cli_progress bar;
+  double every, t0, last; /* --progress-every: plain lines for job logs */
+  int64_t total;
+} progress_ctx;
+
+static void fmt_secs(char *b, size_t n, double s) {
+  if (s < 60)
+    snprintf(b, n, "%.0fs", s);
+  else if (s < 3600)
+    snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+  else
+    snprintf(b, n, "%dh%02dm", (int)(s / 3600), ((int)s % 3600) / 60);
+}
+
+static int on_progress(int64_t step, double loss, double scale, void *user) {
+  progress_ctx *p = user;
+  char extra[96];
+  snprintf(extra, sizeof extra, "loss %.4g  scale %g", loss, scale);
+  cli_progress_update(&p->bar, step + 1, extra);
+  if (p->every > 0) {
+    double now = cli_now();
+    if (now - p->last >= p->every || step + 1 == p->total) {
+      p->last = now;
+      double el = now - p->t0, rate = el > 0 ? (double)(step + 1) / el : 0;
+      double eta = rate > 0 ? (double)(p->total - step - 1) / rate : NAN;
+      char etab[32] = "?";
+      if (isfinite(eta))
+        fmt_secs(etab, sizeof etab, eta);
+      fprintf(stderr, "ampprobe: run: step %lld of %lld (%.0f%%), %.1f "
+                      "steps/s, elapsed %.0fs, ETA %s, loss %.4g, scale %g\n",
+              (long long)(step + 1), (long long)p->total,
+              100.0 * (double)(step + 1) / (double)(p->total ? p->total : 1),
+              rate, el, etab, loss, scale);
+      fflush(stderr);
+    }
+  }
+  return 0;
+}
+
+/* Trains; returns the trainer's status, res filled. */
+static probe_status run_train(const run_args *a, const probe_train_config *cfg,
+                              const char *path, char *cmdline,
+                              probe_train_result *res, char *err,
+                              size_t errlen) {
   progress_ctx pc;
-  cli_progress_init(&pc.bar, steps, quiet);
+  memset(&pc, 0, sizeof pc);
+  pc.total = probe_config_steps(cfg);
+  pc.every = a->quiet ? 0 : a->progress_every;
+  pc.t0 = pc.last = cli_now();
+  cli_progress_init(&pc.bar, pc.total, a->quiet || a->progress_every > 0);
   probe_train_opts to;
   probe_train_opts_init(&to);
-  to.trace_path = out_path;
-  to.mode = full ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;
-  to.ring_steps = (int)ring;
+  to.trace_path = path;
+  to.mode = a->full ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;
+  to.ring_steps = (int)a->ring;
   to.command_line = cmdline;
   to.progress = on_progress;
   to.user = &pc;
   to.stop_flag = &cli_stop_flag;
-  to.stop_on_nonfinite = stop_k;
+  to.stop_on_nonfinite = a->stop_k;
   cli_signals_install();
-
-  probe_train_result res;
-  memset(&res, 0, sizeof res);
-  st = probe_train(cfg, &to, &res, err, sizeof err);
+  memset(res, 0, sizeof *res);
+  probe_status st = probe_train(cfg, &to, res, err, errlen);
   cli_progress_done(&pc.bar);
-  free(cmdline);
-  if (st < 0 && st != PROBE_ERR_INTERRUPTED) {
-    cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
-    probe_config_free(cfg);
-    return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
-  }
+  return st;
+}
+
+/* ---- stage 5: the summary ----------------------------------------------- */
+
+/* The run's verdict: diverged from the trainer (a non-finite loss), else
+ * the post-mortem's on the trace just written, which also finds what keeps
+ * the loss finite: a forward intermediate that held inf/NaN after warm-up,
+ * a normalisation whose output collapsed (degraded, exit 1). */
+static probe_verdict run_verdict(const probe_train_result *res,
+                                 const char *path, int interrupted) {
+  if (res->diverged)
+    return PROBE_VERDICT_DIVERGED;
+  probe_verdict v = PROBE_VERDICT_HEALTHY;
+  if (!interrupted && probe_postmortem_verdict(path, &v) != PROBE_OK)
+    v = PROBE_VERDICT_HEALTHY; /* no readable trace: the trainer's word */
+  return v;
+}
+
+static int run_print(const run_args *a, const probe_train_config *cfg,
+                     const probe_train_result *res, const char *path) {
+  const char *name = probe_config_name(cfg);
+  char policy[256] = "";
+  probe_config_policy_str(cfg, policy, sizeof policy);
+  int64_t steps = probe_config_steps(cfg);
   int interrupted = cli_stop_flag != 0;
+  probe_verdict v = run_verdict(res, path, interrupted);
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
-                       : (res.diverged ? CLI_EXIT_PROBLEM : CLI_EXIT_OK);
-  if (json) {
-    json_t *j = summary_json(&res, name, policy, steps, out_path, full,
-                             interrupted);
+                       : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
+                                                     : CLI_EXIT_OK);
+  if (a->json) {
+    json_t *j = summary_json(res, name, policy, steps, path, a->full,
+                             interrupted, v);
     if (cli_json_print(j) != 0) {
       cli_error(SUB, "cannot write the JSON output");
       rc = CLI_EXIT_INTERNAL;
     }
     json_decref(j);
   } else {
-    print_summary(&res, name, policy, steps, out_path, full, interrupted);
+    print_summary(res, name, policy, steps, path, a->full, interrupted, v);
     if (fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the output");
       rc = CLI_EXIT_INTERNAL;
     }
   }
+  return rc;
+}
+
+int cmd_run(int argc, char **argv) {
+  run_args a;
+  int rc = run_parse(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  if (a.list)
+    return list_scenarios(a.json);
+  probe_train_config *cfg = NULL;
+  if ((rc = run_load(&a, &cfg)) >= 0)
+    return rc;
+  char path[1024];
+  int created = 0;
+  if ((rc = run_claim_output(&a, cfg, path, sizeof path, &created)) >= 0) {
+    probe_config_free(cfg);
+    return rc;
+  }
+  char *cmdline = join_args(argc, argv);
+  char err[512] = "";
+  probe_train_result res;
+  probe_status st = run_train(&a, cfg, path, cmdline, &res, err, sizeof err);
+  free(cmdline);
+  if (st < 0 && st != PROBE_ERR_INTERRUPTED) {
+    cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
+    /* the empty file claimed above is no trace: do not leave it behind */
+    struct stat sb;
+    if (created && stat(path, &sb) == 0 && sb.st_size == 0)
+      unlink(path);
+    probe_config_free(cfg);
+    return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
+  }
+  rc = run_print(&a, cfg, &res, path);
   probe_config_free(cfg);
   return rc;
 }

@@ -4,10 +4,19 @@
 # built for it, --granularity layer on bn-overflow, "not a precision
 # problem" on lr-too-high, "healthy" on healthy, the -o result file, bad
 # input with its exit codes, and Ctrl-C. Trials run with -j 2.
+# Groups added for issues 13, 15 and 17: fair (warm-up-shifted loss window,
+# noise tolerance, a baseline that does not train, unmatched candidates
+# dropped, hints), external (bisect of a command through AMPPROBE_*
+# variables, tests/tools/fake_job.sh), safety (outputs, work directory,
+# FIFOs, trials dying with bisect, progress lines, no table on errors).
 #
-# usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]   GROUP: zoo | errors | all
+# usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]
+#   GROUP: zoo | errors | fair | external | safety | all
 set -u
-BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|all]}
+BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|fair|external|safety|all]}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN") # tests cd elsewhere
+HERE=$(cd "$(dirname "$0")" && pwd)
+FAKE=$HERE/fake_job.sh
 GROUP=${2:-all}
 PY=/usr/bin/python3
 WORK=$(mktemp -d /tmp/ampprobe-e2e-bisect.XXXXXX)
@@ -148,17 +157,17 @@ errors() {
   expect_err 3 "missing config file" --fp32-candidates bn --config "$WORK/none.json"
   expect_err 2 "run option the trials reject" --fp32-candidates revin \
     --scenario revin-overflow -j 2 -q --workdir "$WORK/wd-bad" -- --bogus
-  # the trials left are labelled as not run because one errored, not passed
+  # a trial that errors stops bisect: one line on stderr naming the trial
+  # and its log, nothing on stdout (no table, no JSON), with -j 1 and -j 2
   for j in 1 2; do
     "$BIN" bisect --fp32-candidates revin --scenario revin-overflow -j $j -q \
-      --workdir "$WORK/wd-bad$j" --json -- --bogus >"$WORK/bad$j.json" 2>/dev/null
-    local whys
-    whys=$(jget "$WORK/bad$j.json" "' | '.join(t['why'] for t in d['trials'] if t['verdict'] != 'error')")
-    if [ -n "$whys" ] && ! echo "$whys" | grep -q "passed" &&
-       echo "$whys" | grep -q "errored"; then
-      pass "-j $j: trials after an ERROR: $whys"
+      --workdir "$WORK/wd-bad$j" --json -- --bogus >"$WORK/bad$j.json" 2>"$WORK/bad$j.err"
+    local rc=$?
+    if [ "$rc" = 2 ] && [ ! -s "$WORK/bad$j.json" ] && [ "$(grep -c . "$WORK/bad$j.err")" = 1 ] &&
+       grep -q "trial-0[0-9].log" "$WORK/bad$j.err"; then
+      pass "-j $j: an erroring trial: exit 2, nothing on stdout, '$(cat "$WORK/bad$j.err")'"
     else
-      fail "-j $j: trials after an ERROR labelled: $whys"
+      fail "-j $j: an erroring trial: exit $rc, stdout $(wc -c <"$WORK/bad$j.json") bytes: $(cat "$WORK/bad$j.err")"
     fi
   done
   echo '{"name": "x", "steps": "many"}' >"$WORK/bad.json"
@@ -186,10 +195,358 @@ errors() {
   fi
 }
 
+# ---- issue 15, class 4: fair trials ------------------------------------------
+
+# mkcfg SCENARIO OUT KEY=VALUE...: a scenario's config with top-level or
+# dotted (optimizer.lr) keys changed, written to OUT
+mkcfg() {
+  local sc=$1 out=$2
+  shift 2
+  "$PY" - "$HERE/../../trainer/scenarios/$sc.json" "$out" "$@" <<'PYEOF'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+for kv in sys.argv[3:]:
+    k, v = kv.split('=', 1)
+    d = cfg
+    ks = k.split('.')
+    for p in ks[:-1]:
+        d = d.setdefault(p, {})
+    d[ks[-1]] = json.loads(v)
+json.dump(cfg, open(sys.argv[2], 'w'))
+PYEOF
+}
+
+fair() {
+  # (a) the scaler's warm-up: with a large initial scale the first steps are
+  # skipped, so a correct fix ends 10-25% above the FP32 baseline at the
+  # same step; compared at the same optimizer update it is within the noise
+  local c sc cand steps init want
+  for c in "revin-overflow revin,linear 40 65536 revin" \
+           "revin-overflow revin,linear 60 65536 revin" \
+           "revin-overflow revin,linear 80 1048576 revin" \
+           "bn-overflow bn,linear 40 16777216 bn"; do
+    set -- $c
+    sc=$1 cand=$2 steps=$3 init=$4 want=$5
+    expect_set "warm-$sc-$steps" "$sc" "$cand" "$want" --steps "$steps" -- --init-scale "$init"
+    local sk
+    sk=$(jget "$WORK/warm-$sc-$steps.json" "[t['warmup_skips'] for t in d['trials'] if t['fp32']==['$want']][0]")
+    [ "${sk:-0}" -gt 0 ] && pass "$sc --steps $steps --init-scale $init: the fix had $sk warm-up skips, shifted out" \
+      || fail "$sc --steps $steps: no warm-up skips recorded ($sk)"
+  done
+  # the shift alone does it, without the noise tolerance
+  expect_set warm-nonoise bn-overflow bn,linear bn --steps 40 --no-noise-baseline -- --init-scale 16777216
+  # the criterion is stated: tolerance, measured spread, window
+  local crit
+  crit=$(jget "$WORK/warm-revin-overflow-60.json" "'%s|%s|%s' % (d['criteria']['loss_tolerance_pct'] >= d['criteria']['max_loss_regress_pct'], d['criteria']['baseline_noise_pct'] is not None, 'warm-up' in d['criteria']['text'])")
+  [ "$crit" = "True|True|True" ] && pass "criterion in --json: tolerance >= floor, measured noise, window" \
+    || fail "criterion in --json: $crit"
+  "$BIN" bisect --scenario revin-overflow --steps 60 --fp32-candidates revin -j 2 -q \
+    --workdir "$WORK/wd-crit" -- --init-scale 65536 >"$WORK/crit.txt" 2>&1
+  grep -q "a trial fails on: .*spread between FP32 baselines of seeds 1 and 2" "$WORK/crit.txt" &&
+    grep -q "fp32-noise" "$WORK/crit.txt" && pass "criterion and noise baseline in the table" \
+    || fail "criterion line: $(grep 'fails on' "$WORK/crit.txt")"
+
+  # the post-mortem verdict "degraded" is a failed trial, loss criterion or
+  # not: with it off, bn-overflow and two-culprits in FP16 keep a finite
+  # loss and would pass as healthy
+  expect_set degr-bn bn-overflow bn,linear bn --max-loss-regress -1
+  jget "$WORK/degr-bn.json" "d['trials'][0]['why']" | grep -q "verdict degraded" &&
+    pass "bn-overflow all-FP16 trial: '$(jget "$WORK/degr-bn.json" "d['trials'][0]['why']")'" ||
+    fail "bn-overflow all-FP16 why: $(jget "$WORK/degr-bn.json" "d['trials'][0]['why']")"
+  expect_set degr-two two-culprits softmax,revin revin,softmax --max-loss-regress -1
+  expect_set degr-bnl bn-overflow bn,layernorm,linear bn --max-loss-regress -1 --no-noise-baseline
+  "$BIN" bisect --fp32-candidates bn,linear -j 2 -q --workdir "$WORK/wd-xdeg" --json \
+    --max-loss-regress -1 -- "$FAKE" "$BIN" bn-overflow >"$WORK/xdeg.json" 2>"$WORK/xdeg.err"
+  [ "$(jget "$WORK/xdeg.json" "','.join(d['minimal_set'] or [])")" = bn ] &&
+    jget "$WORK/xdeg.json" "d['trials'][0]['why']" | grep -q "verdict degraded" &&
+    pass "external job: its trace's post-mortem verdict degraded fails the trial" ||
+    fail "external degraded: $(cat "$WORK/xdeg.err") $(jget "$WORK/xdeg.json" "d['summary']")"
+
+  # (b) an FP32 baseline that survives but does not train: learning rate 0
+  for sc in revin-overflow softmax-underflow two-culprits; do
+    mkcfg "$sc" "$WORK/lr0-$sc.json" optimizer.lr=0 'schedule={"type":"constant"}'
+    "$BIN" bisect --config "$WORK/lr0-$sc.json" --fp32-candidates bn,softmax,revin -j 2 -q \
+      --workdir "$WORK/wd-lr0-$sc" --json >"$WORK/lr0-$sc.out" 2>"$WORK/lr0-$sc.err"
+    RC=$?
+    if [ "$RC" = 5 ] && [ "$(jget "$WORK/lr0-$sc.out" "d['outcome']")" = baseline-does-not-train ] &&
+       jget "$WORK/lr0-$sc.out" "d['summary']" | grep -q "^not a precision problem: the FP32 baseline does not train"; then
+      pass "$sc with lr 0: 'the FP32 baseline does not train', exit 5"
+    else
+      fail "$sc with lr 0: exit $RC, $(jget "$WORK/lr0-$sc.out" "d['summary']" 2>&1 | head -c 300)"
+    fi
+  done
+  # ...and a baseline that trains is not taken for one (the zoo above)
+
+  # (c) candidates matching no layer are dropped before any trial
+  expect_set drop two-culprits bn,layernorm,attention,softmax,revin revin,softmax
+  local bad
+  bad=$(jget "$WORK/drop.json" "sorted(d['unmatched_candidates']) == ['attention','bn','layernorm'] and not any(set(t['fp32'] or []) & {'bn','layernorm','attention'} for t in d['trials'])")
+  [ "$bad" = True ] && pass "unmatched bn,layernorm,attention: dropped, in no trial" \
+    || fail "unmatched candidates still tried or not listed"
+  grep -q "warning: bn,layernorm,attention match no layer of two-culprits (dropped" "$WORK/drop.err" &&
+    pass "warning names the dropped candidates" || fail "warning: $(cat "$WORK/drop.err")"
+  expect_set drop2 revin-overflow bn,revin,softmax revin
+  [ "$(jget "$WORK/drop2.json" "d['trials_run']")" -le 4 ] && pass "revin-overflow: no trial spent on bn or softmax" \
+    || fail "revin-overflow: $(jget "$WORK/drop2.json" "d['trials_run']") trials for one matching candidate"
+  # none matches: no all-candidates trial, and the answer says what would
+  bisect none revin-overflow bn,softmax,attention
+  if [ "$RC" = 1 ] && [ "$(jget "$WORK/none.json" "d['outcome']")" = candidates-insufficient ] &&
+     [ "$(jget "$WORK/none.json" "[t['role'] for t in d['trials']].count('all-candidates')")" = 0 ] &&
+     jget "$WORK/none.json" "d['hint']" | grep -q revin; then
+    pass "no candidate matches: insufficient without an all-candidates trial; hint: $(jget "$WORK/none.json" "d['hint']")"
+  else
+    fail "no candidate matches: exit $RC $(jget "$WORK/none.json" "d['outcome'], d['hint']")"
+  fi
+
+  # (d) "not enough" says what the trials showed
+  bisect gu grad-underflow linear -- --no-loss-scale
+  jget "$WORK/gu.json" "d['hint'] or ''" | grep -qi "enabl[a-z]* loss scaling" &&
+    pass "grad-underflow with --no-loss-scale: hint '$(jget "$WORK/gu.json" "d['hint']")'" ||
+    fail "grad-underflow hint: $(jget "$WORK/gu.json" "d['outcome'], d['hint']")"
+  bisect h2 two-culprits revin
+  jget "$WORK/h2.json" "d['hint'] or ''" | grep -q "add softmax to --fp32-candidates" &&
+    pass "two-culprits with revin only: hint '$(jget "$WORK/h2.json" "d['hint']")'" ||
+    fail "two-culprits hint: $(jget "$WORK/h2.json" "d['hint']")"
+  bisect h3 two-culprits softmax
+  jget "$WORK/h3.json" "d['hint'] or ''" | grep -q "revin" &&
+    pass "two-culprits with softmax only: hint names revin" ||
+    fail "two-culprits (softmax only) hint: $(jget "$WORK/h3.json" "d['hint']")"
+  "$BIN" bisect --scenario two-culprits --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-h2t" >"$WORK/h2.txt" 2>&1
+  grep -q "^  hint  " "$WORK/h2.txt" && pass "hint line in the text output" || fail "no hint line in the table output"
+}
+
+# ---- issue 13, item 5: bisect of an external command ----------------------------
+
+external() {
+  export FAKE_JOB_LOG="$WORK/env.log"
+  export AMPPROBE_SEED=5
+  local c
+  for c in "two-culprits bn,softmax,revin revin,softmax" "revin-overflow bn,softmax,revin revin" \
+           "softmax-underflow softmax,linear softmax"; do
+    set -- $c
+    : >"$FAKE_JOB_LOG"
+    "$BIN" bisect --fp32-candidates "$2" -j 2 -q --workdir "$WORK/wd-x-$1" --json \
+      -- "$FAKE" "$BIN" "$1" >"$WORK/x-$1.json" 2>"$WORK/x-$1.err"
+    RC=$?
+    local got
+    got=$(jget "$WORK/x-$1.json" "','.join(sorted(d['minimal_set'] or []))" 2>/dev/null)
+    if [ "$RC" = 1 ] && [ "$got" = "$3" ]; then
+      pass "external '$1': minimal set {$got} in $(jget "$WORK/x-$1.json" "d['trials_run']") trials"
+    else
+      fail "external '$1': expected {$3}, got {$got} exit $RC: $(cat "$WORK/x-$1.err")"
+    fi
+  done
+  # the environment each trial saw (two-culprits' log was overwritten: use the last)
+  local env=$FAKE_JOB_LOG
+  grep -q "^precision=fp32 fp32=<unset> seed=5 " "$env" && grep -q "^precision=fp32 fp32=<unset> seed=6 " "$env" &&
+    pass "baselines: AMPPROBE_PRECISION=fp32, no AMPPROBE_FP32; noise baseline AMPPROBE_SEED=6" ||
+    fail "baseline environment: $(grep precision=fp32 "$env")"
+  grep -q "^precision=<unset> fp32= seed=5 .*fp32set=yes" "$env" &&
+    pass "all-FP16 trial: AMPPROBE_FP32 set and empty, no AMPPROBE_PRECISION" ||
+    fail "all-fp16 environment: $(head -1 "$env")"
+  [ "$(grep -c "trace=$WORK/wd-x-softmax-underflow/trial-" "$env")" = "$(wc -l <"$env")" ] &&
+    pass "AMPPROBE_TRACE: an absolute path in the work directory for every trial" ||
+    fail "AMPPROBE_TRACE: $(cut -d' ' -f4 "$env" | head -3)"
+  jget "$WORK/x-two-culprits.json" "d['reproduce']" | grep -q "^AMPPROBE_FP32=softmax,revin $FAKE " &&
+    pass "reproduce: $(jget "$WORK/x-two-culprits.json" "d['reproduce']")" ||
+    fail "external reproduce: $(jget "$WORK/x-two-culprits.json" "d['reproduce']")"
+  [ "$(jget "$WORK/x-two-culprits.json" "d['unmatched_candidates']")" = "['bn']" ] &&
+    ! jget "$WORK/x-two-culprits.json" "[t['fp32'] for t in d['trials'] if t['role']=='ddmin']" | grep -q "'bn'" &&
+    pass "external: bn matched no layer of the job's trace: dropped before ddmin" ||
+    fail "external unmatched: $(jget "$WORK/x-two-culprits.json" "d['unmatched_candidates']")"
+  # --granularity layer from the job's own layer names
+  "$BIN" bisect --fp32-candidates bn --granularity layer -j 2 -q --workdir "$WORK/wd-xl" --json \
+    -- "$FAKE" "$BIN" bn-overflow >"$WORK/xl.json" 2>"$WORK/xl.err"
+  [ "$(jget "$WORK/xl.json" "','.join(d['minimal_layers'] or [])")" = enc.bn1 ] &&
+    pass "external --granularity layer: enc.bn1" || fail "external layer: $(cat "$WORK/xl.err") $(jget "$WORK/xl.json" "d['summary']")"
+  # a job that exits nonzero after writing its trace is judged by the trace
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-xf" --json \
+    -- "$FAKE" "$BIN" revin-overflow fail-fp16 >"$WORK/xf.json" 2>"$WORK/xf.err"
+  RC=$?
+  [ "$RC" = 1 ] && jget "$WORK/xf.json" "d['outcome']" | grep -q candidates-insufficient &&
+    jget "$WORK/xf.json" "d['trials'][3]['why']" | grep -q "exited 1" &&
+    pass "a job exiting 1 in FP16 with a healthy trace: judged from trace and exit ('$(jget "$WORK/xf.json" "d['trials'][3]['why']")')" ||
+    fail "job exiting 1: exit $RC $(cat "$WORK/xf.err") $(jget "$WORK/xf.json" "d['summary']")"
+  # a job that writes no trace, one that crashes, one that does not exist: exit 4, one line
+  local m
+  for m in notrace crash; do
+    "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-x$m" \
+      -- "$FAKE" "$BIN" revin-overflow $m >"$WORK/x$m.out" 2>"$WORK/x$m.err"
+    RC=$?
+    [ "$RC" = 4 ] && [ ! -s "$WORK/x$m.out" ] && [ "$(grep -c . "$WORK/x$m.err")" = 1 ] &&
+      pass "job mode $m: exit 4, '$(cat "$WORK/x$m.err")'" ||
+      fail "job mode $m: exit $RC, $(cat "$WORK/x$m.err")"
+  done
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-xn" \
+    -- "$WORK/no-such-train.py" >"$WORK/xn.out" 2>"$WORK/xn.err"
+  RC=$?
+  [ "$RC" = 4 ] && grep -q "no-such-train.py: No such file" "$WORK/xn.err" &&
+    pass "missing command: exit 4, '$(cat "$WORK/xn.err")'" || fail "missing command: exit $RC, $(cat "$WORK/xn.err")"
+  expect_err 2 "--scenario with an external command" --fp32-candidates bn --scenario healthy -- "$FAKE" "$BIN" healthy
+  expect_err 2 "--steps with an external command" --fp32-candidates bn --steps 5 -- "$FAKE" "$BIN" healthy
+  unset FAKE_JOB_LOG AMPPROBE_SEED
+}
+
+# ---- issue 17 (3, 5, 6, 8) and 15.6 for bisect: files, processes, progress ------
+
+safety() {
+  # -o onto an existing file: refused before any trial, file untouched
+  echo precious >"$WORK/keep.json"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q \
+    --workdir "$WORK/wd-o1" -o "$WORK/keep.json" >"$WORK/o1.out" 2>"$WORK/o1.err"
+  RC=$?
+  [ "$RC" = 2 ] && [ "$(cat "$WORK/keep.json")" = precious ] && [ ! -e "$WORK/wd-o1" ] &&
+    [ ! -s "$WORK/o1.out" ] && grep -q "already exists.*--force" "$WORK/o1.err" &&
+    pass "-o EXISTING: exit 2 before any trial, file kept" || fail "-o EXISTING: exit $RC, $(cat "$WORK/o1.err")"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q \
+    --workdir "$WORK/wd-o2" -o "$WORK/keep.json" --force >/dev/null 2>&1
+  RC=$?
+  [ "$RC" = 1 ] && [ "$(jget "$WORK/keep.json" "d['outcome']")" = minimal-set-found ] &&
+    [ -z "$(ls "$WORK" | grep 'keep.json.tmp')" ] &&
+    pass "-o EXISTING --force: replaced (atomically, no temporary left)" || fail "-o --force: exit $RC"
+  # -o onto the config: refused whatever --force says
+  cp "$HERE/../../trainer/scenarios/revin-overflow.json" "$WORK/cfg.json"
+  local sum
+  sum=$(md5sum <"$WORK/cfg.json")
+  for f in "" --force; do
+    "$BIN" bisect --config "$WORK/cfg.json" --fp32-candidates revin -j 2 -q \
+      --workdir "$WORK/wd-o3" -o "$WORK/cfg.json" $f >/dev/null 2>"$WORK/o3.err"
+    RC=$?
+    [ "$RC" = 2 ] && [ "$(md5sum <"$WORK/cfg.json")" = "$sum" ] &&
+      pass "-o CONFIG $f: exit 2, '$(cat "$WORK/o3.err")'" || fail "-o CONFIG $f: exit $RC"
+  done
+  ln -s "$WORK/cfg.json" "$WORK/cfg-link.json"
+  "$BIN" bisect --config "$WORK/cfg.json" --fp32-candidates revin -j 2 -q \
+    --workdir "$WORK/wd-o4" -o "$WORK/cfg-link.json" --force >/dev/null 2>&1
+  RC=$?
+  [ "$RC" = 2 ] && [ "$(md5sum <"$WORK/cfg.json")" = "$sum" ] &&
+    pass "-o a symlink to the config --force: exit 2" || fail "-o symlink to config: exit $RC"
+
+  # --config naming a FIFO, /dev/zero, a directory: refused at once (exit 3)
+  mkfifo "$WORK/fifo"
+  local t0 what
+  for what in "$WORK/fifo" /dev/zero "$WORK"; do
+    t0=$SECONDS
+    timeout 20 "$BIN" bisect --config "$what" --fp32-candidates bn -q --workdir "$WORK/wd-f" \
+      >/dev/null 2>"$WORK/f.err"
+    RC=$?
+    [ "$RC" = 3 ] && [ $((SECONDS - t0)) -lt 5 ] && grep -q "not a regular file" "$WORK/f.err" &&
+      pass "--config $what: exit 3, '$(cat "$WORK/f.err")'" || fail "--config $what: exit $RC $(cat "$WORK/f.err")"
+  done
+
+  # the work directory: a symlink is refused, its target untouched
+  mkdir "$WORK/victim-dir"
+  ln -s "$WORK/victim-dir" "$WORK/wd-link"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q \
+    --workdir "$WORK/wd-link" >/dev/null 2>"$WORK/l.err"
+  RC=$?
+  [ "$RC" = 4 ] && [ -z "$(ls -A "$WORK/victim-dir")" ] && grep -q "symbolic link" "$WORK/l.err" &&
+    pass "--workdir a symlink: exit 4, nothing written through it" || fail "--workdir symlink: exit $RC $(cat "$WORK/l.err")"
+  # reusing a work directory never replaces an earlier trial's files
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-re" >/dev/null 2>&1
+  local before after
+  before=$(cat "$WORK"/wd-re/trial-* | md5sum)
+  "$BIN" bisect --scenario two-culprits --fp32-candidates revin,softmax -j 2 -q --workdir "$WORK/wd-re" \
+    >"$WORK/re.out" 2>"$WORK/re.err"
+  RC=$?
+  after=$(cat "$WORK"/wd-re/trial-* | md5sum)
+  [ "$RC" = 1 ] && [ "$before" = "$after" ] && [ -f "$WORK/wd-re/run-2/trial-00.h5" ] &&
+    grep -q "wd-re/run-2" "$WORK/re.err" &&
+    pass "reused work directory: earlier trials kept, new ones in run-2" || fail "reused work directory: exit $RC $(cat "$WORK/re.err")"
+  # a planted symlink where a trial file would go: its target is not written
+  mkdir "$WORK/wd-plant"
+  echo victim >"$WORK/victim.txt"
+  ln -s "$WORK/victim.txt" "$WORK/wd-plant/trial-00.log"
+  ln -s "$WORK/victim.txt" "$WORK/wd-plant/trial-01.h5"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-plant" \
+    >/dev/null 2>&1
+  RC=$?
+  [ "$RC" = 1 ] && [ "$(cat "$WORK/victim.txt")" = victim ] &&
+    pass "planted symlinks in the work directory: their target untouched" || fail "planted symlink: exit $RC, victim: $(head -c 40 "$WORK/victim.txt")"
+  # a config name is not a path: x/../../escaped stays in the working directory
+  mkdir -p "$WORK/deep/a/b"
+  mkcfg revin-overflow "$WORK/deep/a/b/evil.json" 'name="x/../../escaped"'
+  (cd "$WORK/deep/a/b" && "$BIN" bisect --config evil.json --fp32-candidates revin -j 2 -q >/dev/null 2>&1)
+  [ ! -e "$WORK/deep/escaped" ] && [ ! -e "$WORK/deep/a/escaped" ] &&
+    [ -d "$WORK/deep/a/b/ampprobe-bisect-x_.._.._escaped" ] &&
+    pass "config name x/../../escaped: work directory ampprobe-bisect-x_.._.._escaped, nothing outside" ||
+    fail "config name escaped: $(ls "$WORK/deep" "$WORK/deep/a" "$WORK/deep/a/b")"
+
+  # hostile names (config name, a layer name with ESC, BEL, newline) are
+  # printed escaped: no raw control character, no forged line. (A trainer
+  # that refuses such names up front passes too: exit 2, one line.)
+  "$PY" - "$HERE/../../trainer/scenarios/bn-overflow.json" "$WORK/evil.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c['name'] = 'evil\x1b[2J\nverdict healthy'
+for m in c['model']:
+    if m.get('name') == 'enc.bn1':
+        m['name'] = 'enc.bn1\x07\nFORGED'
+json.dump(c, open(sys.argv[2], 'w'))
+PYEOF
+  "$BIN" bisect --config "$WORK/evil.json" --fp32-candidates bn --granularity layer -j 2 -q \
+    --workdir "$WORK/wd-evil" >"$WORK/evil.out" 2>"$WORK/evil.err"
+  RC=$?
+  if LC_ALL=C grep -q "$(printf '[\033\007]')" "$WORK/evil.out" "$WORK/evil.err" ||
+     grep -q "^FORGED\|^verdict healthy" "$WORK/evil.out" "$WORK/evil.err"; then
+    fail "hostile names: raw control characters or a forged line (exit $RC)"
+  elif [ "$RC" = 1 ] || { [ "$RC" = 2 ] && [ "$(grep -c . "$WORK/evil.err")" = 1 ]; }; then
+    pass "hostile names printed escaped (exit $RC): $(grep -m1 'minimal layers\|bisect:' "$WORK/evil.out" "$WORK/evil.err" | head -1)"
+  else
+    fail "hostile names: exit $RC $(head -2 "$WORK/evil.err")"
+  fi
+
+  # SIGKILL of bisect: its trials die with it (process group + PDEATHSIG)
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin,linear --steps 200000 \
+    --no-fail-nonfinite -j 2 -q --workdir "$WORK/wd-kill" >/dev/null 2>&1 &
+  local pid=$! n=0 left
+  while [ $n -lt 50 ] && [ "$(pgrep -f "$WORK/wd-kill/trial" | wc -l)" -lt 2 ]; do sleep 0.1; n=$((n + 1)); done
+  local had
+  had=$(pgrep -f "$WORK/wd-kill/trial" | wc -l)
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  sleep 1
+  left=$(pgrep -f "$WORK/wd-kill/trial" | wc -l)
+  [ "$had" -ge 1 ] && [ "$left" = 0 ] && pass "SIGKILL of bisect: $had running trials died with it" ||
+    { fail "SIGKILL of bisect: $had trials before, $left left"; pkill -KILL -f "$WORK/wd-kill/trial"; }
+  # SIGTERM: trials stopped, table, 130
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin --steps 200000 \
+    --no-fail-nonfinite -j 2 --workdir "$WORK/wd-term" >"$WORK/term.out" 2>&1 &
+  pid=$!
+  sleep 1
+  kill -TERM "$pid"
+  wait "$pid"
+  RC=$?
+  left=$(pgrep -f "$WORK/wd-term/trial" | wc -l)
+  [ "$RC" = 130 ] && [ "$left" = 0 ] && grep -q interrupted "$WORK/term.out" &&
+    pass "SIGTERM: exit 130, table, no trial left" || fail "SIGTERM: exit $RC, $left left"
+
+  # --progress-every: plain lines without a terminal, with the total and ETA
+  "$BIN" bisect --scenario two-culprits --fp32-candidates bn,softmax,revin -j 2 \
+    --progress-every 0.05 --workdir "$WORK/wd-pr" >/dev/null 2>"$WORK/pr.err"
+  grep -Eq "^ampprobe: bisect: [0-9]+ of ~[0-9]+ trials done, [0-9]+ running, elapsed [0-9]+s, ETA ~" "$WORK/pr.err" &&
+    pass "--progress-every: $(grep -c 'trials done' "$WORK/pr.err") lines, e.g. '$(grep 'trials done' "$WORK/pr.err" | tail -1)'" ||
+    fail "--progress-every: $(head -3 "$WORK/pr.err")"
+  "$BIN" bisect --scenario two-culprits --fp32-candidates bn,softmax,revin -j 2 -q \
+    --progress-every 0.05 --workdir "$WORK/wd-pq" >/dev/null 2>"$WORK/pq.err"
+  ! grep -q "trials done" "$WORK/pq.err" && pass "-q silences --progress-every" || fail "-q with --progress-every printed progress"
+  expect_err 2 "--progress-every 0" --fp32-candidates bn --progress-every 0
+  # --steps: one wording for both ends of the range
+  expect_err 2 "--steps -5" --fp32-candidates bn --steps -5
+  local e1
+  e1=$(cat "$WORK/e.err")
+  expect_err 2 "--steps 200000000" --fp32-candidates bn --steps 200000000
+  [ "${e1#*must be in}" = "$(sed 's/.*must be in//' "$WORK/e.err")" ] && echo "$e1" | grep -q "must be in \[1, 100000000\]" &&
+    pass "--steps: one wording: '$e1'" || fail "--steps wording differs: '$e1' vs '$(cat "$WORK/e.err")'"
+}
+
 case "$GROUP" in
   zoo) zoo ;;
   errors) errors ;;
-  all) zoo; errors ;;
+  fair) fair ;;
+  external) external ;;
+  safety) safety ;;
+  all) zoo; errors; fair; external; safety ;;
   *) echo "unknown group $GROUP"; exit 2 ;;
 esac
 echo "$FAILS failure(s)"

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# tests/tools/e2e_run.sh - end-to-end tests of `ampprobe run`'s output and
+# input rules (issue 17.3/5/6) and progress lines (issue 15.6), driving the
+# real binary: an existing -o is refused unless --force; an input (the
+# config, a symlink to it, the data file) is refused as -o whatever the
+# flags; a planted (dangling) symlink is not followed; --config naming a
+# FIFO, /dev/zero or a folder is refused at once; a config name is no path;
+# --progress-every writes plain lines without a terminal; --steps has one
+# range wording; a write failure (file-size limit) ends with exit 4.
+#
+# usage: e2e_run.sh AMPPROBE_BINARY
+set -u
+BIN=${1:?usage: e2e_run.sh AMPPROBE_BINARY}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3
+WORK=$(mktemp -d /tmp/ampprobe-e2e-run.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+FAILS=0
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+pass() { echo "ok:   $*"; }
+
+# run_rc EXPECTED DESCRIPTION ARGS...: exit code, one-line error when not 0/1
+run_rc() {
+  local want=$1 what=$2
+  shift 2
+  timeout 60 "$BIN" run "$@" >"$WORK/o.out" 2>"$WORK/o.err"
+  local rc=$?
+  if [ "$rc" = "$want" ] && { [ "$want" -le 1 ] || { [ "$(grep -c . "$WORK/o.err")" = 1 ] &&
+       grep -q "^ampprobe: run: " "$WORK/o.err" && [ ! -s "$WORK/o.out" ]; }; }; then
+    pass "$what: exit $rc${2:+ }$(head -c 160 "$WORK/o.err")"
+  else
+    fail "$what: expected $want, got $rc: $(cat "$WORK/o.err")"
+  fi
+}
+
+# -o onto an existing file: refused, the file untouched; --force replaces
+echo "not a trace" >t.h5
+run_rc 2 "-o EXISTING" --steps 3 -q -o t.h5
+[ "$(cat t.h5)" = "not a trace" ] && pass "existing file untouched" || fail "existing file changed"
+grep -q -- "--force" o.err && pass "the message names --force" || fail "no --force in '$(cat o.err)'"
+run_rc 0 "-o EXISTING --force" --steps 3 -q -o t.h5 --force
+"$BIN" postmortem t.h5 >/dev/null 2>&1 && pass "--force wrote a readable trace" || fail "--force trace unreadable"
+: >empty.h5
+run_rc 2 "-o an existing empty file" --steps 3 -q -o empty.h5
+run_rc 0 "-o a new file" --steps 3 -q -o new.h5
+run_rc 2 "-o the trace just written (second run)" --steps 3 -q -o new.h5
+# a dangling symlink planted at -o: not followed, its target not created
+ln -s "$WORK/planted-target.h5" planted.h5
+run_rc 2 "-o a dangling symlink" --steps 3 -q -o planted.h5
+[ ! -e planted-target.h5 ] && pass "symlink target not created" || fail "symlink followed"
+
+# an input as output: refused whatever --force says
+cp "$HERE/../../trainer/scenarios/healthy.json" cfg.json
+sum=$(md5sum <cfg.json)
+for f in "" --force; do
+  run_rc 2 "--config X -o X $f" --config cfg.json -o cfg.json -q --steps 3 $f
+done
+ln -s cfg.json cfg-link.h5
+run_rc 2 "-o a symlink to the config --force" --config cfg.json -o cfg-link.h5 -q --steps 3 --force
+mkdir sub && ln cfg.json sub/hard.h5
+run_rc 2 "-o a hard link to the config --force" --config cfg.json -o sub/hard.h5 -q --steps 3 --force
+[ "$(md5sum <cfg.json)" = "$sum" ] && pass "config untouched" || fail "config changed"
+grep -q "refusing to write" o.err && pass "message: '$(cat o.err)'" || fail "message: $(cat o.err)"
+# the data file (CSV, relative to the config's folder or the working directory)
+mkdir data
+"$PY" - <<'PYEOF'
+import json, random
+random.seed(1)
+with open('data/d.csv', 'w') as f:
+    for i in range(64):
+        x = [random.gauss(0, 1) for _ in range(4)]
+        f.write(','.join('%.4f' % v for v in x + [sum(x)]) + '\n')
+json.dump({"name": "csvrun", "steps": 3, "model": [{"type": "linear", "out": 1}],
+           "loss": "mse", "data": {"kind": "csv", "path": "d.csv", "batch": 8}},
+          open('data/cfg.json', 'w'))
+PYEOF
+dsum=$(md5sum <data/d.csv)
+run_rc 2 "-o the data file --force" --config data/cfg.json -o data/d.csv -q --force
+[ "$(md5sum <data/d.csv)" = "$dsum" ] && pass "data file untouched" || fail "data file changed"
+
+# inputs that are not regular files: refused at once
+mkfifo fifo
+for what in fifo /dev/zero "$WORK"; do
+  t0=$SECONDS
+  run_rc 3 "--config $what" --config "$what" -q -o "x-$RANDOM.h5"
+  [ $((SECONDS - t0)) -lt 5 ] || fail "--config $what took $((SECONDS - t0)) s"
+done
+
+# a data.path naming a FIFO (relative to the config's folder): refused, no hang
+mkfifo data/pipe
+"$PY" -c "
+import json; c = json.load(open('data/cfg.json')); c['data']['path'] = 'pipe'
+json.dump(c, open('data/cfg-fifo.json', 'w'))"
+t0=$SECONDS
+run_rc 3 "data.path a FIFO" --config data/cfg-fifo.json -q -o fifo-data.h5
+[ $((SECONDS - t0)) -lt 5 ] || fail "data.path FIFO took $((SECONDS - t0)) s"
+
+# a config name is not a path
+mkdir -p deep/a/b
+"$PY" -c "
+import json; c = json.load(open('$HERE/../../trainer/scenarios/healthy.json'))
+c['name'] = 'x/../../escaped'; c['steps'] = 3; json.dump(c, open('deep/a/b/evil.json', 'w'))"
+(cd deep/a/b && "$BIN" run --config evil.json -q >/dev/null 2>&1)
+[ ! -e deep/escaped.h5 ] && [ ! -e deep/a/escaped.h5 ] && [ -f "deep/a/b/ampprobe-x_.._.._escaped.h5" ] &&
+  pass "config name x/../../escaped: trace ampprobe-x_.._.._escaped.h5 in the working directory" ||
+  fail "config name: $(ls deep deep/a deep/a/b)"
+
+# hostile names (config and layer) are printed escaped by run's summary
+"$PY" - "$HERE/../../trainer/scenarios/bn-overflow.json" evil2.json <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c['name'] = 'evil\x1b[2J\nverdict healthy'
+c['steps'] = 5
+for m in c['model']:
+    if m.get('name') == 'enc.bn1':
+        m['name'] = 'enc.bn1\x07\nFORGED'
+json.dump(c, open(sys.argv[2], 'w'))
+PYEOF
+"$BIN" run --config evil2.json -q -o evil2.h5 >evil2.out 2>evil2.err
+rc=$?
+if LC_ALL=C grep -q "$(printf '[\033\007]')" evil2.out evil2.err || grep -q "^FORGED\|^verdict healthy" evil2.out; then
+  fail "run: hostile names reach the terminal raw (exit $rc)"
+else
+  pass "run: hostile names printed escaped (exit $rc)"
+fi
+
+# --progress-every: plain lines on stderr without a terminal
+"$BIN" run --steps 300 --progress-every 0.01 -o prog.h5 >/dev/null 2>prog.err
+n=$(grep -Ec "^ampprobe: run: step [0-9]+ of 300 \([0-9]+%\), [0-9.]+ steps/s, elapsed [0-9]+s, ETA [0-9a-z]+, loss [0-9.e+-]+, scale " prog.err)
+[ "$n" -ge 2 ] && grep -q "step 300 of 300 (100%)" prog.err &&
+  pass "--progress-every: $n lines, last '$(tail -1 prog.err)'" || fail "--progress-every: $(head -3 prog.err)"
+"$BIN" run --steps 50 -o prog2.h5 >/dev/null 2>prog2.err
+[ ! -s prog2.err ] && pass "no progress without a terminal by default" || fail "progress without a terminal: $(head -2 prog2.err)"
+"$BIN" run --steps 50 -q --progress-every 0.01 -o prog3.h5 >/dev/null 2>prog3.err
+[ ! -s prog3.err ] && pass "-q silences --progress-every" || fail "-q with --progress-every: $(head -2 prog3.err)"
+run_rc 2 "--progress-every 0" --progress-every 0
+
+# --steps: one wording at both ends
+run_rc 2 "--steps -5" --steps -5
+e1=$(cat o.err)
+run_rc 2 "--steps 200000000" --steps 200000000
+e2=$(cat o.err)
+[ "${e1#*for --steps: }" = "${e2#*for --steps: }" ] && pass "--steps: '${e1#*run: }' / '${e2#*run: }'" ||
+  fail "--steps wording: '$e1' vs '$e2'"
+
+# a write failure (file-size limit) ends with the one-line error and exit 4
+(ulimit -f 20; "$BIN" run --trace --steps 300 -q -o fsize.h5 >/dev/null 2>fsize.err; echo $? >fsize.rc)
+rc=$(cat fsize.rc)
+[ "$rc" = 4 ] && [ "$(grep -c . fsize.err)" = 1 ] && pass "file-size limit: exit 4, '$(cat fsize.err)'" ||
+  fail "file-size limit: exit $rc, $(head -3 fsize.err)"
+
+echo "$FAILS failure(s)"
+[ "$FAILS" = 0 ]
