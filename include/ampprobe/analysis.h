@@ -243,8 +243,9 @@ typedef struct probe_diag {
   char cfg_command[512];     /* that command, escaped */
   int64_t warmup_end;        /* first step after warm-up */
 
-  /* ---- losses */
+  /* ---- losses (steps whose loss was not measured are left out) */
   double first_loss, last_loss;
+  int first_loss_seen;
   double min_loss;
   int64_t first_nonfinite_loss_step; /* -1 if none */
   int64_t nonfinite_loss_steps;

@@ -24,6 +24,21 @@
 
 #include "ampprobe/analysis.h"
 
+/* A step scalar that was not measured (libprobe's
+ * probe_step_scalars.unmeasured bits, where this libprobe has them) is
+ * absent: never a non-finite value, never a loss or a scale. */
+#ifdef PROBE_SCALAR_LOSS
+#define PROBE__UNMEASURED(row, bit) (((row)->unmeasured & (bit)) != 0)
+#define PROBE__SC_LOSS PROBE_SCALAR_LOSS
+#define PROBE__SC_SCALE PROBE_SCALAR_LOSS_SCALE
+#define PROBE__SC_SCALER PROBE_SCALAR_SCALER
+#else
+#define PROBE__UNMEASURED(row, bit) ((void)(row), (void)(bit), 0)
+#define PROBE__SC_LOSS 1u
+#define PROBE__SC_SCALE 2u
+#define PROBE__SC_SCALER 4u
+#endif
+
 #define PROBE__JW_DEPTH 32
 
 typedef struct probe__jw {

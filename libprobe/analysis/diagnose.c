@@ -185,9 +185,16 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
   const probe_step_scalars *r;
   while ((r = steps_cursor_peek(&c))) {
     c.pos++;
-    if (isnan(d->first_loss)) d->first_loss = r->loss;
-    d->last_loss = r->loss;
-    if (isfinite(r->loss)) {
+    int loss_known = !PROBE__UNMEASURED(r, PROBE__SC_LOSS);
+    int scale_known = !PROBE__UNMEASURED(r, PROBE__SC_SCALE);
+    if (loss_known && isnan(d->first_loss) && !d->first_loss_seen) {
+      d->first_loss = r->loss;
+      d->first_loss_seen = 1;
+    }
+    if (loss_known) d->last_loss = r->loss;
+    if (!loss_known) {
+      /* not measured: neither a loss nor a non-finite one */
+    } else if (isfinite(r->loss)) {
       if (r->loss < d->min_loss) d->min_loss = r->loss;
       if (d->first_nonfinite_loss_step < 0) {
         d->loss_before_event = r->loss;
@@ -205,8 +212,8 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
     /* loss scale */
     /* A scale other than 1 at any step means a scaler was at work (it may
      * have started at 1 and backed off below it). */
-    if (r->loss_scale != 1.0) d->scaling_on = 1;
-    if (isfinite(r->loss_scale) && r->loss_scale > 0) {
+    if (scale_known && r->loss_scale != 1.0) d->scaling_on = 1;
+    if (scale_known && isfinite(r->loss_scale) && r->loss_scale > 0) {
       if (isnan(d->scale_first)) d->scale_first = r->loss_scale;
       d->scale_last = r->loss_scale;
       if (r->loss_scale < d->scale_min) d->scale_min = r->loss_scale;
@@ -876,7 +883,8 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
       fwd_nf = 1;
     if (r[i].site == PROBE_SITE_MASTER_WEIGHT) fwd_nf = 1;
   }
-  int loss_nf = sc && !isfinite(sc->loss);
+  int loss_nf = sc && !PROBE__UNMEASURED(sc, PROBE__SC_LOSS) &&
+                !isfinite(sc->loss);
   compare_clip_norm(w, r, n, sc);
   update_layers(w, r, n, step);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);

@@ -214,6 +214,11 @@ static void render_text(const probe_diag *d, FILE *f) {
   } else if (d->clip_steps_seen == 0) {
     fprintf(f, "  threshold   %g; no finite gradient norm in the trace\n",
             d->clip_threshold);
+    fprintf(f, "  clip order  %s: %s\n",
+            d->clip_order == 1   ? "BEFORE unscaling"
+            : d->clip_order == 0 ? "after unscaling"
+                                 : "cannot tell",
+            d->clip_order_basis);
   } else {
     fprintf(f, "  threshold   %g; %lld of %lld steps clipped; largest ratio "
                "norm/threshold %.4g at step %lld\n",

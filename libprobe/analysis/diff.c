@@ -481,14 +481,12 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
       break;
     const probe_step_scalars *pa = ia < na ? &ba[ia] : NULL;
     const probe_step_scalars *pb = ib < nb ? &bb[ib] : NULL;
-    if (pa) {
-      if (!isfinite(pa->loss) && d->first_nonfinite_loss_a < 0)
-        d->first_nonfinite_loss_a = pa->step;
-    }
-    if (pb) {
-      if (!isfinite(pb->loss) && d->first_nonfinite_loss_b < 0)
-        d->first_nonfinite_loss_b = pb->step;
-    }
+    int known_a = pa && !PROBE__UNMEASURED(pa, PROBE__SC_LOSS);
+    int known_b = pb && !PROBE__UNMEASURED(pb, PROBE__SC_LOSS);
+    if (known_a && !isfinite(pa->loss) && d->first_nonfinite_loss_a < 0)
+      d->first_nonfinite_loss_a = pa->step;
+    if (known_b && !isfinite(pb->loss) && d->first_nonfinite_loss_b < 0)
+      d->first_nonfinite_loss_b = pb->step;
     if (pa && (!pb || pa->step < pb->step)) {
       d->last_step_a = pa->step;
       d->trailing_skips_a = pa->skipped ? d->trailing_skips_a + 1 : 0;
@@ -507,6 +505,11 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
     d->last_step_b = pb->step;
     d->trailing_skips_a = pa->skipped ? d->trailing_skips_a + 1 : 0;
     d->trailing_skips_b = pb->skipped ? d->trailing_skips_b + 1 : 0;
+    if (!known_a || !known_b) { /* not measured on one side: no comparison */
+      ia++;
+      ib++;
+      continue;
+    }
     d->loss_steps++;
     double rel = probe_diff_rel(pa->loss, pb->loss);
     int fa = isfinite(pa->loss), fb = isfinite(pb->loss);

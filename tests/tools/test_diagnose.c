@@ -1060,6 +1060,43 @@ START_TEST(test_norm_collapse_records) {
 }
 END_TEST
 
+#ifdef PROBE_SCALAR_LOSS
+/* A loss that was not measured (NaN with its PROBE_SCALAR_LOSS bit) is
+ * absent, not non-finite: the run stays healthy. (Compiled where libprobe
+ * records unmeasured scalars.) */
+START_TEST(test_unmeasured_loss_is_absent) {
+  const char *p = tmp_path("unmeasured");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_SCALARS;
+  o.config_json = "{\"name\": \"unit\"}";
+  probe_session *ss = NULL;
+  ck_assert_int_eq(probe_session_open(&ss, p, &o), PROBE_OK);
+  for (int step = 0; step < 20; step++) {
+    ck_assert_int_eq(probe_step_begin(ss, step), PROBE_OK);
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = step % 2 ? NAN : 1.0 - 0.01 * step;
+    sc.unmeasured = step % 2 ? PROBE_SCALAR_LOSS | PROBE_SCALAR_GRAD_NORM |
+                                   PROBE_SCALAR_CLIP
+                             : PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP;
+    sc.loss_scale = 1;
+    ck_assert_int_eq(probe_step_set_scalars(ss, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(ss), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(ss), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.first_nonfinite_loss_step, -1);
+  ck_assert_int_eq(d.nonfinite_loss_steps, 0);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_HEALTHY);
+  ck_assert_double_eq_tol(d.last_loss, 1.0 - 0.01 * 18, 1e-12);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+#endif
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -1088,6 +1125,9 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_json_inf_is_a_string);
   tcase_add_test(tc, test_external_command);
   tcase_add_test(tc, test_norm_collapse_records);
+#ifdef PROBE_SCALAR_LOSS
+  tcase_add_test(tc, test_unmeasured_loss_is_absent);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }
