@@ -370,7 +370,10 @@ static probe_status add_bisect(probe_report *rep, json_t *root) {
                    gran ? gran : "?");
   free(cand);
   json_t *cr = json_object_get(root, "criteria");
-  if (json_is_object(cr)) {
+  const char *ctext = json_is_object(cr) ? jstr(cr, "text") : NULL;
+  if (ctext) { /* the command's own wording, as it prints it */
+    probe_buf_printf(&t, "  a trial fails on: %s\n", ctext);
+  } else if (json_is_object(cr)) {
     int any = 0;
     probe_buf_puts(&t, "  a trial fails on:");
     json_t *v;
@@ -465,6 +468,7 @@ static probe_status add_bisect(probe_report *rep, json_t *root) {
       {"implicated_layers", "implicated"},
       {"suggested_candidates", "suggested"},
       {"postmortem_finding", "post-mortem"},
+      {"hint", "hint"},
       {"reproduce", "reproduce"},
   };
   for (size_t k = 0; k < sizeof lines / sizeof lines[0]; k++) {

@@ -108,6 +108,21 @@ expect 3 "bad bisect JSON" -- "$AMP" report healthy.h5 --bisect bad.json -o x.ht
 expect 4 "unwritable output" -- "$AMP" report healthy.h5 -o /nonexistent-dir/x.html
 has err.txt "cannot write /nonexistent-dir/x.html: No such file or directory"
 
+# the criteria as the command words them ("text"), and its hint
+cat > bisect-text.json <<'JSON'
+{"command": "bisect", "scenario": "revin-overflow",
+ "criteria": {"fail_nonfinite": true, "loss_window": "the last 15 steps",
+              "text": "non-finite loss; final loss > 12.5% above the FP32 baseline (noise 2.5%)"},
+ "outcome": "candidates-insufficient", "summary": "the candidates are not enough",
+ "hint": "enable loss scaling",
+ "trials": [{"id": 0, "role": "all-fp16", "fp32": [], "verdict": "fail", "why": ""}]}
+JSON
+expect 1 "bisect result with criteria text and a hint" -- \
+  "$AMP" report fp16.h5 --bisect bisect-text.json -o text.html -q
+has text.html "a trial fails on: non-finite loss; final loss &gt; 12.5% above the FP32 baseline (noise 2.5%)"
+hasnt text.html "loss_window the last"
+has text.html "  hint            enable loss scaling"
+
 # a --bisect file of the wrong shape is bad input (exit 3), not a page
 printf '{"a": 1}\n' > shape1.json
 printf '[1, 2]\n' > shape2.json
