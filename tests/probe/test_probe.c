@@ -991,11 +991,17 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_session_first_nonfinite);
   tcase_add_test(tc, test_writer_max_events);
   tcase_add_test(tc, test_writer_event_spacing);
-  tcase_add_test(tc, test_writer_flush_visibility);
-  tcase_add_test(tc, test_writer_idle_timer_flush);
-  tcase_add_test(tc, test_writer_event_flush);
   tcase_add_test(tc, test_writer_threads);
   suite_add_tcase(s, tc);
+  /* Checks with deadlines (rows visible within a bounded wait, a flush
+   * that must outlast a 300 ms lock): a case of their own, which CTest runs
+   * alone (test_probe.timing, label timing, RUN_SERIAL). */
+  TCase *tt = tcase_create("writer_timing");
+  tcase_set_timeout(tt, 30);
+  tcase_add_test(tt, test_writer_flush_visibility);
+  tcase_add_test(tt, test_writer_idle_timer_flush);
+  tcase_add_test(tt, test_writer_event_flush);
+  suite_add_tcase(s, tt);
   return s;
 }
 

@@ -347,9 +347,14 @@ static Suite *make_scenario_suite(void) {
   tcase_add_test(tc, test_clip_before_unscale);
   tcase_add_test(tc, test_lr_too_high);
   tcase_add_test(tc, test_nan_input);
-  tcase_add_test(tc, test_zoo_speed);
   tcase_add_test(tc, test_first_nonfinite_scan_matches_probe);
   suite_add_tcase(s, tc);
+  /* Wall-clock checks: a case of their own, which CTest runs alone
+   * (trainer_scenarios.timing, label timing, RUN_SERIAL). */
+  TCase *tt = tcase_create("timing");
+  tcase_set_timeout(tt, 120);
+  tcase_add_test(tt, test_zoo_speed);
+  suite_add_tcase(s, tt);
   return s;
 }
 
