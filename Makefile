@@ -1,15 +1,38 @@
 # The two commands of the README, and a few more. Everything goes through
-# CMake in build/; scripts/install-deps.sh installs what is missing first.
+# CMake; scripts/install-deps.sh installs what is missing first.
 #
-#   make run            install, build, run the main job (default scenario)
-#   make test           install, build, run every test through CTest
+#   make run            install deps, build, run the main job (default scenario)
+#   make test           install deps, then CI's three configurations, each in
+#                       its own build folder, all with warnings as errors:
+#                         build/         the default build (CUDA when nvcc is
+#                                        found): every test but the extended ones
+#                         build-nocuda/  -DAMPPROBE_CUDA=OFF (skipped when the
+#                                        default build is CUDA-off already)
+#                         build-asan/    AddressSanitizer + UBSan (CUDA off):
+#                                        the suite minus ASAN_EXCLUDE (below)
+#   make test-main / test-nocuda / test-asan   one of the three
 #   make test-extended  also the long tests (all 2^32 float->fp16 patterns)
+#   make install PREFIX=/opt/ampprobe   library, headers, CMake package,
+#                       pkg-config file and the CLI under PREFIX
 #   make bench          build and run the benchmarks under bench/
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
+WERROR ?= ON
+# Tests the sanitizer run leaves out: the browser tests (headless Chromium
+# rendering our HTML: no ampprobe code runs under the sanitizers there) and
+# the PyTorch comparisons (the time goes to Python; the same C code runs in
+# the other tests). Measured: docs/architecture.md, "CI".
+ASAN_EXCLUDE ?= extended|browser|torch
 
-.PHONY: all deps configure build run test test-extended bench clean
+CONFIG_FLAGS = -DAMPPROBE_WERROR=$(WERROR) $(CMAKE_FLAGS)
+# UB aborts (halt_on_error) so a test fails on it instead of printing.
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
+          UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+.PHONY: all deps configure build run test test-main test-nocuda test-asan \
+        test-extended install bench clean
 
 all: build
 
@@ -17,22 +40,45 @@ deps:
 	bash scripts/install-deps.sh
 
 configure: deps
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(CONFIG_FLAGS)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
+	rm -f ampprobe-run.h5
 	$(BUILD)/tools/ampprobe run --trace -o ampprobe-run.h5
 
-test: build
+test: test-main test-nocuda test-asan
+
+test-main: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE extended
+
+# A CUDA-off build next to a CUDA one; the same build when there is no nvcc.
+test-nocuda: build
+	@if grep -q '^AMPPROBE_BUILT_WITH_CUDA:INTERNAL=ON' $(BUILD)/CMakeCache.txt; then \
+	  set -e; \
+	  cmake -S . -B $(BUILD)-nocuda -DAMPPROBE_CUDA=OFF -DAMPPROBE_BUILD_BENCH=OFF $(CONFIG_FLAGS); \
+	  cmake --build $(BUILD)-nocuda -j $(JOBS); \
+	  cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) -LE extended; \
+	else \
+	  echo "test-nocuda: $(BUILD) is CUDA-off already (no nvcc): tested by test-main"; \
+	fi
+
+test-asan: deps
+	cmake -S . -B $(BUILD)-asan -DAMPPROBE_CUDA=OFF -DAMPPROBE_SANITIZE=ON \
+	      -DAMPPROBE_BUILD_BENCH=OFF $(CONFIG_FLAGS)
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -LE '$(ASAN_EXCLUDE)'
 
 test-extended: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 bench: build
 	bash bench/run-all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-nocuda $(BUILD)-asan
