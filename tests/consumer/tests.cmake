@@ -35,3 +35,13 @@ if(AMPPROBE_PKG_CONFIG AND CMAKE_NM)
             -P ${CMAKE_CURRENT_LIST_DIR}/run_consumer.cmake)
   set_tests_properties(package.consumer PROPERTIES LABELS "package" TIMEOUT 600)
 endif()
+
+# package.library_only  the library alone (every AMPPROBE_BUILD_* off, CUDA
+#                   off to stay quick) configures without pkg-config and BLAS,
+#                   builds with -Werror and installs (library_only.cmake).
+add_test(NAME package.library_only
+  COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+          -DWORK=${CMAKE_CURRENT_BINARY_DIR}/package_library_only
+          "-DGENERATOR=${CMAKE_GENERATOR}" -DCC=${CMAKE_C_COMPILER}
+          -P ${CMAKE_CURRENT_LIST_DIR}/library_only.cmake)
+set_tests_properties(package.library_only PROPERTIES LABELS "package" TIMEOUT 600)
