@@ -21,10 +21,11 @@ CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 WERROR ?= ON
 # Tests the sanitizer run leaves out: the browser tests (headless Chromium
-# rendering our HTML: no ampprobe code runs under the sanitizers there) and
-# the PyTorch comparisons (the time goes to Python; the same C code runs in
-# the other tests). Measured: docs/architecture.md, "CI".
-ASAN_EXCLUDE ?= extended|browser|torch
+# rendering our HTML: no ampprobe code runs under the sanitizers there), the
+# PyTorch comparisons (the time goes to Python; the same C code runs in the
+# other tests) and the install/consumer checks (label package: they build
+# other programs, not run ours). Measured: docs/architecture.md, "CI".
+ASAN_EXCLUDE ?= extended|browser|torch|package
 
 CONFIG_FLAGS = -DAMPPROBE_WERROR=$(WERROR) $(CMAKE_FLAGS)
 # UB aborts (halt_on_error) so a test fails on it instead of printing.

@@ -19,8 +19,10 @@ endif()
 #                   and with pkg-config, against the shared and the static
 #                   library; each runs, and its trace passes the installed
 #                   `ampprobe postmortem` (run_consumer.cmake).
+# Not in sanitizer builds: a program built without -fsanitize cannot link the
+# instrumented libampprobe.a, nor load the instrumented .so first.
 find_program(AMPPROBE_PKG_CONFIG NAMES pkg-config pkgconf)
-if(AMPPROBE_PKG_CONFIG AND CMAKE_NM)
+if(AMPPROBE_PKG_CONFIG AND CMAKE_NM AND NOT AMPPROBE_SANITIZE)
   set(_with_cli OFF)
   if(TARGET ampprobe_exe)
     set(_with_cli ON)
