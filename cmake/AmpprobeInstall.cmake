@@ -40,8 +40,8 @@ install(FILES ${PROJECT_BINARY_DIR}/ampprobeConfig.cmake
 
 # ---- pkg-config --------------------------------------------------------------------
 # The static library's needs: HDF5 through its own .pc when there is one
-# (Debian: hdf5.pc), else its library files; threads, libm; the CUDA runtime
-# and CUPTI in CUDA builds.
+# (Debian: hdf5.pc), else its library files; threads, libm; the CUDA runtime,
+# CUPTI and the C++ runtime in CUDA builds.
 set(AMPPROBE_PC_REQUIRES_PRIVATE "")
 set(AMPPROBE_PC_LIBS_PRIVATE "")
 find_package(PkgConfig QUIET)
@@ -62,6 +62,7 @@ if(AMPPROBE_HAVE_CUDA)
       string(APPEND AMPPROBE_PC_LIBS_PRIVATE " ${loc}")
     endif()
   endforeach()
+  string(APPEND AMPPROBE_PC_LIBS_PRIVATE " -lstdc++")
 endif()
 string(APPEND AMPPROBE_PC_LIBS_PRIVATE " -pthread -lm")
 string(STRIP "${AMPPROBE_PC_LIBS_PRIVATE}" AMPPROBE_PC_LIBS_PRIVATE)
