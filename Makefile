@@ -23,9 +23,11 @@ WERROR ?= ON
 # Tests the sanitizer run leaves out: the browser tests (headless Chromium
 # rendering our HTML: no ampprobe code runs under the sanitizers there), the
 # PyTorch comparisons (the time goes to Python; the same C code runs in the
-# other tests) and the install/consumer checks (label package: they build
-# other programs, not run ours). Measured: docs/architecture.md, "CI".
-ASAN_EXCLUDE ?= extended|browser|torch|package
+# other tests), the Python package's tests (an uninstrumented interpreter
+# cannot load the instrumented library without LD_PRELOAD of libasan) and
+# the install/consumer checks (label package: they build other programs,
+# not run ours). Measured: docs/architecture.md, "Tests and CI".
+ASAN_EXCLUDE ?= extended|browser|torch|python|package
 
 CONFIG_FLAGS = -DAMPPROBE_WERROR=$(WERROR) $(CMAKE_FLAGS)
 # UB aborts (halt_on_error) so a test fails on it instead of printing.
