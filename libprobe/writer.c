@@ -458,9 +458,10 @@ static probe_status space_check_need(probe_session *s, uint64_t need) {
       if (limit_commit(s) != PROBE_OK) return s->w_err;
       s->w_err = PROBE_ERR_NOSPACE;
       return set_wmsg(s, s->w_err,
-                     "file-size limit reached: trace at %llu bytes, limit "
-                     "(RLIMIT_FSIZE) %llu bytes",
-                     (unsigned long long)end, (unsigned long long)rl.rlim_cur);
+                     "%s: file-size limit reached: trace at %llu bytes, "
+                     "limit (RLIMIT_FSIZE) %llu bytes",
+                     strerror(EFBIG), (unsigned long long)end,
+                     (unsigned long long)rl.rlim_cur);
     }
   }
   void *handle = NULL;
@@ -470,7 +471,12 @@ static probe_status space_check_need(probe_session *s, uint64_t need) {
       (uint64_t)vf.f_bavail * vf.f_frsize < need) {
     s->w_err = PROBE_ERR_NOSPACE;
     file_detach(s);
-    return set_wmsg(s, s->w_err, "no space left on the trace's file system");
+    return set_wmsg(s, s->w_err,
+                    "%s: %llu bytes free on the trace's file system, the "
+                    "next flush may need %llu",
+                    strerror(ENOSPC),
+                    (unsigned long long)vf.f_bavail * vf.f_frsize,
+                    (unsigned long long)need);
   }
   H5Eclear2(H5E_DEFAULT);
   return PROBE_OK;
@@ -666,9 +672,9 @@ static probe_status file_create(probe_session *s) {
     H5Pclose(fapl);
     s->w_err = PROBE_ERR_NOSPACE;
     return set_wmsg(s, s->w_err,
-                    "file-size limit (RLIMIT_FSIZE) of %llu bytes is too "
-                    "small for a trace (at least %llu)",
-                    (unsigned long long)rl.rlim_cur,
+                    "%s: file-size limit (RLIMIT_FSIZE) of %llu bytes is "
+                    "too small for a trace (at least %llu)",
+                    strerror(EFBIG), (unsigned long long)rl.rlim_cur,
                     (unsigned long long)MIN_FSIZE_LIMIT);
   }
   errno = 0;
