@@ -357,6 +357,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   }
   s->opt = o;
   s->file = s->state = H5I_INVALID_HID;
+  s->writing = -1;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
     s->pend[t].elem = s->in[t].elem = s->stage[t].elem = s->out[t].elem =

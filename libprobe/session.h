@@ -108,6 +108,8 @@ struct probe_session {
   probe_status w_err; /* sticky I/O error of the writer thread */
   int detached;       /* file descriptor replaced after a failed write */
   int committing;     /* limit_commit is writing: no second commit */
+  int writing;        /* direct table whose chunk is being written, or -1 */
+  uint8_t tail_bad[PROBE__T_COUNT]; /* a chunk write of it failed */
   char w_msg[512];
 
   /* ---- shared, under mu ---- */

@@ -309,6 +309,10 @@ static probe_status chunk_write(probe_session *s, probe__table t,
 static probe_status table_write_direct(probe_session *s, probe__table t) {
   pvec *v = &s->pend[t];
   const size_t rows = probe__tables[t].chunk_rows, elem = v->elem;
+  /* A write of this table that failed half-way left its tail chunk's
+   * buffer ahead of what is counted: it is not written again (the rows
+   * counted so far are on disk; the session has stopped anyway). */
+  if (s->tail_bad[t]) return PROBE_ERR_NOSPACE;
   if (s->tail[t] == NULL && (s->tail[t] = malloc(rows * elem)) == NULL) {
     s->w_err = PROBE_ERR_NOMEM;
     return set_wmsg(s, s->w_err, "out of memory buffering a chunk");
@@ -325,8 +329,13 @@ static probe_status table_write_direct(probe_session *s, probe__table t) {
     s->tail_n[t] += k;
     src += k * elem;
     left -= k;
+    s->writing = (int)t; /* limit_commit leaves this table alone */
     probe_status st = chunk_write(s, t, first);
-    if (st != PROBE_OK) return st;
+    s->writing = -1;
+    if (st != PROBE_OK) {
+      s->tail_bad[t] = 1;
+      return st;
+    }
     if (s->tail_n[t] == rows) {
       s->tail_n[t] = 0;
       first += (int64_t)rows;
@@ -432,6 +441,7 @@ static probe_status limit_commit(probe_session *s) {
   s->committing = 1;
   for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
     probe__table t = small[i];
+    if ((int)t == s->writing) continue; /* its chunk is half written */
     uint64_t bytes = (s->pend[t].n + probe__tables[t].chunk_rows) *
                      probe__tables[t].mem_size;
     if (s->pend[t].n == 0 ||
@@ -458,9 +468,10 @@ static probe_status space_check_need(probe_session *s, uint64_t need) {
       if (limit_commit(s) != PROBE_OK) return s->w_err;
       s->w_err = PROBE_ERR_NOSPACE;
       return set_wmsg(s, s->w_err,
-                     "file-size limit reached: trace at %llu bytes, limit "
-                     "(RLIMIT_FSIZE) %llu bytes",
-                     (unsigned long long)end, (unsigned long long)rl.rlim_cur);
+                     "%s: file-size limit reached: trace at %llu bytes, "
+                     "limit (RLIMIT_FSIZE) %llu bytes",
+                     strerror(EFBIG), (unsigned long long)end,
+                     (unsigned long long)rl.rlim_cur);
     }
   }
   void *handle = NULL;
@@ -470,7 +481,12 @@ static probe_status space_check_need(probe_session *s, uint64_t need) {
       (uint64_t)vf.f_bavail * vf.f_frsize < need) {
     s->w_err = PROBE_ERR_NOSPACE;
     file_detach(s);
-    return set_wmsg(s, s->w_err, "no space left on the trace's file system");
+    return set_wmsg(s, s->w_err,
+                    "%s: %llu bytes free on the trace's file system, the "
+                    "next flush may need %llu",
+                    strerror(ENOSPC),
+                    (unsigned long long)vf.f_bavail * vf.f_frsize,
+                    (unsigned long long)need);
   }
   H5Eclear2(H5E_DEFAULT);
   return PROBE_OK;
@@ -666,9 +682,9 @@ static probe_status file_create(probe_session *s) {
     H5Pclose(fapl);
     s->w_err = PROBE_ERR_NOSPACE;
     return set_wmsg(s, s->w_err,
-                    "file-size limit (RLIMIT_FSIZE) of %llu bytes is too "
-                    "small for a trace (at least %llu)",
-                    (unsigned long long)rl.rlim_cur,
+                    "%s: file-size limit (RLIMIT_FSIZE) of %llu bytes is "
+                    "too small for a trace (at least %llu)",
+                    strerror(EFBIG), (unsigned long long)rl.rlim_cur,
                     (unsigned long long)MIN_FSIZE_LIMIT);
   }
   errno = 0;

@@ -203,10 +203,15 @@ END_TEST
 
 /* Only the writer thread's own flushes (none within the run: flush_seconds
  * is huge, flush_steps 0): at the limit, what was written is committed
- * (the pending step scalars too), so the trace holds nearly every step
- * ended, not the none of its last flush. */
+ * (the pending step scalars too), so the trace holds every step ended but
+ * at most one batch of /steps rows, not the none of its last flush. */
 START_TEST(test_wfail_fsize_commit_at_limit) {
-  static const long long limits[] = {700 << 10, 1 << 20, 3 << 20};
+  /* several limits, so that the limit falls in different places: inside a
+   * /records chunk, inside a /steps chunk (where the commit must leave the
+   * half-written table alone: "offset exceeds dimensions" under ASan's
+   * timing before), between batches */
+  static const long long limits[] = {600 << 10, 700 << 10, 800 << 10,
+                                     1 << 20, 1536 << 10, 3 << 20};
   for (size_t k = 0; k < sizeof limits / sizeof limits[0]; k++) {
     char path[256], what[64];
     snprintf(what, sizeof what, "fsizec%lld", limits[k]);
@@ -224,7 +229,9 @@ START_TEST(test_wfail_fsize_commit_at_limit) {
                       PROBE_OK,
                   "%s: %s", what, err);
     int64_t n = probe_trace_get_info(t)->n_steps;
-    ck_assert_msg(n * 10 >= (w.r.last_ended + 1) * 9,
+    /* all but, at most, the /steps rows of one batch (4 chunks of 256)
+     * and a tail chunk, when the limit falls inside a /steps write */
+    ck_assert_msg(n >= w.r.last_ended + 1 - 1280 && n >= 100,
                   "%s: %lld steps committed of %lld ended", what,
                   (long long)n, (long long)w.r.last_ended + 1);
     ck_assert_int_gt(probe_trace_get_info(t)->n_records, 0);
@@ -566,7 +573,7 @@ END_TEST
 static Suite *make_wfail_suite(void) {
   Suite *s = suite_create("wfail");
   TCase *tc = tcase_create("wfail");
-  tcase_set_timeout(tc, 120);
+  tcase_set_timeout(tc, 300); /* children under ASan on a loaded machine */
   tcase_add_test(tc, test_wfail_fsize);
   tcase_add_test(tc, test_wfail_fsize_sigdfl);
   tcase_add_test(tc, test_wfail_fsize_commit_at_limit);
