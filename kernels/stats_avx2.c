@@ -197,7 +197,9 @@ static void pair_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   b->ovf = hsum_epi16(covf);
   b->sub = 0; /* read off the histogram at the fold */
   extremes16(b, p, nv, amin, 0);
+#ifndef EXP_NO_SQ
   sums(b, PROBE_DTYPE_BF16, p, nv);
+#endif
 }
 
 static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
@@ -498,7 +500,9 @@ static inline double pow2(int e) {
   return d;
 }
 
-enum { PF16 = 4096 }; /* prefetch distance of the window loops, bytes */
+#ifndef PF16
+#define PF16 4096
+#endif /* prefetch distance of the window loops, bytes */
 
 /* x * 2^16 as binary64 for the 16 |x| patterns in a (normal x; zero gives
  * 2, a subnormal 2 + m/512: the driver corrects both), squared into q0..q3:
@@ -508,14 +512,15 @@ enum { PF16 = 4096 }; /* prefetch distance of the window loops, bytes */
     __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, 6), c4000);           \
     __m256i w2_ = _mm256_slli_epi16(a_, 10);                                   \
     __m256i p0_ = _mm256_unpacklo_epi16(w2_, w3_), p1_ = _mm256_unpackhi_epi16(w2_, w3_); \
-    __m256d d0_ = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, p0_));          \
-    __m256d d1_ = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, p0_));          \
-    __m256d d2_ = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, p1_));          \
-    __m256d d3_ = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, p1_));          \
-    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
-    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
-    q2 = _mm256_fmadd_pd(d2_, d2_, q2);                                        \
-    q3 = _mm256_fmadd_pd(d3_, d3_, q3);                                        \
+    /* even dwords moved up, odd ones masked: no more shuffles */            \
+    __m256d sq0_ = _mm256_castsi256_pd(_mm256_slli_epi64(p0_, 32));             \
+    __m256d sq1_ = _mm256_castsi256_pd(_mm256_and_si256(p0_, mhi32));           \
+    __m256d sq2_ = _mm256_castsi256_pd(_mm256_slli_epi64(p1_, 32));             \
+    __m256d sq3_ = _mm256_castsi256_pd(_mm256_and_si256(p1_, mhi32));           \
+    q0 = _mm256_fmadd_pd(sq0_, sq0_, q0);                                      \
+    q1 = _mm256_fmadd_pd(sq1_, sq1_, q1);                                      \
+    q2 = _mm256_fmadd_pd(sq2_, sq2_, q2);                                      \
+    q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
   } while (0)
 
 static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
@@ -525,6 +530,9 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
   __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff;
   __m256i msum = z, sum64 = z;
   const size_t ns = nv / 2;
+  const __m256i c4000 = _mm256_set1_epi16(0x4000);
+  const __m256i mhi32 = _mm256_set1_epi64x((long long)0xffffffff00000000ull);
+  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
   WIN_DECL2(pd, PROBE__WIN16);
 #define F16_WSTEP2(s_, ohA, ohB)                                               \
   do {                                                                         \
@@ -551,6 +559,12 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
                                                    _mm256_madd_epi16(mB, ohB))); \
+    F16_SQ_FUSED(aA, aB);                                                      \
+  } while (0)
+#define F16_SQ_FUSED(aA, aB)                                                   \
+  do {                                                                         \
+    F16_SQ2(aA);                                                               \
+    F16_SQ2(aB);                                                               \
   } while (0)
 #define WIN_STEP_ F16_WSTEP2
 #define F16_EVERY16                                                            \
@@ -563,13 +577,6 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
 #undef F16_EVERY16
 #undef WIN_STEP_
 #undef F16_WSTEP2
-  /* the squares, from L1/L2 */
-  const __m256i c4000 = _mm256_set1_epi16(0x4000);
-  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
-  for (size_t v = 0; v < nv; v++) {
-    __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff);
-    F16_SQ2(a);
-  }
   b->zero = 0; /* the driver counts them from the window counts */
   b->sub = 0;  /* and these: all are outside the window */
   b->flush = 0;
@@ -632,7 +639,9 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
       b->ovf += (h & 0x7fffu) > 0x477fu;
     }
   }
+#ifndef EXP_NO_SQ
   sums(b, PROBE_DTYPE_BF16, p, nv);
+#endif
 }
 
 static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
@@ -720,7 +729,9 @@ static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pend
       b->ovf += (w & 0x7fffffffu) > 0x477fefffu;
     }
   }
+#ifndef EXP_NO_SQ
   sums(b, PROBE_DTYPE_F32, p, nv);
+#endif
 }
 
 /* ---- the block functions the driver calls (stats_impl.h) ------------------------ */
