@@ -239,6 +239,21 @@ static int bench_short(int markdown) {
          "auto = probe_stats_compute on the %s path family\n",
          g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
   printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
+  /* What a cycle took during this run, by the same clock: on a loaded
+   * machine CPU time stretches too, and ns x GHz (cycles) carries over to a
+   * quiet one better than ns do. */
+  double ghz = 0;
+#if defined(__x86_64__)
+  for (int r = 0; r < 3; r++) {
+    uint64_t x = 1, iters = 50000000ull;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < iters; i++)
+      __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+    double g = 4.0 * (double)iters / (now_s() - t0) / 1e9;
+    if (g > ghz) ghz = g;
+  }
+#endif
+  printf("core clock by the same clock (dependent adds): %.2f GHz; cycles per call = ns x that\n", ghz);
   for (int d = 0; d < 3; d++) {
     probe_dtype dt = (probe_dtype)d;
     bench_fill(buf, dt, NMAX);

@@ -197,9 +197,7 @@ static void pair_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   b->ovf = hsum_epi16(covf);
   b->sub = 0; /* read off the histogram at the fold */
   extremes16(b, p, nv, amin, 0);
-#ifndef EXP_NO_SQ
   sums(b, PROBE_DTYPE_BF16, p, nv);
-#endif
 }
 
 static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
@@ -288,7 +286,9 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
  *    weights 1, 2, 4, 8, each one ymm of 16 lanes; each 16 inputs give one
  *    ymm of weight 16, and two of those make one 32-lane probe__hs.s16
  *    vector, so the driver's counters, folds and read-out are the AVX-512
- *    ones in layout (lanes 16..31 of hs->lo stay 0 here);
+ *    ones in layout (lanes 16..31 of hs->lo are never written here: the
+ *    driver zeroes both copies at the start of a call and the one it
+ *    flushes);
  *  - non-zero elements outside the window (a one-hot word of 0 and a
  *    non-zero byte in the saturated pack of |x|) set a bit in a movemask;
  *    a step with any is written to outb by a scalar loop over its bits
@@ -432,8 +432,6 @@ static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) 
     _mm256_storeu_si256((__m256i *)(void *)(lw_ + 32), twos);                  \
     _mm256_storeu_si256((__m256i *)(void *)(lw_ + 64), fours);                 \
     _mm256_storeu_si256((__m256i *)(void *)(lw_ + 96), eights);                \
-    for (int k_ = 0; k_ < 4; k_++) /* lanes 16..31: unused here, kept 0 */     \
-      _mm256_storeu_si256((__m256i *)(void *)(lw_ + 32 * k_ + 16), _mm256_setzero_si256()); \
     (b)->n16 = n16;                                                            \
     (b)->nout = (size_t)(outp - (pd)->outb);                                   \
   } while (0)
@@ -639,9 +637,8 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
       b->ovf += (h & 0x7fffu) > 0x477fu;
     }
   }
-#ifndef EXP_NO_SQ
+  /* (the conversions in this loop instead cost more: 16 registers) */
   sums(b, PROBE_DTYPE_BF16, p, nv);
-#endif
 }
 
 static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
@@ -729,9 +726,7 @@ static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pend
       b->ovf += (w & 0x7fffffffu) > 0x477fefffu;
     }
   }
-#ifndef EXP_NO_SQ
   sums(b, PROBE_DTYPE_F32, p, nv);
-#endif
 }
 
 /* ---- the block functions the driver calls (stats_impl.h) ------------------------ */

@@ -261,7 +261,7 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
   }
   probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb, .hs = &ph.hs};
   ph.hs.cur = 0;
-  memset(ph.hs.lo[0], 0, sizeof ph.hs.lo[0]);
+  memset(ph.hs.lo, 0, sizeof ph.hs.lo); /* both: a path may leave lanes unwritten */
   memset(ph.hs.hi, 0, sizeof ph.hs.hi);
   ph.hs.n16 = 0;
   ph.hs.nbig = 0;
