@@ -37,7 +37,7 @@ while IFS='|' read -r name file expr needs; do
   if [ "$needs" = avx2 ] && [ "$avx2" = 0 ]; then echo "$name: skipped (no AVX2)"; continue; fi
   d="$work/$name"
   rm -rf "$d" && mkdir -p "$d/src"
-  (cd "$src" && tar cf - --exclude=./build --exclude=./.git .) | (cd "$d/src" && tar xf -)
+  (cd "$src" && tar cf - --exclude='./build*' --exclude=./.git .) | (cd "$d/src" && tar xf -)
   sed -i "$expr" "$d/src/$file"
   if cmp -s "$src/$file" "$d/src/$file"; then
     echo "$name: the expression changed nothing (stale variant)"; missed=1; continue
