@@ -6,7 +6,7 @@
  *
  *   bench_stats [--max-mib N] [--min-kib N] [--threads T] [--markdown]
  *               [--cpu-time] [--cold] [--path portable|avx2|avx512]
- *   bench_stats --short [--markdown]
+ *   bench_stats --short [--markdown] [--cpu-time] [--path P]
  *
  * Sizes go from 16 KiB to 64 MiB by factors of 4, then by 2 up to 512 MiB
  * (past the 32 MiB L3). Data: N(0,1) values stored in the dtype. Each
@@ -46,7 +46,7 @@
 
 #include "ampprobe/numerics.h"
 #include "stats_data.h"
-#include "stats_impl.h" /* probe__stats_compute_path, for --path */
+#include "stats_impl.h" /* probe__stats_compute_path, for --short */
 
 /* Wall clock, or with --cpu-time this thread's CPU time (for a machine
  * shared with other work: time spent descheduled is not counted). */
@@ -129,8 +129,6 @@ static void naive_stats(probe_stats *s, probe_dtype dt, const void *d, size_t n)
 
 enum { FUSED, NAIVE, READ };
 
-static int g_path = -1; /* -1: probe_stats_compute's choice */
-
 /* --cold: the eviction buffer (NULL without --cold), and the size past
  * which runs are cold. */
 static int g_cold;
@@ -165,10 +163,7 @@ typedef struct job {
 static void job_run(job *j) {
   switch (j->what) {
   case FUSED:
-    if (g_path < 0)
-      probe_stats_compute(&j->st, j->dt, j->data, j->n);
-    else
-      probe__stats_compute_path(&j->st, j->dt, j->data, j->n, g_path);
+    probe_stats_compute(&j->st, j->dt, j->data, j->n);
     break;
   case NAIVE:
     naive_stats(&j->st, j->dt, j->data, j->n);
@@ -236,23 +231,41 @@ static double best_time(int what, probe_dtype dt, const unsigned char *data, siz
 /* --short: ns per call of each path for short tensors (in L1/L2). */
 static int bench_short(int markdown) {
   static const size_t ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  static const char *pname[] = {"portable", "avx2", "avx512", "small512"};
+  char cpu[128];
   enum { NMAX = 8192 };
   unsigned char *buf = aligned_alloc(64, NMAX * 4);
   if (!buf) return 1;
-  printf("bench_stats --short: ns per call, in cache, best of 5 batches of 20000 calls\n");
+  printf("bench_stats --short: ns per call, in cache, best of 5 batches of 20000 calls, %s time; "
+         "auto = probe_stats_compute on the %s path family\n",
+         g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
+  printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
+  /* What a cycle took during this run, by the same clock: on a loaded
+   * machine CPU time stretches too, and ns x GHz (cycles) carries over to a
+   * quiet one better than ns do. */
+  double ghz = 0;
+#if defined(__x86_64__)
+  for (int r = 0; r < 3; r++) {
+    uint64_t x = 1, iters = 50000000ull;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < iters; i++)
+      __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+    double g = 4.0 * (double)iters / (now_s() - t0) / 1e9;
+    if (g > ghz) ghz = g;
+  }
+#endif
+  printf("core clock by the same clock (dependent adds): %.2f GHz; cycles per call = ns x that\n", ghz);
   for (int d = 0; d < 3; d++) {
     probe_dtype dt = (probe_dtype)d;
     bench_fill(buf, dt, NMAX);
     if (markdown) {
       printf("\n| %s elements | auto |", probe_dtype_name(dt));
-      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %s |", pname[p]);
+      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %s |", probe__stats_path_name(p));
       printf("\n|---:|---:|");
       for (int p = 0; p < PROBE__PATH_COUNT; p++) printf("---:|");
       printf("\n");
     } else {
       printf("\n%-5s n %8s", probe_dtype_name(dt), "auto");
-      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %9s", pname[p]);
+      for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %9s", probe__stats_path_name(p));
       printf("\n");
     }
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
@@ -305,14 +318,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cold"))
       g_cold = 1;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
+      /* the whole process, as AMPPROBE_STATS_PATH does (read at the first
+       * statistics call, which is below) */
       const char *pn = argv[++i];
-      g_path = !strcmp(pn, "portable") ? PROBE__PATH_PORTABLE
-               : !strcmp(pn, "avx2")   ? PROBE__PATH_AVX2
-               : !strcmp(pn, "avx512") ? PROBE__PATH_AVX512
-                                       : -2;
-      probe_stats st;
-      if (g_path == -2 || probe__stats_compute_path(&st, PROBE_DTYPE_F32, "", 0, g_path) != PROBE_OK) {
-        fprintf(stderr, "--path %s: unknown or not supported on this CPU\n", pn);
+      setenv("AMPPROBE_STATS_PATH", pn, 1);
+      if (strcmp(probe_stats_path(), pn)) {
+        fprintf(stderr, "--path %s: unknown or not supported on this CPU (it has %s)\n", pn,
+                probe_stats_path());
         return 2;
       }
     }
@@ -321,7 +333,7 @@ int main(int argc, char **argv) {
               "usage: %s [--max-mib N] [--min-kib N] [--threads T] [--markdown] [--cpu-time]\n"
               "       [--cold] [--path portable|avx2|avx512]\n"
               "  --cold: buffers past the last-level cache are evicted before every timed run\n"
-              "   or: %s --short [--markdown]   (ns per call, 32..8192 elements)\n",
+              "   or: %s --short [--markdown] [--cpu-time] [--path P]   (ns per call, 32..8192 elements)\n",
               argv[0], argv[0]);
       return 2;
     }
@@ -354,14 +366,11 @@ int main(int argc, char **argv) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
 #endif
-  static const char *names[] = {"portable", "AVX2", "AVX-512"};
-  const char *path = g_path >= 0                 ? names[g_path]
-                     : !probe_stats_have_simd() ? "portable"
-                     : probe__cpu_avx512()      ? "AVX-512"
-                                                : "AVX2";
+  char cpu[128];
   printf("bench_stats: fused kernel (%s path) vs naive multi-pass vs read baseline, %d thread%s, "
          "%s time\n",
-         path, threads, threads > 1 ? "s" : "", g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
+         probe_stats_path(), threads, threads > 1 ? "s" : "", g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
+  printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
   if (g_evict)
     printf("cold: buffers over %zu MiB (the last-level cache) are evicted before every timed run "
            "(a %zu MiB read)\n",

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
@@ -47,6 +48,25 @@ static uint64_t bench_sum_words(const void *data, size_t bytes) {
   uint64_t s = 0;
   for (size_t i = 0; i < n; i++) s += p[i];
   return s;
+}
+
+/* The CPU model (/proc/cpuinfo's "model name"), or "unknown". */
+static const char *bench_cpu_model(char *buf, size_t len) {
+  snprintf(buf, len, "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return buf;
+  char line[256];
+  while (fgets(line, sizeof line, f)) {
+    char *c = strchr(line, ':');
+    if (strncmp(line, "model name", 10) || !c) continue;
+    c++;
+    while (*c == ' ' || *c == '\t') c++;
+    c[strcspn(c, "\n")] = 0;
+    snprintf(buf, len, "%s", c);
+    break;
+  }
+  fclose(f);
+  return buf;
 }
 
 /* ---- data ---------------------------------------------------------------------------- */

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ampprobe/numerics.h"
 #include "ampprobe/trainer.h"
 
 static double clock_s(clockid_t id) {
@@ -158,6 +159,8 @@ int main(int argc, char **argv) {
     if (k == 1)
       fprintf(f, "# Trainer benchmark\n\nWritten by `bench_trainer --md` "
                  "(bench/trainer.c).\n\n");
+    fprintf(f, "- statistics path: %s (AMPPROBE_STATS_PATH=%s)\n",
+            probe_stats_path(), getenv("AMPPROBE_STATS_PATH") ? getenv("AMPPROBE_STATS_PATH") : "unset");
     fprintf(f, "- date: %s\n- CPU: %s (%ld online), OpenBLAS single-threaded\n"
                "- load average (1 min) before / after: %.2f / %.2f\n"
                "- scenario: %s, %lld steps per run, %d interleaved "

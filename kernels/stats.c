@@ -1,7 +1,7 @@
 /*
  * stats.c - the fused one-pass statistics record on host memory: the
- * portable path, run-time dispatch to the AVX2 path (stats_avx2.c), the
- * record's identity, merge and derived values.
+ * portable path, the record's identity, merge and derived values (which
+ * path probe_stats_compute takes is stats_dispatch.c's).
  *
  * Every element is widened to its exact binary32 value first (fp16 and bf16
  * convert exactly), so all three dtypes share one definition of every field
@@ -10,7 +10,6 @@
  * independent of the order elements are visited in.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 
 #include "stats_impl.h"
@@ -187,11 +186,15 @@ double probe_stats_rms(const probe_stats *s) {
 
 double probe_stats_l2(const probe_stats *s) { return sqrt(s->sumsq); }
 
-double probe_stats_headroom(const probe_stats *s) {
-  if (isnan(s->absmax)) return NAN;
-  if (s->absmax == 0.0f) return INFINITY;
-  return log2(65504.0 / (double)s->absmax);
+/* The one FP16 headroom formula (docs/statistics.md, "Derived values"). */
+double probe_fp16_headroom(double absmax) {
+  if (isnan(absmax) || absmax < 0) return NAN; /* none finite, or not a magnitude */
+  if (absmax == 0) return INFINITY;            /* all zeros: any scale fits */
+  if (isinf(absmax)) return -INFINITY;         /* already overflowed */
+  return log2((double)PROBE_F16_MAX / absmax);
 }
+
+double probe_stats_headroom(const probe_stats *s) { return probe_fp16_headroom(s->absmax); }
 
 double probe_stats_frac_below_exp(const probe_stats *s, int e) {
   uint64_t total = 0, below = 0;
@@ -206,46 +209,6 @@ double probe_stats_frac_below_exp(const probe_stats *s, int e) {
   return (double)below / (double)total;
 }
 
-/* Compiled without -mavx2, so that this test itself runs on any x86-64. */
-int probe__cpu_avx2(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-         __builtin_cpu_supports("fma");
-#else
-  return 0;
-#endif
-}
-
-int probe__cpu_avx512(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return probe__cpu_avx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi2") &&
-         __builtin_cpu_supports("avx512vnni");
-#else
-  return 0;
-#endif
-}
-
-/* The path probe_stats_compute takes: the widest this CPU has. Threads
- * racing to set it all store the same value. */
-static atomic_int best_path = -1;
-
-static int stats_path(void) {
-  int p = atomic_load_explicit(&best_path, memory_order_relaxed);
-  if (p < 0) {
-    p = probe__cpu_avx512() ? PROBE__PATH_AVX512
-        : probe__cpu_avx2() ? PROBE__PATH_AVX2
-                            : PROBE__PATH_PORTABLE;
-    atomic_store_explicit(&best_path, p, memory_order_relaxed);
-  }
-  return p;
-}
-
-int probe_stats_have_simd(void) { return stats_path() != PROBE__PATH_PORTABLE; }
-
 probe_status probe_stats_compute_portable(probe_stats *out, probe_dtype dt,
                                           const void *data, size_t n) {
   if (!out || probe_dtype_size(dt) == 0 || (n && !data))
@@ -255,61 +218,4 @@ probe_status probe_stats_compute_portable(probe_stats *out, probe_dtype dt,
   probe__acc_portable(&a, dt, data, n);
   probe__acc_finish(&a, out);
   return PROBE_OK;
-}
-
-probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
-                                       const void *data, size_t n, int path) {
-  if (!out || probe_dtype_size(dt) == 0 || (n && !data))
-    return PROBE_ERR_INVALID_ARG;
-  probe__acc a;
-  probe__acc_init(&a);
-  switch (path) {
-  case PROBE__PATH_PORTABLE:
-    probe__acc_portable(&a, dt, data, n);
-    break;
-  case PROBE__PATH_AVX2:
-    if (!probe__cpu_avx2()) return PROBE_ERR_UNSUPPORTED;
-    probe__acc_avx2(&a, dt, data, n);
-    break;
-  case PROBE__PATH_AVX512:
-    if (!probe__cpu_avx512()) return PROBE_ERR_UNSUPPORTED;
-    probe__acc_avx512(&a, dt, data, n);
-    break;
-  case PROBE__PATH_SMALL512:
-    if (!probe__cpu_avx512()) return PROBE_ERR_UNSUPPORTED;
-    if (n > PROBE__SMALL_MAX_N) return PROBE_ERR_UNSUPPORTED;
-    probe__acc_small_avx512(&a, dt, data, n);
-    break;
-  default:
-    return PROBE_ERR_INVALID_ARG;
-  }
-  probe__acc_finish(&a, out);
-  return PROBE_OK;
-}
-
-/* Below these lengths a narrower path is faster: the block paths pay a
- * fixed set-up (histogram tables, the AVX-512 exponent window) of roughly
- * 0.2 us (AVX2) and 0.65 us (AVX-512) per call, while the portable loop
- * costs about 2 ns per element and the short-tensor AVX-512 path
- * (stats_small.c) about 0.06 us plus 0.25-0.3 ns per element. Measured on
- * the project machine (Zen 5; bench/results/stats.md, "Short tensors"):
- * the two AVX-512 paths cost the same at about 3000 fp32, 2048 fp16 (693
- * against 691 ns) and 2900 bf16 elements (2560: 938 against 856 ns; 3072:
- * 980 against 1003). Trainer tensors are mostly 32..1024 elements. */
-#define STATS_MIN_N_AVX2 112
-#define STATS_MAX_N_SMALL_F32 3072
-#define STATS_MAX_N_SMALL_F16 2048
-#define STATS_MAX_N_SMALL_BF16 2560
-
-probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
-                                 const void *data, size_t n) {
-  int path = stats_path();
-  if (path == PROBE__PATH_AVX512 &&
-      n <= (dt == PROBE_DTYPE_F32   ? STATS_MAX_N_SMALL_F32
-            : dt == PROBE_DTYPE_F16 ? STATS_MAX_N_SMALL_F16
-                                    : STATS_MAX_N_SMALL_BF16))
-    path = PROBE__PATH_SMALL512;
-  if (path == PROBE__PATH_AVX2 && n < STATS_MIN_N_AVX2)
-    path = PROBE__PATH_PORTABLE;
-  return probe__stats_compute_path(out, dt, data, n, path);
 }

@@ -1,87 +1,34 @@
 /*
- * stats_avx2.c - the vectorised statistics paths: the block driver shared by
- * the AVX2 and AVX-512 paths, and the AVX2/F16C/FMA block functions
- * (compiled with -mavx2 -mf16c -mfma; stats.c calls in only when the CPU has
- * them; the AVX-512 block functions are in stats_avx512.c).
+ * stats_avx2.c - the AVX2/F16C/FMA block functions of the statistics kernel
+ * (compiled with -mavx2 -mf16c -mfma; stats_dispatch.c selects this path only
+ * when the CPU has them; the driver that cuts blocks and owns the histogram
+ * is stats_block.c, the AVX-512 block functions are in stats_avx512.c).
  *
- * Pass structure (docs/statistics.md has the whole story). The input is cut
- * into blocks of up to 4096 elements (16384 in window mode). Per block,
- * vector loops compute for every element and without branches: the counts,
- * the smallest non-zero magnitude, the four integer extreme reductions
- * (stats_impl.h), the double sum and sum of squares, and a histogram bin. Here (AVX2, 16 registers)
- * that is three loops over the L1-resident block, so every accumulator
- * stays in a register. Bins are written two at a time as one pair index
- * lo + 66*hi (vpmaddwd) into a buffer; the pairs of an accepted block are
- * counted into a 66x66 table of 16-bit counters (four copies) by scalar
- * increments interleaved with the next block's vector loop, and the table is
- * folded into the 66 bins before a counter can wrap and at the end.
- *
- * The vector loops assume finite data; each block is checked at its end
- * (fp16: an OR of the non-finite masks; fp32 and bf16: the |x| >= 65520
- * count, which includes inf and NaN, then a scan) and a block holding inf or
- * NaN is discarded and redone by the portable routine. fp16 zeros and
- * subnormals share the raw exponent 0, so the table counts them in the bin of
- * exponent -15; zeros are subtracted there and a block with subnormals gets
- * a scalar fix-up moving each into its exact bin. fp32/bf16 zeros land in
- * bin 0 and are subtracted there; their FP16-subnormal count is read off the
- * histogram (bins below exponent -14) instead of being counted per element.
- *
- * The AVX-512 block functions (stats_avx512.c) may count bins in window
- * mode instead of pair indices (probe__pending.win; stats_impl.h); drive()
- * picks and moves the window, counts the elements outside it (outb), and
- * owns the window's carry-save counters (probe__hs). In window mode zeros
- * never enter the histogram and fp16 subnormals reach outb with their
- * patterns, so neither needs the corrections above; fp16 window blocks'
- * sums need others instead (the elements outside the window added, what
- * zeros and subnormals put into the squares taken out), made here too.
- *
- * Data may be unaligned (unaligned loads); the last n % 16 (AVX-512:
- * n % 64) elements go through the portable routine.
+ * Two modes, as on AVX-512 (stats_impl.h, probe__pending.win):
+ *  - window mode (below), when the data's exponents are concentrated, as
+ *    in nearly every tensor: one vector loop per block counts the histogram
+ *    of a 16-value exponent window without scalar work, plus a second loop
+ *    for the sums while the block sits in L2;
+ *  - pair mode, when no window holds half of the data: three loops over an
+ *    L1-resident block (counts and bins; extremes; sums), so every
+ *    accumulator stays in one of the 16 registers; bins are written two at a
+ *    time as one pair index lo + 66*hi (vpmaddwd) that the driver counts
+ *    into its pair table.
+ * The vector loops assume finite data; the driver checks each block (fp16:
+ * nonfinite, from an OR of masks or the maxima; fp32 and bf16: the
+ * |x| >= 65520 count, then a scan) and redoes a block holding inf or NaN
+ * with the portable routine. Data may be unaligned (unaligned loads).
  */
 #include "stats_impl.h"
+
+#include <string.h>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
-enum {
-  BLOCK = PROBE__BLOCK,                        /* elements per checked block */
-  WIN = PROBE__WIN,                            /* window-mode window width */
-  SMALL = 65536,                               /* see pair_hist.small */
-  NB = PROBE_HIST_BINS,                        /* 66 */
-  TABLE = PROBE_HIST_BINS * PROBE_HIST_BINS,   /* pair table entries */
-};
-
-/* fp16 raw exponent field e (1..30) has floor(log2|x|) = e - 15, bin
- * e - 15 - MIN_EXP + 1 = e + 18. */
-#define F16_BIAS (-15 - PROBE_HIST_MIN_EXP + 1)
-/* binary32 raw exponent e8: bin e8 - 127 - MIN_EXP + 1 = e8 - 94, clamped. */
+enum { NB = PROBE_HIST_BINS };
+/* binary32 raw exponent e8: bin e8 - 94, clamped. */
 #define F32_BIAS (127 + PROBE_HIST_MIN_EXP - 1)
-
-/* Per-call histogram state: the pair table, direct bin counts, and the
- * corrections to apply at the fold. */
-typedef struct pair_hist {
-  /* table[k][lo + 66*hi]: pairs with bins lo, hi. Four copies, taken in
-   * turn, so that runs of equal indices do not chain through one counter;
-   * 16-bit counters keep all four in L1 and are folded before they wrap.
-   * Zeroed only when first used (table_ready). */
-  uint16_t table[4][TABLE];
-  int table_ready;
-  /* Calls on fewer than SMALL elements do not use the table in pair mode
-   * (zeroing and folding it would cost more than their data): they count
-   * both bins of each pair straight into direct[][], as window mode counts
-   * its bins (two copies, taken in turn). */
-  int small;
-  uint64_t direct[2][NB];
-  int64_t corr[NB];          /* added to the folded bins */
-  uint64_t in_hist;          /* elements counted since the last fold */
-  uint32_t per_copy;         /* pairs per table copy since the last fold */
-  uint32_t idx[2][BLOCK / 2]; /* pair indices: this block, the pending one */
-  uint16_t outb[PROBE__WBLOCK + 32]; /* window mode: the elements outside the window */
-  probe__hs hs; /* window mode: counts of the elements inside the window */
-  uint64_t win_elems, win_out; /* window mode: elements, and those outside */
-  uint64_t outcnt[256];        /* window mode: those outside, by window value */
-  unsigned since, backoff;     /* window mode: blocks since the last choice */
-} pair_hist;
 
 typedef probe__blk blk;
 
@@ -187,7 +134,7 @@ static void sums(blk *b, probe_dtype dt, const unsigned char *p, size_t nv) {
 
 /* ---- counts and histogram bins, per dtype ----------------------------------------- */
 
-static void blk_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+static void pair_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                     const probe__pending *pd) {
   PROBE__PENDING_LOCALS(pd);
   const __m256i m7fff = _mm256_set1_epi16(0x7fff);
@@ -219,7 +166,7 @@ static void blk_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   sums(b, PROBE_DTYPE_F16, p, nv);
 }
 
-static void blk_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+static void pair_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                      const probe__pending *pd) {
   PROBE__PENDING_LOCALS(pd);
   const __m256i m7fff = _mm256_set1_epi16(0x7fff);
@@ -253,7 +200,7 @@ static void blk_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   sums(b, PROBE_DTYPE_BF16, p, nv);
 }
 
-static void blk_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                     const probe__pending *pd) {
   PROBE__PENDING_LOCALS(pd);
   const __m256i mabs = _mm256_set1_epi32(0x7fffffff);
@@ -320,359 +267,597 @@ static void blk_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   sums(b, PROBE_DTYPE_F32, p, nv);
 }
 
-/* ---- driver ---------------------------------------------------------------------- */
 
-/* Folds the pair table and the direct counts into a->hist (and, for
- * fp32/bf16, the FP16-subnormal count, which is the number of non-zero
- * values in bins below exponent -14). */
-static void fold(probe__acc *a, pair_hist *ph, probe_dtype dt) {
-  if (ph->in_hist == 0) return;
-  uint64_t lo[NB], hi[NB] = {0};
-  for (int i = 0; i < NB; i++) lo[i] = ph->direct[0][i] + ph->direct[1][i];
-  memset(ph->direct, 0, sizeof ph->direct);
-  for (int j = 0; j < NB && ph->table_ready; j++) {
-    uint32_t row[NB];
-    for (int i = 0; i < NB; i++)
-      row[i] = (uint32_t)ph->table[0][NB * j + i] + ph->table[1][NB * j + i] +
-               ph->table[2][NB * j + i] + ph->table[3][NB * j + i];
-    uint64_t r = 0;
-    for (int i = 0; i < NB; i++) {
-      lo[i] += row[i];
-      r += row[i];
-    }
-    hi[j] = r;
+/* ---- window mode (AVX2) -------------------------------------------------------- */
+
+/* The same window mode as stats_avx512.c (probe__pending.win, stats_impl.h;
+ * docs/statistics.md), for a CPU without AVX-512: the driver cannot tell the
+ * two apart. A step is 32 elements. Per step, without branches but one rarely
+ * taken:
+ *  - the window value of each element (fp16: raw exponent a >> 10; bf16 and
+ *    fp32: the binary32 one) packed to bytes (vpackuswb), minus the window
+ *    start, saturated to an index whose low nibble vpshufb reads (0x70 + r
+ *    for r = 0..15, >= 0x80 outside, which vpshufb turns into 0); two
+ *    lookups give the low and high bytes of the one-hot word 1 << r and
+ *    vpunpck{l,h}bw the two words vectors, in the order of the 16-bit lanes
+ *    they came from (AVX2 has no vpsllvw and no vpermw);
+ *  - the one-hot words go through a Harley-Seal carry-save tree (five
+ *    logic operations per adder: no vpternlog) into bit-sliced counters of
+ *    weights 1, 2, 4, 8, each one ymm of 16 lanes; each 16 inputs give one
+ *    ymm of weight 16, and two of those make one 32-lane probe__hs.s16
+ *    vector, so the driver's counters, folds and read-out are the AVX-512
+ *    ones in layout (lanes 16..31 of hs->lo are never written here: the
+ *    driver zeroes both copies at the start of a call and the one it
+ *    flushes);
+ *  - non-zero elements outside the window (a one-hot word of 0 and a
+ *    non-zero byte in the saturated pack of |x|) set a bit in a movemask;
+ *    a step with any is written to outb by a scalar loop over its bits
+ *    (fp16: the pattern; fp32/bf16: the window value);
+ *  - fp16 sum, exact in integers as on AVX-512: the signed significand
+ *    (vpsignw) times the one-hot word, vpmaddwd, 32-bit lanes widened every
+ *    16 steps;
+ *  - extremes: max of the patterns as signed and as unsigned, and the
+ *    smallest non-zero |x| as min of (|x| - 1) ^ 0x8000 signed (zero wraps to
+ *    the largest); the minima only when a block has one sign (ext_fix);
+ *  - fp32/bf16 f16_flush: 0 < |x| <= 2^-25 by the same biased compare.
+ * A second loop over the block, which the first has just brought into L2,
+ * makes the sums: fp16 the squares of binary64 patterns built from the bits
+ * (x * 2^16, as F16_SQ in stats_avx512.c: two shifts, an add and four
+ * unpacks per 16 elements instead of two conversions), fp32/bf16 the
+ * conversions of sums(). Zeros are not counted per element (the driver takes
+ * them from the window counts), f16_overflow only when the maxima show one. */
+
+#define CSA(h_, l_, a_, b_, c_)                                                \
+  do {                                                                         \
+    __m256i ca_ = (a_), cb_ = (b_), cc_ = (c_);                                \
+    __m256i u_ = _mm256_xor_si256(ca_, cb_);                                   \
+    h_ = _mm256_or_si256(_mm256_and_si256(ca_, cb_), _mm256_and_si256(u_, cc_)); \
+    l_ = _mm256_xor_si256(u_, cc_);                                            \
+  } while (0)
+
+/* Sixteen one-hot vectors through a Harley-Seal tree into o_, t_, f_, e_
+ * (weights 1, 2, 4, 8); the weight-16 result is left in x_. IN(i, d)
+ * yields input i in d. */
+#define HS16(IN, o_, t_, f_, e_, x_)                                           \
+  do {                                                                         \
+    __m256i d0_, d1_, tA_, tB_, fA_, fB_, eA_, eB_;                            \
+    IN(0, d0_); IN(1, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(2, d0_); IN(3, d1_); CSA(tB_, o_, o_, d0_, d1_);                        \
+    CSA(fA_, t_, t_, tA_, tB_);                                                \
+    IN(4, d0_); IN(5, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(6, d0_); IN(7, d1_); CSA(tB_, o_, o_, d0_, d1_);                        \
+    CSA(fB_, t_, t_, tA_, tB_);                                                \
+    CSA(eA_, f_, f_, fA_, fB_);                                                \
+    IN(8, d0_); IN(9, d1_); CSA(tA_, o_, o_, d0_, d1_);                        \
+    IN(10, d0_); IN(11, d1_); CSA(tB_, o_, o_, d0_, d1_);                      \
+    CSA(fA_, t_, t_, tA_, tB_);                                                \
+    IN(12, d0_); IN(13, d1_); CSA(tA_, o_, o_, d0_, d1_);                      \
+    IN(14, d0_); IN(15, d1_); CSA(tB_, o_, o_, d0_, d1_);                      \
+    CSA(fB_, t_, t_, tA_, tB_);                                                \
+    CSA(eB_, f_, f_, fA_, fB_);                                                \
+    CSA(x_, e_, e_, eA_, eB_);                                                 \
+  } while (0)
+
+/* Adds one one-hot vector c into the counters; its weight-16 carry is left
+ * in c. */
+#define RIPPLE(c)                                                              \
+  do {                                                                         \
+    __m256i t_;                                                                \
+    t_ = _mm256_and_si256(ones, c), ones = _mm256_xor_si256(ones, c), c = t_;  \
+    t_ = _mm256_and_si256(twos, c), twos = _mm256_xor_si256(twos, c), c = t_;  \
+    t_ = _mm256_and_si256(fours, c), fours = _mm256_xor_si256(fours, c), c = t_; \
+    t_ = _mm256_and_si256(eights, c), eights = _mm256_xor_si256(eights, c), c = t_; \
+  } while (0)
+
+/* The window tables: low and high byte of 1 << r for index nibble r < width,
+ * 0 past it, in both 128-bit lanes. */
+static inline void win_tables(int width, __m256i *tlo, __m256i *thi) {
+  uint8_t lo[32], hi[32];
+  for (int j = 0; j < 32; j++) {
+    int r = j & 15;
+    lo[j] = (uint8_t)(r < 8 ? 1u << r : 0u);
+    hi[j] = (uint8_t)(r >= 8 && r < width ? 1u << (r - 8) : 0u);
   }
-  int64_t bins[NB];
-  for (int i = 0; i < NB; i++) bins[i] = (int64_t)(lo[i] + hi[i]) + ph->corr[i];
-  if (dt != PROBE_DTYPE_F16) {
-    int below = -14 - PROBE_HIST_MIN_EXP + 1; /* bins 0..below-1: exp < -14 */
-    int64_t sub = 0;
-    for (int i = 0; i < below; i++) sub += bins[i];
-    a->sub += (uint64_t)sub; /* corr[0] already removed the zeros */
-  }
-  for (int i = 0; i < NB; i++) a->hist[i] += (uint64_t)bins[i];
-  if (ph->table_ready) memset(ph->table, 0, sizeof ph->table);
-  memset(ph->corr, 0, sizeof ph->corr);
-  ph->in_hist = 0;
-  ph->per_copy = 0;
+  *tlo = _mm256_loadu_si256((const __m256i *)(const void *)lo);
+  *thi = _mm256_loadu_si256((const __m256i *)(const void *)hi);
 }
 
-/* The window value the AVX-512 block functions use for one element (the raw
- * exponent field: fp16 0..31, fp32/bf16 the binary32 one, 0..255). */
-static int win_value(probe_dtype dt, const unsigned char *p, size_t i, int *nonzero) {
-  if (dt == PROBE_DTYPE_F32) {
-    uint32_t u;
-    memcpy(&u, p + 4 * i, 4);
-    *nonzero = (u & 0x7fffffffu) != 0;
-    return (int)((u >> 23) & 0xffu);
+/* Element of a step (0..31) whose byte is at position k of
+ * vpackuswb(lanes 0..15, lanes 16..31). */
+static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) | ((k & 8) << 1); }
+
+/* Window-mode state of a block function: the window's index offset, the
+ * tables, the counters (from hs->lo[hs->cur], lanes 0..15), the s16 fill and
+ * the out-of-window pointer. */
+#define WIN_DECL2(pd, width)                                                   \
+  const __m256i hwin = _mm256_set1_epi8((char)(pd)->win);                      \
+  const __m256i c70 = _mm256_set1_epi8(0x70);                                  \
+  __m256i tlo, thi;                                                            \
+  win_tables((width), &tlo, &thi);                                             \
+  probe__hs *const hs_ = (pd)->hs;                                             \
+  const uint16_t *lo_ = hs_->lo[hs_->cur];                                     \
+  __m256i ones = _mm256_loadu_si256((const __m256i *)(const void *)lo_);       \
+  __m256i twos = _mm256_loadu_si256((const __m256i *)(const void *)(lo_ + 32)); \
+  __m256i fours = _mm256_loadu_si256((const __m256i *)(const void *)(lo_ + 64)); \
+  __m256i eights = _mm256_loadu_si256((const __m256i *)(const void *)(lo_ + 96)); \
+  size_t n16 = hs_->n16;                                                       \
+  uint16_t *outp = (pd)->outb
+
+/* One-hot words of 32 window values e8 (bytes, vpackuswb order) into ohA
+ * (lanes 0..15) and ohB (16..31); om: bits of the non-zero elements outside
+ * (nzb: bytes non-zero exactly for the non-zero elements). */
+#define ONEHOT(e8, nzb, ohA, ohB, om)                                          \
+  do {                                                                         \
+    __m256i ix_ = _mm256_adds_epu8(_mm256_sub_epi8((e8), hwin), c70);          \
+    __m256i l_ = _mm256_shuffle_epi8(tlo, ix_), h_ = _mm256_shuffle_epi8(thi, ix_); \
+    ohA = _mm256_unpacklo_epi8(l_, h_);                                        \
+    ohB = _mm256_unpackhi_epi8(l_, h_);                                        \
+    om = (uint32_t)_mm256_movemask_epi8(_mm256_andnot_si256(                   \
+        _mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z))); \
+  } while (0)
+
+/* Runs STEP(s, ohA, ohB) over steps 0 .. ns-1: groups of 16 steps through
+ * two trees (one s16 vector), the rest rippled in; EVERY16 after each group
+ * and once at the end. Writes the counters to hs->lo[!hs->cur] and n16 and
+ * nout to b. */
+#define WIN_RUN2(STEP, b, pd, ns, EVERY16)                                     \
+  do {                                                                         \
+    size_t s_ = 0;                                                             \
+    __m256i pend_;                                                             \
+    for (; s_ + 16 <= (ns); s_ += 16) {                                        \
+      __m256i x1_, x2_;                                                        \
+      size_t s0_ = s_;                                                         \
+      HS16(WIN_IN_, ones, twos, fours, eights, x1_);                           \
+      s0_ = s_ + 8;                                                            \
+      HS16(WIN_IN_, ones, twos, fours, eights, x2_);                           \
+      _mm256_storeu_si256((__m256i *)(void *)(hs_->s16 + 32 * n16), x1_);      \
+      _mm256_storeu_si256((__m256i *)(void *)(hs_->s16 + 32 * n16 + 16), x2_); \
+      n16++;                                                                   \
+      EVERY16;                                                                 \
+    }                                                                          \
+    for (; s_ < (ns); s_++) {                                                  \
+      __m256i cA_, cB_;                                                        \
+      STEP(s_, cA_, cB_);                                                      \
+      RIPPLE(cA_);                                                             \
+      RIPPLE(cB_);                                                             \
+      if (!_mm256_testz_si256(_mm256_or_si256(cA_, cB_), _mm256_or_si256(cA_, cB_))) { \
+        _mm256_storeu_si256((__m256i *)(void *)(hs_->s16 + 32 * n16), cA_);    \
+        _mm256_storeu_si256((__m256i *)(void *)(hs_->s16 + 32 * n16 + 16), cB_); \
+        n16++;                                                                 \
+      }                                                                        \
+    }                                                                          \
+    EVERY16;                                                                   \
+    uint16_t *lw_ = hs_->lo[!hs_->cur];                                        \
+    _mm256_storeu_si256((__m256i *)(void *)lw_, ones);                         \
+    _mm256_storeu_si256((__m256i *)(void *)(lw_ + 32), twos);                  \
+    _mm256_storeu_si256((__m256i *)(void *)(lw_ + 64), fours);                 \
+    _mm256_storeu_si256((__m256i *)(void *)(lw_ + 96), eights);                \
+    (b)->n16 = n16;                                                            \
+    (b)->nout = (size_t)(outp - (pd)->outb);                                   \
+  } while (0)
+/* Input i of a tree: even i runs step s0_ + i/2 and yields its first half,
+ * odd i the second half of the same step. */
+#define WIN_IN_(i_, d_)                                                        \
+  do {                                                                         \
+    if (((i_) & 1) == 0)                                                       \
+      WIN_STEP_(s0_ + (i_) / 2, d_, pend_);                                    \
+    else                                                                       \
+      d_ = pend_;                                                              \
+  } while (0)
+
+
+/* Reductions of 16-bit lanes, once per block. */
+static inline void red16(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
+                         uint16_t *amin) {
+  int16_t t0[16], t2[16];
+  uint16_t t1[16];
+  _mm256_storeu_si256((__m256i *)(void *)t0, smax);
+  _mm256_storeu_si256((__m256i *)(void *)t1, umax);
+  _mm256_storeu_si256((__m256i *)(void *)t2, aminb);
+  int16_t a = INT16_MIN, m = INT16_MAX;
+  uint16_t c = 0;
+  for (int i = 0; i < 16; i++) {
+    if (t0[i] > a) a = t0[i];
+    if (t1[i] > c) c = t1[i];
+    if (t2[i] < m) m = t2[i];
   }
-  uint16_t h;
-  memcpy(&h, p + 2 * i, 2);
-  *nonzero = (h & 0x7fffu) != 0;
-  return dt == PROBE_DTYPE_F16 ? (h >> 10) & 31 : (h >> 7) & 0xff;
+  *s = a;
+  *u = c;
+  /* m = (|x| - 1) ^ 0x8000 of the smallest non-zero |x|; 0x7fff: none */
+  *amin = m == INT16_MAX ? UINT16_MAX : (uint16_t)(((uint16_t)m ^ 0x8000u) + 1u);
 }
 
-/* The start (>= lo) of the width-value window holding most of
- * cnt[lo..nvals), and how many it holds. Of a run of equally good starts
- * (nothing seen past either end) it takes the middle one, leaving a margin
- * on both sides. */
-static int best_window(const uint64_t *cnt, int lo, int nvals, int width, uint64_t *held) {
-  int first = lo, last = lo;
-  uint64_t c = 0;
-  for (int k = 0; k < width; k++) c += cnt[lo + k];
-  uint64_t bestc = c;
-  for (int w = lo + 1; w + width <= nvals; w++) {
-    c += cnt[w + width - 1] - cnt[w - 1];
-    if (c > bestc) {
-      bestc = c;
-      first = last = w;
-    } else if (c == bestc && last == w - 1) {
-      last = w;
+/* The extremes of a window block of 16-bit patterns (see stats_avx512.c's
+ * ext16_fix): the minima are needed only when the block has one sign. */
+static void ext16_win(blk *b, const unsigned char *p, size_t nv, __m256i smax, __m256i umax,
+                      __m256i aminb, int is_f16) {
+  int16_t s;
+  uint16_t u, m;
+  red16(smax, umax, aminb, &s, &u, &m);
+  int pos = s >= 0, neg = u >= 0x8000u;
+  int16_t smin = INT16_MAX;
+  uint16_t umin = UINT16_MAX;
+  if (!(pos && neg)) {
+    int zero = 0;
+    const __m256i m7fff = _mm256_set1_epi16(0x7fff), z = _mm256_setzero_si256();
+    for (size_t v = 0; v < nv && !zero; v++) {
+      __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff);
+      zero = _mm256_movemask_epi8(_mm256_cmpeq_epi16(a, z)) != 0;
     }
+    if (!pos) smin = (int16_t)(zero ? 0x8000u : (m | 0x8000u));
+    if (!neg) umin = zero ? 0 : m;
   }
-  *held = bestc;
-  return (first + last) / 2;
+  probe__blk_extremes16(b, s, smin, u, umin, m, is_f16);
 }
 
-static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
-  if (dt == PROBE_DTYPE_F32) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-      uint32_t u;
-      memcpy(&u, p + 4 * i, 4);
-      if ((u & 0x7fffffffu) >= 0x7f800000u) return 1;
-    }
-  } else {
-    uint16_t lim = dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u;
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
+/* 2^e for a normal binary64 exponent e. */
+static inline double pow2(int e) {
+  uint64_t u = (uint64_t)(1023 + e) << 52;
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+}
+
+#ifndef PF16
+#define PF16 4096
+#endif /* prefetch distance of the window loops, bytes */
+
+/* x * 2^16 as binary64 for the 16 |x| patterns in a (normal x; zero gives
+ * 2, a subnormal 2 + m/512: the driver corrects both), squared into q0..q3:
+ * high 16 bits of each binary64 0x4000 + (a >> 6), next 16 bits a << 10. */
+#define F16_SQ2(a_)                                                            \
+  do {                                                                         \
+    __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, 6), c4000);           \
+    __m256i w2_ = _mm256_slli_epi16(a_, 10);                                   \
+    __m256i p0_ = _mm256_unpacklo_epi16(w2_, w3_), p1_ = _mm256_unpackhi_epi16(w2_, w3_); \
+    /* even dwords moved up, odd ones masked: no more shuffles */            \
+    __m256d sq0_ = _mm256_castsi256_pd(_mm256_slli_epi64(p0_, 32));             \
+    __m256d sq1_ = _mm256_castsi256_pd(_mm256_and_si256(p0_, mhi32));           \
+    __m256d sq2_ = _mm256_castsi256_pd(_mm256_slli_epi64(p1_, 32));             \
+    __m256d sq3_ = _mm256_castsi256_pd(_mm256_and_si256(p1_, mhi32));           \
+    q0 = _mm256_fmadd_pd(sq0_, sq0_, q0);                                      \
+    q1 = _mm256_fmadd_pd(sq1_, sq1_, q1);                                      \
+    q2 = _mm256_fmadd_pd(sq2_, sq2_, q2);                                      \
+    q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
+  } while (0)
+
+static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
+  const __m256i m3ff = _mm256_set1_epi16(0x03ff), c400 = _mm256_set1_epi16(0x0400);
+  const __m256i z = _mm256_setzero_si256();
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff;
+  __m256i msum = z, sum64 = z;
+  const size_t ns = nv / 2;
+  const __m256i c4000 = _mm256_set1_epi16(0x4000);
+  const __m256i mhi32 = _mm256_set1_epi64x((long long)0xffffffff00000000ull);
+  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+  WIN_DECL2(pd, PROBE__WIN16);
+#define F16_WSTEP2(s_, ohA, ohB)                                               \
+  do {                                                                         \
+    const unsigned char *q_ = p + 64 * (s_);                                   \
+    _mm_prefetch((const char *)q_ + PF16, _MM_HINT_T0);                        \
+    __m256i hA = _mm256_loadu_si256((const __m256i *)(const void *)q_);        \
+    __m256i hB = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 32)); \
+    __m256i aA = _mm256_and_si256(hA, m7fff), aB = _mm256_and_si256(hB, m7fff); \
+    smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
+    umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
+    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
+                                                     _mm256_add_epi16(aB, c7fff))); \
+    __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 10), _mm256_srli_epi16(aB, 10)); \
+    uint32_t om;                                                               \
+    ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
+    if (__builtin_expect(om != 0, 0)) {                                        \
+      do {                                                                     \
+        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
+        memcpy(outp++, q_ + 2 * pack_elem(k_), 2);                             \
+        om &= om - 1;                                                          \
+      } while (om);                                                            \
+    }                                                                          \
+    __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA); \
+    __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
+    msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
+                                                   _mm256_madd_epi16(mB, ohB))); \
+    F16_SQ_FUSED(aA, aB);                                                      \
+  } while (0)
+#define F16_SQ_FUSED(aA, aB)                                                   \
+  do {                                                                         \
+    F16_SQ2(aA);                                                               \
+    F16_SQ2(aB);                                                               \
+  } while (0)
+#define WIN_STEP_ F16_WSTEP2
+#define F16_EVERY16                                                            \
+  do {                                                                         \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(msum))); \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(msum, 1))); \
+    msum = z;                                                                  \
+  } while (0)
+  WIN_RUN2(F16_WSTEP2, b, pd, ns, F16_EVERY16);
+#undef F16_EVERY16
+#undef WIN_STEP_
+#undef F16_WSTEP2
+  b->zero = 0; /* the driver counts them from the window counts */
+  b->sub = 0;  /* and these: all are outside the window */
+  b->flush = 0;
+  b->ovf = 0;
+  ext16_win(b, p, nv, smax, umax, aminb, 1);
+  /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
+  b->nonfinite = b->smax > (int32_t)0x477fe000 || b->umax > 0xc77fe000u;
+  int64_t t[4];
+  _mm256_storeu_si256((__m256i *)(void *)t, sum64);
+  b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 25);
+  b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
+}
+
+static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
+  const __m256i kfl = _mm256_set1_epi16((short)0xb300); /* (|x|-1)^0x8000 < this: 0 < |x| <= 2^-25 */
+  const __m256i z = _mm256_setzero_si256();
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff, cfl = z;
+  const size_t ns = nv / 2;
+  WIN_DECL2(pd, PROBE__WIN);
+#define BF16_WSTEP2(s_, ohA, ohB)                                              \
+  do {                                                                         \
+    const unsigned char *q_ = p + 64 * (s_);                                   \
+    _mm_prefetch((const char *)q_ + PF16, _MM_HINT_T0);                        \
+    __m256i hA = _mm256_loadu_si256((const __m256i *)(const void *)q_);        \
+    __m256i hB = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 32)); \
+    __m256i aA = _mm256_and_si256(hA, m7fff), aB = _mm256_and_si256(hB, m7fff); \
+    smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
+    umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
+    __m256i yA = _mm256_add_epi16(aA, c7fff), yB = _mm256_add_epi16(aB, c7fff); \
+    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(yA, yB));                 \
+    cfl = _mm256_sub_epi16(cfl, _mm256_cmpgt_epi16(kfl, yA));                  \
+    cfl = _mm256_sub_epi16(cfl, _mm256_cmpgt_epi16(kfl, yB));                  \
+    __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
+    uint32_t om;                                                               \
+    ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
+    if (__builtin_expect(om != 0, 0)) {                                        \
+      uint8_t ev_[32];                                                         \
+      _mm256_storeu_si256((__m256i *)(void *)ev_, e8);                         \
+      do {                                                                     \
+        *outp++ = ev_[__builtin_ctz(om)];                                      \
+        om &= om - 1;                                                          \
+      } while (om);                                                            \
+    }                                                                          \
+  } while (0)
+#define WIN_STEP_ BF16_WSTEP2
+  WIN_RUN2(BF16_WSTEP2, b, pd, ns, (void)0);
+#undef WIN_STEP_
+#undef BF16_WSTEP2
+  b->zero = 0; /* the driver counts them from the window counts */
+  b->sub = 0;  /* read off the histogram at the fold */
+  b->flush = hsum_epi16(cfl);
+  b->nonfinite = 0; /* decided by the driver from ovf */
+  ext16_win(b, p, nv, smax, umax, aminb, 0);
+  b->ovf = 0; /* |x| >= 65520 (inf, NaN included): counted only if present */
+  if (b->smax > 0x477fffff || b->umax > 0xc77fffffu) {
+    for (size_t i = 0; i < 16 * nv; i++) {
       uint16_t h;
       memcpy(&h, p + 2 * i, 2);
-      if ((h & 0x7fffu) >= lim) return 1;
+      b->ovf += (h & 0x7fffu) > 0x477fu;
     }
   }
-  return 0;
+  /* (the conversions in this loop instead cost more: 16 registers) */
+  sums(b, PROBE_DTYPE_BF16, p, nv);
 }
 
-/* Moves each fp16 subnormal of a block from the raw-exponent-0 bin to its
- * exact bin (floor(log2|x|) = -15 .. -24). A vector scan finds them, so a
- * block with a few subnormals (common: gradients) costs little extra. */
-static void fix_one_subnormal(pair_hist *ph, uint16_t h) {
-  ph->corr[F16_BIAS]--;
-  ph->corr[probe__hist_bin(probe_f32_bits(probe_f16_to_f32(h & 0x7fffu)))]++;
-}
-
-static void fix_f16_subnormals(pair_hist *ph, const unsigned char *p, size_t n) {
-  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c0400 = _mm256_set1_epi16(0x0400);
+static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  const __m256i mabs = _mm256_set1_epi32(0x7fffffff), c7f = mabs;
+  const __m256i kfl = _mm256_set1_epi32((int)0xb3000000u); /* 0 < |x| <= 2^-25, biased */
   const __m256i z = _mm256_setzero_si256();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i a = _mm256_and_si256(
-        _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i)), m7fff);
-    __m256i sub = _mm256_andnot_si256(_mm256_cmpeq_epi16(a, z), _mm256_cmpgt_epi16(c0400, a));
-    uint32_t bits = (uint32_t)_mm256_movemask_epi8(sub); /* two bits per element */
-    while (bits) {
-      unsigned k = (unsigned)__builtin_ctz(bits) / 2;
-      uint16_t h;
-      memcpy(&h, p + 2 * (i + k), 2);
-      fix_one_subnormal(ph, h);
-      bits &= ~(3u << (2 * k));
+  __m256i smax = _mm256_set1_epi32(INT32_MIN), umax = z, aminb = mabs, cfl = z;
+  const size_t ns = nv / 2;
+  WIN_DECL2(pd, PROBE__WIN);
+#define F32_WSTEP2(s_, ohA, ohB)                                               \
+  do {                                                                         \
+    const unsigned char *q_ = p + 128 * (s_);                                  \
+    _mm_prefetch((const char *)q_ + 2 * PF16, _MM_HINT_T0);                    \
+    _mm_prefetch((const char *)q_ + 2 * PF16 + 64, _MM_HINT_T0);               \
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)q_);        \
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 32)); \
+    __m256i x2 = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 64)); \
+    __m256i x3 = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 96)); \
+    __m256i a0 = _mm256_and_si256(x0, mabs), a1 = _mm256_and_si256(x1, mabs);  \
+    __m256i a2 = _mm256_and_si256(x2, mabs), a3 = _mm256_and_si256(x3, mabs);  \
+    smax = _mm256_max_epi32(smax, _mm256_max_epi32(_mm256_max_epi32(x0, x1), _mm256_max_epi32(x2, x3))); \
+    umax = _mm256_max_epu32(umax, _mm256_max_epu32(_mm256_max_epu32(x0, x1), _mm256_max_epu32(x2, x3))); \
+    __m256i y0 = _mm256_add_epi32(a0, c7f), y1 = _mm256_add_epi32(a1, c7f);    \
+    __m256i y2 = _mm256_add_epi32(a2, c7f), y3 = _mm256_add_epi32(a3, c7f);    \
+    aminb = _mm256_min_epi32(aminb, _mm256_min_epi32(_mm256_min_epi32(y0, y1), _mm256_min_epi32(y2, y3))); \
+    cfl = _mm256_sub_epi32(cfl, _mm256_add_epi32(_mm256_cmpgt_epi32(kfl, y0), _mm256_cmpgt_epi32(kfl, y1))); \
+    cfl = _mm256_sub_epi32(cfl, _mm256_add_epi32(_mm256_cmpgt_epi32(kfl, y2), _mm256_cmpgt_epi32(kfl, y3))); \
+    __m256i e8 = _mm256_packus_epi16(                                          \
+        _mm256_packus_epi32(_mm256_srli_epi32(a0, 23), _mm256_srli_epi32(a1, 23)), \
+        _mm256_packus_epi32(_mm256_srli_epi32(a2, 23), _mm256_srli_epi32(a3, 23))); \
+    __m256i nzb = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3)); \
+    uint32_t om;                                                               \
+    ONEHOT(e8, nzb, ohA, ohB, om);                                             \
+    if (__builtin_expect(om != 0, 0)) {                                        \
+      uint8_t ev_[32];                                                         \
+      _mm256_storeu_si256((__m256i *)(void *)ev_, e8);                         \
+      do {                                                                     \
+        *outp++ = ev_[__builtin_ctz(om)];                                      \
+        om &= om - 1;                                                          \
+      } while (om);                                                            \
+    }                                                                          \
+  } while (0)
+#define WIN_STEP_ F32_WSTEP2
+  WIN_RUN2(F32_WSTEP2, b, pd, ns, (void)0);
+#undef WIN_STEP_
+#undef F32_WSTEP2
+  b->zero = 0;
+  b->sub = 0;
+  b->flush = hsum_epi32(cfl);
+  b->nonfinite = 0;
+  int32_t t0[8], t2[8];
+  uint32_t t1[8];
+  _mm256_storeu_si256((__m256i *)(void *)t0, smax);
+  _mm256_storeu_si256((__m256i *)(void *)t1, umax);
+  _mm256_storeu_si256((__m256i *)(void *)t2, aminb);
+  int32_t s = INT32_MIN, mb = INT32_MAX;
+  uint32_t u = 0;
+  for (int i = 0; i < 8; i++) {
+    if (t0[i] > s) s = t0[i];
+    if (t1[i] > u) u = t1[i];
+    if (t2[i] < mb) mb = t2[i];
+  }
+  uint32_t am1 = (uint32_t)mb ^ 0x80000000u; /* smallest non-zero |x| - 1; UINT32_MAX: none */
+  b->smax = s;
+  b->umax = u;
+  b->smin = INT32_MAX;
+  b->umin = UINT32_MAX;
+  b->amin_m1 = am1;
+  int pos = s >= 0, neg = u >= 0x80000000u;
+  if (!(pos && neg)) {
+    int zero = 0;
+    for (size_t v = 0; v < 2 * nv && !zero; v++) {
+      __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), mabs);
+      zero = _mm256_movemask_epi8(_mm256_cmpeq_epi32(a, z)) != 0;
+    }
+    uint32_t m = am1 + 1u;
+    if (!pos) b->smin = (int32_t)(zero ? 0x80000000u : (m | 0x80000000u));
+    if (!neg) b->umin = zero ? 0u : m;
+  }
+  b->ovf = 0; /* |x| >= 65520 (inf, NaN included): counted only if present */
+  if (s > 0x477fefff || u > 0xc77fefffu) {
+    for (size_t i = 0; i < 16 * nv; i++) {
+      uint32_t w;
+      memcpy(&w, p + 4 * i, 4);
+      b->ovf += (w & 0x7fffffffu) > 0x477fefffu;
     }
   }
-  for (; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, p + 2 * i, 2);
-    if ((h & 0x7fffu) != 0 && (h & 0x7fffu) < 0x0400u) fix_one_subnormal(ph, h);
-  }
+  sums(b, PROBE_DTYPE_F32, p, nv);
 }
 
-/* Window mode: counts the window counters into the direct bins (window
- * value win + k is bin wbin[win + k]; wc[k] receives the count), and the
- * zeros of the window blocks into a, and clears them and outcnt. zero_sq is
- * what each of those zeros put into the blocks' sums of squares (fp16:
- * 2^-30, stats_avx512.c), taken back out here. */
-static void win_flush(probe__acc *a, pair_hist *ph, int win, const uint8_t *wbin,
-                      double zero_sq, uint64_t wc[WIN]) {
-  uint64_t in = 0;
-  probe__hs_count(&ph->hs, wc);
-  for (int k = 0; k < WIN; k++) {
-    ph->direct[0][wbin[win + k]] += wc[k];
-    in += wc[k];
-  }
-  /* Every non-zero element of a window block is inside or outside. */
-  uint64_t zeros = ph->win_elems - in - ph->win_out;
-  a->zero += zeros;
-  a->sumsq -= zero_sq * (double)zeros;
-  ph->win_elems = ph->win_out = 0;
-  memset(ph->outcnt, 0, sizeof ph->outcnt);
-  memset(ph->hs.lo[ph->hs.cur], 0, sizeof ph->hs.lo[0]);
-  memset(ph->hs.hi, 0, sizeof ph->hs.hi);
-  ph->hs.n16 = 0;
-  ph->hs.nbig = 0;
+/* ---- the block functions the driver calls (stats_impl.h) ------------------------ */
+
+void probe__blk_f16_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd) {
+  if (pd->win >= 0)
+    win_f16(b, p, nv, pd);
+  else
+    pair_f16(b, idx, p, nv, pd);
 }
 
-/* Runs the block functions blk[dt] over data(n); group = elements per
- * vector step (16 for AVX2, 64 for AVX-512), block sizes are multiples of
- * it; the rest goes through the portable loop. `window` allows window mode
- * (probe__pending.win; AVX-512 only): it starts when a sample of 64
- * elements has >= 1/2 of its window values in some 16-value window, the window
- * moves when a block has < 3/4 of its elements in it, and pair mode takes
- * over for the rest of the call when no window holds 1/2 of a block. */
-static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
-                  probe__blk_fn const blkfn[3], size_t group, int window) {
-  pair_hist ph;
-  ph.small = n < SMALL;
-  ph.table_ready = 0;
-  memset(ph.direct, 0, sizeof ph.direct);
-  memset(ph.corr, 0, sizeof ph.corr);
-  ph.in_hist = 0;
-  ph.per_copy = 0;
-  /* Pair indices: fp16 raw exponents are bins exponent + F16_BIAS (shifted
-   * by off); fp32/bf16 pair indices are made of bins already. */
-  const int boff = dt == PROBE_DTYPE_F16 ? F16_BIAS : 0;
-  const size_t off = (size_t)boff * (NB + 1);
-  /* Window values (raw exponent fields) and their bins. */
-  const int nvals = dt == PROBE_DTYPE_F16 ? 32 : 256;
-  /* An fp16 window never holds raw exponent 0, so that every subnormal
-   * reaches outb with its pattern and lands in its exact bin; it holds 15
-   * values, not 16 (PROBE__WIN16), and what its blocks' sums of squares
-   * count for a zero is taken back out at every flush. */
-  const int wlo = dt == PROBE_DTYPE_F16 ? 1 : 0;
-  const int width = dt == PROBE_DTYPE_F16 ? PROBE__WIN16 : WIN;
-  const double zero_sq = dt == PROBE_DTYPE_F16 ? 0x1p-30 : 0.0;
-  uint8_t wbin[256 + WIN] = {0}; /* (values >= nvals never occur) */
-  for (int v = 0; v < nvals; v++) {
-    int bin = dt == PROBE_DTYPE_F16 ? v + F16_BIAS : v - F32_BIAS;
-    wbin[v] = (uint8_t)(bin < 0 ? 0 : bin > NB - 1 ? NB - 1 : bin);
-  }
-  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb, .hs = &ph.hs};
-  ph.hs.cur = 0;
-  memset(ph.hs.lo[0], 0, sizeof ph.hs.lo[0]);
-  memset(ph.hs.hi, 0, sizeof ph.hs.hi);
-  ph.hs.n16 = 0;
-  ph.hs.nbig = 0;
-  ph.win_elems = ph.win_out = 0;
-  memset(ph.outcnt, 0, sizeof ph.outcnt);
-  ph.since = 0;
-  ph.backoff = 1;
-  uint64_t wc[WIN];
-  for (int k = 0; k < 4; k++) pd.t[k] = ph.table[k] + off;
-  int cur = 0; /* ph.idx[cur] receives this block's indices */
-  const size_t es = probe_dtype_size(dt);
-  const unsigned char *p = data;
+void probe__blk_bf16_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                          const probe__pending *pd) {
+  if (pd->win >= 0)
+    win_bf16(b, p, nv, pd);
+  else
+    pair_bf16(b, idx, p, nv, pd);
+}
 
-  if (window && n >= group) {
-    uint64_t cnt[256] = {0}, held;
-    size_t ns = n < 64 ? n : 64, stride = n / ns; /* cheap: ~1 ns each */
-    size_t nnz = 0;
-    for (size_t i = 0; i < ns; i++) {
-      int nonzero, v = win_value(dt, p, i * stride, &nonzero);
-      cnt[v] += (uint64_t)nonzero; /* zeros never enter the window */
-      nnz += (size_t)nonzero;
-    }
-    int w = best_window(cnt, wlo, nvals, width, &held);
-    if (2 * held >= nnz) pd.win = w;
-  }
+void probe__blk_f32_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd) {
+  if (pd->win >= 0)
+    win_f32(b, p, nv, pd);
+  else
+    pair_f32(b, idx, p, nv, pd);
+}
 
-  size_t done = 0;
-  while (n - done >= group) {
-    size_t bmax = pd.win >= 0 ? PROBE__WBLOCK : BLOCK;
-    size_t m = n - done < bmax ? n - done : bmax;
-    m -= m % group;
-    size_t nv = m / 16; /* 16-element groups */
-    const unsigned char *q = p + done * es;
-    if (pd.win < 0 && !ph.small && !ph.table_ready) {
-      memset(ph.table, 0, sizeof ph.table);
-      ph.table_ready = 1;
-    }
-    if (pd.win >= 0 && pd.n) { /* window blocks do not count pending pairs */
-      probe__pending_count(&pd, 0, pd.n);
-      pd.n = 0;
-    }
-    blk b;
-    blkfn[dt](&b, ph.idx[cur], q, nv, &pd); /* also counts the pending pairs */
-    pd.n = 0;
-    if (b.nonfinite || (b.ovf && has_nonfinite(dt, q, m))) {
-      probe__acc_portable(a, dt, q, m); /* inf or NaN in the block */
-      done += m;
-      continue;
-    }
-    const int window_block = pd.win >= 0;
-    if (window_block) {
-      ph.hs.cur ^= 1; /* accept the block's counters */
-      ph.hs.n16 = b.n16;
-      if (ph.hs.n16 >= 16) probe__hs_fold16(&ph.hs);
-      if (dt == PROBE_DTYPE_F16) { /* outb: the patterns */
-        for (size_t i = 0; i < b.nout; i++) {
-          uint16_t h = ph.outb[i], u = h & 0x7fffu;
-          float x = probe_f16_to_f32(h);
-          ph.direct[i & 1][probe__hist_bin(probe_f32_bits(x) & 0x7fffffffu)]++;
-          ph.outcnt[u >> 10]++;
-          b.sum += x; /* the block's sum holds only the elements inside */
-          if (u < 0x0400u) { /* the block squared 2 + u/512 for it, not x */
-            double wrong = 2.0 + (double)u * 0x1p-9;
-            b.sumsq += (double)x * x - wrong * wrong * 0x1p-32;
-            b.sub++;
-          }
-        }
-      } else { /* outb: window values */
-        for (size_t i = 0; i < b.nout; i++) {
-          ph.direct[i & 1][wbin[ph.outb[i]]]++;
-          ph.outcnt[ph.outb[i]]++;
-        }
+/* ---- the window counters (probe__hs), AVX2 forms of stats_avx512.c's -------- */
+
+/* 64-bit words of carry-save adders over 16 32-lane vectors (8 words each):
+ * called once per 16 weight-16 vectors, so plain C is enough. */
+#define CSA64(h_, l_, a_, b_, c_)                                              \
+  do {                                                                         \
+    uint64_t ca_ = (a_), cb_ = (b_), cc_ = (c_), u_ = ca_ ^ cb_;               \
+    h_ = (ca_ & cb_) | (u_ & cc_);                                             \
+    l_ = u_ ^ cc_;                                                             \
+  } while (0)
+
+void probe__hs_fold16_avx2(probe__hs *h) {
+  size_t j = 0;
+  for (; j + 16 <= h->n16; j += 16) {
+    uint64_t big[8], nonzero = 0;
+    for (int w = 0; w < 8; w++) {
+      uint64_t o, t, f, e, x, d0, d1, tA, tB, fA, fB, eA, eB;
+      memcpy(&o, h->hi + 4 * w, 8);
+      memcpy(&t, h->hi + 32 + 4 * w, 8);
+      memcpy(&f, h->hi + 64 + 4 * w, 8);
+      memcpy(&e, h->hi + 96 + 4 * w, 8);
+#define IN64(i_, d_) memcpy(&d_, h->s16 + 32 * (j + (i_)) + 4 * w, 8)
+#define W64(i_, k_) IN64(i_, d0); IN64(k_, d1)
+      W64(0, 1); CSA64(tA, o, o, d0, d1);
+      W64(2, 3); CSA64(tB, o, o, d0, d1);
+      CSA64(fA, t, t, tA, tB);
+      W64(4, 5); CSA64(tA, o, o, d0, d1);
+      W64(6, 7); CSA64(tB, o, o, d0, d1);
+      CSA64(fB, t, t, tA, tB);
+      CSA64(eA, f, f, fA, fB);
+      W64(8, 9); CSA64(tA, o, o, d0, d1);
+      W64(10, 11); CSA64(tB, o, o, d0, d1);
+      CSA64(fA, t, t, tA, tB);
+      W64(12, 13); CSA64(tA, o, o, d0, d1);
+      W64(14, 15); CSA64(tB, o, o, d0, d1);
+      CSA64(fB, t, t, tA, tB);
+      CSA64(eB, f, f, fA, fB);
+      CSA64(x, e, e, eA, eB);
+#undef W64
+#undef IN64
+      memcpy(h->hi + 4 * w, &o, 8);
+      memcpy(h->hi + 32 + 4 * w, &t, 8);
+      memcpy(h->hi + 64 + 4 * w, &f, 8);
+      memcpy(h->hi + 96 + 4 * w, &e, 8);
+      for (int k = 4; k < 12; k++) { /* weights 256 .. 32768 */
+        uint64_t hk;
+        memcpy(&hk, h->hi + 32 * k + 4 * w, 8);
+        uint64_t nk = hk ^ x;
+        memcpy(h->hi + 32 * k + 4 * w, &nk, 8);
+        x &= hk;
       }
-      ph.win_elems += m;
-      ph.win_out += b.nout;
-      /* (after the two lines above, so that a flush's zero count, and the
-       * squares it takes out for them, cover the same blocks) */
-      if (ph.hs.nbig + 3 > PROBE__BIG) win_flush(a, &ph, pd.win, wbin, zero_sq, wc);
-      /* Choose the window again when a quarter of the block was outside
-       * (zeros count as inside: they cost nothing here), or, with a backoff
-       * while that keeps the same window, when more than 1/1024 was: an
-       * element outside costs some 40 times what one inside does (on Zen 5,
-       * a window leaving out the 0.6% lower tail of N(0,1) fp16 data, which
-       * the old threshold of 1/64 kept, cost a fifth of the throughput).
-       * The choice sees every value since the last flush: the window
-       * counters and outcnt. */
-      ph.since++;
-      if (n - done - m >= group && /* (not after the last block) */
-          (4 * b.nout > m || (1024 * b.nout > m && ph.since >= ph.backoff))) {
-        uint64_t cnt[256 + WIN] = {0}, best = 0, tot = 0;
-        for (int v = 0; v < nvals; v++) cnt[v] = ph.outcnt[v];
-        win_flush(a, &ph, pd.win, wbin, zero_sq, wc);
-        for (int k = 0; k < WIN; k++) cnt[pd.win + k] += wc[k];
-        for (int v = 0; v < nvals; v++) tot += cnt[v];
-        int w = best_window(cnt, wlo, nvals, width, &best), old = pd.win;
-        pd.win = 2 * best >= tot ? w : -1; /* or give it up for pair mode */
-        ph.backoff = pd.win == old && ph.backoff < 256 ? 2 * ph.backoff : 1;
-        ph.since = 0;
-      }
-    } else {
-      const uint32_t *ix = ph.idx[cur];
-      if (ph.small) {
-        for (size_t i = 0; i < m / 2; i += 2) {
-          uint32_t p0 = ix[i] + (uint32_t)off, p1 = ix[i + 1] + (uint32_t)off;
-          ph.direct[0][p0 % NB]++;
-          ph.direct[0][p0 / NB]++;
-          ph.direct[1][p1 % NB]++;
-          ph.direct[1][p1 / NB]++;
-        }
-      } else {
-        pd.idx = ix; /* counted while the next block runs */
-        pd.n = m / 2;
-        cur ^= 1;
-        ph.per_copy += (uint32_t)(m / 8);
-      }
+      big[w] = x;
+      nonzero |= x;
     }
-    ph.in_hist += m;
-    if (!window_block) { /* window mode leaves zeros out of the histogram */
-      if (dt == PROBE_DTYPE_F16) {
-        ph.corr[F16_BIAS] -= (int64_t)b.zero; /* zeros: raw exponent 0 */
-        if (b.sub) fix_f16_subnormals(&ph, q, m);
-      } else {
-        ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
-      }
-    }
-    a->count += m;
-    a->zero += b.zero;
-    a->sub += b.sub;
-    a->flush += b.flush;
-    a->ovf += b.ovf;
-    a->sum += b.sum;
-    a->sumsq += b.sumsq;
-    probe__acc_extremes(a, b.smax, b.smin, b.umax, b.umin, b.amin_m1);
-    if (ph.per_copy > UINT16_MAX - BLOCK / 8) { /* before a 16-bit counter wraps */
-      probe__pending_count(&pd, 0, pd.n);
-      pd.n = 0;
-      fold(a, &ph, dt);
-    }
-    done += m;
+    if (nonzero) memcpy(h->big + 32 * h->nbig++, big, 64);
   }
-  probe__pending_count(&pd, 0, pd.n);
-  if (pd.win >= 0) win_flush(a, &ph, pd.win, wbin, zero_sq, wc);
-  fold(a, &ph, dt);
-  probe__acc_portable(a, dt, p + done * es, n - done);
+  memmove(h->s16, h->s16 + 32 * j, (h->n16 - j) * 64);
+  h->n16 -= j;
 }
 
-void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
-  static probe__blk_fn const fns[3] = {blk_f32, blk_f16, blk_bf16}; /* by dtype */
-  drive(a, dt, data, n, fns, 16, 0);
+/* wc[i] += weight * (lanes of the 32-lane vector v with bit i set): one
+ * shift and one vpmovmskb give bits i and i + 8 of 16 lanes. */
+static inline void hs_count2(uint64_t wc[PROBE__WIN], const uint16_t *v, uint64_t weight) {
+  __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)v);
+  __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(v + 16));
+  __m256i o = _mm256_or_si256(a, b);
+  if (_mm256_testz_si256(o, o)) return;
+  for (int i = 0; i < 8; i++) {
+    uint32_t ma = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(a, 7 - i));
+    uint32_t mb = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(b, 7 - i));
+    wc[i] += weight * (uint64_t)(__builtin_popcount(ma & 0x55555555u) +
+                                 __builtin_popcount(mb & 0x55555555u));
+    wc[i + 8] += weight * (uint64_t)(__builtin_popcount(ma & 0xaaaaaaaau) +
+                                     __builtin_popcount(mb & 0xaaaaaaaau));
+  }
 }
 
-void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
-  static probe__blk_fn const fns[3] = {probe__blk_f32_avx512, probe__blk_f16_avx512,
-                                       probe__blk_bf16_avx512};
-  drive(a, dt, data, n, fns, 64, 1);
+void probe__hs_count_avx2(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+  for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
+  for (int k = 0; k < 4; k++) hs_count2(wc, h->lo[h->cur] + 32 * k, 1u << k);
+  for (size_t j = 0; j < h->n16; j++) hs_count2(wc, h->s16 + 32 * j, 16);
+  for (int k = 0; k < 12; k++) hs_count2(wc, h->hi + 32 * k, 16u << k);
+  for (size_t j = 0; j < h->nbig; j++) hs_count2(wc, h->big + 32 * j, 65536);
 }
 
-#else /* no AVX2 at compile time: stats.c never calls these */
+#else /* no AVX2 at compile time: stats_dispatch.c never selects this path */
 
-void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
-  probe__acc_portable(a, dt, data, n);
+void probe__blk_f32_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd) {
+  (void)b, (void)idx, (void)p, (void)nv, (void)pd;
 }
-
-void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
-  probe__acc_portable(a, dt, data, n);
+void probe__blk_f16_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd) {
+  (void)b, (void)idx, (void)p, (void)nv, (void)pd;
+}
+void probe__blk_bf16_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                          const probe__pending *pd) {
+  (void)b, (void)idx, (void)p, (void)nv, (void)pd;
+}
+void probe__hs_fold16_avx2(probe__hs *h) { (void)h; }
+void probe__hs_count_avx2(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+  (void)h;
+  for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
 }
 
 #endif

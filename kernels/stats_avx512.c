@@ -3,7 +3,7 @@
  * of the statistics kernel, compiled with -mavx512f -mavx512bw -mavx512vl
  * -mavx512dq -mavx512vbmi2 -mavx512vnni -mavx2 -mf16c -mfma. stats_avx2.c's
  * driver calls them (cutting blocks, checking for inf/NaN, counting the pair
- * indices into the histogram, the portable tail); stats.c selects this path
+ * indices into the histogram, the portable tail); stats_dispatch.c selects this path
  * when the CPU has those extensions.
  *
  * Pair mode (pd->win < 0): the same work as the AVX2 block functions, in
@@ -200,7 +200,7 @@ static inline void hs_count(uint64_t wc[PROBE__WIN], __m512i v, uint64_t weight)
                           _mm512_test_epi16_mask(v, _mm512_set1_epi16((short)(1 << i))));
 }
 
-void probe__hs_fold16(probe__hs *h) {
+void probe__hs_fold16_avx512(probe__hs *h) {
   __m512i o = _mm512_loadu_si512(h->hi), t = _mm512_loadu_si512(h->hi + 32);
   __m512i f = _mm512_loadu_si512(h->hi + 64), e = _mm512_loadu_si512(h->hi + 96);
   size_t j = 0;
@@ -224,7 +224,7 @@ void probe__hs_fold16(probe__hs *h) {
   h->n16 -= j;
 }
 
-void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+void probe__hs_count_avx512(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
   for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
   for (int k = 0; k < 4; k++) hs_count(wc, _mm512_loadu_si512(h->lo[h->cur] + 32 * k), 1u << k);
   for (size_t j = 0; j < h->n16; j++) hs_count(wc, _mm512_loadu_si512(h->s16 + 32 * j), 16);
@@ -656,10 +656,10 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
   b->amin_m1 = am == UINT32_MAX ? UINT32_MAX : am - 1u;
 }
 
-#else /* not compiled for AVX-512: stats.c never selects this path */
+#else /* not compiled for AVX-512: stats_dispatch.c never selects this path */
 
-void probe__hs_fold16(probe__hs *h) { (void)h; }
-void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
+void probe__hs_fold16_avx512(probe__hs *h) { (void)h; }
+void probe__hs_count_avx512(const probe__hs *h, uint64_t wc[PROBE__WIN]) {
   (void)h;
   for (int i = 0; i < PROBE__WIN; i++) wc[i] = 0;
 }

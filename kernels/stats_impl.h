@@ -44,7 +44,7 @@ static inline int probe__hist_bin(uint32_t abits) {
   return b < 0 ? 0 : (b > PROBE_HIST_BINS - 1 ? PROBE_HIST_BINS - 1 : b);
 }
 
-/* ---- the vectorised paths (stats_avx2.c drives, stats_avx512.c) ----------- */
+/* ---- the vectorised paths (stats_block.c drives stats_avx2.c, stats_avx512.c) */
 
 enum { PROBE__BLOCK = 4096, /* elements per checked block */
        PROBE__WBLOCK = 16384, /* the same in window mode, which has no 8-bit
@@ -72,7 +72,7 @@ typedef struct probe__blk {
   size_t nout;
 } probe__blk;
 
-/* Window mode (AVX-512): the elements inside the window are counted in
+/* Window mode: the elements inside the window are counted in
  * bit-sliced counters, vectors of 32 16-bit lanes in which bit k of a lane
  * stands for window value win + k, that persist across blocks:
  * lo[cur][0..3] have weights 1, 2, 4, 8; s16[0 .. n16) weight 16 each;
@@ -117,12 +117,14 @@ typedef struct probe__pending {
   probe__hs *hs; /* window mode: the counters of the elements inside */
 } probe__pending;
 
-/* wc[k] = the number of elements with window value win + k that h holds.
- * AVX-512 only. */
-void probe__hs_count(const probe__hs *h, uint64_t wc[PROBE__WIN]);
+/* wc[k] = the number of elements with window value win + k that h holds
+ * (stats_avx512.c, stats_avx2.c). */
+void probe__hs_count_avx512(const probe__hs *h, uint64_t wc[PROBE__WIN]);
+void probe__hs_count_avx2(const probe__hs *h, uint64_t wc[PROBE__WIN]);
 /* Folds each complete group of 16 weight-16 vectors of h->s16 into h->hi
- * (and h->big). AVX-512 only. */
-void probe__hs_fold16(probe__hs *h);
+ * (and h->big). */
+void probe__hs_fold16_avx512(probe__hs *h);
+void probe__hs_fold16_avx2(probe__hs *h);
 
 static inline void probe__pending_count(const probe__pending *pd, size_t from, size_t to) {
   uint16_t *t0 = pd->t[0], *t1 = pd->t[1], *t2 = pd->t[2], *t3 = pd->t[3];
@@ -175,6 +177,13 @@ static inline void probe__pending_count(const probe__pending *pd, size_t from, s
  * counts all of pd's pending pairs. */
 typedef void (*probe__blk_fn)(probe__blk *b, uint32_t *idx, const unsigned char *p,
                               size_t nv, const probe__pending *pd);
+/* AVX2 block functions (stats_avx2.c); nv must be even. */
+void probe__blk_f32_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd);
+void probe__blk_f16_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                         const probe__pending *pd);
+void probe__blk_bf16_avx2(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
+                          const probe__pending *pd);
 /* AVX-512 block functions (stats_avx512.c); nv must be even. */
 void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                            const probe__pending *pd);
@@ -197,13 +206,28 @@ static inline void probe__blk_extremes16(probe__blk *b, int16_t smax, int16_t sm
 #undef W16
 }
 
-/* Whole tensors on the AVX2 path and on the AVX-512 path; call only when
- * probe__cpu_avx2() / probe__cpu_avx512() say the CPU has them. */
+/* What the block driver (stats_block.c) runs for one path: the block
+ * function by dtype, the window counters' fold and read-out, the elements
+ * per vector step (block lengths are multiples of it; the rest of a tensor
+ * goes through the portable routine) and whether window mode is allowed. */
+typedef struct probe__blk_ops {
+  probe__blk_fn blk[3]; /* by probe_dtype: fp32, fp16, bf16 */
+  void (*hs_fold16)(probe__hs *h);
+  void (*hs_count)(const probe__hs *h, uint64_t wc[PROBE__WIN]);
+  size_t group;
+  int window;
+} probe__blk_ops;
+
+/* Whole tensors on the AVX2 path and on the AVX-512 path (stats_block.c);
+ * call only when probe__cpu_avx2() / probe__cpu_avx512() say the CPU has
+ * them. */
 void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
-/* The short-tensor AVX-512 path (stats_small.c), for n <= PROBE__SMALL_MAX_N. */
+/* The short-tensor paths, AVX-512 (stats_small.c) and AVX2 (stats_small2.c),
+ * for n <= PROBE__SMALL_MAX_N. */
 enum { PROBE__SMALL_MAX_N = 4096 };
 void probe__acc_small_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 int probe__cpu_avx2(void);
 int probe__cpu_avx512(void);
 
@@ -213,11 +237,18 @@ enum {
   PROBE__PATH_AVX2 = 1,
   PROBE__PATH_AVX512 = 2,
   PROBE__PATH_SMALL512 = 3, /* stats_small.c; n <= PROBE__SMALL_MAX_N only */
+  PROBE__PATH_SMALL2 = 4,   /* stats_small2.c; n <= PROBE__SMALL_MAX_N only */
   PROBE__PATH_COUNT
 };
 /* Like probe_stats_compute on the given path; PROBE_ERR_UNSUPPORTED when
- * this CPU cannot run it or the path does not take n elements. */
+ * this CPU cannot run it or the path does not take n elements
+ * (stats_dispatch.c). */
 probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
                                        const void *data, size_t n, int path);
+/* "portable", "avx2", "avx512", "small512", "small2"; NULL past the end. */
+const char *probe__stats_path_name(int path);
+/* The family AMPPROBE_STATS_PATH's value v (NULL: unset) selects on this
+ * CPU: 0 portable, 1 avx2, 2 avx512 (stats_dispatch.c; for tests). */
+int probe__stats_family_from_env(const char *v);
 
 #endif /* AMPPROBE_STATS_IMPL_H */

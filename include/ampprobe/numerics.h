@@ -199,8 +199,13 @@ AMPPROBE_API
 double probe_stats_rms(const probe_stats *s);    /* sqrt(sumsq / finite) */
 AMPPROBE_API
 double probe_stats_l2(const probe_stats *s);     /* sqrt(sumsq) */
-/* log2(65504 / absmax): FP16 headroom in binades; +inf when absmax is 0,
- * NaN when nothing is finite. */
+/* FP16 headroom of a magnitude: log2(PROBE_F16_MAX / absmax), the binades
+ * a tensor whose largest |x| is absmax can grow before FP16 overflows.
+ * 0 at absmax = 65504, negative above it; +inf for absmax = 0; -inf for
+ * absmax = +inf; NaN for NaN (nothing finite) or a negative argument. The
+ * one copy of this formula: every part of ampprobe calls it. */
+AMPPROBE_API double probe_fp16_headroom(double absmax);
+/* probe_fp16_headroom(s->absmax) (absmax is NaN when nothing is finite). */
 AMPPROBE_API
 double probe_stats_headroom(const probe_stats *s);
 /* Fraction of finite non-zero values whose exponent floor(log2|x|) < e. */
@@ -219,6 +224,12 @@ probe_status probe_stats_compute_portable(probe_stats *out, probe_dtype dt,
 /* 1 when the vectorised path is in use on this CPU. */
 AMPPROBE_API
 int probe_stats_have_simd(void);
+/* The CPU path family probe_stats_compute uses in this process: "avx512",
+ * "avx2" or "portable". Chosen once, at the first call, as the widest the
+ * CPU has, or the widest at most the one the environment variable
+ * AMPPROBE_STATS_PATH names ("avx512", "avx2", "portable"; anything else:
+ * the widest); docs/statistics.md. */
+AMPPROBE_API const char *probe_stats_path(void);
 
 /* ---- CUDA statistics (kernels/stats_cuda.cu) ------------------------------ */
 

@@ -110,11 +110,9 @@ static int stats_nonfinite(const probe_stats *s) {
 static int stats_has_inf(const probe_stats *s) {
   return s->posinf_count + s->neginf_count > 0;
 }
-double probe__diag_headroom(double absmax) {
-  if (!isfinite(absmax)) return NAN;
-  if (absmax <= 0) return INFINITY;
-  return log2((double)PROBE_F16_MAX / absmax);
-}
+/* The one FP16 headroom formula (numerics.h; its edge cases are in
+ * docs/statistics.md). A record's absmax is finite or NaN. */
+double probe__diag_headroom(double absmax) { return probe_fp16_headroom(absmax); }
 #define headroom_of probe__diag_headroom
 
 /* Variance of a tensor's finite values (whole tensor), NaN when empty. */

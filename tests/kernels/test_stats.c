@@ -4,7 +4,8 @@
  * kernels/stats_small.c).
  *
  * Every field of every path (portable; AVX2, AVX-512 and the short-tensor
- * AVX-512 path, up to its 4096 elements, where the CPU has them) is compared
+ * AVX2 and AVX-512 paths, up to their 4096 elements, where the CPU has them;
+ * PROBE__PATH_* in kernels/stats_impl.h) is compared
  * with a naive reference written here: the elements are decoded from their
  * bit fields with ldexp, and each statistic is its own loop in double (long
  * double for the sums) using the C library's classification (isnan, isinf,
@@ -24,6 +25,10 @@
  * binades, and 3M fp32 elements in one binade (every counter level).
  * Merge: random splits merged give the whole
  * record (exactly, sums within 1e-12 of sum|x|), the identity, commutativity.
+ * The public entry point is checked too, on the path family the process was
+ * started with: ctest runs this binary once per AMPPROBE_STATS_PATH value
+ * (test_forced_path checks that the variable took effect); the window-mode
+ * tests run the AVX2 path's window mode on any AVX2 CPU.
  */
 #include <check.h>
 #include <float.h>
@@ -466,6 +471,77 @@ START_TEST(test_hand_computed) {
 }
 END_TEST
 
+/* The one FP16 headroom formula and its edge cases (docs/statistics.md). */
+START_TEST(test_fp16_headroom) {
+  ck_assert(probe_fp16_headroom(65504.0) == 0.0);
+  ck_assert(probe_fp16_headroom(32752.0) == 1.0);
+  ck_assert(probe_fp16_headroom(131008.0) == -1.0);
+  ck_assert(probe_fp16_headroom(1.0) == log2(65504.0));
+  ck_assert(probe_fp16_headroom(70000.0) < 0);
+  ck_assert(isinf(probe_fp16_headroom(0.0)) && probe_fp16_headroom(0.0) > 0);
+  ck_assert(isinf(probe_fp16_headroom(-0.0)) && probe_fp16_headroom(-0.0) > 0);
+  ck_assert(isinf(probe_fp16_headroom(INFINITY)) && probe_fp16_headroom(INFINITY) < 0);
+  ck_assert(isnan(probe_fp16_headroom(NAN)));
+  ck_assert(isnan(probe_fp16_headroom(-1.0)));
+  ck_assert(probe_fp16_headroom(0x1p-24) == log2(65504.0) + 24);
+  probe_stats s;
+  probe_stats_init(&s);
+  ck_assert(isnan(probe_stats_headroom(&s)));
+  s.absmax = 65504.0f;
+  ck_assert(probe_stats_headroom(&s) == 0.0);
+}
+END_TEST
+
+/* The path family: AMPPROBE_STATS_PATH's values map to the widest family the
+ * CPU has at most that wide, and the process runs the one its environment
+ * named (ctest runs this binary under each value: tests/kernels/CMakeLists.txt). */
+START_TEST(test_forced_path) {
+  static const char *fam[] = {"portable", "avx2", "avx512"};
+  int widest = probe__cpu_avx512() ? 2 : probe__cpu_avx2() ? 1 : 0;
+  ck_assert_int_eq(probe__stats_family_from_env("portable"), 0);
+  ck_assert_int_eq(probe__stats_family_from_env("avx2"), widest < 1 ? widest : 1);
+  ck_assert_int_eq(probe__stats_family_from_env("avx512"), widest);
+  ck_assert_int_eq(probe__stats_family_from_env(NULL), widest);
+  ck_assert_int_eq(probe__stats_family_from_env(""), widest);
+  ck_assert_int_eq(probe__stats_family_from_env("AVX2x"), widest);
+  const char *env = getenv("AMPPROBE_STATS_PATH");
+  const char *want = fam[probe__stats_family_from_env(env)];
+  EXPECT(!strcmp(probe_stats_path(), want), "AMPPROBE_STATS_PATH=%s: path %s, expected %s",
+         env ? env : "(unset)", probe_stats_path(), want);
+  ck_assert_int_eq(probe_stats_have_simd(), strcmp(want, "portable") != 0);
+  /* The names of the paths, and every one refuses what it cannot take. */
+  for (int p = 0; p < PROBE__PATH_COUNT; p++) ck_assert_ptr_nonnull(probe__stats_path_name(p));
+  ck_assert_ptr_null(probe__stats_path_name(PROBE__PATH_COUNT));
+  float x[1] = {1.0f};
+  probe_stats s;
+  ck_assert_int_eq(probe__stats_compute_path(&s, PROBE_DTYPE_F32, x, 1, PROBE__PATH_COUNT),
+                   PROBE_ERR_INVALID_ARG);
+  static float big[PROBE__SMALL_MAX_N + 1];
+  ck_assert_int_eq(probe__stats_compute_path(&s, PROBE_DTYPE_F32, big, PROBE__SMALL_MAX_N + 1,
+                                             PROBE__PATH_SMALL2),
+                   PROBE_ERR_UNSUPPORTED);
+}
+END_TEST
+
+/* Short tensors on every path at every length 0..300 and around the
+ * short-path limits, with inf/NaN in the last partial step and in a full
+ * one (the short paths mask those steps), zeros, subnormals. */
+START_TEST(test_short_lengths) {
+  probe_dtype dt = (probe_dtype)_i;
+  size_t es = probe_dtype_size(dt);
+  unsigned char *buf = malloc((PROBE__SMALL_MAX_N + 64) * 4);
+  for (size_t n = 0; n <= PROBE__SMALL_MAX_N; n += n < 300 ? 1 : n < 2040 ? 509 : 1) {
+    if (n > 2100 && n < PROBE__SMALL_MAX_N - 40 && n != 2560 && n != 3072) continue;
+    int dist = (int)(n % DIST_COUNT);
+    gen(buf + es, dt, n, dist);
+    char what[64];
+    snprintf(what, sizeof what, "short %s", dist_name[dist]);
+    check_all_paths(dt, buf + es, n, what);
+  }
+  free(buf);
+}
+END_TEST
+
 /* Past the 16-bit pair counters (folded every ~2^19 elements): 3M elements,
  * most of them in one histogram bin, then spread over all bins. */
 START_TEST(test_large_buffer) {
@@ -745,6 +821,9 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_special_buffers);
   tcase_add_test(tc, test_every_f16_and_bf16_value);
   tcase_add_test(tc, test_hand_computed);
+  tcase_add_test(tc, test_fp16_headroom);
+  tcase_add_test(tc, test_forced_path);
+  tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_test(tc, test_large_buffer);
   suite_add_tcase(s, tc);
   TCase *tw = tcase_create("window");
@@ -762,9 +841,12 @@ static Suite *make_stats_suite(void) {
 }
 
 int main(void) {
-  printf("stats paths tested: portable%s%s\n", probe__cpu_avx2() ? ", avx2" : " (no AVX2/F16C/FMA: AVX2 path skipped)",
+  printf("stats paths tested: portable%s%s; probe_stats_compute on the %s family "
+         "(AMPPROBE_STATS_PATH=%s)\n",
+         probe__cpu_avx2() ? ", avx2, small2 (n <= 4096)" : " (no AVX2/F16C/FMA: AVX2 paths skipped)",
          probe__cpu_avx512() ? ", avx512, small512 (n <= 4096)"
-                             : " (no AVX-512 F/BW/VL/DQ: AVX-512 paths skipped)");
+                             : " (no AVX-512 F/BW/VL/DQ/VBMI2/VNNI: AVX-512 paths skipped)",
+         probe_stats_path(), getenv("AMPPROBE_STATS_PATH") ? getenv("AMPPROBE_STATS_PATH") : "(unset)");
   SRunner *sr = srunner_create(make_stats_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
