@@ -170,7 +170,12 @@ typedef struct trial {
   const char *cancel_why; /* why it was cancelled (set by kill_running) */
   /* internal trials: the run's JSON summary */
   int64_t steps_planned;
+  /* the post-mortem of the trace: verdict, and whether it found a silent
+   * fault (a forward inf/NaN with a finite loss, a collapsed
+   * normalisation) or only other findings (pm_note) */
   char pm_verdict[16]; /* "healthy" / "degraded" / "diverged", "" unknown */
+  int pm_silent;
+  char pm_note[160];
   /* from the trace's /steps */
   int have_trace;
   int64_t n_steps, skipped, longest_skip, first_nonfinite_loss;
@@ -431,8 +436,7 @@ static int trial_launch(bisect *b, trial *t) {
   return 0;
 }
 
-/* Reads the run's JSON summary (internal trials): steps planned and the
- * verdict, when the run reports one. */
+/* Reads the run's JSON summary (internal trials): the steps planned. */
 static void trial_read_summary(bisect *b, trial *t) {
   char name[64];
   trial_file(t, "json", name, sizeof name);
@@ -448,9 +452,6 @@ static void trial_read_summary(bisect *b, trial *t) {
     return;
   }
   t->steps_planned = json_integer_value(json_object_get(j, "steps_planned"));
-  const char *v = json_string_value(json_object_get(j, "verdict"));
-  if (v)
-    snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
   json_decref(j);
 }
 
@@ -496,6 +497,36 @@ static int64_t warmup_of(const unsigned char *skipped, int64_t n, int64_t *end) 
     }
   }
   return skips;
+}
+
+/* The post-mortem of a trial's trace (the analysis library, on the handle
+ * the isolated reader validated): its verdict, and what made it degraded.
+ * A silent fault fails the trial; a degraded verdict from other findings
+ * alone (gradients underflowing without loss scaling, say) is noted and
+ * left to the loss criterion: forcing modules to FP32 does not cure it. */
+static void trial_postmortem(trial *t, probe_trace *tr) {
+  probe_diag d;
+  probe_diag_options o;
+  probe_diag_options_init(&o);
+  memset(&d, 0, sizeof d);
+  if (probe_diag_run(&d, tr, t->trace, &o) != PROBE_OK) {
+    probe_diag_free(&d);
+    return;
+  }
+  snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s",
+           probe_verdict_name(d.verdict));
+  t->pm_silent = d.verdict != PROBE_VERDICT_HEALTHY &&
+                 (d.silent_layer >= 0 || d.event != PROBE_DIAG_EVENT_NONE);
+  if (t->pm_silent && d.silent_layer >= 0)
+    snprintf(t->pm_note, sizeof t->pm_note, "silent fault in %.63s",
+             probe_diag_layer_name(&d, d.silent_layer));
+  else if (t->pm_silent)
+    snprintf(t->pm_note, sizeof t->pm_note, "%s",
+             probe_diag_event_name(d.event));
+  else if (d.verdict != PROBE_VERDICT_HEALTHY && d.n_findings > 0)
+    snprintf(t->pm_note, sizeof t->pm_note, "post-mortem: %s",
+             probe_diag_finding_name(d.findings[0].id));
+  probe_diag_free(&d);
 }
 
 /* Reads /steps of the trial's trace: the loss series, skips, scale.
@@ -573,6 +604,8 @@ static int trial_read_trace(bisect *b, trial *t, int want_layers) {
   }
   free(loss);
   free(skip);
+  if (t->have_trace)
+    trial_postmortem(t, tr);
   probe_trace_close(tr);
   return t->have_trace ? 0 : -1;
 }
@@ -656,9 +689,9 @@ static void trial_judge(bisect *b, trial *t) {
   if (b->fail_nonfinite && t->first_nonfinite_loss >= 0) {
     snprintf(w, len, "non-finite loss at step %lld%s",
              (long long)t->first_nonfinite_loss, ext);
-  } else if (!strcmp(t->pm_verdict, "degraded") ||
-             !strcmp(t->pm_verdict, "diverged")) {
-    snprintf(w, len, "post-mortem verdict %s%s", t->pm_verdict, ext);
+  } else if (t->pm_silent || !strcmp(t->pm_verdict, "diverged")) {
+    snprintf(w, len, "post-mortem verdict %s%s%s%s", t->pm_verdict,
+             t->pm_note[0] ? ": " : "", t->pm_note, ext);
   } else if (b->max_skips >= 0 && t->longest_skip > b->max_skips) {
     snprintf(w, len, "%lld consecutive skipped steps (> %lld)%s",
              (long long)t->longest_skip, (long long)b->max_skips, ext);
@@ -681,6 +714,10 @@ static void trial_judge(bisect *b, trial *t) {
   if (b->ext && t->exit_code != 0 && is_baseline(t->role) && !fail) {
     fail = 1;
     snprintf(w, len, "the command exited %d", t->exit_code);
+  }
+  if (!fail && t->pm_note[0]) { /* a finding that is no silent fault */
+    size_t o = strlen(w);
+    snprintf(w + o, len - o, "; %s", t->pm_note);
   }
   t->verdict = fail ? PROBE_DDMIN_FAIL : PROBE_DDMIN_PASS;
   if (!is_baseline(t->role)) { /* only the baselines' series are needed */
@@ -711,13 +748,6 @@ static void trial_finish(bisect *b, trial *t, int status) {
     if (!b->ext)
       trial_read_summary(b, t);
     if (trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) == 0) {
-      /* an external job's verdict: the post-mortem of its trace (a `run`
-       * trial reports it in its summary); the trace passed the isolated
-       * reader above */
-      probe_verdict v;
-      if (b->ext && probe_postmortem_verdict(t->trace, &v) == PROBE_OK)
-        snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s",
-                 probe_verdict_name(v));
       t->state = T_DONE;
       if (b->baseline_known || is_baseline(t->role))
         trial_judge(b, t);

@@ -262,6 +262,19 @@ fair() {
     pass "external job: its trace's post-mortem verdict degraded fails the trial" ||
     fail "external degraded: $(cat "$WORK/xdeg.err") $(jget "$WORK/xdeg.json" "d['summary']")"
 
+  # ...but a degraded verdict from other findings alone (gradients
+  # underflowing without loss scaling) does not fail a trial: forcing
+  # modules to FP32 cannot cure it; it is noted and left to the loss
+  expect_set degr-ls bn-overflow bn,linear bn --trace -- --no-loss-scale
+  jget "$WORK/degr-ls.json" "[t['why'] for t in d['trials'] if t['role']=='all-candidates'][0]" |
+    grep -q "post-mortem: enable-loss-scaling" &&
+    pass "bn-overflow without loss scaling: the fix passes, noted '$(jget "$WORK/degr-ls.json" "[t['why'] for t in d['trials'] if t['role']=='all-candidates'][0]" | sed 's/.*; //')'" ||
+    fail "bn-overflow without loss scaling: $(jget "$WORK/degr-ls.json" "d['summary']")"
+  bisect degr-h healthy bn,linear --trace -- --no-loss-scale
+  [ "$RC" = 0 ] && [ "$(jget "$WORK/degr-h.json" "d['outcome']")" = healthy ] &&
+    pass "healthy without loss scaling (post-mortem finding only): nothing to bisect, exit 0" ||
+    fail "healthy without loss scaling: exit $RC $(jget "$WORK/degr-h.json" "d['summary']")"
+
   # (b) an FP32 baseline that survives but does not train: learning rate 0
   for sc in revin-overflow softmax-underflow two-culprits; do
     mkcfg "$sc" "$WORK/lr0-$sc.json" optimizer.lr=0 'schedule={"type":"constant"}'
