@@ -479,10 +479,14 @@ safety() {
   # a config name is not a path: x/../../escaped stays in the working directory
   mkdir -p "$WORK/deep/a/b"
   mkcfg revin-overflow "$WORK/deep/a/b/evil.json" 'name="x/../../escaped"'
-  (cd "$WORK/deep/a/b" && "$BIN" bisect --config evil.json --fp32-candidates revin -j 2 -q >/dev/null 2>&1)
+  (cd "$WORK/deep/a/b" && "$BIN" bisect --config evil.json --fp32-candidates revin -j 2 -q >/dev/null 2>"$WORK/evn.err")
+  RC=$?
+  # either the trainer refuses the name (exit 2, one line) or bisect
+  # sanitises it; never a folder outside the working directory
   [ ! -e "$WORK/deep/escaped" ] && [ ! -e "$WORK/deep/a/escaped" ] &&
-    [ -d "$WORK/deep/a/b/ampprobe-bisect-x_.._.._escaped" ] &&
-    pass "config name x/../../escaped: work directory ampprobe-bisect-x_.._.._escaped, nothing outside" ||
+    { [ -d "$WORK/deep/a/b/ampprobe-bisect-x_.._.._escaped" ] ||
+      { [ "$RC" = 2 ] && [ "$(grep -c . "$WORK/evn.err")" = 1 ]; }; } &&
+    pass "config name x/../../escaped: nothing outside the working directory (exit $RC)" ||
     fail "config name escaped: $(ls "$WORK/deep" "$WORK/deep/a" "$WORK/deep/a/b")"
 
   # hostile names (config name, a layer name with ESC, BEL, newline) are
