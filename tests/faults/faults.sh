@@ -246,9 +246,14 @@ case_devices_analysis() {
 
 case_devices_run() {
   for dev in /dev/null /dev/full; do
+    # an existing path: refused as such (exit 2) unless --force, then the
+    # writer refuses a file that is not a regular file (exit 4)
     t -- "$AMP" run --scenario healthy --trace -q -o $dev
-    expect 4 "run --trace -o $dev"
+    expect "2|4" "run --trace -o $dev"
     one_line "run --trace -o $dev"
+    t -- "$AMP" run --scenario healthy --trace -q --force -o $dev
+    expect 4 "run --trace --force -o $dev"
+    one_line "run --trace --force -o $dev"
     [ -c $dev ] && ok "$dev is still a device" || bad "$dev was replaced"
   done
 }
