@@ -17,6 +17,7 @@ pkgs=(
   python3-h5py python3-numpy    # interop tests read our traces with h5py
   python3-pandas                # ... and load a table the way the docs show
   python3-torch                 # reference gradients for the trainer tests
+  python3-pytest                # tests/python: the ampprobe Python package
   chromium                      # report rendering test (headless)
 )
 
