@@ -233,8 +233,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             steps = a.steps or (200 if name == "healthy" else 10)
-            wall, cpu, nrec, nhook = bench(name, a.rounds, steps, tmp)
-            for clock, med in (("wall", wall), ("cpu", cpu)):
+            wall, tcpu, nrec, nhook = bench(name, a.rounds, steps, tmp)
+            for clock, med in (("wall", wall), ("cpu", tcpu)):
                 base = med["untraced"]
                 ov = med["ampprobe"] / base - 1
                 nv = med["naive"] / base - 1

@@ -28,6 +28,9 @@ SITE_PHASE = {"fwd_in": "forward", "fwd_out": "forward", "fwd_saved": "forward",
 PRECISIONS = ("fp32", "fp16", "bf16")
 DTYPES = ("fp32", "fp16", "bf16")
 SCALER_KINDS = ("backoff", "growth", "hysteresis", "min_clamp")
+# probe_step_scalars.unmeasured bits (PROBE_SCALAR_*)
+SCALAR_LOSS, SCALAR_LOSS_SCALE, SCALAR_SCALER = 1, 2, 4
+SCALAR_LR, SCALAR_GRAD_NORM, SCALAR_CLIP = 8, 16, 32
 MODES = {"scalars": 0, "flight": 0, "flight-recorder": 0, "full": 1}
 
 PROBE_NAME_MAX = 64
@@ -86,6 +89,9 @@ class probe_step_scalars(ctypes.Structure):
         ("growth_tracker", ctypes.c_int32),
         ("found_inf", ctypes.c_int32),
         ("skipped", ctypes.c_int32),
+        # PROBE_SCALAR_* bits of the scalars not measured (libraries that
+        # have it; older ones leave these 4 bytes as padding and ignore it)
+        ("unmeasured", ctypes.c_uint32),
         ("lr", ctypes.c_double),
         ("grad_norm", ctypes.c_double),
         ("clip_threshold", ctypes.c_double),

@@ -216,13 +216,32 @@ class Session:
         self.record_ptr(layer, site, dt, a.ctypes.data, a.size)
         return a, copied
 
-    def set_scalars(self, loss=float("nan"), loss_scale=1.0, growth_tracker=0,
-                    found_inf=0, skipped=0, lr=float("nan"),
-                    grad_norm=float("nan"), clip_threshold=0.0, clip_coef=1.0):
+    def set_scalars(self, loss=None, loss_scale=None, growth_tracker=None,
+                    found_inf=None, skipped=None, lr=None, grad_norm=None,
+                    clip_threshold=None, clip_coef=None):
+        """The step's scalars. A scalar left None was not measured: it is
+        stored as NaN (0 for the scaler's ints) with its PROBE_SCALAR_* bit
+        in `unmeasured`, so that readers tell it from a measured NaN (the
+        scaler's three ints go together, as do clip_threshold/clip_coef)."""
+        nan = float("nan")
+        bits = 0
+        if loss is None:
+            bits |= _lib.SCALAR_LOSS
+        if loss_scale is None:
+            bits |= _lib.SCALAR_LOSS_SCALE
+        if growth_tracker is None and found_inf is None and skipped is None:
+            bits |= _lib.SCALAR_SCALER
+        if lr is None:
+            bits |= _lib.SCALAR_LR
+        if grad_norm is None:
+            bits |= _lib.SCALAR_GRAD_NORM
+        if clip_threshold is None and clip_coef is None:
+            bits |= _lib.SCALAR_CLIP
+        f = lambda v, d: float(d if v is None else v)
         sc = _lib.probe_step_scalars(
-            0, float(loss), float(loss_scale), int(growth_tracker),
-            int(found_inf), int(skipped), float(lr), float(grad_norm),
-            float(clip_threshold), float(clip_coef), 0.0)
+            0, f(loss, nan), f(loss_scale, nan), int(growth_tracker or 0),
+            int(found_inf or 0), int(skipped or 0), bits, f(lr, nan),
+            f(grad_norm, nan), f(clip_threshold, nan), f(clip_coef, nan), 0.0)
         self._check(self._lib.probe_step_set_scalars(self.handle,
                                                      ctypes.byref(sc)),
                     "probe_step_set_scalars")

@@ -636,22 +636,30 @@ class Tracer:
                         self._record(L, "master_weight", p.detach())
         if grad_norm is None and self._clip is not None:
             grad_norm, max_norm = self._clip
-        gn = float(grad_norm) if grad_norm is not None else float("nan")
-        mx = float(max_norm) if max_norm else 0.0
-        coef = min(1.0, mx / (gn + 1e-6)) if mx > 0 and math.isfinite(gn) \
-            else 1.0
+        gn = float(grad_norm) if grad_norm is not None else None
+        mx = coef = None
+        if max_norm is not None:  # clipping said: on (> 0) or off (0)
+            mx = float(max_norm)
+            coef = min(1.0, mx / (gn + 1e-6)) if (
+                mx > 0 and gn is not None and math.isfinite(gn)) else 1.0
+        have_scaler = sc is not None or bool(self._hand_events) or any(
+            v is not None for v in (loss_scale, found_inf, skipped,
+                                    growth_tracker))
         if lr is None and optimizer is not None:
             lr = optimizer.param_groups[0]["lr"]
         lossv = float(loss.detach().float()) if torch.is_tensor(loss) else (
             float(loss) if loss is not None else float("nan"))
         s = self.session
         try:
-            s.set_scalars(loss=lossv,
-                          loss_scale=scale if scale is not None else 1.0,
-                          growth_tracker=tracker or 0, found_inf=fi or 0,
-                          skipped=sk or 0,
-                          lr=lr if lr is not None else float("nan"),
-                          grad_norm=gn, clip_threshold=mx, clip_coef=coef)
+            # What the job did not tell is "not measured" (NaN + its bit).
+            s.set_scalars(
+                loss=lossv if loss is not None else None,
+                loss_scale=(scale if scale is not None else 1.0)
+                if have_scaler else None,
+                growth_tracker=(tracker or 0) if have_scaler else None,
+                found_inf=(fi or 0) if have_scaler else None,
+                skipped=(sk or 0) if have_scaler else None,
+                lr=lr, grad_norm=gn, clip_threshold=mx, clip_coef=coef)
             for e in events:
                 s.scaler_event(*e)
             s.end_step()

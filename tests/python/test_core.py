@@ -37,17 +37,20 @@ def test_struct_layout_matches_c(tmp_path):
     header = open(os.path.join(REPO, "include", "ampprobe", "probe.h")).read()
     # Trailing fields of newer libraries the header may not have yet: their
     # value lands in probe_options_buf's spare room.
-    newer = {("probe_options", "overwrite")}
+    # Fields of newer libraries the header may not have yet: a trailing one
+    # lands in probe_options_buf's spare room, unmeasured in the padding
+    # after `skipped` (the struct's size is the same).
+    newer = {("probe_options", "overwrite"), ("probe_step_scalars", "unmeasured")}
     skipped = set()
     lines = []
     for sname, st in STRUCTS.items():
         fields = [f for f, _ in st._fields_]
-        while (sname, fields[-1]) in newer and not re.search(
-                r"\b%s;" % fields[-1], header):
-            skipped.add((sname, fields.pop()))
-        if (sname, None) in skipped or any(s == sname for s, _ in skipped):
-            pass
-        else:
+        gone = [f for f in fields if (sname, f) in newer
+                and not re.search(r"\b%s;" % f, header)]
+        for f in gone:
+            fields.remove(f)
+            skipped.add((sname, f))
+        if not (sname == "probe_options" and "overwrite" in gone):
             lines.append('printf("%s sizeof %%zu\\n", sizeof(%s));' % (sname, sname))
         for f in fields:
             lines.append('printf("%s %s %%zu\\n", offsetof(%s, %s));' %
@@ -67,7 +70,8 @@ def test_struct_layout_matches_c(tmp_path):
         got = ctypes.sizeof(st) if field == "sizeof" else getattr(st, field).offset
         assert got == int(val), "%s.%s: ctypes %d, C %s" % (sname, field, got, val)
         n += 1
-    assert n == sum(len(s._fields_) + 1 for s in STRUCTS.values()) - 2 * len(skipped)
+    assert n == len(lines) >= sum(len(s._fields_) for s in STRUCTS.values()) \
+        - len(skipped)
 
 
 def test_numpy_dtypes_match_structs():
@@ -342,3 +346,24 @@ def test_installed_package_finds_an_installed_library(tmp_path):
         assert "build" not in r.stdout.decode().split()[1]
     else:
         assert "cannot load libampprobe" in r.stderr.decode()
+
+
+def test_unmeasured_scalars(tmp_path):
+    """Scalars left None are stored as NaN with their PROBE_SCALAR_* bit
+    (libraries with probe_step_scalars.unmeasured); a measured NaN loss
+    keeps its bit clear."""
+    header = open(os.path.join(REPO, "include", "ampprobe", "probe.h")).read()
+    if "unmeasured" not in header:
+        pytest.skip("this libprobe has no probe_step_scalars.unmeasured")
+    p = str(tmp_path / "u.h5")
+    with ampprobe.Session(p) as s:
+        s.register("x")
+        s.begin_step(0)
+        s.set_scalars(loss=float("nan"), lr=0.1)
+        s.end_step()
+    st = ampprobe.read_trace(p)["steps"][0]
+    want = (_lib.SCALAR_LOSS_SCALE | _lib.SCALAR_SCALER | _lib.SCALAR_GRAD_NORM
+            | _lib.SCALAR_CLIP)
+    assert st["unmeasured"] == want
+    assert math.isnan(st["loss"]) and st["lr"] == 0.1
+    assert math.isnan(st["grad_norm"]) and st["found_inf"] == 0
