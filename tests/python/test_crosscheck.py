@@ -82,7 +82,7 @@ class Xoshiro:
 
 class RevIN(nn.Module):
     """As the C trainer's RevIN norm (docs/precision.md): mean, var, stdev
-    materialised, stdev saved, affine."""
+    materialised, the variance saved (fwd_saved), affine."""
 
     def __init__(self):
         super().__init__()
@@ -91,8 +91,8 @@ class RevIN(nn.Module):
 
     def forward(self, x):
         mean = at.materialized(self, x.mean(dim=1, keepdim=True))
-        var = at.materialized(self, ((x - mean) ** 2).mean(dim=1, keepdim=True))
-        std = at.saved(self, torch.sqrt(var + 1e-5))
+        var = at.saved(self, ((x - mean) ** 2).mean(dim=1, keepdim=True))
+        std = at.materialized(self, torch.sqrt(var + 1e-5))
         return (x - mean) / std * self.gamma + self.beta
 
 
