@@ -69,7 +69,7 @@ static void generate(const char *path, int64_t steps) {
     probe_kind k = l % 3 == 0   ? PROBE_KIND_LINEAR
                    : l % 3 == 1 ? PROBE_KIND_LAYERNORM
                                 : PROBE_KIND_ACTIVATION;
-    CHECK(probe_layer_register(s, name, k, PROBE_PREC_FP16, &id[l]));
+    CHECK(probe_layer_register(s, name, k, PROBE_DTYPE_F16, &id[l]));
   }
   static float buf[6][LAYERS][ELEMS];
   double scale = 65536;

@@ -93,7 +93,7 @@ static double run_probe(const char *path, probe_record_mode mode,
   for (int l = 0; l < LAYERS; l++) {
     char name[32];
     snprintf(name, sizeof name, "block%d.linear", l);
-    CHECK(probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+    CHECK(probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                NULL));
   }
   static const probe_site sites[SITES] = {PROBE_SITE_FWD_IN, PROBE_SITE_FWD_OUT,

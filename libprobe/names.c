@@ -31,23 +31,14 @@ probe_status probe_kind_parse(const char *name, probe_kind *out) {
   return PROBE_ERR_NOT_FOUND;
 }
 
-/* One list of format names: the kernels' probe_dtype_name. A module's
- * precision and a tensor's dtype name the same three formats with the same
- * values. */
-_Static_assert((int)PROBE_PREC_FP32 == (int)PROBE_DTYPE_F32 &&
-                   (int)PROBE_PREC_FP16 == (int)PROBE_DTYPE_F16 &&
-                   (int)PROBE_PREC_BF16 == (int)PROBE_DTYPE_BF16,
-               "probe_precision and probe_dtype share values");
-
-const char *probe_precision_name(probe_precision p) {
-  return probe_dtype_name((probe_dtype)p);
-}
-
-probe_status probe_precision_parse(const char *name, probe_precision *out) {
+/* One list of format names: the kernels' probe_dtype_name; a module's
+ * precision is a probe_dtype too. Returns PROBE_ERR_NOT_FOUND for a name
+ * that is not "fp32", "fp16" or "bf16". */
+probe_status probe_dtype_parse(const char *name, probe_dtype *out) {
   if (name == NULL || out == NULL) return PROBE_ERR_INVALID_ARG;
   for (int p = 0; p < 3; p++) {
     if (strcmp(name, probe_dtype_name((probe_dtype)p)) == 0) {
-      *out = (probe_precision)p;
+      *out = (probe_dtype)p;
       return PROBE_OK;
     }
   }

@@ -432,7 +432,7 @@ static probe_status read_layers(probe_trace *t) {
     probe_layer_info *l = &t->layers[i];
     if (memchr(l->name, '\0', PROBE_NAME_MAX) == NULL || l->name[0] == '\0' ||
         l->id != i || l->kind < 0 || l->kind >= PROBE_KIND_COUNT ||
-        l->precision < 0 || l->precision > PROBE_PREC_BF16)
+        l->precision < 0 || l->precision > PROBE_DTYPE_BF16)
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /layers row %lld",
                   (long long)i);
   }

@@ -422,7 +422,7 @@ const char *probe_session_last_error(const probe_session *s) {
 }
 
 probe_status probe_layer_register(probe_session *s, const char *name,
-                                  probe_kind kind, probe_precision prec,
+                                  probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id) {
   if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
   if (writer_error(s) != PROBE_OK) return s->err;
@@ -432,7 +432,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
                    "layer name '%.80s' is empty or longer than %d bytes", name,
                    PROBE_NAME_MAX - 1);
   if ((int)kind < 0 || kind >= PROBE_KIND_COUNT || (int)prec < 0 ||
-      (int)prec > PROBE_PREC_BF16)
+      (int)prec > PROBE_DTYPE_BF16)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s': bad kind/precision",
                    name);
   for (int32_t i = 0; i < s->n_layers; i++)

@@ -330,7 +330,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
   a->stop_k = -1;
   int64_t iv;
   double dv;
-  probe_precision prec;
+  probe_dtype prec;
 #define OV(k, v) (a->ov[a->n_ov].key = (k), a->ov[a->n_ov].value = (v), a->n_ov++)
   cli_getopt_reset();
   int c;
@@ -350,7 +350,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
         return CLI_EXIT_USAGE;
       break;
     case O_PRECISION:
-      if (probe_precision_parse(optarg, &prec) < 0) {
+      if (probe_dtype_parse(optarg, &prec) < 0) {
         cli_error(SUB, "invalid value '%s' for --precision: expected fp16, "
                        "bf16 or fp32", optarg);
         return CLI_EXIT_USAGE;

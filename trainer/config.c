@@ -219,7 +219,7 @@ void pt_config_defaults(probe_train_config *c) {
   snprintf(c->name, sizeof c->name, "config");
   c->seed = 1;
   c->steps = 100;
-  c->precision = PROBE_PREC_FP16;
+  c->precision = PROBE_DTYPE_F16;
   c->loss_fp32 = 1;
   c->loss_weight = 1.0;
   c->micro_batches = 1;
@@ -468,7 +468,7 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
   TRY(get_int(j, root, "", "steps", &c->steps, 1, 100000000));
   int prec = (int)c->precision;
   TRY(get_enum(j, root, "", "precision", prec_names, 3, &prec));
-  c->precision = (probe_precision)prec;
+  c->precision = (probe_dtype)prec;
   json_t *fp = json_object_get(root, "fp32");
   if (fp) {
     if (json_is_string(fp)) {
@@ -871,7 +871,7 @@ probe_status probe_config_set(probe_train_config *c, const char *key,
     if (k < 0)
       return pt_fail(err, errlen, PROBE_ERR_CONFIG,
                      "precision: '%s' is not fp16, bf16 or fp32", value);
-    t.precision = (probe_precision)k;
+    t.precision = (probe_dtype)k;
   } else if (!strcmp(key, "fp32")) {
     st = set_fp32_list(&t, value, err, errlen);
   } else if (!strcmp(key, "steps")) {
@@ -1059,13 +1059,13 @@ int probe_policy_match(const char *entry, const char *layer_name,
   return fnmatch(entry, layer_name, 0) == 0;
 }
 
-probe_precision pt_policy_precision(const probe_train_config *c,
+probe_dtype pt_policy_precision(const probe_train_config *c,
                                     const char *name, probe_kind kind) {
-  if (kind == PROBE_KIND_INPUT) return PROBE_PREC_FP32;
-  if (c->precision == PROBE_PREC_FP32) return PROBE_PREC_FP32;
-  if (kind == PROBE_KIND_LOSS && c->loss_fp32) return PROBE_PREC_FP32;
+  if (kind == PROBE_KIND_INPUT) return PROBE_DTYPE_F32;
+  if (c->precision == PROBE_DTYPE_F32) return PROBE_DTYPE_F32;
+  if (kind == PROBE_KIND_LOSS && c->loss_fp32) return PROBE_DTYPE_F32;
   for (int i = 0; i < c->n_fp32; i++)
-    if (probe_policy_match(c->fp32[i], name, kind)) return PROBE_PREC_FP32;
+    if (probe_policy_match(c->fp32[i], name, kind)) return PROBE_DTYPE_F32;
   return c->precision;
 }
 
@@ -1073,7 +1073,7 @@ probe_status probe_config_policy_str(const probe_train_config *c, char *buf,
                                      size_t len) {
   if (!c || !buf || !len) return PROBE_ERR_INVALID_ARG;
   size_t off = (size_t)snprintf(buf, len, "%s", prec_names[c->precision]);
-  if (c->precision != PROBE_PREC_FP32) {
+  if (c->precision != PROBE_DTYPE_F32) {
     if (c->n_fp32 && off < len) {
       off += (size_t)snprintf(buf + off, len - off, "; fp32: ");
       for (int i = 0; i < c->n_fp32 && off < len; i++)

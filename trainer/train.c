@@ -62,7 +62,7 @@ static size_t layer_list(const probe_train_config *c, probe_layer_desc *out,
     }                                                                          \
     n++;                                                                       \
   } while (0)
-  PUSH("input", PROBE_KIND_INPUT, PROBE_PREC_FP32);
+  PUSH("input", PROBE_KIND_INPUT, PROBE_DTYPE_F32);
   int denorm = -1;
   for (int i = 0; i < c->n_modules; i++) {
     const pt_module_spec *m = &c->modules[i];
@@ -95,7 +95,7 @@ probe_status probe_config_layers(const probe_train_config *c,
 typedef struct pt_mod {
   const pt_module_spec *spec;
   probe_kind kind;
-  probe_precision prec;
+  probe_dtype prec;
   int32_t lid;        /* index in the layer list */
   int64_t in_w, out_w; /* row widths of input and output */
   size_t p_off, p_n;   /* parameter block in the master array */
@@ -550,7 +550,7 @@ static probe_status head_forward(pt_run *R, pt_work *W) {
                                   (int)R->out_dim, 1, m->prec));
     TRY(rec(R, R->lid_denorm, PROBE_SITE_FWD_OUT, W->pred, n_out));
   }
-  probe_precision lp = R->layers[R->lid_loss].precision;
+  probe_dtype lp = R->layers[R->lid_loss].precision;
   TRY(rec(R, R->lid_loss, PROBE_SITE_FWD_IN, W->pred, n_out));
   if (R->c->loss == PT_LOSS_MSE)
     TRY(ops->mse_forward(bx, W->loss, W->pred, W->target, n_out, lp));
@@ -647,7 +647,7 @@ static probe_status head_backward(pt_run *R, pt_work *W, float dloss) {
   void *bx = R->be.ctx;
   const int B = (int)R->B, L = R->n_mods;
   const size_t n_out = (size_t)(R->B * R->out_dim);
-  probe_precision lp = R->layers[R->lid_loss].precision;
+  probe_dtype lp = R->layers[R->lid_loss].precision;
   W->dloss = dloss; /* host value: libprobe takes host or device memory */
   TRY(rec(R, R->lid_loss, PROBE_SITE_GRAD_OUT, &W->dloss, 1));
   if (R->c->loss == PT_LOSS_MSE)
@@ -1003,7 +1003,7 @@ static probe_status run_setup(pt_train *T) {
   }
   /* Loss scaling applies to fp16 runs; fp32 and bf16 train unscaled. */
   pt_scaler_spec ss = c->scaler;
-  if (c->precision != PROBE_PREC_FP16) ss.enabled = 0;
+  if (c->precision != PROBE_DTYPE_F16) ss.enabled = 0;
   pt_scaler_init(&T->scaler, &ss);
   T->out->scaler_enabled = ss.enabled != 0;
   T->out->clip_max_norm = c->clip_max_norm > 0 ? c->clip_max_norm : 0.0;

@@ -106,7 +106,7 @@ struct probe_train_config {
   char description[512];
   uint64_t seed;
   int64_t steps;
-  probe_precision precision;
+  probe_dtype precision;
   int n_fp32;
   char fp32[PT_MAX_FP32][PROBE_NAME_MAX]; /* kinds or globs */
   int loss_fp32;      /* the loss module runs in FP32 (1, as autocast) */
@@ -129,7 +129,7 @@ void pt_config_defaults(probe_train_config *c);
 probe_status pt_config_validate(const probe_train_config *c, char *err,
                                 size_t errlen);
 /* Precision a named layer of the given kind runs in under c's policy. */
-probe_precision pt_policy_precision(const probe_train_config *c,
+probe_dtype pt_policy_precision(const probe_train_config *c,
                                     const char *name, probe_kind kind);
 
 /* Opens path for reading when it is a regular file; a FIFO, device

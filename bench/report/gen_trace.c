@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     char name[64];
     snprintf(name, sizeof name, "blocks.%d.%s", l / 5,
              probe_kind_name(kinds[l % 5]));
-    CHECK(probe_layer_register(s, name, kinds[l % 5], PROBE_PREC_FP16,
+    CHECK(probe_layer_register(s, name, kinds[l % 5], PROBE_DTYPE_F16,
                                &ids[l]));
   }
   float *act = malloc((size_t)elems * sizeof *act);

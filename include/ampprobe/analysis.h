@@ -451,7 +451,7 @@ AMPPROBE_API void probe_diff_options_init(probe_diff_options *o);
 typedef struct probe_diff_entry {
   char layer[PROBE_NAME_MAX];
   int32_t kind;           /* probe_kind */
-  int32_t prec_a, prec_b; /* probe_precision in each trace */
+  int32_t prec_a, prec_b; /* probe_dtype in each trace */
   int32_t site;           /* probe_site */
   int64_t steps;          /* steps where both sides had the record */
   uint32_t first_seq;     /* execution order in A at the first such step */

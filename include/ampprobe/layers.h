@@ -9,7 +9,7 @@
  *    comments: (N,C) is N rows of C contiguous floats, row-major. A (B,T,C)
  *    tensor passed where (N,C) is asked is N = B*T rows.
  *  - Storage is always float (FP32). `prec` says what the module runs in:
- *    PROBE_PREC_FP32 does plain FP32 arithmetic. PROBE_PREC_FP16 (BF16 alike)
+ *    PROBE_DTYPE_F32 does plain FP32 arithmetic. PROBE_DTYPE_F16 (BF16 alike)
  *    rounds every input and weight to binary16 on entry, accumulates inside
  *    the operation in FP32 (float accumulators), and rounds every tensor it
  *    materialises (outputs, saved intermediates, gradients) through binary16
@@ -46,10 +46,10 @@ extern "C" {
 /* out[i] = x[i] rounded to prec (identity for FP32). out may equal in. Used
  * for casting FP32 master weights "as used" (the WEIGHT trace site). */
 probe_status probe_layers_round(float *out, const float *in, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
 
 /* One float rounded to prec. */
-float probe_layers_round1(float x, probe_precision prec);
+float probe_layers_round1(float x, probe_dtype prec);
 
 /* ---- linear: out = inp @ W^T + b ---------------------------------------- */
 
@@ -58,7 +58,7 @@ float probe_layers_round1(float x, probe_precision prec);
  * in FP32 from the rounded bias, out rounded. */
 probe_status probe_linear_forward(float *out, const float *inp,
                                   const float *weight, const float *bias, int N,
-                                  int C, int OC, probe_precision prec);
+                                  int C, int OC, probe_dtype prec);
 
 /* dinp(N,C) = dout @ W        (overwritten; may be NULL to skip)
  * dweight(OC,C) += dout^T @ inp (accumulated; NULL to skip)
@@ -67,7 +67,7 @@ probe_status probe_linear_forward(float *out, const float *inp,
 probe_status probe_linear_backward(float *dinp, float *dweight, float *dbias,
                                    const float *dout, const float *inp,
                                    const float *weight, int N, int C, int OC,
-                                   probe_precision prec);
+                                   probe_dtype prec);
 
 /* ---- batchnorm1d, training mode ------------------------------------------ */
 
@@ -85,7 +85,7 @@ probe_status probe_bn_forward(float *out, float *mean, float *var,
                               float *running_mean, float *running_var,
                               const float *inp, const float *gamma,
                               const float *beta, float momentum, float eps,
-                              int N, int C, probe_precision prec);
+                              int N, int C, probe_dtype prec);
 
 /* dinp(N,C) overwritten; dgamma(C), dbeta(C) accumulated (NULL to skip).
  * Gradient flows through the batch statistics (training mode). */
@@ -93,7 +93,7 @@ probe_status probe_bn_backward(float *dinp, float *dgamma, float *dbeta,
                                const float *dout, const float *inp,
                                const float *mean, const float *var,
                                const float *gamma, float eps, int N, int C,
-                               probe_precision prec);
+                               probe_dtype prec);
 
 /* Evaluation mode: out(N,C) = (x - running_mean) / sqrt(running_var + eps)
  * * gamma + beta, the FP32 running statistics cast on use like weights.
@@ -102,7 +102,7 @@ probe_status probe_bn_forward_eval(float *out, const float *inp,
                                    const float *gamma, const float *beta,
                                    const float *running_mean,
                                    const float *running_var, float eps, int N,
-                                   int C, probe_precision prec);
+                                   int C, probe_dtype prec);
 
 /* ---- layernorm over the last dimension ----------------------------------- */
 
@@ -117,14 +117,14 @@ probe_status probe_layernorm_forward(float *out, float *mean, float *rstd,
                                      float *var, const float *inp,
                                      const float *weight, const float *bias,
                                      float eps, int N, int C,
-                                     probe_precision prec);
+                                     probe_dtype prec);
 
 /* dinp(N,C) overwritten; dweight(C), dbias(C) accumulated (NULL to skip). */
 probe_status probe_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const float *inp,
                                       const float *mean, const float *rstd,
                                       const float *weight, int N, int C,
-                                      probe_precision prec);
+                                      probe_dtype prec);
 
 /* ---- RevIN (Kim et al. 2022), reversible instance normalisation ---------- */
 
@@ -142,7 +142,7 @@ probe_status probe_revin_norm_forward(float *out, float *mean, float *stdev,
                                       float *var, const float *inp,
                                       const float *gamma, const float *beta,
                                       float eps, int B, int T, int C,
-                                      probe_precision prec);
+                                      probe_dtype prec);
 
 /* dinp(B,T,C) = dout * gamma / stdev (overwritten); dgamma(C) += sum dout *
  * (x-mean)/stdev, dbeta(C) += sum dout (accumulated; NULL to skip, and
@@ -151,7 +151,7 @@ probe_status probe_revin_norm_backward(float *dinp, float *dgamma, float *dbeta,
                                        const float *dout, const float *inp,
                                        const float *mean, const float *stdev,
                                        const float *gamma, int B, int T, int C,
-                                       probe_precision prec);
+                                       probe_dtype prec);
 
 /* out(B,H,C) from y(B,H,C) (H: output horizon, may differ from T):
  * if gamma: y = (y - beta[c]) / (gamma[c] + eps*eps); out = y*stdev + mean,
@@ -161,7 +161,7 @@ probe_status probe_revin_denorm_forward(float *out, const float *y,
                                         const float *mean, const float *stdev,
                                         const float *gamma, const float *beta,
                                         float eps, int B, int H, int C,
-                                        probe_precision prec);
+                                        probe_dtype prec);
 
 /* dy(B,H,C) overwritten; dgamma, dbeta (C) accumulated (same arrays as the
  * norm's: RevIN's affine parameters are shared). */
@@ -169,27 +169,27 @@ probe_status probe_revin_denorm_backward(float *dy, float *dgamma, float *dbeta,
                                          const float *dout, const float *y,
                                          const float *stdev, const float *gamma,
                                          const float *beta, float eps, int B,
-                                         int H, int C, probe_precision prec);
+                                         int H, int C, probe_dtype prec);
 
 /* ---- elementwise activations (n elements) -------------------------------- */
 
 /* out = max(x, 0). out may equal inp. */
 probe_status probe_relu_forward(float *out, const float *inp, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
 /* dinp = dout * (inp > 0) (overwritten). dinp may equal dout. */
 probe_status probe_relu_backward(float *dinp, const float *dout,
                                  const float *inp, size_t n,
-                                 probe_precision prec);
+                                 probe_dtype prec);
 
 /* GELU, tanh approximation (PyTorch approximate='tanh'):
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated in FP32.
  * out may equal inp. */
 probe_status probe_gelu_forward(float *out, const float *inp, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
 /* dinp = dout * gelu'(inp) (overwritten). dinp may equal dout. */
 probe_status probe_gelu_backward(float *dinp, const float *dout,
                                  const float *inp, size_t n,
-                                 probe_precision prec);
+                                 probe_dtype prec);
 
 /* ---- softmax over the last dimension ------------------------------------- */
 
@@ -197,12 +197,12 @@ probe_status probe_gelu_backward(float *dinp, const float *dout,
  * sum, probabilities rounded (FP16: p < 2^-25 becomes exactly 0). -inf
  * logits (masks) give 0. A separate module from the loss: not fused. */
 probe_status probe_softmax_forward(float *probs, const float *logits, int N,
-                                   int V, probe_precision prec);
+                                   int V, probe_dtype prec);
 
 /* dlogits(N,V) = p * (dprobs - sum_v dprobs*p) (overwritten). */
 probe_status probe_softmax_backward(float *dlogits, const float *dprobs,
                                     const float *probs, int N, int V,
-                                    probe_precision prec);
+                                    probe_dtype prec);
 
 /* ---- single-head self-attention block ------------------------------------ */
 
@@ -220,7 +220,7 @@ probe_status probe_attention_forward(float *out, float *qkv, float *scores,
                                      const float *inp, const float *wqkv,
                                      const float *bqkv, const float *wo,
                                      const float *bo, int causal, int B, int T,
-                                     int C, probe_precision prec);
+                                     int C, probe_dtype prec);
 
 /* dinp(B,T,C) overwritten; dwqkv(3C,C), dbqkv(3C), dwo(C,C), dbo(C)
  * accumulated (NULL to skip a bias). Scratch, overwritten, each a gradient
@@ -233,31 +233,31 @@ probe_status probe_attention_backward(float *dinp, float *dwqkv, float *dbqkv,
                                       const float *inp, const float *qkv,
                                       const float *probs, const float *atty,
                                       const float *wqkv, const float *wo, int B,
-                                      int T, int C, probe_precision prec);
+                                      int T, int C, probe_dtype prec);
 
 /* ---- losses (autocast runs them in FP32; prec is honoured anyway) -------- */
 
 /* *loss = mean over n of (pred - target)^2, pred, target (n). */
 probe_status probe_mse_forward(float *loss, const float *pred,
                                const float *target, size_t n,
-                               probe_precision prec);
+                               probe_dtype prec);
 /* dpred(n) = dloss * 2 (pred - target) / n (overwritten). dloss is the
  * gradient of the loss: the loss scale for a scaled backward. */
 probe_status probe_mse_backward(float *dpred, const float *pred,
                                 const float *target, float dloss, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
 
 /* Cross-entropy on probabilities (the "softmax then log" composition):
  * losses(N) = -log probs[n, targets[n]] (NULL to skip), *loss = mean over n.
  * A zero probability gives +inf. targets in [0, V). */
 probe_status probe_crossentropy_forward(float *loss, float *losses,
                                         const float *probs, const int *targets,
-                                        int N, int V, probe_precision prec);
+                                        int N, int V, probe_dtype prec);
 /* dprobs(N,V) = -dloss / (N * p[n,y]) at the target, 0 elsewhere
  * (overwritten). A zero probability gives -inf. */
 probe_status probe_crossentropy_backward(float *dprobs, const float *probs,
                                          const int *targets, float dloss, int N,
-                                         int V, probe_precision prec);
+                                         int V, probe_dtype prec);
 
 /* ---- gradient-list helpers (FP32, for the AMP step) ---------------------- */
 /* Provided here; trainer-core owns the scaler and clipping logic around them.
@@ -325,101 +325,101 @@ typedef struct probe_layer_ops {
 
   /* ---- operations (arguments as the CPU functions, after ctx) ---- */
   probe_status (*round)(void *ctx, float *out, const float *in, size_t n,
-                        probe_precision prec);
+                        probe_dtype prec);
   probe_status (*linear_forward)(void *ctx, float *out, const float *inp,
                                  const float *weight, const float *bias, int N,
-                                 int C, int OC, probe_precision prec);
+                                 int C, int OC, probe_dtype prec);
   probe_status (*linear_backward)(void *ctx, float *dinp, float *dweight,
                                   float *dbias, const float *dout,
                                   const float *inp, const float *weight, int N,
-                                  int C, int OC, probe_precision prec);
+                                  int C, int OC, probe_dtype prec);
   probe_status (*bn_forward)(void *ctx, float *out, float *mean, float *var,
                              float *running_mean, float *running_var,
                              const float *inp, const float *gamma,
                              const float *beta, float momentum, float eps,
-                             int N, int C, probe_precision prec);
+                             int N, int C, probe_dtype prec);
   probe_status (*bn_backward)(void *ctx, float *dinp, float *dgamma,
                               float *dbeta, const float *dout,
                               const float *inp, const float *mean,
                               const float *var, const float *gamma, float eps,
-                              int N, int C, probe_precision prec);
+                              int N, int C, probe_dtype prec);
   probe_status (*bn_forward_eval)(void *ctx, float *out, const float *inp,
                                   const float *gamma, const float *beta,
                                   const float *running_mean,
                                   const float *running_var, float eps, int N,
-                                  int C, probe_precision prec);
+                                  int C, probe_dtype prec);
   probe_status (*layernorm_forward)(void *ctx, float *out, float *mean,
                                     float *rstd, float *var, const float *inp,
                                     const float *weight, const float *bias,
                                     float eps, int N, int C,
-                                    probe_precision prec);
+                                    probe_dtype prec);
   probe_status (*layernorm_backward)(void *ctx, float *dinp, float *dweight,
                                      float *dbias, const float *dout,
                                      const float *inp, const float *mean,
                                      const float *rstd, const float *weight,
-                                     int N, int C, probe_precision prec);
+                                     int N, int C, probe_dtype prec);
   probe_status (*revin_norm_forward)(void *ctx, float *out, float *mean,
                                      float *stdev, float *var,
                                      const float *inp, const float *gamma,
                                      const float *beta, float eps, int B,
-                                     int T, int C, probe_precision prec);
+                                     int T, int C, probe_dtype prec);
   probe_status (*revin_norm_backward)(void *ctx, float *dinp, float *dgamma,
                                       float *dbeta, const float *dout,
                                       const float *inp, const float *mean,
                                       const float *stdev, const float *gamma,
                                       int B, int T, int C,
-                                      probe_precision prec);
+                                      probe_dtype prec);
   probe_status (*revin_denorm_forward)(void *ctx, float *out, const float *y,
                                        const float *mean, const float *stdev,
                                        const float *gamma, const float *beta,
                                        float eps, int B, int H, int C,
-                                       probe_precision prec);
+                                       probe_dtype prec);
   probe_status (*revin_denorm_backward)(void *ctx, float *dy, float *dgamma,
                                         float *dbeta, const float *dout,
                                         const float *y, const float *stdev,
                                         const float *gamma, const float *beta,
                                         float eps, int B, int H, int C,
-                                        probe_precision prec);
+                                        probe_dtype prec);
   probe_status (*relu_forward)(void *ctx, float *out, const float *inp,
-                               size_t n, probe_precision prec);
+                               size_t n, probe_dtype prec);
   probe_status (*relu_backward)(void *ctx, float *dinp, const float *dout,
                                 const float *inp, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
   probe_status (*gelu_forward)(void *ctx, float *out, const float *inp,
-                               size_t n, probe_precision prec);
+                               size_t n, probe_dtype prec);
   probe_status (*gelu_backward)(void *ctx, float *dinp, const float *dout,
                                 const float *inp, size_t n,
-                                probe_precision prec);
+                                probe_dtype prec);
   probe_status (*softmax_forward)(void *ctx, float *probs, const float *logits,
-                                  int N, int V, probe_precision prec);
+                                  int N, int V, probe_dtype prec);
   probe_status (*softmax_backward)(void *ctx, float *dlogits,
                                    const float *dprobs, const float *probs,
-                                   int N, int V, probe_precision prec);
+                                   int N, int V, probe_dtype prec);
   probe_status (*attention_forward)(void *ctx, float *out, float *qkv,
                                     float *scores, float *probs, float *atty,
                                     const float *inp, const float *wqkv,
                                     const float *bqkv, const float *wo,
                                     const float *bo, int causal, int B, int T,
-                                    int C, probe_precision prec);
+                                    int C, probe_dtype prec);
   probe_status (*attention_backward)(
       void *ctx, float *dinp, float *dwqkv, float *dbqkv, float *dwo,
       float *dbo, float *dqkv, float *datty, float *dprobs, float *dscores,
       const float *dout, const float *inp, const float *qkv, const float *probs,
       const float *atty, const float *wqkv, const float *wo, int B, int T,
-      int C, probe_precision prec);
+      int C, probe_dtype prec);
   probe_status (*mse_forward)(void *ctx, float *loss, const float *pred,
                               const float *target, size_t n,
-                              probe_precision prec);
+                              probe_dtype prec);
   probe_status (*mse_backward)(void *ctx, float *dpred, const float *pred,
                                const float *target, float dloss, size_t n,
-                               probe_precision prec);
+                               probe_dtype prec);
   probe_status (*crossentropy_forward)(void *ctx, float *loss, float *losses,
                                        const float *probs, const int *targets,
-                                       int N, int V, probe_precision prec);
+                                       int N, int V, probe_dtype prec);
   probe_status (*crossentropy_backward)(void *ctx, float *dprobs,
                                         const float *probs, const int *targets,
                                         float dloss, int N, int V,
-                                        probe_precision prec);
+                                        probe_dtype prec);
   probe_status (*grads_l2norm)(void *ctx, double *out, float *const *grads,
                                const size_t *sizes, size_t count);
   probe_status (*grads_scale)(void *ctx, float *const *grads,

@@ -71,17 +71,10 @@ const char *probe_kind_name(probe_kind k);
 AMPPROBE_API
 probe_status probe_kind_parse(const char *name, probe_kind *out);
 
-/* Precision a module runs in. */
-typedef enum probe_precision {
-  PROBE_PREC_FP32 = 0,
-  PROBE_PREC_FP16 = 1,
-  PROBE_PREC_BF16 = 2,
-} probe_precision;
-
+/* The precision a module runs in is a probe_dtype (ampprobe/numerics.h):
+ * fp32, fp16 or bf16, one enum for tensors and modules alike. */
 AMPPROBE_API
-const char *probe_precision_name(probe_precision p); /* "fp32", ... */
-AMPPROBE_API
-probe_status probe_precision_parse(const char *name, probe_precision *out);
+probe_status probe_dtype_parse(const char *name, probe_dtype *out);
 
 /* Where in a layer a tensor was observed. The phase follows from the site. */
 #define PROBE_SITE_MAP(XX)                                                     \
@@ -123,7 +116,7 @@ typedef struct probe_layer_info {
   int32_t id;                 /* index in the layers table, 0-based */
   char name[PROBE_NAME_MAX];  /* hierarchical, "encoder.bn2" */
   int32_t kind;               /* probe_kind */
-  int32_t precision;          /* probe_precision */
+  int32_t precision;          /* probe_dtype */
 } probe_layer_info;
 
 typedef struct probe_record {
@@ -305,7 +298,7 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
  * them; ids are 0, 1, 2, ... in registration order. Names must be unique. */
 AMPPROBE_API
 probe_status probe_layer_register(probe_session *s, const char *name,
-                                  probe_kind kind, probe_precision prec,
+                                  probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id);
 
 AMPPROBE_API

@@ -95,7 +95,7 @@ probe_status probe_config_policy_str(const probe_train_config *c, char *buf,
 typedef struct probe_layer_desc {
   char name[PROBE_NAME_MAX];
   probe_kind kind;
-  probe_precision precision;
+  probe_dtype precision;
 } probe_layer_desc;
 
 /* Fills up to max entries; *n gets the total number of layers. */

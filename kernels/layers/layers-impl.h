@@ -6,7 +6,7 @@
  * ampprobe/numerics.h) makes them `static inline` in C and
  * `__host__ __device__` under nvcc, as the FP16/BF16 conversions are.
  *
- * Conventions: `p` is a probe_precision passed as int (device code takes
+ * Conventions: `p` is a probe_dtype passed as int (device code takes
  * plain ints); pl_rnd(x, p) rounds x to the module precision (identity in
  * FP32). Each function keeps the exact order of operations of the CPU
  * reference, so the CUDA kernels (built with -fmad=false) round the same way
@@ -26,9 +26,9 @@
 #define PL_GELU_K 0.044715f
 
 PROBE_HD float pl_rnd(float x, int p) {
-  if (p == PROBE_PREC_FP16)
+  if (p == PROBE_DTYPE_F16)
     return probe_round_f16(x);
-  if (p == PROBE_PREC_BF16)
+  if (p == PROBE_DTYPE_BF16)
     return probe_round_bf16(x);
   return x;
 }

@@ -43,14 +43,14 @@ static probe_status cpu_copy(void *ctx, void *dst, const void *src,
 }
 
 static probe_status cpu_round(void *ctx, float *out, const float *in, size_t n,
-                              probe_precision prec) {
+                              probe_dtype prec) {
   (void)ctx;
   return probe_layers_round(out, in, n, prec);
 }
 static probe_status cpu_linear_forward(void *ctx, float *out, const float *inp,
                                        const float *weight, const float *bias,
                                        int N, int C, int OC,
-                                       probe_precision prec) {
+                                       probe_dtype prec) {
   (void)ctx;
   return probe_linear_forward(out, inp, weight, bias, N, C, OC, prec);
 }
@@ -58,7 +58,7 @@ static probe_status cpu_linear_backward(void *ctx, float *dinp, float *dweight,
                                         float *dbias, const float *dout,
                                         const float *inp, const float *weight,
                                         int N, int C, int OC,
-                                        probe_precision prec) {
+                                        probe_dtype prec) {
   (void)ctx;
   return probe_linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C,
                                OC, prec);
@@ -68,7 +68,7 @@ static probe_status cpu_bn_forward(void *ctx, float *out, float *mean,
                                    float *running_var, const float *inp,
                                    const float *gamma, const float *beta,
                                    float momentum, float eps, int N, int C,
-                                   probe_precision prec) {
+                                   probe_dtype prec) {
   (void)ctx;
   return probe_bn_forward(out, mean, var, running_mean, running_var, inp, gamma,
                           beta, momentum, eps, N, C, prec);
@@ -78,7 +78,7 @@ static probe_status cpu_bn_backward(void *ctx, float *dinp, float *dgamma,
                                     const float *inp, const float *mean,
                                     const float *var, const float *gamma,
                                     float eps, int N, int C,
-                                    probe_precision prec) {
+                                    probe_dtype prec) {
   (void)ctx;
   return probe_bn_backward(dinp, dgamma, dbeta, dout, inp, mean, var, gamma,
                            eps, N, C, prec);
@@ -87,7 +87,7 @@ static probe_status cpu_bn_forward_eval(void *ctx, float *out, const float *inp,
                                         const float *gamma, const float *beta,
                                         const float *running_mean,
                                         const float *running_var, float eps,
-                                        int N, int C, probe_precision prec) {
+                                        int N, int C, probe_dtype prec) {
   (void)ctx;
   return probe_bn_forward_eval(out, inp, gamma, beta, running_mean, running_var,
                                eps, N, C, prec);
@@ -96,7 +96,7 @@ static probe_status cpu_layernorm_forward(void *ctx, float *out, float *mean,
                                           float *rstd, float *var,
                                           const float *inp, const float *weight,
                                           const float *bias, float eps, int N,
-                                          int C, probe_precision prec) {
+                                          int C, probe_dtype prec) {
   (void)ctx;
   return probe_layernorm_forward(out, mean, rstd, var, inp, weight, bias, eps,
                                  N, C, prec);
@@ -106,7 +106,7 @@ static probe_status cpu_layernorm_backward(void *ctx, float *dinp,
                                            const float *dout, const float *inp,
                                            const float *mean, const float *rstd,
                                            const float *weight, int N, int C,
-                                           probe_precision prec) {
+                                           probe_dtype prec) {
   (void)ctx;
   return probe_layernorm_backward(dinp, dweight, dbias, dout, inp, mean, rstd,
                                   weight, N, C, prec);
@@ -115,7 +115,7 @@ static probe_status cpu_revin_norm_forward(void *ctx, float *out, float *mean,
                                            float *stdev, float *var,
                                            const float *inp, const float *gamma,
                                            const float *beta, float eps, int B,
-                                           int T, int C, probe_precision prec) {
+                                           int T, int C, probe_dtype prec) {
   (void)ctx;
   return probe_revin_norm_forward(out, mean, stdev, var, inp, gamma, beta, eps,
                                   B, T, C, prec);
@@ -124,7 +124,7 @@ static probe_status
 cpu_revin_norm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
                         const float *dout, const float *inp, const float *mean,
                         const float *stdev, const float *gamma, int B, int T,
-                        int C, probe_precision prec) {
+                        int C, probe_dtype prec) {
   (void)ctx;
   return probe_revin_norm_backward(dinp, dgamma, dbeta, dout, inp, mean, stdev,
                                    gamma, B, T, C, prec);
@@ -133,7 +133,7 @@ static probe_status
 cpu_revin_denorm_forward(void *ctx, float *out, const float *y,
                          const float *mean, const float *stdev,
                          const float *gamma, const float *beta, float eps,
-                         int B, int H, int C, probe_precision prec) {
+                         int B, int H, int C, probe_dtype prec) {
   (void)ctx;
   return probe_revin_denorm_forward(out, y, mean, stdev, gamma, beta, eps, B, H,
                                     C, prec);
@@ -142,50 +142,50 @@ static probe_status
 cpu_revin_denorm_backward(void *ctx, float *dy, float *dgamma, float *dbeta,
                           const float *dout, const float *y, const float *stdev,
                           const float *gamma, const float *beta, float eps,
-                          int B, int H, int C, probe_precision prec) {
+                          int B, int H, int C, probe_dtype prec) {
   (void)ctx;
   return probe_revin_denorm_backward(dy, dgamma, dbeta, dout, y, stdev, gamma,
                                      beta, eps, B, H, C, prec);
 }
 static probe_status cpu_relu_forward(void *ctx, float *out, const float *inp,
-                                     size_t n, probe_precision prec) {
+                                     size_t n, probe_dtype prec) {
   (void)ctx;
   return probe_relu_forward(out, inp, n, prec);
 }
 static probe_status cpu_relu_backward(void *ctx, float *dinp, const float *dout,
                                       const float *inp, size_t n,
-                                      probe_precision prec) {
+                                      probe_dtype prec) {
   (void)ctx;
   return probe_relu_backward(dinp, dout, inp, n, prec);
 }
 static probe_status cpu_gelu_forward(void *ctx, float *out, const float *inp,
-                                     size_t n, probe_precision prec) {
+                                     size_t n, probe_dtype prec) {
   (void)ctx;
   return probe_gelu_forward(out, inp, n, prec);
 }
 static probe_status cpu_gelu_backward(void *ctx, float *dinp, const float *dout,
                                       const float *inp, size_t n,
-                                      probe_precision prec) {
+                                      probe_dtype prec) {
   (void)ctx;
   return probe_gelu_backward(dinp, dout, inp, n, prec);
 }
 static probe_status cpu_softmax_forward(void *ctx, float *probs,
                                         const float *logits, int N, int V,
-                                        probe_precision prec) {
+                                        probe_dtype prec) {
   (void)ctx;
   return probe_softmax_forward(probs, logits, N, V, prec);
 }
 static probe_status cpu_softmax_backward(void *ctx, float *dlogits,
                                          const float *dprobs,
                                          const float *probs, int N, int V,
-                                         probe_precision prec) {
+                                         probe_dtype prec) {
   (void)ctx;
   return probe_softmax_backward(dlogits, dprobs, probs, N, V, prec);
 }
 static probe_status cpu_attention_forward(
     void *ctx, float *out, float *qkv, float *scores, float *probs, float *atty,
     const float *inp, const float *wqkv, const float *bqkv, const float *wo,
-    const float *bo, int causal, int B, int T, int C, probe_precision prec) {
+    const float *bo, int causal, int B, int T, int C, probe_dtype prec) {
   (void)ctx;
   return probe_attention_forward(out, qkv, scores, probs, atty, inp, wqkv, bqkv,
                                  wo, bo, causal, B, T, C, prec);
@@ -196,7 +196,7 @@ cpu_attention_backward(void *ctx, float *dinp, float *dwqkv, float *dbqkv,
                        float *dprobs, float *dscores, const float *dout,
                        const float *inp, const float *qkv, const float *probs,
                        const float *atty, const float *wqkv, const float *wo,
-                       int B, int T, int C, probe_precision prec) {
+                       int B, int T, int C, probe_dtype prec) {
   (void)ctx;
   return probe_attention_backward(dinp, dwqkv, dbqkv, dwo, dbo, dqkv, datty,
                                   dprobs, dscores, dout, inp, qkv, probs, atty,
@@ -204,20 +204,20 @@ cpu_attention_backward(void *ctx, float *dinp, float *dwqkv, float *dbqkv,
 }
 static probe_status cpu_mse_forward(void *ctx, float *loss, const float *pred,
                                     const float *target, size_t n,
-                                    probe_precision prec) {
+                                    probe_dtype prec) {
   (void)ctx;
   return probe_mse_forward(loss, pred, target, n, prec);
 }
 static probe_status cpu_mse_backward(void *ctx, float *dpred, const float *pred,
                                      const float *target, float dloss, size_t n,
-                                     probe_precision prec) {
+                                     probe_dtype prec) {
   (void)ctx;
   return probe_mse_backward(dpred, pred, target, dloss, n, prec);
 }
 static probe_status cpu_crossentropy_forward(void *ctx, float *loss,
                                              float *losses, const float *probs,
                                              const int *targets, int N, int V,
-                                             probe_precision prec) {
+                                             probe_dtype prec) {
   (void)ctx;
   return probe_crossentropy_forward(loss, losses, probs, targets, N, V, prec);
 }
@@ -225,7 +225,7 @@ static probe_status cpu_crossentropy_backward(void *ctx, float *dprobs,
                                               const float *probs,
                                               const int *targets, float dloss,
                                               int N, int V,
-                                              probe_precision prec) {
+                                              probe_dtype prec) {
   (void)ctx;
   return probe_crossentropy_backward(dprobs, probs, targets, dloss, N, V, prec);
 }

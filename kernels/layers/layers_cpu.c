@@ -25,17 +25,17 @@
   } while (0)
 
 #define PREC_OK(p)                                                             \
-  ((p) == PROBE_PREC_FP32 || (p) == PROBE_PREC_FP16 || (p) == PROBE_PREC_BF16)
+  ((p) == PROBE_DTYPE_F32 || (p) == PROBE_DTYPE_F16 || (p) == PROBE_DTYPE_BF16)
 
-static inline float rnd(float x, probe_precision p) { return pl_rnd(x, p); }
+static inline float rnd(float x, probe_dtype p) { return pl_rnd(x, p); }
 
-float probe_layers_round1(float x, probe_precision prec) {
+float probe_layers_round1(float x, probe_dtype prec) {
   return rnd(x, prec);
 }
 
 static void round_array(float *out, const float *in, size_t n,
-                        probe_precision p) {
-  if (p == PROBE_PREC_FP32) {
+                        probe_dtype p) {
+  if (p == PROBE_DTYPE_F32) {
     if (out != in)
       memcpy(out, in, n * sizeof *out);
     return;
@@ -45,7 +45,7 @@ static void round_array(float *out, const float *in, size_t n,
 }
 
 probe_status probe_layers_round(float *out, const float *in, size_t n,
-                                probe_precision prec) {
+                                probe_dtype prec) {
   CHECK_ARG((out && in) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   round_array(out, in, n, prec);
@@ -54,10 +54,10 @@ probe_status probe_layers_round(float *out, const float *in, size_t n,
 
 /* Returns `in` itself in FP32 mode, else a malloc'd rounded copy in *tmp
  * (freed by the caller). NULL only when allocation failed. */
-static const float *rounded_input(const float *in, size_t n, probe_precision p,
+static const float *rounded_input(const float *in, size_t n, probe_dtype p,
                                   float **tmp) {
   *tmp = NULL;
-  if (p == PROBE_PREC_FP32)
+  if (p == PROBE_DTYPE_F32)
     return in;
   *tmp = malloc((n ? n : 1) * sizeof(float));
   if (!*tmp)
@@ -70,7 +70,7 @@ static const float *rounded_input(const float *in, size_t n, probe_precision p,
 
 probe_status probe_linear_forward(float *out, const float *inp,
                                   const float *weight, const float *bias, int N,
-                                  int C, int OC, probe_precision prec) {
+                                  int C, int OC, probe_dtype prec) {
   CHECK_ARG(out && inp && weight && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(PREC_OK(prec));
   float *ti, *tw;
@@ -97,7 +97,7 @@ probe_status probe_linear_forward(float *out, const float *inp,
 probe_status probe_linear_backward(float *dinp, float *dweight, float *dbias,
                                    const float *dout, const float *inp,
                                    const float *weight, int N, int C, int OC,
-                                   probe_precision prec) {
+                                   probe_dtype prec) {
   CHECK_ARG(dout && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(!dinp || weight);
   CHECK_ARG(!dweight || inp);
@@ -116,7 +116,7 @@ probe_status probe_linear_backward(float *dinp, float *dweight, float *dbias,
     /* dinp(N,C) = g(N,OC) @ w(OC,C) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, g,
                 OC, w, C, 0.0f, dinp, C);
-    if (prec != PROBE_PREC_FP32)
+    if (prec != PROBE_DTYPE_F32)
       round_array(dinp, dinp, (size_t)N * C, prec);
   }
   if (dweight) {
@@ -125,7 +125,7 @@ probe_status probe_linear_backward(float *dinp, float *dweight, float *dbias,
       st = PROBE_ERR_NOMEM;
       goto done;
     }
-    if (prec == PROBE_PREC_FP32) {
+    if (prec == PROBE_DTYPE_F32) {
       /* dweight(OC,C) += g^T(OC,N) @ x(N,C) */
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, g,
                   OC, x, C, 1.0f, dweight, C);
@@ -158,7 +158,7 @@ probe_status probe_bn_forward(float *out, float *mean, float *var,
                               float *running_mean, float *running_var,
                               const float *inp, const float *gamma,
                               const float *beta, float momentum, float eps,
-                              int N, int C, probe_precision prec) {
+                              int N, int C, probe_dtype prec) {
   CHECK_ARG(out && mean && var && inp && gamma && beta && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int c = 0; c < C; c++)
@@ -171,7 +171,7 @@ probe_status probe_bn_backward(float *dinp, float *dgamma, float *dbeta,
                                const float *dout, const float *inp,
                                const float *mean, const float *var,
                                const float *gamma, float eps, int N, int C,
-                               probe_precision prec) {
+                               probe_dtype prec) {
   CHECK_ARG(dinp && dout && inp && mean && var && gamma && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int c = 0; c < C; c++)
@@ -184,7 +184,7 @@ probe_status probe_bn_forward_eval(float *out, const float *inp,
                                    const float *gamma, const float *beta,
                                    const float *running_mean,
                                    const float *running_var, float eps, int N,
-                                   int C, probe_precision prec) {
+                                   int C, probe_dtype prec) {
   CHECK_ARG(out && inp && gamma && beta && running_mean && running_var);
   CHECK_ARG(N > 0 && C > 0 && PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -202,7 +202,7 @@ probe_status probe_layernorm_forward(float *out, float *mean, float *rstd,
                                      float *var, const float *inp,
                                      const float *weight, const float *bias,
                                      float eps, int N, int C,
-                                     probe_precision prec) {
+                                     probe_dtype prec) {
   CHECK_ARG(out && mean && rstd && inp && weight && bias && N > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -216,7 +216,7 @@ probe_status probe_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const float *inp,
                                       const float *mean, const float *rstd,
                                       const float *weight, int N, int C,
-                                      probe_precision prec) {
+                                      probe_dtype prec) {
   CHECK_ARG(dinp && dout && inp && mean && rstd && weight && N > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -234,7 +234,7 @@ probe_status probe_revin_norm_forward(float *out, float *mean, float *stdev,
                                       float *var, const float *inp,
                                       const float *gamma, const float *beta,
                                       float eps, int B, int T, int C,
-                                      probe_precision prec) {
+                                      probe_dtype prec) {
   CHECK_ARG(out && mean && stdev && inp && B > 0 && T > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
@@ -249,7 +249,7 @@ probe_status probe_revin_norm_backward(float *dinp, float *dgamma, float *dbeta,
                                        const float *dout, const float *inp,
                                        const float *mean, const float *stdev,
                                        const float *gamma, int B, int T, int C,
-                                       probe_precision prec) {
+                                       probe_dtype prec) {
   CHECK_ARG(dinp && dout && inp && mean && stdev && B > 0 && T > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < (size_t)B * T * C; i++) {
@@ -268,7 +268,7 @@ probe_status probe_revin_denorm_forward(float *out, const float *y,
                                         const float *mean, const float *stdev,
                                         const float *gamma, const float *beta,
                                         float eps, int B, int H, int C,
-                                        probe_precision prec) {
+                                        probe_dtype prec) {
   CHECK_ARG(out && y && mean && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
@@ -285,7 +285,7 @@ probe_status probe_revin_denorm_backward(float *dy, float *dgamma, float *dbeta,
                                          const float *dout, const float *y,
                                          const float *stdev, const float *gamma,
                                          const float *beta, float eps, int B,
-                                         int H, int C, probe_precision prec) {
+                                         int H, int C, probe_dtype prec) {
   CHECK_ARG(dy && dout && y && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
   CHECK_ARG(PREC_OK(prec));
@@ -304,7 +304,7 @@ probe_status probe_revin_denorm_backward(float *dy, float *dgamma, float *dbeta,
 /* ---- activations --------------------------------------------------------- */
 
 probe_status probe_relu_forward(float *out, const float *inp, size_t n,
-                                probe_precision prec) {
+                                probe_dtype prec) {
   CHECK_ARG((out && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
@@ -314,7 +314,7 @@ probe_status probe_relu_forward(float *out, const float *inp, size_t n,
 
 probe_status probe_relu_backward(float *dinp, const float *dout,
                                  const float *inp, size_t n,
-                                 probe_precision prec) {
+                                 probe_dtype prec) {
   CHECK_ARG((dinp && dout && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
@@ -323,7 +323,7 @@ probe_status probe_relu_backward(float *dinp, const float *dout,
 }
 
 probe_status probe_gelu_forward(float *out, const float *inp, size_t n,
-                                probe_precision prec) {
+                                probe_dtype prec) {
   CHECK_ARG((out && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
@@ -333,7 +333,7 @@ probe_status probe_gelu_forward(float *out, const float *inp, size_t n,
 
 probe_status probe_gelu_backward(float *dinp, const float *dout,
                                  const float *inp, size_t n,
-                                 probe_precision prec) {
+                                 probe_dtype prec) {
   CHECK_ARG((dinp && dout && inp) || n == 0);
   CHECK_ARG(PREC_OK(prec));
   for (size_t i = 0; i < n; i++)
@@ -344,7 +344,7 @@ probe_status probe_gelu_backward(float *dinp, const float *dout,
 /* ---- softmax ------------------------------------------------------------- */
 
 probe_status probe_softmax_forward(float *probs, const float *logits, int N,
-                                   int V, probe_precision prec) {
+                                   int V, probe_dtype prec) {
   CHECK_ARG(probs && logits && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -354,7 +354,7 @@ probe_status probe_softmax_forward(float *probs, const float *logits, int N,
 
 probe_status probe_softmax_backward(float *dlogits, const float *dprobs,
                                     const float *probs, int N, int V,
-                                    probe_precision prec) {
+                                    probe_dtype prec) {
   CHECK_ARG(dlogits && dprobs && probs && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -370,7 +370,7 @@ probe_status probe_attention_forward(float *out, float *qkv, float *scores,
                                      const float *inp, const float *wqkv,
                                      const float *bqkv, const float *wo,
                                      const float *bo, int causal, int B, int T,
-                                     int C, probe_precision prec) {
+                                     int C, probe_dtype prec) {
   CHECK_ARG(out && qkv && scores && probs && atty && inp && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0);
   CHECK_ARG(PREC_OK(prec));
@@ -400,7 +400,7 @@ probe_status probe_attention_forward(float *out, float *qkv, float *scores,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, C, T, 1.0f, pb, T,
                 v, C3, 0.0f, y, C);
   }
-  if (prec != PROBE_PREC_FP32)
+  if (prec != PROBE_DTYPE_F32)
     round_array(atty, atty, (size_t)N * C, prec);
   return probe_linear_forward(out, atty, wo, bo, N, C, C, prec);
 }
@@ -412,7 +412,7 @@ probe_status probe_attention_backward(float *dinp, float *dwqkv, float *dbqkv,
                                       const float *inp, const float *qkv,
                                       const float *probs, const float *atty,
                                       const float *wqkv, const float *wo, int B,
-                                      int T, int C, probe_precision prec) {
+                                      int T, int C, probe_dtype prec) {
   CHECK_ARG(dinp && dwqkv && dwo && dqkv && datty && dprobs && dscores);
   CHECK_ARG(dout && inp && qkv && probs && atty && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0);
@@ -438,7 +438,7 @@ probe_status probe_attention_backward(float *dinp, float *dwqkv, float *dbqkv,
     /* dv(T,C) = p^T(T,T) @ dy(T,C) */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, C, T, 1.0f, pb, T,
                 dy, C, 0.0f, dv, C3);
-    if (prec != PROBE_PREC_FP32)
+    if (prec != PROBE_DTYPE_F32)
       round_array(dp, dp, (size_t)T * T, prec);
     st = probe_softmax_backward(ds, dp, pb, T, T, prec);
     if (st != PROBE_OK)
@@ -449,7 +449,7 @@ probe_status probe_attention_backward(float *dinp, float *dwqkv, float *dbqkv,
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, C, T, scale, ds, T,
                 q, C3, 0.0f, dk, C3);
   }
-  if (prec != PROBE_PREC_FP32)
+  if (prec != PROBE_DTYPE_F32)
     round_array(dqkv, dqkv, (size_t)N * C3, prec);
   return probe_linear_backward(dinp, dwqkv, dbqkv, dqkv, inp, wqkv, N, C, C3,
                                prec);
@@ -459,7 +459,7 @@ probe_status probe_attention_backward(float *dinp, float *dwqkv, float *dbqkv,
 
 probe_status probe_mse_forward(float *loss, const float *pred,
                                const float *target, size_t n,
-                               probe_precision prec) {
+                               probe_dtype prec) {
   CHECK_ARG(loss && pred && target && n > 0);
   CHECK_ARG(PREC_OK(prec));
   float s = 0.0f;
@@ -471,7 +471,7 @@ probe_status probe_mse_forward(float *loss, const float *pred,
 
 probe_status probe_mse_backward(float *dpred, const float *pred,
                                 const float *target, float dloss, size_t n,
-                                probe_precision prec) {
+                                probe_dtype prec) {
   CHECK_ARG(dpred && pred && target && n > 0);
   CHECK_ARG(PREC_OK(prec));
   float k = pl_mse_grad_k(dloss, n, prec);
@@ -482,7 +482,7 @@ probe_status probe_mse_backward(float *dpred, const float *pred,
 
 probe_status probe_crossentropy_forward(float *loss, float *losses,
                                         const float *probs, const int *targets,
-                                        int N, int V, probe_precision prec) {
+                                        int N, int V, probe_dtype prec) {
   CHECK_ARG(loss && probs && targets && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)
@@ -500,7 +500,7 @@ probe_status probe_crossentropy_forward(float *loss, float *losses,
 
 probe_status probe_crossentropy_backward(float *dprobs, const float *probs,
                                          const int *targets, float dloss, int N,
-                                         int V, probe_precision prec) {
+                                         int V, probe_dtype prec) {
   CHECK_ARG(dprobs && probs && targets && N > 0 && V > 0);
   CHECK_ARG(PREC_OK(prec));
   for (int n = 0; n < N; n++)

@@ -60,7 +60,7 @@ typedef struct cuda_ctx {
       return PROBE_ERR_INVALID_ARG;                                            \
   } while (0)
 #define PREC_OK(p)                                                             \
-  ((p) == PROBE_PREC_FP32 || (p) == PROBE_PREC_FP16 || (p) == PROBE_PREC_BF16)
+  ((p) == PROBE_DTYPE_F32 || (p) == PROBE_DTYPE_F16 || (p) == PROBE_DTYPE_BF16)
 #define LAUNCHED() CUDA_TRY(cudaGetLastError())
 
 /* Kernel launch; the CPU emulation used by the tests (tests/gpu/emu) defines
@@ -81,10 +81,10 @@ __device__ __forceinline__ float drnd(float x, int p) { return pl_rnd(x, p); }
 
 /* 16-bit encodings of the module precision */
 __device__ __forceinline__ uint16_t denc(float x, int p) {
-  return p == PROBE_PREC_BF16 ? probe_f32_to_bf16(x) : probe_f32_to_f16(x);
+  return p == PROBE_DTYPE_BF16 ? probe_f32_to_bf16(x) : probe_f32_to_f16(x);
 }
 __device__ __forceinline__ float ddec(uint16_t h, int p) {
-  return p == PROBE_PREC_BF16 ? probe_bf16_to_f32(h) : probe_f16_to_f32(h);
+  return p == PROBE_DTYPE_BF16 ? probe_bf16_to_f32(h) : probe_f16_to_f32(h);
 }
 
 __global__ void k_round(float *out, const float *in, size_t n, int p) {
@@ -241,12 +241,12 @@ static void *scratch_take(cuda_ctx *c, size_t bytes) {
 
 /* ---- GEMM ---------------------------------------------------------------- */
 
-static cudaDataType ab_type(probe_precision p) {
-  return p == PROBE_PREC_FP32   ? CUDA_R_32F
-         : p == PROBE_PREC_BF16 ? CUDA_R_16BF
+static cudaDataType ab_type(probe_dtype p) {
+  return p == PROBE_DTYPE_F32   ? CUDA_R_32F
+         : p == PROBE_DTYPE_BF16 ? CUDA_R_16BF
                                 : CUDA_R_16F;
 }
-static size_t esize(probe_precision p) { return p == PROBE_PREC_FP32 ? 4 : 2; }
+static size_t esize(probe_dtype p) { return p == PROBE_DTYPE_F32 ? 4 : 2; }
 
 /* Row-major C(M,N) = alpha op(A) op(B) + beta C, `batch` times with the given
  * element strides, like cblas_sgemm(CblasRowMajor, ...): computed as the
@@ -271,8 +271,8 @@ static probe_status gemm(cuda_ctx *c, int ta, int tb, int M, int N, int K,
 
 /* In FP32 returns x itself; else encodes x into a 16-bit scratch buffer. */
 static const void *operand(cuda_ctx *c, const float *x, size_t n,
-                           probe_precision p) {
-  if (p == PROBE_PREC_FP32)
+                           probe_dtype p) {
+  if (p == PROBE_DTYPE_F32)
     return x;
   uint16_t *h = (uint16_t *)scratch_take(c, n * 2);
   PROBE_LAUNCH(k_encode, blocks(n), TPB, c->stream, h, x, n, p);
@@ -280,7 +280,7 @@ static const void *operand(cuda_ctx *c, const float *x, size_t n,
 }
 
 static probe_status decode(cuda_ctx *c, float *out, const void *h, int rows,
-                           int cols, int ld, int acc, probe_precision p) {
+                           int cols, int ld, int acc, probe_dtype p) {
   PROBE_LAUNCH(k_decode, blocks((size_t)rows * cols), TPB, c->stream, out,
                (const uint16_t *)h, rows, cols, ld, acc, p);
   LAUNCHED();
@@ -290,12 +290,12 @@ static probe_status decode(cuda_ctx *c, float *out, const void *h, int rows,
 /* ---- round --------------------------------------------------------------- */
 
 static probe_status cuda_round(void *ctx, float *out, const float *in, size_t n,
-                               probe_precision p) {
+                               probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && ((out && in) || n == 0) && PREC_OK(p));
   if (n == 0)
     return PROBE_OK;
-  if (p == PROBE_PREC_FP32 && out == in)
+  if (p == PROBE_DTYPE_F32 && out == in)
     return PROBE_OK;
   PROBE_LAUNCH(k_round, blocks(n), TPB, c->stream, out, in, n, p);
   LAUNCHED();
@@ -307,19 +307,19 @@ static probe_status cuda_round(void *ctx, float *out, const float *in, size_t n,
 static probe_status cuda_linear_forward(void *ctx, float *out, const float *inp,
                                         const float *weight, const float *bias,
                                         int N, int C, int OC,
-                                        probe_precision p) {
+                                        probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && inp && weight && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(PREC_OK(p));
   size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
-  TRY(scratch_reserve(c, p == PROBE_PREC_FP32 ? 0 : 2 * (nx + nw + no)));
+  TRY(scratch_reserve(c, p == PROBE_DTYPE_F32 ? 0 : 2 * (nx + nw + no)));
   const void *x = operand(c, inp, nx, p);
   const void *w = operand(c, weight, nw, p);
-  if (p == PROBE_PREC_FP32 || bias) {
+  if (p == PROBE_DTYPE_F32 || bias) {
     /* FP32 result, then the epilogue adds the bias and rounds once */
     TRY(gemm(c, 0, 1, N, OC, C, 1.0f, x, C, 0, w, C, 0, 0.0f, out, OC, 0, 1,
              ab_type(p), CUDA_R_32F));
-    if (bias || p != PROBE_PREC_FP32) {
+    if (bias || p != PROBE_DTYPE_F32) {
       PROBE_LAUNCH(k_bias_round, blocks(no), TPB, c->stream, out, out, bias, N,
                    OC, p);
       LAUNCHED();
@@ -337,14 +337,14 @@ static probe_status cuda_linear_backward(void *ctx, float *dinp, float *dweight,
                                          float *dbias, const float *dout,
                                          const float *inp, const float *weight,
                                          int N, int C, int OC,
-                                         probe_precision p) {
+                                         probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dout && N > 0 && C > 0 && OC > 0);
   CHECK_ARG(!dinp || weight);
   CHECK_ARG(!dweight || inp);
   CHECK_ARG(PREC_OK(p));
   size_t nx = (size_t)N * C, nw = (size_t)OC * C, ng = (size_t)N * OC;
-  int f32 = p == PROBE_PREC_FP32;
+  int f32 = p == PROBE_DTYPE_F32;
   TRY(scratch_reserve(c, f32 ? 0 : 2 * (ng + 2 * nx + 2 * nw)));
   const void *g = operand(c, dout, ng, p);
   if (dinp) {
@@ -401,7 +401,7 @@ static probe_status cuda_bn_forward(void *ctx, float *out, float *mean,
                                     float *running_var, const float *inp,
                                     const float *gamma, const float *beta,
                                     float momentum, float eps, int N, int C,
-                                    probe_precision p) {
+                                    probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && var && inp && gamma && beta && N >= 2 && C > 0);
   CHECK_ARG(PREC_OK(p));
@@ -417,7 +417,7 @@ static probe_status cuda_bn_backward(void *ctx, float *dinp, float *dgamma,
                                      const float *inp, const float *mean,
                                      const float *var, const float *gamma,
                                      float eps, int N, int C,
-                                     probe_precision p) {
+                                     probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && var && gamma && N >= 2 &&
             C > 0);
@@ -443,7 +443,7 @@ static probe_status cuda_bn_forward_eval(void *ctx, float *out,
                                          const float *beta,
                                          const float *running_mean,
                                          const float *running_var, float eps,
-                                         int N, int C, probe_precision p) {
+                                         int N, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && inp && gamma && beta && running_mean && running_var);
   CHECK_ARG(N > 0 && C > 0 && PREC_OK(p));
@@ -490,7 +490,7 @@ static probe_status cuda_layernorm_forward(void *ctx, float *out, float *mean,
                                            const float *inp,
                                            const float *weight,
                                            const float *bias, float eps, int N,
-                                           int C, probe_precision p) {
+                                           int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && rstd && inp && weight && bias && N > 0 &&
             C > 0);
@@ -505,7 +505,7 @@ static probe_status
 cuda_layernorm_backward(void *ctx, float *dinp, float *dweight, float *dbias,
                         const float *dout, const float *inp, const float *mean,
                         const float *rstd, const float *weight, int N, int C,
-                        probe_precision p) {
+                        probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && rstd && weight && N > 0 &&
             C > 0);
@@ -595,7 +595,7 @@ static probe_status cuda_revin_norm_forward(void *ctx, float *out, float *mean,
                                             const float *inp,
                                             const float *gamma,
                                             const float *beta, float eps, int B,
-                                            int T, int C, probe_precision p) {
+                                            int T, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && mean && stdev && inp && B > 0 && T > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
@@ -610,7 +610,7 @@ static probe_status
 cuda_revin_norm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
                          const float *dout, const float *inp, const float *mean,
                          const float *stdev, const float *gamma, int B, int T,
-                         int C, probe_precision p) {
+                         int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dout && inp && mean && stdev && B > 0 && T > 0 &&
             C > 0);
@@ -631,7 +631,7 @@ static probe_status
 cuda_revin_denorm_forward(void *ctx, float *out, const float *y,
                           const float *mean, const float *stdev,
                           const float *gamma, const float *beta, float eps,
-                          int B, int H, int C, probe_precision p) {
+                          int B, int H, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && y && mean && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
@@ -646,7 +646,7 @@ cuda_revin_denorm_forward(void *ctx, float *out, const float *y,
 static probe_status cuda_revin_denorm_backward(
     void *ctx, float *dy, float *dgamma, float *dbeta, const float *dout,
     const float *y, const float *stdev, const float *gamma, const float *beta,
-    float eps, int B, int H, int C, probe_precision p) {
+    float eps, int B, int H, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dy && dout && y && stdev && B > 0 && H > 0 && C > 0);
   CHECK_ARG(!gamma == !beta);
@@ -697,27 +697,27 @@ __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x,
   return PROBE_OK;
 
 static probe_status cuda_relu_forward(void *ctx, float *out, const float *inp,
-                                      size_t n, probe_precision p) {
+                                      size_t n, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((out && inp) || n == 0);
   ELEMENTWISE(relu_fwd, k_relu_fwd, out, inp)
 }
 static probe_status cuda_relu_backward(void *ctx, float *dinp,
                                        const float *dout, const float *inp,
-                                       size_t n, probe_precision p) {
+                                       size_t n, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((dinp && dout && inp) || n == 0);
   ELEMENTWISE(relu_bwd, k_relu_bwd, dinp, dout, inp)
 }
 static probe_status cuda_gelu_forward(void *ctx, float *out, const float *inp,
-                                      size_t n, probe_precision p) {
+                                      size_t n, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((out && inp) || n == 0);
   ELEMENTWISE(gelu_fwd, k_gelu_fwd, out, inp)
 }
 static probe_status cuda_gelu_backward(void *ctx, float *dinp,
                                        const float *dout, const float *inp,
-                                       size_t n, probe_precision p) {
+                                       size_t n, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG((dinp && dout && inp) || n == 0);
   ELEMENTWISE(gelu_bwd, k_gelu_bwd, dinp, dout, inp)
@@ -742,7 +742,7 @@ __global__ void k_softmax_bwd(float *dlogits, const float *dprobs,
 
 static probe_status cuda_softmax_forward(void *ctx, float *probs,
                                          const float *logits, int N, int V,
-                                         probe_precision p) {
+                                         probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && probs && logits && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_softmax_fwd, blocks(N), TPB, c->stream, probs, logits, N, V,
@@ -754,7 +754,7 @@ static probe_status cuda_softmax_forward(void *ctx, float *probs,
 static probe_status cuda_softmax_backward(void *ctx, float *dlogits,
                                           const float *dprobs,
                                           const float *probs, int N, int V,
-                                          probe_precision p) {
+                                          probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dlogits && dprobs && probs && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_softmax_bwd, blocks(N), TPB, c->stream, dlogits, dprobs, probs,
@@ -773,7 +773,7 @@ __global__ void k_scores_mask(float *scores, const void *src, int B, int T,
   if (e >= (size_t)B * T * T)
     return;
   int j = (int)(e % T), i = (int)((e / T) % T);
-  float v = p == PROBE_PREC_FP32 ? ((const float *)src)[e]
+  float v = p == PROBE_DTYPE_F32 ? ((const float *)src)[e]
                                  : ddec(((const uint16_t *)src)[e], p);
   scores[e] = (causal && j > i) ? -INFINITY : v;
 }
@@ -781,12 +781,12 @@ __global__ void k_scores_mask(float *scores, const void *src, int B, int T,
 static probe_status cuda_attention_forward(
     void *ctx, float *out, float *qkv, float *scores, float *probs, float *atty,
     const float *inp, const float *wqkv, const float *bqkv, const float *wo,
-    const float *bo, int causal, int B, int T, int C, probe_precision p) {
+    const float *bo, int causal, int B, int T, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && out && qkv && scores && probs && atty && inp && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0 && PREC_OK(p));
   int N = B * T, C3 = 3 * C;
-  int f32 = p == PROBE_PREC_FP32;
+  int f32 = p == PROBE_DTYPE_F32;
   cudaDataType t = ab_type(p);
   size_t es = esize(p);
   TRY(cuda_linear_forward(c, qkv, inp, wqkv, bqkv, N, C, C3, p));
@@ -819,13 +819,13 @@ cuda_attention_backward(void *ctx, float *dinp, float *dwqkv, float *dbqkv,
                         float *dprobs, float *dscores, const float *dout,
                         const float *inp, const float *qkv, const float *probs,
                         const float *atty, const float *wqkv, const float *wo,
-                        int B, int T, int C, probe_precision p) {
+                        int B, int T, int C, probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dinp && dwqkv && dwo && dqkv && datty && dprobs && dscores);
   CHECK_ARG(dout && inp && qkv && probs && atty && wqkv && wo);
   CHECK_ARG(B > 0 && T > 0 && C > 0 && PREC_OK(p));
   int N = B * T, C3 = 3 * C;
-  int f32 = p == PROBE_PREC_FP32;
+  int f32 = p == PROBE_DTYPE_F32;
   cudaDataType t = ab_type(p);
   size_t es = esize(p);
   float scale = 1.0f / sqrtf((float)C);
@@ -925,7 +925,7 @@ __global__ void k_ce_bwd(float *dprobs, const float *probs, const int *targets,
 
 static probe_status cuda_mse_forward(void *ctx, float *loss, const float *pred,
                                      const float *target, size_t n,
-                                     probe_precision p) {
+                                     probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && loss && pred && target && n > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_mse_fwd, 1, TPB, c->stream, loss, pred, target, n, p);
@@ -936,7 +936,7 @@ static probe_status cuda_mse_forward(void *ctx, float *loss, const float *pred,
 static probe_status cuda_mse_backward(void *ctx, float *dpred,
                                       const float *pred, const float *target,
                                       float dloss, size_t n,
-                                      probe_precision p) {
+                                      probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dpred && pred && target && n > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_mse_bwd, blocks(n), TPB, c->stream, dpred, pred, target, dloss,
@@ -950,7 +950,7 @@ static probe_status cuda_mse_backward(void *ctx, float *dpred,
 static probe_status cuda_crossentropy_forward(void *ctx, float *loss,
                                               float *losses, const float *probs,
                                               const int *targets, int N, int V,
-                                              probe_precision p) {
+                                              probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && loss && probs && targets && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_ce_fwd, 1, TPB, c->stream, loss, losses, probs, targets, N, V,
@@ -963,7 +963,7 @@ static probe_status cuda_crossentropy_backward(void *ctx, float *dprobs,
                                                const float *probs,
                                                const int *targets, float dloss,
                                                int N, int V,
-                                               probe_precision p) {
+                                               probe_dtype p) {
   cuda_ctx *c = (cuda_ctx *)ctx;
   CHECK_ARG(c && dprobs && probs && targets && N > 0 && V > 0 && PREC_OK(p));
   PROBE_LAUNCH(k_ce_bwd, blocks((size_t)N * V), TPB, c->stream, dprobs, probs,

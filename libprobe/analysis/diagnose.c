@@ -681,7 +681,7 @@ static void silent_faults(walker *w, probe_diag_layer *dl, const layer_step *l,
     if (dl->fwd_nonfinite_steps++ == 0) dl->fwd_nonfinite_first = step;
   }
   (void)w;
-  if (!is_norm_kind(dl->info.kind) || dl->info.precision == PROBE_PREC_FP32)
+  if (!is_norm_kind(dl->info.kind) || dl->info.precision == PROBE_DTYPE_F32)
     return;
   if (l->fwd_in < 0 || rec_nf(r, l->fwd_in)) return; /* a carried fault */
   const probe_stats *in = &r[l->fwd_in].stats;
@@ -751,13 +751,13 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
       w->hist_count[li]++;
     }
     double hr = headroom_of(fa);
-    if (isfinite(fa) && dl->info.precision == PROBE_PREC_FP16 &&
+    if (isfinite(fa) && dl->info.precision == PROBE_DTYPE_F16 &&
         hr < dl->min_fwd_headroom) {
       dl->min_fwd_headroom = hr;
       dl->min_fwd_headroom_step = step;
     }
     int half = step > w->mid_step ? 1 : 0;
-    for (int s = 0; s < 2 && dl->info.precision == PROBE_PREC_FP16; s++) {
+    for (int s = 0; s < 2 && dl->info.precision == PROBE_DTYPE_F16; s++) {
       int i = s == 0 ? l->grad_in : l->wgrad;
       if (i < 0) continue;
       const probe_stats *st = &r[i].stats;
@@ -1192,7 +1192,7 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
     probe_text_escape(d->layers[i].display, sizeof d->layers[i].display,
                       li[i].name);
     if (li[i].kind != PROBE_KIND_INPUT && li[i].kind != PROBE_KIND_LOSS &&
-        li[i].precision != PROBE_PREC_FP32)
+        li[i].precision != PROBE_DTYPE_F32)
       d->fp32_run = 0;
   }
 

@@ -73,7 +73,7 @@ static void render_text(const probe_diag *d, FILE *f) {
     fprintf(f, "  step        %lld\n", (long long)d->event_step);
     fprintf(f, "  phase       %s\n", probe_phase_name(d->event_phase));
     if (d->event == PROBE_DIAG_EVENT_OVERFLOW && d->origin_layer >= 0 &&
-        d->layers[d->origin_layer].info.precision == PROBE_PREC_FP32)
+        d->layers[d->origin_layer].info.precision == PROBE_DTYPE_F32)
       fprintf(f, "  kind        %s: finite values overflowed to inf (the "
                  "layer runs in FP32: past 3.4e38)\n",
               probe_diag_event_name(d->event));
@@ -85,7 +85,7 @@ static void render_text(const probe_diag *d, FILE *f) {
                  "-inf of %llu\n",
               probe_diag_layer_name(d, d->origin_layer),
               probe_kind_name(d->layers[d->origin_layer].info.kind),
-              probe_precision_name(d->layers[d->origin_layer].info.precision),
+              probe_dtype_name(d->layers[d->origin_layer].info.precision),
               probe_site_name(d->origin_site),
               (unsigned long long)d->origin_out.nan_count,
               (unsigned long long)d->origin_out.posinf_count,

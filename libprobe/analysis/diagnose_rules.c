@@ -123,7 +123,7 @@ static void fmt_loss(char *b, size_t n, double x) { probe_num_format(b, n, x, 4)
 
 static int layer_is_fp32(const probe_diag *d, int32_t id) {
   return id >= 0 && id < d->n_layers &&
-         d->layers[id].info.precision == PROBE_PREC_FP32;
+         d->layers[id].info.precision == PROBE_DTYPE_F32;
 }
 
 static const char *kind_of(const probe_diag *d, int32_t id) {
@@ -191,7 +191,7 @@ static void candidates(rank_ctx *c) {
     int sensitive = k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||
                     k == PROBE_KIND_REVIN || k == PROBE_KIND_SOFTMAX ||
                     k == PROBE_KIND_ATTENTION;
-    if (!sensitive || d->layers[i].info.precision != PROBE_PREC_FP16) continue;
+    if (!sensitive || d->layers[i].info.precision != PROBE_DTYPE_F16) continue;
     int tight = d->layers[i].min_fwd_headroom < SENSITIVE_HEADROOM;
     int zeros = k == PROBE_KIND_SOFTMAX && d->layers[i].fwd_out_zero > 0;
     if (c->has_event && (tight || zeros))

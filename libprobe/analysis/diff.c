@@ -1137,8 +1137,8 @@ probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
     probe__jw_str(w, "layer", e->layer);
     probe__jw_str(w, "kind", probe_kind_name((probe_kind)e->kind));
     probe__jw_str(w, "site", probe_site_name((probe_site)e->site));
-    probe__jw_str(w, "precision_a", probe_precision_name((probe_precision)e->prec_a));
-    probe__jw_str(w, "precision_b", probe_precision_name((probe_precision)e->prec_b));
+    probe__jw_str(w, "precision_a", probe_dtype_name((probe_dtype)e->prec_a));
+    probe__jw_str(w, "precision_b", probe_dtype_name((probe_dtype)e->prec_b));
     probe__jw_int(w, "steps", e->steps);
     probe__jw_num(w, "max_rel_absmax", e->max_rel_absmax);
     probe__jw_num(w, "max_rel_rms", e->max_rel_rms);

@@ -36,8 +36,8 @@ int main(int argc, char **argv) {
   probe_session *s = NULL;
   CHECK(probe_session_open(&s, argv[1], &opt));
   int32_t fc1, fc2;
-  CHECK(probe_layer_register(s, "fc1", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &fc1));
-  CHECK(probe_layer_register(s, "fc2", PROBE_KIND_LINEAR, PROBE_PREC_FP32, &fc2));
+  CHECK(probe_layer_register(s, "fc1", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &fc1));
+  CHECK(probe_layer_register(s, "fc2", PROBE_KIND_LINEAR, PROBE_DTYPE_F32, &fc2));
   static float x[N];
   static uint16_t h[N];
   for (int step = 0; step < STEPS; step++) {

@@ -97,10 +97,10 @@ int main(int argc, char **argv) {
   probe_session *s;
   CHECK(probe_session_open(&s, argv[1], &o));
   int32_t in, fc, loss;
-  CHECK(probe_layer_register(s, "L0", PROBE_KIND_INPUT, PROBE_PREC_FP32, &in));
+  CHECK(probe_layer_register(s, "L0", PROBE_KIND_INPUT, PROBE_DTYPE_F32, &in));
   CHECK(probe_layer_register(s, "L1", PROBE_KIND_LINEAR,
-                             blow ? PROBE_PREC_FP16 : PROBE_PREC_FP32, &fc));
-  CHECK(probe_layer_register(s, "L2", PROBE_KIND_LOSS, PROBE_PREC_FP32,
+                             blow ? PROBE_DTYPE_F16 : PROBE_DTYPE_F32, &fc));
+  CHECK(probe_layer_register(s, "L2", PROBE_KIND_LOSS, PROBE_DTYPE_F32,
                              &loss));
   for (int step = 0; step < 10; step++) {
     int bad = blow && step >= 5;

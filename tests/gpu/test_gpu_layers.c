@@ -33,7 +33,7 @@ static probe_layers_backend cu;
 
 #define OK(call) ck_assert_int_eq((call), PROBE_OK)
 
-static const double tols[3] = {1e-5, 4e-3, 3e-2}; /* by probe_precision */
+static const double tols[3] = {1e-5, 4e-3, 3e-2}; /* by probe_dtype */
 static const char *pname[3] = {"fp32", "fp16", "bf16"};
 
 /* A device copy of host array h (n floats). */
@@ -55,7 +55,7 @@ static int *dev_ints(const int *h, size_t n) {
 
 /* Compares device tensor d with the CPU's c. */
 static void cmp(const char *what, const float *c, const float *d, size_t n,
-                probe_precision p) {
+                probe_dtype p) {
   OK(cu.ops->sync(cu.ctx));
   float *g = falloc(n);
   ck_assert_int_eq(cudaMemcpy(g, d, n * sizeof(float), cudaMemcpyDeviceToHost),
@@ -91,7 +91,7 @@ static void cmp(const char *what, const float *c, const float *d, size_t n,
 /* ---- per-module comparisons ---------------------------------------------- */
 
 START_TEST(gpu_linear) {
-  probe_precision p = (probe_precision)(_i % 3);
+  probe_dtype p = (probe_dtype)(_i % 3);
   int with_bias = _i / 3;
   rng_t r = {100 + (uint64_t)_i};
   int N = 33, C = 24, OC = 17;
@@ -122,7 +122,7 @@ END_TEST
 
 /* BatchNorm; loop index >= 3 uses features with std 400 (FP16 overflow). */
 START_TEST(gpu_bn) {
-  probe_precision p = (probe_precision)(_i % 3);
+  probe_dtype p = (probe_dtype)(_i % 3);
   float spread = _i >= 3 ? 400.0f : 2.0f;
   rng_t r = {200 + (uint64_t)_i};
   int N = 32, C = 12;
@@ -171,7 +171,7 @@ START_TEST(gpu_bn) {
 END_TEST
 
 START_TEST(gpu_layernorm) {
-  probe_precision p = (probe_precision)_i;
+  probe_dtype p = (probe_dtype)_i;
   rng_t r = {300 + (uint64_t)_i};
   int N = 20, C = 24;
   float *x = fill_uniform(falloc(N * C), N * C, &r, -3, 4);
@@ -209,7 +209,7 @@ END_TEST
 
 /* RevIN norm + denorm; loop index >= 3: series around 1e3 with std ~300. */
 START_TEST(gpu_revin) {
-  probe_precision p = (probe_precision)(_i % 3);
+  probe_dtype p = (probe_dtype)(_i % 3);
   float level = _i >= 3 ? 1000.0f : 5.0f, spread = _i >= 3 ? 520.0f : 3.0f;
   rng_t r = {400 + (uint64_t)_i};
   int B = 4, T = 24, C = 3, H = 8;
@@ -268,7 +268,7 @@ START_TEST(gpu_revin) {
 END_TEST
 
 START_TEST(gpu_activations) {
-  probe_precision p = (probe_precision)_i;
+  probe_dtype p = (probe_dtype)_i;
   rng_t r = {500 + (uint64_t)_i};
   size_t n = 1000;
   float *x = fill_uniform(falloc(n), n, &r, -6, 6);
@@ -302,7 +302,7 @@ END_TEST
 /* softmax + cross-entropy; logits spread over 40 so that some FP16
  * probabilities underflow to 0 (and the loss is inf) on both sides. */
 START_TEST(gpu_softmax_ce) {
-  probe_precision p = (probe_precision)_i;
+  probe_dtype p = (probe_dtype)_i;
   rng_t r = {600 + (uint64_t)_i};
   int N = 16, V = 40, y[16];
   float *x = fill_uniform(falloc(N * V), N * V, &r, -20, 20);
@@ -328,7 +328,7 @@ START_TEST(gpu_softmax_ce) {
   OK(probe_crossentropy_backward(dp, pr, y, 2.5f, N, V, p));
   OK(CU(crossentropy_backward, d_dp, d_pr, d_y, 2.5f, N, V, p));
   cmp("ce dprobs", dp, d_dp, N * V, p);
-  if (p == PROBE_PREC_FP16) {
+  if (p == PROBE_DTYPE_F16) {
     int zeros = 0;
     for (int i = 0; i < N * V; i++)
       zeros += pr[i] == 0.0f;
@@ -341,7 +341,7 @@ START_TEST(gpu_softmax_ce) {
 END_TEST
 
 START_TEST(gpu_mse) {
-  probe_precision p = (probe_precision)_i;
+  probe_dtype p = (probe_dtype)_i;
   rng_t r = {700 + (uint64_t)_i};
   size_t n = 777;
   float *a = fill_uniform(falloc(n), n, &r, -3, 3);
@@ -361,7 +361,7 @@ START_TEST(gpu_mse) {
 END_TEST
 
 START_TEST(gpu_attention) {
-  probe_precision p = (probe_precision)(_i % 3);
+  probe_dtype p = (probe_dtype)(_i % 3);
   int causal = _i / 3;
   rng_t r = {800 + (uint64_t)_i};
   int B = 3, T = 12, C = 16, BT = B * T;
@@ -436,7 +436,7 @@ START_TEST(gpu_grads_helpers) {
   OK(CU(grads_scale, d, sz, 3, 0.125f, &bg));
   ck_assert_int_eq(bc, 0);
   ck_assert_int_eq(bg, 0);
-  cmp("grads scaled", h[0], d[0], sz[0], PROBE_PREC_FP32);
+  cmp("grads scaled", h[0], d[0], sz[0], PROBE_DTYPE_F32);
   h[1][3] = INFINITY;
   DFREE(d[1]);
   d[1] = DEV(h[1], sz[1]);

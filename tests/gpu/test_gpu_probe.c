@@ -102,7 +102,7 @@ START_TEST(test_gpu_records_and_snapshot) {
   CK_PROBE(probe_session_open(&s, path, &o));
   int32_t layer;
   CK_PROBE(probe_layer_register(s, "dev.layer", PROBE_KIND_LINEAR,
-                                PROBE_PREC_FP16, &layer));
+                                PROBE_DTYPE_F16, &layer));
   void *host[4][NT], *dev[4][NT];
   for (int step = 0; step < 4; step++) {
     CK_PROBE(probe_step_begin(s, step));
@@ -176,8 +176,8 @@ START_TEST(test_gpu_cupti_kernels) {
   probe_session *s;
   CK_PROBE(probe_session_open(&s, path, &o));
   int32_t a, b;
-  CK_PROBE(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &a));
-  CK_PROBE(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_PREC_FP16, &b));
+  CK_PROBE(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &a));
+  CK_PROBE(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F16, &b));
   void *h = host_tensor(0, 0, 0);
   void *d = to_device(h, sizes[0] * 4);
   for (int step = 0; step < 3; step++) {

@@ -46,9 +46,9 @@ int main(int argc, char **argv) {
   CHECK(probe_session_open(&s, argv[1], &o));
   int32_t lin, bn;
   CHECK(probe_layer_register(s, "encoder.lin1", PROBE_KIND_LINEAR,
-                             PROBE_PREC_FP16, &lin));
+                             PROBE_DTYPE_F16, &lin));
   CHECK(probe_layer_register(s, "encoder.r\xc3\xa9", PROBE_KIND_BN,
-                             PROBE_PREC_FP32, &bn));
+                             PROBE_DTYPE_F32, &bn));
   for (int step = 0; step < 5; step++) {
     float a[10];
     uint16_t g[4];

@@ -32,9 +32,9 @@
 #include "testutil.h"
 
 #define TOL 2e-5
-#define F32 PROBE_PREC_FP32
-#define F16 PROBE_PREC_FP16
-#define BF16 PROBE_PREC_BF16
+#define F32 PROBE_DTYPE_F32
+#define F16 PROBE_DTYPE_F16
+#define BF16 PROBE_DTYPE_BF16
 #define OK(call) ck_assert_int_eq((call), PROBE_OK)
 
 /* ---- double-precision reference forwards --------------------------------- */
@@ -606,7 +606,7 @@ static Suite *make_gradcheck_suite(void) {
 /* Every element is a value of the precision (NaN allowed): rounding it again
  * changes nothing. */
 static void expect_representable(const char *what, const float *a, size_t n,
-                                 probe_precision p) {
+                                 probe_dtype p) {
   for (size_t i = 0; i < n; i++) {
     if (isnan(a[i]))
       continue;
@@ -620,7 +620,7 @@ static void expect_representable(const char *what, const float *a, size_t n,
 /* Every module in FP16 and BF16 (loop index 0, 1): all materialised tensors
  * are values of that precision. */
 START_TEST(fp16_materialised_values) {
-  probe_precision P = _i == 0 ? F16 : BF16;
+  probe_dtype P = _i == 0 ? F16 : BF16;
   rng_t r = {30};
   int N = 6, C = 5, OC = 3;
   /* inputs that are NOT representable, so rounding on entry matters */
@@ -859,7 +859,7 @@ START_TEST(fp16_normalisation_variance_rounds_to_zero) {
   float v16[N * C], v32[N * C], s1[N * C], s2[N * C];
   int groups = 0;
   for (int pass = 0; pass < 2; pass++) {
-    probe_precision P = pass ? F32 : F16;
+    probe_dtype P = pass ? F32 : F16;
     float *v = pass ? v32 : v16;
     switch (_i) {
     case 0: /* bn: per feature over N rows */
@@ -1024,7 +1024,7 @@ START_TEST(helpers_invalid_args) {
                    PROBE_ERR_INVALID_ARG);
   ck_assert_int_eq(probe_linear_forward(b, a, a, NULL, 0, 1, 1, F32),
                    PROBE_ERR_INVALID_ARG);
-  ck_assert_int_eq(probe_softmax_forward(b, a, 1, 4, (probe_precision)7),
+  ck_assert_int_eq(probe_softmax_forward(b, a, 1, 4, (probe_dtype)7),
                    PROBE_ERR_INVALID_ARG);
   ck_assert_int_eq(
       probe_bn_forward(b, a, a, NULL, NULL, a, a, a, 0.1f, 1e-5f, 1, 4, F32),

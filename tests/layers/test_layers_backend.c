@@ -109,7 +109,7 @@ END_TEST
 
 /* Each op through the CPU table equals the direct call (loop: precision). */
 START_TEST(cpu_table_reaches_the_reference) {
-  probe_precision P = (probe_precision)_i;
+  probe_dtype P = (probe_dtype)_i;
   probe_layers_backend b;
   OK(probe_layers_backend_init(&b, PROBE_BACKEND_CPU, NULL));
   const probe_layer_ops *o = b.ops;

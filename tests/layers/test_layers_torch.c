@@ -25,7 +25,7 @@
 #endif
 #define PYTHON "/usr/bin/python3"
 #define TOL 1e-5
-#define F32 PROBE_PREC_FP32
+#define F32 PROBE_DTYPE_F32
 
 /* ---- a tiny named-tensor archive (format in torch_ref.py) ---------------- */
 

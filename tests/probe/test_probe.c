@@ -33,8 +33,8 @@ START_TEST(test_names_roundtrip) {
     ck_assert_int_eq(out, s);
   }
   for (int p = 0; p < 3; p++) {
-    probe_precision out;
-    PT_CHECK(probe_precision_parse(probe_precision_name((probe_precision)p),
+    probe_dtype out;
+    PT_CHECK(probe_dtype_parse(probe_dtype_name((probe_dtype)p),
                                    &out));
     ck_assert_int_eq(out, p);
   }
@@ -95,16 +95,16 @@ START_TEST(test_api_errors) {
   memset(longname, 'a', sizeof longname - 1);
   longname[sizeof longname - 1] = '\0';
   ck_assert_int_eq(probe_layer_register(s, longname, PROBE_KIND_LINEAR,
-                                        PROBE_PREC_FP16, &id),
+                                        PROBE_DTYPE_F16, &id),
                    PROBE_ERR_INVALID_ARG);
   ck_assert_int_eq(
-      probe_layer_register(s, "", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id),
+      probe_layer_register(s, "", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
       PROBE_ERR_INVALID_ARG);
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 &id));
   ck_assert_int_eq(id, 0);
   ck_assert_int_eq(
-      probe_layer_register(s, "a", PROBE_KIND_BN, PROBE_PREC_FP16, &id),
+      probe_layer_register(s, "a", PROBE_KIND_BN, PROBE_DTYPE_F16, &id),
       PROBE_ERR_INVALID_ARG);
   ck_assert_str_ne(probe_session_last_error(s), "no error");
   float x[4] = {1, 2, 3, 4};
@@ -148,7 +148,7 @@ START_TEST(test_close_in_step) {
   probe_session *s;
   int32_t id;
   PT_CHECK(probe_session_open(&s, path, &o));
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP32,
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F32,
                                 &id));
   PT_CHECK(probe_step_begin(s, 0));
   float x[8];
@@ -203,7 +203,7 @@ START_TEST(test_writer_roundtrip) {
   for (int l = 0; l < RT_LAYERS; l++) {
     int32_t id;
     PT_CHECK(probe_layer_register(s, names[l], kinds[l],
-                                  l == 1 ? PROBE_PREC_FP32 : PROBE_PREC_FP16,
+                                  l == 1 ? PROBE_DTYPE_F32 : PROBE_DTYPE_F16,
                                   &id));
     ck_assert_int_eq(id, l);
   }
@@ -266,7 +266,7 @@ START_TEST(test_writer_roundtrip) {
     ck_assert_int_eq(L[l].kind, kinds[l]);
     ck_assert_int_eq(L[l].id, l);
   }
-  ck_assert_int_eq(L[1].precision, PROBE_PREC_FP32);
+  ck_assert_int_eq(L[1].precision, PROBE_DTYPE_F32);
 
   /* Records in chunks of 5: every one equals what was written. */
   probe_record buf[5];
@@ -329,7 +329,7 @@ START_TEST(test_writer_dtypes) {
   probe_session *s;
   int32_t id;
   PT_CHECK(probe_session_open(&s, path, &o));
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 &id));
   enum { N = 1000 };
   float f[N];
@@ -395,7 +395,7 @@ static probe_trace *write_selected(const char *path, const probe_options *o,
   PT_CHECK(probe_session_open(&s, path, o));
   for (int l = 0; l < nl; l++)
     PT_CHECK(probe_layer_register(s, names[l], PROBE_KIND_OTHER,
-                                  PROBE_PREC_FP16, NULL));
+                                  PROBE_DTYPE_F16, NULL));
   float x[16];
   for (int step = 0; step < nsteps; step++) {
     PT_CHECK(probe_step_begin(s, step));
@@ -473,8 +473,8 @@ START_TEST(test_session_first_nonfinite) {
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
   int32_t a, b;
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &a));
-  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_PREC_FP16, &b));
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &a));
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F16, &b));
   int64_t step;
   int32_t layer;
   probe_site site;
@@ -534,7 +534,7 @@ START_TEST(test_writer_flight_recorder) {
   static const char *const names[3] = {"a", "b", "c"};
   for (int l = 0; l < 3; l++)
     PT_CHECK(probe_layer_register(s, names[l], PROBE_KIND_LINEAR,
-                                  PROBE_PREC_FP16, NULL));
+                                  PROBE_DTYPE_F16, NULL));
   enum { N = 64 };
   float in[3][N], out[3][N];
   uint16_t w16[3][N]; /* valid until probe_step_end, per the contract */
@@ -624,7 +624,7 @@ START_TEST(test_writer_max_events) {
   probe_session *s;
   int32_t id;
   PT_CHECK(probe_session_open(&s, path, &o));
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 &id));
   float x[8];
   for (int step = 0; step < 30; step++) {
@@ -665,7 +665,7 @@ START_TEST(test_writer_event_spacing) {
   probe_session *s;
   int32_t id;
   PT_CHECK(probe_session_open(&s, path, &o));
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 &id));
   float x[4] = {1, NAN, 2, 3};
   for (int step = 0; step < 10; step++) {
@@ -802,7 +802,7 @@ START_TEST(test_writer_event_flush) {
     probe_session *s;
     PT_CHECK(probe_session_open(&s, path, &o));
     int32_t id;
-    PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id));
+    PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
     for (int step = 0; step < 3; step++) { /* clean steps: not flushed */
       PT_CHECK(probe_step_begin(s, step));
       pt_tensor(x, 64, step, 0);
@@ -853,7 +853,7 @@ START_TEST(test_writer_idle_timer_flush) {
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
   int32_t id;
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_OTHER, PROBE_PREC_FP16, &id));
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_OTHER, PROBE_DTYPE_F16, &id));
   float x[64];
   probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
   for (int step = 0; step < 5; step++) {
@@ -893,7 +893,7 @@ static void *thread_writer(void *arg) {
   static const char *const names[4] = {"a", "b.c", "b.d", "e"};
   for (int l = 0; l < 4; l++)
     if ((j->st = probe_layer_register(s, names[l], PROBE_KIND_OTHER,
-                                      PROBE_PREC_FP16, &id[l])) != PROBE_OK)
+                                      PROBE_DTYPE_F16, &id[l])) != PROBE_OK)
       return NULL;
   float x[4][96];
   for (int64_t step = 0; step < j->steps && j->st == PROBE_OK; step++) {

@@ -42,7 +42,7 @@ static void crash_child(const char *path, int wfd, unsigned seed, int timer) {
   static const char *const names[LAYERS] = {"in", "enc.lin", "enc.bn",
                                             "head"};
   for (int l = 0; l < LAYERS; l++)
-    if (probe_layer_register(s, names[l], PROBE_KIND_OTHER, PROBE_PREC_FP16,
+    if (probe_layer_register(s, names[l], PROBE_KIND_OTHER, PROBE_DTYPE_F16,
                              NULL) != PROBE_OK)
       _exit(3);
   float x[LAYERS * SITES][N];
@@ -201,7 +201,7 @@ static void fsize_child(const char *path, int wfd) {
   for (int l = 0; l < LAYERS; l++) {
     char name[16];
     snprintf(name, sizeof name, "layer%d", l);
-    if (probe_layer_register(s, name, PROBE_KIND_OTHER, PROBE_PREC_FP16,
+    if (probe_layer_register(s, name, PROBE_KIND_OTHER, PROBE_DTYPE_F16,
                              NULL) != PROBE_OK)
       _exit(22);
   }
@@ -292,7 +292,7 @@ START_TEST(test_fsize_limit_at_open) {
     if (strstr(probe_session_last_error(s), "too small for a trace") == NULL)
       _exit(23);
     int32_t id;
-    if (probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id) !=
+    if (probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id) !=
         PROBE_ERR_NOSPACE)
       _exit(24);
     if (probe_session_close(s) != PROBE_ERR_NOSPACE) _exit(25);

@@ -66,7 +66,7 @@ static void make_trace(const char *path) {
   static const char *const names[3] = {"in", "mid", "out"};
   for (int l = 0; l < 3; l++)
     PT_CHECK(probe_layer_register(s, names[l], PROBE_KIND_LINEAR,
-                                  PROBE_PREC_FP16, NULL));
+                                  PROBE_DTYPE_F16, NULL));
   float x[3][2][48];
   for (int step = 0; step < 40; step++) {
     PT_CHECK(probe_step_begin(s, step));

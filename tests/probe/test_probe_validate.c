@@ -61,9 +61,9 @@ static void make_trace(const char *path) {
   o.overwrite = 1;
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 NULL));
-  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_PREC_FP32,
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F32,
                                 NULL));
   float x[16];
   for (int step = 0; step < 200; step++) {

@@ -76,7 +76,7 @@ static int wchild(const wjob *j, int rfd) {
     for (int l = 0; l < LAYERS && st == PROBE_OK; l++) {
       char name[16];
       snprintf(name, sizeof name, "layer%d", l);
-      st = probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+      st = probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 NULL);
     }
     float x[LAYERS][N];
@@ -377,7 +377,7 @@ static int same_bytes(const char *path, const char *bytes) {
 
 static void small_trace(probe_session *s, int steps) {
   int32_t id;
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_PREC_FP16,
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
                                 &id));
   float x[32];
   for (int step = 0; step < steps; step++) {

@@ -85,10 +85,10 @@ static void tb_open_ex(tb *t, const char *path, int all_fp32, unsigned fp32_mask
                                              PROBE_KIND_SOFTMAX,
                                              PROBE_KIND_LOSS};
   for (int i = 0; i < N_LAYERS; i++) {
-    probe_precision p =
+    probe_dtype p =
         (all_fp32 || i == L_INPUT || i == L_LOSS || (fp32_mask >> i & 1))
-            ? PROBE_PREC_FP32
-            : PROBE_PREC_FP16;
+            ? PROBE_DTYPE_F32
+            : PROBE_DTYPE_F16;
     ck_assert_int_eq(probe_layer_register(t->s, names[i], kinds[i], p,
                                           &t->id[i]),
                      PROBE_OK);
@@ -760,7 +760,7 @@ START_TEST(test_hostile_names) {
   int32_t id[4];
   for (int i = 0; i < 4; i++) {
     probe_status st = probe_layer_register(
-        ss, names[i], kinds[i], i == 0 || i == 3 ? PROBE_PREC_FP32 : PROBE_PREC_FP16,
+        ss, names[i], kinds[i], i == 0 || i == 3 ? PROBE_DTYPE_F32 : PROBE_DTYPE_F16,
         &id[i]);
     if (st != PROBE_OK) {
       /* a writer that refuses such names is fine too: nothing to print */
@@ -975,11 +975,11 @@ static void norm_trace(const char *p, probe_kind kind, int in_zeros,
   ck_assert_int_eq(probe_session_open(&ss, p, &o), PROBE_OK);
   int32_t in_id, nm_id, loss_id;
   ck_assert_int_eq(probe_layer_register(ss, "input", PROBE_KIND_INPUT,
-                                        PROBE_PREC_FP32, &in_id), PROBE_OK);
-  ck_assert_int_eq(probe_layer_register(ss, "enc.norm", kind, PROBE_PREC_FP16,
+                                        PROBE_DTYPE_F32, &in_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "enc.norm", kind, PROBE_DTYPE_F16,
                                         &nm_id), PROBE_OK);
   ck_assert_int_eq(probe_layer_register(ss, "loss", PROBE_KIND_LOSS,
-                                        PROBE_PREC_FP32, &loss_id), PROBE_OK);
+                                        PROBE_DTYPE_F32, &loss_id), PROBE_OK);
   float x[64], w[16], sv[8], y[64], l[1] = {0.5f};
   for (int step = 0; step < 30; step++) {
     ck_assert_int_eq(probe_step_begin(ss, step), PROBE_OK);

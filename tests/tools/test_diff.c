@@ -129,8 +129,8 @@ static void write_trace(const char *path, const spec *s) {
     if (s->hostile && l == 1)
       name = "rev\nverdict AGREE\x1b[2J";
     ck_assert_int_eq(probe_layer_register(ps, name, layer_kinds[l],
-                                          s->side == 0 ? PROBE_PREC_FP16
-                                                       : PROBE_PREC_FP32,
+                                          s->side == 0 ? PROBE_DTYPE_F16
+                                                       : PROBE_DTYPE_F32,
                                           &ids[l]),
                      PROBE_OK);
   }

@@ -156,7 +156,7 @@ START_TEST(test_set) {
   ck_assert_int_eq(probe_config_set(c, "steps", "42", err, sizeof err), PROBE_OK);
   ck_assert_int_eq(c->steps, 42);
   ck_assert_int_eq(probe_config_set(c, "precision", "bf16", err, sizeof err), PROBE_OK);
-  ck_assert_int_eq(c->precision, PROBE_PREC_BF16);
+  ck_assert_int_eq(c->precision, PROBE_DTYPE_BF16);
   ck_assert_int_eq(probe_config_set(c, "scaler.init", "1024", err, sizeof err), PROBE_OK);
   ck_assert_double_eq(c->scaler.init, 1024.0);
   ck_assert_int_eq(probe_config_set(c, "scaler.enabled", "false", err, sizeof err), PROBE_OK);
@@ -178,7 +178,7 @@ START_TEST(test_set) {
   ck_assert_int_eq(probe_config_set(c, "warp", "9", err, sizeof err), PROBE_ERR_CONFIG);
   ck_assert_ptr_nonnull(strstr(err, "unknown setting 'warp'"));
   ck_assert_int_eq(c->steps, 42);
-  ck_assert_int_eq(c->precision, PROBE_PREC_BF16);
+  ck_assert_int_eq(c->precision, PROBE_DTYPE_BF16);
   ck_assert_double_eq(c->clip_max_norm, 0.5);
   probe_config_free(c);
 }
@@ -203,12 +203,12 @@ START_TEST(test_policy_match) {
 }
 END_TEST
 
-static probe_precision prec_of(const probe_layer_desc *l, size_t n,
+static probe_dtype prec_of(const probe_layer_desc *l, size_t n,
                                const char *name) {
   for (size_t i = 0; i < n; i++)
     if (!strcmp(l[i].name, name)) return l[i].precision;
   ck_abort_msg("no layer %s", name);
-  return PROBE_PREC_FP32;
+  return PROBE_DTYPE_F32;
 }
 
 START_TEST(test_policy_layers) {
@@ -224,27 +224,27 @@ START_TEST(test_policy_layers) {
   ck_assert_str_eq(l[1].name, "enc.bn1");
   ck_assert_int_eq(l[1].kind, PROBE_KIND_BN);
   ck_assert_str_eq(l[n - 1].name, "loss");
-  ck_assert_int_eq(l[n - 1].precision, PROBE_PREC_FP32); /* loss in FP32 */
-  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_PREC_FP16);
+  ck_assert_int_eq(l[n - 1].precision, PROBE_DTYPE_F32); /* loss in FP32 */
+  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_DTYPE_F16);
   probe_config_set(c, "fp32", "enc.bn1", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_PREC_FP32);
-  ck_assert_int_eq(prec_of(l, n, "enc.bn2"), PROBE_PREC_FP16);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn2"), PROBE_DTYPE_F16);
   probe_config_set(c, "fp32", "bn", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_PREC_FP32);
-  ck_assert_int_eq(prec_of(l, n, "enc.bn2"), PROBE_PREC_FP32);
-  ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_PREC_FP16);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn2"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_DTYPE_F16);
   probe_config_set(c, "fp32", "enc.*", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_PREC_FP32);
-  ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_PREC_FP16);
+  ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_DTYPE_F16);
   probe_config_set(c, "precision", "bf16", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_PREC_BF16);
+  ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_DTYPE_BF16);
   probe_config_set(c, "precision", "fp32", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  for (size_t i = 0; i < n; i++) ck_assert_int_eq(l[i].precision, PROBE_PREC_FP32);
+  for (size_t i = 0; i < n; i++) ck_assert_int_eq(l[i].precision, PROBE_DTYPE_F32);
   /* count-only call */
   ck_assert_int_eq(probe_config_layers(c, NULL, 0, &n), PROBE_OK);
   ck_assert_uint_eq(n, 7);
@@ -255,11 +255,11 @@ START_TEST(test_policy_layers) {
   probe_config_layers(c, l, 40, &n);
   ck_assert_str_eq(l[n - 2].name, "revin.denorm");
   ck_assert_int_eq(l[n - 2].kind, PROBE_KIND_REVIN);
-  ck_assert_int_eq(l[n - 2].precision, PROBE_PREC_FP16);
+  ck_assert_int_eq(l[n - 2].precision, PROBE_DTYPE_F16);
   probe_config_set(c, "fp32", "revin", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
-  ck_assert_int_eq(l[n - 2].precision, PROBE_PREC_FP32);
-  ck_assert_int_eq(prec_of(l, n, "revin"), PROBE_PREC_FP32);
+  ck_assert_int_eq(l[n - 2].precision, PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "revin"), PROBE_DTYPE_F32);
   char pol[256];
   ck_assert_int_eq(probe_config_policy_str(c, pol, sizeof pol), PROBE_OK);
   ck_assert_str_eq(pol, "fp16; fp32: revin; loss fp32");
@@ -744,8 +744,8 @@ START_TEST(test_trace_contents) {
   ck_assert_uint_eq(nl, 7); /* input revin fc1 act head revin.denorm loss */
   ck_assert_str_eq(L[0].name, "input");
   ck_assert_str_eq(L[1].name, "revin");
-  ck_assert_int_eq(L[1].precision, PROBE_PREC_FP32);
-  ck_assert_int_eq(L[2].precision, PROBE_PREC_FP16);
+  ck_assert_int_eq(L[1].precision, PROBE_DTYPE_F32);
+  ck_assert_int_eq(L[2].precision, PROBE_DTYPE_F16);
   ck_assert_str_eq(L[5].name, "revin.denorm");
   /* Step 0 in execution order: input FWD_OUT, revin FWD_IN WEIGHT
    * FWD_SAVED FWD_OUT, ... and every site of a linear layer once. */

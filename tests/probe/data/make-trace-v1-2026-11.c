@@ -7,7 +7,7 @@
 int main(int argc, char **argv) {
   probe_options o; probe_options_init(&o); o.mode = PROBE_MODE_FULL;
   probe_session *s; if (probe_session_open(&s, argv[1], &o)) return 1;
-  int32_t id; probe_layer_register(s, "lin", PROBE_KIND_LINEAR, PROBE_PREC_FP16, &id);
+  int32_t id; probe_layer_register(s, "lin", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id);
   float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   for (int step = 0; step < 6; step++) {
     probe_step_begin(s, step);
