@@ -127,8 +127,9 @@ if [ "$MODE" = direct ]; then
     f=$(basename "$src" .c)
     case $f in
       stats_nocuda) continue ;;
-      *avx512*) isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mf16c -mfma" ;;
-      *avx2*) isa="-mavx2 -mf16c -mfma" ;;
+      stats_avx512 | stats_small)
+        isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vbmi2 -mavx512vnni -mavx2 -mf16c -mfma" ;;
+      stats_avx2 | stats_block | stats_small2) isa="-mavx2 -mf16c -mfma" ;;
       *) isa="" ;;
     esac
     gcc $CFLAGS $isa -c "$src" -o "$D/$f.o" || ok=0
