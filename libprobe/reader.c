@@ -388,8 +388,9 @@ static probe_status check_state(probe_trace *t) {
   if (t->rows[PROBE__T_SNAPIDX] > 0 && nf < 0)
     return fail(t, PROBE_ERR_CORRUPT,
                 "corrupt trace: snapshots without a non-finite step");
-  /* steps are strictly increasing from 0, one row at most each */
-  if (n_steps > last + 1)
+  /* steps are strictly increasing from 0, one row at most each (written
+   * without last + 1, which overflows for a corrupt last step of INT64_MAX) */
+  if (n_steps - 1 > last)
     return fail(t, PROBE_ERR_CORRUPT,
                 "corrupt trace: %lld rows in /steps but the last step is %lld",
                 (long long)n_steps, (long long)last);
