@@ -51,4 +51,55 @@ static inline void pt_path(char *buf, size_t len, const char *tag) {
            (int)getpid(), tag);
 }
 
+/* Reads the whole file at path into a malloc'd buffer (*data, *size). */
+static inline void pt_load(const char *path, char **data, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  *size = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *data = malloc(*size);
+  ck_assert_uint_eq(fread(*data, 1, *size, f), *size);
+  fclose(f);
+}
+
+/* Reads every table of an open trace (records, steps, scaler events,
+ * kernels, snapshots and their data) and checks every layer name is
+ * terminated; returns the first error status or PROBE_OK. */
+static inline probe_status pt_read_all(probe_trace *t) {
+  probe_record r[16];
+  probe_step_scalars sc[16];
+  probe_scaler_event ev[16];
+  probe_snapshot_info sn[16];
+  probe_kernel_record k[4];
+  size_t got;
+  probe_status st;
+#define SWEEP_(fn, buf, n)                                                     \
+  for (int64_t at = 0;; at += (int64_t)got) {                                  \
+    if ((st = fn(t, at, n, buf, &got)) != PROBE_OK) return st;                 \
+    if (!got) break;                                                           \
+  }
+  SWEEP_(probe_trace_read_records, r, 16)
+  SWEEP_(probe_trace_read_steps, sc, 16)
+  SWEEP_(probe_trace_read_scaler_events, ev, 16)
+  SWEEP_(probe_trace_read_kernels, k, 4)
+#undef SWEEP_
+  for (int64_t at = 0;; at += (int64_t)got) {
+    if ((st = probe_trace_read_snapshots(t, at, 16, sn, &got)) != PROBE_OK)
+      return st;
+    for (size_t i = 0; i < got; i++) {
+      float *v = malloc((size_t)sn[i].n * sizeof *v + 1);
+      st = probe_trace_read_snapshot_data(t, &sn[i], v);
+      free(v);
+      if (st != PROBE_OK) return st;
+    }
+    if (!got) break;
+  }
+  size_t nl = 0;
+  const probe_layer_info *l = probe_trace_layers(t, &nl);
+  for (size_t i = 0; i < nl; i++) ck_assert(memchr(l[i].name, 0, PROBE_NAME_MAX));
+  return PROBE_OK;
+}
+
+
 #endif /* AMPPROBE_TESTS_PROBE_TESTUTIL_H */

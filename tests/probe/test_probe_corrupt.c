@@ -54,66 +54,18 @@ static void make_trace(const char *path) {
   PT_CHECK(probe_session_close(s));
 }
 
-static void load(const char *path) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  fseek(f, 0, SEEK_END);
-  g_size = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  g_data = malloc(g_size);
-  ck_assert_uint_eq(fread(g_data, 1, g_size, f), g_size);
-  fclose(f);
-}
-
-/* Reads every table; returns the first error status or PROBE_OK. */
-static probe_status read_all(probe_trace *t) {
-  probe_record r[16];
-  probe_step_scalars sc[16];
-  probe_scaler_event ev[16];
-  probe_snapshot_info sn[16];
-  size_t got;
-  probe_status st;
-  for (int64_t at = 0;; at += (int64_t)got) {
-    if ((st = probe_trace_read_records(t, at, 16, r, &got)) != PROBE_OK)
-      return st;
-    if (!got) break;
-  }
-  for (int64_t at = 0;; at += (int64_t)got) {
-    if ((st = probe_trace_read_steps(t, at, 16, sc, &got)) != PROBE_OK)
-      return st;
-    if (!got) break;
-  }
-  for (int64_t at = 0;; at += (int64_t)got) {
-    if ((st = probe_trace_read_scaler_events(t, at, 16, ev, &got)) != PROBE_OK)
-      return st;
-    if (!got) break;
-  }
-  for (int64_t at = 0;; at += (int64_t)got) {
-    if ((st = probe_trace_read_snapshots(t, at, 16, sn, &got)) != PROBE_OK)
-      return st;
-    for (size_t i = 0; i < got; i++) {
-      float *v = malloc((size_t)sn[i].n * sizeof *v + 1);
-      st = probe_trace_read_snapshot_data(t, &sn[i], v);
-      free(v);
-      if (st != PROBE_OK) return st;
-    }
-    if (!got) break;
-  }
-  return PROBE_OK;
-}
-
 START_TEST(test_corrupt_random_bytes) {
   char path[256], bad[256];
   pt_path(path, sizeof path, "orig");
   pt_path(bad, sizeof bad, "bad");
   make_trace(path);
-  load(path);
+  pt_load(path, &g_data, &g_size);
   {
     probe_trace *t;
     char err[256];
     PT_CHECK(probe_trace_open_isolated(&t, path, err, sizeof err));
     ck_assert_int_gt(probe_trace_get_info(t)->n_snapshots, 0);
-    PT_CHECK(read_all(t));
+    PT_CHECK(pt_read_all(t));
     probe_trace_close(t);
   }
   /* A new range of seeds every run (PT_SEED_BASE repeats one); said first,
@@ -151,7 +103,7 @@ START_TEST(test_corrupt_random_bytes) {
                   "seed %u: status %s (%s)", seed, probe_status_name(st), err);
     outcome[-st]++;
     if (st == PROBE_OK) {
-      probe_status rs = read_all(t);
+      probe_status rs = pt_read_all(t);
       ck_assert_msg(rs == PROBE_OK || rs == PROBE_ERR_CORRUPT,
                     "seed %u: read %s", seed, probe_status_name(rs));
       probe_trace_close(t);

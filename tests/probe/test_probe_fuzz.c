@@ -92,58 +92,11 @@ static void make_trace(const char *path) {
   PT_CHECK(probe_session_close(s));
 }
 
-static void load(const char *path) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  fseek(f, 0, SEEK_END);
-  g_size = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  g_data = malloc(g_size);
-  ck_assert_uint_eq(fread(g_data, 1, g_size, f), g_size);
-  fclose(f);
-}
-
 static void save(const char *path, const char *data, size_t n) {
   FILE *f = fopen(path, "wb");
   ck_assert_ptr_nonnull(f);
   ck_assert_uint_eq(fwrite(data, 1, n, f), n);
   fclose(f);
-}
-
-/* Reads every table; the first error status or PROBE_OK. */
-static probe_status read_all(probe_trace *t) {
-  probe_record r[16];
-  probe_step_scalars sc[16];
-  probe_scaler_event ev[16];
-  probe_snapshot_info sn[16];
-  probe_kernel_record k[4];
-  size_t got;
-  probe_status st;
-#define SWEEP_(fn, buf, n)                                                     \
-  for (int64_t at = 0;; at += (int64_t)got) {                                  \
-    if ((st = fn(t, at, n, buf, &got)) != PROBE_OK) return st;                 \
-    if (!got) break;                                                           \
-  }
-  SWEEP_(probe_trace_read_records, r, 16)
-  SWEEP_(probe_trace_read_steps, sc, 16)
-  SWEEP_(probe_trace_read_scaler_events, ev, 16)
-  SWEEP_(probe_trace_read_kernels, k, 4)
-#undef SWEEP_
-  for (int64_t at = 0;; at += (int64_t)got) {
-    if ((st = probe_trace_read_snapshots(t, at, 16, sn, &got)) != PROBE_OK)
-      return st;
-    for (size_t i = 0; i < got; i++) {
-      float *v = malloc((size_t)sn[i].n * sizeof *v + 1);
-      st = probe_trace_read_snapshot_data(t, &sn[i], v);
-      free(v);
-      if (st != PROBE_OK) return st;
-    }
-    if (!got) break;
-  }
-  size_t nl = 0;
-  const probe_layer_info *l = probe_trace_layers(t, &nl);
-  for (size_t i = 0; i < nl; i++) ck_assert(memchr(l[i].name, 0, PROBE_NAME_MAX));
-  return PROBE_OK;
 }
 
 /* ---- well-formed mutants, through HDF5 ----------------------------------- */
@@ -231,7 +184,7 @@ static void check_one(const char *bad, uint64_t seed, const char *kind,
   oc->n++;
   if (st == PROBE_OK) {
     oc->ok++;
-    probe_status rs = read_all(t);
+    probe_status rs = pt_read_all(t);
     ck_assert_msg(rs == PROBE_OK || rs == PROBE_ERR_CORRUPT,
                   "seed %llu (%s): read %s", (unsigned long long)seed, kind,
                   probe_status_name(rs));
@@ -249,7 +202,7 @@ static void check_one(const char *bad, uint64_t seed, const char *kind,
     probe_trace *u = NULL;
     probe_status su = probe_trace_open(&u, bad);
     if (su == PROBE_OK) {
-      su = read_all(u);
+      su = pt_read_all(u);
       probe_trace_close(u);
     }
     ck_assert_msg(su == st, "seed %llu (%s): isolated %s (%s), plain %s",
@@ -263,13 +216,13 @@ START_TEST(test_fuzz_stage) {
   pt_path(path, sizeof path, "fuzz-orig");
   pt_path(bad, sizeof bad, "fuzz-bad");
   make_trace(path);
-  load(path);
+  pt_load(path, &g_data, &g_size);
   {
     probe_trace *t;
     char err[256];
     PT_CHECK(probe_trace_open_isolated(&t, path, err, sizeof err));
     ck_assert_int_gt(probe_trace_get_info(t)->n_snapshots, 0);
-    PT_CHECK(read_all(t));
+    PT_CHECK(pt_read_all(t));
     probe_trace_close(t);
   }
   const char *se = getenv("PT_FUZZ_SEED"), *ne = getenv("PT_FUZZ_N");
