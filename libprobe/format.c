@@ -61,6 +61,7 @@ static const probe__field step_fields[] = {
     F_(probe_step_scalars, clip_threshold, PROBE__F_F64, 1),
     F_(probe_step_scalars, clip_coef, PROBE__F_F64, 1),
     F_(probe_step_scalars, wall_time, PROBE__F_F64, 1),
+    FOPT_(probe_step_scalars, weight_digest, PROBE__F_U64, 1), /* appended */
 };
 
 static const probe__field scaler_fields[] = {
@@ -94,6 +95,12 @@ static const probe__field kernel_fields[] = {
 };
 
 #define N_(a) (sizeof(a) / sizeof((a)[0]))
+
+/* probe__type_create_read reports absent fields as bits of a uint32_t. */
+_Static_assert(N_(layer_fields) <= 32 && N_(record_fields) <= 32 &&
+                   N_(step_fields) <= 32 && N_(scaler_fields) <= 32 &&
+                   N_(snapidx_fields) <= 32 && N_(kernel_fields) <= 32,
+               "at most 32 fields per table");
 
 const probe__tabledef probe__tables[PROBE__T_COUNT] = {
     [PROBE__T_LAYERS] = {"/layers", layer_fields, N_(layer_fields),
@@ -169,7 +176,15 @@ fail:
   return H5I_INVALID_HID;
 }
 
-hid_t probe__type_create_read(probe__table t, hid_t file_type, int *missing) {
+int probe__field_index(probe__table t, const char *name) {
+  const probe__tabledef *d = &probe__tables[t];
+  for (size_t i = 0; i < d->n_fields; i++)
+    if (strcmp(d->fields[i].name, name) == 0) return (int)i;
+  return -1;
+}
+
+hid_t probe__type_create_read(probe__table t, hid_t file_type,
+                              uint32_t *missing) {
   const probe__tabledef *d = &probe__tables[t];
   *missing = 0;
   if (d->fields == NULL) return probe__type_create(t, 0);
@@ -178,7 +193,7 @@ hid_t probe__type_create_read(probe__table t, hid_t file_type, int *missing) {
   for (size_t i = 0; i < d->n_fields; i++) {
     const probe__field *f = &d->fields[i];
     if (f->optional && H5Tget_member_index(file_type, f->name) < 0) {
-      *missing = 1;
+      *missing |= 1u << i; /* at most 32 fields per table (static check) */
       continue;
     }
     hid_t ft = field_type(f, 0);

@@ -96,15 +96,30 @@ extern const probe__tabledef probe__tables[PROBE__T_COUNT];
 hid_t probe__type_create(probe__table t, int file);
 
 /* The native memory type of table t holding only the fields that
- * file_type has (optional fields may be absent); *missing is set to 1
- * when one was. Returns H5I_INVALID_HID on failure. */
-hid_t probe__type_create_read(probe__table t, hid_t file_type, int *missing);
+ * file_type has (optional fields may be absent); *missing gets bit i set
+ * for each field i (index in the table's field list) that was absent, so
+ * 0 when none was. Returns H5I_INVALID_HID on failure. */
+hid_t probe__type_create_read(probe__table t, hid_t file_type,
+                              uint32_t *missing);
+
+/* Index of a field in its table's field list (for *missing above); -1
+ * when the table has no such field. */
+int probe__field_index(probe__table t, const char *name);
 
 /* Checks that a file type holds every field of table t (optional ones
  * when present) with a compatible class and size. Returns 0, or -1 with a
  * reason written to why. */
 int probe__type_check(probe__table t, hid_t file_type, char *why,
                       size_t whylen);
+
+/* 1 when run_id is NULL, "" or at most PROBE_RUN_ID_MAX characters of
+ * [A-Za-z0-9._-] (session.c; the reader checks a file's run_id with it). */
+int probe__run_id_ok(const char *run_id);
+
+/* Sets the message probe_trace_last_error(NULL) returns (this thread's
+ * last failed open; reader.c), for probe_trace_set_expand. */
+void probe__trace_open_msg(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
 
 /* Variable-length UTF-8 string type (for root attributes). */
 hid_t probe__vlstr_type(void);

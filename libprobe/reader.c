@@ -41,24 +41,42 @@
 /* Metadata read attempts under SWMR (HDF5's default there is 100). */
 #define PROBE__READ_ATTEMPTS 2
 
+/* The string attributes of a trace's root, in probe_trace.strs order; the
+ * last, run_id, was added later: absent in older traces, read as "". */
+#define N_STR_ATTRS 6
+#define STR_RUN_ID 5
+static const char *const str_attrs[N_STR_ATTRS] = {
+    "created",          "command_line",     "config_json",
+    "precision_policy", "library_versions", "run_id"};
+
 struct probe_trace {
   hid_t file;
   hid_t dset[PROBE__T_COUNT];
   hid_t mtype[PROBE__T_COUNT];
   int64_t rows[PROBE__T_COUNT]; /* committed rows readable */
   int64_t state[PROBE__STATE_LEN]; /* /meta/state as read */
-  int missing[PROBE__T_COUNT]; /* the file lacks an optional field */
+  uint32_t missing[PROBE__T_COUNT]; /* bit i: the file lacks optional
+                                       field i of the table */
+  uint32_t miss_unmeasured, miss_digest; /* those bits of /steps' fields */
   probe_trace_info info;
   probe_layer_info *layers; /* (info.n_layers) */
   char *path;
   char h5msg[256]; /* HDF5's message of the last failed read */
-  char *strs[5]; /* created, command_line, config_json, precision_policy,
-                    library_versions */
+  char *strs[N_STR_ATTRS]; /* str_attrs: created, command_line,
+                              config_json, precision_policy,
+                              library_versions, run_id */
   char msg[512];
 };
 
 /* The message of the last failed probe_trace_open in this thread. */
 static _Thread_local char open_msg[512];
+
+void probe__trace_open_msg(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(open_msg, sizeof open_msg, fmt, ap);
+  va_end(ap);
+}
 
 /* Sets the one-line message "PATH: what". */
 static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
@@ -96,7 +114,7 @@ static void probe_trace_close_impl(probe_trace *t) {
     if (t->file >= 0) H5Fclose(t->file);
   }
   H5E_END_TRY;
-  for (int i = 0; i < 5; i++) free(t->strs[i]);
+  for (int i = 0; i < N_STR_ATTRS; i++) free(t->strs[i]);
   free(t->path);
   free(t->layers);
   free(t);
@@ -419,6 +437,30 @@ static probe_status check_state(probe_trace *t) {
   return PROBE_OK;
 }
 
+/* The rank attributes: absent in older traces (rank -1, world size 0),
+ * else as probe_session_open accepts them; the run id likewise. */
+static probe_status read_rank(probe_trace *t) {
+  int64_t rank = -1, world = 0;
+  int has_rank = H5Aexists(t->file, "rank") > 0;
+  int has_world = H5Aexists(t->file, "world_size") > 0;
+  if (has_rank != has_world ||
+      (has_rank && (attr_read_i64(t->file, "rank", &rank) < 0 ||
+                    attr_read_i64(t->file, "world_size", &world) < 0)))
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace (attributes rank and world_size)");
+  int single = rank == -1 && world == 0;
+  if (!single && (rank < 0 || world < 1 || world > INT32_MAX || rank >= world))
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: rank %lld of world size %lld", (long long)rank,
+                (long long)world);
+  if (!probe__run_id_ok(t->info.run_id))
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: invalid run_id '%.80s'",
+                t->info.run_id);
+  t->info.rank = (int32_t)rank;
+  t->info.world_size = (int32_t)world;
+  return PROBE_OK;
+}
+
 static probe_status read_layers(probe_trace *t) {
   int64_t n = t->rows[PROBE__T_LAYERS];
   if (n > (1 << 20))
@@ -440,11 +482,7 @@ static probe_status read_layers(probe_trace *t) {
   return PROBE_OK;
 }
 
-/* The five string attributes of a trace's root, in probe_trace.strs order. */
-static const char *const str_attrs[5] = {"created", "command_line", "config_json",
-                                         "precision_policy", "library_versions"};
-
-/* given: NULL, or the five string attributes (malloc'ed; taken over, also on
+/* given: NULL, or the N_STR_ATTRS string attributes (malloc'ed; taken over, also on
  * failure) as probe_trace_open_isolated's child read them, so that this
  * process reads no variable-length string from the file: a corrupt global
  * heap makes HDF5 1.10 copy past its buffers there without crashing (seen
@@ -452,17 +490,20 @@ static const char *const str_attrs[5] = {"created", "command_line", "config_json
  * The child has checked the "format" attribute too. */
 static probe_status probe_trace_open_impl(probe_trace **out, const char *path, char **given) {
   if (out == NULL || path == NULL) {
-    for (int i = 0; given && i < 5; i++) free(given[i]);
+    for (int i = 0; given && i < N_STR_ATTRS; i++) free(given[i]);
     return PROBE_ERR_INVALID_ARG;
   }
   *out = NULL;
   probe_trace *t = calloc(1, sizeof *t);
   if (t == NULL) {
-    for (int i = 0; given && i < 5; i++) free(given[i]);
+    for (int i = 0; given && i < N_STR_ATTRS; i++) free(given[i]);
     return PROBE_ERR_NOMEM;
   }
-  for (int i = 0; given && i < 5; i++) t->strs[i] = given[i]; /* freed with t */
+  for (int i = 0; given && i < N_STR_ATTRS; i++)
+    t->strs[i] = given[i]; /* freed with t */
   t->file = H5I_INVALID_HID;
+  t->miss_unmeasured = 1u << probe__field_index(PROBE__T_STEPS, "unmeasured");
+  t->miss_digest = 1u << probe__field_index(PROBE__T_STEPS, "weight_digest");
   for (int i = 0; i < PROBE__T_COUNT; i++)
     t->dset[i] = t->mtype[i] = H5I_INVALID_HID;
   if ((t->path = strdup(path)) == NULL) {
@@ -546,8 +587,12 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
   t->info.version = (int)version;
-  for (int i = 0; i < 5 && !given; i++) {
-    if ((t->strs[i] = attr_read_str(t->file, str_attrs[i], NULL)) == NULL) {
+  for (int i = 0; i < N_STR_ATTRS && !given; i++) {
+    int str_absent = 0;
+    t->strs[i] = attr_read_str(t->file, str_attrs[i], &str_absent);
+    if (t->strs[i] == NULL && i == STR_RUN_ID && str_absent)
+      t->strs[i] = strdup(""); /* an older writer */
+    if (t->strs[i] == NULL) {
       st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute %s)",
                 str_attrs[i]);
       goto out;
@@ -558,6 +603,8 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   t->info.config_json = t->strs[2];
   t->info.precision_policy = t->strs[3];
   t->info.library_versions = t->strs[4];
+  t->info.run_id = t->strs[STR_RUN_ID];
+  if ((st = read_rank(t)) != PROBE_OK) goto out;
 
   if ((st = read_state(t)) != PROBE_OK || (st = open_tables(t)) != PROBE_OK ||
       (st = check_state(t)) != PROBE_OK || (st = read_layers(t)) != PROBE_OK) {
@@ -635,12 +682,20 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
   if (st != PROBE_OK) return st;
   for (size_t i = 0; i < *got; i++) {
     probe_step_scalars *s = &buf[i];
-    if (t->missing[PROBE__T_STEPS]) s->unmeasured = 0; /* older writer */
+    /* Fields older writers did not write: unmeasured (all measured) and
+     * weight_digest (not measured). */
+    if (t->missing[PROBE__T_STEPS] & t->miss_unmeasured) s->unmeasured = 0;
+    if (t->missing[PROBE__T_STEPS] & t->miss_digest) {
+      s->weight_digest = 0;
+      s->unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
+    }
     if (s->step < 0 || s->step > t->info.last_step ||
         (i > 0 && s->step <= buf[i - 1].step) ||
         (s->found_inf != 0 && s->found_inf != 1) ||
         (s->skipped != 0 && s->skipped != 1) ||
-        (s->unmeasured & ~PROBE_SCALAR_ALL) != 0) {
+        (s->unmeasured & ~PROBE_SCALAR_ALL) != 0 ||
+        ((s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST) && s->weight_digest) ||
+        (!(s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST) && !s->weight_digest)) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld",
                   (long long)(start + (int64_t)i));
@@ -799,8 +854,9 @@ probe_status probe_trace_read_snapshot_data(probe_trace *t,
 /* What the child reports through the pipe. */
 typedef struct iso_report {
   int32_t status;
-  uint32_t strs_bytes; /* then, when status is PROBE_OK, the five string
-                          attributes, each a uint32_t length and its bytes */
+  uint32_t strs_bytes; /* then, when status is PROBE_OK, the N_STR_ATTRS
+                          string attributes, each a uint32_t length and its
+                          bytes */
   char msg[500];
 } iso_report;
 
@@ -933,10 +989,10 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     char *strs = NULL; /* the string attributes, for the parent */
     size_t nstrs = 0;
     if (st == PROBE_OK) {
-      for (int i = 0; i < 5; i++) nstrs += 4 + strlen(t->strs[i]);
+      for (int i = 0; i < N_STR_ATTRS; i++) nstrs += 4 + strlen(t->strs[i]);
       if (nstrs > UINT32_MAX || (strs = malloc(nstrs)) == NULL) _exit(1);
       char *w = strs;
-      for (int i = 0; i < 5; i++) {
+      for (int i = 0; i < N_STR_ATTRS; i++) {
         uint32_t len = (uint32_t)strlen(t->strs[i]);
         memcpy(w, &len, 4);
         memcpy(w + 4, t->strs[i], len);
@@ -1022,11 +1078,11 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     snprintf(err, errlen, "%s", rep.msg);
     return (probe_status)rep.status;
   }
-  /* The five strings, as the child read them. */
-  char *given[5] = {NULL};
+  /* The strings, as the child read them. */
+  char *given[N_STR_ATTRS] = {NULL};
   size_t at = 0;
   probe_status st = PROBE_OK;
-  for (int i = 0; i < 5 && st == PROBE_OK; i++) {
+  for (int i = 0; i < N_STR_ATTRS && st == PROBE_OK; i++) {
     uint32_t len = 0;
     if (at + 4 > rep.strs_bytes) {
       st = PROBE_ERR_CORRUPT;
@@ -1048,7 +1104,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   }
   free(strs);
   if (st != PROBE_OK) {
-    for (int i = 0; i < 5; i++) free(given[i]);
+    for (int i = 0; i < N_STR_ATTRS; i++) free(given[i]);
     if (st == PROBE_ERR_NOMEM)
       snprintf(err, errlen, "%s: out of memory", path);
     else

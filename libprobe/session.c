@@ -79,6 +79,9 @@ void probe_options_init(probe_options *opt) {
   opt->cupti = 0;
   opt->max_events = 16;
   opt->batch_rows = 4096;
+  opt->rank = -1;
+  opt->world_size = 0;
+  opt->run_id = NULL;
 }
 
 /* 1 when name matches one of the comma-separated globs in sel. */
@@ -204,7 +207,7 @@ static void session_free(probe_session *s) {
   free(s->selected);
   free(s->layer_select);
   free(s->path);
-  for (int i = 0; i < 3; i++) free(s->own_strings[i]);
+  for (int i = 0; i < 4; i++) free(s->own_strings[i]);
   if (s->lock_fd >= 0) close(s->lock_fd); /* releases the writer lock */
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->wake);
@@ -329,6 +332,37 @@ static int session_sync_init(probe_session *s) {
   return rc ? -1 : 0;
 }
 
+/* 1 when run_id is NULL, "" or at most PROBE_RUN_ID_MAX characters of
+ * [A-Za-z0-9._-] (shared with the reader's check: probe__run_id_ok). */
+int probe__run_id_ok(const char *run_id) {
+  if (run_id == NULL) return 1;
+  size_t n = 0;
+  for (const char *p = run_id; *p; p++, n++) {
+    char c = *p;
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+             (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok || n >= PROBE_RUN_ID_MAX) return 0;
+  }
+  return 1;
+}
+
+/* The rank options (probe.h): -1/0 outside a multi-rank job, else
+ * 0 <= rank < world_size; a run id of the allowed characters. */
+static probe_status check_rank_options(const probe_options *o) {
+  int single = o->rank == -1 && o->world_size == 0;
+  if (!single && (o->rank < 0 || o->world_size < 1 || o->rank >= o->world_size))
+    return open_fail(PROBE_ERR_INVALID_ARG,
+                     "probe_session_open: rank %d of world size %d (want "
+                     "-1 of 0, or 0 <= rank < world_size)",
+                     o->rank, o->world_size);
+  if (!probe__run_id_ok(o->run_id))
+    return open_fail(PROBE_ERR_INVALID_ARG,
+                     "probe_session_open: run_id '%.80s' is not at most %d "
+                     "characters of [A-Za-z0-9._-]",
+                     o->run_id, PROBE_RUN_ID_MAX);
+  return PROBE_OK;
+}
+
 probe_status probe_session_open(probe_session **out, const char *path,
                                 const probe_options *opt) {
   if (out == NULL)
@@ -347,6 +381,8 @@ probe_status probe_session_open(probe_session **out, const char *path,
                      "probe_session_open: option out of range (mode, "
                      "step_every, step_start, ring_steps, flush_seconds, "
                      "flush_steps, max_events or batch_rows)");
+  probe_status rst = check_rank_options(&o);
+  if (rst != PROBE_OK) return rst;
 
   probe_session *s = calloc(1, sizeof *s);
   if (s == NULL) return open_fail(PROBE_ERR_NOMEM, "out of memory");
@@ -371,11 +407,11 @@ probe_status probe_session_open(probe_session **out, const char *path,
     goto nomem;
   s->opt.layer_select = s->layer_select;
   if ((s->path = strdup(path)) == NULL) goto nomem;
-  /* command_line / config_json / precision_policy are written by the writer
-   * thread, after this function has returned: it reads copies. */
-  const char **strs[3] = {&s->opt.command_line, &s->opt.config_json,
-                          &s->opt.precision_policy};
-  for (int i = 0; i < 3; i++)
+  /* command_line / config_json / precision_policy / run_id are written by
+   * the writer thread, after this function has returned: it reads copies. */
+  const char **strs[4] = {&s->opt.command_line, &s->opt.config_json,
+                          &s->opt.precision_policy, &s->opt.run_id};
+  for (int i = 0; i < 4; i++)
     if (*strs[i] && (*strs[i] = s->own_strings[i] = strdup(*strs[i])) == NULL)
       goto nomem;
   if (o.ring_steps > 0 &&
@@ -630,6 +666,12 @@ probe_status probe_step_set_scalars(probe_session *s,
   if (u & PROBE_SCALAR_LR) s->sc.lr = NAN;
   if (u & PROBE_SCALAR_GRAD_NORM) s->sc.grad_norm = NAN;
   if (u & PROBE_SCALAR_CLIP) s->sc.clip_threshold = s->sc.clip_coef = NAN;
+  /* A digest of 0 is "not measured": callers written before the field
+   * existed leave it at 0 in a zero-initialised struct. */
+  if ((u & PROBE_SCALAR_WEIGHT_DIGEST) || s->sc.weight_digest == 0) {
+    s->sc.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
+    s->sc.weight_digest = 0;
+  }
   s->have_scalars = 1;
   return PROBE_OK;
 }

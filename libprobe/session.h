@@ -78,9 +78,10 @@ struct probe_session {
   probe_options opt;
   char *layer_select; /* owned copy of opt.layer_select */
   char *path;         /* owned copy, for the writer thread's H5Fcreate */
-  char *own_strings[3]; /* owned copies of opt.command_line, config_json and
-                           precision_policy, which the writer thread writes
-                           after probe_session_open has returned */
+  char *own_strings[4]; /* owned copies of opt.command_line, config_json,
+                           precision_policy and run_id, which the writer
+                           thread writes after probe_session_open has
+                           returned */
 
   /* ---- the writer thread's own (the caller never touches these) ---- */
   hid_t file;

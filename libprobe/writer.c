@@ -198,7 +198,10 @@ static int write_root_attrs(probe_session *s) {
       attr_i32(f, "record_mode", (int32_t)s->opt.mode) < 0 ||
       attr_i32(f, "ring_steps", s->opt.ring_steps) < 0 ||
       attr_i32(f, "hist_min_exp", PROBE_HIST_MIN_EXP) < 0 ||
-      attr_i32(f, "hist_bins", PROBE_HIST_BINS) < 0)
+      attr_i32(f, "hist_bins", PROBE_HIST_BINS) < 0 ||
+      attr_i32(f, "rank", s->opt.rank) < 0 ||
+      attr_i32(f, "world_size", s->opt.world_size) < 0 ||
+      attr_str(f, "run_id", s->opt.run_id) < 0)
     return -1;
   return 0;
 }

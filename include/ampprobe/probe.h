@@ -86,7 +86,13 @@ probe_status probe_dtype_parse(const char *name, probe_dtype *out);
   XX(GRAD_IN, "grad_in", BACKWARD)    /* gradient leaving to the input */      \
   XX(WEIGHT, "weight", FORWARD)       /* parameter as used (cast) */           \
   XX(WEIGHT_GRAD, "weight_grad", BACKWARD) /* parameter gradient (scaled) */   \
-  XX(MASTER_WEIGHT, "master_weight", OPTIMIZER) /* FP32 master after step */
+  XX(MASTER_WEIGHT, "master_weight", OPTIMIZER) /* FP32 master after step */ \
+  /* appended (multi-rank, docs/trace-format.md): a layer's parameter         \
+   * gradient as this rank sends it into the all-reduce (scaled, in the       \
+   * all-reduce dtype, after any pre-division), and the same bucket as the    \
+   * all-reduce returned it (before any division by N) */                     \
+  XX(GRAD_PRE_ALLREDUCE, "grad_pre_allreduce", BACKWARD)                      \
+  XX(GRAD_POST_ALLREDUCE, "grad_post_allreduce", BACKWARD)
 
 typedef enum probe_site {
 #define PROBE_SITE_ENUM_(name, str, phase) PROBE_SITE_##name,
@@ -140,7 +146,10 @@ typedef struct probe_record {
 #define PROBE_SCALAR_LR (1u << 3)         /* lr */
 #define PROBE_SCALAR_GRAD_NORM (1u << 4)  /* grad_norm */
 #define PROBE_SCALAR_CLIP (1u << 5)       /* clip_threshold, clip_coef */
-#define PROBE_SCALAR_ALL ((1u << 6) - 1)
+#define PROBE_SCALAR_WEIGHT_DIGEST (1u << 6) /* weight_digest; traces written
+                                                before the field existed read
+                                                back with this bit set */
+#define PROBE_SCALAR_ALL ((1u << 7) - 1)
 
 typedef struct probe_step_scalars {
   int64_t step;
@@ -157,7 +166,23 @@ typedef struct probe_step_scalars {
   double clip_coef;      /* coefficient applied, min(1, max/(norm+eps)); 1 if
                             no clipping happened */
   double wall_time;      /* seconds since the session opened */
+  uint64_t weight_digest; /* appended: probe_digest64 of the FP32 master
+                             weights after this step's optimizer step, in
+                             parameter order (equal on every rank of a
+                             data-parallel job); 0 with its bit set when not
+                             measured */
 } probe_step_scalars;
+
+/* The weight digest: FNV-1a, 64 bit, over the bytes of data, chainable -
+ * start with h = PROBE_DIGEST64_INIT and pass each result on to digest
+ * several buffers as one (the parameters of a model, in order):
+ *   h = PROBE_DIGEST64_INIT; for each p: h = probe_digest64(p, bytes, h);
+ * For each byte b: h ^= b; h *= 1099511628211 (mod 2^64). Equal bytes give
+ * equal digests on every host; data may be NULL when nbytes is 0. Host
+ * memory only. */
+#define PROBE_DIGEST64_INIT 14695981039346656037ull
+AMPPROBE_API
+uint64_t probe_digest64(const void *data, size_t nbytes, uint64_t h);
 
 /* One stored tensor snapshot: n float32 values at data[offset .. offset+n)
  * of /snapshots/data (fp16/bf16 tensors are widened exactly). */
@@ -243,7 +268,18 @@ typedef struct probe_options {
                                 written at most 4 chunks at a time */
   int overwrite;             /* replace an existing trace file (0: an
                                 existing file is PROBE_ERR_EXISTS) */
+  /* appended: the rank of a multi-rank (data-parallel) job. rank -1 with
+   * world_size 0 (the default): not part of one; else 0 <= rank <
+   * world_size. run_id: the same string on every rank of one run (NULL or
+   * "" = none), at most PROBE_RUN_ID_MAX characters of [A-Za-z0-9._-].
+   * Anything else is PROBE_ERR_INVALID_ARG at probe_session_open. Stored
+   * as the root attributes rank, world_size, run_id. */
+  int rank;
+  int world_size;
+  const char *run_id;
 } probe_options;
+
+#define PROBE_RUN_ID_MAX 64 /* characters, without the NUL */
 
 /* Fills the defaults shown above. */
 AMPPROBE_API
@@ -366,6 +402,11 @@ typedef struct probe_trace_info {
   const char *config_json;
   const char *precision_policy;
   const char *library_versions;
+  /* appended: as the writer's probe_options; traces written before they
+   * existed read as -1, 0, "" */
+  int32_t rank;
+  int32_t world_size;
+  const char *run_id;
 } probe_trace_info;
 
 /* Opens and validates (format name and version, tables, types, state and
@@ -428,6 +469,38 @@ probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
 AMPPROBE_API
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen);
+
+/* ---- multi-rank trace sets ----------------------------------------------- */
+
+/* The trace path of one rank (docs/trace-format.md, "Multi-rank traces"):
+ * every "{rank}" in path is replaced by the decimal rank; else a path
+ * ending in ".h5" gets ".rank<r>" inserted before it ("out/trace.h5" ->
+ * "out/trace.rank3.h5"); else ".rank<r>.h5" is appended ("out/t" ->
+ * "out/t.rank3.h5"). Writes the NUL-terminated result into out (cap
+ * bytes). PROBE_ERR_INVALID_ARG for a NULL or empty path, rank < 0, or a
+ * result that does not fit (out then holds ""). */
+AMPPROBE_API
+probe_status probe_rank_trace_path(char *out, size_t cap, const char *path,
+                                   int rank);
+
+/* Expands what a user names as a set of traces into file paths, the one
+ * rule every tool and the Python package follow. Each arg:
+ *   - an existing directory: its regular files ending in ".h5" (not
+ *     recursive; other files are ignored);
+ *   - an arg with glob metacharacters (* ? [) that is not an existing file:
+ *     its glob(3) matches (none: PROBE_ERR_NOT_FOUND);
+ *   - else the path itself (whether or not it exists: opening it reports).
+ * The result is deduplicated (same string) and in natural order - digit
+ * runs compare as numbers, so trace.rank2.h5 comes before trace.rank10.h5.
+ * *paths_out is a malloc'ed array of *n_out malloc'ed strings; free it with
+ * probe_trace_set_free. A directory with no .h5 file, or no args at all,
+ * is PROBE_ERR_NOT_FOUND. On failure *paths_out is NULL, *n_out 0, and
+ * probe_trace_last_error(NULL) names the argument. */
+AMPPROBE_API
+probe_status probe_trace_set_expand(const char *const *args, size_t n_args,
+                                    char ***paths_out, size_t *n_out);
+AMPPROBE_API
+void probe_trace_set_free(char **paths, size_t n);
 
 #ifdef __cplusplus
 }

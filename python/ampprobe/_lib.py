@@ -20,17 +20,22 @@ import pathlib
 # ---- vocabulary (names as probe.h; ids are looked up in the library) -------
 
 SITES = ("fwd_in", "fwd_out", "fwd_saved", "grad_out", "grad_in", "weight",
-         "weight_grad", "master_weight")
+         "weight_grad", "master_weight", "grad_pre_allreduce",
+         "grad_post_allreduce")
 SITE_PHASE = {"fwd_in": "forward", "fwd_out": "forward", "fwd_saved": "forward",
               "grad_out": "backward", "grad_in": "backward",
               "weight": "forward", "weight_grad": "backward",
-              "master_weight": "optimizer"}
+              "master_weight": "optimizer", "grad_pre_allreduce": "backward",
+              "grad_post_allreduce": "backward"}
 PRECISIONS = ("fp32", "fp16", "bf16")
 DTYPES = ("fp32", "fp16", "bf16")
 SCALER_KINDS = ("backoff", "growth", "hysteresis", "min_clamp")
 # probe_step_scalars.unmeasured bits (PROBE_SCALAR_*)
 SCALAR_LOSS, SCALAR_LOSS_SCALE, SCALAR_SCALER = 1, 2, 4
 SCALAR_LR, SCALAR_GRAD_NORM, SCALAR_CLIP = 8, 16, 32
+SCALAR_WEIGHT_DIGEST = 64  # weight_digest; 0 is stored as not measured
+PROBE_DIGEST64_INIT = 14695981039346656037  # probe_digest64's start value
+PROBE_RUN_ID_MAX = 64
 MODES = {"scalars": 0, "flight": 0, "flight-recorder": 0, "full": 1}
 
 PROBE_NAME_MAX = 64
@@ -97,6 +102,9 @@ class probe_step_scalars(ctypes.Structure):
         ("clip_threshold", ctypes.c_double),
         ("clip_coef", ctypes.c_double),
         ("wall_time", ctypes.c_double),
+        # appended (multi-rank): probe_digest64 of the FP32 master weights
+        # after the step; 0 = not measured (SCALAR_WEIGHT_DIGEST)
+        ("weight_digest", ctypes.c_uint64),
     ]
 
 
@@ -153,6 +161,11 @@ class probe_options(ctypes.Structure):
         # Newer libraries: replace an existing trace (0: PROBE_ERR_EXISTS).
         # An older library ignores it (it lands in probe_options_buf's pad).
         ("overwrite", ctypes.c_int),
+        # multi-rank jobs: rank -1 / world_size 0 outside one (set by
+        # probe_options_init); run_id None or [A-Za-z0-9._-]{1,64}
+        ("rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("run_id", ctypes.c_char_p),
     ]
 
 
@@ -183,6 +196,10 @@ class probe_trace_info(ctypes.Structure):
         ("config_json", ctypes.c_char_p),
         ("precision_policy", ctypes.c_char_p),
         ("library_versions", ctypes.c_char_p),
+        # older traces: -1, 0, ""
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("run_id", ctypes.c_char_p),
     ]
 
 
@@ -282,6 +299,14 @@ def _declare(lib):
         fn("probe_verdict_name", c.c_char_p, c.c_int)
     if hasattr(lib, "ampprobe_version"):
         fn("ampprobe_version", c.c_char_p)
+    # Multi-rank traces (libraries that have them).
+    if hasattr(lib, "probe_trace_set_expand"):
+        fn("probe_digest64", c.c_uint64, c.c_void_p, c.c_size_t, c.c_uint64)
+        fn("probe_rank_trace_path", st, c.c_char_p, c.c_size_t, c.c_char_p,
+           c.c_int)
+        fn("probe_trace_set_expand", st, c.POINTER(c.c_char_p), c.c_size_t,
+           c.POINTER(c.POINTER(c.c_char_p)), c.POINTER(c.c_size_t))
+        fn("probe_trace_set_free", None, c.POINTER(c.c_char_p), c.c_size_t)
 
 
 def load():

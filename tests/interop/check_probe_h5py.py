@@ -17,6 +17,12 @@ import h5py
 import numpy as np
 
 
+def fnv1a64(data, h=14695981039346656037):
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def check(path, complete):
     f = h5py.File(path, "r", swmr=True)
     a = f.attrs
@@ -27,6 +33,11 @@ def check(path, complete):
     assert a["precision_policy"] == "fp16; fp32: bn"
     assert a["library_versions"].startswith("ampprobe ")
     assert int(a["hist_bins"]) == 66 and int(a["hist_min_exp"]) == -32
+    # multi-rank attributes (docs/trace-format.md, "Multi-rank traces")
+    assert a["rank"] == 2 and a["world_size"] == 4, (a["rank"], a["world_size"])
+    assert a["rank"].dtype == np.dtype("<i4")
+    assert a["world_size"].dtype == np.dtype("<i4")
+    assert a["run_id"] == "interop-run.1", a["run_id"]
 
     state = f["meta/state"][:]
     fields = f["meta/state"].attrs["fields"].split(",")
@@ -76,19 +87,23 @@ def check(path, complete):
     assert (s["lr"] == 0.01).all()
     assert np.all(np.diff(s["wall_time"]) >= 0)
     # not measured (bit set, value NaN) vs measured: docs/trace-format.md
-    assert s["unmeasured"].tolist() == [0, 0, 16 | 32, 0, 0]
+    assert s["unmeasured"].tolist() == [0, 0, 16 | 32, 0, 64]
+    # the weight digest: FNV-1a 64 of layer 0's 10 float32 values, as
+    # Python computes it; step 4 not measured (bit 64, value 0)
+    assert s.dtype.itemsize == 88 and s.dtype["weight_digest"] == np.dtype("<u8")
+    for i in range(4):
+        vals = np.array([i] + list(range(1, 10)), dtype="<f4").tobytes()
+        assert int(s["weight_digest"][i]) == fnv1a64(vals), i
+    assert int(s["weight_digest"][4]) == 0
     assert np.isnan(s["grad_norm"][2]) and np.isnan(s["clip_coef"][2])
     assert s["clip_coef"][[0, 1, 3, 4]].tolist() == [1.0] * 4
 
     # the state's check value: FNV-1a 64 over the little-endian bytes of
     # every entry but "check" (docs/trace-format.md, /meta/state)
     assert st["features"] & 1
-    h = 14695981039346656037
-    for i, v in enumerate(state.tolist()):
-        if fields[i] == "check":
-            continue
-        for b in int(v & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little"):
-            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    h = fnv1a64(b"".join(int(v & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+                         for i, v in enumerate(state.tolist())
+                         if fields[i] != "check"))
     assert h == st["check"] & 0xFFFFFFFFFFFFFFFF, (h, st["check"])
 
     e = f["scaler_events"][: st["n_scaler_events"]]

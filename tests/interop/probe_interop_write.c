@@ -9,7 +9,9 @@
  * UTF-8 name). Steps 0..4, full mode. Per step: layer 0 fwd_out = the 10
  * floats step, 1, 2, ..., 9; layer 1 grad_in = 4 fp16 values 0.5*step,
  * with a NaN in element 2 at step 3. Step scalars: loss 1/(step+1), loss
- * scale 65536/2^step, lr 0.01. One backoff event at step 3.
+ * scale 65536/2^step, lr 0.01, weight digest probe_digest64 of layer 0's
+ * 10 floats (not measured at step 4). One backoff event at step 3. Rank
+ * attributes: rank 2 of 4, run id "interop-run.1".
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -42,6 +44,9 @@ int main(int argc, char **argv) {
   o.config_json = "{\"scenario\": \"interop\", \"steps\": 5}";
   o.precision_policy = "fp16; fp32: bn";
   o.flush_seconds = 1e9;
+  o.rank = 2;
+  o.world_size = 4;
+  o.run_id = "interop-run.1";
   probe_session *s;
   CHECK(probe_session_open(&s, argv[1], &o));
   int32_t lin, bn;
@@ -71,6 +76,8 @@ int main(int argc, char **argv) {
                              .unmeasured = step == 2 ? PROBE_SCALAR_GRAD_NORM |
                                                            PROBE_SCALAR_CLIP
                                                      : 0};
+    if (step == 4) sc.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
+    else sc.weight_digest = probe_digest64(a, sizeof a, PROBE_DIGEST64_INIT);
     CHECK(probe_step_set_scalars(s, &sc));
     if (step == 3) {
       probe_scaler_event ev = {.kind = PROBE_SCALER_BACKOFF,

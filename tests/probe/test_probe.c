@@ -69,6 +69,9 @@ START_TEST(test_options_defaults) {
   ck_assert_uint_eq(o.snapshot_max_elems, 1u << 20);
   ck_assert_int_eq(o.cupti, 0);
   ck_assert_int_eq(o.max_events, 16);
+  ck_assert_int_eq(o.rank, -1);
+  ck_assert_int_eq(o.world_size, 0);
+  ck_assert_ptr_null(o.run_id);
 }
 END_TEST
 

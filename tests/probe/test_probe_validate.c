@@ -315,6 +315,7 @@ START_TEST(test_scalars_unmeasured_roundtrip) {
     in[i].clip_threshold = 1.0;
     in[i].clip_coef = 0.5;
     in[i].growth_tracker = i;
+    in[i].weight_digest = 0x1000u + (uint64_t)i;
   }
   in[1].unmeasured = PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP; /* no clip */
   in[2].grad_norm = NAN; /* measured, and NaN: a non-finite gradient norm */
@@ -323,6 +324,7 @@ START_TEST(test_scalars_unmeasured_roundtrip) {
   in[5].unmeasured = PROBE_SCALAR_SCALER;
   in[6].unmeasured = PROBE_SCALAR_GRAD_NORM;
   in[6].grad_norm = NAN; /* unmeasured NaN: the same value, another meaning */
+  in[7].unmeasured = PROBE_SCALAR_WEIGHT_DIGEST; /* its value is dropped */
   write_scalars(path, in, 8);
   probe_trace *t;
   PT_CHECK(probe_trace_open(&t, path));
@@ -340,6 +342,9 @@ START_TEST(test_scalars_unmeasured_roundtrip) {
                                     : out[i].clip_coef == 0.5);
     ck_assert_int_eq(out[i].growth_tracker,
                      u & PROBE_SCALAR_SCALER ? 0 : i);
+    ck_assert_uint_eq(out[i].weight_digest, u & PROBE_SCALAR_WEIGHT_DIGEST
+                                                ? 0
+                                                : 0x1000u + (uint64_t)i);
   }
   ck_assert(isnan(out[1].grad_norm) && (out[1].unmeasured & PROBE_SCALAR_GRAD_NORM));
   ck_assert(isnan(out[2].grad_norm) && !(out[2].unmeasured & PROBE_SCALAR_GRAD_NORM));
@@ -384,7 +389,7 @@ START_TEST(test_scalars_unknown_bits) {
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, NULL));
   PT_CHECK(probe_step_begin(s, 0));
-  static const uint32_t bad[] = {1u << 6, 1u << 31, PROBE_SCALAR_ALL + 1};
+  static const uint32_t bad[] = {1u << 7, 1u << 31, PROBE_SCALAR_ALL + 1};
   for (int i = 0; i < 3; i++) {
     probe_step_scalars sc = {.loss = 1, .unmeasured = bad[i]};
     ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_ERR_INVALID_ARG);
@@ -399,7 +404,8 @@ START_TEST(test_scalars_unknown_bits) {
 END_TEST
 
 /* A trace of the writer before the field (tests/probe/data): opens, reads
- * unmeasured = 0 everywhere, its NaN grad_norm as it was. */
+ * every scalar measured but the weight digest (which it did not have
+ * either), its NaN grad_norm as it was. */
 START_TEST(test_scalars_old_trace) {
   probe_trace *t;
   char err[512];
@@ -412,7 +418,8 @@ START_TEST(test_scalars_old_trace) {
   PT_CHECK(probe_trace_read_steps(t, 0, 6, out, &got));
   ck_assert_uint_eq(got, 6);
   for (int i = 0; i < 6; i++) {
-    ck_assert_uint_eq(out[i].unmeasured, 0);
+    ck_assert_uint_eq(out[i].unmeasured, PROBE_SCALAR_WEIGHT_DIGEST);
+    ck_assert_uint_eq(out[i].weight_digest, 0);
     ck_assert_int_eq(out[i].step, i);
     ck_assert(i % 2 ? isnan(out[i].grad_norm) : out[i].grad_norm == 2.0);
   }

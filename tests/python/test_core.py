@@ -76,7 +76,7 @@ def test_struct_layout_matches_c(tmp_path):
 
 def test_numpy_dtypes_match_structs():
     assert ampprobe.RECORD_DTYPE.itemsize == 648
-    assert ampprobe.STEP_DTYPE.itemsize == 80
+    assert ampprobe.STEP_DTYPE.itemsize == 88
     assert ampprobe.SCALER_EVENT_DTYPE.itemsize == 40
     assert ampprobe.RECORD_DTYPE.fields["hist"][0].shape == (66,)
     assert ampprobe.RECORD_DTYPE.fields["sum"][1] == 24 + 80
@@ -364,6 +364,8 @@ def test_unmeasured_scalars(tmp_path):
     st = ampprobe.read_trace(p)["steps"][0]
     want = (_lib.SCALAR_LOSS_SCALE | _lib.SCALAR_SCALER | _lib.SCALAR_GRAD_NORM
             | _lib.SCALAR_CLIP)
+    # no weight digest given: stored as not measured (docs/trace-format.md)
+    want |= getattr(_lib, "SCALAR_WEIGHT_DIGEST", 0)
     assert st["unmeasured"] == want
     assert math.isnan(st["loss"]) and st["lr"] == 0.1
     assert math.isnan(st["grad_norm"]) and st["found_inf"] == 0
