@@ -8,7 +8,8 @@
  *   synth_ranks --out DIR [--ranks 1024] [--steps 1000] [--layers 30]
  *               [--mode scalars|full] [--fault-rank R] [--fault-step S]
  *               [--lead K] [--fault-layer L] [--elems N] [--run-id ID]
- *               [--jobs J] [--overwrite] [--verify] [--quiet]
+ *               [--jobs J] [--overwrite] [--verify | --verify-only]
+ *               [--quiet]
  *
  * writes DIR/trace.rank<r>.h5 for r = 0..ranks-1 (probe_rank_trace_path of
  * DIR/trace.h5), each with rank, world size and one run id. The job it
@@ -39,6 +40,7 @@
  * --verify reopens every trace and checks the rank attributes, the run id,
  * the first non-finite step (S on rank R, S+K elsewhere) and that digest,
  * loss scale and skipped agree across ranks at every step; exit 1 if not.
+ * --verify-only does only that, on a set written before (same options).
  * --jobs J writes with J processes (rank r in process r mod J).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -62,7 +64,7 @@
 
 typedef struct synth {
   const char *out;
-  int ranks, layers, elems, mode, jobs, overwrite, verify, quiet;
+  int ranks, layers, elems, mode, jobs, overwrite, verify, verify_only, quiet;
   int64_t steps, fault_step, lead;
   int fault_rank, fault_layer;
   char run_id[PROBE_RUN_ID_MAX + 1];
@@ -81,7 +83,7 @@ static void usage(FILE *f) {
           "         [--mode scalars|full] [--fault-rank R] [--fault-step S] "
           "[--lead K]\n"
           "         [--fault-layer L] [--elems N] [--run-id ID] [--jobs J]\n"
-          "         [--overwrite] [--verify] [--quiet]\n");
+          "         [--overwrite] [--verify | --verify-only] [--quiet]\n");
 }
 
 /* ---- the synthetic job ---------------------------------------------------- */
@@ -400,6 +402,7 @@ static int parse_args(synth *c, int argc, char **argv) {
     int flag = 1;
     if (!strcmp(a, "--overwrite")) c->overwrite = 1;
     else if (!strcmp(a, "--verify")) c->verify = 1;
+    else if (!strcmp(a, "--verify-only")) c->verify = c->verify_only = 1;
     else if (!strcmp(a, "--quiet")) c->quiet = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
@@ -476,11 +479,11 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (mkdir(c.out, 0755) != 0 && errno != EEXIST) {
+  if (!c.verify_only && mkdir(c.out, 0755) != 0 && errno != EEXIST) {
     fprintf(stderr, "synth_ranks: %s: %s\n", c.out, strerror(errno));
     return 1;
   }
-  if (!c.quiet)
+  if (!c.quiet && !c.verify_only)
     fprintf(stderr,
             "synth_ranks: %d ranks x %lld steps x %d layers (%s mode, %d "
             "elements per tensor) into %s; first fault: rank %d, layer %d, "
@@ -490,7 +493,7 @@ int main(int argc, char **argv) {
             c.fault_rank, c.fault_layer, (long long)c.fault_step,
             (long long)(c.fault_step + c.lead), c.run_id);
   double t0 = now_s();
-  if (generate(&c) < 0) return 1;
+  if (!c.verify_only && generate(&c) < 0) return 1;
   double t_gen = now_s() - t0;
   long long bytes = 0, biggest = 0;
   char base[4096], path[4096];
@@ -501,12 +504,13 @@ int main(int argc, char **argv) {
     bytes += b;
     if (b > biggest) biggest = b;
   }
-  printf("synth_ranks: %d ranks x %lld steps x %d layers, %s mode: %.1f s, "
-         "%.1f MiB on disk (%.1f KiB per rank, largest %.1f KiB)\n",
-         c.ranks, (long long)c.steps, c.layers,
-         c.mode == PROBE_MODE_FULL ? "full" : "scalars", t_gen,
-         (double)bytes / 1048576.0, (double)bytes / 1024.0 / c.ranks,
-         (double)biggest / 1024.0);
+  if (!c.verify_only)
+    printf("synth_ranks: %d ranks x %lld steps x %d layers, %s mode: %.1f "
+           "s, %.1f MiB on disk (%.1f KiB per rank, largest %.1f KiB)\n",
+           c.ranks, (long long)c.steps, c.layers,
+           c.mode == PROBE_MODE_FULL ? "full" : "scalars", t_gen,
+           (double)bytes / 1048576.0, (double)bytes / 1024.0 / c.ranks,
+           (double)biggest / 1024.0);
   if (c.verify) {
     double tv = now_s();
     if (verify(&c) < 0) return 1;
