@@ -53,7 +53,9 @@ static uint64_t rnd(void) {
 static size_t rnd_below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
 
 /* A trace with every table non-empty, as the tools see them: 3 layers,
- * 40 steps in full mode, scaler events, a non-finite value at step 25. */
+ * 40 steps in full mode, scaler events, a non-finite value at step 25;
+ * rank 1 of 2 with a run id, the all-reduce sites in layer 2 and a weight
+ * digest at even steps, so that mutants reach the multi-rank checks too. */
 static void make_trace(const char *path) {
   probe_options o;
   probe_options_init(&o);
@@ -61,6 +63,9 @@ static void make_trace(const char *path) {
   o.overwrite = 1;
   o.config_json = "{\"model\": \"mlp\"}";
   o.command_line = "ampprobe run --fuzz";
+  o.rank = 1;
+  o.world_size = 2;
+  o.run_id = "fuzz-run.1";
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
   static const char *const names[3] = {"in", "mid", "out"};
@@ -74,11 +79,14 @@ static void make_trace(const char *path) {
       for (int k = 0; k < 2; k++) {
         pt_tensor(x[l][k], 48, step, (uint32_t)(2 * l + k));
         if (step == 25 && l == 1 && k == 1) x[l][k][5] = NAN;
-        PT_CHECK(probe_tensor_record(s, l, k ? PROBE_SITE_FWD_OUT
-                                             : PROBE_SITE_FWD_IN,
-                                     PROBE_DTYPE_F32, x[l][k], 48));
+        probe_site site = l == 2 ? (k ? PROBE_SITE_GRAD_POST_ALLREDUCE
+                                      : PROBE_SITE_GRAD_PRE_ALLREDUCE)
+                                 : (k ? PROBE_SITE_FWD_OUT : PROBE_SITE_FWD_IN);
+        PT_CHECK(probe_tensor_record(s, l, site, PROBE_DTYPE_F32, x[l][k], 48));
       }
     probe_step_scalars sc = {.loss = 1.0 / (step + 1), .loss_scale = 512.0};
+    if (step % 2 == 0)
+      sc.weight_digest = probe_digest64(x, sizeof x, PROBE_DIGEST64_INIT);
     PT_CHECK(probe_step_set_scalars(s, &sc));
     if (step % 9 == 0) {
       probe_scaler_event ev = {.kind = PROBE_SCALER_GROWTH,
