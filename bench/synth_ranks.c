@@ -86,7 +86,7 @@ static void usage(FILE *f) {
           "         [--overwrite] [--verify | --verify-only] [--quiet]\n");
 }
 
-/* ---- the synthetic job ---------------------------------------------------- */
+/* ---- the synthetic job --------------------------------------------------- */
 
 /* One step of the job as every rank sees it (rank-independent parts). */
 typedef struct step_state {
@@ -247,7 +247,7 @@ fail:
 }
 #undef CHECK_
 
-/* ---- driver --------------------------------------------------------------- */
+/* ---- driver -------------------------------------------------------------- */
 
 static long long file_bytes(const char *path) {
   struct stat sb;
@@ -305,7 +305,7 @@ static int generate(const synth *c) {
   return bad ? -1 : 0;
 }
 
-/* ---- --verify --------------------------------------------------------------- */
+/* ---- --verify ------------------------------------------------------------ */
 
 #define VFAIL_(...)                                                            \
   do {                                                                         \
@@ -374,7 +374,7 @@ static int verify(const synth *c) {
   return bad ? -1 : 0;
 }
 
-/* ---- arguments -------------------------------------------------------------- */
+/* ---- arguments ----------------------------------------------------------- */
 
 static int parse_int(const char *s, long long lo, long long hi,
                      long long *out) {

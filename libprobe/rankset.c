@@ -29,7 +29,7 @@ uint64_t probe_digest64(const void *data, size_t nbytes, uint64_t h) {
   return h;
 }
 
-/* ---- the naming rule ------------------------------------------------------ */
+/* ---- the naming rule ----------------------------------------------------- */
 
 #define RANK_TOKEN "{rank}"
 
@@ -76,7 +76,7 @@ probe_status probe_rank_trace_path(char *out, size_t cap, const char *path,
   return PROBE_OK;
 }
 
-/* ---- trace sets ----------------------------------------------------------- */
+/* ---- trace sets ---------------------------------------------------------- */
 
 typedef struct pathlist {
   char **v;

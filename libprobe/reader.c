@@ -482,8 +482,8 @@ static probe_status read_layers(probe_trace *t) {
   return PROBE_OK;
 }
 
-/* given: NULL, or the N_STR_ATTRS string attributes (malloc'ed; taken over, also on
- * failure) as probe_trace_open_isolated's child read them, so that this
+/* given: NULL, or the N_STR_ATTRS string attributes (malloc'ed; taken over,
+ * also on failure) as probe_trace_open_isolated's child read them, so that this
  * process reads no variable-length string from the file: a corrupt global
  * heap makes HDF5 1.10 copy past its buffers there without crashing (seen
  * with ASan), which would corrupt this process's heap after a clean check.

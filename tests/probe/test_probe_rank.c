@@ -20,7 +20,7 @@
 #include "ampprobe/probe.h"
 #include "probe_testutil.h"
 
-/* ---- the naming rule ------------------------------------------------------ */
+/* ---- the naming rule ----------------------------------------------------- */
 
 static void expect_name(const char *path, int rank, const char *want) {
   char out[256];
@@ -52,7 +52,8 @@ START_TEST(test_name_errors) {
   ck_assert_int_eq(probe_rank_trace_path(out, 18, "out/trace.h5", 3),
                    PROBE_ERR_INVALID_ARG);
   ck_assert_str_eq(out, "");
-  ck_assert_int_eq(probe_rank_trace_path(out, 1, "t", 0), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_rank_trace_path(out, 1, "t", 0),
+                   PROBE_ERR_INVALID_ARG);
   /* {rank} replacement: "r10.h5" needs 7 bytes */
   PT_CHECK(probe_rank_trace_path(out, 7, "r{rank}.h5", 10));
   ck_assert_str_eq(out, "r10.h5");
@@ -71,7 +72,7 @@ START_TEST(test_name_errors) {
 }
 END_TEST
 
-/* ---- trace sets ------------------------------------------------------------ */
+/* ---- trace sets ---------------------------------------------------------- */
 
 static char g_dir[256];
 
@@ -214,7 +215,8 @@ START_TEST(test_set_errors) {
   ck_assert_ptr_null(paths);
   ck_assert_uint_eq(n, 0);
   ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), pat));
-  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "no file matches"));
+  ck_assert_ptr_nonnull(
+      strstr(probe_trace_last_error(NULL), "no file matches"));
   /* one good arg does not excuse a pattern that matches nothing */
   const char *a2[] = {g_dir, pat};
   ck_assert_int_eq(probe_trace_set_expand(a2, 2, &paths, &n),
@@ -240,6 +242,8 @@ END_TEST
 
 /* ---- rank attributes ---------------------------------------------------- */
 
+#define DIGEST_BASE 0xdeadbeef00000000u /* the steps' digests count up */
+
 static void write_small(const char *path, const probe_options *o, int steps) {
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, o));
@@ -256,7 +260,7 @@ static void write_small(const char *path, const probe_options *o, int steps) {
     PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_GRAD_POST_ALLREDUCE,
                                  PROBE_DTYPE_F32, x, 16));
     probe_step_scalars sc = {.loss = 1.0, .loss_scale = 65536, .lr = 1e-3,
-                             .weight_digest = 0xdeadbeef00000000u + (uint64_t)step,
+                             .weight_digest = DIGEST_BASE + (uint64_t)step,
                              .unmeasured = PROBE_SCALAR_GRAD_NORM |
                                            PROBE_SCALAR_CLIP};
     PT_CHECK(probe_step_set_scalars(s, &sc));
@@ -301,7 +305,7 @@ START_TEST(test_rank_roundtrip) {
     PT_CHECK(probe_trace_read_steps(t, 0, 4, sc, &got));
     ck_assert_uint_eq(got, 3);
     for (int i = 0; i < 3; i++) {
-      ck_assert_uint_eq(sc[i].weight_digest, 0xdeadbeef00000000u + (uint64_t)i);
+      ck_assert_uint_eq(sc[i].weight_digest, DIGEST_BASE + (uint64_t)i);
       ck_assert_uint_eq(sc[i].unmeasured,
                         PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP);
     }
@@ -446,10 +450,14 @@ START_TEST(test_rank_attrs_validated) {
     int del;
     probe_status want;
   } edits[] = {
-      {"rank", 4, 0, PROBE_ERR_CORRUPT},       {"rank", -1, 0, PROBE_ERR_CORRUPT},
-      {"rank", 3, 0, PROBE_OK},                {"world_size", 1, 0, PROBE_ERR_CORRUPT},
-      {"world_size", 0, 0, PROBE_ERR_CORRUPT}, {"world_size", 0, 1, PROBE_ERR_CORRUPT},
-      {"rank", 0, 1, PROBE_ERR_CORRUPT},       {"world_size", 2, 0, PROBE_OK},
+      {"rank", 4, 0, PROBE_ERR_CORRUPT},
+      {"rank", -1, 0, PROBE_ERR_CORRUPT},
+      {"rank", 3, 0, PROBE_OK},
+      {"world_size", 1, 0, PROBE_ERR_CORRUPT},
+      {"world_size", 0, 0, PROBE_ERR_CORRUPT},
+      {"world_size", 0, 1, PROBE_ERR_CORRUPT},
+      {"rank", 0, 1, PROBE_ERR_CORRUPT},
+      {"world_size", 2, 0, PROBE_OK},
   };
   for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
     unlink(path);
@@ -477,7 +485,7 @@ START_TEST(test_rank_attrs_validated) {
 }
 END_TEST
 
-/* ---- the weight digest ----------------------------------------------------- */
+/* ---- the weight digest --------------------------------------------------- */
 
 /* FNV-1a 64 written another way: the prime 2^40 + 2^8 + 0xb3 as shifts. */
 static uint64_t ref_fnv1a(const unsigned char *p, size_t n, uint64_t h) {
