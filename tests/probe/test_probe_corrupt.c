@@ -18,12 +18,17 @@ static char *g_data;
 static size_t g_size;
 
 /* A trace with every table non-empty: 3 layers, 30 steps, scaler events,
- * and a non-finite value at step 20 (one snapshot set). */
+ * and a non-finite value at step 20 (one snapshot set); rank 3 of 4 with a
+ * run id, the all-reduce sites in layer 0 and a weight digest at odd steps
+ * (the reader's multi-rank checks). */
 static void make_trace(const char *path) {
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
   o.config_json = "{\"model\": \"mlp\"}";
+  o.rank = 3;
+  o.world_size = 4;
+  o.run_id = "corrupt-run";
   probe_session *s;
   PT_CHECK(probe_session_open(&s, path, &o));
   static const char *const names[3] = {"in", "mid", "out"};
@@ -37,11 +42,13 @@ static void make_trace(const char *path) {
       for (int k = 0; k < 2; k++) {
         pt_tensor(x[l][k], 40, step, (uint32_t)(2 * l + k));
         if (step == 20 && l == 1 && k == 1) x[l][k][3] = INFINITY;
-        PT_CHECK(probe_tensor_record(s, l, k ? PROBE_SITE_FWD_OUT
-                                             : PROBE_SITE_FWD_IN,
-                                     PROBE_DTYPE_F32, x[l][k], 40));
+        probe_site site = l == 0 ? (k ? PROBE_SITE_GRAD_POST_ALLREDUCE
+                                      : PROBE_SITE_GRAD_PRE_ALLREDUCE)
+                                 : (k ? PROBE_SITE_FWD_OUT : PROBE_SITE_FWD_IN);
+        PT_CHECK(probe_tensor_record(s, l, site, PROBE_DTYPE_F32, x[l][k], 40));
       }
     probe_step_scalars sc = {.loss = 1.0, .loss_scale = 4096.0};
+    if (step % 2) sc.weight_digest = probe_digest64(x, sizeof x, step);
     PT_CHECK(probe_step_set_scalars(s, &sc));
     if (step % 7 == 0) {
       probe_scaler_event ev = {.kind = PROBE_SCALER_BACKOFF,
