@@ -511,11 +511,12 @@ typedef struct probe_ranks_disagreement {
 
 typedef struct probe_ranks_options {
   probe_diag_options diag; /* for the focus rank's post-mortem */
-  int isolate;      /* 1: read each file in a child process (fork), so that
-                       a crash inside HDF5 on a malformed file marks that
-                       rank unreadable instead of killing the caller; the
-                       focus rank is opened with probe_trace_open_isolated.
-                       The CLI sets it. (0) */
+  int isolate;      /* 1: read the files in a forked worker process (one
+                       for the whole set), so that a crash or hang inside
+                       HDF5 on a malformed file marks that rank unreadable
+                       (a new worker goes on with the next file) instead of
+                       killing the caller; the focus rank is opened with
+                       probe_trace_open_isolated. The CLI sets it. (0) */
   int focus_diag;   /* run the full post-mortem on the focus rank (1) */
 } probe_ranks_options;
 

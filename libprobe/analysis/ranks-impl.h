@@ -38,9 +38,22 @@ typedef struct probe__rsum {
  * only running out of memory is an error. */
 probe_status probe__rank_read(probe__rsum *s, const char *path);
 
-/* The same in a forked child (a crash or a hang of HDF5 on a malformed
- * file becomes "unreadable"). */
-probe_status probe__rank_read_isolated(probe__rsum *s, const char *path);
+/* The same in a forked worker process that summarises paths[i..n) in
+ * order (started at the first call, and again after a worker died): a
+ * crash or a hang of HDF5 on a malformed file makes that file
+ * "unreadable" and the next worker goes on with the file after it. Call
+ * with i = 0, 1, ... in order; stop the worker with probe__rworker_stop
+ * (status NULL: kill it). */
+typedef struct probe__rworker {
+  int pid; /* -1: none running */
+  int fd;
+} probe__rworker;
+
+void probe__rworker_init(probe__rworker *w);
+void probe__rworker_stop(probe__rworker *w, int *status);
+probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
+                                       const char *const *paths, size_t n,
+                                       size_t i);
 
 /* "0-3, 5, 9-11": the ranks of entries whose role (or status, when
  * by_status) is `want`, into buf; the count is returned. */

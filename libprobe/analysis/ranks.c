@@ -213,9 +213,9 @@ static probe_status add_entry(probe_ranks *r, const probe_rank_entry *e,
 
 static probe_status take_file(probe_ranks *r, merger *m, probe__rsum *s,
                               const char *const *paths, size_t n_paths,
-                              size_t i, const probe_ranks_options *opt) {
-  probe_status st = opt->isolate ? probe__rank_read_isolated(s, paths[i])
-                                 : probe__rank_read(s, paths[i]);
+                              size_t i, probe__rworker *w) {
+  probe_status st = w ? probe__rank_read_isolated(w, s, paths, n_paths, i)
+                      : probe__rank_read(s, paths[i]);
   if (st < 0) return st;
   if (s->e.status == PROBE_RANK_READ) {
     st = check_member(r, m, s, paths, n_paths, i);
@@ -463,12 +463,15 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
   probe__rsum *s = calloc(1, sizeof *s);
   probe_status st = s ? PROBE_OK : PROBE_ERR_NOMEM;
   probe_status first_err = PROBE_OK;
+  probe__rworker w;
+  probe__rworker_init(&w);
   for (size_t i = 0; i < n_paths && st >= 0; i++) {
-    st = take_file(r, &m, s, paths, n_paths, i, opt);
+    st = take_file(r, &m, s, paths, n_paths, i, opt->isolate ? &w : NULL);
     if (st >= 0 && s->e.status == PROBE_RANK_UNREADABLE &&
         first_err == PROBE_OK)
       first_err = (probe_status)s->e.error_status;
   }
+  probe__rworker_stop(&w, NULL);
   if (st >= 0)
     probe_text_escape(r->run_id, sizeof r->run_id, m.run_id);
   if (s) free(s->steps);

@@ -6,8 +6,10 @@
  * the trace's /meta/state names as the first non-finite
  * (probe_trace_info.first_nonfinite_step) are read: the records table is
  * sorted by step, so those rows are found by a binary search on the step
- * column. probe__rank_read_isolated does the same in a forked child and
- * sends the summary back through a pipe.
+ * column. probe__rank_read_isolated does the same in a forked worker
+ * process that reads the files one after the other and sends each summary
+ * back through a pipe (one fork for the whole set, not one per file: a
+ * new worker is started only after one dies on a malformed file).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -254,14 +256,18 @@ static int read_all(int fd, void *p, size_t n, int64_t deadline) {
   return 0;
 }
 
-static void child(int fd, probe__rsum *s, const char *path) {
-  probe_status st = probe__rank_read(s, path);
-  int32_t code = st;
-  if (write_all(fd, &code, sizeof code) < 0 ||
-      write_all(fd, s, sizeof *s) < 0 ||
-      write_all(fd, s->steps,
-                (size_t)(st < 0 ? 0 : s->e.n_steps) * sizeof *s->steps) < 0)
-    _exit(2);
+/* The worker: summarises paths[from..n) in order, one answer each. */
+static void worker(int fd, probe__rsum *s, const char *const *paths, size_t n,
+                   size_t from) {
+  for (size_t i = from; i < n; i++) {
+    probe_status st = probe__rank_read(s, paths[i]);
+    int32_t code = st;
+    if (write_all(fd, &code, sizeof code) < 0 ||
+        write_all(fd, s, sizeof *s) < 0 ||
+        write_all(fd, s->steps,
+                  (size_t)(st < 0 ? 0 : s->e.n_steps) * sizeof *s->steps) < 0)
+      _exit(2);
+  }
   _exit(0);
 }
 
@@ -294,38 +300,64 @@ static probe_status receive(int fd, probe__rsum *s, int *ok) {
   return PROBE_OK;
 }
 
-probe_status probe__rank_read_isolated(probe__rsum *s, const char *path) {
+void probe__rworker_init(probe__rworker *w) {
+  w->pid = -1;
+  w->fd = -1;
+}
+
+void probe__rworker_stop(probe__rworker *w, int *status) {
+  if (w->pid < 0) return;
+  if (w->fd >= 0) close(w->fd);
+  int ws = 0;
+  if (!status) kill(w->pid, SIGKILL);
+  while (waitpid(w->pid, &ws, 0) < 0 && errno == EINTR) {
+  }
+  if (status) *status = ws;
+  probe__rworker_init(w);
+}
+
+static int start_worker(probe__rworker *w, probe__rsum *s,
+                        const char *const *paths, size_t n, size_t from) {
   int fds[2];
-  if (pipe(fds) != 0) return probe__rank_read(s, path);
+  if (pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
-    return probe__rank_read(s, path);
+    return -1;
   }
   if (pid == 0) {
     close(fds[0]);
-    child(fds[1], s, path);
+    worker(fds[1], s, paths, n, from);
   }
   close(fds[1]);
+  w->pid = pid;
+  w->fd = fds[0];
+  return 0;
+}
+
+probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
+                                       const char *const *paths, size_t n,
+                                       size_t i) {
+  if (w->pid < 0 && start_worker(w, s, paths, n, i) < 0)
+    return probe__rank_read(s, paths[i]); /* no fork: in this process */
   int ok = 0;
-  probe_status st = receive(fds[0], s, &ok);
-  close(fds[0]);
+  probe_status st = receive(w->fd, s, &ok);
+  if (ok) return st;
+  /* the worker died (or hung) on file i: kill it, the next file starts a
+   * new one */
+  kill(w->pid, SIGKILL);
   int ws = 0;
-  if (!ok) kill(pid, SIGKILL);
-  while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
-  }
-  if (!ok) {
-    char msg[PROBE_RANKS_TEXT_MAX];
-    if (WIFSIGNALED(ws))
-      snprintf(msg, sizeof msg,
-               "corrupt trace: the reader crashed on it (signal %d)",
-               WTERMSIG(ws));
-    else
-      snprintf(msg, sizeof msg, "corrupt trace: the reader did not answer");
-    entry_init(&s->e);
-    s->run_id[0] = '\0';
-    set_unreadable(s, PROBE_ERR_CORRUPT, msg);
-  }
-  return st;
+  probe__rworker_stop(w, &ws);
+  char msg[PROBE_RANKS_TEXT_MAX];
+  if (WIFSIGNALED(ws) && WTERMSIG(ws) != SIGKILL)
+    snprintf(msg, sizeof msg,
+             "corrupt trace: the reader crashed on it (signal %d)",
+             WTERMSIG(ws));
+  else
+    snprintf(msg, sizeof msg, "corrupt trace: the reader did not answer");
+  entry_init(&s->e);
+  s->run_id[0] = '\0';
+  set_unreadable(s, PROBE_ERR_CORRUPT, msg);
+  return PROBE_OK;
 }

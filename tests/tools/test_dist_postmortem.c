@@ -956,6 +956,72 @@ START_TEST(test_cli_sets) {
 }
 END_TEST
 
+/* diff of two sets: paired by rank, partners missing reported. */
+START_TEST(test_cli_diff_sets) {
+  static char out[1 << 20];
+  job a, b;
+  job_init(&a, "diffa", 3, 10);
+  write_job(&a);
+  job_init(&b, "diffb", 3, 10);
+  b.f[1].masked_step = 4;
+  write_job(&b);
+  char args[1200];
+  snprintf(args, sizeof args, "diff --json '%s' '%s/t.rank*.h5'", a.dir,
+           b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")),
+                   "diverge");
+  json_t *pairs = json_object_get(doc, "pairs");
+  ck_assert_int_eq(json_array_size(pairs), 3);
+  for (size_t i = 0; i < 3; i++) {
+    json_t *p = json_array_get(pairs, i);
+    ck_assert_int_eq(json_integer_value(json_object_get(p, "rank")), (int)i);
+    ck_assert_str_eq(json_string_value(json_object_get(p, "verdict")),
+                     i == 1 ? "diverge" : "agree");
+    ck_assert_ptr_nonnull(json_object_get(p, "diff"));
+  }
+  json_decref(doc);
+  /* text; then B without rank 2 and A without rank 0 */
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "    1  DIVERGE"), "%s", out);
+  ck_assert_msg(strstr(out, "    0  AGREE"), "%s", out);
+  char p[256];
+  rank_path(&b, 2, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  rank_path(&a, 0, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  snprintf(args, sizeof args, "diff --json '%s' '%s'", a.dir, b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  char l[64];
+  int_list(json_object_get(doc, "only_a"), l, sizeof l);
+  ck_assert_str_eq(l, "2");
+  int_list(json_object_get(doc, "only_b"), l, sizeof l);
+  ck_assert_str_eq(l, "0");
+  ck_assert_int_eq(json_array_size(json_object_get(doc, "pairs")), 1);
+  json_decref(doc);
+  /* two healthy sets agree: exit 0 */
+  job c;
+  job_init(&c, "diffc", 2, 6);
+  write_job(&c);
+  job d;
+  job_init(&d, "diffd", 2, 6);
+  write_job(&d);
+  snprintf(args, sizeof args, "diff '%s' '%s'", c.dir, d.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "verdict: AGREE"), "%s", out);
+  /* a corrupt file in a set: exit 3 */
+  rank_path(&d, 1, p, sizeof p);
+  damage(p, 0);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+  ck_assert_msg(strstr(out, "UNREADABLE B"), "%s", out);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -975,6 +1041,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_unranked_and_single);
   tcase_add_test(tc, test_hostile_path_escaped);
   tcase_add_test(tc, test_cli_sets);
+  tcase_add_test(tc, test_cli_diff_sets);
   suite_add_tcase(s, tc);
   return s;
 }
