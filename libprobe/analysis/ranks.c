@@ -29,6 +29,9 @@ typedef struct merger {
   int first_meta;      /* the first read file's run id is known */
   char run_id[PROBE_NAME_MAX * 2];
   size_t run_id_file;  /* index of the file that gave it */
+  size_t *rank_entry;  /* rank -> entry index + 1 (0: none yet) */
+  size_t n_rank_entry;
+  size_t cap_entries;  /* allocated r->entries */
 } merger;
 
 const char *probe_ranks_origin_name(probe_ranks_origin o) {
@@ -184,25 +187,44 @@ static probe_status check_member(probe_ranks *r, merger *m,
            paths[m->run_id_file], m->run_id, path, s->run_id);
     return PROBE_ERR_INVALID_ARG;
   }
-  for (size_t k = 0; k < r->n_entries; k++) {
-    const probe_rank_entry *o = &r->entries[k];
-    if (o->status == PROBE_RANK_READ && o->rank == s->e.rank) {
-      char rk[24];
-      snprintf(rk, sizeof rk, "%d", (int)s->e.rank);
-      refuse(r, "rank %s twice: %s and %s%s", rk, o->path, path, "");
-      return PROBE_ERR_INVALID_ARG;
-    }
+  size_t rk = (size_t)s->e.rank;
+  if (rk < m->n_rank_entry && m->rank_entry[rk]) {
+    char num[24];
+    snprintf(num, sizeof num, "%d", (int)s->e.rank);
+    refuse(r, "rank %s twice: %s and %s%s", num,
+           r->entries[m->rank_entry[rk] - 1].path, path, "");
+    return PROBE_ERR_INVALID_ARG;
   }
   return PROBE_OK;
 }
 
-static probe_status add_entry(probe_ranks *r, const probe_rank_entry *e,
-                              const char *path, const char *error) {
-  probe_rank_entry *p =
-      realloc(r->entries, (r->n_entries + 1) * sizeof *r->entries);
-  if (!p) return PROBE_ERR_NOMEM;
-  r->entries = p;
-  probe_rank_entry *n = &p[r->n_entries++];
+/* Notes that entry `index` holds rank `rank` (for check_member). */
+static probe_status note_rank(merger *m, int32_t rank, size_t index) {
+  size_t rk = (size_t)rank;
+  if (rk >= m->n_rank_entry) {
+    size_t n = m->n_rank_entry ? m->n_rank_entry : 64;
+    while (n <= rk) n *= 2;
+    size_t *p = realloc(m->rank_entry, n * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    memset(p + m->n_rank_entry, 0, (n - m->n_rank_entry) * sizeof *p);
+    m->rank_entry = p;
+    m->n_rank_entry = n;
+  }
+  m->rank_entry[rk] = index + 1;
+  return PROBE_OK;
+}
+
+static probe_status add_entry(probe_ranks *r, size_t *cap,
+                              const probe_rank_entry *e, const char *path,
+                              const char *error) {
+  if (r->n_entries == *cap) {
+    size_t c = *cap ? 2 * *cap : 16;
+    probe_rank_entry *p = realloc(r->entries, c * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    r->entries = p;
+    *cap = c;
+  }
+  probe_rank_entry *n = &r->entries[r->n_entries++];
   *n = *e;
   n->path = path ? strdup(path) : NULL;
   n->error = error && *error ? strdup(error) : NULL;
@@ -221,9 +243,10 @@ static probe_status take_file(probe_ranks *r, merger *m, probe__rsum *s,
     st = check_member(r, m, s, paths, n_paths, i);
     if (st < 0) return st;
     st = merge_steps(r, m, s);
+    if (st >= 0) st = note_rank(m, s->e.rank, r->n_entries);
     if (st < 0) return st;
   }
-  return add_entry(r, &s->e, paths[i],
+  return add_entry(r, &m->cap_entries, &s->e, paths[i],
                    s->e.status == PROBE_RANK_UNREADABLE ? s->error : NULL);
 }
 
@@ -236,7 +259,7 @@ static int cmp_entry(const void *pa, const void *pb) {
   return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-static probe_status add_missing(probe_ranks *r) {
+static probe_status add_missing(probe_ranks *r, size_t *cap) {
   int32_t w = 0;
   for (size_t i = 0; i < r->n_entries; i++)
     if (r->entries[i].status == PROBE_RANK_READ &&
@@ -258,7 +281,7 @@ static probe_status add_missing(probe_ranks *r) {
     e.status = PROBE_RANK_MISSING;
     e.last_step = e.nf_step = e.first_nonfinite_loss_step = -1;
     e.nf_layer = e.nf_site = -1;
-    st = add_entry(r, &e, NULL, NULL);
+    st = add_entry(r, cap, &e, NULL, NULL);
   }
   free(have);
   return st;
@@ -449,6 +472,7 @@ static void write_texts(probe_ranks *r) {
 /* ---- the entry point ----------------------------------------------------- */
 
 static void merger_free(merger *m) {
+  free(m->rank_entry);
   free(m->ref);
   free(m->ref_rank);
   free(m->tmp);
@@ -457,7 +481,8 @@ static void merger_free(merger *m) {
 
 static probe_status read_all_files(probe_ranks *r, const char *const *paths,
                                    size_t n_paths,
-                                   const probe_ranks_options *opt) {
+                                   const probe_ranks_options *opt,
+                                   size_t *cap_entries) {
   merger m;
   memset(&m, 0, sizeof m);
   probe__rsum *s = calloc(1, sizeof *s);
@@ -472,6 +497,7 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
       first_err = (probe_status)s->e.error_status;
   }
   probe__rworker_stop(&w, NULL);
+  *cap_entries = m.cap_entries;
   if (st >= 0)
     probe_text_escape(r->run_id, sizeof r->run_id, m.run_id);
   if (s) free(s->steps);
@@ -501,8 +527,9 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
     opt = &defaults;
   }
   r->n_files = n_paths;
-  probe_status st = read_all_files(r, paths, n_paths, opt);
-  if (st >= 0) st = add_missing(r);
+  size_t cap = 0;
+  probe_status st = read_all_files(r, paths, n_paths, opt, &cap);
+  if (st >= 0) st = add_missing(r, &cap);
   if (st < 0) return st;
   qsort(r->entries, r->n_entries, sizeof *r->entries, cmp_entry);
   for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++)
