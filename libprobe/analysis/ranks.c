@@ -432,6 +432,11 @@ static void text_rank_origin(probe_ranks *r, const char *born,
     snprintf(r->origin_text + at, sizeof r->origin_text - at,
              "; the all-reduce carried it to rank%s %s %s",
              r->n_carried > 1 ? "s" : "", carried, when);
+  } else if (at < sizeof r->origin_text && f->post_records == 0) {
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             "; no other rank held a non-finite value (the traces have no "
+             "grad_post_allreduce records at that step: whether the "
+             "all-reduce carried it cannot be seen)");
   } else if (at < sizeof r->origin_text) {
     snprintf(r->origin_text + at, sizeof r->origin_text - at,
              "; the all-reduce did not carry it to any other rank");

@@ -64,6 +64,7 @@ typedef struct job {
   int64_t steps;
   const char *run_id;
   int flight; /* scalars mode with the flight recorder instead of full */
+  int no_allreduce; /* no GRAD_PRE/POST_ALLREDUCE records */
   fault f[MAX_WORLD];
 } job;
 
@@ -158,6 +159,7 @@ static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
   int local = fwd_bad || (layer == L_FC1 && f->grad_inf_step == step);
   int mine = local ? (fwd_bad ? 1 : 2) : 0;
   rec(w, layer, PROBE_SITE_WEIGHT_GRAD, 4.0f, mine);
+  if (j->no_allreduce) return;
   rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, 4.0f, mine);
   int post = any_pre_bad(j, step, layer) ? 1 : any_post_inf(j, step, layer) ? 2 : 0;
   rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, 4.0f * (float)j->world, post);
@@ -397,6 +399,24 @@ START_TEST(test_lead_and_later) {
            b, sizeof b);
   ck_assert_str_eq(b, "1,2");
   json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Traces without all-reduce records: carrying cannot be seen, and is not
+ * claimed either way. */
+START_TEST(test_no_allreduce_records) {
+  job j;
+  job_init(&j, "noar", 3, 8);
+  j.no_allreduce = 1;
+  j.f[1].nan_input_step = 3;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 1);
+  ck_assert_int_eq(r.n_carried, 0);
+  ck_assert_msg(strstr(r.origin_text, "cannot be seen"), "%s", r.origin_text);
+  check_origin(&r, "rank", "1", "");
   probe_ranks_free(&r);
 }
 END_TEST
@@ -1029,6 +1049,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_nan_carried_by_allreduce);
   tcase_add_test(tc, test_born_on_two_ranks);
   tcase_add_test(tc, test_lead_and_later);
+  tcase_add_test(tc, test_no_allreduce_records);
   tcase_add_test(tc, test_order_step_phase_seq);
   tcase_add_test(tc, test_born_in_allreduce);
   tcase_add_test(tc, test_pre_nonfinite_is_not_allreduce);
