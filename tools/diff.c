@@ -6,14 +6,21 @@
  * traces (isolated: a malformed file is "corrupt", never a crash), and
  * renders the verdict, the alignment, the loss curves and the table sorted
  * by where divergence begins, or the same as JSON.
- * Exit 0 agree within tolerance, 1 diverge or not aligned.
+ * A and B may each be a set of rank traces (a directory, a quoted glob):
+ * then the files are paired by their rank attribute and each pair is
+ * compared; ranks without a partner are reported.
+ * Exit 0 agree within tolerance, 1 diverge or not aligned (of a set: any
+ * pair, or a rank without a partner), 3 an unreadable trace.
  */
+#define _GNU_SOURCE /* getopt_long, strdup, open_memstream */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "cli.h"
 #include "ampprobe/analysis.h"
@@ -24,6 +31,7 @@ static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe diff A.h5 B.h5 [--threshold X] [--window W] [--top N]\n"
 "                     [--json] [-o FILE] [-q]\n"
+"       ampprobe diff DIR_A|'GLOB_A' DIR_B|'GLOB_B' [options]\n"
 "\n"
 "Compares trace A with trace B (same config and seed, different precision\n"
 "policy: A is usually the FP16 run, B its FP32 baseline). Layers are aligned\n"
@@ -35,6 +43,10 @@ static void usage(FILE *f) {
 "first diverging step, the earliest layer whose output differs while its\n"
 "inputs did not. Loss curves are compared too. Record both runs with\n"
 "'ampprobe run --trace' for a step-by-step comparison.\n"
+"\n"
+"A and B may be sets of rank traces of two multi-rank runs (a directory of\n"
+"rank files or a quoted glob): the files are paired by their rank and each\n"
+"pair is compared as above; a rank found on one side only is reported.\n"
 "\n"
 "options:\n"
 "  --threshold X    relative difference that counts as divergence\n"
@@ -188,56 +200,11 @@ static void open_error(const char *path, const char *err, probe_status st) {
     cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
 }
 
-int cmd_diff(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"threshold", required_argument, NULL, 't'},
-      {"top", required_argument, NULL, 'n'},
-      {"window", required_argument, NULL, 'w'},
-      {"json", no_argument, NULL, 'j'},
-      {"output", required_argument, NULL, 'o'},
-      {"quiet", no_argument, NULL, 'q'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
-  probe_diff_options opt;
-  probe_diff_options_init(&opt);
-  int json = 0;
-  int64_t top = 20;
-  const char *out = NULL;
-  cli_getopt_reset();
-  int c;
-  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
-    switch (c) {
-    case 't':
-      if (cli_parse_double_gt(SUB, "--threshold", optarg, 0, 1.0,
-                              &opt.threshold))
-        return CLI_EXIT_USAGE;
-      break;
-    case 'n':
-      if (cli_parse_i64(SUB, "--top", optarg, 0, 1000000, &top))
-        return CLI_EXIT_USAGE;
-      break;
-    case 'w': {
-      int64_t w;
-      if (cli_parse_i64(SUB, "--window", optarg, 1, PROBE_DIFF_MAX_WINDOW, &w))
-        return CLI_EXIT_USAGE;
-      opt.window = (int)w;
-      break;
-    }
-    case 'j': json = 1; break;
-    case 'o': out = optarg; break;
-    case 'q': break;
-    case 'h': usage(stdout); return CLI_EXIT_OK;
-    default: return cli_getopt_error(SUB, argv, c);
-    }
-  }
-  if (argc - optind != 2) {
-    cli_error(SUB, "%s (see 'ampprobe diff --help')",
-              argc - optind < 2 ? "expected two traces: A.h5 B.h5"
-                                : "too many arguments: expected A.h5 B.h5");
-    return CLI_EXIT_USAGE;
-  }
-  const char *pa = argv[optind], *pb = argv[optind + 1];
+/* Two single traces: today's diff. */
+static int diff_two(const char *pa, const char *pb,
+                    const probe_diff_options *optp, int json, const char *out,
+                    int64_t top) {
+  probe_diff_options opt = *optp;
   /* the file rules (tools/cli.h): regular-file inputs, -o none of them */
   const char *inputs[2] = {pa, pb};
   int fr = cli_check_input(SUB, pa);
@@ -296,5 +263,292 @@ int cmd_diff(int argc, char **argv) {
   probe_diff_free(&d);
   probe_trace_close(ta);
   probe_trace_close(tb);
+  return rc;
+}
+
+/* ---- sets of rank traces ------------------------------------------------- */
+
+typedef struct side {
+  char **paths;
+  size_t n;
+  probe_trace **t;   /* open traces, NULL when unreadable */
+  int32_t *rank;     /* rank attribute (-1 none) */
+  char **err;        /* why unreadable */
+} side;
+
+static void side_free(side *s) {
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->t && s->t[i]) probe_trace_close(s->t[i]);
+    if (s->err) free(s->err[i]);
+  }
+  free(s->t);
+  free(s->rank);
+  free(s->err);
+  probe_trace_set_free(s->paths, s->n);
+}
+
+/* Opens every file of a side (isolated) and reads its rank. */
+static int side_open(side *s) {
+  s->t = calloc(s->n, sizeof *s->t);
+  s->rank = calloc(s->n, sizeof *s->rank);
+  s->err = calloc(s->n, sizeof *s->err);
+  if (!s->t || !s->rank || !s->err) return -1;
+  for (size_t i = 0; i < s->n; i++) {
+    char err[512] = "";
+    s->rank[i] = -1;
+    probe_status st = probe_trace_open_isolated(&s->t[i], s->paths[i], err,
+                                                sizeof err);
+    if (st < 0) {
+      s->err[i] = strdup(err[0] ? err : probe_status_str(st));
+      if (!s->err[i]) return -1;
+      continue;
+    }
+    s->rank[i] = probe_trace_get_info(s->t[i])->rank;
+  }
+  return 0;
+}
+
+/* Index of the file of rank r on a side, -1 none. */
+static long side_find(const side *s, int32_t r) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->t[i] && s->rank[i] == r) return (long)i;
+  return -1;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The ranks present on either side, sorted and unique. */
+static int32_t *union_ranks(const side *a, const side *b, size_t *n) {
+  int32_t *u = malloc((a->n + b->n + 1) * sizeof *u);
+  if (!u) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < a->n; i++)
+    if (a->t[i]) u[k++] = a->rank[i];
+  for (size_t i = 0; i < b->n; i++)
+    if (b->t[i]) u[k++] = b->rank[i];
+  qsort(u, k, sizeof *u, cmp_i32);
+  size_t m = 0;
+  for (size_t i = 0; i < k; i++)
+    if (m == 0 || u[m - 1] != u[i]) u[m++] = u[i];
+  *n = m;
+  return u;
+}
+
+static const char *verdict_word(probe_diff_verdict v) {
+  return v == PROBE_DIFF_AGREE     ? "agree"
+         : v == PROBE_DIFF_DIVERGE ? "diverge"
+                                   : "not-aligned";
+}
+
+static json_t *jstr_escaped(const char *s) {
+  char buf[2048];
+  probe_text_escape(buf, sizeof buf, s ? s : "");
+  return json_string(buf);
+}
+
+/* One pair: a text row and a JSON entry. Returns its verdict or -1. */
+static int diff_pair_row(const side *a, long ia, const side *b, long ib,
+                         int32_t rank, const probe_diff_options *opt,
+                         json_t *pairs, FILE *f) {
+  probe_diff d;
+  probe_status st = probe_diff_run(&d, a->t[ia], b->t[ib], opt);
+  json_t *e = json_object();
+  json_object_set_new(e, "rank", json_integer(rank));
+  json_object_set_new(e, "trace_a", jstr_escaped(a->paths[ia]));
+  json_object_set_new(e, "trace_b", jstr_escaped(b->paths[ib]));
+  int v = -1;
+  if (st < 0) {
+    json_object_set_new(e, "verdict", json_string("error"));
+    json_object_set_new(e, "error", json_string(probe_status_str(st)));
+    fprintf(f, "%5d  error: %s\n", (int)rank, probe_status_str(st));
+  } else {
+    v = (int)d.verdict;
+    char *doc = NULL;
+    json_object_set_new(e, "verdict", json_string(verdict_word(d.verdict)));
+    if (probe_diff_json(&d, a->paths[ia], b->paths[ib], &doc) == PROBE_OK) {
+      json_t *dj = json_loads(doc, 0, NULL);
+      if (dj) json_object_set_new(e, "diff", dj);
+    }
+    probe_free(doc);
+    char where[200] = "-";
+    if (d.intro.found)
+      snprintf(where, sizeof where, "step %lld %s/%s", (long long)d.intro.step,
+               d.intro.layer, probe_site_name((probe_site)d.intro.site));
+    fprintf(f, "%5d  %-11s  %s\n", (int)rank,
+            d.verdict == PROBE_DIFF_AGREE     ? "AGREE"
+            : d.verdict == PROBE_DIFF_DIVERGE ? "DIVERGE"
+                                              : "NOT ALIGNED",
+            where);
+  }
+  json_array_append_new(pairs, e);
+  probe_diff_free(&d);
+  return v;
+}
+
+static void unreadable_rows(const side *s, const char *label, json_t *arr,
+                            FILE *f) {
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->t[i]) continue;
+    char p[1024], m[1024];
+    probe_text_escape(p, sizeof p, s->paths[i]);
+    probe_text_escape(m, sizeof m, s->err[i]);
+    fprintf(f, "UNREADABLE %s: %s: %s\n", label, p, m);
+    json_t *e = json_object();
+    json_object_set_new(e, "side", json_string(label));
+    json_object_set_new(e, "path", json_string(p));
+    json_object_set_new(e, "error", json_string(m));
+    json_array_append_new(arr, e);
+  }
+}
+
+/* Compares two sets rank by rank. */
+static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
+                     const char *out) {
+  if (side_open(a) < 0 || side_open(b) < 0) {
+    cli_error(SUB, "out of memory");
+    return CLI_EXIT_INTERNAL;
+  }
+  size_t nu = 0;
+  int32_t *u = union_ranks(a, b, &nu);
+  char *text = NULL;
+  size_t tlen = 0;
+  FILE *f = open_memstream(&text, &tlen);
+  json_t *root = json_object(), *pairs = json_array(), *oa = json_array(),
+         *ob = json_array(), *bad = json_array();
+  if (!u || !f || !root) {
+    cli_error(SUB, "out of memory");
+    return CLI_EXIT_INTERNAL;
+  }
+  fprintf(f, "\n rank  verdict      error introduced at\n");
+  int worst = PROBE_DIFF_AGREE, failed = 0;
+  for (size_t i = 0; i < nu; i++) {
+    long ia = side_find(a, u[i]), ib = side_find(b, u[i]);
+    if (ia < 0 || ib < 0) {
+      fprintf(f, "%5d  only in %s\n", (int)u[i], ia < 0 ? "B" : "A");
+      json_array_append_new(ia < 0 ? ob : oa, json_integer(u[i]));
+      if (worst == PROBE_DIFF_AGREE) worst = PROBE_DIFF_NOT_ALIGNED;
+      continue;
+    }
+    int v = diff_pair_row(a, ia, b, ib, u[i], opt, pairs, f);
+    if (v < 0) failed = 1;
+    else if (v == PROBE_DIFF_DIVERGE) worst = PROBE_DIFF_DIVERGE;
+    else if (v == PROBE_DIFF_NOT_ALIGNED && worst == PROBE_DIFF_AGREE)
+      worst = PROBE_DIFF_NOT_ALIGNED;
+  }
+  unreadable_rows(a, "A", bad, f);
+  unreadable_rows(b, "B", bad, f);
+  fclose(f);
+  json_object_set_new(root, "verdict", json_string(verdict_word(worst)));
+  json_object_set_new(root, "kind", json_string("ranks"));
+  json_object_set_new(root, "pairs", pairs);
+  json_object_set_new(root, "only_a", oa);
+  json_object_set_new(root, "only_b", ob);
+  json_object_set_new(root, "unreadable", bad);
+  int rc = json_array_size(bad) || failed  ? CLI_EXIT_INPUT
+           : worst == PROBE_DIFF_AGREE ? CLI_EXIT_OK
+                                       : CLI_EXIT_PROBLEM;
+  char *doc = json_dumps(root, JSON_INDENT(2));
+  if (out && doc && cli_write_text(SUB, out, doc) != 0) rc = CLI_EXIT_INTERNAL;
+  if (rc != CLI_EXIT_INTERNAL) {
+    if (json && doc)
+      printf("%s\n", doc);
+    else if (!json)
+      printf("ampprobe diff: %zu rank%s compared, A %zu file%s, B %zu "
+             "file%s\nverdict: %s\n%s",
+             json_array_size(pairs), json_array_size(pairs) == 1 ? "" : "s",
+             a->n, a->n == 1 ? "" : "s", b->n, b->n == 1 ? "" : "s",
+             worst == PROBE_DIFF_AGREE     ? "AGREE"
+             : worst == PROBE_DIFF_DIVERGE ? "DIVERGE"
+                                           : "NOT ALIGNED",
+             text ? text : "");
+    if (fflush(stdout) != 0) rc = CLI_EXIT_INTERNAL;
+  }
+  free(doc);
+  free(text);
+  free(u);
+  json_decref(root);
+  return rc;
+}
+
+static int expand(const char *arg, side *s) {
+  memset(s, 0, sizeof *s);
+  probe_status st = probe_trace_set_expand(&arg, 1, &s->paths, &s->n);
+  if (st < 0) {
+    const char *e = probe_trace_last_error(NULL);
+    cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
+    return cli_exit_for_status(st);
+  }
+  return 0;
+}
+
+int cmd_diff(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"threshold", required_argument, NULL, 't'},
+      {"top", required_argument, NULL, 'n'},
+      {"window", required_argument, NULL, 'w'},
+      {"json", no_argument, NULL, 'j'},
+      {"output", required_argument, NULL, 'o'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  probe_diff_options opt;
+  probe_diff_options_init(&opt);
+  int json = 0;
+  int64_t top = 20;
+  const char *out = NULL;
+  cli_getopt_reset();
+  int c;
+  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
+    switch (c) {
+    case 't':
+      if (cli_parse_double_gt(SUB, "--threshold", optarg, 0, 1.0,
+                              &opt.threshold))
+        return CLI_EXIT_USAGE;
+      break;
+    case 'n':
+      if (cli_parse_i64(SUB, "--top", optarg, 0, 1000000, &top))
+        return CLI_EXIT_USAGE;
+      break;
+    case 'w': {
+      int64_t w;
+      if (cli_parse_i64(SUB, "--window", optarg, 1, PROBE_DIFF_MAX_WINDOW, &w))
+        return CLI_EXIT_USAGE;
+      opt.window = (int)w;
+      break;
+    }
+    case 'j': json = 1; break;
+    case 'o': out = optarg; break;
+    case 'q': break;
+    case 'h': usage(stdout); return CLI_EXIT_OK;
+    default: return cli_getopt_error(SUB, argv, c);
+    }
+  }
+  if (argc - optind != 2) {
+    cli_error(SUB, "%s (see 'ampprobe diff --help')",
+              argc - optind < 2 ? "expected two traces: A.h5 B.h5"
+                                : "too many arguments: expected A.h5 B.h5");
+    return CLI_EXIT_USAGE;
+  }
+  side a, b;
+  int rc = expand(argv[optind], &a);
+  if (rc) return rc;
+  rc = expand(argv[optind + 1], &b);
+  if (rc) {
+    side_free(&a);
+    return rc;
+  }
+  if (a.n == 1 && b.n == 1) {
+    rc = diff_two(a.paths[0], b.paths[0], &opt, json, out, top);
+  } else {
+    for (size_t i = 0; i < a.n && !rc; i++) rc = cli_check_input(SUB, a.paths[i]);
+    for (size_t i = 0; i < b.n && !rc; i++) rc = cli_check_input(SUB, b.paths[i]);
+    if (!rc) rc = diff_sets(&a, &b, &opt, json, out);
+  }
+  side_free(&a);
+  side_free(&b);
   return rc;
 }

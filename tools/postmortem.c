@@ -1,10 +1,14 @@
 /*
- * tools/postmortem.c - `ampprobe postmortem TRACE`: opens a trace through
- * the isolated reader (a crash inside HDF5 on a malformed file becomes
- * "corrupt trace", exit 3), runs the analysis library's post-mortem
- * (probe_diag_run, include/ampprobe/analysis.h) and prints its text or its
- * JSON document (probe_diag_render_json: the same document as
- * probe_postmortem_json). Exit 0 healthy, 1 degraded or diverged.
+ * tools/postmortem.c - `ampprobe postmortem TRACE | DIR | 'GLOB' | FILE...`:
+ * the arguments are expanded into trace files (probe_trace_set_expand).
+ * One file: opens it through the isolated reader (a crash inside HDF5 on a
+ * malformed file becomes "corrupt trace", exit 3), runs the analysis
+ * library's post-mortem (probe_diag_run, include/ampprobe/analysis.h) and
+ * prints its text or its JSON document (probe_diag_render_json: the same
+ * document as probe_postmortem_json). Several files, the rank traces of one
+ * job: the cross-rank post-mortem (probe_ranks_run, each file read in a
+ * child process). Exit 0 healthy, 1 degraded or diverged, 3 when a file (or
+ * a rank file of the set) cannot be read.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -19,12 +23,22 @@ static const char *SUB = "postmortem";
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ampprobe postmortem TRACE [--json] [--layer-history N]\n"
+          "       ampprobe postmortem DIR | 'GLOB' | TRACE... [--json]\n"
           "\n"
           "Explains a trace written by 'ampprobe run' (complete, killed mid-run,"
           "\nor a flight-recorder trace): the first non-finite event (step, "
           "phase,\norigin layer, the layers that passed it on), its kind, the "
           "loss scaler's\nstory, clipping, FP16 gradient underflow, and a "
           "ranked diagnosis with\nevidence and one next step each.\n"
+          "\n"
+          "Several traces (a directory's .h5 files, a quoted glob, or a list) "
+          "are the\nrank files of one job: it names the first non-finite value "
+          "by (step, phase,\norder) with its rank, layer and site, whether it "
+          "was born on one rank and\ncarried by the all-reduce or born in the "
+          "all-reduce itself, steps where\nranks disagree (loss scale, skipped "
+          "step, weight digest), the rank that\nstopped first, missing and "
+          "unreadable rank files, then the full post-mortem\nof the rank it "
+          "started on.\n"
           "\n"
           "options:\n"
           "  --json                print the findings as JSON on stdout\n"
@@ -38,12 +52,88 @@ static void usage(FILE *f) {
           "found) or diverged\n(non-finite loss or weights, or the loss scale "
           "collapsed)\n"
           "\n"
-          "exit: 0 healthy, 1 degraded or diverged, 2 usage, 3 unreadable or "
-          "corrupt\n      trace, 4 internal error\n"
+          "exit: 0 healthy, 1 degraded or diverged, 2 usage (or files of "
+          "different\n      runs), 3 unreadable or corrupt trace (of a set: "
+          "after the diagnosis of\n      the rest), 4 internal error\n"
           "\n"
           "example:\n"
           "  ampprobe run --scenario bn-overflow --trace -o bn.h5\n"
-          "  ampprobe postmortem bn.h5\n");
+          "  ampprobe postmortem bn.h5\n"
+          "  mpirun -np 4 ampprobe run --scenario rank-bad-input --trace -o "
+          "out/t.h5\n"
+          "  ampprobe postmortem out/\n");
+}
+
+static int print_out(probe_status st, char *out) {
+  int rc = 0;
+  if (st < 0) {
+    cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
+    rc = CLI_EXIT_INTERNAL;
+  } else if (fputs(out, stdout) == EOF || fflush(stdout) != 0) {
+    cli_error(SUB, "cannot write standard output: %s", strerror(errno));
+    rc = CLI_EXIT_INTERNAL;
+  }
+  probe_free(out);
+  return rc;
+}
+
+/* One trace: today's post-mortem. */
+static int one_trace(const char *path, int json,
+                     const probe_diag_options *opt) {
+  probe_trace *t = NULL;
+  char err[512] = "";
+  probe_status st = probe_trace_open_isolated(&t, path, err, sizeof err);
+  if (st < 0) {
+    /* the reader's message may already start with the path */
+    if (err[0] && !strncmp(err, path, strlen(path)))
+      cli_error(SUB, "%s", err);
+    else
+      cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
+    return cli_exit_for_status(st);
+  }
+  probe_diag d;
+  st = probe_diag_run(&d, t, path, opt);
+  if (st < 0) {
+    const char *e = probe_trace_last_error(t);
+    cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
+              e && *e ? ": " : "", e ? e : "");
+    probe_diag_free(&d);
+    probe_trace_close(t);
+    /* A read that fails part-way through is a damaged file. */
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
+  }
+  int rc = probe_diag_problem(&d) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
+  char *out = NULL;
+  st = json ? probe_diag_render_json(&d, &out) : probe_diag_render_text(&d, &out);
+  int wrc = print_out(st, out);
+  probe_diag_free(&d);
+  probe_trace_close(t);
+  return wrc ? wrc : rc;
+}
+
+/* The rank files of one job: the cross-rank post-mortem. */
+static int rank_set(const char *const *paths, size_t n, int json,
+                    const probe_diag_options *opt) {
+  probe_ranks_options ro;
+  probe_ranks_options_init(&ro);
+  ro.diag = *opt;
+  ro.isolate = 1;
+  probe_ranks r;
+  probe_status st = probe_ranks_run(&r, paths, n, &ro);
+  if (st < 0) {
+    cli_error(SUB, "%s", r.error[0] ? r.error : probe_status_str(st));
+    probe_ranks_free(&r);
+    return cli_exit_for_status(st);
+  }
+  int rc = r.n_unreadable     ? CLI_EXIT_INPUT
+           : r.verdict != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
+                                                : CLI_EXIT_OK;
+  char *out = NULL;
+  st = json ? probe_ranks_render_json(&r, &out)
+            : probe_ranks_render_text(&r, &out);
+  int wrc = print_out(st, out);
+  probe_ranks_free(&r);
+  return wrc ? wrc : rc;
 }
 
 int cmd_postmortem(int argc, char **argv) {
@@ -77,49 +167,20 @@ int cmd_postmortem(int argc, char **argv) {
     cli_error(SUB, "missing TRACE argument (see 'ampprobe postmortem --help')");
     return CLI_EXIT_USAGE;
   }
-  if (argc - optind > 1) {
-    cli_error(SUB, "unexpected argument '%s' (one TRACE only)",
-              argv[optind + 1]);
-    return CLI_EXIT_USAGE;
-  }
-  const char *path = argv[optind];
-  int in = cli_check_input(SUB, path); /* a FIFO or device: refused */
-  if (in) return in;
-
-  probe_trace *t = NULL;
-  char err[512] = "";
-  probe_status st = probe_trace_open_isolated(&t, path, err, sizeof err);
+  char **paths = NULL;
+  size_t n = 0;
+  probe_status st = probe_trace_set_expand((const char *const *)argv + optind,
+                                           (size_t)(argc - optind), &paths, &n);
   if (st < 0) {
-    /* the reader's message may already start with the path */
-    if (err[0] && !strncmp(err, path, strlen(path)))
-      cli_error(SUB, "%s", err);
-    else
-      cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
+    const char *e = probe_trace_last_error(NULL);
+    cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
     return cli_exit_for_status(st);
   }
-  probe_diag d;
-  st = probe_diag_run(&d, t, path, &opt);
-  if (st < 0) {
-    const char *e = probe_trace_last_error(t);
-    cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
-              e && *e ? ": " : "", e ? e : "");
-    probe_diag_free(&d);
-    probe_trace_close(t);
-    /* A read that fails part-way through is a damaged file. */
-    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
-  }
-  int rc = probe_diag_problem(&d) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
-  char *out = NULL;
-  st = json ? probe_diag_render_json(&d, &out) : probe_diag_render_text(&d, &out);
-  if (st < 0) {
-    cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
-    rc = CLI_EXIT_INTERNAL;
-  } else if (fputs(out, stdout) == EOF || fflush(stdout) != 0) {
-    cli_error(SUB, "cannot write standard output: %s", strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-  }
-  probe_free(out);
-  probe_diag_free(&d);
-  probe_trace_close(t);
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++) rc = cli_check_input(SUB, paths[i]);
+  if (!rc)
+    rc = n == 1 ? one_trace(paths[0], json, &opt)
+                : rank_set((const char *const *)paths, n, json, &opt);
+  probe_trace_set_free(paths, n);
   return rc;
 }

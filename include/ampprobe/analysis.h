@@ -374,8 +374,12 @@ AMPPROBE_API probe_status probe_diag_render_json(const probe_diag *d,
 
 /* Opens each trace, diagnoses it and returns the JSON document: for one
  * path exactly what `ampprobe postmortem --json PATH` prints; for several
- * (the ranks of one job) {"verdict": worst, "traces": [document, ...]}.
- * On an open or read error *json_out is NULL and the status says why
+ * (the ranks of one job) the cross-rank document of probe_ranks_run /
+ * probe_ranks_render_json (a rank file that cannot be read is part of
+ * that document, not an error). Several traces none of which has a rank
+ * attribute (independent runs) give {"verdict": worst, "traces":
+ * [document, ...]} as before. On an open or read error of a single trace
+ * (or of every file of a set) *json_out is NULL and the status says why
  * (probe_trace_last_error(NULL) has the message of a failed open). */
 AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
                                                 size_t n_paths,
@@ -385,6 +389,200 @@ AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
  * and diagnoses the trace at path. */
 AMPPROBE_API probe_status probe_postmortem_verdict(const char *path,
                                                    probe_verdict *out);
+
+/* ==== cross-rank post-mortem (the rank files of one job) ====================
+ *
+ * A data-parallel job writes one trace per rank (probe_options.rank,
+ * world_size, run_id; docs/trace-format.md). probe_ranks_run reads the set
+ * and says where the first non-finite value appeared across ranks, and how
+ * it spread:
+ *
+ *   first     the earliest non-finite record of any rank, ordered by
+ *             (step, phase, seq); ties (several ranks at the same point)
+ *             go to the lowest rank and every tied rank is "born";
+ *   origin    each rank's own first non-finite record (by step, phase,
+ *             seq): a GRAD_POST_ALLREDUCE record means the rank received it
+ *             through the all-reduce ("carried", at that step or later:
+ *             what it sent into that bucket earlier in the step was finite,
+ *             or a non-finite GRAD_PRE_ALLREDUCE / WEIGHT_GRAD record would
+ *             have come first); any other site at the first step means it
+ *             was born on that rank ("born"; a rank whose own first comes at
+ *             a later step is "later"). Born on no rank but carried to
+ *             some: the all-reduce itself made it (an FP16 sum of finite
+ *             values overflowed);
+ *   disagreements  steps where the loss scale, the skipped flag or the
+ *             weight digest differ between ranks (never in a correct DDP
+ *             job), each compared with the first rank read that has the step;
+ *   faults    ranks that world_size says exist but no file covers
+ *             (missing), files that cannot be read (reported, the rest
+ *             diagnosed), traces not closed (a killed rank: which stopped
+ *             first, with the fewest steps).
+ *
+ * Cost: each file is opened once and only its steps table and the records
+ * of its first non-finite step (found by a search on the step column, the
+ * trace's /meta/state knows the step) are read; the merge holds one row per
+ * step and a small entry per rank (no per-layer data per rank), so memory
+ * does not grow with the number of ranks beyond that entry (bench/RESULTS.md:
+ * 1,024 ranks). The full single-trace post-mortem (probe_diag_run) then runs
+ * on one rank, the focus: the first rank the value was born on (else the
+ * first it was carried to, else the first rank read).
+ *
+ * A file without a rank attribute (rank -1) cannot be part of a set of more
+ * than one; files with different run ids, or two files of the same rank,
+ * are refused (PROBE_ERR_INVALID_ARG; probe_ranks.error says which).
+ */
+
+typedef enum probe_rank_status {
+  PROBE_RANK_READ = 0,      /* its file was read */
+  PROBE_RANK_MISSING = 1,   /* world_size says it exists; no file is it */
+  PROBE_RANK_UNREADABLE = 2 /* its file could not be opened or read */
+} probe_rank_status;
+
+/* How a rank's first non-finite record relates to the set's first. */
+typedef enum probe_rank_role {
+  PROBE_RANK_ROLE_NONE = 0,    /* no non-finite record */
+  PROBE_RANK_ROLE_BORN = 1,    /* at the set's first step, before (or
+                                  without) the all-reduce: born here */
+  PROBE_RANK_ROLE_CARRIED = 2, /* a GRAD_POST_ALLREDUCE record: finite
+                                  before the all-reduce, non-finite after */
+  PROBE_RANK_ROLE_LATER = 3    /* its own (not from the all-reduce), at a
+                                  later step */
+} probe_rank_role;
+
+typedef enum probe_ranks_origin {
+  PROBE_RANKS_ORIGIN_NONE = 0,      /* no non-finite value on any rank */
+  PROBE_RANKS_ORIGIN_RANK = 1,      /* born on one rank (or several) */
+  PROBE_RANKS_ORIGIN_ALLREDUCE = 2, /* born in the all-reduce */
+  PROBE_RANKS_ORIGIN_LOSS_ONLY = 3  /* a non-finite loss, no per-layer
+                                       record shows where */
+} probe_ranks_origin;
+
+/* "none", "rank", "allreduce", "loss-only". */
+AMPPROBE_API const char *probe_ranks_origin_name(probe_ranks_origin o);
+
+/* One rank (read, missing or unreadable). */
+typedef struct probe_rank_entry {
+  int32_t rank;          /* from the file (-1 for an unreadable file) */
+  int32_t status;        /* probe_rank_status */
+  char *path;            /* as given (raw: escape it for output); NULL for
+                            a missing rank */
+  char *error;           /* unreadable: why, one line (raw); else NULL */
+  int32_t error_status;  /* unreadable: the probe_status */
+  int complete;          /* the writer closed the file */
+  int32_t world_size;    /* as the file says */
+  int64_t n_steps, last_step; /* rows of /steps; last step recorded, -1 */
+  int64_t first_nonfinite_loss_step; /* -1 none */
+  int64_t skipped_steps;
+  /* its first non-finite record by (step, phase, seq); nf_step -1 none */
+  int64_t nf_step;
+  int32_t nf_phase, nf_site, nf_layer;
+  uint32_t nf_seq;
+  char nf_layer_name[PROBE_NAME_MAX * 4]; /* escaped */
+  int pre_nonfinite;     /* a GRAD_PRE_ALLREDUCE record non-finite at nf_step */
+  int post_records;      /* records of GRAD_POST_ALLREDUCE seen at nf_step */
+  int32_t role;          /* probe_rank_role at the set's first step */
+} probe_rank_entry;
+
+/* Per-step values every rank of a DDP job must agree on. */
+typedef enum probe_ranks_field {
+  PROBE_RANKS_LOSS_SCALE = 0,
+  PROBE_RANKS_SKIPPED = 1,
+  PROBE_RANKS_WEIGHT_DIGEST = 2,
+  PROBE_RANKS_FIELD_COUNT
+} probe_ranks_field;
+
+/* "loss_scale", "skipped", "weight_digest". */
+AMPPROBE_API const char *probe_ranks_field_name(probe_ranks_field f);
+
+typedef struct probe_ranks_disagreement {
+  int found;
+  int64_t step;           /* the first step where two ranks differ */
+  int32_t rank_a, rank_b; /* rank_a: the reference (the first rank read
+                             that has the step), rank_b: the lowest rank
+                             that differs from it there */
+  double value_a, value_b;   /* loss scale, or skipped as 0/1 */
+  uint64_t digest_a, digest_b; /* weight digest */
+  int64_t ranks_differing;   /* ranks differing from the reference at some
+                                step */
+  int64_t steps_compared;    /* (rank, step) pairs compared */
+} probe_ranks_disagreement;
+
+#define PROBE_RANKS_TEXT_MAX 1024
+
+typedef struct probe_ranks_options {
+  probe_diag_options diag; /* for the focus rank's post-mortem */
+  int isolate;      /* 1: read the files in a forked worker process (one
+                       for the whole set), so that a crash or hang inside
+                       HDF5 on a malformed file marks that rank unreadable
+                       (a new worker goes on with the next file) instead of
+                       killing the caller; the focus rank is opened with
+                       probe_trace_open_isolated. The CLI sets it. (0) */
+  int focus_diag;   /* run the full post-mortem on the focus rank (1) */
+} probe_ranks_options;
+
+AMPPROBE_API void probe_ranks_options_init(probe_ranks_options *o);
+
+typedef struct probe_ranks {
+  char run_id[PROBE_NAME_MAX * 4]; /* escaped; "" when none */
+  int32_t world_size;  /* the largest any file states */
+  size_t n_files;
+  /* read and unreadable files, then missing ranks, sorted by rank (an
+   * unreadable file, whose rank is unknown, after the ranks) */
+  size_t n_entries;
+  probe_rank_entry *entries;
+  int64_t n_read, n_missing, n_unreadable, n_incomplete;
+
+  /* ---- the first non-finite record over all ranks */
+  int32_t first;           /* entry index, -1 none */
+  probe_ranks_origin origin;
+  int64_t event_step;      /* the step of `first` (or of the first
+                              non-finite loss for LOSS_ONLY), -1 none */
+  int64_t n_born, n_carried, n_later, n_unreached; /* ranks per role
+                                          (unreached: read ranks with no
+                                          non-finite record) */
+  int64_t carried_first_step, carried_last_step; /* steps at which the
+                                          carried ranks got it, -1 none */
+  int32_t first_loss;      /* entry with the earliest non-finite loss, -1 */
+
+  /* ---- a killed rank: the incomplete trace with the fewest steps */
+  int32_t stopped_first;   /* entry index, -1 when every trace is complete */
+  int64_t max_last_step;   /* the furthest any rank got */
+
+  probe_ranks_disagreement disagree[PROBE_RANKS_FIELD_COUNT];
+  int n_disagreements;
+
+  /* ---- the full post-mortem of one rank */
+  int32_t focus;           /* entry index, -1 none */
+  probe_status focus_status; /* of its open/diagnosis (PROBE_OK) */
+  probe_diag *focus_diag;  /* NULL when not run or failed */
+
+  probe_verdict verdict;   /* the focus rank's, raised to degraded by a
+                              disagreement, an event on any rank, or a
+                              missing, unreadable or killed rank, and to
+                              diverged by a non-finite loss on any rank */
+  char origin_text[PROBE_RANKS_TEXT_MAX]; /* one sentence, escaped */
+  char fix_text[PROBE_DIAG_TEXT_MAX * 2]; /* the next step, or "" */
+  char error[PROBE_RANKS_TEXT_MAX];       /* why a set was refused */
+  int unranked; /* refused because a file has no rank attribute */
+} probe_ranks;
+
+/* Reads the set (paths in any order; probe_trace_set_expand makes them
+ * from a directory or a glob). PROBE_OK when at least one file was read,
+ * the problems of the others being in the result; the first file's error
+ * when none could be read; PROBE_ERR_INVALID_ARG for a set that is not one
+ * job (r->error); PROBE_ERR_NOMEM. Free with probe_ranks_free either way. */
+AMPPROBE_API probe_status probe_ranks_run(probe_ranks *r,
+                                          const char *const *paths,
+                                          size_t n_paths,
+                                          const probe_ranks_options *opt);
+AMPPROBE_API void probe_ranks_free(probe_ranks *r);
+
+/* Text (`ampprobe postmortem DIR`) and JSON (`--json`; "verdict" first),
+ * malloc'd, free with probe_free. */
+AMPPROBE_API probe_status probe_ranks_render_text(const probe_ranks *r,
+                                                  char **text_out);
+AMPPROBE_API probe_status probe_ranks_render_json(const probe_ranks *r,
+                                                  char **json_out);
 
 /* ==== trace diff ============================================================ *
  *

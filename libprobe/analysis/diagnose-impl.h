@@ -24,8 +24,9 @@ void probe__diag_rank(probe_diag *d);
 void probe__diag_read_config(probe_diag *d, const char *config_json,
                              const char *command_line);
 
-/* Writes the post-mortem JSON document of d (diagnose_render.c). */
-void probe__diag_json(probe__jw *w, const probe_diag *d);
+/* Writes the post-mortem JSON document of d (diagnose_render.c) as the
+ * member `key` of the open object (NULL: a top-level or array value). */
+void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d);
 
 /* FP16 headroom of a magnitude: log2(65504 / absmax); +inf for 0, NaN for
  * a non-finite absmax. */

@@ -315,8 +315,8 @@ static void layer_ref(probe__jw *w, const char *key, const probe_diag *d,
 }
 
 /* The whole document; the caller wraps it (one trace) or lists it (several). */
-void probe__diag_json(probe__jw *w, const probe_diag *d) {
-  probe__jw_obj(w, NULL);
+void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
+  probe__jw_obj(w, key);
   probe__jw_str(w, "verdict", probe_verdict_name(d->verdict));
   probe__jw_obj(w, "trace");
   probe__jw_str(w, "path", d->path);
@@ -513,7 +513,7 @@ probe_status probe_diag_render_json(const probe_diag *d, char **json_out) {
   if (!d || !json_out) return PROBE_ERR_INVALID_ARG;
   probe__jw w;
   probe__jw_init(&w);
-  probe__diag_json(&w, d);
+  probe__diag_json(&w, NULL, d);
   *json_out = probe__jw_finish(&w);
   return *json_out ? PROBE_OK : PROBE_ERR_NOMEM;
 }

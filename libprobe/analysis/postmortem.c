@@ -8,6 +8,7 @@
 
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
+#include "ranks-impl.h"
 
 static probe_status diagnose_path(const char *path, probe_diag *d) {
   probe_trace *t = NULL;
@@ -18,13 +19,9 @@ static probe_status diagnose_path(const char *path, probe_diag *d) {
   return st;
 }
 
-probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
-                                   char **json_out) {
-  if (!json_out) return PROBE_ERR_INVALID_ARG;
-  *json_out = NULL;
-  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
-  for (size_t i = 0; i < n_paths; i++)
-    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+/* Several traces none of which is a rank: one document per trace. */
+static probe_status independent_json(const char *const *paths, size_t n_paths,
+                                     char **json_out) {
   probe_diag *d = calloc(n_paths, sizeof *d);
   if (!d) return PROBE_ERR_NOMEM;
   probe_status st = PROBE_OK;
@@ -37,7 +34,7 @@ probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
     probe__jw w;
     probe__jw_init(&w);
     if (n_paths == 1) {
-      probe__diag_json(&w, &d[0]);
+      probe__diag_json(&w, NULL, &d[0]);
     } else {
       probe_verdict worst = PROBE_VERDICT_HEALTHY;
       for (size_t i = 0; i < n_paths; i++)
@@ -46,7 +43,7 @@ probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
       probe__jw_str(&w, "verdict", probe_verdict_name(worst));
       probe__jw_bool(&w, "problem", worst != PROBE_VERDICT_HEALTHY);
       probe__jw_arr(&w, "traces");
-      for (size_t i = 0; i < n_paths; i++) probe__diag_json(&w, &d[i]);
+      for (size_t i = 0; i < n_paths; i++) probe__diag_json(&w, NULL, &d[i]);
       probe__jw_end(&w, ']');
       probe__jw_end(&w, '}');
     }
@@ -56,6 +53,31 @@ probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
   for (size_t i = 0; i < done; i++) probe_diag_free(&d[i]);
   free(d);
   return st < 0 ? st : PROBE_OK;
+}
+
+/* The rank files of one job: the cross-rank document. */
+static probe_status ranks_json(const char *const *paths, size_t n_paths,
+                               char **json_out) {
+  probe_ranks r;
+  probe_status st = probe_ranks_run(&r, paths, n_paths, NULL);
+  if (st == PROBE_ERR_INVALID_ARG && r.unranked) {
+    probe_ranks_free(&r);
+    return independent_json(paths, n_paths, json_out);
+  }
+  if (st >= 0) st = probe_ranks_render_json(&r, json_out);
+  probe_ranks_free(&r);
+  return st;
+}
+
+probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
+                                   char **json_out) {
+  if (!json_out) return PROBE_ERR_INVALID_ARG;
+  *json_out = NULL;
+  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
+  for (size_t i = 0; i < n_paths; i++)
+    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+  if (n_paths > 1) return ranks_json(paths, n_paths, json_out);
+  return independent_json(paths, n_paths, json_out);
 }
 
 probe_status probe_postmortem_verdict(const char *path, probe_verdict *out) {

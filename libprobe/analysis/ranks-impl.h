@@ -1,0 +1,63 @@
+/*
+ * libprobe/analysis/ranks-impl.h - what the cross-rank post-mortem's
+ * summary pass (ranks_read.c: one file -> one rank summary, in this process
+ * or in a child), its merge (ranks.c) and its renderers (ranks_render.c)
+ * share. Internal.
+ */
+#ifndef AMPPROBE_RANKS_IMPL_H
+#define AMPPROBE_RANKS_IMPL_H
+
+#include <stdint.h>
+
+#include "ampprobe/analysis.h"
+
+/* The per-step values of one rank that every rank must agree on. */
+typedef struct probe__rstep {
+  int64_t step;
+  double scale;
+  uint64_t digest;
+  uint8_t skipped;
+  uint8_t has; /* bits: 1 scale, 2 skipped, 4 digest measured */
+} probe__rstep;
+
+#define PROBE__RS_SCALE 1u
+#define PROBE__RS_SKIPPED 2u
+#define PROBE__RS_DIGEST 4u
+
+/* One file's summary: the entry (path and error not set) and its steps. */
+typedef struct probe__rsum {
+  probe_rank_entry e;
+  char run_id[PROBE_NAME_MAX * 2]; /* raw */
+  char error[PROBE_RANKS_TEXT_MAX]; /* unreadable: why */
+  probe__rstep *steps;              /* e.n_steps rows, growing buffer */
+  size_t cap_steps;
+} probe__rsum;
+
+/* Summarises the trace at path into s (in this process; s->steps reused).
+ * An unreadable file is s->e.status PROBE_RANK_UNREADABLE, PROBE_OK;
+ * only running out of memory is an error. */
+probe_status probe__rank_read(probe__rsum *s, const char *path);
+
+/* The same in a forked worker process that summarises paths[i..n) in
+ * order (started at the first call, and again after a worker died): a
+ * crash or a hang of HDF5 on a malformed file makes that file
+ * "unreadable" and the next worker goes on with the file after it. Call
+ * with i = 0, 1, ... in order; stop the worker with probe__rworker_stop
+ * (status NULL: kill it). */
+typedef struct probe__rworker {
+  int pid; /* -1: none running */
+  int fd;
+} probe__rworker;
+
+void probe__rworker_init(probe__rworker *w);
+void probe__rworker_stop(probe__rworker *w, int *status);
+probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
+                                       const char *const *paths, size_t n,
+                                       size_t i);
+
+/* "0-3, 5, 9-11": the ranks of entries whose role (or status, when
+ * by_status) is `want`, into buf; the count is returned. */
+int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
+                         char *buf, size_t cap);
+
+#endif /* AMPPROBE_RANKS_IMPL_H */

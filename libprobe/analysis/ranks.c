@@ -1,0 +1,564 @@
+/*
+ * libprobe/analysis/ranks.c - the cross-rank post-mortem (probe_ranks_run,
+ * ampprobe/analysis.h): each rank's file is summarised in turn
+ * (ranks_read.c) and merged at once into what the whole set needs - one
+ * reference row per step for the disagreement checks, a small entry per
+ * rank - so memory does not grow with the number of ranks beyond that
+ * entry. Then the first non-finite record over the ranks, the role of each
+ * rank at that step (born / carried by the all-reduce / untouched), the
+ * rank that stopped first, the missing ranks, and the full single-trace
+ * post-mortem of one rank (the focus).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis-impl.h"
+#include "ranks-impl.h"
+
+/* The merge's state besides the result: the reference steps. */
+typedef struct merger {
+  probe__rstep *ref;   /* union of the steps seen, sorted */
+  int32_t *ref_rank;   /* the rank whose value ref holds */
+  size_t n_ref, cap_ref;
+  probe__rstep *tmp;
+  int32_t *tmp_rank;
+  size_t cap_tmp;
+  int first_meta;      /* the first read file's run id is known */
+  char run_id[PROBE_NAME_MAX * 2];
+  size_t run_id_file;  /* index of the file that gave it */
+  size_t *rank_entry;  /* rank -> entry index + 1 (0: none yet) */
+  size_t n_rank_entry;
+  size_t cap_entries;  /* allocated r->entries */
+} merger;
+
+const char *probe_ranks_origin_name(probe_ranks_origin o) {
+  switch (o) {
+  case PROBE_RANKS_ORIGIN_NONE: return "none";
+  case PROBE_RANKS_ORIGIN_RANK: return "rank";
+  case PROBE_RANKS_ORIGIN_ALLREDUCE: return "allreduce";
+  case PROBE_RANKS_ORIGIN_LOSS_ONLY: return "loss-only";
+  }
+  return "?";
+}
+
+const char *probe_ranks_field_name(probe_ranks_field f) {
+  switch (f) {
+  case PROBE_RANKS_LOSS_SCALE: return "loss_scale";
+  case PROBE_RANKS_SKIPPED: return "skipped";
+  case PROBE_RANKS_WEIGHT_DIGEST: return "weight_digest";
+  default: return "?";
+  }
+}
+
+void probe_ranks_options_init(probe_ranks_options *o) {
+  memset(o, 0, sizeof *o);
+  probe_diag_options_init(&o->diag);
+  o->focus_diag = 1;
+}
+
+/* ---- steps: compare with the reference, then fold into it --------------- */
+
+static int differs(const probe__rstep *a, const probe__rstep *b, int f) {
+  switch (f) {
+  case PROBE_RANKS_LOSS_SCALE:
+    return (a->has & b->has & PROBE__RS_SCALE) &&
+           memcmp(&a->scale, &b->scale, sizeof a->scale) != 0 &&
+           !(isnan(a->scale) && isnan(b->scale));
+  case PROBE_RANKS_SKIPPED:
+    return (a->has & b->has & PROBE__RS_SKIPPED) && a->skipped != b->skipped;
+  default:
+    return (a->has & b->has & PROBE__RS_DIGEST) && a->digest != b->digest;
+  }
+}
+
+static void note_disagreement(probe_ranks *r, int f, const probe__rstep *ref,
+                              int32_t ref_rank, const probe__rstep *mine,
+                              int32_t rank) {
+  probe_ranks_disagreement *d = &r->disagree[f];
+  if (d->found && (d->step < mine->step ||
+                   (d->step == mine->step && d->rank_b <= rank)))
+    return;
+  d->found = 1;
+  d->step = mine->step;
+  d->rank_a = ref_rank;
+  d->rank_b = rank;
+  d->value_a = f == PROBE_RANKS_SKIPPED ? ref->skipped : ref->scale;
+  d->value_b = f == PROBE_RANKS_SKIPPED ? mine->skipped : mine->scale;
+  d->digest_a = ref->digest;
+  d->digest_b = mine->digest;
+}
+
+static void compare_step(probe_ranks *r, const probe__rstep *ref,
+                         int32_t ref_rank, const probe__rstep *mine,
+                         int32_t rank, int *seen) {
+  for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++) {
+    r->disagree[f].steps_compared++;
+    if (!differs(ref, mine, f)) continue;
+    note_disagreement(r, f, ref, ref_rank, mine, rank);
+    if (!seen[f]) r->disagree[f].ranks_differing++;
+    seen[f] = 1;
+  }
+}
+
+static probe_status grow_tmp(merger *m, size_t need) {
+  if (need <= m->cap_tmp) return PROBE_OK;
+  probe__rstep *a = realloc(m->tmp, need * sizeof *a);
+  if (!a) return PROBE_ERR_NOMEM;
+  m->tmp = a;
+  int32_t *b = realloc(m->tmp_rank, need * sizeof *b);
+  if (!b) return PROBE_ERR_NOMEM;
+  m->tmp_rank = b;
+  m->cap_tmp = need;
+  return PROBE_OK;
+}
+
+/* Walks the reference and the rank's steps (both sorted) together. */
+static probe_status merge_steps(probe_ranks *r, merger *m,
+                                const probe__rsum *s) {
+  size_t n = (size_t)s->e.n_steps;
+  if (grow_tmp(m, m->n_ref + n) < 0) return PROBE_ERR_NOMEM;
+  size_t i = 0, j = 0, k = 0;
+  int seen[PROBE_RANKS_FIELD_COUNT] = {0};
+  while (i < m->n_ref || j < n) {
+    if (j >= n || (i < m->n_ref && m->ref[i].step < s->steps[j].step)) {
+      m->tmp[k] = m->ref[i];
+      m->tmp_rank[k++] = m->ref_rank[i++];
+    } else if (i >= m->n_ref || s->steps[j].step < m->ref[i].step) {
+      m->tmp[k] = s->steps[j++];
+      m->tmp_rank[k++] = s->e.rank;
+    } else {
+      compare_step(r, &m->ref[i], m->ref_rank[i], &s->steps[j], s->e.rank,
+                   seen);
+      m->tmp[k] = m->ref[i];
+      m->tmp_rank[k++] = m->ref_rank[i++];
+      j++;
+    }
+  }
+  /* swap: the merged union becomes the reference */
+  probe__rstep *a = m->ref;
+  int32_t *b = m->ref_rank;
+  size_t c = m->cap_ref;
+  m->ref = m->tmp;
+  m->ref_rank = m->tmp_rank;
+  m->cap_ref = m->cap_tmp;
+  m->n_ref = k;
+  m->tmp = a;
+  m->tmp_rank = b;
+  m->cap_tmp = c;
+  return PROBE_OK;
+}
+
+/* ---- one file ------------------------------------------------------------ */
+
+static void refuse(probe_ranks *r, const char *fmt, const char *a,
+                   const char *b, const char *c, const char *d) {
+  char ea[256], eb[256], ec[256], ed[256];
+  probe_text_escape(ea, sizeof ea, a ? a : "");
+  probe_text_escape(eb, sizeof eb, b ? b : "");
+  probe_text_escape(ec, sizeof ec, c ? c : "");
+  probe_text_escape(ed, sizeof ed, d ? d : "");
+  snprintf(r->error, sizeof r->error, fmt, ea, eb, ec, ed);
+}
+
+/* The checks that make a set one job. */
+static probe_status check_member(probe_ranks *r, merger *m,
+                                 const probe__rsum *s, const char *const *paths,
+                                 size_t n_paths, size_t i) {
+  const char *path = paths[i];
+  if (s->e.rank < 0 && n_paths > 1) {
+    refuse(r, "%s has no rank attribute: a set must be the rank files of "
+              "one job (written with a rank and a world size)%s%s%s",
+           path, "", "", "");
+    r->unranked = 1;
+    return PROBE_ERR_INVALID_ARG;
+  }
+  if (!m->first_meta) {
+    m->first_meta = 1;
+    snprintf(m->run_id, sizeof m->run_id, "%s", s->run_id);
+    m->run_id_file = i;
+    return PROBE_OK;
+  }
+  if (strcmp(m->run_id, s->run_id) != 0) {
+    refuse(r, "mixed run ids: %s has run id '%s', %s has '%s'; these files "
+              "are not one job",
+           paths[m->run_id_file], m->run_id, path, s->run_id);
+    return PROBE_ERR_INVALID_ARG;
+  }
+  size_t rk = (size_t)s->e.rank;
+  if (rk < m->n_rank_entry && m->rank_entry[rk]) {
+    char num[24];
+    snprintf(num, sizeof num, "%d", (int)s->e.rank);
+    refuse(r, "rank %s twice: %s and %s%s", num,
+           r->entries[m->rank_entry[rk] - 1].path, path, "");
+    return PROBE_ERR_INVALID_ARG;
+  }
+  return PROBE_OK;
+}
+
+/* Notes that entry `index` holds rank `rank` (for check_member). */
+static probe_status note_rank(merger *m, int32_t rank, size_t index) {
+  size_t rk = (size_t)rank;
+  if (rk >= m->n_rank_entry) {
+    size_t n = m->n_rank_entry ? m->n_rank_entry : 64;
+    while (n <= rk) n *= 2;
+    size_t *p = realloc(m->rank_entry, n * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    memset(p + m->n_rank_entry, 0, (n - m->n_rank_entry) * sizeof *p);
+    m->rank_entry = p;
+    m->n_rank_entry = n;
+  }
+  m->rank_entry[rk] = index + 1;
+  return PROBE_OK;
+}
+
+static probe_status add_entry(probe_ranks *r, size_t *cap,
+                              const probe_rank_entry *e, const char *path,
+                              const char *error) {
+  if (r->n_entries == *cap) {
+    size_t c = *cap ? 2 * *cap : 16;
+    probe_rank_entry *p = realloc(r->entries, c * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    r->entries = p;
+    *cap = c;
+  }
+  probe_rank_entry *n = &r->entries[r->n_entries++];
+  *n = *e;
+  n->path = path ? strdup(path) : NULL;
+  n->error = error && *error ? strdup(error) : NULL;
+  if ((path && !n->path) || (error && *error && !n->error))
+    return PROBE_ERR_NOMEM;
+  return PROBE_OK;
+}
+
+static probe_status take_file(probe_ranks *r, merger *m, probe__rsum *s,
+                              const char *const *paths, size_t n_paths,
+                              size_t i, probe__rworker *w) {
+  probe_status st = w ? probe__rank_read_isolated(w, s, paths, n_paths, i)
+                      : probe__rank_read(s, paths[i]);
+  if (st < 0) return st;
+  if (s->e.status == PROBE_RANK_READ) {
+    st = check_member(r, m, s, paths, n_paths, i);
+    if (st < 0) return st;
+    st = merge_steps(r, m, s);
+    if (st >= 0) st = note_rank(m, s->e.rank, r->n_entries);
+    if (st < 0) return st;
+  }
+  return add_entry(r, &m->cap_entries, &s->e, paths[i],
+                   s->e.status == PROBE_RANK_UNREADABLE ? s->error : NULL);
+}
+
+/* ---- after the files: missing ranks, order, the first event ------------- */
+
+static int cmp_entry(const void *pa, const void *pb) {
+  const probe_rank_entry *a = pa, *b = pb;
+  int ua = a->rank < 0, ub = b->rank < 0;
+  if (ua != ub) return ua - ub;
+  return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+static probe_status add_missing(probe_ranks *r, size_t *cap) {
+  int32_t w = 0;
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].status == PROBE_RANK_READ &&
+        r->entries[i].world_size > w)
+      w = r->entries[i].world_size;
+  r->world_size = w;
+  if (w <= 0) return PROBE_OK;
+  char *have = calloc((size_t)w, 1);
+  if (!have) return PROBE_ERR_NOMEM;
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].rank >= 0 && r->entries[i].rank < w)
+      have[r->entries[i].rank] = 1;
+  probe_status st = PROBE_OK;
+  for (int32_t k = 0; k < w && st >= 0; k++) {
+    if (have[k]) continue;
+    probe_rank_entry e;
+    memset(&e, 0, sizeof e);
+    e.rank = k;
+    e.status = PROBE_RANK_MISSING;
+    e.last_step = e.nf_step = e.first_nonfinite_loss_step = -1;
+    e.nf_layer = e.nf_site = -1;
+    st = add_entry(r, cap, &e, NULL, NULL);
+  }
+  free(have);
+  return st;
+}
+
+/* a's first non-finite record is before b's by (step, phase, seq, rank). */
+static int nf_before(const probe_rank_entry *a, const probe_rank_entry *b) {
+  if (a->nf_step != b->nf_step) return a->nf_step < b->nf_step;
+  if (a->nf_phase != b->nf_phase) return a->nf_phase < b->nf_phase;
+  if (a->nf_seq != b->nf_seq) return a->nf_seq < b->nf_seq;
+  return a->rank < b->rank;
+}
+
+static void find_first(probe_ranks *r) {
+  r->first = r->first_loss = r->stopped_first = -1;
+  r->event_step = r->max_last_step = -1;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status == PROBE_RANK_MISSING) r->n_missing++;
+    if (e->status == PROBE_RANK_UNREADABLE) r->n_unreadable++;
+    if (e->status != PROBE_RANK_READ) continue;
+    r->n_read++;
+    if (e->last_step > r->max_last_step) r->max_last_step = e->last_step;
+    if (!e->complete) {
+      r->n_incomplete++;
+      if (r->stopped_first < 0 ||
+          e->last_step < r->entries[r->stopped_first].last_step)
+        r->stopped_first = (int32_t)i;
+    }
+    if (e->nf_step >= 0 && (r->first < 0 || nf_before(e, &r->entries[r->first])))
+      r->first = (int32_t)i;
+    if (e->first_nonfinite_loss_step >= 0 &&
+        (r->first_loss < 0 || e->first_nonfinite_loss_step <
+                                  r->entries[r->first_loss]
+                                      .first_nonfinite_loss_step))
+      r->first_loss = (int32_t)i;
+  }
+}
+
+/* Each rank's role, and the origin. */
+static void assign_roles(probe_ranks *r) {
+  r->carried_first_step = r->carried_last_step = -1;
+  if (r->first < 0) {
+    r->origin = r->first_loss >= 0 ? PROBE_RANKS_ORIGIN_LOSS_ONLY
+                                   : PROBE_RANKS_ORIGIN_NONE;
+    if (r->first_loss >= 0)
+      r->event_step = r->entries[r->first_loss].first_nonfinite_loss_step;
+    return;
+  }
+  int64_t s = r->entries[r->first].nf_step;
+  r->event_step = s;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ) continue;
+    if (e->nf_step < 0) {
+      e->role = PROBE_RANK_ROLE_NONE;
+      r->n_unreached++;
+    } else if (e->nf_site == PROBE_SITE_GRAD_POST_ALLREDUCE) {
+      /* its own bucket of that layer, sent earlier in the step, was finite
+       * (a non-finite one would have come first) */
+      e->role = PROBE_RANK_ROLE_CARRIED;
+      r->n_carried++;
+      if (r->carried_first_step < 0 || e->nf_step < r->carried_first_step)
+        r->carried_first_step = e->nf_step;
+      if (e->nf_step > r->carried_last_step) r->carried_last_step = e->nf_step;
+    } else if (e->nf_step == s) {
+      e->role = PROBE_RANK_ROLE_BORN;
+      r->n_born++;
+    } else {
+      e->role = PROBE_RANK_ROLE_LATER;
+      r->n_later++;
+    }
+  }
+  r->origin = r->n_born ? PROBE_RANKS_ORIGIN_RANK : PROBE_RANKS_ORIGIN_ALLREDUCE;
+}
+
+/* ---- the focus rank's full post-mortem ----------------------------------- */
+
+static int32_t pick_focus(const probe_ranks *r) {
+  if (r->first >= 0) return r->first;
+  if (r->first_loss >= 0) return r->first_loss;
+  if (r->stopped_first >= 0) return r->stopped_first;
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].status == PROBE_RANK_READ) return (int32_t)i;
+  return -1;
+}
+
+static void run_focus(probe_ranks *r, const probe_ranks_options *opt) {
+  r->focus = pick_focus(r);
+  if (r->focus < 0 || !opt->focus_diag) return;
+  const char *path = r->entries[r->focus].path;
+  probe_trace *t = NULL;
+  char err[256];
+  r->focus_status = opt->isolate
+                        ? probe_trace_open_isolated(&t, path, err, sizeof err)
+                        : probe_trace_open(&t, path);
+  if (r->focus_status < 0) return;
+  r->focus_diag = calloc(1, sizeof *r->focus_diag);
+  if (!r->focus_diag) {
+    r->focus_status = PROBE_ERR_NOMEM;
+  } else {
+    r->focus_status = probe_diag_run(r->focus_diag, t, path, &opt->diag);
+    if (r->focus_status < 0) {
+      probe_diag_free(r->focus_diag);
+      free(r->focus_diag);
+      r->focus_diag = NULL;
+    }
+  }
+  probe_trace_close(t);
+}
+
+static void set_verdict(probe_ranks *r) {
+  probe_verdict v = r->focus_diag ? r->focus_diag->verdict
+                                  : PROBE_VERDICT_HEALTHY;
+  int degraded = r->n_disagreements > 0 || r->n_missing > 0 ||
+                 r->n_unreadable > 0 || r->n_incomplete > 0 ||
+                 r->origin != PROBE_RANKS_ORIGIN_NONE ||
+                 (r->focus >= 0 && !r->focus_diag && r->focus_status < 0);
+  if (degraded && v < PROBE_VERDICT_DEGRADED) v = PROBE_VERDICT_DEGRADED;
+  if (r->first_loss >= 0) v = PROBE_VERDICT_DIVERGED;
+  r->verdict = v;
+}
+
+/* ---- sentences ------------------------------------------------------------ */
+
+/* "at step 60" or "at steps 60-61" (the steps the carried ranks got it). */
+static void carry_when(const probe_ranks *r, char *buf, size_t cap) {
+  if (r->carried_first_step == r->carried_last_step)
+    snprintf(buf, cap, "at step %lld", (long long)r->carried_first_step);
+  else
+    snprintf(buf, cap, "at steps %lld-%lld", (long long)r->carried_first_step,
+             (long long)r->carried_last_step);
+}
+
+static void text_rank_origin(probe_ranks *r, const char *born,
+                             const char *carried) {
+  const probe_rank_entry *f = &r->entries[r->first];
+  int n = snprintf(r->origin_text, sizeof r->origin_text,
+                   "born on rank%s %s (step %lld, %s/%s)",
+                   r->n_born > 1 ? "s" : "", born, (long long)r->event_step,
+                   f->nf_layer_name,
+                   f->nf_site >= 0 ? probe_site_name((probe_site)f->nf_site)
+                                   : "?");
+  size_t at = n > 0 ? (size_t)n : 0;
+  if (at < sizeof r->origin_text && r->n_carried) {
+    char when[64];
+    carry_when(r, when, sizeof when);
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             "; the all-reduce carried it to rank%s %s %s",
+             r->n_carried > 1 ? "s" : "", carried, when);
+  } else if (at < sizeof r->origin_text && f->post_records == 0) {
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             "; no other rank held a non-finite value (the traces have no "
+             "grad_post_allreduce records at that step: whether the "
+             "all-reduce carried it cannot be seen)");
+  } else if (at < sizeof r->origin_text) {
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             "; the all-reduce did not carry it to any other rank");
+  }
+  if (r->focus_diag && r->focus_diag->n_findings > 0)
+    snprintf(r->fix_text, sizeof r->fix_text, "%s",
+             r->focus_diag->findings[0].next_step);
+}
+
+static void write_texts(probe_ranks *r) {
+  char born[160], carried[160];
+  probe__rank_list(r, 0, PROBE_RANK_ROLE_BORN, born, sizeof born);
+  probe__rank_list(r, 0, PROBE_RANK_ROLE_CARRIED, carried, sizeof carried);
+  if (r->origin == PROBE_RANKS_ORIGIN_RANK) {
+    text_rank_origin(r, born, carried);
+  } else if (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE) {
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "born in the all-reduce: every rank's gradients were finite "
+             "before it, the sum was not (step %lld, layer %s; non-finite "
+             "after it on rank%s %s)",
+             (long long)r->event_step, r->entries[r->first].nf_layer_name,
+             r->n_carried > 1 ? "s" : "", carried);
+    snprintf(r->fix_text, sizeof r->fix_text,
+             "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or "
+             "pre-divide them by the world size before an FP16 sum "
+             "(--allreduce-prediv)");
+  } else if (r->origin == PROBE_RANKS_ORIGIN_LOSS_ONLY) {
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "the loss went non-finite first on rank %d at step %lld; no "
+             "per-layer record shows where (record with --trace)",
+             (int)r->entries[r->first_loss].rank, (long long)r->event_step);
+  } else {
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "no non-finite value on any rank read");
+  }
+}
+
+/* ---- the entry point ----------------------------------------------------- */
+
+static void merger_free(merger *m) {
+  free(m->rank_entry);
+  free(m->ref);
+  free(m->ref_rank);
+  free(m->tmp);
+  free(m->tmp_rank);
+}
+
+static probe_status read_all_files(probe_ranks *r, const char *const *paths,
+                                   size_t n_paths,
+                                   const probe_ranks_options *opt,
+                                   size_t *cap_entries) {
+  merger m;
+  memset(&m, 0, sizeof m);
+  probe__rsum *s = calloc(1, sizeof *s);
+  probe_status st = s ? PROBE_OK : PROBE_ERR_NOMEM;
+  probe_status first_err = PROBE_OK;
+  probe__rworker w;
+  probe__rworker_init(&w);
+  for (size_t i = 0; i < n_paths && st >= 0; i++) {
+    st = take_file(r, &m, s, paths, n_paths, i, opt->isolate ? &w : NULL);
+    if (st >= 0 && s->e.status == PROBE_RANK_UNREADABLE &&
+        first_err == PROBE_OK)
+      first_err = (probe_status)s->e.error_status;
+  }
+  probe__rworker_stop(&w, NULL);
+  *cap_entries = m.cap_entries;
+  if (st >= 0)
+    probe_text_escape(r->run_id, sizeof r->run_id, m.run_id);
+  if (s) free(s->steps);
+  free(s);
+  merger_free(&m);
+  if (st >= 0 && !m.first_meta) {
+    st = first_err < 0 ? first_err : PROBE_ERR_CORRUPT;
+    if (r->n_entries && r->entries[0].error)
+      refuse(r, "%s: %s%s%s", r->entries[0].path, r->entries[0].error, "",
+             "");
+  }
+  return st;
+}
+
+probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
+                             size_t n_paths, const probe_ranks_options *opt) {
+  if (!r) return PROBE_ERR_INVALID_ARG;
+  memset(r, 0, sizeof *r);
+  r->first = r->focus = r->stopped_first = r->first_loss = -1;
+  r->event_step = -1;
+  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
+  for (size_t i = 0; i < n_paths; i++)
+    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+  probe_ranks_options defaults;
+  if (!opt) {
+    probe_ranks_options_init(&defaults);
+    opt = &defaults;
+  }
+  r->n_files = n_paths;
+  size_t cap = 0;
+  probe_status st = read_all_files(r, paths, n_paths, opt, &cap);
+  if (st >= 0) st = add_missing(r, &cap);
+  if (st < 0) return st;
+  qsort(r->entries, r->n_entries, sizeof *r->entries, cmp_entry);
+  for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++)
+    r->n_disagreements += r->disagree[f].found;
+  find_first(r);
+  assign_roles(r);
+  run_focus(r, opt);
+  if (r->focus_status == PROBE_ERR_NOMEM) return PROBE_ERR_NOMEM;
+  set_verdict(r);
+  write_texts(r);
+  return PROBE_OK;
+}
+
+void probe_ranks_free(probe_ranks *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    free(r->entries[i].path);
+    free(r->entries[i].error);
+  }
+  free(r->entries);
+  if (r->focus_diag) {
+    probe_diag_free(r->focus_diag);
+    free(r->focus_diag);
+  }
+  memset(r, 0, sizeof *r);
+  r->first = r->focus = r->stopped_first = r->first_loss = -1;
+}

@@ -1,0 +1,363 @@
+/*
+ * libprobe/analysis/ranks_read.c - the cross-rank post-mortem's per-file
+ * pass: one rank's trace -> a small summary (probe__rsum): its rank
+ * attributes, its steps' loss scale / skipped / weight digest, and its first
+ * non-finite record. Only the steps table and the records of the one step
+ * the trace's /meta/state names as the first non-finite
+ * (probe_trace_info.first_nonfinite_step) are read: the records table is
+ * sorted by step, so those rows are found by a binary search on the step
+ * column. probe__rank_read_isolated does the same in a forked worker
+ * process that reads the files one after the other and sends each summary
+ * back through a pipe (one fork for the whole set, not one per file: a
+ * new worker is started only after one dies on a malformed file).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "analysis-impl.h"
+#include "ranks-impl.h"
+
+#define STEP_CHUNK 1024  /* steps rows per read */
+#define REC_CHUNK 256    /* records rows per read at the event step */
+/* A child that has not answered after this long is taken for hung. */
+#define ISOLATED_TIMEOUT_MS 30000
+
+static int nonfinite(const probe_stats *s) {
+  return s->nan_count + s->posinf_count + s->neginf_count > 0;
+}
+
+static probe_status push_step(probe__rsum *s, const probe__rstep *r) {
+  if ((size_t)s->e.n_steps == s->cap_steps) {
+    size_t cap = s->cap_steps ? 2 * s->cap_steps : 1024;
+    probe__rstep *p = realloc(s->steps, cap * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    s->steps = p;
+    s->cap_steps = cap;
+  }
+  s->steps[s->e.n_steps++] = *r;
+  return PROBE_OK;
+}
+
+static void take_step(probe__rsum *s, const probe_step_scalars *sc,
+                      probe__rstep *r) {
+  r->step = sc->step;
+  r->scale = sc->loss_scale;
+  r->skipped = sc->skipped != 0;
+  r->digest = sc->weight_digest;
+  r->has = 0;
+  if (!PROBE__UNMEASURED(sc, PROBE__SC_SCALE)) r->has |= PROBE__RS_SCALE;
+  if (!PROBE__UNMEASURED(sc, PROBE__SC_SCALER)) r->has |= PROBE__RS_SKIPPED;
+  if (!PROBE__UNMEASURED(sc, PROBE_SCALAR_WEIGHT_DIGEST))
+    r->has |= PROBE__RS_DIGEST;
+  if (r->skipped && (r->has & PROBE__RS_SKIPPED)) s->e.skipped_steps++;
+  if (!PROBE__UNMEASURED(sc, PROBE__SC_LOSS) && !isfinite(sc->loss) &&
+      s->e.first_nonfinite_loss_step < 0)
+    s->e.first_nonfinite_loss_step = sc->step;
+}
+
+static probe_status read_steps(probe__rsum *s, probe_trace *t, int64_t n) {
+  probe_step_scalars buf[64];
+  s->e.n_steps = 0;
+  for (int64_t at = 0; at < n;) {
+    size_t want = (size_t)(n - at) < 64 ? (size_t)(n - at) : 64, got = 0;
+    probe_status st = probe_trace_read_steps(t, at, want, buf, &got);
+    if (st < 0) return st;
+    if (got == 0) break;
+    for (size_t i = 0; i < got; i++) {
+      probe__rstep r;
+      take_step(s, &buf[i], &r);
+      if (push_step(s, &r) < 0) return PROBE_ERR_NOMEM;
+    }
+    at += (int64_t)got;
+  }
+  return PROBE_OK;
+}
+
+/* First row of the records table whose step is >= step (n when none). */
+static probe_status records_lower_bound(probe_trace *t, int64_t n,
+                                        int64_t step, int64_t *row) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    probe_record r;
+    size_t got = 0;
+    probe_status st = probe_trace_read_records(t, mid, 1, &r, &got);
+    if (st < 0) return st;
+    if (got == 0) return PROBE_ERR_CORRUPT;
+    if (r.step < step)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *row = lo;
+  return PROBE_OK;
+}
+
+/* (phase, seq) of a before b. */
+static int earlier(const probe_record *a, const probe_rank_entry *e) {
+  int pa = (int)probe_site_phase((probe_site)a->site);
+  if (pa != e->nf_phase) return pa < e->nf_phase;
+  return a->seq < e->nf_seq;
+}
+
+static void take_record(probe_rank_entry *e, const probe_record *r) {
+  if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE) e->post_records++;
+  if (!nonfinite(&r->stats)) return;
+  if (r->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) e->pre_nonfinite = 1;
+  if (e->nf_layer >= 0 && !earlier(r, e)) return;
+  e->nf_step = r->step;
+  e->nf_phase = (int32_t)probe_site_phase((probe_site)r->site);
+  e->nf_seq = r->seq;
+  e->nf_layer = r->layer;
+  e->nf_site = r->site;
+}
+
+/* The records of step `step`: the first non-finite one by (phase, seq). */
+static probe_status read_event_step(probe__rsum *s, probe_trace *t,
+                                    int64_t n, int64_t step) {
+  int64_t row = 0;
+  probe_status st = records_lower_bound(t, n, step, &row);
+  probe_record *buf = malloc(REC_CHUNK * sizeof *buf);
+  if (!buf) return PROBE_ERR_NOMEM;
+  int done = 0;
+  while (st >= 0 && !done && row < n) {
+    size_t got = 0;
+    st = probe_trace_read_records(t, row, REC_CHUNK, buf, &got);
+    if (st < 0 || got == 0) break;
+    for (size_t i = 0; i < got && !done; i++) {
+      if (buf[i].step != step)
+        done = 1;
+      else
+        take_record(&s->e, &buf[i]);
+    }
+    row += (int64_t)got;
+  }
+  free(buf);
+  if (st < 0) return st;
+  if (s->e.nf_layer < 0) {
+    s->e.nf_step = -1; /* the records of that step were not kept */
+    s->e.pre_nonfinite = 0;
+  }
+  return PROBE_OK;
+}
+
+static void entry_init(probe_rank_entry *e) {
+  memset(e, 0, sizeof *e);
+  e->rank = -1;
+  e->last_step = -1;
+  e->first_nonfinite_loss_step = -1;
+  e->nf_step = -1;
+  e->nf_layer = -1;
+  e->nf_site = -1;
+  e->error_status = PROBE_OK;
+}
+
+static void set_unreadable(probe__rsum *s, probe_status st, const char *msg) {
+  s->e.status = PROBE_RANK_UNREADABLE;
+  s->e.error_status = st;
+  snprintf(s->error, sizeof s->error, "%s",
+           msg && *msg ? msg : probe_status_str(st));
+}
+
+static probe_status read_open(probe__rsum *s, probe_trace *t) {
+  const probe_trace_info *in = probe_trace_get_info(t);
+  s->e.rank = in->rank;
+  s->e.world_size = in->world_size;
+  s->e.complete = in->complete;
+  s->e.last_step = in->last_step;
+  snprintf(s->run_id, sizeof s->run_id, "%s", in->run_id ? in->run_id : "");
+  probe_status st = read_steps(s, t, in->n_steps);
+  if (st >= 0 && in->first_nonfinite_step >= 0) {
+    s->e.nf_step = in->first_nonfinite_step;
+    st = read_event_step(s, t, in->n_records, in->first_nonfinite_step);
+  }
+  if (st >= 0 && s->e.nf_layer >= 0) {
+    size_t nl = 0;
+    const probe_layer_info *li = probe_trace_layers(t, &nl);
+    probe_text_escape(s->e.nf_layer_name, sizeof s->e.nf_layer_name,
+                      (size_t)s->e.nf_layer < nl ? li[s->e.nf_layer].name
+                                                 : "?");
+  }
+  return st;
+}
+
+probe_status probe__rank_read(probe__rsum *s, const char *path) {
+  entry_init(&s->e);
+  s->run_id[0] = s->error[0] = '\0';
+  probe_trace *t = NULL;
+  probe_status st = probe_trace_open(&t, path);
+  if (st < 0) {
+    set_unreadable(s, st, probe_trace_last_error(NULL));
+    return PROBE_OK;
+  }
+  s->e.status = PROBE_RANK_READ;
+  st = read_open(s, t);
+  if (st == PROBE_ERR_NOMEM) {
+    probe_trace_close(t);
+    return st;
+  }
+  if (st < 0) {
+    const char *m = probe_trace_last_error(t);
+    char msg[PROBE_RANKS_TEXT_MAX];
+    snprintf(msg, sizeof msg, "%s%s%s", probe_status_str(st),
+             m && *m ? ": " : "", m ? m : "");
+    set_unreadable(s, st, msg);
+  }
+  probe_trace_close(t);
+  return PROBE_OK;
+}
+
+/* ---- isolated: the same pass in a child --------------------------------- */
+
+/* Writes or reads all of n bytes; -1 on error or end of file. The read
+ * side waits at most until the deadline (CLOCK_MONOTONIC ms). */
+static int write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t k = write(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    c += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int read_all(int fd, void *p, size_t n, int64_t deadline) {
+  char *c = p;
+  while (n) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) return -1;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int r = poll(&pfd, 1, (int)(left > 1000 ? 1000 : left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    ssize_t k = read(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    c += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* The worker: summarises paths[from..n) in order, one answer each. */
+static void worker(int fd, probe__rsum *s, const char *const *paths, size_t n,
+                   size_t from) {
+  for (size_t i = from; i < n; i++) {
+    probe_status st = probe__rank_read(s, paths[i]);
+    int32_t code = st;
+    if (write_all(fd, &code, sizeof code) < 0 ||
+        write_all(fd, s, sizeof *s) < 0 ||
+        write_all(fd, s->steps,
+                  (size_t)(st < 0 ? 0 : s->e.n_steps) * sizeof *s->steps) < 0)
+      _exit(2);
+  }
+  _exit(0);
+}
+
+/* Reads the child's answer into s; -1 when it did not come. */
+static probe_status receive(int fd, probe__rsum *s, int *ok) {
+  int64_t deadline = now_ms() + ISOLATED_TIMEOUT_MS;
+  int32_t code = 0;
+  probe__rstep *keep = s->steps;
+  size_t keep_cap = s->cap_steps;
+  *ok = read_all(fd, &code, sizeof code, deadline) == 0 &&
+        read_all(fd, s, sizeof *s, deadline) == 0;
+  s->steps = keep;
+  s->cap_steps = keep_cap;
+  if (!*ok) return PROBE_OK;
+  if (code < 0) return (probe_status)code;
+  int64_t n = s->e.n_steps;
+  s->e.n_steps = 0;
+  if (n > 0 && (size_t)n > s->cap_steps) {
+    probe__rstep *p = realloc(s->steps, (size_t)n * sizeof *p);
+    if (!p) return PROBE_ERR_NOMEM;
+    s->steps = p;
+    s->cap_steps = (size_t)n;
+  }
+  if (n > 0 && read_all(fd, s->steps, (size_t)n * sizeof *s->steps,
+                        deadline) < 0) {
+    *ok = 0;
+    return PROBE_OK;
+  }
+  s->e.n_steps = n < 0 ? 0 : n;
+  return PROBE_OK;
+}
+
+void probe__rworker_init(probe__rworker *w) {
+  w->pid = -1;
+  w->fd = -1;
+}
+
+void probe__rworker_stop(probe__rworker *w, int *status) {
+  if (w->pid < 0) return;
+  if (w->fd >= 0) close(w->fd);
+  int ws = 0;
+  if (!status) kill(w->pid, SIGKILL);
+  while (waitpid(w->pid, &ws, 0) < 0 && errno == EINTR) {
+  }
+  if (status) *status = ws;
+  probe__rworker_init(w);
+}
+
+static int start_worker(probe__rworker *w, probe__rsum *s,
+                        const char *const *paths, size_t n, size_t from) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    worker(fds[1], s, paths, n, from);
+  }
+  close(fds[1]);
+  w->pid = pid;
+  w->fd = fds[0];
+  return 0;
+}
+
+probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
+                                       const char *const *paths, size_t n,
+                                       size_t i) {
+  if (w->pid < 0 && start_worker(w, s, paths, n, i) < 0)
+    return probe__rank_read(s, paths[i]); /* no fork: in this process */
+  int ok = 0;
+  probe_status st = receive(w->fd, s, &ok);
+  if (ok) return st;
+  /* the worker died (or hung) on file i: kill it, the next file starts a
+   * new one */
+  kill(w->pid, SIGKILL);
+  int ws = 0;
+  probe__rworker_stop(w, &ws);
+  char msg[PROBE_RANKS_TEXT_MAX];
+  if (WIFSIGNALED(ws) && WTERMSIG(ws) != SIGKILL)
+    snprintf(msg, sizeof msg,
+             "corrupt trace: the reader crashed on it (signal %d)",
+             WTERMSIG(ws));
+  else
+    snprintf(msg, sizeof msg, "corrupt trace: the reader did not answer");
+  entry_init(&s->e);
+  s->run_id[0] = '\0';
+  set_unreadable(s, PROBE_ERR_CORRUPT, msg);
+  return PROBE_OK;
+}

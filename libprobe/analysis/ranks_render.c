@@ -1,0 +1,394 @@
+/*
+ * libprobe/analysis/ranks_render.c - the cross-rank post-mortem as text
+ * (`ampprobe postmortem DIR`) and as JSON (`--json`, probe_postmortem_json
+ * with several paths). Rank lists are written as ranges ("0-3, 5"). Paths
+ * and layer names read from files are escaped (probe_text_escape).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis-impl.h"
+#include "diagnose-impl.h"
+#include "ranks-impl.h"
+
+/* Rows of the per-rank table in the text (all of them are in the JSON). */
+#define TEXT_MAX_RANK_ROWS 32
+
+static int entry_matches(const probe_rank_entry *e, int by_status,
+                         int32_t want) {
+  if (by_status) return e->status == want && e->rank >= 0;
+  return e->status == PROBE_RANK_READ && e->role == want;
+}
+
+/* Appends "a" or "a-b" to buf. */
+static void put_range(char *buf, size_t cap, size_t *len, int first,
+                      int32_t a, int32_t b) {
+  if (*len >= cap) return;
+  int n = a == b ? snprintf(buf + *len, cap - *len, "%s%d", first ? "" : ", ",
+                            (int)a)
+                 : snprintf(buf + *len, cap - *len, "%s%d-%d",
+                            first ? "" : ", ", (int)a, (int)b);
+  if (n > 0) *len += (size_t)n;
+  if (*len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4);
+}
+
+int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
+                         char *buf, size_t cap) {
+  size_t len = 0;
+  int64_t count = 0;
+  int32_t a = -1, b = -1;
+  if (cap) buf[0] = '\0';
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (!entry_matches(e, by_status, want)) continue;
+    count++;
+    if (a >= 0 && e->rank == b + 1) {
+      b = e->rank;
+      continue;
+    }
+    if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+    a = b = e->rank;
+  }
+  if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+  return count;
+}
+
+static const char *site_name(int32_t s) {
+  return s >= 0 && s < PROBE_SITE_COUNT ? probe_site_name((probe_site)s) : "?";
+}
+
+static const char *phase_name(int32_t p) {
+  return p >= 0 && p <= PROBE_PHASE_OPTIMIZER ? probe_phase_name((probe_phase)p)
+                                              : "?";
+}
+
+static const char *role_name(int32_t role) {
+  return role == PROBE_RANK_ROLE_BORN      ? "born"
+         : role == PROBE_RANK_ROLE_CARRIED ? "carried"
+         : role == PROBE_RANK_ROLE_LATER   ? "later"
+                                           : "none";
+}
+
+static const char *status_name(int32_t st) {
+  return st == PROBE_RANK_READ      ? "read"
+         : st == PROBE_RANK_MISSING ? "missing"
+                                    : "unreadable";
+}
+
+/* ---- text ----------------------------------------------------------------- */
+
+static void text_header(const probe_ranks *r, FILE *f) {
+  fprintf(f, "ampprobe postmortem: %zu rank file%s", r->n_files,
+          r->n_files == 1 ? "" : "s");
+  if (r->run_id[0]) fprintf(f, " of run '%s'", r->run_id);
+  fprintf(f, " (world size %d)\n", (int)r->world_size);
+  fprintf(f, "verdict: %s\n\n", probe_verdict_name(r->verdict));
+  if (r->first >= 0) {
+    const probe_rank_entry *e = &r->entries[r->first];
+    fprintf(f, "first non-finite  rank %d, step %lld, %s, layer %s/%s (seq %u)\n",
+            (int)e->rank, (long long)e->nf_step, phase_name(e->nf_phase),
+            e->nf_layer_name, site_name(e->nf_site), (unsigned)e->nf_seq);
+  }
+  fprintf(f, "origin            %s\n", r->origin_text);
+  if (r->fix_text[0]) fprintf(f, "next step         %s\n", r->fix_text);
+  char list[160];
+  if (r->first >= 0 && r->n_later) {
+    probe__rank_list(r, 0, PROBE_RANK_ROLE_LATER, list, sizeof list);
+    fprintf(f, "                  later non-finite of their own (not from the "
+               "all-reduce): rank%s %s\n",
+            r->n_later > 1 ? "s" : "", list);
+  }
+  if (r->first >= 0 && r->n_unreached) {
+    probe__rank_list(r, 0, PROBE_RANK_ROLE_NONE, list, sizeof list);
+    fprintf(f, "                  never non-finite: rank%s %s\n",
+            r->n_unreached > 1 ? "s" : "", list);
+  }
+}
+
+static void text_disagreements(const probe_ranks *r, FILE *f) {
+  if (!r->n_disagreements) {
+    fprintf(f, "disagreements     none: loss scale, skipped steps and weight "
+               "digest agree across ranks at every step (%lld rank-steps "
+               "compared)\n",
+            (long long)r->disagree[0].steps_compared);
+    return;
+  }
+  for (int k = 0; k < PROBE_RANKS_FIELD_COUNT; k++) {
+    const probe_ranks_disagreement *d = &r->disagree[k];
+    if (!d->found) continue;
+    char a[40], b[40];
+    if (k == PROBE_RANKS_WEIGHT_DIGEST) {
+      snprintf(a, sizeof a, "%016" PRIx64, d->digest_a);
+      snprintf(b, sizeof b, "%016" PRIx64, d->digest_b);
+    } else {
+      probe_num_format(a, sizeof a, d->value_a, 6);
+      probe_num_format(b, sizeof b, d->value_b, 6);
+    }
+    fprintf(f, "DISAGREEMENT      %s differs at step %lld: %s on rank %d, %s on "
+               "rank %d (%lld rank%s differ from the first rank read)\n",
+            probe_ranks_field_name((probe_ranks_field)k), (long long)d->step, a,
+            (int)d->rank_a, b, (int)d->rank_b, (long long)d->ranks_differing,
+            d->ranks_differing == 1 ? "" : "s");
+  }
+}
+
+static void text_faults(const probe_ranks *r, FILE *f) {
+  fprintf(f, "ranks             %lld read, %lld missing, %lld unreadable, %lld "
+             "not closed\n",
+          (long long)r->n_read, (long long)r->n_missing,
+          (long long)r->n_unreadable, (long long)r->n_incomplete);
+  if (r->stopped_first >= 0) {
+    const probe_rank_entry *s = &r->entries[r->stopped_first];
+    int64_t tied = 0;
+    for (size_t i = 0; i < r->n_entries; i++)
+      tied += r->entries[i].status == PROBE_RANK_READ &&
+              !r->entries[i].complete && r->entries[i].last_step == s->last_step;
+    if (tied == r->n_read && r->n_read > 1)
+      fprintf(f, "stopped           every rank stopped at step %lld without "
+                 "closing its trace: cannot tell which stopped first\n",
+              (long long)s->last_step);
+    else
+      fprintf(f, "stopped first     rank %d at step %lld (its trace was not "
+                 "closed: killed?)%s; the furthest rank reached step %lld\n",
+              (int)s->rank, (long long)s->last_step,
+              tied > 1 ? " with others at the same step" : "",
+              (long long)r->max_last_step);
+  }
+  if (r->n_missing) {
+    char list[160];
+    probe__rank_list(r, 1, PROBE_RANK_MISSING, list, sizeof list);
+    fprintf(f, "MISSING           rank%s %s: world size %d, no file\n",
+            r->n_missing > 1 ? "s" : "", list, (int)r->world_size);
+  }
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_UNREADABLE) continue;
+    char p[600], m[600];
+    probe_text_escape(p, sizeof p, e->path ? e->path : "");
+    probe_text_escape(m, sizeof m, e->error ? e->error : "");
+    fprintf(f, "UNREADABLE        %s: %s\n", p, m);
+  }
+}
+
+static void text_table(const probe_ranks *r, FILE *f) {
+  fprintf(f, "\n rank  steps   last  closed  skipped  first non-finite\n");
+  size_t rows = 0, more = 0;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status == PROBE_RANK_UNREADABLE) continue;
+    if (rows++ >= TEXT_MAX_RANK_ROWS) {
+      more++;
+      continue;
+    }
+    if (e->status == PROBE_RANK_MISSING) {
+      fprintf(f, "%5d  (missing)\n", (int)e->rank);
+      continue;
+    }
+    fprintf(f, "%5d %6lld %6lld  %-6s %8lld  ", (int)e->rank,
+            (long long)e->n_steps, (long long)e->last_step,
+            e->complete ? "yes" : "no", (long long)e->skipped_steps);
+    if (e->nf_step >= 0)
+      fprintf(f, "step %lld %s %s/%s%s%s%s\n", (long long)e->nf_step,
+              phase_name(e->nf_phase), e->nf_layer_name, site_name(e->nf_site),
+              e->role != PROBE_RANK_ROLE_NONE ? " (" : "",
+              e->role != PROBE_RANK_ROLE_NONE ? role_name(e->role) : "",
+              e->role != PROBE_RANK_ROLE_NONE ? ")" : "");
+    else if (e->first_nonfinite_loss_step >= 0)
+      fprintf(f, "loss at step %lld\n", (long long)e->first_nonfinite_loss_step);
+    else
+      fprintf(f, "-\n");
+  }
+  if (more)
+    fprintf(f, "  ... %zu more rank%s (--json lists every rank)\n", more,
+            more == 1 ? "" : "s");
+}
+
+static void render_text(const probe_ranks *r, FILE *f) {
+  text_header(r, f);
+  text_disagreements(r, f);
+  text_faults(r, f);
+  text_table(r, f);
+  if (r->focus < 0) return;
+  const probe_rank_entry *e = &r->entries[r->focus];
+  fprintf(f, "\n==== rank %d: the full post-mortem ====\n\n", (int)e->rank);
+  if (!r->focus_diag) {
+    fprintf(f, "(not run: %s)\n", r->focus_status < 0
+                                      ? probe_status_str(r->focus_status)
+                                      : "disabled");
+    return;
+  }
+  char *t = NULL;
+  if (probe_diag_render_text(r->focus_diag, &t) == PROBE_OK && t)
+    fputs(t, f);
+  probe_free(t);
+}
+
+probe_status probe_ranks_render_text(const probe_ranks *r, char **text_out) {
+  if (!r || !text_out) return PROBE_ERR_INVALID_ARG;
+  *text_out = NULL;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return PROBE_ERR_NOMEM;
+  render_text(r, f);
+  if (fclose(f) != 0 || !buf) {
+    free(buf);
+    return PROBE_ERR_NOMEM;
+  }
+  *text_out = buf;
+  return PROBE_OK;
+}
+
+/* ---- JSON ----------------------------------------------------------------- */
+
+static void json_rank_array(probe__jw *w, const char *key, const probe_ranks *r,
+                            int by_status, int32_t want) {
+  probe__jw_arr(w, key);
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (entry_matches(&r->entries[i], by_status, want))
+      probe__jw_int(w, NULL, r->entries[i].rank);
+  probe__jw_end(w, ']');
+}
+
+static void json_point(probe__jw *w, const char *key,
+                       const probe_rank_entry *e) {
+  if (!e || e->nf_step < 0) {
+    probe__jw_null(w, key);
+    return;
+  }
+  probe__jw_obj(w, key);
+  probe__jw_int(w, "rank", e->rank);
+  probe__jw_int(w, "step", e->nf_step);
+  probe__jw_str(w, "phase", phase_name(e->nf_phase));
+  probe__jw_int(w, "seq", e->nf_seq);
+  probe__jw_str(w, "layer", e->nf_layer_name);
+  probe__jw_str(w, "site", site_name(e->nf_site));
+  probe__jw_end(w, '}');
+}
+
+static void json_origin(probe__jw *w, const probe_ranks *r) {
+  probe__jw_obj(w, "origin");
+  probe__jw_str(w, "kind", probe_ranks_origin_name(r->origin));
+  probe__jw_step(w, "step", r->event_step);
+  json_rank_array(w, "born_on", r, 0, PROBE_RANK_ROLE_BORN);
+  json_rank_array(w, "carried_to", r, 0, PROBE_RANK_ROLE_CARRIED);
+  probe__jw_step(w, "carried_first_step", r->carried_first_step);
+  probe__jw_step(w, "carried_last_step", r->carried_last_step);
+  json_rank_array(w, "later", r, 0, PROBE_RANK_ROLE_LATER);
+  if (r->first >= 0)
+    json_rank_array(w, "never_nonfinite", r, 0, PROBE_RANK_ROLE_NONE);
+  else
+    probe__jw_arr(w, "never_nonfinite"), probe__jw_end(w, ']');
+  probe__jw_str(w, "text", r->origin_text);
+  probe__jw_str(w, "next_step", r->fix_text[0] ? r->fix_text : NULL);
+  probe__jw_end(w, '}');
+}
+
+static void json_disagreements(probe__jw *w, const probe_ranks *r) {
+  probe__jw_arr(w, "disagreements");
+  for (int k = 0; k < PROBE_RANKS_FIELD_COUNT; k++) {
+    const probe_ranks_disagreement *d = &r->disagree[k];
+    if (!d->found) continue;
+    probe__jw_obj(w, NULL);
+    probe__jw_str(w, "field", probe_ranks_field_name((probe_ranks_field)k));
+    probe__jw_int(w, "step", d->step);
+    probe__jw_int(w, "rank_a", d->rank_a);
+    probe__jw_int(w, "rank_b", d->rank_b);
+    if (k == PROBE_RANKS_WEIGHT_DIGEST) {
+      char a[24], b[24];
+      snprintf(a, sizeof a, "%016" PRIx64, d->digest_a);
+      snprintf(b, sizeof b, "%016" PRIx64, d->digest_b);
+      probe__jw_str(w, "value_a", a);
+      probe__jw_str(w, "value_b", b);
+    } else {
+      probe__jw_num(w, "value_a", d->value_a);
+      probe__jw_num(w, "value_b", d->value_b);
+    }
+    probe__jw_int(w, "ranks_differing", d->ranks_differing);
+    probe__jw_end(w, '}');
+  }
+  probe__jw_end(w, ']');
+}
+
+static void json_entry(probe__jw *w, const probe_rank_entry *e) {
+  char buf[1200];
+  probe__jw_obj(w, NULL);
+  probe__jw_int(w, "rank", e->rank);
+  probe__jw_str(w, "status", status_name(e->status));
+  if (e->path) probe_text_escape(buf, sizeof buf, e->path);
+  probe__jw_str(w, "path", e->path ? buf : NULL);
+  if (e->status == PROBE_RANK_UNREADABLE) {
+    probe_text_escape(buf, sizeof buf, e->error ? e->error : "");
+    probe__jw_str(w, "error", buf);
+  }
+  if (e->status == PROBE_RANK_READ) {
+    probe__jw_bool(w, "complete", e->complete);
+    probe__jw_int(w, "steps", e->n_steps);
+    probe__jw_step(w, "last_step", e->last_step);
+    probe__jw_int(w, "skipped_steps", e->skipped_steps);
+    probe__jw_step(w, "first_nonfinite_loss_step", e->first_nonfinite_loss_step);
+    json_point(w, "first_nonfinite", e);
+    probe__jw_str(w, "role", role_name(e->role));
+  }
+  probe__jw_end(w, '}');
+}
+
+static void json_stopped(probe__jw *w, const probe_ranks *r) {
+  if (r->stopped_first < 0) {
+    probe__jw_null(w, "stopped_first");
+    return;
+  }
+  const probe_rank_entry *s = &r->entries[r->stopped_first];
+  probe__jw_obj(w, "stopped_first");
+  probe__jw_int(w, "rank", s->rank);
+  probe__jw_step(w, "last_step", s->last_step);
+  probe__jw_step(w, "furthest_step", r->max_last_step);
+  probe__jw_arr(w, "not_closed");
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].status == PROBE_RANK_READ && !r->entries[i].complete)
+      probe__jw_int(w, NULL, r->entries[i].rank);
+  probe__jw_end(w, ']');
+  probe__jw_end(w, '}');
+}
+
+static void json_body(probe__jw *w, const probe_ranks *r) {
+  probe__jw_str(w, "verdict", probe_verdict_name(r->verdict));
+  probe__jw_bool(w, "problem", r->verdict != PROBE_VERDICT_HEALTHY);
+  probe__jw_str(w, "kind", "ranks");
+  probe__jw_str(w, "run_id", r->run_id);
+  probe__jw_int(w, "world_size", r->world_size);
+  probe__jw_int(w, "files", (int64_t)r->n_files);
+  probe__jw_int(w, "ranks_read", r->n_read);
+  json_rank_array(w, "ranks_missing", r, 1, PROBE_RANK_MISSING);
+  probe__jw_int(w, "ranks_unreadable", r->n_unreadable);
+  probe__jw_int(w, "ranks_not_closed", r->n_incomplete);
+  json_point(w, "first_nonfinite", r->first >= 0 ? &r->entries[r->first] : NULL);
+  json_origin(w, r);
+  json_disagreements(w, r);
+  json_stopped(w, r);
+  probe__jw_arr(w, "ranks");
+  for (size_t i = 0; i < r->n_entries; i++) json_entry(w, &r->entries[i]);
+  probe__jw_end(w, ']');
+  if (r->focus >= 0)
+    probe__jw_int(w, "focus_rank", r->entries[r->focus].rank);
+  else
+    probe__jw_null(w, "focus_rank");
+  if (r->focus_diag)
+    probe__diag_json(w, "focus", r->focus_diag);
+  else
+    probe__jw_null(w, "focus");
+}
+
+probe_status probe_ranks_render_json(const probe_ranks *r, char **json_out) {
+  if (!r || !json_out) return PROBE_ERR_INVALID_ARG;
+  probe__jw w;
+  probe__jw_init(&w);
+  probe__jw_obj(&w, NULL);
+  json_body(&w, r);
+  probe__jw_end(&w, '}');
+  *json_out = probe__jw_finish(&w);
+  return *json_out ? PROBE_OK : PROBE_ERR_NOMEM;
+}

@@ -1,0 +1,1081 @@
+/*
+ * tests/tools/test_dist_postmortem.c - Check suite for the cross-rank
+ * post-mortem (probe_ranks_run, libprobe/analysis/ranks*.c) and for
+ * `ampprobe postmortem` / `ampprobe diff` over sets of rank traces. The
+ * rank traces are written through the public writer API (rank, world size,
+ * run id; GRAD_PRE/POST_ALLREDUCE records; weight digests), without
+ * mpirun, so the cases are fast and deterministic: a NaN born on one rank
+ * and carried by the all-reduce, a value born in the all-reduce, ties and
+ * the (step, phase, seq) order across ranks, disagreeing loss scale /
+ * skipped / digest, a killed rank, missing and corrupt rank files, mixed
+ * run ids, and the single-file document unchanged.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ampprobe/analysis.h"
+#include "ampprobe/probe.h"
+
+#ifndef AMPPROBE_BIN
+#error "AMPPROBE_BIN must be defined"
+#endif
+
+#define N 16
+#define MAX_WORLD 16
+enum { L_INPUT, L_FC1, L_FC2, L_LOSS, N_LAYERS };
+
+/* What goes wrong on one rank. -1 = never. */
+typedef struct fault {
+  int64_t nan_input_step;     /* NaN in this rank's input (forward) */
+  int64_t masked_step;        /* NaN in fc1's output only, masked before the
+                                 loss (rank-local, gradients finite) */
+  int64_t grad_inf_step;      /* fc1's local gradient overflows (backward,
+                                 before the all-reduce) */
+  int64_t post_inf_step;      /* the all-reduce output of post_layer is
+                                 non-finite (on every rank in a real job) */
+  int post_layer;             /* L_FC1 or L_FC2 */
+  int64_t scale_from;         /* from this step the loss scale is halved */
+  int64_t skip_step;          /* this rank alone skips that step */
+  int64_t digest_from;        /* from this step its weights differ */
+  int no_digest;              /* digest not measured */
+  int64_t kill_after;         /* the writer dies after this step (flushed) */
+} fault;
+
+static fault no_fault(void) {
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1};
+  return f;
+}
+
+/* The all-reduce in the fixture: ranks see a post-all-reduce value that is
+ * non-finite when any rank's pre value is (set by the caller per step). */
+typedef struct job {
+  char dir[128];
+  char base[160];
+  int world;
+  int64_t steps;
+  const char *run_id;
+  int flight; /* scalars mode with the flight recorder instead of full */
+  int no_allreduce; /* no GRAD_PRE/POST_ALLREDUCE records */
+  fault f[MAX_WORLD];
+} job;
+
+static char root[64]; /* this run's directory, removed at the end */
+
+static void job_init(job *j, const char *tag, int world, int64_t steps) {
+  memset(j, 0, sizeof *j);
+  snprintf(j->dir, sizeof j->dir, "%s/%s", root, tag);
+  mkdir(j->dir, 0700);
+  snprintf(j->base, sizeof j->base, "%s/t.h5", j->dir);
+  j->world = world;
+  j->steps = steps;
+  j->run_id = "job-42";
+  for (int r = 0; r < MAX_WORLD; r++) j->f[r] = no_fault();
+}
+
+static void rank_path(const job *j, int r, char *out, size_t cap) {
+  ck_assert_int_eq(probe_rank_trace_path(out, cap, j->base, r), PROBE_OK);
+}
+
+/* Some rank sends a non-finite bucket of `layer` into the all-reduce. */
+static int any_pre_bad(const job *j, int64_t step, int layer) {
+  for (int r = 0; r < j->world; r++)
+    if (j->f[r].nan_input_step == step ||
+        (layer == L_FC1 && j->f[r].grad_inf_step == step))
+      return 1;
+  return 0;
+}
+
+static int any_nan_input(const job *j, int64_t step) {
+  for (int r = 0; r < j->world; r++)
+    if (j->f[r].nan_input_step == step) return 1;
+  return 0;
+}
+
+static int any_post_inf(const job *j, int64_t step, int layer) {
+  for (int r = 0; r < j->world; r++)
+    if (j->f[r].post_inf_step == step && j->f[r].post_layer == layer) return 1;
+  return 0;
+}
+
+typedef struct wr {
+  probe_session *s;
+  int32_t id[N_LAYERS];
+  float buf[32][N];
+  int nb;
+} wr;
+
+static void rec(wr *w, int layer, probe_site site, float mag, int bad) {
+  ck_assert_int_lt(w->nb, 32);
+  float *b = w->buf[w->nb++];
+  for (int i = 0; i < N; i++) b[i] = mag * (0.5f + (float)i / N);
+  if (bad == 1) b[0] = NAN;
+  if (bad == 2) b[1] = INFINITY;
+  ck_assert_int_eq(probe_tensor_record(w->s, w->id[layer], site,
+                                       PROBE_DTYPE_F32, b, N),
+                   PROBE_OK);
+}
+
+static int wopen(wr *w, const job *j, int r, const char *run_id) {
+  char path[256];
+  rank_path(j, r, path, sizeof path);
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = j->flight ? PROBE_MODE_SCALARS : PROBE_MODE_FULL;
+  o.overwrite = 1;
+  o.rank = r;
+  o.world_size = j->world;
+  o.run_id = run_id;
+  o.command_line = "ampprobe run --scenario unit --trace";
+  o.config_json = "{\"name\": \"unit\"}";
+  o.precision_policy = "fp16";
+  memset(w, 0, sizeof *w);
+  if (probe_session_open(&w->s, path, &o) != PROBE_OK) return -1;
+  static const char *names[N_LAYERS] = {"input", "fc1", "fc2", "loss"};
+  static const probe_kind kinds[N_LAYERS] = {
+      PROBE_KIND_INPUT, PROBE_KIND_LINEAR, PROBE_KIND_LINEAR, PROBE_KIND_LOSS};
+  for (int i = 0; i < N_LAYERS; i++)
+    if (probe_layer_register(w->s, names[i], kinds[i],
+                             i == L_FC1 || i == L_FC2 ? PROBE_DTYPE_F16
+                                                      : PROBE_DTYPE_F32,
+                             &w->id[i]) != PROBE_OK)
+      return -1;
+  return 0;
+}
+
+/* Backward of one parameterised layer: its local gradient, the bucket sent
+ * into the all-reduce and the bucket it returned. */
+static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
+                           int fwd_bad) {
+  const fault *f = &j->f[r];
+  int local = fwd_bad || (layer == L_FC1 && f->grad_inf_step == step);
+  int mine = local ? (fwd_bad ? 1 : 2) : 0;
+  rec(w, layer, PROBE_SITE_WEIGHT_GRAD, 4.0f, mine);
+  if (j->no_allreduce) return;
+  rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, 4.0f, mine);
+  int post = any_pre_bad(j, step, layer) ? 1 : any_post_inf(j, step, layer) ? 2 : 0;
+  rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, 4.0f * (float)j->world, post);
+}
+
+static void write_step(wr *w, const job *j, int r, int64_t step) {
+  const fault *f = &j->f[r];
+  w->nb = 0;
+  ck_assert_int_eq(probe_step_begin(w->s, step), PROBE_OK);
+  int bad = f->nan_input_step == step;
+  rec(w, L_INPUT, PROBE_SITE_FWD_OUT, 1.0f, bad);
+  rec(w, L_FC1, PROBE_SITE_FWD_IN, 1.0f, bad);
+  rec(w, L_FC1, PROBE_SITE_FWD_OUT, 2.0f, bad || f->masked_step == step);
+  rec(w, L_FC2, PROBE_SITE_FWD_OUT, 2.0f, bad);
+  rec(w, L_LOSS, PROBE_SITE_FWD_OUT, 1.0f, bad);
+  rec(w, L_LOSS, PROBE_SITE_GRAD_IN, 1.0f, bad);
+  backward_layer(w, j, r, step, L_FC2, bad);
+  backward_layer(w, j, r, step, L_FC1, bad);
+  rec(w, L_FC1, PROBE_SITE_MASTER_WEIGHT, 0.5f, 0);
+  rec(w, L_FC2, PROBE_SITE_MASTER_WEIGHT, 0.5f, 0);
+  int found = any_pre_bad(j, step, L_FC1) || any_pre_bad(j, step, L_FC2) ||
+              any_post_inf(j, step, L_FC1) || any_post_inf(j, step, L_FC2);
+  probe_step_scalars s;
+  memset(&s, 0, sizeof s);
+  s.loss = any_nan_input(j, step) ? NAN : 1.0 / (double)(step + 1);
+  s.loss_scale = 65536.0;
+  if (f->scale_from >= 0 && step >= f->scale_from) s.loss_scale = 32768.0;
+  s.found_inf = found;
+  s.skipped = found || f->skip_step == step;
+  s.lr = 1e-3;
+  s.grad_norm = 0.5;
+  s.clip_coef = 1.0;
+  s.weight_digest = 0x1234500000ull + (uint64_t)step;
+  if (f->digest_from >= 0 && step >= f->digest_from) s.weight_digest ^= 0xff;
+  if (f->no_digest) s.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
+  ck_assert_int_eq(probe_step_set_scalars(w->s, &s), PROBE_OK);
+  ck_assert_int_eq(probe_step_end(w->s), PROBE_OK);
+}
+
+/* A rank whose writer dies after kill_after: written in a child that
+ * flushes and _exits without closing (the trace stays "not closed"). */
+static void write_killed(const job *j, int r, const char *run_id) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    wr w;
+    if (wopen(&w, j, r, run_id) < 0) _exit(2);
+    for (int64_t s = 0; s <= j->f[r].kill_after; s++) write_step(&w, j, r, s);
+    if (probe_session_flush(w.s) != PROBE_OK) _exit(3);
+    _exit(0);
+  }
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "killed writer failed");
+}
+
+static void write_rank_id(const job *j, int r, const char *run_id) {
+  if (j->f[r].kill_after >= 0) {
+    write_killed(j, r, run_id);
+    return;
+  }
+  wr w;
+  ck_assert_int_eq(wopen(&w, j, r, run_id), 0);
+  for (int64_t s = 0; s < j->steps; s++) write_step(&w, j, r, s);
+  ck_assert_int_eq(probe_session_close(w.s), PROBE_OK);
+}
+
+static void write_job(const job *j) {
+  for (int r = 0; r < j->world; r++) write_rank_id(j, r, j->run_id);
+}
+
+/* Every rank file of the job, in rank order (skip: a rank left out). */
+static size_t job_paths(const job *j, char paths[][256], const char **ptrs,
+                        int skip) {
+  size_t n = 0;
+  for (int r = 0; r < j->world; r++) {
+    if (r == skip) continue;
+    rank_path(j, r, paths[n], 256);
+    ptrs[n] = paths[n];
+    n++;
+  }
+  return n;
+}
+
+static void run_set(probe_ranks *res, const job *j, int skip, int isolate) {
+  char paths[MAX_WORLD][256];
+  const char *ptrs[MAX_WORLD];
+  size_t n = job_paths(j, paths, ptrs, skip);
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  o.isolate = isolate;
+  probe_status st = probe_ranks_run(res, ptrs, n, &o);
+  ck_assert_msg(st == PROBE_OK, "probe_ranks_run: %s (%s)",
+                probe_status_str(st), res->error);
+}
+
+static const probe_rank_entry *entry_of(const probe_ranks *r, int rank) {
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].rank == rank) return &r->entries[i];
+  ck_abort_msg("rank %d not in the result", rank);
+  return NULL;
+}
+
+static json_t *ranks_json(const probe_ranks *r) {
+  char *txt = NULL;
+  ck_assert_int_eq(probe_ranks_render_json(r, &txt), PROBE_OK);
+  ck_assert_msg(strncmp(txt, "{\n  \"verdict\": ", 15) == 0,
+                "verdict is not the first key: %.40s", txt);
+  json_error_t err;
+  json_t *doc = json_loads(txt, 0, &err);
+  ck_assert_msg(doc != NULL, "not JSON: %s", err.text);
+  probe_free(txt);
+  return doc;
+}
+
+/* The ints of a JSON array as "0,1,3". */
+static void int_list(json_t *arr, char *out, size_t cap) {
+  size_t len = 0, i;
+  json_t *v;
+  out[0] = '\0';
+  json_array_foreach(arr, i, v) {
+    len += (size_t)snprintf(out + len, cap - len, "%s%lld", i ? "," : "",
+                            (long long)json_integer_value(v));
+  }
+}
+
+static void check_origin(const probe_ranks *r, const char *kind,
+                         const char *born, const char *carried) {
+  json_t *doc = ranks_json(r);
+  json_t *o = json_object_get(doc, "origin");
+  ck_assert_str_eq(json_string_value(json_object_get(o, "kind")), kind);
+  char b[256];
+  int_list(json_object_get(o, "born_on"), b, sizeof b);
+  ck_assert_str_eq(b, born);
+  int_list(json_object_get(o, "carried_to"), b, sizeof b);
+  ck_assert_str_eq(b, carried);
+  json_decref(doc);
+}
+
+static char *ranks_text(const probe_ranks *r) {
+  char *t = NULL;
+  ck_assert_int_eq(probe_ranks_render_text(r, &t), PROBE_OK);
+  return t;
+}
+
+/* ---- born on one rank, carried by the all-reduce -------------------------- */
+
+START_TEST(test_nan_carried_by_allreduce) {
+  static const struct {
+    int world, rank;
+    int64_t step;
+    int flight;
+    const char *born, *carried;
+  } cases[] = {
+      {4, 2, 5, 0, "2", "0,1,3"},
+      {2, 1, 3, 0, "1", "0"},
+      {4, 0, 0, 0, "0", "1,2,3"},
+      {8, 5, 7, 1, "5", "0,1,2,3,4,6,7"}, /* flight recorder: sparse rows */
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "carried%zu", c);
+    job j;
+    job_init(&j, tag, cases[c].world, 12);
+    j.flight = cases[c].flight;
+    j.f[cases[c].rank].nan_input_step = cases[c].step;
+    write_job(&j);
+    probe_ranks r;
+    run_set(&r, &j, -1, (int)(c & 1));
+    ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_RANK);
+    ck_assert_int_ge(r.first, 0);
+    const probe_rank_entry *f = &r.entries[r.first];
+    ck_assert_int_eq(f->rank, cases[c].rank);
+    ck_assert_int_eq(f->nf_step, cases[c].step);
+    ck_assert_int_eq(f->nf_phase, PROBE_PHASE_FORWARD);
+    ck_assert_int_eq(f->nf_site, PROBE_SITE_FWD_OUT);
+    ck_assert_str_eq(f->nf_layer_name, "input");
+    ck_assert_int_eq(r.n_born, 1);
+    ck_assert_int_eq(r.n_carried, cases[c].world - 1);
+    ck_assert_int_eq(r.focus, r.first);
+    ck_assert_ptr_nonnull(r.focus_diag);
+    ck_assert_int_eq(r.verdict, PROBE_VERDICT_DIVERGED); /* NaN loss */
+    ck_assert_int_eq(r.n_disagreements, 0);
+    ck_assert_int_eq(r.n_read, cases[c].world);
+    check_origin(&r, "rank", cases[c].born, cases[c].carried);
+    char *t = ranks_text(&r);
+    char want[128];
+    snprintf(want, sizeof want, "first non-finite  rank %d, step %lld",
+             cases[c].rank, (long long)cases[c].step);
+    ck_assert_msg(strstr(t, want), "no '%s' in:\n%s", want, t);
+    ck_assert_msg(strstr(t, "the all-reduce carried it to rank"), "%s", t);
+    probe_free(t);
+    probe_ranks_free(&r);
+  }
+}
+END_TEST
+
+/* A rank-local NaN a few steps before the gradients carry it (the
+ * synthetic 1,024-rank job's shape), and ranks with a later fault of their
+ * own. */
+START_TEST(test_lead_and_later) {
+  job j;
+  job_init(&j, "lead", 4, 12);
+  j.f[2].masked_step = 5;
+  j.f[2].nan_input_step = 8;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  ck_assert_int_eq(r.entries[r.first].rank, 2);
+  ck_assert_int_eq(r.event_step, 5);
+  ck_assert_str_eq(r.entries[r.first].nf_layer_name, "fc1");
+  ck_assert_int_eq(r.carried_first_step, 8);
+  ck_assert_int_eq(r.carried_last_step, 8);
+  check_origin(&r, "rank", "2", "0,1,3");
+  ck_assert_msg(strstr(r.origin_text, "carried it to ranks 0-1, 3 at step 8"),
+                "%s", r.origin_text);
+  probe_ranks_free(&r);
+
+  job_init(&j, "later", 4, 12);
+  j.f[0].masked_step = 2;
+  j.f[3].masked_step = 6;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 0);
+  ck_assert_int_eq(r.n_later, 1);
+  ck_assert_int_eq(entry_of(&r, 3)->role, PROBE_RANK_ROLE_LATER);
+  ck_assert_int_eq(r.n_unreached, 2);
+  ck_assert_int_eq(r.n_carried, 0);
+  ck_assert_msg(strstr(r.origin_text, "did not carry it"), "%s", r.origin_text);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(json_object_get(doc, "origin"), "later"), b,
+           sizeof b);
+  ck_assert_str_eq(b, "3");
+  int_list(json_object_get(json_object_get(doc, "origin"), "never_nonfinite"),
+           b, sizeof b);
+  ck_assert_str_eq(b, "1,2");
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Traces without all-reduce records: carrying cannot be seen, and is not
+ * claimed either way. */
+START_TEST(test_no_allreduce_records) {
+  job j;
+  job_init(&j, "noar", 3, 8);
+  j.no_allreduce = 1;
+  j.f[1].nan_input_step = 3;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 1);
+  ck_assert_int_eq(r.n_carried, 0);
+  ck_assert_msg(strstr(r.origin_text, "cannot be seen"), "%s", r.origin_text);
+  check_origin(&r, "rank", "1", "");
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Two ranks with bad input at the same step: both born, the lowest first. */
+START_TEST(test_born_on_two_ranks) {
+  job j;
+  job_init(&j, "twoborn", 4, 10);
+  j.f[3].nan_input_step = 4;
+  j.f[1].nan_input_step = 4;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 1);
+  ck_assert_int_eq(r.n_born, 2);
+  check_origin(&r, "rank", "1,3", "0,2");
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* The order is (step, phase, seq), not the rank. */
+START_TEST(test_order_step_phase_seq) {
+  /* forward on rank 3 before backward on rank 1 at the same step */
+  job j;
+  job_init(&j, "order1", 4, 10);
+  j.f[1].grad_inf_step = 5;
+  j.f[3].nan_input_step = 5;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 3);
+  ck_assert_int_eq(r.entries[r.first].nf_phase, PROBE_PHASE_FORWARD);
+  /* rank 1's first is fc2's bucket from the all-reduce (carried); its own
+   * fc1 overflow comes later in the step */
+  ck_assert_int_eq(entry_of(&r, 1)->nf_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
+  ck_assert_int_eq(entry_of(&r, 1)->pre_nonfinite, 1);
+  check_origin(&r, "rank", "3", "0,1,2");
+  probe_ranks_free(&r);
+
+  /* an earlier step wins over an earlier phase */
+  job_init(&j, "order2", 4, 10);
+  j.f[0].grad_inf_step = 3;
+  j.f[2].nan_input_step = 4;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 0);
+  ck_assert_int_eq(r.event_step, 3);
+  ck_assert_int_eq(r.entries[r.first].nf_site, PROBE_SITE_WEIGHT_GRAD);
+  check_origin(&r, "rank", "0", "1,2,3");
+  probe_ranks_free(&r);
+
+  /* same step and phase: the lower seq wins (fc2's gradient before fc1's) */
+  job_init(&j, "order3", 2, 8);
+  j.f[1].grad_inf_step = 2; /* fc1 weight_grad, seq after fc2's buckets */
+  j.f[0].post_inf_step = 2; /* fc2's all-reduce output: earlier seq */
+  j.f[0].post_layer = L_FC2;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.first].rank, 0);
+  ck_assert_int_eq(r.entries[r.first].nf_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* ---- born in the all-reduce ------------------------------------------------ */
+
+START_TEST(test_born_in_allreduce) {
+  static const struct {
+    int world, layer;
+    int64_t step;
+    int flight;
+    const char *layer_name, *carried;
+  } cases[] = {
+      {4, L_FC2, 12, 0, "fc2", "0,1,2,3"},
+      {2, L_FC1, 3, 0, "fc1", "0,1"},
+      {8, L_FC2, 0, 1, "fc2", "0,1,2,3,4,5,6,7"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "allreduce%zu", c);
+    job j;
+    job_init(&j, tag, cases[c].world, 16);
+    j.flight = cases[c].flight;
+    for (int k = 0; k < cases[c].world; k++) {
+      j.f[k].post_inf_step = cases[c].step;
+      j.f[k].post_layer = cases[c].layer;
+    }
+    write_job(&j);
+    probe_ranks r;
+    run_set(&r, &j, -1, 1);
+    ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+    ck_assert_int_eq(r.n_born, 0);
+    ck_assert_int_eq(r.n_carried, cases[c].world);
+    const probe_rank_entry *f = &r.entries[r.first];
+    ck_assert_int_eq(f->rank, 0);
+    ck_assert_int_eq(f->nf_step, cases[c].step);
+    ck_assert_int_eq(f->nf_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
+    ck_assert_str_eq(f->nf_layer_name, cases[c].layer_name);
+    ck_assert_ptr_nonnull(strstr(r.fix_text, "FP32"));
+    ck_assert_ptr_nonnull(strstr(r.origin_text, "born in the all-reduce"));
+    ck_assert_int_ge(r.verdict, PROBE_VERDICT_DEGRADED);
+    check_origin(&r, "allreduce", "", cases[c].carried);
+    probe_ranks_free(&r);
+  }
+}
+END_TEST
+
+/* One rank's pre-all-reduce bucket non-finite too: not the all-reduce. */
+START_TEST(test_pre_nonfinite_is_not_allreduce) {
+  job j;
+  job_init(&j, "prebad", 4, 8);
+  for (int k = 0; k < 4; k++) {
+    j.f[k].post_inf_step = 5;
+    j.f[k].post_layer = L_FC1;
+  }
+  j.f[2].grad_inf_step = 5; /* fc1 local overflow: its pre bucket is inf */
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_RANK);
+  ck_assert_int_eq(entry_of(&r, 2)->role, PROBE_RANK_ROLE_BORN);
+  ck_assert_int_eq(entry_of(&r, 2)->pre_nonfinite, 1);
+  ck_assert_int_eq(entry_of(&r, 2)->nf_site, PROBE_SITE_WEIGHT_GRAD);
+  check_origin(&r, "rank", "2", "0,1,3");
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* ---- disagreements -------------------------------------------------------- */
+
+START_TEST(test_disagreements) {
+  /* loss scale on rank 2 from step 6 */
+  job j;
+  job_init(&j, "dscale", 4, 10);
+  j.f[2].scale_from = 6;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  const probe_ranks_disagreement *d = &r.disagree[PROBE_RANKS_LOSS_SCALE];
+  ck_assert_int_eq(d->found, 1);
+  ck_assert_int_eq(d->step, 6);
+  ck_assert_int_eq(d->rank_a, 0);
+  ck_assert_int_eq(d->rank_b, 2);
+  ck_assert(d->value_a == 65536.0 && d->value_b == 32768.0);
+  ck_assert_int_eq(d->ranks_differing, 1);
+  ck_assert_int_eq(r.n_disagreements, 1);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "loss_scale differs at step 6"), "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+
+  /* skipped on ranks 1 and 3 at step 3 */
+  job_init(&j, "dskip", 4, 10);
+  j.f[1].skip_step = 3;
+  j.f[3].skip_step = 3;
+  write_job(&j);
+  run_set(&r, &j, -1, 1);
+  d = &r.disagree[PROBE_RANKS_SKIPPED];
+  ck_assert_int_eq(d->found, 1);
+  ck_assert_int_eq(d->step, 3);
+  ck_assert_int_eq(d->rank_b, 1);
+  ck_assert_int_eq(d->ranks_differing, 2);
+  ck_assert_int_eq(r.disagree[PROBE_RANKS_LOSS_SCALE].found, 0);
+  json_t *doc = ranks_json(&r);
+  json_t *a = json_object_get(doc, "disagreements");
+  ck_assert_int_eq(json_array_size(a), 1);
+  ck_assert_str_eq(json_string_value(json_object_get(json_array_get(a, 0),
+                                                     "field")),
+                   "skipped");
+  json_decref(doc);
+  probe_ranks_free(&r);
+
+  /* weight digest on rank 0 from step 8 (rank 0 is the reference: every
+   * other rank differs from it) */
+  job_init(&j, "ddigest", 3, 10);
+  j.f[0].digest_from = 8;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  d = &r.disagree[PROBE_RANKS_WEIGHT_DIGEST];
+  ck_assert_int_eq(d->found, 1);
+  ck_assert_int_eq(d->step, 8);
+  ck_assert_int_eq(d->rank_a, 0);
+  ck_assert_int_eq(d->rank_b, 1);
+  ck_assert_int_eq(d->ranks_differing, 2);
+  ck_assert(d->digest_a != d->digest_b);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A digest not measured on one rank is not compared; a healthy set. */
+START_TEST(test_healthy_set) {
+  job j;
+  job_init(&j, "healthy", 4, 10);
+  j.f[2].no_digest = 1;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  ck_assert_int_eq(r.n_disagreements, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_NONE);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_HEALTHY);
+  ck_assert_int_eq(r.stopped_first, -1);
+  ck_assert_int_eq(r.n_missing + r.n_unreadable + r.n_incomplete, 0);
+  ck_assert_int_eq(r.focus, 0);
+  ck_assert_str_eq(r.run_id, "job-42");
+  ck_assert_int_eq(r.world_size, 4);
+  ck_assert_int_eq(r.disagree[PROBE_RANKS_WEIGHT_DIGEST].steps_compared, 30);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* ---- faults ----------------------------------------------------------------- */
+
+START_TEST(test_killed_rank) {
+  job j;
+  job_init(&j, "killed", 4, 12);
+  j.f[1].kill_after = 5;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  ck_assert_int_eq(r.n_incomplete, 1);
+  ck_assert_int_ge(r.stopped_first, 0);
+  ck_assert_int_eq(r.entries[r.stopped_first].rank, 1);
+  ck_assert_int_eq(r.entries[r.stopped_first].last_step, 5);
+  ck_assert_int_eq(r.max_last_step, 11);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "stopped first     rank 1 at step 5"), "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+
+  /* two killed ranks: the one with fewer steps stopped first; and the
+   * NaN on another rank is still found */
+  job_init(&j, "killed2", 4, 12);
+  j.f[3].kill_after = 8;
+  j.f[2].kill_after = 4;
+  j.f[0].nan_input_step = 2;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_incomplete, 2);
+  ck_assert_int_eq(r.entries[r.stopped_first].rank, 2);
+  ck_assert_int_eq(r.entries[r.first].rank, 0);
+  check_origin(&r, "rank", "0", "1,2,3");
+  json_t *doc = ranks_json(&r);
+  json_t *s = json_object_get(doc, "stopped_first");
+  ck_assert_int_eq(json_integer_value(json_object_get(s, "rank")), 2);
+  char b[64];
+  int_list(json_object_get(s, "not_closed"), b, sizeof b);
+  ck_assert_str_eq(b, "2,3");
+  json_decref(doc);
+  probe_ranks_free(&r);
+
+  /* every rank stopped at the same step: cannot tell */
+  job_init(&j, "killedall", 2, 12);
+  j.f[0].kill_after = j.f[1].kill_after = 6;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_incomplete, 2);
+  t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "cannot tell which stopped first"), "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+START_TEST(test_missing_rank) {
+  static const struct {
+    int world, skip;
+    int64_t nan_rank;
+  } cases[] = {{4, 2, 1}, {4, 0, 3}, {8, 7, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "missing%zu", c);
+    job j;
+    job_init(&j, tag, cases[c].world, 10);
+    j.f[cases[c].nan_rank].nan_input_step = 6;
+    write_job(&j);
+    probe_ranks r;
+    run_set(&r, &j, cases[c].skip, (int)(c & 1));
+    ck_assert_int_eq(r.n_missing, 1);
+    ck_assert_int_eq(r.n_read, cases[c].world - 1);
+    ck_assert_int_eq(entry_of(&r, cases[c].skip)->status, PROBE_RANK_MISSING);
+    ck_assert_int_eq(r.entries[r.first].rank, cases[c].nan_rank);
+    json_t *doc = ranks_json(&r);
+    char b[64], want[8];
+    int_list(json_object_get(doc, "ranks_missing"), b, sizeof b);
+    snprintf(want, sizeof want, "%d", cases[c].skip);
+    ck_assert_str_eq(b, want);
+    json_decref(doc);
+    char *t = ranks_text(&r);
+    ck_assert_msg(strstr(t, "MISSING"), "%s", t);
+    probe_free(t);
+    probe_ranks_free(&r);
+  }
+}
+END_TEST
+
+/* Damages a rank file: 0 garbage bytes in place of the file, 1 truncated
+ * to half, 2 the HDF5 superblock overwritten. */
+static void damage(const char *path, int how) {
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  if (how == 1) {
+    ck_assert_int_eq(truncate(path, st.st_size / 2), 0);
+    return;
+  }
+  int fd = open(path, how == 0 ? O_WRONLY | O_TRUNC : O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  char junk[512];
+  memset(junk, 0x5a, sizeof junk);
+  ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  close(fd);
+}
+
+START_TEST(test_corrupt_rank) {
+  for (int how = 0; how < 3; how++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "corrupt%d", how);
+    job j;
+    job_init(&j, tag, 4, 10);
+    j.f[3].nan_input_step = 4;
+    write_job(&j);
+    char p[256];
+    rank_path(&j, 1, p, sizeof p);
+    damage(p, how);
+    for (int iso = 0; iso < 2; iso++) {
+      probe_ranks r;
+      run_set(&r, &j, -1, iso);
+      ck_assert_int_eq(r.n_unreadable, 1);
+      ck_assert_int_eq(r.n_read, 3);
+      /* the unreadable file's rank is unknown: rank 1 is reported missing
+       * too, since no file readable says it is rank 1 */
+      ck_assert_int_eq(r.n_missing, 1);
+      ck_assert_int_eq(entry_of(&r, 1)->status, PROBE_RANK_MISSING);
+      ck_assert_int_eq(r.entries[r.first].rank, 3);
+      check_origin(&r, "rank", "3", "0,2");
+      char *t = ranks_text(&r);
+      ck_assert_msg(strstr(t, "UNREADABLE"), "%s", t);
+      probe_free(t);
+      probe_ranks_free(&r);
+    }
+  }
+}
+END_TEST
+
+/* ---- refused sets ------------------------------------------------------------ */
+
+START_TEST(test_mixed_run_ids_refused) {
+  job j;
+  job_init(&j, "mixed", 3, 4);
+  write_rank_id(&j, 0, "run-a");
+  write_rank_id(&j, 1, "run-a");
+  write_rank_id(&j, 2, "run-b");
+  char paths[MAX_WORLD][256];
+  const char *ptrs[MAX_WORLD];
+  size_t n = job_paths(&j, paths, ptrs, -1);
+  probe_ranks r;
+  ck_assert_int_eq(probe_ranks_run(&r, ptrs, n, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(r.error, "mixed run ids"), "%s", r.error);
+  ck_assert_msg(strstr(r.error, "run-b"), "%s", r.error);
+  probe_ranks_free(&r);
+  char *js = NULL;
+  ck_assert_int_eq(probe_postmortem_json(ptrs, n, &js), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_null(js);
+
+  /* no run id on one rank against "run-a" */
+  write_rank_id(&j, 2, NULL);
+  ck_assert_int_eq(probe_ranks_run(&r, ptrs, n, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(r.error, "mixed run ids"), "%s", r.error);
+  probe_ranks_free(&r);
+
+  /* the same rank twice */
+  write_rank_id(&j, 2, "run-a");
+  const char *dup[3] = {ptrs[0], ptrs[1], ptrs[1]};
+  char copy[300];
+  snprintf(copy, sizeof copy, "%s/copy.h5", j.dir);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", ptrs[1], copy);
+  ck_assert_int_eq(system(cmd), 0);
+  dup[2] = copy;
+  ck_assert_int_eq(probe_ranks_run(&r, dup, 3, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(r.error, "rank 1 twice"), "%s", r.error);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Files without a rank: refused by probe_ranks_run; probe_postmortem_json
+ * keeps its document of independent traces. */
+static void write_plain(const char *path) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, path, &o), PROBE_OK);
+  int32_t id;
+  ck_assert_int_eq(probe_layer_register(s, "input", PROBE_KIND_INPUT,
+                                        PROBE_DTYPE_F32, &id),
+                   PROBE_OK);
+  float b[N];
+  for (int i = 0; i < N; i++) b[i] = (float)i;
+  for (int64_t st = 0; st < 3; st++) {
+    ck_assert_int_eq(probe_step_begin(s, st), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT,
+                                         PROBE_DTYPE_F32, b, N),
+                     PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_unranked_and_single) {
+  job j;
+  job_init(&j, "plain", 1, 1);
+  char a[300], b[300];
+  snprintf(a, sizeof a, "%s/a.h5", j.dir);
+  snprintf(b, sizeof b, "%s/b.h5", j.dir);
+  write_plain(a);
+  write_plain(b);
+  const char *two[2] = {a, b};
+  probe_ranks r;
+  ck_assert_int_eq(probe_ranks_run(&r, two, 2, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(r.unranked, 1);
+  probe_ranks_free(&r);
+  char *js = NULL;
+  ck_assert_int_eq(probe_postmortem_json(two, 2, &js), PROBE_OK);
+  json_t *doc = json_loads(js, 0, NULL);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_int_eq(json_array_size(json_object_get(doc, "traces")), 2);
+  json_decref(doc);
+  probe_free(js);
+
+  /* one file: the single-trace document byte for byte, also for a rank */
+  job_init(&j, "single", 2, 6);
+  j.f[1].nan_input_step = 2;
+  write_job(&j);
+  char p[256];
+  rank_path(&j, 1, p, sizeof p);
+  const char *one[1] = {p};
+  ck_assert_int_eq(probe_postmortem_json(one, 1, &js), PROBE_OK);
+  probe_trace *t = NULL;
+  ck_assert_int_eq(probe_trace_open(&t, p), PROBE_OK);
+  probe_diag d;
+  ck_assert_int_eq(probe_diag_run(&d, t, p, NULL), PROBE_OK);
+  char *js2 = NULL;
+  ck_assert_int_eq(probe_diag_render_json(&d, &js2), PROBE_OK);
+  ck_assert_str_eq(js, js2);
+  probe_free(js);
+  probe_free(js2);
+  probe_diag_free(&d);
+  probe_trace_close(t);
+
+  /* several rank files: the cross-rank document */
+  char paths[MAX_WORLD][256];
+  const char *ptrs[MAX_WORLD];
+  size_t n = job_paths(&j, paths, ptrs, -1);
+  ck_assert_int_eq(probe_postmortem_json(ptrs, n, &js), PROBE_OK);
+  doc = json_loads(js, 0, NULL);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "kind")), "ranks");
+  ck_assert_int_eq(json_integer_value(json_object_get(doc, "focus_rank")), 1);
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(doc, "focus"), "verdict")),
+                   "diverged");
+  json_decref(doc);
+  probe_free(js);
+}
+END_TEST
+
+/* Names from files are escaped in the text and the JSON. */
+START_TEST(test_hostile_path_escaped) {
+  job j;
+  job_init(&j, "esc", 2, 4);
+  snprintf(j.base, sizeof j.base, "%s/t\x1b[2J.h5", j.dir);
+  write_job(&j);
+  char p[256];
+  rank_path(&j, 1, p, sizeof p);
+  damage(p, 0);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  char *t = ranks_text(&r);
+  ck_assert_ptr_null(strchr(t, '\x1b'));
+  ck_assert_ptr_nonnull(strstr(t, "\\e[2J"));
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* ---- the CLI over sets -------------------------------------------------------- */
+
+static int run_cli(const char *args, char *out, size_t cap) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "%s %s 2>&1", AMPPROBE_BIN, args);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = '\0';
+  int ws = pclose(p);
+  return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+START_TEST(test_cli_sets) {
+  static char out[1 << 20];
+  job j;
+  job_init(&j, "cli", 4, 10);
+  j.f[2].nan_input_step = 7;
+  write_job(&j);
+  char args[1200];
+  /* a directory */
+  snprintf(args, sizeof args, "postmortem '%s'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "first non-finite  rank 2, step 7"), "%s", out);
+  ck_assert_msg(strstr(out, "born on rank 2 (step 7, input/fwd_out); the "
+                            "all-reduce carried it to ranks 0-1, 3 at step 7"),
+                "%s", out);
+  ck_assert_msg(strstr(out, "==== rank 2: the full post-mortem"), "%s", out);
+  /* a glob, JSON */
+  snprintf(args, sizeof args, "postmortem --json '%s/t.rank*.h5'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_int_eq(json_integer_value(json_object_get(
+                       json_object_get(doc, "first_nonfinite"), "rank")),
+                   2);
+  json_decref(doc);
+  /* a list with a corrupt rank: exit 3, the rest diagnosed */
+  char p1[256], p0[256], p2[256], p3[256];
+  rank_path(&j, 0, p0, sizeof p0);
+  rank_path(&j, 1, p1, sizeof p1);
+  rank_path(&j, 2, p2, sizeof p2);
+  rank_path(&j, 3, p3, sizeof p3);
+  damage(p1, 2);
+  snprintf(args, sizeof args, "postmortem '%s' '%s' '%s' '%s'", p0, p1, p2, p3);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+  ck_assert_msg(strstr(out, "UNREADABLE"), "%s", out);
+  ck_assert_msg(strstr(out, "first non-finite  rank 2, step 7"), "%s", out);
+  /* mixed run ids: exit 2 with the message */
+  job k;
+  job_init(&k, "cli2", 2, 4);
+  k.run_id = "other";
+  write_job(&k);
+  char q[256];
+  rank_path(&k, 1, q, sizeof q);
+  snprintf(args, sizeof args, "postmortem '%s' '%s'", p0, q);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "mixed run ids"), "%s", out);
+  /* one file: exit and output as before */
+  snprintf(args, sizeof args, "postmortem '%s'", p2);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(!strstr(out, "rank file"), "%s", out);
+  /* an empty glob */
+  snprintf(args, sizeof args, "postmortem '%s/none*.h5'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+}
+END_TEST
+
+/* diff of two sets: paired by rank, partners missing reported. */
+START_TEST(test_cli_diff_sets) {
+  static char out[1 << 20];
+  job a, b;
+  job_init(&a, "diffa", 3, 10);
+  write_job(&a);
+  job_init(&b, "diffb", 3, 10);
+  b.f[1].masked_step = 4;
+  write_job(&b);
+  char args[1200];
+  snprintf(args, sizeof args, "diff --json '%s' '%s/t.rank*.h5'", a.dir,
+           b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")),
+                   "diverge");
+  json_t *pairs = json_object_get(doc, "pairs");
+  ck_assert_int_eq(json_array_size(pairs), 3);
+  for (size_t i = 0; i < 3; i++) {
+    json_t *p = json_array_get(pairs, i);
+    ck_assert_int_eq(json_integer_value(json_object_get(p, "rank")), (int)i);
+    ck_assert_str_eq(json_string_value(json_object_get(p, "verdict")),
+                     i == 1 ? "diverge" : "agree");
+    ck_assert_ptr_nonnull(json_object_get(p, "diff"));
+  }
+  json_decref(doc);
+  /* text; then B without rank 2 and A without rank 0 */
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "    1  DIVERGE"), "%s", out);
+  ck_assert_msg(strstr(out, "    0  AGREE"), "%s", out);
+  char p[256];
+  rank_path(&b, 2, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  rank_path(&a, 0, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  snprintf(args, sizeof args, "diff --json '%s' '%s'", a.dir, b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  char l[64];
+  int_list(json_object_get(doc, "only_a"), l, sizeof l);
+  ck_assert_str_eq(l, "2");
+  int_list(json_object_get(doc, "only_b"), l, sizeof l);
+  ck_assert_str_eq(l, "0");
+  ck_assert_int_eq(json_array_size(json_object_get(doc, "pairs")), 1);
+  json_decref(doc);
+  /* two healthy sets agree: exit 0 */
+  job c;
+  job_init(&c, "diffc", 2, 6);
+  write_job(&c);
+  job d;
+  job_init(&d, "diffd", 2, 6);
+  write_job(&d);
+  snprintf(args, sizeof args, "diff '%s' '%s'", c.dir, d.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "verdict: AGREE"), "%s", out);
+  /* a corrupt file in a set: exit 3 */
+  rank_path(&d, 1, p, sizeof p);
+  damage(p, 0);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+  ck_assert_msg(strstr(out, "UNREADABLE B"), "%s", out);
+}
+END_TEST
+
+Suite *dist_suite(void) {
+  Suite *s = suite_create("dist_postmortem");
+  TCase *tc = tcase_create("ranks");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_nan_carried_by_allreduce);
+  tcase_add_test(tc, test_born_on_two_ranks);
+  tcase_add_test(tc, test_lead_and_later);
+  tcase_add_test(tc, test_no_allreduce_records);
+  tcase_add_test(tc, test_order_step_phase_seq);
+  tcase_add_test(tc, test_born_in_allreduce);
+  tcase_add_test(tc, test_pre_nonfinite_is_not_allreduce);
+  tcase_add_test(tc, test_disagreements);
+  tcase_add_test(tc, test_healthy_set);
+  tcase_add_test(tc, test_killed_rank);
+  tcase_add_test(tc, test_missing_rank);
+  tcase_add_test(tc, test_corrupt_rank);
+  tcase_add_test(tc, test_mixed_run_ids_refused);
+  tcase_add_test(tc, test_unranked_and_single);
+  tcase_add_test(tc, test_hostile_path_escaped);
+  tcase_add_test(tc, test_cli_sets);
+  tcase_add_test(tc, test_cli_diff_sets);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  snprintf(root, sizeof root, "/tmp/ampprobe-test-dist-%d", (int)getpid());
+  mkdir(root, 0700);
+  SRunner *sr = srunner_create(dist_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+  return failed ? 1 : 0;
+}
