@@ -462,7 +462,10 @@ AMPPROBE_API const char *probe_ranks_origin_name(probe_ranks_origin o);
 
 /* One rank (read, missing or unreadable). */
 typedef struct probe_rank_entry {
-  int32_t rank;          /* from the file (-1 for an unreadable file) */
+  int32_t rank;          /* from the file; for an unreadable file the
+                            number after the last "rank" in its file name
+                            (the naming rule's "t.rank3.h5"), else -1 */
+  int rank_from_name;    /* 1: rank guessed from the file name so */
   int32_t status;        /* probe_rank_status */
   char *path;            /* as given (raw: escape it for output); NULL for
                             a missing rank */
@@ -564,6 +567,9 @@ typedef struct probe_ranks {
   char fix_text[PROBE_DIAG_TEXT_MAX * 2]; /* the next step, or "" */
   char error[PROBE_RANKS_TEXT_MAX];       /* why a set was refused */
   int unranked; /* refused because a file has no rank attribute */
+  int origin_uncertain; /* an origin was found among the ranks read while
+                           some rank is missing or unreadable: the value
+                           may have been born on one of those */
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

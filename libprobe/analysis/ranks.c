@@ -446,6 +446,28 @@ static void text_rank_origin(probe_ranks *r, const char *born,
              r->focus_diag->findings[0].next_step);
 }
 
+/* Appended when ranks could not be read: the origin is among the ranks
+ * read. */
+static void note_uncertain(probe_ranks *r) {
+  size_t at = strlen(r->origin_text);
+  char lost[160];
+  int64_t n = probe__rank_list(r, 1, PROBE_RANK_MISSING, lost, sizeof lost);
+  if (at >= sizeof r->origin_text) return;
+  if (n == 0) /* unreadable files whose rank is unknown */
+    snprintf(lost, sizeof lost, "%lld file%s",
+             (long long)r->n_unreadable, r->n_unreadable == 1 ? "" : "s");
+  if (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE)
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             "; but %s%s could not be read: the value may as well have "
+             "been born on %s and carried by the all-reduce",
+             n == 0 ? "" : n == 1 ? "rank " : "ranks ", lost,
+             n == 1 ? "it" : "one of them");
+  else
+    snprintf(r->origin_text + at, sizeof r->origin_text - at,
+             " (among the ranks read: %lld could not be read)",
+             (long long)(r->n_missing + r->n_unreadable));
+}
+
 static void write_texts(probe_ranks *r) {
   char born[160], carried[160];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_BORN, born, sizeof born);
@@ -472,6 +494,9 @@ static void write_texts(probe_ranks *r) {
     snprintf(r->origin_text, sizeof r->origin_text,
              "no non-finite value on any rank read");
   }
+  r->origin_uncertain = r->origin != PROBE_RANKS_ORIGIN_NONE &&
+                        r->n_missing + r->n_unreadable > 0;
+  if (r->origin_uncertain) note_uncertain(r);
 }
 
 /* ---- the entry point ----------------------------------------------------- */

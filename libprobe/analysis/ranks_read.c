@@ -13,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -190,13 +191,39 @@ static probe_status read_open(probe__rsum *s, probe_trace *t) {
   return st;
 }
 
+/* The rank a file name gives by the naming rule: the digits after the
+ * last "rank" of the base name ("out/t.rank12.h5" -> 12), else -1. */
+static int32_t rank_from_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  const char *hit = NULL;
+  for (const char *p = strstr(base, "rank"); p; p = strstr(p + 1, "rank"))
+    hit = p;
+  if (!hit || hit[4] < '0' || hit[4] > '9') return -1;
+  long v = 0;
+  for (const char *d = hit + 4; *d >= '0' && *d <= '9'; d++) {
+    v = v * 10 + (*d - '0');
+    if (v > INT32_MAX) return -1;
+  }
+  return (int32_t)v;
+}
+
+static void mark_unreadable(probe__rsum *s, const char *path, probe_status st,
+                            const char *msg) {
+  set_unreadable(s, st, msg);
+  if (s->e.rank < 0) {
+    s->e.rank = rank_from_name(path);
+    s->e.rank_from_name = s->e.rank >= 0;
+  }
+}
+
 probe_status probe__rank_read(probe__rsum *s, const char *path) {
   entry_init(&s->e);
   s->run_id[0] = s->error[0] = '\0';
   probe_trace *t = NULL;
   probe_status st = probe_trace_open(&t, path);
   if (st < 0) {
-    set_unreadable(s, st, probe_trace_last_error(NULL));
+    mark_unreadable(s, path, st, probe_trace_last_error(NULL));
     return PROBE_OK;
   }
   s->e.status = PROBE_RANK_READ;
@@ -210,7 +237,7 @@ probe_status probe__rank_read(probe__rsum *s, const char *path) {
     char msg[PROBE_RANKS_TEXT_MAX];
     snprintf(msg, sizeof msg, "%s%s%s", probe_status_str(st),
              m && *m ? ": " : "", m ? m : "");
-    set_unreadable(s, st, msg);
+    mark_unreadable(s, path, st, msg);
   }
   probe_trace_close(t);
   return PROBE_OK;
@@ -358,6 +385,6 @@ probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
     snprintf(msg, sizeof msg, "corrupt trace: the reader did not answer");
   entry_init(&s->e);
   s->run_id[0] = '\0';
-  set_unreadable(s, PROBE_ERR_CORRUPT, msg);
+  mark_unreadable(s, paths[i], PROBE_ERR_CORRUPT, msg);
   return PROBE_OK;
 }

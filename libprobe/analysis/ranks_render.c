@@ -19,6 +19,8 @@
 
 static int entry_matches(const probe_rank_entry *e, int by_status,
                          int32_t want) {
+  if (by_status && want == PROBE_RANK_MISSING) /* missing or unreadable */
+    return e->status != PROBE_RANK_READ && e->rank >= 0;
   if (by_status) return e->status == want && e->rank >= 0;
   return e->status == PROBE_RANK_READ && e->role == want;
 }
@@ -146,30 +148,49 @@ static void text_faults(const probe_ranks *r, FILE *f) {
     for (size_t i = 0; i < r->n_entries; i++)
       tied += r->entries[i].status == PROBE_RANK_READ &&
               !r->entries[i].complete && r->entries[i].last_step == s->last_step;
-    if (tied == r->n_read && r->n_read > 1)
-      fprintf(f, "stopped           every rank stopped at step %lld without "
-                 "closing its trace: cannot tell which stopped first\n",
-              (long long)s->last_step);
+    char at[48];
+    if (s->last_step < 0)
+      snprintf(at, sizeof at, "before its first step");
     else
-      fprintf(f, "stopped first     rank %d at step %lld (its trace was not "
-                 "closed: killed?)%s; the furthest rank reached step %lld\n",
-              (int)s->rank, (long long)s->last_step,
-              tied > 1 ? " with others at the same step" : "",
+      snprintf(at, sizeof at, "at step %lld", (long long)s->last_step);
+    if (tied == r->n_read && r->n_read > 1)
+      fprintf(f, "stopped           every rank stopped %s without closing "
+                 "its trace: cannot tell which stopped first\n",
+              at);
+    else
+      fprintf(f, "stopped first     rank %d %s (its trace was not closed: "
+                 "killed?)%s; the furthest rank reached step %lld\n",
+              (int)s->rank, at, tied > 1 ? " with others at the same step" : "",
               (long long)r->max_last_step);
   }
   if (r->n_missing) {
     char list[160];
-    probe__rank_list(r, 1, PROBE_RANK_MISSING, list, sizeof list);
+    int64_t k = 0;
+    size_t len = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < r->n_entries && len < sizeof list; i++)
+      if (r->entries[i].status == PROBE_RANK_MISSING) {
+        int n = snprintf(list + len, sizeof list - len, "%s%d", k++ ? ", " : "",
+                         (int)r->entries[i].rank);
+        len += n > 0 ? (size_t)n : 0;
+      }
     fprintf(f, "MISSING           rank%s %s: world size %d, no file\n",
             r->n_missing > 1 ? "s" : "", list, (int)r->world_size);
   }
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
     if (e->status != PROBE_RANK_UNREADABLE) continue;
-    char p[600], m[600];
+    char p[600], m[600], rk[48] = "";
+    const char *err = e->error ? e->error : "";
+    size_t pl = e->path ? strlen(e->path) : 0;
+    /* the reader's message often starts with the path already */
+    if (pl && !strncmp(err, e->path, pl) && err[pl] == ':')
+      err += pl + 1 + (err[pl + 1] == ' ');
     probe_text_escape(p, sizeof p, e->path ? e->path : "");
-    probe_text_escape(m, sizeof m, e->error ? e->error : "");
-    fprintf(f, "UNREADABLE        %s: %s\n", p, m);
+    probe_text_escape(m, sizeof m, err);
+    if (e->rank >= 0)
+      snprintf(rk, sizeof rk, " (rank %d by its name)", (int)e->rank);
+    fprintf(f, "UNREADABLE        %s%s: %s\n", p, rk, m);
   }
 }
 
@@ -178,13 +199,13 @@ static void text_table(const probe_ranks *r, FILE *f) {
   size_t rows = 0, more = 0;
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
-    if (e->status == PROBE_RANK_UNREADABLE) continue;
+    if (e->status == PROBE_RANK_UNREADABLE && e->rank < 0) continue;
     if (rows++ >= TEXT_MAX_RANK_ROWS) {
       more++;
       continue;
     }
-    if (e->status == PROBE_RANK_MISSING) {
-      fprintf(f, "%5d  (missing)\n", (int)e->rank);
+    if (e->status != PROBE_RANK_READ) {
+      fprintf(f, "%5d  (%s)\n", (int)e->rank, status_name(e->status));
       continue;
     }
     fprintf(f, "%5d %6lld %6lld  %-6s %8lld  ", (int)e->rank,
@@ -272,6 +293,7 @@ static void json_point(probe__jw *w, const char *key,
 static void json_origin(probe__jw *w, const probe_ranks *r) {
   probe__jw_obj(w, "origin");
   probe__jw_str(w, "kind", probe_ranks_origin_name(r->origin));
+  probe__jw_bool(w, "uncertain", r->origin_uncertain);
   probe__jw_step(w, "step", r->event_step);
   json_rank_array(w, "born_on", r, 0, PROBE_RANK_ROLE_BORN);
   json_rank_array(w, "carried_to", r, 0, PROBE_RANK_ROLE_CARRIED);
@@ -318,6 +340,8 @@ static void json_entry(probe__jw *w, const probe_rank_entry *e) {
   probe__jw_obj(w, NULL);
   probe__jw_int(w, "rank", e->rank);
   probe__jw_str(w, "status", status_name(e->status));
+  if (e->status == PROBE_RANK_UNREADABLE)
+    probe__jw_bool(w, "rank_from_name", e->rank_from_name);
   if (e->path) probe_text_escape(buf, sizeof buf, e->path);
   probe__jw_str(w, "path", e->path ? buf : NULL);
   if (e->status == PROBE_RANK_UNREADABLE) {
@@ -362,7 +386,11 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   probe__jw_int(w, "world_size", r->world_size);
   probe__jw_int(w, "files", (int64_t)r->n_files);
   probe__jw_int(w, "ranks_read", r->n_read);
-  json_rank_array(w, "ranks_missing", r, 1, PROBE_RANK_MISSING);
+  probe__jw_arr(w, "ranks_missing");
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].status == PROBE_RANK_MISSING)
+      probe__jw_int(w, NULL, r->entries[i].rank);
+  probe__jw_end(w, ']');
   probe__jw_int(w, "ranks_unreadable", r->n_unreadable);
   probe__jw_int(w, "ranks_not_closed", r->n_incomplete);
   json_point(w, "first_nonfinite", r->first >= 0 ? &r->entries[r->first] : NULL);

@@ -48,10 +48,11 @@ typedef struct fault {
   int64_t digest_from;        /* from this step its weights differ */
   int no_digest;              /* digest not measured */
   int64_t kill_after;         /* the writer dies after this step (flushed) */
+  int killed_at_open;         /* the writer dies before its first step */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0};
   return f;
 }
 
@@ -217,7 +218,7 @@ static void write_killed(const job *j, int r, const char *run_id) {
 }
 
 static void write_rank_id(const job *j, int r, const char *run_id) {
-  if (j->f[r].kill_after >= 0) {
+  if (j->f[r].kill_after >= 0 || j->f[r].killed_at_open) {
     write_killed(j, r, run_id);
     return;
   }
@@ -525,6 +526,32 @@ START_TEST(test_born_in_allreduce) {
 }
 END_TEST
 
+/* All-reduce-born among the ranks read while a rank is missing: the
+ * missing rank could be the origin, and the text says so. */
+START_TEST(test_allreduce_with_missing_rank) {
+  job j;
+  job_init(&j, "armissing", 4, 8);
+  for (int k = 0; k < 4; k++) j.f[k].post_inf_step = 3;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, 2, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  ck_assert_int_eq(r.origin_uncertain, 1);
+  ck_assert_msg(strstr(r.origin_text, "but rank 2 could not be read: the value "
+                                      "may as well have been born on it"),
+                "%s", r.origin_text);
+  json_t *doc = ranks_json(&r);
+  ck_assert(json_is_true(json_object_get(json_object_get(doc, "origin"),
+                                         "uncertain")));
+  json_decref(doc);
+  probe_ranks_free(&r);
+  /* all read: certain */
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin_uncertain, 0);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 /* One rank's pre-all-reduce bucket non-finite too: not the all-reduce. */
 START_TEST(test_pre_nonfinite_is_not_allreduce) {
   job j;
@@ -670,6 +697,19 @@ START_TEST(test_killed_rank) {
   json_decref(doc);
   probe_ranks_free(&r);
 
+  /* a rank killed before its first step */
+  job_init(&j, "killed0", 3, 6);
+  j.f[1].killed_at_open = 1;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.entries[r.stopped_first].rank, 1);
+  ck_assert_int_eq(r.entries[r.stopped_first].last_step, -1);
+  t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "stopped first     rank 1 before its first step"),
+                "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+
   /* every rank stopped at the same step: cannot tell */
   job_init(&j, "killedall", 2, 12);
   j.f[0].kill_after = j.f[1].kill_after = 6;
@@ -748,14 +788,18 @@ START_TEST(test_corrupt_rank) {
       run_set(&r, &j, -1, iso);
       ck_assert_int_eq(r.n_unreadable, 1);
       ck_assert_int_eq(r.n_read, 3);
-      /* the unreadable file's rank is unknown: rank 1 is reported missing
-       * too, since no file readable says it is rank 1 */
-      ck_assert_int_eq(r.n_missing, 1);
-      ck_assert_int_eq(entry_of(&r, 1)->status, PROBE_RANK_MISSING);
+      /* its rank comes from its name: not missing as well */
+      ck_assert_int_eq(r.n_missing, 0);
+      ck_assert_int_eq(entry_of(&r, 1)->status, PROBE_RANK_UNREADABLE);
+      ck_assert_int_eq(entry_of(&r, 1)->rank_from_name, 1);
       ck_assert_int_eq(r.entries[r.first].rank, 3);
+      ck_assert_int_eq(r.origin_uncertain, 1);
       check_origin(&r, "rank", "3", "0,2");
       char *t = ranks_text(&r);
       ck_assert_msg(strstr(t, "UNREADABLE"), "%s", t);
+      ck_assert_msg(strstr(t, "(rank 1 by its name)"), "%s", t);
+      ck_assert_msg(strstr(t, "among the ranks read"), "%s", t);
+      ck_assert_msg(!strstr(t, "MISSING"), "%s", t);
       probe_free(t);
       probe_ranks_free(&r);
     }
@@ -1053,6 +1097,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_order_step_phase_seq);
   tcase_add_test(tc, test_born_in_allreduce);
   tcase_add_test(tc, test_pre_nonfinite_is_not_allreduce);
+  tcase_add_test(tc, test_allreduce_with_missing_rank);
   tcase_add_test(tc, test_disagreements);
   tcase_add_test(tc, test_healthy_set);
   tcase_add_test(tc, test_killed_rank);
