@@ -1089,7 +1089,7 @@ END_TEST
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
-  tcase_set_timeout(tc, 60);
+  tcase_set_timeout(tc, 240); /* ASan on a loaded machine */
   tcase_add_test(tc, test_nan_carried_by_allreduce);
   tcase_add_test(tc, test_born_on_two_ranks);
   tcase_add_test(tc, test_lead_and_later);
