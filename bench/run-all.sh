@@ -24,6 +24,9 @@ run bench_stats --short
 run bench_stats_bound
 run bench_probe
 run bench_postmortem
+# 64/256/1,024 synthetic ranks (writing the sets takes ~6 min the first time;
+# they are kept in /tmp/ampprobe-bench-ranks)
+run bench_postmortem_ranks
 run bench_trainer
 
 # bisect on two-culprits, -j 1 and -j 2 (a script: it drives the ampprobe binary)
