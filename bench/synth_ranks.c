@@ -126,11 +126,117 @@ static void tensor(float *x, int n, uint32_t key, float scale, int nan) {
   do {                                                                         \
     probe_status st_ = (x);                                                    \
     if (st_ != PROBE_OK) {                                                     \
-      fprintf(stderr, "synth_ranks: rank %d: %s: %s (%s)\n", rank, #x,         \
-              probe_status_str(st_), probe_session_last_error(s));             \
-      goto fail;                                                               \
+      fprintf(stderr, "synth_ranks: rank %d: %s: %s (%s)\n", w->rank, #x,      \
+              probe_status_str(st_), probe_session_last_error(w->s));          \
+      return -1;                                                               \
     }                                                                          \
   } while (0)
+
+/* One rank's writer: its session, the job's state, tensor slots. */
+typedef struct rank_writer {
+  const synth *c;
+  int rank, is_r; /* is_r: this rank holds the planted fault */
+  probe_session *s;
+  step_state g;
+  float *x; /* 4 tensors per layer, valid until probe_step_end */
+} rank_writer;
+
+static float *slot(const rank_writer *w, int layer, int k) {
+  return w->x + (size_t)(4 * layer + k) * (size_t)w->c->elems;
+}
+
+/* The step's records: fwd_out in layer order, weight_grad in reverse,
+ * then grad_pre/post_allreduce per layer. local_nan: the planted fault's
+ * rank-local NaN; burst: the step the all-reduce carries it. */
+static int record_step(rank_writer *w, int64_t step, int local_nan,
+                       int burst) {
+  const synth *c = w->c;
+  size_t n = (size_t)c->elems;
+  uint32_t r = (uint32_t)w->rank;
+  for (int l = 0; l < c->layers; l++) {
+    int nan = (local_nan && l == c->fault_layer) ||
+              (burst && w->is_r && l >= c->fault_layer);
+    tensor(slot(w, l, 0), c->elems, (uint32_t)(step * 131 + l * 7) + r, 2.0f,
+           nan);
+    CHECK_(probe_tensor_record(w->s, l, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32,
+                               slot(w, l, 0), n));
+  }
+  float gscale = (float)(w->g.loss_scale * 1e-6);
+  for (int l = c->layers - 1; l >= 0; l--) {
+    uint32_t key = (uint32_t)(step * 977 + l * 13) + r * 7;
+    tensor(slot(w, l, 1), c->elems, key, gscale, burst && w->is_r);
+    CHECK_(probe_tensor_record(w->s, l, PROBE_SITE_WEIGHT_GRAD,
+                               PROBE_DTYPE_F32, slot(w, l, 1), n));
+  }
+  for (int l = 0; l < c->layers; l++) {
+    uint32_t key = (uint32_t)(step * 977 + l * 13) + r * 7;
+    tensor(slot(w, l, 2), c->elems, key, gscale, burst && w->is_r);
+    /* the reduced bucket is the same on every rank */
+    tensor(slot(w, l, 3), c->elems, (uint32_t)(step * 331 + l * 17), gscale,
+           burst);
+    CHECK_(probe_tensor_record(w->s, l, PROBE_SITE_GRAD_PRE_ALLREDUCE,
+                               PROBE_DTYPE_F32, slot(w, l, 2), n));
+    CHECK_(probe_tensor_record(w->s, l, PROBE_SITE_GRAD_POST_ALLREDUCE,
+                               PROBE_DTYPE_F32, slot(w, l, 3), n));
+  }
+  return 0;
+}
+
+/* The loss scaler and the optimizer step, the same on every rank: a
+ * backoff and no update at the burst, else the update and a growth every
+ * SCALE_GROWTH_STEPS clean steps; then the step's scalars. */
+static int scalars_step(rank_writer *w, int64_t step, int burst) {
+  step_state *g = &w->g;
+  probe_step_scalars sc = {
+      .loss = burst ? NAN : 2.3 * exp(-(double)step / 300.0) + 0.2,
+      .loss_scale = g->loss_scale,
+      .found_inf = burst,
+      .skipped = burst,
+      .lr = 3e-4,
+      .unmeasured = PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP};
+  double factor = 0;
+  if (burst) factor = 0.5;
+  else {
+    state_update(g, step);
+    if (++g->growth_tracker == SCALE_GROWTH_STEPS) factor = 2.0;
+  }
+  if (factor != 0) {
+    probe_scaler_event ev = {
+        .kind = burst ? PROBE_SCALER_BACKOFF : PROBE_SCALER_GROWTH,
+        .old_scale = g->loss_scale,
+        .new_scale = g->loss_scale * factor,
+        .growth_tracker = 0};
+    g->loss_scale *= factor;
+    g->growth_tracker = 0;
+    CHECK_(probe_scaler_transition(w->s, &ev));
+  }
+  sc.growth_tracker = g->growth_tracker;
+  sc.weight_digest = g->digest; /* after the (possibly skipped) step */
+  CHECK_(probe_step_set_scalars(w->s, &sc));
+  return 0;
+}
+
+static int write_steps(rank_writer *w) {
+  const synth *c = w->c;
+  for (int l = 0; l < c->layers; l++) {
+    char name[PROBE_NAME_MAX];
+    snprintf(name, sizeof name, "blocks.%d.linear", l);
+    CHECK_(probe_layer_register(w->s, name, PROBE_KIND_LINEAR,
+                                PROBE_DTYPE_F16, NULL));
+  }
+  int64_t carried = c->fault_step + c->lead;
+  for (int64_t step = 0; step < c->steps; step++) {
+    int local_nan = w->is_r && step >= c->fault_step && step < carried;
+    int burst = step == carried; /* the all-reduce carries it */
+    CHECK_(probe_step_begin(w->s, step));
+    if (record_step(w, step, local_nan, burst) < 0 ||
+        scalars_step(w, step, burst) < 0)
+      return -1;
+    CHECK_(probe_step_end(w->s));
+  }
+  return 0;
+}
+#undef CHECK_
 
 /* Writes rank `rank`'s trace. Returns 0, or -1 (message printed). */
 static int write_rank(const synth *c, int rank, const char *path) {
@@ -144,108 +250,25 @@ static int write_rank(const synth *c, int rank, const char *path) {
   o.command_line = "synth_ranks";
   o.config_json = "{\"synthetic\": true}";
   o.precision_policy = "fp16; fp32: master weights";
-  probe_session *s = NULL;
-  probe_status ost = probe_session_open(&s, path, &o);
-  if (ost != PROBE_OK) {
-    fprintf(stderr, "synth_ranks: %s: %s (%s)\n", path, probe_status_str(ost),
+  rank_writer w = {.c = c, .rank = rank, .is_r = rank == c->fault_rank};
+  state_init(&w.g);
+  probe_status st = probe_session_open(&w.s, path, &o);
+  if (st != PROBE_OK) {
+    fprintf(stderr, "synth_ranks: %s: %s (%s)\n", path, probe_status_str(st),
             probe_session_last_error(NULL));
     return -1;
   }
-  float *x = malloc((size_t)c->layers * 4 * (size_t)c->elems * sizeof *x);
-  if (x == NULL) {
-    probe_session_close(s);
-    fprintf(stderr, "synth_ranks: out of memory\n");
-    return -1;
+  w.x = malloc((size_t)c->layers * 4 * (size_t)c->elems * sizeof *w.x);
+  int rc = w.x ? write_steps(&w) : -1;
+  if (w.x == NULL) fprintf(stderr, "synth_ranks: out of memory\n");
+  free(w.x);
+  st = probe_session_close(w.s);
+  if (st != PROBE_OK && rc == 0) {
+    fprintf(stderr, "synth_ranks: %s: close: %s\n", path, probe_status_str(st));
+    rc = -1;
   }
-  for (int l = 0; l < c->layers; l++) {
-    char name[PROBE_NAME_MAX];
-    snprintf(name, sizeof name, "blocks.%d.linear", l);
-    CHECK_(probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_DTYPE_F16,
-                                NULL));
-  }
-  step_state g;
-  state_init(&g);
-  int is_r = rank == c->fault_rank;
-  int64_t S = c->fault_step, carried = c->fault_step + c->lead;
-  for (int64_t step = 0; step < c->steps; step++) {
-    int local_nan = is_r && step >= S && step < carried;
-    int burst = step == carried; /* the all-reduce carries it */
-    CHECK_(probe_step_begin(s, step));
-    /* Tensors must stay valid until probe_step_end: one slot per record. */
-    for (int l = 0; l < c->layers; l++) {
-      float *f = x + (size_t)(4 * l) * (size_t)c->elems;
-      int nan = (local_nan && l == c->fault_layer) ||
-                (burst && is_r && l >= c->fault_layer);
-      tensor(f, c->elems, (uint32_t)(step * 131 + l * 7 + rank), 2.0f, nan);
-      CHECK_(probe_tensor_record(s, l, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, f,
-                                 (size_t)c->elems));
-    }
-    float gscale = (float)(g.loss_scale * 1e-6);
-    for (int l = c->layers - 1; l >= 0; l--) {
-      float *f = x + (size_t)(4 * l + 1) * (size_t)c->elems;
-      tensor(f, c->elems, (uint32_t)(step * 977 + l * 13 + rank * 7), gscale,
-             burst && is_r);
-      CHECK_(probe_tensor_record(s, l, PROBE_SITE_WEIGHT_GRAD,
-                                 PROBE_DTYPE_F32, f, (size_t)c->elems));
-    }
-    for (int l = 0; l < c->layers; l++) {
-      float *pre = x + (size_t)(4 * l + 2) * (size_t)c->elems;
-      float *post = x + (size_t)(4 * l + 3) * (size_t)c->elems;
-      tensor(pre, c->elems, (uint32_t)(step * 977 + l * 13 + rank * 7),
-             gscale, burst && is_r);
-      /* the reduced bucket is the same on every rank */
-      tensor(post, c->elems, (uint32_t)(step * 331 + l * 17), gscale, burst);
-      CHECK_(probe_tensor_record(s, l, PROBE_SITE_GRAD_PRE_ALLREDUCE,
-                                 PROBE_DTYPE_F32, pre, (size_t)c->elems));
-      CHECK_(probe_tensor_record(s, l, PROBE_SITE_GRAD_POST_ALLREDUCE,
-                                 PROBE_DTYPE_F32, post, (size_t)c->elems));
-    }
-    probe_step_scalars sc = {
-        .loss = burst ? NAN : 2.3 * exp(-(double)step / 300.0) + 0.2,
-        .loss_scale = g.loss_scale,
-        .found_inf = burst,
-        .skipped = burst,
-        .lr = 3e-4,
-        .unmeasured = PROBE_SCALAR_GRAD_NORM | PROBE_SCALAR_CLIP};
-    if (burst) {
-      probe_scaler_event ev = {.kind = PROBE_SCALER_BACKOFF,
-                               .old_scale = g.loss_scale,
-                               .new_scale = g.loss_scale / 2,
-                               .growth_tracker = 0};
-      g.loss_scale /= 2;
-      g.growth_tracker = 0;
-      CHECK_(probe_scaler_transition(s, &ev));
-    } else {
-      state_update(&g, step);
-      if (++g.growth_tracker == SCALE_GROWTH_STEPS) {
-        probe_scaler_event ev = {.kind = PROBE_SCALER_GROWTH,
-                                 .old_scale = g.loss_scale,
-                                 .new_scale = g.loss_scale * 2,
-                                 .growth_tracker = 0};
-        g.loss_scale *= 2;
-        g.growth_tracker = 0;
-        CHECK_(probe_scaler_transition(s, &ev));
-      }
-    }
-    sc.growth_tracker = g.growth_tracker;
-    sc.weight_digest = g.digest; /* after the (possibly skipped) step */
-    CHECK_(probe_step_set_scalars(s, &sc));
-    CHECK_(probe_step_end(s));
-  }
-  free(x);
-  probe_status cst = probe_session_close(s);
-  if (cst != PROBE_OK) {
-    fprintf(stderr, "synth_ranks: %s: close: %s\n", path,
-            probe_status_str(cst));
-    return -1;
-  }
-  return 0;
-fail:
-  free(x);
-  probe_session_close(s);
-  return -1;
+  return rc;
 }
-#undef CHECK_
 
 /* ---- driver -------------------------------------------------------------- */
 
@@ -386,77 +409,50 @@ static int parse_int(const char *s, long long lo, long long hi,
   return 0;
 }
 
-static int parse_args(synth *c, int argc, char **argv) {
-  long long fault_rank = -1, fault_step = -1, fault_layer = -1, v;
-  memset(c, 0, sizeof *c);
-  c->ranks = 1024;
-  c->steps = 1000;
-  c->layers = 30;
-  c->elems = 64;
-  c->lead = 3;
-  c->jobs = 1;
-  c->mode = PROBE_MODE_SCALARS;
-  c->run_id[0] = '\0';
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-    int flag = 1;
-    if (!strcmp(a, "--overwrite")) c->overwrite = 1;
-    else if (!strcmp(a, "--verify")) c->verify = 1;
-    else if (!strcmp(a, "--verify-only")) c->verify = c->verify_only = 1;
-    else if (!strcmp(a, "--quiet")) c->quiet = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
-      exit(0);
-    } else flag = 0;
-    if (flag) continue;
-    if (val == NULL) {
-      fprintf(stderr, "synth_ranks: %s needs a value\n", a);
-      return -1;
-    }
-    i++;
-    int bad = 0;
-    if (!strcmp(a, "--out")) c->out = val;
-    else if (!strcmp(a, "--ranks"))
-      bad = parse_int(val, 1, 1 << 20, &v) || (c->ranks = (int)v, 0);
-    else if (!strcmp(a, "--steps"))
-      bad = parse_int(val, 1, 1LL << 40, &v) || (c->steps = v, 0);
-    else if (!strcmp(a, "--layers"))
-      bad = parse_int(val, 1, 100000, &v) || (c->layers = (int)v, 0);
-    else if (!strcmp(a, "--elems"))
-      bad = parse_int(val, 4, 1 << 24, &v) || (c->elems = (int)v, 0);
-    else if (!strcmp(a, "--jobs"))
-      bad = parse_int(val, 1, 256, &v) || (c->jobs = (int)v, 0);
-    else if (!strcmp(a, "--lead"))
-      bad = parse_int(val, 0, 1LL << 40, &v) || (c->lead = v, 0);
-    else if (!strcmp(a, "--fault-rank"))
-      bad = parse_int(val, 0, 1 << 20, &fault_rank);
-    else if (!strcmp(a, "--fault-step"))
-      bad = parse_int(val, 0, 1LL << 40, &fault_step);
-    else if (!strcmp(a, "--fault-layer"))
-      bad = parse_int(val, 0, 100000, &fault_layer);
-    else if (!strcmp(a, "--run-id"))
-      bad = snprintf(c->run_id, sizeof c->run_id, "%s", val) >=
-            (int)sizeof c->run_id;
-    else if (!strcmp(a, "--mode")) {
-      if (!strcmp(val, "scalars")) c->mode = PROBE_MODE_SCALARS;
-      else if (!strcmp(val, "full")) c->mode = PROBE_MODE_FULL;
-      else bad = 1;
-    } else {
-      fprintf(stderr, "synth_ranks: unknown option %s\n", a);
-      return -1;
-    }
-    if (bad) {
-      fprintf(stderr, "synth_ranks: bad value for %s: %s\n", a, val);
-      return -1;
-    }
-  }
+/* One option with a value; fault[3] gets --fault-rank/-step/-layer.
+ * Returns 0, 1 for a bad value, -1 for an unknown option. */
+static int parse_value(synth *c, const char *a, const char *val,
+                       long long fault[3]) {
+  long long v;
+  if (!strcmp(a, "--out")) c->out = val;
+  else if (!strcmp(a, "--ranks"))
+    return parse_int(val, 1, 1 << 20, &v) || (c->ranks = (int)v, 0);
+  else if (!strcmp(a, "--steps"))
+    return parse_int(val, 1, 1LL << 40, &v) || (c->steps = v, 0);
+  else if (!strcmp(a, "--layers"))
+    return parse_int(val, 1, 100000, &v) || (c->layers = (int)v, 0);
+  else if (!strcmp(a, "--elems"))
+    return parse_int(val, 4, 1 << 24, &v) || (c->elems = (int)v, 0);
+  else if (!strcmp(a, "--jobs"))
+    return parse_int(val, 1, 256, &v) || (c->jobs = (int)v, 0);
+  else if (!strcmp(a, "--lead"))
+    return parse_int(val, 0, 1LL << 40, &v) || (c->lead = v, 0);
+  else if (!strcmp(a, "--fault-rank"))
+    return parse_int(val, 0, 1 << 20, &fault[0]) != 0;
+  else if (!strcmp(a, "--fault-step"))
+    return parse_int(val, 0, 1LL << 40, &fault[1]) != 0;
+  else if (!strcmp(a, "--fault-layer"))
+    return parse_int(val, 0, 100000, &fault[2]) != 0;
+  else if (!strcmp(a, "--run-id"))
+    return snprintf(c->run_id, sizeof c->run_id, "%s", val) >=
+           (int)sizeof c->run_id;
+  else if (!strcmp(a, "--mode")) {
+    if (!strcmp(val, "scalars")) c->mode = PROBE_MODE_SCALARS;
+    else if (!strcmp(val, "full")) c->mode = PROBE_MODE_FULL;
+    else return 1;
+  } else return -1;
+  return 0;
+}
+
+/* The defaults that depend on the job's size, and the fault inside it. */
+static int finish_args(synth *c, const long long fault[3]) {
   if (c->out == NULL) {
     fprintf(stderr, "synth_ranks: --out DIR is required\n");
     return -1;
   }
-  c->fault_rank = fault_rank >= 0 ? (int)fault_rank : c->ranks * 5 / 8;
-  c->fault_step = fault_step >= 0 ? fault_step : c->steps * 9 / 10;
-  c->fault_layer = fault_layer >= 0 ? (int)fault_layer : c->layers / 2;
+  c->fault_rank = fault[0] >= 0 ? (int)fault[0] : c->ranks * 5 / 8;
+  c->fault_step = fault[1] >= 0 ? fault[1] : c->steps * 9 / 10;
+  c->fault_layer = fault[2] >= 0 ? (int)fault[2] : c->layers / 2;
   if (c->fault_rank >= c->ranks || c->fault_layer >= c->layers ||
       c->fault_step + c->lead >= c->steps) {
     fprintf(stderr,
@@ -471,6 +467,40 @@ static int parse_args(synth *c, int argc, char **argv) {
     snprintf(c->run_id, sizeof c->run_id, "synth-%d-%lld-%d", c->ranks,
              (long long)c->steps, c->layers);
   return 0;
+}
+
+static int parse_args(synth *c, int argc, char **argv) {
+  long long fault[3] = {-1, -1, -1};
+  memset(c, 0, sizeof *c);
+  c->ranks = 1024;
+  c->steps = 1000;
+  c->layers = 30;
+  c->elems = 64;
+  c->lead = 3;
+  c->jobs = 1;
+  c->mode = PROBE_MODE_SCALARS;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--overwrite")) c->overwrite = 1;
+    else if (!strcmp(a, "--verify")) c->verify = 1;
+    else if (!strcmp(a, "--verify-only")) c->verify = c->verify_only = 1;
+    else if (!strcmp(a, "--quiet")) c->quiet = 1;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else if (i + 1 == argc) {
+      fprintf(stderr, "synth_ranks: %s needs a value\n", a);
+      return -1;
+    } else {
+      int rc = parse_value(c, a, argv[++i], fault);
+      if (rc != 0) {
+        if (rc < 0) fprintf(stderr, "synth_ranks: unknown option %s\n", a);
+        else fprintf(stderr, "synth_ranks: bad value for %s: %s\n", a, argv[i]);
+        return -1;
+      }
+    }
+  }
+  return finish_args(c, fault);
 }
 
 int main(int argc, char **argv) {

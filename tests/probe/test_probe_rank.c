@@ -485,6 +485,47 @@ START_TEST(test_rank_attrs_validated) {
 }
 END_TEST
 
+/* The pieces together, as a job and a tool use them: each rank's path by
+ * the naming rule, the set expanded from the directory comes back in rank
+ * order (rank 10 after rank 2), each file with its rank and the run id. */
+START_TEST(test_rank_set_end_to_end) {
+  set_dir_up();
+  char base[300], path[400];
+  snprintf(base, sizeof base, "%s/empty/run.h5", g_dir);
+  static const int ranks[] = {10, 2, 0, 1};
+  probe_options o;
+  probe_options_init(&o);
+  o.world_size = 11;
+  o.run_id = "e2e";
+  for (int i = 0; i < 4; i++) {
+    PT_CHECK(probe_rank_trace_path(path, sizeof path, base, ranks[i]));
+    o.rank = ranks[i];
+    write_small(path, &o, 2);
+  }
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/empty", g_dir);
+  const char *args[] = {dir};
+  char **paths;
+  size_t n;
+  PT_CHECK(probe_trace_set_expand(args, 1, &paths, &n));
+  ck_assert_uint_eq(n, 4);
+  static const int want[] = {0, 1, 2, 10};
+  for (size_t i = 0; i < n; i++) {
+    char w[400];
+    snprintf(w, sizeof w, "%s/run.rank%d.h5", dir, want[i]);
+    ck_assert_str_eq(paths[i], w);
+    probe_trace *t;
+    PT_CHECK(probe_trace_open(&t, paths[i]));
+    ck_assert_int_eq(probe_trace_get_info(t)->rank, want[i]);
+    ck_assert_int_eq(probe_trace_get_info(t)->world_size, 11);
+    ck_assert_str_eq(probe_trace_get_info(t)->run_id, "e2e");
+    probe_trace_close(t);
+  }
+  probe_trace_set_free(paths, n);
+  set_dir_down();
+}
+END_TEST
+
 /* ---- the weight digest --------------------------------------------------- */
 
 /* FNV-1a 64 written another way: the prime 2^40 + 2^8 + 0xb3 as shifts. */
@@ -642,6 +683,7 @@ static Suite *make_suite(void) {
                       (int)(sizeof rank_cases / sizeof rank_cases[0]));
   tcase_add_test(tr, test_rank_attrs_validated);
   tcase_add_test(tr, test_allreduce_sites);
+  tcase_add_test(tr, test_rank_set_end_to_end);
   suite_add_tcase(s, tr);
   TCase *td = tcase_create("digest");
   tcase_add_test(td, test_digest_known_values);
