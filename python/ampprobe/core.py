@@ -395,12 +395,17 @@ def digest64_init():
     return DIGEST64_INIT
 
 
+def digest64_fn():
+    """The library's probe_digest64(ptr, nbytes, h) -> h, declared."""
+    return _cfn("probe_digest64", ctypes.c_uint64, ctypes.c_void_p,
+                ctypes.c_size_t, ctypes.c_uint64)
+
+
 def digest64(data, h=None):
     """probe_digest64 of a buffer (bytes, or an array's bytes: a NumPy
     array or a host DLPack producer such as a CPU torch tensor), chained
     from h (PROBE_DIGEST64_INIT when None)."""
-    fn = _cfn("probe_digest64", ctypes.c_uint64, ctypes.c_void_p,
-              ctypes.c_size_t, ctypes.c_uint64)
+    fn = digest64_fn()
     if isinstance(data, (bytes, bytearray, memoryview)):
         a = np.frombuffer(bytes(data), dtype=np.uint8)
     else:

@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from . import _lib
 from . import distributed as _dist
-from .core import Session, digest64_init, rank_trace_path
+from .core import Session, digest64_fn, digest64_init, rank_trace_path
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
@@ -780,6 +780,11 @@ class Tracer:
                 detail = " (%d NaN, %d +inf, %d -inf of %d)" % (
                     int(torch.isnan(t).sum()), int((t == math.inf).sum()),
                     int((t == -math.inf).sum()), t.numel())
+        if site == _dist.POST:
+            detail += ("; it came back from the gradient all-reduce, finite "
+                       "as this rank sent it: another rank's gradient or "
+                       "the all-reduce's sum (post-mortem over every rank's "
+                       "trace)")
         err = NonFiniteError(step, phase, name, site, kind, detail)
         if self.on_nonfinite == "raise":
             try:
@@ -809,7 +814,7 @@ class Tracer:
         PROBE_DIGEST64_INIT: the digest end_step stores with
         weight_digest=True. A parameter on a device or not FP32 is copied
         to host FP32 first."""
-        fn = self._lib.probe_digest64
+        fn = digest64_fn()
         h = digest64_init()
         params = self._digest_params or list(
             dict.fromkeys(self.model.parameters()))

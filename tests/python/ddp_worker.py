@@ -5,7 +5,8 @@ the test), then runs the scenarios named on the command line one after
 another in the same group, each a few steps of a small DDP model traced by
 ampprobe.torch.Tracer into OUT/<scenario>/trace.h5 (so
 trace.rank<r>.h5), and writes OUT/<scenario>/rank<r>.json (what the rank
-saw: its trace path, run id, losses, buckets hooked).
+saw: its trace path, run id, losses, buckets hooked, the tracer's
+NonFiniteWarning messages: on_nonfinite="warn").
 
 Scenarios:
   bad-input  the tests' Net under FP16 emulation with a LossScaler; rank
@@ -21,6 +22,7 @@ usage: ddp_worker.py OUT SCENARIO...
 import json
 import os
 import sys
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)),
@@ -49,7 +51,8 @@ def run_net(out, scenario, rank, world):
     tr = at.Tracer(ddp, os.path.join(out, "trace.h5"),
                    kinds={RevINLike: "revin"}, loss_fn=loss_fn,
                    precision="fp16" if fp16 else "bf16", emulate_fp16=fp16,
-                   weight_digest=True, config={"name": "ddp-" + scenario})
+                   weight_digest=True, on_nonfinite="warn",
+                   config={"name": "ddp-" + scenario})
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
     scaler = at.LossScaler(init_scale=1.0, enabled=fp16)
     tr.attach_scaler(scaler)
@@ -80,7 +83,7 @@ def run_linear(out, scenario, rank, world):
     tr = at.Tracer(ddp, os.path.join(out, "trace.h5"), precision="fp32",
                    allreduce_dtype="fp16",
                    allreduce_prediv=scenario == "prediv",
-                   config={"name": "ddp-" + scenario})
+                   on_nonfinite="warn", config={"name": "ddp-" + scenario})
     x = torch.ones(4, 8)
     # d(sum(out) * s)/dW = s * sum_batch(x) = 4 s per element: 4 s = G_ELEM
     s = G_ELEM / 4
@@ -99,8 +102,12 @@ def main():
         d = os.path.join(out, sc)
         os.makedirs(d, exist_ok=True)
         run = run_linear if sc in ("overflow", "prediv") else run_net
-        tr, losses = run(d, sc, rank, world)
-        info = {"rank": tr.rank, "world_size": tr.world_size,
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", at.NonFiniteWarning)
+            tr, losses = run(d, sc, rank, world)
+        info = {"warnings": [str(w.message) for w in caught
+                             if issubclass(w.category, at.NonFiniteWarning)],
+                "rank": tr.rank, "world_size": tr.world_size,
                 "run_id": tr.run_id, "path": tr.path, "losses": losses,
                 "buckets": tr.comm_recorder.buckets
                 if tr.comm_recorder else 0}

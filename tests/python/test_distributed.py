@@ -263,6 +263,28 @@ def test_fp16_allreduce_overflows_without_prediv(job):
                 assert post["absmax"][0] == W.G_ELEM
 
 
+def _seen(job, sc, rank):
+    with open(str(job / sc / ("rank%d.json" % rank))) as f:
+        return json.load(f)
+
+
+def test_on_nonfinite_names_the_allreduce(job):
+    """on_nonfinite="warn": the rank whose input held the NaN names its
+    input; where the all-reduce itself overflowed, every rank names the
+    all-reduce; the other runs do not warn."""
+    w1 = _seen(job, "bad-input", 1)["warnings"]
+    assert len(w1) == 1 and "step %d" % W.BAD_STEP in w1[0], w1
+    assert "module 'input'" in w1[0] and "site fwd_out" in w1[0]
+    # rank 0 skipped the step like a routine gradient overflow: silent
+    assert _seen(job, "bad-input", 0)["warnings"] == []
+    for r in range(WORLD):
+        w = _seen(job, "overflow", r)["warnings"]
+        assert len(w) == 1 and "grad_post_allreduce" in w[0], w
+        assert "came back from the gradient all-reduce" in w[0]
+        for sc in ("healthy", "prediv"):
+            assert _seen(job, sc, r)["warnings"] == []
+
+
 def _mentions_rank(doc, rank):
     """Whether the cross-rank document names `rank` as the origin."""
     s = json.dumps(doc)
