@@ -34,7 +34,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
-from conftest import HERE, PKG  # noqa: E402
+from conftest import EXAMPLE, HERE, PKG, run_py  # noqa: E402
 from models import Net, ProbNLL, RevINLike, data  # noqa: E402
 
 import ddp_worker as W  # noqa: E402
@@ -303,6 +303,35 @@ def test_postmortem_over_the_set(job):
         pytest.skip("this library's post-mortem over several traces is "
                     "not the cross-rank document yet (contract C3)")
     assert _mentions_rank(doc, W.BAD_RANK), doc
+
+
+def test_example_ddp_by_spawn(tmp_path):
+    """examples/train.py --ddp --ranks 2 (torch.multiprocessing.spawn): a
+    NaN in rank 1's slice at step 1, carried to rank 0 by the all-reduce."""
+    out = tmp_path / "run.h5"
+    r = run_py([EXAMPLE, "--ddp", "--ranks", "2", "--steps", "3",
+                "--precision", "bf16", "--nan-rank", "1", "--nan-step", "1",
+                "--trace", str(out)], timeout=400,
+               env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr.decode()[-4000:]
+    files = ampprobe.trace_set(str(tmp_path))
+    assert files == [str(tmp_path / "run.rank0.h5"),
+                     str(tmp_path / "run.rank1.h5")]
+    ts = [ampprobe.read_trace(f) for f in files]
+    assert [(t["info"]["rank"], t["info"]["world_size"]) for t in ts] == [
+        (0, 2), (1, 2)]
+    assert ts[0]["info"]["run_id"] == ts[1]["info"]["run_id"] != ""
+    firsts = []
+    for t in ts:
+        rec = t["records"]
+        bad = rec[_nonfinite(rec) > 0]
+        bad = bad[np.lexsort((bad["seq"], bad["step"]))][0]
+        firsts.append((int(bad["step"]), _names(t)[bad["layer"]],
+                       SITES[bad["site"]]))
+    assert firsts[1] == (1, "input", "fwd_out")
+    assert firsts[0][0] == 1 and firsts[0][2] == "grad_post_allreduce"
+    d = [t["steps"]["weight_digest"] for t in ts]
+    assert d[0][0] == d[1][0]
 
 
 # ---- in-process: naming, identity, digest -------------------------------------
