@@ -313,7 +313,7 @@ class Session:
 # ---- multi-rank jobs: the naming rule, trace sets, the weight digest -----------
 
 # PROBE_SCALAR_WEIGHT_DIGEST: the steps' weight_digest was not measured.
-SCALAR_WEIGHT_DIGEST = getattr(_lib, "SCALAR_WEIGHT_DIGEST", 1 << 6)
+SCALAR_WEIGHT_DIGEST = _lib.SCALAR_WEIGHT_DIGEST
 
 
 def _has_digest_field():
@@ -388,7 +388,7 @@ def trace_set(*args):
             free(res, n.value)
 
 
-DIGEST64_INIT = 0xcbf29ce484222325  # PROBE_DIGEST64_INIT (probe.h)
+DIGEST64_INIT = _lib.PROBE_DIGEST64_INIT  # FNV-1a 64's offset basis
 
 
 def digest64_init():
