@@ -12,6 +12,9 @@ Scenarios:
   bad-input  the tests' Net under FP16 emulation with a LossScaler; rank
              BAD_RANK's batch holds a NaN at step BAD_STEP; weight digest on
   healthy    the same Net under bf16 autocast, no NaN; weight digest on
+  drift      healthy, but rank DRIFT_RANK nudges one weight after the
+             optimizer step of DRIFT_STEP (the ranks' weights part; the
+             digests must say so)
   overflow   a bias-free Linear whose scaled gradient is G_ELEM on every
              rank (finite in FP16), all-reduced in FP16 without
              pre-division: the binary16 sum of two is past 65504 (inf)
@@ -40,6 +43,7 @@ from models import Net, ProbNLL, RevINLike, data  # noqa: E402
 STEPS = 4
 BAD_RANK, BAD_STEP = 1, 2
 G_ELEM = 40000.0  # the overflow scenario's per-rank gradient element
+DRIFT_RANK, DRIFT_STEP = 1, 1
 
 
 def run_net(out, scenario, rank, world):
@@ -69,6 +73,9 @@ def run_net(out, scenario, rank, world):
         n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         scaler.step(opt)
         scaler.update()
+        if scenario == "drift" and rank == DRIFT_RANK and step == DRIFT_STEP:
+            with torch.no_grad():
+                model.head.bias[0] += 1e-3
         tr.end_step(loss=loss, optimizer=opt, grad_norm=n, max_norm=1.0)
         losses.append(float(loss))
     return tr, losses

@@ -43,7 +43,7 @@ h5py = pytest.importorskip("h5py")
 torch.set_num_threads(1)
 
 WORLD = 2
-SCENARIOS = ["bad-input", "healthy", "overflow", "prediv"]
+SCENARIOS = ["bad-input", "healthy", "drift", "overflow", "prediv"]
 PRE, POST = SITES.index("grad_pre_allreduce"), SITES.index(
     "grad_post_allreduce")
 
@@ -281,28 +281,62 @@ def test_on_nonfinite_names_the_allreduce(job):
         w = _seen(job, "overflow", r)["warnings"]
         assert len(w) == 1 and "grad_post_allreduce" in w[0], w
         assert "came back from the gradient all-reduce" in w[0]
-        for sc in ("healthy", "prediv"):
+        for sc in ("healthy", "drift", "prediv"):
             assert _seen(job, sc, r)["warnings"] == []
 
 
-def _mentions_rank(doc, rank):
-    """Whether the cross-rank document names `rank` as the origin."""
-    s = json.dumps(doc)
-    return ('"origin_rank": %d' % rank in s or '"rank": %d' % rank in s)
+def test_drifting_weights_change_the_digest(job):
+    t0, t1 = traces(job, "drift")
+    d0, d1 = t0["steps"]["weight_digest"], t1["steps"]["weight_digest"]
+    assert all(d0[s] == d1[s] for s in range(W.DRIFT_STEP))
+    assert all(d0[s] != d1[s] for s in range(W.DRIFT_STEP, W.STEPS))
+    for t in (t0, t1):
+        assert (_nonfinite(t["records"]) == 0).all()
+
+
+def _cross_rank(doc):
+    if doc.get("kind") != "ranks":
+        pytest.skip("this library's post-mortem over several traces is "
+                    "not the cross-rank document yet (contract C3)")
+    return doc
 
 
 def test_postmortem_over_the_set(job):
-    healthy = ampprobe.postmortem(str(job / "healthy"))
+    healthy = _cross_rank(ampprobe.postmortem(str(job / "healthy")))
     assert healthy["verdict"] == "healthy", healthy
-    doc = ampprobe.postmortem(str(job / "bad-input"))
+    assert healthy["disagreements"] == [] and healthy["ranks_missing"] == []
+    assert healthy["first_nonfinite"] is None
+    bad = job / "bad-input"
+    doc = _cross_rank(ampprobe.postmortem(str(bad)))
     assert doc["verdict"] in ("degraded", "diverged"), doc
-    same = ampprobe.postmortem([str(job / "bad-input" / "trace.rank1.h5"),
-                                str(job / "bad-input" / "trace.rank0.h5")])
-    assert same["verdict"] == doc["verdict"]
-    if "traces" in doc and "ranks" not in doc:
-        pytest.skip("this library's post-mortem over several traces is "
-                    "not the cross-rank document yet (contract C3)")
-    assert _mentions_rank(doc, W.BAD_RANK), doc
+    assert doc["world_size"] == WORLD and doc["ranks_read"] == WORLD
+    with ampprobe.Trace(str(bad / "trace.rank0.h5")) as t:
+        assert doc["run_id"] == t.info["run_id"]
+    first = doc["first_nonfinite"]
+    assert (first["rank"], first["step"], first["layer"], first["site"]) == (
+        W.BAD_RANK, W.BAD_STEP, "input", "fwd_out"), first
+    o = doc["origin"]
+    assert o["kind"] == "rank" and o["step"] == W.BAD_STEP, o
+    assert o["born_on"] == [W.BAD_RANK] and o["carried_to"] == [0], o
+    assert doc["disagreements"] == [], doc["disagreements"]
+    # the same set given as a glob and as a list in another order
+    for arg in (str(bad / "trace.rank*.h5"),
+                [str(bad / "trace.rank1.h5"), str(bad / "trace.rank0.h5")]):
+        same = ampprobe.postmortem(arg)
+        assert (same["first_nonfinite"], same["origin"]) == (first, o)
+    # the FP16 sum of finite gradients: born in the all-reduce
+    ov = _cross_rank(ampprobe.postmortem(str(job / "overflow")))
+    assert ov["origin"]["kind"] == "allreduce", ov["origin"]
+    assert ov["first_nonfinite"]["site"] == "grad_post_allreduce"
+    assert _cross_rank(ampprobe.postmortem(str(job / "prediv")))[
+        "verdict"] == "healthy"
+    # weights that part: the digests disagree from that step on
+    dr = _cross_rank(ampprobe.postmortem(str(job / "drift")))
+    assert dr["verdict"] != "healthy"
+    dis = [d for d in dr["disagreements"] if d["field"] == "weight_digest"]
+    assert len(dis) == 1 and dis[0]["step"] == W.DRIFT_STEP, dr[
+        "disagreements"]
+    assert {dis[0]["rank_a"], dis[0]["rank_b"]} == {0, 1}
 
 
 def test_example_ddp_by_spawn(tmp_path):
