@@ -366,6 +366,10 @@ def test_example_ddp_by_spawn(tmp_path):
     assert firsts[0][0] == 1 and firsts[0][2] == "grad_post_allreduce"
     d = [t["steps"]["weight_digest"] for t in ts]
     assert d[0][0] == d[1][0]
+    doc = ampprobe.postmortem(str(tmp_path))
+    if doc.get("kind") == "ranks":  # the cross-rank document (C3)
+        assert doc["origin"]["born_on"] == [1], doc["origin"]
+        assert doc["origin"]["carried_to"] == [0], doc["origin"]
 
 
 # ---- in-process: naming, identity, digest -------------------------------------
