@@ -175,8 +175,12 @@ class BucketRecorder:
     def __call__(self, state, bucket):
         self.buckets += 1
         tr = self.tracer
-        tr._ensure_step()
-        recording = tr._recording
+        # DDP cannot unregister a hook: after tracer.close() it all-reduces
+        # (or runs the job's hook) without recording.
+        recording = not tr._closed
+        if recording:
+            tr._ensure_step()
+            recording = tr._recording
         buf = bucket.buffer()
         slices = self._slices(bucket, buf) if recording else []
         if self.hook is not None:
@@ -207,14 +211,14 @@ class BucketRecorder:
         return _completed(buf)
 
     def _wrapped(self, state, bucket, buf, slices):
-        if slices:
-            pre = buf.clone()  # the job's hook may work in place
-            self._record(slices, PRE, pre)
+        if not slices:
+            return self.hook(self.state if state is None else state, bucket)
+        pre = buf.clone()  # the job's hook may work in place
+        self._record(slices, PRE, pre)
         fut = self.hook(self.state if state is None else state, bucket)
-        if slices:
-            out = _result_tensor(fut.wait())
-            if out.numel() == buf.numel():
-                self._record(slices, POST, out.detach().clone())
+        out = _result_tensor(fut.wait())
+        if out.numel() == buf.numel():
+            self._record(slices, POST, out.detach().clone())
         return fut
 
 

@@ -493,10 +493,10 @@ def group(tmp_path):
         dist.destroy_process_group()
 
 
-def _ddp_run(tmp_path, name, steps=2, **kw):
+def _ddp_run(tmp_path, name, steps=2, ddp_kw=None, **kw):
     torch.manual_seed(0)
     model = Net()
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kw or {}))
     loss_fn = ProbNLL()
     tr = at.Tracer(ddp, str(tmp_path / name), kinds={RevINLike: "revin"},
                    loss_fn=loss_fn, precision="fp32", **kw)
@@ -512,8 +512,10 @@ def _ddp_run(tmp_path, name, steps=2, **kw):
     return tr, ampprobe.read_trace(tr.path)
 
 
-def test_one_rank_group_records_the_buckets(tmp_path, group):
-    tr, t = _ddp_run(tmp_path, "t.h5")
+@pytest.mark.parametrize("view", [False, True])
+def test_one_rank_group_records_the_buckets(tmp_path, group, view):
+    tr, t = _ddp_run(tmp_path, "t.h5",
+                     ddp_kw=dict(gradient_as_bucket_view=view))
     assert tr.path == str(tmp_path / "t.rank0.h5")
     assert (t["info"]["rank"], t["info"]["world_size"]) == (0, 1)
     assert t["info"]["run_id"]
@@ -529,6 +531,29 @@ def test_one_rank_group_records_the_buckets(tmp_path, group):
             assert sorted(pre["sum"]) == sorted(post["sum"])
             np.testing.assert_allclose(sorted(pre["sum"]), sorted(wg["sum"]),
                                        rtol=1e-6, atol=1e-9)
+
+
+def test_training_goes_on_after_close(tmp_path, group):
+    """DDP keeps the hook after tracer.close(): it all-reduces unrecorded,
+    and the gradients are those of the untraced model."""
+    torch.manual_seed(0)
+    model = Net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    tr = at.Tracer(ddp, str(tmp_path / "t.h5"), precision="fp32")
+    x, y = data(0)
+    ProbNLL()(ddp(x), y).backward()
+    tr.end_step()
+    tr.close()
+    n = tr.comm_recorder.buckets
+    ddp.zero_grad()
+    ProbNLL()(ddp(x), y).backward()
+    assert tr.comm_recorder.buckets > n
+    torch.manual_seed(0)
+    ref = Net()
+    ProbNLL()(ref(x), y).backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(ampprobe.read_trace(tr.path)["steps"]) == 1
 
 
 def test_fp16_allreduce_records_binary16(tmp_path, group):
