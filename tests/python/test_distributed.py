@@ -512,10 +512,19 @@ def _ddp_run(tmp_path, name, steps=2, ddp_kw=None, **kw):
     return tr, ampprobe.read_trace(tr.path)
 
 
-@pytest.mark.parametrize("view", [False, True])
-def test_one_rank_group_records_the_buckets(tmp_path, group, view):
-    tr, t = _ddp_run(tmp_path, "t.h5",
-                     ddp_kw=dict(gradient_as_bucket_view=view))
+@pytest.mark.parametrize("ddp_kw", [
+    {}, dict(gradient_as_bucket_view=True),
+    dict(bucket_cap_mb=0.0005)],  # ~500 bytes: several buckets a step
+    ids=["default", "bucket-view", "small-buckets"])
+def test_one_rank_group_records_the_buckets(tmp_path, group, ddp_kw,
+                                           monkeypatch):
+    if "bucket_cap_mb" in ddp_kw:  # DDP's first bucket has its own cap
+        monkeypatch.setattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 256)
+    tr, t = _ddp_run(tmp_path, "t.h5", ddp_kw=ddp_kw)
+    if "bucket_cap_mb" in ddp_kw:
+        assert tr.comm_recorder.buckets >= 2 * 2  # 2 steps, >= 2 buckets
+    else:
+        assert tr.comm_recorder.buckets == 2
     assert tr.path == str(tmp_path / "t.rank0.h5")
     assert (t["info"]["rank"], t["info"]["world_size"]) == (0, 1)
     assert t["info"]["run_id"]
