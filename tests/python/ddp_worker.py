@@ -49,7 +49,10 @@ DRIFT_RANK, DRIFT_STEP = 1, 1
 def run_net(out, scenario, rank, world):
     torch.manual_seed(0)  # same initial weights on every rank (DDP checks)
     model = Net()
-    ddp = DDP(model)
+    # small buckets: several all-reduces a step (DDP's first bucket has
+    # its own cap)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 256
+    ddp = DDP(model, bucket_cap_mb=0.0005)
     loss_fn = ProbNLL()
     fp16 = scenario == "bad-input"
     tr = at.Tracer(ddp, os.path.join(out, "trace.h5"),

@@ -146,7 +146,10 @@ def test_one_file_per_rank_with_identity(job):
             with open(str(d / ("rank%d.json" % r))) as f:
                 seen = json.load(f)
             assert seen["path"] == p and seen["run_id"] == rid
-            assert seen["buckets"] > 0
+            # several buckets a step in the DDP runs of the Net
+            assert seen["buckets"] >= (
+                2 * W.STEPS if sc in ("bad-input", "healthy", "drift")
+                else 1)
             run_ids.add(rid)
         assert len(run_ids) == 1, run_ids  # one run id, broadcast by rank 0
         ids |= run_ids
