@@ -117,7 +117,8 @@ def _result_tensor(v):
 
 
 class BucketRecorder:
-    """A DDP communication hook (ddp.register_comm_hook(None, recorder.hook))
+    """A DDP communication hook (ddp.register_comm_hook(None, rec.hook):
+    DDP wants a function or method, not a callable object)
     recording each bucket's parameter slices before and after its
     all-reduce.
 
@@ -144,7 +145,7 @@ class BucketRecorder:
         if dtype not in (None, "fp32", "fp16"):
             raise ValueError("allreduce_dtype: fp32 or fp16")
         self.tracer = tracer
-        self.hook = hook
+        self.inner = hook  # the job's hook, or None
         self.state = state
         self.dtype = dtype
         self.prediv = bool(prediv)
@@ -183,7 +184,7 @@ class BucketRecorder:
             recording = tr._recording
         buf = bucket.buffer()
         slices = self._slices(bucket, buf) if recording else []
-        if self.hook is not None:
+        if self.inner is not None:
             return self._wrapped(state, bucket, buf, slices)
         group = self.group if self.group is not None else dist.group.WORLD
         n = dist.get_world_size(group)
@@ -212,10 +213,10 @@ class BucketRecorder:
 
     def _wrapped(self, state, bucket, buf, slices):
         if not slices:
-            return self.hook(self.state if state is None else state, bucket)
+            return self.inner(self.state if state is None else state, bucket)
         pre = buf.clone()  # the job's hook may work in place
         self._record(slices, PRE, pre)
-        fut = self.hook(self.state if state is None else state, bucket)
+        fut = self.inner(self.state if state is None else state, bucket)
         out = _result_tensor(fut.wait())
         if out.numel() == buf.numel():
             self._record(slices, POST, out.detach().clone())
@@ -229,12 +230,8 @@ def register(tracer, ddp, hook=None, state=None, dtype=None, prediv=True,
     rec = BucketRecorder(tracer, hook=hook, dtype=dtype, prediv=prediv,
                          group=group if group is not None else
                          getattr(ddp, "process_group", None), state=state)
-
-    def ampprobe_allreduce_hook(state, bucket):  # DDP wants a function
-        return rec(state, bucket)
-
     try:
-        ddp.register_comm_hook(state, ampprobe_allreduce_hook)
+        ddp.register_comm_hook(state, rec.hook)
     except RuntimeError:
         return None
     return rec

@@ -798,15 +798,17 @@ class Tracer:
 
     def comm_hook(self, hook=None, state=None, allreduce_dtype=None,
                   prediv=True, process_group=None):
-        """A DDP communication hook recording each bucket before and after
-        its all-reduce, for a DDP module the tracer was not given:
-        ddp.register_comm_hook(None, tracer.comm_hook()). hook: the job's
-        own hook to wrap (it does the all-reduce; pre = the bucket handed
-        to it, post = what its future returns); None: the all-reduce as
-        torch's default hook does it (allreduce_dtype, prediv)."""
-        return _dist.BucketRecorder(self, hook=hook, dtype=allreduce_dtype,
-                                    prediv=prediv, group=process_group,
-                                    state=state)
+        """A DDP communication hook (a function) recording each bucket
+        before and after its all-reduce, for a DDP module the tracer was
+        not given: ddp.register_comm_hook(None, tracer.comm_hook()). hook:
+        the job's own hook to wrap (it does the all-reduce; pre = the
+        bucket handed to it, post = what its future returns); None: the
+        all-reduce as torch's default hook does it (allreduce_dtype,
+        prediv). The recorder becomes tracer.comm_recorder."""
+        self.comm_recorder = _dist.BucketRecorder(
+            self, hook=hook, dtype=allreduce_dtype, prediv=prediv,
+            group=process_group, state=state)
+        return self.comm_recorder.hook
 
     def weight_digest(self):
         """probe_digest64 of the model's parameters as FP32, in parameter

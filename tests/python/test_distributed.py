@@ -545,6 +545,25 @@ def test_one_rank_group_records_the_buckets(tmp_path, group, ddp_kw,
                                        rtol=1e-6, atol=1e-9)
 
 
+def test_hook_for_a_ddp_made_after_the_tracer(tmp_path, group):
+    torch.manual_seed(0)
+    model = Net()
+    tr = at.Tracer(model, str(tmp_path / "t.h5"), precision="fp32")
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(None, tr.comm_hook(allreduce_dtype="fp16"))
+    x, y = data(0)
+    ProbNLL()(ddp(x), y).backward()
+    tr.end_step()
+    tr.close()
+    r = ampprobe.read_trace(tr.path)["records"]
+    wg = r[r["site"] == SITES.index("weight_grad")]
+    for site in (PRE, POST):
+        rows = r[r["site"] == site]
+        assert sorted(rows["count"]) == sorted(wg["count"])
+        assert (rows["dtype"] == 1).all()
+    assert tr.comm_recorder.buckets == 1
+
+
 def test_training_goes_on_after_close(tmp_path, group):
     """DDP keeps the hook after tracer.close(): it all-reduces unrecorded,
     and the gradients are those of the untraced model."""
