@@ -19,14 +19,26 @@ On a CPU, FP16 is emulated (--precision fp16, the default): every module's
 inputs, outputs and gradients are rounded to binary16 (docs/python.md).
 --precision bf16 runs under torch.autocast(cpu, bfloat16), which is healthy.
 
+--ddp trains data-parallel with torch.distributed (gloo, CPU processes;
+DistributedDataParallel): under torchrun (RANK, WORLD_SIZE, MASTER_* set),
+or with --ranks N this script spawns N processes itself. Every rank
+draws the same global batch and trains on its slice; each writes its own
+trace (run.h5 -> run.rank0.h5, run.rank1.h5, ...) with the gradients
+before and after the all-reduce and the weight digest. --nan-rank R
+--nan-step S plants a NaN in rank R's slice at step S.
+
   /usr/bin/python3 examples/train.py --trace run.h5
   ampprobe postmortem run.h5
   ampprobe bisect --fp32-candidates bn,softmax,revin -- /usr/bin/python3 examples/train.py
+  torchrun --standalone --nproc_per_node 2 examples/train.py --ddp --precision bf16 --trace out/run.h5
+  /usr/bin/python3 examples/train.py --ddp --ranks 2 --nan-rank 1 --nan-step 3 --precision bf16 --trace out/run.h5
+  ampprobe postmortem out/
 """
 import argparse
 import math
 import os
 import signal
+import socket
 import sys
 import time
 import warnings
@@ -151,23 +163,64 @@ def main(argv=None):
                     help="SIGKILL this process at that step (tests)")
     ap.add_argument("--fail-at", type=int, default=-1,
                     help="raise an exception at that step (tests)")
+    ap.add_argument("--ddp", action="store_true",
+                    help="data-parallel (gloo): under torchrun, or --ranks")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="with --ddp outside torchrun: spawn N processes")
+    ap.add_argument("--nan-rank", type=int, default=-1,
+                    help="with --ddp: the rank whose batch gets a NaN")
+    ap.add_argument("--nan-step", type=int, default=-1,
+                    help="with --ddp: the step of that NaN")
     a = ap.parse_args(argv)
+    if a.ddp and "RANK" not in os.environ:
+        return spawn(a, argv)
+    return train(a)
+
+
+def _run_rank(rank, world, port, argv):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.exit(main(argv))
+
+
+def spawn(a, argv):
+    """--ddp --ranks N outside torchrun: N processes on this machine."""
+    if a.ranks < 1:
+        sys.exit("--ddp outside torchrun needs --ranks N")
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_run_rank, args=(a.ranks, port, argv), nprocs=a.ranks)
+    return 0
+
+
+def train(a):
     seed = ampprobe.env_seed(a.seed)  # bisect's second baseline sets it
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
+    rank, world = 0, 1
+    if a.ddp:  # torchrun's (or spawn's) RANK, WORLD_SIZE, MASTER_*
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
 
     if a.task == "forecast":
         model, loss_fn = Forecaster(), nn.MSELoss()
     else:
         model, loss_fn = Classifier(), ProbNLL()
+    net = model
+    if a.ddp:  # same seed: same initial weights on every rank
+        net = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    tracer = at.Tracer(model, a.trace, mode=a.mode, precision=a.precision,
+    tracer = at.Tracer(net, a.trace, mode=a.mode, precision=a.precision,
                        emulate_fp16=(a.precision == "fp16"),
                        kinds={RevIN: "revin", Denorm: "revin"},
                        loss_fn=loss_fn, on_nonfinite=a.on_nonfinite,
                        config={"name": "examples/train.py-" + a.task,
                                "steps": a.steps, "seed": seed},
+                       weight_digest=a.ddp,  # equal on every rank
                        overwrite=True)  # rerunning replaces the trace
     # Loss scaling for FP16 (GradScaler rules; torch 1.13 disables
     # torch.cuda.amp.GradScaler on a CPU). The scale starts at 1: a forecast
@@ -188,9 +241,14 @@ def main(argv=None):
             os.kill(os.getpid(), signal.SIGKILL)
         if step == a.fail_at:
             raise RuntimeError("planted failure at step %d" % step)
-        x, y = batch(gen, a.task)
+        # the global batch (the same on every rank); this rank's slice
+        x, y = batch(gen, a.task, b=32 * world)
+        x, y = x[32 * rank:32 * (rank + 1)], y[32 * rank:32 * (rank + 1)]
+        if rank == a.nan_rank and step == a.nan_step:
+            x = x.clone()
+            x[0, 0] = float("nan")
         with tracer.autocast():
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(net(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
@@ -201,9 +259,12 @@ def main(argv=None):
                         max_norm=5.0)
         sched.step()
     tracer.close()
+    if a.ddp:
+        torch.distributed.destroy_process_group()
     final = float(loss) if loss is not None else float("nan")
-    print("%s: %d steps, precision %s%s, final loss %.6g, trace %s" % (
-        a.task, a.steps, tracer.precision,
+    print("%s%s: %d steps, precision %s%s, final loss %.6g, trace %s" % (
+        "rank %d/%d " % (rank, world) if a.ddp else "", a.task, a.steps,
+        tracer.precision,
         (" (fp32: %s)" % ",".join(tracer.fp32_modules())
          if tracer.fp32_modules() and tracer.precision != "fp32" else ""),
         final, tracer.path))

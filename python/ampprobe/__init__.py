@@ -8,7 +8,8 @@ the loader, the build tree); nothing is compiled at install time.
 """
 from ._lib import ProbeError, library_path, kind_names
 from .core import (Session, Trace, read_trace, postmortem, verdict, stats,
-                   find_cli,
+                   find_cli, rank_trace_path, trace_set, digest64,
+                   DIGEST64_INIT,
                    RECORD_DTYPE, STEP_DTYPE, SCALER_EVENT_DTYPE, LAYER_DTYPE,
                    SNAPSHOT_DTYPE)
 from .policy import Policy, env_seed
@@ -17,5 +18,6 @@ __version__ = "0.2.0"  # = project(ampprobe VERSION) (tests/python/test_core.py)
 
 __all__ = ["ProbeError", "library_path", "kind_names", "Session", "Trace",
            "read_trace", "postmortem", "verdict", "stats", "find_cli", "Policy", "env_seed",
+           "rank_trace_path", "trace_set", "digest64", "DIGEST64_INIT",
            "RECORD_DTYPE", "STEP_DTYPE", "SCALER_EVENT_DTYPE", "LAYER_DTYPE",
            "SNAPSHOT_DTYPE"]

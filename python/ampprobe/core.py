@@ -129,7 +129,7 @@ class Session:
             if not hasattr(o, k):
                 raise TypeError("unknown session option %r" % k)
             if k in ("layer_select", "command_line", "config_json",
-                     "precision_policy"):
+                     "precision_policy", "run_id"):
                 if not isinstance(v, str):
                     v = json.dumps(v) if k == "config_json" else str(v)
                 b = v.encode()
@@ -218,11 +218,13 @@ class Session:
 
     def set_scalars(self, loss=None, loss_scale=None, growth_tracker=None,
                     found_inf=None, skipped=None, lr=None, grad_norm=None,
-                    clip_threshold=None, clip_coef=None):
+                    clip_threshold=None, clip_coef=None, weight_digest=None):
         """The step's scalars. A scalar left None was not measured: it is
-        stored as NaN (0 for the scaler's ints) with its PROBE_SCALAR_* bit
-        in `unmeasured`, so that readers tell it from a measured NaN (the
-        scaler's three ints go together, as do clip_threshold/clip_coef)."""
+        stored as NaN (0 for the scaler's ints and the weight digest) with
+        its PROBE_SCALAR_* bit in `unmeasured`, so that readers tell it from
+        a measured NaN (the scaler's three ints go together, as do
+        clip_threshold/clip_coef). weight_digest: a probe_digest64 value
+        (digest64(); ampprobe.torch.Tracer(weight_digest=True))."""
         nan = float("nan")
         bits = 0
         if loss is None:
@@ -237,11 +239,19 @@ class Session:
             bits |= _lib.SCALAR_GRAD_NORM
         if clip_threshold is None and clip_coef is None:
             bits |= _lib.SCALAR_CLIP
+        if weight_digest is None:
+            if _has_digest_field():
+                bits |= SCALAR_WEIGHT_DIGEST  # (older libraries refuse it)
+        elif not _has_digest_field():
+            raise ProbeError(-14, "set_scalars: this libampprobe's steps "
+                             "have no weight_digest", "ERR_UNSUPPORTED")
         f = lambda v, d: float(d if v is None else v)
         sc = _lib.probe_step_scalars(
             0, f(loss, nan), f(loss_scale, nan), int(growth_tracker or 0),
             int(found_inf or 0), int(skipped or 0), bits, f(lr, nan),
             f(grad_norm, nan), f(clip_threshold, nan), f(clip_coef, nan), 0.0)
+        if weight_digest is not None:
+            sc.weight_digest = int(weight_digest) & 0xFFFFFFFFFFFFFFFF
         self._check(self._lib.probe_step_set_scalars(self.handle,
                                                      ctypes.byref(sc)),
                     "probe_step_set_scalars")
@@ -298,6 +308,112 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---- multi-rank jobs: the naming rule, trace sets, the weight digest -----------
+
+# PROBE_SCALAR_WEIGHT_DIGEST: the steps' weight_digest was not measured.
+SCALAR_WEIGHT_DIGEST = _lib.SCALAR_WEIGHT_DIGEST
+
+
+def _has_digest_field():
+    """Whether the steps have weight_digest: the mirror has the field and
+    the library has probe_digest64 (they came together)."""
+    return hasattr(_lib.load(), "probe_digest64") and any(
+        n == "weight_digest" for n, _ in _lib.probe_step_scalars._fields_)
+
+
+def _cfn(name, res, *args):
+    """A library function declared on first use; ProbeError
+    ERR_UNSUPPORTED when this libampprobe predates it."""
+    lib = _lib.load()
+    f = getattr(lib, name, None)
+    if f is None:
+        raise ProbeError(-14, "%s: not in this libampprobe (%s)" % (
+            name, _lib.library_path()), "ERR_UNSUPPORTED")
+    if getattr(f, "_ampprobe_declared", False) is False:
+        f.restype = res
+        f.argtypes = list(args)
+        f._ampprobe_declared = True
+    return f
+
+
+def rank_trace_path(path, rank):
+    """The trace path of one rank (probe_rank_trace_path, the library's
+    naming rule): "{rank}" in path -> the rank; else "x.h5" ->
+    "x.rank{r}.h5"; else ".rank{r}.h5" appended."""
+    fn = _cfn("probe_rank_trace_path", ctypes.c_int, ctypes.c_char_p,
+              ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int)
+    raw = os.fsencode(path)
+    cap = 2 * len(raw) + 64 + 16 * raw.count(b"{rank}")
+    out = ctypes.create_string_buffer(cap)
+    check(fn(out, cap, raw, int(rank)),
+          "probe_rank_trace_path(%s, %d)" % (os.fsdecode(raw), rank))
+    return os.fsdecode(out.value)
+
+
+def _flatten_args(args):
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(_flatten_args(a))
+        else:
+            out.append(os.fspath(a))
+    return out
+
+
+def trace_set(*args):
+    """The trace files of a set (probe_trace_set_expand): each argument a
+    directory (its *.h5 files), a glob pattern or a file, or a list of
+    them; deduplicated, in natural order (rank2 before rank10)."""
+    c = ctypes
+    fn = _cfn("probe_trace_set_expand", c.c_int, c.POINTER(c.c_char_p),
+              c.c_size_t, c.POINTER(c.POINTER(c.c_char_p)),
+              c.POINTER(c.c_size_t))
+    free = _cfn("probe_trace_set_free", None, c.POINTER(c.c_char_p),
+                c.c_size_t)
+    names = _flatten_args(args)
+    arr = (c.c_char_p * max(len(names), 1))(*[os.fsencode(a) for a in names])
+    res = c.POINTER(c.c_char_p)()
+    n = c.c_size_t(0)
+    st = fn(arr, len(names), c.byref(res), c.byref(n))
+    if st < 0:
+        e = _lib.load().probe_trace_last_error(None)
+        check(st, "trace set %s" % " ".join(names),
+              e.decode(errors="replace") if e else None)
+    try:
+        return [os.fsdecode(res[i]) for i in range(n.value)]
+    finally:
+        if res:
+            free(res, n.value)
+
+
+DIGEST64_INIT = _lib.PROBE_DIGEST64_INIT  # FNV-1a 64's offset basis
+
+
+def digest64_init():
+    return DIGEST64_INIT
+
+
+def digest64_fn():
+    """The library's probe_digest64(ptr, nbytes, h) -> h, declared."""
+    return _cfn("probe_digest64", ctypes.c_uint64, ctypes.c_void_p,
+                ctypes.c_size_t, ctypes.c_uint64)
+
+
+def digest64(data, h=None):
+    """probe_digest64 of a buffer (bytes, or an array's bytes: a NumPy
+    array or a host DLPack producer such as a CPU torch tensor), chained
+    from h (PROBE_DIGEST64_INIT when None)."""
+    fn = digest64_fn()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        a = np.frombuffer(bytes(data), dtype=np.uint8)
+    else:
+        if not isinstance(data, np.ndarray) and hasattr(data, "__dlpack__"):
+            data = np.from_dlpack(data)
+        a = np.ascontiguousarray(data)
+    return int(fn(a.ctypes.data if a.size else None, a.nbytes,
+                  DIGEST64_INIT if h is None else int(h)))
 
 
 def stats(array, dtype=None):
@@ -473,10 +589,17 @@ def postmortem(path, *more_paths):
     `ampprobe postmortem --json` prints ("event": {"step", "phase",
     "origin_layer", "origin_kind", "origin_site", ...}, "diagnosis", ...).
 
+    Several traces (the ranks of one job): arguments are files,
+    directories (their *.h5 files), glob patterns or lists of them,
+    expanded by trace_set() (the library's probe_trace_set_expand); the
+    document is then the cross-rank one when the set has several files.
+
     Uses the C analysis API (probe_postmortem_json) when the library has it,
     otherwise runs the `ampprobe postmortem --json` command (find_cli())."""
     lib = _lib.load()
-    paths = [os.fspath(path)] + [os.fspath(p) for p in more_paths]
+    paths = _flatten_args((path,) + more_paths)
+    if hasattr(lib, "probe_trace_set_expand"):
+        paths = trace_set(paths)
     if hasattr(lib, "probe_postmortem_json"):
         arr = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
         out = ctypes.c_void_p()

@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 
 from . import _lib
-from .core import Session
+from . import distributed as _dist
+from .core import Session, digest64_fn, digest64_init, rank_trace_path
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
@@ -292,6 +293,29 @@ class Tracer:
       record_input  record the model's input as layer "input" (True).
       config        a dict stored as the trace's config_json ("name" etc.).
       env           obey the AMPPROBE_* environment variables (True).
+    Distributed jobs (docs/python.md, "Distributed jobs"):
+      distributed   None: a rank of a job when torch.distributed is
+                    initialised (or rank= is given); True: required;
+                    False: never. A rank writes
+                    rank_trace_path(path, rank) ("t.h5" -> "t.rank1.h5")
+                    with its rank, world size and the job's run id.
+      rank, world_size, process_group   default: the process group's.
+      run_id        default: rank 0's $AMPPROBE_RUN_ID or a new one,
+                    broadcast by rank 0 (all ranks construct the tracer).
+      comm_hook     with a DistributedDataParallel model: True (default)
+                    registers a hook doing the all-reduce and recording
+                    each bucket before/after it (grad_pre_allreduce,
+                    grad_post_allreduce); a callable (state, bucket) ->
+                    Future: the job's own hook, wrapped and recorded
+                    (comm_state: its state); False: none.
+      allreduce_dtype, allreduce_prediv   the recording hook's all-reduce:
+                    "fp32" (the bucket's dtype) or "fp16" (summed in
+                    binary16); divide by the world size before (True, as
+                    DDP) or after the sum.
+      weight_digest the step's weight digest (probe_digest64 over the FP32
+                    parameters after the optimizer step, in parameter
+                    order): equal on every rank of a healthy job; costs a
+                    pass over the weights per step (False).
     Other keywords go to the libprobe session (flush_seconds, max_events,
     snapshot_on_nonfinite, snapshot_max_elems, ...).
     """
@@ -300,7 +324,11 @@ class Tracer:
                  every=1, step_start=0, step_end=-1, ring_steps=8,
                  precision=None, emulate_fp16=False, fp32=(), kinds=None,
                  on_nonfinite="record", loss_fn=None, record_input=True,
-                 config=None, env=True, device_type=None, **session_options):
+                 config=None, env=True, device_type=None,
+                 distributed=None, rank=None, world_size=None, run_id=None,
+                 process_group=None, comm_hook=True, comm_state=None,
+                 allreduce_dtype=None, allreduce_prediv=True,
+                 weight_digest=False, **session_options):
         if on_nonfinite not in ("record", "warn", "raise"):
             raise ValueError("on_nonfinite: record, warn or raise")
         base = precision or ("fp16" if emulate_fp16 else None)
@@ -316,13 +344,40 @@ class Tracer:
         self.device_type = device_type or (
             "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu")
         self.on_nonfinite = on_nonfinite
+        # A DDP model: its module is traced (names without "module."), the
+        # wrapper gets the recording communication hook.
+        self.ddp = model if _dist.is_ddp(model) else None
+        if self.ddp is not None:
+            model = model.module
+            if process_group is None:
+                process_group = getattr(self.ddp, "process_group", None)
         self.model = model
+        self.rank, self.world_size, self.run_id = _dist.job_identity(
+            distributed, rank, world_size, run_id, process_group)
         self.path = self.policy.trace
+        if self.rank >= 0:
+            self.path = rank_trace_path(self.path, self.rank)
+            session_options.update(rank=self.rank,
+                                   world_size=self.world_size,
+                                   run_id=self.run_id)
+        self._digest = bool(weight_digest)
+        self._digest_params = list(dict.fromkeys(model.parameters())) \
+            if self._digest else []
         self._globs = _split(layers)
         cfg = {"name": "pytorch", "framework": "pytorch",
                "torch": torch.__version__, "precision": self.precision,
                "fp32": self.policy.fp32, "emulate_fp16": self.emulate,
                "command": _command_line()}
+        if self.rank >= 0:
+            cfg.update(rank=self.rank, world_size=self.world_size,
+                       run_id=self.run_id,
+                       backend=_dist.backend(process_group),
+                       ddp=self.ddp is not None)
+            if self.ddp is not None and comm_hook is not False:
+                cfg["allreduce"] = {
+                    "hook": "ampprobe" if comm_hook is True else "job",
+                    "dtype": allreduce_dtype or "bucket",
+                    "prediv": bool(allreduce_prediv)}
         if config:
             cfg.update(config)
         self._every = max(int(every), 1)
@@ -357,6 +412,19 @@ class Tracer:
         #                 or not fp32/fp16/bf16)
         self._closed = False
         self._attach(model, kinds, loss_fn, record_input)
+        self.comm_recorder = None  # the registered BucketRecorder, if any
+        if self.ddp is not None and comm_hook is not False:
+            self.comm_recorder = _dist.register(
+                self, self.ddp, hook=None if comm_hook is True else comm_hook,
+                state=comm_state, dtype=allreduce_dtype,
+                prediv=allreduce_prediv, group=process_group)
+            if self.comm_recorder is None:
+                warnings.warn(
+                    "ampprobe: this DistributedDataParallel module has a "
+                    "communication hook already: gradients before and after "
+                    "the all-reduce are not recorded (pass your hook as "
+                    "Tracer(comm_hook=...) to have it wrapped)",
+                    RuntimeWarning, stacklevel=2)
 
     # -- attaching ----------------------------------------------------------------
 
@@ -634,6 +702,7 @@ class Tracer:
                 if L.selected:
                     for p in L.params:
                         self._record(L, "master_weight", p.detach())
+        digest = self.weight_digest() if self._digest else None
         if grad_norm is None and self._clip is not None:
             grad_norm, max_norm = self._clip
         gn = float(grad_norm) if grad_norm is not None else None
@@ -659,7 +728,8 @@ class Tracer:
                 growth_tracker=(tracker or 0) if have_scaler else None,
                 found_inf=(fi or 0) if have_scaler else None,
                 skipped=(sk or 0) if have_scaler else None,
-                lr=lr, grad_norm=gn, clip_threshold=mx, clip_coef=coef)
+                lr=lr, grad_norm=gn, clip_threshold=mx, clip_coef=coef,
+                weight_digest=digest)
             for e in events:
                 s.scaler_event(*e)
             s.end_step()
@@ -710,6 +780,11 @@ class Tracer:
                 detail = " (%d NaN, %d +inf, %d -inf of %d)" % (
                     int(torch.isnan(t).sum()), int((t == math.inf).sum()),
                     int((t == -math.inf).sum()), t.numel())
+        if site == _dist.POST:
+            detail += ("; it came back from the gradient all-reduce, finite "
+                       "as this rank sent it: another rank's gradient or "
+                       "the all-reduce's sum (post-mortem over every rank's "
+                       "trace)")
         err = NonFiniteError(step, phase, name, site, kind, detail)
         if self.on_nonfinite == "raise":
             try:
@@ -718,6 +793,41 @@ class Tracer:
                 pass
             raise err
         warnings.warn(str(err), NonFiniteWarning, stacklevel=3)
+
+    # -- distributed jobs -------------------------------------------------------------
+
+    def comm_hook(self, hook=None, state=None, allreduce_dtype=None,
+                  prediv=True, process_group=None):
+        """A DDP communication hook (a function) recording each bucket
+        before and after its all-reduce, for a DDP module the tracer was
+        not given: ddp.register_comm_hook(None, tracer.comm_hook()). hook:
+        the job's own hook to wrap (it does the all-reduce; pre = the
+        bucket handed to it, post = what its future returns); None: the
+        all-reduce as torch's default hook does it (allreduce_dtype,
+        prediv). The recorder becomes tracer.comm_recorder."""
+        self.comm_recorder = _dist.BucketRecorder(
+            self, hook=hook, dtype=allreduce_dtype, prediv=prediv,
+            group=process_group, state=state)
+        return self.comm_recorder.hook
+
+    def weight_digest(self):
+        """probe_digest64 of the model's parameters as FP32, in parameter
+        order (model.parameters(), each once), chained from
+        PROBE_DIGEST64_INIT: the digest end_step stores with
+        weight_digest=True. A parameter on a device or not FP32 is copied
+        to host FP32 first."""
+        fn = digest64_fn()
+        h = digest64_init()
+        params = self._digest_params or list(
+            dict.fromkeys(self.model.parameters()))
+        with torch.no_grad():
+            for p in params:
+                t = p.detach()
+                if t.dtype != torch.float32 or t.device.type != "cpu" or \
+                        not t.is_contiguous():
+                    t = t.to(device="cpu", dtype=torch.float32).contiguous()
+                h = fn(t.data_ptr(), t.numel() * 4, h)
+        return h
 
     # -- helpers for the job ----------------------------------------------------------
 

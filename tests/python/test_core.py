@@ -221,6 +221,19 @@ def test_kind_vocabulary_in_step_with_library():
     assert tuple(ampprobe.kind_names()) == policy.KINDS
 
 
+def test_site_vocabulary_in_step_with_library():
+    """_lib.SITES (ids by position) and their phases are the library's
+    PROBE_SITE_MAP, the all-reduce sites included."""
+    from ampprobe import _lib
+    lib = _lib.load()
+    names, i = [], 0
+    while lib.probe_site_name(i):
+        names.append(lib.probe_site_name(i).decode())
+        i += 1
+    assert tuple(names) == _lib.SITES
+    assert set(_lib.SITE_PHASE) == set(names)
+
+
 def test_library_search_order(tmp_path):
     r = run_py(["-c", "import ampprobe; ampprobe.library_path()"],
                env={"AMPPROBE_LIB": str(tmp_path / "nope.so")})

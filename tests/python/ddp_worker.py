@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""One rank of the gloo DDP jobs of tests/python/test_distributed.py: joins
+the process group from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (set by
+the test), then runs the scenarios named on the command line one after
+another in the same group, each a few steps of a small DDP model traced by
+ampprobe.torch.Tracer into OUT/<scenario>/trace.h5 (so
+trace.rank<r>.h5), and writes OUT/<scenario>/rank<r>.json (what the rank
+saw: its trace path, run id, losses, buckets hooked, the tracer's
+NonFiniteWarning messages: on_nonfinite="warn").
+
+Scenarios:
+  bad-input  the tests' Net under FP16 emulation with a LossScaler; rank
+             BAD_RANK's batch holds a NaN at step BAD_STEP; weight digest on
+  healthy    the same Net under bf16 autocast, no NaN; weight digest on
+  drift      healthy, but rank DRIFT_RANK nudges one weight after the
+             optimizer step of DRIFT_STEP (the ranks' weights part; the
+             digests must say so)
+  overflow   a bias-free Linear whose scaled gradient is G_ELEM on every
+             rank (finite in FP16), all-reduced in FP16 without
+             pre-division: the binary16 sum of two is past 65504 (inf)
+  prediv     the same with pre-division: finite
+
+usage: ddp_worker.py OUT SCENARIO...
+"""
+import json
+import os
+import sys
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)),
+                                "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import ampprobe.torch as at  # noqa: E402
+from models import Net, ProbNLL, RevINLike, data  # noqa: E402
+
+STEPS = 4
+BAD_RANK, BAD_STEP = 1, 2
+G_ELEM = 40000.0  # the overflow scenario's per-rank gradient element
+DRIFT_RANK, DRIFT_STEP = 1, 1
+
+
+def run_net(out, scenario, rank, world):
+    torch.manual_seed(0)  # same initial weights on every rank (DDP checks)
+    model = Net()
+    # small buckets: several all-reduces a step (DDP's first bucket has
+    # its own cap)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 256
+    ddp = DDP(model, bucket_cap_mb=0.0005)
+    loss_fn = ProbNLL()
+    fp16 = scenario == "bad-input"
+    tr = at.Tracer(ddp, os.path.join(out, "trace.h5"),
+                   kinds={RevINLike: "revin"}, loss_fn=loss_fn,
+                   precision="fp16" if fp16 else "bf16", emulate_fp16=fp16,
+                   weight_digest=True, on_nonfinite="warn",
+                   config={"name": "ddp-" + scenario})
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+    scaler = at.LossScaler(init_scale=1.0, enabled=fp16)
+    tr.attach_scaler(scaler)
+    losses = []
+    for step in range(STEPS):
+        # rank r's shard of the global batch: micro-batch step*world + r
+        x, y = data(step * world + rank,
+                    nan=fp16 and rank == BAD_RANK and step == BAD_STEP)
+        with tr.autocast():
+            loss = loss_fn(ddp(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        if scenario == "drift" and rank == DRIFT_RANK and step == DRIFT_STEP:
+            with torch.no_grad():
+                model.head.bias[0] += 1e-3
+        tr.end_step(loss=loss, optimizer=opt, grad_norm=n, max_norm=1.0)
+        losses.append(float(loss))
+    return tr, losses
+
+
+def run_linear(out, scenario, rank, world):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 1, bias=False))
+    with torch.no_grad():
+        model[0].weight.fill_(0.01)
+    ddp = DDP(model)
+    tr = at.Tracer(ddp, os.path.join(out, "trace.h5"), precision="fp32",
+                   allreduce_dtype="fp16",
+                   allreduce_prediv=scenario == "prediv",
+                   on_nonfinite="warn", config={"name": "ddp-" + scenario})
+    x = torch.ones(4, 8)
+    # d(sum(out) * s)/dW = s * sum_batch(x) = 4 s per element: 4 s = G_ELEM
+    s = G_ELEM / 4
+    loss = ddp(x).sum()
+    (loss * s).backward()
+    tr.end_step(loss=loss, loss_scale=s, found_inf=0, skipped=0)
+    return tr, [float(loss)]
+
+
+def main():
+    out, scenarios = sys.argv[1], sys.argv[2:]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for sc in scenarios:
+        d = os.path.join(out, sc)
+        os.makedirs(d, exist_ok=True)
+        run = run_linear if sc in ("overflow", "prediv") else run_net
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", at.NonFiniteWarning)
+            tr, losses = run(d, sc, rank, world)
+        info = {"warnings": [str(w.message) for w in caught
+                             if issubclass(w.category, at.NonFiniteWarning)],
+                "rank": tr.rank, "world_size": tr.world_size,
+                "run_id": tr.run_id, "path": tr.path, "losses": losses,
+                "buckets": tr.comm_recorder.buckets
+                if tr.comm_recorder else 0}
+        tr.close()
+        with open(os.path.join(d, "rank%d.json" % rank), "w") as f:
+            json.dump(info, f)
+        dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

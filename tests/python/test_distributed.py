@@ -1,0 +1,628 @@
+"""The PyTorch tracer under torch.distributed (gloo, CPU processes).
+
+A two-rank job (tests/python/ddp_worker.py, two processes joined with
+MASTER_ADDR=127.0.0.1 and a free port) runs four DDP scenarios in one
+process group: a NaN in rank 1's batch at one step under FP16 emulation, a
+healthy bf16 run, and an FP16 all-reduce with and without pre-division.
+The traces are checked with h5py and with the library's reader: one file
+per rank named by the library's rule, rank/world size/run id, the
+gradients before and after the all-reduce, where the NaN appears first
+and where the all-reduce carried it, the weight digests, and the
+post-mortem over the set. In-process tests cover the naming rule with an
+explicit rank, the identity's errors, the digest, and the hook in a
+one-rank gloo group (its own hook, a job's hook wrapped, a hook already
+registered).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available",
+                allow_module_level=True)
+
+import ampprobe  # noqa: E402
+import ampprobe.torch as at  # noqa: E402
+from ampprobe._lib import SITES  # noqa: E402
+from conftest import EXAMPLE, HERE, PKG, run_py  # noqa: E402
+from models import Net, ProbNLL, RevINLike, data  # noqa: E402
+
+import ddp_worker as W  # noqa: E402
+
+h5py = pytest.importorskip("h5py")
+torch.set_num_threads(1)
+
+WORLD = 2
+SCENARIOS = ["bad-input", "healthy", "drift", "overflow", "prediv"]
+PRE, POST = SITES.index("grad_pre_allreduce"), SITES.index(
+    "grad_post_allreduce")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out, scenarios, world=WORLD, timeout=400):
+    """Runs the worker as `world` ranks; returns their outputs. Retries
+    with another port when the chosen one was taken meanwhile."""
+    for attempt in range(3):
+        port = _free_port()
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
+                       LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            env["PYTHONPATH"] = PKG + os.pathsep + env.get("PYTHONPATH", "")
+            env.pop("AMPPROBE_RUN_ID", None)
+            env.pop("AMPPROBE_TRACE", None)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "ddp_worker.py"), out] +
+                scenarios, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT))
+        outs, t_end = [], time.time() + timeout
+        try:
+            for p in procs:
+                o, _ = p.communicate(timeout=max(t_end - time.time(), 1))
+                outs.append(o.decode(errors="replace"))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "\n".join("--- rank %d (exit %s)\n%s" % (r, p.returncode, o)
+                         for r, (p, o) in enumerate(zip(procs, outs)))
+        if all(p.returncode == 0 for p in procs):
+            return text
+        if "Address already in use" not in text:
+            break
+    raise AssertionError("the DDP job failed:\n" + text[-6000:])
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    t0 = time.time()
+    launch(str(out), SCENARIOS)
+    print("2-rank gloo job, %d scenarios: %.1f s" % (len(SCENARIOS),
+                                                     time.time() - t0))
+    return out
+
+
+def traces(job, sc):
+    return [ampprobe.read_trace(str(job / sc / ("trace.rank%d.h5" % r)))
+            for r in range(WORLD)]
+
+
+def _names(t):
+    return [n.decode() for n in t["layers"]["name"]]
+
+
+def _param_layers(t):
+    """Layer ids that have parameters (those with weight_grad records)."""
+    r = t["records"]
+    return sorted(set(r[r["site"] == SITES.index("weight_grad")]["layer"]))
+
+
+def _nonfinite(rows):
+    return rows["nan_count"] + rows["posinf_count"] + rows["neginf_count"]
+
+
+# ---- the two-rank job -----------------------------------------------------------
+
+def test_one_file_per_rank_with_identity(job):
+    ids = set()
+    for sc in SCENARIOS:
+        d = job / sc
+        assert sorted(os.listdir(d)) == sorted(
+            ["trace.rank0.h5", "trace.rank1.h5", "rank0.json", "rank1.json"])
+        run_ids = set()
+        for r in range(WORLD):
+            p = str(d / ("trace.rank%d.h5" % r))
+            with h5py.File(p, "r") as f:
+                a = f.attrs
+                assert int(a["rank"]) == r and int(a["world_size"]) == WORLD
+                rid = a["run_id"]
+                rid = rid.decode() if isinstance(rid, bytes) else str(rid)
+                cfg = json.loads(a["config_json"])
+            with ampprobe.Trace(p) as t:
+                info = t.info
+            assert (info["rank"], info["world_size"], info["run_id"]) == (
+                r, WORLD, rid)
+            assert (cfg["rank"], cfg["world_size"], cfg["run_id"]) == (
+                r, WORLD, rid)
+            assert cfg["backend"] == "gloo" and cfg["ddp"] is True
+            with open(str(d / ("rank%d.json" % r))) as f:
+                seen = json.load(f)
+            assert seen["path"] == p and seen["run_id"] == rid
+            # several buckets a step in the DDP runs of the Net
+            assert seen["buckets"] >= (
+                2 * W.STEPS if sc in ("bad-input", "healthy", "drift")
+                else 1)
+            run_ids.add(rid)
+        assert len(run_ids) == 1, run_ids  # one run id, broadcast by rank 0
+        ids |= run_ids
+    assert len(ids) == len(SCENARIOS)  # a new id for each tracer
+    assert ampprobe.trace_set(str(job / "healthy")) == [
+        str(job / "healthy" / "trace.rank0.h5"),
+        str(job / "healthy" / "trace.rank1.h5")]
+
+
+@pytest.mark.parametrize("sc", ["bad-input", "healthy"])
+def test_buckets_before_and_after_the_allreduce(job, sc):
+    """Every parameterised layer has both records at every step, with the
+    parameters' element counts; after the all-reduce both ranks hold the
+    same values, the mean of what they sent (pre-divided: the sum)."""
+    ts = traces(job, sc)
+    for t in ts:
+        r = t["records"]
+        for step in range(W.STEPS):
+            for lid in _param_layers(t):
+                rows = r[(r["step"] == step) & (r["layer"] == lid)]
+                wg = rows[rows["site"] == SITES.index("weight_grad")]
+                pre = rows[rows["site"] == PRE]
+                post = rows[rows["site"] == POST]
+                assert len(pre) == len(post) == len(wg) > 0, (sc, step, lid)
+                assert sorted(pre["count"]) == sorted(wg["count"])
+                assert sorted(post["count"]) == sorted(wg["count"])
+                assert pre["seq"].max() < post["seq"].max()
+    r0, r1 = ts[0]["records"], ts[1]["records"]
+    steps0 = ts[0]["steps"]
+    for step in range(W.STEPS):
+        if steps0["skipped"][step]:
+            continue
+        for site in (PRE, POST):
+            a = r0[(r0["step"] == step) & (r0["site"] == site)]
+            b = r1[(r1["step"] == step) & (r1["site"] == site)]
+            assert len(a) == len(b) > 0
+            same = (a["sum"] == b["sum"]) & (a["absmax"] == b["absmax"])
+            if site == POST:
+                assert same.all(), (sc, step)  # one all-reduced bucket
+                # pre-divided by 2 on each rank, then summed
+                np.testing.assert_allclose(
+                    a["sum"], a_pre_sum(r0, step) + a_pre_sum(r1, step),
+                    rtol=1e-4, atol=1e-6)
+            else:
+                assert not same.all(), (sc, step)  # different shards
+
+
+def a_pre_sum(r, step):
+    return r[(r["step"] == step) & (r["site"] == PRE)]["sum"]
+
+
+def test_nan_born_on_rank1_carried_to_rank0(job):
+    t0, t1 = traces(job, "bad-input")
+    bad = W.BAD_STEP
+    for t in (t0, t1):
+        assert t["info"]["first_nonfinite_step"] == bad
+    # rank 1: the first non-finite record of the step is its input
+    r1 = t1["records"]
+    rows = r1[(r1["step"] == bad)]
+    rows = rows[np.argsort(rows["seq"])]
+    first = rows[_nonfinite(rows) > 0][0]
+    assert _names(t1)[first["layer"]] == "input"
+    assert SITES[first["site"]] == "fwd_out"
+    assert first["nan_count"] == 1
+    assert (_nonfinite(rows[rows["site"] == PRE]) > 0).any()
+    # rank 0: finite through its forward, backward and what it sent;
+    # non-finite as the all-reduce returned it
+    r0 = t0["records"]
+    rows0 = r0[r0["step"] == bad]
+    post = rows0[rows0["site"] == POST]
+    assert (_nonfinite(rows0[rows0["site"] != POST]) == 0).all()
+    assert (_nonfinite(post) > 0).any()
+    first0 = rows0[np.argsort(rows0["seq"])]
+    first0 = first0[_nonfinite(first0) > 0][0]
+    assert SITES[first0["site"]] == "grad_post_allreduce"
+    # other steps finite on both ranks
+    for r in (r0, r1):
+        assert (_nonfinite(r[r["step"] != bad]) == 0).all()
+    # both ranks skip the step (the all-reduced gradients are NaN)
+    for t in (t0, t1):
+        sk = list(t["steps"]["skipped"])
+        assert sk == [1 if s == bad else 0 for s in range(W.STEPS)], sk
+
+
+@pytest.mark.parametrize("sc", ["bad-input", "healthy"])
+def test_weight_digests_agree_across_ranks(job, sc):
+    t0, t1 = traces(job, sc)
+    d0, d1 = t0["steps"]["weight_digest"], t1["steps"]["weight_digest"]
+    assert len(d0) == len(d1) == W.STEPS
+    assert list(d0) == list(d1)
+    for t in (t0, t1):
+        bit = ampprobe.core.SCALAR_WEIGHT_DIGEST
+        assert not (t["steps"]["unmeasured"] & bit).any()
+    if sc == "healthy":
+        assert len(set(d0)) == W.STEPS  # the weights move every step
+    else:  # the skipped step leaves the weights as they were
+        assert d0[W.BAD_STEP] == d0[W.BAD_STEP - 1]
+        assert d0[W.BAD_STEP + 1] != d0[W.BAD_STEP]
+
+
+def test_fp16_allreduce_overflows_without_prediv(job):
+    for sc, post_inf in (("overflow", True), ("prediv", False)):
+        for t in traces(job, sc):
+            r = t["records"]
+            pre, post = r[r["site"] == PRE], r[r["site"] == POST]
+            assert len(pre) == len(post) == 1
+            assert pre["dtype"][0] == post["dtype"][0] == 1  # fp16
+            want = W.G_ELEM / (2 if sc == "prediv" else 1)
+            assert _nonfinite(pre)[0] == 0 and pre["absmax"][0] == want
+            if post_inf:  # 40000 + 40000 in binary16: inf
+                assert post["posinf_count"][0] == post["count"][0] == 8
+            else:
+                assert _nonfinite(post)[0] == 0
+                assert post["absmax"][0] == W.G_ELEM
+
+
+def _seen(job, sc, rank):
+    with open(str(job / sc / ("rank%d.json" % rank))) as f:
+        return json.load(f)
+
+
+def test_on_nonfinite_names_the_allreduce(job):
+    """on_nonfinite="warn": the rank whose input held the NaN names its
+    input; where the all-reduce itself overflowed, every rank names the
+    all-reduce; the other runs do not warn."""
+    w1 = _seen(job, "bad-input", 1)["warnings"]
+    assert len(w1) == 1 and "step %d" % W.BAD_STEP in w1[0], w1
+    assert "module 'input'" in w1[0] and "site fwd_out" in w1[0]
+    # rank 0 skipped the step like a routine gradient overflow: silent
+    assert _seen(job, "bad-input", 0)["warnings"] == []
+    for r in range(WORLD):
+        w = _seen(job, "overflow", r)["warnings"]
+        assert len(w) == 1 and "grad_post_allreduce" in w[0], w
+        assert "came back from the gradient all-reduce" in w[0]
+        for sc in ("healthy", "drift", "prediv"):
+            assert _seen(job, sc, r)["warnings"] == []
+
+
+def test_drifting_weights_change_the_digest(job):
+    t0, t1 = traces(job, "drift")
+    d0, d1 = t0["steps"]["weight_digest"], t1["steps"]["weight_digest"]
+    assert all(d0[s] == d1[s] for s in range(W.DRIFT_STEP))
+    assert all(d0[s] != d1[s] for s in range(W.DRIFT_STEP, W.STEPS))
+    for t in (t0, t1):
+        assert (_nonfinite(t["records"]) == 0).all()
+
+
+def _cross_rank(doc):
+    if doc.get("kind") != "ranks":
+        pytest.skip("this library's post-mortem over several traces is "
+                    "not the cross-rank document yet (contract C3)")
+    return doc
+
+
+def test_postmortem_over_the_set(job):
+    healthy = _cross_rank(ampprobe.postmortem(str(job / "healthy")))
+    assert healthy["verdict"] == "healthy", healthy
+    assert healthy["disagreements"] == [] and healthy["ranks_missing"] == []
+    assert healthy["first_nonfinite"] is None
+    bad = job / "bad-input"
+    doc = _cross_rank(ampprobe.postmortem(str(bad)))
+    assert doc["verdict"] in ("degraded", "diverged"), doc
+    assert doc["world_size"] == WORLD and doc["ranks_read"] == WORLD
+    with ampprobe.Trace(str(bad / "trace.rank0.h5")) as t:
+        assert doc["run_id"] == t.info["run_id"]
+    first = doc["first_nonfinite"]
+    assert (first["rank"], first["step"], first["layer"], first["site"]) == (
+        W.BAD_RANK, W.BAD_STEP, "input", "fwd_out"), first
+    o = doc["origin"]
+    assert o["kind"] == "rank" and o["step"] == W.BAD_STEP, o
+    assert o["born_on"] == [W.BAD_RANK] and o["carried_to"] == [0], o
+    assert doc["disagreements"] == [], doc["disagreements"]
+    # the same set given as a glob and as a list in another order
+    for arg in (str(bad / "trace.rank*.h5"),
+                [str(bad / "trace.rank1.h5"), str(bad / "trace.rank0.h5")]):
+        same = ampprobe.postmortem(arg)
+        assert (same["first_nonfinite"], same["origin"]) == (first, o)
+    # the FP16 sum of finite gradients: born in the all-reduce
+    ov = _cross_rank(ampprobe.postmortem(str(job / "overflow")))
+    assert ov["origin"]["kind"] == "allreduce", ov["origin"]
+    assert ov["first_nonfinite"]["site"] == "grad_post_allreduce"
+    assert _cross_rank(ampprobe.postmortem(str(job / "prediv")))[
+        "verdict"] == "healthy"
+    # weights that part: the digests disagree from that step on
+    dr = _cross_rank(ampprobe.postmortem(str(job / "drift")))
+    assert dr["verdict"] != "healthy"
+    dis = [d for d in dr["disagreements"] if d["field"] == "weight_digest"]
+    assert len(dis) == 1 and dis[0]["step"] == W.DRIFT_STEP, dr[
+        "disagreements"]
+    assert {dis[0]["rank_a"], dis[0]["rank_b"]} == {0, 1}
+
+
+def test_example_ddp_by_spawn(tmp_path):
+    """examples/train.py --ddp --ranks 2 (torch.multiprocessing.spawn): a
+    NaN in rank 1's slice at step 1, carried to rank 0 by the all-reduce."""
+    out = tmp_path / "run.h5"
+    r = run_py([EXAMPLE, "--ddp", "--ranks", "2", "--steps", "3",
+                "--precision", "bf16", "--nan-rank", "1", "--nan-step", "1",
+                "--trace", str(out)], timeout=400,
+               env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr.decode()[-4000:]
+    files = ampprobe.trace_set(str(tmp_path))
+    assert files == [str(tmp_path / "run.rank0.h5"),
+                     str(tmp_path / "run.rank1.h5")]
+    ts = [ampprobe.read_trace(f) for f in files]
+    assert [(t["info"]["rank"], t["info"]["world_size"]) for t in ts] == [
+        (0, 2), (1, 2)]
+    assert ts[0]["info"]["run_id"] == ts[1]["info"]["run_id"] != ""
+    firsts = []
+    for t in ts:
+        rec = t["records"]
+        bad = rec[_nonfinite(rec) > 0]
+        bad = bad[np.lexsort((bad["seq"], bad["step"]))][0]
+        firsts.append((int(bad["step"]), _names(t)[bad["layer"]],
+                       SITES[bad["site"]]))
+    assert firsts[1] == (1, "input", "fwd_out")
+    assert firsts[0][0] == 1 and firsts[0][2] == "grad_post_allreduce"
+    d = [t["steps"]["weight_digest"] for t in ts]
+    assert d[0][0] == d[1][0]
+    doc = ampprobe.postmortem(str(tmp_path))
+    if doc.get("kind") == "ranks":  # the cross-rank document (C3)
+        assert doc["origin"]["born_on"] == [1], doc["origin"]
+        assert doc["origin"]["carried_to"] == [0], doc["origin"]
+
+
+# ---- in-process: naming, identity, digest -------------------------------------
+
+def _small(tmp_path, name, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    return model, at.Tracer(model, str(tmp_path / name), precision="fp32",
+                            **kw)
+
+
+def _one_step(model, tr, opt=None):
+    x = torch.randn(5, 4)
+    loss = model(x).square().mean()
+    loss.backward()
+    if opt is not None:
+        opt.step()
+        opt.zero_grad()
+    tr.end_step(loss=loss, optimizer=opt)
+
+
+@pytest.mark.parametrize("path,want", [
+    ("t.h5", "t.rank1.h5"), ("t_{rank}.h5", "t_1.h5"),
+    ("trace", "trace.rank1.h5")])
+def test_explicit_rank_names_the_file(tmp_path, path, want, monkeypatch):
+    monkeypatch.delenv("AMPPROBE_RUN_ID", raising=False)
+    assert ampprobe.rank_trace_path(str(tmp_path / path), 1) == str(
+        tmp_path / want)
+    model, tr = _small(tmp_path, path, rank=1, world_size=2, run_id="job-7")
+    _one_step(model, tr)
+    tr.close()
+    assert tr.path == str(tmp_path / want)
+    assert not os.path.exists(str(tmp_path / path))
+    info = ampprobe.read_trace(tr.path)["info"]
+    assert (info["rank"], info["world_size"], info["run_id"]) == (1, 2,
+                                                                 "job-7")
+
+
+def test_run_id_from_environment_without_a_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPPROBE_RUN_ID", "nightly.42")
+    model, tr = _small(tmp_path, "t.h5", rank=0, world_size=4)
+    tr.close()
+    assert ampprobe.read_trace(tr.path)["info"]["run_id"] == "nightly.42"
+
+
+def test_not_distributed_by_default(tmp_path):
+    assert not dist.is_initialized()
+    model, tr = _small(tmp_path, "t.h5")
+    _one_step(model, tr)
+    tr.close()
+    info = ampprobe.read_trace(str(tmp_path / "t.h5"))["info"]
+    assert (info["rank"], info["world_size"], info["run_id"]) == (-1, 0, "")
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(rank=2, world_size=2), "not in"),
+    (dict(rank=-1, world_size=2), "not in"),
+    (dict(rank=0, world_size=2, run_id="has space"), "run id"),
+    (dict(rank=0, world_size=2, run_id="x" * 65), "run id"),
+    (dict(distributed=True), "process group"),
+])
+def test_identity_errors(tmp_path, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        _small(tmp_path, "t.h5", **kw)
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_library_refuses_a_bad_run_id(tmp_path):
+    with pytest.raises(ampprobe.ProbeError) as e:
+        ampprobe.Session(str(tmp_path / "t.h5"), rank=0, world_size=1,
+                         run_id="a/b")
+    assert e.value.name == "ERR_INVALID_ARG"
+
+
+def _fnv1a64(data, h):
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_digest64_is_documented_chainable(tmp_path):
+    a = np.arange(7, dtype=np.float32) * 0.37
+    whole = ampprobe.digest64(a)
+    assert whole == ampprobe.digest64(a[4:], ampprobe.digest64(a[:4]))
+    assert whole != ampprobe.digest64(a[::-1].copy())
+    assert ampprobe.digest64(b"") == ampprobe.DIGEST64_INIT
+    assert ampprobe.digest64(a) == _fnv1a64(a.tobytes(),
+                                            ampprobe.DIGEST64_INIT)
+
+
+def test_weight_digest_is_the_parameters_after_the_step(tmp_path):
+    model, tr = _small(tmp_path, "t.h5", weight_digest=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    want = []
+    for _ in range(3):
+        _one_step(model, tr, opt)
+        h = None
+        for p in model.parameters():
+            h = ampprobe.digest64(p.detach().numpy(), h)
+        want.append(h)
+    tr.close()
+    st = ampprobe.read_trace(tr.path)["steps"]
+    assert [int(d) for d in st["weight_digest"]] == want
+    assert len(set(want)) == 3
+    model, tr = _small(tmp_path, "off.h5")
+    _one_step(model, tr)
+    tr.close()
+    st = ampprobe.read_trace(tr.path)["steps"]
+    assert st["unmeasured"][0] & ampprobe.core.SCALAR_WEIGHT_DIGEST
+
+
+# ---- in-process: the hook in a one-rank gloo group ------------------------------
+
+@pytest.fixture
+def group(tmp_path):
+    dist.init_process_group("gloo", init_method="file://" + str(
+        tmp_path / "pg"), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_run(tmp_path, name, steps=2, ddp_kw=None, **kw):
+    torch.manual_seed(0)
+    model = Net()
+    ddp = nn.parallel.DistributedDataParallel(model, **(ddp_kw or {}))
+    loss_fn = ProbNLL()
+    tr = at.Tracer(ddp, str(tmp_path / name), kinds={RevINLike: "revin"},
+                   loss_fn=loss_fn, precision="fp32", **kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+    for s in range(steps):
+        x, y = data(s)
+        loss = loss_fn(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    return tr, ampprobe.read_trace(tr.path)
+
+
+@pytest.mark.parametrize("ddp_kw", [
+    {}, dict(gradient_as_bucket_view=True),
+    dict(bucket_cap_mb=0.0005)],  # ~500 bytes: several buckets a step
+    ids=["default", "bucket-view", "small-buckets"])
+def test_one_rank_group_records_the_buckets(tmp_path, group, ddp_kw,
+                                           monkeypatch):
+    if "bucket_cap_mb" in ddp_kw:  # DDP's first bucket has its own cap
+        monkeypatch.setattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 256)
+    tr, t = _ddp_run(tmp_path, "t.h5", ddp_kw=ddp_kw)
+    if "bucket_cap_mb" in ddp_kw:
+        assert tr.comm_recorder.buckets >= 2 * 2  # 2 steps, >= 2 buckets
+    else:
+        assert tr.comm_recorder.buckets == 2
+    assert tr.path == str(tmp_path / "t.rank0.h5")
+    assert (t["info"]["rank"], t["info"]["world_size"]) == (0, 1)
+    assert t["info"]["run_id"]
+    r = t["records"]
+    names = _names(t)
+    assert "module.fc1" not in names and "fc1" in names  # DDP unwrapped
+    for lid in _param_layers(t):
+        for step in range(2):
+            rows = r[(r["layer"] == lid) & (r["step"] == step)]
+            wg = rows[rows["site"] == SITES.index("weight_grad")]
+            pre, post = rows[rows["site"] == PRE], rows[rows["site"] == POST]
+            # one rank: what it sends is what comes back, its gradient
+            assert sorted(pre["sum"]) == sorted(post["sum"])
+            np.testing.assert_allclose(sorted(pre["sum"]), sorted(wg["sum"]),
+                                       rtol=1e-6, atol=1e-9)
+
+
+def test_hook_for_a_ddp_made_after_the_tracer(tmp_path, group):
+    torch.manual_seed(0)
+    model = Net()
+    tr = at.Tracer(model, str(tmp_path / "t.h5"), precision="fp32")
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(None, tr.comm_hook(allreduce_dtype="fp16"))
+    x, y = data(0)
+    ProbNLL()(ddp(x), y).backward()
+    tr.end_step()
+    tr.close()
+    r = ampprobe.read_trace(tr.path)["records"]
+    wg = r[r["site"] == SITES.index("weight_grad")]
+    for site in (PRE, POST):
+        rows = r[r["site"] == site]
+        assert sorted(rows["count"]) == sorted(wg["count"])
+        assert (rows["dtype"] == 1).all()
+    assert tr.comm_recorder.buckets == 1
+
+
+def test_training_goes_on_after_close(tmp_path, group):
+    """DDP keeps the hook after tracer.close(): it all-reduces unrecorded,
+    and the gradients are those of the untraced model."""
+    torch.manual_seed(0)
+    model = Net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    tr = at.Tracer(ddp, str(tmp_path / "t.h5"), precision="fp32")
+    x, y = data(0)
+    ProbNLL()(ddp(x), y).backward()
+    tr.end_step()
+    tr.close()
+    n = tr.comm_recorder.buckets
+    ddp.zero_grad()
+    ProbNLL()(ddp(x), y).backward()
+    assert tr.comm_recorder.buckets > n
+    torch.manual_seed(0)
+    ref = Net()
+    ProbNLL()(ref(x), y).backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(ampprobe.read_trace(tr.path)["steps"]) == 1
+
+
+def test_fp16_allreduce_records_binary16(tmp_path, group):
+    tr, t = _ddp_run(tmp_path, "t.h5", allreduce_dtype="fp16",
+                     allreduce_prediv=False)
+    r = t["records"]
+    for site in (PRE, POST):
+        assert (r[r["site"] == site]["dtype"] == 1).all()
+
+
+def test_a_jobs_own_hook_is_wrapped(tmp_path, group):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    calls = []
+
+    def mine(state, bucket):
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    tr, t = _ddp_run(tmp_path, "t.h5", comm_hook=mine)
+    assert calls and tr.comm_recorder.buckets == len(calls)
+    r = t["records"]
+    assert (r["site"] == PRE).sum() == (r["site"] == POST).sum() > 0
+    cfg = json.loads(t["info"]["config_json"])
+    assert cfg["allreduce"]["hook"] == "job"
+
+
+def test_a_registered_hook_is_left_alone(tmp_path, group):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    torch.manual_seed(0)
+    model = Net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    with pytest.warns(RuntimeWarning, match="communication hook already"):
+        tr = at.Tracer(ddp, str(tmp_path / "t.h5"), precision="fp32")
+    x, y = data(0)
+    ProbNLL()(ddp(x), y).backward()
+    tr.end_step()
+    tr.close()
+    r = ampprobe.read_trace(tr.path)["records"]
+    assert len(r) > 0 and not np.isin(r["site"], [PRE, POST]).any()
+    assert tr.comm_recorder is None
