@@ -60,6 +60,10 @@ static void usage(FILE *f) {
 "                           default: step scalars + a flight recorder of the\n"
 "                           last steps, written at the first non-finite value\n"
 "  --ring-steps K           flight-recorder depth in steps (default: libprobe's)\n"
+"  --flush-steps N          also flush the trace every N steps (default: by\n"
+"                           time, at most 1 s after data): what a killed\n"
+"                           process leaves readable\n"
+"  --flush-seconds S        flush at most S seconds after data (default 1)\n"
 "  -o, --output PATH        trace file (default ./ampprobe-<scenario>.h5); an\n"
 "                           existing file is refused, and so is an input\n"
 "                           (the config or data file) whatever the flags\n"
@@ -124,7 +128,7 @@ enum {
   O_HYSTERESIS, O_MIN_SCALE, O_NO_LOSS_SCALE, O_CLIP_NORM,
   O_CLIP_BEFORE_UNSCALE, O_MICRO_BATCHES, O_LR, O_STOP_NONFINITE,
   O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY, O_RANKS,
-  O_AR_DTYPE, O_AR_PREDIV
+  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS
 };
 
 /* --ranks' range: more processes than this on one machine is a mistake. */
@@ -315,6 +319,8 @@ typedef struct run_args {
   int64_t ring, stop_k;
   double progress_every; /* seconds between plain progress lines; 0 = off */
   int64_t ranks;         /* --ranks N: re-exec under mpirun; 0 = not given */
+  int64_t flush_steps;   /* --flush-steps N; 0 = libprobe's default */
+  double flush_seconds;  /* --flush-seconds S; 0 = libprobe's default */
   override ov[32];
   int n_ov;
 } run_args;
@@ -350,6 +356,8 @@ static int run_parse(int argc, char **argv, run_args *a) {
       {"ranks", required_argument, NULL, O_RANKS},
       {"allreduce-dtype", required_argument, NULL, O_AR_DTYPE},
       {"allreduce-prediv", no_argument, NULL, O_AR_PREDIV},
+      {"flush-steps", required_argument, NULL, O_FLUSH_STEPS},
+      {"flush-seconds", required_argument, NULL, O_FLUSH_SECONDS},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -470,6 +478,16 @@ static int run_parse(int argc, char **argv, run_args *a) {
       OV("dist.allreduce_dtype", optarg);
       break;
     case O_AR_PREDIV: OV("dist.prediv", "1"); break;
+    case O_FLUSH_STEPS:
+      if (cli_parse_i64(SUB, "--flush-steps", optarg, 1, INT32_MAX,
+                        &a->flush_steps))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_FLUSH_SECONDS:
+      if (cli_parse_double(SUB, "--flush-seconds", optarg, 0.001, 1e6,
+                           &a->flush_seconds))
+        return CLI_EXIT_USAGE;
+      break;
     case O_LIST: a->list = 1; break;
     case O_JSON: a->json = 1; break;
     case 'q': a->quiet = 1; break;
@@ -915,6 +933,8 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
   cli_progress_init(&pc.bar, pc.total, quiet || a->progress_every > 0);
   probe_train_opts to = *base; /* the fault hook, from fault_from_env */
   to.comm = d->comm;
+  to.flush_steps = a->flush_steps;
+  to.flush_seconds = a->flush_seconds;
   to.run_id = d->comm ? d->run_id : NULL;
   to.trace_path = path;
   to.mode = a->full ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;

@@ -895,6 +895,8 @@ static probe_status open_trace(pt_run *R, const probe_train_opts *o, char *err,
     po.world_size = R->world;
   }
   po.run_id = o->run_id;
+  if (o->flush_steps > 0) po.flush_steps = o->flush_steps;
+  if (o->flush_seconds > 0) po.flush_seconds = o->flush_seconds;
   probe_status st = probe_session_open(&R->sess, o->trace_path, &po);
   free(cfg);
   if (st != PROBE_OK) {

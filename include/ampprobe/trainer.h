@@ -237,6 +237,12 @@ typedef struct probe_train_opts {
    * from AMPPROBE_FAULT_KILL_RANK / AMPPROBE_FAULT_KILL_STEP. */
   int fault_kill;
   int64_t fault_kill_step;
+  /* The trace is also flushed every this many steps (probe_options.
+   * flush_steps; 0 = libprobe's default: by time only). */
+  int64_t flush_steps;
+  /* ... and at most this long after data (probe_options.flush_seconds;
+   * 0 = libprobe's default, 1 s). */
+  double flush_seconds;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);

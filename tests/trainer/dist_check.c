@@ -1,7 +1,8 @@
 /*
  * tests/trainer/dist_check.c - reads the per-rank traces of a data-parallel
  * run for tests/trainer/mpi_smoke.sh (not a test by itself). Commands:
- *   info T                  "rank R world W run_id ID complete C steps N"
+ *   info T                  "rank R world W run_id ID complete C steps N
+ *                           last_step S" (S: the last step with records)
  *   agree T1 T2 ...         every step's loss, loss scale, found_inf,
  *                           skipped and weight digest equal on all traces
  *                           (and a digest measured); exit 1 naming the first
@@ -56,8 +57,9 @@ static int nonfinite(const probe_record *r) {
 static int cmd_info(const char *path) {
   probe_trace *t = open_or_die(path);
   const probe_trace_info *i = probe_trace_get_info(t);
-  printf("rank %d world %d run_id %s complete %d steps %lld\n", i->rank,
-         i->world_size, i->run_id, i->complete, (long long)i->n_steps);
+  printf("rank %d world %d run_id %s complete %d steps %lld last_step %lld\n",
+         i->rank, i->world_size, i->run_id, i->complete, (long long)i->n_steps,
+         (long long)i->last_step);
   probe_trace_close(t);
   return 0;
 }
