@@ -165,6 +165,7 @@ typedef struct pt_run {
   int64_t micro0;
   float *ar_pre;  /* host: what this rank sends into the all-reduce */
   float *ar_post; /* host: what the all-reduce returned */
+  float *ar_dev;  /* NCCL (CUDA backend, FP32 all-reduce): the device bucket */
   pt_work *work;
   float *scan;      /* host scratch for the non-finite scan off the host */
   size_t scan_cap;
@@ -364,6 +365,11 @@ static probe_status build_params(pt_run *R, char *err, size_t errlen) {
     R->ar_post = halloc(R, off);
     if (!R->ar_pre || !R->ar_post)
       return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+    /* NCCL all-reduces device memory: FP32 buckets of the CUDA backend (the
+     * FP16 emulation stays on the host) */
+    if (probe_comm_get_kind(R->comm) == PROBE_COMM_NCCL && R->dev &&
+        R->c->dist.dtype == PT_REDUCE_F32 && !(R->ar_dev = ralloc(R, off)))
+      return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of device memory");
   }
   if (!R->master || !R->master_b || !R->wcast || !R->grad || !R->grad_h ||
       !R->ugrad || !R->x_h || !R->y_h || !R->lab_h)
@@ -780,8 +786,10 @@ static void model_memory(const probe_train_config *c, int64_t in_dim,
   double h = 4 * P + B * (double)in_dim + B * od + B;
   /* backend: the masters as used, scaled gradients, workspaces, scratch */
   double b = 2 * P + M * work + mod + transient;
-  if (world > 0) /* all-reduce send and result buffers, the gather */
+  if (world > 0) { /* all-reduce send and result buffers, the gather */
     h += 2 * P + (double)world * fmin(P, (double)PT_COMM_CHUNK);
+    if (dev) b += P; /* NCCL's device bucket */
+  }
   if (dev) {
     b += P;           /* the backend copy of the masters */
     h += P + largest; /* host copy of the gradients; scan buffer */
@@ -1129,8 +1137,17 @@ static probe_status step_allreduce(pt_train *T, pt_step *S) {
       st = rec(R, R->mods[i].lid, PROBE_SITE_GRAD_PRE_ALLREDUCE,
                R->ar_pre + R->mods[i].p_off, R->mods[i].p_n);
   if (st != PROBE_OK) return st;
-  memcpy(R->ar_post, R->ar_pre, n * sizeof(float));
-  st = pt_comm_allreduce_grads(R->comm, R->ar_post, n, d->dtype);
+#ifdef AMPPROBE_HAVE_NCCL
+  if (R->ar_dev) {
+    st = to_backend(R, R->ar_dev, R->ar_pre, n * sizeof(float));
+    if (st == PROBE_OK) st = pt_comm_nccl_allreduce_dev(R->comm, R->ar_dev, n);
+    if (st == PROBE_OK) st = to_host(R, R->ar_post, R->ar_dev, n * sizeof(float));
+  } else
+#endif
+  {
+    memcpy(R->ar_post, R->ar_pre, n * sizeof(float));
+    st = pt_comm_allreduce_grads(R->comm, R->ar_post, n, d->dtype);
+  }
   if (st != PROBE_OK) return st;
   for (int i = 0; i < R->n_mods && st == PROBE_OK; i++)
     if (R->mods[i].p_n)

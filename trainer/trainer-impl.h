@@ -236,6 +236,9 @@ void pt_round_f16_array(float *x, size_t n);
 void pt_sum_parts(float *dst, const float *src, size_t n, int parts,
                   pt_reduce_dtype dt);
 const char *pt_reduce_dtype_name(pt_reduce_dtype dt);
+#ifdef AMPPROBE_HAVE_MPI
+extern const pt_comm_ops pt_comm_mpi_ops; /* comm.c; comm_nccl.c builds on it */
+#endif
 #ifdef AMPPROBE_HAVE_NCCL
 /* NCCL on top of an opened MPI communicator (trainer/comm_nccl.c). */
 probe_status pt_comm_nccl_open(probe_comm *c, char *err, size_t errlen);
