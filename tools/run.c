@@ -689,11 +689,12 @@ static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
     nv[k++] = "--oversubscribe";
   nv[k++] = exe;
   nv[k++] = argv[0]; /* "run" */
+  int options = 1; /* before a "--": what follows is copied as it is */
   for (int i = 1; i < argc; i++) {
     int attached;
     if (!strcmp(argv[i], "--"))
-      break;
-    if (is_ranks_opt(argv[i], &attached)) {
+      options = 0;
+    if (options && is_ranks_opt(argv[i], &attached)) {
       i += attached ? 0 : 1;
       continue;
     }
