@@ -201,14 +201,17 @@ int probe_comm_launched(void) {
       "OMPI_COMM_WORLD_SIZE", /* Open MPI's mpirun */
       "PMIX_RANK",            /* PMIx launchers (srun --mpi=pmix, prterun) */
       "PMI_RANK", "PMI_SIZE", /* PMI-1/2 (srun --mpi=pmi2, MPICH hydra) */
-      "SLURM_STEP_NUM_TASKS", /* a job step started by srun (not sbatch's
-                                 batch shell) */
   };
+  const char *off = getenv("AMPPROBE_DIST");
+  if (off && !strcmp(off, "0")) return 0; /* forced: one process */
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
     const char *v = getenv(vars[i]);
     if (v && *v) return 1;
   }
-  return 0;
+  /* a job step of several tasks started by srun (sbatch's batch shell and
+   * a one-task step are not a parallel launch) */
+  const char *n = getenv("SLURM_STEP_NUM_TASKS");
+  return n && atoi(n) > 1;
 }
 
 int probe_comm_mpi_available(void) {

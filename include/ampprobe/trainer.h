@@ -129,7 +129,8 @@ typedef enum probe_comm_kind {
 
 /* 1 when the environment says this process was started by a parallel
  * launcher: mpirun (OMPI_COMM_WORLD_SIZE), a PMIx or PMI launcher
- * (PMIX_RANK, PMI_RANK, PMI_SIZE) or srun (SLURM_STEP_NUM_TASKS). */
+ * (PMIX_RANK, PMI_RANK, PMI_SIZE) or srun (SLURM_STEP_NUM_TASKS > 1);
+ * 0 whatever they say when AMPPROBE_DIST=0. */
 int probe_comm_launched(void);
 /* 1 when this build has MPI / NCCL. */
 int probe_comm_mpi_available(void);

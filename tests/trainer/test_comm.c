@@ -137,7 +137,15 @@ START_TEST(test_launch_detection) {
   }
   setenv("OMPI_COMM_WORLD_SIZE", "", 1); /* empty: not set */
   ck_assert_int_eq(probe_comm_launched(), 0);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("AMPPROBE_DIST", "0", 1); /* forced single process */
+  ck_assert_int_eq(probe_comm_launched(), 0);
+  unsetenv("AMPPROBE_DIST");
+  ck_assert_int_eq(probe_comm_launched(), 1);
   unsetenv("OMPI_COMM_WORLD_SIZE");
+  setenv("SLURM_STEP_NUM_TASKS", "1", 1); /* srun -n 1: one process */
+  ck_assert_int_eq(probe_comm_launched(), 0);
+  unsetenv("SLURM_STEP_NUM_TASKS");
   unsetenv("SLURM_PROCID");
 }
 END_TEST
