@@ -30,7 +30,7 @@ pkgs=(
   chromium                      # report rendering test (headless)
 )
 optional=(
-  openmpi-bin libopenmpi-dev    # multi-rank traces (mpirun) in the Python tests
+  openmpi-bin libopenmpi-dev    # data-parallel trainer (AMPPROBE_MPI) and the mpi tests
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -10,6 +10,14 @@
  * Stages: run_parse (options) -> run_load (config + overrides) ->
  * run_claim_output (trace path; never an input, never an existing file
  * without --force) -> run_train -> run_print.
+ *
+ * Multi-rank (docs/cli.md, "run under mpirun or srun"): a process started by
+ * mpirun or srun (probe_comm_launched) opens the trainer's MPI communicator
+ * and trains its shard; each rank writes probe_rank_trace_path(trace, rank)
+ * with one run id (AMPPROBE_RUN_ID, or rank 0's, broadcast); set-up errors
+ * are agreed by all ranks (every rank exits with the worst code), an error
+ * mid-run ends the job (MPI_Abort); rank 0 prints the summary. --ranks N
+ * re-execs the command under mpirun -np N.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ampprobe/analysis.h" /* probe_num_format */
@@ -33,7 +42,9 @@ static void usage(FILE *f) {
 "usage: ampprobe run [--scenario NAME | --config FILE] [--trace] [-o PATH]\n"
 "                    [--force] [--precision fp16|bf16|fp32] [--fp32 LIST]\n"
 "                    [--steps N] [--seed S] [scaler and clipping options]\n"
-"                    [--json] [-q] [--progress-every SECONDS]\n"
+"                    [--ranks N] [--allreduce-dtype fp32|fp16]\n"
+"                    [--allreduce-prediv] [--json] [-q]\n"
+"                    [--progress-every SECONDS]\n"
 "\n"
 "Trains a scenario of the zoo (or a JSON config) with libprobe recording every\n"
 "layer, writes the trace and prints a summary. With no arguments it runs the\n"
@@ -49,6 +60,10 @@ static void usage(FILE *f) {
 "                           default: step scalars + a flight recorder of the\n"
 "                           last steps, written at the first non-finite value\n"
 "  --ring-steps K           flight-recorder depth in steps (default: libprobe's)\n"
+"  --flush-steps N          also flush the trace every N steps (default: by\n"
+"                           time, at most 1 s after data): what a killed\n"
+"                           process leaves readable\n"
+"  --flush-seconds S        flush at most S seconds after data (default 1)\n"
 "  -o, --output PATH        trace file (default ./ampprobe-<scenario>.h5); an\n"
 "                           existing file is refused, and so is an input\n"
 "                           (the config or data file) whatever the flags\n"
@@ -75,6 +90,15 @@ static void usage(FILE *f) {
 "  --hysteresis N           overflows absorbed before a backoff (default 1)\n"
 "  --min-scale X            smallest scale (default none)\n"
 "  --no-loss-scale          turn loss scaling off\n"
+"\n"
+"data-parallel (docs/cli.md; under mpirun -np N or srun each rank trains\n"
+"its shard and writes TRACE.rank<r>.h5):\n"
+"  --ranks N                re-run this command under mpirun -np N (adds\n"
+"                           --oversubscribe past the cores; as root it sets\n"
+"                           OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1)\n"
+"  --allreduce-dtype D      fp32 (default) | fp16: the gradient all-reduce's\n"
+"                           dtype (fp16 sums in binary16, as NCCL does)\n"
+"  --allreduce-prediv       divide the gradients by N before the all-reduce\n"
 "\n"
 "clipping:\n"
 "  --clip-norm X            clip by global L2 norm X (0 = off)\n"
@@ -103,8 +127,12 @@ enum {
   O_INIT_SCALE, O_GROWTH_INTERVAL, O_GROWTH_FACTOR, O_BACKOFF_FACTOR,
   O_HYSTERESIS, O_MIN_SCALE, O_NO_LOSS_SCALE, O_CLIP_NORM,
   O_CLIP_BEFORE_UNSCALE, O_MICRO_BATCHES, O_LR, O_STOP_NONFINITE,
-  O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY
+  O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY, O_RANKS,
+  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS
 };
+
+/* --ranks' range: more processes than this on one machine is a mistake. */
+#define RUN_RANKS_MAX 4096
 
 /* The trainer's range for steps (docs/config.md), checked here so that
  * --steps -5 and --steps 200000000 get the same message. */
@@ -290,6 +318,9 @@ typedef struct run_args {
   int full, json, quiet, list, force;
   int64_t ring, stop_k;
   double progress_every; /* seconds between plain progress lines; 0 = off */
+  int64_t ranks;         /* --ranks N: re-exec under mpirun; 0 = not given */
+  int64_t flush_steps;   /* --flush-steps N; 0 = libprobe's default */
+  double flush_seconds;  /* --flush-seconds S; 0 = libprobe's default */
   override ov[32];
   int n_ov;
 } run_args;
@@ -322,6 +353,11 @@ static int run_parse(int argc, char **argv, run_args *a) {
       {"list-scenarios", no_argument, NULL, O_LIST},
       {"json", no_argument, NULL, O_JSON},
       {"progress-every", required_argument, NULL, O_PROGRESS_EVERY},
+      {"ranks", required_argument, NULL, O_RANKS},
+      {"allreduce-dtype", required_argument, NULL, O_AR_DTYPE},
+      {"allreduce-prediv", no_argument, NULL, O_AR_PREDIV},
+      {"flush-steps", required_argument, NULL, O_FLUSH_STEPS},
+      {"flush-seconds", required_argument, NULL, O_FLUSH_SECONDS},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -429,6 +465,29 @@ static int run_parse(int argc, char **argv, run_args *a) {
                            &a->progress_every))
         return CLI_EXIT_USAGE;
       break;
+    case O_RANKS:
+      if (cli_parse_i64(SUB, "--ranks", optarg, 1, RUN_RANKS_MAX, &a->ranks))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_AR_DTYPE:
+      if (strcmp(optarg, "fp32") && strcmp(optarg, "fp16")) {
+        cli_error(SUB, "invalid value '%s' for --allreduce-dtype: expected "
+                       "fp32 or fp16", optarg);
+        return CLI_EXIT_USAGE;
+      }
+      OV("dist.allreduce_dtype", optarg);
+      break;
+    case O_AR_PREDIV: OV("dist.prediv", "1"); break;
+    case O_FLUSH_STEPS:
+      if (cli_parse_i64(SUB, "--flush-steps", optarg, 1, INT32_MAX,
+                        &a->flush_steps))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_FLUSH_SECONDS:
+      if (cli_parse_double(SUB, "--flush-seconds", optarg, 0.001, 1e6,
+                           &a->flush_seconds))
+        return CLI_EXIT_USAGE;
+      break;
     case O_LIST: a->list = 1; break;
     case O_JSON: a->json = 1; break;
     case 'q': a->quiet = 1; break;
@@ -445,6 +504,244 @@ static int run_parse(int argc, char **argv, run_args *a) {
   if (a->scenario && a->config) {
     cli_error(SUB, "--scenario and --config exclude each other");
     return CLI_EXIT_USAGE;
+  }
+  return -1;
+}
+
+/* ---- multi-rank: the communicator, --ranks ------------------------------- */
+
+typedef struct run_dist {
+  probe_comm *comm; /* NULL: a plain single-process run */
+  int rank, world;
+  char run_id[PROBE_RUN_ID_MAX + 1];
+} run_dist;
+
+static int run_id_valid(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > PROBE_RUN_ID_MAX)
+    return 0;
+  for (const char *p = s; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+          (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-'))
+      return 0;
+  return 1;
+}
+
+/* Rank 0's run id: UTC time, pid and 32 random bits ("20261202T014512Z-
+ * 1a2b-3c4d5e6f"). */
+static void run_id_make(char *buf, size_t len) {
+  time_t t = time(NULL);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  uint32_t rnd = (uint32_t)t ^ ((uint32_t)getpid() << 16);
+  FILE *f = fopen("/dev/urandom", "rb");
+  if (f) {
+    if (fread(&rnd, sizeof rnd, 1, f) != 1)
+      rnd ^= (uint32_t)clock();
+    fclose(f);
+  }
+  char ts[32];
+  strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
+  snprintf(buf, len, "%s-%x-%08x", ts, (unsigned)getpid() & 0xffffu, rnd);
+}
+
+/* Under mpirun or srun: opens the MPI communicator and agrees on the run
+ * id. Returns -1 to go on (d filled; d->comm NULL for a plain run), or the
+ * exit code. */
+static int dist_open(run_dist *d) {
+  memset(d, 0, sizeof *d);
+  d->world = 1;
+  if (!probe_comm_launched())
+    return -1;
+  if (!probe_comm_mpi_available()) {
+    cli_error(SUB, "started by mpirun or srun, but this ampprobe was built "
+                   "without MPI: every process would train alone; install "
+                   "libopenmpi-dev and rebuild (docs/cli.md)");
+    return CLI_EXIT_USAGE;
+  }
+  char err[256] = "";
+  probe_status st = probe_comm_open(&d->comm, PROBE_COMM_MPI, err, sizeof err);
+  if (st != PROBE_OK) {
+    cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
+    return CLI_EXIT_INTERNAL;
+  }
+  d->rank = probe_comm_rank(d->comm);
+  d->world = probe_comm_size(d->comm);
+  const char *env = getenv("AMPPROBE_RUN_ID");
+  if (env && *env) {
+    if (!run_id_valid(env)) {
+      if (d->rank == 0)
+        cli_error(SUB, "AMPPROBE_RUN_ID '%.80s' is not 1 to %d characters of "
+                       "[A-Za-z0-9._-]", env, PROBE_RUN_ID_MAX);
+      probe_comm_close(d->comm);
+      d->comm = NULL;
+      return CLI_EXIT_USAGE;
+    }
+    snprintf(d->run_id, sizeof d->run_id, "%s", env);
+  } else if (d->rank == 0) {
+    run_id_make(d->run_id, sizeof d->run_id);
+  }
+  /* rank 0's id for all (an env id differing across ranks would too) */
+  st = probe_comm_bcast(d->comm, d->run_id, sizeof d->run_id);
+  d->run_id[PROBE_RUN_ID_MAX] = 0;
+  if (st != PROBE_OK) {
+    cli_error(SUB, "rank %d: broadcasting the run id failed", d->rank);
+    probe_comm_abort(d->comm, CLI_EXIT_INTERNAL);
+  }
+  return -1;
+}
+
+/* Every rank's set-up outcome agreed: rc (-1 = fine, else an exit code) of
+ * this rank in, the worst of all ranks out, so that no rank trains while
+ * another has given up. */
+static int dist_agree(run_dist *d, int rc) {
+  if (!d->comm || d->world == 1)
+    return rc;
+  double v = rc;
+  if (probe_comm_allreduce_f64(d->comm, &v, 1, 1) != PROBE_OK)
+    probe_comm_abort(d->comm, CLI_EXIT_INTERNAL);
+  return (int)v;
+}
+
+static void dist_close(run_dist *d) {
+  probe_comm_close(d->comm);
+  d->comm = NULL;
+}
+
+/* The program to give mpirun: this executable. */
+static int self_exe(char *buf, size_t len) {
+  ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+  if (n <= 0 || (size_t)n >= len - 1)
+    return -1;
+  buf[n] = 0;
+  return 0;
+}
+
+/* mpirun on PATH (or $AMPPROBE_MPIRUN): 0 and its path, or -1. */
+static int find_mpirun(char *buf, size_t len) {
+  const char *env = getenv("AMPPROBE_MPIRUN");
+  if (env && *env) {
+    snprintf(buf, len, "%s", env);
+    return access(buf, X_OK) == 0 ? 0 : -1;
+  }
+  const char *path = getenv("PATH");
+  if (!path)
+    path = "/usr/local/bin:/usr/bin:/bin";
+  for (const char *p = path; *p;) {
+    const char *e = strchr(p, ':');
+    size_t k = e ? (size_t)(e - p) : strlen(p);
+    if (k > 0 && k + 8 < len) {
+      snprintf(buf, len, "%.*s/mpirun", (int)k, p);
+      if (access(buf, X_OK) == 0)
+        return 0;
+    }
+    p += k + (e ? 1 : 0);
+  }
+  return -1;
+}
+
+/* 1 when arg is --ranks (or an abbreviation getopt accepted), with its
+ * value attached (=N) or not. */
+static int is_ranks_opt(const char *arg, int *attached) {
+  const char *eq = strchr(arg, '=');
+  size_t k = eq ? (size_t)(eq - arg) : strlen(arg);
+  *attached = eq != NULL;
+  return k >= 4 && k <= 7 && !strncmp(arg, "--ranks", k);
+}
+
+/* --ranks N: runs this same command (without --ranks) under
+ * mpirun -np N; returns only on error (the exit code). */
+static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
+  if (probe_comm_launched()) {
+    cli_error(SUB, "--ranks starts mpirun itself; under mpirun or srun give "
+                   "the number of processes to them (-np N / -n N) instead");
+    return CLI_EXIT_USAGE;
+  }
+  if (!probe_comm_mpi_available()) {
+    cli_error(SUB, "--ranks needs a build with MPI (this one has none: "
+                   "install libopenmpi-dev and rebuild)");
+    return CLI_EXIT_USAGE;
+  }
+  char mpirun[1024], exe[1024];
+  if (find_mpirun(mpirun, sizeof mpirun)) {
+    cli_error(SUB, "--ranks needs mpirun, which is not on PATH (Debian: "
+                   "apt-get install openmpi-bin; or set AMPPROBE_MPIRUN)");
+    return CLI_EXIT_INTERNAL;
+  }
+  if (self_exe(exe, sizeof exe)) {
+    cli_error(SUB, "cannot find this program's path (/proc/self/exe)");
+    return CLI_EXIT_INTERNAL;
+  }
+  char np[32];
+  snprintf(np, sizeof np, "%lld", (long long)ranks);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int over = cores > 0 && ranks > cores;
+  char **nv = calloc((size_t)argc + 8, sizeof *nv);
+  if (!nv) {
+    cli_error(SUB, "out of memory");
+    return CLI_EXIT_INTERNAL;
+  }
+  int k = 0;
+  nv[k++] = mpirun;
+  nv[k++] = "-np";
+  nv[k++] = np;
+  if (over)
+    nv[k++] = "--oversubscribe";
+  nv[k++] = exe;
+  nv[k++] = argv[0]; /* "run" */
+  int options = 1; /* before a "--": what follows is copied as it is */
+  for (int i = 1; i < argc; i++) {
+    int attached;
+    if (!strcmp(argv[i], "--"))
+      options = 0;
+    if (options && is_ranks_opt(argv[i], &attached)) {
+      i += attached ? 0 : 1;
+      continue;
+    }
+    nv[k++] = argv[i];
+  }
+  nv[k] = NULL;
+  /* Open MPI refuses to run as root unless told; --ranks tells it (the
+   * user asked for the job), and says so */
+  const char *root_env = "";
+  if (geteuid() == 0 && !getenv("OMPI_ALLOW_RUN_AS_ROOT")) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    root_env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
+  }
+  fprintf(stderr, "ampprobe: run: running %s", root_env);
+  for (int i = 0; nv[i]; i++)
+    fprintf(stderr, "%s%s", i ? " " : "", nv[i]);
+  fprintf(stderr, "\n");
+  fflush(stderr);
+  fflush(stdout);
+  execv(mpirun, nv);
+  cli_error(SUB, "cannot run %s: %s", mpirun, strerror(errno));
+  free(nv);
+  return CLI_EXIT_INTERNAL;
+}
+
+/* The fault-injection test aid: AMPPROBE_FAULT_KILL_RANK=r and
+ * AMPPROBE_FAULT_KILL_STEP=s make rank r (0 in a plain run) raise SIGKILL
+ * at the start of step s. Returns -1 to go on, or the exit code. */
+static int fault_from_env(const run_dist *d, probe_train_opts *to) {
+  const char *r = getenv("AMPPROBE_FAULT_KILL_RANK");
+  const char *s = getenv("AMPPROBE_FAULT_KILL_STEP");
+  if ((!r || !*r) && (!s || !*s))
+    return -1;
+  int64_t rank, step;
+  if (!r || !s ||
+      cli_parse_i64(SUB, "AMPPROBE_FAULT_KILL_RANK", r, 0, INT32_MAX, &rank) ||
+      cli_parse_i64(SUB, "AMPPROBE_FAULT_KILL_STEP", s, 0, INT64_MAX / 2,
+                    &step)) {
+    if (!r || !s)
+      cli_error(SUB, "AMPPROBE_FAULT_KILL_RANK and AMPPROBE_FAULT_KILL_STEP "
+                     "go together");
+    return CLI_EXIT_USAGE;
+  }
+  if (rank == d->rank) {
+    to->fault_kill = 1;
+    to->fault_kill_step = step;
   }
   return -1;
 }
@@ -529,14 +826,24 @@ static void data_in_config_dir(const char *data, const char *config,
  * the file exclusively so an existing one is never replaced. Returns -1 to
  * go on, or the exit code; *created is 1 when the file was created here. */
 static int run_claim_output(const run_args *a, const probe_train_config *cfg,
-                            char *path, size_t len, int *created) {
+                            const run_dist *d, char *path, size_t len,
+                            int *created) {
   *created = 0;
+  char base[1024];
   if (a->out_path) {
-    snprintf(path, len, "%s", a->out_path);
+    snprintf(base, sizeof base, "%s", a->out_path);
   } else {
     char safe[80];
     guard_sanitize(safe, sizeof safe, probe_config_name(cfg));
-    snprintf(path, len, "./ampprobe-%s.h5", safe);
+    snprintf(base, sizeof base, "./ampprobe-%s.h5", safe);
+  }
+  /* a rank of a multi-rank job writes its own file (the naming rule) */
+  if (!d->comm) {
+    snprintf(path, len, "%s", base);
+  } else if (probe_rank_trace_path(path, len, base, d->rank) != PROBE_OK) {
+    cli_error(SUB, "trace path '%.200s' for rank %d is too long", base,
+              d->rank);
+    return CLI_EXIT_USAGE;
   }
   char data[1024], data2[2048];
   config_data_path(cfg, data, sizeof data);
@@ -613,17 +920,23 @@ static int on_progress(int64_t step, double loss, double scale, void *user) {
 
 /* Trains; returns the trainer's status, res filled. */
 static probe_status run_train(const run_args *a, const probe_train_config *cfg,
+                              const run_dist *d, const probe_train_opts *base,
                               const char *path, char *cmdline,
                               probe_train_result *res, char *err,
                               size_t errlen) {
   progress_ctx pc;
   memset(&pc, 0, sizeof pc);
   pc.total = probe_config_steps(cfg);
-  pc.every = a->quiet ? 0 : a->progress_every;
+  /* one progress line for the job: rank 0's */
+  int quiet = a->quiet || d->rank != 0;
+  pc.every = quiet ? 0 : a->progress_every;
   pc.t0 = pc.last = cli_now();
-  cli_progress_init(&pc.bar, pc.total, a->quiet || a->progress_every > 0);
-  probe_train_opts to;
-  probe_train_opts_init(&to);
+  cli_progress_init(&pc.bar, pc.total, quiet || a->progress_every > 0);
+  probe_train_opts to = *base; /* the fault hook, from fault_from_env */
+  to.comm = d->comm;
+  to.flush_steps = a->flush_steps;
+  to.flush_seconds = a->flush_seconds;
+  to.run_id = d->comm ? d->run_id : NULL;
   to.trace_path = path;
   to.mode = a->full ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;
   to.ring_steps = (int)a->ring;
@@ -656,7 +969,8 @@ static probe_verdict run_verdict(const probe_train_result *res,
 }
 
 static int run_print(const run_args *a, const probe_train_config *cfg,
-                     const probe_train_result *res, const char *path) {
+                     const run_dist *d, const probe_train_result *res,
+                     const char *path) {
   const char *name = probe_config_name(cfg);
   char policy[256] = "";
   probe_config_policy_str(cfg, policy, sizeof policy);
@@ -666,9 +980,16 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
                        : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
                                                      : CLI_EXIT_OK);
+  if (d->rank != 0) /* rank 0 speaks for the job; the others only exit */
+    return rc;
   if (a->json) {
     json_t *j = summary_json(res, name, policy, steps, path, a->full,
                              interrupted, v);
+    if (d->comm) {
+      json_object_set_new(j, "world_size", json_integer(d->world));
+      json_object_set_new(j, "run_id", json_string(d->run_id));
+      json_object_set_new(j, "comm", json_string(probe_comm_name(d->comm)));
+    }
     if (cli_json_print(j) != 0) {
       cli_error(SUB, "cannot write the JSON output");
       rc = CLI_EXIT_INTERNAL;
@@ -676,12 +997,46 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
     json_decref(j);
   } else {
     print_summary(res, name, policy, steps, path, a->full, interrupted, v);
+    if (d->comm)
+      printf("  ranks           %d (%s; run id %s); this is rank 0's trace,\n"
+             "                  the loss the global mean over the ranks\n",
+             d->world, probe_comm_name(d->comm), d->run_id);
     if (fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the output");
       rc = CLI_EXIT_INTERNAL;
     }
   }
   return rc;
+}
+
+/* Trains the claimed trace path and prints the summary; the exit code. */
+static int run_and_report(const run_args *a, const probe_train_config *cfg,
+                          run_dist *d, const probe_train_opts *base,
+                          const char *path, int created, int argc,
+                          char **argv) {
+  char *cmdline = join_args(argc, argv);
+  char err[512] = "";
+  probe_train_result res;
+  probe_status st =
+      run_train(a, cfg, d, base, path, cmdline, &res, err, sizeof err);
+  free(cmdline);
+  if (st < 0 && st != PROBE_ERR_INTERRUPTED) {
+    if (d->comm)
+      cli_error(SUB, "rank %d: %s", d->rank,
+                err[0] ? err : probe_status_str(st));
+    else
+      cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
+    /* the empty file claimed above is no trace: do not leave it behind */
+    struct stat sb;
+    if (created && stat(path, &sb) == 0 && sb.st_size == 0)
+      unlink(path);
+    int rc = st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
+    /* the other ranks wait in the all-reduce: end the job */
+    if (d->comm && d->world > 1)
+      probe_comm_abort(d->comm, rc);
+    return rc;
+  }
+  return run_print(a, cfg, d, &res, path);
 }
 
 int cmd_run(int argc, char **argv) {
@@ -691,30 +1046,38 @@ int cmd_run(int argc, char **argv) {
     return rc;
   if (a.list)
     return list_scenarios(a.json);
-  probe_train_config *cfg = NULL;
-  if ((rc = run_load(&a, &cfg)) >= 0)
+  if (a.ranks > 0)
+    return run_exec_mpirun(argc, argv, a.ranks);
+  run_dist d;
+  if ((rc = dist_open(&d)) >= 0)
     return rc;
+  probe_train_config *cfg = NULL;
+  probe_train_opts base;
+  probe_train_opts_init(&base);
+  rc = run_load(&a, &cfg);
+  if (rc < 0)
+    rc = fault_from_env(&d, &base);
   char path[1024];
   int created = 0;
-  if ((rc = run_claim_output(&a, cfg, path, sizeof path, &created)) >= 0) {
-    probe_config_free(cfg);
-    return rc;
-  }
-  char *cmdline = join_args(argc, argv);
-  char err[512] = "";
-  probe_train_result res;
-  probe_status st = run_train(&a, cfg, path, cmdline, &res, err, sizeof err);
-  free(cmdline);
-  if (st < 0 && st != PROBE_ERR_INTERRUPTED) {
-    cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
-    /* the empty file claimed above is no trace: do not leave it behind */
-    struct stat sb;
-    if (created && stat(path, &sb) == 0 && sb.st_size == 0)
+  if (rc < 0)
+    rc = run_claim_output(&a, cfg, &d, path, sizeof path, &created);
+  int all = dist_agree(&d, rc); /* every rank set up, or none trains */
+  if (all >= 0) {
+    if (rc < 0 && d.rank == 0)
+      cli_error(SUB, "another rank failed to set up (its error is above); "
+                     "no rank trains");
+    if (created)
       unlink(path);
     probe_config_free(cfg);
-    return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
+    dist_close(&d);
+    return rc >= 0 ? rc : all;
   }
-  rc = run_print(&a, cfg, &res, path);
+  if (d.rank == 0 && probe_config_nan_rank(cfg) >= d.world)
+    fprintf(stderr, "ampprobe: run: note: data.nan_rank %lld is not a rank "
+                    "of this %d-process run: no NaN is injected\n",
+            (long long)probe_config_nan_rank(cfg), d.world);
+  rc = run_and_report(&a, cfg, &d, &base, path, created, argc, argv);
   probe_config_free(cfg);
+  dist_close(&d);
   return rc;
 }

@@ -205,6 +205,7 @@ static const char *const loss_names[] = {"mse", "cross_entropy"};
 static const char *const opt_names[] = {"sgd", "adam", "adamw"};
 static const char *const sched_names[] = {"constant", "cosine", "step"};
 static const char *const prec_names[] = {"fp32", "fp16", "bf16"};
+static const char *const reduce_names[] = {"fp32", "fp16"}; /* pt_reduce_dtype */
 
 static int lookup(const char *const *names, int n, const char *s) {
   for (int i = 0; i < n; i++)
@@ -228,6 +229,7 @@ void pt_config_defaults(probe_train_config *c) {
   d->kind = PT_DATA_REGRESSION;
   d->batch = 32;
   d->nan_step = -1;
+  d->nan_rank = 0;
   d->window = 32;
   d->horizon = 8;
   d->level = 0.0;
@@ -457,7 +459,7 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
       "name",  "description", "seed",  "steps",  "precision", "fp32",
       "loss_fp32", "loss_weight", "micro_batches", "model", "loss", "data",
       "optimizer",
-      "schedule", "scaler", "clip", NULL};
+      "schedule", "scaler", "clip", "dist", NULL};
   TRY(check_keys(j, root, "", allowed));
   TRY(get_str(j, root, "", "name", c->name, sizeof c->name));
   TRY(get_str(j, root, "", "description", c->description,
@@ -517,7 +519,7 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
       return pt_fail(j->err, j->errlen, PROBE_ERR_CONFIG,
                      "data: expected an object");
     static const char *const dkeys[] = {
-        "kind", "batch", "nan_step", "window", "horizon", "task", "level",
+        "kind", "batch", "nan_step", "nan_rank", "window", "horizon", "task", "level",
         "level_spread", "shift_prob", "shift_scale", "noise", "amplitude",
         "features", "classes", "outputs", "separation", "spread",
         "feature_scale", "target_scale", "path", "x", "y", "targets", NULL};
@@ -528,6 +530,7 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
     s->kind = (pt_data_kind)kind;
     TRY(get_int(j, d, "data", "batch", &s->batch, 2, 1 << 20));
     TRY(get_int(j, d, "data", "nan_step", &s->nan_step, -1, INT64_MAX));
+    TRY(get_int(j, d, "data", "nan_rank", &s->nan_rank, 0, 1 << 20));
     TRY(get_int(j, d, "data", "window", &s->window, 2, 1 << 16));
     TRY(get_int(j, d, "data", "horizon", &s->horizon, 1, 1 << 16));
     static const char *const tasks[] = {"forecast", "classify"};
@@ -617,6 +620,18 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
     TRY(check_keys(j, cl, "clip", ckeys));
     TRY(get_num(j, cl, "clip", "max_norm", &c->clip_max_norm, 0, 1e30));
     TRY(get_bool(j, cl, "clip", "before_unscale", &c->clip_before_unscale));
+  }
+  json_t *ds = json_object_get(root, "dist");
+  if (ds) {
+    if (!json_is_object(ds))
+      return pt_fail(j->err, j->errlen, PROBE_ERR_CONFIG,
+                     "dist: expected an object");
+    static const char *const dkeys2[] = {"allreduce_dtype", "prediv", NULL};
+    TRY(check_keys(j, ds, "dist", dkeys2));
+    int dt = (int)c->dist.dtype;
+    TRY(get_enum(j, ds, "dist", "allreduce_dtype", reduce_names, 2, &dt));
+    c->dist.dtype = (pt_reduce_dtype)dt;
+    TRY(get_bool(j, ds, "dist", "prediv", &c->dist.prediv));
   }
   for (int i = 0; i < c->n_modules; i++)
     if (c->modules[i].denorm < 0) c->modules[i].denorm = (c->loss == PT_LOSS_MSE);
@@ -817,6 +832,10 @@ int64_t probe_config_steps(const probe_train_config *c) {
   return c ? c->steps : 0;
 }
 
+int64_t probe_config_nan_rank(const probe_train_config *c) {
+  return c && c->data.nan_step >= 0 ? c->data.nan_rank : -1;
+}
+
 /* ---- overrides ------------------------------------------------------------ */
 
 static probe_status parse_double(const char *key, const char *v, double *out,
@@ -905,6 +924,16 @@ probe_status probe_config_set(probe_train_config *c, const char *key,
     st = parse_flag(key, value, &t.clip_before_unscale, err, errlen);
   } else if (!strcmp(key, "data.nan_step")) {
     st = parse_i64(key, value, &t.data.nan_step, -1, INT64_MAX, err, errlen);
+  } else if (!strcmp(key, "data.nan_rank")) {
+    st = parse_i64(key, value, &t.data.nan_rank, 0, 1 << 20, err, errlen);
+  } else if (!strcmp(key, "dist.allreduce_dtype")) {
+    int k = lookup(reduce_names, 2, value);
+    if (k < 0)
+      return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                     "dist.allreduce_dtype: '%s' is not fp32 or fp16", value);
+    t.dist.dtype = (pt_reduce_dtype)k;
+  } else if (!strcmp(key, "dist.prediv")) {
+    st = parse_flag(key, value, &t.dist.prediv, err, errlen);
   } else {
     return pt_fail(err, errlen, PROBE_ERR_CONFIG, "unknown setting '%s'", key);
   }
@@ -970,6 +999,7 @@ char *probe_config_to_json(const probe_train_config *c) {
   json_object_set_new(dj, "kind", json_string(data_names[d->kind]));
   json_object_set_new(dj, "batch", json_integer(d->batch));
   json_object_set_new(dj, "nan_step", json_integer(d->nan_step));
+  json_object_set_new(dj, "nan_rank", json_integer(d->nan_rank));
   switch (d->kind) {
   case PT_DATA_TIMESERIES:
     json_object_set_new(dj, "task",
@@ -1044,6 +1074,11 @@ char *probe_config_to_json(const probe_train_config *c) {
   json_object_set_new(cl, "max_norm", jnum(c->clip_max_norm));
   json_object_set_new(cl, "before_unscale", json_boolean(c->clip_before_unscale));
   json_object_set_new(r, "clip", cl);
+  json_t *dist = json_object();
+  json_object_set_new(dist, "allreduce_dtype",
+                      json_string(reduce_names[c->dist.dtype]));
+  json_object_set_new(dist, "prediv", json_boolean(c->dist.prediv));
+  json_object_set_new(r, "dist", dist);
   char *txt = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(r);
   return txt;

@@ -6,7 +6,9 @@
  *
  * Every batch is a pure function of (seed, step, micro-batch): the generator
  * for a batch is seeded from those, so runs are reproducible and a skipped
- * or repeated step does not shift later data. File data is sampled with
+ * or repeated step does not shift later data. In a data-parallel job the
+ * micro-batch index is the global one (rank r's m-th is r*M + m), so rank r
+ * trains slice r of one virtual global batch. File data is sampled with
  * replacement, row indices drawn the same way. x is (B, in_dim) row-major;
  * targets are (B, out_dim) floats for regression/forecasting or (B) class
  * labels for classification.
@@ -33,6 +35,7 @@ struct pt_data {
   pt_loss_type loss;
   uint64_t seed;
   int64_t in_dim, out_dim; /* out_dim: targets, or classes for CE */
+  int64_t nan_micro; /* global micro-batch that gets nan_step's NaN (0) */
   /* generator parameters */
   float *centers; /* clusters: (classes, features) */
   float *w1, *w2; /* regression: (features, 16), (16, outputs) */
@@ -49,6 +52,7 @@ struct pt_data {
 #define PT_CSV_MAX_COLS 4096
 
 int64_t pt_data_in_dim(const pt_data *d) { return d->in_dim; }
+void pt_data_set_nan_micro(pt_data *d, int64_t micro) { d->nan_micro = micro; }
 int64_t pt_data_out_dim(const pt_data *d) { return d->out_dim; }
 
 void pt_data_close(pt_data *d) {
@@ -408,7 +412,12 @@ probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,
   const pt_data_spec *s = &d->spec;
   const int64_t B = s->batch, F = d->in_dim;
   pt_rng r;
-  pt_rng_seed(&r, pt_seed_mix(d->seed, (uint64_t)step * 4096u + (uint64_t)micro + 1u));
+  /* global micro-batches past 4095 (large jobs) take a hashed stream so
+   * that (step, 4096) does not alias (step + 1, 0) */
+  uint64_t stream =
+      micro < 4096 ? (uint64_t)step * 4096u + (uint64_t)micro + 1u
+                   : pt_seed_mix((uint64_t)step, (uint64_t)micro) | (1ull << 63);
+  pt_rng_seed(&r, pt_seed_mix(d->seed, stream));
   switch (s->kind) {
   case PT_DATA_TIMESERIES: {
     int64_t len = s->window + s->horizon;
@@ -470,6 +479,7 @@ probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,
     break;
   }
   }
-  if (step == s->nan_step && micro == 0) x[F / 2] = NAN; /* sample 0 */
+  if (step == s->nan_step && micro == d->nan_micro)
+    x[F / 2] = NAN; /* sample 0 */
   return PROBE_OK;
 }

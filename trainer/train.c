@@ -14,6 +14,17 @@
  *   optimizer step, skipped when found_inf (and loss scaling is on)
  *   scaler update
  *
+ * Data-parallel (opts->comm, trainer/comm.c): rank r of N trains the global
+ * micro-batches r*M..r*M+M-1 (data.c), and between the backward and the
+ * unscale the scaled FP32 gradients go through the all-reduce as DDP does:
+ * pre-divided by N when dist.prediv, rounded to the all-reduce dtype
+ * (GRAD_PRE_ALLREDUCE), summed over ranks in that dtype
+ * (GRAD_POST_ALLREDUCE), then divided by N when not pre-divided. found_inf is
+ * all-reduced with MAX (every rank skips the same steps and keeps the same
+ * scale, as GradScaler's per-device found_inf) and the loss is the global
+ * mean. The weight digest of the FP32 masters goes into every step's
+ * scalars.
+ *
  * Every tensor goes through libprobe in execution order; buffers recorded in
  * a step stay untouched until probe_step_end (one workspace per micro-batch,
  * scaled gradients kept apart from the unscaled ones).
@@ -33,6 +44,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +158,14 @@ typedef struct pt_run {
   float *x_h, *y_h; /* host staging of a batch */
   int *lab_h;
   int64_t M;
+  /* data-parallel: the communicator (NULL: one process, no all-reduce),
+   * world size, and the global index of this rank's first micro-batch */
+  probe_comm *comm;
+  int world;
+  int64_t micro0;
+  float *ar_pre;  /* host: what this rank sends into the all-reduce */
+  float *ar_post; /* host: what the all-reduce returned */
+  float *ar_dev;  /* NCCL (CUDA backend, FP32 all-reduce): the device bucket */
   pt_work *work;
   float *scan;      /* host scratch for the non-finite scan off the host */
   size_t scan_cap;
@@ -340,6 +360,17 @@ static probe_status build_params(pt_run *R, char *err, size_t errlen) {
   R->x_h = halloc(R, (size_t)(R->B * R->in_dim));
   R->y_h = halloc(R, (size_t)(R->B * R->out_dim));
   R->lab_h = halloc(R, (size_t)R->B);
+  if (R->comm) {
+    R->ar_pre = halloc(R, off);
+    R->ar_post = halloc(R, off);
+    if (!R->ar_pre || !R->ar_post)
+      return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
+    /* NCCL all-reduces device memory: FP32 buckets of the CUDA backend (the
+     * FP16 emulation stays on the host) */
+    if (probe_comm_get_kind(R->comm) == PROBE_COMM_NCCL && R->dev &&
+        R->c->dist.dtype == PT_REDUCE_F32 && !(R->ar_dev = ralloc(R, off)))
+      return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of device memory");
+  }
   if (!R->master || !R->master_b || !R->wcast || !R->grad || !R->grad_h ||
       !R->ugrad || !R->x_h || !R->y_h || !R->lab_h)
     return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
@@ -697,7 +728,7 @@ static probe_status backward(pt_run *R, pt_work *W, float dloss,
  * the largest configs overflow 64-bit integers of bytes only in theory, but
  * products of several 2^20 sizes come close. */
 static void model_memory(const probe_train_config *c, int64_t in_dim,
-                         int64_t out_dim, int dev, double *host,
+                         int64_t out_dim, int dev, int world, double *host,
                          double *backend) {
   const double B = (double)c->data.batch, M = (double)c->micro_batches;
   double P = 0, work = 0, mod = 0, transient = 0, largest = B * (double)in_dim;
@@ -755,6 +786,10 @@ static void model_memory(const probe_train_config *c, int64_t in_dim,
   double h = 4 * P + B * (double)in_dim + B * od + B;
   /* backend: the masters as used, scaled gradients, workspaces, scratch */
   double b = 2 * P + M * work + mod + transient;
+  if (world > 0) { /* all-reduce send and result buffers, the gather */
+    h += 2 * P + (double)world * fmin(P, (double)PT_COMM_CHUNK);
+    if (dev) b += P; /* NCCL's device bucket */
+  }
   if (dev) {
     b += P;           /* the backend copy of the masters */
     h += P + largest; /* host copy of the gradients; scan buffer */
@@ -863,6 +898,13 @@ static probe_status open_trace(pt_run *R, const probe_train_opts *o, char *err,
   probe_config_policy_str(R->c, policy, sizeof policy);
   po.config_json = cfg;
   po.precision_policy = policy;
+  if (R->comm) {
+    po.rank = probe_comm_rank(R->comm);
+    po.world_size = R->world;
+  }
+  po.run_id = o->run_id;
+  if (o->flush_steps > 0) po.flush_steps = o->flush_steps;
+  if (o->flush_seconds > 0) po.flush_seconds = o->flush_seconds;
   probe_status st = probe_session_open(&R->sess, o->trace_path, &po);
   free(cfg);
   if (st != PROBE_OK) {
@@ -959,6 +1001,9 @@ static probe_status run_setup(pt_train *T) {
   R->nf_step = -1;
   R->B = c->data.batch;
   R->M = c->micro_batches;
+  R->comm = T->o->comm;
+  R->world = probe_comm_size(R->comm);
+  R->micro0 = (int64_t)probe_comm_rank(R->comm) * R->M;
   probe_status st =
       probe_layers_backend_init(&R->be, T->o->backend, NULL);
   if (st != PROBE_OK)
@@ -973,10 +1018,13 @@ static probe_status run_setup(pt_train *T) {
   if (st != PROBE_OK) return st;
   st = pt_data_open(&T->data, &c->data, c->loss, c->seed, err, errlen);
   if (st != PROBE_OK) return st;
+  /* the NaN of data.nan_step: the first micro-batch of rank data.nan_rank */
+  pt_data_set_nan_micro(T->data, c->data.nan_rank * R->M);
   R->in_dim = pt_data_in_dim(T->data);
   R->out_dim = pt_data_out_dim(T->data);
   double host, backend, data = (double)pt_data_bytes(T->data);
-  model_memory(c, R->in_dim, R->out_dim, R->dev, &host, &backend);
+  model_memory(c, R->in_dim, R->out_dim, R->dev, R->comm ? R->world : 0,
+               &host, &backend);
   st = check_memory("this config", host + data, data, T->o, err, errlen);
   if (st != PROBE_OK) return st;
   T->info.host_bytes = (uint64_t)(host + data);
@@ -1031,8 +1079,9 @@ static probe_status step_cast_weights(pt_run *R) {
 static probe_status load_batch(pt_run *R, pt_data *data, int64_t step,
                                int64_t mb) {
   pt_work *W = &R->work[mb];
-  if (!R->dev) return pt_data_batch(data, step, mb, W->act[0], W->target, W->labels);
-  probe_status st = pt_data_batch(data, step, mb, R->x_h, R->y_h, R->lab_h);
+  const int64_t g = R->micro0 + mb; /* the global micro-batch */
+  if (!R->dev) return pt_data_batch(data, step, g, W->act[0], W->target, W->labels);
+  probe_status st = pt_data_batch(data, step, g, R->x_h, R->y_h, R->lab_h);
   if (st == PROBE_OK)
     st = to_backend(R, W->act[0], R->x_h,
                     (size_t)(R->B * R->in_dim) * sizeof(float));
@@ -1064,6 +1113,55 @@ static probe_status step_forward_backward(pt_train *T, pt_step *S) {
   return st;
 }
 
+/* Stage 2b (data-parallel runs): the scaled gradients through the
+ * all-reduce, as DDP's bucket: pre-divided by N (dist.prediv), rounded to
+ * the all-reduce dtype and recorded (GRAD_PRE_ALLREDUCE), summed over the
+ * ranks in that dtype and recorded (GRAD_POST_ALLREDUCE); the mean (the sum
+ * divided by N unless pre-divided) goes to ugrad for the unscale. The loss
+ * becomes the global mean. Without a communicator ugrad gets grad_h. */
+static probe_status step_allreduce(pt_train *T, pt_step *S) {
+  pt_run *R = &T->R;
+  const size_t n = R->n_params;
+  if (!R->comm) {
+    memcpy(R->ugrad, R->grad_h, n * sizeof(float));
+    return PROBE_OK;
+  }
+  const pt_dist_spec *d = &T->c->dist;
+  const float N = (float)R->world;
+  for (size_t i = 0; i < n; i++)
+    R->ar_pre[i] = d->prediv ? R->grad_h[i] / N : R->grad_h[i];
+  if (d->dtype == PT_REDUCE_F16) pt_round_f16_array(R->ar_pre, n);
+  probe_status st = PROBE_OK;
+  for (int i = 0; i < R->n_mods && st == PROBE_OK; i++)
+    if (R->mods[i].p_n)
+      st = rec(R, R->mods[i].lid, PROBE_SITE_GRAD_PRE_ALLREDUCE,
+               R->ar_pre + R->mods[i].p_off, R->mods[i].p_n);
+  if (st != PROBE_OK) return st;
+#ifdef AMPPROBE_HAVE_NCCL
+  if (R->ar_dev) {
+    st = to_backend(R, R->ar_dev, R->ar_pre, n * sizeof(float));
+    if (st == PROBE_OK) st = pt_comm_nccl_allreduce_dev(R->comm, R->ar_dev, n);
+    if (st == PROBE_OK) st = to_host(R, R->ar_post, R->ar_dev, n * sizeof(float));
+  } else
+#endif
+  {
+    memcpy(R->ar_post, R->ar_pre, n * sizeof(float));
+    st = pt_comm_allreduce_grads(R->comm, R->ar_post, n, d->dtype);
+  }
+  if (st != PROBE_OK) return st;
+  for (int i = 0; i < R->n_mods && st == PROBE_OK; i++)
+    if (R->mods[i].p_n)
+      st = rec(R, R->mods[i].lid, PROBE_SITE_GRAD_POST_ALLREDUCE,
+               R->ar_post + R->mods[i].p_off, R->mods[i].p_n);
+  if (st != PROBE_OK) return st;
+  for (size_t i = 0; i < n; i++)
+    R->ugrad[i] = d->prediv ? R->ar_post[i] : R->ar_post[i] / N;
+  double loss = S->loss;
+  st = probe_comm_allreduce_f64(R->comm, &loss, 1, 0);
+  S->loss = loss / (double)R->world;
+  return st;
+}
+
 /* Clips g (the global norm already in *norm) to max_norm; *coef gets the
  * factor applied (1 when none). */
 static void clip_grads(float *const *gp, const size_t *gn, double max_norm,
@@ -1078,11 +1176,11 @@ static void clip_grads(float *const *gp, const size_t *gn, double max_norm,
 
 /* Stage 3: unscale (g * (float)(1/scale), inverse in double, as GradScaler),
  * check for inf/NaN, clip by the global norm - after unscaling, or before
- * with the config's clip.before_unscale (the classic misordering). The
- * unscaled gradients go to ugrad; grad_h is left as recorded. */
-static void step_unscale_clip(pt_train *T, pt_step *S) {
+ * with the config's clip.before_unscale (the classic misordering). Works in
+ * place on ugrad (the step's gradients, stage 2b); grad_h is left as
+ * recorded. In a data-parallel run found_inf is all-reduced (MAX). */
+static probe_status step_unscale_clip(pt_train *T, pt_step *S) {
   pt_run *R = &T->R;
-  memcpy(R->ugrad, R->grad_h, R->n_params * sizeof(float));
   float *gp[1] = {R->ugrad};
   size_t gn[1] = {R->n_params};
   const float inv = (float)(1.0 / (double)S->scale);
@@ -1099,7 +1197,14 @@ static void step_unscale_clip(pt_train *T, pt_step *S) {
     probe_grads_l2norm(&S->norm, gp, gn, 1);
     if (max_norm > 0) clip_grads(gp, gn, max_norm, S->norm, &S->coef);
   }
+  probe_status st = PROBE_OK;
+  if (R->comm) {
+    double fi = S->found_inf ? 1.0 : 0.0;
+    st = probe_comm_allreduce_f64(R->comm, &fi, 1, 1);
+    S->found_inf = fi > 0;
+  }
   S->skip = T->scaler.spec.enabled && S->found_inf;
+  return st;
 }
 
 /* Stage 4: the optimizer step (skipped on overflow), then the new masters
@@ -1144,6 +1249,10 @@ static probe_status step_record(pt_train *T, const pt_step *S) {
   sc.clip_threshold = max_norm > 0 ? max_norm : 0.0;
   sc.clip_coef = S->coef;
   sc.wall_time = now_seconds() - T->t0;
+  /* the FP32 masters after the step, in parameter order: equal on every
+   * rank of a data-parallel job */
+  sc.weight_digest = probe_digest64(T->R.master, T->R.n_params * sizeof(float),
+                                    PROBE_DIGEST64_INIT);
   probe_status st = probe_step_set_scalars(T->R.sess, &sc);
   if (st == PROBE_OK) st = probe_step_end(T->R.sess);
   return st;
@@ -1184,17 +1293,20 @@ static probe_status run_step(pt_train *T, int64_t step) {
   S.scale = T->scaler.scale;
   S.lr = pt_sched_lr(&T->c->sched, T->c->opt.lr, step, T->c->steps);
   R->step = step;
+  if (T->o->fault_kill && T->o->fault_kill_step == step)
+    raise(SIGKILL); /* test aid (AMPPROBE_FAULT_KILL_*): a rank dies here */
   probe_status st;
   if (R->sess && (st = probe_step_begin(R->sess, step)) != PROBE_OK)
     return pt_fail(err, errlen, st, "step %lld: trace: %s", (long long)step,
                    probe_session_last_error(R->sess));
   st = step_cast_weights(R);
   if (st == PROBE_OK) st = step_forward_backward(T, &S);
+  if (st == PROBE_OK) st = step_allreduce(T, &S);
+  if (st == PROBE_OK) st = step_unscale_clip(T, &S);
   if (st != PROBE_OK)
     return pt_fail(err, errlen, st, "step %lld: %s%s%s", (long long)step,
                    probe_status_str(st), R->sess ? ": " : "",
                    R->sess ? probe_session_last_error(R->sess) : "");
-  step_unscale_clip(T, &S);
   st = step_optimizer(T, &S);
   if (st == PROBE_OK) st = step_scaler_update(T, &S);
   if (st == PROBE_OK) st = step_record(T, &S);
@@ -1265,6 +1377,16 @@ static probe_status run_finish(pt_train *T, int64_t steps_run,
   return st;
 }
 
+/* The stop flag (SIGINT), agreed by every rank of a data-parallel job so
+ * that they all end at the same step (a rank alone would leave the others
+ * waiting in the all-reduce). */
+static int stop_requested(pt_train *T) {
+  double v = T->o->stop_flag && *T->o->stop_flag ? 1.0 : 0.0;
+  if (T->R.comm && probe_comm_allreduce_f64(T->R.comm, &v, 1, 1) != PROBE_OK)
+    v = 1.0;
+  return v > 0;
+}
+
 static void run_free_all(pt_train *T) {
   if (T->R.sess) probe_session_close(T->R.sess);
   free(T->losses);
@@ -1308,7 +1430,7 @@ probe_status probe_train(const probe_train_config *c,
   T->t_loop = T->t_step = now_seconds();
   int64_t step = 0;
   for (; step < c->steps; step++) {
-    if (opts->stop_flag && *opts->stop_flag) {
+    if (stop_requested(T)) {
       out->interrupted = 1;
       break;
     }

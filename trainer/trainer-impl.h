@@ -63,6 +63,7 @@ typedef struct pt_data_spec {
   pt_data_kind kind;
   int64_t batch;    /* samples per micro-batch */
   int64_t nan_step; /* step whose input batch holds NaN; -1 none */
+  int64_t nan_rank; /* the rank whose shard holds it (its first micro-batch) */
   /* timeseries */
   int64_t window, horizon; /* T past values -> H next values */
   int classify;     /* timeseries task: 0 forecast, 1 classify */
@@ -101,6 +102,17 @@ typedef struct pt_scaler_spec {
   double min_scale; /* 0 = none */
 } pt_scaler_spec;
 
+/* The gradient all-reduce's dtype. */
+typedef enum pt_reduce_dtype {
+  PT_REDUCE_F32 = 0,
+  PT_REDUCE_F16 = 1, /* inputs rounded to binary16, each partial sum too */
+} pt_reduce_dtype;
+
+typedef struct pt_dist_spec {
+  pt_reduce_dtype dtype; /* fp32 */
+  int prediv;            /* divide by N before the all-reduce (0) */
+} pt_dist_spec;
+
 struct probe_train_config {
   char name[PROBE_NAME_MAX];
   char description[512];
@@ -121,6 +133,7 @@ struct probe_train_config {
   pt_scaler_spec scaler;
   double clip_max_norm; /* 0 = off */
   int clip_before_unscale;
+  pt_dist_spec dist;
 };
 
 /* Defaults used for absent keys. */
@@ -181,6 +194,58 @@ size_t pt_data_bytes(const pt_data *d);
  * or labels (B) for classification. Deterministic in (seed, step, micro). */
 probe_status pt_data_batch(pt_data *d, int64_t step, int64_t micro, float *x,
                            float *y, int32_t *labels);
+/* The global micro-batch index whose input gets data.nan_step's NaN
+ * (-1: none); pt_data_batch's micro is the global index. */
+void pt_data_set_nan_micro(pt_data *d, int64_t micro);
+/* ---- communicator (trainer/comm.c) --------------------------------------- */
+
+/* Elements per all-gather round of the MPI all-reduce: its buffer holds
+ * world x this many floats. */
+#define PT_COMM_CHUNK ((size_t)1 << 16)
+
+typedef struct pt_comm_ops {
+  const char *name;
+  /* buf (n) := the sum over ranks in rank order, in dtype dt (host memory) */
+  probe_status (*allreduce_sum)(probe_comm *c, float *buf, size_t n,
+                                pt_reduce_dtype dt);
+  probe_status (*allreduce_scalars)(probe_comm *c, double *v, size_t n,
+                                    int max);
+  probe_status (*bcast_root0)(probe_comm *c, void *buf, size_t n);
+  void (*abort)(probe_comm *c, int code);
+  void (*close)(probe_comm *c);
+} pt_comm_ops;
+
+struct probe_comm {
+  const pt_comm_ops *ops;
+  probe_comm_kind kind;
+  int rank, size;
+  float *gather; /* MPI: the all-gather buffer (size x chunk) */
+  size_t gather_cap;
+  void *nccl;    /* NCCL: its state (trainer/comm_nccl.c) */
+};
+
+/* The gradient all-reduce of host memory (a no-op without a communicator). */
+probe_status pt_comm_allreduce_grads(probe_comm *c, float *buf, size_t n,
+                                     pt_reduce_dtype dt);
+/* acc[i] = binary16(acc[i] + x[i]): one FP16 partial sum, as NCCL's half
+ * reduction (acc and x hold binary16 values). */
+void pt_sum_f16(float *acc, const float *x, size_t n);
+/* x[i] = binary16(x[i]) (round to nearest even; inf above 65504). */
+void pt_round_f16_array(float *x, size_t n);
+/* dst (n) = the sum of `parts` blocks of n in src, in order, in dtype dt. */
+void pt_sum_parts(float *dst, const float *src, size_t n, int parts,
+                  pt_reduce_dtype dt);
+const char *pt_reduce_dtype_name(pt_reduce_dtype dt);
+#ifdef AMPPROBE_HAVE_MPI
+extern const pt_comm_ops pt_comm_mpi_ops; /* comm.c; comm_nccl.c builds on it */
+#endif
+#ifdef AMPPROBE_HAVE_NCCL
+/* NCCL on top of an opened MPI communicator (trainer/comm_nccl.c). */
+probe_status pt_comm_nccl_open(probe_comm *c, char *err, size_t errlen);
+/* buf (n floats, device memory) := the FP32 sum over ranks, by NCCL. */
+probe_status pt_comm_nccl_allreduce_dev(probe_comm *c, float *buf, size_t n);
+#endif
+
 /* ---- loss scaler (GradScaler rules + Megatron hysteresis / min scale) ---- */
 
 typedef struct pt_scaler {

@@ -83,6 +83,9 @@ char *probe_config_to_json(const probe_train_config *c);
 /* The scenario/config name ("healthy", or the file's "name"). */
 const char *probe_config_name(const probe_train_config *c);
 int64_t probe_config_steps(const probe_train_config *c);
+/* The rank whose shard gets data.nan_step's NaN (data.nan_rank), or -1 when
+ * the config injects none. */
+int64_t probe_config_nan_rank(const probe_train_config *c);
 /* Human-readable precision policy, e.g. "fp16; fp32: revin,softmax; loss fp32". */
 probe_status probe_config_policy_str(const probe_train_config *c, char *buf,
                                      size_t len);
@@ -106,6 +109,51 @@ probe_status probe_config_layers(const probe_train_config *c,
  * "enc.*") selects the layer, else 0. The rule probe_train applies. */
 int probe_policy_match(const char *entry, const char *layer_name,
                        probe_kind kind);
+
+/* ---- data-parallel runs: the communicator ---------------------------------- */
+
+/* The processes of a data-parallel job (docs/cli.md, "run under mpirun").
+ * Kinds: SINGLE (one process, world 1: every reduction is the identity),
+ * MPI (Open MPI: processes started by mpirun or srun; builds with
+ * AMPPROBE_HAVE_MPI), NCCL (MPI processes whose device gradient buffers are
+ * all-reduced by NCCL; builds with AMPPROBE_HAVE_NCCL, needs a GPU). Opened
+ * once per process, before probe_train, and closed after (MPI_Finalize).
+ * MPI is in the trainer only: libampprobe never links it. */
+typedef struct probe_comm probe_comm;
+
+typedef enum probe_comm_kind {
+  PROBE_COMM_SINGLE = 0,
+  PROBE_COMM_MPI = 1,
+  PROBE_COMM_NCCL = 2,
+} probe_comm_kind;
+
+/* 1 when the environment says this process was started by a parallel
+ * launcher: mpirun (OMPI_COMM_WORLD_SIZE), a PMIx or PMI launcher
+ * (PMIX_RANK, PMI_RANK, PMI_SIZE) or srun (SLURM_STEP_NUM_TASKS > 1);
+ * 0 whatever they say when AMPPROBE_DIST=0. */
+int probe_comm_launched(void);
+/* 1 when this build has MPI / NCCL. */
+int probe_comm_mpi_available(void);
+int probe_comm_nccl_available(void);
+
+/* Opens a communicator of the kind (MPI_Init for MPI and NCCL).
+ * PROBE_ERR_UNSUPPORTED when the build lacks it, PROBE_ERR_NO_DEVICE for NCCL
+ * without a GPU. */
+probe_status probe_comm_open(probe_comm **out, probe_comm_kind kind,
+                             char *err, size_t errlen);
+void probe_comm_close(probe_comm *c); /* MPI_Finalize; NULL is fine */
+int probe_comm_rank(const probe_comm *c); /* 0 for NULL */
+int probe_comm_size(const probe_comm *c); /* 1 for NULL */
+probe_comm_kind probe_comm_get_kind(const probe_comm *c);
+const char *probe_comm_name(const probe_comm *c); /* "single", "mpi", "nccl" */
+/* Rank 0's n bytes to every rank. */
+probe_status probe_comm_bcast(probe_comm *c, void *buf, size_t n);
+/* v (n) summed (in rank order: the same bits everywhere) or, with max, the
+ * maximum over ranks, in place on every rank. */
+probe_status probe_comm_allreduce_f64(probe_comm *c, double *v, size_t n,
+                                      int max);
+/* Ends the whole job (MPI_Abort); nothing for a single process. */
+void probe_comm_abort(probe_comm *c, int code);
 
 /* ---- a training run ------------------------------------------------------ */
 
@@ -177,6 +225,25 @@ typedef struct probe_train_opts {
    * both figures (PROBE_ERR_NOMEM). 0 = the default: 80% of physical
    * memory, or the process's ulimit -v / -d when lower. */
   uint64_t max_memory;
+  /* Data-parallel runs: the communicator (NULL = one process, no all-reduce
+   * stage, the trace as before). With one, rank r of N trains micro-batches
+   * r*M..r*M+M-1 of a global batch of N*M (M = the config's micro_batches),
+   * gradients are all-reduced (the config's dist block) before unscaling,
+   * found_inf by MAX, the loss is the global mean, and the trace gets the
+   * rank, the world size and run_id. */
+  probe_comm *comm;
+  const char *run_id; /* NULL: none */
+  /* Test aid (fault injection): with fault_kill set, raise(SIGKILL) at the
+   * start of step fault_kill_step (0, the default: never). The CLI sets them
+   * from AMPPROBE_FAULT_KILL_RANK / AMPPROBE_FAULT_KILL_STEP. */
+  int fault_kill;
+  int64_t fault_kill_step;
+  /* The trace is also flushed every this many steps (probe_options.
+   * flush_steps; 0 = libprobe's default: by time only). */
+  int64_t flush_steps;
+  /* ... and at most this long after data (probe_options.flush_seconds;
+   * 0 = libprobe's default, 1 s). */
+  double flush_seconds;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);
