@@ -19,6 +19,7 @@ assertion holds, 1 (with the evidence) when it does not.
   check.py h5 FILE...                   h5py opens each file, reads the root
                                         attributes and every row of /steps
   check.py expr FILE PYEXPR [SHOWEXPR]  PYEXPR on d = the JSON of FILE is true
+  check.py get FILE PYEXPR              prints PYEXPR on d (for the script)
 """
 import json
 import math
@@ -178,22 +179,25 @@ def cmd_h5(*paths):
 
 def cmd_expr(path, expr, show=None):
     d = load(path)
-    env = {"d": d, "math": math}
+    env = {"d": d, "math": math, "json": json}
     try:
         val = eval(expr, env)  # noqa: S307 - test expressions, ours
     except Exception as e:  # noqa: BLE001
         fail(f"{expr}: {type(e).__name__}: {e}")
-    shown = eval(show, env) if show else None  # noqa: S307
-    msg = f"{expr}" + (f" [{shown}]" if show else "")
+    msg = str(eval(show, env)) if show else "true"  # noqa: S307
     if val:
         ok(msg)
     fail(msg + f" is {val!r}")
 
 
+def cmd_get(path, expr):
+    print(eval(expr, {"d": load(path), "json": json}))  # noqa: S307
+
+
 CMDS = {
     "ranks": cmd_ranks, "digests": cmd_digests, "sites": cmd_sites,
     "loss": cmd_loss, "born_in_allreduce": cmd_born_in_allreduce,
-    "carried": cmd_carried, "h5": cmd_h5, "expr": cmd_expr,
+    "carried": cmd_carried, "h5": cmd_h5, "expr": cmd_expr, "get": cmd_get,
 }
 
 if __name__ == "__main__":

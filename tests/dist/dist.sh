@@ -8,11 +8,13 @@
 #   dist.sh CASE NRANKS AMPPROBE RANK_INFO WORKDIR
 #
 # CASE: healthy | allreduce_overflow | rank_bad_input | kill | rank_files |
-#       sets | launch. One CTest test per (CASE, NRANKS), label `mpi`
+#       culprit_missing | sets | launch. One CTest test per (CASE, NRANKS), label `mpi`
 #       (tests/dist/CMakeLists.txt). Skips (exit 77, reason printed) when
 #       mpirun is not found or the binary was built without MPI. Every
 #       command runs under `timeout` (30 s x AMPPROBE_TEST_TIMEOUT_SCALE), in
-#       WORKDIR, which is emptied first.
+#       WORKDIR, which is emptied first. A case registered with
+#       PENDING=<what> (a fix in another branch) prints its failures and
+#       exits 77 naming the fix; once it passes it says the mark can go.
 set -u
 CASE=${1:?usage: dist.sh CASE NRANKS AMPPROBE RANK_INFO WORKDIR}
 N=${2:?}
@@ -30,7 +32,15 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
 skip() { echo "SKIP: $*"; exit 77; }
 finish() {
-  if [ "$fail" = 0 ]; then echo "all checks passed ($CASE, $N ranks)"; exit 0; fi
+  if [ "$fail" = 0 ]; then
+    [ -n "${PENDING:-}" ] && echo "PENDING is set ($PENDING) but every check passed: remove the mark in tests/dist/CMakeLists.txt"
+    echo "all checks passed ($CASE, $N ranks)"
+    exit 0
+  fi
+  if [ -n "${PENDING:-}" ]; then
+    echo "SKIP: the failures above are known and wait for: $PENDING"
+    exit 77
+  fi
   echo "some checks failed ($CASE, $N ranks); files kept in $W"
   exit 1
 }
@@ -129,14 +139,91 @@ pm() {
 }
 
 
+
+# ---- what the post-mortem of a set must say (pm NAME's NAME.json, NAME.txt) ---
+
+# j NAME PYEXPR [SHOW]: an assertion on the post-mortem's JSON of NAME
+j() { check "$1: $2" -- expr "$1.json" "$2" "${3:-}"; }
+
+# the stored config of a rank trace: cfg INFO.json KEY.PATH
+cfg() { $CHECK get "$1" "json.loads(d[0]['config'])$2"; }
+
+# ranks_but R N: the ranks 0..N-1 without R, as a Python list
+ranks_but() { local r out=; for ((r = 0; r < $2; r++)); do [ "$r" = "$1" ] || out+="${out:+, }$r"; done; echo "[$out]"; }
+
+check_allreduce_origin() { # NAME
+  j "$1" "d['verdict'] in ('degraded', 'diverged')" "d['verdict']"
+  j "$1" "d['origin']['kind'] == 'allreduce'" "d['origin']['text']"
+  j "$1" "d['origin']['born_on'] == [] and sorted(d['origin']['carried_to']) == list(range($N))" "(d['origin']['born_on'], d['origin']['carried_to'])"
+  j "$1" "'--allreduce-dtype fp32' in d['origin']['next_step'] and '--allreduce-prediv' in d['origin']['next_step']" "d['origin']['next_step']"
+  has "$1.txt" "born in the all-reduce"
+  has "$1.txt" "--allreduce-dtype fp32"
+}
+
+check_carried() { # NAME RANK STEP NRANKS
+  local others
+  others=$(ranks_but "$2" "$4")
+  j "$1" "d['origin']['kind'] == 'rank' and d['origin']['born_on'] == [$2] and d['origin']['step'] == $3" "(d['origin']['kind'], d['origin']['born_on'], d['origin']['step'])"
+  j "$1" "d['first_nonfinite']['rank'] == $2 and d['first_nonfinite']['step'] == $3" "d['first_nonfinite']"
+  j "$1" "sorted(d['origin']['carried_to']) == [r for r in $others if r not in d['ranks_missing'] and any(e['rank'] == r and e['status'] == 'read' for e in d['ranks'])]" "d['origin']['carried_to']"
+  has "$1.txt" "born on rank $2 (step $3"
+  has "$1.txt" "the all-reduce carried it to rank"
+}
+
+check_stopped_first() { # NAME RANK
+  j "$1" "d['stopped_first'] is not None and d['stopped_first']['rank'] == $2" "d['stopped_first']"
+  has "$1.txt" "stopped first     rank $2 "
+}
+
+check_missing() { # NAME RANK
+  j "$1" "d['ranks_missing'] == [$2] and d['ranks_read'] == $N - 1 and d['world_size'] == $N" "(d['ranks_missing'], d['ranks_read'], d['world_size'])"
+  j "$1" "d['verdict'] != 'healthy'" "d['verdict']"
+  has "$1.txt" "MISSING           rank $2: world size $N, no file"
+}
+
+# the culprit's file is missing: no rank read was born with it, so nobody
+# can say the all-reduce made it (it may have come from the missing rank)
+check_not_allreduce() { # NAME
+  j "$1" "d['origin']['kind'] != 'allreduce'" "(d['origin']['kind'], d['origin']['text'])"
+  hasnt "$1.txt" "born in the all-reduce"
+}
+
+check_unreadable() { # NAME FILE
+  j "$1" "d['ranks_unreadable'] == 1 and d['ranks_read'] == $N - 1" "(d['ranks_unreadable'], d['ranks_read'])"
+  j "$1" "[e['path'].endswith('$2') for e in d['ranks'] if e['status'] == 'unreadable'] == [True]" "[(e['path'], e.get('error')) for e in d['ranks'] if e['status'] == 'unreadable']"
+  has "$1.txt" "UNREADABLE        $1/$2: "
+}
+
+# bad_input_at INFO.json: BAD_RANK and BAD_STEP from the stored config
+# (data.nan_rank, data.nan_step of rank-bad-input)
+bad_input_at() {
+  BAD_RANK=$(cfg "$1" "['data']['nan_rank']")
+  BAD_STEP=$(cfg "$1" "['data']['nan_step']")
+  if [[ "$BAD_RANK" =~ ^[0-9]+$ && "$BAD_STEP" =~ ^[0-9]+$ && "$BAD_RANK" -lt "$N" ]]; then
+    ok "the config puts the NaN in rank $BAD_RANK's shard at step $BAD_STEP"
+  else
+    bad "data.nan_rank '$BAD_RANK', data.nan_step '$BAD_STEP' in the stored config"
+  fi
+}
+
 # ---- the cases ----------------------------------------------------------------
 RUNOPT=(--trace -q)
+# healthy-dp's documented agreement with one process (its description,
+# docs/config.md): the loss of N ranks x M micro-batches and of one process
+# with N*M, step by step, relative
+LOSS_TOL=1e-3
+# postmortem over a set: 1 for a problem (a missing rank is one), 3 when a
+# rank file cannot be read (after the diagnosis of the rest), 2 for files of
+# different runs (tools/postmortem.c)
+PM_MISSING_RC=1
+PM_UNREADABLE_RC=3
+PM_MIXED_RC=2
 
 # healthy: N ranks x M micro-batches = one process with N*M micro-batches
 case_healthy() {
-  local S=12 M=2
+  local S=40 M=2
   mkdir -p out
-  mpi run "$N" -- run --scenario healthy --steps $S --micro-batches $M "${RUNOPT[@]}" -o out/t.h5
+  mpi run "$N" -- run --scenario healthy-dp --steps $S --micro-batches $M "${RUNOPT[@]}" -o out/t.h5
   expect 0 "healthy on $N ranks" run
   [ -e out/t.h5 ] && bad "out/t.h5 written: want only the rank files"
   info ranks $(files out/t "$N")
@@ -144,7 +231,7 @@ case_healthy() {
   check "weight digests" -- digests ranks.json
   check "all-reduce sites" -- sites ranks.json
   check "h5py" -- h5 $(files out/t "$N")
-  t single -- "$AMP" run --scenario healthy --steps $S --micro-batches $((N * M)) "${RUNOPT[@]}" -o single.h5
+  t single -- "$AMP" run --scenario healthy-dp --steps $S --micro-batches $((N * M)) "${RUNOPT[@]}" -o single.h5
   expect 0 "the same global batch in one process" single
   info single single.h5
   check "single process: no rank" -- expr single.json "d[0]['rank'] == -1 and d[0]['world_size'] == 0 and d[0]['run_id'] == ''"
@@ -189,27 +276,60 @@ case_rank_bad_input() {
   expect 1 "rank-bad-input on $N ranks" run
   info ranks $(files out/t "$N")
   check "rank attributes" -- ranks ranks.json "$N"
+  bad_input_at ranks.json
   check "carried (the traces)" -- carried ranks.json "$BAD_RANK" "$BAD_STEP"
   pm pm out
   expect 1 "postmortem" pm
   check_carried pm "$BAD_RANK" "$BAD_STEP" "$N"
 }
 
-# kill: SIGKILL of one rank mid-run; every rank's file readable up to its
-# last flush; the post-mortem names the rank that stopped first
+# kill: SIGKILL of one rank mid-run (AMPPROBE_FAULT_KILL_RANK/STEP). Every
+# rank's file readable up to its last flush, by the reader and by h5py; the
+# post-mortem names the rank that stopped first. With the default flushing
+# (1 s after data) a rank's file may be ahead of or behind another's by up
+# to a second of steps, so the victim is made certain the way docs/cli.md
+# says: mpirun's MPMD form gives it --flush-steps 7 --flush-seconds 1000 (it
+# flushes every 7 steps only: steps 0..13 when it dies at the start of step
+# 20) and the others --flush-steps 1 (they hold every step up to the one
+# they wait in). With 2 ranks the default flushing runs too: every
+# file readable, none closed, whatever rank the data names.
 case_kill() {
-  local K=$((N - 1)) S=40
+  local K=$((N / 2)) S=20 args r
+  args=(run --scenario healthy-dp "${RUNOPT[@]}" -o out/t.h5)
   mkdir -p out
+  local mpmd=() sep=
+  for ((r = 0; r < N; r++)); do
+    if [ "$r" = "$K" ]; then
+      mpmd+=($sep -np 1 "$AMP" "${args[@]}" --flush-steps 7 --flush-seconds 1000)
+    else
+      mpmd+=($sep -np 1 "$AMP" "${args[@]}" --flush-steps 1)
+    fi
+    sep=:
+  done
   AMPPROBE_FAULT_KILL_RANK=$K AMPPROBE_FAULT_KILL_STEP=$S \
-    mpi run "$N" -- run --scenario healthy --steps $((2 * S)) "${RUNOPT[@]}" -o out/t.h5
-  if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "a job with a killed rank: exit $rc"; else ok "job with rank $K killed: exit $rc"; fi
+    t run -- "$MPIRUN" --oversubscribe "${mpmd[@]}"
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "a job with a killed rank: exit $rc"; else ok "job with rank $K killed at step $S: mpirun exit $rc"; fi
+  if grep -qE "rank $K .*signal 9" run.err; then ok "mpirun: $(grep -E "rank $K .*signal 9" run.err)"; else bad "mpirun did not say rank $K died of signal 9"; fi
   info ranks $(files out/t "$N")
-  check "every rank readable by the reader" -- ranks ranks.json "$N"
-  check "killed rank incomplete, stopped before step $S" -- expr ranks.json "d[$K]['complete'] == 0 and d[$K]['last_step'] < $S" "[(f['rank'], f['complete'], f['last_step']) for f in d]"
+  check "every rank's file read by the reader" -- ranks ranks.json "$N"
+  check "not closed; the killed rank up to its last flush (step 13), the others steps 0..$((S - 1))" -- expr ranks.json "all(f['complete'] == 0 for f in d) and d[$K]['n_steps'] == 14 and d[$K]['last_step'] == 13 and all(f['n_steps'] == $S for f in d if f['rank'] != $K)" "[(f['rank'], f['complete'], f['n_steps']) for f in d]"
   check "h5py reads every rank" -- h5 $(files out/t "$N")
   pm pm out
-  expect "1|3" "postmortem of the killed job" pm
+  expect 1 "postmortem of the killed job" pm
   check_stopped_first pm "$K"
+  j pm "d['ranks_not_closed'] == $N and d['ranks_read'] == $N" "(d['ranks_not_closed'], d['ranks_read'])"
+  [ "$N" = 2 ] || return 0
+  mkdir -p plain
+  AMPPROBE_FAULT_KILL_RANK=$K AMPPROBE_FAULT_KILL_STEP=$S \
+    mpi plain "$N" -- run --scenario healthy-dp "${RUNOPT[@]}" -o plain/t.h5
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "default flushing, a killed rank: exit $rc"; else ok "default flushing, rank $K killed: mpirun exit $rc"; fi
+  info plain $(files plain/t "$N")
+  check "default flushing: every rank's file read by the reader" -- ranks plain.json "$N"
+  check "default flushing: the killed rank not closed, at most $S steps" -- expr plain.json "d[$K]['complete'] == 0 and d[$K]['n_steps'] <= $S" "[(f['rank'], f['complete'], f['n_steps']) for f in d]"
+  check "default flushing: h5py reads every rank" -- h5 $(files plain/t "$N")
+  pm plainpm plain
+  expect 1 "default flushing: postmortem" plainpm
+  j plainpm "d['stopped_first'] is not None and d['ranks_read'] == $N" "d['stopped_first']"
 }
 
 # rank files: one 4-rank job, then a file missing, truncated, garbage
@@ -217,34 +337,49 @@ case_rank_files() {
   mkdir -p run
   mpi run "$N" -- run --scenario rank-bad-input "${RUNOPT[@]}" -o run/t.h5
   expect 1 "rank-bad-input on $N ranks" run
+  info ranks $(files run/t "$N")
+  bad_input_at ranks.json
   cp -r run missing && rm missing/t.rank2.h5
   pm missing missing
-  expect "$PM_INCOMPLETE_RC" "a rank file missing" missing
+  expect "$PM_MISSING_RC" "a rank file missing" missing
   check_missing missing 2
   check_carried missing "$BAD_RANK" "$BAD_STEP" "$N"
-  # the culprit's own file missing: nobody may say the all-reduce made it
-  cp -r run culprit && rm "culprit/t.rank$BAD_RANK.h5"
-  pm culprit culprit
-  check_missing culprit "$BAD_RANK"
-  check_not_allreduce culprit
   cp -r run trunc && sz=$(stat -c %s trunc/t.rank2.h5) && truncate -s $((sz / 2)) trunc/t.rank2.h5
   pm trunc trunc
-  expect "$PM_INCOMPLETE_RC" "a rank file truncated" trunc
+  expect "$PM_UNREADABLE_RC" "a rank file truncated" trunc
   check_unreadable trunc t.rank2.h5
   check_carried trunc "$BAD_RANK" "$BAD_STEP" "$N"
   cp -r run garbage && head -c 65536 /dev/urandom >garbage/t.rank3.h5
   pm garbage garbage
-  expect "$PM_INCOMPLETE_RC" "a rank file of garbage" garbage
+  expect "$PM_UNREADABLE_RC" "a rank file of garbage" garbage
   check_unreadable garbage t.rank3.h5
   check_carried garbage "$BAD_RANK" "$BAD_STEP" "$N"
+}
+
+# culprit_missing: rank-bad-input with the file of the rank the NaN was born
+# on missing. The ranks read all got it from the all-reduce, finite before
+# it: that is what an all-reduce overflow looks like too, but here the
+# missing rank may have sent it, so "born in the all-reduce" would be a
+# wrong diagnosis.
+case_culprit_missing() {
+  mkdir -p run
+  mpi run "$N" -- run --scenario rank-bad-input "${RUNOPT[@]}" -o run/t.h5
+  expect 1 "rank-bad-input on $N ranks" run
+  info ranks $(files run/t "$N")
+  bad_input_at ranks.json
+  rm "run/t.rank$BAD_RANK.h5"
+  pm culprit run
+  expect "$PM_MISSING_RC" "the culprit's rank file missing" culprit
+  check_missing culprit "$BAD_RANK"
+  check_not_allreduce culprit
 }
 
 # sets: mixed run ids refused; a glob that matches nothing; no traces
 case_sets() {
   mkdir -p a b empty notraces && echo notes >notraces/readme.txt
-  AMPPROBE_RUN_ID=job-A mpi a "$N" -- run --scenario healthy --steps 4 "${RUNOPT[@]}" -o a/t.h5
+  AMPPROBE_RUN_ID=job-A mpi a "$N" -- run --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o a/t.h5
   expect 0 "job A" a
-  AMPPROBE_RUN_ID=job-B mpi b "$N" -- run --scenario healthy --steps 4 "${RUNOPT[@]}" -o b/t.h5
+  AMPPROBE_RUN_ID=job-B mpi b "$N" -- run --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o b/t.h5
   expect 0 "job B" b
   info a a/t.rank0.h5
   check "AMPPROBE_RUN_ID is the run id" -- expr a.json "d[0]['run_id'] == 'job-A'" "d[0]['run_id']"
@@ -262,25 +397,44 @@ case_sets() {
   t notraces -- "$AMP" postmortem notraces
   expect 3 "a directory without traces" notraces
   one_line notraces "notraces"
+  # two whole jobs at once
+  t twojobs -- "$AMP" postmortem a b
+  expect "$PM_MIXED_RC" "two jobs' directories" twojobs
+  one_line twojobs "run id"
+  # the same rank twice (a copy under another name)
+  mkdir -p dup && cp a/t.rank0.h5 a/t.rank1.h5 dup/ && cp a/t.rank0.h5 dup/copy.rank0.h5
+  t dup -- "$AMP" postmortem dup
+  expect "$PM_MIXED_RC" "two files of rank 0" dup
+  one_line dup "rank 0"
+  # a trace of a one-process run among the ranks
+  "$AMP" run --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o solo.h5 >/dev/null 2>&1
+  t unranked -- "$AMP" postmortem a/t.rank0.h5 a/t.rank1.h5 solo.h5
+  expect "$PM_MIXED_RC" "a one-process trace among rank files" unranked
+  one_line unranked "solo.h5"
+  # only .h5 files that are not traces: reported, nothing to diagnose
+  mkdir -p junk && head -c 4096 /dev/urandom >junk/x.rank0.h5 && : >junk/y.rank1.h5
+  t junk -- "$AMP" postmortem junk
+  expect 3 "a directory of .h5 files that are not traces" junk
+  has junk.err "junk/x.rank0.h5"
 }
 
 # launch: --ranks N re-execs mpirun; {rank} in the path; a path without .h5
 case_launch() {
   mkdir -p out plain
-  t ranks -- "$AMP" run --ranks "$N" --scenario healthy --steps 4 "${RUNOPT[@]}" -o 'out/r{rank}-of-job.h5'
+  t ranks -- "$AMP" run --ranks "$N" --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o 'out/r{rank}-of-job.h5'
   expect 0 "run --ranks $N" ranks
   local fs=() r
   for ((r = 0; r < N; r++)); do fs+=("out/r$r-of-job.h5"); done
   info ranks "${fs[@]}"
   check "{rank} in the path" -- ranks ranks.json "$N"
-  mpi plain "$N" -- run --scenario healthy --steps 4 "${RUNOPT[@]}" -o plain/trace
+  mpi plain "$N" -- run --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o plain/trace
   expect 0 "a path without .h5" plain
   info plain $(files plain/trace "$N")
   check "path.rank{r}.h5" -- ranks plain.json "$N"
 }
 
 case "$CASE" in
-  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | sets | launch)
+  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | culprit_missing | sets | launch)
     "case_$CASE" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
  * reader and prints what the multi-rank tests check, as one JSON array on
  * stdout (one object per file, in argument order):
  *
- *   {"path", "ok", "error"?, "rank", "world_size", "run_id", "complete",
+ *   {"path", "ok", "error"?, "rank", "world_size", "run_id",
+ *    "config" (the stored config, a JSON string), "complete",
  *    "n_steps", "last_step", "n_records",
  *    "steps": [{"step", "loss", "skipped", "found_inf", "loss_scale",
  *               "digest" (hex string, or null when not measured)}],
@@ -178,6 +179,8 @@ static void put_file(const char *path) {
 #else
   fputs(", \"rank\": -1, \"world_size\": 0, \"run_id\": \"\"", stdout);
 #endif
+  fputs(", \"config\": ", stdout);
+  put_str(in->config_json);
   printf(", \"complete\": %d, \"n_steps\": %" PRId64 ", \"last_step\": %" PRId64
          ", \"n_records\": %" PRId64 ", ",
          in->complete, in->n_steps, in->last_step, in->n_records);
