@@ -238,7 +238,9 @@ case_healthy() {
   check "loss vs one process" -- loss ranks.json single.json "$LOSS_TOL"
   pm dir out
   expect 0 "postmortem DIR" dir
-  check "verdict" -- expr dir.json "d['verdict'] == 'healthy'" "d['verdict']"
+  j dir "d['verdict'] == 'healthy' and d['origin']['kind'] == 'none' and d['disagreements'] == []" "(d['verdict'], d['origin']['kind'], d['disagreements'])"
+  j dir "d['ranks_read'] == $N and d['world_size'] == $N and d['run_id'] == '$($CHECK get ranks.json "d[0]['run_id']")'" "(d['ranks_read'], d['world_size'], d['run_id'])"
+  has dir.txt "disagreements     none"
   pm glob 'out/t.rank*.h5'
   expect 0 "postmortem 'GLOB'" glob
   pm list $(files out/t "$N")
@@ -401,6 +403,15 @@ case_sets() {
   t twojobs -- "$AMP" postmortem a b
   expect "$PM_MIXED_RC" "two jobs' directories" twojobs
   one_line twojobs "run id"
+  # a rank file from another job that reused the run id (another seed):
+  # its weights differ from step 0 on, the post-mortem must say so
+  mkdir -p c
+  AMPPROBE_RUN_ID=job-A mpi c "$N" -- run --scenario healthy-dp --steps 4 --seed 7 "${RUNOPT[@]}" -o c/t.h5
+  expect 0 "job C (run id job-A again, seed 7)" c
+  pm swapped a/t.rank0.h5 c/t.rank1.h5
+  expect 1 "rank 1 swapped for another job's" swapped
+  j swapped "d['verdict'] != 'healthy' and [(x['field'], x['step'], x['rank_a'], x['rank_b']) for x in d['disagreements'] if x['field'] == 'weight_digest'] == [('weight_digest', 0, 0, 1)]" "(d['verdict'], d['disagreements'])"
+  has swapped.txt "DISAGREEMENT      weight_digest differs at step 0"
   # the same rank twice (a copy under another name)
   mkdir -p dup && cp a/t.rank0.h5 a/t.rank1.h5 dup/ && cp a/t.rank0.h5 dup/copy.rank0.h5
   t dup -- "$AMP" postmortem dup
