@@ -71,14 +71,10 @@ static int put_steps(probe_trace *t) {
       printf(", \"skipped\": %d, \"found_inf\": %d, \"loss_scale\": ",
              (int)s->skipped, (int)s->found_inf);
       put_num(s->loss_scale);
-#ifdef PROBE_SCALAR_WEIGHT_DIGEST /* TEMP until C1 lands */
       if (s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST)
         fputs(", \"digest\": null}", stdout);
       else
         printf(", \"digest\": \"%016" PRIx64 "\"}", s->weight_digest);
-#else
-      fputs(", \"digest\": null}", stdout);
-#endif
       first = 0;
     }
   }
@@ -172,13 +168,9 @@ static void put_file(const char *path) {
     return;
   }
   const probe_trace_info *in = probe_trace_get_info(t);
-#ifdef PROBE_SCALAR_WEIGHT_DIGEST /* TEMP until C1 lands */
   printf(", \"rank\": %d, \"world_size\": %d, \"run_id\": ", (int)in->rank,
          (int)in->world_size);
   put_str(in->run_id);
-#else
-  fputs(", \"rank\": -1, \"world_size\": 0, \"run_id\": \"\"", stdout);
-#endif
   fputs(", \"config\": ", stdout);
   put_str(in->config_json);
   printf(", \"complete\": %d, \"n_steps\": %" PRId64 ", \"last_step\": %" PRId64
