@@ -8,11 +8,12 @@
 #   dist.sh CASE NRANKS AMPPROBE RANK_INFO WORKDIR
 #
 # CASE: healthy | allreduce_overflow | rank_bad_input | kill | rank_files |
-#       culprit_missing | sets | launch. One CTest test per (CASE, NRANKS), label `mpi`
-#       (tests/dist/CMakeLists.txt). Skips (exit 77, reason printed) when
+#       culprit_missing | sets | launch. One CTest test per (CASE, NRANKS),
+#       label `mpi` (tests/dist/CMakeLists.txt). Skips (exit 77, reason printed) when
 #       mpirun is not found or the binary was built without MPI. Every
 #       command runs under `timeout` (30 s x AMPPROBE_TEST_TIMEOUT_SCALE), in
-#       WORKDIR, which is emptied first. A case registered with
+#       WORKDIR, which is emptied first (and removed when every check
+#       passed; kept for a look when one failed). A case registered with
 #       PENDING=<what> (a fix in another branch) prints its failures and
 #       exits 77 naming the fix; once it passes it says the mark can go.
 set -u
@@ -35,6 +36,7 @@ finish() {
   if [ "$fail" = 0 ]; then
     [ -n "${PENDING:-}" ] && echo "PENDING is set ($PENDING) but every check passed: remove the mark in tests/dist/CMakeLists.txt"
     echo "all checks passed ($CASE, $N ranks)"
+    cd / && rm -rf "$W"
     exit 0
   fi
   if [ -n "${PENDING:-}" ]; then
@@ -53,7 +55,8 @@ rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-# One fixed run id per test, unless a case sets its own.
+# No run id or fault from the caller's environment: rank 0 makes the id,
+# and only the kill case kills.
 unset AMPPROBE_RUN_ID AMPPROBE_FAULT_KILL_RANK AMPPROBE_FAULT_KILL_STEP
 
 # t NAME -- cmd...: runs cmd under a timeout, stdout to NAME.out, stderr to
