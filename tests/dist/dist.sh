@@ -200,7 +200,7 @@ check_origin_uncertain() { # NAME MISSING_RANK
 check_unreadable() { # NAME FILE
   j "$1" "d['ranks_unreadable'] == 1 and d['ranks_read'] == $N - 1" "(d['ranks_unreadable'], d['ranks_read'])"
   j "$1" "[e['path'].endswith('$2') for e in d['ranks'] if e['status'] == 'unreadable'] == [True]" "[(e['path'], e.get('error')) for e in d['ranks'] if e['status'] == 'unreadable']"
-  has "$1.txt" "UNREADABLE        $1/$2: "
+  has "$1.txt" "UNREADABLE        $1/$2"
 }
 
 # bad_input_at INFO.json: BAD_RANK and BAD_STEP from the stored config
