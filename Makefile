@@ -10,6 +10,8 @@
 #                                        default build is CUDA-off already)
 #                         build-asan/    AddressSanitizer + UBSan (CUDA off):
 #                                        the suite minus ASAN_EXCLUDE (below)
+#                       the multi-rank tests (label mpi: mpirun, 2 and 4
+#                       ranks) run in the first two; they skip without mpirun
 #   make test-main / test-nocuda / test-asan   one of the three
 #   make test-extended  also the long tests (all 2^32 float->fp16 patterns)
 #   make install PREFIX=/opt/ampprobe   library, headers, CMake package,
@@ -26,8 +28,14 @@ WERROR ?= ON
 # other tests), the Python package's tests (an uninstrumented interpreter
 # cannot load the instrumented library without LD_PRELOAD of libasan) and
 # the install/consumer checks (label package: they build other programs,
-# not run ours). Measured: docs/architecture.md, "Tests and CI".
-ASAN_EXCLUDE ?= extended|browser|torch|python|package
+# not run ours), and the multi-rank jobs under mpirun (label mpi: the
+# library, trainer and analysis code they run is under the sanitizers in
+# the one-process tests - test_comm's FP16 sum, tools.dist_postmortem's
+# rank sets - and each of them pays mpirun's start-up several times; Open
+# MPI's own leaks at exit need tests/dist/lsan.supp, which the tests set
+# for `ctest -L mpi` in build-asan). Measured: docs/architecture.md, "Tests
+# and CI".
+ASAN_EXCLUDE ?= extended|browser|torch|python|package|mpi
 
 CONFIG_FLAGS = -DAMPPROBE_WERROR=$(WERROR) $(CMAKE_FLAGS)
 # UB aborts (halt_on_error) so a test fails on it instead of printing.
