@@ -266,7 +266,9 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   uint16_t amin = mb == INT16_MAX ? UINT16_MAX : (uint16_t)(((uint16_t)mb ^ 0x8000u) + 1u);
   uint64_t nonzero = 0, sub = 0;
   count_bins(a, bins, nbv, &nonzero, &sub);
-  if (f16 && amin < 0x0400u) /* fp16 subnormals, all counted in bin 18 */
+  /* fp16 subnormals, all counted in bin 18 (exponent -15), where those of
+   * magnitude >= 2^-15 (patterns >= 0x200) belong */
+  if (f16 && amin < 0x0200u)
     for (size_t j = 0; j < n; j++) {
       uint16_t h;
       memcpy(&h, p + 2 * j, 2);

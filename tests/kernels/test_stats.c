@@ -788,6 +788,45 @@ START_TEST(test_window_large_bf16) {
 }
 END_TEST
 
+/* loop index: dtype. One value at a threshold the short paths test only
+ * through the extremes (f16_flush: |x| <= 2^-25; f16_overflow: |x| >= 65520;
+ * fp16 subnormals' exact bins) in otherwise N(0,1) data, either sign, at
+ * every length class: a scan skipped or a bound off by one is seen. */
+START_TEST(test_lone_thresholds) {
+  probe_dtype dt = (probe_dtype)_i;
+  static const size_t lens[] = {1, 31, 32, 100, 1024, 1500, 3000, 4096, 9000};
+  static const uint32_t f32v[] = {0x477ff000u, 0x477fefffu, 0x477fffffu, 0x47800000u,
+                                  0x33000000u, 0x33000001u, 0x32ffffffu, 0x00000001u};
+  static const uint16_t b16v[] = {0x4780u, 0x477fu, 0x3300u, 0x3301u, 0x32ffu, 0x0001u, 0x0080u};
+  static const uint16_t f16v[] = {0x0001u, 0x00ffu, 0x0100u, 0x01ffu, 0x0200u, 0x03ffu, 0x0400u};
+  size_t nv = dt == PROBE_DTYPE_F32 ? 8 : 7;
+  size_t es = probe_dtype_size(dt);
+  unsigned char *buf = malloc(9000 * 4);
+  float *x = malloc(9000 * sizeof *x);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+    size_t n = lens[li];
+    for (size_t vi = 0; vi < nv; vi++)
+      for (int sgn = 0; sgn < 2; sgn++) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)rng_normal();
+        store_as(buf, dt, x, n);
+        size_t at = (size_t)(rng_next() % n);
+        if (dt == PROBE_DTYPE_F32) {
+          uint32_t u = f32v[vi] | (uint32_t)sgn << 31;
+          memcpy(buf + 4 * at, &u, 4);
+        } else {
+          uint16_t h = (uint16_t)((dt == PROBE_DTYPE_F16 ? f16v[vi] : b16v[vi]) | (sgn << 15));
+          memcpy(buf + es * at, &h, 2);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "lone threshold %zu sign %d", vi, sgn);
+        check_all_paths(dt, buf, n, what);
+      }
+  }
+  free(x);
+  free(buf);
+}
+END_TEST
+
 static int records_equal_exact(const probe_stats *a, const probe_stats *b) {
   char why[160];
   return !stats_differ(a, b, 0.0, 0.0, why, sizeof why);
@@ -868,6 +907,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_test(tc, test_large_buffer);
+  tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
   suite_add_tcase(s, tc);
   TCase *tw = tcase_create("window");
   tcase_set_timeout(tw, 300);
