@@ -588,13 +588,43 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
 }
 
+/* bf16 window blocks, like win_f16 (the driver knows, blk_ops.bf16_patterns):
+ * a window of 15 values from 1, so that the one-hot word oh = 2^r (r < 15)
+ * is a positive int16 and bf16 subnormals (raw exponent 0) are outside;
+ * outb receives the patterns. sum: an element inside is m * 2^(e8 - 134),
+ * m = 128 + its 7 mantissa bits, so m * (+-oh) * 2^(win - 134), added exactly
+ * by vpmaddwd (< 2^23 per pair of lanes). sumsq: binary64 patterns of
+ * x * 2^128 built from the bits (high 16 bits 0x4000 + (a >> 3), the next 16
+ * a << 13), squared by FMA: a zero counts as 2^2 * 2^-256, a subnormal as
+ * (2 + a/64)^2 * 2^-256 (the driver takes both out). f16_flush and
+ * f16_overflow are counted by a scan of the block only when its smallest
+ * non-zero magnitude or its maxima show that it has any. */
+#define BF16_SQ2(a_)                                                           \
+  do {                                                                         \
+    __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, 3), c4000);           \
+    __m256i w2_ = _mm256_slli_epi16(a_, 13);                                   \
+    __m256i p0_ = _mm256_unpacklo_epi16(w2_, w3_), p1_ = _mm256_unpackhi_epi16(w2_, w3_); \
+    __m256d sq0_ = _mm256_castsi256_pd(_mm256_slli_epi64(p0_, 32));             \
+    __m256d sq1_ = _mm256_castsi256_pd(_mm256_and_si256(p0_, mhi32));           \
+    __m256d sq2_ = _mm256_castsi256_pd(_mm256_slli_epi64(p1_, 32));             \
+    __m256d sq3_ = _mm256_castsi256_pd(_mm256_and_si256(p1_, mhi32));           \
+    q0 = _mm256_fmadd_pd(sq0_, sq0_, q0);                                      \
+    q1 = _mm256_fmadd_pd(sq1_, sq1_, q1);                                      \
+    q2 = _mm256_fmadd_pd(sq2_, sq2_, q2);                                      \
+    q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
+  } while (0)
+
 static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
-  const __m256i kfl = _mm256_set1_epi16((short)0xb300); /* (|x|-1)^0x8000 < this: 0 < |x| <= 2^-25 */
+  const __m256i m7f = _mm256_set1_epi16(0x007f), c80 = _mm256_set1_epi16(0x0080);
   const __m256i z = _mm256_setzero_si256();
-  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff, cfl = z;
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff;
+  __m256i msum = z, sum64 = z;
   const size_t ns = nv / 2;
-  WIN_DECL2(pd, PROBE__WIN);
+  const __m256i c4000 = _mm256_set1_epi16(0x4000);
+  const __m256i mhi32 = _mm256_set1_epi64x((long long)0xffffffff00000000ull);
+  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+  WIN_DECL2(pd, PROBE__WIN16); /* bf16 */
 #define BF16_WSTEP2(s_, ohA, ohB)                                              \
   do {                                                                         \
     const unsigned char *q_ = p + 64 * (s_);                                   \
@@ -604,41 +634,57 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
     __m256i aA = _mm256_and_si256(hA, m7fff), aB = _mm256_and_si256(hB, m7fff); \
     smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
     umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
-    __m256i yA = _mm256_add_epi16(aA, c7fff), yB = _mm256_add_epi16(aB, c7fff); \
-    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(yA, yB));                 \
-    cfl = _mm256_sub_epi16(cfl, _mm256_cmpgt_epi16(kfl, yA));                  \
-    cfl = _mm256_sub_epi16(cfl, _mm256_cmpgt_epi16(kfl, yB));                  \
+    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
+                                                     _mm256_add_epi16(aB, c7fff))); \
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
     uint32_t om;                                                               \
     ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
     if (__builtin_expect(om != 0, 0)) {                                        \
-      uint8_t ev_[32];                                                         \
-      _mm256_storeu_si256((__m256i *)(void *)ev_, e8);                         \
       do {                                                                     \
-        *outp++ = ev_[__builtin_ctz(om)];                                      \
+        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
+        memcpy(outp++, q_ + 2 * pack_elem(k_), 2);                             \
         om &= om - 1;                                                          \
       } while (om);                                                            \
     }                                                                          \
+    __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA); \
+    __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
+    msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
+                                                   _mm256_madd_epi16(mB, ohB))); \
+    BF16_SQ2(aA);                                                              \
+    BF16_SQ2(aB);                                                              \
   } while (0)
 #define WIN_STEP_ BF16_WSTEP2
-  WIN_RUN2(BF16_WSTEP2, b, pd, ns, (void)0);
+#define BF16_EVERY16                                                           \
+  do {                                                                         \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(msum))); \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(msum, 1))); \
+    msum = z;                                                                  \
+  } while (0)
+  WIN_RUN2(BF16_WSTEP2, b, pd, ns, BF16_EVERY16);
+#undef BF16_EVERY16
 #undef WIN_STEP_
 #undef BF16_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */
   b->sub = 0;  /* read off the histogram at the fold */
-  b->flush = hsum_epi16(cfl);
   b->nonfinite = 0; /* decided by the driver from ovf */
   ext16_win(b, p, nv, smax, umax, aminb, 0);
-  b->ovf = 0; /* |x| >= 65520 (inf, NaN included): counted only if present */
-  if (b->smax > 0x477fffff || b->umax > 0xc77fffffu) {
+  b->flush = 0; /* 0 < |x| <= 2^-25: counted only if present */
+  b->ovf = 0;   /* |x| >= 65520 (inf, NaN included): likewise */
+  const int any_flush = b->amin_m1 < 0x33000000u;
+  const int any_ovf = b->smax > 0x477fffff || b->umax > 0xc77fffffu;
+  if (any_flush || any_ovf) {
     for (size_t i = 0; i < 16 * nv; i++) {
       uint16_t h;
       memcpy(&h, p + 2 * i, 2);
-      b->ovf += (h & 0x7fffu) > 0x477fu;
+      uint16_t u = h & 0x7fffu;
+      b->flush += u != 0 && u <= 0x3300u;
+      b->ovf += u > 0x477fu;
     }
   }
-  /* (the conversions in this loop instead cost more: 16 registers) */
-  sums(b, PROBE_DTYPE_BF16, p, nv);
+  int64_t t[4];
+  _mm256_storeu_si256((__m256i *)(void *)t, sum64);
+  b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 134);
+  b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-256;
 }
 
 static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {

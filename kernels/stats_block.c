@@ -251,9 +251,10 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
    * reaches outb with its pattern and lands in its exact bin; it holds 15
    * values, not 16 (PROBE__WIN16), and what its blocks' sums of squares
    * count for a zero is taken back out at every flush. */
-  const int wlo = dt == PROBE_DTYPE_F16 ? 1 : 0;
-  const int width = dt == PROBE_DTYPE_F16 ? PROBE__WIN16 : WIN;
-  const double zero_sq = dt == PROBE_DTYPE_F16 ? 0x1p-30 : 0.0;
+  const int bf16p = dt == PROBE_DTYPE_BF16 && ops->bf16_patterns; /* likewise */
+  const int wlo = dt == PROBE_DTYPE_F16 || bf16p ? 1 : 0;
+  const int width = dt == PROBE_DTYPE_F16 || bf16p ? PROBE__WIN16 : WIN;
+  const double zero_sq = dt == PROBE_DTYPE_F16 ? 0x1p-30 : bf16p ? 0x1p-254 : 0.0;
   uint8_t wbin[256 + WIN] = {0}; /* (values >= nvals never occur) */
   for (int v = 0; v < nvals; v++) {
     int bin = dt == PROBE_DTYPE_F16 ? v + F16_BIAS : v - F32_BIAS;
@@ -327,6 +328,18 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
             double wrong = 2.0 + (double)u * 0x1p-9;
             b.sumsq += (double)x * x - wrong * wrong * 0x1p-32;
             b.sub++;
+          }
+        }
+      } else if (bf16p) { /* outb: the patterns */
+        for (size_t i = 0; i < b.nout; i++) {
+          uint16_t h = ph.outb[i], u = h & 0x7fffu;
+          float x = probe_bf16_to_f32(h);
+          ph.direct[i & 1][probe__hist_bin((uint32_t)u << 16)]++;
+          ph.outcnt[u >> 7]++;
+          b.sum += x; /* (bf16, as for fp16) */
+          if (u < 0x0080u) { /* the block squared 2 + u/64 for it, not x */
+            double wrong = 2.0 + (double)u * 0x1p-6;
+            b.sumsq += (double)x * x - wrong * wrong * 0x1p-256;
           }
         }
       } else { /* outb: window values */
@@ -414,7 +427,8 @@ void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) 
       .hs_fold16 = probe__hs_fold16_avx2,
       .hs_count = probe__hs_count_avx2,
       .group = 32,
-      .window = 1};
+      .window = 1,
+      .bf16_patterns = 1};
   drive(a, dt, data, n, &ops);
 }
 

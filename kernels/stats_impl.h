@@ -110,8 +110,12 @@ typedef struct probe__pending {
    * and write no pair indices. An fp16 window block's sum covers only the
    * elements inside, and its sum of squares counts every zero as 2^-30 and
    * every subnormal wrongly (stats_avx512.c): the driver corrects both from
-   * outb and the zero count. win < 0: pair indices, as the AVX2 ones always
-   * do. */
+   * outb and the zero count. win < 0: pair indices. A path whose
+   * blk_ops.bf16_patterns is set (AVX2) treats bf16 window blocks like fp16
+   * ones: the window holds 15 values from 1 (never 0, so bf16 subnormals are
+   * outside), outb receives the patterns, the sum covers only the elements
+   * inside, and the sum of squares counts each zero as 2^-254 and each
+   * subnormal wrongly (stats_avx2.c, win_bf16). */
   int win;
   uint16_t *outb;
   probe__hs *hs; /* window mode: the counters of the elements inside */
@@ -216,6 +220,7 @@ typedef struct probe__blk_ops {
   void (*hs_count)(const probe__hs *h, uint64_t wc[PROBE__WIN]);
   size_t group;
   int window;
+  int bf16_patterns; /* bf16 window blocks like fp16 ones (probe__pending.win) */
 } probe__blk_ops;
 
 /* Whole tensors on the AVX2 path and on the AVX-512 path (stats_block.c);

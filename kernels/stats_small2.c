@@ -14,14 +14,17 @@
  *  - extremes: signed/unsigned max/min of the bits and the smallest
  *    non-zero |x| (as min of (|x| - 1) ^ 0x80000000, signed, so that zero
  *    wraps to the largest);
- *  - counts: f16_subnormal, f16_flush (non-zero, by the same biased
- *    compare), f16_overflow per lane;
+ *  - counts: f16_subnormal read off the histogram (bins below 2^-14);
+ *    f16_flush and f16_overflow by a scalar pass over the tensor only when
+ *    its smallest non-zero magnitude or its largest finite one shows it has
+ *    some (never for fp16; per-lane counters of them cost a sixth of a
+ *    step);
  *  - sums: binary32 -> double, two sum and two sum-of-squares accumulators;
  *  - histogram: each element's bin as a byte (0xff for zeros), four vectors
  *    packed into one store; at the end, for each bin value between the
  *    smallest and the largest present, a byte compare and subtract per 32
  *    of them into byte counters (at most 128 per lane: n <= 4096) summed by
- *    vpsadbw.
+ *    vpsadbw, two values per pass over the bytes.
  * A step that is not 32 finite elements (inf or NaN in it, or the last,
  * partial one, read through a zero-padded copy) takes the same loop with
  * every update masked to its finite elements, and counts its inf and NaN
@@ -34,7 +37,9 @@
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
-enum { NB = PROBE_HIST_BINS };
+enum { NB = PROBE_HIST_BINS,
+       F32_BIAS16 = 127 + PROBE_HIST_MIN_EXP - 1, /* binary32 field e8: bin e8 - this */
+       F16_SUB_BIN = 18 }; /* raw exponent 0 + 18: where small16 puts fp16 subnormals */
 
 /* 8 elements at p as exact binary32 bit patterns. */
 static inline __m256i load8(probe_dtype dt, const unsigned char *p) {
@@ -63,29 +68,242 @@ static void count_nonfinite(__m256i u, int k, uint64_t *nan, uint64_t *posinf, u
   }
 }
 
-static inline uint64_t hsum32_u(__m256i v) {
-  uint32_t t[8];
-  _mm256_storeu_si256((__m256i *)(void *)t, v);
-  uint64_t s = 0;
-  for (int i = 0; i < 8; i++) s += t[i];
-  return s;
+/* Bins below this one hold the non-zero |x| < 2^-14: f16_subnormal. */
+enum { SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
+
+/* cnt[k] = bytes of bins[0 .. 32 nbv) equal to key + k, k = 0, 1: a compare
+ * and subtract per 32 bytes and key into byte counters (nbv <= 128, so at
+ * most 128 per lane), summed by vpsadbw. */
+static inline void count_bin_pair(const uint8_t *bins, size_t nbv, uint8_t key, uint64_t cnt[2]) {
+  const __m256i k0 = _mm256_set1_epi8((char)key), k1 = _mm256_set1_epi8((char)(key + 1));
+  const __m256i z = _mm256_setzero_si256();
+  __m256i c0 = z, c1 = z;
+  for (size_t v = 0; v < nbv; v++) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v));
+    c0 = _mm256_sub_epi8(c0, _mm256_cmpeq_epi8(b, k0));
+    c1 = _mm256_sub_epi8(c1, _mm256_cmpeq_epi8(b, k1));
+  }
+  uint64_t t[4];
+  _mm256_storeu_si256((__m256i *)(void *)t, _mm256_sad_epu8(c0, z));
+  cnt[0] = t[0] + t[1] + t[2] + t[3];
+  _mm256_storeu_si256((__m256i *)(void *)t, _mm256_sad_epu8(c1, z));
+  cnt[1] = t[0] + t[1] + t[2] + t[3];
+}
+
+/* Adds the bins bins[0 .. 32 nbv) (0xff: none) into a->hist: for each value
+ * between the smallest and the largest present, a byte compare and subtract
+ * per 32 of them. *nonzero and *sub receive the elements counted and those
+ * below 2^-14. */
+static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, uint64_t *nonzero,
+                       uint64_t *sub) {
+  if (!nbv) return;
+  const __m256i z = _mm256_setzero_si256(), none = _mm256_set1_epi8((char)0xff);
+  __m256i lo = none, hi = z;
+  for (size_t v = 0; v < nbv; v++) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v));
+    lo = _mm256_min_epu8(lo, b);
+    hi = _mm256_max_epu8(hi, _mm256_andnot_si256(_mm256_cmpeq_epi8(b, none), b));
+  }
+  uint8_t lb[32], hb[32], bmin = 0xff, bmax = 0;
+  _mm256_storeu_si256((__m256i *)(void *)lb, lo);
+  _mm256_storeu_si256((__m256i *)(void *)hb, hi);
+  for (int k = 0; k < 32; k++) {
+    if (lb[k] < bmin) bmin = lb[k];
+    if (hb[k] > bmax) bmax = hb[k];
+  }
+  for (int bv = bmin; bv <= bmax && bmin != 0xff; bv += 2) {
+    uint64_t cnt[2];
+    count_bin_pair(bins, nbv, (uint8_t)bv, cnt);
+    for (int k = 0; k < 2 && bv + k <= bmax; k++) {
+      a->hist[bv + k] += cnt[k];
+      *nonzero += cnt[k];
+      if (bv + k < SUB_BINS) *sub += cnt[k];
+    }
+  }
+}
+
+/* f16_flush (0 < |x| <= 2^-25) and f16_overflow (finite |x| >= 65520) of
+ * data[0..n), one element at a time: run only when the extremes show that
+ * there are some. */
+static void count_flush_ovf(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    if (dt == PROBE_DTYPE_F32) {
+      memcpy(&u, p + 4 * i, 4);
+    } else {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      u = dt == PROBE_DTYPE_F16 ? probe_f32_bits(probe_f16_to_f32(h)) : (uint32_t)h << 16;
+    }
+    u &= 0x7fffffffu;
+    a->flush += u != 0 && u <= 0x33000000u;
+    a->ovf += u >= 0x477ff000u && u < 0x7f800000u;
+  }
+}
+
+/* fp16 and bf16 tensors without inf or NaN, in 16-bit lanes: 32 elements
+ * per step as two vectors of raw patterns, about half the work of the
+ * binary32 loop below (which a tensor with inf or NaN takes instead: this
+ * returns 0 then, having changed nothing). Per step: the four extremes and
+ * the smallest and largest non-zero |x| of the patterns (widened at the
+ * end, as the block path does); each element's bin in a 16-bit lane (fp16:
+ * raw exponent + 18, so subnormals land in bin 18 and are moved to their
+ * exact bins afterwards, only when the smallest |x| shows there are some;
+ * bf16: the binary32 bin, clamped), zeros 0xffff, packed to bytes; the sums
+ * converted to double (vcvtph2ps or an unpack, vcvtps2pd). The last partial
+ * step reads a copy padded with +0 for the bins and sums and with its own
+ * first element for the extremes. */
+static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t n) {
+  const int f16 = dt == PROBE_DTYPE_F16;
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i cb = _mm256_set1_epi16(f16 ? 18 : F32_BIAS16), clast = _mm256_set1_epi16(NB - 1);
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), smin = _mm256_set1_epi16(INT16_MAX);
+  __m256i umax = z, umin = _mm256_set1_epi16(-1), aminb = c7fff, amax = z;
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+  uint8_t bins[PROBE__SMALL_MAX_N + 32];
+  size_t nbv = 0;
+#define S16_SUMS(f0_, f1_, f2_, f3_)                                           \
+  do {                                                                         \
+    __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f0_));                \
+    __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f0_, 1));              \
+    __m256d d2_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f1_));                \
+    __m256d d3_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f1_, 1));              \
+    s0 = _mm256_add_pd(s0, _mm256_add_pd(d0_, d1_));                           \
+    s1 = _mm256_add_pd(s1, _mm256_add_pd(d2_, d3_));                           \
+    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
+    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
+    q2 = _mm256_fmadd_pd(d2_, d2_, q2);                                        \
+    q3 = _mm256_fmadd_pd(d3_, d3_, q3);                                        \
+    __m256d e0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f2_));                \
+    __m256d e1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f2_, 1));              \
+    __m256d e2_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f3_));                \
+    __m256d e3_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f3_, 1));              \
+    s2 = _mm256_add_pd(s2, _mm256_add_pd(e0_, e1_));                           \
+    s3 = _mm256_add_pd(s3, _mm256_add_pd(e2_, e3_));                           \
+    q0 = _mm256_fmadd_pd(e0_, e0_, q0);                                        \
+    q1 = _mm256_fmadd_pd(e1_, e1_, q1);                                        \
+    q2 = _mm256_fmadd_pd(e2_, e2_, q2);                                        \
+    q3 = _mm256_fmadd_pd(e3_, e3_, q3);                                        \
+  } while (0)
+  /* hA, hB: 32 patterns for the extremes; zA, zB (at zp_): the same or,
+   * in the padded last step, +0 past the end, for the bins and sums */
+#define S16_STEP(hA, hB, zA, zB, zp_)                                          \
+  do {                                                                         \
+    smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
+    smin = _mm256_min_epi16(smin, _mm256_min_epi16(hA, hB));                   \
+    umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
+    umin = _mm256_min_epu16(umin, _mm256_min_epu16(hA, hB));                   \
+    __m256i xA_ = _mm256_and_si256(hA, m7fff), xB_ = _mm256_and_si256(hB, m7fff); \
+    amax = _mm256_max_epu16(amax, _mm256_max_epu16(xA_, xB_));                 \
+    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(xA_, c7fff), \
+                                                     _mm256_add_epi16(xB_, c7fff))); \
+    __m256i aA_ = _mm256_and_si256(zA, m7fff), aB_ = _mm256_and_si256(zB, m7fff); \
+    __m256i bA_, bB_;                                                          \
+    if (f16) {                                                                 \
+      bA_ = _mm256_add_epi16(_mm256_srli_epi16(aA_, 10), cb);                  \
+      bB_ = _mm256_add_epi16(_mm256_srli_epi16(aB_, 10), cb);                  \
+    } else {                                                                   \
+      bA_ = _mm256_min_epu16(_mm256_subs_epu16(_mm256_srli_epi16(aA_, 7), cb), clast); \
+      bB_ = _mm256_min_epu16(_mm256_subs_epu16(_mm256_srli_epi16(aB_, 7), cb), clast); \
+    }                                                                          \
+    bA_ = _mm256_or_si256(bA_, _mm256_cmpeq_epi16(aA_, z));                    \
+    bB_ = _mm256_or_si256(bB_, _mm256_cmpeq_epi16(aB_, z));                    \
+    _mm256_storeu_si256((__m256i *)(void *)(bins + 32 * nbv++), _mm256_packs_epi16(bA_, bB_)); \
+    if (f16) {                                                                 \
+      const __m128i *m_ = (const __m128i *)(const void *)(zp_);                \
+      S16_SUMS(_mm256_cvtph_ps(_mm_loadu_si128(m_)), _mm256_cvtph_ps(_mm_loadu_si128(m_ + 1)), \
+               _mm256_cvtph_ps(_mm_loadu_si128(m_ + 2)), _mm256_cvtph_ps(_mm_loadu_si128(m_ + 3))); \
+    } else {                                                                   \
+      S16_SUMS(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, zA)),              \
+               _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, zA)),              \
+               _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, zB)),              \
+               _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, zB)));             \
+    }                                                                          \
+  } while (0)
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const unsigned char *q = p + 2 * i;
+    __m256i hA = _mm256_loadu_si256((const __m256i *)(const void *)q);
+    __m256i hB = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32));
+    S16_STEP(hA, hB, hA, hB, q);
+  }
+  if (i < n) {
+    uint16_t tz[32] = {0}, td[32];
+    memcpy(tz, p + 2 * i, 2 * (n - i));
+    for (int k = 0; k < 32; k++) td[k] = (size_t)k < n - i ? tz[k] : tz[0];
+    __m256i hA = _mm256_loadu_si256((const __m256i *)(void *)td);
+    __m256i hB = _mm256_loadu_si256((const __m256i *)(void *)(td + 16));
+    __m256i zA = _mm256_loadu_si256((const __m256i *)(void *)tz);
+    __m256i zB = _mm256_loadu_si256((const __m256i *)(void *)(tz + 16));
+    S16_STEP(hA, hB, zA, zB, tz);
+  }
+#undef S16_STEP
+#undef S16_SUMS
+  int16_t sx, sn, mb;
+  uint16_t ux, un, ax;
+  {
+    int16_t t0[16], t1[16], t4[16];
+    uint16_t t2[16], t3[16], t5[16];
+    _mm256_storeu_si256((__m256i *)(void *)t0, smax);
+    _mm256_storeu_si256((__m256i *)(void *)t1, smin);
+    _mm256_storeu_si256((__m256i *)(void *)t2, umax);
+    _mm256_storeu_si256((__m256i *)(void *)t3, umin);
+    _mm256_storeu_si256((__m256i *)(void *)t4, aminb);
+    _mm256_storeu_si256((__m256i *)(void *)t5, amax);
+    sx = INT16_MIN, sn = INT16_MAX, mb = INT16_MAX, ux = 0, un = UINT16_MAX, ax = 0;
+    for (int k = 0; k < 16; k++) {
+      if (t0[k] > sx) sx = t0[k];
+      if (t1[k] < sn) sn = t1[k];
+      if (t2[k] > ux) ux = t2[k];
+      if (t3[k] < un) un = t3[k];
+      if (t4[k] < mb) mb = t4[k];
+      if (t5[k] > ax) ax = t5[k];
+    }
+  }
+  if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0; /* inf or NaN: the binary32 loop */
+  /* smallest non-zero |x| pattern (UINT16_MAX: none) */
+  uint16_t amin = mb == INT16_MAX ? UINT16_MAX : (uint16_t)(((uint16_t)mb ^ 0x8000u) + 1u);
+  uint64_t nonzero = 0, sub = 0;
+  count_bins(a, bins, nbv, &nonzero, &sub);
+  /* fp16 subnormals, all counted in bin 18 (exponent -15), where those of
+   * magnitude >= 2^-15 (patterns >= 0x200) belong */
+  if (f16 && amin < 0x0200u)
+    for (size_t j = 0; j < n; j++) {
+      uint16_t h;
+      memcpy(&h, p + 2 * j, 2);
+      h &= 0x7fffu;
+      if (h == 0 || h >= 0x0400u) continue;
+      a->hist[F16_SUB_BIN]--;
+      a->hist[probe__hist_bin(probe_f32_bits(probe_f16_to_f32(h)))]++;
+    }
+  a->count += n;
+  a->zero += (uint64_t)n - nonzero;
+  a->sub += sub;
+  if (!f16 && (amin <= 0x3300u || ax >= 0x4780u)) /* f16_flush, f16_overflow */
+    count_flush_ovf(a, dt, p, n);
+  double ts[4], tq[4];
+  _mm256_storeu_pd(ts, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+  _mm256_storeu_pd(tq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+  a->sum += (ts[0] + ts[1]) + (ts[2] + ts[3]);
+  a->sumsq += (tq[0] + tq[1]) + (tq[2] + tq[3]);
+  probe__blk ex;
+  probe__blk_extremes16(&ex, sx, sn, ux, un, amin, f16);
+  probe__acc_extremes(a, ex.smax, ex.smin, ex.umax, ex.umin, ex.amin_m1);
+  return 1;
 }
 
 void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
   const size_t es = probe_dtype_size(dt);
   const unsigned char *p = data;
+  if (dt != PROBE_DTYPE_F32 && n > 0 && small16(a, dt, p, n)) return;
   const __m256i mabs = _mm256_set1_epi32(0x7fffffff), c7f = mabs;
   const __m256i cinf = _mm256_set1_epi32(0x7f800000);
-  /* on y = (|x| - 1) ^ 0x80000000 (signed), which is largest for zero */
-  const __m256i ksub = _mm256_set1_epi32((int)(0x387fffffu ^ 0x80000000u)); /* 0 < |x| < 2^-14 */
-  const __m256i kfl = _mm256_set1_epi32((int)(0x33000000u ^ 0x80000000u));  /* 0 < |x| <= 2^-25 */
-  const __m256i covf = _mm256_set1_epi32(0x477fefff);                       /* |x| >= 65520 */
   const __m256i cbias = _mm256_set1_epi32(127 + PROBE_HIST_MIN_EXP - 1);
   const __m256i clast = _mm256_set1_epi32(NB - 1);
   const __m256i z = _mm256_setzero_si256(), ones = _mm256_set1_epi32(-1);
   __m256i smax = _mm256_set1_epi32(INT32_MIN), smin = _mm256_set1_epi32(INT32_MAX);
   __m256i umax = z, umin = ones, aminb = c7f;
-  __m256i csb = z, cfl = z, cov = z;
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
   uint8_t bins[PROBE__SMALL_MAX_N + 32];
   uint64_t nan = 0, posinf = 0, neginf = 0;
@@ -113,9 +331,6 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
       umin = _mm256_min_epu32(umin, u);                                        \
     }                                                                          \
     aminb = _mm256_min_epi32(aminb, y_);                                       \
-    csb = _mm256_sub_epi32(csb, _mm256_cmpgt_epi32(ksub, y_));                 \
-    cfl = _mm256_sub_epi32(cfl, _mm256_cmpgt_epi32(kfl, y_));                  \
-    cov = _mm256_sub_epi32(cov, _mm256_cmpgt_epi32(ab_, covf));                \
     __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(u))); \
     __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(u), 1)); \
     s0 = _mm256_add_pd(s0, d0_);                                               \
@@ -178,37 +393,8 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
 #undef PACK_BINS
 #undef ELEM8
 
-  /* Count the bins: for each value between the smallest and the largest
-   * present, a compare and subtract per 32 bytes into byte counters. */
-  uint64_t nonzero = 0;
-  if (nbv) {
-    __m256i lo = _mm256_set1_epi8((char)0xff), hi = z;
-    const __m256i none = _mm256_set1_epi8((char)0xff);
-    for (size_t v = 0; v < nbv; v++) {
-      __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v));
-      lo = _mm256_min_epu8(lo, b);
-      hi = _mm256_max_epu8(hi, _mm256_andnot_si256(_mm256_cmpeq_epi8(b, none), b));
-    }
-    uint8_t lb[32], hb[32], bmin = 0xff, bmax = 0;
-    _mm256_storeu_si256((__m256i *)(void *)lb, lo);
-    _mm256_storeu_si256((__m256i *)(void *)hb, hi);
-    for (int k = 0; k < 32; k++) {
-      if (lb[k] < bmin) bmin = lb[k];
-      if (hb[k] > bmax) bmax = hb[k];
-    }
-    for (int bv = bmin; bv <= bmax && bmin != 0xff; bv++) {
-      const __m256i key = _mm256_set1_epi8((char)bv);
-      __m256i c = z;
-      for (size_t v = 0; v < nbv; v++)
-        c = _mm256_sub_epi8(c, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v)), key));
-      __m256i s = _mm256_sad_epu8(c, z);
-      uint64_t t[4];
-      _mm256_storeu_si256((__m256i *)(void *)t, s);
-      uint64_t cnt = t[0] + t[1] + t[2] + t[3];
-      a->hist[bv] += cnt;
-      nonzero += cnt;
-    }
-  }
+  uint64_t nonzero = 0, sub = 0;
+  count_bins(a, bins, nbv, &nonzero, &sub);
 
   int32_t t0[8], t1[8], t4[8];
   uint32_t t2[8], t3[8];
@@ -231,15 +417,18 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
   a->posinf += posinf;
   a->neginf += neginf;
   a->zero += (uint64_t)n - nan - posinf - neginf - nonzero;
-  a->sub += hsum32_u(csb);
-  a->flush += hsum32_u(cfl);
-  a->ovf += hsum32_u(cov);
+  a->sub += sub;
+  /* f16_flush and f16_overflow: only when the extremes show some (never for
+   * fp16, rarely elsewhere) */
+  uint32_t am1 = (uint32_t)mb ^ 0x80000000u; /* smallest non-zero |x| - 1 */
+  if (am1 < 0x33000000u || sx > 0x477fefff || ux > 0xc77fefffu)
+    count_flush_ovf(a, dt, p, n);
   double ts[4], tq[4];
   _mm256_storeu_pd(ts, _mm256_add_pd(s0, s1));
   _mm256_storeu_pd(tq, _mm256_add_pd(q0, q1));
   a->sum += (ts[0] + ts[1]) + (ts[2] + ts[3]);
   a->sumsq += (tq[0] + tq[1]) + (tq[2] + tq[3]);
-  probe__acc_extremes(a, sx, sn, ux, un, (uint32_t)mb ^ 0x80000000u);
+  probe__acc_extremes(a, sx, sn, ux, un, am1);
 }
 
 #else /* not compiled for AVX2: stats_dispatch.c never selects this path */

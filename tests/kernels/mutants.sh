@@ -4,24 +4,45 @@
 # them does not test what it claims to. Not part of ctest (each variant is a
 # rebuild); run by hand after changing kernels/stats*.c or the suite:
 #
-#   sh tests/kernels/mutants.sh [build-dir-for-copies]
+#   sh tests/kernels/mutants.sh [build-dir-for-copies [name-regex]]
 #
-# Each variant is one sed expression on one file of a copy of the source
-# tree; the script builds test_stats there (CUDA off) and runs it. It prints
-# one line per variant, "caught" or "NOT CAUGHT", and exits 1 if any was not
-# caught. Variants of paths this CPU cannot run are reported as skipped.
+# Each variant is one sed expression on one file of one copy of the source
+# tree, built once (CUDA off); per variant the file is edited, test_stats
+# rebuilt (only that file recompiles) and run on the test case the variant
+# names, and the file restored. It prints one line per variant, "caught" or
+# "NOT CAUGHT", and exits 1 if any was not caught. Variants of paths this CPU
+# cannot run are reported as skipped; name-regex runs only the matching ones.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/tmp/ampprobe-mutants}
+only=${2:-.}
 mkdir -p "$work"
 avx2=$(grep -c -w avx2 /proc/cpuinfo 2>/dev/null || echo 0)
 missed=0
 
-# name|file|sed expression|needs (avx2 or any)
+# name|file|sed expression|needs (avx2 or any)|test case (default reference)
 cat > "$work/list" <<'LIST'
 small2-bins-packus|kernels/stats_small2.c|s/_mm256_packs_epi16(_mm256_packs_epi32(b0, b1)/_mm256_packus_epi16(_mm256_packs_epi32(b0, b1)/|avx2
 small2-max-unmasked|kernels/stats_small2.c|s/smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f));/smax = _mm256_max_epi32(smax, u);/|avx2
-small2-flush-with-zeros|kernels/stats_small2.c|s/cfl = _mm256_sub_epi32(cfl, _mm256_cmpgt_epi32(kfl, y_));/cfl = _mm256_sub_epi32(cfl, _mm256_cmpgt_epi32(kfl, _mm256_xor_si256(ab_, _mm256_set1_epi32((int)0x80000000u))));/|avx2
+small2-sub-bin-off|kernels/stats_small2.c|s/if (bv + k < SUB_BINS) \*sub += cnt\[k\];/if (bv + k <= SUB_BINS) *sub += cnt[k];/|avx2
+small2-flush-scan-skipped|kernels/stats_small2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
+small2-ovf-scan-skipped|kernels/stats_small2.c|s/sx > 0x477fefff /sx > 0x477fffff /|avx2
+small16-nonfinite-kept|kernels/stats_small2.c|s/if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0;/if (ax > (f16 ? 0x7c00u : 0x7f80u)) return 0;/|avx2
+small16-f16-subnormals-unmoved|kernels/stats_small2.c|s/if (f16 \&\& amin < 0x0200u)/if (f16 \&\& amin < 0x0100u)/|avx2
+small16-bf16-flush-scan-skipped|kernels/stats_small2.c|s/amin <= 0x3300u/amin < 0x3300u/|avx2
+small16-bf16-ovf-scan-skipped|kernels/stats_small2.c|s/ax >= 0x4780u/ax > 0x4780u/|avx2
+small16-pad-with-zeros|kernels/stats_small2.c|s/td\[k\] = (size_t)k < n - i ? tz\[k\] : tz\[0\];/td[k] = tz[k];/|avx2
+small16-bf16-bin-unclamped|kernels/stats_small2.c|s/(aA_, 7), cb), clast)/(aA_, 7), cb), _mm256_set1_epi16(255))/|avx2
+small2-second-key-wrong|kernels/stats_small2.c|s/k1 = _mm256_set1_epi8((char)(key + 1));/k1 = _mm256_set1_epi8((char)(key + 2));/|avx2
+win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
+win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
+win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2
+win2-bf16-sq-shift|kernels/stats_avx2.c|s/_mm256_slli_epi16(a_, 13);/_mm256_slli_epi16(a_, 12);/|avx2
+win2-bf16-flush-scan-skipped|kernels/stats_avx2.c|s/any_flush = b->amin_m1 < 0x33000000u;/any_flush = b->amin_m1 < 0x32ffffffu;/|avx2
+drive-bf16-no-outside-sum|kernels/stats_block.c|s/b.sum += x; \/\* (bf16, as for fp16) \*\//;/|avx2
+drive-bf16-no-subnormal-swap|kernels/stats_block.c|s/b.sumsq += (double)x \* x - wrong \* wrong \* 0x1p-256;/(void)wrong;/|avx2|window
+drive-bf16-zero-square|kernels/stats_block.c|s/bf16p ? 0x1p-254 : 0.0/bf16p ? 0x1p-256 : 0.0/|avx2|window
+drive-bf16-window-at-0|kernels/stats_block.c|s/const int wlo = dt == PROBE_DTYPE_F16 || bf16p ? 1 : 0;/const int wlo = dt == PROBE_DTYPE_F16 ? 1 : 0;/|avx2|window
 hs2-fold-no-carry|kernels/stats_avx2.c|s/        x \&= hk;/        x = 0 \& hk;/|avx2
 win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m3ff), c400);/|avx2
 win2-zeros-outside|kernels/stats_avx2.c|s/_mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/z, _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/|avx2
@@ -32,30 +53,41 @@ dispatch-env-ignored|kernels/stats_dispatch.c|s/f = probe__stats_family_from_env
 headroom-named-constant-off|kernels/stats.c|s/return log2((double)PROBE_F16_MAX \/ absmax);/return log2(65520.0 \/ absmax);/|any
 LIST
 
-while IFS='|' read -r name file expr needs; do
+# One copy of the tree, built once; orig/ keeps its files as they were.
+rm -rf "$work/src" "$work/orig" && mkdir -p "$work/src" "$work/orig"
+(cd "$src" && tar cf - --exclude='./build*' --exclude=./.git .) | (cd "$work/src" && tar xf -)
+(cd "$work/src" && tar cf - kernels) | (cd "$work/orig" && tar xf -)
+cmake -S "$work/src" -B "$work/b" -DAMPPROBE_CUDA=OFF > "$work/cmake.log" 2>&1 &&
+  cmake --build "$work/b" --target test_stats -j2 > "$work/build.log" 2>&1 ||
+  { echo "the unmodified copy does not build (see $work/build.log)"; exit 1; }
+
+while IFS='|' read -r name file expr needs tcase; do
   [ -n "$name" ] || continue
+  echo "$name" | grep -Eq -- "$only" || continue
   if [ "$needs" = avx2 ] && [ "$avx2" = 0 ]; then echo "$name: skipped (no AVX2)"; continue; fi
-  d="$work/$name"
-  rm -rf "$d" && mkdir -p "$d/src"
-  (cd "$src" && tar cf - --exclude='./build*' --exclude=./.git .) | (cd "$d/src" && tar xf -)
-  sed -i "$expr" "$d/src/$file"
-  if cmp -s "$src/$file" "$d/src/$file"; then
+  f="$work/src/$file"
+  cp "$work/orig/$file" "$f"
+  sed -i "$expr" "$f"
+  if cmp -s "$work/orig/$file" "$f"; then
     echo "$name: the expression changed nothing (stale variant)"; missed=1; continue
   fi
-  cmake -S "$d/src" -B "$d/b" -DAMPPROBE_CUDA=OFF > "$d/cmake.log" 2>&1 &&
-    cmake --build "$d/b" --target test_stats -j2 > "$d/build.log" 2>&1 ||
-    { echo "$name: does not build (see $d/build.log)"; missed=1; continue; }
-  # the "reference" test case alone (every path, every length class, the
-  # special buffers and the 70001-element window-mode blocks) catches each
+  if ! cmake --build "$work/b" --target test_stats -j2 > "$work/$name.build.log" 2>&1; then
+    echo "$name: does not build (see $work/$name.build.log)"; missed=1
+    cp "$work/orig/$file" "$f"; continue
+  fi
+  # the "reference" test case (every path, every length class, the special
+  # buffers and the 70001-element window-mode blocks) catches most; a
+  # variant may name another case ("window")
   if [ "$name" = dispatch-env-ignored ]; then
-    AMPPROBE_STATS_PATH=portable CK_RUN_CASE=reference "$d/b/tests/kernels/test_stats" > "$d/test.log" 2>&1
+    AMPPROBE_STATS_PATH=portable CK_RUN_CASE=reference "$work/b/tests/kernels/test_stats" > "$work/$name.log" 2>&1
   else
-    CK_RUN_CASE=reference "$d/b/tests/kernels/test_stats" > "$d/test.log" 2>&1
+    CK_RUN_CASE=${tcase:-reference} "$work/b/tests/kernels/test_stats" > "$work/$name.log" 2>&1
   fi
   if [ $? -ne 0 ]; then
-    echo "$name: caught ($(grep -m1 -o '[a-z_]*: .* vs .*\|Assertion.*' "$d/test.log" | cut -c1-100))"
+    echo "$name: caught ($(grep -m1 -o '[a-z_]*: .* vs .*\|Assertion.*' "$work/$name.log" | cut -c1-100))"
   else
     echo "$name: NOT CAUGHT"; missed=1
   fi
+  cp "$work/orig/$file" "$f" # (cp gives it a new mtime: the next build recompiles it)
 done < "$work/list"
 exit $missed

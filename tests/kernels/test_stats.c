@@ -745,6 +745,88 @@ START_TEST(test_window_large_f16) {
 }
 END_TEST
 
+/* bf16 windows over every binade: runs of one binade walking all 255
+ * binary32 exponent fields (0: bf16 subnormals) and back, so that the AVX2
+ * path's 15-value bf16 windows (integer sums, squares built from the bits)
+ * sit at every position, including the lowest (field 1, never 0) and the
+ * highest, with a run's binade at every offset of the window; every 7th
+ * element +-0. */
+START_TEST(test_window_bf16_binades) {
+  size_t run = 4099, n = 2 * 255 * run;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    size_t r = i / run;
+    unsigned e = r < 255 ? (unsigned)r : (unsigned)(509 - r); /* 0..254, then back */
+    uint16_t m = (uint16_t)(rng_next() & 0x7f), sgn = (uint16_t)((rng_next() & 1) << 15);
+    if (e == 0 && m == 0) m = 1; /* a subnormal, not a zero */
+    h[i] = (uint16_t)(sgn | e << 7 | m);
+    if (i % 7 == 3) h[i] = sgn; /* +-0 */
+  }
+  check_all_paths(PROBE_DTYPE_BF16, h, n, "bf16 binade walk");
+  free(h);
+}
+END_TEST
+
+/* bf16 long enough (2^25 elements in 15 binades, the width of an AVX2 bf16
+ * window) that the window counters flush mid-call, with subnormals and
+ * values <= 2^-25 throughout and +-0 in the last 2M elements: the AVX2 bf16
+ * window block's sum of squares counts each zero as 2^-254 and each
+ * subnormal wrongly, which the flushes take back out. */
+START_TEST(test_window_large_bf16) {
+  size_t n = ((size_t)1 << 25) + 77;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    uint16_t m = (uint16_t)(rng_next() & 0x7f), sgn = (uint16_t)((rng_next() & 1) << 15);
+    uint16_t v = (uint16_t)((120u + (unsigned)(i % 15)) << 7 | m); /* [2^-7, 2^8) */
+    if (i % 7 == 3 && i > n - (1u << 21)) v = 0;       /* +-0 */
+    if (i % 9973 == 5) v = (uint16_t)(m | 1u);          /* a subnormal */
+    if (i % 10007 == 6) v = (uint16_t)(0x3300u - (m & 1u)); /* 2^-25 or just below */
+    h[i] = (uint16_t)(v | sgn);
+  }
+  check_all_paths(PROBE_DTYPE_BF16, h, n, "large bf16");
+  free(h);
+}
+END_TEST
+
+/* loop index: dtype. One value at a threshold the short paths test only
+ * through the extremes (f16_flush: |x| <= 2^-25; f16_overflow: |x| >= 65520;
+ * fp16 subnormals' exact bins) in otherwise N(0,1) data, either sign, at
+ * every length class: a scan skipped or a bound off by one is seen. */
+START_TEST(test_lone_thresholds) {
+  probe_dtype dt = (probe_dtype)_i;
+  static const size_t lens[] = {1, 31, 32, 100, 1024, 1500, 3000, 4096, 9000};
+  static const uint32_t f32v[] = {0x477ff000u, 0x477fefffu, 0x477fffffu, 0x47800000u,
+                                  0x33000000u, 0x33000001u, 0x32ffffffu, 0x00000001u};
+  static const uint16_t b16v[] = {0x4780u, 0x477fu, 0x3300u, 0x3301u, 0x32ffu, 0x0001u, 0x0080u};
+  static const uint16_t f16v[] = {0x0001u, 0x00ffu, 0x0100u, 0x01ffu, 0x0200u, 0x03ffu, 0x0400u};
+  size_t nv = dt == PROBE_DTYPE_F32 ? 8 : 7;
+  size_t es = probe_dtype_size(dt);
+  unsigned char *buf = malloc(9000 * 4);
+  float *x = malloc(9000 * sizeof *x);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+    size_t n = lens[li];
+    for (size_t vi = 0; vi < nv; vi++)
+      for (int sgn = 0; sgn < 2; sgn++) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)rng_normal();
+        store_as(buf, dt, x, n);
+        size_t at = (size_t)(rng_next() % n);
+        if (dt == PROBE_DTYPE_F32) {
+          uint32_t u = f32v[vi] | (uint32_t)sgn << 31;
+          memcpy(buf + 4 * at, &u, 4);
+        } else {
+          uint16_t h = (uint16_t)((dt == PROBE_DTYPE_F16 ? f16v[vi] : b16v[vi]) | (sgn << 15));
+          memcpy(buf + es * at, &h, 2);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "lone threshold %zu sign %d", vi, sgn);
+        check_all_paths(dt, buf, n, what);
+      }
+  }
+  free(x);
+  free(buf);
+}
+END_TEST
+
 static int records_equal_exact(const probe_stats *a, const probe_stats *b) {
   char why[160];
   return !stats_differ(a, b, 0.0, 0.0, why, sizeof why);
@@ -825,6 +907,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_test(tc, test_large_buffer);
+  tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
   suite_add_tcase(s, tc);
   TCase *tw = tcase_create("window");
   tcase_set_timeout(tw, 300);
@@ -832,6 +915,8 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tw, test_window_f16_binades);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
+  tcase_add_test(tw, test_window_bf16_binades);
+  tcase_add_test(tw, test_window_large_bf16);
   suite_add_tcase(s, tw);
   TCase *tm = tcase_create("merge");
   tcase_set_timeout(tm, 300);
