@@ -355,8 +355,9 @@ static void fit_text(char *dst, size_t cap, const char *s, double px) {
 static double draw_marks(const probe_rankmap *m, const rm_geom *g,
                          probe_buf *out) {
   if (m->first_row >= 0) {
-    double x = step_x(m, g, m->first_step);
-    double cw = g->gw / g->ncols, sz = cw > 10 ? cw : 10;
+    int c = col_of(m, m->first_step) / g->f; /* centred on its cell */
+    double x = (col_x(m, g, c) + col_x(m, g, c + 1)) / 2;
+    double cw = col_x(m, g, c + 1) - col_x(m, g, c), sz = cw > 10 ? cw : 10;
     double rs = g->rh > 10 ? g->rh : 10;
     double yc = g->gy + (m->first_row + 0.5) * g->rh;
     probe_buf_printf(out, "<rect id=\"first-nonfinite\" x=\"%.1f\" "
