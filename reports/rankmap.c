@@ -16,10 +16,16 @@
  * PROBE_RANKMAP_MAX_RUNS, columns are merged in pairs (worst state kept)
  * until they fit. Rows shrink to 2 px from 360 ranks on, with rank ticks
  * instead of a label per row.
+ *
+ * The cells live in shared anonymous memory (mmap MAP_SHARED): a worker
+ * process the caller forks to read traces (so that a crash inside HDF5
+ * does not take the caller down) fills them for the caller to draw.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ampprobe/analysis.h" /* probe_text_escape */
 #include "ampprobe/report.h"
@@ -52,7 +58,8 @@ typedef struct rm_row {
 struct probe_rankmap {
   int rows, cols;
   int64_t x0, x1;
-  unsigned char *cell; /* (rows, cols) probe_rank_cell */
+  unsigned char *cell; /* (rows, cols) probe_rank_cell, shared memory */
+  size_t cell_bytes;
   rm_row *row;
   int first_row;       /* -1: no first non-finite mark */
   int64_t first_step;
@@ -72,7 +79,10 @@ probe_status probe_rankmap_new(probe_rankmap **out, int rows, int cols,
   m->x0 = x0;
   m->x1 = x1;
   m->first_row = -1;
-  m->cell = calloc((size_t)rows * (size_t)cols, 1);
+  m->cell_bytes = (size_t)rows * (size_t)cols;
+  void *cells = mmap(NULL, m->cell_bytes, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0); /* zero-filled */
+  m->cell = cells == MAP_FAILED ? NULL : cells;
   m->row = calloc((size_t)rows, sizeof *m->row);
   if (!m->cell || !m->row) {
     probe_rankmap_free(m);
@@ -91,7 +101,7 @@ void probe_rankmap_free(probe_rankmap *m) {
     free(m->row[r].note);
   }
   free(m->row);
-  free(m->cell);
+  if (m->cell) munmap(m->cell, m->cell_bytes);
   free(m);
 }
 
@@ -160,6 +170,10 @@ void probe_rankmap_add(probe_rankmap *m, int row, int64_t step,
 void probe_rankmap_count_add(probe_rankmap *m, probe_rank_cell c, int64_t n) {
   if (c >= PROBE_RANK_CELL_NONE && c <= PROBE_RANK_CELL_NONFINITE && n > 0)
     m->count[c] += n;
+}
+
+void probe_rankmap_set_last(probe_rankmap *m, int row, int64_t step) {
+  if (row >= 0 && row < m->rows) m->row[row].last = step;
 }
 
 void probe_rankmap_mark_first(probe_rankmap *m, int row, int64_t step) {

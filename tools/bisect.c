@@ -412,6 +412,7 @@ static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
     if (dfd >= 0) close(dfd);
     return 0;
   }
+  rewinddir(d); /* the dup shares its offset with wd_fd: start over */
   int n = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
@@ -624,18 +625,10 @@ static void trial_postmortem(trial *t, probe_trace *tr, const char *path,
   probe_diag_free(&d);
 }
 
-/* libprobe's rank attributes (contract C1 of issue #14) came with
- * PROBE_SCALAR_WEIGHT_DIGEST. */
-#ifdef PROBE_SCALAR_WEIGHT_DIGEST
+/* The world size a rank trace states (0: not part of a job). */
 static int trace_world(probe_trace *tr) {
   return probe_trace_get_info(tr)->world_size;
 }
-#else
-static int trace_world(probe_trace *tr) {
-  (void)tr;
-  return 0;
-}
-#endif
 
 /* The trial's trace: trial-NN.h5 when it exists, else its lowest rank
  * file (primary); the ranks found go to ranks/n. Returns 0, or -1 with

@@ -14,11 +14,10 @@
  * Exit: 0 report written and the run healthy, 1 written and a problem
  * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
  */
-#define _GNU_SOURCE /* open_memstream, strverscmp */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
-#include <glob.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -676,15 +675,6 @@ static int open_trace(const char *path, probe_trace **t) {
 
 /* ---- a trace set: the ranks of one job --------------------------------------- */
 
-/* libprobe's rank attributes and trace sets (issue #14, contract C1) came
- * with PROBE_SCALAR_WEIGHT_DIGEST; built against an older libprobe the
- * traces read as single-process ones and sets are expanded here. */
-#ifdef PROBE_SCALAR_WEIGHT_DIGEST
-#define HAVE_RANK_ATTRS 1
-#else
-#define HAVE_RANK_ATTRS 0
-#endif
-
 #define SET_MAP_COLS 500    /* step columns of the ranks x steps view */
 #define SET_TABLE_ROWS 64   /* rows of the ranks table at most */
 #define SET_NOTE_MAX 200
@@ -722,16 +712,9 @@ typedef struct trace_set {
 } trace_set;
 
 static void info_ranks(const probe_trace_info *in, set_file *f) {
-#if HAVE_RANK_ATTRS
   f->rank = in->rank;
   f->world = in->world_size;
   snprintf(f->run_id, sizeof f->run_id, "%s", in->run_id ? in->run_id : "");
-#else
-  (void)in;
-  f->rank = -1;
-  f->world = 0;
-  f->run_id[0] = '\0';
-#endif
 }
 
 /* The rank a file name says, by the naming rule's default form
@@ -749,58 +732,6 @@ static int32_t rank_from_name(const char *path) {
     return -1;
   return (int32_t)r;
 }
-
-#if !HAVE_RANK_ATTRS
-static int natural_cmp(const void *a, const void *b) {
-  return strverscmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Stand-in for probe_trace_set_expand (docs/cli.md, "Trace sets"). */
-static probe_status probe_trace_set_expand(const char *const *args, size_t n,
-                                           char ***out, size_t *n_out) {
-  glob_t g;
-  char **v = NULL;
-  size_t k = 0, cap = 0;
-  *out = NULL;
-  *n_out = 0;
-  for (size_t i = 0; i < n; i++) {
-    struct stat sb;
-    int is_dir = stat(args[i], &sb) == 0 && S_ISDIR(sb.st_mode);
-    int meta = strpbrk(args[i], "*?[") && access(args[i], F_OK) != 0;
-    char pat[4200];
-    if (is_dir) snprintf(pat, sizeof pat, "%s/*.h5", args[i]);
-    else snprintf(pat, sizeof pat, "%s", args[i]);
-    if (!is_dir && !meta) {
-      g.gl_pathc = 1;
-      g.gl_pathv = (char *[]){pat, NULL};
-    } else if (glob(pat, 0, NULL, &g) != 0) {
-      if (meta) {
-        for (size_t j = 0; j < k; j++) free(v[j]);
-        free(v);
-        return PROBE_ERR_NOT_FOUND;
-      }
-      continue;
-    }
-    for (size_t j = 0; j < g.gl_pathc; j++) {
-      if (k == cap) {
-        cap = cap ? 2 * cap : 64;
-        v = realloc(v, cap * sizeof *v);
-      }
-      v[k++] = strdup(g.gl_pathv[j]);
-    }
-    if (is_dir || meta) globfree(&g);
-  }
-  if (k) qsort(v, k, sizeof *v, natural_cmp);
-  *out = v;
-  *n_out = k;
-  return PROBE_OK;
-}
-
-static void probe_trace_set_free(char **p, size_t n) {
-  for (size_t i = 0; i < n; i++) free(p[i]);
-  free(p);
-}
-#endif
 
 /* First pass over one file: validated by the isolated reader (a crash or
  * hang inside HDF5 becomes "corrupt"), its attributes and step range. */

@@ -234,7 +234,9 @@ typedef enum probe_rank_row {
 typedef struct probe_rankmap probe_rankmap;
 
 /* rows x cols cells over the inclusive step range [x0, x1]; cols is
- * clamped to the number of steps. */
+ * clamped to the number of steps. The cells are in shared anonymous
+ * memory: probe_rankmap_add in a child forked after this call fills the
+ * parent's map (the rest of the map is not shared). */
 probe_status probe_rankmap_new(probe_rankmap **out, int rows, int cols,
                                int64_t x0, int64_t x1);
 void probe_rankmap_free(probe_rankmap *m);
@@ -254,6 +256,9 @@ void probe_rankmap_add(probe_rankmap *m, int row, int64_t step,
  * its cell once per record that says something of it, so the caller, who
  * knows each step's final state, counts them. */
 void probe_rankmap_count_add(probe_rankmap *m, probe_rank_cell c, int64_t n);
+/* The last step of a row (probe_rankmap_add keeps it in this process; a
+ * caller whose worker process filled the cells says it here). */
+void probe_rankmap_set_last(probe_rankmap *m, int row, int64_t step);
 /* Marks the cell of the job's first non-finite value (ringed in red). */
 void probe_rankmap_mark_first(probe_rankmap *m, int row, int64_t step);
 /* Marks a row whose rank stopped first: a red bar after its last step. */

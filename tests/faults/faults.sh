@@ -362,7 +362,7 @@ case_fifo_report() {
   mkdir nothing
   t -- "$AMP" report nothing -o x.html
   expect 3 "report nothing/ (a trace set without a trace)"
-  one_line "report nothing/" "no trace"
+  one_line "report nothing/" "no .h5 file"
   absent x.html "nothing written"
 }
 
