@@ -389,16 +389,26 @@ static double draw_marks(const probe_rankmap *m, const rm_geom *g,
                           "width=\"3\" height=\"%.1f\" fill=\"#e41a1c\"/>\n",
                      x, y + g->rh / 2.0 - h / 2, h);
   }
-  double ny = g->gy + 4, nx = g->gx + g->gw + 14, bottom = g->gy;
-  int drawn = 0, extra = 0;
-  for (int r = 0; r < m->rows; r++) {
-    const rm_row *R = &m->row[r];
-    int first = r == m->first_row;
-    if (!R->note && !first) continue;
-    if (drawn == RM_MAX_NOTES) {
-      extra++;
-      continue;
+  /* which notes: the first inf/NaN's and the stopped rows' always, then
+   * the others in row order, RM_MAX_NOTES in all; drawn in row order */
+  int n_notes = 0, picked = 0, extra = 0;
+  for (int r = 0; r < m->rows; r++)
+    n_notes += m->row[r].note || r == m->first_row;
+  unsigned char *pick = calloc((size_t)m->rows, 1);
+  for (int pass = 0; pick && pass < 2; pass++)
+    for (int r = 0; r < m->rows && picked < RM_MAX_NOTES; r++) {
+      const rm_row *R = &m->row[r];
+      int key = r == m->first_row || R->stop;
+      if (pick[r] || !(R->note || r == m->first_row) || (pass == 0 && !key))
+        continue;
+      pick[r] = 1;
+      picked++;
     }
+  extra = n_notes - picked;
+  double ny = g->gy + 4, nx = g->gx + g->gw + 14, bottom = g->gy;
+  for (int r = 0; pick && r < m->rows; r++) {
+    const rm_row *R = &m->row[r];
+    if (!pick[r]) continue;
     double yc = g->gy + (r + 0.5) * g->rh;
     double y = yc > ny ? yc : ny;
     probe_buf_printf(out, "<polyline fill=\"none\" stroke=\"#999\" "
@@ -419,8 +429,8 @@ static double draw_marks(const probe_rankmap *m, const rm_geom *g,
     probe_buf_puts(out, "</text>\n");
     ny = y + RM_NOTE_GAP;
     bottom = y + 6;
-    drawn++;
   }
+  free(pick);
   if (extra) {
     probe_buf_printf(out, "<text class=\"rn\" x=\"%.1f\" y=\"%.1f\">and %d "
                           "more rows with notes (the table below)</text>\n",

@@ -14,7 +14,7 @@
  * Exit: 0 report written and the run healthy, 1 written and a problem
  * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
  */
-#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#define _GNU_SOURCE /* open_memstream, strverscmp */
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
@@ -23,7 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -675,50 +678,47 @@ static int open_trace(const char *path, probe_trace **t) {
 
 /* ---- a trace set: the ranks of one job --------------------------------------- */
 
+/* The set is read by the analysis library's cross-rank post-mortem
+ * (probe_ranks_run: which ranks were read, missing, unreadable, killed;
+ * the job's first non-finite value and how the all-reduce spread it; the
+ * verdict), which is what the page says in words and what the table and
+ * the ring show. The cells of the ranks x steps view are this file's own
+ * scan of each readable trace, in a forked worker (set_scan_all). */
+
 #define SET_MAP_COLS 500    /* step columns of the ranks x steps view */
 #define SET_TABLE_ROWS 64   /* rows of the ranks table at most */
-#define SET_NOTE_MAX 200
+#define SET_NOTE_MAX 240
 #define NF_BITS_MAX (INT64_C(1) << 30) /* steps counted exactly, at most */
+#define SCAN_SECONDS 30     /* a worker's time per file: 30 s + 1 s per */
+#define SCAN_BYTES_PER_SECOND (20 << 20) /* 20 MB, as the isolated reader */
 
-typedef struct set_file {
-  const char *path;
-  int ok;              /* validated by the isolated reader */
-  char err[300];
-  int32_t rank, world; /* -1, 0: a trace without rank attributes */
-  int rank_from_name;  /* rank read from the file name (unreadable file) */
-  char run_id[80];
-  int complete;
-  int64_t first, last, n_steps;
-  int64_t writer_nf;   /* the writer's first non-finite step, -1 none */
-  int row;
-  /* from the scan */
-  int64_t nf_step, nf_steps, skipped;
-  int nf_phase;
-  uint32_t nf_seq;
-  int32_t nf_layer, nf_site; /* -1: the loss or gradient norm */
-  char nf_layer_name[PROBE_NAME_MAX];
+/* A row of the view: a rank (read, missing or unreadable) of probe_ranks. */
+typedef struct set_row {
+  const probe_rank_entry *e;
+  char label[48];
   char note[SET_NOTE_MAX];
-} set_file;
+} set_row;
+
+/* What the scan of one file leaves (shared memory: the worker writes it). */
+typedef struct scan_res {
+  int state;           /* 0 not scanned, 1 scanned, 2 failed */
+  int64_t first, last; /* step range, -1 none */
+  int64_t nf_steps;    /* steps with inf/NaN by this page's rule */
+  int64_t count[4];    /* steps per final probe_rank_cell */
+  char err[200];
+} scan_res;
 
 typedef struct trace_set {
-  set_file *f;
-  size_t n;
-  int world;           /* rows 0..world-1 are ranks */
-  int rows;
-  int first;           /* file of the job's first inf/NaN, -1 none */
-  int64_t min_last, max_last; /* over readable files */
-  int n_missing, n_unreadable, n_nonfinite, n_stopped, n_dup;
+  probe_ranks R;
+  int have_R;
+  set_row *rows;
+  int n_rows;
+  scan_res *scan;      /* (n_rows) shared memory */
   int64_t x0, x1;
 } trace_set;
 
-static void info_ranks(const probe_trace_info *in, set_file *f) {
-  f->rank = in->rank;
-  f->world = in->world_size;
-  snprintf(f->run_id, sizeof f->run_id, "%s", in->run_id ? in->run_id : "");
-}
-
 /* The rank a file name says, by the naming rule's default form
- * "NAME.rankR.h5" (for a file that cannot be read); -1 when none. */
+ * "NAME.rankR.h5" (an unreadable file has no rank attribute); -1 none. */
 static int32_t rank_from_name(const char *path) {
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
@@ -733,121 +733,70 @@ static int32_t rank_from_name(const char *path) {
   return (int32_t)r;
 }
 
-/* First pass over one file: validated by the isolated reader (a crash or
- * hang inside HDF5 becomes "corrupt"), its attributes and step range. */
-static void set_probe_file(set_file *f) {
-  probe_trace *t = NULL;
-  f->rank = -1;
-  f->first = f->last = f->writer_nf = f->nf_step = -1;
-  f->nf_layer = f->nf_site = -1;
-  f->row = -1;
-  probe_status st = probe_trace_open_isolated(&t, f->path, f->err,
-                                              sizeof f->err);
-  if (st < 0) {
-    if (!f->err[0]) snprintf(f->err, sizeof f->err, "%s", probe_status_str(st));
-    f->rank = rank_from_name(f->path);
-    f->rank_from_name = f->rank >= 0;
-    return;
+/* Rows in probe_ranks' order (by rank; unreadable files without a rank
+ * after), except that an unreadable file whose name gives a missing rank
+ * takes that rank's row. */
+static int set_rows(trace_set *s) {
+  const probe_ranks *R = &s->R;
+  s->rows = calloc(R->n_entries ? R->n_entries : 1, sizeof *s->rows);
+  char *used = calloc(R->n_entries ? R->n_entries : 1, 1);
+  if (!s->rows || !used) {
+    free(used);
+    return -1;
   }
-  const probe_trace_info *in = probe_trace_get_info(t);
-  info_ranks(in, f);
-  f->complete = in->complete;
-  f->n_steps = in->n_steps;
-  f->writer_nf = in->first_nonfinite_step;
-  if (trace_range(t, &f->first, &f->last) != PROBE_OK) {
-    snprintf(f->err, sizeof f->err, "%s", probe_trace_last_error(t));
-  } else {
-    f->ok = 1;
-  }
-  probe_trace_close(t);
-}
-
-/* Run ids must agree: traces of two jobs are not one set. */
-static int set_check_run_ids(const trace_set *s) {
-  const set_file *a = NULL;
-  for (size_t i = 0; i < s->n; i++) {
-    const set_file *f = &s->f[i];
-    if (!f->ok || !f->run_id[0]) continue;
-    if (!a) {
-      a = f;
-    } else if (strcmp(a->run_id, f->run_id) != 0) {
-      char ea[200], eb[200];
-      cli_escape_name(ea, sizeof ea, a->run_id);
-      cli_escape_name(eb, sizeof eb, f->run_id);
-      cli_error(SUB, "the set mixes the traces of two jobs: %s has run id "
-                     "'%s', %s '%s'; give the traces of one job",
-                a->path, ea, f->path, eb);
-      return CLI_EXIT_USAGE;
+  int n = 0;
+  for (size_t i = 0; i < R->n_entries; i++) {
+    const probe_rank_entry *e = &R->entries[i];
+    if (used[i]) continue;
+    if (e->status == PROBE_RANK_MISSING) {
+      for (size_t j = 0; j < R->n_entries; j++) {
+        const probe_rank_entry *u = &R->entries[j];
+        if (!used[j] && u->status == PROBE_RANK_UNREADABLE && u->rank < 0 &&
+            u->path && rank_from_name(u->path) == e->rank) {
+          used[j] = 1;
+          e = u;
+          break;
+        }
+      }
     }
+    set_row *w = &s->rows[n++];
+    w->e = e;
+    int32_t rk = e->rank >= 0 ? e->rank : e->path ? rank_from_name(e->path) : -1;
+    if (rk >= 0) snprintf(w->label, sizeof w->label, "rank %d", (int)rk);
+    else snprintf(w->label, sizeof w->label, "file %d", n - 1);
   }
-  return CLI_EXIT_OK;
+  free(used);
+  s->n_rows = n;
+  return n > PROBE_RANKMAP_MAX_ROWS ? -1 : 0;
 }
 
-static void add_note(set_file *f, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void add_note(set_file *f, const char *fmt, ...) {
-  size_t o = strlen(f->note);
-  if (o && o + 2 < sizeof f->note) {
-    memcpy(f->note + o, "; ", 3);
-    o += 2;
-  }
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(f->note + o, sizeof f->note - o, fmt, ap);
-  va_end(ap);
+/* One bit per step of a file (over its step range). */
+typedef struct step_bits {
+  unsigned char *bit;
+  int64_t first, n;
+} step_bits;
+
+static void bits_init(step_bits *b, int64_t first, int64_t last) {
+  b->bit = NULL;
+  b->first = first;
+  b->n = last - first + 1;
+  if (first >= 0 && b->n > 0 && b->n <= NF_BITS_MAX)
+    b->bit = calloc((size_t)(b->n + 7) / 8, 1);
 }
 
-/* Rows: rank r on row r for r < world (the largest world size or rank + 1
- * seen); files without a rank (or a second file of a rank) after them. */
-static int set_assign_rows(trace_set *s) {
-  int world = 0;
-  for (size_t i = 0; i < s->n; i++) {
-    const set_file *f = &s->f[i];
-    if (f->ok && f->world > world && f->world <= PROBE_RANKMAP_MAX_ROWS)
-      world = f->world;
-    if (f->rank >= 0 && f->rank + 1 > world) world = f->rank + 1;
-  }
-  if (world > PROBE_RANKMAP_MAX_ROWS) world = PROBE_RANKMAP_MAX_ROWS;
-  s->world = world;
-  int extra = world;
-  for (size_t i = 0; i < s->n; i++) { /* readable files take their rank first */
-    set_file *f = &s->f[i];
-    if (!f->ok || f->rank < 0 || f->rank >= world) continue;
-    int taken = 0;
-    for (size_t j = 0; j < i; j++)
-      if (s->f[j].ok && s->f[j].row == f->rank) taken = 1;
-    if (taken) {
-      add_note(f, "a second trace of rank %d", (int)f->rank);
-      s->n_dup++;
-    } else {
-      f->row = f->rank;
-    }
-  }
-  for (size_t i = 0; i < s->n; i++) { /* then unreadable ones named by rank */
-    set_file *f = &s->f[i];
-    if (f->ok || f->rank < 0 || f->rank >= world) continue;
-    int taken = 0;
-    for (size_t j = 0; j < s->n; j++)
-      if (j != i && s->f[j].row == f->rank) taken = 1;
-    if (!taken) f->row = f->rank;
-  }
-  for (size_t i = 0; i < s->n; i++)
-    if (s->f[i].row < 0) s->f[i].row = extra++;
-  if (extra > PROBE_RANKMAP_MAX_ROWS) {
-    cli_error(SUB, "the set has %d ranks and files; at most %d are shown",
-              extra, PROBE_RANKMAP_MAX_ROWS);
-    return CLI_EXIT_USAGE;
-  }
-  s->rows = extra > 0 ? extra : 1;
-  return CLI_EXIT_OK;
+/* Sets the bit of step; returns 1 when it was clear. */
+static int bits_set(step_bits *b, int64_t step) {
+  int64_t k = step - b->first;
+  if (!b->bit || k < 0 || k >= b->n) return 0;
+  unsigned char m = (unsigned char)(1u << (k & 7));
+  if (b->bit[k >> 3] & m) return 0;
+  b->bit[k >> 3] |= m;
+  return 1;
 }
 
-/* Whether (step, phase, seq) a comes before b. */
-static int nf_before(int64_t sa, int pa, uint32_t qa, const set_file *b) {
-  if (b->nf_step < 0) return 1;
-  if (sa != b->nf_step) return sa < b->nf_step;
-  if (pa != b->nf_phase) return pa < b->nf_phase;
-  return qa < b->nf_seq;
+static int bits_get(const step_bits *b, int64_t step) {
+  int64_t k = step - b->first;
+  return b->bit && k >= 0 && k < b->n && (b->bit[k >> 3] >> (k & 7)) & 1;
 }
 
 /* Row index where the records of `step` begin (records are in step order):
@@ -867,260 +816,284 @@ static probe_status records_from(probe_trace *t, int64_t step, int64_t *row) {
   return PROBE_OK;
 }
 
-/* One bit per step of a file (over its step range). */
-typedef struct step_bits {
-  unsigned char *bit;
-  int64_t first, n;
-} step_bits;
-
-static void bits_init(step_bits *b, const set_file *f) {
-  b->bit = NULL;
-  b->first = f->first;
-  b->n = f->last - f->first + 1;
-  if (f->first >= 0 && b->n > 0 && b->n <= NF_BITS_MAX)
-    b->bit = calloc((size_t)(b->n + 7) / 8, 1);
-}
-
-/* Sets the bit of step; returns 1 when it was clear. */
-static int bits_set(step_bits *b, int64_t step) {
-  int64_t k = step - b->first;
-  if (!b->bit || k < 0 || k >= b->n) return 0;
-  unsigned char m = (unsigned char)(1u << (k & 7));
-  if (b->bit[k >> 3] & m) return 0;
-  b->bit[k >> 3] |= m;
-  return 1;
-}
-
-static int bits_get(const step_bits *b, int64_t step) {
-  int64_t k = step - b->first;
-  return b->bit && k >= 0 && k < b->n && (b->bit[k >> 3] >> (k & 7)) & 1;
-}
-
-/* A non-finite value of the file at (step, phase, seq): a candidate for
- * the first one of the job. */
-static void nf_seen(set_file *f, int64_t step, int phase, uint32_t seq,
-                    int32_t layer, int32_t site, const char *layer_name) {
-  if (!nf_before(step, phase, seq, f)) return;
-  f->nf_step = step;
-  f->nf_phase = phase;
-  f->nf_seq = seq;
-  f->nf_layer = layer;
-  f->nf_site = site;
-  snprintf(f->nf_layer_name, sizeof f->nf_layer_name, "%s",
-           layer_name ? layer_name : "");
-}
+typedef struct scan_ctx {
+  probe_rankmap *m;
+  int row;
+  scan_res *res;
+  step_bits nf, skip, seen;
+} scan_ctx;
 
 /* A step's cell from its scalars. Gradients that overflowed in a step the
  * loss scaler skipped are dynamic loss scaling at work: such a step is
  * "skipped", not "inf/NaN" (a non-finite loss always is). */
-static void scan_steps_chunk(set_file *f, probe_rankmap *m, step_bits *nf,
-                             step_bits *skip, step_bits *seen,
-                             const probe_step_scalars *s, size_t n) {
+static void scan_steps(scan_ctx *c, const probe_step_scalars *s, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const probe_step_scalars *p = &s[i];
-    bits_set(seen, p->step);
+    bits_set(&c->seen, p->step);
     int loss_bad = !(p->unmeasured & PROBE_SCALAR_LOSS) && !isfinite(p->loss);
     int norm_bad = !(p->unmeasured & PROBE_SCALAR_GRAD_NORM) &&
                    !isfinite(p->grad_norm) && !p->skipped;
-    probe_rank_cell c = loss_bad || norm_bad ? PROBE_RANK_CELL_NONFINITE
-                        : p->skipped         ? PROBE_RANK_CELL_SKIPPED
-                                             : PROBE_RANK_CELL_HEALTHY;
-    probe_rankmap_add(m, f->row, p->step, c);
-    if (p->skipped) {
-      f->skipped++;
-      bits_set(skip, p->step);
+    probe_rank_cell cell = loss_bad || norm_bad ? PROBE_RANK_CELL_NONFINITE
+                           : p->skipped         ? PROBE_RANK_CELL_SKIPPED
+                                                : PROBE_RANK_CELL_HEALTHY;
+    probe_rankmap_add(c->m, c->row, p->step, cell);
+    if (p->skipped) bits_set(&c->skip, p->step);
+    if (cell == PROBE_RANK_CELL_NONFINITE) c->res->nf_steps += bits_set(&c->nf, p->step);
+  }
+}
+
+static void scan_records(scan_ctx *c, const probe_record *r, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (probe_stats_nonfinite(&r[i].stats) == 0) continue;
+    int ph = (int)probe_site_phase((probe_site)r[i].site);
+    if (ph == PROBE_PHASE_BACKWARD && bits_get(&c->skip, r[i].step)) {
+      probe_rankmap_add(c->m, c->row, r[i].step, PROBE_RANK_CELL_SKIPPED);
+      continue; /* caught by the loss scaler */
     }
-    if (c != PROBE_RANK_CELL_NONFINITE) continue;
-    f->nf_steps += bits_set(nf, p->step);
-    nf_seen(f, p->step, loss_bad ? PROBE_PHASE_FORWARD : PROBE_PHASE_BACKWARD,
-            UINT32_MAX, -1, -1, NULL);
+    probe_rankmap_add(c->m, c->row, r[i].step, PROBE_RANK_CELL_NONFINITE);
+    c->res->nf_steps += bits_set(&c->nf, r[i].step);
   }
 }
 
 /* The legend's (rank, step) counts: each step once, in its final state. */
-static void count_states(probe_rankmap *m, const step_bits *nf,
-                         const step_bits *skip, const step_bits *seen) {
-  int64_t n[4] = {0, 0, 0, 0};
-  for (int64_t k = 0; seen->bit && k < seen->n; k++) {
-    int64_t step = seen->first + k;
-    if (bits_get(nf, step)) n[PROBE_RANK_CELL_NONFINITE]++;
-    else if (bits_get(seen, step))
-      n[bits_get(skip, step) ? PROBE_RANK_CELL_SKIPPED
-                             : PROBE_RANK_CELL_HEALTHY]++;
+static void scan_count(scan_ctx *c) {
+  for (int64_t k = 0; c->seen.bit && k < c->seen.n; k++) {
+    int64_t step = c->seen.first + k;
+    if (bits_get(&c->nf, step)) c->res->count[PROBE_RANK_CELL_NONFINITE]++;
+    else if (bits_get(&c->seen, step))
+      c->res->count[bits_get(&c->skip, step) ? PROBE_RANK_CELL_SKIPPED
+                                             : PROBE_RANK_CELL_HEALTHY]++;
   }
-  for (int c = 1; c < 4; c++) probe_rankmap_count_add(m, (probe_rank_cell)c, n[c]);
 }
 
-/* Second pass over a readable file: its steps (every row) and its records
- * from the writer's first non-finite step on (before it every record was
- * finite, docs/trace-format.md), into the map. */
-static probe_status set_scan_file(set_file *f, probe_rankmap *m) {
+/* One readable file into the map: every row of its steps table, and its
+ * records from the writer's first non-finite step on (before it every
+ * record was finite: /meta/state, docs/trace-format.md). */
+static probe_status scan_file(const char *path, probe_rankmap *m, int row,
+                              scan_res *res) {
   probe_trace *t = NULL;
-  probe_status st = probe_trace_open(&t, f->path);
-  if (st < 0) return st;
+  probe_status st = probe_trace_open(&t, path);
+  if (st < 0) {
+    snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(NULL));
+    return st;
+  }
+  scan_ctx c = {m, row, res, {0}, {0}, {0}};
+  int64_t writer_nf = probe_trace_get_info(t)->first_nonfinite_step;
+  st = trace_range(t, &res->first, &res->last);
+  bits_init(&c.nf, res->first, res->last);
+  bits_init(&c.skip, res->first, res->last);
+  bits_init(&c.seen, res->first, res->last);
   probe_step_scalars *steps = malloc(CHUNK * sizeof *steps);
   probe_record *recs = malloc(CHUNK * sizeof *recs);
   if (!steps || !recs) st = PROBE_ERR_NOMEM;
-  step_bits nf, skip, seen;
-  bits_init(&nf, f);
-  bits_init(&skip, f);
-  bits_init(&seen, f);
   size_t got = 0;
   for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
     st = probe_trace_read_steps(t, at, CHUNK, steps, &got);
     if (st != PROBE_OK || got == 0) break;
-    scan_steps_chunk(f, m, &nf, &skip, &seen, steps, got);
+    scan_steps(&c, steps, got);
   }
   int64_t from = 0;
-  size_t n_layers = 0;
-  const probe_layer_info *layers = probe_trace_layers(t, &n_layers);
-  if (st == PROBE_OK && f->writer_nf >= 0) st = records_from(t, f->writer_nf, &from);
-  for (int64_t at = from; st == PROBE_OK && f->writer_nf >= 0; at += (int64_t)got) {
+  if (st == PROBE_OK && writer_nf >= 0) st = records_from(t, writer_nf, &from);
+  for (int64_t at = from; st == PROBE_OK && writer_nf >= 0; at += (int64_t)got) {
     st = probe_trace_read_records(t, at, CHUNK, recs, &got);
     if (st != PROBE_OK || got == 0) break;
-    for (size_t i = 0; i < got; i++) {
-      const probe_record *r = &recs[i];
-      if (probe_stats_nonfinite(&r->stats) == 0) continue;
-      int ph = (int)probe_site_phase((probe_site)r->site);
-      if (ph == PROBE_PHASE_BACKWARD && bits_get(&skip, r->step)) {
-        probe_rankmap_add(m, f->row, r->step, PROBE_RANK_CELL_SKIPPED);
-        continue; /* caught by the loss scaler */
-      }
-      probe_rankmap_add(m, f->row, r->step, PROBE_RANK_CELL_NONFINITE);
-      f->nf_steps += bits_set(&nf, r->step);
-      nf_seen(f, r->step, ph, r->seq, r->layer, r->site,
-              r->layer >= 0 && (size_t)r->layer < n_layers
-                  ? layers[r->layer].name
-                  : "?");
-    }
+    scan_records(&c, recs, got);
   }
-  if (st < 0)
-    snprintf(f->err, sizeof f->err, "%s", probe_trace_last_error(t));
-  else
-    count_states(m, &nf, &skip, &seen);
-  free(seen.bit);
-  free(nf.bit);
-  free(skip.bit);
+  if (st < 0) snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(t));
+  else scan_count(&c);
+  free(c.nf.bit);
+  free(c.skip.bit);
+  free(c.seen.bit);
   free(steps);
   free(recs);
   probe_trace_close(t);
   return st;
 }
 
-/* Where a file's first inf/NaN is, as one line. */
-static void nf_where(const set_file *f, char *buf, size_t n) {
-  char ln[PROBE_NAME_MAX * 4];
-  if (f->nf_site >= 0) {
-    cli_escape_name(ln, sizeof ln, f->nf_layer_name);
-    snprintf(buf, n, "step %lld, %s of %s", (long long)f->nf_step,
-             probe_site_name((probe_site)f->nf_site), ln);
-  } else {
-    snprintf(buf, n, "step %lld, %s", (long long)f->nf_step,
-             f->nf_phase == PROBE_PHASE_FORWARD ? "the loss"
-                                                : "the gradient norm");
+/* The worker: scans rows from `from` on, marking each before it starts,
+ * with an alarm per file against a hang. */
+static void scan_worker(trace_set *s, probe_rankmap *m, int from,
+                        volatile int *at) {
+  for (int i = from; i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    if (e->status != PROBE_RANK_READ) continue;
+    *at = i;
+    struct stat sb;
+    off_t size = stat(e->path, &sb) == 0 ? sb.st_size : 0;
+    alarm((unsigned)(SCAN_SECONDS + size / SCAN_BYTES_PER_SECOND));
+    s->scan[i].state = scan_file(e->path, m, i, &s->scan[i]) < 0 ? 2 : 1;
+    alarm(0);
   }
+  *at = s->n_rows;
 }
 
-static const char *row_label(const set_file *f, char *buf, size_t n) {
-  if (f->rank >= 0 && f->row == f->rank)
-    snprintf(buf, n, "rank %d", (int)f->rank);
-  else if (f->rank >= 0)
-    snprintf(buf, n, "rank %d (2nd)", (int)f->rank);
-  else
-    snprintf(buf, n, "file %d", f->row);
-  return buf;
-}
-
-/* The rows of the map and their notes: missing ranks, unreadable files,
- * incomplete traces, the rank(s) that stopped first, the first inf/NaN. */
-static probe_status set_fill_rows(trace_set *s, probe_rankmap *m) {
-  probe_status st = PROBE_OK;
-  char lab[64];
-  for (int r = 0; r < s->world && st == PROBE_OK; r++) {
-    int has = 0;
-    for (size_t i = 0; i < s->n; i++) has |= s->f[i].row == r;
-    if (has) continue;
-    snprintf(lab, sizeof lab, "rank %d", r);
-    st = probe_rankmap_set_row(m, r, lab, PROBE_RANK_ROW_MISSING, NULL);
-    if (st == PROBE_OK) st = probe_rankmap_note(m, r, "missing: no trace file");
-    s->n_missing++;
-  }
-  for (size_t i = 0; i < s->n && st == PROBE_OK; i++) {
-    set_file *f = &s->f[i];
-    row_label(f, lab, sizeof lab);
-    st = probe_rankmap_set_row(m, f->row, lab,
-                               f->ok ? PROBE_RANK_ROW_TRACE
-                                     : PROBE_RANK_ROW_UNREADABLE,
-                               f->path);
-    if (!f->ok) {
-      add_note(f, "unreadable: %.150s", f->err);
-      s->n_unreadable++;
-    } else {
-      if (!f->complete) add_note(f, "incomplete (writer did not close it)");
-      if (f->n_steps > 0 && f->last < s->max_last && f->last == s->min_last) {
-        add_note(f, "stopped first: last step %lld of %lld",
-                 (long long)f->last, (long long)s->max_last);
-        probe_rankmap_mark_stop(m, f->row);
-        s->n_stopped++;
-      }
-      if (f->nf_step >= 0) s->n_nonfinite++;
+/* Scans every readable file in a forked worker process that fills the
+ * map's shared cells, so that a crash or hang inside HDF5 on a malformed
+ * file marks that rank unreadable (a new worker goes on with the next
+ * file) instead of killing the report. */
+static int set_scan_all(trace_set *s, probe_rankmap *m) {
+  size_t bytes = (size_t)s->n_rows * sizeof *s->scan + sizeof(int);
+  void *shm = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shm == MAP_FAILED) return -1;
+  s->scan = shm;
+  volatile int *at = (volatile int *)(s->scan + s->n_rows);
+  int from = 0;
+  while (from < s->n_rows) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      signal(SIGALRM, SIG_DFL);
+      scan_worker(s, m, from, at);
+      _exit(0);
     }
-    if (s->first == (int)i) {
-      char w[PROBE_NAME_MAX * 4 + 64];
-      nf_where(f, w, sizeof w);
-      add_note(f, "first inf/NaN: %s", w);
-      probe_rankmap_mark_first(m, f->row, f->nf_step);
-    }
-    if (st == PROBE_OK && f->note[0]) st = probe_rankmap_note(m, f->row, f->note);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && *at >= s->n_rows)
+      break;
+    int bad = *at; /* it died on this file */
+    if (bad < from || bad >= s->n_rows) return -1;
+    s->scan[bad].state = 2;
+    snprintf(s->scan[bad].err, sizeof s->scan[bad].err, "%s",
+             WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM
+                 ? "reading it hung (stopped)"
+                 : "reading it crashed the reader");
+    from = bad + 1;
   }
-  return st;
+  return 0;
 }
 
-/* Opens, checks and scans every file of the set, fills the map. */
-static int set_build(trace_set *s, int heat_cols, probe_rankmap **map) {
+static const char *role_str(int32_t role) {
+  return role == PROBE_RANK_ROLE_BORN      ? "born here"
+         : role == PROBE_RANK_ROLE_CARRIED ? "carried by the all-reduce"
+         : role == PROBE_RANK_ROLE_LATER   ? "its own, later"
+                                           : "";
+}
+
+/* "step 30, fwd_out of input" for an entry's first non-finite record. */
+static void entry_nf(const probe_rank_entry *e, char *buf, size_t n) {
+  if (e->nf_step < 0) {
+    snprintf(buf, n, e->first_nonfinite_loss_step >= 0 ? "loss at step %lld"
+                                                       : "none",
+             (long long)e->first_nonfinite_loss_step);
+    return;
+  }
+  snprintf(buf, n, "step %lld, %s of %s", (long long)e->nf_step,
+           e->nf_site >= 0 && e->nf_site < PROBE_SITE_COUNT
+               ? probe_site_name((probe_site)e->nf_site)
+               : "?",
+           e->nf_layer_name);
+}
+
+static void add_note(set_row *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void add_note(set_row *w, const char *fmt, ...) {
+  size_t o = strlen(w->note);
+  if (o && o + 2 < sizeof w->note) {
+    memcpy(w->note + o, "; ", 3);
+    o += 2;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->note + o, sizeof w->note - o, fmt, ap);
+  va_end(ap);
+}
+
+/* The notes of each row, what the scan found failing included. */
+static void set_notes(trace_set *s) {
+  const probe_ranks *R = &s->R;
+  for (int i = 0; i < s->n_rows; i++) {
+    set_row *w = &s->rows[i];
+    const probe_rank_entry *e = w->e;
+    char where[PROBE_NAME_MAX * 4 + 64], err[240];
+    if (e->status == PROBE_RANK_MISSING) add_note(w, "missing: no trace file");
+    if (e->status == PROBE_RANK_UNREADABLE) {
+      cli_escape_name(err, sizeof err, e->error ? e->error : "unreadable");
+      add_note(w, "unreadable: %s", err);
+    }
+    if (e->status != PROBE_RANK_READ) continue;
+    if (s->scan && s->scan[i].state == 2)
+      add_note(w, "its steps could not be read: %s", s->scan[i].err);
+    if (!e->complete) add_note(w, "incomplete (writer did not close it)");
+    if (R->stopped_first >= 0 && e == &R->entries[R->stopped_first])
+      add_note(w, "stopped first: last step %lld of %lld",
+               (long long)e->last_step, (long long)R->max_last_step);
+    if (R->first >= 0 && e == &R->entries[R->first]) {
+      entry_nf(e, where, sizeof where);
+      add_note(w, "first inf/NaN of the job: %s", where);
+    } else if (e->role == PROBE_RANK_ROLE_BORN) { /* born on several */
+      entry_nf(e, where, sizeof where);
+      add_note(w, "%s: %s", role_str(e->role), where);
+    } /* "carried" is the rule in a DDP job: in the table, not a note */
+    for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++) {
+      const probe_ranks_disagreement *d = &R->disagree[f];
+      if (d->found && d->rank_b == e->rank)
+        add_note(w, "%s differs from rank %d's at step %lld",
+                 probe_ranks_field_name((probe_ranks_field)f), (int)d->rank_a,
+                 (long long)d->step);
+    }
+  }
+}
+
+/* Reads the set: the cross-rank post-mortem, the rows, the scan; fills the
+ * map. Returns an exit code. */
+static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
+                     probe_rankmap **map) {
   *map = NULL;
-  int any = 0;
-  for (size_t i = 0; i < s->n; i++) {
-    set_probe_file(&s->f[i]);
-    any |= s->f[i].ok;
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  o.isolate = 1;
+  probe_status st = probe_ranks_run(&s->R, (const char *const *)paths, n, &o);
+  s->have_R = 1;
+  if (st == PROBE_ERR_INVALID_ARG) { /* not one job */
+    cli_error(SUB, "%s", s->R.error[0] ? s->R.error : "not the traces of one job");
+    return CLI_EXIT_USAGE;
   }
-  if (!any) {
-    cli_error(SUB, "no readable trace in the set: %s: %s", s->f[0].path,
-              s->f[0].err);
-    return CLI_EXIT_INPUT;
+  if (st < 0) {
+    const char *e = probe_trace_last_error(NULL);
+    cli_error(SUB, "no readable trace in the set: %s", e && *e ? e : probe_status_str(st));
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
-  int rc = set_check_run_ids(s);
-  if (rc == CLI_EXIT_OK) rc = set_assign_rows(s);
-  if (rc != CLI_EXIT_OK) return rc;
-  s->x0 = INT64_MAX;
-  s->x1 = -1;
-  s->min_last = INT64_MAX;
-  s->max_last = -1;
-  for (size_t i = 0; i < s->n; i++) {
-    const set_file *f = &s->f[i];
-    if (!f->ok) continue;
-    if (f->first >= 0 && f->first < s->x0) s->x0 = f->first;
-    if (f->last > s->x1) s->x1 = f->last;
-    if (f->last < s->min_last) s->min_last = f->last;
-    if (f->last > s->max_last) s->max_last = f->last;
+  if (set_rows(s) != 0) {
+    cli_error(SUB, "the set has more than %d ranks and files",
+              PROBE_RANKMAP_MAX_ROWS);
+    return CLI_EXIT_USAGE;
   }
-  if (s->x1 < 0 || s->x0 > s->x1) s->x0 = s->x1 = 0;
+  /* the step range: of the ranks read (probe_ranks knows the last steps;
+   * the first is read with the cells, so the map starts at step 0 unless a
+   * rank's steps start later, which the scan's range then shows) */
+  s->x0 = 0;
+  s->x1 = s->R.max_last_step > 0 ? s->R.max_last_step : 0;
   int cols = heat_cols > SET_MAP_COLS ? heat_cols : SET_MAP_COLS;
-  probe_status st = probe_rankmap_new(map, s->rows, cols, s->x0, s->x1);
-  s->first = -1;
-  for (size_t i = 0; i < s->n && st == PROBE_OK; i++) {
-    set_file *f = &s->f[i];
-    if (!f->ok) continue;
-    if (set_scan_file(f, *map) < 0) {
-      f->ok = 0; /* changed or broke since the first pass */
-      continue;
-    }
-    if (f->nf_step >= 0 &&
-        (s->first < 0 ||
-         nf_before(f->nf_step, f->nf_phase, f->nf_seq, &s->f[s->first])))
-      s->first = (int)i;
+  st = probe_rankmap_new(map, s->n_rows, cols, s->x0, s->x1);
+  if (st == PROBE_OK && set_scan_all(s, *map) != 0) st = PROBE_ERR_NOMEM;
+  for (int i = 0; st == PROBE_OK && i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    st = probe_rankmap_set_row(*map, i, s->rows[i].label,
+                               e->status == PROBE_RANK_READ ? PROBE_RANK_ROW_TRACE
+                               : e->status == PROBE_RANK_MISSING
+                                   ? PROBE_RANK_ROW_MISSING
+                                   : PROBE_RANK_ROW_UNREADABLE,
+                               e->path);
+    if (e->status != PROBE_RANK_READ) continue;
+    probe_rankmap_set_last(*map, i, s->scan[i].last >= 0 ? s->scan[i].last
+                                                         : e->last_step);
+    for (int c = 1; c < 4; c++)
+      probe_rankmap_count_add(*map, (probe_rank_cell)c, s->scan[i].count[c]);
+    if (s->R.stopped_first >= 0 && e == &s->R.entries[s->R.stopped_first])
+      probe_rankmap_mark_stop(*map, i);
+    if (s->R.first >= 0 && e == &s->R.entries[s->R.first])
+      probe_rankmap_mark_first(*map, i, s->R.event_step);
+    else if (s->R.first < 0 && s->R.first_loss >= 0 &&
+             e == &s->R.entries[s->R.first_loss])
+      probe_rankmap_mark_first(*map, i, e->first_nonfinite_loss_step);
   }
-  if (st == PROBE_OK) st = set_fill_rows(s, *map);
+  if (st == PROBE_OK) {
+    set_notes(s);
+    for (int i = 0; st == PROBE_OK && i < s->n_rows; i++)
+      if (s->rows[i].note[0]) st = probe_rankmap_note(*map, i, s->rows[i].note);
+  }
   if (st != PROBE_OK) {
     cli_error(SUB, "%s", probe_status_str(st));
     return CLI_EXIT_INTERNAL;
@@ -1128,156 +1101,153 @@ static int set_build(trace_set *s, int heat_cols, probe_rankmap **map) {
   return CLI_EXIT_OK;
 }
 
-/* The file whose panels are drawn: --rank R, else the first inf/NaN's
- * rank, else one that stopped first, else the first readable one. */
+static void set_free(trace_set *s) {
+  if (s->have_R) probe_ranks_free(&s->R);
+  if (s->scan)
+    munmap(s->scan, (size_t)s->n_rows * sizeof *s->scan + sizeof(int));
+  free(s->rows);
+}
+
+/* The row whose panels are drawn: --rank R, else the post-mortem's focus
+ * (the rank the first inf/NaN was born on, else ...), else the first
+ * readable one. */
 static int set_choose(const trace_set *s, int64_t want, const char **why) {
-  if (want >= 0) {
-    for (size_t i = 0; i < s->n; i++)
-      if (s->f[i].ok && s->f[i].rank == want && s->f[i].row == want) {
-        *why = "chosen with --rank";
-        return (int)i;
-      }
-    return -1;
-  }
-  if (s->first >= 0) {
-    *why = "the rank of the job's first inf/NaN";
-    return s->first;
-  }
-  for (size_t i = 0; i < s->n; i++)
-    if (s->f[i].ok && s->f[i].note[0] && strstr(s->f[i].note, "stopped first")) {
-      *why = "the rank that stopped first";
-      return (int)i;
+  for (int i = 0; i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    if (e->status != PROBE_RANK_READ || (s->scan && s->scan[i].state == 2))
+      continue;
+    if (want >= 0 && e->rank == want) {
+      *why = "chosen with --rank";
+      return i;
     }
-  for (size_t i = 0; i < s->n; i++)
-    if (s->f[i].ok) {
-      *why = "no rank stands out: the first readable trace";
-      return (int)i;
+    if (want < 0 && s->R.focus >= 0 && e == &s->R.entries[s->R.focus]) {
+      *why = s->R.first >= 0 ? "the rank of the job's first inf/NaN"
+             : s->R.first_loss >= 0 ? "the rank of the first non-finite loss"
+             : s->R.stopped_first >= 0 ? "the rank that stopped first"
+                                       : "no rank stands out: the first read";
+      return i;
+    }
+  }
+  if (want >= 0) return -1;
+  for (int i = 0; i < s->n_rows; i++)
+    if (s->rows[i].e->status == PROBE_RANK_READ) {
+      *why = "the first readable trace";
+      return i;
     }
   return -1;
 }
 
-/* The set's headline and summary lines, and whether it shows a problem. */
+/* The set's headline and summary (the post-mortem over the set), and
+ * whether it shows a problem. */
 static int set_summary(const trace_set *s, char *head, size_t hn,
                        probe_buf *b) {
-  int readable = 0;
-  for (size_t i = 0; i < s->n; i++) readable += s->f[i].ok;
-  probe_buf_printf(b, "trace set: %zu file%s, %d readable; %d rank%s%s; "
-                      "steps %lld-%lld\n",
-                   s->n, s->n == 1 ? "" : "s", readable, s->world,
-                   s->world == 1 ? "" : "s",
-                   s->world ? "" : " (the traces carry no rank)",
-                   (long long)s->x0, (long long)s->x1);
-  char w[PROBE_NAME_MAX * 4 + 64], lab[64];
-  int problem = 0;
-  head[0] = '\0';
-  if (s->first >= 0) {
-    const set_file *f = &s->f[s->first];
-    nf_where(f, w, sizeof w);
-    probe_buf_printf(b, "first inf/NaN of the job: %s, %s\n",
-                     row_label(f, lab, sizeof lab), w);
-    probe_buf_printf(b, "ranks that held inf/NaN at some step: %d of %zu "
-                        "readable\n",
-                     s->n_nonfinite, (size_t)readable);
-    snprintf(head, hn, "first inf/NaN on %s at %s (%d rank%s held inf/NaN)",
-             lab, w, s->n_nonfinite, s->n_nonfinite == 1 ? "" : "s");
-    problem = 1;
+  const probe_ranks *R = &s->R;
+  int problem = R->verdict != PROBE_VERDICT_HEALTHY;
+  probe_buf_printf(b, "job: %zu rank files%s%s%s, world size %d; verdict %s\n",
+                   R->n_files, R->run_id[0] ? " of run '" : "", R->run_id,
+                   R->run_id[0] ? "'" : "", (int)R->world_size,
+                   probe_verdict_name(R->verdict));
+  if (R->origin != PROBE_RANKS_ORIGIN_NONE && R->origin_text[0])
+    probe_buf_printf(b, "origin: %s\n", R->origin_text);
+  if (R->fix_text[0]) probe_buf_printf(b, "next step: %s\n", R->fix_text);
+  for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++) {
+    const probe_ranks_disagreement *d = &R->disagree[f];
+    if (d->found)
+      probe_buf_printf(b, "disagreement: %s differs between ranks %d and %d "
+                          "at step %lld (%lld ranks differ)\n",
+                       probe_ranks_field_name((probe_ranks_field)f),
+                       (int)d->rank_a, (int)d->rank_b, (long long)d->step,
+                       (long long)d->ranks_differing);
   }
-  for (size_t i = 0; i < s->n; i++) {
-    const set_file *f = &s->f[i];
-    if (f->ok && strstr(f->note, "stopped first")) {
-      probe_buf_printf(b, "%s stopped first: last step %lld, the others "
-                          "went on to %lld%s\n",
-                       row_label(f, lab, sizeof lab), (long long)f->last,
-                       (long long)s->max_last,
-                       f->complete ? "" : " (its trace is incomplete)");
-      if (!head[0])
-        snprintf(head, hn, "%s stopped first, after step %lld", lab,
-                 (long long)f->last);
-      problem = 1;
-    }
+  probe_buf_printf(b, "ranks: %lld read, %lld missing, %lld unreadable, "
+                      "%lld not closed\n",
+                   (long long)R->n_read, (long long)R->n_missing,
+                   (long long)R->n_unreadable, (long long)R->n_incomplete);
+  if (R->stopped_first >= 0) {
+    const probe_rank_entry *e = &R->entries[R->stopped_first];
+    probe_buf_printf(b, "rank %d stopped first: last step %lld, the others "
+                        "went on to %lld\n",
+                     (int)e->rank, (long long)e->last_step,
+                     (long long)R->max_last_step);
   }
-  if (s->n_missing) {
-    probe_buf_printf(b, "missing: %d rank%s of %d without a trace file\n",
-                     s->n_missing, s->n_missing == 1 ? "" : "s", s->world);
-    if (!head[0])
-      snprintf(head, hn, "%d of %d ranks missing", s->n_missing, s->world);
-    problem = 1;
-  }
-  if (s->n_unreadable) {
-    probe_buf_printf(b, "unreadable: %d file%s (the others diagnosed)\n",
-                     s->n_unreadable, s->n_unreadable == 1 ? "" : "s");
-    if (!head[0])
-      snprintf(head, hn, "%d unreadable trace file%s", s->n_unreadable,
-               s->n_unreadable == 1 ? "" : "s");
-    problem = 1;
-  }
-  if (s->n_dup) {
-    probe_buf_printf(b, "%d rank%s with a second trace file (shown as extra "
-                        "rows)\n",
-                     s->n_dup, s->n_dup == 1 ? "" : "s");
-    problem = 1;
-  }
-  if (!head[0])
-    snprintf(head, hn, "%d rank%s, no inf/NaN, none stopped early",
-             readable, readable == 1 ? "" : "s");
+  if (R->origin != PROBE_RANKS_ORIGIN_NONE && R->origin_text[0])
+    snprintf(head, hn, "%s", R->origin_text);
+  else if (R->stopped_first >= 0)
+    snprintf(head, hn, "rank %d stopped first, after step %lld",
+             (int)R->entries[R->stopped_first].rank,
+             (long long)R->entries[R->stopped_first].last_step);
+  else if (R->n_disagreements > 0)
+    snprintf(head, hn, "the ranks disagree (%d field%s)", R->n_disagreements,
+             R->n_disagreements == 1 ? "" : "s");
+  else if (R->n_missing || R->n_unreadable)
+    snprintf(head, hn, "%lld rank%s missing, %lld file%s unreadable",
+             (long long)R->n_missing, R->n_missing == 1 ? "" : "s",
+             (long long)R->n_unreadable, R->n_unreadable == 1 ? "" : "s");
+  else
+    snprintf(head, hn, "%lld ranks, no inf/NaN on any rank",
+             (long long)R->n_read);
+  for (int i = 0; i < s->n_rows; i++)
+    problem |= s->scan && s->scan[i].state == 2;
   return problem;
 }
 
-/* The ranks table: every rank up to SET_TABLE_ROWS, else only the ranks
- * with a note (the rest counted). */
+/* The ranks table: every rank up to SET_TABLE_ROWS files, else only the
+ * ranks with a note and the chosen one (the rest counted). */
 static probe_status set_table(probe_report *rep, const trace_set *s,
                               int chosen) {
-  static const char *hdr[8] = {"rank", "file", "steps", "complete",
+  static const char *hdr[8] = {"rank", "file", "steps", "closed",
                                "first inf/NaN", "steps with inf/NaN",
                                "skipped steps", "note"};
   int tid;
   probe_status st = probe_report_add_table(rep, PROBE_REPORT_RANKS,
                                            "Ranks", 8, hdr, &tid);
-  int all = s->n <= SET_TABLE_ROWS, shown = 0, hidden = 0;
-  for (int row = 0; row < s->rows && st == PROBE_OK; row++) {
-    const set_file *f = NULL;
-    for (size_t i = 0; i < s->n; i++)
-      if (s->f[i].row == row) f = &s->f[i];
-    int notable = !f || f->note[0] || f->nf_step >= 0 || f == &s->f[chosen];
-    if ((!all && !notable) || shown >= SET_TABLE_ROWS) {
+  int all = s->n_rows <= SET_TABLE_ROWS, shown = 0, hidden = 0;
+  for (int i = 0; i < s->n_rows && st == PROBE_OK; i++) {
+    const set_row *w = &s->rows[i];
+    const probe_rank_entry *e = w->e;
+    if ((!all && !w->note[0] && i != chosen) || shown >= SET_TABLE_ROWS) {
       hidden++;
       continue;
     }
     shown++;
-    char lab[64], steps[64], nf[PROBE_NAME_MAX * 4 + 64], a[24], b[24];
-    char fname[1200], note[SET_NOTE_MAX + 64];
-    if (!f) {
-      snprintf(lab, sizeof lab, "%d", row);
-      const char *row_cells[8] = {lab, "(none)", "", "", "", "", "",
-                                  "missing: no trace file"};
-      st = probe_report_table_row(rep, tid, row_cells);
-      continue;
+    char steps[64] = "", nf[PROBE_NAME_MAX * 4 + 96] = "", a[24] = "";
+    char b[24] = "", fname[1200] = "(none)", note[SET_NOTE_MAX + 32];
+    if (e->path) cli_escape_name(fname, sizeof fname, e->path);
+    if (e->status == PROBE_RANK_READ) {
+      snprintf(steps, sizeof steps, "%lld-%lld (%lld)",
+               (long long)s->scan[i].first, (long long)e->last_step,
+               (long long)e->n_steps);
+      entry_nf(e, nf, sizeof nf);
+      if (e->nf_step >= 0 && e->role != PROBE_RANK_ROLE_NONE) {
+        size_t o = strlen(nf);
+        snprintf(nf + o, sizeof nf - o, " (%s)", role_str(e->role));
+      }
+      snprintf(a, sizeof a, "%lld", (long long)s->scan[i].nf_steps);
+      snprintf(b, sizeof b, "%lld", (long long)e->skipped_steps);
     }
-    row_label(f, lab, sizeof lab);
-    cli_escape_name(fname, sizeof fname, f->path);
-    if (f->ok) {
-      snprintf(steps, sizeof steps, "%lld-%lld (%lld)", (long long)f->first,
-               (long long)f->last, (long long)f->n_steps);
-      if (f->nf_step >= 0) nf_where(f, nf, sizeof nf);
-      else snprintf(nf, sizeof nf, "none");
-      snprintf(a, sizeof a, "%lld", (long long)f->nf_steps);
-      snprintf(b, sizeof b, "%lld", (long long)f->skipped);
-    } else {
-      steps[0] = nf[0] = a[0] = b[0] = '\0';
-    }
-    snprintf(note, sizeof note, "%s%s", f == &s->f[chosen] ? "(panels "
-             "below) " : "", f->note);
-    const char *cells[8] = {lab, fname, steps,
-                            f->ok ? (f->complete ? "yes" : "no") : "",
+    snprintf(note, sizeof note, "%s%s", i == chosen ? "(panels below) " : "",
+             w->note);
+    const char *cells[8] = {w->label, fname, steps,
+                            e->status == PROBE_RANK_READ
+                                ? (e->complete ? "yes" : "no")
+                                : "",
                             nf, a, b, note};
     st = probe_report_table_row(rep, tid, cells);
   }
   if (st == PROBE_OK && hidden) {
     char more[128];
-    snprintf(more, sizeof more, "%d more ranks: complete, no inf/NaN, "
-             "nothing to note (not listed).", hidden);
+    snprintf(more, sizeof more, "%d more ranks: nothing to note (not "
+             "listed; 'ampprobe postmortem' --json lists them all).", hidden);
     st = probe_report_add_text(rep, PROBE_REPORT_RANKS, "", more);
   }
+  char *text = NULL;
+  if (st == PROBE_OK && probe_ranks_render_text(&s->R, &text) == PROBE_OK &&
+      text)
+    st = probe_report_add_folded_text(rep, PROBE_REPORT_RANKS,
+                                      "Cross-rank post-mortem (what "
+                                      "'ampprobe postmortem' prints for the "
+                                      "set)", text);
+  probe_free(text);
   return st;
 }
 
@@ -1314,10 +1284,12 @@ static int load_bisect(const char *bisect_path, json_t **out) {
  * the headline and summary. */
 typedef struct set_view {
   trace_set *set;
+  size_t n_paths;
+  const char *first_path;
   probe_rankmap *map; /* handed to the report */
   int chosen;
   const char *why;
-  char head[PROBE_NAME_MAX * 4 + 256];
+  char head[PROBE_RANKS_TEXT_MAX + 64];
   probe_buf body;
   int problem;
 } set_view;
@@ -1335,9 +1307,8 @@ static probe_status add_set_view(probe_report *rep, set_view *v) {
       "without a trace file, purple rows files that cannot be read. The "
       "panels under the table are those of one rank.";
   char title[160];
-  snprintf(title, sizeof title, "Ranks x steps: %d rank%s",
-           v->set->world ? v->set->world : v->set->rows,
-           (v->set->world ? v->set->world : v->set->rows) == 1 ? "" : "s");
+  snprintf(title, sizeof title, "Ranks x steps: %d rank%s", v->set->n_rows,
+           v->set->n_rows == 1 ? "" : "s");
   probe_status st = probe_report_set_rankmap(rep, v->map, title, help);
   if (st != PROBE_OK) return st;
   v->map = NULL; /* the report's now */
@@ -1358,12 +1329,10 @@ static int report_write(const report_args *a, const char *path,
 
   char deftitle[600], rank_label[96] = "";
   if (v) {
-    const set_file *f = &v->set->f[v->chosen];
-    char lab[64];
     snprintf(rank_label, sizeof rank_label, "%s (%s)",
-             row_label(f, lab, sizeof lab), v->why);
+             v->set->rows[v->chosen].label, v->why);
     snprintf(deftitle, sizeof deftitle, "ampprobe report: %zu traces (%.500s%s)",
-             v->set->n, v->set->f[0].path, v->set->n > 1 ? ", ..." : "");
+             v->n_paths, v->first_path, v->n_paths > 1 ? ", ..." : "");
   } else {
     snprintf(deftitle, sizeof deftitle, "ampprobe report: %s", path);
   }
@@ -1527,18 +1496,15 @@ static int report_set(const report_args *a, char **args, int n_args,
   const char **inputs = calloc(n + 2, sizeof *inputs);
   trace_set set;
   memset(&set, 0, sizeof set);
-  set.f = calloc(n, sizeof *set.f);
   set_view v;
   memset(&v, 0, sizeof v);
   probe_buf_init(&v.body);
   json_t *bisect = NULL;
-  int rc = inputs && set.f ? CLI_EXIT_OK : CLI_EXIT_INTERNAL;
+  int rc = inputs ? CLI_EXIT_OK : CLI_EXIT_INTERNAL;
   for (size_t i = 0; rc == CLI_EXIT_OK && i < n; i++) {
     inputs[i] = paths[i];
-    set.f[i].path = paths[i];
     rc = cli_check_input(SUB, paths[i]);
   }
-  set.n = n;
   if (rc == CLI_EXIT_OK) {
     inputs[n] = a->base_path;
     inputs[n + 1] = a->bisect_path;
@@ -1547,24 +1513,29 @@ static int report_set(const report_args *a, char **args, int n_args,
   }
   if (rc == CLI_EXIT_OK) rc = cli_check_output(SUB, a->out, inputs, n + 2);
   if (rc == CLI_EXIT_OK) rc = load_bisect(a->bisect_path, &bisect);
-  if (rc == CLI_EXIT_OK) rc = set_build(&set, a->ro.heat_cols, &v.map);
+  if (rc == CLI_EXIT_OK) rc = set_build(&set, paths, n, a->ro.heat_cols, &v.map);
   if (rc == CLI_EXIT_OK) {
     v.set = &set;
+    v.n_paths = n;
+    v.first_path = paths[0];
     v.chosen = set_choose(&set, a->rank, &v.why);
     if (v.chosen < 0) {
-      cli_error(SUB, "--rank %lld: no readable trace of that rank in the set",
-                (long long)a->rank);
-      rc = CLI_EXIT_USAGE;
+      if (a->rank >= 0)
+        cli_error(SUB, "--rank %lld: no readable trace of that rank in the "
+                       "set", (long long)a->rank);
+      else
+        cli_error(SUB, "no readable trace in the set");
+      rc = a->rank >= 0 ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
     }
   }
   if (rc == CLI_EXIT_OK) {
     v.problem = set_summary(&set, v.head, sizeof v.head, &v.body);
-    rc = report_write(a, set.f[v.chosen].path, &v, bisect, t0);
+    rc = report_write(a, set.rows[v.chosen].e->path, &v, bisect, t0);
   }
   probe_rankmap_free(v.map);
   probe_buf_free(&v.body);
   json_decref(bisect);
-  free(set.f);
+  set_free(&set);
   free(inputs);
   probe_trace_set_free(paths, n);
   return rc;

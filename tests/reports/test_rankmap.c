@@ -234,9 +234,23 @@ START_TEST(test_rankmap_many_notes) {
     ck_assert_int_eq(probe_rankmap_note(m, r, "missing: no trace file"),
                      PROBE_OK);
   }
+  /* the first inf/NaN's and a stopped rank's notes are drawn whatever
+   * their row: rows 640 and 1000 */
+  ck_assert_int_eq(probe_rankmap_set_row(m, 640, "rank 640",
+                                         PROBE_RANK_ROW_TRACE, NULL),
+                   PROBE_OK);
+  probe_rankmap_add(m, 640, 50, PROBE_RANK_CELL_NONFINITE);
+  probe_rankmap_mark_first(m, 640, 50);
+  ck_assert_int_eq(probe_rankmap_set_row(m, 1000, "rank 1000",
+                                         PROBE_RANK_ROW_TRACE, NULL),
+                   PROBE_OK);
+  probe_rankmap_add(m, 1000, 10, PROBE_RANK_CELL_HEALTHY);
+  probe_rankmap_mark_stop(m, 1000);
   size_t len;
   char *svg = render(m, &len, NULL);
-  ck_assert_int_eq(count_substr(svg, "r: missing: no trace file"), 24);
+  ck_assert_int_eq(count_substr(svg, "r: missing: no trace file"), 22);
+  ck_assert_ptr_nonnull(strstr(svg, ">rank 640: missing: no trace file"));
+  ck_assert_ptr_nonnull(strstr(svg, ">rank 1000: missing: no trace file"));
   ck_assert_ptr_nonnull(strstr(svg, "and 1000 more rows with notes"));
   ck_assert_uint_lt(len, 64 * 1024);
   free(svg);
