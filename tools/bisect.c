@@ -210,7 +210,8 @@ typedef struct trial {
   int64_t rank_min_steps; /* fewest steps of any rank */
   int rank_short;       /* the rank with the fewest steps */
   char missing[160];    /* ranks without a file, "2,3" */
-  char set_note[200];   /* the cross-rank post-mortem, when it says more */
+  char set_note[200];   /* the cross-rank post-mortem, when it fails it */
+  char set_info[200];   /* ... when it only says more (a note) */
 } trial;
 
 /* A layer of the model: from the config (internal) or the all-FP16 trial's
@@ -655,6 +656,37 @@ static int trial_find_set(bisect *b, trial *t, char *primary, size_t cap,
   return 0;
 }
 
+/* What the post-mortem over the set adds to the ranks' own verdicts: ranks
+ * that disagree (loss scale, skipped step, weights: never in a correct
+ * DDP job) fail the trial, and so does a verdict "diverged" that no rank
+ * had alone; a "degraded" from the origin alone (say a scaled-gradient
+ * overflow the loss scaler caught, born on every rank) is a note, as a
+ * rank's non-silent findings are. */
+static void judge_set_json(trial *t, const char *json) {
+  json_t *j = json_loads(json, 0, NULL);
+  const char *v = json_string_value(json_object_get(j, "verdict"));
+  json_t *dis = json_array_get(json_object_get(j, "disagreements"), 0);
+  const char *origin =
+      json_string_value(json_object_get(json_object_get(j, "origin"), "text"));
+  if (t->set_note[0]) {
+    /* a rank file could not be read: that says it */
+  } else if (json_is_object(dis)) {
+    snprintf(t->set_note, sizeof t->set_note, "ranks %lld and %lld disagree "
+             "on %.40s at step %lld (cross-rank post-mortem)",
+             (long long)json_integer_value(json_object_get(dis, "rank_a")),
+             (long long)json_integer_value(json_object_get(dis, "rank_b")),
+             json_string_value(json_object_get(dis, "field")),
+             (long long)json_integer_value(json_object_get(dis, "step")));
+  } else if (v && verdict_level(v) > verdict_level(t->pm_verdict)) {
+    snprintf(verdict_level(v) == 2 ? t->set_note : t->set_info,
+             sizeof t->set_note, "cross-rank post-mortem: %s%s%.140s", v,
+             origin ? ": " : "", origin ? origin : "");
+    if (verdict_level(v) == 2)
+      snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
+  }
+  json_decref(j);
+}
+
 /* A multi-rank trial: every rank file is opened (isolated reader), its
  * steps counted and diagnosed; missing ranks are named; and the
  * post-mortem over the whole set (probe_postmortem_json with the rank
@@ -701,17 +733,8 @@ static void trial_read_ranks(bisect *b, trial *t, const int *ranks, int n) {
   }
   char *json = NULL;
   if (ok > 0 && probe_postmortem_json((const char *const *)paths, (size_t)ok,
-                                      &json) == PROBE_OK) {
-    json_t *j = json_loads(json, 0, NULL);
-    const char *v = json_string_value(json_object_get(j, "verdict"));
-    if (v && verdict_level(v) > verdict_level(t->pm_verdict) &&
-        !t->set_note[0]) {
-      snprintf(t->set_note, sizeof t->set_note, "cross-rank post-mortem: %s",
-               v);
-      snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
-    }
-    json_decref(j);
-  }
+                                      &json) == PROBE_OK)
+    judge_set_json(t, json);
   probe_free(json);
   for (int i = 0; i < ok; i++) free(paths[i]);
   free(paths);
@@ -923,6 +946,10 @@ static void trial_judge(bisect *b, trial *t) {
   if (!fail && t->pm_note[0]) { /* a finding that is no silent fault */
     size_t o = strlen(w);
     snprintf(w + o, len - o, "; %s", t->pm_note);
+  }
+  if (!fail && t->set_info[0]) { /* the set's, likewise */
+    size_t o = strlen(w);
+    snprintf(w + o, len - o, "; %s", t->set_info);
   }
   t->verdict = fail ? PROBE_DDMIN_FAIL : PROBE_DDMIN_PASS;
   if (!is_baseline(t->role)) { /* only the baselines' series are needed */

@@ -372,7 +372,7 @@ static void case_missing_unreadable(void) {
   check(rc == 1, "holes: exit %d, want 1 (%s)", rc, err);
   check(has(h, "rank 2: missing: no trace file"), "holes: rank 2 missing");
   check(has(h, "rank 4: unreadable:"), "holes: rank 4 unreadable, by name");
-  check(has(h, "ranks: 3 read, 2 missing, 1 unreadable, 0 not closed"),
+  check(has(h, "ranks: 3 read, 1 missing, 1 unreadable, 0 not closed"),
         "holes: the summary");
   check(has(h, "<path fill=\"#bdbdbd\"") && has(h, "<path fill=\"#c5b0d5\""),
         "holes: grey and purple rows");
