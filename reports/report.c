@@ -102,6 +102,8 @@ struct probe_report {
   int scaling_on;     /* ... its answer replaces have_scaling */
   int64_t part_step;  /* -1 when not set */
   char *baseline_label;
+  probe_rankmap *rankmap; /* a trace set's ranks x steps view, or NULL */
+  char *rank_title, *rank_help;
 
   int n_sections;
   report_section sections[REPORT_MAX_SECTIONS];
@@ -176,6 +178,9 @@ void probe_report_free(probe_report *r) {
   free(r->layers);
   free(r->label);
   free(r->baseline_label);
+  probe_rankmap_free(r->rankmap);
+  free(r->rank_title);
+  free(r->rank_help);
   free_bins_grids(r);
   for (int i = 0; i < r->n_sections; i++) {
     report_section *s = &r->sections[i];
@@ -445,6 +450,19 @@ probe_status probe_report_set_baseline_label(probe_report *r,
   return label && !r->baseline_label ? PROBE_ERR_NOMEM : PROBE_OK;
 }
 
+probe_status probe_report_set_rankmap(probe_report *r, probe_rankmap *m,
+                                      const char *title, const char *help) {
+  if (!m) return PROBE_ERR_INVALID_ARG;
+  probe_rankmap_free(r->rankmap);
+  free(r->rank_title);
+  free(r->rank_help);
+  r->rankmap = m;
+  r->rank_title = dup_str(title ? title : "Ranks x steps");
+  r->rank_help = dup_str(help);
+  return !r->rank_title || (help && !r->rank_help) ? PROBE_ERR_NOMEM
+                                                   : PROBE_OK;
+}
+
 static report_section *new_section(probe_report *r, probe_report_place at,
                                    const char *title) {
   if (r->n_sections >= REPORT_MAX_SECTIONS) return NULL;
@@ -553,7 +571,8 @@ static const char *CSS =
     "svg .rl text{font-family:monospace}"
     "svg .xt text,svg .cb{text-anchor:middle}"
     "svg .gr{stroke:#e4e4e4}"
-    "svg .note{text-anchor:middle;fill:#888;font-size:14px}";
+    "svg .note{text-anchor:middle;fill:#888;font-size:14px}"
+    "svg .rn{font-size:12px}";
 
 static void put_escaped(probe_buf *o, const char *s) { probe_buf_escape(o, s); }
 
@@ -945,6 +964,15 @@ probe_status probe_report_write(probe_report *r, FILE *f) {
     probe_buf_puts(&o, "</pre>\n");
   }
   put_sections(&o, r, PROBE_REPORT_TOP);
+  if (r->rankmap) {
+    probe_buf_puts(&o, "<h2 id=\"ranks\">");
+    put_escaped(&o, r->rank_title);
+    probe_buf_puts(&o, "</h2>\n");
+    if (r->rank_help) put_help(&o, r->rank_help);
+    st = probe_rankmap_render(r->rankmap, "Ranks x steps: one row per rank",
+                              r->opt.width, &o, NULL);
+    put_sections(&o, r, PROBE_REPORT_RANKS);
+  }
 
   if (r->n_meta) {
     probe_buf_puts(&o, "<h2>Trace</h2>\n<table class=\"meta\">\n");

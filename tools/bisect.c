@@ -19,6 +19,14 @@
  * its own process group with PR_SET_PDEATHSIG(SIGKILL), so trials die with
  * bisect; SIGINT/SIGTERM stop the groups and print the table so far (130).
  *
+ * Multi-rank trials (docs/cli.md "Multi-rank trials"): with --ranks N an
+ * internal trial is `ampprobe run --ranks N ...` (mpirun underneath), and
+ * an external command may be `mpirun -np N CMD`; either way each rank
+ * writes WORKDIR/trial-NN.rankR.h5 (libprobe's naming rule applied to
+ * AMPPROBE_TRACE). The trial's set is trial-NN.h5 when it exists, else its
+ * rank files; the loss series is the lowest rank's (the logged loss is the
+ * global mean), and the verdict is the post-mortem's over the whole set.
+ *
  * Judging (docs/cli.md "What fails"): besides non-finite losses, skips and
  * the scale floor, a trial's mean loss over its last K steps is compared
  * with the FP32 baseline's mean over the same number of optimizer updates,
@@ -58,6 +66,8 @@ static const char *SUB = "bisect";
 #define STEPS_MAX 100000000 /* the trainer's range for steps */
 #define WINDOW_MIN 10    /* steps in the loss windows, at least */
 #define CANCEL_GRACE 5.0 /* seconds from SIGTERM to SIGKILL of a trial */
+#define RANKS_MAX 1024   /* --ranks N, at most */
+#define SET_MAX 1024     /* rank files of one trial read, at most */
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -81,6 +91,10 @@ static void usage(FILE *f) {
 "  --scenario NAME          built-in scenario (default '%s')\n"
 "  --config FILE            JSON config file\n"
 "  --steps N, --seed S      passed to every trial (N in 1..100000000)\n"
+"  --ranks N                every trial trains data-parallel on N ranks\n"
+"                           ('ampprobe run --ranks N', mpirun underneath) and\n"
+"                           is judged by the post-mortem over its rank files;\n"
+"                           -j defaults to CPUs / N\n"
 "  -- RUN OPTIONS           words after -- that start with '-' are passed to\n"
 "                           every 'ampprobe run' (e.g. -- --lr 0.01)\n"
 "  -- COMMAND ARGS...       otherwise they are an external training command,\n"
@@ -88,7 +102,9 @@ static void usage(FILE *f) {
 "                           AMPPROBE_PRECISION=fp32 (the baselines only),\n"
 "                           AMPPROBE_TRACE=<trial trace> and, for the second\n"
 "                           baseline, AMPPROBE_SEED; judged from its trace\n"
-"                           (e.g. -- python train.py --epochs 1)\n"
+"                           (e.g. -- python train.py --epochs 1); a job\n"
+"                           under 'mpirun -np N' writes one trace per rank\n"
+"                           (AMPPROBE_TRACE's rank files), judged as a set\n"
 "  --granularity G          kind (default): answer in the candidates as given;\n"
 "                           layer: then narrow them to single layer instances\n"
 "\n"
@@ -135,7 +151,9 @@ static void usage(FILE *f) {
 "examples:\n"
 "  ampprobe bisect --scenario two-culprits --fp32-candidates bn,softmax,revin\n"
 "  ampprobe bisect --scenario bn-overflow --fp32-candidates bn --granularity layer\n"
-"  ampprobe bisect --fp32-candidates bn,softmax,revin -j 2 -- python train.py\n",
+"  ampprobe bisect --fp32-candidates bn,softmax,revin -j 2 -- python train.py\n"
+"  ampprobe bisect --scenario allreduce-overflow --ranks 2 --fp32-candidates bn\n"
+"  ampprobe bisect --fp32-candidates softmax -- mpirun -np 2 python train.py\n",
           PROBE_DEFAULT_SCENARIO);
 }
 
@@ -186,6 +204,14 @@ typedef struct trial {
   double win_loss, win_base; /* judged windows: trial's, baseline's */
   int64_t win_from, win_base_from, win_len;
   char trace[1100];
+  /* a multi-rank trial: its rank files, and what the set says */
+  int n_ranks;          /* rank files found; 0: one trace (trace) */
+  int world;            /* ranks the job had (--ranks, or the traces say) */
+  int64_t rank_min_steps; /* fewest steps of any rank */
+  int rank_short;       /* the rank with the fewest steps */
+  char missing[160];    /* ranks without a file, "2,3" */
+  char set_note[200];   /* the cross-rank post-mortem, when it fails it */
+  char set_info[200];   /* ... when it only says more (a note) */
 } trial;
 
 /* A layer of the model: from the config (internal) or the all-FP16 trial's
@@ -204,7 +230,9 @@ typedef struct bisect {
   int n_pass;
   char **ext; /* external command (NULL-terminated), NULL for run trials */
   int n_ext;
-  int jobs, full_trace, quiet, json, force;
+  int jobs, jobs_given, full_trace, quiet, json, force;
+  int ranks;            /* --ranks N for internal trials, 0: one process */
+  const char *ranks_arg;
   double progress_every;
   int fail_nonfinite;
   int64_t max_skips;
@@ -264,6 +292,7 @@ static trial *trial_new(bisect *b, trial_role role, const char *fp32,
   t->verdict = PROBE_DDMIN_UNKNOWN;
   t->final_loss = t->min_scale = t->win_loss = t->win_base = NAN;
   t->first_nonfinite_loss = -1;
+  t->rank_short = -1;
   snprintf(t->trace, sizeof t->trace, "%.1000s/trial-%02d.h5", b->workdir, t->id);
   return t;
 }
@@ -294,6 +323,10 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max,
   if (b->steps) {
     ARG("--steps");
     ARG(b->steps);
+  }
+  if (b->ranks > 0) { /* `run` starts mpirun -np N (docs/cli.md) */
+    ARG("--ranks");
+    ARG(b->ranks_arg);
   }
   if (t->role == R_NOISE) {
     snprintf(seedbuf, seedlen, "%lld", (long long)b->noise_seed_used);
@@ -352,6 +385,48 @@ static int trial_open(const bisect *b, const trial *t, const char *ext) {
                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 }
 
+/* The rank of a trial's rank file name "trial-NN.rankR.h5", or -1. */
+static int rank_file_rank(const trial *t, const char *name) {
+  char pre[32];
+  int n = snprintf(pre, sizeof pre, "trial-%02d.rank", t->id);
+  if (strncmp(name, pre, (size_t)n) != 0) return -1;
+  const char *p = name + n;
+  if (*p < '0' || *p > '9') return -1;
+  char *end;
+  long r = strtol(p, &end, 10);
+  if (strcmp(end, ".h5") != 0 || r < 0 || r >= RANKS_MAX * 64) return -1;
+  return (int)r;
+}
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* The ranks of the trial's rank files in the work directory, sorted, up to
+ * max of them into ranks (may be NULL); returns how many there are. */
+static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
+                            int max) {
+  int dfd = dup(b->wd_fd);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0) close(dfd);
+    return 0;
+  }
+  rewinddir(d); /* the dup shares its offset with wd_fd: start over */
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int r = rank_file_rank(t, e->d_name);
+    if (r < 0) continue;
+    if (ranks && n < max) ranks[n] = r;
+    n++;
+  }
+  closedir(d);
+  if (ranks) qsort(ranks, (size_t)(n < max ? n : max), sizeof *ranks, cmp_int);
+  return n;
+}
+
 static int trial_launch(bisect *b, trial *t) {
   char *argv[64 + MAX_PASS];
   char seedbuf[32];
@@ -371,9 +446,11 @@ static int trial_launch(bisect *b, trial *t) {
   char tname[64];
   struct stat sb;
   trial_file(t, "h5", tname, sizeof tname);
-  if (fstatat(b->wd_fd, tname, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
-    snprintf(b->error, sizeof b->error, "%.300s already exists: refusing to "
-             "replace an earlier trial's trace", t->trace);
+  if (fstatat(b->wd_fd, tname, &sb, AT_SYMLINK_NOFOLLOW) == 0 ||
+      trial_rank_files(b, t, NULL, 0) > 0) {
+    snprintf(b->error, sizeof b->error, "%.300s (or a rank file of it) "
+             "already exists: refusing to replace an earlier trial's trace",
+             t->trace);
     return -1;
   }
   int fo = b->ext ? -1 : trial_open(b, t, "json");
@@ -504,29 +581,163 @@ static int64_t warmup_of(const unsigned char *skipped, int64_t n, int64_t *end) 
  * A silent fault fails the trial; a degraded verdict from other findings
  * alone (gradients underflowing without loss scaling, say) is noted and
  * left to the loss criterion: forcing modules to FP32 does not cure it. */
-static void trial_postmortem(trial *t, probe_trace *tr) {
+/* 0 healthy, 1 degraded, 2 diverged (unknown names: 0). */
+static int verdict_level(const char *v) {
+  return !strcmp(v, "diverged") ? 2 : !strcmp(v, "degraded") ? 1 : 0;
+}
+
+static void trial_postmortem(trial *t, probe_trace *tr, const char *path,
+                             int rank) {
   probe_diag d;
   probe_diag_options o;
   probe_diag_options_init(&o);
   memset(&d, 0, sizeof d);
-  if (probe_diag_run(&d, tr, t->trace, &o) != PROBE_OK) {
+  if (probe_diag_run(&d, tr, path, &o) != PROBE_OK) {
     probe_diag_free(&d);
     return;
   }
-  snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s",
-           probe_verdict_name(d.verdict));
-  t->pm_silent = d.verdict != PROBE_VERDICT_HEALTHY &&
-                 (d.silent_layer >= 0 || d.event != PROBE_DIAG_EVENT_NONE);
-  if (t->pm_silent && d.silent_layer >= 0)
-    snprintf(t->pm_note, sizeof t->pm_note, "silent fault in %.63s",
+  const char *v = probe_verdict_name(d.verdict);
+  int silent = d.verdict != PROBE_VERDICT_HEALTHY &&
+               (d.silent_layer >= 0 || d.event != PROBE_DIAG_EVENT_NONE);
+  /* over the ranks of a set: the worst rank's (a silent one first) */
+  if (t->pm_verdict[0] &&
+      (silent < t->pm_silent ||
+       (silent == t->pm_silent &&
+        verdict_level(v) <= verdict_level(t->pm_verdict)))) {
+    probe_diag_free(&d);
+    return;
+  }
+  snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
+  t->pm_silent = silent;
+  char who[24] = "";
+  if (rank >= 0)
+    snprintf(who, sizeof who, "rank %d: ", rank);
+  if (silent && d.silent_layer >= 0)
+    snprintf(t->pm_note, sizeof t->pm_note, "%ssilent fault in %.63s", who,
              probe_diag_layer_name(&d, d.silent_layer));
-  else if (t->pm_silent)
-    snprintf(t->pm_note, sizeof t->pm_note, "%s",
+  else if (silent)
+    snprintf(t->pm_note, sizeof t->pm_note, "%s%s", who,
              probe_diag_event_name(d.event));
   else if (d.verdict != PROBE_VERDICT_HEALTHY && d.n_findings > 0)
-    snprintf(t->pm_note, sizeof t->pm_note, "post-mortem: %s",
+    snprintf(t->pm_note, sizeof t->pm_note, "%spost-mortem: %s", who,
              probe_diag_finding_name(d.findings[0].id));
+  else
+    t->pm_note[0] = 0;
   probe_diag_free(&d);
+}
+
+/* The world size a rank trace states (0: not part of a job). */
+static int trace_world(probe_trace *tr) {
+  return probe_trace_get_info(tr)->world_size;
+}
+
+/* The trial's trace: trial-NN.h5 when it exists, else its lowest rank
+ * file (primary); the ranks found go to ranks/n. Returns 0, or -1 with
+ * why set. */
+static int trial_find_set(bisect *b, trial *t, char *primary, size_t cap,
+                          int *ranks, int *n) {
+  char tname[64];
+  struct stat sb;
+  *n = 0;
+  trial_file(t, "h5", tname, sizeof tname);
+  if (fstatat(b->wd_fd, tname, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+    snprintf(primary, cap, "%s", t->trace);
+    return 0;
+  }
+  int k = trial_rank_files(b, t, ranks, SET_MAX);
+  *n = k < SET_MAX ? k : SET_MAX;
+  if (k == 0) {
+    snprintf(t->why, sizeof t->why, "no trace at %.200s (nor rank files "
+             "trial-%02d.rank*.h5)", t->trace, t->id);
+    return -1;
+  }
+  snprintf(primary, cap, "%.1000s/trial-%02d.rank%d.h5", b->workdir, t->id,
+           ranks[0]);
+  return 0;
+}
+
+/* What the post-mortem over the set adds to the ranks' own verdicts: ranks
+ * that disagree (loss scale, skipped step, weights: never in a correct
+ * DDP job) fail the trial, and so does a verdict "diverged" that no rank
+ * had alone; a "degraded" from the origin alone (say a scaled-gradient
+ * overflow the loss scaler caught, born on every rank) is a note, as a
+ * rank's non-silent findings are. */
+static void judge_set_json(trial *t, const char *json) {
+  json_t *j = json_loads(json, 0, NULL);
+  const char *v = json_string_value(json_object_get(j, "verdict"));
+  json_t *dis = json_array_get(json_object_get(j, "disagreements"), 0);
+  const char *origin =
+      json_string_value(json_object_get(json_object_get(j, "origin"), "text"));
+  if (t->set_note[0]) {
+    /* a rank file could not be read: that says it */
+  } else if (json_is_object(dis)) {
+    snprintf(t->set_note, sizeof t->set_note, "ranks %lld and %lld disagree "
+             "on %.40s at step %lld (cross-rank post-mortem)",
+             (long long)json_integer_value(json_object_get(dis, "rank_a")),
+             (long long)json_integer_value(json_object_get(dis, "rank_b")),
+             json_string_value(json_object_get(dis, "field")),
+             (long long)json_integer_value(json_object_get(dis, "step")));
+  } else if (v && verdict_level(v) > verdict_level(t->pm_verdict)) {
+    snprintf(verdict_level(v) == 2 ? t->set_note : t->set_info,
+             sizeof t->set_note, "cross-rank post-mortem: %s%s%.140s", v,
+             origin ? ": " : "", origin ? origin : "");
+    if (verdict_level(v) == 2)
+      snprintf(t->pm_verdict, sizeof t->pm_verdict, "%s", v);
+  }
+  json_decref(j);
+}
+
+/* A multi-rank trial: every rank file is opened (isolated reader), its
+ * steps counted and diagnosed; missing ranks are named; and the
+ * post-mortem over the whole set (probe_postmortem_json with the rank
+ * files) gives the verdict: when it says worse than every rank alone (a
+ * cross-rank finding: ranks that disagree, a missing rank, the all-reduce)
+ * the trial fails on it. */
+static void trial_read_ranks(bisect *b, trial *t, const int *ranks, int n) {
+  char **paths = calloc((size_t)n, sizeof *paths);
+  int world = b->ranks > 0 ? b->ranks : 0, ok = 0;
+  t->n_ranks = n;
+  t->rank_min_steps = t->n_steps;
+  t->rank_short = -1;
+  for (int i = 0; paths && i < n; i++) {
+    char p[1200], err[256] = "";
+    snprintf(p, sizeof p, "%.1000s/trial-%02d.rank%d.h5", b->workdir, t->id,
+             ranks[i]);
+    probe_trace *tr = NULL;
+    if (probe_trace_open_isolated(&tr, p, err, sizeof err) != PROBE_OK) {
+      snprintf(t->set_note, sizeof t->set_note, "rank %d's trace cannot be "
+               "read (%.120s)", ranks[i], err);
+      continue;
+    }
+    if (b->ranks <= 0 && trace_world(tr) > world)
+      world = trace_world(tr);
+    int64_t ns = probe_trace_get_info(tr)->n_steps;
+    if (ns < t->rank_min_steps) {
+      t->rank_min_steps = ns;
+      t->rank_short = ranks[i];
+    }
+    if (i > 0) /* rank files[0] was diagnosed with the series */
+      trial_postmortem(t, tr, p, ranks[i]);
+    probe_trace_close(tr);
+    paths[ok++] = strdup(p);
+  }
+  if (world < ranks[n - 1] + 1 && b->ranks <= 0)
+    world = ranks[n - 1] + 1;
+  t->world = world;
+  size_t o = 0;
+  for (int r = 0, i = 0; r < world && o + 12 < sizeof t->missing; r++) {
+    while (i < n && ranks[i] < r) i++;
+    if (i < n && ranks[i] == r) continue;
+    o += (size_t)snprintf(t->missing + o, sizeof t->missing - o, "%s%d",
+                          o ? "," : "", r);
+  }
+  char *json = NULL;
+  if (ok > 0 && probe_postmortem_json((const char *const *)paths, (size_t)ok,
+                                      &json) == PROBE_OK)
+    judge_set_json(t, json);
+  probe_free(json);
+  for (int i = 0; i < ok; i++) free(paths[i]);
+  free(paths);
 }
 
 /* Reads /steps of the trial's trace: the loss series, skips, scale.
@@ -535,9 +746,13 @@ static void trial_postmortem(trial *t, probe_trace *tr) {
  * model's layers from the trace. */
 static int trial_read_trace(bisect *b, trial *t, int want_layers) {
   probe_trace *tr = NULL;
-  char err[256] = "";
-  if (probe_trace_open_isolated(&tr, t->trace, err, sizeof err) != PROBE_OK) {
-    snprintf(t->why, sizeof t->why, "no readable trace at %.150s (%.120s)", t->trace,
+  char err[256] = "", path[1200];
+  static int ranks[SET_MAX];
+  int n_ranks = 0;
+  if (trial_find_set(b, t, path, sizeof path, ranks, &n_ranks) != 0)
+    return -1;
+  if (probe_trace_open_isolated(&tr, path, err, sizeof err) != PROBE_OK) {
+    snprintf(t->why, sizeof t->why, "no readable trace at %.150s (%.120s)", path,
              err[0] ? err : "cannot open");
     return -1;
   }
@@ -552,7 +767,7 @@ static int trial_read_trace(bisect *b, trial *t, int want_layers) {
   while (ok && row < n) {
     size_t got = 0;
     if (probe_trace_read_steps(tr, row, 1024, buf, &got) != PROBE_OK) {
-      snprintf(t->why, sizeof t->why, "%.150s: %.150s", t->trace,
+      snprintf(t->why, sizeof t->why, "%.150s: %.150s", path,
                probe_trace_last_error(tr));
       ok = 0;
       break;
@@ -569,7 +784,7 @@ static int trial_read_trace(bisect *b, trial *t, int want_layers) {
     }
   }
   if (ok && row == 0)
-    snprintf(t->why, sizeof t->why, "the trace %.250s holds no step", t->trace);
+    snprintf(t->why, sizeof t->why, "the trace %.250s holds no step", path);
   if (ok && row > 0) {
     n = row;
     int64_t run = 0;
@@ -605,8 +820,10 @@ static int trial_read_trace(bisect *b, trial *t, int want_layers) {
   free(loss);
   free(skip);
   if (t->have_trace)
-    trial_postmortem(t, tr);
+    trial_postmortem(t, tr, path, n_ranks ? ranks[0] : -1);
   probe_trace_close(tr);
+  if (t->have_trace && n_ranks > 0)
+    trial_read_ranks(b, t, ranks, n_ranks);
   return t->have_trace ? 0 : -1;
 }
 
@@ -689,9 +906,20 @@ static void trial_judge(bisect *b, trial *t) {
   if (b->fail_nonfinite && t->first_nonfinite_loss >= 0) {
     snprintf(w, len, "non-finite loss at step %lld%s",
              (long long)t->first_nonfinite_loss, ext);
-  } else if (t->pm_silent || !strcmp(t->pm_verdict, "diverged")) {
+  } else if (t->pm_silent || (!t->set_note[0] &&
+                                !strcmp(t->pm_verdict, "diverged"))) {
     snprintf(w, len, "post-mortem verdict %s%s%s%s", t->pm_verdict,
              t->pm_note[0] ? ": " : "", t->pm_note, ext);
+  } else if (t->missing[0]) {
+    snprintf(w, len, "rank%s %s of %d wrote no trace%s",
+             strchr(t->missing, ',') ? "s" : "", t->missing, t->world, ext);
+  } else if (t->n_ranks > 0 && t->rank_short >= 0 &&
+             t->rank_min_steps < t->n_steps) {
+    snprintf(w, len, "rank %d stopped after %lld of %lld steps%s",
+             t->rank_short, (long long)t->rank_min_steps,
+             (long long)t->n_steps, ext);
+  } else if (t->set_note[0]) {
+    snprintf(w, len, "%s%s", t->set_note, ext);
   } else if (b->max_skips >= 0 && t->longest_skip > b->max_skips) {
     snprintf(w, len, "%lld consecutive skipped steps (> %lld)%s",
              (long long)t->longest_skip, (long long)b->max_skips, ext);
@@ -718,6 +946,10 @@ static void trial_judge(bisect *b, trial *t) {
   if (!fail && t->pm_note[0]) { /* a finding that is no silent fault */
     size_t o = strlen(w);
     snprintf(w + o, len - o, "; %s", t->pm_note);
+  }
+  if (!fail && t->set_info[0]) { /* the set's, likewise */
+    size_t o = strlen(w);
+    snprintf(w + o, len - o, "; %s", t->set_info);
   }
   t->verdict = fail ? PROBE_DDMIN_FAIL : PROBE_DDMIN_PASS;
   if (!is_baseline(t->role)) { /* only the baselines' series are needed */
@@ -1081,6 +1313,8 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
     PUT(" --steps %s", b->steps);
   if (b->seed)
     PUT(" --seed %s", b->seed);
+  if (b->ranks > 0)
+    PUT(" --ranks %d", b->ranks);
   shell_quote(q, sizeof q, fp32);
   PUT(" --fp32 %s", q);
   for (int i = 0; i < b->n_pass; i++) {
@@ -1176,6 +1410,7 @@ static json_t *trial_json(const trial *t) {
   json_object_set_new(x, "exit_code", json_integer(t->exit_code));
   json_object_set_new(x, "seconds", num_or_null(t->seconds));
   json_object_set_new(x, "trace", json_string(t->trace));
+  json_object_set_new(x, "ranks", json_integer(t->n_ranks));
   return x;
 }
 
@@ -1193,6 +1428,8 @@ static json_t *result_json(const bisect *b, const result *r) {
   json_object_set_new(o, "external_command", ext);
   json_object_set_new(o, "candidates", list_json(b->candidates));
   json_object_set_new(o, "granularity", json_string(b->granularity));
+  json_object_set_new(o, "ranks", b->ranks > 0 ? json_integer(b->ranks)
+                                                : json_null());
   json_object_set_new(o, "unmatched_candidates",
                       b->warnings[0] ? list_json(b->warnings) : json_array());
   json_t *c = json_object();
@@ -1277,8 +1514,11 @@ static void print_text(const bisect *b, const result *r) {
   static char escbuf[4][ESC_LEN];
   unsigned escn = 0;
   fprintf(f, "ampprobe bisect: %s, ", ESC(b->name));
-  fprintf(f, "candidates %s (granularity %s)\n", ESC(b->candidates),
+  fprintf(f, "candidates %s (granularity %s)", ESC(b->candidates),
           b->granularity);
+  if (b->ranks > 0)
+    fprintf(f, ", %d ranks per trial", b->ranks);
+  fprintf(f, "\n");
   char ct[1024];
   criteria_text(b, ct, sizeof ct);
   fprintf(f, "  a trial fails on: %s\n\n", ct);
@@ -1646,7 +1886,7 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
 enum {
   O_CAND = 256, O_SCENARIO, O_CONFIG, O_STEPS, O_SEED, O_GRAN, O_WORKDIR,
   O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON,
-  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE
+  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS
 };
 
 /* Returns -1 to go on, or the exit code. */
@@ -1657,6 +1897,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       {"config", required_argument, NULL, O_CONFIG},
       {"steps", required_argument, NULL, O_STEPS},
       {"seed", required_argument, NULL, O_SEED},
+      {"ranks", required_argument, NULL, O_RANKS},
       {"granularity", required_argument, NULL, O_GRAN},
       {"jobs", required_argument, NULL, 'j'},
       {"workdir", required_argument, NULL, O_WORKDIR},
@@ -1720,6 +1961,13 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       if (cli_parse_i64(SUB, "--jobs", optarg, 1, 1024, &iv))
         return CLI_EXIT_USAGE;
       b->jobs = (int)iv;
+      b->jobs_given = 1;
+      break;
+    case O_RANKS:
+      if (cli_parse_i64(SUB, "--ranks", optarg, 1, RANKS_MAX, &iv))
+        return CLI_EXIT_USAGE;
+      b->ranks = (int)iv;
+      b->ranks_arg = optarg;
       break;
     case O_WORKDIR: b->workdir_opt = optarg; break;
     case O_FAILNF: b->fail_nonfinite = 1; break;
@@ -1795,6 +2043,16 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
     cli_error(SUB, "--scenario and --config exclude each other");
     return CLI_EXIT_USAGE;
   }
+  if (b->ext && b->ranks > 0) {
+    cli_error(SUB, "--ranks applies to the built-in trainer; for your own "
+                   "job put mpirun in the command: -- mpirun -np %d CMD ...",
+              b->ranks);
+    return CLI_EXIT_USAGE;
+  }
+  /* each trial takes N processes: by default as many trials as there are
+   * CPUs for them */
+  if (b->ranks > 1 && !b->jobs_given)
+    b->jobs = b->jobs / b->ranks > 0 ? b->jobs / b->ranks : 1;
   if (b->ext && (b->scenario || b->config || b->steps || b->seed ||
                  b->full_trace)) {
     cli_error(SUB, "%s does not apply to an external command (after --): "

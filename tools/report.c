@@ -14,14 +14,20 @@
  * Exit: 0 report written and the run healthy, 1 written and a problem
  * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
  */
-#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#define _GNU_SOURCE /* open_memstream, strverscmp */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -41,6 +47,8 @@ static void usage(FILE *f) {
           "[--bisect RESULT.json]\n"
           "                       -o report.html [--width PX] "
           "[--heat-cols N] [--title TEXT] [-q]\n"
+          "       ampprobe report DIR | 'GLOB' | TRACE... [--rank R] "
+          "-o report.html [...]\n"
           "\n"
           "Writes one self-contained HTML file (inline SVG and CSS, nothing "
           "loaded from\nelsewhere) that shows, top to bottom: the post-mortem "
@@ -51,12 +59,22 @@ static void usage(FILE *f) {
           "of the fraction of gradient values subnormal or\nflushed to zero "
           "in FP16; with --baseline the diff table and the step where\nthe "
           "loss curves part; with --bisect the trials and the minimal set.\n"
+          "Over a trace set (the rank files of one job: a directory, a glob "
+          "or several\nfiles) the page starts with a ranks x steps view "
+          "(healthy, skipped, inf/NaN;\nthe first inf/NaN ringed, the rank "
+          "that stopped first and missing ranks\nmarked) and a ranks table; "
+          "the panels below are those of one rank.\n"
           "See docs/report.md for how to read each plot.\n"
           "\n"
           "options:\n"
           "  -o, --output FILE     the HTML file to write (required)\n"
           "  --baseline TRACE      FP32 baseline of the same config and seed\n"
           "  --bisect FILE         result JSON of 'ampprobe bisect --json'\n"
+          "  --rank R              a set: the rank whose panels are drawn "
+          "(default: the\n"
+          "                        rank of the first inf/NaN, else the one "
+          "that stopped\n"
+          "                        first, else the first readable)\n"
           "  --width PX            plot width in pixels (600..4000, default "
           "1200)\n"
           "  --heat-cols N         step columns of the heatmaps (10..2000, "
@@ -66,15 +84,19 @@ static void usage(FILE *f) {
           "  -q, --quiet           no summary line on stderr\n"
           "  -h, --help            this help\n"
           "\n"
-          "exit: 0 written, run healthy; 1 written, problem diagnosed; 2 "
-          "usage;\n      3 unreadable or corrupt input; 4 cannot write the "
-          "output\n"
+          "exit: 0 written, run healthy; 1 written, problem diagnosed (over "
+          "a set also:\n      a rank missing, unreadable or stopped first); 2 "
+          "usage (also: a set\n      mixing two jobs' run ids); 3 unreadable "
+          "or corrupt input; 4 cannot\n      write the output\n"
           "\n"
           "example:\n"
           "  ampprobe run --scenario revin-overflow --trace -o fp16.h5\n"
           "  ampprobe run --scenario revin-overflow --precision fp32 --trace "
           "-o fp32.h5\n"
-          "  ampprobe report fp16.h5 --baseline fp32.h5 -o report.html\n");
+          "  ampprobe report fp16.h5 --baseline fp32.h5 -o report.html\n"
+          "  mpirun -np 4 ampprobe run --scenario rank-bad-input --trace -o "
+          "out/t.h5\n"
+          "  ampprobe report out/ -o ranks.html\n");
 }
 
 /* First step of the steps table, or -1 when it is empty. */
@@ -154,16 +176,23 @@ static const char *esc(char *buf, const char *s) {
 
 /* The diagnosis engine's findings, ranked, shown first; its whole text
  * (what `ampprobe postmortem` prints) folded under them. */
-static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
+/* set_head/set_body: a trace set's headline and summary (NULL for one
+ * trace); the diagnosis is then that of the rank whose panels follow. */
+static probe_status add_diagnosis(probe_report *rep, const probe_diag *d,
+                                  const char *set_head, const char *set_body,
+                                  int set_problem, const char *rank_label) {
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
   if (!f) return PROBE_ERR_NOMEM;
   probe_diag_print_text(d, f);
   fclose(f);
-  int problem = probe_diag_problem(d);
+  int problem = probe_diag_problem(d) || set_problem;
   char head[ESC_MAX + 32], e1[ESC_MAX];
-  if (d->n_findings > 0)
+  if (set_head)
+    snprintf(head, sizeof head, "%s: %s", problem ? "PROBLEM" : "HEALTHY",
+             esc(e1, set_head));
+  else if (d->n_findings > 0)
     snprintf(head, sizeof head, "%s: %s", problem ? "PROBLEM" : "HEALTHY",
              esc(e1, d->findings[0].title));
   else
@@ -171,6 +200,10 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d) {
 
   probe_buf b;
   probe_buf_init(&b);
+  if (set_body) {
+    probe_buf_puts(&b, set_body);
+    probe_buf_printf(&b, "\n%s, whose panels follow:\n", rank_label);
+  }
   if (d->event != DIAG_EVENT_NONE) {
     probe_buf_printf(&b, "first non-finite event: step %lld, %s, %s",
                      (long long)d->event_step,
@@ -643,117 +676,685 @@ static int open_trace(const char *path, probe_trace **t) {
   return CLI_EXIT_OK;
 }
 
-int cmd_report(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"baseline", required_argument, NULL, 'b'},
-      {"bisect", required_argument, NULL, 'B'},
-      {"width", required_argument, NULL, 'w'},
-      {"heat-cols", required_argument, NULL, 'c'},
-      {"title", required_argument, NULL, 't'},
-      {"quiet", no_argument, NULL, 'q'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
-  const char *out = NULL, *base_path = NULL, *bisect_path = NULL;
-  const char *title = NULL;
-  int quiet = 0;
+/* ---- a trace set: the ranks of one job --------------------------------------- */
+
+/* The set is read by the analysis library's cross-rank post-mortem
+ * (probe_ranks_run: which ranks were read, missing, unreadable, killed;
+ * the job's first non-finite value and how the all-reduce spread it; the
+ * verdict), which is what the page says in words and what the table and
+ * the ring show. The cells of the ranks x steps view are this file's own
+ * scan of each readable trace, in a forked worker (set_scan_all). */
+
+#define SET_MAP_COLS 500    /* step columns of the ranks x steps view */
+#define SET_TABLE_ROWS 64   /* rows of the ranks table at most */
+#define SET_NOTE_MAX 240
+#define NF_BITS_MAX (INT64_C(1) << 30) /* steps counted exactly, at most */
+#define SCAN_SECONDS 30     /* a worker's time per file: 30 s + 1 s per */
+#define SCAN_BYTES_PER_SECOND (20 << 20) /* 20 MB, as the isolated reader */
+
+/* A row of the view: a rank (read, missing or unreadable) of probe_ranks. */
+typedef struct set_row {
+  const probe_rank_entry *e;
+  char label[48];
+  char note[SET_NOTE_MAX];
+} set_row;
+
+/* What the scan of one file leaves (shared memory: the worker writes it). */
+typedef struct scan_res {
+  int state;           /* 0 not scanned, 1 scanned, 2 failed */
+  int64_t first, last; /* step range, -1 none */
+  int64_t nf_steps;    /* steps with inf/NaN by this page's rule */
+  int64_t count[4];    /* steps per final probe_rank_cell */
+  char err[200];
+} scan_res;
+
+typedef struct trace_set {
+  probe_ranks R;
+  int have_R;
+  set_row *rows;
+  int n_rows;
+  scan_res *scan;      /* (n_rows) shared memory */
+  int64_t x0, x1;
+} trace_set;
+
+/* The rank a file name says, by the naming rule's default form
+ * "NAME.rankR.h5" (an unreadable file has no rank attribute); -1 none. */
+static int32_t rank_from_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  const char *p = NULL;
+  for (const char *q = strstr(base, ".rank"); q; q = strstr(q + 1, ".rank"))
+    p = q;
+  if (!p || !isdigit((unsigned char)p[5])) return -1;
+  char *end;
+  long r = strtol(p + 5, &end, 10);
+  if (r < 0 || r >= PROBE_RANKMAP_MAX_ROWS || (*end && strcmp(end, ".h5")))
+    return -1;
+  return (int32_t)r;
+}
+
+/* Rows in probe_ranks' order (by rank; unreadable files without a rank
+ * after), except that an unreadable file whose name gives a missing rank
+ * takes that rank's row. */
+static int set_rows(trace_set *s) {
+  const probe_ranks *R = &s->R;
+  s->rows = calloc(R->n_entries ? R->n_entries : 1, sizeof *s->rows);
+  char *used = calloc(R->n_entries ? R->n_entries : 1, 1);
+  if (!s->rows || !used) {
+    free(used);
+    return -1;
+  }
+  int n = 0;
+  for (size_t i = 0; i < R->n_entries; i++) {
+    const probe_rank_entry *e = &R->entries[i];
+    if (used[i]) continue;
+    if (e->status == PROBE_RANK_MISSING) {
+      for (size_t j = 0; j < R->n_entries; j++) {
+        const probe_rank_entry *u = &R->entries[j];
+        if (!used[j] && u->status == PROBE_RANK_UNREADABLE && u->rank < 0 &&
+            u->path && rank_from_name(u->path) == e->rank) {
+          used[j] = 1;
+          e = u;
+          break;
+        }
+      }
+    }
+    set_row *w = &s->rows[n++];
+    w->e = e;
+    int32_t rk = e->rank >= 0 ? e->rank : e->path ? rank_from_name(e->path) : -1;
+    if (rk >= 0) snprintf(w->label, sizeof w->label, "rank %d", (int)rk);
+    else snprintf(w->label, sizeof w->label, "file %d", n - 1);
+  }
+  free(used);
+  s->n_rows = n;
+  return n > PROBE_RANKMAP_MAX_ROWS ? -1 : 0;
+}
+
+/* One bit per step of a file (over its step range). */
+typedef struct step_bits {
+  unsigned char *bit;
+  int64_t first, n;
+} step_bits;
+
+static void bits_init(step_bits *b, int64_t first, int64_t last) {
+  b->bit = NULL;
+  b->first = first;
+  b->n = last - first + 1;
+  if (first >= 0 && b->n > 0 && b->n <= NF_BITS_MAX)
+    b->bit = calloc((size_t)(b->n + 7) / 8, 1);
+}
+
+/* Sets the bit of step; returns 1 when it was clear. */
+static int bits_set(step_bits *b, int64_t step) {
+  int64_t k = step - b->first;
+  if (!b->bit || k < 0 || k >= b->n) return 0;
+  unsigned char m = (unsigned char)(1u << (k & 7));
+  if (b->bit[k >> 3] & m) return 0;
+  b->bit[k >> 3] |= m;
+  return 1;
+}
+
+static int bits_get(const step_bits *b, int64_t step) {
+  int64_t k = step - b->first;
+  return b->bit && k >= 0 && k < b->n && (b->bit[k >> 3] >> (k & 7)) & 1;
+}
+
+/* Row index where the records of `step` begin (records are in step order):
+ * a binary search over single-row reads. */
+static probe_status records_from(probe_trace *t, int64_t step, int64_t *row) {
+  int64_t lo = 0, hi = probe_trace_get_info(t)->n_records;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    probe_record r;
+    size_t got = 0;
+    probe_status st = probe_trace_read_records(t, mid, 1, &r, &got);
+    if (st != PROBE_OK) return st;
+    if (got == 0 || r.step >= step) hi = mid;
+    else lo = mid + 1;
+  }
+  *row = lo;
+  return PROBE_OK;
+}
+
+typedef struct scan_ctx {
+  probe_rankmap *m;
+  int row;
+  scan_res *res;
+  step_bits nf, skip, seen;
+} scan_ctx;
+
+/* A step's cell from its scalars. Gradients that overflowed in a step the
+ * loss scaler skipped are dynamic loss scaling at work: such a step is
+ * "skipped", not "inf/NaN" (a non-finite loss always is). */
+static void scan_steps(scan_ctx *c, const probe_step_scalars *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const probe_step_scalars *p = &s[i];
+    bits_set(&c->seen, p->step);
+    int loss_bad = !(p->unmeasured & PROBE_SCALAR_LOSS) && !isfinite(p->loss);
+    int norm_bad = !(p->unmeasured & PROBE_SCALAR_GRAD_NORM) &&
+                   !isfinite(p->grad_norm) && !p->skipped;
+    probe_rank_cell cell = loss_bad || norm_bad ? PROBE_RANK_CELL_NONFINITE
+                           : p->skipped         ? PROBE_RANK_CELL_SKIPPED
+                                                : PROBE_RANK_CELL_HEALTHY;
+    probe_rankmap_add(c->m, c->row, p->step, cell);
+    if (p->skipped) bits_set(&c->skip, p->step);
+    if (cell == PROBE_RANK_CELL_NONFINITE) c->res->nf_steps += bits_set(&c->nf, p->step);
+  }
+}
+
+static void scan_records(scan_ctx *c, const probe_record *r, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (probe_stats_nonfinite(&r[i].stats) == 0) continue;
+    int ph = (int)probe_site_phase((probe_site)r[i].site);
+    if (ph == PROBE_PHASE_BACKWARD && bits_get(&c->skip, r[i].step)) {
+      probe_rankmap_add(c->m, c->row, r[i].step, PROBE_RANK_CELL_SKIPPED);
+      continue; /* caught by the loss scaler */
+    }
+    probe_rankmap_add(c->m, c->row, r[i].step, PROBE_RANK_CELL_NONFINITE);
+    c->res->nf_steps += bits_set(&c->nf, r[i].step);
+  }
+}
+
+/* The legend's (rank, step) counts: each step once, in its final state. */
+static void scan_count(scan_ctx *c) {
+  for (int64_t k = 0; c->seen.bit && k < c->seen.n; k++) {
+    int64_t step = c->seen.first + k;
+    if (bits_get(&c->nf, step)) c->res->count[PROBE_RANK_CELL_NONFINITE]++;
+    else if (bits_get(&c->seen, step))
+      c->res->count[bits_get(&c->skip, step) ? PROBE_RANK_CELL_SKIPPED
+                                             : PROBE_RANK_CELL_HEALTHY]++;
+  }
+}
+
+/* One readable file into the map: every row of its steps table, and its
+ * records from the writer's first non-finite step on (before it every
+ * record was finite: /meta/state, docs/trace-format.md). */
+static probe_status scan_file(const char *path, probe_rankmap *m, int row,
+                              scan_res *res) {
+  probe_trace *t = NULL;
+  probe_status st = probe_trace_open(&t, path);
+  if (st < 0) {
+    snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(NULL));
+    return st;
+  }
+  scan_ctx c = {m, row, res, {0}, {0}, {0}};
+  int64_t writer_nf = probe_trace_get_info(t)->first_nonfinite_step;
+  st = trace_range(t, &res->first, &res->last);
+  bits_init(&c.nf, res->first, res->last);
+  bits_init(&c.skip, res->first, res->last);
+  bits_init(&c.seen, res->first, res->last);
+  probe_step_scalars *steps = malloc(CHUNK * sizeof *steps);
+  probe_record *recs = malloc(CHUNK * sizeof *recs);
+  if (!steps || !recs) st = PROBE_ERR_NOMEM;
+  size_t got = 0;
+  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
+    st = probe_trace_read_steps(t, at, CHUNK, steps, &got);
+    if (st != PROBE_OK || got == 0) break;
+    scan_steps(&c, steps, got);
+  }
+  int64_t from = 0;
+  if (st == PROBE_OK && writer_nf >= 0) st = records_from(t, writer_nf, &from);
+  for (int64_t at = from; st == PROBE_OK && writer_nf >= 0; at += (int64_t)got) {
+    st = probe_trace_read_records(t, at, CHUNK, recs, &got);
+    if (st != PROBE_OK || got == 0) break;
+    scan_records(&c, recs, got);
+  }
+  if (st < 0) snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(t));
+  else scan_count(&c);
+  free(c.nf.bit);
+  free(c.skip.bit);
+  free(c.seen.bit);
+  free(steps);
+  free(recs);
+  probe_trace_close(t);
+  return st;
+}
+
+/* The worker: scans rows from `from` on, marking each before it starts,
+ * with an alarm per file against a hang. */
+static void scan_worker(trace_set *s, probe_rankmap *m, int from,
+                        volatile int *at) {
+  for (int i = from; i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    if (e->status != PROBE_RANK_READ) continue;
+    *at = i;
+    struct stat sb;
+    off_t size = stat(e->path, &sb) == 0 ? sb.st_size : 0;
+    alarm((unsigned)(SCAN_SECONDS + size / SCAN_BYTES_PER_SECOND));
+    s->scan[i].state = scan_file(e->path, m, i, &s->scan[i]) < 0 ? 2 : 1;
+    alarm(0);
+  }
+  *at = s->n_rows;
+}
+
+/* Scans every readable file in a forked worker process that fills the
+ * map's shared cells, so that a crash or hang inside HDF5 on a malformed
+ * file marks that rank unreadable (a new worker goes on with the next
+ * file) instead of killing the report. */
+static int set_scan_all(trace_set *s, probe_rankmap *m) {
+  size_t bytes = (size_t)s->n_rows * sizeof *s->scan + sizeof(int);
+  void *shm = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shm == MAP_FAILED) return -1;
+  s->scan = shm;
+  volatile int *at = (volatile int *)(s->scan + s->n_rows);
+  int from = 0;
+  while (from < s->n_rows) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      signal(SIGALRM, SIG_DFL);
+      scan_worker(s, m, from, at);
+      _exit(0);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && *at >= s->n_rows)
+      break;
+    int bad = *at; /* it died on this file */
+    if (bad < from || bad >= s->n_rows) return -1;
+    s->scan[bad].state = 2;
+    snprintf(s->scan[bad].err, sizeof s->scan[bad].err, "%s",
+             WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM
+                 ? "reading it hung (stopped)"
+                 : "reading it crashed the reader");
+    from = bad + 1;
+  }
+  return 0;
+}
+
+static const char *role_str(int32_t role) {
+  return role == PROBE_RANK_ROLE_BORN      ? "born here"
+         : role == PROBE_RANK_ROLE_CARRIED ? "carried by the all-reduce"
+         : role == PROBE_RANK_ROLE_LATER   ? "its own, later"
+                                           : "";
+}
+
+/* "step 30, fwd_out of input" for an entry's first non-finite record. */
+static void entry_nf(const probe_rank_entry *e, char *buf, size_t n) {
+  if (e->nf_step < 0) {
+    snprintf(buf, n, e->first_nonfinite_loss_step >= 0 ? "loss at step %lld"
+                                                       : "none",
+             (long long)e->first_nonfinite_loss_step);
+    return;
+  }
+  snprintf(buf, n, "step %lld, %s of %s", (long long)e->nf_step,
+           e->nf_site >= 0 && e->nf_site < PROBE_SITE_COUNT
+               ? probe_site_name((probe_site)e->nf_site)
+               : "?",
+           e->nf_layer_name);
+}
+
+static void add_note(set_row *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void add_note(set_row *w, const char *fmt, ...) {
+  size_t o = strlen(w->note);
+  if (o && o + 2 < sizeof w->note) {
+    memcpy(w->note + o, "; ", 3);
+    o += 2;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->note + o, sizeof w->note - o, fmt, ap);
+  va_end(ap);
+}
+
+/* The notes of each row, what the scan found failing included. */
+static void set_notes(trace_set *s) {
+  const probe_ranks *R = &s->R;
+  for (int i = 0; i < s->n_rows; i++) {
+    set_row *w = &s->rows[i];
+    const probe_rank_entry *e = w->e;
+    char where[PROBE_NAME_MAX * 4 + 64], err[240];
+    if (e->status == PROBE_RANK_MISSING) add_note(w, "missing: no trace file");
+    if (e->status == PROBE_RANK_UNREADABLE) {
+      cli_escape_name(err, sizeof err, e->error ? e->error : "unreadable");
+      add_note(w, "unreadable: %s", err);
+    }
+    if (e->status != PROBE_RANK_READ) continue;
+    if (s->scan && s->scan[i].state == 2)
+      add_note(w, "its steps could not be read: %s", s->scan[i].err);
+    if (!e->complete) add_note(w, "incomplete (writer did not close it)");
+    if (R->stopped_first >= 0 && e == &R->entries[R->stopped_first])
+      add_note(w, "stopped first: last step %lld of %lld",
+               (long long)e->last_step, (long long)R->max_last_step);
+    if (R->first >= 0 && e == &R->entries[R->first]) {
+      entry_nf(e, where, sizeof where);
+      add_note(w, "first inf/NaN of the job: %s", where);
+    } else if (e->role == PROBE_RANK_ROLE_BORN) { /* born on several */
+      entry_nf(e, where, sizeof where);
+      add_note(w, "%s: %s", role_str(e->role), where);
+    } /* "carried" is the rule in a DDP job: in the table, not a note */
+    for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++) {
+      const probe_ranks_disagreement *d = &R->disagree[f];
+      if (d->found && d->rank_b == e->rank)
+        add_note(w, "%s differs from rank %d's at step %lld",
+                 probe_ranks_field_name((probe_ranks_field)f), (int)d->rank_a,
+                 (long long)d->step);
+    }
+  }
+}
+
+/* Reads the set: the cross-rank post-mortem, the rows, the scan; fills the
+ * map. Returns an exit code. */
+static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
+                     probe_rankmap **map) {
+  *map = NULL;
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  o.isolate = 1;
+  probe_status st = probe_ranks_run(&s->R, (const char *const *)paths, n, &o);
+  s->have_R = 1;
+  if (st == PROBE_ERR_INVALID_ARG) { /* not one job */
+    cli_error(SUB, "%s", s->R.error[0] ? s->R.error : "not the traces of one job");
+    return CLI_EXIT_USAGE;
+  }
+  if (st < 0) {
+    const char *e = probe_trace_last_error(NULL);
+    cli_error(SUB, "no readable trace in the set: %s", e && *e ? e : probe_status_str(st));
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
+  }
+  if (set_rows(s) != 0) {
+    cli_error(SUB, "the set has more than %d ranks and files",
+              PROBE_RANKMAP_MAX_ROWS);
+    return CLI_EXIT_USAGE;
+  }
+  /* the step range: of the ranks read (probe_ranks knows the last steps;
+   * the first is read with the cells, so the map starts at step 0 unless a
+   * rank's steps start later, which the scan's range then shows) */
+  s->x0 = 0;
+  s->x1 = s->R.max_last_step > 0 ? s->R.max_last_step : 0;
+  int cols = heat_cols > SET_MAP_COLS ? heat_cols : SET_MAP_COLS;
+  st = probe_rankmap_new(map, s->n_rows, cols, s->x0, s->x1);
+  if (st == PROBE_OK && set_scan_all(s, *map) != 0) st = PROBE_ERR_NOMEM;
+  for (int i = 0; st == PROBE_OK && i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    st = probe_rankmap_set_row(*map, i, s->rows[i].label,
+                               e->status == PROBE_RANK_READ ? PROBE_RANK_ROW_TRACE
+                               : e->status == PROBE_RANK_MISSING
+                                   ? PROBE_RANK_ROW_MISSING
+                                   : PROBE_RANK_ROW_UNREADABLE,
+                               e->path);
+    if (e->status != PROBE_RANK_READ) continue;
+    probe_rankmap_set_last(*map, i, s->scan[i].last >= 0 ? s->scan[i].last
+                                                         : e->last_step);
+    for (int c = 1; c < 4; c++)
+      probe_rankmap_count_add(*map, (probe_rank_cell)c, s->scan[i].count[c]);
+    if (s->R.stopped_first >= 0 && e == &s->R.entries[s->R.stopped_first])
+      probe_rankmap_mark_stop(*map, i);
+    if (s->R.first >= 0 && e == &s->R.entries[s->R.first])
+      probe_rankmap_mark_first(*map, i, s->R.event_step);
+    else if (s->R.first < 0 && s->R.first_loss >= 0 &&
+             e == &s->R.entries[s->R.first_loss])
+      probe_rankmap_mark_first(*map, i, e->first_nonfinite_loss_step);
+  }
+  if (st == PROBE_OK) {
+    set_notes(s);
+    for (int i = 0; st == PROBE_OK && i < s->n_rows; i++)
+      if (s->rows[i].note[0]) st = probe_rankmap_note(*map, i, s->rows[i].note);
+  }
+  if (st != PROBE_OK) {
+    cli_error(SUB, "%s", probe_status_str(st));
+    return CLI_EXIT_INTERNAL;
+  }
+  return CLI_EXIT_OK;
+}
+
+static void set_free(trace_set *s) {
+  if (s->have_R) probe_ranks_free(&s->R);
+  if (s->scan)
+    munmap(s->scan, (size_t)s->n_rows * sizeof *s->scan + sizeof(int));
+  free(s->rows);
+}
+
+/* The row whose panels are drawn: --rank R, else the post-mortem's focus
+ * (the rank the first inf/NaN was born on, else ...), else the first
+ * readable one. */
+static int set_choose(const trace_set *s, int64_t want, const char **why) {
+  for (int i = 0; i < s->n_rows; i++) {
+    const probe_rank_entry *e = s->rows[i].e;
+    if (e->status != PROBE_RANK_READ || (s->scan && s->scan[i].state == 2))
+      continue;
+    if (want >= 0 && e->rank == want) {
+      *why = "chosen with --rank";
+      return i;
+    }
+    if (want < 0 && s->R.focus >= 0 && e == &s->R.entries[s->R.focus]) {
+      *why = s->R.first >= 0 ? "the rank of the job's first inf/NaN"
+             : s->R.first_loss >= 0 ? "the rank of the first non-finite loss"
+             : s->R.stopped_first >= 0 ? "the rank that stopped first"
+                                       : "no rank stands out: the first read";
+      return i;
+    }
+  }
+  if (want >= 0) return -1;
+  for (int i = 0; i < s->n_rows; i++)
+    if (s->rows[i].e->status == PROBE_RANK_READ) {
+      *why = "the first readable trace";
+      return i;
+    }
+  return -1;
+}
+
+/* The set's headline and summary (the post-mortem over the set), and
+ * whether it shows a problem. */
+static int set_summary(const trace_set *s, char *head, size_t hn,
+                       probe_buf *b) {
+  const probe_ranks *R = &s->R;
+  int problem = R->verdict != PROBE_VERDICT_HEALTHY;
+  probe_buf_printf(b, "job: %zu rank files%s%s%s, world size %d; verdict %s\n",
+                   R->n_files, R->run_id[0] ? " of run '" : "", R->run_id,
+                   R->run_id[0] ? "'" : "", (int)R->world_size,
+                   probe_verdict_name(R->verdict));
+  if (R->origin != PROBE_RANKS_ORIGIN_NONE && R->origin_text[0])
+    probe_buf_printf(b, "origin: %s\n", R->origin_text);
+  if (R->fix_text[0]) probe_buf_printf(b, "next step: %s\n", R->fix_text);
+  for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++) {
+    const probe_ranks_disagreement *d = &R->disagree[f];
+    if (d->found)
+      probe_buf_printf(b, "disagreement: %s differs between ranks %d and %d "
+                          "at step %lld (%lld ranks differ)\n",
+                       probe_ranks_field_name((probe_ranks_field)f),
+                       (int)d->rank_a, (int)d->rank_b, (long long)d->step,
+                       (long long)d->ranks_differing);
+  }
+  probe_buf_printf(b, "ranks: %lld read, %lld missing, %lld unreadable, "
+                      "%lld not closed\n",
+                   (long long)R->n_read, (long long)R->n_missing,
+                   (long long)R->n_unreadable, (long long)R->n_incomplete);
+  if (R->stopped_first >= 0) {
+    const probe_rank_entry *e = &R->entries[R->stopped_first];
+    probe_buf_printf(b, "rank %d stopped first: last step %lld, the others "
+                        "went on to %lld\n",
+                     (int)e->rank, (long long)e->last_step,
+                     (long long)R->max_last_step);
+  }
+  if (R->origin != PROBE_RANKS_ORIGIN_NONE && R->origin_text[0])
+    snprintf(head, hn, "%s", R->origin_text);
+  else if (R->stopped_first >= 0)
+    snprintf(head, hn, "rank %d stopped first, after step %lld",
+             (int)R->entries[R->stopped_first].rank,
+             (long long)R->entries[R->stopped_first].last_step);
+  else if (R->n_disagreements > 0)
+    snprintf(head, hn, "the ranks disagree (%d field%s)", R->n_disagreements,
+             R->n_disagreements == 1 ? "" : "s");
+  else if (R->n_missing || R->n_unreadable)
+    snprintf(head, hn, "%lld rank%s missing, %lld file%s unreadable",
+             (long long)R->n_missing, R->n_missing == 1 ? "" : "s",
+             (long long)R->n_unreadable, R->n_unreadable == 1 ? "" : "s");
+  else
+    snprintf(head, hn, "%lld ranks, no inf/NaN on any rank",
+             (long long)R->n_read);
+  for (int i = 0; i < s->n_rows; i++)
+    problem |= s->scan && s->scan[i].state == 2;
+  return problem;
+}
+
+/* The ranks table: every rank up to SET_TABLE_ROWS files, else only the
+ * ranks with a note and the chosen one (the rest counted). */
+static probe_status set_table(probe_report *rep, const trace_set *s,
+                              int chosen) {
+  static const char *hdr[8] = {"rank", "file", "steps", "closed",
+                               "first inf/NaN", "steps with inf/NaN",
+                               "skipped steps", "note"};
+  int tid;
+  probe_status st = probe_report_add_table(rep, PROBE_REPORT_RANKS,
+                                           "Ranks", 8, hdr, &tid);
+  int all = s->n_rows <= SET_TABLE_ROWS, shown = 0, hidden = 0;
+  for (int i = 0; i < s->n_rows && st == PROBE_OK; i++) {
+    const set_row *w = &s->rows[i];
+    const probe_rank_entry *e = w->e;
+    if ((!all && !w->note[0] && i != chosen) || shown >= SET_TABLE_ROWS) {
+      hidden++;
+      continue;
+    }
+    shown++;
+    char steps[64] = "", nf[PROBE_NAME_MAX * 4 + 96] = "", a[24] = "";
+    char b[24] = "", fname[1200] = "(none)", note[SET_NOTE_MAX + 32];
+    if (e->path) cli_escape_name(fname, sizeof fname, e->path);
+    if (e->status == PROBE_RANK_READ) {
+      snprintf(steps, sizeof steps, "%lld-%lld (%lld)",
+               (long long)s->scan[i].first, (long long)e->last_step,
+               (long long)e->n_steps);
+      entry_nf(e, nf, sizeof nf);
+      if (e->nf_step >= 0 && e->role != PROBE_RANK_ROLE_NONE) {
+        size_t o = strlen(nf);
+        snprintf(nf + o, sizeof nf - o, " (%s)", role_str(e->role));
+      }
+      snprintf(a, sizeof a, "%lld", (long long)s->scan[i].nf_steps);
+      snprintf(b, sizeof b, "%lld", (long long)e->skipped_steps);
+    }
+    snprintf(note, sizeof note, "%s%s", i == chosen ? "(panels below) " : "",
+             w->note);
+    const char *cells[8] = {w->label, fname, steps,
+                            e->status == PROBE_RANK_READ
+                                ? (e->complete ? "yes" : "no")
+                                : "",
+                            nf, a, b, note};
+    st = probe_report_table_row(rep, tid, cells);
+  }
+  if (st == PROBE_OK && hidden) {
+    char more[128];
+    snprintf(more, sizeof more, "%d more ranks: nothing to note (not "
+             "listed; 'ampprobe postmortem' --json lists them all).", hidden);
+    st = probe_report_add_text(rep, PROBE_REPORT_RANKS, "", more);
+  }
+  char *text = NULL;
+  if (st == PROBE_OK && probe_ranks_render_text(&s->R, &text) == PROBE_OK &&
+      text)
+    st = probe_report_add_folded_text(rep, PROBE_REPORT_RANKS,
+                                      "Cross-rank post-mortem (what "
+                                      "'ampprobe postmortem' prints for the "
+                                      "set)", text);
+  probe_free(text);
+  return st;
+}
+
+typedef struct report_args {
+  const char *out, *base_path, *bisect_path, *title;
+  int quiet;
+  int64_t rank; /* --rank, -1 when not given */
   probe_report_options ro;
-  probe_report_options_init(&ro);
-  cli_getopt_reset();
-  int c;
-  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
-    int64_t v;
-    switch (c) {
-    case 'o': out = optarg; break;
-    case 'b': base_path = optarg; break;
-    case 'B': bisect_path = optarg; break;
-    case 't': title = optarg; break;
-    case 'q': quiet = 1; break;
-    case 'w':
-      if (cli_parse_i64(SUB, "--width", optarg, 600, 4000, &v))
-        return CLI_EXIT_USAGE;
-      ro.width = (int)v;
-      break;
-    case 'c':
-      if (cli_parse_i64(SUB, "--heat-cols", optarg, 10, 2000, &v))
-        return CLI_EXIT_USAGE;
-      ro.heat_cols = (int)v;
-      break;
-    case 'h': usage(stdout); return CLI_EXIT_OK;
-    default: return cli_getopt_error(SUB, argv, c);
-    }
-  }
-  if (optind >= argc) {
-    cli_error(SUB, "missing TRACE argument (see 'ampprobe report --help')");
-    return CLI_EXIT_USAGE;
-  }
-  if (argc - optind > 1) {
-    cli_error(SUB, "unexpected argument '%s' (one TRACE only)",
-              argv[optind + 1]);
-    return CLI_EXIT_USAGE;
-  }
-  if (!out) {
-    cli_error(SUB, "missing -o report.html (see 'ampprobe report --help')");
-    return CLI_EXIT_USAGE;
-  }
-  const char *path = argv[optind];
-  double t0 = cli_now();
+} report_args;
 
-  /* the file rules (tools/cli.h): inputs are regular files, the output is
-   * none of them, whatever the flags */
-  const char *inputs[3] = {path, base_path, bisect_path};
-  for (int i = 0; i < 3; i++) {
-    int r = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
-    if (r) return r;
+/* The bisect JSON, checked: a bad file is an input error found before any
+ * trace is read. */
+static int load_bisect(const char *bisect_path, json_t **out) {
+  *out = NULL;
+  if (!bisect_path) return CLI_EXIT_OK;
+  json_error_t je;
+  json_t *bisect = json_load_file(bisect_path, 0, &je);
+  if (!bisect) {
+    cli_error(SUB, "%s: not a bisect result (line %d: %s)", bisect_path,
+              je.line, je.text);
+    return CLI_EXIT_INPUT;
   }
-  int orc = cli_check_output(SUB, out, inputs, 3);
-  if (orc) return orc;
-
-  /* the bisect JSON first: a bad file is a usage-level input error, found
-   * before the traces are read */
-  json_t *bisect = NULL;
-  if (bisect_path) {
-    json_error_t je;
-    bisect = json_load_file(bisect_path, 0, &je);
-    const char *why = bisect ? bisect_shape_error(bisect) : NULL;
-    if (!bisect) {
-      cli_error(SUB, "%s: not a bisect result (line %d: %s)", bisect_path,
-                je.line, je.text);
-      return CLI_EXIT_INPUT;
-    }
-    if (why) {
-      cli_error(SUB, "%s: not a bisect result (%s)", bisect_path, why);
-      json_decref(bisect);
-      return CLI_EXIT_INPUT;
-    }
+  const char *why = bisect_shape_error(bisect);
+  if (why) {
+    cli_error(SUB, "%s: not a bisect result (%s)", bisect_path, why);
+    json_decref(bisect);
+    return CLI_EXIT_INPUT;
   }
+  *out = bisect;
+  return CLI_EXIT_OK;
+}
 
+/* A trace set's part of the page: the ranks x steps view, the ranks table,
+ * the headline and summary. */
+typedef struct set_view {
+  trace_set *set;
+  size_t n_paths;
+  const char *first_path;
+  probe_rankmap *map; /* handed to the report */
+  int chosen;
+  const char *why;
+  char head[PROBE_RANKS_TEXT_MAX + 64];
+  probe_buf body;
+  int problem;
+} set_view;
+
+static probe_status add_set_view(probe_report *rep, set_view *v) {
+  static const char help[] =
+      "One row per rank, one column per range of steps; a cell shows the "
+      "worst of the rank's steps in it: black, a record, the loss or the "
+      "gradient norm of this rank held inf/NaN; orange, the optimizer step "
+      "was skipped (the loss scaler found inf/NaN, on this rank or, through "
+      "the all-reduce, on another); green, healthy; white, no step recorded "
+      "(the rank had stopped, or had not started). The red ring is the "
+      "job's first inf/NaN by (step, phase, order); a red bar follows the "
+      "last step of the rank that stopped first; grey rows are ranks "
+      "without a trace file, purple rows files that cannot be read. The "
+      "panels under the table are those of one rank.";
+  char title[160];
+  snprintf(title, sizeof title, "Ranks x steps: %d rank%s", v->set->n_rows,
+           v->set->n_rows == 1 ? "" : "s");
+  probe_status st = probe_report_set_rankmap(rep, v->map, title, help);
+  if (st != PROBE_OK) return st;
+  v->map = NULL; /* the report's now */
+  return set_table(rep, v->set, v->chosen);
+}
+
+/* The page for one trace (path), or for the chosen rank of a set (v). */
+static int report_write(const report_args *a, const char *path,
+                        set_view *v, json_t *bisect, double t0) {
   probe_trace *t = NULL, *tb = NULL;
   probe_report *rep = NULL;
   probe_diag diag;
   probe_diff diff;
   int have_diag = 0, have_diff = 0;
   int rc = open_trace(path, &t);
-  if (rc == CLI_EXIT_OK && base_path) rc = open_trace(base_path, &tb);
+  if (rc == CLI_EXIT_OK && a->base_path) rc = open_trace(a->base_path, &tb);
   if (rc != CLI_EXIT_OK) goto done;
 
-  char deftitle[600];
-  snprintf(deftitle, sizeof deftitle, "ampprobe report: %s", path);
-  ro.title = title ? title : deftitle;
+  char deftitle[600], rank_label[96] = "";
+  if (v) {
+    snprintf(rank_label, sizeof rank_label, "%s (%s)",
+             v->set->rows[v->chosen].label, v->why);
+    snprintf(deftitle, sizeof deftitle, "ampprobe report: %zu traces (%.500s%s)",
+             v->n_paths, v->first_path, v->n_paths > 1 ? ", ..." : "");
+  } else {
+    snprintf(deftitle, sizeof deftitle, "ampprobe report: %s", path);
+  }
+  probe_report_options ro = a->ro;
+  ro.title = a->title ? a->title : deftitle;
   probe_status st = probe_report_new(&rep, &ro);
   if (st != PROBE_OK) {
     cli_error(SUB, "%s", probe_status_str(st));
     rc = CLI_EXIT_INTERNAL;
     goto done;
   }
+  if (v) st = add_set_view(rep, v);
 
   /* the diagnosis, from the post-mortem engine */
   diag_options dopt;
   diag_options_init(&dopt);
-  st = probe_diag_run(&diag, t, path, &dopt);
+  if (st == PROBE_OK) st = probe_diag_run(&diag, t, path, &dopt);
   have_diag = 1;
-  if (st == PROBE_OK) st = add_diagnosis(rep, &diag);
+  if (st == PROBE_OK)
+    st = add_diagnosis(rep, &diag, v ? v->head : NULL,
+                       v && v->body.len ? v->body.data : NULL,
+                       v ? v->problem : 0, rank_label);
   /* the loss-scale plot's "scaling off" note: the post-mortem's answer */
   if (st == PROBE_OK) st = probe_report_set_scaling(rep, diag.scaling_on);
 
@@ -771,9 +1372,12 @@ int cmd_report(int argc, char **argv) {
     st = probe_report_set_range(rep, lo, hi);
   }
   if (st == PROBE_OK)
-    st = check_configs(rep, t, path, tb, base_path, bisect, bisect_path);
-  add_trace_meta(rep, "trace", path, t);
-  if (tb) add_trace_meta(rep, "baseline", base_path, tb);
+    st = check_configs(rep, t, path, tb, a->base_path, bisect, a->bisect_path);
+  char tlabel[128];
+  snprintf(tlabel, sizeof tlabel, "%s%s", v ? "trace of " : "trace",
+           v ? rank_label : "");
+  add_trace_meta(rep, tlabel, path, t);
+  if (tb) add_trace_meta(rep, "baseline", a->base_path, tb);
 
   if (st == PROBE_OK) st = feed_trace(rep, t, 0);
   if (st == PROBE_OK && tb) {
@@ -803,20 +1407,20 @@ int cmd_report(int argc, char **argv) {
     goto done;
   }
   if (bisect && (st = add_bisect(rep, bisect)) != PROBE_OK) {
-    cli_error(SUB, "%s: %s", bisect_path, probe_status_str(st));
+    cli_error(SUB, "%s: %s", a->bisect_path, probe_status_str(st));
     rc = CLI_EXIT_INTERNAL;
     goto done;
   }
 
   /* written to a temporary file renamed over `out` once complete */
   cli_out o;
-  rc = cli_out_open(SUB, &o, out);
+  rc = cli_out_open(SUB, &o, a->out);
   if (rc != CLI_EXIT_OK) goto done;
   st = probe_report_write(rep, o.f);
   if (st != PROBE_OK) {
     if (st == PROBE_ERR_NOMEM) {
       cli_out_abort(&o);
-      cli_error(SUB, "cannot write %s: %s", out, probe_status_str(st));
+      cli_error(SUB, "cannot write %s: %s", a->out, probe_status_str(st));
       rc = CLI_EXIT_INTERNAL;
     } else {
       rc = cli_out_fail(SUB, &o, EIO);
@@ -826,11 +1430,12 @@ int cmd_report(int argc, char **argv) {
   rc = cli_out_commit(SUB, &o);
   if (rc != CLI_EXIT_OK) goto done;
   struct stat ost;
-  double size = stat(out, &ost) == 0 ? (double)ost.st_size : 0;
-  rc = probe_diag_problem(&diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
-  if (!quiet)
-    fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n", out,
-            size / 1024.0, cli_now() - t0);
+  double size = stat(a->out, &ost) == 0 ? (double)ost.st_size : 0;
+  rc = probe_diag_problem(&diag) || (v && v->problem) ? CLI_EXIT_PROBLEM
+                                                       : CLI_EXIT_OK;
+  if (!a->quiet)
+    fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n",
+            a->out, size / 1024.0, cli_now() - t0);
 
 done:
   if (have_diff) probe_diff_free(&diff);
@@ -838,6 +1443,161 @@ done:
   probe_report_free(rep);
   if (tb) probe_trace_close(tb);
   if (t) probe_trace_close(t);
+  return rc;
+}
+
+/* One TRACE argument that names a file (or nothing): today's single-trace
+ * report. A directory, a glob or several arguments: a trace set. */
+static int is_single(char **args, int n) {
+  if (n != 1) return 0;
+  struct stat sb;
+  if (stat(args[0], &sb) == 0) return !S_ISDIR(sb.st_mode);
+  return !strpbrk(args[0], "*?[");
+}
+
+static int report_single(const report_args *a, const char *path, double t0) {
+  /* the file rules (tools/cli.h): inputs are regular files, the output is
+   * none of them, whatever the flags */
+  const char *inputs[3] = {path, a->base_path, a->bisect_path};
+  for (int i = 0; i < 3; i++) {
+    int r = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
+    if (r) return r;
+  }
+  int rc = cli_check_output(SUB, a->out, inputs, 3);
+  if (rc) return rc;
+  if (a->rank >= 0) {
+    cli_error(SUB, "--rank chooses among the ranks of a trace set (a "
+                   "directory, a glob or several files), not one trace");
+    return CLI_EXIT_USAGE;
+  }
+  json_t *bisect = NULL;
+  rc = load_bisect(a->bisect_path, &bisect);
+  if (rc == CLI_EXIT_OK) rc = report_write(a, path, NULL, bisect, t0);
   json_decref(bisect);
   return rc;
+}
+
+static int report_set(const report_args *a, char **args, int n_args,
+                      double t0) {
+  char **paths = NULL;
+  size_t n = 0;
+  probe_status st = probe_trace_set_expand((const char *const *)args,
+                                           (size_t)n_args, &paths, &n);
+  if (st != PROBE_OK) {
+    const char *e = probe_trace_last_error(NULL);
+    cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
+    return cli_exit_for_status(st);
+  }
+  if (n == 0) {
+    cli_error(SUB, "%s: no trace (*.h5) in the set", args[0]);
+    probe_trace_set_free(paths, n);
+    return CLI_EXIT_INPUT;
+  }
+  const char **inputs = calloc(n + 2, sizeof *inputs);
+  trace_set set;
+  memset(&set, 0, sizeof set);
+  set_view v;
+  memset(&v, 0, sizeof v);
+  probe_buf_init(&v.body);
+  json_t *bisect = NULL;
+  int rc = inputs ? CLI_EXIT_OK : CLI_EXIT_INTERNAL;
+  for (size_t i = 0; rc == CLI_EXIT_OK && i < n; i++) {
+    inputs[i] = paths[i];
+    rc = cli_check_input(SUB, paths[i]);
+  }
+  if (rc == CLI_EXIT_OK) {
+    inputs[n] = a->base_path;
+    inputs[n + 1] = a->bisect_path;
+    for (size_t i = n; rc == CLI_EXIT_OK && i < n + 2; i++)
+      rc = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
+  }
+  if (rc == CLI_EXIT_OK) rc = cli_check_output(SUB, a->out, inputs, n + 2);
+  if (rc == CLI_EXIT_OK) rc = load_bisect(a->bisect_path, &bisect);
+  if (rc == CLI_EXIT_OK) rc = set_build(&set, paths, n, a->ro.heat_cols, &v.map);
+  if (rc == CLI_EXIT_OK) {
+    v.set = &set;
+    v.n_paths = n;
+    v.first_path = paths[0];
+    v.chosen = set_choose(&set, a->rank, &v.why);
+    if (v.chosen < 0) {
+      if (a->rank >= 0)
+        cli_error(SUB, "--rank %lld: no readable trace of that rank in the "
+                       "set", (long long)a->rank);
+      else
+        cli_error(SUB, "no readable trace in the set");
+      rc = a->rank >= 0 ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
+    }
+  }
+  if (rc == CLI_EXIT_OK) {
+    v.problem = set_summary(&set, v.head, sizeof v.head, &v.body);
+    rc = report_write(a, set.rows[v.chosen].e->path, &v, bisect, t0);
+  }
+  probe_rankmap_free(v.map);
+  probe_buf_free(&v.body);
+  json_decref(bisect);
+  set_free(&set);
+  free(inputs);
+  probe_trace_set_free(paths, n);
+  return rc;
+}
+
+int cmd_report(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"output", required_argument, NULL, 'o'},
+      {"baseline", required_argument, NULL, 'b'},
+      {"bisect", required_argument, NULL, 'B'},
+      {"width", required_argument, NULL, 'w'},
+      {"heat-cols", required_argument, NULL, 'c'},
+      {"title", required_argument, NULL, 't'},
+      {"rank", required_argument, NULL, 'r'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  report_args a;
+  memset(&a, 0, sizeof a);
+  a.rank = -1;
+  probe_report_options_init(&a.ro);
+  cli_getopt_reset();
+  int c;
+  while ((c = getopt_long(argc, argv, ":o:qh", longs, NULL)) != -1) {
+    int64_t v;
+    switch (c) {
+    case 'o': a.out = optarg; break;
+    case 'b': a.base_path = optarg; break;
+    case 'B': a.bisect_path = optarg; break;
+    case 't': a.title = optarg; break;
+    case 'q': a.quiet = 1; break;
+    case 'w':
+      if (cli_parse_i64(SUB, "--width", optarg, 600, 4000, &v))
+        return CLI_EXIT_USAGE;
+      a.ro.width = (int)v;
+      break;
+    case 'c':
+      if (cli_parse_i64(SUB, "--heat-cols", optarg, 10, 2000, &v))
+        return CLI_EXIT_USAGE;
+      a.ro.heat_cols = (int)v;
+      break;
+    case 'r':
+      if (cli_parse_i64(SUB, "--rank", optarg, 0, PROBE_RANKMAP_MAX_ROWS - 1,
+                        &v))
+        return CLI_EXIT_USAGE;
+      a.rank = v;
+      break;
+    case 'h': usage(stdout); return CLI_EXIT_OK;
+    default: return cli_getopt_error(SUB, argv, c);
+    }
+  }
+  if (optind >= argc) {
+    cli_error(SUB, "missing TRACE argument (see 'ampprobe report --help')");
+    return CLI_EXIT_USAGE;
+  }
+  if (!a.out) {
+    cli_error(SUB, "missing -o report.html (see 'ampprobe report --help')");
+    return CLI_EXIT_USAGE;
+  }
+  double t0 = cli_now();
+  if (is_single(argv + optind, argc - optind))
+    return report_single(&a, argv[optind], t0);
+  return report_set(&a, argv + optind, argc - optind, t0);
 }

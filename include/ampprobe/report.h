@@ -205,6 +205,78 @@ probe_status probe_heatmap_render(const probe_grid *g,
                                   const probe_heatmap_opts *o,
                                   probe_buf *out);
 
+/* ---- ranks x steps (a trace set: the ranks of one job) -------------------- */
+
+/* What a cell of the ranks x steps view shows: the worst of the steps of
+ * the rank that fell in its column (NONFINITE > SKIPPED > HEALTHY > NONE). */
+typedef enum probe_rank_cell {
+  PROBE_RANK_CELL_NONE = 0,      /* no step of this rank in the column */
+  PROBE_RANK_CELL_HEALTHY = 1,   /* recorded, finite, optimizer step taken */
+  PROBE_RANK_CELL_SKIPPED = 2,   /* optimizer step skipped (found_inf), with
+                                    nothing of this rank's inf/NaN */
+  PROBE_RANK_CELL_NONFINITE = 3, /* a record, the loss or the gradient norm
+                                    of this rank held inf/NaN */
+} probe_rank_cell;
+
+/* A row: a readable trace, or a rank the set should hold but does not. */
+typedef enum probe_rank_row {
+  PROBE_RANK_ROW_TRACE = 0,
+  PROBE_RANK_ROW_MISSING = 1,    /* the world size says so; no file */
+  PROBE_RANK_ROW_UNREADABLE = 2, /* a file that cannot be read */
+} probe_rank_row;
+
+/* Rows of a map at most, and the SVG runs it draws at most: columns are
+ * merged (worst state) until the cells fit, so the page stays bounded
+ * (docs/report.md). */
+#define PROBE_RANKMAP_MAX_ROWS 4096
+#define PROBE_RANKMAP_MAX_RUNS 12000
+
+typedef struct probe_rankmap probe_rankmap;
+
+/* rows x cols cells over the inclusive step range [x0, x1]; cols is
+ * clamped to the number of steps. The cells are in shared anonymous
+ * memory: probe_rankmap_add in a child forked after this call fills the
+ * parent's map (the rest of the map is not shared). */
+probe_status probe_rankmap_new(probe_rankmap **out, int rows, int cols,
+                               int64_t x0, int64_t x1);
+void probe_rankmap_free(probe_rankmap *m);
+/* A row's short label ("rank 3"), kind, and a tooltip (the file; may be
+ * NULL). Copied; shown escaped. */
+probe_status probe_rankmap_set_row(probe_rankmap *m, int row,
+                                   const char *label, probe_rank_row kind,
+                                   const char *tooltip);
+/* A note on a row, drawn at the right of the grid with a leader line
+ * ("stopped first: last step 41"); at most a few are drawn, the rest are
+ * counted. Appended to any earlier note of the row. */
+probe_status probe_rankmap_note(probe_rankmap *m, int row, const char *note);
+/* One step of a row: its cell keeps the worst state. */
+void probe_rankmap_add(probe_rankmap *m, int row, int64_t step,
+                       probe_rank_cell c);
+/* The (rank, step) pairs in a state, for the legend: a step is added to
+ * its cell once per record that says something of it, so the caller, who
+ * knows each step's final state, counts them. */
+void probe_rankmap_count_add(probe_rankmap *m, probe_rank_cell c, int64_t n);
+/* The last step of a row (probe_rankmap_add keeps it in this process; a
+ * caller whose worker process filled the cells says it here). */
+void probe_rankmap_set_last(probe_rankmap *m, int row, int64_t step);
+/* Marks the cell of the job's first non-finite value (ringed in red). */
+void probe_rankmap_mark_first(probe_rankmap *m, int row, int64_t step);
+/* Marks a row whose rank stopped first: a red bar after its last step. */
+void probe_rankmap_mark_stop(probe_rankmap *m, int row);
+/* Cell and row accessors (for tests and the tool): the state of (row, col)
+ * at the map's own column count, the last step added to a row (-1: none),
+ * and the (rank, step) pairs counted per state. */
+probe_rank_cell probe_rankmap_cell(const probe_rankmap *m, int row, int col);
+int probe_rankmap_cols(const probe_rankmap *m);
+int64_t probe_rankmap_last_step(const probe_rankmap *m, int row);
+int64_t probe_rankmap_count(const probe_rankmap *m, probe_rank_cell c);
+/* Appends <svg>...</svg>: width the whole SVG in pixels; the height follows
+ * the rows (14 px each up to 48 rows, down to 2 px at 360+ rows, with rank
+ * ticks instead of a label per row). The column merge factor used is
+ * returned in *merged (may be NULL). */
+probe_status probe_rankmap_render(const probe_rankmap *m, const char *title,
+                                  int width, probe_buf *out, int *merged);
+
 /* ---- the HTML report ------------------------------------------------------ */
 
 typedef struct probe_report probe_report;
@@ -229,6 +301,7 @@ typedef enum probe_report_place {
   PROBE_REPORT_DIFF = 1,   /* the baseline comparison */
   PROBE_REPORT_BISECT = 2, /* the bisect trials */
   PROBE_REPORT_END = 3,    /* notes at the end */
+  PROBE_REPORT_RANKS = 4,  /* under the ranks x steps view */
 } probe_report_place;
 
 probe_status probe_report_new(probe_report **out,
@@ -291,6 +364,12 @@ probe_status probe_report_add_table(probe_report *r, probe_report_place at,
                                     int *table_id);
 probe_status probe_report_table_row(probe_report *r, int table_id,
                                     const char *const *cells);
+
+/* A trace set: the ranks x steps view, drawn under the diagnosis with the
+ * PROBE_REPORT_RANKS sections, above the chosen rank's panels. The report
+ * takes m (freed with it); help is the text above the view. */
+probe_status probe_report_set_rankmap(probe_report *r, probe_rankmap *m,
+                                      const char *title, const char *help);
 
 /* Writes the whole page. */
 probe_status probe_report_write(probe_report *r, FILE *f);

@@ -353,11 +353,16 @@ case_fifo_report() {
   echo '{}' >empty.json
   for args in "pipe" "fp16.h5 --baseline pipe" "fp16.h5 --bisect pipe" \
               "/dev/zero" "fp16.h5 --baseline /dev/zero" "fp16.h5 --bisect /dev/zero" \
-              "fp16.h5 --bisect /dev/stdin" "."; do
+              "fp16.h5 --bisect /dev/stdin"; do
     t -- "$AMP" report $args -o x.html
     expect 3 "report $args"
     one_line "report $args" "not a regular file"
   done
+  # a directory is a trace set (its *.h5 files): one without any is refused
+  mkdir nothing
+  t -- "$AMP" report nothing -o x.html
+  expect 3 "report nothing/ (a trace set without a trace)"
+  one_line "report nothing/" "no .h5 file"
   absent x.html "nothing written"
 }
 

@@ -26,6 +26,11 @@ foreach(group fair external safety)
            COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> ${group})
   set_tests_properties(tools.e2e.bisect.${group} PROPERTIES LABELS "tools;e2e" TIMEOUT 300)
 endforeach()
+# multi-rank trials (issue 14): 2 ranks under mpirun (skipped without it)
+add_test(NAME tools.e2e.bisect.ranks
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> ranks)
+set_tests_properties(tools.e2e.bisect.ranks PROPERTIES LABELS "tools;e2e;mpi"
+                     TIMEOUT 300 SKIP_RETURN_CODE 77)
 add_test(NAME tools.e2e.run.files
          COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_run.sh $<TARGET_FILE:ampprobe_exe>)
 set_tests_properties(tools.e2e.run.files PROPERTIES LABELS "tools;e2e" TIMEOUT 300)

@@ -9,9 +9,10 @@
 # dropped, hints), external (bisect of a command through AMPPROBE_*
 # variables, tests/tools/fake_job.sh), safety (outputs, work directory,
 # FIFOs, trials dying with bisect, progress lines, no table on errors).
+# Issue 14: ranks (multi-rank trials with mpirun; skipped, exit 77, without).
 #
 # usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]
-#   GROUP: zoo | errors | fair | external | safety | all
+#   GROUP: zoo | errors | fair | external | safety | ranks | all
 set -u
 BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|fair|external|safety|all]}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN") # tests cd elsewhere
@@ -557,14 +558,98 @@ PYEOF
     pass "--steps: one wording: '$e1'" || fail "--steps wording differs: '$e1' vs '$(cat "$WORK/e.err")'"
 }
 
+# Multi-rank trials (issue 14): --ranks N for the built-in trainer, and an
+# external `mpirun -np N` job whose AMPPROBE_TRACE becomes rank files; a
+# job that loses a rank's trace. Skipped (exit 77) without mpirun or
+# without MPI in this build.
+SKIPPED=0
+ranks() {
+  if ! command -v mpirun >/dev/null 2>&1; then
+    echo "skipped: mpirun not found (Open MPI: scripts/install-deps.sh)"
+    SKIPPED=1
+    return
+  fi
+  if ! "$BIN" run --help 2>&1 | grep -q -- '--ranks'; then
+    echo "skipped: this ampprobe was built without MPI (no 'run --ranks')"
+    SKIPPED=1
+    return
+  fi
+  if [ "$(id -u)" = 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+  export OMPI_MCA_rmaps_base_oversubscribe=1 # 2 ranks on any machine
+  local got tr
+  # the built-in trainer on 2 ranks
+  bisect rk revin-overflow revin,linear --ranks 2 --steps 40 -j 1
+  got=$(jget "$WORK/rk.json" "','.join(sorted(d['minimal_set'] or []))" 2>/dev/null)
+  [ "$RC" = 1 ] && [ "$got" = revin ] &&
+    pass "--ranks 2: minimal set {$got}" ||
+    fail "--ranks 2: expected {revin} and exit 1, got {$got} exit $RC: $(cat "$WORK/rk.err")"
+  tr=$(jget "$WORK/rk.json" "(d['ranks'], sorted(set(t['ranks'] for t in d['trials'] if t['verdict'] != 'cancelled')))" 2>/dev/null)
+  [ "$tr" = "(2, [2])" ] && pass "--ranks 2: every trial judged on 2 rank files" ||
+    fail "--ranks 2: ranks in the JSON: $tr"
+  [ -f "$WORK/wd-rk/trial-00.rank0.h5" ] && [ -f "$WORK/wd-rk/trial-00.rank1.h5" ] &&
+    [ ! -e "$WORK/wd-rk/trial-00.h5" ] && pass "--ranks 2: trial-00.rank0.h5 and .rank1.h5 written" ||
+    fail "--ranks 2: rank files: $(ls "$WORK/wd-rk" | head -5)"
+  jget "$WORK/rk.json" "d['reproduce']" | grep -q -- '--ranks 2 --fp32 revin' &&
+    pass "--ranks 2: reproduce '$(jget "$WORK/rk.json" "d['reproduce']")'" ||
+    fail "--ranks 2: reproduce: $(jget "$WORK/rk.json" "d['reproduce']")"
+
+  # an external job under mpirun: its AMPPROBE_TRACE becomes rank files
+  "$BIN" bisect --fp32-candidates revin,linear -j 1 -q --json --workdir "$WORK/wd-rx" \
+    -- mpirun -np 2 "$FAKE" "$BIN" revin-overflow normal --steps 40 \
+    >"$WORK/rx.json" 2>"$WORK/rx.err"
+  RC=$?
+  got=$(jget "$WORK/rx.json" "','.join(sorted(d['minimal_set'] or []))" 2>/dev/null)
+  [ "$RC" = 1 ] && [ "$got" = revin ] &&
+    pass "-- mpirun -np 2 JOB: minimal set {$got}" ||
+    fail "-- mpirun -np 2 JOB: expected {revin} and exit 1, got {$got} exit $RC: $(cat "$WORK/rx.err")"
+  tr=$(jget "$WORK/rx.json" "(d['ranks'], sorted(set(t['ranks'] for t in d['trials'] if t['verdict'] != 'cancelled')))" 2>/dev/null)
+  [ "$tr" = "(None, [2])" ] && pass "-- mpirun -np 2 JOB: every trial judged on 2 rank files" ||
+    fail "-- mpirun -np 2 JOB: ranks in the JSON: $tr"
+
+  # a job that loses rank 1's trace: every trial fails on it, the baseline
+  # first: not a precision problem
+  cat >"$WORK/lose_rank.sh" <<SH
+#!/usr/bin/env bash
+mpirun -np 2 "$FAKE" "$BIN" revin-overflow normal --steps 20
+rc=\$?
+rm -f "\${AMPPROBE_TRACE%.h5}.rank1.h5"
+exit \$rc
+SH
+  chmod +x "$WORK/lose_rank.sh"
+  "$BIN" bisect --fp32-candidates revin -j 1 -q --json --workdir "$WORK/wd-rl" \
+    -- "$WORK/lose_rank.sh" >"$WORK/rl.json" 2>"$WORK/rl.err"
+  RC=$?
+  tr=$(jget "$WORK/rl.json" "d['outcome'] + ' | ' + [t['why'] for t in d['trials'] if t['role'] == 'fp32-baseline'][0]" 2>/dev/null)
+  [ "$RC" = 1 ] && echo "$tr" | grep -q "^not-a-precision-problem | rank 1 of 2 wrote no trace" &&
+    pass "a job losing rank 1's trace: $tr" ||
+    fail "a job losing rank 1's trace: exit $RC, $tr $(cat "$WORK/rl.err")"
+
+  # --ranks is for the built-in trainer
+  "$BIN" bisect --fp32-candidates revin --ranks 2 -- "$FAKE" "$BIN" revin-overflow \
+    >/dev/null 2>"$WORK/rr.err"
+  RC=$?
+  [ "$RC" = 2 ] && grep -q -- "-- mpirun -np 2 CMD" "$WORK/rr.err" &&
+    pass "--ranks with a command: exit 2, '$(cat "$WORK/rr.err")'" ||
+    fail "--ranks with a command: exit $RC, $(cat "$WORK/rr.err")"
+  "$BIN" bisect --fp32-candidates revin --ranks 0 >/dev/null 2>"$WORK/r0.err"
+  RC=$?
+  [ "$RC" = 2 ] && pass "--ranks 0: exit 2, '$(cat "$WORK/r0.err")'" ||
+    fail "--ranks 0: exit $RC"
+}
+
 case "$GROUP" in
   zoo) zoo ;;
   errors) errors ;;
   fair) fair ;;
   external) external ;;
   safety) safety ;;
-  all) zoo; errors; fair; external; safety ;;
+  ranks) ranks ;;
+  all) zoo; errors; fair; external; safety; ranks ;;
   *) echo "unknown group $GROUP"; exit 2 ;;
 esac
 echo "$FAILS failure(s)"
-[ "$FAILS" = 0 ]
+[ "$FAILS" = 0 ] || exit 1
+[ "$GROUP" = ranks ] && [ "$SKIPPED" = 1 ] && exit 77
+exit 0
