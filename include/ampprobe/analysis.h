@@ -113,7 +113,10 @@ AMPPROBE_API const char *probe_verdict_name(probe_verdict v);
   XX(INPUT_NAN, "input-nan", "NaN or inf arrived in the input data")           \
   XX(WEIGHT_NONFINITE, "weight-nonfinite", "the weights hold NaN or inf")      \
   XX(LOSS_ONLY, "loss-nonfinite",                                              \
-     "the loss was non-finite but no per-layer record shows where")
+     "the loss was non-finite but no per-layer record shows where")            \
+  XX(ALLREDUCE, "allreduce-nonfinite",                                         \
+     "the gradient all-reduce returned inf/NaN while this rank sent finite "   \
+     "values: another rank's value, or a sum that overflowed (FP16)")
 
 typedef enum probe_diag_event {
 #define PROBE_DIAG_EVENT_ENUM_(name, str, desc) PROBE_DIAG_EVENT_##name,
@@ -134,7 +137,8 @@ AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
   XX(LOWER_LR, "lower-lr")                                                     \
   XX(CLEAN_INPUT, "clean-input")                                               \
   XX(CHECK_WEIGHTS, "check-weights")                                           \
-  XX(SCALE_COLLAPSE, "scale-collapse")
+  XX(SCALE_COLLAPSE, "scale-collapse")                                         \
+  XX(FIX_ALLREDUCE, "fix-allreduce")
 
 typedef enum probe_diag_finding_id {
 #define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,
@@ -397,7 +401,9 @@ AMPPROBE_API probe_status probe_postmortem_verdict(const char *path,
  * and says where the first non-finite value appeared across ranks, and how
  * it spread:
  *
- *   first     the earliest non-finite record of any rank, ordered by
+ *   first     the earliest non-finite record of any rank (a step whose
+ *             only non-finite values are gradients and that the loss scaler
+ *             skipped is a normal backoff, not an event), ordered by
  *             (step, phase, seq); ties (several ranks at the same point)
  *             go to the lowest rank and every tied rank is "born";
  *   origin    each rank's own first non-finite record (by step, phase,
@@ -481,7 +487,16 @@ typedef struct probe_rank_entry {
   int32_t nf_phase, nf_site, nf_layer;
   uint32_t nf_seq;
   char nf_layer_name[PROBE_NAME_MAX * 4]; /* escaped */
-  int pre_nonfinite;     /* a GRAD_PRE_ALLREDUCE record non-finite at nf_step */
+  int pre_nonfinite;     /* a GRAD_PRE_ALLREDUCE record non-finite at
+                            nf_step (0 when that step was a backoff) */
+  /* Normal scaler backoffs before nf_step (only gradients non-finite, on a
+   * step the loss scaler skipped): not events, as in the single-trace
+   * post-mortem; counted, and the first one's step and site kept. */
+  int64_t backoff_nonfinite_steps;
+  int64_t first_backoff_step;  /* -1 none */
+  int32_t first_backoff_site, first_backoff_phase, first_backoff_layer;
+  uint32_t first_backoff_seq;
+  char first_backoff_layer_name[PROBE_NAME_MAX * 4]; /* escaped */
   int post_records;      /* records of GRAD_POST_ALLREDUCE seen at nf_step */
   int32_t role;          /* probe_rank_role at the set's first step */
 } probe_rank_entry;

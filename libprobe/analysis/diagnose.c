@@ -149,6 +149,12 @@ static int is_fwd_out(int site) {
 static int is_bwd_out(int site) {
   return site == PROBE_SITE_GRAD_IN || site == PROBE_SITE_WEIGHT_GRAD;
 }
+/* A gradient bucket sent into (PRE) or returned by (POST) the all-reduce
+ * of a data-parallel job. */
+static int is_allreduce(int site) {
+  return site == PROBE_SITE_GRAD_PRE_ALLREDUCE ||
+         site == PROBE_SITE_GRAD_POST_ALLREDUCE;
+}
 static int is_weight(int site) {
   return site == PROBE_SITE_WEIGHT || site == PROBE_SITE_MASTER_WEIGHT;
 }
@@ -560,6 +566,13 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     } else if (is_weight(x->site)) {
       origin = (int)i;
       kind = PROBE_DIAG_EVENT_WEIGHT_NONFINITE;
+    } else if (x->site == PROBE_SITE_GRAD_POST_ALLREDUCE) {
+      /* what this rank sent (PRE, earlier in the step) was finite, or it
+       * would have come first */
+      origin = (int)i;
+      kind = PROBE_DIAG_EVENT_ALLREDUCE;
+    } else if (x->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
+      origin = (int)i; /* the cast to the all-reduce's dtype overflowed */
     } else if ((is_fwd_out(x->site) || is_bwd_out(x->site)) &&
                !inputs_nonfinite(l, r, x->site)) {
       origin = (int)i;
@@ -579,7 +592,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   const probe_record *o = &r[origin];
   const layer_step *l = &w->ls[o->layer];
   int lkind = d->layers[o->layer].info.kind;
-  int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT;
+  int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT &&
+            !is_allreduce(o->site);
   int in_idx = fwd ? l->fwd_in : l->grad_out;
   if (kind == PROBE_DIAG_EVENT_NONE) {
     if (!fwd) {

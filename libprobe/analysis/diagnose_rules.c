@@ -53,6 +53,7 @@
 #define SCORE_CLIP_EVENT 92
 #define SCORE_CHECK_WEIGHTS 90
 #define SCORE_FORCE_FP32 90
+#define SCORE_FIX_ALLREDUCE 90 /* as an FP16 event: the first fault */
 #define SCORE_LR 88
 #define SCORE_SILENT 85
 #define SCORE_SCALE_COLLAPSE 85
@@ -323,6 +324,34 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
            c->run_fp32);
 }
 
+/* fix-allreduce: the all-reduce returned a non-finite gradient bucket that
+ * this rank sent finite. */
+static int when_allreduce(const rank_ctx *c) {
+  return c->d->event == PROBE_DIAG_EVENT_ALLREDUCE;
+}
+static double score_allreduce(const rank_ctx *c) {
+  (void)c;
+  return SCORE_FIX_ALLREDUCE;
+}
+static void explain_allreduce(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "the gradient all-reduce of '%s' returned inf/NaN at step %lld "
+               "while this rank sent finite values",
+            c->oname, (long long)d->event_step);
+  add_evidence(f, "grad_post_allreduce of '%s' holds %llu NaN, %llu inf of "
+                  "%llu values; its grad_pre_allreduce was finite",
+               c->oname, (unsigned long long)d->origin_out.nan_count,
+               (unsigned long long)(d->origin_out.posinf_count +
+                                    d->origin_out.neginf_count),
+               (unsigned long long)d->origin_out.count);
+  add_evidence(f, "one rank's trace cannot tell another rank's non-finite "
+                  "value from a sum that overflowed");
+  set_next(f, "run 'ampprobe postmortem' over every rank's trace (the "
+              "directory): if every rank sent finite values, all-reduce in "
+              "FP32 (--allreduce-dtype fp32) or pre-divide by the world size "
+              "(--allreduce-prediv); otherwise fix the rank it was born on");
+}
+
 /* fix-clip-order: the clipper saw scaled gradients. */
 static int when_clip(const rank_ctx *c) {
   return c->d->clip_scaled_signature;
@@ -396,6 +425,7 @@ static int when_event(const rank_ctx *c) {
   const probe_diag *d = c->d;
   return c->has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+         d->event != PROBE_DIAG_EVENT_ALLREDUCE &&
          d->event != PROBE_DIAG_EVENT_NONE && !d->fp32_run &&
          d->origin_layer >= 0;
 }
@@ -690,6 +720,8 @@ static const rule RULES[] = {
      explain_lr},
     {"fp16-event", PROBE_DIAG_FINDING_FORCE_FP32, when_event, score_event,
      explain_event},
+    {"allreduce-event", PROBE_DIAG_FINDING_FIX_ALLREDUCE, when_allreduce,
+     score_allreduce, explain_allreduce},
     {"silent-fault", PROBE_DIAG_FINDING_FORCE_FP32, when_silent, score_silent,
      explain_silent},
     {"grad-underflow", PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING, when_scaling,

@@ -31,6 +31,11 @@ typedef struct probe__rsum {
   char error[PROBE_RANKS_TEXT_MAX]; /* unreadable: why */
   probe__rstep *steps;              /* e.n_steps rows, growing buffer */
   size_t cap_steps;
+  /* set by the caller: -1, the first pass (normal scaler backoffs are not
+   * events); else the second pass: the first non-finite record at or after
+   * this step, backoffs included (the merge asks it of ranks whose role at
+   * the set's first step it needs) */
+  int64_t raw_from;
 } probe__rsum;
 
 /* Summarises the trace at path into s (in this process; s->steps reused).

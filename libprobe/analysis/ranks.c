@@ -321,6 +321,80 @@ static void find_first(probe_ranks *r) {
   }
 }
 
+/* The rank's first backoff as its first non-finite record, when it comes
+ * before its first event. */
+static void take_backoff(probe_rank_entry *e) {
+  if (e->nf_step >= 0 &&
+      (e->nf_step < e->first_backoff_step ||
+       (e->nf_step == e->first_backoff_step &&
+        (e->nf_phase < e->first_backoff_phase ||
+         (e->nf_phase == e->first_backoff_phase &&
+          e->nf_seq < e->first_backoff_seq)))))
+    return;
+  e->nf_step = e->first_backoff_step;
+  e->nf_phase = e->first_backoff_phase;
+  e->nf_seq = e->first_backoff_seq;
+  e->nf_layer = e->first_backoff_layer;
+  e->nf_site = e->first_backoff_site;
+  e->pre_nonfinite = 0; /* not known for a backoff; unused by the roles */
+  memcpy(e->nf_layer_name, e->first_backoff_layer_name,
+         sizeof e->nf_layer_name);
+}
+
+/* The second pass: ranks whose first event is not at the set's first step
+ * but that had normal scaler backoffs may have received the value through
+ * the all-reduce on a step their scaler skipped (a backoff on that rank):
+ * their first non-finite record at or after that step, backoffs included,
+ * decides: their first backoff when it is at or after that step, else
+ * (backoffs before it, e.g. in the scaler's warm-up) their file is read
+ * again from that step. */
+static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) {
+  if (r->first < 0) return PROBE_OK;
+  int64_t s0 = r->entries[r->first].nf_step;
+  size_t n = 0;
+  const char **paths = malloc(r->n_entries * sizeof *paths + 1);
+  size_t *which = malloc(r->n_entries * sizeof *which + 1);
+  probe__rsum *s = calloc(1, sizeof *s);
+  probe_status st = paths && which && s ? PROBE_OK : PROBE_ERR_NOMEM;
+  for (size_t i = 0; st >= 0 && i < r->n_entries; i++) {
+    probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ || e->nf_step == s0 ||
+        e->backoff_nonfinite_steps == 0)
+      continue;
+    if (e->first_backoff_step >= s0) {
+      take_backoff(e); /* its first backoff is the first at or after s0 */
+      continue;
+    }
+    which[n] = i; /* backoffs before s0: which is the first after? */
+    paths[n++] = e->path;
+  }
+  probe__rworker w;
+  probe__rworker_init(&w);
+  if (s) s->raw_from = s0;
+  for (size_t k = 0; st >= 0 && k < n; k++) {
+    st = opt->isolate ? probe__rank_read_isolated(&w, s, paths, n, k)
+                      : probe__rank_read(s, paths[k]);
+    probe_rank_entry *e = &r->entries[which[k]];
+    if (st < 0 || s->e.status != PROBE_RANK_READ || s->e.nf_step < 0 ||
+        (e->nf_step >= 0 && s->e.nf_step >= e->nf_step))
+      continue;
+    e->nf_step = s->e.nf_step;
+    e->nf_phase = s->e.nf_phase;
+    e->nf_seq = s->e.nf_seq;
+    e->nf_layer = s->e.nf_layer;
+    e->nf_site = s->e.nf_site;
+    e->pre_nonfinite = s->e.pre_nonfinite;
+    e->post_records = s->e.post_records;
+    memcpy(e->nf_layer_name, s->e.nf_layer_name, sizeof e->nf_layer_name);
+  }
+  probe__rworker_stop(&w, NULL);
+  if (s) free(s->steps);
+  free(s);
+  free(paths);
+  free(which);
+  return st;
+}
+
 /* Each rank's role, and the origin. */
 static void assign_roles(probe_ranks *r) {
   r->carried_first_step = r->carried_last_step = -1;
@@ -517,6 +591,7 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
   memset(&m, 0, sizeof m);
   probe__rsum *s = calloc(1, sizeof *s);
   probe_status st = s ? PROBE_OK : PROBE_ERR_NOMEM;
+  if (s) s->raw_from = -1;
   probe_status first_err = PROBE_OK;
   probe__rworker w;
   probe__rworker_init(&w);
@@ -565,6 +640,8 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
   for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++)
     r->n_disagreements += r->disagree[f].found;
   find_first(r);
+  st = second_pass(r, opt);
+  if (st < 0) return st;
   assign_roles(r);
   run_focus(r, opt);
   if (r->focus_status == PROBE_ERR_NOMEM) return PROBE_ERR_NOMEM;

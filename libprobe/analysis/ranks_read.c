@@ -4,7 +4,8 @@
  * attributes, its steps' loss scale / skipped / weight digest, and its first
  * non-finite record. Only the steps table and the records of the one step
  * the trace's /meta/state names as the first non-finite
- * (probe_trace_info.first_nonfinite_step) are read: the records table is
+ * (probe_trace_info.first_nonfinite_step) on are read, up to the first
+ * non-finite step that is not a normal scaler backoff: the records table is
  * sorted by step, so those rows are found by a binary search on the step
  * column. probe__rank_read_isolated does the same in a forked worker
  * process that reads the files one after the other and sends each summary
@@ -103,52 +104,104 @@ static probe_status records_lower_bound(probe_trace *t, int64_t n,
   return PROBE_OK;
 }
 
-/* (phase, seq) of a before b. */
-static int earlier(const probe_record *a, const probe_rank_entry *e) {
-  int pa = (int)probe_site_phase((probe_site)a->site);
-  if (pa != e->nf_phase) return pa < e->nf_phase;
-  return a->seq < e->nf_seq;
+/* One step's records as they are read: the first non-finite record by
+ * (phase, seq), and what a normal scaler backoff needs to know. */
+typedef struct step_acc {
+  int64_t step;
+  int any_nf, fwd_nf; /* a non-finite record; one outside the backward */
+  probe_record first;
+  int pre_nf, post_records;
+} step_acc;
+
+static void acc_reset(step_acc *a, int64_t step) {
+  memset(a, 0, sizeof *a);
+  a->step = step;
 }
 
-static void take_record(probe_rank_entry *e, const probe_record *r) {
-  if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE) e->post_records++;
+static void acc_take(step_acc *a, const probe_record *r) {
+  if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE) a->post_records++;
   if (!nonfinite(&r->stats)) return;
-  if (r->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) e->pre_nonfinite = 1;
-  if (e->nf_layer >= 0 && !earlier(r, e)) return;
-  e->nf_step = r->step;
-  e->nf_phase = (int32_t)probe_site_phase((probe_site)r->site);
-  e->nf_seq = r->seq;
-  e->nf_layer = r->layer;
-  e->nf_site = r->site;
+  int ph = (int)probe_site_phase((probe_site)r->site);
+  if (r->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) a->pre_nf = 1;
+  if (ph != PROBE_PHASE_BACKWARD) a->fwd_nf = 1;
+  if (a->any_nf) {
+    int pf = (int)probe_site_phase((probe_site)a->first.site);
+    if (ph > pf || (ph == pf && r->seq >= a->first.seq)) return;
+  }
+  a->any_nf = 1;
+  a->first = *r;
 }
 
-/* The records of step `step`: the first non-finite one by (phase, seq). */
-static probe_status read_event_step(probe__rsum *s, probe_trace *t,
-                                    int64_t n, int64_t step) {
+/* The step skipped by the loss scaler (the rank's steps are sorted). */
+static int step_skipped(const probe__rsum *s, int64_t step) {
+  int64_t lo = 0, hi = s->e.n_steps;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (s->steps[mid].step < step)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < s->e.n_steps && s->steps[lo].step == step &&
+         (s->steps[lo].has & PROBE__RS_SKIPPED) && s->steps[lo].skipped;
+}
+
+/* A finished step: a normal backoff (only gradients non-finite, on a step
+ * the scaler skipped) is counted; anything else non-finite is the event.
+ * Returns 1 when the event was found. */
+static int acc_finish(probe__rsum *s, const step_acc *a) {
+  probe_rank_entry *e = &s->e;
+  if (!a->any_nf) return 0;
+  if (s->raw_from < 0 && !a->fwd_nf && step_skipped(s, a->step)) {
+    if (e->backoff_nonfinite_steps++ == 0) {
+      e->first_backoff_step = a->step;
+      e->first_backoff_site = a->first.site;
+      e->first_backoff_phase = (int32_t)probe_site_phase((probe_site)a->first.site);
+      e->first_backoff_seq = a->first.seq;
+      e->first_backoff_layer = a->first.layer;
+    }
+    return 0;
+  }
+  e->nf_step = a->step;
+  e->nf_phase = (int32_t)probe_site_phase((probe_site)a->first.site);
+  e->nf_seq = a->first.seq;
+  e->nf_layer = a->first.layer;
+  e->nf_site = a->first.site;
+  e->pre_nonfinite = a->pre_nf;
+  e->post_records = a->post_records;
+  return 1;
+}
+
+/* From the first non-finite step on (the trace's /meta/state knows it),
+ * step by step until the first non-finite record that is not a normal
+ * scaler backoff. Flight-recorder traces hold records only around their
+ * events, so this reads little; a full trace with early backoffs reads
+ * on until the event (or its end). */
+static probe_status scan_events(probe__rsum *s, probe_trace *t, int64_t n,
+                                int64_t step) {
   int64_t row = 0;
   probe_status st = records_lower_bound(t, n, step, &row);
   probe_record *buf = malloc(REC_CHUNK * sizeof *buf);
   if (!buf) return PROBE_ERR_NOMEM;
+  step_acc a;
+  acc_reset(&a, step);
   int done = 0;
   while (st >= 0 && !done && row < n) {
     size_t got = 0;
     st = probe_trace_read_records(t, row, REC_CHUNK, buf, &got);
     if (st < 0 || got == 0) break;
     for (size_t i = 0; i < got && !done; i++) {
-      if (buf[i].step != step)
-        done = 1;
-      else
-        take_record(&s->e, &buf[i]);
+      if (buf[i].step != a.step) {
+        done = acc_finish(s, &a);
+        acc_reset(&a, buf[i].step);
+      }
+      if (!done) acc_take(&a, &buf[i]);
     }
     row += (int64_t)got;
   }
+  if (st >= 0 && !done) acc_finish(s, &a);
   free(buf);
-  if (st < 0) return st;
-  if (s->e.nf_layer < 0) {
-    s->e.nf_step = -1; /* the records of that step were not kept */
-    s->e.pre_nonfinite = 0;
-  }
-  return PROBE_OK;
+  return st;
 }
 
 static void entry_init(probe_rank_entry *e) {
@@ -159,6 +212,8 @@ static void entry_init(probe_rank_entry *e) {
   e->nf_step = -1;
   e->nf_layer = -1;
   e->nf_site = -1;
+  e->first_backoff_step = -1;
+  e->first_backoff_site = e->first_backoff_layer = -1;
   e->error_status = PROBE_OK;
 }
 
@@ -177,17 +232,21 @@ static probe_status read_open(probe__rsum *s, probe_trace *t) {
   s->e.last_step = in->last_step;
   snprintf(s->run_id, sizeof s->run_id, "%s", in->run_id ? in->run_id : "");
   probe_status st = read_steps(s, t, in->n_steps);
-  if (st >= 0 && in->first_nonfinite_step >= 0) {
-    s->e.nf_step = in->first_nonfinite_step;
-    st = read_event_step(s, t, in->n_records, in->first_nonfinite_step);
-  }
-  if (st >= 0 && s->e.nf_layer >= 0) {
-    size_t nl = 0;
-    const probe_layer_info *li = probe_trace_layers(t, &nl);
+  int64_t from = in->first_nonfinite_step;
+  if (from >= 0 && s->raw_from > from) from = s->raw_from;
+  if (st >= 0 && from >= 0) st = scan_events(s, t, in->n_records, from);
+  size_t nl = 0;
+  const probe_layer_info *li = probe_trace_layers(t, &nl);
+  if (st >= 0 && s->e.nf_layer >= 0)
     probe_text_escape(s->e.nf_layer_name, sizeof s->e.nf_layer_name,
                       (size_t)s->e.nf_layer < nl ? li[s->e.nf_layer].name
                                                  : "?");
-  }
+  if (st >= 0 && s->e.first_backoff_layer >= 0)
+    probe_text_escape(s->e.first_backoff_layer_name,
+                      sizeof s->e.first_backoff_layer_name,
+                      (size_t)s->e.first_backoff_layer < nl
+                          ? li[s->e.first_backoff_layer].name
+                          : "?");
   return st;
 }
 

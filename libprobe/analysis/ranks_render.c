@@ -110,6 +110,26 @@ static void text_header(const probe_ranks *r, FILE *f) {
   }
 }
 
+/* Normal scaler backoffs (not events): how many ranks, from when. */
+static void text_backoffs(const probe_ranks *r, FILE *f) {
+  int64_t ranks = 0, first = -1, from_ar = 0;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ || e->backoff_nonfinite_steps == 0 ||
+        (r->event_step >= 0 && e->first_backoff_step >= r->event_step))
+      continue; /* those at or after the event are the event's */
+    ranks++;
+    from_ar += e->first_backoff_site == PROBE_SITE_GRAD_POST_ALLREDUCE;
+    if (first < 0 || e->first_backoff_step < first) first = e->first_backoff_step;
+  }
+  if (!ranks) return;
+  fprintf(f, "scaler backoffs   %lld rank%s had gradients overflow on steps "
+             "the loss scaler skipped (normal, not events) before it, first "
+             "at step %lld%s\n",
+          (long long)ranks, ranks == 1 ? "" : "s", (long long)first,
+          from_ar ? "; on some ranks they came out of the all-reduce" : "");
+}
+
 static void text_disagreements(const probe_ranks *r, FILE *f) {
   if (!r->n_disagreements) {
     fprintf(f, "disagreements     none: loss scale, skipped steps and weight "
@@ -229,6 +249,7 @@ static void text_table(const probe_ranks *r, FILE *f) {
 
 static void render_text(const probe_ranks *r, FILE *f) {
   text_header(r, f);
+  text_backoffs(r, f);
   text_disagreements(r, f);
   text_faults(r, f);
   text_table(r, f);
@@ -353,6 +374,8 @@ static void json_entry(probe__jw *w, const probe_rank_entry *e) {
     probe__jw_int(w, "steps", e->n_steps);
     probe__jw_step(w, "last_step", e->last_step);
     probe__jw_int(w, "skipped_steps", e->skipped_steps);
+    probe__jw_int(w, "backoff_nonfinite_steps", e->backoff_nonfinite_steps);
+    probe__jw_step(w, "first_backoff_step", e->first_backoff_step);
     probe__jw_step(w, "first_nonfinite_loss_step", e->first_nonfinite_loss_step);
     json_point(w, "first_nonfinite", e);
     probe__jw_str(w, "role", role_name(e->role));

@@ -66,6 +66,7 @@ typedef struct job {
   const char *run_id;
   int flight; /* scalars mode with the flight recorder instead of full */
   int no_allreduce; /* no GRAD_PRE/POST_ALLREDUCE records */
+  int no_scaler;    /* no loss scaler: scale 1, nothing skipped */
   fault f[MAX_WORLD];
 } job;
 
@@ -190,6 +191,10 @@ static void write_step(wr *w, const job *j, int r, int64_t step) {
   if (f->scale_from >= 0 && step >= f->scale_from) s.loss_scale = 32768.0;
   s.found_inf = found;
   s.skipped = found || f->skip_step == step;
+  if (j->no_scaler) {
+    s.loss_scale = 1.0;
+    s.found_inf = s.skipped = 0;
+  }
   s.lr = 1e-3;
   s.grad_norm = 0.5;
   s.clip_coef = 1.0;
@@ -422,6 +427,48 @@ START_TEST(test_no_allreduce_records) {
 }
 END_TEST
 
+/* Gradient overflows on steps the scaler skipped are normal backoffs, not
+ * the first event (as in the single-trace post-mortem). */
+START_TEST(test_backoffs_are_not_events) {
+  job j;
+  job_init(&j, "backoff", 4, 12);
+  for (int k = 0; k < 4; k++) j.f[k].grad_inf_step = 0; /* warm-up */
+  j.f[1].grad_inf_step = 2; /* and once more on rank 1 */
+  j.f[3].nan_input_step = 7;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  ck_assert_int_eq(r.entries[r.first].rank, 3);
+  ck_assert_int_eq(r.event_step, 7);
+  /* rank 0: its own at 0, rank 1's through the all-reduce at 2, rank 3's
+   * NaN at 7 (all skipped); rank 3 stops at its event */
+  ck_assert_int_eq(entry_of(&r, 0)->backoff_nonfinite_steps, 3);
+  ck_assert_int_eq(entry_of(&r, 1)->backoff_nonfinite_steps, 3);
+  ck_assert_int_eq(entry_of(&r, 3)->backoff_nonfinite_steps, 2);
+  ck_assert_int_eq(entry_of(&r, 1)->first_backoff_step, 0);
+  ck_assert_int_eq(entry_of(&r, 0)->nf_step, 7);
+  ck_assert_int_eq(entry_of(&r, 0)->nf_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
+  check_origin(&r, "rank", "3", "0,1,2");
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "scaler backoffs   4 ranks"), "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+
+  /* backoffs only: no event at all (flight recorder too) */
+  for (int flight = 0; flight < 2; flight++) {
+    job_init(&j, flight ? "backoff_only_fr" : "backoff_only", 2, 12);
+    j.flight = flight;
+    j.f[0].grad_inf_step = j.f[1].grad_inf_step = 1;
+    write_job(&j);
+    run_set(&r, &j, -1, 0);
+    ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_NONE);
+    ck_assert_int_eq(r.first, -1);
+    ck_assert_int_eq(entry_of(&r, 1)->backoff_nonfinite_steps, 1);
+    probe_ranks_free(&r);
+  }
+}
+END_TEST
+
 /* Two ranks with bad input at the same step: both born, the lowest first. */
 START_TEST(test_born_on_two_ranks) {
   job j;
@@ -453,12 +500,12 @@ START_TEST(test_order_step_phase_seq) {
   /* rank 1's first is fc2's bucket from the all-reduce (carried); its own
    * fc1 overflow comes later in the step */
   ck_assert_int_eq(entry_of(&r, 1)->nf_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
-  ck_assert_int_eq(entry_of(&r, 1)->pre_nonfinite, 1);
   check_origin(&r, "rank", "3", "0,1,2");
   probe_ranks_free(&r);
 
   /* an earlier step wins over an earlier phase */
   job_init(&j, "order2", 4, 10);
+  j.no_scaler = 1; /* a gradient overflow is an event only without a scaler */
   j.f[0].grad_inf_step = 3;
   j.f[2].nan_input_step = 4;
   write_job(&j);
@@ -471,6 +518,7 @@ START_TEST(test_order_step_phase_seq) {
 
   /* same step and phase: the lower seq wins (fc2's gradient before fc1's) */
   job_init(&j, "order3", 2, 8);
+  j.no_scaler = 1;
   j.f[1].grad_inf_step = 2; /* fc1 weight_grad, seq after fc2's buckets */
   j.f[0].post_inf_step = 2; /* fc2's all-reduce output: earlier seq */
   j.f[0].post_layer = L_FC2;
@@ -502,6 +550,7 @@ START_TEST(test_born_in_allreduce) {
     job j;
     job_init(&j, tag, cases[c].world, 16);
     j.flight = cases[c].flight;
+    j.no_scaler = 1; /* with a scaler it is a normal backoff (see below) */
     for (int k = 0; k < cases[c].world; k++) {
       j.f[k].post_inf_step = cases[c].step;
       j.f[k].post_layer = cases[c].layer;
@@ -531,6 +580,7 @@ END_TEST
 START_TEST(test_allreduce_with_missing_rank) {
   job j;
   job_init(&j, "armissing", 4, 8);
+  j.no_scaler = 1;
   for (int k = 0; k < 4; k++) j.f[k].post_inf_step = 3;
   write_job(&j);
   probe_ranks r;
@@ -552,10 +602,59 @@ START_TEST(test_allreduce_with_missing_rank) {
 }
 END_TEST
 
+/* One rank's trace alone: a non-finite all-reduce output that the rank
+ * sent finite is the event "allreduce-nonfinite" with the finding
+ * fix-allreduce (not force-fp32 of the layer); the rank it was born on
+ * keeps its own event. */
+static void diag_of_rank(const job *j, int r, probe_diag *d) {
+  char p[256];
+  rank_path(j, r, p, sizeof p);
+  probe_trace *t = NULL;
+  ck_assert_int_eq(probe_trace_open(&t, p), PROBE_OK);
+  ck_assert_int_eq(probe_diag_run(d, t, p, NULL), PROBE_OK);
+  probe_trace_close(t);
+}
+
+START_TEST(test_single_rank_allreduce_event) {
+  job j;
+  job_init(&j, "single_ar", 2, 8);
+  j.no_scaler = 1; /* with a scaler, an overflow on a skipped step is a
+                      normal backoff, not an event */
+  for (int k = 0; k < 2; k++) j.f[k].post_inf_step = 4;
+  write_job(&j);
+  probe_diag d;
+  diag_of_rank(&j, 1, &d);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_ALLREDUCE);
+  ck_assert_int_eq(d.event_step, 4);
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_GRAD_POST_ALLREDUCE);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "fc2");
+  ck_assert_int_ge(d.n_findings, 1);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FIX_ALLREDUCE);
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_int_ge(d.verdict, PROBE_VERDICT_DEGRADED);
+  probe_diag_free(&d);
+
+  job_init(&j, "single_bad", 3, 8);
+  j.no_scaler = 1;
+  j.f[2].nan_input_step = 3;
+  write_job(&j);
+  diag_of_rank(&j, 0, &d); /* carried */
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_ALLREDUCE);
+  ck_assert_int_eq(d.event_step, 3);
+  probe_diag_free(&d);
+  diag_of_rank(&j, 2, &d); /* born */
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_INPUT_NAN);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
+  probe_diag_free(&d);
+}
+END_TEST
+
 /* One rank's pre-all-reduce bucket non-finite too: not the all-reduce. */
 START_TEST(test_pre_nonfinite_is_not_allreduce) {
   job j;
   job_init(&j, "prebad", 4, 8);
+  j.no_scaler = 1;
   for (int k = 0; k < 4; k++) {
     j.f[k].post_inf_step = 5;
     j.f[k].post_layer = L_FC1;
@@ -1093,11 +1192,13 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_nan_carried_by_allreduce);
   tcase_add_test(tc, test_born_on_two_ranks);
   tcase_add_test(tc, test_lead_and_later);
+  tcase_add_test(tc, test_backoffs_are_not_events);
   tcase_add_test(tc, test_no_allreduce_records);
   tcase_add_test(tc, test_order_step_phase_seq);
   tcase_add_test(tc, test_born_in_allreduce);
   tcase_add_test(tc, test_pre_nonfinite_is_not_allreduce);
   tcase_add_test(tc, test_allreduce_with_missing_rank);
+  tcase_add_test(tc, test_single_rank_allreduce_event);
   tcase_add_test(tc, test_disagreements);
   tcase_add_test(tc, test_healthy_set);
   tcase_add_test(tc, test_killed_rank);
