@@ -4,7 +4,8 @@
  * module kind and both losses, one forward and backward in the trainer
  * (pt_debug_grad) and in torch_model.py (/usr/bin/python3, Debian's torch);
  * the loss and every parameter block's gradient must agree within 1e-5
- * relative (block L2 norm of the difference over the norm of the reference).
+ * relative (block L2 norm of the difference over the norm of the reference),
+ * except where grad_tolerance() names a scenario and says why.
  * Exits 77 (CTest: skipped) when torch is not importable.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -29,6 +30,17 @@ static json_t *farray(const float *v, size_t n) {
   json_t *a = json_array();
   for (size_t i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
   return a;
+}
+
+/* Gradient tolerance (relative L2) for a scenario. allreduce-overflow is
+ * built to overflow: its targets sit at level 3000 with RevIN's denorm
+ * off, so the loss is ~5e8 and enc.fc1's gradient is a batch sum of large
+ * terms of both signs that mostly cancel; FP32 rounding then depends on
+ * the summation order (trainer vs PyTorch/BLAS). Measured 4.0e-5 on
+ * 2026-12-02; 1e-4 keeps a 2.5x margin and still fails on a wrong
+ * gradient (those differ by O(1)). */
+static double grad_tolerance(const char *label) {
+  return strcmp(label, "allreduce-overflow") == 0 ? 1e-4 : 1e-5;
 }
 
 /* Runs the comparison for one config text. */
@@ -103,7 +115,8 @@ static void compare_config(const char *label, const char *json_text) {
       if (n) {
         double rel = rr > 0 ? sqrt(dd / rr) : sqrt(dd);
         if (rel > worst) worst = rel;
-        ck_assert_msg(rel <= 1e-5, "%s: %s gradient differs from PyTorch by %.2e "
+        ck_assert_msg(rel <= grad_tolerance(label),
+                      "%s: %s gradient differs from PyTorch by %.2e "
                       "(relative L2)", label, m->name, rel);
       }
       off += n;
