@@ -15,7 +15,6 @@
  * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
  */
 #define _GNU_SOURCE /* open_memstream, strverscmp */
-#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -717,55 +716,22 @@ typedef struct trace_set {
   int64_t x0, x1;
 } trace_set;
 
-/* The rank a file name says, by the naming rule's default form
- * "NAME.rankR.h5" (an unreadable file has no rank attribute); -1 none. */
-static int32_t rank_from_name(const char *path) {
-  const char *base = strrchr(path, '/');
-  base = base ? base + 1 : path;
-  const char *p = NULL;
-  for (const char *q = strstr(base, ".rank"); q; q = strstr(q + 1, ".rank"))
-    p = q;
-  if (!p || !isdigit((unsigned char)p[5])) return -1;
-  char *end;
-  long r = strtol(p + 5, &end, 10);
-  if (r < 0 || r >= PROBE_RANKMAP_MAX_ROWS || (*end && strcmp(end, ".h5")))
-    return -1;
-  return (int32_t)r;
-}
-
 /* Rows in probe_ranks' order (by rank; unreadable files without a rank
- * after), except that an unreadable file whose name gives a missing rank
- * takes that rank's row. */
+ * after). An unreadable file's rank is the one its name gives
+ * (probe_ranks does that, and lists that rank as unreadable, not
+ * missing), so each rank has one row. */
 static int set_rows(trace_set *s) {
   const probe_ranks *R = &s->R;
   s->rows = calloc(R->n_entries ? R->n_entries : 1, sizeof *s->rows);
-  char *used = calloc(R->n_entries ? R->n_entries : 1, 1);
-  if (!s->rows || !used) {
-    free(used);
-    return -1;
-  }
+  if (!s->rows) return -1;
   int n = 0;
   for (size_t i = 0; i < R->n_entries; i++) {
     const probe_rank_entry *e = &R->entries[i];
-    if (used[i]) continue;
-    if (e->status == PROBE_RANK_MISSING) {
-      for (size_t j = 0; j < R->n_entries; j++) {
-        const probe_rank_entry *u = &R->entries[j];
-        if (!used[j] && u->status == PROBE_RANK_UNREADABLE && u->rank < 0 &&
-            u->path && rank_from_name(u->path) == e->rank) {
-          used[j] = 1;
-          e = u;
-          break;
-        }
-      }
-    }
     set_row *w = &s->rows[n++];
     w->e = e;
-    int32_t rk = e->rank >= 0 ? e->rank : e->path ? rank_from_name(e->path) : -1;
-    if (rk >= 0) snprintf(w->label, sizeof w->label, "rank %d", (int)rk);
+    if (e->rank >= 0) snprintf(w->label, sizeof w->label, "rank %d", (int)e->rank);
     else snprintf(w->label, sizeof w->label, "file %d", n - 1);
   }
-  free(used);
   s->n_rows = n;
   return n > PROBE_RANKMAP_MAX_ROWS ? -1 : 0;
 }
