@@ -508,6 +508,7 @@ typedef struct run_dist {
   probe_comm *comm; /* NULL: a plain single-process run */
   int rank, world;
   char run_id[PROBE_RUN_ID_MAX + 1];
+  char set_glob[1100]; /* the job's rank files as a glob; "" if none */
 } run_dist;
 
 static int run_id_valid(const char *s) {
@@ -815,12 +816,36 @@ static void data_in_config_dir(const char *data, const char *config,
 
 /* ---- stage 3: the output ------------------------------------------------ */
 
+/* The glob of a job's rank files, from the naming rule itself: the names
+ * of ranks 0 and 1 differ in one character (the rank), which becomes '*'
+ * (out/t.h5 gives out/t.rank*.h5; a {rank} in a folder name gives a '*'
+ * there). "" when they differ in more places (several {rank}) or do not
+ * fit. */
+static void rank_set_glob(const char *base, char *out, size_t cap) {
+  char r0[1100], r1[1100];
+  out[0] = '\0';
+  if (probe_rank_trace_path(r0, sizeof r0, base, 0) != PROBE_OK ||
+      probe_rank_trace_path(r1, sizeof r1, base, 1) != PROBE_OK ||
+      strlen(r0) != strlen(r1) || strlen(r0) >= cap)
+    return;
+  size_t diff = 0, at = 0;
+  for (size_t i = 0; r0[i]; i++)
+    if (r0[i] != r1[i]) {
+      diff++;
+      at = i;
+    }
+  if (diff != 1)
+    return;
+  memcpy(out, r0, strlen(r0) + 1);
+  out[at] = '*';
+}
+
 /* Decides the trace path (default from the sanitised config name), refuses
  * an input as output whatever --force says, and without --force creates
  * the file exclusively so an existing one is never replaced. Returns -1 to
  * go on, or the exit code; *created is 1 when the file was created here. */
 static int run_claim_output(const run_args *a, const probe_train_config *cfg,
-                            const run_dist *d, char *path, size_t len,
+                            run_dist *d, char *path, size_t len,
                             int *created) {
   *created = 0;
   char base[1024];
@@ -838,6 +863,8 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
     cli_error(SUB, "trace path '%.200s' for rank %d is too long", base,
               d->rank);
     return CLI_EXIT_USAGE;
+  } else {
+    rank_set_glob(base, d->set_glob, sizeof d->set_glob);
   }
   char data[1024], data2[2048];
   config_data_path(cfg, data, sizeof data);
@@ -983,6 +1010,8 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
       json_object_set_new(j, "world_size", json_integer(d->world));
       json_object_set_new(j, "run_id", json_string(d->run_id));
       json_object_set_new(j, "comm", json_string(probe_comm_name(d->comm)));
+      if (d->set_glob[0])
+        json_object_set_new(j, "trace_set", json_string(d->set_glob));
     }
     if (cli_json_print(j) != 0) {
       cli_error(SUB, "cannot write the JSON output");
@@ -995,6 +1024,8 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
       printf("  ranks           %d (%s; run id %s); this is rank 0's trace,\n"
              "                  the loss the global mean over the ranks\n",
              d->world, probe_comm_name(d->comm), d->run_id);
+    if (d->comm && d->set_glob[0])
+      printf("  all ranks       ampprobe postmortem '%s'\n", d->set_glob);
     if (fflush(stdout) != 0) {
       cli_error(SUB, "cannot write the output");
       rc = CLI_EXIT_INTERNAL;
