@@ -451,6 +451,14 @@ case_launch() {
   expect 0 "a path without .h5" plain
   info plain $(files plain/trace "$N")
   check "path.rank{r}.h5" -- ranks plain.json "$N"
+  # rank 0's summary names the post-mortem over every rank file, and the
+  # glob it gives finds exactly the job's files
+  has plain.out "all ranks       ampprobe postmortem 'plain/trace.rank*.h5'"
+  has ranks.out "all ranks       ampprobe postmortem 'out/r*-of-job.h5'"
+  t glob -- "$AMP" postmortem --json 'out/r*-of-job.h5'
+  expect 0 "the summary's glob" glob
+  cp glob.out glob.json
+  j glob "d['ranks_read'] == $N and d['world_size'] == $N" "(d['ranks_read'], d['world_size'])"
 }
 
 case "$CASE" in
