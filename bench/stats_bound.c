@@ -133,7 +133,7 @@ AVX512 static double sums_built(const uint16_t *p, size_t n) {
 
 /* The same two loops with AVX2 (4 doubles per vector): what the AVX2 path
  * would pay for its fp16 sums by converting, and what building the binary64
- * patterns costs there (stats_avx2.c's F16_SQ2, signed here). */
+ * patterns costs there (stats_avx2.c's HALF_SQ2, signed here). */
 #define AVX2T __attribute__((target("avx2,f16c,fma")))
 #define ACC2_DECL                                                              \
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0

@@ -502,15 +502,17 @@ static inline double pow2(int e) {
 #define PF16 4096
 #endif /* prefetch distance of the window loops, bytes */
 
-/* x * 2^16 as binary64 for the 16 |x| patterns in a (normal x; zero gives
- * 2, a subnormal 2 + m/512: the driver corrects both), squared into q0..q3:
- * high 16 bits of each binary64 0x4000 + (a >> 6), next 16 bits a << 10. */
-#define F16_SQ2(a_)                                                            \
+/* Squares of 16 |x| patterns built from their bits, added into q0..q3: the
+ * binary64 with high 16 bits 0x4000 + (a >> HI) and next 16 bits a << LO,
+ * squared by FMA. fp16 (HI 6, LO 10): x * 2^16 for a normal x; a zero gives
+ * 2, a subnormal 2 + m/512. bf16 (HI 3, LO 13): see win_bf16. The driver
+ * corrects zeros and subnormals. Even dwords are moved up and odd ones
+ * masked: no more shuffles. */
+#define HALF_SQ2(a_, HI, LO)                                                   \
   do {                                                                         \
-    __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, 6), c4000);           \
-    __m256i w2_ = _mm256_slli_epi16(a_, 10);                                   \
+    __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, HI), c4000);          \
+    __m256i w2_ = _mm256_slli_epi16(a_, LO);                                   \
     __m256i p0_ = _mm256_unpacklo_epi16(w2_, w3_), p1_ = _mm256_unpackhi_epi16(w2_, w3_); \
-    /* even dwords moved up, odd ones masked: no more shuffles */            \
     __m256d sq0_ = _mm256_castsi256_pd(_mm256_slli_epi64(p0_, 32));             \
     __m256d sq1_ = _mm256_castsi256_pd(_mm256_and_si256(p0_, mhi32));           \
     __m256d sq2_ = _mm256_castsi256_pd(_mm256_slli_epi64(p1_, 32));             \
@@ -519,6 +521,15 @@ static inline double pow2(int e) {
     q1 = _mm256_fmadd_pd(sq1_, sq1_, q1);                                      \
     q2 = _mm256_fmadd_pd(sq2_, sq2_, q2);                                      \
     q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
+  } while (0)
+
+/* The window loops' int32 sums of 16-bit formats, widened to int64 every
+ * 16 steps (before they could overflow). */
+#define HALF_EVERY16                                                           \
+  do {                                                                         \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(msum))); \
+    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(msum, 1))); \
+    msum = z;                                                                  \
   } while (0)
 
 static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
@@ -557,22 +568,11 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
                                                    _mm256_madd_epi16(mB, ohB))); \
-    F16_SQ_FUSED(aA, aB);                                                      \
-  } while (0)
-#define F16_SQ_FUSED(aA, aB)                                                   \
-  do {                                                                         \
-    F16_SQ2(aA);                                                               \
-    F16_SQ2(aB);                                                               \
+    HALF_SQ2(aA, 6, 10);                                                       \
+    HALF_SQ2(aB, 6, 10);                                                       \
   } while (0)
 #define WIN_STEP_ F16_WSTEP2
-#define F16_EVERY16                                                            \
-  do {                                                                         \
-    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(msum))); \
-    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(msum, 1))); \
-    msum = z;                                                                  \
-  } while (0)
-  WIN_RUN2(F16_WSTEP2, b, pd, ns, F16_EVERY16);
-#undef F16_EVERY16
+  WIN_RUN2(F16_WSTEP2, b, pd, ns, HALF_EVERY16);
 #undef WIN_STEP_
 #undef F16_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */
@@ -599,21 +599,6 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
  * (2 + a/64)^2 * 2^-256 (the driver takes both out). f16_flush and
  * f16_overflow are counted by a scan of the block only when its smallest
  * non-zero magnitude or its maxima show that it has any. */
-#define BF16_SQ2(a_)                                                           \
-  do {                                                                         \
-    __m256i w3_ = _mm256_add_epi16(_mm256_srli_epi16(a_, 3), c4000);           \
-    __m256i w2_ = _mm256_slli_epi16(a_, 13);                                   \
-    __m256i p0_ = _mm256_unpacklo_epi16(w2_, w3_), p1_ = _mm256_unpackhi_epi16(w2_, w3_); \
-    __m256d sq0_ = _mm256_castsi256_pd(_mm256_slli_epi64(p0_, 32));             \
-    __m256d sq1_ = _mm256_castsi256_pd(_mm256_and_si256(p0_, mhi32));           \
-    __m256d sq2_ = _mm256_castsi256_pd(_mm256_slli_epi64(p1_, 32));             \
-    __m256d sq3_ = _mm256_castsi256_pd(_mm256_and_si256(p1_, mhi32));           \
-    q0 = _mm256_fmadd_pd(sq0_, sq0_, q0);                                      \
-    q1 = _mm256_fmadd_pd(sq1_, sq1_, q1);                                      \
-    q2 = _mm256_fmadd_pd(sq2_, sq2_, q2);                                      \
-    q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
-  } while (0)
-
 static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
   const __m256i m7f = _mm256_set1_epi16(0x007f), c80 = _mm256_set1_epi16(0x0080);
@@ -650,18 +635,11 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
                                                    _mm256_madd_epi16(mB, ohB))); \
-    BF16_SQ2(aA);                                                              \
-    BF16_SQ2(aB);                                                              \
+    HALF_SQ2(aA, 3, 13);                                                       \
+    HALF_SQ2(aB, 3, 13);                                                       \
   } while (0)
 #define WIN_STEP_ BF16_WSTEP2
-#define BF16_EVERY16                                                           \
-  do {                                                                         \
-    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(msum))); \
-    sum64 = _mm256_add_epi64(sum64, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(msum, 1))); \
-    msum = z;                                                                  \
-  } while (0)
-  WIN_RUN2(BF16_WSTEP2, b, pd, ns, BF16_EVERY16);
-#undef BF16_EVERY16
+  WIN_RUN2(BF16_WSTEP2, b, pd, ns, HALF_EVERY16);
 #undef WIN_STEP_
 #undef BF16_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */

@@ -37,7 +37,7 @@ small2-second-key-wrong|kernels/stats_small2.c|s/k1 = _mm256_set1_epi8((char)(ke
 win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
 win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2
-win2-bf16-sq-shift|kernels/stats_avx2.c|s/_mm256_slli_epi16(a_, 13);/_mm256_slli_epi16(a_, 12);/|avx2
+win2-bf16-sq-shift|kernels/stats_avx2.c|s/HALF_SQ2(a\([AB]\), 3, 13);/HALF_SQ2(a\1, 3, 12);/|avx2
 win2-bf16-flush-scan-skipped|kernels/stats_avx2.c|s/any_flush = b->amin_m1 < 0x33000000u;/any_flush = b->amin_m1 < 0x32ffffffu;/|avx2
 drive-bf16-no-outside-sum|kernels/stats_block.c|s/b.sum += x; \/\* (bf16, as for fp16) \*\//;/|avx2
 drive-bf16-no-subnormal-swap|kernels/stats_block.c|s/b.sumsq += (double)x \* x - wrong \* wrong \* 0x1p-256;/(void)wrong;/|avx2|window
