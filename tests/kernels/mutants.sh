@@ -33,6 +33,9 @@ small16-bf16-flush-scan-skipped|kernels/stats_small2.c|s/amin <= 0x3300u/amin < 
 small16-bf16-ovf-scan-skipped|kernels/stats_small2.c|s/ax >= 0x4780u/ax > 0x4780u/|avx2
 small16-pad-with-zeros|kernels/stats_small2.c|s/td\[k\] = (size_t)k < n - i ? tz\[k\] : tz\[0\];/td[k] = tz[k];/|avx2
 small16-bf16-bin-unclamped|kernels/stats_small2.c|s/(aA_, 7), cb), clast)/(aA_, 7), cb), _mm256_set1_epi16(255))/|avx2
+small2-window-bin-wrong|kernels/stats_small2.c|s/_mm256_cmpeq_epi8(t, _mm256_set1_epi8(3))/_mm256_cmpeq_epi8(t, _mm256_set1_epi8(2))/|avx2
+small2-window-top-low|kernels/stats_small2.c|s/const int key = bmax >= 7 ? bmax - 7 : 0;/const int key = bmax >= 8 ? bmax - 8 : 0;/|avx2
+small2-below-lost|kernels/stats_small2.c|s/a->hist\[bv\]++;/(void)bv;/|avx2
 small2-second-key-wrong|kernels/stats_small2.c|s/k1 = _mm256_set1_epi8((char)(key + 1));/k1 = _mm256_set1_epi8((char)(key + 2));/|avx2
 win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
 win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
