@@ -446,47 +446,43 @@ static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) 
   } while (0)
 
 
-/* Reductions of 16-bit lanes, once per block. */
-static inline void red16(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
-                         uint16_t *amin) {
-  int16_t t0[16], t2[16];
-  uint16_t t1[16];
-  _mm256_storeu_si256((__m256i *)(void *)t0, smax);
-  _mm256_storeu_si256((__m256i *)(void *)t1, umax);
-  _mm256_storeu_si256((__m256i *)(void *)t2, aminb);
-  int16_t a = INT16_MIN, m = INT16_MAX;
-  uint16_t c = 0;
-  for (int i = 0; i < 16; i++) {
-    if (t0[i] > a) a = t0[i];
-    if (t1[i] > c) c = t1[i];
-    if (t2[i] < m) m = t2[i];
-  }
-  *s = a;
-  *u = c;
-  /* m = (|x| - 1) ^ 0x8000 of the smallest non-zero |x|; 0x7fff: none */
-  *amin = m == INT16_MAX ? UINT16_MAX : (uint16_t)(((uint16_t)m ^ 0x8000u) + 1u);
+/* Reductions of 16-bit lanes, once per block (stats_impl.h): each by one
+ * phminposuw, the unsigned horizontal minimum, on the lanes mapped so that
+ * the wanted extreme is that minimum. */
+static inline uint16_t hmin_u16(__m256i v) {
+  __m128i x = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return (uint16_t)_mm_cvtsi128_si32(_mm_minpos_epu16(x));
+}
+
+void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
+                       uint16_t *amin) {
+  const __m256i ones = _mm256_set1_epi16(-1), sflip = _mm256_set1_epi16((short)0x8000);
+  /* signed max = ~(unsigned min of ~(x ^ 0x8000)) ^ 0x8000 */
+  *s = (int16_t)(uint16_t)(~hmin_u16(_mm256_xor_si256(smax, _mm256_xor_si256(sflip, ones))) ^ 0x8000u);
+  *u = (uint16_t)~hmin_u16(_mm256_xor_si256(umax, ones));
+  /* aminb: signed min = unsigned min of x ^ 0x8000; it holds (|x| - 1) ^
+   * 0x8000, so that min is |x| - 1 of the smallest non-zero |x|, 0xffff:
+   * none */
+  uint16_t m = hmin_u16(_mm256_xor_si256(aminb, sflip));
+  *amin = m == UINT16_MAX ? UINT16_MAX : (uint16_t)(m + 1u);
 }
 
 /* The extremes of a window block of 16-bit patterns (see stats_avx512.c's
  * ext16_fix): the minima are needed only when the block has one sign. */
 static void ext16_win(blk *b, const unsigned char *p, size_t nv, __m256i smax, __m256i umax,
                       __m256i aminb, int is_f16) {
-  int16_t s;
-  uint16_t u, m;
-  red16(smax, umax, aminb, &s, &u, &m);
-  int pos = s >= 0, neg = u >= 0x8000u;
-  int16_t smin = INT16_MAX;
-  uint16_t umin = UINT16_MAX;
-  if (!(pos && neg)) {
-    int zero = 0;
+  int16_t s, smin;
+  uint16_t u, m, umin;
+  probe__red16_avx2(smax, umax, aminb, &s, &u, &m);
+  int zero = 0;
+  if (!(s >= 0 && u >= 0x8000u)) { /* one sign: is there a zero? */
     const __m256i m7fff = _mm256_set1_epi16(0x7fff), z = _mm256_setzero_si256();
     for (size_t v = 0; v < nv && !zero; v++) {
       __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff);
       zero = _mm256_movemask_epi8(_mm256_cmpeq_epi16(a, z)) != 0;
     }
-    if (!pos) smin = (int16_t)(zero ? 0x8000u : (m | 0x8000u));
-    if (!neg) umin = zero ? 0 : m;
   }
+  probe__minima16(s, u, m, zero, &smin, &umin);
   probe__blk_extremes16(b, s, smin, u, umin, m, is_f16);
 }
 

@@ -210,6 +210,22 @@ static inline void probe__blk_extremes16(probe__blk *b, int16_t smax, int16_t sm
 #undef W16
 }
 
+/* The minima of 16-bit patterns from the maxima, for the loops that keep
+ * only smax (signed) and umax (unsigned): with both signs present the
+ * minimum value is the largest-magnitude negative (umax) and nothing else
+ * is needed (INT16_MAX / UINT16_MAX: none); with one sign it is the pattern
+ * of the smallest magnitude of that sign: the zero of that sign if the
+ * data has a zero (all of its zeros then carry that sign), else amin (the
+ * smallest non-zero |x| pattern) with the sign put on. */
+static inline void probe__minima16(int16_t smax, uint16_t umax, uint16_t amin, int has_zero,
+                                   int16_t *smin, uint16_t *umin) {
+  const int pos = smax >= 0, neg = umax >= 0x8000u;
+  *smin = INT16_MAX;
+  *umin = UINT16_MAX;
+  if (!pos) *smin = (int16_t)(has_zero ? 0x8000u : (amin | 0x8000u));
+  if (!neg) *umin = has_zero ? 0 : amin;
+}
+
 /* What the block driver (stats_block.c) runs for one path: the block
  * function by dtype, the window counters' fold and read-out, the elements
  * per vector step (block lengths are multiples of it; the rest of a tensor
@@ -227,6 +243,15 @@ typedef struct probe__blk_ops {
  * call only when probe__cpu_avx2() / probe__cpu_avx512() say the CPU has
  * them. */
 void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* stats_avx2.c: the horizontal signed max of smax, unsigned max of umax and
+ * the smallest non-zero |x| pattern from aminb (lanes (|x| - 1) ^ 0x8000,
+ * signed min; UINT16_MAX: none) of 16-bit lanes. */
+void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
+                       uint16_t *amin);
+#endif
+
 void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 /* The short-tensor paths, AVX-512 (stats_small.c) and AVX2 (stats_small2.c),
  * for n <= PROBE__SMALL_MAX_N. */

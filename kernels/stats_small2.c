@@ -195,9 +195,10 @@ static void count_flush_ovf(probe__acc *a, probe_dtype dt, const unsigned char *
 /* fp16 and bf16 tensors without inf or NaN, in 16-bit lanes: 32 elements
  * per step as two vectors of raw patterns, about half the work of the
  * binary32 loop below (which a tensor with inf or NaN takes instead: this
- * returns 0 then, having changed nothing). Per step: the four extremes and
- * the smallest and largest non-zero |x| of the patterns (widened at the
- * end, as the block path does); each element's bin in a 16-bit lane (fp16:
+ * returns 0 then, having changed nothing). Per step: the signed and the
+ * unsigned maximum and the smallest non-zero |x| of the patterns (the
+ * largest |x| and, for a tensor of one sign, the minima follow from them
+ * at the end: probe__minima16); each element's bin in a 16-bit lane (fp16:
  * raw exponent + 18, so subnormals land in bin 18 and are moved to their
  * exact bins afterwards, only when the smallest |x| shows there are some;
  * bf16: the binary32 bin, clamped), zeros 0xffff, packed to bytes; the sums
@@ -209,8 +210,7 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
   const __m256i z = _mm256_setzero_si256();
   const __m256i cb = _mm256_set1_epi16(f16 ? 18 : F32_BIAS16), clast = _mm256_set1_epi16(NB - 1);
-  __m256i smax = _mm256_set1_epi16(INT16_MIN), smin = _mm256_set1_epi16(INT16_MAX);
-  __m256i umax = z, umin = _mm256_set1_epi16(-1), aminb = c7fff, amax = z;
+  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = c7fff;
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
   uint8_t bins[PROBE__SMALL_MAX_N + 32];
   size_t nbv = 0;
@@ -242,11 +242,8 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
 #define S16_STEP(hA, hB, zA, zB, zp_)                                          \
   do {                                                                         \
     smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
-    smin = _mm256_min_epi16(smin, _mm256_min_epi16(hA, hB));                   \
     umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
-    umin = _mm256_min_epu16(umin, _mm256_min_epu16(hA, hB));                   \
     __m256i xA_ = _mm256_and_si256(hA, m7fff), xB_ = _mm256_and_si256(hB, m7fff); \
-    amax = _mm256_max_epu16(amax, _mm256_max_epu16(xA_, xB_));                 \
     aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(xA_, c7fff), \
                                                      _mm256_add_epi16(xB_, c7fff))); \
     __m256i aA_ = _mm256_and_si256(zA, m7fff), aB_ = _mm256_and_si256(zB, m7fff); \
@@ -291,30 +288,13 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   }
 #undef S16_STEP
 #undef S16_SUMS
-  int16_t sx, sn, mb;
-  uint16_t ux, un, ax;
-  {
-    int16_t t0[16], t1[16], t4[16];
-    uint16_t t2[16], t3[16], t5[16];
-    _mm256_storeu_si256((__m256i *)(void *)t0, smax);
-    _mm256_storeu_si256((__m256i *)(void *)t1, smin);
-    _mm256_storeu_si256((__m256i *)(void *)t2, umax);
-    _mm256_storeu_si256((__m256i *)(void *)t3, umin);
-    _mm256_storeu_si256((__m256i *)(void *)t4, aminb);
-    _mm256_storeu_si256((__m256i *)(void *)t5, amax);
-    sx = INT16_MIN, sn = INT16_MAX, mb = INT16_MAX, ux = 0, un = UINT16_MAX, ax = 0;
-    for (int k = 0; k < 16; k++) {
-      if (t0[k] > sx) sx = t0[k];
-      if (t1[k] < sn) sn = t1[k];
-      if (t2[k] > ux) ux = t2[k];
-      if (t3[k] < un) un = t3[k];
-      if (t4[k] < mb) mb = t4[k];
-      if (t5[k] > ax) ax = t5[k];
-    }
-  }
+  int16_t sx, sn;
+  uint16_t ux, un, amin; /* amin: smallest non-zero |x| pattern (UINT16_MAX: none) */
+  probe__red16_avx2(smax, umax, aminb, &sx, &ux, &amin);
+  /* the largest |x| pattern: the largest positive or the largest negative one */
+  uint16_t ax = sx > 0 ? (uint16_t)sx : 0;
+  if (ux >= 0x8000u && (uint16_t)(ux & 0x7fffu) > ax) ax = ux & 0x7fffu;
   if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0; /* inf or NaN: the binary32 loop */
-  /* smallest non-zero |x| pattern (UINT16_MAX: none) */
-  uint16_t amin = mb == INT16_MAX ? UINT16_MAX : (uint16_t)(((uint16_t)mb ^ 0x8000u) + 1u);
   /* the largest bin present, that of the largest |x| */
   int bmax = ax == 0 ? -1 : f16 ? (ax >> 10) + 18 : ax >> 7 <= F32_BIAS16 ? 0 : (ax >> 7) - F32_BIAS16;
   if (bmax > NB - 1) bmax = NB - 1;
@@ -341,6 +321,7 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   _mm256_storeu_pd(tq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
   a->sum += (ts[0] + ts[1]) + (ts[2] + ts[3]);
   a->sumsq += (tq[0] + tq[1]) + (tq[2] + tq[3]);
+  probe__minima16(sx, ux, amin, nonzero < (uint64_t)n, &sn, &un);
   probe__blk ex;
   probe__blk_extremes16(&ex, sx, sn, ux, un, amin, f16);
   probe__acc_extremes(a, ex.smax, ex.smin, ex.umax, ex.umin, ex.amin_m1);

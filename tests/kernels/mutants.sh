@@ -24,7 +24,7 @@ missed=0
 cat > "$work/list" <<'LIST'
 small2-bins-packus|kernels/stats_small2.c|s/_mm256_packs_epi16(_mm256_packs_epi32(b0, b1)/_mm256_packus_epi16(_mm256_packs_epi32(b0, b1)/|avx2
 small2-max-unmasked|kernels/stats_small2.c|s/smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f));/smax = _mm256_max_epi32(smax, u);/|avx2
-small2-sub-bin-off|kernels/stats_small2.c|s/if (bv + k < SUB_BINS) \*sub += cnt\[k\];/if (bv + k <= SUB_BINS) *sub += cnt[k];/|avx2
+small2-sub-bin-off|kernels/stats_small2.c|s/if (key + k < SUB_BINS) \*sub += cnt\[k\];/if (key + k <= SUB_BINS) *sub += cnt[k];/|avx2
 small2-flush-scan-skipped|kernels/stats_small2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
 small2-ovf-scan-skipped|kernels/stats_small2.c|s/sx > 0x477fefff /sx > 0x477fffff /|avx2
 small16-nonfinite-kept|kernels/stats_small2.c|s/if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0;/if (ax > (f16 ? 0x7c00u : 0x7f80u)) return 0;/|avx2
@@ -37,6 +37,12 @@ small2-window-bin-wrong|kernels/stats_small2.c|s/_mm256_cmpeq_epi8(t, _mm256_set
 small2-window-top-low|kernels/stats_small2.c|s/const int key = bmax >= 7 ? bmax - 7 : 0;/const int key = bmax >= 8 ? bmax - 8 : 0;/|avx2
 small2-below-lost|kernels/stats_small2.c|s/a->hist\[bv\]++;/(void)bv;/|avx2
 small2-second-key-wrong|kernels/stats_small2.c|s/k1 = _mm256_set1_epi8((char)(key + 1));/k1 = _mm256_set1_epi8((char)(key + 2));/|avx2
+small16-amax-positive-only|kernels/stats_small2.c|s/if (ux >= 0x8000u \&\& (uint16_t)(ux \& 0x7fffu) > ax) ax = ux \& 0x7fffu;//|avx2
+small16-zero-always|kernels/stats_small2.c|s/nonzero < (uint64_t)n, \&sn/nonzero <= (uint64_t)n, \&sn/|avx2
+red16-smax-unsigned|kernels/stats_avx2.c|s/_mm256_xor_si256(smax, _mm256_xor_si256(sflip, ones))/_mm256_xor_si256(smax, ones)/|avx2
+red16-amin-off-by-one|kernels/stats_avx2.c|s/(uint16_t)(m + 1u);/m;/|avx2
+minima16-zero-ignored|kernels/stats_impl.h|s/\*umin = has_zero ? 0 : amin;/*umin = amin;/|avx2
+minima16-neg-zero-sign|kernels/stats_impl.h|s/has_zero ? 0x8000u :/has_zero ? 0u :/|avx2
 win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
 win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2
