@@ -3,8 +3,14 @@
  * default one unless --scenario), with tracing off, with the flight recorder
  * (step scalars + in-memory ring) and with full per-layer tracing, side by
  * side in one run: the three modes are interleaved repetition by repetition
- * so that machine noise hits them alike. Reports the median of each and the
- * overhead of tracing relative to tracing off, by four clocks: the wall time
+ * (their order rotating from one repetition to the next) so that machine
+ * noise hits them alike. Reports the median of each, the overhead of
+ * tracing relative to tracing off, and the same overhead paired: the median
+ * (and quartiles) of the per-repetition ratios of each mode to the tracing-
+ * off run next to it, which holds where the machine's speed changes between
+ * repetitions (a shared vCPU whose sibling thread comes and goes: the
+ * medians of the modes may then come from different regimes). By four
+ * clocks: the wall time
  * of the whole run (model set-up, opening and closing the trace included),
  * the wall time of the training loop alone (the steps: what "step time"
  * means), the process's CPU time (libprobe's writer thread included) and the
@@ -50,6 +56,13 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The q-quantile (0..1) of v[0..n), sorted by median() first. */
+static double quantile(const double *v, int n, double q) {
+  double x = q * (n - 1);
+  int i = (int)x;
+  return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
 }
 
 enum { MODE_OFF, MODE_RING, MODE_FULL, N_MODES };
@@ -99,7 +112,8 @@ int main(int argc, char **argv) {
   double load0 = loadavg();
   /* one warm-up run of each mode, not counted */
   for (int r = -1; r < reps; r++) {
-    for (int m = 0; m < N_MODES; m++) {
+    for (int k = 0; k < N_MODES; k++) {
+      const int m = (k + (r < 0 ? 0 : r)) % N_MODES; /* the order rotates */
       probe_train_opts o;
       probe_train_opts_init(&o);
       if (m != MODE_OFF) {
@@ -125,6 +139,15 @@ int main(int argc, char **argv) {
   }
   unlink(trace);
   double load1 = loadavg();
+  /* paired overheads, per clock and mode, before median() sorts the runs:
+   * time per step of the mode / that of tracing off in the same repetition */
+  double *pair[4][N_MODES];
+  double **const clocks[4] = {lps, sps, cps, tps};
+  for (int t = 0; t < 4; t++)
+    for (int m = 0; m < N_MODES; m++) {
+      pair[t][m] = calloc((size_t)reps, sizeof(double));
+      for (int r = 0; r < reps; r++) pair[t][m][r] = 100.0 * (clocks[t][MODE_OFF][r] / clocks[t][m][r] - 1.0);
+    }
   double med[N_MODES], cmed[N_MODES], tmed[N_MODES], lmed[N_MODES];
   for (int m = 0; m < N_MODES; m++) {
     med[m] = median(sps[m], reps);
@@ -164,7 +187,8 @@ int main(int argc, char **argv) {
     fprintf(f, "- date: %s\n- CPU: %s (%ld online), OpenBLAS single-threaded\n"
                "- load average (1 min) before / after: %.2f / %.2f\n"
                "- scenario: %s, %lld steps per run, %d interleaved "
-               "repetitions per mode (median)\n\n",
+               "repetitions per mode (median; paired: median and quartiles of "
+               "the per-repetition ratios to tracing off)\n\n",
             date, cpu, sysconf(_SC_NPROCESSORS_ONLN), load0, load1, scn,
             (long long)probe_config_steps(c), reps);
     static const char *const by[4] = {
@@ -177,31 +201,33 @@ int main(int argc, char **argv) {
         "By CPU time of the training thread, whole run (what the training "
         "loop itself pays; the writer thread's work is not in it):"};
     double *const meds[4] = {lmed, med, cmed, tmed};
-    double **const vals[4] = {lps, sps, cps, tps};
     for (int t = 0; t < 4; t++) {
       double *md_ = meds[t];
-      double **v = vals[t];
-      fprintf(f, "%s\n\n| mode | steps/s (median) | min | max | overhead vs off |\n"
-                 "| --- | ---: | ---: | ---: | ---: |\n",
+      double **v = clocks[t];
+      fprintf(f, "%s\n\n| mode | steps/s (median) | min | max | overhead vs off | paired overhead (quartiles) |\n"
+                 "| --- | ---: | ---: | ---: | ---: | ---: |\n",
               by[t]);
       for (int m = 0; m < N_MODES; m++) {
         double lo = v[m][0], hi = v[m][reps - 1]; /* sorted by median() */
-        fprintf(f, "| %s | %.0f | %.0f | %.0f | %s%.1f%% |\n", mode_name[m],
-                md_[m], lo, hi, m == MODE_OFF ? "" : "+",
-                m == MODE_OFF ? 0.0 : 100.0 * (md_[MODE_OFF] / md_[m] - 1.0));
+        double pm = median(pair[t][m], reps);
+        fprintf(f, "| %s | %.0f | %.0f | %.0f | %+.1f%% | %+.1f%% (%+.1f .. %+.1f) |\n", mode_name[m],
+                md_[m], lo, hi, m == MODE_OFF ? 0.0 : 100.0 * (md_[MODE_OFF] / md_[m] - 1.0), pm,
+                quantile(pair[t][m], reps, 0.25), quantile(pair[t][m], reps, 0.75));
       }
       fprintf(f, "\n");
     }
     double ov[4];
-    for (int t = 0; t < 4; t++) ov[t] = 100.0 * (meds[t][MODE_OFF] / meds[t][MODE_FULL] - 1.0);
+    for (int t = 0; t < 4; t++) ov[t] = median(pair[t][MODE_FULL], reps);
     fprintf(f, "Overhead = time per step with tracing / time per step without "
-               "- 1. Target <= 10%% of step time for the full trace: "
+               "- 1, paired by repetition (median). Target <= 10%% of step time for the full trace: "
                "training loop (wall) %s (%.1f%%); whole run (wall) %s (%.1f%%); "
                "process CPU %s (%.1f%%); training thread CPU %s (%.1f%%).\n",
             ov[0] <= 10.0 ? "met" : "NOT met", ov[0], ov[1] <= 10.0 ? "met" : "NOT met", ov[1],
             ov[2] <= 10.0 ? "met" : "NOT met", ov[2], ov[3] <= 10.0 ? "met" : "NOT met", ov[3]);
   }
   if (outs[1]) fclose(outs[1]);
+  for (int t = 0; t < 4; t++)
+    for (int m = 0; m < N_MODES; m++) free(pair[t][m]);
   for (int m = 0; m < N_MODES; m++) {
     free(sps[m]);
     free(cps[m]);
