@@ -243,6 +243,7 @@ typedef struct probe__blk_ops {
  * call only when probe__cpu_avx2() / probe__cpu_avx512() say the CPU has
  * them. */
 void probe__acc_avx2(probe__acc *a, probe_dtype dt, const void *data, size_t n);
+void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 #if defined(__AVX2__)
 #include <immintrin.h>
 /* stats_avx2.c: the horizontal signed max of smax, unsigned max of umax and
@@ -252,7 +253,6 @@ void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, ui
                        uint16_t *amin);
 #endif
 
-void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 /* The short-tensor paths, AVX-512 (stats_small.c) and AVX2 (stats_small2.c),
  * for n <= PROBE__SMALL_MAX_N. */
 enum { PROBE__SMALL_MAX_N = 4096 };
