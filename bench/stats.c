@@ -29,8 +29,12 @@
  *
  * --short times what a trainer's tensors cost instead: nanoseconds per call
  * of every path this CPU has and of probe_stats_compute (which picks one by
- * length) for 32 .. 8192 elements, in cache, best of several batches; that
- * is where kernels/stats.c's length thresholds come from.
+ * length) for 32 .. 8192 elements, in cache, best of 400 short batches of
+ * 250 calls, the batches of all lengths and paths taken in turn (on a
+ * shared vCPU whose speed switches between regimes from one second to the
+ * next, a long batch, or all of one cell's batches in a row, can fall in
+ * the slow one; the best of short batches spread over the whole run is the
+ * fast one); that is where kernels/stats.c's length thresholds come from.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -228,16 +232,18 @@ static double best_time(int what, probe_dtype dt, const unsigned char *data, siz
 }
 
 
-/* --short: ns per call of each path for short tensors (in L1/L2). */
+/* --short: ns per call of each path for short tensors (in L1/L2), the best
+ * of SHORT_BATCHES batches of SHORT_CALLS calls. */
+enum { SHORT_BATCHES = 400, SHORT_CALLS = 250 };
 static int bench_short(int markdown) {
   static const size_t ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   char cpu[128];
   enum { NMAX = 8192 };
   unsigned char *buf = aligned_alloc(64, NMAX * 4);
   if (!buf) return 1;
-  printf("bench_stats --short: ns per call, in cache, best of 5 batches of 20000 calls, %s time; "
+  printf("bench_stats --short: ns per call, in cache, best of %d batches of %d calls, %s time; "
          "auto = probe_stats_compute on the %s path family\n",
-         g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
+         SHORT_BATCHES, SHORT_CALLS, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
   printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
   /* What a cycle took during this run, by the same clock: on a loaded
    * machine CPU time stretches too, and ns x GHz (cycles) carries over to a
@@ -268,29 +274,40 @@ static int bench_short(int markdown) {
       for (int p = 0; p < PROBE__PATH_COUNT; p++) printf(" %9s", probe__stats_path_name(p));
       printf("\n");
     }
-    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-      size_t n = ns[k];
-      printf(markdown ? "| %zu |" : "%-7zu", n);
+    /* every (length, path) cell once per round, so that each cell's best
+     * is taken over the whole run, not over one stretch of it */
+    enum { NLEN = sizeof ns / sizeof ns[0] };
+    double best[NLEN][PROBE__PATH_COUNT + 1];
+    int have[NLEN][PROBE__PATH_COUNT + 1]; /* a path may refuse a length */
+    for (size_t k = 0; k < NLEN; k++)
       for (int p = -1; p < PROBE__PATH_COUNT; p++) {
         probe_stats st;
-        if (p >= 0 && probe__stats_compute_path(&st, dt, buf, n, p) != PROBE_OK) {
-          printf(markdown ? " - |" : " %9s", "-");
-          continue;
-        }
-        double best = 1e30;
-        for (int r = 0; r < 5; r++) {
+        have[k][p + 1] = p < 0 || probe__stats_compute_path(&st, dt, buf, ns[k], p) == PROBE_OK;
+        best[k][p + 1] = 1e30;
+      }
+    for (int r = 0; r < SHORT_BATCHES; r++)
+      for (size_t k = 0; k < NLEN; k++)
+        for (int p = -1; p < PROBE__PATH_COUNT; p++) {
+          if (!have[k][p + 1]) continue;
+          probe_stats st;
           double t0 = now_s();
-          for (int j = 0; j < 20000; j++) {
+          for (int j = 0; j < SHORT_CALLS; j++) {
             if (p < 0)
-              probe_stats_compute(&st, dt, buf, n);
+              probe_stats_compute(&st, dt, buf, ns[k]);
             else
-              probe__stats_compute_path(&st, dt, buf, n, p);
+              probe__stats_compute_path(&st, dt, buf, ns[k], p);
             g_sink += st.count;
           }
-          double t = (now_s() - t0) / 20000;
-          if (t < best) best = t;
+          double t = (now_s() - t0) / SHORT_CALLS;
+          if (t < best[k][p + 1]) best[k][p + 1] = t;
         }
-        printf(markdown ? " %.0f |" : " %9.0f", best * 1e9);
+    for (size_t k = 0; k < NLEN; k++) {
+      printf(markdown ? "| %zu |" : "%-7zu", ns[k]);
+      for (int p = -1; p < PROBE__PATH_COUNT; p++) {
+        if (!have[k][p + 1])
+          printf(markdown ? " - |" : " %9s", "-");
+        else
+          printf(markdown ? " %.0f |" : " %9.0f", best[k][p + 1] * 1e9);
       }
       printf("\n");
     }

@@ -70,9 +70,10 @@ static const stats_path paths[PROBE__PATH_COUNT] = {
  * block path past that. The lengths are the measured crossovers
  * (bench_stats --short; bench/results/stats.md): AVX-512 on a Zen 5, where
  * the block path pays some 0.65 us per call of set-up and read-out; AVX2 on
- * an AVX2-only AMD EPYC (2026-12-01, loaded machine, CPU time: the two
- * paths cost the same at about 2048 fp32, 1500 fp16 and 2048 bf16
- * elements). */
+ * an AVX2-only AMD EPYC (Zen 3; 2026-12-02, quiet machine, CPU time, best
+ * of short batches spread over the run): the short path is faster at every
+ * length it takes, 1.35-2x at 2048 and 4096 elements of each dtype, so it
+ * takes all it can (PROBE__SMALL_MAX_N). */
 typedef struct stats_family {
   const char *name;
   int small_path, block_path;
@@ -81,7 +82,7 @@ typedef struct stats_family {
 
 static const stats_family families[3] = {
     {"portable", PROBE__PATH_PORTABLE, PROBE__PATH_PORTABLE, {0, 0, 0}},
-    {"avx2", PROBE__PATH_SMALL2, PROBE__PATH_AVX2, {2048, 1536, 2048}},
+    {"avx2", PROBE__PATH_SMALL2, PROBE__PATH_AVX2, {PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N}},
     {"avx512", PROBE__PATH_SMALL512, PROBE__PATH_AVX512, {3072, 2048, 2560}},
 };
 enum { FAM_PORTABLE, FAM_AVX2, FAM_AVX512 };
