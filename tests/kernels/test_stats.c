@@ -788,6 +788,29 @@ START_TEST(test_window_large_bf16) {
 }
 END_TEST
 
+/* bf16 at the bottom of the range: binades 2^-126 .. 2^-113 (binary32
+ * fields 1..14), every 5th element +-0 and every 31st a subnormal, long
+ * enough for window blocks. The sum of squares is ~2^-214, so what an AVX2
+ * bf16 window block puts in for a zero (2^-254) or a subnormal ((2 +
+ * a/64)^2 * 2^-256) and the driver takes back out is far above the
+ * tolerance here; and a window allowed to start at field 0 would take the
+ * subnormals in (it would hold more than fields 1..15) and add them with
+ * the implicit bit. */
+START_TEST(test_window_tiny_bf16) {
+  size_t n = 5 * 16384 + 123;
+  uint16_t *h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    uint16_t m = (uint16_t)(rng_next() & 0x7f), sgn = (uint16_t)((rng_next() & 1) << 15);
+    uint16_t v = (uint16_t)((1u + (unsigned)(i % 14)) << 7 | m);
+    if (i % 31 == 7) v = (uint16_t)(m | 1u); /* a subnormal */
+    if (i % 5 == 2) v = 0;                   /* +-0 */
+    h[i] = (uint16_t)(v | sgn);
+  }
+  check_all_paths(PROBE_DTYPE_BF16, h, n, "tiny bf16");
+  free(h);
+}
+END_TEST
+
 /* loop index: dtype. One value at a threshold the short paths test only
  * through the extremes (f16_flush: |x| <= 2^-25; f16_overflow: |x| >= 65520;
  * fp16 subnormals' exact bins) in otherwise N(0,1) data, either sign, at
@@ -913,6 +936,7 @@ static Suite *make_stats_suite(void) {
   tcase_set_timeout(tw, 300);
   tcase_add_loop_test(tw, test_window_mode, 0, 18);
   tcase_add_test(tw, test_window_f16_binades);
+  tcase_add_test(tw, test_window_tiny_bf16);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
   tcase_add_test(tw, test_window_bf16_binades);
