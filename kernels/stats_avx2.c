@@ -519,6 +519,19 @@ static inline double pow2(int e) {
     q3 = _mm256_fmadd_pd(sq3_, sq3_, q3);                                      \
   } while (0)
 
+/* The fp16/bf16 window steps' elements outside the window (bits of om, in
+ * vpackuswb order) copied as patterns from the step at q to outp. */
+#define HALF_OUT(om, q)                                                        \
+  do {                                                                         \
+    if (__builtin_expect((om) != 0, 0)) {                                      \
+      do {                                                                     \
+        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
+        memcpy(outp++, (q) + 2 * pack_elem(k_), 2);                            \
+        (om) &= (om) - 1;                                                      \
+      } while (om);                                                            \
+    }                                                                          \
+  } while (0)
+
 /* The window loops' int32 sums of 16-bit formats, widened to int64 every
  * 16 steps (before they could overflow). */
 #define HALF_EVERY16                                                           \
@@ -553,13 +566,7 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 10), _mm256_srli_epi16(aB, 10)); \
     uint32_t om;                                                               \
     ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
-    if (__builtin_expect(om != 0, 0)) {                                        \
-      do {                                                                     \
-        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
-        memcpy(outp++, q_ + 2 * pack_elem(k_), 2);                             \
-        om &= om - 1;                                                          \
-      } while (om);                                                            \
-    }                                                                          \
+    HALF_OUT(om, q_);                                                          \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
@@ -620,13 +627,7 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
     uint32_t om;                                                               \
     ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
-    if (__builtin_expect(om != 0, 0)) {                                        \
-      do {                                                                     \
-        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
-        memcpy(outp++, q_ + 2 * pack_elem(k_), 2);                             \
-        om &= om - 1;                                                          \
-      } while (om);                                                            \
-    }                                                                          \
+    HALF_OUT(om, q_);                                                          \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \

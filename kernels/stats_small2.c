@@ -214,28 +214,25 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
   uint8_t bins[PROBE__SMALL_MAX_N + 32];
   size_t nbv = 0;
-#define S16_SUMS(f0_, f1_, f2_, f3_)                                           \
+  /* eight binary32 lanes each of fa_ and fb_ into the sums (sa_, sb_) and
+   * the four sum-of-squares accumulators */
+#define S16_SUMS2(fa_, fb_, sa_, sb_)                                          \
   do {                                                                         \
-    __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f0_));                \
-    __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f0_, 1));              \
-    __m256d d2_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f1_));                \
-    __m256d d3_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f1_, 1));              \
-    s0 = _mm256_add_pd(s0, _mm256_add_pd(d0_, d1_));                           \
-    s1 = _mm256_add_pd(s1, _mm256_add_pd(d2_, d3_));                           \
+    __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(fa_));                \
+    __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(fa_, 1));              \
+    __m256d d2_ = _mm256_cvtps_pd(_mm256_castps256_ps128(fb_));                \
+    __m256d d3_ = _mm256_cvtps_pd(_mm256_extractf128_ps(fb_, 1));              \
+    sa_ = _mm256_add_pd(sa_, _mm256_add_pd(d0_, d1_));                         \
+    sb_ = _mm256_add_pd(sb_, _mm256_add_pd(d2_, d3_));                         \
     q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
     q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
     q2 = _mm256_fmadd_pd(d2_, d2_, q2);                                        \
     q3 = _mm256_fmadd_pd(d3_, d3_, q3);                                        \
-    __m256d e0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f2_));                \
-    __m256d e1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f2_, 1));              \
-    __m256d e2_ = _mm256_cvtps_pd(_mm256_castps256_ps128(f3_));                \
-    __m256d e3_ = _mm256_cvtps_pd(_mm256_extractf128_ps(f3_, 1));              \
-    s2 = _mm256_add_pd(s2, _mm256_add_pd(e0_, e1_));                           \
-    s3 = _mm256_add_pd(s3, _mm256_add_pd(e2_, e3_));                           \
-    q0 = _mm256_fmadd_pd(e0_, e0_, q0);                                        \
-    q1 = _mm256_fmadd_pd(e1_, e1_, q1);                                        \
-    q2 = _mm256_fmadd_pd(e2_, e2_, q2);                                        \
-    q3 = _mm256_fmadd_pd(e3_, e3_, q3);                                        \
+  } while (0)
+#define S16_SUMS(f0_, f1_, f2_, f3_)                                           \
+  do {                                                                         \
+    S16_SUMS2(f0_, f1_, s0, s1);                                               \
+    S16_SUMS2(f2_, f3_, s2, s3);                                               \
   } while (0)
   /* hA, hB: 32 patterns for the extremes; zA, zB (at zp_): the same or,
    * in the padded last step, +0 past the end, for the bins and sums */
@@ -288,6 +285,7 @@ static int small16(probe__acc *a, probe_dtype dt, const unsigned char *p, size_t
   }
 #undef S16_STEP
 #undef S16_SUMS
+#undef S16_SUMS2
   int16_t sx, sn;
   uint16_t ux, un, amin; /* amin: smallest non-zero |x| pattern (UINT16_MAX: none) */
   probe__red16_avx2(smax, umax, aminb, &sx, &ux, &amin);
