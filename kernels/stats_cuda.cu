@@ -486,8 +486,30 @@ extern "C" int probe_cuda_available(void) {
   return n > 0;
 }
 
+static int device_seen_ = 0;
+
+/* Whether this process sees a CUDA device, asked once: the device count
+ * cannot change within a process (the runtime reads CUDA_VISIBLE_DEVICES
+ * when it starts). Without one, no pointer is a device pointer, and a
+ * record skips cudaPointerGetAttributes and the cudaGetLastError that
+ * clears its failure (some 170 instructions a record). 0 = not asked yet,
+ * 1 = none, 2 = some; two threads that ask at once store the same answer. */
+static int sees_device(void) {
+  int known = __atomic_load_n(&device_seen_, __ATOMIC_ACQUIRE);
+  if (known == 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      count = 0;
+    }
+    known = count > 0 ? 2 : 1;
+    __atomic_store_n(&device_seen_, known, __ATOMIC_RELEASE);
+  }
+  return known == 2;
+}
+
 extern "C" int probe_cuda_is_device_ptr(const void *ptr) {
-  if (!ptr) return 0;
+  if (!ptr || !sees_device()) return 0;
   cudaPointerAttributes attr;
   cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) { /* no device, or a pointer CUDA does not know */
