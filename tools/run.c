@@ -66,6 +66,9 @@ static void usage(FILE *f) {
 "                           existing file is refused, and so is an input\n"
 "                           (the config or data file) whatever the flags\n"
 "  --force                  replace an existing trace file\n"
+"  --weight-digest          store each step's digest of the FP32 master\n"
+"                           weights in one process too (data-parallel runs\n"
+"                           always do: the post-mortem compares the ranks')\n"
 "\n"
 "precision:\n"
 "  --precision P            fp16 | bf16 | fp32 (global policy)\n"
@@ -122,7 +125,7 @@ enum {
   O_HYSTERESIS, O_MIN_SCALE, O_NO_LOSS_SCALE, O_CLIP_NORM,
   O_CLIP_BEFORE_UNSCALE, O_MICRO_BATCHES, O_LR, O_STOP_NONFINITE,
   O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY, O_RANKS,
-  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS
+  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS, O_DIGEST
 };
 
 /* --ranks' range: more processes than this on one machine is a mistake. */
@@ -310,6 +313,7 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
 typedef struct run_args {
   const char *scenario, *config, *out_path;
   int full, json, quiet, list, force;
+  int digest;            /* --weight-digest: also in one process */
   int64_t ring, stop_k;
   double progress_every; /* seconds between plain progress lines; 0 = off */
   int64_t ranks;         /* --ranks N: re-exec under mpirun; 0 = not given */
@@ -352,6 +356,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
       {"allreduce-prediv", no_argument, NULL, O_AR_PREDIV},
       {"flush-steps", required_argument, NULL, O_FLUSH_STEPS},
       {"flush-seconds", required_argument, NULL, O_FLUSH_SECONDS},
+      {"weight-digest", no_argument, NULL, O_DIGEST},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -482,6 +487,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
                            &a->flush_seconds))
         return CLI_EXIT_USAGE;
       break;
+    case O_DIGEST: a->digest = 1; break;
     case O_LIST: a->list = 1; break;
     case O_JSON: a->json = 1; break;
     case 'q': a->quiet = 1; break;
@@ -957,6 +963,7 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
   to.comm = d->comm;
   to.flush_steps = a->flush_steps;
   to.flush_seconds = a->flush_seconds;
+  if (a->digest) to.weight_digest = 1; /* else the default: data-parallel */
   to.run_id = d->comm ? d->run_id : NULL;
   to.trace_path = path;
   to.mode = a->full ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;

@@ -857,6 +857,7 @@ void probe_train_opts_init(probe_train_opts *o) {
   o->mode = PROBE_MODE_SCALARS;
   o->stop_on_nonfinite = -1;
   o->final_window = 10;
+  o->weight_digest = -1;
 }
 
 int probe_train_backend_available(probe_backend b) {
@@ -968,6 +969,7 @@ typedef struct pt_train {
   int64_t skip_run; /* current run of skipped steps */
   double t0, t_loop, t_step;
   int reported;                   /* SETUP was reported: DONE will be */
+  int digest;                     /* the weight digest is measured */
   probe_train_progress_info info; /* what the report hook last saw */
 } pt_train;
 
@@ -1250,9 +1252,13 @@ static probe_status step_record(pt_train *T, const pt_step *S) {
   sc.clip_coef = S->coef;
   sc.wall_time = now_seconds() - T->t0;
   /* the FP32 masters after the step, in parameter order: equal on every
-   * rank of a data-parallel job */
-  sc.weight_digest = probe_digest64(T->R.master, T->R.n_params * sizeof(float),
-                                    PROBE_DIGEST64_INIT);
+   * rank of a data-parallel job (probe_train_opts.weight_digest) */
+  if (T->digest)
+    sc.weight_digest = probe_digest64(T->R.master,
+                                      T->R.n_params * sizeof(float),
+                                      PROBE_DIGEST64_INIT);
+  else
+    sc.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
   probe_status st = probe_step_set_scalars(T->R.sess, &sc);
   if (st == PROBE_OK) st = probe_step_end(T->R.sess);
   return st;
@@ -1414,6 +1420,7 @@ probe_status probe_train(const probe_train_config *c,
   if (!T) return pt_fail(err, errlen, PROBE_ERR_NOMEM, "trainer: out of memory");
   T->c = c;
   T->o = opts;
+  T->digest = opts->weight_digest < 0 ? opts->comm != NULL : opts->weight_digest;
   T->out = out;
   T->err = err;
   T->errlen = errlen;

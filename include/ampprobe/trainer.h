@@ -244,6 +244,14 @@ typedef struct probe_train_opts {
   /* ... and at most this long after data (probe_options.flush_seconds;
    * 0 = libprobe's default, 1 s). */
   double flush_seconds;
+  /* The weight digest (probe_digest64 of the FP32 masters after each step,
+   * in the steps' scalars): 1 on, 0 off (not measured, its bit set), -1
+   * (probe_train_opts_init's default) on in a data-parallel run (comm set),
+   * where the post-mortem compares the ranks' digests, and off in one
+   * process, where nothing compares it: it hashes every master byte in
+   * series (some 4 cycles a byte, ~2.5% of a step of the default scenario),
+   * as ampprobe.torch.Tracer's weight_digest=True is opt-in too. */
+  int weight_digest;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);

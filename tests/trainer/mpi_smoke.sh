@@ -59,11 +59,12 @@ for N in 2 4; do
     -o "$dir/s$N.h5" -q >/dev/null 2>&1
   "$CHECK" loss-close "${files[0]}" "$dir/s$N.h5" "$TOL" ||
     fail "healthy-dp $N: loss differs from one process with $N micro-batches"
-  # FP32 precision: the same run bit for bit (same sums in the same order)
+  # FP32 precision: the same run bit for bit (same sums in the same order,
+  # the same weights: one process measures the digest when asked)
   mpi "$N" "$AMPPROBE" run --scenario healthy-dp --precision fp32 --steps 30 \
     -o "$dir/f$N.h5" -q >/dev/null 2>&1
   "$AMPPROBE" run --scenario healthy-dp --precision fp32 --steps 30 \
-    --micro-batches "$N" -o "$dir/g$N.h5" -q >/dev/null 2>&1
+    --micro-batches "$N" --weight-digest -o "$dir/g$N.h5" -q >/dev/null 2>&1
   "$CHECK" agree "$dir/f$N.rank0.h5" "$dir/g$N.h5" ||
     fail "healthy-dp fp32 $N: not bit-identical to one process"
 

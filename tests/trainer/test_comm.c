@@ -274,11 +274,14 @@ static probe_train_config *load(const char *name) {
   return c;
 }
 
+/* digest: probe_train_opts.weight_digest (-1: the default) */
 static probe_status train(const probe_train_config *c, probe_comm *comm,
-                          const char *trace, probe_train_result *res) {
+                          const char *trace, int digest,
+                          probe_train_result *res) {
   probe_train_opts o;
   probe_train_opts_init(&o);
   o.comm = comm;
+  o.weight_digest = digest;
   o.trace_path = trace;
   o.mode = PROBE_MODE_FULL;
   o.run_id = comm ? "test-run.1" : NULL;
@@ -314,9 +317,10 @@ static void site_counts(const char *path, probe_site site, int64_t *n,
 START_TEST(test_world1_matches_plain_run) {
   char dir[] = "/tmp/ampprobe-comm-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  char plain[256], dist[256];
+  char plain[256], dist[256], nodig[256];
   snprintf(plain, sizeof plain, "%s/plain.h5", dir);
   snprintf(dist, sizeof dist, "%s/dist.h5", dir);
+  snprintf(nodig, sizeof nodig, "%s/nodigest.h5", dir);
   probe_train_config *c = load("healthy-dp");
   ck_assert_int_eq(probe_config_set(c, "steps", "20", NULL, 0), PROBE_OK);
   char err[128];
@@ -324,8 +328,10 @@ START_TEST(test_world1_matches_plain_run) {
   ck_assert_int_eq(probe_comm_open(&comm, PROBE_COMM_SINGLE, err, sizeof err),
                    PROBE_OK);
   probe_train_result a, b;
-  train(c, NULL, plain, &a);
-  train(c, comm, dist, &b);
+  /* one process measures the digest when asked; the world-1 run by
+   * default, as any data-parallel run */
+  train(c, NULL, plain, 1, &a);
+  train(c, comm, dist, -1, &b);
   /* an FP32 all-reduce of one rank is the identity: the same run, bit for
    * bit */
   ck_assert(a.final_loss == b.final_loss && a.last_loss == b.last_loss);
@@ -362,10 +368,23 @@ START_TEST(test_world1_matches_plain_run) {
   ck_assert_str_eq(probe_trace_get_info(tb)->run_id, "test-run.1");
   probe_trace_close(ta);
   probe_trace_close(tb);
+  /* one process by default: the same run, the digest not measured */
+  probe_train_result d;
+  train(c, NULL, nodig, -1, &d);
+  ck_assert(d.final_loss == a.final_loss && d.last_loss == a.last_loss);
+  ck_assert_int_eq(probe_trace_open(&ta, nodig), PROBE_OK);
+  ck_assert_int_eq(probe_trace_read_steps(ta, 0, 20, sa, &ga), PROBE_OK);
+  ck_assert_int_eq(ga, 20);
+  for (int i = 0; i < 20; i++) {
+    ck_assert(sa[i].unmeasured & PROBE_SCALAR_WEIGHT_DIGEST);
+    ck_assert(sa[i].weight_digest == 0);
+  }
+  probe_trace_close(ta);
   probe_comm_close(comm);
   probe_config_free(c);
   unlink(plain);
   unlink(dist);
+  unlink(nodig);
   rmdir(dir);
 }
 END_TEST
@@ -384,7 +403,7 @@ START_TEST(test_world1_fp16_allreduce) {
   ck_assert_int_eq(probe_comm_open(&comm, PROBE_COMM_SINGLE, err, sizeof err),
                    PROBE_OK);
   probe_train_result r;
-  train(c, comm, path, &r);
+  train(c, comm, path, -1, &r);
   ck_assert_int_eq(r.diverged, 0);
   ck_assert_int_eq(r.first_nonfinite_step, -1);
   int64_t n, nf;
