@@ -8,7 +8,8 @@
  * (host tensors here, device tensors with the CUDA statistics kernels),
  * keeps the step's records, decides non-finite events and snapshots, and
  * hands finished rows over at probe_step_end (one mutex per step; the
- * writer swaps buffers instead of copying). Flushes the caller asks for
+ * buffers themselves go to the writer's queue, no rows are copied:
+ * session.h, pqueue). Flushes the caller asks for
  * (probe_session_flush, flush_steps, a non-finite event, close) are
  * synchronous: the call returns when the rows are on disk and counted.
  * The rows waiting for the writer are bounded (WAIT_BYTES): a caller
@@ -129,7 +130,8 @@ static int out_move_locked(probe_session *s) {
   int rc = 0;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     size_t bytes = s->out[t].n * s->out[t].elem;
-    if (pvec_move(&s->in[t], &s->out[t]) < 0) rc = -1;
+    if (pq_put(&s->in[t], &s->out[t], s->spare[t], &s->n_spare[t]) < 0)
+      rc = -1;
     else s->in_bytes += bytes;
   }
   s->sh_last_step = s->last_step;
@@ -167,7 +169,7 @@ static probe_status hand_over(probe_session *s, int how) {
   }
   int big = 0;
   for (int t = 0; t < PROBE__T_COUNT; t++)
-    if ((int64_t)s->in[t].n >= s->batch[t]) big = 1;
+    if ((int64_t)s->in[t].rows >= s->batch[t]) big = 1;
   uint64_t ticket = 0;
   if (how != HAND_ROWS) ticket = ++s->flush_req;
   if (how != HAND_ROWS || big || s->w_idle) pthread_cond_signal(&s->wake);
@@ -188,7 +190,9 @@ static void session_free(probe_session *s) {
   if (s == NULL) return;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     free(s->pend[t].data);
-    free(s->in[t].data);
+    pq_free(&s->in[t]);
+    pq_free(&s->taken[t]);
+    for (int i = 0; i < s->n_spare[t]; i++) free(s->spare[t][i].data);
     free(s->stage[t].data);
     free(s->out[t].data);
     free(s->tail[t]);
@@ -396,7 +400,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   s->writing = -1;
   for (int t = 0; t < PROBE__T_COUNT; t++) {
     s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
-    s->pend[t].elem = s->in[t].elem = s->stage[t].elem = s->out[t].elem =
+    s->pend[t].elem = s->stage[t].elem = s->out[t].elem =
         probe__tables[t].mem_size;
     s->batch[t] = o.batch_rows; /* the writer may lower it (writer_main) */
   }

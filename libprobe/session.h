@@ -60,6 +60,23 @@ static inline int pvec_push(pvec *v, const void *rows, size_t n) {
   return 0;
 }
 
+/* Rows of one table handed over and not yet taken by the writer: the
+ * caller's buffers themselves, oldest first, each moved in whole at
+ * hand_over (a swap of pointers: copying a step's records into one growing
+ * buffer, cold in the caller's cache, cost it ~5 us a step of 50 records).
+ * The writer appends them to pend and gives the emptied buffers back as
+ * spares. Past PQ_MAX buffers, rows are copied behind the last one. */
+#define PQ_MAX 32
+typedef struct pqueue {
+  pvec v[PQ_MAX];
+  int n;       /* buffers */
+  size_t rows; /* rows in them */
+} pqueue;
+
+/* Spare buffers larger than this are freed rather than kept (a snapshot's
+ * data may have grown one to megabytes). */
+#define SPARE_MAX_BYTES ((size_t)1 << 20)
+
 /* One recorded tensor of the current step, kept until probe_step_end for a
  * possible snapshot. */
 typedef struct tensor_ref {
@@ -90,6 +107,8 @@ struct probe_session {
   hid_t state;
   int64_t rows[PROBE__T_COUNT]; /* rows written with H5Dwrite so far */
   pvec pend[PROBE__T_COUNT];    /* rows waiting for their H5Dwrite */
+  pqueue taken[PROBE__T_COUNT]; /* in[], taken under mu, appended to pend
+                                   outside it, given back as spares */
   int64_t unflushed[PROBE__T_COUNT]; /* rows written since the last flush */
   /* Tables written chunk by chunk with H5Dwrite_chunk (table_write): the
    * rows of the last, partly filled chunk, rewritten as it grows. */
@@ -120,7 +139,9 @@ struct probe_session {
   pthread_mutex_t mu;
   pthread_cond_t wake; /* to the writer: rows, a request */
   pthread_cond_t done; /* to the caller: flushed, rows taken, failed */
-  pvec in[PROBE__T_COUNT]; /* rows handed over, not yet taken */
+  pqueue in[PROBE__T_COUNT]; /* rows handed over, not yet taken */
+  pvec spare[PROBE__T_COUNT][PQ_MAX]; /* empty buffers for out[] */
+  int n_spare[PROBE__T_COUNT];
   size_t in_bytes;
   int64_t sh_last_step, sh_first_nonfinite, sh_n_events;
   uint64_t flush_req, flush_done; /* synchronous flush tickets */
@@ -196,6 +217,51 @@ static inline int pvec_move(pvec *dst, pvec *src) {
   if (pvec_push(dst, src->data, src->n) < 0) return -1;
   src->n = 0;
   return 0;
+}
+
+/* Caller, under mu: moves src's buffer, rows and all, to the back of q and
+ * gives src an empty one (a spare, else none yet); when q is full, copies
+ * the rows behind its last buffer. Returns -1 without memory. */
+static inline int pq_put(pqueue *q, pvec *src, pvec *spare, int *n_spare) {
+  if (src->n == 0) return 0;
+  const size_t rows = src->n;
+  if (q->n == PQ_MAX) {
+    if (pvec_move(&q->v[PQ_MAX - 1], src) < 0) return -1;
+  } else {
+    q->v[q->n++] = *src;
+    if (*n_spare > 0) {
+      *src = spare[--*n_spare];
+    } else {
+      src->data = NULL;
+      src->cap = 0;
+    }
+    src->n = 0;
+  }
+  q->rows += rows;
+  return 0;
+}
+
+/* Writer, under mu: empty buffers back to the spares (n_spare of them),
+ * or freed when the spares are full or the buffer is large. */
+static inline void pq_give_back(pqueue *q, pvec *spare, int *n_spare) {
+  for (int i = 0; i < q->n; i++) {
+    pvec *v = &q->v[i];
+    if (*n_spare < PQ_MAX && v->cap * v->elem <= SPARE_MAX_BYTES) {
+      v->n = 0;
+      spare[(*n_spare)++] = *v;
+    } else {
+      free(v->data);
+    }
+  }
+  q->n = 0;
+  q->rows = 0;
+}
+
+/* Frees every buffer of q. */
+static inline void pq_free(pqueue *q) {
+  for (int i = 0; i < q->n; i++) free(q->v[i].data);
+  q->n = 0;
+  q->rows = 0;
 }
 
 static inline double now_s(void) {

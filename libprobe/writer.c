@@ -542,7 +542,7 @@ static void deadline_ts(struct timespec *ts, double at) {
 
 static int writer_has_data(const probe_session *s) {
   for (int t = 0; t < PROBE__T_COUNT; t++)
-    if (s->in[t].n || s->pend[t].n || s->unflushed[t]) return 1;
+    if (s->in[t].rows || s->pend[t].n || s->unflushed[t]) return 1;
   return 0;
 }
 
@@ -581,7 +581,7 @@ void *probe__writer_main(void *arg) {
     int want_flush = closing || s->flush_req > s->flush_done;
     int big = 0;
     for (int t = 0; t < PROBE__T_COUNT; t++)
-      if ((int64_t)(s->in[t].n + s->pend[t].n) >= s->batch[t]) big = 1;
+      if ((int64_t)(s->in[t].rows + s->pend[t].n) >= s->batch[t]) big = 1;
     int data = writer_has_data(s);
     double due = s->t_last_flush + s->opt.flush_seconds;
     int timer = data && now_s() >= due;
@@ -599,9 +599,11 @@ void *probe__writer_main(void *arg) {
       continue;
     }
     uint64_t ticket = s->flush_req;
-    int oom = 0;
-    for (int t = 0; t < PROBE__T_COUNT; t++)
-      if (pvec_move(&s->pend[t], &s->in[t]) < 0) oom = 1;
+    for (int t = 0; t < PROBE__T_COUNT; t++) { /* the buffers, not the rows */
+      s->taken[t] = s->in[t];
+      s->in[t].n = 0;
+      s->in[t].rows = 0;
+    }
     s->in_bytes = 0;
     s->w_last_step = s->sh_last_step;
     s->w_first_nonfinite = s->sh_first_nonfinite;
@@ -610,6 +612,10 @@ void *probe__writer_main(void *arg) {
     pthread_cond_broadcast(&s->done); /* room for a waiting caller */
     pthread_mutex_unlock(&s->mu);
 
+    int oom = 0; /* the rows taken behind those still to write */
+    for (int t = 0; t < PROBE__T_COUNT; t++)
+      for (int i = 0; i < s->taken[t].n; i++)
+        if (pvec_move(&s->pend[t], &s->taken[t].v[i]) < 0) oom = 1;
     st = s->w_err;
     if (oom && st == PROBE_OK)
       st = s->w_err = set_wmsg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
@@ -625,6 +631,8 @@ void *probe__writer_main(void *arg) {
       }
 
     pthread_mutex_lock(&s->mu);
+    for (int t = 0; t < PROBE__T_COUNT; t++)
+      pq_give_back(&s->taken[t], s->spare[t], &s->n_spare[t]);
     writer_error_publish(s, st);
     if (want_flush) s->flush_done = ticket;
     pthread_cond_broadcast(&s->done);
