@@ -226,6 +226,17 @@ static inline void probe__minima16(int16_t smax, uint16_t umax, uint16_t amin, i
   if (!neg) *umin = has_zero ? 0 : amin;
 }
 
+/* The same for binary32 patterns (the AVX2 short loop's fp32 tensors),
+ * over the finite elements only: call it only when there is one. */
+static inline void probe__minima32(int32_t smax, uint32_t umax, uint32_t amin, int has_zero,
+                                   int32_t *smin, uint32_t *umin) {
+  const int pos = smax >= 0, neg = umax >= 0x80000000u;
+  *smin = INT32_MAX;
+  *umin = UINT32_MAX;
+  if (!pos) *smin = (int32_t)(has_zero ? 0x80000000u : (amin | 0x80000000u));
+  if (!neg) *umin = has_zero ? 0 : amin;
+}
+
 /* What the block driver (stats_block.c) runs for one path: the block
  * function by dtype, the window counters' fold and read-out, the elements
  * per vector step (block lengths are multiples of it; the rest of a tensor

@@ -335,44 +335,52 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
   const __m256i cbias = _mm256_set1_epi32(127 + PROBE_HIST_MIN_EXP - 1);
   const __m256i clast = _mm256_set1_epi32(NB - 1);
   const __m256i z = _mm256_setzero_si256(), ones = _mm256_set1_epi32(-1);
-  __m256i smax = _mm256_set1_epi32(INT32_MIN), smin = _mm256_set1_epi32(INT32_MAX);
-  __m256i umax = z, umin = ones, aminb = c7f;
+  const __m256i cb16 = _mm256_set1_epi16(F32_BIAS16), clast16 = _mm256_set1_epi16(NB - 1);
+  __m256i smax = _mm256_set1_epi32(INT32_MIN), umax = z, aminb = c7f;
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
   uint8_t bins[PROBE__SMALL_MAX_N + 32];
   uint64_t nan = 0, posinf = 0, neginf = 0;
   size_t nbv = 0; /* bins written, in vectors of 32 */
 
-  /* One vector u of 8 elements; f: all-ones in its finite lanes (masked
-   * form) or NULL-like all ones (fast form). bin_: its bins, 0xff for zeros
-   * and for lanes not finite. */
-#define ELEM8(u, f, MASKED, bin_)                                              \
+  /* Extremes: the signed and the unsigned maximum of the bits and the
+   * smallest non-zero |x| (as min of (|x| - 1) ^ 0x80000000, signed, so that
+   * zero wraps to the largest); the minima follow at the end
+   * (probe__minima32). */
+  /* The sums of the 8 binary32 lanes of u (non-finite lanes zeroed). */
+#define SUMS8(u)                                                               \
   do {                                                                         \
-    __m256i ab_ = _mm256_and_si256(u, mabs);                                   \
-    __m256i y_ = _mm256_add_epi32(ab_, c7f);                                   \
-    if (MASKED) {                                                              \
-      smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f)); \
-      smin = _mm256_min_epi32(smin, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MAX), u, f)); \
-      umax = _mm256_max_epu32(umax, _mm256_and_si256(u, f));                   \
-      umin = _mm256_min_epu32(umin, _mm256_or_si256(u, _mm256_xor_si256(f, ones))); \
-      y_ = _mm256_or_si256(_mm256_and_si256(y_, f), _mm256_andnot_si256(f, c7f)); \
-      ab_ = _mm256_and_si256(ab_, f);                                          \
-      u = _mm256_and_si256(u, f);                                              \
-    } else {                                                                   \
-      smax = _mm256_max_epi32(smax, u);                                        \
-      smin = _mm256_min_epi32(smin, u);                                        \
-      umax = _mm256_max_epu32(umax, u);                                        \
-      umin = _mm256_min_epu32(umin, u);                                        \
-    }                                                                          \
-    aminb = _mm256_min_epi32(aminb, y_);                                       \
     __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(u))); \
     __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(u), 1)); \
     s0 = _mm256_add_pd(s0, d0_);                                               \
     s1 = _mm256_add_pd(s1, d1_);                                               \
     q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
     q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
+  } while (0)
+  /* One vector u of 8 elements of a step with inf or NaN (or the last,
+   * partial one); f: all-ones in its finite lanes. bin_: its bins in
+   * 32-bit lanes, 0xff for zeros and for lanes not finite. */
+#define ELEM8_MASKED(u, f, bin_)                                               \
+  do {                                                                         \
+    __m256i ab_ = _mm256_and_si256(_mm256_and_si256(u, mabs), f);              \
+    __m256i y_ = _mm256_or_si256(_mm256_and_si256(_mm256_add_epi32(ab_, c7f), f), \
+                                 _mm256_andnot_si256(f, c7f));                 \
+    smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f)); \
+    umax = _mm256_max_epu32(umax, _mm256_and_si256(u, f));                     \
+    aminb = _mm256_min_epi32(aminb, y_);                                       \
+    u = _mm256_and_si256(u, f);                                                \
+    SUMS8(u);                                                                  \
     __m256i b_ = _mm256_min_epi32(_mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(ab_, 23), cbias), z), clast); \
     bin_ = _mm256_or_si256(b_, _mm256_cmpeq_epi32(ab_, z));                    \
   } while (0)
+  /* The bins of two vectors of |x| (a_, b_) in 16-bit lanes: the binary32
+   * exponent field less the bias, clamped to 0 .. NB - 1 (one saturating
+   * subtraction and a min, half the work of 32-bit lanes), 0xffff for
+   * zeros. The lanes come out in packus order, which a histogram ignores. */
+#define BINS16(a_, b_)                                                         \
+  _mm256_or_si256(_mm256_min_epu16(_mm256_subs_epu16(_mm256_packus_epi32(     \
+                                       _mm256_srli_epi32(a_, 23), _mm256_srli_epi32(b_, 23)), cb16), \
+                                   clast16),                                   \
+                  _mm256_packs_epi32(_mm256_cmpeq_epi32(a_, z), _mm256_cmpeq_epi32(b_, z)))
 #define PACK_BINS(b0, b1, b2, b3)                                              \
   _mm256_storeu_si256((__m256i *)(void *)(bins + 32 * nbv++),                  \
                       _mm256_packs_epi16(_mm256_packs_epi32(b0, b1), _mm256_packs_epi32(b2, b3)))
@@ -385,13 +393,20 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
     /* all finite: the largest |x| pattern below that of inf */
     __m256i mx = _mm256_max_epu32(_mm256_max_epu32(_mm256_and_si256(u0, mabs), _mm256_and_si256(u1, mabs)),
                                   _mm256_max_epu32(_mm256_and_si256(u2, mabs), _mm256_and_si256(u3, mabs)));
-    __m256i b0, b1, b2, b3;
     if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(cinf, mx)) == -1, 1)) {
-      ELEM8(u0, ones, 0, b0);
-      ELEM8(u1, ones, 0, b1);
-      ELEM8(u2, ones, 0, b2);
-      ELEM8(u3, ones, 0, b3);
-      PACK_BINS(b0, b1, b2, b3);
+      const __m256i a0 = _mm256_and_si256(u0, mabs), a1 = _mm256_and_si256(u1, mabs);
+      const __m256i a2 = _mm256_and_si256(u2, mabs), a3 = _mm256_and_si256(u3, mabs);
+      smax = _mm256_max_epi32(smax, _mm256_max_epi32(_mm256_max_epi32(u0, u1), _mm256_max_epi32(u2, u3)));
+      umax = _mm256_max_epu32(umax, _mm256_max_epu32(_mm256_max_epu32(u0, u1), _mm256_max_epu32(u2, u3)));
+      aminb = _mm256_min_epi32(aminb, _mm256_min_epi32(
+                                          _mm256_min_epi32(_mm256_add_epi32(a0, c7f), _mm256_add_epi32(a1, c7f)),
+                                          _mm256_min_epi32(_mm256_add_epi32(a2, c7f), _mm256_add_epi32(a3, c7f))));
+      SUMS8(u0);
+      SUMS8(u1);
+      SUMS8(u2);
+      SUMS8(u3);
+      _mm256_storeu_si256((__m256i *)(void *)(bins + 32 * nbv++),
+                          _mm256_packs_epi16(BINS16(a0, a1), BINS16(a2, a3)));
     } else { /* inf or NaN in the step: masked, and counted one by one */
       __m256i us[4] = {u0, u1, u2, u3}, bs[4];
       for (int k = 0; k < 4; k++) {
@@ -399,7 +414,7 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
         __m256i f = _mm256_cmpgt_epi32(cinf, _mm256_and_si256(u, mabs));
         count_nonfinite(u, 8, &nan, &posinf, &neginf);
         __m256i bk;
-        ELEM8(u, f, 1, bk);
+        ELEM8_MASKED(u, f, bk);
         bs[k] = _mm256_or_si256(bk, _mm256_xor_si256(f, ones));
       }
       PACK_BINS(bs[0], bs[1], bs[2], bs[3]);
@@ -418,29 +433,27 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
       int left = (int)(n - i) - 8 * k;
       count_nonfinite(u, left < 0 ? 0 : left > 8 ? 8 : left, &nan, &posinf, &neginf);
       __m256i bk;
-      ELEM8(u, f, 1, bk);
+      ELEM8_MASKED(u, f, bk);
       bs[k] = _mm256_or_si256(bk, _mm256_xor_si256(f, ones));
     }
     PACK_BINS(bs[0], bs[1], bs[2], bs[3]);
   }
 #undef PACK_BINS
-#undef ELEM8
+#undef BINS16
+#undef ELEM8_MASKED
+#undef SUMS8
 
 
-  int32_t t0[8], t1[8], t4[8];
-  uint32_t t2[8], t3[8];
+  int32_t t0[8], t4[8];
+  uint32_t t2[8];
   _mm256_storeu_si256((__m256i *)(void *)t0, smax);
-  _mm256_storeu_si256((__m256i *)(void *)t1, smin);
   _mm256_storeu_si256((__m256i *)(void *)t2, umax);
-  _mm256_storeu_si256((__m256i *)(void *)t3, umin);
   _mm256_storeu_si256((__m256i *)(void *)t4, aminb);
-  int32_t sx = INT32_MIN, sn = INT32_MAX, mb = INT32_MAX;
-  uint32_t ux = 0, un = UINT32_MAX;
+  int32_t sx = INT32_MIN, mb = INT32_MAX;
+  uint32_t ux = 0;
   for (int k = 0; k < 8; k++) {
     if (t0[k] > sx) sx = t0[k];
-    if (t1[k] < sn) sn = t1[k];
     if (t2[k] > ux) ux = t2[k];
-    if (t3[k] < un) un = t3[k];
     if (t4[k] < mb) mb = t4[k];
   }
   /* the largest finite |x|: the largest positive pattern (smax) or the
@@ -465,6 +478,11 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
   _mm256_storeu_pd(tq, _mm256_add_pd(q0, q1));
   a->sum += (ts[0] + ts[1]) + (ts[2] + ts[3]);
   a->sumsq += (tq[0] + tq[1]) + (tq[2] + tq[3]);
+  const uint64_t finite = (uint64_t)n - nan - posinf - neginf;
+  int32_t sn = INT32_MAX;
+  uint32_t un = UINT32_MAX;
+  if (finite)
+    probe__minima32(sx, ux, am1 + 1u, nonzero < finite, &sn, &un);
   probe__acc_extremes(a, sx, sn, ux, un, am1);
 }
 

@@ -39,6 +39,16 @@ small2-below-lost|kernels/stats_small2.c|s/a->hist\[bv\]++;/(void)bv;/|avx2
 small2-second-key-wrong|kernels/stats_small2.c|s/k1 = _mm256_set1_epi8((char)(key + 1));/k1 = _mm256_set1_epi8((char)(key + 2));/|avx2
 small16-amax-positive-only|kernels/stats_small2.c|s/if (ux >= 0x8000u \&\& (uint16_t)(ux \& 0x7fffu) > ax) ax = ux \& 0x7fffu;//|avx2
 small16-zero-always|kernels/stats_small2.c|s/nonzero < (uint64_t)n, \&sn/nonzero <= (uint64_t)n, \&sn/|avx2
+small2-bins16-packus|kernels/stats_small2.c|s/_mm256_packs_epi16(BINS16(a0, a1), BINS16(a2, a3))/_mm256_packus_epi16(BINS16(a0, a1), BINS16(a2, a3))/|avx2
+small2-bins16-zeros-binned|kernels/stats_small2.c|s/_mm256_packs_epi32(_mm256_cmpeq_epi32(a_, z), _mm256_cmpeq_epi32(b_, z))/z/|avx2
+small2-bins16-unclamped|kernels/stats_small2.c|s/clast16),/_mm256_set1_epi16(255)),/|avx2
+small2-bins16-second-half-lost|kernels/stats_small2.c|s/_mm256_srli_epi32(a_, 23), _mm256_srli_epi32(b_, 23)/_mm256_srli_epi32(a_, 23), _mm256_srli_epi32(a_, 23)/|avx2
+small2-umax-half|kernels/stats_small2.c|s/umax = _mm256_max_epu32(umax, _mm256_max_epu32(_mm256_max_epu32(u0, u1), _mm256_max_epu32(u2, u3)));/umax = _mm256_max_epu32(umax, _mm256_max_epu32(u0, u1));/|avx2
+small2-smax-half|kernels/stats_small2.c|s/smax = _mm256_max_epi32(smax, _mm256_max_epi32(_mm256_max_epi32(u0, u1), _mm256_max_epi32(u2, u3)));/smax = _mm256_max_epi32(smax, _mm256_max_epi32(u2, u3));/|avx2
+small2-amin-half|kernels/stats_small2.c|s/_mm256_min_epi32(_mm256_add_epi32(a2, c7f), _mm256_add_epi32(a3, c7f))/_mm256_add_epi32(a2, c7f)/|avx2
+small2-minima32-zero-always|kernels/stats_small2.c|s/nonzero < finite, \&sn/nonzero <= finite, \&sn/|avx2
+minima32-sign-lost|kernels/stats_impl.h|s/(amin . 0x80000000u)/(amin)/|avx2
+minima32-umin-zero-missed|kernels/stats_impl.h|/0x80000000u;/,/^}/s/if (!neg) \*umin = has_zero ? 0 : amin;/if (!neg) *umin = amin;/|avx2
 red16-smax-unsigned|kernels/stats_avx2.c|s/_mm256_xor_si256(smax, _mm256_xor_si256(sflip, ones))/_mm256_xor_si256(smax, ones)/|avx2
 red16-amin-off-by-one|kernels/stats_avx2.c|s/(uint16_t)(m + 1u);/m;/|avx2
 minima16-zero-ignored|kernels/stats_impl.h|s/\*umin = has_zero ? 0 : amin;/*umin = amin;/|avx2

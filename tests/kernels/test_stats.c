@@ -542,6 +542,47 @@ START_TEST(test_short_lengths) {
 }
 END_TEST
 
+/* Tensors of one sign, with and without zeros of that sign (a ReLU's
+ * output: half of it +0; its gradient's negation): loops that keep only
+ * the maxima take the minimum value of such a tensor from its smallest
+ * |x| or its zeros (probe__minima16, probe__minima32). Also zeros only, of
+ * either sign and both. Short lengths and block lengths, every path. */
+START_TEST(test_one_sign) {
+  probe_dtype dt = (probe_dtype)_i;
+  static const size_t lens[] = {1, 2, 7, 32, 33, 100, 1024, 4096, 5000, 70001};
+  float *x = malloc(70001 * sizeof *x);
+  unsigned char *buf = malloc(70001 * 4 + 64);
+  for (int kind = 0; kind < 7; kind++)
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+      size_t n = lens[l];
+      for (size_t i = 0; i < n; i++) {
+        float v = (float)fabs(rng_normal()) + 1e-3f;
+        int zero = i % 5 == 3 || n == 1;
+        switch (kind) {
+        case 0: x[i] = zero ? 0.0f : v; break;   /* >= 0, +0 among them */
+        case 1: x[i] = v; break;                 /* > 0 */
+        case 2: x[i] = zero ? -0.0f : -v; break; /* <= 0, -0 among them */
+        case 3: x[i] = -v; break;                /* < 0 */
+        case 4: x[i] = 0.0f; break;
+        case 5: x[i] = -0.0f; break;
+        default: x[i] = (i & 1) ? -0.0f : 0.0f; break;
+        }
+      }
+      if (dt == PROBE_DTYPE_F32)
+        memcpy(buf, x, n * 4);
+      else if (dt == PROBE_DTYPE_F16)
+        probe_f32_to_f16_array((uint16_t *)(void *)buf, x, n);
+      else
+        probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, n);
+      char what[64];
+      snprintf(what, sizeof what, "one sign, kind %d", kind);
+      check_all_paths(dt, buf, n, what);
+    }
+  free(buf);
+  free(x);
+}
+END_TEST
+
 /* Past the 16-bit pair counters (folded every ~2^19 elements): 3M elements,
  * most of them in one histogram bin, then spread over all bins. */
 START_TEST(test_large_buffer) {
@@ -929,6 +970,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_fp16_headroom);
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
+  tcase_add_loop_test(tc, test_one_sign, 0, 3);
   tcase_add_test(tc, test_large_buffer);
   tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
   suite_add_tcase(s, tc);
