@@ -66,7 +66,9 @@ hs2-fold-no-carry|kernels/stats_avx2.c|s/        x \&= hk;/        x = 0 \& hk;/
 win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m3ff), c400);/|avx2
 win2-zeros-outside|kernels/stats_avx2.c|s/_mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/z, _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/|avx2
 win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2
-win2-f32-flush-with-zeros|kernels/stats_avx2.c|s/_mm256_add_epi32(_mm256_cmpgt_epi32(kfl, y0), _mm256_cmpgt_epi32(kfl, y1))/_mm256_add_epi32(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x33000001), a0), _mm256_cmpgt_epi32(kfl, y1))/|avx2
+win2-f32-flush-scan-skipped|kernels/stats_avx2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
+win2-f32-flush-zeros-counted|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w <= 0x33000000u;/|avx2
+win2-f32-flush-bound|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w != 0 \&\& w < 0x33000000u;/|avx2
 hs2-count-low-byte-only|kernels/stats_avx2.c|s/wc\[i + 8\] += weight/wc[i + 8] += 0 * weight/|avx2
 dispatch-env-ignored|kernels/stats_dispatch.c|s/f = probe__stats_family_from_env(getenv("AMPPROBE_STATS_PATH"));/f = probe__stats_family_from_env(NULL);/|any
 headroom-named-constant-off|kernels/stats.c|s/return log2((double)PROBE_F16_MAX \/ absmax);/return log2(65520.0 \/ absmax);/|any
