@@ -30,6 +30,8 @@
  */
 #include "stats_impl.h"
 
+size_t probe__stream_bytes = PROBE__STREAM_BYTES;
+
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -260,7 +262,8 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
     int bin = dt == PROBE_DTYPE_F16 ? v + F16_BIAS : v - F32_BIAS;
     wbin[v] = (uint8_t)(bin < 0 ? 0 : bin > NB - 1 ? NB - 1 : bin);
   }
-  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb, .hs = &ph.hs};
+  probe__pending pd = {.idx = NULL, .n = 0, .win = -1, .outb = ph.outb, .hs = &ph.hs,
+                       .stream = n * probe_dtype_size(dt) >= probe__stream_bytes};
   ph.hs.cur = 0;
   memset(ph.hs.lo, 0, sizeof ph.hs.lo); /* both: a path may leave lanes unwritten */
   memset(ph.hs.hi, 0, sizeof ph.hs.hi);

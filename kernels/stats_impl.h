@@ -119,7 +119,18 @@ typedef struct probe__pending {
   int win;
   uint16_t *outb;
   probe__hs *hs; /* window mode: the counters of the elements inside */
+  /* 1 when the tensor has at least probe__stream_bytes bytes, so that it
+   * likely comes from DRAM: a block function may then favour one pass over
+   * memory over its speed in cache (AVX2 fp32 window blocks make their sums
+   * in the same loop). The statistics are the same but for the rounding of
+   * the sums. */
+  int stream;
 } probe__pending;
+
+/* PROBE__STREAM_BYTES (the size of a large last-level cache), or what a
+ * test sets to run the streaming block functions on small tensors. */
+#define PROBE__STREAM_BYTES ((size_t)32 << 20)
+extern size_t probe__stream_bytes;
 
 /* wc[k] = the number of elements with window value win + k that h holds
  * (stats_avx512.c, stats_avx2.c). */

@@ -69,6 +69,9 @@ win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(p
 win2-f32-flush-scan-skipped|kernels/stats_avx2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
 win2-f32-flush-zeros-counted|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w <= 0x33000000u;/|avx2
 win2-f32-flush-bound|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w != 0 \&\& w < 0x33000000u;/|avx2
+win2-f32-stream-half-sum|kernels/stats_avx2.c|s/fsB = _mm256_add_pd(fsB, _mm256_add_pd(_mm256_add_pd(e4_, e5_), _mm256_add_pd(e6_, e7_)));/(void)0;/|avx2
+win2-f32-stream-half-sq|kernels/stats_avx2.c|s/fqB = _mm256_fmadd_pd(e4_, e4_, _mm256_fmadd_pd(e5_, e5_, _mm256_fmadd_pd(e6_, e6_, _mm256_fmadd_pd(e7_, e7_, fqB))));/fqB = _mm256_fmadd_pd(e4_, e4_, fqB);/|avx2
+win2-f32-stream-sum-lost|kernels/stats_avx2.c|s/b->sum = hsum_pd(fsA, fsB, /b->sum = hsum_pd(fsA, fsA, /|avx2
 hs2-count-low-byte-only|kernels/stats_avx2.c|s/wc\[i + 8\] += weight/wc[i + 8] += 0 * weight/|avx2
 dispatch-env-ignored|kernels/stats_dispatch.c|s/f = probe__stats_family_from_env(getenv("AMPPROBE_STATS_PATH"));/f = probe__stats_family_from_env(NULL);/|any
 headroom-named-constant-off|kernels/stats.c|s/return log2((double)PROBE_F16_MAX \/ absmax);/return log2(65520.0 \/ absmax);/|any

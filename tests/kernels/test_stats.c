@@ -583,6 +583,28 @@ START_TEST(test_one_sign) {
 }
 END_TEST
 
+/* The streaming form of the block functions (probe__pending.stream: AVX2
+ * fp32 window blocks with their sums in the same loop), which only tensors
+ * of 32 MiB or more take: here forced for every length by lowering the
+ * threshold, on data that runs in window mode and data that leaves it. */
+START_TEST(test_stream_blocks) {
+  const size_t saved = probe__stream_bytes;
+  probe__stream_bytes = 0;
+  static const size_t lens[] = {4096 * 5 + 17, 70001, 1u << 18};
+  static const int dists[] = {DIST_NORMAL, DIST_LOGUNIFORM, DIST_CAUCHY, DIST_EDGES_FINITE, DIST_EDGES};
+  float *buf = malloc(((size_t)1 << 18) * 4 + 64);
+  for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+    for (size_t d = 0; d < sizeof dists / sizeof dists[0]; d++) {
+      gen(buf, PROBE_DTYPE_F32, lens[l], dists[d]);
+      char what[64];
+      snprintf(what, sizeof what, "stream %s", dist_name[dists[d]]);
+      check_all_paths(PROBE_DTYPE_F32, buf, lens[l], what);
+    }
+  free(buf);
+  probe__stream_bytes = saved;
+}
+END_TEST
+
 /* Past the 16-bit pair counters (folded every ~2^19 elements): 3M elements,
  * most of them in one histogram bin, then spread over all bins. */
 START_TEST(test_large_buffer) {
@@ -971,6 +993,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_loop_test(tc, test_one_sign, 0, 3);
+  tcase_add_test(tc, test_stream_blocks);
   tcase_add_test(tc, test_large_buffer);
   tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
   suite_add_tcase(s, tc);
