@@ -756,9 +756,7 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
       __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), mabs);
       zero = _mm256_movemask_epi8(_mm256_cmpeq_epi32(a, z)) != 0;
     }
-    uint32_t m = am1 + 1u;
-    if (!pos) b->smin = (int32_t)(zero ? 0x80000000u : (m | 0x80000000u));
-    if (!neg) b->umin = zero ? 0u : m;
+    probe__minima32(s, u, am1 + 1u, zero, &b->smin, &b->umin);
   }
   /* f16_flush (0 < |x| <= 2^-25) and f16_overflow (|x| >= 65520, inf and
    * NaN included): counted by a scan of the block only when its smallest

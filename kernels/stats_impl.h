@@ -237,8 +237,9 @@ static inline void probe__minima16(int16_t smax, uint16_t umax, uint16_t amin, i
   if (!neg) *umin = has_zero ? 0 : amin;
 }
 
-/* The same for binary32 patterns (the AVX2 short loop's fp32 tensors),
- * over the finite elements only: call it only when there is one. */
+/* The same for binary32 patterns (the AVX2 short loop's fp32 tensors and
+ * fp32 window blocks), over the finite elements only: call it only when
+ * there is one. */
 static inline void probe__minima32(int32_t smax, uint32_t umax, uint32_t amin, int has_zero,
                                    int32_t *smin, uint32_t *umin) {
   const int pos = smax >= 0, neg = umax >= 0x80000000u;
