@@ -453,9 +453,12 @@ static probe_status read_rank(probe_trace *t) {
     return fail(t, PROBE_ERR_CORRUPT,
                 "corrupt trace: rank %lld of world size %lld", (long long)rank,
                 (long long)world);
+  /* The bytes are not echoed: a corrupt run id may hold a newline or a
+   * terminal control, and the message is one line of text. */
   if (!probe__run_id_ok(t->info.run_id))
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: invalid run_id '%.80s'",
-                t->info.run_id);
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: invalid run_id (not 1..%d characters of "
+                "[A-Za-z0-9._-])", PROBE_RUN_ID_MAX);
   t->info.rank = (int32_t)rank;
   t->info.world_size = (int32_t)world;
   return PROBE_OK;
