@@ -140,6 +140,8 @@ static void pair_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   const __m256i m7fff = _mm256_set1_epi16(0x7fff);
   const __m256i c0400 = _mm256_set1_epi16(0x0400);
   const __m256i c7bff = _mm256_set1_epi16(0x7bff);
+  const __m256i cbias = _mm256_set1_epi16(F32_BIAS);
+  const __m256i clast = _mm256_set1_epi16(NB - 1);
   const __m256i pairc = _mm256_set1_epi32(0x00010000 * NB + 1); /* lo + 66*hi */
   const __m256i z = _mm256_setzero_si256();
   __m256i czero = z, csub = z, nonfin = z, amin = _mm256_set1_epi16(-1);
@@ -151,8 +153,13 @@ static void pair_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
     csub = _mm256_sub_epi16(csub, _mm256_cmpgt_epi16(c0400, a));
     nonfin = _mm256_or_si256(nonfin, _mm256_cmpgt_epi16(a, c7bff));
     amin = _mm256_min_epu16(amin, _mm256_or_si256(a, isz));
-    __m256i e = _mm256_srli_epi16(a, 10); /* raw exponent 0..31 */
-    _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(e, pairc));
+    /* exact bins, subnormals included, from the binary32 exponent field
+     * (order permuted by the pack: pairs may be of any two elements) */
+    __m256i e = _mm256_packus_epi32(
+        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(a))), 23),
+        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(a, 1))), 23));
+    __m256i bin = _mm256_min_epu16(_mm256_subs_epu16(e, cbias), clast);
+    _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(bin, pairc));
     PROBE__PENDING_STEP(8);
   }
   PROBE__PENDING_FINISH(pd);
@@ -468,6 +475,56 @@ void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, ui
   *amin = m == UINT16_MAX ? UINT16_MAX : (uint16_t)(m + 1u);
 }
 
+/* (stats_impl.h) A compare per element in 32-bit lanes (fp32) or 16-bit
+ * lanes (bf16) into lane counters, emptied before a 16-bit one can wrap; the
+ * last n mod 8 (16) one at a time. The scalar loop it replaced cost ~1 ns an
+ * element, which blocks of tensors with tiny values (gradients) paid. */
+void probe__flush_ovf_avx2(probe_dtype dt, const unsigned char *p, size_t n, uint64_t *flush,
+                           uint64_t *ovf) {
+  const __m256i z = _mm256_setzero_si256();
+  size_t i = 0;
+  if (dt == PROBE_DTYPE_F32) {
+    const __m256i mabs = _mm256_set1_epi32(0x7fffffff);
+    const __m256i cfl = _mm256_set1_epi32(0x33000001), cov = _mm256_set1_epi32(0x477fefff);
+    __m256i nf = z, no = z;
+    for (; i + 8 <= n; i += 8) {
+      __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 4 * i)), mabs);
+      nf = _mm256_sub_epi32(nf, _mm256_andnot_si256(_mm256_cmpeq_epi32(a, z), _mm256_cmpgt_epi32(cfl, a)));
+      no = _mm256_sub_epi32(no, _mm256_cmpgt_epi32(a, cov));
+    }
+    *flush += hsum_epi32(nf);
+    *ovf += hsum_epi32(no);
+    for (; i < n; i++) {
+      uint32_t w;
+      memcpy(&w, p + 4 * i, 4);
+      w &= 0x7fffffffu;
+      *flush += w != 0 && w <= 0x33000000u;
+      *ovf += w > 0x477fefffu;
+    }
+  } else if (dt == PROBE_DTYPE_BF16) {
+    const __m256i mabs = _mm256_set1_epi16(0x7fff);
+    const __m256i cfl = _mm256_set1_epi16(0x3301), cov = _mm256_set1_epi16(0x477f);
+    while (i + 16 <= n) {
+      size_t end = n - i > 16 * 32767u ? i + 16 * 32767u : n; /* lanes <= 32767 */
+      __m256i nf = z, no = z;
+      for (; i + 16 <= end; i += 16) {
+        __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i)), mabs);
+        nf = _mm256_sub_epi16(nf, _mm256_andnot_si256(_mm256_cmpeq_epi16(a, z), _mm256_cmpgt_epi16(cfl, a)));
+        no = _mm256_sub_epi16(no, _mm256_cmpgt_epi16(a, cov));
+      }
+      *flush += hsum_epi16(nf);
+      *ovf += hsum_epi16(no);
+    }
+    for (; i < n; i++) {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      h &= 0x7fffu;
+      *flush += h != 0 && h <= 0x3300u;
+      *ovf += h > 0x477fu;
+    }
+  }
+}
+
 /* The extremes of a window block of 16-bit patterns (see stats_avx512.c's
  * ext16_fix): the minima are needed only when the block has one sign. */
 static void ext16_win(blk *b, const unsigned char *p, size_t nv, __m256i smax, __m256i umax,
@@ -648,15 +705,7 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
   b->ovf = 0;   /* |x| >= 65520 (inf, NaN included): likewise */
   const int any_flush = b->amin_m1 < 0x33000000u;
   const int any_ovf = b->smax > 0x477fffff || b->umax > 0xc77fffffu;
-  if (any_flush || any_ovf) {
-    for (size_t i = 0; i < 16 * nv; i++) {
-      uint16_t h;
-      memcpy(&h, p + 2 * i, 2);
-      uint16_t u = h & 0x7fffu;
-      b->flush += u != 0 && u <= 0x3300u;
-      b->ovf += u > 0x477fu;
-    }
-  }
+  if (any_flush || any_ovf) probe__flush_ovf_avx2(PROBE_DTYPE_BF16, p, 16 * nv, &b->flush, &b->ovf);
   int64_t t[4];
   _mm256_storeu_si256((__m256i *)(void *)t, sum64);
   b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 134);
@@ -765,15 +814,8 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
    * elements */
   b->flush = 0;
   b->ovf = 0;
-  if (am1 < 0x33000000u || s > 0x477fefff || u > 0xc77fefffu) {
-    for (size_t i = 0; i < 16 * nv; i++) {
-      uint32_t w;
-      memcpy(&w, p + 4 * i, 4);
-      w &= 0x7fffffffu;
-      b->flush += w != 0 && w <= 0x33000000u;
-      b->ovf += w > 0x477fefffu;
-    }
-  }
+  if (am1 < 0x33000000u || s > 0x477fefff || u > 0xc77fefffu)
+    probe__flush_ovf_avx2(PROBE_DTYPE_F32, p, 16 * nv, &b->flush, &b->ovf);
   if (fused) {
     b->sum = hsum_pd(fsA, fsB, _mm256_setzero_pd(), _mm256_setzero_pd());
     b->sumsq = hsum_pd(fqA, fqB, _mm256_setzero_pd(), _mm256_setzero_pd());

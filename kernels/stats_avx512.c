@@ -343,6 +343,7 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
   const __m512i c0400 = _mm512_set1_epi16(0x0400);
   const __m512i c7bff = _mm512_set1_epi16(0x7bff);
   const __m512i one = _mm512_set1_epi16(1);
+  const __m512i cbias = _mm512_set1_epi16(F32_BIAS), clast = _mm512_set1_epi16(NB - 1);
   const __m512i pairc = _mm512_set1_epi32(0x00010000 * NB + 1);
   const __m512i z = _mm512_setzero_si512();
   /* Two counts in one register, a byte each (<= 128 per lane per block):
@@ -369,7 +370,12 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));                           \
     __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));                     \
     SUM32(f0, f1);                                                                    \
-    bin_ = _mm512_srli_epi16(a, 10); /* raw exponent 0..31 */                         \
+    /* exact bins, subnormals included: the binary32 exponent fields (order     \
+     * permuted by the pack: pairs may be of any two elements) */                    \
+    __m512i e_ = _mm512_packus_epi32(                                                 \
+        _mm512_srli_epi32(_mm512_slli_epi32(_mm512_castps_si512(f0), 1), 24),         \
+        _mm512_srli_epi32(_mm512_slli_epi32(_mm512_castps_si512(f1), 1), 24));        \
+    bin_ = _mm512_min_epu16(_mm512_subs_epu16(e_, cbias), clast);                     \
   } while (0)
   if (pd->win < 0) { /* pair indices */
     for (size_t v = 0; v < nv / 2; v++) {

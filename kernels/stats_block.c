@@ -17,13 +17,14 @@
  * window blocks' sums need (the elements outside the window added, what zeros
  * and subnormals put into the squares taken out).
  *
- * In pair mode fp16 zeros and subnormals share the raw exponent 0, so the
- * table counts them in the bin of exponent -15; zeros are subtracted there
- * and a block with subnormals gets a fix-up moving each into its exact bin.
- * fp32/bf16 zeros land in bin 0 and are subtracted there; their FP16-subnormal
- * count is read off the histogram (bins below exponent -14) instead of being
- * counted per element. In window mode zeros never enter the histogram and
- * fp16 subnormals reach outb with their patterns, so neither needs that.
+ * Pair indices are made of exact bins (fp16 ones from the binary32
+ * exponent of the F16C conversion, so subnormals land in their bins: a
+ * scalar fix-up per subnormal cost ~12 ns an element on tensors of
+ * underflowing FP16 values); zeros land in bin 0 and are subtracted there.
+ * The fp32/bf16 FP16-subnormal count is read off the histogram (bins below
+ * exponent -14) instead of being counted per element. In window mode zeros
+ * never enter the histogram and fp16 subnormals reach outb with their
+ * patterns.
  *
  * Data may be unaligned; the last n % group elements (group: 32 for AVX2, 64
  * for AVX-512) go through the portable routine.
@@ -39,6 +40,11 @@ enum {
   BLOCK = PROBE__BLOCK,                        /* elements per checked block */
   WIN = PROBE__WIN,                            /* window-mode window width */
   SMALL = 65536,                               /* see pair_hist.small */
+  /* Window mode is given up for pair mode when more than 1/WIN_OUT_MAX of
+   * the values counted since the last choice lie outside the best window:
+   * an element outside costs some 40 times one inside, and pair mode about
+   * 2-3 times (bench_stats --dist, bench/results/stats.md). */
+  WIN_OUT_MAX = 64,
   NB = PROBE_HIST_BINS,                        /* 66 */
   TABLE = PROBE_HIST_BINS * PROBE_HIST_BINS,   /* pair table entries */
 };
@@ -169,36 +175,31 @@ static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
   return 0;
 }
 
-/* Moves each fp16 subnormal of a block from the raw-exponent-0 bin to its
- * exact bin (floor(log2|x|) = -15 .. -24). A vector scan finds them, so a
- * block with a few subnormals (common: gradients) costs little extra. */
-static void fix_one_subnormal(pair_hist *ph, uint16_t h) {
-  ph->corr[F16_BIAS]--;
-  ph->corr[probe__hist_bin(probe_f32_bits(probe_f16_to_f32(h & 0x7fffu)))]++;
-}
-
-static void fix_f16_subnormals(pair_hist *ph, const unsigned char *p, size_t n) {
-  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c0400 = _mm256_set1_epi16(0x0400);
-  const __m256i z = _mm256_setzero_si256();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i a = _mm256_and_si256(
-        _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i)), m7fff);
-    __m256i sub = _mm256_andnot_si256(_mm256_cmpeq_epi16(a, z), _mm256_cmpgt_epi16(c0400, a));
-    uint32_t bits = (uint32_t)_mm256_movemask_epi8(sub); /* two bits per element */
-    while (bits) {
-      unsigned k = (unsigned)__builtin_ctz(bits) / 2;
-      uint16_t h;
-      memcpy(&h, p + 2 * (i + k), 2);
-      fix_one_subnormal(ph, h);
-      bits &= ~(3u << (2 * k));
-    }
+/* The elements of an fp16 window block outside the window (ph->outb, their
+ * patterns: subnormals always, and the tails): their bins, their window
+ * values (outcnt, for the next choice), what the block's sums left out (the
+ * sum holds only the elements inside; for a subnormal the squares hold
+ * (2 + u/512)^2 * 2^-32 instead of x^2) and the subnormal count. Two
+ * elements per iteration into two sets of accumulators, without branches,
+ * converted by F16C: a data-dependent branch and one chain of additions made
+ * each element cost some 12 ns on tensors with many subnormals. */
+static void out_f16(pair_hist *ph, blk *b) {
+  double s[2] = {0, 0}, q[2] = {0, 0};
+  uint64_t sub = 0;
+  for (size_t i = 0; i < b->nout; i++) {
+    uint16_t h = ph->outb[i], u = h & 0x7fffu;
+    float x = _cvtsh_ss(h);
+    ph->direct[i & 1][probe__hist_bin(probe_f32_bits(x) & 0x7fffffffu)]++;
+    ph->outcnt[u >> 10]++;
+    s[i & 1] += x;
+    const int is_sub = u < 0x0400u;
+    double wrong = 2.0 + (double)u * 0x1p-9;
+    q[i & 1] += is_sub ? (double)x * x - wrong * wrong * 0x1p-32 : 0.0;
+    sub += (uint64_t)is_sub;
   }
-  for (; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, p + 2 * i, 2);
-    if ((h & 0x7fffu) != 0 && (h & 0x7fffu) < 0x0400u) fix_one_subnormal(ph, h);
-  }
+  b->sum += s[0] + s[1];
+  b->sumsq += q[0] + q[1];
+  b->sub += sub;
 }
 
 /* Window mode: counts the window counters into the direct bins (window
@@ -243,10 +244,6 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
   memset(ph.corr, 0, sizeof ph.corr);
   ph.in_hist = 0;
   ph.per_copy = 0;
-  /* Pair indices: fp16 raw exponents are bins exponent + F16_BIAS (shifted
-   * by off); fp32/bf16 pair indices are made of bins already. */
-  const int boff = dt == PROBE_DTYPE_F16 ? F16_BIAS : 0;
-  const size_t off = (size_t)boff * (NB + 1);
   /* Window values (raw exponent fields) and their bins. */
   const int nvals = dt == PROBE_DTYPE_F16 ? 32 : 256;
   /* An fp16 window never holds raw exponent 0, so that every subnormal
@@ -274,7 +271,7 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
   ph.since = 0;
   ph.backoff = 1;
   uint64_t wc[WIN];
-  for (int k = 0; k < 4; k++) pd.t[k] = ph.table[k] + off;
+  for (int k = 0; k < 4; k++) pd.t[k] = ph.table[k];
   int cur = 0; /* ph.idx[cur] receives this block's indices */
   const size_t es = probe_dtype_size(dt);
   const unsigned char *p = data;
@@ -320,20 +317,9 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       ph.hs.cur ^= 1; /* accept the block's counters */
       ph.hs.n16 = b.n16;
       if (ph.hs.n16 >= 16) ops->hs_fold16(&ph.hs);
-      if (dt == PROBE_DTYPE_F16) { /* outb: the patterns */
-        for (size_t i = 0; i < b.nout; i++) {
-          uint16_t h = ph.outb[i], u = h & 0x7fffu;
-          float x = probe_f16_to_f32(h);
-          ph.direct[i & 1][probe__hist_bin(probe_f32_bits(x) & 0x7fffffffu)]++;
-          ph.outcnt[u >> 10]++;
-          b.sum += x; /* the block's sum holds only the elements inside */
-          if (u < 0x0400u) { /* the block squared 2 + u/512 for it, not x */
-            double wrong = 2.0 + (double)u * 0x1p-9;
-            b.sumsq += (double)x * x - wrong * wrong * 0x1p-32;
-            b.sub++;
-          }
-        }
-      } else if (bf16p) { /* outb: the patterns */
+      if (dt == PROBE_DTYPE_F16) /* outb: the patterns */
+        out_f16(&ph, &b);
+      else if (bf16p) { /* outb: the patterns */
         for (size_t i = 0; i < b.nout; i++) {
           uint16_t h = ph.outb[i], u = h & 0x7fffu;
           float x = probe_bf16_to_f32(h);
@@ -373,7 +359,7 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
         for (int k = 0; k < WIN; k++) cnt[pd.win + k] += wc[k];
         for (int v = 0; v < nvals; v++) tot += cnt[v];
         int w = best_window(cnt, wlo, nvals, width, &best), old = pd.win;
-        pd.win = 2 * best >= tot ? w : -1; /* or give it up for pair mode */
+        pd.win = WIN_OUT_MAX * (tot - best) <= tot ? w : -1; /* or pair mode */
         ph.backoff = pd.win == old && ph.backoff < 256 ? 2 * ph.backoff : 1;
         ph.since = 0;
       }
@@ -381,7 +367,7 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       const uint32_t *ix = ph.idx[cur];
       if (ph.small) {
         for (size_t i = 0; i < m / 2; i += 2) {
-          uint32_t p0 = ix[i] + (uint32_t)off, p1 = ix[i + 1] + (uint32_t)off;
+          uint32_t p0 = ix[i], p1 = ix[i + 1];
           ph.direct[0][p0 % NB]++;
           ph.direct[0][p0 / NB]++;
           ph.direct[1][p1 % NB]++;
@@ -395,14 +381,8 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       }
     }
     ph.in_hist += m;
-    if (!window_block) { /* window mode leaves zeros out of the histogram */
-      if (dt == PROBE_DTYPE_F16) {
-        ph.corr[F16_BIAS] -= (int64_t)b.zero; /* zeros: raw exponent 0 */
-        if (b.sub) fix_f16_subnormals(&ph, q, m);
-      } else {
-        ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
-      }
-    }
+    if (!window_block) /* window mode leaves zeros out of the histogram */
+      ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
     a->count += m;
     a->zero += b.zero;
     a->sub += b.sub;

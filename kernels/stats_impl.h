@@ -274,6 +274,12 @@ void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n
  * signed min; UINT16_MAX: none) of 16-bit lanes. */
 void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
                        uint16_t *amin);
+/* stats_avx2.c: f16_flush (0 < |x| <= 2^-25) and the elements with |x| >=
+ * 65520, inf and NaN included, of n fp32 or bf16 elements at p (fp16: both
+ * 0), added to *flush and *ovf. Called only when the extremes show some:
+ * a compare per element in the main loops cost more than this scan. */
+void probe__flush_ovf_avx2(probe_dtype dt, const unsigned char *p, size_t n, uint64_t *flush,
+                           uint64_t *ovf);
 #endif
 
 /* The short-tensor paths, AVX-512 (stats_small.c) and AVX2 (stats_small2.c),

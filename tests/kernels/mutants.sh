@@ -18,14 +18,15 @@ work=${1:-/tmp/ampprobe-mutants}
 only=${2:-.}
 mkdir -p "$work"
 avx2=$(grep -c -w avx2 /proc/cpuinfo 2>/dev/null || echo 0)
+avx512=$(grep -c -w avx512vbmi2 /proc/cpuinfo 2>/dev/null || echo 0)
 missed=0
 
-# name|file|sed expression|needs (avx2 or any)|test case (default reference)
+# name|file|sed expression|needs (avx2, avx512 or any)|test case (default reference)
 cat > "$work/list" <<'LIST'
 small2-bins-packus|kernels/stats_small2.c|s/_mm256_packs_epi16(_mm256_packs_epi32(b0, b1)/_mm256_packus_epi16(_mm256_packs_epi32(b0, b1)/|avx2
 small2-max-unmasked|kernels/stats_small2.c|s/smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f));/smax = _mm256_max_epi32(smax, u);/|avx2
 small2-sub-bin-off|kernels/stats_small2.c|s/if (key + k < SUB_BINS) \*sub += cnt\[k\];/if (key + k <= SUB_BINS) *sub += cnt[k];/|avx2
-small2-flush-scan-skipped|kernels/stats_small2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
+small2-flush-scan-skipped|kernels/stats_small2.c|s/(am1 < 0x33000000u /(am1 < 0x32ffffffu /|avx2
 small2-ovf-scan-skipped|kernels/stats_small2.c|s/sx > 0x477fefff /sx > 0x477fffff /|avx2
 small16-nonfinite-kept|kernels/stats_small2.c|s/if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0;/if (ax > (f16 ? 0x7c00u : 0x7f80u)) return 0;/|avx2
 small16-f16-subnormals-unmoved|kernels/stats_small2.c|s/if (f16 \&\& amin < 0x0200u)/if (f16 \&\& amin < 0x0100u)/|avx2
@@ -53,6 +54,23 @@ red16-smax-unsigned|kernels/stats_avx2.c|s/_mm256_xor_si256(smax, _mm256_xor_si2
 red16-amin-off-by-one|kernels/stats_avx2.c|s/(uint16_t)(m + 1u);/m;/|avx2
 minima16-zero-ignored|kernels/stats_impl.h|s/\*umin = has_zero ? 0 : amin;/*umin = amin;/|avx2
 minima16-neg-zero-sign|kernels/stats_impl.h|s/has_zero ? 0x8000u :/has_zero ? 0u :/|avx2
+pair2-f16-bias-off|kernels/stats_avx2.c|/^static void pair_f16/,/^}/s/cbias = _mm256_set1_epi16(F32_BIAS)/cbias = _mm256_set1_epi16(F32_BIAS + 1)/|avx2
+pair2-f16-raw-exponent|kernels/stats_avx2.c|/^static void pair_f16/,/^}/s/_mm256_madd_epi16(bin, pairc)/_mm256_madd_epi16(_mm256_add_epi16(_mm256_srli_epi16(a, 10), _mm256_set1_epi16(18)), pairc)/|avx2
+pair512-f16-sign-kept|kernels/stats_avx512.c|s/_mm512_srli_epi32(_mm512_slli_epi32(_mm512_castps_si512(f0), 1), 24)/_mm512_srli_epi32(_mm512_castps_si512(f0), 23)/|avx512
+pair512-f16-bias-off|kernels/stats_avx512.c|s/cbias = _mm512_set1_epi16(F32_BIAS), clast/cbias = _mm512_set1_epi16(F32_BIAS - 1), clast/|avx512
+drive-pair-zeros-kept|kernels/stats_block.c|s/ph.corr\[0\] -= (int64_t)b.zero;/;/|avx2
+flush-ovf2-f32-zeros-counted|kernels/stats_avx2.c|s/nf = _mm256_sub_epi32(nf, _mm256_andnot_si256(_mm256_cmpeq_epi32(a, z), _mm256_cmpgt_epi32(cfl, a)));/nf = _mm256_sub_epi32(nf, _mm256_cmpgt_epi32(cfl, a));/|avx2
+flush-ovf2-f32-ovf-edge|kernels/stats_avx2.c|s/cov = _mm256_set1_epi32(0x477fefff)/cov = _mm256_set1_epi32(0x477ff000)/|avx2
+flush-ovf2-f32-tail-lost|kernels/stats_avx2.c|s/\*flush += w != 0 \&\& w <= 0x33000000u;/;/|avx2
+flush-ovf2-bf16-flush-edge|kernels/stats_avx2.c|s/cfl = _mm256_set1_epi16(0x3301)/cfl = _mm256_set1_epi16(0x3300)/|avx2
+flush-ovf2-bf16-ovf-edge|kernels/stats_avx2.c|s/cov = _mm256_set1_epi16(0x477f)/cov = _mm256_set1_epi16(0x4780)/|avx2
+flush-ovf2-bf16-tail-lost|kernels/stats_avx2.c|s/\*flush += h != 0 \&\& h <= 0x3300u;/;/|avx2
+small2-ovf-nonfinite-kept|kernels/stats_small2.c|s/a->ovf += big - nan - posinf - neginf;/a->ovf += big;/|avx2
+exact16-zeros-binned|kernels/stats_small2.c|s/out_ = _mm256_or_si256(_mm256_subs_epu16(e_, cb), _mm256_cmpeq_epi16(e_, z));/out_ = _mm256_subs_epu16(e_, cb);/|avx2
+exact16-tail-lost|kernels/stats_small2.c|s/if (32 \* v < n) {/if (0) {/|avx2
+exact16-bias-off|kernels/stats_small2.c|s/cb = _mm256_set1_epi16(F32_BIAS16);/cb = _mm256_set1_epi16(F32_BIAS16 + 1);/|avx2
+out16-sub-edge|kernels/stats_block.c|s/const int is_sub = u < 0x0400u;/const int is_sub = u < 0x03ffu;/|avx2
+out16-sum-lost|kernels/stats_block.c|s/s\[i \& 1\] += x;/;/|avx2
 win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
 win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2
@@ -67,8 +85,6 @@ win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or
 win2-zeros-outside|kernels/stats_avx2.c|s/_mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/z, _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/|avx2
 win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-f32-flush-scan-skipped|kernels/stats_avx2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
-win2-f32-flush-zeros-counted|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w <= 0x33000000u;/|avx2
-win2-f32-flush-bound|kernels/stats_avx2.c|s/b->flush += w != 0 \&\& w <= 0x33000000u;/b->flush += w != 0 \&\& w < 0x33000000u;/|avx2
 win2-f32-stream-half-sum|kernels/stats_avx2.c|s/fsB = _mm256_add_pd(fsB, _mm256_add_pd(_mm256_add_pd(e4_, e5_), _mm256_add_pd(e6_, e7_)));/(void)0;/|avx2
 win2-f32-stream-half-sq|kernels/stats_avx2.c|s/fqB = _mm256_fmadd_pd(e4_, e4_, _mm256_fmadd_pd(e5_, e5_, _mm256_fmadd_pd(e6_, e6_, _mm256_fmadd_pd(e7_, e7_, fqB))));/fqB = _mm256_fmadd_pd(e4_, e4_, fqB);/|avx2
 win2-f32-stream-sum-lost|kernels/stats_avx2.c|s/b->sum = hsum_pd(fsA, fsB, /b->sum = hsum_pd(fsA, fsA, /|avx2
@@ -89,6 +105,7 @@ while IFS='|' read -r name file expr needs tcase; do
   [ -n "$name" ] || continue
   echo "$name" | grep -Eq -- "$only" || continue
   if [ "$needs" = avx2 ] && [ "$avx2" = 0 ]; then echo "$name: skipped (no AVX2)"; continue; fi
+  if [ "$needs" = avx512 ] && [ "$avx512" = 0 ]; then echo "$name: skipped (no AVX-512)"; continue; fi
   f="$work/src/$file"
   cp "$work/orig/$file" "$f"
   sed -i "$expr" "$f"

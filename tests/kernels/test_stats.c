@@ -542,6 +542,53 @@ START_TEST(test_short_lengths) {
 }
 END_TEST
 
+/* Finite tensors whose values span many binades or lie mostly below FP16's
+ * normal range, as an underflowing FP16 run's gradients do: x = N(0,1) *
+ * scale * 2^-U(0, spread). They take what N(0,1) data never does: pair mode
+ * with fp16 subnormals in their exact bins (most of a block subnormal),
+ * window mode given up for pair mode (more than 1/64 of the values outside),
+ * the fp16 window blocks' many elements outside, the vector scans of
+ * f16_flush and f16_overflow of fp32/bf16 blocks and short tensors, and the
+ * short path's exact fp16 bins (subnormals below 2^-15), in whole and
+ * partial last vectors. */
+START_TEST(test_wide_ranges) {
+  probe_dtype dt = (probe_dtype)_i;
+  static const size_t ns[] = {1003, 4096, 5003, 70001, 300000}; /* (tails: n mod 8, 16, 32) */
+  static const struct { double scale, spread; } sc[] = {
+      {1e-5, 0},  {0x1p-12, 0}, {1, 12}, {1, 20},     {1e-3, 20},
+      {1, 40},    {0x1p-20, 8}, {3e4, 6}, {1e-6, 30},
+  };
+  enum { NMAX = 300000 };
+  float *x = malloc(NMAX * sizeof *x);
+  unsigned char *buf = malloc(NMAX * 4);
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+    for (size_t j = 0; j < sizeof sc / sizeof sc[0]; j++) {
+      size_t n = ns[k];
+      for (size_t i = 0; i < n; i++)
+        x[i] = (float)(rng_normal() * sc[j].scale * exp2(-sc[j].spread * rng_unit()));
+      if (dt == PROBE_DTYPE_F32)
+        memcpy(buf, x, n * 4);
+      else if (dt == PROBE_DTYPE_F16)
+        probe_f32_to_f16_array((uint16_t *)(void *)buf, x, n);
+      else
+        probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, n);
+      if (dt != PROBE_DTYPE_F32) /* finite: overflow to inf -> the largest finite */
+        for (size_t i = 0; i < n; i++) {
+          uint16_t h;
+          memcpy(&h, buf + 2 * i, 2);
+          uint16_t top = dt == PROBE_DTYPE_F16 ? 0x7c00 : 0x7f80;
+          if ((h & top) == top) h = (uint16_t)((h & 0x8000u) | (top - 1u));
+          memcpy(buf + 2 * i, &h, 2);
+        }
+      char what[80];
+      snprintf(what, sizeof what, "wide N(0,1)*%g*2^-U(0,%g)", sc[j].scale, sc[j].spread);
+      check_all_paths(dt, buf, n, what);
+    }
+  free(buf);
+  free(x);
+}
+END_TEST
+
 /* Tensors of one sign, with and without zeros of that sign (a ReLU's
  * output: half of it +0; its gradient's negation): loops that keep only
  * the maxima take the minimum value of such a tensor from its smallest
@@ -993,6 +1040,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_loop_test(tc, test_one_sign, 0, 3);
+  tcase_add_loop_test(tc, test_wide_ranges, 0, 3);
   tcase_add_test(tc, test_stream_blocks);
   tcase_add_test(tc, test_large_buffer);
   tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
