@@ -5,11 +5,14 @@
  * 64-bit words), on the same buffers in the same run.
  *
  *   bench_stats [--max-mib N] [--min-kib N] [--threads T] [--markdown]
- *               [--cpu-time] [--cold] [--path portable|avx2|avx512]
- *   bench_stats --short [--markdown] [--cpu-time] [--path P]
+ *               [--cpu-time] [--cold] [--path portable|avx2|avx512] [--dist D]
+ *   bench_stats --short [--markdown] [--cpu-time] [--path P] [--dist D]
  *
  * Sizes go from 16 KiB to 64 MiB by factors of 4, then by 2 up to 512 MiB
- * (past the 32 MiB L3). Data: N(0,1) values stored in the dtype. Each
+ * (past the 32 MiB L3). Data: N(0,1) values stored in the dtype, or with
+ * --dist another distribution (stats_data.h: grad, relu, wide, underflow,
+ * spread), to see how the time per element holds on data far from N(0,1),
+ * such as an underflowing FP16 run's gradients. Each
  * time is the best of several runs (batches of runs for small buffers, so a
  * timed interval is >= ~2 ms). With --threads T every one of the three
  * contenders splits the buffer into T slices run on T threads (fused and
@@ -236,7 +239,8 @@ static double best_time(int what, probe_dtype dt, const unsigned char *data, siz
  * of SHORT_BATCHES batches of SHORT_CALLS calls. */
 enum { SHORT_BATCHES = 400, SHORT_CALLS = 250 };
 static int bench_short(int markdown) {
-  static const size_t ns[] = {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  static const size_t ns[] = {32,   64,   128,  256,  512,  1024, 1536,
+                             2048, 2560, 3072, 3584, 4096, 8192};
   char cpu[128];
   enum { NMAX = 8192 };
   unsigned char *buf = aligned_alloc(64, NMAX * 4);
@@ -245,6 +249,7 @@ static int bench_short(int markdown) {
          "auto = probe_stats_compute on the %s path family\n",
          SHORT_BATCHES, SHORT_CALLS, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
   printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
+  printf("data: %s, %s\n", g_bench_dist->name, g_bench_dist->what);
   /* What a cycle took during this run, by the same clock: on a loaded
    * machine CPU time stretches too, and ns x GHz (cycles) carries over to a
    * quiet one better than ns do. */
@@ -334,6 +339,15 @@ int main(int argc, char **argv) {
       g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--cold"))
       g_cold = 1;
+    else if (!strcmp(argv[i], "--dist") && i + 1 < argc) {
+      g_bench_dist = bench_find_dist(argv[++i]);
+      if (!g_bench_dist) {
+        fprintf(stderr, "--dist %s: unknown; one of", argv[i]);
+        for (int k = 0; k < BENCH_NDISTS; k++) fprintf(stderr, " %s", bench_dists[k].name);
+        fprintf(stderr, "\n");
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
       /* the whole process, as AMPPROBE_STATS_PATH does (read at the first
        * statistics call, which is below) */
@@ -348,9 +362,10 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s [--max-mib N] [--min-kib N] [--threads T] [--markdown] [--cpu-time]\n"
-              "       [--cold] [--path portable|avx2|avx512]\n"
+              "       [--cold] [--path portable|avx2|avx512] [--dist D]\n"
               "  --cold: buffers past the last-level cache are evicted before every timed run\n"
-              "   or: %s --short [--markdown] [--cpu-time] [--path P]   (ns per call, 32..8192 elements)\n",
+              "  --dist: normal (default), grad, relu, wide, underflow, spread (stats_data.h)\n"
+              "   or: %s --short [--markdown] [--cpu-time] [--path P] [--dist D]   (ns per call, 32..8192 elements)\n",
               argv[0], argv[0]);
       return 2;
     }
@@ -388,6 +403,7 @@ int main(int argc, char **argv) {
          "%s time\n",
          probe_stats_path(), threads, threads > 1 ? "s" : "", g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
   printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
+  printf("data: %s, %s\n", g_bench_dist->name, g_bench_dist->what);
   if (g_evict)
     printf("cold: buffers over %zu MiB (the last-level cache) are evicted before every timed run "
            "(a %zu MiB read)\n",

@@ -1,6 +1,7 @@
 /*
  * bench/stats_data.h - what bench_stats and bench_stats_bound share: the
- * N(0,1) test data stored in a dtype, and the read-bandwidth baseline (the
+ * test data (N(0,1), or another distribution for bench_stats --dist) stored
+ * in a dtype, and the read-bandwidth baseline (the
  * sum of a buffer's 64-bit words). Header-only: each benchmark is one file.
  */
 #ifndef AMPPROBE_BENCH_STATS_DATA_H
@@ -71,17 +72,51 @@ static const char *bench_cpu_model(char *buf, size_t len) {
 
 /* ---- data ---------------------------------------------------------------------------- */
 
+/* The data bench_stats --dist offers: x = N(0,1) * scale * 2^-U(0, spread),
+ * or max(N(0,1), 0). Only "normal" is what the targets are measured on; the
+ * others show how the time per element holds on other data. */
+typedef struct bench_dist {
+  const char *name, *what;
+  double scale, spread;
+  int relu;
+} bench_dist;
+static const bench_dist bench_dists[] = {
+    {"normal", "N(0,1)", 1, 0, 0},
+    {"grad", "N(0,1) * 2^-U(0,8), spread like a layer's gradients", 1, 8, 0},
+    {"relu", "max(N(0,1), 0), half zeros", 1, 0, 1},
+    {"wide", "N(0,1) * 1e-3 * 2^-U(0,20): fp16 mostly subnormal or zero, fp32/bf16 with f16_flush values",
+     1e-3, 20, 0},
+    {"underflow", "N(0,1) * 1e-5: fp16 nearly all subnormal", 1e-5, 0, 0},
+    {"spread", "N(0,1) * 2^-U(0,40), 40 binades", 1, 40, 0},
+};
+enum { BENCH_NDISTS = sizeof bench_dists / sizeof bench_dists[0] };
+static const bench_dist *g_bench_dist = &bench_dists[0];
+
+/* The distribution named name, or NULL. */
+static inline const bench_dist *bench_find_dist(const char *name) {
+  for (int i = 0; i < BENCH_NDISTS; i++)
+    if (!strcmp(bench_dists[i].name, name)) return &bench_dists[i];
+  return NULL;
+}
+
 static void bench_fill(unsigned char *buf, probe_dtype dt, size_t n) {
-  /* 1M normal values (Box-Muller on an LCG), repeated over the buffer. */
+  /* 1M values of g_bench_dist (Box-Muller on an LCG), repeated over the buffer. */
   size_t pat = n < (1u << 20) ? n : (1u << 20);
   float *x = malloc(pat * sizeof *x);
   uint64_t s = 0x853c49e6748fea9bull;
+  const bench_dist *bd = g_bench_dist;
   for (size_t i = 0; i < pat; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     double u = ((double)(s >> 11) + 0.5) * 0x1p-53;
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     double v = (double)(s >> 11) * 0x1p-53;
-    x[i] = (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+    double g = sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+    if (bd->spread > 0) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      g *= exp2(-bd->spread * ((double)(s >> 11) * 0x1p-53));
+    }
+    if (bd->relu && g < 0) g = 0;
+    x[i] = (float)(g * bd->scale);
   }
   size_t es = probe_dtype_size(dt);
   if (dt == PROBE_DTYPE_F32)

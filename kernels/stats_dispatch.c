@@ -10,7 +10,7 @@
  *   small2    stats_small2.c  short tensors, AVX2
  *   small512  stats_small.c   short tensors, AVX-512
  * A family is what probe_stats_compute uses: the portable path alone, or a
- * short-tensor path up to a length per dtype and the block path past it.
+ * short-tensor path and a length per dtype, and the block path past it.
  * The family is the widest the CPU has, or the one AMPPROBE_STATS_PATH names
  * (read once, at the first call: "avx512", "avx2" or "portable"; a family the
  * CPU lacks gives the widest it has below it; "auto", empty or unknown: the
@@ -66,25 +66,33 @@ static const stats_path paths[PROBE__PATH_COUNT] = {
     [PROBE__PATH_SMALL2] = {"small2", probe__cpu_avx2, PROBE__SMALL_MAX_N, probe__acc_small_avx2},
 };
 
-/* A family: the short-tensor path up to small_max[dtype] elements, the
- * block path past that. The lengths are the measured crossovers
- * (bench_stats --short; bench/results/stats.md): AVX-512 on a Zen 5, where
- * the block path pays some 0.65 us per call of set-up and read-out; AVX2 on
- * an AVX2-only AMD EPYC (Zen 3; 2026-12-02, quiet machine, CPU time, best
- * of short batches spread over the run): the short path is faster at every
- * length it takes, 1.35-2x at 2048 and 4096 elements of each dtype, so it
- * takes all it can (PROBE__SMALL_MAX_N). */
+/* A family: a short-tensor path per dtype up to small_max[dtype] elements,
+ * the block path past that. The lengths are the measured crossovers
+ * (bench_stats --short; bench/results/stats.md).
+ * - AVX2, on an AVX2-only AMD EPYC (Zen 3; 2026-12-02, quiet machine, CPU
+ *   time, best of short batches spread over the run): the short path is
+ *   faster at every length it takes, 1.35-2x at 2048 and 4096 elements of
+ *   each dtype, so it takes all it can (PROBE__SMALL_MAX_N).
+ * - AVX-512, on a Zen 5 (2026-12-02, same method): the AVX2 short path
+ *   (16-bit lanes for fp16/bf16) beats the AVX-512 one at every length from
+ *   128 elements (1024 fp16: 276 against 390 ns; fp32 332 against 354) and
+ *   the AVX-512 block path up to 3584 elements (4096 for bf16); small512
+ *   stays a path of its own (tests, bench_stats --short) for CPUs where it
+ *   measures faster. */
 typedef struct stats_family {
   const char *name;
-  int small_path, block_path;
-  size_t small_max[3]; /* by dtype: fp32, fp16, bf16 */
+  int small_path[3]; /* by dtype: fp32, fp16, bf16 */
+  int block_path;
+  size_t small_max[3];
 } stats_family;
 
+#define SMALL3(p) {(p), (p), (p)}
 static const stats_family families[3] = {
-    {"portable", PROBE__PATH_PORTABLE, PROBE__PATH_PORTABLE, {0, 0, 0}},
-    {"avx2", PROBE__PATH_SMALL2, PROBE__PATH_AVX2, {PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N}},
-    {"avx512", PROBE__PATH_SMALL512, PROBE__PATH_AVX512, {3072, 2048, 2560}},
+    {"portable", SMALL3(PROBE__PATH_PORTABLE), PROBE__PATH_PORTABLE, {0, 0, 0}},
+    {"avx2", SMALL3(PROBE__PATH_SMALL2), PROBE__PATH_AVX2, {PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N}},
+    {"avx512", {PROBE__PATH_SMALL512, PROBE__PATH_SMALL2, PROBE__PATH_SMALL2}, PROBE__PATH_AVX512, {3072, 3584, PROBE__SMALL_MAX_N}},
 };
+#undef SMALL3
 enum { FAM_PORTABLE, FAM_AVX2, FAM_AVX512 };
 
 static int widest_family(int at_most) {
@@ -141,6 +149,6 @@ probe_status probe_stats_compute(probe_stats *out, probe_dtype dt,
                                  const void *data, size_t n) {
   const stats_family *f = family();
   size_t dti = (size_t)dt < 3 ? (size_t)dt : 0; /* (a bad dtype fails below) */
-  int path = n <= f->small_max[dti] ? f->small_path : f->block_path;
+  int path = n <= f->small_max[dti] ? f->small_path[dti] : f->block_path;
   return probe__stats_compute_path(out, dt, data, n, path);
 }
