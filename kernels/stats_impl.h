@@ -260,6 +260,11 @@ typedef struct probe__blk_ops {
   size_t group;
   int window;
   int bf16_patterns; /* bf16 window blocks like fp16 ones (probe__pending.win) */
+  /* A block holding inf or NaN is discarded and redone by this, in pieces of
+   * at most PROBE__SMALL_MAX_N: the path's short-tensor routine, which masks
+   * non-finite lanes (the portable loop took ~3.5 ns an element, 15-60
+   * times a clean block, on tensors with a NaN or inf here and there). */
+  void (*redo)(probe__acc *a, probe_dtype dt, const void *data, size_t n);
 } probe__blk_ops;
 
 /* Whole tensors on the AVX2 path and on the AVX-512 path (stats_block.c);

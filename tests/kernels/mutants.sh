@@ -71,6 +71,11 @@ exact16-tail-lost|kernels/stats_small2.c|s/if (32 \* v < n) {/if (0) {/|avx2
 exact16-bias-off|kernels/stats_small2.c|s/cb = _mm256_set1_epi16(F32_BIAS16);/cb = _mm256_set1_epi16(F32_BIAS16 + 1);/|avx2
 out16-sub-edge|kernels/stats_block.c|s/const int is_sub = u < 0x0400u;/const int is_sub = u < 0x03ffu;/|avx2
 out16-sum-lost|kernels/stats_block.c|s/s\[i \& 1\] += x;/;/|avx2
+drive-redo-last-piece-lost|kernels/stats_block.c|s/for (size_t k = 0; k < m; k += PROBE__SMALL_MAX_N)/for (size_t k = 0; k + PROBE__SMALL_MAX_N < m; k += PROBE__SMALL_MAX_N)/|avx2
+nonfinite-scan32-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi32(0x7f7fffff)/big = _mm256_set1_epi32(0x7f800000)/|avx2
+nonfinite-scan16-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi16((short)(lim - 1u))/big = _mm256_set1_epi16((short)lim)/|avx2
+big32-512-edge|kernels/stats_avx512.c|s/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477fefff)/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477ff000)/|avx512
+big16-512-edge|kernels/stats_avx512.c|s/mabs = _mm512_set1_epi16(0x7fff), covf = _mm512_set1_epi16(0x477f)/mabs = _mm512_set1_epi16(0x7fff), covf = _mm512_set1_epi16(0x4780)/|avx512
 win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
 win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2

@@ -589,6 +589,43 @@ START_TEST(test_wide_ranges) {
 }
 END_TEST
 
+/* Long N(0,1) tensors with an inf or NaN here and there (every 997th,
+ * 4999th or 100003rd element), some with finite values >= 65520 too: most
+ * blocks hold one, are discarded and redone by the path's short-tensor
+ * routine in pieces; the blocks' counts of |x| >= 65520 and their scans for
+ * inf/NaN run on every one. */
+START_TEST(test_sparse_nonfinite) {
+  probe_dtype dt = (probe_dtype)_i;
+  static const size_t ns[] = {20011, 300000};
+  static const size_t every[] = {997, 4999, 100003};
+  enum { NMAX = 300000 };
+  float *x = malloc(NMAX * sizeof *x);
+  unsigned char *buf = malloc(NMAX * 4);
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+    for (size_t j = 0; j < sizeof every / sizeof every[0]; j++)
+      for (int big = 0; big < 2; big++) {
+        size_t n = ns[k];
+        for (size_t i = 0; i < n; i++) {
+          x[i] = (float)rng_normal();
+          if (big && i % 1009 == 5) x[i] = (i & 2) ? 65520.0f : -7e4f;
+          if (i % every[j] == every[j] / 2)
+            x[i] = (i / every[j]) % 3 == 0 ? NAN : (i / every[j]) % 3 == 1 ? INFINITY : -INFINITY;
+        }
+        if (dt == PROBE_DTYPE_F32)
+          memcpy(buf, x, n * 4);
+        else if (dt == PROBE_DTYPE_F16) /* (65520 and -7e4 become inf in fp16) */
+          probe_f32_to_f16_array((uint16_t *)(void *)buf, x, n);
+        else
+          probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, n);
+        char what[80];
+        snprintf(what, sizeof what, "sparse non-finite every %zu%s", every[j], big ? " +big" : "");
+        check_all_paths(dt, buf, n, what);
+      }
+  free(buf);
+  free(x);
+}
+END_TEST
+
 /* Tensors of one sign, with and without zeros of that sign (a ReLU's
  * output: half of it +0; its gradient's negation): loops that keep only
  * the maxima take the minimum value of such a tensor from its smallest
@@ -1041,6 +1078,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_loop_test(tc, test_one_sign, 0, 3);
   tcase_add_loop_test(tc, test_wide_ranges, 0, 3);
+  tcase_add_loop_test(tc, test_sparse_nonfinite, 0, 3);
   tcase_add_test(tc, test_stream_blocks);
   tcase_add_test(tc, test_large_buffer);
   tcase_add_loop_test(tc, test_lone_thresholds, 0, 3);
