@@ -542,6 +542,16 @@ START_TEST(test_short_lengths) {
 }
 END_TEST
 
+/* Stores x[0..n) as dtype dt (fp16/bf16 rounded to nearest even). */
+static void store_as(void *out, probe_dtype dt, const float *x, size_t n) {
+  if (dt == PROBE_DTYPE_F32)
+    memcpy(out, x, n * 4);
+  else if (dt == PROBE_DTYPE_F16)
+    probe_f32_to_f16_array(out, x, n);
+  else
+    probe_f32_to_bf16_array(out, x, n);
+}
+
 /* Finite tensors whose values span many binades or lie mostly below FP16's
  * normal range, as an underflowing FP16 run's gradients do: x = N(0,1) *
  * scale * 2^-U(0, spread). They take what N(0,1) data never does: pair mode
@@ -566,12 +576,7 @@ START_TEST(test_wide_ranges) {
       size_t n = ns[k];
       for (size_t i = 0; i < n; i++)
         x[i] = (float)(rng_normal() * sc[j].scale * exp2(-sc[j].spread * rng_unit()));
-      if (dt == PROBE_DTYPE_F32)
-        memcpy(buf, x, n * 4);
-      else if (dt == PROBE_DTYPE_F16)
-        probe_f32_to_f16_array((uint16_t *)(void *)buf, x, n);
-      else
-        probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, n);
+      store_as(buf, dt, x, n);
       if (dt != PROBE_DTYPE_F32) /* finite: overflow to inf -> the largest finite */
         for (size_t i = 0; i < n; i++) {
           uint16_t h;
@@ -611,12 +616,7 @@ START_TEST(test_sparse_nonfinite) {
           if (i % every[j] == every[j] / 2)
             x[i] = (i / every[j]) % 3 == 0 ? NAN : (i / every[j]) % 3 == 1 ? INFINITY : -INFINITY;
         }
-        if (dt == PROBE_DTYPE_F32)
-          memcpy(buf, x, n * 4);
-        else if (dt == PROBE_DTYPE_F16) /* (65520 and -7e4 become inf in fp16) */
-          probe_f32_to_f16_array((uint16_t *)(void *)buf, x, n);
-        else
-          probe_f32_to_bf16_array((uint16_t *)(void *)buf, x, n);
+        store_as(buf, dt, x, n); /* (65520 and -7e4 become inf in fp16) */
         char what[80];
         snprintf(what, sizeof what, "sparse non-finite every %zu%s", every[j], big ? " +big" : "");
         check_all_paths(dt, buf, n, what);
@@ -707,16 +707,6 @@ START_TEST(test_large_buffer) {
 END_TEST
 
 /* ---- window mode (AVX-512) ------------------------------------------------------ */
-
-/* Stores x[0..n) as dtype dt (fp16/bf16 rounded to nearest even). */
-static void store_as(void *out, probe_dtype dt, const float *x, size_t n) {
-  if (dt == PROBE_DTYPE_F32)
-    memcpy(out, x, n * 4);
-  else if (dt == PROBE_DTYPE_F16)
-    probe_f32_to_f16_array(out, x, n);
-  else
-    probe_f32_to_bf16_array(out, x, n);
-}
 
 /* Segment kinds of test_window_mode, each a run of elements the AVX-512
  * driver sees as one distribution (so it keeps, moves or gives up its
