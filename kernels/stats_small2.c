@@ -71,46 +71,15 @@ static void count_nonfinite(__m256i u, int k, uint64_t *nan, uint64_t *posinf, u
 /* Bins below this one hold the non-zero |x| < 2^-14: f16_subnormal. */
 enum { SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
 
-/* cnt[k] = bytes of bins[0 .. 32 nbv) equal to key + k, k = 0, 1: a compare
- * and subtract per 32 bytes and key into byte counters (nbv <= 128, so at
- * most 128 per lane), summed by vpsadbw. */
-static inline void count_bin_pair(const uint8_t *bins, size_t nbv, uint8_t key, uint64_t cnt[2]) {
-  const __m256i k0 = _mm256_set1_epi8((char)key), k1 = _mm256_set1_epi8((char)(key + 1));
+/* One pass over bins[0 .. 32 nbv): cnt[k] = bytes equal to key + k, k = 0 ..
+ * 7 (the byte less key compared with 0 .. 7 and subtracted into eight byte
+ * counters, at most 128 per lane for n <= 4096, summed by vpsadbw; two
+ * sweeps of four, which fit in the 16 vector registers), cnt[8] = bytes >=
+ * key, and below[v] = the mask of the bytes below key in vector v. */
+static void count8(const uint8_t *bins, size_t nbv, int key, uint64_t cnt[9], uint32_t *below) {
   const __m256i z = _mm256_setzero_si256();
-  __m256i c0 = z, c1 = z;
-  for (size_t v = 0; v < nbv; v++) {
-    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v));
-    c0 = _mm256_sub_epi8(c0, _mm256_cmpeq_epi8(b, k0));
-    c1 = _mm256_sub_epi8(c1, _mm256_cmpeq_epi8(b, k1));
-  }
-  uint64_t t[4];
-  _mm256_storeu_si256((__m256i *)(void *)t, _mm256_sad_epu8(c0, z));
-  cnt[0] = t[0] + t[1] + t[2] + t[3];
-  _mm256_storeu_si256((__m256i *)(void *)t, _mm256_sad_epu8(c1, z));
-  cnt[1] = t[0] + t[1] + t[2] + t[3];
-}
-
-/* Adds the bins bins[0 .. 32 nbv) (0xff: none) into a->hist, bmax being the
- * largest present (the bin of the largest finite |x|; -1: none). *nonzero
- * and *sub receive the elements counted and those below 2^-14.
- * One pass counts the eight bins key .. bmax, key = bmax - 7, which hold
- * nearly every element of a trainer's tensor (below its largest binade the
- * elements thin out geometrically: N(0,1) leaves ~1.3% of them below key):
- * the byte less key compared with 0 .. 7 and subtracted into eight byte
- * counters (at most 128 per lane: n <= 4096) summed by vpsadbw; the same
- * pass keeps a mask per 32 bytes of those below key (not 0xff, which is
- * above every bin). These are added one at a time when they are few (at
- * most n/16), else by a compare and subtract per 32 bytes and bin value
- * between the smallest present and key. */
-static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax, uint64_t *nonzero,
-                       uint64_t *sub) {
-  if (!nbv || bmax < 0) return;
-  const __m256i z = _mm256_setzero_si256();
-  const int key = bmax >= 7 ? bmax - 7 : 0;
   const __m256i ck = _mm256_set1_epi8((char)key);
-  /* two passes of four bins, which fit in the 16 vector registers */
   __m256i c0 = z, c1 = z, c2 = z, c3 = z, c4 = z, c5 = z, c6 = z, c7 = z, ckeep = z;
-  uint32_t keepm[PROBE__SMALL_MAX_N / 32 + 1];
   for (size_t v = 0; v < nbv; v++) {
     __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v));
     __m256i t = _mm256_sub_epi8(b, ck);
@@ -120,7 +89,7 @@ static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax,
     c3 = _mm256_add_epi8(c3, _mm256_cmpeq_epi8(t, _mm256_set1_epi8(3)));
     __m256i keep = _mm256_cmpeq_epi8(_mm256_max_epu8(b, ck), b); /* b >= key */
     ckeep = _mm256_add_epi8(ckeep, keep);
-    keepm[v] = (uint32_t)_mm256_movemask_epi8(keep);
+    below[v] = ~(uint32_t)_mm256_movemask_epi8(keep);
   }
   for (size_t v = 0; v < nbv; v++) {
     __m256i t = _mm256_sub_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v)), ck);
@@ -131,44 +100,52 @@ static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax,
   }
   /* the counters went down by one per element (-1 from the compare) */
   const __m256i cs[9] = {c0, c1, c2, c3, c4, c5, c6, c7, ckeep};
-  uint64_t cnt[9];
   for (int k = 0; k < 9; k++) {
     uint64_t t[4];
     _mm256_storeu_si256((__m256i *)(void *)t, _mm256_sad_epu8(_mm256_sub_epi8(z, cs[k]), z));
     cnt[k] = t[0] + t[1] + t[2] + t[3];
   }
-  for (int k = 0; k < 8 && key + k < NB; k++) {
-    a->hist[key + k] += cnt[k];
-    *nonzero += cnt[k];
-    if (key + k < SUB_BINS) *sub += cnt[k];
-  }
-  const size_t nbelow = 32 * nbv - cnt[8];
-  if (!nbelow) return;
-  *nonzero += nbelow;
-  if (nbelow <= 2 * nbv) { /* few: one at a time */
-    for (size_t v = 0; v < nbv; v++)
-      for (uint32_t m = ~keepm[v]; m; m &= m - 1) {
-        int bv = bins[32 * v + (size_t)__builtin_ctz(m)];
-        a->hist[bv]++;
-        *sub += bv < SUB_BINS;
-      }
-    return;
-  }
-  __m256i lo = _mm256_set1_epi8((char)0xff);
-  for (size_t v = 0; v < nbv; v++)
-    lo = _mm256_min_epu8(lo, _mm256_loadu_si256((const __m256i *)(const void *)(bins + 32 * v)));
-  uint8_t lb[32];
-  int bmin = 0xff;
-  _mm256_storeu_si256((__m256i *)(void *)lb, lo);
-  for (int k = 0; k < 32; k++)
-    if (lb[k] < bmin) bmin = lb[k];
-  for (int bv = bmin; bv < key; bv += 2) {
-    uint64_t pc[2];
-    count_bin_pair(bins, nbv, (uint8_t)bv, pc);
-    for (int k = 0; k < 2 && bv + k < key; k++) {
-      a->hist[bv + k] += pc[k];
-      if (bv + k < SUB_BINS) *sub += pc[k];
+}
+
+/* Adds the bins bins[0 .. 32 nbv) (0xff: none) into a->hist, bmax being the
+ * largest present (the bin of the largest finite |x|; -1: none). *nonzero
+ * and *sub receive the elements counted and those below 2^-14.
+ * Passes of eight bins go down from bmax (count8): the first, key .. bmax
+ * with key = bmax - 7, holds nearly every element of most tensors (below
+ * the largest binade the elements thin out geometrically: N(0,1) leaves
+ * ~1.3% of them below key). When at most n/16 are left below a pass's key
+ * they are added one at a time from its masks; else the next eight bins
+ * get a pass (a trainer's fp32 gradients leave 5-19% below the first eight
+ * and spread over many more bins, where a compare per bin value and vector
+ * cost more). */
+static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax, uint64_t *nonzero,
+                       uint64_t *sub) {
+  if (!nbv || bmax < 0) return;
+  uint32_t below[PROBE__SMALL_MAX_N / 32 + 1];
+  int top = bmax;
+  for (;;) {
+    const int key = top >= 7 ? top - 7 : 0;
+    uint64_t cnt[9];
+    count8(bins, nbv, key, cnt, below);
+    for (int k = 0; k <= top - key; k++) {
+      a->hist[key + k] += cnt[k];
+      *nonzero += cnt[k];
+      if (key + k < SUB_BINS) *sub += cnt[k];
     }
+    /* (bytes above top, 0xff or bins of an earlier pass, are >= key too) */
+    const size_t nbelow = 32 * nbv - cnt[8];
+    if (!nbelow) return;
+    if (nbelow <= 2 * nbv) { /* few: one at a time */
+      *nonzero += nbelow;
+      for (size_t v = 0; v < nbv; v++)
+        for (uint32_t m = below[v]; m; m &= m - 1) {
+          int bv = bins[32 * v + (size_t)__builtin_ctz(m)];
+          a->hist[bv]++;
+          *sub += bv < SUB_BINS;
+        }
+      return;
+    }
+    top = key - 1;
   }
 }
 
