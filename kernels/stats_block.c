@@ -7,10 +7,10 @@
  * The driver cuts the input into blocks of up to 4096 elements (16384 in
  * window mode), calls the path's block function on each (a table,
  * probe__blk_ops), checks the block for inf/NaN and redoes such a block with
- * the path's short-tensor routine (ops->redo), and owns the histogram: the 66x66 pair table of pair
- * mode (pair indices lo + 66*hi written by the block functions, counted by
- * scalar increments interleaved with the next block's vector loop, folded
- * into the 66 bins before a 16-bit counter can wrap and at the end), or in
+ * the path's short-tensor routine (ops->redo), and owns the histogram: the
+ * 66x66 pair table of pair mode (pair indices lo + 66*hi written by the
+ * block functions, counted by scalar increments interleaved with the next
+ * block's vector loop, folded into the 66 bins before a 16-bit counter can wrap and at the end), or in
  * window mode the window itself: it picks and moves the window, counts the
  * elements outside it (outb), owns the window's carry-save counters
  * (probe__hs, read with the path's hs_count) and makes the corrections fp16
@@ -191,10 +191,11 @@ static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
  * patterns: subnormals always, and the tails): their bins, their window
  * values (outcnt, for the next choice), what the block's sums left out (the
  * sum holds only the elements inside; for a subnormal the squares hold
- * (2 + u/512)^2 * 2^-32 instead of x^2) and the subnormal count. Two
- * elements per iteration into two sets of accumulators, without branches,
- * converted by F16C: a data-dependent branch and one chain of additions made
- * each element cost some 12 ns on tensors with many subnormals. */
+ * (2 + u/512)^2 * 2^-32 instead of x^2) and the subnormal count. Elements
+ * alternate between two sets of accumulators, without branches, converted
+ * by F16C: a data-dependent branch, one chain of additions and a software
+ * conversion made each element cost several ns on tensors with many
+ * subnormals. */
 static void out_f16(pair_hist *ph, blk *b) {
   double s[2] = {0, 0}, q[2] = {0, 0};
   uint64_t sub = 0;
