@@ -76,13 +76,9 @@ PROBE_HD float probe_f16_to_f32(uint16_t h) {
     bits = sign | ((exp + 112u) << 23) | (man << 13);
   } else if (man == 0) { /* +-0 */
     bits = sign;
-  } else { /* subnormal: renormalise */
-    uint32_t e = 113u; /* 127 - 14 */
-    while ((man & 0x400u) == 0) {
-      man <<= 1;
-      e--;
-    }
-    bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  } else { /* subnormal: man * 2^-24, a normal binary32, exactly (no loop:
+             * tensors of underflowed values are all subnormals) */
+    bits = sign | probe_f32_bits((float)man * 0x1p-24f);
   }
   return probe_f32_from_bits(bits);
 }
