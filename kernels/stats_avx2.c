@@ -138,34 +138,27 @@ static void pair_f16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                     const probe__pending *pd) {
   PROBE__PENDING_LOCALS(pd);
   const __m256i m7fff = _mm256_set1_epi16(0x7fff);
-  const __m256i c0400 = _mm256_set1_epi16(0x0400);
   const __m256i c7bff = _mm256_set1_epi16(0x7bff);
   const __m256i cbias = _mm256_set1_epi16(F32_BIAS);
   const __m256i clast = _mm256_set1_epi16(NB - 1);
   const __m256i pairc = _mm256_set1_epi32(0x00010000 * NB + 1); /* lo + 66*hi */
   const __m256i z = _mm256_setzero_si256();
-  __m256i czero = z, csub = z, nonfin = z, amin = _mm256_set1_epi16(-1);
+  __m256i czero = z, nonfin = z, amin = _mm256_set1_epi16(-1);
   for (size_t v = 0; v < nv; v++) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v));
     __m256i a = _mm256_and_si256(h, m7fff);
     __m256i isz = _mm256_cmpeq_epi16(a, z);
     czero = _mm256_sub_epi16(czero, isz);
-    csub = _mm256_sub_epi16(csub, _mm256_cmpgt_epi16(c0400, a));
     nonfin = _mm256_or_si256(nonfin, _mm256_cmpgt_epi16(a, c7bff));
     amin = _mm256_min_epu16(amin, _mm256_or_si256(a, isz));
-    /* exact bins, subnormals included, from the binary32 exponent field
-     * (order permuted by the pack: pairs may be of any two elements) */
-    __m256i e = _mm256_packus_epi32(
-        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(a))), 23),
-        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(a, 1))), 23));
-    __m256i bin = _mm256_min_epu16(_mm256_subs_epu16(e, cbias), clast);
+    /* exact bins, subnormals included (pairs may be of any two elements) */
+    __m256i bin = _mm256_min_epu16(_mm256_subs_epu16(probe__f16_exp32_avx2(a), cbias), clast);
     _mm256_storeu_si256((__m256i *)(void *)(idx + 8 * v), _mm256_madd_epi16(bin, pairc));
     PROBE__PENDING_STEP(8);
   }
   PROBE__PENDING_FINISH(pd);
   b->nonfinite = !_mm256_testz_si256(nonfin, nonfin);
   b->zero = hsum_epi16(czero);
-  b->sub = hsum_epi16(csub) - b->zero;
   b->flush = 0; /* no binary16 value has 0 < |x| <= 2^-25 */
   b->ovf = 0;   /* nor a finite |x| >= 65520 */
   if (b->nonfinite) return;
@@ -202,7 +195,6 @@ static void pair_bf16(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   b->zero = hsum_epi16(czero);
   b->flush = hsum_epi16(cflush) - b->zero;
   b->ovf = hsum_epi16(covf);
-  b->sub = 0; /* read off the histogram at the fold */
   extremes16(b, p, nv, amin, 0);
   sums(b, PROBE_DTYPE_BF16, p, nv);
 }
@@ -241,7 +233,6 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
   b->zero = hsum_epi32(nzero);
   b->flush = hsum_epi32(nflush) - b->zero;
   b->ovf = hsum_epi32(novf);
-  b->sub = 0;
   __m256i smax = _mm256_set1_epi32(INT32_MIN), smin = _mm256_set1_epi32(INT32_MAX);
   __m256i umax = z, umin = _mm256_set1_epi32(-1);
   for (size_t v = 0; v < 2 * nv; v++) {
@@ -637,7 +628,6 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
 #undef WIN_STEP_
 #undef F16_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */
-  b->sub = 0;  /* and these: all are outside the window */
   b->flush = 0;
   b->ovf = 0;
   ext16_win(b, p, nv, smax, umax, aminb, 1);
@@ -698,7 +688,6 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
 #undef WIN_STEP_
 #undef BF16_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */
-  b->sub = 0;  /* read off the histogram at the fold */
   b->nonfinite = 0; /* decided by the driver from ovf */
   ext16_win(b, p, nv, smax, umax, aminb, 0);
   b->flush = 0; /* 0 < |x| <= 2^-25: counted only if present */
@@ -778,7 +767,6 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
 #undef F32_SUMS
 #undef F32_D
   b->zero = 0;
-  b->sub = 0;
   b->nonfinite = 0;
   int32_t t0[8], t2[8];
   uint32_t t1[8];

@@ -363,16 +363,13 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
                            const probe__pending *pd) {
   PROBE__PENDING_LOCALS(pd);
   const __m512i m7fff = _mm512_set1_epi16(0x7fff);
-  const __m512i c0400 = _mm512_set1_epi16(0x0400);
   const __m512i c7bff = _mm512_set1_epi16(0x7bff);
   const __m512i one = _mm512_set1_epi16(1);
   const __m512i cbias = _mm512_set1_epi16(F32_BIAS), clast = _mm512_set1_epi16(NB - 1);
   const __m512i pairc = _mm512_set1_epi32(0x00010000 * NB + 1);
   const __m512i z = _mm512_setzero_si512();
-  /* Two counts in one register, a byte each (<= 128 per lane per block):
-   * zeros, and |x| < 2^-14 (zeros included). */
-  const __m512i csb = _mm512_set1_epi16(1 << 8);
-  __m512i cnt = z, amin = _mm512_set1_epi16(-1);
+  __m512i cnt = z; /* zeros, <= 128 per lane per block */
+  __m512i amin = _mm512_set1_epi16(-1);
   __m512i smax = _mm512_set1_epi16(INT16_MIN), smin = _mm512_set1_epi16(INT16_MAX);
   __m512i umax = z, umin = _mm512_set1_epi16(-1);
   __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
@@ -383,7 +380,6 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     __m512i a = _mm512_and_si512(h, m7fff);                                           \
     __mmask32 nz = _mm512_test_epi16_mask(a, a); /* non-zero lanes */                 \
     cnt = _mm512_mask_add_epi16(cnt, ~nz, cnt, one);                                  \
-    cnt = _mm512_mask_add_epi16(cnt, _mm512_cmplt_epu16_mask(a, c0400), cnt, csb);    \
     nonfin |= _mm512_cmpgt_epu16_mask(a, c7bff);                                      \
     amin = _mm512_mask_min_epu16(amin, nz, amin, a);                                  \
     smax = _mm512_max_epi16(smax, h);                                                 \
@@ -407,9 +403,7 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
       _mm512_storeu_si512(idx + 16 * v, _mm512_madd_epi16(bv, pairc));
       PROBE__PENDING_STEP(16);
     }
-    const __m512i m8 = _mm512_set1_epi16(0xff);
-    b->zero = hsum16(_mm512_and_si512(cnt, m8));
-    b->sub = hsum16(_mm512_srli_epi16(cnt, 8)) - b->zero;
+    b->zero = hsum16(cnt);
     b->nonfinite = nonfin != 0;
   } else { /* window mode: 32 elements per step */
     WIN_DECL(pd);
@@ -462,7 +456,6 @@ void probe__blk_f16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
 #undef F16_IN
 #undef F16_WSTEP
     b->zero = 0; /* the driver counts them from the window counts */
-    b->sub = 0;  /* and these: all are outside the window */
     ext16_fix(p, nv, smax, umax, amin, &smin, &umin);
     /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
     b->nonfinite = _mm512_cmpgt_epi16_mask(smax, c7bff) ||
@@ -567,7 +560,6 @@ void probe__blk_bf16_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p
 #undef BF16_STEP
   PROBE__PENDING_FINISH(pd);
   b->nonfinite = 0; /* decided by the driver from ovf */
-  b->sub = 0; /* read off the histogram at the fold */
   b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
   b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
   finish16(b, smax, smin, umax, umin, amin, 0);
@@ -664,7 +656,6 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
 #undef F32_STEP
   PROBE__PENDING_FINISH(pd);
   b->nonfinite = 0;
-  b->sub = 0;
   b->sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
   b->sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
   b->smax = _mm512_reduce_max_epi32(smax);

@@ -21,8 +21,8 @@
  * exponent of the F16C conversion, so subnormals land in their bins: a
  * scalar fix-up per subnormal cost ~12 ns an element on tensors of
  * underflowing FP16 values); zeros land in bin 0 and are subtracted there.
- * The fp32/bf16 FP16-subnormal count is read off the histogram (bins below
- * exponent -14) instead of being counted per element. In window mode zeros
+ * The FP16-subnormal count of every dtype is read off the histogram (bins
+ * below exponent -14) instead of being counted per element. In window mode zeros
  * never enter the histogram and fp16 subnormals reach outb with their
  * patterns.
  *
@@ -83,10 +83,10 @@ typedef struct pair_hist {
 
 typedef probe__blk blk;
 
-/* Folds the pair table and the direct counts into a->hist (and, for
- * fp32/bf16, the FP16-subnormal count, which is the number of non-zero
- * values in bins below exponent -14). */
-static void fold(probe__acc *a, pair_hist *ph, probe_dtype dt) {
+/* Folds the pair table and the direct counts into a->hist, and the
+ * FP16-subnormal count, which is the number of non-zero values in bins
+ * below exponent -14 (every bin is exact, fp16 subnormals' too). */
+static void fold(probe__acc *a, pair_hist *ph) {
   if (ph->in_hist == 0) return;
   uint64_t lo[NB], hi[NB] = {0};
   for (int i = 0; i < NB; i++) lo[i] = ph->direct[0][i] + ph->direct[1][i];
@@ -105,12 +105,10 @@ static void fold(probe__acc *a, pair_hist *ph, probe_dtype dt) {
   }
   int64_t bins[NB];
   for (int i = 0; i < NB; i++) bins[i] = (int64_t)(lo[i] + hi[i]) + ph->corr[i];
-  if (dt != PROBE_DTYPE_F16) {
-    int below = -14 - PROBE_HIST_MIN_EXP + 1; /* bins 0..below-1: exp < -14 */
-    int64_t sub = 0;
-    for (int i = 0; i < below; i++) sub += bins[i];
-    a->sub += (uint64_t)sub; /* corr[0] already removed the zeros */
-  }
+  const int below = -14 - PROBE_HIST_MIN_EXP + 1; /* bins 0..below-1: exp < -14 */
+  int64_t sub = 0;
+  for (int i = 0; i < below; i++) sub += bins[i];
+  a->sub += (uint64_t)sub; /* corr[0] already removed the zeros */
   for (int i = 0; i < NB; i++) a->hist[i] += (uint64_t)bins[i];
   if (ph->table_ready) memset(ph->table, 0, sizeof ph->table);
   memset(ph->corr, 0, sizeof ph->corr);
@@ -191,28 +189,24 @@ static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
  * patterns: subnormals always, and the tails): their bins, their window
  * values (outcnt, for the next choice), what the block's sums left out (the
  * sum holds only the elements inside; for a subnormal the squares hold
- * (2 + u/512)^2 * 2^-32 instead of x^2) and the subnormal count. Elements
+ * (2 + u/512)^2 * 2^-32 instead of x^2). Elements
  * alternate between two sets of accumulators, without branches, converted
  * by F16C: a data-dependent branch, one chain of additions and a software
  * conversion made each element cost several ns on tensors with many
  * subnormals. */
 static void out_f16(pair_hist *ph, blk *b) {
   double s[2] = {0, 0}, q[2] = {0, 0};
-  uint64_t sub = 0;
   for (size_t i = 0; i < b->nout; i++) {
     uint16_t h = ph->outb[i], u = h & 0x7fffu;
     float x = _cvtsh_ss(h);
     ph->direct[i & 1][probe__hist_bin(probe_f32_bits(x) & 0x7fffffffu)]++;
     ph->outcnt[u >> 10]++;
     s[i & 1] += x;
-    const int is_sub = u < 0x0400u;
     double wrong = 2.0 + (double)u * 0x1p-9;
-    q[i & 1] += is_sub ? (double)x * x - wrong * wrong * 0x1p-32 : 0.0;
-    sub += (uint64_t)is_sub;
+    q[i & 1] += u < 0x0400u ? (double)x * x - wrong * wrong * 0x1p-32 : 0.0;
   }
   b->sum += s[0] + s[1];
   b->sumsq += q[0] + q[1];
-  b->sub += sub;
 }
 
 /* Window mode: counts the window counters into the direct bins (window
@@ -399,7 +393,6 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
       ph.corr[0] -= (int64_t)b.zero; /* zeros: raw exponent 0 -> bin 0 */
     a->count += m;
     a->zero += b.zero;
-    a->sub += b.sub;
     a->flush += b.flush;
     a->ovf += b.ovf;
     a->sum += b.sum;
@@ -408,13 +401,13 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
     if (ph.per_copy > UINT16_MAX - BLOCK / 8) { /* before a 16-bit counter wraps */
       probe__pending_count(&pd, 0, pd.n);
       pd.n = 0;
-      fold(a, &ph, dt);
+      fold(a, &ph);
     }
     done += m;
   }
   probe__pending_count(&pd, 0, pd.n);
   if (pd.win >= 0) win_flush(a, &ph, ops, pd.win, wbin, zero_sq, wc);
-  fold(a, &ph, dt);
+  fold(a, &ph);
   probe__acc_portable(a, dt, p + done * es, n - done);
 }
 

@@ -60,7 +60,7 @@ enum { PROBE__BLOCK = 4096, /* elements per checked block */
 /* What one block's vector loops found, before the driver accepts it (all of
  * it describes only the block's finite data; see stats_avx2.c). */
 typedef struct probe__blk {
-  uint64_t zero, sub, flush, ovf;
+  uint64_t zero, flush, ovf; /* (f16_subnormal: read off the histogram) */
   int nonfinite;             /* fp16: 1 when an inf or NaN was seen */
   int32_t smax, smin;        /* extremes as binary32 bits */
   uint32_t umax, umin, amin_m1;
@@ -279,6 +279,15 @@ void probe__acc_avx512(probe__acc *a, probe_dtype dt, const void *data, size_t n
  * signed min; UINT16_MAX: none) of 16-bit lanes. */
 void probe__red16_avx2(__m256i smax, __m256i umax, __m256i aminb, int16_t *s, uint16_t *u,
                        uint16_t *amin);
+/* The binary32 exponent fields of 16 fp16 |x| patterns (sign cleared) in
+ * 16-bit lanes, from the F16C conversion: exact for subnormals too (0 for a
+ * zero). The pack permutes the order within each 128-bit half; counting
+ * ignores it. (AVX2 pair blocks, the AVX2 short path's exact fp16 bins.) */
+static inline __m256i probe__f16_exp32_avx2(__m256i a) {
+  return _mm256_packus_epi32(
+      _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(a))), 23),
+      _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(a, 1))), 23));
+}
 /* stats_avx2.c: f16_flush (0 < |x| <= 2^-25) and the elements with |x| >=
  * 65520, inf and NaN included, of n fp32 or bf16 elements at p (fp16: both
  * 0), added to *flush and *ovf. Called only when the extremes show some:

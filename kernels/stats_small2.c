@@ -160,10 +160,7 @@ static void exact_f16_bins(uint8_t *bins, const unsigned char *p, size_t n) {
   const __m256i z = _mm256_setzero_si256();
 #define EXACT16(h_, out_)                                                      \
   do {                                                                         \
-    __m256i a_ = _mm256_and_si256((h_), m7fff);                                \
-    __m256i e_ = _mm256_packus_epi32(                                          \
-        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(a_))), 23), \
-        _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(a_, 1))), 23)); \
+    __m256i e_ = probe__f16_exp32_avx2(_mm256_and_si256((h_), m7fff));         \
     out_ = _mm256_or_si256(_mm256_subs_epu16(e_, cb), _mm256_cmpeq_epi16(e_, z)); \
   } while (0)
   size_t v = 0;

@@ -70,7 +70,8 @@ small2-ovf-nonfinite-kept|kernels/stats_small2.c|s/a->ovf += big - nan - posinf 
 exact16-zeros-binned|kernels/stats_small2.c|s/out_ = _mm256_or_si256(_mm256_subs_epu16(e_, cb), _mm256_cmpeq_epi16(e_, z));/out_ = _mm256_subs_epu16(e_, cb);/|avx2
 exact16-tail-lost|kernels/stats_small2.c|s/if (32 \* v < n) {/if (0) {/|avx2
 exact16-bias-off|kernels/stats_small2.c|s/cb = _mm256_set1_epi16(F32_BIAS16);/cb = _mm256_set1_epi16(F32_BIAS16 + 1);/|avx2
-out16-sub-edge|kernels/stats_block.c|s/const int is_sub = u < 0x0400u;/const int is_sub = u < 0x03ffu;/|avx2
+out16-sub-edge|kernels/stats_block.c|s/q\[i \& 1\] += u < 0x0400u ?/q[i \& 1] += u < 0x0200u ?/|avx2
+fold-sub-bins-off|kernels/stats_block.c|s/const int below = -14 - PROBE_HIST_MIN_EXP + 1;/const int below = -14 - PROBE_HIST_MIN_EXP;/|avx2
 out16-sum-lost|kernels/stats_block.c|s/s\[i \& 1\] += x;/;/|avx2
 drive-redo-last-piece-lost|kernels/stats_block.c|s/for (size_t k = 0; k < m; k += PROBE__SMALL_MAX_N)/for (size_t k = 0; k + PROBE__SMALL_MAX_N < m; k += PROBE__SMALL_MAX_N)/|avx2
 nonfinite-scan32-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi32(0x7f7fffff)/big = _mm256_set1_epi32(0x7f800000)/|avx2
