@@ -249,6 +249,13 @@ static int bench_short(int markdown) {
          "auto = probe_stats_compute on the %s path family\n",
          SHORT_BATCHES, SHORT_CALLS, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU", probe_stats_path());
   printf("cpu: %s\n", bench_cpu_model(cpu, sizeof cpu));
+  printf("auto's short-tensor paths:");
+  static const char *dts[] = {"fp32", "fp16", "bf16"};
+  for (int d = 0; d < 3; d++) {
+    size_t mx;
+    int sp = probe__stats_short_path((probe_dtype)d, &mx);
+    printf(" %s %s up to %zu%s", dts[d], probe__stats_path_name(sp), mx, d < 2 ? "," : "\n");
+  }
   printf("data: %s, %s\n", g_bench_dist->name, g_bench_dist->what);
   /* What a cycle took during this run, by the same clock: on a loaded
    * machine CPU time stretches too, and ns x GHz (cycles) carries over to a
