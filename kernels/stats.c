@@ -65,37 +65,208 @@ static inline void acc_one(probe__acc *a, uint32_t u) {
   a->sumsq += d * d;
 }
 
-void probe__acc_portable(probe__acc *a, probe_dtype dt, const void *data,
-                         size_t n) {
-  a->count += n;
+/* ---- the portable loop --------------------------------------------------------- */
+
+/* Elements per chunk: each chunk is first checked for inf and NaN (a max
+ * the compiler vectorises); a finite one runs the loop below, one with inf
+ * or NaN acc_one per element. */
+enum { PCHUNK = 256, NB = PROBE_HIST_BINS };
+
+/* A finite binary16 pattern as exact binary32 bits, without branches (the
+ * loop below takes finite chunks only; a chunk with zeros mixed in made
+ * probe_f16_to_f32's branches miss): a normal value is its exponent and
+ * significand moved up and rebiased; a zero or subnormal, man * 2^-24, is
+ * (2^-14 + man * 2^-24) - 2^-14 in binary32, exactly. */
+static inline uint32_t f16_finite_bits(uint16_t h) {
+  uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
+  uint32_t sub = probe_f32_bits(probe_f32_from_bits(o + 0x38800000u) - 0x1p-14f);
+  /* a mask, not ?: (which compilers turn into a branch) */
+  uint32_t normal = 0u - (uint32_t)((o & 0x0f800000u) != 0);
+  return ((o + 0x38000000u) & normal) | (sub & ~normal) | (uint32_t)(h & 0x8000u) << 16;
+}
+
+/* Element i at p (dtype dt) as exact binary32 bits; fp16: finite only. */
+static inline uint32_t load_bits(probe_dtype dt, const unsigned char *p, size_t i) {
+  uint16_t h;
+  uint32_t u;
   switch (dt) {
-  case PROBE_DTYPE_F32: {
-    const unsigned char *p = data;
+  case PROBE_DTYPE_F16:
+    memcpy(&h, p + 2 * i, 2);
+    return f16_finite_bits(h);
+  case PROBE_DTYPE_BF16:
+    memcpy(&h, p + 2 * i, 2);
+    return (uint32_t)h << 16;
+  default:
+    memcpy(&u, p + 4 * i, 4); /* data may be unaligned */
+    return u;
+  }
+}
+
+/* 1 when the n elements at p are all finite: the largest magnitude pattern
+ * below that of inf. */
+static inline int chunk_finite(probe_dtype dt, const unsigned char *p, size_t n) {
+  if (dt == PROBE_DTYPE_F32) {
+    uint32_t m = 0;
     for (size_t i = 0; i < n; i++) {
       uint32_t u;
-      memcpy(&u, p + 4 * i, 4); /* data may be unaligned */
-      acc_one(a, u);
+      memcpy(&u, p + 4 * i, 4);
+      u &= 0x7fffffffu;
+      m = u > m ? u : m;
     }
-    break;
+    return m < 0x7f800000u;
   }
-  case PROBE_DTYPE_F16: {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-      uint16_t h;
-      memcpy(&h, p + 2 * i, 2);
-      acc_one(a, probe_f32_bits(probe_f16_to_f32(h)));
+  uint16_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    h &= 0x7fffu;
+    m = h > m ? h : m;
+  }
+  return m < (dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u);
+}
+
+/* The running values of the finite chunks, kept apart from the
+ * accumulator (which the chunks with inf or NaN update one element at a
+ * time). hist: four copies (element i counts into copy i % 4, so that
+ * neighbours in one bin do not wait on each other's increment). The minima, f16_subnormal and most of
+ * f16_flush/f16_overflow are not tracked per element but derived at the
+ * end (port_loop). */
+typedef struct port_run {
+  int32_t smax;
+  uint32_t umax, amin_m1;
+  uint64_t flush_edge, ovf_edge; /* elements exactly 2^-25, in [65520, 2^16) */
+  uint64_t zeros;                /* (counted in bin 0 of hist as well) */
+  uint64_t hist[4][NB];
+} port_run;
+
+/* Bins wholly inside f16_flush (|x| < 2^-25) and f16_overflow (|x| >=
+ * 2^16), and the bins that hold their edges, 2^-25 and 65520. */
+enum { FLUSH_BINS = -25 - PROBE_HIST_MIN_EXP + 1, OVF_EDGE_BIN = 15 - PROBE_HIST_MIN_EXP + 1,
+       SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
+
+/* n finite elements at p into r and a's sums, without a branch per
+ * element: zeros count into bin 0 (and zeros) and add +0 to the sums; the
+ * smallest magnitude is the min of |x| - 1, where a zero wraps to the
+ * largest; the sums in four pairs of accumulators. */
+static inline __attribute__((always_inline)) void run_finite(probe__acc *a, port_run *r,
+                                                           probe_dtype dt,
+                                                           const unsigned char *p, size_t n) {
+  int32_t smax = r->smax;
+  uint32_t umax = r->umax, am1 = r->amin_m1;
+  uint64_t zeros = 0;
+  double s[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
+  const uint64_t flush_edge = r->hist[0][FLUSH_BINS] + r->hist[1][FLUSH_BINS] +
+                              r->hist[2][FLUSH_BINS] + r->hist[3][FLUSH_BINS];
+  const uint64_t ovf_edge = r->hist[0][OVF_EDGE_BIN] + r->hist[1][OVF_EDGE_BIN] +
+                            r->hist[2][OVF_EDGE_BIN] + r->hist[3][OVF_EDGE_BIN];
+#define PORT_ELEM(k, i)                                                         \
+  do {                                                                          \
+    uint32_t u = load_bits(dt, p, (i));                                         \
+    uint32_t ab = u & 0x7fffffffu;                                              \
+    int32_t si = (int32_t)u;                                                    \
+    smax = si > smax ? si : smax;                                               \
+    umax = u > umax ? u : umax;                                                 \
+    uint32_t m1 = ab - 1u; /* zero: UINT32_MAX */                               \
+    am1 = m1 < am1 ? m1 : am1;                                                  \
+    int b = (int)(ab >> 23) - (127 + PROBE_HIST_MIN_EXP - 1);                    \
+    b = b < 0 ? 0 : b;                                                          \
+    b = b > NB - 1 ? NB - 1 : b;                                                \
+    r->hist[k][b]++; /* a zero too, in bin 0: taken out at the end */          \
+    zeros += ab == 0;                                                           \
+    double d = (double)probe_f32_from_bits(u);                                  \
+    s[k] += d;                                                                  \
+    q[k] += d * d;                                                              \
+  } while (0)
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    PORT_ELEM(0, i);
+    PORT_ELEM(1, i + 1);
+    PORT_ELEM(2, i + 2);
+    PORT_ELEM(3, i + 3);
+  }
+  for (; i < n; i++) PORT_ELEM(0, i);
+#undef PORT_ELEM
+  r->smax = smax;
+  r->umax = umax;
+  r->amin_m1 = am1;
+  r->zeros += zeros;
+  a->sum += (s[0] + s[1]) + (s[2] + s[3]);
+  a->sumsq += (q[0] + q[1]) + (q[2] + q[3]);
+  /* The two edge bins hold values on both sides of f16_flush's and
+   * f16_overflow's bounds: when the chunk added to one, count the chunk's
+   * elements of exactly 2^-25 and of 65520 <= |x| < 2^16 (rare: tensors
+   * with values there). */
+  if (r->hist[0][FLUSH_BINS] + r->hist[1][FLUSH_BINS] + r->hist[2][FLUSH_BINS] +
+              r->hist[3][FLUSH_BINS] != flush_edge ||
+      r->hist[0][OVF_EDGE_BIN] + r->hist[1][OVF_EDGE_BIN] + r->hist[2][OVF_EDGE_BIN] +
+              r->hist[3][OVF_EDGE_BIN] != ovf_edge)
+    for (size_t j = 0; j < n; j++) {
+      uint32_t ab = load_bits(dt, p, j) & 0x7fffffffu;
+      r->flush_edge += ab == 0x33000000u;
+      r->ovf_edge += ab >= 0x477ff000u && ab < 0x47800000u;
     }
-    break;
+}
+
+static inline __attribute__((always_inline)) void port_loop(probe__acc *a, probe_dtype dt,
+                                                          const unsigned char *p, size_t n) {
+  port_run r;
+  memset(&r, 0, sizeof r);
+  r.smax = INT32_MIN;
+  r.amin_m1 = UINT32_MAX;
+  const size_t es = probe_dtype_size(dt);
+  for (size_t i = 0; i < n; i += PCHUNK) {
+    size_t k = n - i < PCHUNK ? n - i : PCHUNK;
+    const unsigned char *q = p + i * es;
+    if (chunk_finite(dt, q, k))
+      run_finite(a, &r, dt, q, k);
+    else /* inf or NaN: one at a time, on a itself */
+      for (size_t j = 0; j < k; j++) {
+        uint16_t h;
+        memcpy(&h, q + 2 * j, 2);
+        acc_one(a, dt == PROBE_DTYPE_F16 ? probe_f32_bits(probe_f16_to_f32(h)) : load_bits(dt, q, j));
+      }
   }
-  case PROBE_DTYPE_BF16: {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-      uint16_t h;
-      memcpy(&h, p + 2 * i, 2);
-      acc_one(a, (uint32_t)h << 16);
+  /* the bins present lie between those of the smallest and the largest
+   * non-zero magnitude (binary32 bits: amin_m1 + 1; the larger of the
+   * largest positive and largest negative pattern) */
+  uint32_t amax = r.smax > 0 ? (uint32_t)r.smax : 0;
+  if (r.umax >= 0x80000000u && (r.umax & 0x7fffffffu) > amax) amax = r.umax & 0x7fffffffu;
+  uint64_t nonzero = 0;
+  if (amax) {
+    const int lo = probe__hist_bin(r.amin_m1 + 1u), hi = probe__hist_bin(amax);
+    for (int b = lo; b <= hi; b++) {
+      uint64_t h = (r.hist[0][b] + r.hist[1][b]) + (r.hist[2][b] + r.hist[3][b]);
+      if (b == 0) h -= r.zeros;
+      a->hist[b] += h;
+      nonzero += h;
+      a->sub += b < SUB_BINS ? h : 0;
+      a->flush += b < FLUSH_BINS ? h : 0;
+      a->ovf += b > OVF_EDGE_BIN ? h : 0;
     }
-    break;
   }
+  a->zero += r.zeros;
+  a->flush += r.flush_edge;
+  a->ovf += r.ovf_edge;
+  if (nonzero + r.zeros) { /* the finite chunks' extremes; their minima follow */
+    int32_t smin;
+    uint32_t umin;
+    probe__minima32(r.smax, r.umax, r.amin_m1 + 1u, r.zeros > 0, &smin, &umin);
+    probe__acc_extremes(a, r.smax, smin, r.umax, umin, r.amin_m1);
+  }
+}
+
+void probe__acc_portable(probe__acc *a, probe_dtype dt, const void *data, size_t n) {
+  a->count += n;
+  switch (dt) { /* one copy of the loop per dtype */
+  case PROBE_DTYPE_F32:
+    port_loop(a, PROBE_DTYPE_F32, data, n);
+    break;
+  case PROBE_DTYPE_F16:
+    port_loop(a, PROBE_DTYPE_F16, data, n);
+    break;
+  case PROBE_DTYPE_BF16:
+    port_loop(a, PROBE_DTYPE_BF16, data, n);
+    break;
   }
 }
 
