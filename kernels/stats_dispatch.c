@@ -23,10 +23,6 @@
 
 #include "stats_impl.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 /* Compiled without -mavx2, so that this test itself runs on any x86-64. */
 int probe__cpu_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -45,32 +41,6 @@ int probe__cpu_avx512(void) {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi2") &&
          __builtin_cpu_supports("avx512vnni");
-#else
-  return 0;
-#endif
-}
-
-/* Whether a CPU of this vendor (the 12 bytes of CPUID leaf 0) and family
- * (base + extended, leaf 1) with AVX-512 runs each 512-bit operation as two
- * 256-bit halves: AMD family 19h (Zen 4; its AVX-512-less members, Zen 3,
- * never ask). Zen 5 (family 1Ah) and Intel's AVX-512 cores have full-width
- * units; a CPU not known here counts as full width. */
-int probe__cpu_splits_512(const char vendor[12], unsigned family) {
-  return !memcmp(vendor, "AuthenticAMD", 12) && family == 0x19;
-}
-
-static int cpu_avx512_split(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a, b, c, d;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
-  char vendor[12];
-  memcpy(vendor, &b, 4);
-  memcpy(vendor + 4, &d, 4);
-  memcpy(vendor + 8, &c, 4);
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-  unsigned family = (a >> 8) & 0xfu;
-  if (family == 0xfu) family += (a >> 20) & 0xffu;
-  return probe__cpu_splits_512(vendor, family);
 #else
   return 0;
 #endif
@@ -109,12 +79,12 @@ static const stats_path paths[PROBE__PATH_COUNT] = {
  *   the AVX-512 block path up to 3584 elements (4096 for bf16); small512
  *   keeps fp32 up to 3072, where it was as fast or faster on the
  *   trainer's tensors.
- * - AVX-512 on a CPU that splits 512-bit operations in two (a Zen 4;
- *   2026-12-02, bench_stats --short, every --dist): small2 is faster than
- *   small512 for every dtype from 64-128 elements (1024 fp32: 381 against
- *   577 ns on N(0,1), 382-692 against 542-783 on the other data) and than
- *   the AVX-512 block path up to 4096 (fp32 1317 against 1713 ns), so it
- *   takes all three dtypes as far as it can. */
+ * - AVX-512 on a Zen 4, which splits each 512-bit operation in two
+ *   (2026-12-02): bench_stats --short has small2 faster than small512 for
+ *   fp32 too (1024 N(0,1) elements: 381 against 577 ns), but in the
+ *   trainer the two took the same share of the run (perf: 1.85% of samples
+ *   on small512, 1.83-1.95% on small2 with its bin counting; thread CPU
+ *   overhead +6.8..+8.4% against +8.8..+10.7%), so one table serves both. */
 typedef struct stats_family {
   const char *name;
   int small_path[3]; /* by dtype: fp32, fp16, bf16 */
@@ -123,16 +93,13 @@ typedef struct stats_family {
 } stats_family;
 
 #define SMALL3(p) {(p), (p), (p)}
-static const stats_family families[4] = {
+static const stats_family families[3] = {
     {"portable", SMALL3(PROBE__PATH_PORTABLE), PROBE__PATH_PORTABLE, {0, 0, 0}},
     {"avx2", SMALL3(PROBE__PATH_SMALL2), PROBE__PATH_AVX2, {PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N}},
     {"avx512", {PROBE__PATH_SMALL512, PROBE__PATH_SMALL2, PROBE__PATH_SMALL2}, PROBE__PATH_AVX512, {3072, 3584, PROBE__SMALL_MAX_N}},
-    /* the same family where 512-bit operations are split (a row of its own,
-     * the same name: AMPPROBE_STATS_PATH and probe_stats_path know three) */
-    {"avx512", SMALL3(PROBE__PATH_SMALL2), PROBE__PATH_AVX512, {PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N, PROBE__SMALL_MAX_N}},
 };
 #undef SMALL3
-enum { FAM_PORTABLE, FAM_AVX2, FAM_AVX512, ROW_AVX512_SPLIT };
+enum { FAM_PORTABLE, FAM_AVX2, FAM_AVX512 };
 
 static int widest_family(int at_most) {
   if (at_most >= FAM_AVX512 && probe__cpu_avx512()) return FAM_AVX512;
@@ -153,15 +120,10 @@ int probe__stats_family_from_env(const char *v) {
   return widest_family(at_most);
 }
 
-/* The row of families[] a family runs on this CPU. */
-static int family_row(int fam) {
-  return fam == FAM_AVX512 && cpu_avx512_split() ? ROW_AVX512_SPLIT : fam;
-}
-
 static const stats_family *family(void) {
   int f = atomic_load_explicit(&the_family, memory_order_relaxed);
   if (f < 0) {
-    f = family_row(probe__stats_family_from_env(getenv("AMPPROBE_STATS_PATH")));
+    f = probe__stats_family_from_env(getenv("AMPPROBE_STATS_PATH"));
     atomic_store_explicit(&the_family, f, memory_order_relaxed);
   }
   return &families[f];

@@ -327,8 +327,5 @@ int probe__stats_family_from_env(const char *v);
  * this process, and up to how many elements (*max_n; past it the block
  * path); for benchmarks that print what they ran. */
 int probe__stats_short_path(probe_dtype dt, size_t *max_n);
-/* 1 for a CPU of this CPUID vendor string and family whose AVX-512 units
- * split each 512-bit operation in two (stats_dispatch.c; for tests). */
-int probe__cpu_splits_512(const char vendor[12], unsigned family);
 
 #endif /* AMPPROBE_STATS_IMPL_H */

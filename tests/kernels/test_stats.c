@@ -40,10 +40,6 @@
 #include "ampprobe/numerics.h"
 #include "stats_impl.h" /* probe__stats_compute_path */
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #define EXPECT(cond, ...)                                                      \
   do {                                                                         \
     if (!(cond)) ck_abort_msg(__VA_ARGS__);                                    \
@@ -537,38 +533,6 @@ START_TEST(test_forced_path) {
 }
 END_TEST
 
-/* Which CPUs split 512-bit operations: AMD family 19h (Zen 4; Zen 3, the
- * same family, has no AVX-512 and is never asked), not family 1Ah (Zen 5),
- * 17h, or any Intel family 6 core; and on such a CPU the avx512 family takes
- * every dtype's short tensors on the AVX2 short path. */
-START_TEST(test_split_512) {
-  ck_assert_int_eq(probe__cpu_splits_512("AuthenticAMD", 0x19), 1);
-  ck_assert_int_eq(probe__cpu_splits_512("AuthenticAMD", 0x1a), 0);
-  ck_assert_int_eq(probe__cpu_splits_512("AuthenticAMD", 0x17), 0);
-  ck_assert_int_eq(probe__cpu_splits_512("GenuineIntel", 0x06), 0);
-  ck_assert_int_eq(probe__cpu_splits_512("GenuineIntel", 0x19), 0);
-  ck_assert_int_eq(probe__cpu_splits_512("HygonGenuine", 0x18), 0);
-  if (strcmp(probe_stats_path(), "avx512")) return;
-  /* this CPU, read here by __builtin_cpu_is and the family from CPUID */
-  int split = 0;
-#if defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d))
-    split = ((a >> 8) & 0xfu) + ((a >> 20) & 0xffu) == 0x19;
-#endif
-  for (int k = 0; k < 3; k++) {
-    size_t mx;
-    int sp = probe__stats_short_path((probe_dtype)k, &mx);
-    if (split) {
-      ck_assert_int_eq(sp, PROBE__PATH_SMALL2);
-      ck_assert_uint_eq(mx, PROBE__SMALL_MAX_N);
-    } else if (k == 0) {
-      ck_assert_int_eq(sp, PROBE__PATH_SMALL512);
-    }
-  }
-  printf("test_split_512: this CPU %s 512-bit operations\n", split ? "splits" : "does not split");
-}
-END_TEST
 
 /* Short tensors on every path at every length 0..300 and around the
  * short-path limits, with inf/NaN in the last partial step and in a full
@@ -1112,7 +1076,6 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_hand_computed);
   tcase_add_test(tc, test_fp16_headroom);
   tcase_add_test(tc, test_forced_path);
-  tcase_add_test(tc, test_split_512);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
   tcase_add_loop_test(tc, test_one_sign, 0, 3);
   tcase_add_loop_test(tc, test_wide_ranges, 0, 3);
