@@ -103,26 +103,23 @@ static inline uint32_t load_bits(probe_dtype dt, const unsigned char *p, size_t 
 }
 
 /* 1 when the n elements at p are all finite: the largest magnitude pattern
- * below that of inf. */
+ * (a 16-bit one in the top half of a word) below that of inf. */
 static inline int chunk_finite(probe_dtype dt, const unsigned char *p, size_t n) {
-  if (dt == PROBE_DTYPE_F32) {
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-      uint32_t u;
-      memcpy(&u, p + 4 * i, 4);
-      u &= 0x7fffffffu;
-      m = u > m ? u : m;
-    }
-    return m < 0x7f800000u;
-  }
-  uint16_t m = 0;
+  const uint32_t inf = dt == PROBE_DTYPE_F16 ? 0x7c000000u : 0x7f800000u;
+  uint32_t m = 0;
   for (size_t i = 0; i < n; i++) {
+    uint32_t u;
     uint16_t h;
-    memcpy(&h, p + 2 * i, 2);
-    h &= 0x7fffu;
-    m = h > m ? h : m;
+    if (dt == PROBE_DTYPE_F32) {
+      memcpy(&u, p + 4 * i, 4);
+    } else {
+      memcpy(&h, p + 2 * i, 2);
+      u = (uint32_t)h << 16;
+    }
+    u &= 0x7fffffffu;
+    m = u > m ? u : m;
   }
-  return m < (dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u);
+  return m < inf;
 }
 
 /* The running values of the finite chunks, kept apart from the

@@ -100,15 +100,17 @@ dispatch-env-ignored|kernels/stats_dispatch.c|s/f = probe__stats_family_from_env
 port-flush-edge-lost|kernels/stats.c|s/r->flush_edge += ab == 0x33000000u;/(void)0;/|any
 port-ovf-edge-lost|kernels/stats.c|s/r->ovf_edge += ab >= 0x477ff000u \&\& ab < 0x47800000u;/(void)0;/|any
 port-edge-rescan-never|kernels/stats.c|s/r->hist\[3\]\[OVF_EDGE_BIN\] != ovf_edge)/r->hist[3][OVF_EDGE_BIN] != ovf_edge \&\& 0)/|any
-port-ovf-bins-off|kernels/stats.c|s/a->ovf += b > OVF_EDGE_BIN ? h\[b\] : 0;/a->ovf += b >= OVF_EDGE_BIN ? h[b] : 0;/|any
-port-sub-bins-off|kernels/stats.c|s/a->sub += b < SUB_BINS ? h\[b\] : 0;/a->sub += b <= SUB_BINS ? h[b] : 0;/|any
+port-ovf-bins-off|kernels/stats.c|s/a->ovf += b > OVF_EDGE_BIN ? h : 0;/a->ovf += b >= OVF_EDGE_BIN ? h : 0;/|any
+port-sub-bins-off|kernels/stats.c|s/a->sub += b < SUB_BINS ? h : 0;/a->sub += b <= SUB_BINS ? h : 0;/|any
 port-zeros-left-in-bin0|kernels/stats.c|s/      if (b == 0) h -= r.zeros;//|any
 port-minima-zero-ignored|kernels/stats.c|s/r.amin_m1 + 1u, r.zeros > 0, /r.amin_m1 + 1u, 0, /|any
 port-f16-subnormal-as-normal|kernels/stats.c|s/(sub \& ~normal)/(o \& ~normal)/|any
 port-f16-sign-lost|kernels/stats.c|s/(uint32_t)(h \& 0x8000u) << 16;/0u;/|any
-port-nonfinite-chunk-as-finite|kernels/stats.c|s/return m < (dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u);/return m <= (dt == PROBE_DTYPE_F16 ? 0x7c00u : 0x7f80u);/|any
+port-nonfinite-chunk-as-finite|kernels/stats.c|s/  return m < inf;/  return m <= inf;/|any
 port-second-sums-lost|kernels/stats.c|s/a->sumsq += (q\[0\] + q\[1\]) + (q\[2\] + q\[3\]);/a->sumsq += (q[0] + q[1]) + q[2];/|any
 port-last-chunk-short|kernels/stats.c|s/size_t k = n - i < PCHUNK ? n - i : PCHUNK;/size_t k = n - i < PCHUNK ? n - i - (n - i > 1) : PCHUNK;/|any
+port-fold-range-low|kernels/stats.c|s/for (int b = lo; b <= hi; b++) {/for (int b = lo + 1; b <= hi; b++) {/|any
+port-fold-range-high|kernels/stats.c|s/for (int b = lo; b <= hi; b++) {/for (int b = lo; b < hi; b++) {/|any
 headroom-named-constant-off|kernels/stats.c|s/return log2((double)PROBE_F16_MAX \/ absmax);/return log2(65520.0 \/ absmax);/|any
 LIST
 
