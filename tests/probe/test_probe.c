@@ -750,6 +750,11 @@ START_TEST(test_writer_flush_visibility) {
   o.flush_steps = 0;
   o.overwrite = 1;
   PT_CHECK(probe_session_open(&s, path, &o));
+  /* As above: the writer thread replaces the file after the open has
+   * returned, so a reader that came before it saw the old file or none
+   * (under load: 255, the child's failure to open it). The flush waits. */
+  PT_CHECK(probe_session_flush(s));
+  ck_assert_int_eq(child_count_steps(path), 0);
   for (int step = 0; step < 5; step++) {
     PT_CHECK(probe_step_begin(s, step));
     PT_CHECK(probe_step_set_scalars(s, &sc));
