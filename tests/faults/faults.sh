@@ -479,17 +479,22 @@ case_bisect_sigkill() {
   "$AMP" bisect --scenario two-culprits --fp32-candidates revin,softmax -j 2 \
     --steps 200000 -q --workdir "$tag" >/dev/null 2>&1 &
   pid=$!
-  for i in $(seq 50); do # until trials run (at most 10 s)
+  # (bounds, not pauses: under ctest -j16 on two cores a start or an exit
+  # can take many seconds)
+  for i in $(seq 300); do # until trials run (at most 60 s)
     left=$(pgrep -f -- "$tag/trial-" || true)
     [ -n "$left" ] && break
     sleep 0.2
   done
-  [ -n "$left" ] || { kill -9 $pid 2>/dev/null; bad "no trial started within 10 s"; return; }
+  [ -n "$left" ] || { kill -9 $pid 2>/dev/null; bad "no trial started within 60 s"; return; }
   ok "trials running: $(echo $left | wc -w)"
   kill -9 $pid
   wait $pid 2>/dev/null
-  sleep 2
-  left=$(pgrep -f -- "$tag/trial-" || true)
+  for i in $(seq 150); do # until they are gone (at most 30 s)
+    left=$(pgrep -f -- "$tag/trial-" || true)
+    [ -z "$left" ] && break
+    sleep 0.2
+  done
   if [ -n "$left" ]; then
     bad "orphan trials after SIGKILL of bisect: pids $(echo $left)"
     for p in $left; do kill -9 "$p" 2>/dev/null; done # only the trials this case started

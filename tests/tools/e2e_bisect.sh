@@ -24,6 +24,16 @@ WORK=$(mktemp -d /tmp/ampprobe-e2e-bisect.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+# Waits (in tenths of a second, at most $3) until at least / at most $2
+# processes have $1 in their command line.
+trials_at_least() {
+  local n=0
+  while [ $n -lt "$3" ] && [ "$(pgrep -f "$1" | wc -l)" -lt "$2" ]; do sleep 0.1; n=$((n + 1)); done
+}
+trials_at_most() {
+  local n=0
+  while [ $n -lt "$3" ] && [ "$(pgrep -f "$1" | wc -l)" -gt "$2" ]; do sleep 0.1; n=$((n + 1)); done
+}
 pass() { echo "ok:   $*"; }
 
 # jq-like reads with Debian's python: jget FILE EXPR (EXPR uses d)
@@ -181,7 +191,7 @@ errors() {
   "$BIN" bisect --scenario revin-overflow --fp32-candidates revin --steps 200000 \
     --no-fail-nonfinite -j 2 --workdir "$WORK/wd-int" >"$WORK/int.out" 2>&1 &
   local pid=$!
-  sleep 1
+  trials_at_least "$WORK/wd-int/trial" 1 600 # its handler is in place by then
   kill -INT "$pid"
   local t0=$SECONDS
   wait "$pid"
@@ -189,7 +199,7 @@ errors() {
   local left
   left=$(pgrep -f "$WORK/wd-int/trial" | wc -l)
   if [ "$rc" = 130 ] && grep -q "interrupted" "$WORK/int.out" && [ "$left" = 0 ] &&
-     [ $((SECONDS - t0)) -lt 20 ]; then
+     [ $((SECONDS - t0)) -lt 60 ]; then # (the trials alone would run for minutes)
     pass "Ctrl-C: exit 130, table printed, no trial left running"
   else
     fail "Ctrl-C: exit $rc, $left trials left: $(tail -3 "$WORK/int.out")"
@@ -517,13 +527,15 @@ PYEOF
   # SIGKILL of bisect: its trials die with it (process group + PDEATHSIG)
   "$BIN" bisect --scenario revin-overflow --fp32-candidates revin,linear --steps 200000 \
     --no-fail-nonfinite -j 2 -q --workdir "$WORK/wd-kill" >/dev/null 2>&1 &
-  local pid=$! n=0 left
-  while [ $n -lt 50 ] && [ "$(pgrep -f "$WORK/wd-kill/trial" | wc -l)" -lt 2 ]; do sleep 0.1; n=$((n + 1)); done
+  local pid=$! left
+  # (bounds, not pauses: under ctest -j16 on two cores a start or an exit
+  # can take many seconds)
+  trials_at_least "$WORK/wd-kill/trial" 2 600
   local had
   had=$(pgrep -f "$WORK/wd-kill/trial" | wc -l)
   kill -KILL "$pid"
   wait "$pid" 2>/dev/null
-  sleep 1
+  trials_at_most "$WORK/wd-kill/trial" 0 300
   left=$(pgrep -f "$WORK/wd-kill/trial" | wc -l)
   [ "$had" -ge 1 ] && [ "$left" = 0 ] && pass "SIGKILL of bisect: $had running trials died with it" ||
     { fail "SIGKILL of bisect: $had trials before, $left left"; pkill -KILL -f "$WORK/wd-kill/trial"; }
@@ -531,7 +543,7 @@ PYEOF
   "$BIN" bisect --scenario revin-overflow --fp32-candidates revin --steps 200000 \
     --no-fail-nonfinite -j 2 --workdir "$WORK/wd-term" >"$WORK/term.out" 2>&1 &
   pid=$!
-  sleep 1
+  trials_at_least "$WORK/wd-term/trial" 1 600 # its handler is in place by then
   kill -TERM "$pid"
   wait "$pid"
   RC=$?
