@@ -352,6 +352,7 @@ static Suite *make_half_suite(void) {
   tcase_add_test(tc, test_dtype_helpers);
   suite_add_tcase(s, tc);
   TCase *ext = tcase_create("extended");
+  tcase_set_tags(ext, "extended"); /* CK_EXCLUDE_TAGS, tests/kernels/CMakeLists.txt */
   tcase_set_timeout(ext, 1200);
   tcase_add_test(ext, test_f32_to_f16_exhaustive);
   suite_add_tcase(s, ext);

@@ -1085,6 +1085,7 @@ static Suite *make_writer_suite(void) {
    * that must outlast a 300 ms lock): a case of their own, which CTest runs
    * alone (test_probe.timing, label timing, RUN_SERIAL). */
   TCase *tt = tcase_create("writer_timing");
+  tcase_set_tags(tt, "timing"); /* CK_EXCLUDE_TAGS, tests/probe/CMakeLists.txt */
   tcase_set_timeout(tt, 30);
   tcase_add_test(tt, test_writer_flush_visibility);
   tcase_add_test(tt, test_writer_idle_timer_flush);

@@ -576,10 +576,19 @@ static Suite *make_wfail_suite(void) {
   tcase_set_timeout(tc, 300); /* children under ASan on a loaded machine */
   tcase_add_test(tc, test_wfail_fsize);
   tcase_add_test(tc, test_wfail_fsize_sigdfl);
-  tcase_add_test(tc, test_wfail_fsize_commit_at_limit);
   tcase_add_test(tc, test_wfail_not_regular);
   tcase_add_test(tc, test_wfail_full_fs);
   suite_add_tcase(s, tc);
+  /* A check that depends on speed, run alone (tests/probe/CMakeLists.txt):
+   * its bound on the steps lost holds when the writer thread keeps up with
+   * the caller; under ctest -j16 on two cores it fell behind by 1,500
+   * steps (2,228 committed of 3,728 ended), rows handed over and not yet
+   * taken when the limit hit. */
+  TCase *tt = tcase_create("wfail_timing");
+  tcase_set_tags(tt, "timing"); /* CK_EXCLUDE_TAGS, tests/probe/CMakeLists.txt */
+  tcase_set_timeout(tt, 300);
+  tcase_add_test(tt, test_wfail_fsize_commit_at_limit);
+  suite_add_tcase(s, tt);
   TCase *tl = tcase_create("claim");
   tcase_set_timeout(tl, 60);
   tcase_add_test(tl, test_claim_exists);

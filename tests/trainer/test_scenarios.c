@@ -352,6 +352,7 @@ static Suite *make_scenario_suite(void) {
   /* Wall-clock checks: a case of their own, which CTest runs alone
    * (trainer_scenarios.timing, label timing, RUN_SERIAL). */
   TCase *tt = tcase_create("timing");
+  tcase_set_tags(tt, "timing"); /* CK_EXCLUDE_TAGS, tests/trainer/CMakeLists.txt */
   tcase_set_timeout(tt, 120);
   tcase_add_test(tt, test_zoo_speed);
   suite_add_tcase(s, tt);
