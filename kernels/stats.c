@@ -68,8 +68,8 @@ static inline void acc_one(probe__acc *a, uint32_t u) {
 /* ---- the portable loop --------------------------------------------------------- */
 
 /* Elements per chunk: each chunk is first checked for inf and NaN (a max
- * the compiler vectorises); a finite one runs the loop below, one with inf
- * or NaN acc_one per element. */
+ * over its magnitudes); a finite one runs the loop below, one with inf or
+ * NaN acc_one per element. */
 enum { PCHUNK = 256, NB = PROBE_HIST_BINS };
 
 /* A finite binary16 pattern as exact binary32 bits, without branches (the
@@ -102,6 +102,14 @@ static inline uint32_t load_bits(probe_dtype dt, const unsigned char *p, size_t 
   }
 }
 
+/* The same for any element, inf and NaN included (for acc_one). */
+static inline uint32_t load_any_bits(probe_dtype dt, const unsigned char *p, size_t i) {
+  uint16_t h;
+  if (dt != PROBE_DTYPE_F16) return load_bits(dt, p, i);
+  memcpy(&h, p + 2 * i, 2);
+  return probe_f32_bits(probe_f16_to_f32(h));
+}
+
 /* 1 when the n elements at p are all finite: the largest magnitude pattern
  * (a 16-bit one in the top half of a word) below that of inf. */
 static inline int chunk_finite(probe_dtype dt, const unsigned char *p, size_t n) {
@@ -125,9 +133,9 @@ static inline int chunk_finite(probe_dtype dt, const unsigned char *p, size_t n)
 /* The running values of the finite chunks, kept apart from the
  * accumulator (which the chunks with inf or NaN update one element at a
  * time). hist: four copies (element i counts into copy i % 4, so that
- * neighbours in one bin do not wait on each other's increment). The minima, f16_subnormal and most of
- * f16_flush/f16_overflow are not tracked per element but derived at the
- * end (port_loop). */
+ * neighbours in one bin do not wait on each other's increment). The
+ * minima, f16_subnormal and most of f16_flush/f16_overflow are not tracked
+ * per element but derived at the end (port_loop). */
 typedef struct port_run {
   int32_t smax;
   uint32_t umax, amin_m1;
@@ -138,8 +146,12 @@ typedef struct port_run {
 
 /* Bins wholly inside f16_flush (|x| < 2^-25) and f16_overflow (|x| >=
  * 2^16), and the bins that hold their edges, 2^-25 and 65520. */
-enum { FLUSH_BINS = -25 - PROBE_HIST_MIN_EXP + 1, OVF_EDGE_BIN = 15 - PROBE_HIST_MIN_EXP + 1,
-       SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
+enum { FLUSH_BINS = -25 - PROBE_HIST_MIN_EXP + 1, OVF_EDGE_BIN = 15 - PROBE_HIST_MIN_EXP + 1 };
+
+/* Bin b of r, its four copies together. */
+static inline uint64_t run_bin(const port_run *r, int b) {
+  return (r->hist[0][b] + r->hist[1][b]) + (r->hist[2][b] + r->hist[3][b]);
+}
 
 /* n finite elements at p into r and a's sums, without a branch per
  * element: zeros count into bin 0 (and zeros) and add +0 to the sums; the
@@ -152,10 +164,7 @@ static inline __attribute__((always_inline)) void run_finite(probe__acc *a, port
   uint32_t umax = r->umax, am1 = r->amin_m1;
   uint64_t zeros = 0;
   double s[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
-  const uint64_t flush_edge = r->hist[0][FLUSH_BINS] + r->hist[1][FLUSH_BINS] +
-                              r->hist[2][FLUSH_BINS] + r->hist[3][FLUSH_BINS];
-  const uint64_t ovf_edge = r->hist[0][OVF_EDGE_BIN] + r->hist[1][OVF_EDGE_BIN] +
-                            r->hist[2][OVF_EDGE_BIN] + r->hist[3][OVF_EDGE_BIN];
+  const uint64_t flush_edge = run_bin(r, FLUSH_BINS), ovf_edge = run_bin(r, OVF_EDGE_BIN);
 #define PORT_ELEM(k, i)                                                         \
   do {                                                                          \
     uint32_t u = load_bits(dt, p, (i));                                         \
@@ -193,10 +202,7 @@ static inline __attribute__((always_inline)) void run_finite(probe__acc *a, port
    * f16_overflow's bounds: when the chunk added to one, count the chunk's
    * elements of exactly 2^-25 and of 65520 <= |x| < 2^16 (rare: tensors
    * with values there). */
-  if (r->hist[0][FLUSH_BINS] + r->hist[1][FLUSH_BINS] + r->hist[2][FLUSH_BINS] +
-              r->hist[3][FLUSH_BINS] != flush_edge ||
-      r->hist[0][OVF_EDGE_BIN] + r->hist[1][OVF_EDGE_BIN] + r->hist[2][OVF_EDGE_BIN] +
-              r->hist[3][OVF_EDGE_BIN] != ovf_edge)
+  if (run_bin(r, FLUSH_BINS) != flush_edge || run_bin(r, OVF_EDGE_BIN) != ovf_edge)
     for (size_t j = 0; j < n; j++) {
       uint32_t ab = load_bits(dt, p, j) & 0x7fffffffu;
       r->flush_edge += ab == 0x33000000u;
@@ -217,11 +223,7 @@ static inline __attribute__((always_inline)) void port_loop(probe__acc *a, probe
     if (chunk_finite(dt, q, k))
       run_finite(a, &r, dt, q, k);
     else /* inf or NaN: one at a time, on a itself */
-      for (size_t j = 0; j < k; j++) {
-        uint16_t h;
-        memcpy(&h, q + 2 * j, 2);
-        acc_one(a, dt == PROBE_DTYPE_F16 ? probe_f32_bits(probe_f16_to_f32(h)) : load_bits(dt, q, j));
-      }
+      for (size_t j = 0; j < k; j++) acc_one(a, load_any_bits(dt, q, j));
   }
   /* the bins present lie between those of the smallest and the largest
    * non-zero magnitude (binary32 bits: amin_m1 + 1; the larger of the
@@ -232,11 +234,11 @@ static inline __attribute__((always_inline)) void port_loop(probe__acc *a, probe
   if (amax) {
     const int lo = probe__hist_bin(r.amin_m1 + 1u), hi = probe__hist_bin(amax);
     for (int b = lo; b <= hi; b++) {
-      uint64_t h = (r.hist[0][b] + r.hist[1][b]) + (r.hist[2][b] + r.hist[3][b]);
+      uint64_t h = run_bin(&r, b);
       if (b == 0) h -= r.zeros;
       a->hist[b] += h;
       nonzero += h;
-      a->sub += b < SUB_BINS ? h : 0;
+      a->sub += b < PROBE__SUB_BINS ? h : 0;
       a->flush += b < FLUSH_BINS ? h : 0;
       a->ovf += b > OVF_EDGE_BIN ? h : 0;
     }

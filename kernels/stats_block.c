@@ -10,7 +10,8 @@
  * the path's short-tensor routine (ops->redo), and owns the histogram: the
  * 66x66 pair table of pair mode (pair indices lo + 66*hi written by the
  * block functions, counted by scalar increments interleaved with the next
- * block's vector loop, folded into the 66 bins before a 16-bit counter can wrap and at the end), or in
+ * block's vector loop, folded into the 66 bins before a 16-bit counter can
+ * wrap and at the end), or in
  * window mode the window itself: it picks and moves the window, counts the
  * elements outside it (outb), owns the window's carry-save counters
  * (probe__hs, read with the path's hs_count) and makes the corrections fp16
@@ -22,7 +23,8 @@
  * scalar fix-up per subnormal cost ~12 ns an element on tensors of
  * underflowing FP16 values); zeros land in bin 0 and are subtracted there.
  * The FP16-subnormal count of every dtype is read off the histogram (bins
- * below exponent -14) instead of being counted per element. In window mode zeros
+ * below exponent -14) instead of being counted per element. In window mode
+ * zeros
  * never enter the histogram and fp16 subnormals reach outb with their
  * patterns.
  *
@@ -105,9 +107,8 @@ static void fold(probe__acc *a, pair_hist *ph) {
   }
   int64_t bins[NB];
   for (int i = 0; i < NB; i++) bins[i] = (int64_t)(lo[i] + hi[i]) + ph->corr[i];
-  const int below = -14 - PROBE_HIST_MIN_EXP + 1; /* bins 0..below-1: exp < -14 */
   int64_t sub = 0;
-  for (int i = 0; i < below; i++) sub += bins[i];
+  for (int i = 0; i < PROBE__SUB_BINS; i++) sub += bins[i];
   a->sub += (uint64_t)sub; /* corr[0] already removed the zeros */
   for (int i = 0; i < NB; i++) a->hist[i] += (uint64_t)bins[i];
   if (ph->table_ready) memset(ph->table, 0, sizeof ph->table);
@@ -189,8 +190,8 @@ static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
  * patterns: subnormals always, and the tails): their bins, their window
  * values (outcnt, for the next choice), what the block's sums left out (the
  * sum holds only the elements inside; for a subnormal the squares hold
- * (2 + u/512)^2 * 2^-32 instead of x^2). Elements
- * alternate between two sets of accumulators, without branches, converted
+ * (2 + u/512)^2 * 2^-32 instead of x^2). Elements alternate between two
+ * sets of accumulators, without branches, converted
  * by F16C: a data-dependent branch, one chain of additions and a software
  * conversion made each element cost several ns on tensors with many
  * subnormals. */

@@ -37,6 +37,10 @@ void probe__acc_finish(const probe__acc *a, probe_stats *out);
 void probe__acc_portable(probe__acc *a, probe_dtype dt, const void *data,
                          size_t n);
 
+/* Bins 0 .. PROBE__SUB_BINS - 1 hold the non-zero |x| < 2^-14, which
+ * f16_subnormal counts: every path reads that count off the histogram. */
+enum { PROBE__SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
+
 /* Histogram bin of a finite non-zero binary32 magnitude (|x| bits). */
 static inline int probe__hist_bin(uint32_t abits) {
   int e = (int)(abits >> 23); /* 0 for binary32 subnormals: bin 0 */

@@ -68,9 +68,6 @@ static void count_nonfinite(__m256i u, int k, uint64_t *nan, uint64_t *posinf, u
   }
 }
 
-/* Bins below this one hold the non-zero |x| < 2^-14: f16_subnormal. */
-enum { SUB_BINS = -14 - PROBE_HIST_MIN_EXP + 1 };
-
 /* One pass over bins[0 .. 32 nbv): cnt[k] = bytes equal to key + k, k = 0 ..
  * 7 (the byte less key compared with 0 .. 7 and subtracted into eight byte
  * counters, at most 128 per lane for n <= 4096, summed by vpsadbw; two
@@ -130,7 +127,7 @@ static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax,
     for (int k = 0; k <= top - key; k++) {
       a->hist[key + k] += cnt[k];
       *nonzero += cnt[k];
-      if (key + k < SUB_BINS) *sub += cnt[k];
+      if (key + k < PROBE__SUB_BINS) *sub += cnt[k];
     }
     /* (bytes above top, 0xff or bins of an earlier pass, are >= key too) */
     const size_t nbelow = 32 * nbv - cnt[8];
@@ -141,7 +138,7 @@ static void count_bins(probe__acc *a, const uint8_t *bins, size_t nbv, int bmax,
         for (uint32_t m = below[v]; m; m &= m - 1) {
           int bv = bins[32 * v + (size_t)__builtin_ctz(m)];
           a->hist[bv]++;
-          *sub += bv < SUB_BINS;
+          *sub += bv < PROBE__SUB_BINS;
         }
       return;
     }

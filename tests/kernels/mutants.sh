@@ -25,7 +25,7 @@ missed=0
 cat > "$work/list" <<'LIST'
 small2-bins-packus|kernels/stats_small2.c|s/_mm256_packs_epi16(_mm256_packs_epi32(b0, b1)/_mm256_packus_epi16(_mm256_packs_epi32(b0, b1)/|avx2
 small2-max-unmasked|kernels/stats_small2.c|s/smax = _mm256_max_epi32(smax, _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MIN), u, f));/smax = _mm256_max_epi32(smax, u);/|avx2
-small2-sub-bin-off|kernels/stats_small2.c|s/if (key + k < SUB_BINS) \*sub += cnt\[k\];/if (key + k <= SUB_BINS) *sub += cnt[k];/|avx2
+small2-sub-bin-off|kernels/stats_small2.c|s/if (key + k < PROBE__SUB_BINS) \*sub += cnt\[k\];/if (key + k <= PROBE__SUB_BINS) *sub += cnt[k];/|avx2
 small2-flush-scan-skipped|kernels/stats_small2.c|s/(am1 < 0x33000000u /(am1 < 0x32ffffffu /|avx2
 small2-ovf-scan-skipped|kernels/stats_small2.c|s/sx > 0x477fefff /sx > 0x477fffff /|avx2
 small16-nonfinite-kept|kernels/stats_small2.c|s/if (ax >= (f16 ? 0x7c00u : 0x7f80u)) return 0;/if (ax > (f16 ? 0x7c00u : 0x7f80u)) return 0;/|avx2
@@ -71,7 +71,7 @@ exact16-zeros-binned|kernels/stats_small2.c|s/out_ = _mm256_or_si256(_mm256_subs
 exact16-tail-lost|kernels/stats_small2.c|s/if (32 \* v < n) {/if (0) {/|avx2
 exact16-bias-off|kernels/stats_small2.c|s/cb = _mm256_set1_epi16(F32_BIAS16);/cb = _mm256_set1_epi16(F32_BIAS16 + 1);/|avx2
 out16-sub-edge|kernels/stats_block.c|s/q\[i \& 1\] += u < 0x0400u ?/q[i \& 1] += u < 0x0200u ?/|avx2
-fold-sub-bins-off|kernels/stats_block.c|s/const int below = -14 - PROBE_HIST_MIN_EXP + 1;/const int below = -14 - PROBE_HIST_MIN_EXP;/|avx2
+fold-sub-bins-off|kernels/stats_block.c|s/for (int i = 0; i < PROBE__SUB_BINS; i++) sub += bins\[i\];/for (int i = 0; i < PROBE__SUB_BINS - 1; i++) sub += bins[i];/|avx2
 out16-sum-lost|kernels/stats_block.c|s/s\[i \& 1\] += x;/;/|avx2
 drive-redo-last-piece-lost|kernels/stats_block.c|s/for (size_t k = 0; k < m; k += PROBE__SMALL_MAX_N)/for (size_t k = 0; k + PROBE__SMALL_MAX_N < m; k += PROBE__SMALL_MAX_N)/|avx2
 nonfinite-scan32-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi32(0x7f7fffff)/big = _mm256_set1_epi32(0x7f800000)/|avx2
@@ -99,9 +99,9 @@ hs2-count-low-byte-only|kernels/stats_avx2.c|s/wc\[i + 8\] += weight/wc[i + 8] +
 dispatch-env-ignored|kernels/stats_dispatch.c|s/f = probe__stats_family_from_env(getenv("AMPPROBE_STATS_PATH"));/f = probe__stats_family_from_env(NULL);/|any
 port-flush-edge-lost|kernels/stats.c|s/r->flush_edge += ab == 0x33000000u;/(void)0;/|any
 port-ovf-edge-lost|kernels/stats.c|s/r->ovf_edge += ab >= 0x477ff000u \&\& ab < 0x47800000u;/(void)0;/|any
-port-edge-rescan-never|kernels/stats.c|s/r->hist\[3\]\[OVF_EDGE_BIN\] != ovf_edge)/r->hist[3][OVF_EDGE_BIN] != ovf_edge \&\& 0)/|any
+port-edge-rescan-never|kernels/stats.c|s/run_bin(r, OVF_EDGE_BIN) != ovf_edge)/run_bin(r, OVF_EDGE_BIN) != ovf_edge \&\& 0)/|any
 port-ovf-bins-off|kernels/stats.c|s/a->ovf += b > OVF_EDGE_BIN ? h : 0;/a->ovf += b >= OVF_EDGE_BIN ? h : 0;/|any
-port-sub-bins-off|kernels/stats.c|s/a->sub += b < SUB_BINS ? h : 0;/a->sub += b <= SUB_BINS ? h : 0;/|any
+port-sub-bins-off|kernels/stats.c|s/a->sub += b < PROBE__SUB_BINS ? h : 0;/a->sub += b <= PROBE__SUB_BINS ? h : 0;/|any
 port-zeros-left-in-bin0|kernels/stats.c|s/      if (b == 0) h -= r.zeros;//|any
 port-minima-zero-ignored|kernels/stats.c|s/r.amin_m1 + 1u, r.zeros > 0, /r.amin_m1 + 1u, 0, /|any
 port-f16-subnormal-as-normal|kernels/stats.c|s/(sub \& ~normal)/(o \& ~normal)/|any

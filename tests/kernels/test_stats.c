@@ -533,7 +533,6 @@ START_TEST(test_forced_path) {
 }
 END_TEST
 
-
 /* Short tensors on every path at every length 0..300 and around the
  * short-path limits, with inf/NaN in the last partial step and in a full
  * one (the short paths mask those steps), zeros, subnormals. */
