@@ -199,14 +199,21 @@ static probe_status hand_over(probe_session *s, int how) {
     if ((int64_t)s->in[t].rows >= s->batch[t]) big = 1;
   uint64_t ticket = 0;
   if (how != HAND_ROWS) ticket = ++s->flush_req;
-  if (how != HAND_ROWS || big || s->w_idle) pthread_cond_signal(&s->wake);
+  const int wake = how != HAND_ROWS || big || s->w_idle;
   /* Wait for a requested flush, or for room when the writer is behind. */
+  int waited = 0;
   while (!atomic_load(&s->err_flag) &&
          ((sync && s->flush_done < ticket) || s->in_bytes > WAIT_BYTES)) {
     pthread_cond_signal(&s->wake);
     pthread_cond_wait(&s->done, &s->mu);
+    waited = 1;
   }
   pthread_mutex_unlock(&s->mu);
+  /* Signalled after the unlock: a writer woken while the caller still held
+   * mu blocked on it at once and had to be woken a second time (two futex
+   * calls a hand-over instead of one). The writer reads its work under mu
+   * at the top of its loop, so a signal that finds it busy is not lost. */
+  if (wake && !waited) pthread_cond_signal(&s->wake);
   if (how != HAND_ROWS) s->steps_since_flush = 0;
   return writer_error(s);
 }
@@ -580,7 +587,7 @@ static probe_status cur_grow(probe_session *s) {
     s->cuda_pending = 0;
   }
   size_t cap = s->cap_cur ? s->cap_cur * 2 : 64;
-  probe_record *r = realloc(s->cur, cap * sizeof *r);
+  probe_record *r = probe__regrow(s->cur, s->n_cur * sizeof *r, cap * sizeof *r);
   if (r == NULL) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   s->cur = r;
   tensor_ref *f = realloc(s->ref, cap * sizeof *f);
