@@ -28,6 +28,7 @@ run bench_postmortem
 # they are kept in /tmp/ampprobe-bench-ranks)
 run bench_postmortem_ranks
 run bench_trainer
+run bench_trainer --reps 9 --steps 300 --calls
 
 # bisect on two-culprits, -j 1 and -j 2 (a script: it drives the ampprobe binary)
 if [ -x "$build/tools/ampprobe" ]; then

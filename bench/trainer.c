@@ -14,10 +14,15 @@
  * of the whole run (model set-up, opening and closing the trace included),
  * the wall time of the training loop alone (the steps: what "step time"
  * means), the process's CPU time (libprobe's writer thread included) and the
- * training thread's CPU time; --md FILE writes the tables.
+ * training thread's CPU time; --md FILE writes the tables. --calls also
+ * times the training thread inside libprobe's per-step calls (the direct
+ * cost of tracing, in the same run as the loop it is compared with, so a
+ * shared machine's changes of speed between runs do not blur it): the
+ * bench is linked with --wrap for those calls (bench/trainer.cmake), and
+ * each timed call costs two clock reads more, measured and printed.
  *
  *   bench_trainer [--scenario NAME | --config FILE] [--reps N] [--steps N]
- *                 [--md FILE]
+ *                 [--calls] [--md FILE]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -34,6 +39,64 @@ static double clock_s(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- --calls: wall time inside libprobe's per-step calls ------------------
+ * With AMPPROBE_BENCH_WRAP (GNU ld's --wrap, bench/trainer.cmake), the
+ * trainer's calls of the functions below reach __wrap_X, which times
+ * __real_X when calls_on is set. */
+static int calls_on;         /* --calls, during a traced run */
+static double calls_s[2];    /* seconds inside the calls in this run:
+                                probe_tensor_record, the others */
+static long long calls_n[2]; /* calls timed in this run, the same two */
+
+#ifdef AMPPROBE_BENCH_WRAP
+#define TIMED(k, call)                                                         \
+  do {                                                                         \
+    if (!calls_on) return call;                                                \
+    double t0_ = clock_s(CLOCK_MONOTONIC);                                     \
+    probe_status st_ = call;                                                   \
+    calls_s[k] += clock_s(CLOCK_MONOTONIC) - t0_;                              \
+    calls_n[k]++;                                                              \
+    return st_;                                                                \
+  } while (0)
+probe_status __real_probe_step_begin(probe_session *s, int64_t step);
+probe_status __real_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
+                                        probe_dtype dtype, const void *data, size_t n);
+probe_status __real_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc);
+probe_status __real_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev);
+probe_status __real_probe_step_end(probe_session *s);
+probe_status __wrap_probe_step_begin(probe_session *s, int64_t step);
+probe_status __wrap_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
+                                        probe_dtype dtype, const void *data, size_t n);
+probe_status __wrap_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc);
+probe_status __wrap_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev);
+probe_status __wrap_probe_step_end(probe_session *s);
+probe_status __wrap_probe_step_begin(probe_session *s, int64_t step) {
+  TIMED(1, __real_probe_step_begin(s, step));
+}
+probe_status __wrap_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
+                                        probe_dtype dtype, const void *data, size_t n) {
+  TIMED(0, __real_probe_tensor_record(s, layer, site, dtype, data, n));
+}
+probe_status __wrap_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc) {
+  TIMED(1, __real_probe_step_set_scalars(s, sc));
+}
+probe_status __wrap_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev) {
+  TIMED(1, __real_probe_scaler_transition(s, ev));
+}
+probe_status __wrap_probe_step_end(probe_session *s) { TIMED(1, __real_probe_step_end(s)); }
+#undef TIMED
+#endif
+
+/* Seconds one clock read takes. A timed call's interval holds about one
+ * (the end of the first read, the start of the second), the loop two. */
+static double clock_read_cost(void) {
+  enum { K = 200000 };
+  double t0 = clock_s(CLOCK_MONOTONIC), x = 0;
+  for (int i = 0; i < K; i++) x += clock_s(CLOCK_MONOTONIC);
+  double t1 = clock_s(CLOCK_MONOTONIC);
+  return x > 0 ? (t1 - t0) / K : 0;
 }
 
 /* The 1-minute load average, -1 if unknown: wall times on a shared machine
@@ -72,19 +135,27 @@ static const char *mode_name[N_MODES] = {"tracing off", "flight recorder",
 int main(int argc, char **argv) {
   const char *scn = PROBE_DEFAULT_SCENARIO, *md = NULL, *steps = NULL;
   const char *cfg_file = NULL;
-  int reps = 9;
+  int reps = 9, want_calls = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--scenario") && i + 1 < argc) scn = argv[++i];
     else if (!strcmp(argv[i], "--config") && i + 1 < argc) cfg_file = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = argv[++i];
     else if (!strcmp(argv[i], "--md") && i + 1 < argc) md = argv[++i];
+    else if (!strcmp(argv[i], "--calls")) want_calls = 1;
     else {
       fprintf(stderr, "usage: %s [--scenario NAME | --config FILE] [--reps N] "
-                      "[--steps N] [--md FILE]\n", argv[0]);
+                      "[--steps N] [--calls] [--md FILE]\n", argv[0]);
       return 2;
     }
   }
+#ifndef AMPPROBE_BENCH_WRAP
+  if (want_calls) {
+    fprintf(stderr, "bench_trainer: --calls needs a build linked with --wrap (GNU ld), "
+                    "which this one is not\n");
+    return 2;
+  }
+#endif
   if (reps < 1 || reps > 1000) reps = 9;
   char err[512];
   probe_train_config *c;
@@ -102,13 +173,20 @@ int main(int argc, char **argv) {
   /* steps/s by wall time, by process CPU time (all threads: libprobe's
    * writer thread included) and by the CPU time of the training thread */
   double *sps[N_MODES], *cps[N_MODES], *tps[N_MODES], *lps[N_MODES];
+  double *ins[N_MODES], *inrec[N_MODES]; /* --calls: seconds per step inside
+                                            libprobe's calls, in
+                                            probe_tensor_record */
+  long long ncalls = 0;
   int64_t records = 0;
   for (int m = 0; m < N_MODES; m++) {
     sps[m] = calloc((size_t)reps, sizeof(double));
     cps[m] = calloc((size_t)reps, sizeof(double));
     tps[m] = calloc((size_t)reps, sizeof(double));
     lps[m] = calloc((size_t)reps, sizeof(double));
+    ins[m] = calloc((size_t)reps, sizeof(double));
+    inrec[m] = calloc((size_t)reps, sizeof(double));
   }
+  const double read_cost = want_calls ? clock_read_cost() : 0;
   double load0 = loadavg();
   /* one warm-up run of each mode, not counted */
   for (int r = -1; r < reps; r++) {
@@ -121,6 +199,9 @@ int main(int argc, char **argv) {
         o.mode = m == MODE_FULL ? PROBE_MODE_FULL : PROBE_MODE_SCALARS;
       }
       probe_train_result res;
+      calls_s[0] = calls_s[1] = 0;
+      calls_n[0] = calls_n[1] = 0;
+      calls_on = want_calls && m != MODE_OFF;
       double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
       double h0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
       if (probe_train(c, &o, &res, err, sizeof err) != PROBE_OK) {
@@ -129,6 +210,16 @@ int main(int argc, char **argv) {
       }
       double c1 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
       double h1 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+      calls_on = 0;
+      /* (the calls outside the loop, the first step_begin's session work
+       * aside, are a few against the steps') */
+      if (r >= 0 && res.steps_run > 0) {
+        const double rec_s = calls_s[0] - read_cost * (double)calls_n[0];
+        const double in_s = rec_s + calls_s[1] - read_cost * (double)calls_n[1];
+        ins[m][r] = (in_s > 0 ? in_s : 0) / (double)res.steps_run;
+        inrec[m][r] = (rec_s > 0 ? rec_s : 0) / (double)res.steps_run;
+      }
+      if (r >= 0 && m == MODE_FULL) ncalls += calls_n[0] + calls_n[1];
       if (r >= 0) {
         sps[m][r] = (double)res.steps_run / res.wall_seconds;
         cps[m][r] = (double)res.steps_run / (c1 - c0);
@@ -148,6 +239,15 @@ int main(int argc, char **argv) {
       pair[t][m] = calloc((size_t)reps, sizeof(double));
       for (int r = 0; r < reps; r++) pair[t][m][r] = 100.0 * (clocks[t][MODE_OFF][r] / clocks[t][m][r] - 1.0);
     }
+  /* --calls: the time inside the calls per step as a share of the
+   * untraced loop's step in the same repetition */
+  double *inpct[N_MODES];
+  for (int m = 0; m < N_MODES; m++) {
+    inpct[m] = calloc((size_t)reps, sizeof(double));
+    if (m != MODE_OFF && want_calls)
+      for (int r = 0; r < reps; r++) inpct[m][r] = 100.0 * ins[m][r] * lps[MODE_OFF][r];
+  }
+  const double calls_per_step = (double)ncalls / ((double)reps * (double)probe_config_steps(c));
   double med[N_MODES], cmed[N_MODES], tmed[N_MODES], lmed[N_MODES];
   for (int m = 0; m < N_MODES; m++) {
     med[m] = median(sps[m], reps);
@@ -216,6 +316,27 @@ int main(int argc, char **argv) {
       }
       fprintf(f, "\n");
     }
+    if (want_calls) {
+      fprintf(f, "Inside libprobe's per-step calls (--calls: the training thread's wall time "
+                 "in probe_step_begin, probe_tensor_record, probe_step_set_scalars, "
+                 "probe_scaler_transition and probe_step_end, less the %.0f ns of one clock "
+                 "read a call; %.1f calls a step), per step and as a share of the untraced "
+                 "step of the same repetition:\n\n"
+                 "| mode | us per step (median) | of which probe_tensor_record | "
+                 "share of the untraced step (median, quartiles) |\n"
+                 "| --- | ---: | ---: | ---: |\n",
+              1e9 * read_cost, calls_per_step);
+      for (int m = MODE_RING; m < N_MODES; m++) {
+        /* (median() sorts each array; they are not used together after) */
+        double us = 1e6 * median(ins[m], reps), us_rec = 1e6 * median(inrec[m], reps);
+        double pm = median(inpct[m], reps);
+        fprintf(f, "| %s | %.1f | %.1f | %.1f%% (%.1f .. %.1f) |\n", mode_name[m], us, us_rec, pm,
+                quantile(inpct[m], reps, 0.25), quantile(inpct[m], reps, 0.75));
+      }
+      fprintf(f, "\nThe traced loops' wall times above include the timing: two clock "
+                 "reads a call, %.1f us a step.\n\n",
+              1e6 * 2.0 * read_cost * calls_per_step);
+    }
     double ov[4];
     for (int t = 0; t < 4; t++) ov[t] = median(pair[t][MODE_FULL], reps);
     fprintf(f, "Overhead = time per step with tracing / time per step without "
@@ -233,6 +354,9 @@ int main(int argc, char **argv) {
     free(cps[m]);
     free(tps[m]);
     free(lps[m]);
+    free(ins[m]);
+    free(inrec[m]);
+    free(inpct[m]);
   }
   probe_config_free(c);
   return 0;
