@@ -51,42 +51,26 @@ static double calls_s[2];    /* seconds inside the calls in this run:
 static long long calls_n[2]; /* calls timed in this run, the same two */
 
 #ifdef AMPPROBE_BENCH_WRAP
-#define TIMED(k, call)                                                         \
-  do {                                                                         \
-    if (!calls_on) return call;                                                \
+/* __wrap_NAME: times __real_NAME into calls_s[k] when calls_on */
+#define WRAP(k, name, params, args)                                            \
+  probe_status __real_##name params;                                           \
+  probe_status __wrap_##name params;                                           \
+  probe_status __wrap_##name params {                                          \
+    if (!calls_on) return __real_##name args;                                  \
     double t0_ = clock_s(CLOCK_MONOTONIC);                                     \
-    probe_status st_ = call;                                                   \
+    probe_status st_ = __real_##name args;                                     \
     calls_s[k] += clock_s(CLOCK_MONOTONIC) - t0_;                              \
     calls_n[k]++;                                                              \
     return st_;                                                                \
-  } while (0)
-probe_status __real_probe_step_begin(probe_session *s, int64_t step);
-probe_status __real_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
-                                        probe_dtype dtype, const void *data, size_t n);
-probe_status __real_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc);
-probe_status __real_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev);
-probe_status __real_probe_step_end(probe_session *s);
-probe_status __wrap_probe_step_begin(probe_session *s, int64_t step);
-probe_status __wrap_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
-                                        probe_dtype dtype, const void *data, size_t n);
-probe_status __wrap_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc);
-probe_status __wrap_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev);
-probe_status __wrap_probe_step_end(probe_session *s);
-probe_status __wrap_probe_step_begin(probe_session *s, int64_t step) {
-  TIMED(1, __real_probe_step_begin(s, step));
-}
-probe_status __wrap_probe_tensor_record(probe_session *s, int32_t layer, probe_site site,
-                                        probe_dtype dtype, const void *data, size_t n) {
-  TIMED(0, __real_probe_tensor_record(s, layer, site, dtype, data, n));
-}
-probe_status __wrap_probe_step_set_scalars(probe_session *s, const probe_step_scalars *sc) {
-  TIMED(1, __real_probe_step_set_scalars(s, sc));
-}
-probe_status __wrap_probe_scaler_transition(probe_session *s, const probe_scaler_event *ev) {
-  TIMED(1, __real_probe_scaler_transition(s, ev));
-}
-probe_status __wrap_probe_step_end(probe_session *s) { TIMED(1, __real_probe_step_end(s)); }
-#undef TIMED
+  }
+WRAP(0, probe_tensor_record,
+     (probe_session * s, int32_t layer, probe_site site, probe_dtype dtype, const void *data, size_t n),
+     (s, layer, site, dtype, data, n))
+WRAP(1, probe_step_begin, (probe_session * s, int64_t step), (s, step))
+WRAP(1, probe_step_set_scalars, (probe_session * s, const probe_step_scalars *sc), (s, sc))
+WRAP(1, probe_scaler_transition, (probe_session * s, const probe_scaler_event *ev), (s, ev))
+WRAP(1, probe_step_end, (probe_session * s), (s))
+#undef WRAP
 #endif
 
 /* Seconds one clock read takes. A timed call's interval holds about one

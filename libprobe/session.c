@@ -124,30 +124,42 @@ static probe_status table_append(probe_session *s, probe__table t,
   return PROBE_OK;
 }
 
-/* Caller, at the end of a step: queues the step's records (s->cur) as
- * rows of /records. out[] is nearly always empty here (hand_over moves it
- * every step), and then the buffers are swapped instead of copied: s->cur
- * goes to the writer whole and the step after writes into out's (a spare
- * the writer gave back, or a new one). Copying cost the training thread
- * ~2% of a full-trace step of the default scenario (50 records, 32 KiB,
- * into a buffer cold in its cache). */
+/* Caller, at the end of a step: gives the step's records (s->cur) to a
+ * holder, the queued rows of /records or a flight-recorder slot, whose
+ * buffer (*data, *cap records) becomes s->cur in exchange, first given
+ * room for cap_cur records when it has less (its contents are not needed
+ * any more). Swapping instead of copying: the copy of a step's records
+ * (50 in the default scenario, 32 KiB) into a buffer cold in the training
+ * thread's cache was ~2.8% of that thread's time in a full trace. Returns
+ * -1 without memory, nothing changed. */
+static int cur_exchange(probe_session *s, void **data, size_t *cap) {
+  if (*cap < s->cap_cur) {
+    void *p = malloc(s->cap_cur * sizeof *s->cur);
+    if (p == NULL) return -1;
+    free(*data);
+    *data = p;
+    *cap = s->cap_cur;
+  }
+  void *mine = *data;
+  *data = s->cur;
+  *cap = s->cap_cur;
+  s->cur = mine; /* holds >= cap_cur records */
+  return 0;
+}
+
+/* Queues the step's records as rows of /records: out[] is nearly always
+ * empty here (hand_over moves it every step), and then by cur_exchange. */
 static probe_status records_append_cur(probe_session *s) {
   pvec *o = &s->out[PROBE__T_RECORDS];
   if (o->n != 0 || o->elem != sizeof *s->cur)
     return table_append(s, PROBE__T_RECORDS, s->cur, s->n_cur);
-  if (o->cap < s->cap_cur) { /* the old contents are not needed */
-    free(o->data);
-    o->cap = 0;
-    if ((o->data = malloc(s->cap_cur * sizeof *s->cur)) == NULL)
-      return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
-    o->cap = s->cap_cur;
-  }
-  char *spare = o->data;
-  o->data = (char *)s->cur;
-  o->cap = s->cap_cur;
-  o->n = s->n_cur;
-  s->cur = (probe_record *)(void *)spare; /* holds >= cap_cur records */
-  s->appended[PROBE__T_RECORDS] += (int64_t)s->n_cur;
+  void *d = o->data;
+  const size_t n = s->n_cur;
+  if (cur_exchange(s, &d, &o->cap) < 0)
+    return set_msg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
+  o->data = d;
+  o->n = n;
+  s->appended[PROBE__T_RECORDS] += (int64_t)n;
   return PROBE_OK;
 }
 
@@ -791,25 +803,15 @@ static probe_status ring_dump(probe_session *s) {
   return PROBE_OK;
 }
 
-/* Keeps the step's records in the flight recorder's next slot. As in
- * records_append_cur, the buffers are swapped rather than the records
- * copied: the slot takes s->cur and s->cur the slot's old buffer, which is
- * first given room for cap_cur records when it has less. */
+/* Keeps the step's records in the flight recorder's next slot (by
+ * cur_exchange: the slot's oldest records are not needed any more). */
 static probe_status ring_push(probe_session *s) {
   if (s->opt.ring_steps == 0) return PROBE_OK;
   ring_slot *slot = &s->ring[s->ring_head];
-  if (slot->cap < s->cap_cur) { /* the slot's old records are not needed */
-    free(slot->recs);
-    slot->cap = 0;
-    if ((slot->recs = malloc(s->cap_cur * sizeof *slot->recs)) == NULL)
-      return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
-    slot->cap = s->cap_cur;
-  }
-  probe_record *old = slot->recs;
-  slot->recs = s->cur;
-  slot->cap = s->cap_cur;
+  void *d = slot->recs;
+  if (cur_exchange(s, &d, &slot->cap) < 0) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
+  slot->recs = d;
   slot->n = s->n_cur;
-  s->cur = old; /* holds >= cap_cur records */
   s->ring_head = (s->ring_head + 1) % s->opt.ring_steps;
   if (s->ring_len < s->opt.ring_steps) s->ring_len++;
   return PROBE_OK;
