@@ -85,13 +85,14 @@ static void extremes16(blk *b, const unsigned char *p, size_t nv, __m256i amin,
   probe__blk_extremes16(b, a, c, u, w, m, is_f16);
 }
 
-/* Sums pass on 16 binary32 values held as two vectors. */
+/* Sums pass on 16 values given as four vectors of binary64 (SUM16_D) or
+ * as two of binary32 (SUM16). */
 #define SUM16(f0, f1)                                                          \
+  SUM16_D(_mm256_cvtps_pd(_mm256_castps256_ps128(f0)), _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)), \
+          _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)))
+#define SUM16_D(d0_, d1_, d2_, d3_)                                            \
   do {                                                                         \
-    __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0));                  \
-    __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));                \
-    __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1));                  \
-    __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));                \
+    __m256d d0 = (d0_), d1 = (d1_), d2 = (d2_), d3 = (d3_);                    \
     s0 = _mm256_add_pd(s0, d0);                                                \
     s1 = _mm256_add_pd(s1, d1);                                                \
     s2 = _mm256_add_pd(s2, d2);                                                \
@@ -121,11 +122,11 @@ static void sums(blk *b, probe_dtype dt, const unsigned char *p, size_t nv) {
       __m256 f1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, h));
       SUM16(f0, f1);
     }
-  } else {
+  } else { /* fp32: each half converted from memory, no vextractf128 */
     for (size_t v = 0; v < nv; v++) {
-      __m256 f0 = _mm256_loadu_ps((const float *)(const void *)(p + 64 * v));
-      __m256 f1 = _mm256_loadu_ps((const float *)(const void *)(p + 64 * v + 32));
-      SUM16(f0, f1);
+      const float *f = (const float *)(const void *)(p + 64 * v);
+      SUM16_D(_mm256_cvtps_pd(_mm_loadu_ps(f)), _mm256_cvtps_pd(_mm_loadu_ps(f + 4)),
+              _mm256_cvtps_pd(_mm_loadu_ps(f + 8)), _mm256_cvtps_pd(_mm_loadu_ps(f + 12)));
     }
   }
   b->sum = hsum_pd(s0, s1, s2, s3);
@@ -731,7 +732,7 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
     __m256i y0 = _mm256_add_epi32(a0, c7f), y1 = _mm256_add_epi32(a1, c7f);    \
     __m256i y2 = _mm256_add_epi32(a2, c7f), y3 = _mm256_add_epi32(a3, c7f);    \
     aminb = _mm256_min_epi32(aminb, _mm256_min_epi32(_mm256_min_epi32(y0, y1), _mm256_min_epi32(y2, y3))); \
-    if (fused) F32_SUMS(x0, x1, x2, x3);                                       \
+    if (fused) F32_SUMS(q_);                                                   \
     __m256i e8 = _mm256_packus_epi16(                                          \
         _mm256_packus_epi32(_mm256_srli_epi32(a0, 23), _mm256_srli_epi32(a1, 23)), \
         _mm256_packus_epi32(_mm256_srli_epi32(a2, 23), _mm256_srli_epi32(a3, 23))); \
@@ -747,16 +748,15 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
       } while (om);                                                            \
     }                                                                          \
   } while (0)
-/* 8 elements of x_ as binary64: its low (h_ 0) or high (h_ 1) half */
-#define F32_D(x_, h_)                                                          \
-  _mm256_cvtps_pd(h_ ? _mm256_extractf128_ps(_mm256_castsi256_ps(x_), 1)      \
-                     : _mm256_castps256_ps128(_mm256_castsi256_ps(x_)))
-#define F32_SUMS(x0_, x1_, x2_, x3_)                                           \
+/* elements 4 k_ .. 4 k_ + 3 of the step at q_ as binary64, converted from
+ * memory (no vextractf128 for the high halves) */
+#define F32_D(q_, k_) _mm256_cvtps_pd(_mm_loadu_ps((const float *)(const void *)((q_) + 16 * (k_))))
+#define F32_SUMS(q_)                                                           \
   do {                                                                         \
-    __m256d e0_ = F32_D(x0_, 0), e1_ = F32_D(x0_, 1), e2_ = F32_D(x1_, 0), e3_ = F32_D(x1_, 1); \
+    __m256d e0_ = F32_D(q_, 0), e1_ = F32_D(q_, 1), e2_ = F32_D(q_, 2), e3_ = F32_D(q_, 3); \
     fsA = _mm256_add_pd(fsA, _mm256_add_pd(_mm256_add_pd(e0_, e1_), _mm256_add_pd(e2_, e3_))); \
     fqA = _mm256_fmadd_pd(e0_, e0_, _mm256_fmadd_pd(e1_, e1_, _mm256_fmadd_pd(e2_, e2_, _mm256_fmadd_pd(e3_, e3_, fqA)))); \
-    __m256d e4_ = F32_D(x2_, 0), e5_ = F32_D(x2_, 1), e6_ = F32_D(x3_, 0), e7_ = F32_D(x3_, 1); \
+    __m256d e4_ = F32_D(q_, 4), e5_ = F32_D(q_, 5), e6_ = F32_D(q_, 6), e7_ = F32_D(q_, 7); \
     fsB = _mm256_add_pd(fsB, _mm256_add_pd(_mm256_add_pd(e4_, e5_), _mm256_add_pd(e6_, e7_))); \
     fqB = _mm256_fmadd_pd(e4_, e4_, _mm256_fmadd_pd(e5_, e5_, _mm256_fmadd_pd(e6_, e6_, _mm256_fmadd_pd(e7_, e7_, fqB)))); \
   } while (0)

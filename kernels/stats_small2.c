@@ -335,6 +335,17 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
     q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
     q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
   } while (0)
+  /* The same for 8 binary32 elements at f_, each half converted by
+   * vcvtps2pd from memory (fp32: no vextractf128 per vector). */
+#define SUMS4X2(f_)                                                            \
+  do {                                                                         \
+    __m256d d0_ = _mm256_cvtps_pd(_mm_loadu_ps(f_));                           \
+    __m256d d1_ = _mm256_cvtps_pd(_mm_loadu_ps((f_) + 4));                     \
+    s0 = _mm256_add_pd(s0, d0_);                                               \
+    s1 = _mm256_add_pd(s1, d1_);                                               \
+    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
+    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
+  } while (0)
   /* One vector u of 8 elements of a step with inf or NaN (or the last,
    * partial one); f: all-ones in its finite lanes. bin_: its bins in
    * 32-bit lanes, 0xff for zeros and for lanes not finite. */
@@ -380,10 +391,17 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
       aminb = _mm256_min_epi32(aminb, _mm256_min_epi32(
                                           _mm256_min_epi32(_mm256_add_epi32(a0, c7f), _mm256_add_epi32(a1, c7f)),
                                           _mm256_min_epi32(_mm256_add_epi32(a2, c7f), _mm256_add_epi32(a3, c7f))));
-      SUMS8(u0);
-      SUMS8(u1);
-      SUMS8(u2);
-      SUMS8(u3);
+      if (dt == PROBE_DTYPE_F32) { /* converted from memory: no extracts */
+        SUMS4X2((const float *)(const void *)q);
+        SUMS4X2((const float *)(const void *)(q + 32));
+        SUMS4X2((const float *)(const void *)(q + 64));
+        SUMS4X2((const float *)(const void *)(q + 96));
+      } else {
+        SUMS8(u0);
+        SUMS8(u1);
+        SUMS8(u2);
+        SUMS8(u3);
+      }
       _mm256_storeu_si256((__m256i *)(void *)(bins + 32 * nbv++),
                           _mm256_packs_epi16(BINS16(a0, a1), BINS16(a2, a3)));
     } else { /* inf or NaN in the step: masked, and counted one by one */
@@ -421,6 +439,7 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
 #undef BINS16
 #undef ELEM8_MASKED
 #undef SUMS8
+#undef SUMS4X2
 
 
   int32_t t0[8], t4[8];

@@ -38,6 +38,9 @@ small2-window-bin-wrong|kernels/stats_small2.c|s/_mm256_cmpeq_epi8(t, _mm256_set
 small2-window-top-low|kernels/stats_small2.c|s/const int key = top >= 7 ? top - 7 : 0;/const int key = top >= 8 ? top - 8 : 0;/|avx2
 small2-below-lost|kernels/stats_small2.c|s/a->hist\[bv\]++;/(void)bv;/|avx2
 small2-next-pass-skips-a-bin|kernels/stats_small2.c|s/    top = key - 1;/    top = key - 2;/|avx2
+small2-f32-sums-from-memory-short|kernels/stats_small2.c|s/SUMS4X2((const float \*)(const void \*)(q + 96));/(void)0;/|avx2
+avx2-f32-sums-from-memory-dup|kernels/stats_avx2.c|s/_mm256_cvtps_pd(_mm_loadu_ps(f + 12))/_mm256_cvtps_pd(_mm_loadu_ps(f + 8))/|avx2
+avx2-f32-stream-sums-dup|kernels/stats_avx2.c|s/e7_ = F32_D(q_, 7)/e7_ = F32_D(q_, 6)/|avx2
 small2-pass-counts-past-top|kernels/stats_small2.c|s/for (int k = 0; k <= top - key; k++) {/for (int k = 0; k < 8; k++) {/|avx2
 small16-amax-positive-only|kernels/stats_small2.c|s/if (ux >= 0x8000u \&\& (uint16_t)(ux \& 0x7fffu) > ax) ax = ux \& 0x7fffu;//|avx2
 small16-zero-always|kernels/stats_small2.c|s/nonzero < (uint64_t)n, \&sn/nonzero <= (uint64_t)n, \&sn/|avx2
