@@ -601,7 +601,7 @@ void probe__blk_f32_avx512(probe__blk *b, uint32_t *idx, const unsigned char *p,
     smin = _mm512_min_epi32(smin, _mm512_min_epi32(x0, x1));                                  \
     umax = _mm512_max_epu32(umax, _mm512_max_epu32(x0, x1));                                  \
     umin = _mm512_min_epu32(umin, _mm512_min_epu32(x0, x1));                                  \
-    SUM32(_mm512_castsi512_ps(x0), _mm512_castsi512_ps(x1));                                  \
+    SUM32M(p + 128 * (v_)); /* from memory, as the window loops */                           \
     /* Raw exponents (<= 255) packed to 16-bit lanes, order permuted. */                      \
     __m512i e = _mm512_packus_epi32(_mm512_srli_epi32(a0, 23), _mm512_srli_epi32(a1, 23));    \
     bin_ = _mm512_min_epu16(_mm512_subs_epu16(e, cbias), clast);                              \

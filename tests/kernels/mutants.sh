@@ -62,6 +62,7 @@ pair2-f16-bias-off|kernels/stats_avx2.c|/^static void pair_f16/,/^}/s/cbias = _m
 pair2-f16-raw-exponent|kernels/stats_avx2.c|/^static void pair_f16/,/^}/s/_mm256_madd_epi16(bin, pairc)/_mm256_madd_epi16(_mm256_add_epi16(_mm256_srli_epi16(a, 10), _mm256_set1_epi16(18)), pairc)/|avx2
 pair512-f16-sign-kept|kernels/stats_avx512.c|s/_mm512_srli_epi32(_mm512_slli_epi32(_mm512_castps_si512(f0), 1), 24)/_mm512_srli_epi32(_mm512_castps_si512(f0), 23)/|avx512
 pair512-f16-bias-off|kernels/stats_avx512.c|s/cbias = _mm512_set1_epi16(F32_BIAS), clast/cbias = _mm512_set1_epi16(F32_BIAS - 1), clast/|avx512
+pair512-f32-sums-one-step|kernels/stats_avx512.c|s/SUM32M(p + 128 \* (v_)); \/\* from memory/SUM32M(p); \/* from memory/|avx512
 drive-pair-zeros-kept|kernels/stats_block.c|s/ph.corr\[0\] -= (int64_t)b.zero;/;/|avx2
 flush-ovf2-f32-zeros-counted|kernels/stats_avx2.c|s/nf = _mm256_sub_epi32(nf, _mm256_andnot_si256(_mm256_cmpeq_epi32(a, z), _mm256_cmpgt_epi32(cfl, a)));/nf = _mm256_sub_epi32(nf, _mm256_cmpgt_epi32(cfl, a));/|avx2
 flush-ovf2-f32-ovf-edge|kernels/stats_avx2.c|s/cov = _mm256_set1_epi32(0x477fefff)/cov = _mm256_set1_epi32(0x477ff000)/|avx2
