@@ -11,12 +11,12 @@
  * 66x66 pair table of pair mode (pair indices lo + 66*hi written by the
  * block functions, counted by scalar increments interleaved with the next
  * block's vector loop, folded into the 66 bins before a 16-bit counter can
- * wrap and at the end), or in
- * window mode the window itself: it picks and moves the window, counts the
- * elements outside it (outb), owns the window's carry-save counters
- * (probe__hs, read with the path's hs_count) and makes the corrections fp16
- * window blocks' sums need (the elements outside the window added, what zeros
- * and subnormals put into the squares taken out).
+ * wrap and at the end), or in window mode the window itself: it picks and
+ * moves the window, counts the elements outside it (outb), owns the
+ * window's carry-save counters (probe__hs, read with the path's hs_count)
+ * and makes the corrections fp16 window blocks' sums need (the elements
+ * outside the window added, what zeros and subnormals put into the squares
+ * taken out).
  *
  * Pair indices are made of exact bins (fp16 ones from the binary32
  * exponent of the F16C conversion, so subnormals land in their bins: a
@@ -24,8 +24,7 @@
  * underflowing FP16 values); zeros land in bin 0 and are subtracted there.
  * The FP16-subnormal count of every dtype is read off the histogram (bins
  * below exponent -14) instead of being counted per element. In window mode
- * zeros
- * never enter the histogram and fp16 subnormals reach outb with their
+ * zeros never enter the histogram and fp16 subnormals reach outb with their
  * patterns.
  *
  * Data may be unaligned; the last n % group elements (group: 32 for AVX2, 64
@@ -191,10 +190,9 @@ static int has_nonfinite(probe_dtype dt, const void *data, size_t n) {
  * values (outcnt, for the next choice), what the block's sums left out (the
  * sum holds only the elements inside; for a subnormal the squares hold
  * (2 + u/512)^2 * 2^-32 instead of x^2). Elements alternate between two
- * sets of accumulators, without branches, converted
- * by F16C: a data-dependent branch, one chain of additions and a software
- * conversion made each element cost several ns on tensors with many
- * subnormals. */
+ * sets of accumulators, without branches, converted by F16C: a
+ * data-dependent branch, one chain of additions and a software conversion
+ * made each element cost several ns on tensors with many subnormals. */
 static void out_f16(pair_hist *ph, blk *b) {
   double s[2] = {0, 0}, q[2] = {0, 0};
   for (size_t i = 0; i < b->nout; i++) {

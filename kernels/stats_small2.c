@@ -325,27 +325,22 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
    * smallest non-zero |x| (as min of (|x| - 1) ^ 0x80000000, signed, so that
    * zero wraps to the largest); the minima follow at the end
    * (probe__minima32). */
-  /* The sums of the 8 binary32 lanes of u (non-finite lanes zeroed). */
+  /* The sums of 8 elements given as two vectors of 4 binary64 (SUMS_D); of
+   * the 8 binary32 lanes of u (non-finite lanes zeroed: SUMS8); of 8
+   * binary32 elements at f_, each half converted by vcvtps2pd from memory
+   * (fp32: no vextractf128 per vector: SUMS4X2). */
+#define SUMS_D(d0e_, d1e_)                                                     \
+  do {                                                                         \
+    __m256d d0_ = (d0e_), d1_ = (d1e_);                                        \
+    s0 = _mm256_add_pd(s0, d0_);                                               \
+    s1 = _mm256_add_pd(s1, d1_);                                               \
+    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
+    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
+  } while (0)
 #define SUMS8(u)                                                               \
-  do {                                                                         \
-    __m256d d0_ = _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(u))); \
-    __m256d d1_ = _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(u), 1)); \
-    s0 = _mm256_add_pd(s0, d0_);                                               \
-    s1 = _mm256_add_pd(s1, d1_);                                               \
-    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
-    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
-  } while (0)
-  /* The same for 8 binary32 elements at f_, each half converted by
-   * vcvtps2pd from memory (fp32: no vextractf128 per vector). */
-#define SUMS4X2(f_)                                                            \
-  do {                                                                         \
-    __m256d d0_ = _mm256_cvtps_pd(_mm_loadu_ps(f_));                           \
-    __m256d d1_ = _mm256_cvtps_pd(_mm_loadu_ps((f_) + 4));                     \
-    s0 = _mm256_add_pd(s0, d0_);                                               \
-    s1 = _mm256_add_pd(s1, d1_);                                               \
-    q0 = _mm256_fmadd_pd(d0_, d0_, q0);                                        \
-    q1 = _mm256_fmadd_pd(d1_, d1_, q1);                                        \
-  } while (0)
+  SUMS_D(_mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(u))),      \
+         _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(u), 1)))
+#define SUMS4X2(f_) SUMS_D(_mm256_cvtps_pd(_mm_loadu_ps(f_)), _mm256_cvtps_pd(_mm_loadu_ps((f_) + 4)))
   /* One vector u of 8 elements of a step with inf or NaN (or the last,
    * partial one); f: all-ones in its finite lanes. bin_: its bins in
    * 32-bit lanes, 0xff for zeros and for lanes not finite. */
@@ -440,6 +435,7 @@ void probe__acc_small_avx2(probe__acc *a, probe_dtype dt, const void *data, size
 #undef ELEM8_MASKED
 #undef SUMS8
 #undef SUMS4X2
+#undef SUMS_D
 
 
   int32_t t0[8], t4[8];
