@@ -252,12 +252,16 @@ static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
   ph.per_copy = 0;
   /* Window values (raw exponent fields) and their bins. */
   const int nvals = dt == PROBE_DTYPE_F16 ? 32 : 256;
-  /* An fp16 window never holds raw exponent 0, so that every subnormal
-   * reaches outb with its pattern and lands in its exact bin; it holds 15
-   * values, not 16 (PROBE__WIN16), and what its blocks' sums of squares
-   * count for a zero is taken back out at every flush. */
+  /* No window holds raw exponent field 0 (zeros and subnormals): zeros stay
+   * outside, which the AVX2 one-hot words need (they are not masked by
+   * non-zero: an fp32 window from field 0 counted every zero in its bin 0,
+   * until 2026-12-02), and every subnormal reaches outb (fp16 and AVX2 bf16:
+   * with its pattern, into its exact bin; fp32 and AVX-512 bf16: field 0,
+   * bin 0). An fp16 window holds 15 values, not 16 (PROBE__WIN16), and what
+   * its blocks' sums of squares count for a zero is taken back out at every
+   * flush. */
   const int bf16p = dt == PROBE_DTYPE_BF16 && ops->bf16_patterns; /* likewise */
-  const int wlo = dt == PROBE_DTYPE_F16 || bf16p ? 1 : 0;
+  const int wlo = 1;
   const int width = dt == PROBE_DTYPE_F16 || bf16p ? PROBE__WIN16 : WIN;
   const double zero_sq = dt == PROBE_DTYPE_F16 ? 0x1p-30 : bf16p ? 0x1p-254 : 0.0;
   uint8_t wbin[256 + WIN] = {0}; /* (values >= nvals never occur) */

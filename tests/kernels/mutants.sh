@@ -78,6 +78,7 @@ out16-sub-edge|kernels/stats_block.c|s/q\[i \& 1\] += u < 0x0400u ?/q[i \& 1] +=
 fold-sub-bins-off|kernels/stats_block.c|s/for (int i = 0; i < PROBE__SUB_BINS; i++) sub += bins\[i\];/for (int i = 0; i < PROBE__SUB_BINS - 1; i++) sub += bins[i];/|avx2
 out16-sum-lost|kernels/stats_block.c|s/s\[i \& 1\] += x;/;/|avx2
 drive-redo-last-piece-lost|kernels/stats_block.c|s/for (size_t k = 0; k < m; k += PROBE__SMALL_MAX_N)/for (size_t k = 0; k + PROBE__SMALL_MAX_N < m; k += PROBE__SMALL_MAX_N)/|avx2
+drive-window-from-field-0|kernels/stats_block.c|s/const int wlo = 1;/const int wlo = dt != PROBE_DTYPE_F32;/|avx2|window
 nonfinite-scan32-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi32(0x7f7fffff)/big = _mm256_set1_epi32(0x7f800000)/|avx2
 nonfinite-scan16-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi16((short)(lim - 1u))/big = _mm256_set1_epi16((short)lim)/|avx2
 big32-512-edge|kernels/stats_avx512.c|s/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477fefff)/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477ff000)/|avx512

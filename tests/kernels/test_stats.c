@@ -958,6 +958,50 @@ START_TEST(test_window_tiny_bf16) {
 }
 END_TEST
 
+/* loop index: scenario. fp32 at the bottom of the range, where a window
+ * could start at binary32 field 0 (zeros and subnormals), with +-0 every
+ * 5th element: (0) fields 0..15, every 31st element a subnormal; (1) only
+ * subnormals and zeros; (2) fields 1..16, the lowest window there is. The
+ * AVX2 one-hot words are not masked by non-zero, so a window holding field
+ * 0 counted every zero in histogram bin 0 (found 2026-12-02). */
+START_TEST(test_window_tiny_f32) {
+  size_t n = 5 * 16384 + 123;
+  uint32_t *u = malloc(n * sizeof *u);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t m = (uint32_t)(rng_next() & 0x7fffffu), sgn = (uint32_t)(rng_next() & 1u) << 31;
+    uint32_t e = _i == 0 ? (uint32_t)(i % 16) : _i == 1 ? 0u : 1u + (uint32_t)(i % 16);
+    if (_i == 0 && i % 31 == 7) e = 0;
+    if (e == 0 && m == 0) m = 1; /* a subnormal, not a zero */
+    u[i] = sgn | e << 23 | m;
+    if (i % 5 == 2) u[i] = sgn; /* +-0 */
+  }
+  char what[32];
+  snprintf(what, sizeof what, "tiny f32 %d", _i);
+  check_all_paths(PROBE_DTYPE_F32, u, n, what);
+  free(u);
+}
+END_TEST
+
+/* fp32 windows over every binade, as test_window_bf16_binades: runs of one
+ * binade walking all 255 binary32 fields (0: subnormals) and back, so that
+ * a window sits at every position, the lowest and the highest included,
+ * with every 7th element +-0. */
+START_TEST(test_window_f32_binades) {
+  size_t run = 4099, n = 2 * 255 * run;
+  uint32_t *u = malloc(n * sizeof *u);
+  for (size_t i = 0; i < n; i++) {
+    size_t r = i / run;
+    uint32_t e = r < 255 ? (uint32_t)r : (uint32_t)(509 - r); /* 0..254, then back */
+    uint32_t m = (uint32_t)(rng_next() & 0x7fffffu), sgn = (uint32_t)(rng_next() & 1u) << 31;
+    if (e == 0 && m == 0) m = 1;
+    u[i] = sgn | e << 23 | m;
+    if (i % 7 == 3) u[i] = sgn; /* +-0 */
+  }
+  check_all_paths(PROBE_DTYPE_F32, u, n, "f32 binade walk");
+  free(u);
+}
+END_TEST
+
 /* loop index: dtype. One value at a threshold the short paths test only
  * through the extremes (f16_flush: |x| <= 2^-25; f16_overflow: |x| >= 65520;
  * fp16 subnormals' exact bins) in otherwise N(0,1) data, either sign, at
@@ -1088,6 +1132,8 @@ static Suite *make_stats_suite(void) {
   tcase_add_loop_test(tw, test_window_mode, 0, 18);
   tcase_add_test(tw, test_window_f16_binades);
   tcase_add_test(tw, test_window_tiny_bf16);
+  tcase_add_loop_test(tw, test_window_tiny_f32, 0, 3);
+  tcase_add_test(tw, test_window_f32_binades);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
   tcase_add_test(tw, test_window_bf16_binades);
