@@ -289,9 +289,10 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
  *    driver zeroes both copies at the start of a call and the one it
  *    flushes);
  *  - non-zero elements outside the window (a one-hot word of 0 and a
- *    non-zero byte in the saturated pack of |x|) set a bit in a movemask;
- *    a step with any is written to outb by a scalar loop over its bits
- *    (fp16: the pattern; fp32/bf16: the window value);
+ *    non-zero byte in the saturated pack of |x|; fp32: a non-zero window
+ *    value, the subnormals left to a scan after the loop) set a bit in a
+ *    movemask; a step with any is written to outb by a scalar loop over its
+ *    bits (fp16/bf16: the pattern; fp32: the window value);
  *  - fp16 sum, exact in integers as on AVX-512: the signed significand
  *    (vpsignw) times the one-hot word, vpmaddwd, 32-bit lanes widened every
  *    16 steps;
@@ -736,9 +737,8 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
     __m256i e8 = _mm256_packus_epi16(                                          \
         _mm256_packus_epi32(_mm256_srli_epi32(a0, 23), _mm256_srli_epi32(a1, 23)), \
         _mm256_packus_epi32(_mm256_srli_epi32(a2, 23), _mm256_srli_epi32(a3, 23))); \
-    __m256i nzb = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3)); \
-    uint32_t om;                                                               \
-    ONEHOT(e8, nzb, ohA, ohB, om);                                             \
+    uint32_t om; /* subnormals (field 0) not here: after the loop */          \
+    ONEHOT(e8, e8, ohA, ohB, om);                                              \
     if (__builtin_expect(om != 0, 0)) {                                        \
       uint8_t ev_[32];                                                         \
       _mm256_storeu_si256((__m256i *)(void *)ev_, e8);                         \
@@ -781,6 +781,17 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
     if (t2[i] < mb) mb = t2[i];
   }
   uint32_t am1 = (uint32_t)mb ^ 0x80000000u; /* smallest non-zero |x| - 1; UINT32_MAX: none */
+  /* The loop leaves field 0 out of om (zeros and subnormals alike, by their
+   * window value): subnormals, when the smallest magnitude shows any, go to
+   * outb here, as field 0. */
+  if (am1 < 0x007fffffu) {
+    const uint32_t *w = (const uint32_t *)(const void *)p;
+    for (size_t i = 0; i < 16 * nv; i++) {
+      uint32_t a = w[i] & 0x7fffffffu;
+      if (a != 0 && a < 0x00800000u) *outp++ = 0;
+    }
+    b->nout = (size_t)(outp - pd->outb);
+  }
   b->smax = s;
   b->umax = u;
   b->smin = INT32_MAX;

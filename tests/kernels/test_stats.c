@@ -961,7 +961,9 @@ END_TEST
 /* loop index: scenario. fp32 at the bottom of the range, where a window
  * could start at binary32 field 0 (zeros and subnormals), with +-0 every
  * 5th element: (0) fields 0..15, every 31st element a subnormal; (1) only
- * subnormals and zeros; (2) fields 1..16, the lowest window there is. The
+ * subnormals and zeros; (2) fields 1..16, the lowest window there is; (3)
+ * fields 2..16 with a lone largest subnormal (0x007fffff) now and then, the
+ * one subnormal a block's smallest magnitude must still show. The
  * AVX2 one-hot words are not masked by non-zero, so a window holding field
  * 0 counted every zero in histogram bin 0 (found 2026-12-02). */
 START_TEST(test_window_tiny_f32) {
@@ -970,10 +972,12 @@ START_TEST(test_window_tiny_f32) {
   for (size_t i = 0; i < n; i++) {
     uint32_t m = (uint32_t)(rng_next() & 0x7fffffu), sgn = (uint32_t)(rng_next() & 1u) << 31;
     uint32_t e = _i == 0 ? (uint32_t)(i % 16) : _i == 1 ? 0u : 1u + (uint32_t)(i % 16);
+    if (_i == 3) e = 2u + (uint32_t)(i % 15);
     if (_i == 0 && i % 31 == 7) e = 0;
     if (e == 0 && m == 0) m = 1; /* a subnormal, not a zero */
     u[i] = sgn | e << 23 | m;
     if (i % 5 == 2) u[i] = sgn; /* +-0 */
+    if (_i == 3 && i % 10007 == 11) u[i] = sgn | 0x007fffffu; /* the largest subnormal */
   }
   char what[32];
   snprintf(what, sizeof what, "tiny f32 %d", _i);
@@ -1202,7 +1206,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_loop_test(tw, test_window_mode, 0, 18);
   tcase_add_test(tw, test_window_f16_binades);
   tcase_add_test(tw, test_window_tiny_bf16);
-  tcase_add_loop_test(tw, test_window_tiny_f32, 0, 3);
+  tcase_add_loop_test(tw, test_window_tiny_f32, 0, 4);
   tcase_add_test(tw, test_window_f32_binades);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
