@@ -275,8 +275,9 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
  * taken:
  *  - the window value of each element (fp16: raw exponent a >> 10; bf16 and
  *    fp32: the binary32 one) packed to bytes (vpackuswb), minus the window
- *    start, saturated to an index whose low nibble vpshufb reads (0x70 + r
- *    for r = 0..15, >= 0x80 outside, which vpshufb turns into 0); two
+ *    start, saturated to an index whose low nibble vpshufb reads (0x80 -
+ *    width + r for r < width, >= 0x80 outside, which vpshufb turns into 0
+ *    and whose bit 7 is the outside mask, one vpmovmskb); two
  *    lookups give the low and high bytes of the one-hot word 1 << r and
  *    vpunpck{l,h}bw the two words vectors, in the order of the 16-bit lanes
  *    they came from (AVX2 has no vpsllvw and no vpermw);
@@ -288,7 +289,7 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
  *    ones in layout (lanes 16..31 of hs->lo are never written here: the
  *    driver zeroes both copies at the start of a call and the one it
  *    flushes);
- *  - non-zero elements outside the window (a one-hot word of 0 and a
+ *  - non-zero elements outside the window (bit 7 of the index and a
  *    non-zero byte in the saturated pack of |x|; fp32: a non-zero window
  *    value, the subnormals left to a scan after the loop) set a bit in a
  *    movemask; a step with any is written to outb by a scalar loop over its
@@ -350,12 +351,13 @@ static void pair_f32(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
     t_ = _mm256_and_si256(eights, c), eights = _mm256_xor_si256(eights, c), c = t_; \
   } while (0)
 
-/* The window tables: low and high byte of 1 << r for index nibble r < width,
- * 0 past it, in both 128-bit lanes. */
+/* The window tables: low and high byte of 1 << r at index nibble
+ * (r + 16 - width) & 15 for r < width, in both 128-bit lanes (the index is
+ * 0x80 - width + r, so that every r >= width has bit 7 set: ONEHOT). */
 static inline void win_tables(int width, __m256i *tlo, __m256i *thi) {
   uint8_t lo[32], hi[32];
   for (int j = 0; j < 32; j++) {
-    int r = j & 15;
+    int r = (j - (16 - width)) & 15;
     lo[j] = (uint8_t)(r < 8 ? 1u << r : 0u);
     hi[j] = (uint8_t)(r >= 8 && r < width ? 1u << (r - 8) : 0u);
   }
@@ -372,7 +374,7 @@ static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) 
  * the out-of-window pointer. */
 #define WIN_DECL2(pd, width)                                                   \
   const __m256i hwin = _mm256_set1_epi8((char)(pd)->win);                      \
-  const __m256i c70 = _mm256_set1_epi8(0x70);                                  \
+  const __m256i c70 = _mm256_set1_epi8((char)(0x80 - (width)));               \
   __m256i tlo, thi;                                                            \
   win_tables((width), &tlo, &thi);                                             \
   probe__hs *const hs_ = (pd)->hs;                                             \
@@ -393,8 +395,8 @@ static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) 
     __m256i l_ = _mm256_shuffle_epi8(tlo, ix_), h_ = _mm256_shuffle_epi8(thi, ix_); \
     ohA = _mm256_unpacklo_epi8(l_, h_);                                        \
     ohB = _mm256_unpackhi_epi8(l_, h_);                                        \
-    om = (uint32_t)_mm256_movemask_epi8(_mm256_andnot_si256(                   \
-        _mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z))); \
+    om = (uint32_t)_mm256_movemask_epi8(ix_) &                                 \
+         ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z));         \
   } while (0)
 
 /* Runs STEP(s, ohA, ohB) over steps 0 .. ns-1: groups of 16 steps through

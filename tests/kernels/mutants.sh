@@ -93,10 +93,12 @@ win2-bf16-flush-scan-skipped|kernels/stats_avx2.c|s/any_flush = b->amin_m1 < 0x3
 drive-bf16-no-outside-sum|kernels/stats_block.c|s/b.sum += x; \/\* (bf16, as for fp16) \*\//;/|avx2
 drive-bf16-no-subnormal-swap|kernels/stats_block.c|s/b.sumsq += (double)x \* x - wrong \* wrong \* 0x1p-256;/(void)wrong;/|avx2|window
 drive-bf16-zero-square|kernels/stats_block.c|s/bf16p ? 0x1p-254 : 0.0/bf16p ? 0x1p-256 : 0.0/|avx2|window
-drive-bf16-window-at-0|kernels/stats_block.c|s/ bf16p ? 1 : 0;/ 0 ? 1 : 0;/|avx2|window
+drive-bf16-window-at-0|kernels/stats_block.c|s/const int wlo = 1;/const int wlo = dt != PROBE_DTYPE_BF16;/|avx2|window
 hs2-fold-no-carry|kernels/stats_avx2.c|s/        x \&= hk;/        x = 0 \& hk;/|avx2
 win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m3ff), c400);/|avx2
-win2-zeros-outside|kernels/stats_avx2.c|s/_mm256_cmpeq_epi8((nzb), z), _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/z, _mm256_cmpeq_epi8(_mm256_or_si256(l_, h_), z)/|avx2
+win2-zeros-outside|kernels/stats_avx2.c|s/~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z))/~0u/|avx2
+win2-outside-mask-dropped|kernels/stats_avx2.c|s/om = (uint32_t)_mm256_movemask_epi8(ix_) \&/om = 0xffffffffu \&/|avx2
+win2-index-top-inside|kernels/stats_avx2.c|s/_mm256_set1_epi8((char)(0x80 - (width)))/_mm256_set1_epi8(0x70)/;s/int r = (j - (16 - width)) \& 15;/int r = j \& 15;/|avx2
 win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-f32-flush-scan-skipped|kernels/stats_avx2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
 win2-f32-stream-half-sum|kernels/stats_avx2.c|s/fsB = _mm256_add_pd(fsB, _mm256_add_pd(_mm256_add_pd(e4_, e5_), _mm256_add_pd(e6_, e7_)));/(void)0;/|avx2
