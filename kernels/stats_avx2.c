@@ -787,9 +787,10 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
    * window value): subnormals, when the smallest magnitude shows any, go to
    * outb here, as field 0. */
   if (am1 < 0x007fffffu) {
-    const uint32_t *w = (const uint32_t *)(const void *)p;
     for (size_t i = 0; i < 16 * nv; i++) {
-      uint32_t a = w[i] & 0x7fffffffu;
+      uint32_t a;
+      memcpy(&a, p + 4 * i, 4); /* p need not be 4-byte aligned */
+      a &= 0x7fffffffu;
       if (a != 0 && a < 0x00800000u) *outp++ = 0;
     }
     b->nout = (size_t)(outp - pd->outb);
