@@ -387,16 +387,21 @@ static inline unsigned pack_elem(unsigned k) { return (k & 7) | ((k & 16) >> 1) 
   uint16_t *outp = (pd)->outb
 
 /* One-hot words of 32 window values e8 (bytes, vpackuswb order) into ohA
- * (lanes 0..15) and ohB (16..31); om: bits of the non-zero elements outside
- * (nzb: bytes non-zero exactly for the non-zero elements). */
-#define ONEHOT(e8, nzb, ohA, ohB, om)                                          \
+ * (lanes 0..15) and ohB (16..31); om: bits of the elements outside, zeros
+ * included (ONEHOT_ALL) or not (ONEHOT; nzb: bytes non-zero exactly for
+ * the non-zero elements). */
+#define ONEHOT_ALL(e8, ohA, ohB, om)                                           \
   do {                                                                         \
     __m256i ix_ = _mm256_adds_epu8(_mm256_sub_epi8((e8), hwin), c70);          \
     __m256i l_ = _mm256_shuffle_epi8(tlo, ix_), h_ = _mm256_shuffle_epi8(thi, ix_); \
     ohA = _mm256_unpacklo_epi8(l_, h_);                                        \
     ohB = _mm256_unpackhi_epi8(l_, h_);                                        \
-    om = (uint32_t)_mm256_movemask_epi8(ix_) &                                 \
-         ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z));         \
+    om = (uint32_t)_mm256_movemask_epi8(ix_);                                  \
+  } while (0)
+#define ONEHOT(e8, nzb, ohA, ohB, om)                                          \
+  do {                                                                         \
+    ONEHOT_ALL(e8, ohA, ohB, om);                                              \
+    om &= ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z));        \
   } while (0)
 
 /* Runs STEP(s, ohA, ohB) over steps 0 .. ns-1: groups of 16 steps through
@@ -594,7 +599,27 @@ static inline double pow2(int e) {
     msum = z;                                                                  \
   } while (0)
 
-static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+/* HALF_OUT for an om that holds the zeros too (win_f16 without zmask):
+ * they are skipped here, one test per element outside. */
+#define HALF_OUT_NZ(om, q)                                                     \
+  do {                                                                         \
+    if (__builtin_expect((om) != 0, 0)) {                                      \
+      do {                                                                     \
+        uint16_t h_;                                                           \
+        memcpy(&h_, (q) + 2 * pack_elem((unsigned)__builtin_ctz(om)), 2);      \
+        if (h_ & 0x7fffu) *outp++ = h_;                                        \
+        (om) &= (om) - 1;                                                      \
+      } while (om);                                                            \
+    }                                                                          \
+  } while (0)
+
+/* zmask: om leaves the zeros out by a pack and compare of |x| (3 vector
+ * operations per step); without it the zeros are in om and HALF_OUT_NZ
+ * skips them, which costs a scalar test per zero: win_f16 picks this one
+ * for a block whose first 64 elements hold no zero. */
+static inline __attribute__((always_inline)) void win_f16_body(blk *b, const unsigned char *p,
+                                                               size_t nv, const probe__pending *pd,
+                                                               const int zmask) {
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
   const __m256i m3ff = _mm256_set1_epi16(0x03ff), c400 = _mm256_set1_epi16(0x0400);
   const __m256i z = _mm256_setzero_si256();
@@ -618,8 +643,13 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
                                                      _mm256_add_epi16(aB, c7fff))); \
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 10), _mm256_srli_epi16(aB, 10)); \
     uint32_t om;                                                               \
-    ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
-    HALF_OUT(om, q_);                                                          \
+    if (zmask) {                                                               \
+      ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                   \
+      HALF_OUT(om, q_);                                                        \
+    } else {                                                                   \
+      ONEHOT_ALL(e8, ohA, ohB, om);                                            \
+      HALF_OUT_NZ(om, q_);                                                     \
+    }                                                                          \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
@@ -641,6 +671,18 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
   _mm256_storeu_si256((__m256i *)(void *)t, sum64);
   b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 25);
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
+}
+
+static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  const __m256i m7fff = _mm256_set1_epi16(0x7fff), z = _mm256_setzero_si256();
+  int zeros = 0;
+  for (size_t v = 0; v < nv && v < 4; v++)
+    zeros |= _mm256_movemask_epi8(_mm256_cmpeq_epi16(
+        _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff), z));
+  if (zeros)
+    win_f16_body(b, p, nv, pd, 1);
+  else
+    win_f16_body(b, p, nv, pd, 0);
 }
 
 /* bf16 window blocks, like win_f16 (the driver knows, blk_ops.bf16_patterns):
