@@ -986,25 +986,38 @@ START_TEST(test_window_tiny_f32) {
 }
 END_TEST
 
-/* fp16 window blocks whose first 64 elements hold no zero, with zeros
- * after them: the AVX2 path then keeps the zeros among the elements
- * outside and skips them one by one (win_f16). Loop: zero density 1/3,
- * 1/97 and one zero per block, placed past the first 64 elements of every
- * 16384-element block; subnormals beside them in _i 0. */
-START_TEST(test_window_f16_late_zeros) {
+/* Window blocks whose first 64 elements hold no zero (and, fp32, no
+ * subnormal), with zeros after them: the AVX2 path then keeps the zeros
+ * among the elements outside and skips them one by one (win_f16, win_f32;
+ * streamed fp32 blocks keep the vector mask). Loop: fp16 then fp32 (_i / 3),
+ * each at zero density 1/3, 1/97 and one zero per block (_i % 3), placed
+ * past the first 64 elements of every 16384-element block, subnormals
+ * beside them at the first density. */
+START_TEST(test_window_late_zeros) {
   static const size_t every[] = {3, 97, 16384};
-  size_t n = 4 * 16384 + 517;
+  const int f32 = _i >= 3;
+  const size_t ev = every[_i % 3], n = 4 * 16384 + 517;
+  uint32_t *u = malloc(n * sizeof *u);
   uint16_t *h = malloc(n * sizeof *h);
   for (size_t i = 0; i < n; i++) {
-    uint16_t e = (uint16_t)(12 + (rng_next() % 6)), sgn = (uint16_t)((rng_next() & 1u) << 15);
-    h[i] = (uint16_t)(sgn | e << 10 | (rng_next() & 0x3ffu));
+    uint32_t e = (uint32_t)(12 + (rng_next() % 6)), sgn = (uint32_t)(rng_next() & 1u);
+    uint32_t m = (uint32_t)rng_next();
+    h[i] = (uint16_t)(sgn << 15 | e << 10 | (m & 0x3ffu));
+    u[i] = sgn << 31 | (e + 100) << 23 | (m & 0x7fffffu);
     size_t k = i % 16384;
-    if (k >= 64 && (k - 64) % every[_i] == every[_i] / 2) h[i] = sgn; /* +-0 */
-    if (_i == 0 && k >= 64 && k % 101 == 50) h[i] = (uint16_t)(sgn | (1u + (rng_next() & 0x3feu)));
+    if (k >= 64 && (k - 64) % ev == ev / 2) h[i] = (uint16_t)(sgn << 15), u[i] = sgn << 31; /* +-0 */
+    if (_i % 3 == 0 && k >= 64 && k % 101 == 50) {
+      h[i] = (uint16_t)(sgn << 15 | (1u + (m & 0x3feu)));
+      u[i] = sgn << 31 | (1u + (m & 0x7ffffeu));
+    }
   }
   char what[32];
-  snprintf(what, sizeof what, "f16 late zeros %d", _i);
-  check_all_paths(PROBE_DTYPE_F16, h, n, what);
+  snprintf(what, sizeof what, "late zeros %d", _i);
+  if (f32)
+    check_all_paths(PROBE_DTYPE_F32, u, n, what);
+  else
+    check_all_paths(PROBE_DTYPE_F16, h, n, what);
+  free(u);
   free(h);
 }
 END_TEST
@@ -1231,7 +1244,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tw, test_window_tiny_bf16);
   tcase_add_loop_test(tw, test_window_tiny_f32, 0, 4);
   tcase_add_test(tw, test_window_f32_binades);
-  tcase_add_loop_test(tw, test_window_f16_late_zeros, 0, 3);
+  tcase_add_loop_test(tw, test_window_late_zeros, 0, 6);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
   tcase_add_test(tw, test_window_bf16_binades);
