@@ -599,7 +599,7 @@ static inline double pow2(int e) {
     msum = z;                                                                  \
   } while (0)
 
-/* HALF_OUT for an om that holds the zeros too (win_f16 without zmask):
+/* HALF_OUT for an om that holds the zeros too (win_f16, win_bf16 without zmask):
  * they are skipped here, one test per element outside. */
 #define HALF_OUT_NZ(om, q)                                                     \
   do {                                                                         \
@@ -673,13 +673,21 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
 }
 
-static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+/* 1 if the first 64 elements of a 16-bit block (nv 16-element groups)
+ * hold a +-0: the window loops of win_f16 and win_bf16 then mask the zeros
+ * out of their elements outside by vector operations, else by a scalar
+ * test (HALF_OUT_NZ). */
+static int half_head_has_zero(const unsigned char *p, size_t nv) {
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), z = _mm256_setzero_si256();
   int zeros = 0;
   for (size_t v = 0; v < nv && v < 4; v++)
     zeros |= _mm256_movemask_epi8(_mm256_cmpeq_epi16(
         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff), z));
-  if (zeros)
+  return zeros != 0;
+}
+
+static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  if (half_head_has_zero(p, nv))
     win_f16_body(b, p, nv, pd, 1);
   else
     win_f16_body(b, p, nv, pd, 0);
@@ -696,7 +704,9 @@ static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pend
  * (2 + a/64)^2 * 2^-256 (the driver takes both out). f16_flush and
  * f16_overflow are counted by a scan of the block only when its smallest
  * non-zero magnitude or its maxima show that it has any. */
-static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+static inline __attribute__((always_inline)) void win_bf16_body(blk *b, const unsigned char *p,
+                                                                size_t nv, const probe__pending *pd,
+                                                                const int zmask) {
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
   const __m256i m7f = _mm256_set1_epi16(0x007f), c80 = _mm256_set1_epi16(0x0080);
   const __m256i z = _mm256_setzero_si256();
@@ -720,8 +730,13 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
                                                      _mm256_add_epi16(aB, c7fff))); \
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
     uint32_t om;                                                               \
-    ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                     \
-    HALF_OUT(om, q_);                                                          \
+    if (zmask) {                                                               \
+      ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                   \
+      HALF_OUT(om, q_);                                                        \
+    } else {                                                                   \
+      ONEHOT_ALL(e8, ohA, ohB, om);                                            \
+      HALF_OUT_NZ(om, q_);                                                     \
+    }                                                                          \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
@@ -745,6 +760,13 @@ static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pen
   _mm256_storeu_si256((__m256i *)(void *)t, sum64);
   b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 134);
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-256;
+}
+
+static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
+  if (half_head_has_zero(p, nv))
+    win_bf16_body(b, p, nv, pd, 1);
+  else
+    win_bf16_body(b, p, nv, pd, 0);
 }
 
 /* fused: the sums in the same loop (probe__pending.stream: a tensor

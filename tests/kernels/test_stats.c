@@ -988,37 +988,38 @@ END_TEST
 
 /* Window blocks whose first 64 elements hold no zero (and, fp32, no
  * subnormal), with zeros after them: the AVX2 path then keeps the zeros
- * among the elements outside and skips them one by one (win_f16, win_f32;
- * streamed fp32 blocks keep the vector mask). Loop: fp16 then fp32 (_i / 3),
- * each at zero density 1/3, 1/97 and one zero per block (_i % 3), placed
+ * among the elements outside and skips them one by one (win_f16, win_f32,
+ * win_bf16; streamed fp32 blocks keep the vector mask). Loop: fp16, fp32,
+ * bf16 (_i / 3), each at zero density 1/3, 1/97 and one zero per block (_i % 3), placed
  * past the first 64 elements of every 16384-element block, subnormals
  * beside them at the first density. */
 START_TEST(test_window_late_zeros) {
   static const size_t every[] = {3, 97, 16384};
-  const int f32 = _i >= 3;
+  static const probe_dtype dts[] = {PROBE_DTYPE_F16, PROBE_DTYPE_F32, PROBE_DTYPE_BF16};
+  const probe_dtype dt = dts[_i / 3];
   const size_t ev = every[_i % 3], n = 4 * 16384 + 517;
   uint32_t *u = malloc(n * sizeof *u);
-  uint16_t *h = malloc(n * sizeof *h);
+  uint16_t *h = malloc(n * sizeof *h), *g = malloc(n * sizeof *g);
   for (size_t i = 0; i < n; i++) {
     uint32_t e = (uint32_t)(12 + (rng_next() % 6)), sgn = (uint32_t)(rng_next() & 1u);
     uint32_t m = (uint32_t)rng_next();
     h[i] = (uint16_t)(sgn << 15 | e << 10 | (m & 0x3ffu));
     u[i] = sgn << 31 | (e + 100) << 23 | (m & 0x7fffffu);
+    g[i] = (uint16_t)(sgn << 15 | (e + 100) << 7 | (m & 0x7fu));
     size_t k = i % 16384;
-    if (k >= 64 && (k - 64) % ev == ev / 2) h[i] = (uint16_t)(sgn << 15), u[i] = sgn << 31; /* +-0 */
+    if (k >= 64 && (k - 64) % ev == ev / 2) h[i] = g[i] = (uint16_t)(sgn << 15), u[i] = sgn << 31; /* +-0 */
     if (_i % 3 == 0 && k >= 64 && k % 101 == 50) {
       h[i] = (uint16_t)(sgn << 15 | (1u + (m & 0x3feu)));
       u[i] = sgn << 31 | (1u + (m & 0x7ffffeu));
+      g[i] = (uint16_t)(sgn << 15 | (1u + (m & 0x7eu)));
     }
   }
   char what[32];
   snprintf(what, sizeof what, "late zeros %d", _i);
-  if (f32)
-    check_all_paths(PROBE_DTYPE_F32, u, n, what);
-  else
-    check_all_paths(PROBE_DTYPE_F16, h, n, what);
+  check_all_paths(dt, dt == PROBE_DTYPE_F32 ? (const void *)u : dt == PROBE_DTYPE_F16 ? (const void *)h : (const void *)g, n, what);
   free(u);
   free(h);
+  free(g);
 }
 END_TEST
 
@@ -1244,7 +1245,7 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tw, test_window_tiny_bf16);
   tcase_add_loop_test(tw, test_window_tiny_f32, 0, 4);
   tcase_add_test(tw, test_window_f32_binades);
-  tcase_add_loop_test(tw, test_window_late_zeros, 0, 6);
+  tcase_add_loop_test(tw, test_window_late_zeros, 0, 9);
   tcase_add_test(tw, test_window_large_f32);
   tcase_add_test(tw, test_window_large_f16);
   tcase_add_test(tw, test_window_bf16_binades);
