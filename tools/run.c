@@ -710,7 +710,18 @@ static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     root_env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
   }
-  fprintf(stderr, "ampprobe: run: running %s", root_env);
+  /* Open MPI 4's mpirun can see a rank's exit before that rank's
+   * MPI_Finalize has reached it, and then fails a finished job ("process
+   * rank 0 with PID 0 ... exiting improperly", exit 1; open-mpi/ompi#7833).
+   * Every rank of ours finalizes before it exits, so an exit 0 is taken
+   * as finished; a non-zero exit or a signal is reported as before. Later
+   * Open MPIs and other launchers ignore the variable. */
+  const char *sync_env = "";
+  if (!getenv("OMPI_MCA_orte_allowed_exit_without_sync")) {
+    setenv("OMPI_MCA_orte_allowed_exit_without_sync", "1", 1);
+    sync_env = "OMPI_MCA_orte_allowed_exit_without_sync=1 ";
+  }
+  fprintf(stderr, "ampprobe: run: running %s%s", root_env, sync_env);
   for (int i = 0; nv[i]; i++)
     fprintf(stderr, "%s%s", i ? " " : "", nv[i]);
   fprintf(stderr, "\n");
