@@ -559,7 +559,7 @@ static inline double pow2(int e) {
 /* Squares of 16 |x| patterns built from their bits, added into q0..q3: the
  * binary64 with high 16 bits 0x4000 + (a >> HI) and next 16 bits a << LO,
  * squared by FMA. fp16 (HI 6, LO 10): x * 2^16 for a normal x; a zero gives
- * 2, a subnormal 2 + m/512. bf16 (HI 3, LO 13): see win_bf16. The driver
+ * 2, a subnormal 2 + m/512. bf16 (HI 3, LO 13): see win_bf16_body. The driver
  * corrects zeros and subnormals. Even dwords are moved up and odd ones
  * masked: no more shuffles. */
 #define HALF_SQ2(a_, HI, LO)                                                   \
@@ -599,7 +599,7 @@ static inline double pow2(int e) {
     msum = z;                                                                  \
   } while (0)
 
-/* HALF_OUT for an om that holds the zeros too (win_f16, win_bf16 without zmask):
+/* HALF_OUT for an om that holds the zeros too (the window bodies without zmask):
  * they are skipped here, one test per element outside. */
 #define HALF_OUT_NZ(om, q)                                                     \
   do {                                                                         \
@@ -613,9 +613,24 @@ static inline double pow2(int e) {
     }                                                                          \
   } while (0)
 
+/* The one-hot words of a 16-bit window step (e8: window values, aA/aB:
+ * |x| of its two vectors at q) and its elements outside written to outb,
+ * the zeros left out by a vector mask (zmask) or one by one. */
+#define HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q)                        \
+  do {                                                                         \
+    uint32_t om_;                                                              \
+    if (zmask) {                                                               \
+      ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om_);                  \
+      HALF_OUT(om_, q);                                                        \
+    } else {                                                                   \
+      ONEHOT_ALL(e8, ohA, ohB, om_);                                           \
+      HALF_OUT_NZ(om_, q);                                                     \
+    }                                                                          \
+  } while (0)
+
 /* zmask: om leaves the zeros out by a pack and compare of |x| (3 vector
  * operations per step); without it the zeros are in om and HALF_OUT_NZ
- * skips them, which costs a scalar test per zero: win_f16 picks this one
+ * skips them, which costs a scalar test per zero: win_half picks this one
  * for a block whose first 64 elements hold no zero. */
 static inline __attribute__((always_inline)) void win_f16_body(blk *b, const unsigned char *p,
                                                                size_t nv, const probe__pending *pd,
@@ -642,14 +657,7 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
     aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
                                                      _mm256_add_epi16(aB, c7fff))); \
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 10), _mm256_srli_epi16(aB, 10)); \
-    uint32_t om;                                                               \
-    if (zmask) {                                                               \
-      ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                   \
-      HALF_OUT(om, q_);                                                        \
-    } else {                                                                   \
-      ONEHOT_ALL(e8, ohA, ohB, om);                                            \
-      HALF_OUT_NZ(om, q_);                                                     \
-    }                                                                          \
+    HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q_);                         \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
@@ -674,7 +682,7 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
 }
 
 /* 1 if the first 64 elements of a 16-bit block (nv 16-element groups)
- * hold a +-0: the window loops of win_f16 and win_bf16 then mask the zeros
+ * hold a +-0: the window loops of win_half then mask the zeros
  * out of their elements outside by vector operations, else by a scalar
  * test (HALF_OUT_NZ). */
 static int half_head_has_zero(const unsigned char *p, size_t nv) {
@@ -686,14 +694,8 @@ static int half_head_has_zero(const unsigned char *p, size_t nv) {
   return zeros != 0;
 }
 
-static void win_f16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
-  if (half_head_has_zero(p, nv))
-    win_f16_body(b, p, nv, pd, 1);
-  else
-    win_f16_body(b, p, nv, pd, 0);
-}
 
-/* bf16 window blocks, like win_f16 (the driver knows, blk_ops.bf16_patterns):
+/* bf16 window blocks, like win_f16_body (the driver knows, blk_ops.bf16_patterns):
  * a window of 15 values from 1, so that the one-hot word oh = 2^r (r < 15)
  * is a positive int16 and bf16 subnormals (raw exponent 0) are outside;
  * outb receives the patterns. sum: an element inside is m * 2^(e8 - 134),
@@ -729,14 +731,7 @@ static inline __attribute__((always_inline)) void win_bf16_body(blk *b, const un
     aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
                                                      _mm256_add_epi16(aB, c7fff))); \
     __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
-    uint32_t om;                                                               \
-    if (zmask) {                                                               \
-      ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om);                   \
-      HALF_OUT(om, q_);                                                        \
-    } else {                                                                   \
-      ONEHOT_ALL(e8, ohA, ohB, om);                                            \
-      HALF_OUT_NZ(om, q_);                                                     \
-    }                                                                          \
+    HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q_);                         \
     __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA); \
     __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
@@ -762,11 +757,18 @@ static inline __attribute__((always_inline)) void win_bf16_body(blk *b, const un
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-256;
 }
 
-static void win_bf16(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
-  if (half_head_has_zero(p, nv))
+/* The 16-bit window blocks: the body with or without its zero mask (the
+ * head check above), fp16 or bf16. */
+static void win_half(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd, int bf16) {
+  int zmask = half_head_has_zero(p, nv);
+  if (bf16 && zmask)
     win_bf16_body(b, p, nv, pd, 1);
-  else
+  else if (bf16)
     win_bf16_body(b, p, nv, pd, 0);
+  else if (zmask)
+    win_f16_body(b, p, nv, pd, 1);
+  else
+    win_f16_body(b, p, nv, pd, 0);
 }
 
 /* fused: the sums in the same loop (probe__pending.stream: a tensor
@@ -879,7 +881,7 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
   }
   /* f16_flush (0 < |x| <= 2^-25) and f16_overflow (|x| >= 65520, inf and
    * NaN included): counted by a scan of the block only when its smallest
-   * non-zero magnitude or its maxima show it has some (as win_bf16); a
+   * non-zero magnitude or its maxima show it has some (as win_bf16_body); a
    * compare per element in the loop cost 8 of its ~90 operations per 32
    * elements */
   b->flush = 0;
@@ -925,7 +927,7 @@ static void win_f32_stream(blk *b, const unsigned char *p, size_t nv, const prob
 void probe__blk_f16_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                          const probe__pending *pd) {
   if (pd->win >= 0)
-    win_f16(b, p, nv, pd);
+    win_half(b, p, nv, pd, 0);
   else
     pair_f16(b, idx, p, nv, pd);
 }
@@ -933,7 +935,7 @@ void probe__blk_f16_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t n
 void probe__blk_bf16_avx2(blk *b, uint32_t *idx, const unsigned char *p, size_t nv,
                           const probe__pending *pd) {
   if (pd->win >= 0)
-    win_bf16(b, p, nv, pd);
+    win_half(b, p, nv, pd, 1);
   else
     pair_bf16(b, idx, p, nv, pd);
 }
