@@ -578,13 +578,16 @@ static inline double pow2(int e) {
   } while (0)
 
 /* The fp16/bf16 window steps' elements outside the window (bits of om, in
- * vpackuswb order) copied as patterns from the step at q to outp. */
-#define HALF_OUT(om, q)                                                        \
+ * vpackuswb order) copied as patterns from the step at q to outp; zeros
+ * among them are skipped one by one unless om is known to hold none
+ * (zmask, the window bodies' vector mask). */
+#define HALF_OUT(om, q, zmask)                                                 \
   do {                                                                         \
     if (__builtin_expect((om) != 0, 0)) {                                      \
       do {                                                                     \
-        unsigned k_ = (unsigned)__builtin_ctz(om);                             \
-        memcpy(outp++, (q) + 2 * pack_elem(k_), 2);                            \
+        uint16_t h_;                                                           \
+        memcpy(&h_, (q) + 2 * pack_elem((unsigned)__builtin_ctz(om)), 2);      \
+        if ((zmask) || (h_ & 0x7fffu)) *outp++ = h_;                           \
         (om) &= (om) - 1;                                                      \
       } while (om);                                                            \
     }                                                                          \
@@ -599,37 +602,21 @@ static inline double pow2(int e) {
     msum = z;                                                                  \
   } while (0)
 
-/* HALF_OUT for an om that holds the zeros too (the window bodies without zmask):
- * they are skipped here, one test per element outside. */
-#define HALF_OUT_NZ(om, q)                                                     \
-  do {                                                                         \
-    if (__builtin_expect((om) != 0, 0)) {                                      \
-      do {                                                                     \
-        uint16_t h_;                                                           \
-        memcpy(&h_, (q) + 2 * pack_elem((unsigned)__builtin_ctz(om)), 2);      \
-        if (h_ & 0x7fffu) *outp++ = h_;                                        \
-        (om) &= (om) - 1;                                                      \
-      } while (om);                                                            \
-    }                                                                          \
-  } while (0)
-
 /* The one-hot words of a 16-bit window step (e8: window values, aA/aB:
  * |x| of its two vectors at q) and its elements outside written to outb,
  * the zeros left out by a vector mask (zmask) or one by one. */
 #define HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q)                        \
   do {                                                                         \
     uint32_t om_;                                                              \
-    if (zmask) {                                                               \
+    if (zmask)                                                                 \
       ONEHOT(e8, _mm256_packus_epi16(aA, aB), ohA, ohB, om_);                  \
-      HALF_OUT(om_, q);                                                        \
-    } else {                                                                   \
+    else                                                                       \
       ONEHOT_ALL(e8, ohA, ohB, om_);                                           \
-      HALF_OUT_NZ(om_, q);                                                     \
-    }                                                                          \
+    HALF_OUT(om_, q, zmask);                                                   \
   } while (0)
 
 /* zmask: om leaves the zeros out by a pack and compare of |x| (3 vector
- * operations per step); without it the zeros are in om and HALF_OUT_NZ
+ * operations per step); without it the zeros are in om and HALF_OUT
  * skips them, which costs a scalar test per zero: win_half picks this one
  * for a block whose first 64 elements hold no zero. */
 static inline __attribute__((always_inline)) void win_f16_body(blk *b, const unsigned char *p,
@@ -681,19 +668,22 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
   b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
 }
 
-/* 1 if the first 64 elements of a 16-bit block (nv 16-element groups)
- * hold a +-0: the window loops of win_half then mask the zeros
- * out of their elements outside by vector operations, else by a scalar
- * test (HALF_OUT_NZ). */
-static int half_head_has_zero(const unsigned char *p, size_t nv) {
-  const __m256i m7fff = _mm256_set1_epi16(0x7fff), z = _mm256_setzero_si256();
-  int zeros = 0;
-  for (size_t v = 0; v < nv && v < 4; v++)
-    zeros |= _mm256_movemask_epi8(_mm256_cmpeq_epi16(
-        _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m7fff), z));
-  return zeros != 0;
+/* 1 if one of the first 64 elements of a window block (nv 16-element
+ * groups) lies below the window's first field: a +-0 of fp16/bf16, a zero
+ * or subnormal of fp32 (field 0). The window loops then leave those out of
+ * their elements outside by vector operations (zmask), else by a scalar
+ * test per element outside. */
+static int head_has_field0(const unsigned char *p, size_t nv, int f32) {
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i m = f32 ? _mm256_set1_epi32(0x7f800000) : _mm256_set1_epi16(0x7fff);
+  const size_t nvec = f32 ? 2 * nv : nv; /* 32-byte vectors in the block */
+  int any = 0;
+  for (size_t v = 0; v < nvec && v < (f32 ? 8u : 4u); v++) {
+    __m256i x = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), m);
+    any |= _mm256_movemask_epi8(f32 ? _mm256_cmpeq_epi32(x, z) : _mm256_cmpeq_epi16(x, z));
+  }
+  return any != 0;
 }
-
 
 /* bf16 window blocks, like win_f16_body (the driver knows, blk_ops.bf16_patterns):
  * a window of 15 values from 1, so that the one-hot word oh = 2^r (r < 15)
@@ -760,7 +750,7 @@ static inline __attribute__((always_inline)) void win_bf16_body(blk *b, const un
 /* The 16-bit window blocks: the body with or without its zero mask (the
  * head check above), fp16 or bf16. */
 static void win_half(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd, int bf16) {
-  int zmask = half_head_has_zero(p, nv);
+  int zmask = head_has_field0(p, nv, 0);
   if (bf16 && zmask)
     win_bf16_body(b, p, nv, pd, 1);
   else if (bf16)
@@ -896,20 +886,8 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
   }
 }
 
-/* 1 if the first 64 elements of an fp32 block (nv 16-element groups) hold
- * a zero or a subnormal (field 0): the window loop then masks field 0 out
- * of its elements outside by vector operations, else by a scalar test. */
-static int f32_head_has_field0(const unsigned char *p, size_t nv) {
-  const __m256i mexp = _mm256_set1_epi32(0x7f800000), z = _mm256_setzero_si256();
-  int any = 0;
-  for (size_t v = 0; v < 2 * nv && v < 8; v++)
-    any |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(
-        _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * v)), mexp), z));
-  return any != 0;
-}
-
 static void win_f32(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd) {
-  if (f32_head_has_field0(p, nv))
+  if (head_has_field0(p, nv, 1))
     win_f32_body(b, p, nv, pd, 0, 1);
   else
     win_f32_body(b, p, nv, pd, 0, 0);

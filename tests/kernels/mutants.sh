@@ -98,7 +98,7 @@ hs2-fold-no-carry|kernels/stats_avx2.c|s/        x \&= hk;/        x = 0 \& hk;/
 win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m3ff), c400);/|avx2
 win2-zeros-outside|kernels/stats_avx2.c|s/~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z))/~0u/|avx2
 win2-outside-mask-dropped|kernels/stats_avx2.c|s/om = (uint32_t)_mm256_movemask_epi8(ix_);/om = 0xffffffffu;/|avx2
-win2-f16-nz-zeros-kept|kernels/stats_avx2.c|s/if (h_ \& 0x7fffu) \*outp++ = h_;/*outp++ = h_;/|avx2|window
+win2-f16-nz-zeros-kept|kernels/stats_avx2.c|s/if ((zmask) .. (h_ \& 0x7fffu)) \*outp++ = h_;/*outp++ = h_;/|avx2|window
 win2-f32-field0-kept|kernels/stats_avx2.c|s/if (zmask .. f_) \*outp++ = f_;/*outp++ = f_;/|avx2|window
 win2-index-top-inside|kernels/stats_avx2.c|s/_mm256_set1_epi8((char)(0x80 - (width)))/_mm256_set1_epi8(0x70)/;s/int r = (j - (16 - width)) \& 15;/int r = j \& 15;/|avx2
 win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2

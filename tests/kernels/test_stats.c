@@ -988,11 +988,11 @@ END_TEST
 
 /* Window blocks whose first 64 elements hold no zero (and, fp32, no
  * subnormal), with zeros after them: the AVX2 path then keeps the zeros
- * among the elements outside and skips them one by one (win_f16, win_f32,
- * win_bf16; streamed fp32 blocks keep the vector mask). Loop: fp16, fp32,
- * bf16 (_i / 3), each at zero density 1/3, 1/97 and one zero per block (_i % 3), placed
- * past the first 64 elements of every 16384-element block, subnormals
- * beside them at the first density. */
+ * among the elements outside and skips them one by one (win_half,
+ * win_f32; streamed fp32 blocks keep the vector mask). Loop: fp16, fp32,
+ * bf16 (_i / 3), each at zero density 1/3, 1/97 and one zero per block
+ * (_i % 3), placed past the first 64 elements of every 16384-element
+ * block, subnormals beside them at the first density. */
 START_TEST(test_window_late_zeros) {
   static const size_t every[] = {3, 97, 16384};
   static const probe_dtype dts[] = {PROBE_DTYPE_F16, PROBE_DTYPE_F32, PROBE_DTYPE_BF16};
@@ -1016,7 +1016,8 @@ START_TEST(test_window_late_zeros) {
   }
   char what[32];
   snprintf(what, sizeof what, "late zeros %d", _i);
-  check_all_paths(dt, dt == PROBE_DTYPE_F32 ? (const void *)u : dt == PROBE_DTYPE_F16 ? (const void *)h : (const void *)g, n, what);
+  const void *data[] = {h, u, g}; /* in the order of dts */
+  check_all_paths(dt, data[_i / 3], n, what);
   free(u);
   free(h);
   free(g);
