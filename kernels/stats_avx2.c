@@ -559,7 +559,7 @@ static inline double pow2(int e) {
 /* Squares of 16 |x| patterns built from their bits, added into q0..q3: the
  * binary64 with high 16 bits 0x4000 + (a >> HI) and next 16 bits a << LO,
  * squared by FMA. fp16 (HI 6, LO 10): x * 2^16 for a normal x; a zero gives
- * 2, a subnormal 2 + m/512. bf16 (HI 3, LO 13): see win_bf16_body. The driver
+ * 2, a subnormal 2 + m/512. bf16 (HI 3, LO 13): see win_half_body. The driver
  * corrects zeros and subnormals. Even dwords are moved up and odd ones
  * masked: no more shuffles. */
 #define HALF_SQ2(a_, HI, LO)                                                   \
@@ -615,15 +615,38 @@ static inline double pow2(int e) {
     HALF_OUT(om_, q, zmask);                                                   \
   } while (0)
 
-/* zmask: om leaves the zeros out by a pack and compare of |x| (3 vector
- * operations per step); without it the zeros are in om and HALF_OUT
- * skips them, which costs a scalar test per zero: win_half picks this one
- * for a block whose first 64 elements hold no zero. */
-static inline __attribute__((always_inline)) void win_f16_body(blk *b, const unsigned char *p,
-                                                               size_t nv, const probe__pending *pd,
-                                                               const int zmask) {
+/* The 16-bit window blocks, fp16 or bf16 (bf16, known at compile time in
+ * each copy win_half makes). zmask: om leaves the zeros out by a pack and
+ * compare of |x| (3 vector operations per step); without it the zeros are in
+ * om and HALF_OUT skips them, which costs a scalar test per zero: win_half
+ * picks this one for a block whose first 64 elements hold no zero.
+ *
+ * fp16: window values are raw exponents a >> 10, the window holds 15 of
+ * them (PROBE__WIN16). sum: an element inside is m * 2^(e - 25), m = 1024 +
+ * its 10 mantissa bits, so m * (+-oh) * 2^(win - 25), added exactly by
+ * vpmaddwd. sumsq: HALF_SQ2 (HI 6, LO 10), x * 2^16 squared (2^-32).
+ *
+ * bf16 (the driver knows, blk_ops.bf16_patterns): window values are binary32
+ * raw exponents a >> 7, 15 of them from 1, so that the one-hot word oh = 2^r
+ * (r < 15) is a positive int16 and bf16 subnormals (raw exponent 0) are
+ * outside. sum: m * 2^(e8 - 134), m = 128 + its 7 mantissa bits, so m *
+ * (+-oh) * 2^(win - 134), added exactly by vpmaddwd (< 2^23 per pair of
+ * lanes). sumsq: x * 2^128 (HALF_SQ2 with HI 3, LO 13), squared (2^-256): a
+ * zero counts as 2^2 * 2^-256, a subnormal as (2 + a/64)^2 * 2^-256 (the
+ * driver takes both out). f16_flush and f16_overflow are counted by a scan
+ * of the block only when its smallest non-zero magnitude or its maxima show
+ * that it has any.
+ *
+ * Both: outb receives the patterns of the elements outside. */
+static inline __attribute__((always_inline)) void win_half_body(blk *b, const unsigned char *p,
+                                                                size_t nv, const probe__pending *pd,
+                                                                const int zmask, const int bf16) {
+  const int eshift = bf16 ? 7 : 10;             /* |x| >> eshift: window value */
+  const int sq_hi = bf16 ? 3 : 6, sq_lo = bf16 ? 13 : 10; /* HALF_SQ2 */
+  const int sum_exp = bf16 ? 134 : 25;          /* sum scale 2^(win - sum_exp) */
   const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
-  const __m256i m3ff = _mm256_set1_epi16(0x03ff), c400 = _mm256_set1_epi16(0x0400);
+  const __m256i mman = _mm256_set1_epi16(bf16 ? 0x007f : 0x03ff); /* mantissa */
+  const __m256i cimp = _mm256_set1_epi16(bf16 ? 0x0080 : 0x0400); /* its implicit bit */
   const __m256i z = _mm256_setzero_si256();
   __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff;
   __m256i msum = z, sum64 = z;
@@ -632,7 +655,7 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
   const __m256i mhi32 = _mm256_set1_epi64x((long long)0xffffffff00000000ull);
   __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
   WIN_DECL2(pd, PROBE__WIN16);
-#define F16_WSTEP2(s_, ohA, ohB)                                               \
+#define HALF_WSTEP2(s_, ohA, ohB)                                              \
   do {                                                                         \
     const unsigned char *q_ = p + 64 * (s_);                                   \
     _mm_prefetch((const char *)q_ + PF16, _MM_HINT_T0);                        \
@@ -643,29 +666,38 @@ static inline __attribute__((always_inline)) void win_f16_body(blk *b, const uns
     umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
     aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
                                                      _mm256_add_epi16(aB, c7fff))); \
-    __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 10), _mm256_srli_epi16(aB, 10)); \
+    __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, eshift),           \
+                                     _mm256_srli_epi16(aB, eshift));           \
     HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q_);                         \
-    __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA); \
-    __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m3ff), c400), hB); \
+    __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, mman), cimp), hA); \
+    __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, mman), cimp), hB); \
     msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
                                                    _mm256_madd_epi16(mB, ohB))); \
-    HALF_SQ2(aA, 6, 10);                                                       \
-    HALF_SQ2(aB, 6, 10);                                                       \
+    HALF_SQ2(aA, sq_hi, sq_lo);                                                \
+    HALF_SQ2(aB, sq_hi, sq_lo);                                                \
   } while (0)
-#define WIN_STEP_ F16_WSTEP2
-  WIN_RUN2(F16_WSTEP2, b, pd, ns, HALF_EVERY16);
+#define WIN_STEP_ HALF_WSTEP2
+  WIN_RUN2(HALF_WSTEP2, b, pd, ns, HALF_EVERY16);
 #undef WIN_STEP_
-#undef F16_WSTEP2
+#undef HALF_WSTEP2
   b->zero = 0; /* the driver counts them from the window counts */
   b->flush = 0;
   b->ovf = 0;
-  ext16_win(b, p, nv, smax, umax, aminb, 1);
-  /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
-  b->nonfinite = b->smax > (int32_t)0x477fe000 || b->umax > 0xc77fe000u;
+  ext16_win(b, p, nv, smax, umax, aminb, !bf16);
+  if (bf16) {
+    b->nonfinite = 0; /* decided by the driver from ovf */
+    /* 0 < |x| <= 2^-25 and |x| >= 65520 (inf, NaN included): only if present */
+    const int any_flush = b->amin_m1 < 0x33000000u;
+    const int any_ovf = b->smax > 0x477fffff || b->umax > 0xc77fffffu;
+    if (any_flush || any_ovf) probe__flush_ovf_avx2(PROBE_DTYPE_BF16, p, 16 * nv, &b->flush, &b->ovf);
+  } else { /* no binary16 value has 0 < |x| <= 2^-25 or is finite >= 65520 */
+    /* inf or NaN: a positive pattern > 0x7bff or a negative one > 0xfbff */
+    b->nonfinite = b->smax > (int32_t)0x477fe000 || b->umax > 0xc77fe000u;
+  }
   int64_t t[4];
   _mm256_storeu_si256((__m256i *)(void *)t, sum64);
-  b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 25);
-  b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-32;
+  b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - sum_exp);
+  b->sumsq = hsum_pd(q0, q1, q2, q3) * (bf16 ? 0x1p-256 : 0x1p-32);
 }
 
 /* 1 if one of the first 64 elements of a window block (nv 16-element
@@ -685,80 +717,18 @@ static int head_has_field0(const unsigned char *p, size_t nv, int f32) {
   return any != 0;
 }
 
-/* bf16 window blocks, like win_f16_body (the driver knows, blk_ops.bf16_patterns):
- * a window of 15 values from 1, so that the one-hot word oh = 2^r (r < 15)
- * is a positive int16 and bf16 subnormals (raw exponent 0) are outside;
- * outb receives the patterns. sum: an element inside is m * 2^(e8 - 134),
- * m = 128 + its 7 mantissa bits, so m * (+-oh) * 2^(win - 134), added exactly
- * by vpmaddwd (< 2^23 per pair of lanes). sumsq: binary64 patterns of
- * x * 2^128 built from the bits (high 16 bits 0x4000 + (a >> 3), the next 16
- * a << 13), squared by FMA: a zero counts as 2^2 * 2^-256, a subnormal as
- * (2 + a/64)^2 * 2^-256 (the driver takes both out). f16_flush and
- * f16_overflow are counted by a scan of the block only when its smallest
- * non-zero magnitude or its maxima show that it has any. */
-static inline __attribute__((always_inline)) void win_bf16_body(blk *b, const unsigned char *p,
-                                                                size_t nv, const probe__pending *pd,
-                                                                const int zmask) {
-  const __m256i m7fff = _mm256_set1_epi16(0x7fff), c7fff = m7fff;
-  const __m256i m7f = _mm256_set1_epi16(0x007f), c80 = _mm256_set1_epi16(0x0080);
-  const __m256i z = _mm256_setzero_si256();
-  __m256i smax = _mm256_set1_epi16(INT16_MIN), umax = z, aminb = m7fff;
-  __m256i msum = z, sum64 = z;
-  const size_t ns = nv / 2;
-  const __m256i c4000 = _mm256_set1_epi16(0x4000);
-  const __m256i mhi32 = _mm256_set1_epi64x((long long)0xffffffff00000000ull);
-  __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
-  WIN_DECL2(pd, PROBE__WIN16); /* bf16 */
-#define BF16_WSTEP2(s_, ohA, ohB)                                              \
-  do {                                                                         \
-    const unsigned char *q_ = p + 64 * (s_);                                   \
-    _mm_prefetch((const char *)q_ + PF16, _MM_HINT_T0);                        \
-    __m256i hA = _mm256_loadu_si256((const __m256i *)(const void *)q_);        \
-    __m256i hB = _mm256_loadu_si256((const __m256i *)(const void *)(q_ + 32)); \
-    __m256i aA = _mm256_and_si256(hA, m7fff), aB = _mm256_and_si256(hB, m7fff); \
-    smax = _mm256_max_epi16(smax, _mm256_max_epi16(hA, hB));                   \
-    umax = _mm256_max_epu16(umax, _mm256_max_epu16(hA, hB));                   \
-    aminb = _mm256_min_epi16(aminb, _mm256_min_epi16(_mm256_add_epi16(aA, c7fff), \
-                                                     _mm256_add_epi16(aB, c7fff))); \
-    __m256i e8 = _mm256_packus_epi16(_mm256_srli_epi16(aA, 7), _mm256_srli_epi16(aB, 7)); \
-    HALF_ONEHOT_OUT(zmask, e8, aA, aB, ohA, ohB, q_);                         \
-    __m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA); \
-    __m256i mB = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hB, m7f), c80), hB); \
-    msum = _mm256_add_epi32(msum, _mm256_add_epi32(_mm256_madd_epi16(mA, ohA),  \
-                                                   _mm256_madd_epi16(mB, ohB))); \
-    HALF_SQ2(aA, 3, 13);                                                       \
-    HALF_SQ2(aB, 3, 13);                                                       \
-  } while (0)
-#define WIN_STEP_ BF16_WSTEP2
-  WIN_RUN2(BF16_WSTEP2, b, pd, ns, HALF_EVERY16);
-#undef WIN_STEP_
-#undef BF16_WSTEP2
-  b->zero = 0; /* the driver counts them from the window counts */
-  b->nonfinite = 0; /* decided by the driver from ovf */
-  ext16_win(b, p, nv, smax, umax, aminb, 0);
-  b->flush = 0; /* 0 < |x| <= 2^-25: counted only if present */
-  b->ovf = 0;   /* |x| >= 65520 (inf, NaN included): likewise */
-  const int any_flush = b->amin_m1 < 0x33000000u;
-  const int any_ovf = b->smax > 0x477fffff || b->umax > 0xc77fffffu;
-  if (any_flush || any_ovf) probe__flush_ovf_avx2(PROBE_DTYPE_BF16, p, 16 * nv, &b->flush, &b->ovf);
-  int64_t t[4];
-  _mm256_storeu_si256((__m256i *)(void *)t, sum64);
-  b->sum = (double)(t[0] + t[1] + t[2] + t[3]) * pow2(pd->win - 134);
-  b->sumsq = hsum_pd(q0, q1, q2, q3) * 0x1p-256;
-}
-
 /* The 16-bit window blocks: the body with or without its zero mask (the
- * head check above), fp16 or bf16. */
+ * head check above), fp16 or bf16: four copies, each with its constants. */
 static void win_half(blk *b, const unsigned char *p, size_t nv, const probe__pending *pd, int bf16) {
   int zmask = head_has_field0(p, nv, 0);
   if (bf16 && zmask)
-    win_bf16_body(b, p, nv, pd, 1);
+    win_half_body(b, p, nv, pd, 1, 1);
   else if (bf16)
-    win_bf16_body(b, p, nv, pd, 0);
+    win_half_body(b, p, nv, pd, 0, 1);
   else if (zmask)
-    win_f16_body(b, p, nv, pd, 1);
+    win_half_body(b, p, nv, pd, 1, 0);
   else
-    win_f16_body(b, p, nv, pd, 0);
+    win_half_body(b, p, nv, pd, 0, 0);
 }
 
 /* fused: the sums in the same loop (probe__pending.stream: a tensor
@@ -871,7 +841,7 @@ static inline __attribute__((always_inline)) void win_f32_body(blk *b, const uns
   }
   /* f16_flush (0 < |x| <= 2^-25) and f16_overflow (|x| >= 65520, inf and
    * NaN included): counted by a scan of the block only when its smallest
-   * non-zero magnitude or its maxima show it has some (as win_bf16_body); a
+   * non-zero magnitude or its maxima show it has some (as win_half_body for bf16); a
    * compare per element in the loop cost 8 of its ~90 operations per 32
    * elements */
   b->flush = 0;

@@ -85,23 +85,24 @@ nonfinite-scan32-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi32(0x7f
 nonfinite-scan16-inf-missed|kernels/stats_block.c|s/big = _mm256_set1_epi16((short)(lim - 1u))/big = _mm256_set1_epi16((short)lim)/|avx2
 big32-512-edge|kernels/stats_avx512.c|s/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477fefff)/mabs = _mm512_set1_epi32(0x7fffffff), covf = _mm512_set1_epi32(0x477ff000)/|avx512
 big16-512-edge|kernels/stats_avx512.c|s/mabs = _mm512_set1_epi16(0x7fff), covf = _mm512_set1_epi16(0x477f)/mabs = _mm512_set1_epi16(0x7fff), covf = _mm512_set1_epi16(0x4780)/|avx512
-win2-bf16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m7f), c80), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m7f), c80);/|avx2
-win2-bf16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16); \/\* bf16 \*\//WIN_DECL2(pd, PROBE__WIN);/|avx2
-win2-bf16-sum-scale|kernels/stats_avx2.c|s/pow2(pd->win - 134)/pow2(pd->win - 133)/|avx2
-win2-bf16-sq-shift|kernels/stats_avx2.c|s/HALF_SQ2(a\([AB]\), 3, 13);/HALF_SQ2(a\1, 3, 12);/|avx2
+win2-half-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, mman), cimp), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, mman), cimp);/|avx2
+win2-half-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2
+win2-bf16-sum-scale|kernels/stats_avx2.c|s/sum_exp = bf16 ? 134 : 25;/sum_exp = bf16 ? 133 : 25;/|avx2
+win2-f16-sum-scale|kernels/stats_avx2.c|s/sum_exp = bf16 ? 134 : 25;/sum_exp = bf16 ? 134 : 24;/|avx2
+win2-bf16-sq-shift|kernels/stats_avx2.c|s/sq_lo = bf16 ? 13 : 10;/sq_lo = bf16 ? 12 : 10;/|avx2
+win2-f16-sq-shift|kernels/stats_avx2.c|s/sq_hi = bf16 ? 3 : 6,/sq_hi = bf16 ? 3 : 5,/|avx2
+win2-f16-mantissa-mask|kernels/stats_avx2.c|s/bf16 ? 0x007f : 0x03ff/bf16 ? 0x007f : 0x01ff/|avx2
 win2-bf16-flush-scan-skipped|kernels/stats_avx2.c|s/any_flush = b->amin_m1 < 0x33000000u;/any_flush = b->amin_m1 < 0x32ffffffu;/|avx2
 drive-bf16-no-outside-sum|kernels/stats_block.c|s/b.sum += x; \/\* (bf16, as for fp16) \*\//;/|avx2
 drive-bf16-no-subnormal-swap|kernels/stats_block.c|s/b.sumsq += (double)x \* x - wrong \* wrong \* 0x1p-256;/(void)wrong;/|avx2|window
 drive-bf16-zero-square|kernels/stats_block.c|s/bf16p ? 0x1p-254 : 0.0/bf16p ? 0x1p-256 : 0.0/|avx2|window
 drive-bf16-window-at-0|kernels/stats_block.c|s/const int wlo = 1;/const int wlo = dt != PROBE_DTYPE_BF16;/|avx2|window
 hs2-fold-no-carry|kernels/stats_avx2.c|s/        x \&= hk;/        x = 0 \& hk;/|avx2
-win2-f16-no-sign|kernels/stats_avx2.c|s/__m256i mA = _mm256_sign_epi16(_mm256_or_si256(_mm256_and_si256(hA, m3ff), c400), hA);/__m256i mA = _mm256_or_si256(_mm256_and_si256(hA, m3ff), c400);/|avx2
 win2-zeros-outside|kernels/stats_avx2.c|s/~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8((nzb), z))/~0u/|avx2
 win2-outside-mask-dropped|kernels/stats_avx2.c|s/om = (uint32_t)_mm256_movemask_epi8(ix_);/om = 0xffffffffu;/|avx2
 win2-f16-nz-zeros-kept|kernels/stats_avx2.c|s/if ((zmask) .. (h_ \& 0x7fffu)) \*outp++ = h_;/*outp++ = h_;/|avx2|window
 win2-f32-field0-kept|kernels/stats_avx2.c|s/if (zmask .. f_) \*outp++ = f_;/*outp++ = f_;/|avx2|window
 win2-index-top-inside|kernels/stats_avx2.c|s/_mm256_set1_epi8((char)(0x80 - (width)))/_mm256_set1_epi8(0x70)/;s/int r = (j - (16 - width)) \& 15;/int r = j \& 15;/|avx2
-win2-f16-width16|kernels/stats_avx2.c|s/WIN_DECL2(pd, PROBE__WIN16);/WIN_DECL2(pd, PROBE__WIN);/|avx2
 win2-f32-flush-scan-skipped|kernels/stats_avx2.c|s/if (am1 < 0x33000000u /if (am1 < 0x32ffffffu /|avx2
 win2-f32-stream-half-sum|kernels/stats_avx2.c|s/fsB = _mm256_add_pd(fsB, _mm256_add_pd(_mm256_add_pd(e4_, e5_), _mm256_add_pd(e6_, e7_)));/(void)0;/|avx2
 win2-f32-stream-half-sq|kernels/stats_avx2.c|s/fqB = _mm256_fmadd_pd(e4_, e4_, _mm256_fmadd_pd(e5_, e5_, _mm256_fmadd_pd(e6_, e6_, _mm256_fmadd_pd(e7_, e7_, fqB))));/fqB = _mm256_fmadd_pd(e4_, e4_, fqB);/|avx2
