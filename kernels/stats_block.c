@@ -234,12 +234,14 @@ static void win_flush(probe__acc *a, pair_hist *ph, const probe__blk_ops *ops, i
 }
 
 /* Runs the block functions blk[dt] over data(n); group = elements per
- * vector step (16 for AVX2, 64 for AVX-512), block sizes are multiples of
+ * vector step (32 for AVX2, 64 for AVX-512), block sizes are multiples of
  * it; the rest goes through the portable loop. `window` allows window mode
- * (probe__pending.win; AVX-512 only): it starts when a sample of 64
- * elements has >= 1/2 of its window values in some 16-value window, the window
- * moves when a block has < 3/4 of its elements in it, and pair mode takes
- * over for the rest of the call when no window holds 1/2 of a block. */
+ * (probe__pending.win; both tables set it): it starts when a sample of 64
+ * elements has >= 1/2 of its window values in some window; the window is
+ * chosen again when a quarter of a block lay outside it (or, with a
+ * backoff, more than 1/1024), and pair mode takes over when more than
+ * 1/WIN_OUT_MAX of the values since the last choice lie outside the best
+ * window (docs/statistics.md). */
 static void drive(probe__acc *a, probe_dtype dt, const void *data, size_t n,
                   const probe__blk_ops *ops) {
   const size_t group = ops->group;

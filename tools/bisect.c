@@ -73,8 +73,9 @@ static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe bisect --fp32-candidates LIST [--scenario NAME | --config FILE]\n"
 "                       [--granularity kind|layer] [-j N] [--steps N] [--seed S]\n"
-"                       [--workdir DIR] [failure criteria] [--json]\n"
-"                       [-o FILE [--force]] [-q] [--progress-every SECONDS]\n"
+"                       [--ranks N] [--trace] [--workdir DIR]\n"
+"                       [failure criteria] [--json] [-o FILE [--force]] [-q]\n"
+"                       [--progress-every SECONDS]\n"
 "                       [-- RUN OPTIONS | -- COMMAND ARGS...]\n"
 "\n"
 "Finds a minimal set of modules to keep in FP32 so that FP16 training stays\n"

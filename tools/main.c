@@ -54,6 +54,7 @@ static void usage(FILE *f) {
           "  2    usage error (unknown option, bad value)\n"
           "  3    unreadable or corrupt input\n"
           "  4    internal or runtime error (e.g. cannot write the output)\n"
+          "  5    bisect only: the FP32 baseline does not train\n"
           "  130  interrupted (SIGINT/SIGTERM)\n"
           "errors are one line on stderr: 'ampprobe: <command>: <what>'.\n"
           "\n"

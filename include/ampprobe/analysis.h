@@ -125,6 +125,8 @@ typedef enum probe_diag_event {
       PROBE_DIAG_EVENT_COUNT
 } probe_diag_event;
 
+/* The event kind's name ("overflow", ...) and a one-line description of it;
+ * "?" for a value outside the enum. */
 AMPPROBE_API const char *probe_diag_event_name(probe_diag_event e);
 AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
 
@@ -147,6 +149,8 @@ typedef enum probe_diag_finding_id {
       PROBE_DIAG_FINDING_COUNT
 } probe_diag_finding_id;
 
+/* The finding's id as printed and in JSON ("force-fp32", ...); "?" for a
+ * value outside the enum. */
 AMPPROBE_API const char *probe_diag_finding_name(probe_diag_finding_id f);
 
 #define PROBE_DIAG_MAX_FINDINGS 8
@@ -348,6 +352,7 @@ typedef struct probe_diag_options {
   size_t chunk_rows; /* rows per chunked read (4096) */
 } probe_diag_options;
 
+/* Fills o with the defaults (the ones `ampprobe postmortem` uses). */
 AMPPROBE_API void probe_diag_options_init(probe_diag_options *o);
 
 /* Analyses an open trace. Returns PROBE_OK or the reader's error. */
@@ -538,6 +543,7 @@ typedef struct probe_ranks_options {
   int focus_diag;   /* run the full post-mortem on the focus rank (1) */
 } probe_ranks_options;
 
+/* Fills o with the defaults. */
 AMPPROBE_API void probe_ranks_options_init(probe_ranks_options *o);
 
 typedef struct probe_ranks {
@@ -664,6 +670,7 @@ typedef struct probe_diff_options {
   double zero_frac_margin;
 } probe_diff_options;
 
+/* Fills o with the defaults (PROBE_DIFF_DEFAULT_THRESHOLD, _WINDOW). */
 AMPPROBE_API void probe_diff_options_init(probe_diff_options *o);
 
 /* One aligned (layer, site) pair. */
@@ -852,6 +859,9 @@ typedef struct probe_ddmin {
   size_t rounds;  /* oracle batches */
 } probe_ddmin;
 
+/* Prepares d for n candidates (1..PROBE_DDMIN_MAX) judged by oracle(ctx,
+ * ...); PROBE_ERR_INVALID_ARG otherwise. probe_ddmin_free releases its
+ * memo of judged sets (d itself is the caller's). */
 AMPPROBE_API probe_status probe_ddmin_init(probe_ddmin *d, int n, probe_ddmin_oracle oracle,
                               void *ctx);
 AMPPROBE_API void probe_ddmin_free(probe_ddmin *d);

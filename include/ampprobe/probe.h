@@ -65,6 +65,8 @@ typedef enum probe_kind {
       PROBE_KIND_COUNT
 } probe_kind;
 
+/* The name of a module kind as stored in traces ("linear", "revin", ...);
+ * NULL for a value outside the enum. */
 AMPPROBE_API
 const char *probe_kind_name(probe_kind k);
 /* Returns PROBE_ERR_NOT_FOUND for an unknown name. */
@@ -107,12 +109,18 @@ typedef enum probe_phase {
   PROBE_PHASE_OPTIMIZER = 2,
 } probe_phase;
 
+/* The name of a record site as stored in traces ("fwd_out", ...); NULL for a
+ * value outside the enum. */
 AMPPROBE_API
 const char *probe_site_name(probe_site s);
+/* The site of a name; PROBE_ERR_NOT_FOUND for an unknown one. */
 AMPPROBE_API
 probe_status probe_site_parse(const char *name, probe_site *out);
+/* The phase a site's records are made in (forward for a value outside the
+ * enum). */
 AMPPROBE_API
 probe_phase probe_site_phase(probe_site s);
+/* "forward", "backward" or "optimizer"; NULL for a value outside the enum. */
 AMPPROBE_API
 const char *probe_phase_name(probe_phase p);
 
@@ -219,6 +227,8 @@ typedef enum probe_scaler_kind {
   PROBE_SCALER_MIN_CLAMP = 3, /* backoff stopped at the minimum scale */
 } probe_scaler_kind;
 
+/* "backoff", "growth", "hysteresis" or "min_clamp"; NULL for a value
+ * outside the enum. */
 AMPPROBE_API
 const char *probe_scaler_kind_name(probe_scaler_kind k);
 
@@ -337,6 +347,9 @@ probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id);
 
+/* Opens step `step` (>= 0, above every step begun before); the records,
+ * scalars and scaler transitions until probe_step_end belong to it.
+ * PROBE_ERR_STATE inside a step or for a step not after the last. */
 AMPPROBE_API
 probe_status probe_step_begin(probe_session *s, int64_t step);
 
@@ -424,6 +437,8 @@ void probe_trace_close(probe_trace *t);
 AMPPROBE_API
 const char *probe_trace_last_error(const probe_trace *t);
 
+/* The trace's summary (format version, completeness, record mode, table
+ * sizes), owned by t; NULL for a NULL t. */
 AMPPROBE_API
 const probe_trace_info *probe_trace_get_info(const probe_trace *t);
 /* The layers table (small: held in memory). */
@@ -444,7 +459,7 @@ probe_status probe_trace_read_scaler_events(probe_trace *t, int64_t start,
                                             size_t max,
                                             probe_scaler_event *buf,
                                             size_t *got);
-
+/* (The same, for the snapshot index: one probe_snapshot_info a snapshot.) */
 AMPPROBE_API
 probe_status probe_trace_read_snapshots(probe_trace *t, int64_t start,
                                         size_t max, probe_snapshot_info *buf,
