@@ -2090,12 +2090,7 @@ static int plan_config(bisect *b) {
   } else {
     st = probe_config_load_scenario(&cfg, b->scenario, err, sizeof err);
     if (st < 0) {
-      if (st == PROBE_ERR_NOT_FOUND)
-        cli_error(SUB, "unknown scenario '%s' (see 'ampprobe run "
-                       "--list-scenarios')", b->scenario);
-      else
-        cli_error(SUB, "scenario %s: %s", b->scenario,
-                  err[0] ? err : probe_status_str(st));
+      cli_scenario_error(SUB, b->scenario, st, err);
       return CLI_EXIT_USAGE;
     }
   }
@@ -2538,12 +2533,10 @@ static int bisect_output(bisect *b, result *r) {
     }
   }
   if (b->json) {
-    if (cli_json_print(j) != 0)
-      rc = CLI_EXIT_INTERNAL;
+    if (cli_json_print(SUB, j) != 0) rc = CLI_EXIT_INTERNAL;
   } else {
     print_text(b, r);
-    if (fflush(stdout) != 0)
-      rc = CLI_EXIT_INTERNAL;
+    if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   json_decref(j);
   return rc;

@@ -40,6 +40,39 @@ void cli_error(const char *sub, const char *fmt, ...) {
     fprintf(stderr, "ampprobe: %s\n", msg);
 }
 
+int cli_check_trace_args(const char *sub, char *const *args, int n) {
+  for (int i = 0; i < n; i++)
+    if (!args[i][0]) {
+      cli_error(sub, "an empty argument is not a trace (see 'ampprobe %s --help')", sub);
+      return CLI_EXIT_USAGE;
+    }
+  return 0;
+}
+
+void cli_scenario_error(const char *sub, const char *name, probe_status st,
+                        const char *err) {
+  char q[256];
+  cli_escape_name(q, sizeof q, name);
+  if (st == PROBE_ERR_NOT_FOUND)
+    cli_error(sub, "unknown scenario '%s' (see 'ampprobe run --list-scenarios')", q);
+  else
+    cli_error(sub, "scenario %s: %s", q, err && err[0] ? err : probe_status_str(st));
+}
+
+int cli_open_trace(const char *sub, probe_trace **t, const char *path) {
+  char err[512] = "";
+  probe_status st = probe_trace_open_isolated(t, path, err, sizeof err);
+  if (st >= 0) return CLI_EXIT_OK;
+  if (err[0] && strstr(err, path)) { /* the reader's message names it */
+    cli_error(sub, "%s", err);
+  } else {
+    char q[PATH_MAX + 16];
+    cli_escape_name(q, sizeof q, path);
+    cli_error(sub, "%s: %s", q, err[0] ? err : probe_status_str(st));
+  }
+  return st == PROBE_ERR_IO ? CLI_EXIT_INPUT : cli_exit_for_status(st);
+}
+
 int cli_exit_for_status(probe_status st) {
   switch (st) {
   case PROBE_OK: return CLI_EXIT_OK;
@@ -271,6 +304,39 @@ static void out_on_signal(int sig) {
   raise(sig);
 }
 
+/* SIGINT/SIGTERM of a command that only reads: the output being written,
+ * if any, is removed and the process exits 130 at once. */
+static char exit_msg[96]; /* "ampprobe: <sub>: interrupted\n" */
+static size_t exit_msg_len;
+static pid_t exit_pid; /* the command's process; its forked readers are quiet */
+
+static void exit_on_signal(int sig) {
+  (void)sig;
+  if (getpid() != exit_pid) _exit(CLI_EXIT_INTERRUPTED);
+  char *t = out_pending_tmp;
+  if (t) unlink(t);
+  ssize_t w = write(STDERR_FILENO, exit_msg, exit_msg_len);
+  (void)w;
+  _exit(CLI_EXIT_INTERRUPTED);
+}
+
+/* handler for SIGINT and SIGTERM */
+static void on_interrupt(void (*handler)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+void cli_signals_exit_install(const char *sub) {
+  int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted\n", sub);
+  exit_msg_len = n > 0 && (size_t)n < sizeof exit_msg ? (size_t)n : 0;
+  exit_pid = getpid();
+  on_interrupt(exit_on_signal);
+}
+
 static void out_guard(char *tmp) {
   if (out_pending_tmp) return; /* one guarded output at a time */
   out_pending_tmp = tmp;
@@ -458,12 +524,26 @@ int cli_write_text(const char *sub, const char *path, const char *text) {
   return cli_out_commit(sub, &o);
 }
 
+/* Standard output through the outputs' cookie (fd 1, the first failed
+ * write's errno kept), so that a loss found late still has its cause. */
+static cli_out stdout_o = {.fd = STDOUT_FILENO};
+
+void cli_stdout_init(void) {
+  cookie_io_functions_t io = {.write = out_cookie_write};
+  FILE *f = fopencookie(&stdout_o, "w", io);
+  if (!f) return; /* then the C library's stdout, and EIO for a loss */
+  setvbuf(f, NULL, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, BUFSIZ);
+  stdout_o.f = f;
+  stdout = f; /* glibc: stdout is an ordinary variable */
+}
+
 int cli_stdout_check(const char *sub) {
   int e = 0;
   errno = 0;
   if (fflush(stdout) != 0) e = errno ? errno : EIO;
   else if (ferror(stdout)) e = EIO;
   if (!e) return 0;
+  if (stdout_o.f == stdout && stdout_o.err) e = stdout_o.err;
   cli_error(sub, "cannot write standard output: %s", strerror(e));
   return CLI_EXIT_INTERNAL;
 }
@@ -485,11 +565,15 @@ int cli_print_name(FILE *f, const char *name) {
   return r;
 }
 
-int cli_json_print(json_t *v) {
-  if (json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
-    return -1;
-  if (fputc('\n', stdout) == EOF || fflush(stdout) != 0) return -1;
-  return 0;
+int cli_json_print(const char *sub, json_t *v) {
+  int bad = json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0 ||
+            fputc('\n', stdout) == EOF;
+  int rc = cli_stdout_check(sub);
+  if (!rc && bad) {
+    cli_error(sub, "cannot print the result: out of memory");
+    rc = CLI_EXIT_INTERNAL;
+  }
+  return rc;
 }
 
 json_t *cli_json_num(double x) {
@@ -501,14 +585,7 @@ static void on_signal(int sig) {
   cli_stop_signal = sig;
 }
 
-void cli_signals_install(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-}
+void cli_signals_install(void) { on_interrupt(on_signal); }
 
 double cli_now(void) {
   struct timespec ts;

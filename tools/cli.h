@@ -45,8 +45,27 @@ int cmd_report(int argc, char **argv);
 void cli_error(const char *sub, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The positional TRACE arguments args[0..n-1] of a command (postmortem,
+ * diff, report): an empty one is a usage error ("an empty argument is not a
+ * trace", CLI_EXIT_USAGE); 0 otherwise. */
+int cli_check_trace_args(const char *sub, char *const *args, int n);
+
+/* Reports a scenario that did not load (probe_config_load_scenario's status
+ * st and message err), the name escaped, in one line: "unknown scenario
+ * 'NAME' (see ...)" for PROBE_ERR_NOT_FOUND, else "scenario NAME: why". */
+void cli_scenario_error(const char *sub, const char *name, probe_status st,
+                        const char *err);
+
 /* Exit code for a status returned by the reader or another library. */
 int cli_exit_for_status(probe_status st);
+
+/* Opens the trace at path for reading (probe_trace_open_isolated). Returns 0,
+ * or prints one line naming the file once ("PATH: why") and returns the
+ * exit code: an input that exists but cannot be read (permission, a loop of
+ * links, a name too long, an I/O error) is unreadable input, exit 3, as a
+ * missing or corrupt one; out of memory is 4. */
+struct probe_trace;
+int cli_open_trace(const char *sub, struct probe_trace **t, const char *path);
 
 /* Strict parsing of option values: the whole string must be a decimal
  * number (integers: [+-]digits; reals: [+-]digits[.digits][e[+-]digits]) -
@@ -69,9 +88,10 @@ void cli_getopt_reset(void);
  * format and returns CLI_EXIT_USAGE. */
 int cli_getopt_error(const char *sub, char **argv, int c);
 
-/* Writes a JSON value to stdout (indented, with a final newline). Returns 0
- * or -1 when stdout cannot be written. */
-int cli_json_print(json_t *v);
+/* Writes a JSON value to stdout (indented, with a final newline) and flushes
+ * it. Returns 0, or prints why ("cannot write standard output: <why>") and
+ * returns CLI_EXIT_INTERNAL. */
+int cli_json_print(const char *sub, json_t *v);
 /* json_real that turns NaN/inf (not valid JSON) into null. */
 json_t *cli_json_num(double x);
 
@@ -146,8 +166,13 @@ int cli_write_text(const char *sub, const char *path, const char *text);
 /* At the end of a command: flushes stdout; when anything written to it was
  * lost (a full disk, /dev/full, a closed descriptor), prints "cannot write
  * standard output: <why>" and returns CLI_EXIT_INTERNAL, else 0. main()
- * calls it after every subcommand. */
+ * calls it after every subcommand that did not report an error itself; a
+ * command that flushes earlier calls it there (one message, its cause: the
+ * errno of the first failed write, kept since cli_stdout_init). */
 int cli_stdout_check(const char *sub);
+/* Sends stdout through write(2) keeping the first failure's errno (main()
+ * calls it first). */
+void cli_stdout_init(void);
 
 /* Writes a name read from a file (a layer or scenario name, a path) to f
  * escaped by the analysis library's probe_text_escape, the one escaping of
@@ -163,6 +188,10 @@ void cli_escape_name(char *dst, size_t n, const char *name);
 extern volatile sig_atomic_t cli_stop_flag;
 extern volatile sig_atomic_t cli_stop_signal;
 void cli_signals_install(void);
+/* For the commands that only read (postmortem, diff, report): SIGINT and
+ * SIGTERM remove the output being written, if any, print "ampprobe: <sub>:
+ * interrupted" and exit 130 at once (main() installs it before them). */
+void cli_signals_exit_install(const char *sub);
 
 /* Progress on stderr, only when stderr is a terminal and not quiet. */
 typedef struct cli_progress {

@@ -193,14 +193,6 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
           d->opt.window, d->opt.threshold);
 }
 
-/* One line naming the file once (the reader's message may name it too). */
-static void open_error(const char *path, const char *err, probe_status st) {
-  if (err[0] && strstr(err, path))
-    cli_error(SUB, "%s", err);
-  else
-    cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
-}
-
 /* Two single traces: today's diff. */
 static int diff_two(const char *pa, const char *pb,
                     const probe_diff_options *optp, int json, const char *out,
@@ -213,21 +205,15 @@ static int diff_two(const char *pa, const char *pb,
   if (!fr) fr = cli_check_output(SUB, out, inputs, 2);
   if (fr) return fr;
   probe_trace *ta = NULL, *tb = NULL;
-  char err[512] = "";
-  probe_status st = probe_trace_open_isolated(&ta, pa, err, sizeof err);
-  if (st < 0) {
-    open_error(pa, err, st);
-    return cli_exit_for_status(st);
-  }
-  err[0] = 0;
-  st = probe_trace_open_isolated(&tb, pb, err, sizeof err);
-  if (st < 0) {
-    open_error(pb, err, st);
+  int orc = cli_open_trace(SUB, &ta, pa);
+  if (orc) return orc;
+  orc = cli_open_trace(SUB, &tb, pb);
+  if (orc) {
     probe_trace_close(ta);
-    return cli_exit_for_status(st);
+    return orc;
   }
   probe_diff d;
-  st = probe_diff_run(&d, ta, tb, &opt);
+  probe_status st = probe_diff_run(&d, ta, tb, &opt);
   if (st < 0) {
     const char *ea = probe_trace_last_error(ta), *eb = probe_trace_last_error(tb);
     const char *e = ea && *ea ? ea : (eb && *eb ? eb : "");
@@ -249,16 +235,11 @@ static int diff_two(const char *pa, const char *pb,
   if (rc == CLI_EXIT_INTERNAL) {
     /* the error is reported: nothing on stdout (docs/cli.md) */
   } else if (json && j) {
-    if (fputs(j, stdout) == EOF || fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
-      rc = CLI_EXIT_INTERNAL;
-    }
+    fputs(j, stdout);
+    if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   } else if (!json) {
     print_text(&d, pa, pb, (int)top);
-    if (fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write standard output: %s", strerror(errno));
-      rc = CLI_EXIT_INTERNAL;
-    }
+    if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   probe_free(j);
   probe_diff_free(&d);
@@ -465,7 +446,7 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
              : worst == PROBE_DIFF_DIVERGE ? "DIVERGE"
                                            : "NOT ALIGNED",
              text ? text : "");
-    if (fflush(stdout) != 0) rc = CLI_EXIT_INTERNAL;
+    if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   free(doc);
   free(text);
@@ -534,8 +515,10 @@ int cmd_diff(int argc, char **argv) {
                                 : "too many arguments: expected A.h5 B.h5");
     return CLI_EXIT_USAGE;
   }
+  int rc = cli_check_trace_args(SUB, argv + optind, 2);
+  if (rc) return rc;
   side a, b;
-  int rc = expand(argv[optind], &a);
+  rc = expand(argv[optind], &a);
   if (rc) return rc;
   rc = expand(argv[optind + 1], &b);
   if (rc) {
@@ -547,6 +530,9 @@ int cmd_diff(int argc, char **argv) {
   } else {
     for (size_t i = 0; i < a.n && !rc; i++) rc = cli_check_input(SUB, a.paths[i]);
     for (size_t i = 0; i < b.n && !rc; i++) rc = cli_check_input(SUB, b.paths[i]);
+    /* -o none of the files of either set (the file rules, tools/cli.h) */
+    if (!rc) rc = cli_check_output(SUB, out, (const char *const *)a.paths, a.n);
+    if (!rc) rc = cli_check_output(SUB, out, (const char *const *)b.paths, b.n);
     if (!rc) rc = diff_sets(&a, &b, &opt, json, out);
   }
   side_free(&a);

@@ -19,16 +19,17 @@ typedef struct command {
   const char *name;
   int (*fn)(int argc, char **argv);
   const char *summary;
+  int stops_itself; /* closes its work on SIGINT/SIGTERM (cli_signals_install) */
 } command;
 
 static const command commands[] = {
-    {"run", cmd_run, "train a scenario or config with probes, write a trace"},
+    {"run", cmd_run, "train a scenario or config with probes, write a trace", 1},
     {"postmortem", cmd_postmortem,
-     "explain a trace: first non-finite event, why, what to do"},
+     "explain a trace: first non-finite event, why, what to do", 0},
     {"bisect", cmd_bisect,
-     "find a minimal set of modules to keep in FP32 (delta debugging)"},
-    {"diff", cmd_diff, "compare a trace with its baseline layer by layer"},
-    {"report", cmd_report, "write a self-contained HTML report with plots"},
+     "find a minimal set of modules to keep in FP32 (delta debugging)", 1},
+    {"diff", cmd_diff, "compare a trace with its baseline layer by layer", 0},
+    {"report", cmd_report, "write a self-contained HTML report with plots", 0},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -76,6 +77,7 @@ static int finish(const char *sub, int rc) {
 
 int main(int argc, char **argv) {
   signal(SIGXFSZ, SIG_IGN); /* inherited by bisect's trials through exec */
+  cli_stdout_init();
   if (argc < 2) {
     usage(stderr);
     return CLI_EXIT_USAGE;
@@ -90,8 +92,11 @@ int main(int argc, char **argv) {
     return finish(NULL, CLI_EXIT_OK);
   }
   for (size_t i = 0; i < N_COMMANDS; i++)
-    if (!strcmp(cmd, commands[i].name))
+    if (!strcmp(cmd, commands[i].name)) {
+      /* the others only read: an interrupt ends them at once, exit 130 */
+      if (!commands[i].stops_itself) cli_signals_exit_install(cmd);
       return finish(cmd, commands[i].fn(argc - 1, argv + 1));
+    }
   if (cmd[0] == '-')
     cli_error(NULL, "unknown option %s (see 'ampprobe --help')", cmd);
   else

@@ -69,9 +69,9 @@ static int print_out(probe_status st, char *out) {
   if (st < 0) {
     cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
     rc = CLI_EXIT_INTERNAL;
-  } else if (fputs(out, stdout) == EOF || fflush(stdout) != 0) {
-    cli_error(SUB, "cannot write standard output: %s", strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
+  } else {
+    fputs(out, stdout);
+    rc = cli_stdout_check(SUB);
   }
   probe_free(out);
   return rc;
@@ -81,18 +81,10 @@ static int print_out(probe_status st, char *out) {
 static int one_trace(const char *path, int json,
                      const probe_diag_options *opt) {
   probe_trace *t = NULL;
-  char err[512] = "";
-  probe_status st = probe_trace_open_isolated(&t, path, err, sizeof err);
-  if (st < 0) {
-    /* the reader's message may already start with the path */
-    if (err[0] && !strncmp(err, path, strlen(path)))
-      cli_error(SUB, "%s", err);
-    else
-      cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
-    return cli_exit_for_status(st);
-  }
+  int rc0 = cli_open_trace(SUB, &t, path);
+  if (rc0) return rc0;
   probe_diag d;
-  st = probe_diag_run(&d, t, path, opt);
+  probe_status st = probe_diag_run(&d, t, path, opt);
   if (st < 0) {
     const char *e = probe_trace_last_error(t);
     cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
@@ -167,6 +159,8 @@ int cmd_postmortem(int argc, char **argv) {
     cli_error(SUB, "missing TRACE argument (see 'ampprobe postmortem --help')");
     return CLI_EXIT_USAGE;
   }
+  int arc = cli_check_trace_args(SUB, argv + optind, argc - optind);
+  if (arc) return arc;
   char **paths = NULL;
   size_t n = 0;
   probe_status st = probe_trace_set_expand((const char *const *)argv + optind,

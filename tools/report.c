@@ -636,43 +636,42 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
   return st;
 }
 
+/* A value read from a file, escaped as on the terminal (\n, \e, ...: the
+ * HTML escaping after it would keep a newline and drop a control). */
+static void add_meta_escaped(probe_report *rep, const char *key, const char *value) {
+  char e[1024];
+  cli_escape_name(e, sizeof e, value);
+  probe_report_add_meta(rep, key, e);
+}
+
 static void add_trace_meta(probe_report *rep, const char *label,
                            const char *path, probe_trace *t) {
   const probe_trace_info *in = probe_trace_get_info(t);
-  char v[512];
+  char v[512], qp[256];
+  cli_escape_name(qp, sizeof qp, path);
   snprintf(v, sizeof v, "%s (%s, %s; %lld steps, %lld layers, %lld layer "
                         "records)",
-           path, in->complete ? "complete" : "incomplete: writer did not close it",
+           qp, in->complete ? "complete" : "incomplete: writer did not close it",
            in->record_mode == PROBE_MODE_FULL ? "full trace" : "flight recorder",
            (long long)in->n_steps, (long long)in->n_layers,
            (long long)in->n_records);
   probe_report_add_meta(rep, label, v);
   if (in->precision_policy && in->precision_policy[0]) {
     snprintf(v, sizeof v, "%s precision", label);
-    probe_report_add_meta(rep, v, in->precision_policy);
+    add_meta_escaped(rep, v, in->precision_policy);
   }
   if (in->created && in->created[0]) {
     snprintf(v, sizeof v, "%s created", label);
-    probe_report_add_meta(rep, v, in->created);
+    add_meta_escaped(rep, v, in->created);
   }
   if (in->command_line && in->command_line[0]) {
     snprintf(v, sizeof v, "%s command", label);
-    probe_report_add_meta(rep, v, in->command_line);
+    add_meta_escaped(rep, v, in->command_line);
   }
 }
 
 static int open_trace(const char *path, probe_trace **t) {
-  char err[512] = "";
-  probe_status st = probe_trace_open_isolated(t, path, err, sizeof err);
-  if (st < 0) {
-    size_t n = strlen(path);
-    if (err[0] && strncmp(err, path, n) == 0 && err[n] == ':')
-      cli_error(SUB, "%s", err); /* the message already names the file */
-    else
-      cli_error(SUB, "%s: %s", path, err[0] ? err : probe_status_str(st));
-    return cli_exit_for_status(st);
-  }
-  return CLI_EXIT_OK;
+  return cli_open_trace(SUB, t, path);
 }
 
 /* ---- a trace set: the ranks of one job --------------------------------------- */
@@ -1015,6 +1014,10 @@ static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
   if (st == PROBE_ERR_INVALID_ARG) { /* not one job */
     cli_error(SUB, "%s", s->R.error[0] ? s->R.error : "not the traces of one job");
     return CLI_EXIT_USAGE;
+  }
+  if (st < 0 && s->R.error[0]) { /* the set refused, with its reason */
+    cli_error(SUB, "%s", s->R.error);
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
   if (st < 0) {
     const char *e = probe_trace_last_error(NULL);
@@ -1562,6 +1565,8 @@ int cmd_report(int argc, char **argv) {
     cli_error(SUB, "missing -o report.html (see 'ampprobe report --help')");
     return CLI_EXIT_USAGE;
   }
+  int arc = cli_check_trace_args(SUB, argv + optind, argc - optind);
+  if (arc) return arc;
   double t0 = cli_now();
   if (is_single(argv + optind, argc - optind))
     return report_single(&a, argv[optind], t0);

@@ -156,9 +156,9 @@ static int list_scenarios(int json) {
                           json_boolean(!strcmp(nm, PROBE_DEFAULT_SCENARIO)));
       json_array_append_new(a, o);
     }
-    int rc = cli_json_print(a);
+    int rc = cli_json_print(SUB, a);
     json_decref(a);
-    return rc ? CLI_EXIT_INTERNAL : CLI_EXIT_OK;
+    return rc;
   }
   for (size_t i = 0; i < n; i++) {
     const char *nm = probe_scenario_name(i);
@@ -785,12 +785,7 @@ static int run_load(const run_args *a, probe_train_config **out) {
     const char *nm = a->scenario ? a->scenario : PROBE_DEFAULT_SCENARIO;
     st = probe_config_load_scenario(&cfg, nm, err, sizeof err);
     if (st < 0) {
-      if (st == PROBE_ERR_NOT_FOUND)
-        cli_error(SUB, "unknown scenario '%s' (see 'ampprobe run "
-                       "--list-scenarios')", nm);
-      else
-        cli_error(SUB, "scenario %s: %s", nm,
-                  err[0] ? err : probe_status_str(st));
+      cli_scenario_error(SUB, nm, st, err);
       return st == PROBE_ERR_NOT_FOUND || st == PROBE_ERR_CONFIG
                  ? CLI_EXIT_USAGE
                  : CLI_EXIT_INTERNAL;
@@ -1032,10 +1027,7 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
       if (d->set_glob[0])
         json_object_set_new(j, "trace_set", json_string(d->set_glob));
     }
-    if (cli_json_print(j) != 0) {
-      cli_error(SUB, "cannot write the JSON output");
-      rc = CLI_EXIT_INTERNAL;
-    }
+    if (cli_json_print(SUB, j) != 0) rc = CLI_EXIT_INTERNAL;
     json_decref(j);
   } else {
     print_summary(res, name, policy, steps, path, a->full, interrupted, v);
@@ -1045,10 +1037,7 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
              d->world, probe_comm_name(d->comm), d->run_id);
     if (d->comm && d->set_glob[0])
       printf("  all ranks       ampprobe postmortem '%s'\n", d->set_glob);
-    if (fflush(stdout) != 0) {
-      cli_error(SUB, "cannot write the output");
-      rc = CLI_EXIT_INTERNAL;
-    }
+    if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   return rc;
 }

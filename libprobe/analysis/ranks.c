@@ -259,14 +259,33 @@ static int cmp_entry(const void *pa, const void *pb) {
   return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
+/* A set lists every rank its world size implies that no file holds; more
+ * than MISSING_MAX of them is taken for a corrupt world_size (one entry
+ * each: a file claiming 2^31 ranks would otherwise fill the memory), not
+ * for a job that lost that many files. */
+enum { MISSING_MAX = 65536 };
+
 static probe_status add_missing(probe_ranks *r, size_t *cap) {
   int32_t w = 0;
-  for (size_t i = 0; i < r->n_entries; i++)
+  size_t have_n = 0, wi = 0; /* ranks present (duplicates counted) */
+  for (size_t i = 0; i < r->n_entries; i++) {
+    if (r->entries[i].rank >= 0) have_n++;
     if (r->entries[i].status == PROBE_RANK_READ &&
-        r->entries[i].world_size > w)
+        r->entries[i].world_size > w) {
       w = r->entries[i].world_size;
+      wi = i;
+    }
+  }
   r->world_size = w;
   if (w <= 0) return PROBE_OK;
+  if ((size_t)w > have_n + MISSING_MAX) {
+    char ws[32], ms[32];
+    snprintf(ws, sizeof ws, "%d", (int)w);
+    snprintf(ms, sizeof ms, "%d", (int)MISSING_MAX);
+    refuse(r, "%s: corrupt trace set: world size %s leaves more than %s ranks "
+              "without a file%s", r->entries[wi].path, ws, ms, "");
+    return PROBE_ERR_CORRUPT;
+  }
   char *have = calloc((size_t)w, 1);
   if (!have) return PROBE_ERR_NOMEM;
   for (size_t i = 0; i < r->n_entries; i++)

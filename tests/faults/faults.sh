@@ -442,6 +442,10 @@ sys.stdout.write(re.sub(r"<details>.*?</details>", "", page, flags=re.S))
   has own.html '>fc\nFORGED verdict healthy</text>'
   has own.html '<td>loss\a\a\rOVERWRITTEN</td>'
   has own.html 'in\e[2Jput'
+  # root attributes with controls (hostile_trace), escaped the same way
+  has own.html 'fp16\e[2J\a'
+  has own.html '2026-12-03\nampprobe: FORGED line\r'
+  has own.html 'hostile_trace\e[7mREVERSE'
 }
 
 case_hostile_report_fulltext() {
@@ -540,6 +544,150 @@ case_numbers() {
   done
   t -- "$AMP" report a.h5 -o r.html --width " 800"
   expect 2 "report --width ' 800'"
+}
+
+# Trace sets (#17.4, found 2026-12-03 by a hostile-input audit): diff's -o
+# is none of the files of either set, also when the other side is missing.
+case_set_output_is_input() {
+  mkdir A B && "$HOSTILE" A ranks && "$HOSTILE" B ranks || { echo "cannot write the sets"; exit 1; }
+  local sa sb
+  sa=$(sum A/t.rank0.h5); sb=$(sum B/t.rank1.h5)
+  t -- "$AMP" diff A B -o B/t.rank1.h5
+  expect 2 "diff A B -o B/t.rank1.h5"; one_line "diff of sets, -o a member of B" "refusing to write"
+  unchanged B/t.rank1.h5 "$sb" "a member of B named by -o"
+  t -- "$AMP" diff A missing.h5 -o A/t.rank0.h5
+  expect 2 "diff A missing.h5 -o A/t.rank0.h5"; one_line "diff, -o a member of A, B missing" "refusing to write"
+  unchanged A/t.rank0.h5 "$sa" "a member of A named by -o"
+  t -- "$AMP" diff A B -q -o d.json
+  expect "0|1" "diff A B -o d.json (a new file)"
+  [ -s d.json ] && ok "d.json written" || bad "d.json not written"
+}
+
+# A rank file whose world_size claims 2^31 - 1 ranks: the set is refused
+# (exit 3, one line) instead of listing 2^31 missing ranks (memory without
+# bound, a hang).
+case_set_world_size() {
+  mkdir S && "$HOSTILE" S world || { echo "cannot write the set"; exit 1; }
+  t -- "$AMP" postmortem S
+  expect 3 "postmortem of a set claiming 2^31-1 ranks"; one_line "postmortem, huge world" "world size 2147483647"
+  t -- "$AMP" postmortem --json S
+  expect 3 "postmortem --json of it"; one_line "postmortem --json, huge world" "world size 2147483647"
+  t -- "$AMP" report S -q -o r.html
+  expect 3 "report of it"; one_line "report, huge world" "world size 2147483647"
+  absent r.html "no report of a refused set"
+}
+
+# An input that exists but cannot be read is unreadable input (exit 3, as
+# a missing or corrupt one), not a runtime error (4).
+case_unreadable_inputs() {
+  fixtures
+  ln -s loop2 loop1 && ln -s loop1 loop2 && : >notdir
+  local long
+  long=$(printf 'a%.0s' $(seq 300)).h5
+  for p in loop1 notdir/x.h5 "$long"; do
+    for cmd in "postmortem" "diff - fp32.h5" "report - -q -o u.html"; do
+      # shellcheck disable=SC2086
+      set -- ${cmd}
+      local c=$1; shift
+      local args=()
+      for a in "$@"; do [ "$a" = - ] && args+=("$p") || args+=("$a"); done
+      [ $# -eq 0 ] && args=("$p")
+      t -- "$AMP" "$c" "${args[@]}"
+      expect 3 "$c of ${p:0:20}"; one_line "$c of ${p:0:20}"
+    done
+  done
+  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    cp fp16.h5 noperm.h5 && chmod 000 noperm.h5 && chmod 755 . 
+    t -- setpriv --reuid=65534 --regid=65534 --clear-groups "$AMP" postmortem "$PWD/noperm.h5"
+    expect 3 "postmortem of a file without read permission"; one_line "no permission" "Permission denied"
+  else
+    echo "note: permission case not run (needs root and setpriv)"
+  fi
+  absent u.html "no report of an unreadable input"
+}
+
+# Standard output lost (/dev/full) in the commands that flush it
+# themselves, and with more output than one stdio buffer: exit 4 and one
+# line naming the real cause.
+case_stdout_lost() {
+  fixtures
+  mkdir A B && "$HOSTILE" A ranks && "$HOSTILE" B ranks || { echo "cannot write the sets"; exit 1; }
+  for cmd in "run --list-scenarios --json" "run --scenario healthy --steps 3 -q --force -o a.h5" \
+             "run --scenario healthy --steps 3 -q --json --force -o a.h5" \
+             "diff A B" "diff --json A B" "diff fp16.h5 fp32.h5 --top 0" "diff --json fp16.h5 fp32.h5" \
+             "postmortem --json fp16.h5" \
+             "bisect --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q --force -o b.json"; do
+    t -- sh -c "exec \"$AMP\" $cmd >/dev/full"
+    expect 4 "ampprobe $cmd >/dev/full"
+    one_line "ampprobe $cmd >/dev/full" "cannot write standard output: No space left on device"
+  done
+  local n
+  n=$("$AMP" diff --json fp16.h5 fp32.h5 | wc -c)
+  [ "$n" -gt 8192 ] && ok "diff --json prints $n bytes (more than one stdio buffer)" \
+                    || bad "diff --json prints only $n bytes: the case does not test a lost early write"
+}
+
+# SIGINT/SIGTERM end the commands that only read with exit 130 and one line,
+# and leave no output or temporary file behind. The signal is sent once
+# /proc shows the command catching it (so never before main() ran).
+case_interrupt_readers() {
+  "$AMP" run --scenario healthy --trace --steps 3000 -q -o big.h5 >/dev/null 2>&1 || { echo "cannot make the trace"; exit 1; }
+  /usr/bin/python3 - "$AMP" <<'PY' >py.txt 2>&1
+import os, signal, subprocess, sys, time
+amp = sys.argv[1]
+fail = 0
+def caught(pid):
+    try:
+        for line in open("/proc/%d/status" % pid):
+            if line.startswith("SigCgt:"):
+                m = int(line.split()[1], 16)
+                return (m >> 1) & 1 and (m >> 14) & 1
+    except OSError:
+        return False
+    return False
+for args, out in ((["postmortem", "big.h5"], None), (["diff", "big.h5", "big.h5", "-o", "d.json"], "d.json"),
+                  (["report", "big.h5", "-q", "-o", "r.html"], "r.html")):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        p = subprocess.Popen([amp] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        t0 = time.time()
+        while not caught(p.pid) and p.poll() is None and time.time() - t0 < 30:
+            time.sleep(0.001)
+        if p.poll() is not None:
+            print("FAIL %s: finished before the signal could be sent" % args[0]); fail = 1; continue
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        err = err.decode(errors="replace").strip().splitlines()
+        name = "%s %s" % (args[0], sig.name)
+        if p.returncode != 130:
+            print("FAIL %s: exit %d, want 130" % (name, p.returncode)); fail = 1
+        elif err != ["ampprobe: %s: interrupted" % args[0]]:
+            print("FAIL %s: stderr %r" % (name, err)); fail = 1
+        else:
+            print("ok   %s: exit 130, one line" % name)
+        left = [f for f in os.listdir(".") if ".tmp-" in f or (out and f == out)]
+        if left:
+            print("FAIL %s: left behind %s" % (name, left)); fail = 1
+            for f in left: os.unlink(f)
+sys.exit(fail)
+PY
+  local prc=$?
+  cat py.txt
+  [ $prc -eq 0 ] || bad "interrupted readers (above)"
+}
+
+# Empty TRACE arguments are usage errors (exit 2) in every reading command,
+# and names from the command line are escaped too.
+case_empty_args() {
+  t -- "$AMP" postmortem ''
+  expect 2 "postmortem ''"; one_line "postmortem ''" "an empty argument is not a trace"
+  t -- "$AMP" diff '' x.h5
+  expect 2 "diff '' x.h5"; one_line "diff ''" "an empty argument is not a trace"
+  t -- "$AMP" report '' -q -o e.html
+  expect 2 "report ''"; one_line "report ''" "an empty argument is not a trace"
+  t -- "$AMP" run --scenario "$(printf 'x\033[7mREVERSE')" -q -o e.h5
+  expect 2 "run --scenario with an ESC"
+  one_line "run --scenario with an ESC" 'unknown scenario'
+  check_no_raw err.txt "run --scenario with an ESC"
 }
 
 "case_$CASE" || true

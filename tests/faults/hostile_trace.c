@@ -5,6 +5,12 @@
  *   hostile_trace OUT.h5 fp16   layer 1 overflows to inf from step 5 and
  *                               the loss follows (a problem to explain)
  *   hostile_trace OUT.h5 fp32   the same run, finite throughout (a baseline)
+ *   hostile_trace DIR ranks     DIR/t.rank0.h5 and DIR/t.rank1.h5, the fp32
+ *                               run as ranks 0 and 1 of one job (plain
+ *                               names: a set to diff or to write over)
+ *   hostile_trace DIR world     the same, whose world_size attribute then
+ *                               says 2^31 - 1 (a set that would list 2^31
+ *                               missing ranks)
  *
  * Layers (ids 0..2, in execution order):
  *   0  "in" ESC "[2Jput"                      clears the screen if printed raw
@@ -13,9 +19,11 @@
  *
  * The trace is written through libprobe with plain placeholder names (so
  * a writer that refuses such names still lets us build the file), then the
- * names are patched into /layers with the HDF5 C API: the file is what a
- * crafted or foreign trace would look like. Tools must either refuse it
- * (exit 3, one line) or print the names escaped; never raw.
+ * names are patched into /layers with the HDF5 C API, and the root
+ * attributes created, command_line and precision_policy get terminal
+ * controls too: the file is what a crafted or foreign trace would look
+ * like. Tools must either refuse it (exit 3, one line) or print the names
+ * escaped; never raw.
  */
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +48,49 @@ static const char *const hostile[3] = {
     "fc\nFORGED verdict healthy",
     "loss\x07\x07\rOVERWRITTEN",
 };
+
+/* Root string attributes rewritten with controls (name, value). */
+static const char *const hostile_attrs[3][2] = {
+    {"created", "2026-12-03\nampprobe: FORGED line\r"},
+    {"command_line", "hostile_trace\x1b[7mREVERSE"},
+    {"precision_policy", "fp16\x1b[2J\x07"},
+};
+
+/* Replaces string attribute `name` of the file's root by value (a
+ * variable-length UTF-8 string, as h5py would write it). */
+static int patch_attr(hid_t f, const char *name, const char *value) {
+  hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = H5I_INVALID_HID;
+  int rc = -1;
+  if (t >= 0 && sp >= 0 && H5Tset_size(t, H5T_VARIABLE) >= 0 &&
+      H5Tset_cset(t, H5T_CSET_UTF8) >= 0 &&
+      (H5Aexists(f, name) <= 0 || H5Adelete(f, name) >= 0) &&
+      (a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
+      H5Awrite(a, t, &value) >= 0)
+    rc = 0;
+  H5E_BEGIN_TRY {
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+  }
+  H5E_END_TRY;
+  return rc;
+}
+
+/* Sets the root attribute world_size (an int64) to w. */
+static int patch_world(const char *path, int64_t w) {
+  int rc = -1;
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT), a = H5I_INVALID_HID;
+  if (f >= 0 && (a = H5Aopen(f, "world_size", H5P_DEFAULT)) >= 0 &&
+      H5Awrite(a, H5T_NATIVE_INT64, &w) >= 0)
+    rc = 0;
+  H5E_BEGIN_TRY {
+    H5Aclose(a);
+    H5Fclose(f);
+  }
+  H5E_END_TRY;
+  if (rc) fprintf(stderr, "hostile_trace: cannot patch world_size of %s\n", path);
+  return rc;
+}
 
 /* Rewrites the name field of every row of /layers. */
 static int patch_names(const char *path) {
@@ -67,6 +118,8 @@ static int patch_names(const char *path) {
     memcpy(buf + (size_t)i * row + off, hostile[i], strlen(hostile[i]));
   }
   if (H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) goto error;
+  for (int i = 0; i < 3; i++)
+    if (patch_attr(f, hostile_attrs[i][0], hostile_attrs[i][1]) < 0) goto error;
   rc = 0;
 error:
   H5E_BEGIN_TRY {
@@ -80,22 +133,23 @@ error:
   return rc;
 }
 
-int main(int argc, char **argv) {
-  if (argc != 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "fp32"))) {
-    fprintf(stderr, "usage: %s OUT.h5 fp16|fp32\n", argv[0]);
-    return 2;
-  }
-  int blow = strcmp(argv[2], "fp16") == 0;
+/* The run, written to path (as rank `rank` of `world` when world > 0). */
+static int write_run(const char *path, int blow, int rank, int world) {
   probe_options o;
   probe_options_init(&o);
+  if (world > 0) {
+    o.rank = rank;
+    o.world_size = world;
+    o.run_id = "hostile-world";
+  }
   o.mode = PROBE_MODE_FULL;
   o.snapshot_on_nonfinite = 0;
   o.command_line = "hostile_trace";
   o.config_json = blow ? "{\"name\": \"hostile\", \"precision\": \"fp16\"}"
                        : "{\"name\": \"hostile\", \"precision\": \"fp32\"}";
-  o.precision_policy = argv[2];
+  o.precision_policy = blow ? "fp16" : "fp32";
   probe_session *s;
-  CHECK(probe_session_open(&s, argv[1], &o));
+  CHECK(probe_session_open(&s, path, &o));
   int32_t in, fc, loss;
   CHECK(probe_layer_register(s, "L0", PROBE_KIND_INPUT, PROBE_DTYPE_F32, &in));
   CHECK(probe_layer_register(s, "L1", PROBE_KIND_LINEAR,
@@ -130,5 +184,26 @@ int main(int argc, char **argv) {
     CHECK(probe_step_end(s));
   }
   CHECK(probe_session_close(s));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "fp32") &&
+                    strcmp(argv[2], "ranks") && strcmp(argv[2], "world"))) {
+    fprintf(stderr, "usage: %s OUT.h5 fp16|fp32 | %s DIR ranks|world\n", argv[0],
+            argv[0]);
+    return 2;
+  }
+  if (strcmp(argv[2], "ranks") == 0 || strcmp(argv[2], "world") == 0) {
+    int world = strcmp(argv[2], "world") == 0;
+    char p[4096];
+    for (int r = 0; r < 2; r++) {
+      snprintf(p, sizeof p, "%s/t.rank%d.h5", argv[1], r);
+      if (write_run(p, 0, r, 2) || (world && patch_world(p, INT32_MAX))) return 1;
+    }
+    return 0;
+  }
+  int blow = strcmp(argv[2], "fp16") == 0;
+  if (write_run(argv[1], blow, -1, 0)) return 1;
   return patch_names(argv[1]);
 }
