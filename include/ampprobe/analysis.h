@@ -399,6 +399,17 @@ AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
 AMPPROBE_API probe_status probe_postmortem_verdict(const char *path,
                                                    probe_verdict *out);
 
+/* The same two, each trace first read in a child process
+ * (probe_trace_open_isolated; a set's rank files through one worker
+ * process), so that a malformed file on which HDF5 crashes or hangs is
+ * PROBE_ERR_CORRUPT instead of killing the caller. They fork: for callers
+ * that accept it (the Python package, tools). */
+AMPPROBE_API probe_status probe_postmortem_json_isolated(const char *const *paths,
+                                                         size_t n_paths,
+                                                         char **json_out);
+AMPPROBE_API probe_status probe_postmortem_verdict_isolated(const char *path,
+                                                            probe_verdict *out);
+
 /* ==== cross-rank post-mortem (the rank files of one job) ====================
  *
  * A data-parallel job writes one trace per rank (probe_options.rank,

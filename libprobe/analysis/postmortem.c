@@ -10,9 +10,12 @@
 #include "diagnose-impl.h"
 #include "ranks-impl.h"
 
-static probe_status diagnose_path(const char *path, probe_diag *d) {
+/* isolate: the *_isolated entry points (a child process reads each file
+ * first, probe_trace_open_isolated; the rank files through one worker). */
+static probe_status diagnose_path(const char *path, probe_diag *d, int isolate) {
   probe_trace *t = NULL;
-  probe_status st = probe_trace_open(&t, path);
+  probe_status st = isolate ? probe_trace_open_isolated(&t, path, NULL, 0)
+                            : probe_trace_open(&t, path);
   if (st < 0) return st;
   st = probe_diag_run(d, t, path, NULL);
   probe_trace_close(t);
@@ -21,13 +24,13 @@ static probe_status diagnose_path(const char *path, probe_diag *d) {
 
 /* Several traces none of which is a rank: one document per trace. */
 static probe_status independent_json(const char *const *paths, size_t n_paths,
-                                     char **json_out) {
+                                     int isolate, char **json_out) {
   probe_diag *d = calloc(n_paths, sizeof *d);
   if (!d) return PROBE_ERR_NOMEM;
   probe_status st = PROBE_OK;
   size_t done = 0;
   for (; done < n_paths && st >= 0; done++) {
-    st = diagnose_path(paths[done], &d[done]);
+    st = diagnose_path(paths[done], &d[done], isolate);
     if (st < 0) probe_diag_free(&d[done]);
   }
   if (st >= 0) {
@@ -57,35 +60,56 @@ static probe_status independent_json(const char *const *paths, size_t n_paths,
 
 /* The rank files of one job: the cross-rank document. */
 static probe_status ranks_json(const char *const *paths, size_t n_paths,
-                               char **json_out) {
+                               int isolate, char **json_out) {
   probe_ranks r;
-  probe_status st = probe_ranks_run(&r, paths, n_paths, NULL);
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  o.isolate = isolate;
+  probe_status st = probe_ranks_run(&r, paths, n_paths, &o);
   if (st == PROBE_ERR_INVALID_ARG && r.unranked) {
     probe_ranks_free(&r);
-    return independent_json(paths, n_paths, json_out);
+    return independent_json(paths, n_paths, isolate, json_out);
   }
   if (st >= 0) st = probe_ranks_render_json(&r, json_out);
   probe_ranks_free(&r);
   return st;
 }
 
-probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
-                                   char **json_out) {
+static probe_status postmortem_json(const char *const *paths, size_t n_paths,
+                                    int isolate, char **json_out) {
   if (!json_out) return PROBE_ERR_INVALID_ARG;
   *json_out = NULL;
   if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
   for (size_t i = 0; i < n_paths; i++)
     if (!paths[i]) return PROBE_ERR_INVALID_ARG;
-  if (n_paths > 1) return ranks_json(paths, n_paths, json_out);
-  return independent_json(paths, n_paths, json_out);
+  if (n_paths > 1) return ranks_json(paths, n_paths, isolate, json_out);
+  return independent_json(paths, n_paths, isolate, json_out);
 }
 
-probe_status probe_postmortem_verdict(const char *path, probe_verdict *out) {
+probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
+                                   char **json_out) {
+  return postmortem_json(paths, n_paths, 0, json_out);
+}
+
+probe_status probe_postmortem_json_isolated(const char *const *paths, size_t n_paths,
+                                            char **json_out) {
+  return postmortem_json(paths, n_paths, 1, json_out);
+}
+
+static probe_status postmortem_verdict(const char *path, int isolate, probe_verdict *out) {
   if (!path || !out) return PROBE_ERR_INVALID_ARG;
   probe_diag d;
   memset(&d, 0, sizeof d);
-  probe_status st = diagnose_path(path, &d);
+  probe_status st = diagnose_path(path, &d, isolate);
   if (st >= 0) *out = d.verdict;
   probe_diag_free(&d);
   return st < 0 ? st : PROBE_OK;
+}
+
+probe_status probe_postmortem_verdict(const char *path, probe_verdict *out) {
+  return postmortem_verdict(path, 0, out);
+}
+
+probe_status probe_postmortem_verdict_isolated(const char *path, probe_verdict *out) {
+  return postmortem_verdict(path, 1, out);
 }

@@ -297,6 +297,20 @@ def _declare(lib):
     if hasattr(lib, "probe_postmortem_verdict"):
         fn("probe_postmortem_verdict", st, c.c_char_p, c.POINTER(c.c_int))
         fn("probe_verdict_name", c.c_char_p, c.c_int)
+    # Isolated reading (a child process reads a file first): libraries
+    # that have it; the package prefers it (a malformed file must not kill
+    # the interpreter).
+    if hasattr(lib, "probe_trace_open_isolated"):
+        fn("probe_trace_open_isolated", st, c.POINTER(P), c.c_char_p,
+           c.c_char_p, c.c_size_t)
+    if hasattr(lib, "probe_postmortem_json_isolated"):
+        fn("probe_postmortem_json_isolated", st, c.POINTER(c.c_char_p),
+           c.c_size_t, c.POINTER(c.c_void_p))
+        fn("probe_postmortem_verdict_isolated", st, c.c_char_p,
+           c.POINTER(c.c_int))
+    if hasattr(lib, "probe_text_escape"):
+        fn("probe_text_escape", c.c_size_t, c.c_char_p, c.c_size_t,
+           c.c_char_p)
     if hasattr(lib, "ampprobe_version"):
         fn("ampprobe_version", c.c_char_p)
     # Multi-rank traces (libraries that have them).
@@ -339,14 +353,31 @@ def library_path():
     return _lib_path
 
 
+def escape(s):
+    """s with terminal controls written out as ampprobe writes names (\\n,
+    \\e, \\xHH, ...: probe_text_escape), for messages; s unchanged when
+    the library has no probe_text_escape."""
+    lib = load()
+    if not hasattr(lib, "probe_text_escape"):
+        return s
+    raw = s.encode(errors="surrogateescape") if isinstance(s, str) else bytes(s)
+    raw = raw.split(b"\0", 1)[0]
+    n = lib.probe_text_escape(None, 0, raw) + 1
+    buf = ctypes.create_string_buffer(n)
+    lib.probe_text_escape(buf, n, raw)
+    return buf.value.decode(errors="replace")
+
+
 def check(st, what, detail=None):
-    """Raises ProbeError for a negative status."""
+    """Raises ProbeError for a negative status. `what` and `detail` are
+    shown escaped (a path or a name may hold terminal controls); a detail
+    of "no error" (a stale last-error message) is left out."""
     if st >= 0:
         return st
     lib = load()
-    msg = "%s: %s" % (what, lib.probe_status_str(st).decode())
-    if detail:
-        msg += ": " + detail
+    msg = "%s: %s" % (escape(what), lib.probe_status_str(st).decode())
+    if detail and detail != "no error":
+        msg += ": " + escape(detail)
     raise ProbeError(st, msg, lib.probe_status_name(st).decode())
 
 

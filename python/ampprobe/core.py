@@ -19,6 +19,59 @@ import numpy as np
 from . import _lib
 from ._lib import ProbeError, check
 
+# ---- arguments handed to C --------------------------------------------------
+
+
+def _cpath(path):
+    """A path as the bytes C receives; ValueError for an embedded NUL (C
+    would stop there and name another file), as open() does."""
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        raise ValueError("embedded null byte in path %r" % (path,))
+    return raw
+
+
+def _cstr(s, what="string"):
+    """A text argument (a name, an option) as UTF-8 bytes; ValueError for an
+    embedded NUL."""
+    raw = s.encode()
+    if b"\0" in raw:
+        raise ValueError("embedded null byte in %s %r" % (what, s))
+    return raw
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+_open_traces = weakref.WeakSet()  # Trace objects of this process, open
+
+
+def _cint(v, lo, hi, what):
+    """An integer argument in [lo, hi] (ctypes would wrap a larger one
+    silently)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError("%s must be an integer, not %r" % (what, v))
+    v = int(v)
+    if not lo <= v <= hi:
+        raise ValueError("%s %d out of range [%d, %d]" % (what, v, lo, hi))
+    return v
+
+
+def _choice(v, names, what):
+    """The index of name v in names (an int passes), or ValueError naming
+    the argument and the choices."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    try:
+        return names.index(v)
+    except ValueError:
+        raise ValueError("unknown %s %r (one of: %s)" % (
+            what, v, ", ".join(str(n) for n in names))) from None
+
 # ---- NumPy views of the C structs ------------------------------------------
 
 
@@ -72,15 +125,11 @@ _DT_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 
 def _site_id(site):
-    if isinstance(site, int):
-        return site
-    return _lib.SITES.index(site)
+    return _choice(site, list(_lib.SITES), "site")
 
 
 def _prec_id(p):
-    if isinstance(p, int):
-        return p
-    return _lib.PRECISIONS.index(p)
+    return _choice(p, list(_lib.PRECISIONS), "precision")
 
 
 def _kind_id(kind):
@@ -121,6 +170,9 @@ class Session:
         buf = _lib.probe_options_buf()
         lib.probe_options_init(ctypes.byref(buf))
         o = buf.opt
+        if isinstance(mode, str) and mode not in _lib.MODES:
+            raise ValueError("unknown mode %r (one of: %s)" % (
+                mode, ", ".join(_lib.MODES)))
         o.mode = _lib.MODES[mode] if isinstance(mode, str) else int(mode)
         self._keep = []  # C strings must outlive the open call
         for k, v in options.items():
@@ -132,14 +184,22 @@ class Session:
                      "precision_policy", "run_id"):
                 if not isinstance(v, str):
                     v = json.dumps(v) if k == "config_json" else str(v)
-                b = v.encode()
+                b = _cstr(v, k)
                 self._keep.append(b)
                 setattr(o, k, b)
             else:
                 setattr(o, k, v)
+        raw = _cpath(path)
+        if options.get("overwrite"):
+            for t in list(_open_traces):
+                if t._h and _same_file(t.path, path):
+                    raise ProbeError(-19, "probe_session_open(%s): %s is open "
+                                     "for reading in this process (close the "
+                                     "Trace first)" % (_lib.escape(os.fsdecode(raw)),
+                                                       _lib.escape(t.path)),
+                                     "ERR_LOCKED")
         h = ctypes.c_void_p()
-        st = lib.probe_session_open(ctypes.byref(h), os.fsencode(path),
-                                    ctypes.byref(buf))
+        st = lib.probe_session_open(ctypes.byref(h), raw, ctypes.byref(buf))
         if st < 0:
             e = lib.probe_session_last_error(None)
             check(st, "probe_session_open(%s)" % path,
@@ -170,13 +230,14 @@ class Session:
         """Registers a layer; returns its id (0, 1, ...)."""
         lid = ctypes.c_int32(-1)
         self._check(self._lib.probe_layer_register(
-            self.handle, name.encode(), _kind_id(kind), _prec_id(precision),
+            self.handle, _cstr(name, "layer name"), _kind_id(kind), _prec_id(precision),
             ctypes.byref(lid)), "probe_layer_register(%s)" % name)
         self.layers[name] = lid.value
         return lid.value
 
     def begin_step(self, step):
-        self._check(self._lib.probe_step_begin(self.handle, int(step)),
+        step = _cint(step, 0, 2**63 - 1, "step")
+        self._check(self._lib.probe_step_begin(self.handle, step),
                     "probe_step_begin(%d)" % step)
         self.step = int(step)
 
@@ -196,8 +257,11 @@ class Session:
         pointer). Others are copied to float32. Returns the array libprobe
         read (keep it alive and unchanged until end_step: the session does,
         in a list cleared at end_step). Returns (array, copied)."""
-        if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
-            array = np.from_dlpack(array)  # host DLPack producers: no copy
+        if dtype is None and _is_torch_bf16(array):
+            dtype = "bf16"
+        if dtype not in (None, "fp32", "fp16", "bf16"):
+            raise ValueError("unknown dtype %r (one of: fp32, fp16, bf16)" % (dtype,))
+        array = _host_array(array)  # host DLPack producers: no copy
         a = np.asarray(array)
         copied = False
         if dtype == "bf16":
@@ -258,7 +322,7 @@ class Session:
 
     def scaler_event(self, kind, old_scale, new_scale, growth_tracker=0):
         """kind: "backoff", "growth", "hysteresis" or "min_clamp"."""
-        k = _lib.SCALER_KINDS.index(kind) if isinstance(kind, str) else kind
+        k = _choice(kind, list(_lib.SCALER_KINDS), "scaler event kind")
         ev = _lib.probe_scaler_event(self.step if self.step is not None else 0,
                                      k, float(old_scale), float(new_scale),
                                      int(growth_tracker))
@@ -344,7 +408,8 @@ def rank_trace_path(path, rank):
     "x.rank{r}.h5"; else ".rank{r}.h5" appended."""
     fn = _cfn("probe_rank_trace_path", ctypes.c_int, ctypes.c_char_p,
               ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int)
-    raw = os.fsencode(path)
+    raw = _cpath(path)
+    rank = _cint(rank, 0, 2**31 - 1, "rank")
     cap = 2 * len(raw) + 64 + 16 * raw.count(b"{rank}")
     out = ctypes.create_string_buffer(cap)
     check(fn(out, cap, raw, int(rank)),
@@ -373,7 +438,7 @@ def trace_set(*args):
     free = _cfn("probe_trace_set_free", None, c.POINTER(c.c_char_p),
                 c.c_size_t)
     names = _flatten_args(args)
-    arr = (c.c_char_p * max(len(names), 1))(*[os.fsencode(a) for a in names])
+    arr = (c.c_char_p * max(len(names), 1))(*[_cpath(a) for a in names])
     res = c.POINTER(c.c_char_p)()
     n = c.c_size_t(0)
     st = fn(arr, len(names), c.byref(res), c.byref(n))
@@ -409,19 +474,56 @@ def digest64(data, h=None):
     if isinstance(data, (bytes, bytearray, memoryview)):
         a = np.frombuffer(bytes(data), dtype=np.uint8)
     else:
-        if not isinstance(data, np.ndarray) and hasattr(data, "__dlpack__"):
-            data = np.from_dlpack(data)
+        data = _host_array(data)
+        if not isinstance(data, np.ndarray):
+            raise TypeError("digest64 takes bytes or an array, not %s" %
+                            type(data).__name__)
+        if data.dtype.hasobject:
+            raise TypeError("digest64: an array of Python objects has no "
+                            "bytes to digest")
         a = np.ascontiguousarray(data)
-    return int(fn(a.ctypes.data if a.size else None, a.nbytes,
-                  DIGEST64_INIT if h is None else int(h)))
+    h = DIGEST64_INIT if h is None else _cint(h, 0, 2**64 - 1, "h")
+    return int(fn(a.ctypes.data if a.size else None, a.nbytes, h))
+
+
+def _is_torch_bf16(x):
+    return str(getattr(x, "dtype", "")) == "torch.bfloat16"
+
+
+def _host_array(x):
+    """A NumPy view of a host array-like: NumPy arrays pass; a DLPack
+    producer (a CPU torch tensor) is viewed without a copy, bfloat16 ones
+    (which NumPy has no type for) as their uint16 bits. Anything else is
+    returned as it is."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__dlpack__"):
+        return x
+    if _is_torch_bf16(x):
+        import torch  # only reached with a torch tensor
+        return np.from_dlpack(x.view(torch.int16)).view(np.uint16)
+    return np.from_dlpack(x)
 
 
 def stats(array, dtype=None):
     """The probe_stats of one buffer (probe_stats_compute) as a dict."""
     lib = _lib.load()
+    if dtype is None and _is_torch_bf16(array):
+        dtype = "bf16"
+    array = _host_array(array)
+    if dtype is not None and dtype not in ("fp32", "fp16", "bf16"):
+        raise ValueError("unknown dtype %r (one of: fp32, fp16, bf16)" % (dtype,))
     a = np.ascontiguousarray(array)
+    if a.dtype.hasobject:
+        raise TypeError("stats: an array of Python objects")
+    if dtype is not None:
+        want = {"fp32": (np.float32,), "fp16": (np.float16, np.uint16),
+                "bf16": (np.uint16, np.int16)}[dtype]
+        if a.dtype not in [np.dtype(w) for w in want]:
+            raise TypeError("stats(dtype=%r) reads %s; got a %s array" % (
+                dtype, " or ".join(np.dtype(w).name for w in want), a.dtype))
     if dtype == "bf16":
         dt = 2
+    elif dtype == "fp16":
+        dt = 1
     elif a.dtype in _NP_DTYPES:
         dt = _NP_DTYPES[a.dtype]
     else:
@@ -448,13 +550,18 @@ class Trace:
         lib = _lib.load()
         self._lib = lib
         h = ctypes.c_void_p()
-        st = lib.probe_trace_open(ctypes.byref(h), os.fsencode(path))
+        raw = _cpath(path)
+        if hasattr(lib, "probe_trace_open_isolated"):  # a crash is an error
+            st = lib.probe_trace_open_isolated(ctypes.byref(h), raw, None, 0)
+        else:
+            st = lib.probe_trace_open(ctypes.byref(h), raw)
         if st < 0:
             e = lib.probe_trace_last_error(None)
             check(st, "probe_trace_open(%s)" % path,
                   e.decode(errors="replace") if e else None)
         self._h = h.value
         self.path = os.fspath(path)
+        _open_traces.add(self)
         p = lib.probe_trace_get_info(self._h).contents
         self.info = {}
         for name, ct in p._fields_:
@@ -510,7 +617,7 @@ class Trace:
         return self._layers.copy()
 
     def layer_names(self):
-        return [n.decode() for n in self._layers["name"]]
+        return [n.decode(errors="replace") for n in self._layers["name"]]
 
     def records(self):
         return self._read("records", _lib.probe_record, RECORD_DTYPE,
@@ -532,7 +639,13 @@ class Trace:
         """The float32 values of one snapshot (a row of snapshots())."""
         sn = _lib.probe_snapshot_info(*(int(row[n]) for n, _ in
                                         _lib.probe_snapshot_info._fields_))
-        out = np.zeros(int(row["n"]), dtype=np.float32)
+        n = int(row["n"])
+        if not 0 <= n <= self.info.get("n_snapshot_elems", n):
+            raise ProbeError(-1, "snapshot_data: a row of %d values does not "
+                             "fit this trace's %d snapshot values" % (
+                                 n, self.info.get("n_snapshot_elems", 0)),
+                             "ERR_INVALID_ARG")
+        out = np.zeros(n, dtype=np.float32)
         st = self._lib.probe_trace_read_snapshot_data(
             self._h, ctypes.byref(sn),
             out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
@@ -601,9 +714,12 @@ def postmortem(path, *more_paths):
     if hasattr(lib, "probe_trace_set_expand"):
         paths = trace_set(paths)
     if hasattr(lib, "probe_postmortem_json"):
-        arr = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
+        arr = (ctypes.c_char_p * len(paths))(*[_cpath(p) for p in paths])
         out = ctypes.c_void_p()
-        st = lib.probe_postmortem_json(arr, len(paths), ctypes.byref(out))
+        fn = (lib.probe_postmortem_json_isolated  # a crash is an error
+              if hasattr(lib, "probe_postmortem_json_isolated")
+              else lib.probe_postmortem_json)
+        st = fn(arr, len(paths), ctypes.byref(out))
         try:
             if st < 0:
                 e = lib.probe_trace_last_error(None)
@@ -635,7 +751,10 @@ def verdict(path):
     lib = _lib.load()
     if hasattr(lib, "probe_postmortem_verdict"):
         v = ctypes.c_int(-1)
-        st = lib.probe_postmortem_verdict(os.fsencode(path), ctypes.byref(v))
+        fn = (lib.probe_postmortem_verdict_isolated
+              if hasattr(lib, "probe_postmortem_verdict_isolated")
+              else lib.probe_postmortem_verdict)
+        st = fn(_cpath(path), ctypes.byref(v))
         if st < 0:
             e = lib.probe_trace_last_error(None)
             check(st, "probe_postmortem_verdict(%s)" % path,

@@ -41,9 +41,10 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, step, phase, module, site, kind, detail=""):
         self.step, self.phase, self.module = step, phase, module
         self.site, self.kind = site, kind
+        # module names come from the model: escaped as ampprobe prints names
         msg = ("ampprobe: non-finite value at step %d, %s phase: produced by "
                "module '%s' (%s), site %s%s" %
-               (step, phase, module, kind, site, detail))
+               (step, phase, _lib.escape(module), kind, site, detail))
         super().__init__(msg)
 
 
@@ -411,13 +412,19 @@ class Tracer:
         self.copies = 0  # tensors copied before recording (not contiguous
         #                 or not fp32/fp16/bf16)
         self._closed = False
-        self._attach(model, kinds, loss_fn, record_input)
         self.comm_recorder = None  # the registered BucketRecorder, if any
+        try:
+            self._attach(model, kinds, loss_fn, record_input)
+            if self.ddp is not None and comm_hook is not False:
+                self.comm_recorder = _dist.register(
+                    self, self.ddp, hook=None if comm_hook is True else comm_hook,
+                    state=comm_state, dtype=allreduce_dtype,
+                    prediv=allreduce_prediv, group=process_group)
+        except BaseException:
+            # nothing left behind: no hooks on the model, the trace closed
+            self.close()
+            raise
         if self.ddp is not None and comm_hook is not False:
-            self.comm_recorder = _dist.register(
-                self, self.ddp, hook=None if comm_hook is True else comm_hook,
-                state=comm_state, dtype=allreduce_dtype,
-                prediv=allreduce_prediv, group=process_group)
             if self.comm_recorder is None:
                 warnings.warn(
                     "ampprobe: this DistributedDataParallel module has a "
@@ -448,12 +455,16 @@ class Tracer:
     def _attach(self, model, user_kinds, loss_fn, record_input):
         used = set()
 
-        def uniq(name):
-            name = (name or type(model).__name__.lower())[:60]
+        def fit(s, nbytes):  # at most nbytes of UTF-8, whole characters
+            b = s.encode()[:nbytes]
+            return b.decode(errors="ignore")
+
+        def uniq(name):  # libprobe's names: < PROBE_NAME_MAX bytes, unique
+            name = fit(name or type(model).__name__.lower(), 60)
             base, i = name, 1
             while name in used:
                 i += 1
-                name = "%s~%d" % (base[:56], i)
+                name = "%s~%d" % (fit(base, 56), i)
             used.add(name)
             return name
 
@@ -862,7 +873,8 @@ class Tracer:
                     del L.module._ampprobe_ref
                 except AttributeError:
                     pass
-        self._finalizer.detach()
+        if getattr(self, "_finalizer", None) is not None:  # set after _attach
+            self._finalizer.detach()
         self.session.close()
 
     def __enter__(self):

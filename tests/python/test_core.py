@@ -382,3 +382,172 @@ def test_unmeasured_scalars(tmp_path):
     assert st["unmeasured"] == want
     assert math.isnan(st["loss"]) and st["lr"] == 0.1
     assert math.isnan(st["grad_norm"]) and st["found_inf"] == 0
+
+
+# ---- hostile input (an audit of 2026-12-03: 14 defects, each a class) ---------
+
+
+def _revin_trace(cli, tmp_path):
+    # run in tmp_path with a short name: the command line stored in the
+    # trace (and so the file's layout) does not depend on the directory
+    subprocess.run([cli, "run", "--scenario", "revin-overflow", "--trace",
+                    "-q", "-o", "t.h5"], cwd=str(tmp_path),
+                   stdout=subprocess.DEVNULL)  # exit 1: it diverges
+    p = str(tmp_path / "t.h5")
+    assert os.path.getsize(p) > 0
+    return p
+
+
+# One byte of the root group's object header (offset 2147 of a trace the
+# writer makes today): HDF5 1.10 dereferences it and crashes while reading.
+CRASH_OFFSET, CRASH_VALUE = 2147, 8
+
+
+def test_malformed_trace_is_an_error_not_a_crash(cli, tmp_path):
+    src = _revin_trace(cli, tmp_path)
+    b = bytearray(open(src, "rb").read())
+    b[CRASH_OFFSET] = CRASH_VALUE
+    bad = str(tmp_path / "bad.h5")
+    open(bad, "wb").write(b)
+    # the control: this file does crash HDF5 when read in the process
+    raw = run_py(["-c", textwrap.dedent("""
+        import ctypes, sys, ampprobe
+        lib = ampprobe._lib.load()
+        h = ctypes.c_void_p()
+        if lib.probe_trace_open(ctypes.byref(h), sys.argv[1].encode()) >= 0:
+            t = ampprobe.Trace.__new__(ampprobe.Trace)
+            t._lib, t._h = lib, h.value
+            t.info = {"n_records": 10**6}
+            t.records()
+        """), bad], timeout=120)
+    if raw.returncode >= 0:
+        pytest.skip("this byte no longer crashes HDF5 in-process here "
+                    "(rc %d): nothing to isolate" % raw.returncode)
+    for call in ("ampprobe.read_trace(p)", "ampprobe.postmortem(p)",
+                 "ampprobe.verdict(p)", "ampprobe.Trace(p).records()"):
+        r = run_py(["-c", textwrap.dedent("""
+            import sys, ampprobe
+            p = sys.argv[1]
+            try:
+                %s
+                print("no error")
+            except ampprobe.ProbeError as e:
+                print(e.name)
+            """ % call), bad], timeout=120)
+        assert r.returncode == 0, (call, r.returncode, r.stderr[-300:])
+        assert r.stdout.decode().strip() == "ERR_CORRUPT", (call, r.stdout)
+
+
+def test_embedded_nul_is_refused(cli, tmp_path):
+    victim = _revin_trace(cli, tmp_path)
+    before = open(victim, "rb").read()
+    trick = victim + "\0.new"
+    for fn in (lambda: ampprobe.Trace(trick), lambda: ampprobe.verdict(trick),
+               lambda: ampprobe.postmortem(trick),
+               lambda: ampprobe.trace_set(trick),
+               lambda: ampprobe.rank_trace_path("a\0b.h5", 0),
+               lambda: ampprobe.Session(trick, overwrite=True)):
+        with pytest.raises(ValueError, match="null byte"):
+            fn()
+    assert open(victim, "rb").read() == before
+    with ampprobe.Session(str(tmp_path / "n.h5")) as s:
+        with pytest.raises(ValueError, match="null byte"):
+            s.register("x\0hidden")
+        with pytest.raises(ValueError, match="null byte"):
+            ampprobe.Session(str(tmp_path / "m.h5"), command_line="a\0b")
+
+
+def test_messages_escape_controls(tmp_path):
+    for fn, arg in ((ampprobe.Trace, "/tmp/\x1b[2Jnope\n.h5"),
+                    (ampprobe.verdict, "/tmp/\x1b[2Jnope\n.h5"),
+                    (ampprobe.trace_set, "/tmp/\x1b]0;t\x07*.h5"),
+                    (ampprobe.Session, str(tmp_path / "\x1b[2Jno" / "x.h5"))):
+        with pytest.raises(ampprobe.ProbeError) as e:
+            fn(arg)
+        msg = str(e.value)
+        assert not re.search("[\x00-\x1f\x7f]", msg), repr(msg)
+        assert "\\e" in msg, msg
+        assert "no error" not in msg
+
+
+def test_argument_checks():
+    with pytest.raises(ValueError, match="rank"):
+        ampprobe.rank_trace_path("t.h5", 2**32 + 1)
+    with pytest.raises(ValueError, match="rank"):
+        ampprobe.rank_trace_path("t.h5", -1)
+    assert ampprobe.rank_trace_path("t.h5", 3) == "t.rank3.h5"
+    for h in (-1, 2**64):
+        with pytest.raises(ValueError):
+            ampprobe.digest64(b"x", h)
+    with pytest.raises(TypeError):
+        ampprobe.digest64(b"x", 1.5)
+    for bad in (np.array([object()]), None, "text"):
+        with pytest.raises(TypeError):
+            ampprobe.digest64(bad)
+    with pytest.raises(TypeError, match="bf16"):
+        ampprobe.stats(np.array([1.0, 2.0], np.float32), dtype="bf16")
+    with pytest.raises(TypeError, match="bf16"):
+        ampprobe.stats(np.zeros(5, np.uint8), dtype="bf16")
+    with pytest.raises(ValueError, match="dtype"):
+        ampprobe.stats(np.zeros(4, np.float32), dtype="bogus")
+    # fp16 bits given as uint16: the same record as the float16 array
+    x = np.array([1.0, -2.0, 65504.0, 0.0], np.float16)
+    assert ampprobe.stats(x.view(np.uint16), dtype="fp16")["absmax"] == 65504.0
+    with pytest.raises(ValueError, match="one of"):
+        ampprobe.Session("/tmp/never.h5", mode="bogus")
+
+
+def test_enum_errors_name_the_choices(tmp_path):
+    with ampprobe.Session(str(tmp_path / "e.h5")) as s:
+        with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+            s.register("a", precision="fp8")
+        L = s.register("b")
+        s.begin_step(0)
+        with pytest.raises(ValueError, match="unknown site 'nope'"):
+            s.record(L, "nope", np.zeros(4, np.float32))
+        with pytest.raises(ValueError, match="unknown dtype"):
+            s.record(L, "fwd_out", np.zeros(4, np.float32), dtype="bogus")
+        with pytest.raises(ValueError, match="unknown scaler event kind"):
+            s.scaler_event("bogus", 1.0, 2.0)
+        with pytest.raises(ValueError, match="step"):
+            s.begin_step(2**63)
+        s.end_step()
+
+
+def test_snapshot_row_checked_before_allocating(cli, tmp_path):
+    with ampprobe.Trace(_revin_trace(cli, tmp_path)) as t:
+        rows = t.snapshots()
+        assert len(rows), "revin-overflow writes snapshots"
+        row = rows[0].copy()
+        for n in (-1, 2**40):
+            row["n"] = n
+            with pytest.raises(ampprobe.ProbeError):
+                t.snapshot_data(row)
+
+
+def test_layer_names_not_utf8(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    p = str(tmp_path / "u.h5")
+    with ampprobe.Session(p) as s:
+        s.register("input")
+        s.register("abc")
+        s.begin_step(0)
+        s.end_step()
+    with h5py.File(p, "r+") as f:
+        d = f["layers"][...]
+        d["name"][1] = b"\xff\xfebad"
+        f["layers"][...] = d
+    with ampprobe.Trace(p) as t:
+        assert t.layer_names()[1] == "\ufffd\ufffdbad"
+
+
+def test_overwrite_of_a_trace_open_here_is_refused(cli, tmp_path):
+    p = _revin_trace(cli, tmp_path)
+    before = open(p, "rb").read()
+    with ampprobe.Trace(p) as t:
+        with pytest.raises(ampprobe.ProbeError, match="open for reading") as e:
+            ampprobe.Session(p, overwrite=True)
+        assert e.value.name == "ERR_LOCKED"
+        assert len(t.records())
+    assert open(p, "rb").read() == before
+    ampprobe.Session(p, overwrite=True).close()  # closed: allowed again

@@ -327,3 +327,68 @@ def test_core_session_takes_dlpack_tensors(tmp_path):
         s.end_step()
     r = ampprobe.read_trace(str(tmp_path / "d.h5"))["records"][0]
     assert (r["count"], r["max"], r["zero_count"]) == (12, 11.0, 1)
+
+
+# ---- hostile input (an audit of 2026-12-03) ------------------------------------
+
+
+def test_nonfinite_error_escapes_module_names(tmp_path):
+    m = nn.Sequential()
+    m.add_module("evil\x1b[2J\x07\nFORGED", nn.Linear(4, 3))
+    with torch.no_grad():
+        m[0].weight.fill_(float("inf"))
+    tr = at.Tracer(m, str(tmp_path / "e.h5"), on_nonfinite="raise")
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.begin_step()
+        m(torch.ones(2, 4)).sum().backward()
+        tr.end_step()
+    tr.close()
+    msg = str(e.value)
+    assert "evil\\e[2J\\a\\nFORGED" in msg, msg
+    assert "\x1b" not in msg and "\n" not in msg
+
+
+def test_module_names_fit_libprobe_in_bytes(tmp_path):
+    for name in ("é" * 32, "日本" * 11, "x" * 200):
+        m = nn.Sequential()
+        m.add_module(name, nn.Linear(4, 3))
+        m.add_module(name[:-1] + "y", nn.ReLU())
+        with at.Tracer(m, str(tmp_path / "n.h5"), overwrite=True) as tr:
+            tr.begin_step()
+            m(torch.ones(2, 4)).sum().backward()
+            tr.end_step()
+        names = ampprobe.Trace(str(tmp_path / "n.h5")).layer_names()
+        assert all(len(n.encode()) < ampprobe._lib.PROBE_NAME_MAX for n in names), names
+
+
+def test_failed_tracer_leaves_nothing_behind(tmp_path, monkeypatch):
+    m = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    p = str(tmp_path / "f.h5")
+    real, calls = ampprobe.Session.register, []
+
+    def failing(self, *a, **k):  # the third layer cannot be registered
+        calls.append(a)
+        if len(calls) == 3:
+            raise ampprobe.ProbeError(-1, "planted", "ERR_INVALID_ARG")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ampprobe.Session, "register", failing)
+    with pytest.raises(ampprobe.ProbeError, match="planted"):
+        at.Tracer(m, p)
+    monkeypatch.setattr(ampprobe.Session, "register", real)
+    assert not m[0]._forward_hooks and not m[0]._forward_pre_hooks
+    assert not m._forward_pre_hooks and not hasattr(m[0], "_ampprobe_ref")
+    at.Tracer(m, p, overwrite=True).close()  # the file is not locked
+
+
+def test_bfloat16_tensors_by_dlpack(tmp_path):
+    x = torch.tensor([1.0, -2.5, 0.0, 3e38], dtype=torch.bfloat16)
+    s = ampprobe.stats(x)
+    assert s["absmax"] == float(x.abs().max()) and s["zero_count"] == 1
+    assert ampprobe.digest64(x) == ampprobe.digest64(x.view(torch.int16).numpy())
+    with ampprobe.Session(str(tmp_path / "b.h5")) as ses:
+        L = ses.register("t", precision="bf16")
+        ses.begin_step(0)
+        a, copied = ses.record(L, "fwd_out", x)
+        assert a.dtype == np.uint16 and not copied
+        ses.end_step()
