@@ -846,6 +846,24 @@ START_TEST(test_hostile_names) {
   b = (char *)1;
   ck_assert_int_lt(probe_postmortem_json(missing, 1, &b), 0);
   ck_assert_ptr_null(b);
+  /* the isolated entry points (a child reads the file first): the same
+   * document and verdict, the same error for a missing file */
+  ck_assert_int_eq(probe_diag_render_json(&d, &a), PROBE_OK);
+  ck_assert_int_eq(probe_postmortem_json_isolated(paths, 1, &b), PROBE_OK);
+  ck_assert_str_eq(a, b);
+  probe_free(a);
+  probe_free(b);
+  probe_verdict v1 = PROBE_VERDICT_HEALTHY, v2 = PROBE_VERDICT_HEALTHY;
+  ck_assert_int_eq(probe_postmortem_verdict(p, &v1), PROBE_OK);
+  ck_assert_int_eq(probe_postmortem_verdict_isolated(p, &v2), PROBE_OK);
+  ck_assert_int_eq(v1, v2);
+  ck_assert_int_eq(v2, PROBE_VERDICT_DIVERGED);
+  b = (char *)1;
+  ck_assert_int_eq(probe_postmortem_json_isolated(missing, 1, &b),
+                   PROBE_ERR_NOT_FOUND);
+  ck_assert_ptr_null(b);
+  ck_assert_int_eq(probe_postmortem_verdict_isolated(missing[0], &v2),
+                   PROBE_ERR_NOT_FOUND);
   probe_diag_free(&d);
   unlink(p);
 }
