@@ -27,13 +27,30 @@ volatile sig_atomic_t cli_stop_flag = 0;
 volatile sig_atomic_t cli_stop_signal = 0;
 
 void cli_error(const char *sub, const char *fmt, ...) {
-  char msg[1024];
+  char raw[1024], msg[4 * 1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
-  for (char *p = msg; *p; p++)
-    if (*p == '\n' || *p == '\r') *p = ' ';
+  /* One line, and no terminal control whatever a caller put in it (a
+   * parser's token, a key from a file): a newline or CR becomes a space,
+   * another C0 control or DEL \xHH (ESC \e), a UTF-8 C1 control \u00HH.
+   * Names are escaped by their callers already (cli_escape_name); this
+   * only catches what was not. */
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)raw; *p && o + 8 < sizeof msg; p++) {
+    if (*p == '\n' || *p == '\r')
+      msg[o++] = ' ';
+    else if (*p == 0x1b)
+      o += (size_t)snprintf(msg + o, sizeof msg - o, "\\e");
+    else if (*p < 0x20 || *p == 0x7f)
+      o += (size_t)snprintf(msg + o, sizeof msg - o, "\\x%02x", *p);
+    else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+      o += (size_t)snprintf(msg + o, sizeof msg - o, "\\u00%02x", *++p);
+    else
+      msg[o++] = (char)*p;
+  }
+  msg[o] = '\0';
   if (sub)
     fprintf(stderr, "ampprobe: %s: %s\n", sub, msg);
   else

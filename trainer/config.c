@@ -777,7 +777,14 @@ probe_status probe_config_load_file(probe_train_config **out, const char *path,
   }
   buf[len] = '\0';
   char sub[384];
-  st = probe_config_from_json(out, buf, sub, sizeof sub);
+  const char *nul = memchr(buf, '\0', len);
+  if (nul) { /* JSON text has none; the parser would stop there, silently */
+    snprintf(sub, sizeof sub, "config: a NUL byte at offset %zu (not JSON text)",
+             (size_t)(nul - buf));
+    st = PROBE_ERR_CONFIG;
+  } else {
+    st = probe_config_from_json(out, buf, sub, sizeof sub);
+  }
   free(buf);
   if (st == PROBE_OK) {
     st = resolve_data_path(*out, path, sub, sizeof sub);

@@ -690,6 +690,37 @@ case_empty_args() {
   check_no_raw err.txt "run --scenario with an ESC"
 }
 
+# Configs (a third audit, 2026-12-03): a key, a too-long fp32 entry or a
+# JSON token holding terminal controls reached stderr raw; bytes after a
+# NUL were ignored. Every error line is free of controls, whatever put them
+# there (cli_error escapes what a caller did not).
+case_hostile_config() {
+  # (JSON escapes: a raw control inside a JSON string is a syntax error)
+  printf '%s' '{"name": "h", "\u001b]0;pwned\u0007\u001b[2J": 1}' >key.json
+  printf '{"name": "h", "fp32": "\\u001b]0;pwned\\u0007%s"}' "$(printf 'a%.0s' $(seq 80))" >fp32.json
+  printf '{"name": "h", "seed": \033]0;pwn\007}' >tok.json
+  printf '\033[2J{"name": "h"}' >lead.json
+  printf '{"name": "h", "seed": 1\177}' >del.json
+  "$AMP" run --scenario healthy --steps 3 -q -o base.h5 >/dev/null 2>&1
+  for f in key fp32 tok lead del; do
+    t -- "$AMP" run --config $f.json --steps 3 -q -o $f.h5
+    expect 2 "run --config $f.json"; one_line "run --config $f.json"
+    if LC_ALL=C grep -q "$(printf '[\001-\011\013-\037\177]')" err.txt; then
+      bad "$f.json: raw control characters on stderr: $(cat -v err.txt)"
+    else
+      ok "$f.json: no raw control on stderr"
+    fi
+  done
+  has err.txt '\x7f'
+  # a valid config followed by a NUL and garbage is not a valid config
+  "$AMP" run --scenario healthy --steps 3 -q -o ok.h5 >/dev/null 2>&1
+  printf '{"name": "healthy-ish", "steps": 3}\000garbage {{{' >nul.json
+  t -- "$AMP" run --config nul.json -q -o nul.h5
+  expect 2 "run --config with a NUL and garbage after the JSON"
+  one_line "a NUL in the config" "a NUL byte at offset"
+  absent nul.h5 "no trace from a refused config"
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
