@@ -670,10 +670,6 @@ static void add_trace_meta(probe_report *rep, const char *label,
   }
 }
 
-static int open_trace(const char *path, probe_trace **t) {
-  return cli_open_trace(SUB, t, path);
-}
-
 /* ---- a trace set: the ranks of one job --------------------------------------- */
 
 /* The set is read by the analysis library's cross-rank post-mortem
@@ -1011,12 +1007,9 @@ static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
   o.isolate = 1;
   probe_status st = probe_ranks_run(&s->R, (const char *const *)paths, n, &o);
   s->have_R = 1;
-  if (st == PROBE_ERR_INVALID_ARG) { /* not one job */
+  /* refused as a set (not one job: exit 2; corrupt: 3), with its reason */
+  if (st == PROBE_ERR_INVALID_ARG || (st < 0 && s->R.error[0])) {
     cli_error(SUB, "%s", s->R.error[0] ? s->R.error : "not the traces of one job");
-    return CLI_EXIT_USAGE;
-  }
-  if (st < 0 && s->R.error[0]) { /* the set refused, with its reason */
-    cli_error(SUB, "%s", s->R.error);
     return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
   if (st < 0) {
@@ -1292,8 +1285,8 @@ static int report_write(const report_args *a, const char *path,
   probe_diag diag;
   probe_diff diff;
   int have_diag = 0, have_diff = 0;
-  int rc = open_trace(path, &t);
-  if (rc == CLI_EXIT_OK && a->base_path) rc = open_trace(a->base_path, &tb);
+  int rc = cli_open_trace(SUB, &t, path);
+  if (rc == CLI_EXIT_OK && a->base_path) rc = cli_open_trace(SUB, &tb, a->base_path);
   if (rc != CLI_EXIT_OK) goto done;
 
   char deftitle[600], rank_label[96] = "";

@@ -239,7 +239,7 @@ class Session:
         step = _cint(step, 0, 2**63 - 1, "step")
         self._check(self._lib.probe_step_begin(self.handle, step),
                     "probe_step_begin(%d)" % step)
-        self.step = int(step)
+        self.step = step
 
     def record_ptr(self, layer, site, dtype, ptr, n):
         """Records n elements at address ptr (host or CUDA device memory),
@@ -257,10 +257,7 @@ class Session:
         pointer). Others are copied to float32. Returns the array libprobe
         read (keep it alive and unchanged until end_step: the session does,
         in a list cleared at end_step). Returns (array, copied)."""
-        if dtype is None and _is_torch_bf16(array):
-            dtype = "bf16"
-        if dtype not in (None, "fp32", "fp16", "bf16"):
-            raise ValueError("unknown dtype %r (one of: fp32, fp16, bf16)" % (dtype,))
+        dtype = _dtype_arg(dtype, array)
         array = _host_array(array)  # host DLPack producers: no copy
         a = np.asarray(array)
         copied = False
@@ -412,7 +409,7 @@ def rank_trace_path(path, rank):
     rank = _cint(rank, 0, 2**31 - 1, "rank")
     cap = 2 * len(raw) + 64 + 16 * raw.count(b"{rank}")
     out = ctypes.create_string_buffer(cap)
-    check(fn(out, cap, raw, int(rank)),
+    check(fn(out, cap, raw, rank),
           "probe_rank_trace_path(%s, %d)" % (os.fsdecode(raw), rank))
     return os.fsdecode(out.value)
 
@@ -490,6 +487,16 @@ def _is_torch_bf16(x):
     return str(getattr(x, "dtype", "")) == "torch.bfloat16"
 
 
+def _dtype_arg(dtype, array):
+    """The dtype argument of record/stats: None, or one of _DT_IDS ("bf16"
+    by default for a torch bfloat16 tensor); ValueError otherwise."""
+    if dtype is None and _is_torch_bf16(array):
+        return "bf16"
+    if dtype is not None and dtype not in _DT_IDS:
+        raise ValueError("unknown dtype %r (one of: %s)" % (dtype, ", ".join(_DT_IDS)))
+    return dtype
+
+
 def _host_array(x):
     """A NumPy view of a host array-like: NumPy arrays pass; a DLPack
     producer (a CPU torch tensor) is viewed without a copy, bfloat16 ones
@@ -506,24 +513,18 @@ def _host_array(x):
 def stats(array, dtype=None):
     """The probe_stats of one buffer (probe_stats_compute) as a dict."""
     lib = _lib.load()
-    if dtype is None and _is_torch_bf16(array):
-        dtype = "bf16"
+    dtype = _dtype_arg(dtype, array)
     array = _host_array(array)
-    if dtype is not None and dtype not in ("fp32", "fp16", "bf16"):
-        raise ValueError("unknown dtype %r (one of: fp32, fp16, bf16)" % (dtype,))
     a = np.ascontiguousarray(array)
     if a.dtype.hasobject:
         raise TypeError("stats: an array of Python objects")
-    if dtype is not None:
+    if dtype is not None:  # the array must hold that format's bits
         want = {"fp32": (np.float32,), "fp16": (np.float16, np.uint16),
                 "bf16": (np.uint16, np.int16)}[dtype]
         if a.dtype not in [np.dtype(w) for w in want]:
             raise TypeError("stats(dtype=%r) reads %s; got a %s array" % (
                 dtype, " or ".join(np.dtype(w).name for w in want), a.dtype))
-    if dtype == "bf16":
-        dt = 2
-    elif dtype == "fp16":
-        dt = 1
+        dt = _DT_IDS[dtype]
     elif a.dtype in _NP_DTYPES:
         dt = _NP_DTYPES[a.dtype]
     else:
