@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -317,8 +318,13 @@ START_TEST(test_wfail_full_fs) {
   snprintf(mnt, sizeof mnt, "%s/ampprobe-fullfs-%d", tmp ? tmp : "/tmp",
            (int)getpid());
   mkdir(mnt, 0700);
-  if (mount("tmpfs", mnt, "tmpfs", 0, "size=640k") != 0) {
-    printf("wfail full_fs: skipped: cannot mount a tmpfs here (%s)\n",
+  /* In a mount namespace of this test's own, so that the tmpfs goes away
+   * with the process even when an assertion ends it early or it is killed
+   * (a mount in the shared namespace outlived such runs). */
+  if (unshare(CLONE_NEWNS) != 0 ||
+      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", mnt, "tmpfs", 0, "size=640k") != 0) {
+    printf("wfail full_fs: skipped: cannot mount a private tmpfs here (%s)\n",
            strerror(errno));
     rmdir(mnt);
     return;
