@@ -389,7 +389,8 @@ AMPPROBE_API probe_status probe_diag_render_json(const probe_diag *d,
  * attribute (independent runs) give {"verdict": worst, "traces":
  * [document, ...]} as before. On an open or read error of a single trace
  * (or of every file of a set) *json_out is NULL and the status says why
- * (probe_trace_last_error(NULL) has the message of a failed open). */
+ * (probe_trace_last_error(NULL) has the message of a failed open, or why
+ * a set was refused: probe_ranks.error). */
 AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
                                                 size_t n_paths,
                                                 char **json_out);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../format.h" /* probe__trace_open_msg */
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
 #include "ranks-impl.h"
@@ -70,6 +71,8 @@ static probe_status ranks_json(const char *const *paths, size_t n_paths,
     probe_ranks_free(&r);
     return independent_json(paths, n_paths, isolate, json_out);
   }
+  if (st < 0 && r.error[0])
+    probe__trace_open_msg("%s", r.error); /* probe_trace_last_error(NULL) */
   if (st >= 0) st = probe_ranks_render_json(&r, json_out);
   probe_ranks_free(&r);
   return st;
@@ -79,6 +82,7 @@ static probe_status postmortem_json(const char *const *paths, size_t n_paths,
                                     int isolate, char **json_out) {
   if (!json_out) return PROBE_ERR_INVALID_ARG;
   *json_out = NULL;
+  probe__trace_open_msg("%s", ""); /* no stale message of an earlier call */
   if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
   for (size_t i = 0; i < n_paths; i++)
     if (!paths[i]) return PROBE_ERR_INVALID_ARG;

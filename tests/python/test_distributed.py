@@ -447,6 +447,26 @@ def test_library_refuses_a_bad_run_id(tmp_path):
     assert e.value.name == "ERR_INVALID_ARG"
 
 
+def _close_one_step(model, tr):
+    _one_step(model, tr)
+    tr.close()
+
+
+@pytest.mark.parametrize("files,msg", [
+    ((("t.h5", 0, "job-1"), ("u.h5", 1, "job-2")), "mixed run ids"),
+    ((("t.h5", 0, "job-1"), ("u.h5", 0, "job-1")), "rank 0 twice"),
+])
+def test_refused_set_says_why(tmp_path, files, msg):
+    """A set the library refuses raises with the set's own reason, not a
+    stale or generic message."""
+    for name, rank, run_id in files:
+        _close_one_step(*_small(tmp_path, name, rank=rank, world_size=2,
+                                run_id=run_id))
+    with pytest.raises(ampprobe.ProbeError) as e:
+        ampprobe.postmortem(str(tmp_path))
+    assert msg in str(e.value)
+
+
 def _fnv1a64(data, h):
     for b in data:
         h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
