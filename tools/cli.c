@@ -338,14 +338,17 @@ static void exit_on_signal(int sig) {
 }
 
 /* handler for SIGINT and SIGTERM */
-static void on_interrupt(void (*handler)(int)) {
+static void on_interrupt_flags(void (*handler)(int), int flags) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = handler;
+  sa.sa_flags = flags;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
 }
+
+static void on_interrupt(void (*handler)(int)) { on_interrupt_flags(handler, 0); }
 
 void cli_signals_exit_install(const char *sub) {
   int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted\n", sub);
@@ -602,7 +605,12 @@ static void on_signal(int sig) {
   cli_stop_signal = sig;
 }
 
-void cli_signals_install(void) { on_interrupt(on_signal); }
+/* SA_RESETHAND: the first signal asks the work to stop; a second one ends
+ * the process by the signal (work stuck in a library call cannot make it
+ * deaf to SIGTERM). */
+void cli_signals_install(void) { on_interrupt_flags(on_signal, SA_RESETHAND); }
+
+void cli_signals_default(void) { on_interrupt(SIG_DFL); }
 
 double cli_now(void) {
   struct timespec ts;

@@ -192,6 +192,9 @@ void cli_signals_install(void);
  * SIGTERM remove the output being written, if any, print "ampprobe: <sub>:
  * interrupted" and exit 130 at once (main() installs it before them). */
 void cli_signals_exit_install(const char *sub);
+/* SIGINT and SIGTERM back to their default action (a subcommand's work is
+ * done). */
+void cli_signals_default(void);
 
 /* Progress on stderr, only when stderr is a terminal and not quiet. */
 typedef struct cli_progress {

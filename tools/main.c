@@ -8,12 +8,35 @@
  * being killed half-way through a file. After it, whatever went to stdout is
  * flushed and checked (a full disk, /dev/full): a lost output is exit 4.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "ampprobe/version.h"
 #include "cli.h"
+
+/* OpenBLAS (the trainer's BLAS) starts its worker threads in its load-time
+ * constructor, and each worker allocates a 128 MiB buffer there; under an
+ * address-space limit too tight for that (`ulimit -v`) the allocation
+ * retries forever and the process can never exit (every command, even
+ * --version, hung at exit joining the worker). The trainer runs its GEMMs
+ * on one thread anyway (bit-identical runs). So under such a limit, and
+ * only then, the CLI runs itself again with OPENBLAS_NUM_THREADS=1, which
+ * OpenBLAS reads before it starts any thread (the variable cannot be set
+ * earlier from inside: libc's initialiser resets the environment after
+ * .preinit_array). If that exec fails, it goes on as it is. */
+static void cli_blas_one_thread(char **argv) {
+  struct rlimit rl;
+  const char *v = getenv("OPENBLAS_NUM_THREADS");
+  if ((v && !strcmp(v, "1")) || getrlimit(RLIMIT_AS, &rl) != 0 ||
+      rl.rlim_cur == RLIM_INFINITY)
+    return;
+  if (setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) execv("/proc/self/exe", argv);
+}
 
 typedef struct command {
   const char *name;
@@ -76,6 +99,7 @@ static int finish(const char *sub, int rc) {
 }
 
 int main(int argc, char **argv) {
+  cli_blas_one_thread(argv);
   signal(SIGXFSZ, SIG_IGN); /* inherited by bisect's trials through exec */
   cli_stdout_init();
   if (argc < 2) {
@@ -95,7 +119,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, commands[i].name)) {
       /* the others only read: an interrupt ends them at once, exit 130 */
       if (!commands[i].stops_itself) cli_signals_exit_install(cmd);
-      return finish(cmd, commands[i].fn(argc - 1, argv + 1));
+      int rc = commands[i].fn(argc - 1, argv + 1);
+      /* Its work is closed: from here a signal ends the process, so that
+       * nothing that hangs at exit (a library's destructor) can make it
+       * deaf to SIGTERM. (The others' handler exits at once already.) */
+      if (commands[i].stops_itself) cli_signals_default();
+      return finish(cmd, rc);
     }
   if (cmd[0] == '-')
     cli_error(NULL, "unknown option %s (see 'ampprobe --help')", cmd);

@@ -799,18 +799,50 @@ static void model_memory(const probe_train_config *c, int64_t in_dim,
   *backend = dev ? b * fl : 0;
 }
 
-/* The default limit: 80% of physical memory, or the address-space / data
- * limit of this process when one is set and lower. */
-static double default_memory_limit(const char **why) {
+/* What a run maps besides what run_memory_need counts, against an
+ * address-space limit: OpenBLAS's GEMM buffer (128 MiB + a page, taken at
+ * the first GEMM; OpenBLAS retries a failed one forever, a hang), the trace
+ * writer's thread (an 8 MiB stack and a 64 MiB malloc arena, reserved even
+ * if unused) and slack for HDF5's caches. Under a data limit (`ulimit -d`)
+ * only the buffer and the caches count. */
+#define PT_RESERVE_AS_BYTES (256.0 * 1024 * 1024)
+#define PT_RESERVE_DATA_BYTES (160.0 * 1024 * 1024)
+
+/* This process's address space now, or its data segment (statm's size and
+ * data fields), in bytes; 0 where it cannot be read. */
+static double process_bytes(int data) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long v[7] = {0};
+  int n = fscanf(f, "%llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                 &v[4], &v[5]);
+  fclose(f);
+  if (n != 6) return 0;
+  return (double)(data ? v[5] : v[0]) * (double)sysconf(_SC_PAGESIZE);
+}
+
+/* The default limit: 80% of physical memory, or what is left under the
+ * address-space / data limit of this process when one is set and lower:
+ * the limit less what the process holds already (its libraries: ~0.9 GiB
+ * of address space in a CUDA build) and the reserve above. */
+static double default_memory_limit(const char **why, double *rlimit,
+                                   double *held, double *reserve) {
   double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   double lim = phys > 0 ? 0.8 * phys : 0;
   *why = "80% of physical memory";
+  *rlimit = 0;
   static const int res[2] = {RLIMIT_AS, RLIMIT_DATA};
   for (int i = 0; i < 2; i++) {
     struct rlimit rl;
-    if (getrlimit(res[i], &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (lim <= 0 || (double)rl.rlim_cur < lim)) {
-      lim = (double)rl.rlim_cur;
+    if (getrlimit(res[i], &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+    double h = process_bytes(i), r = i ? PT_RESERVE_DATA_BYTES : PT_RESERVE_AS_BYTES;
+    double left = (double)rl.rlim_cur - h - r;
+    if (left < 1) left = 1;
+    if (lim <= 0 || left < lim) {
+      lim = left;
+      *rlimit = (double)rl.rlim_cur;
+      *held = h;
+      *reserve = r;
       *why = i ? "the process's data limit (ulimit -d)"
                : "the process's address-space limit (ulimit -v)";
     }
@@ -836,12 +868,25 @@ static probe_status check_memory(const char *what, double need, double data,
                                  const probe_train_opts *o, char *err,
                                  size_t errlen) {
   const char *why = "max_memory";
-  double lim = o->max_memory ? (double)o->max_memory : default_memory_limit(&why);
+  double rlimit = 0, held = 0, reserve = 0;
+  double lim = o->max_memory ? (double)o->max_memory
+                             : default_memory_limit(&why, &rlimit, &held, &reserve);
   if (lim <= 0 || need <= lim) return PROBE_OK;
   char a[32], b[32], d[48] = "";
   if (data > 0) {
     char t[32];
     snprintf(d, sizeof d, " (its data %s)", fmt_bytes(data, t, sizeof t));
+  }
+  if (rlimit > 0) {
+    char r[32], h[32], k[32];
+    return pt_fail(err, errlen, PROBE_ERR_NOMEM,
+                   "%s needs %s of memory%s, more than is left under %s of "
+                   "%s: the program and its libraries hold %s and %s is kept "
+                   "for BLAS and the trace writer; raise the limit, or "
+                   "shrink the model, batch or data",
+                   what, fmt_bytes(need, a, sizeof a), d, why,
+                   fmt_bytes(rlimit, r, sizeof r), fmt_bytes(held, h, sizeof h),
+                   fmt_bytes(reserve, k, sizeof k));
   }
   return pt_fail(err, errlen, PROBE_ERR_NOMEM,
                  "%s needs %s of memory%s, more than the limit of %s (%s); "
