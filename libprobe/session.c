@@ -315,13 +315,22 @@ static int lock_held(int fd, pid_t *pid) {
 static probe_status trace_claim(const char *path, int overwrite,
                                 int *lock_fd) {
   *lock_fd = -1;
-  int created = 1;
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
-  if (fd < 0 && errno == EEXIST) {
+  int created = 1, fd = -1;
+  /* EEXIST then ENOENT: removed in between (try once more), or a dangling
+   * symbolic link, which O_EXCL refuses and a plain open cannot follow:
+   * that stays ENOENT, reported as such */
+  for (int tries = 0; tries < 2; tries++) {
+    created = 1;
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+    if (fd >= 0 || errno != EEXIST) break;
     created = 0;
     fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0 && errno == ENOENT) /* removed in between: try once more */
-      return trace_claim(path, overwrite, lock_fd);
+    if (fd >= 0 || errno != ENOENT) break;
+  }
+  if (fd < 0 && errno == ENOENT && !created) {
+    return open_fail(PROBE_ERR_IO,
+                     "cannot create trace '%s': a symbolic link to nothing",
+                     path);
   }
   if (fd < 0) {
     int e = errno;
@@ -425,7 +434,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   else probe_options_init(&o);
   if ((o.mode != PROBE_MODE_SCALARS && o.mode != PROBE_MODE_FULL) ||
       o.step_every < 1 || o.step_start < 0 || o.ring_steps < 0 ||
-      o.flush_seconds < 0 || o.flush_steps < 0 || o.max_events < 0 ||
+      !(o.flush_seconds >= 0) || o.flush_steps < 0 || o.max_events < 0 ||
       o.batch_rows < 1)
     return open_fail(PROBE_ERR_CONFIG,
                      "probe_session_open: option out of range (mode, "
@@ -703,6 +712,12 @@ probe_status probe_step_set_scalars(probe_session *s,
     return set_msg(s, PROBE_ERR_INVALID_ARG,
                    "probe_step_set_scalars: unknown bits 0x%x in unmeasured",
                    (unsigned)(sc->unmeasured & ~PROBE_SCALAR_ALL));
+  /* what the reader accepts (docs/trace-format.md, /steps) */
+  if ((sc->found_inf != 0 && sc->found_inf != 1) ||
+      (sc->skipped != 0 && sc->skipped != 1))
+    return set_msg(s, PROBE_ERR_INVALID_ARG,
+                   "probe_step_set_scalars: found_inf and skipped are 0 or 1 "
+                   "(got %d, %d)", (int)sc->found_inf, (int)sc->skipped);
   s->sc = *sc;
   s->sc.step = s->step;
   /* What was not measured is NaN in the file whatever the caller left
@@ -735,6 +750,10 @@ probe_status probe_scaler_transition(probe_session *s,
                    (int)ev->kind);
   probe_scaler_event e = *ev;
   if (s->in_step) e.step = s->step;
+  if (e.step < 0)
+    return set_msg(s, PROBE_ERR_INVALID_ARG,
+                   "scaler event outside a step with step %lld: steps are >= 0",
+                   (long long)e.step);
   return table_append(s, PROBE__T_SCALER, &e, 1);
 }
 
@@ -957,6 +976,8 @@ probe_status probe_session_close(probe_session *s) {
   probe_status wst = writer_error(s);
   if (st == PROBE_OK) st = wst;
   if (s->cuda) probe_cuda_stats_destroy(s->cuda);
+  /* the handle is gone: its message goes where s NULL finds it */
+  if (st != PROBE_OK) open_fail(st, "%s", s->msg[0] ? s->msg : probe_status_str(st));
   session_free(s);
   return st;
 }

@@ -347,9 +347,14 @@ typedef struct probe_diag {
   char fp32_candidates[256]; /* "revin,softmax": kinds implicated */
 } probe_diag;
 
+/* The most rows one chunked read of the analysis takes; a larger
+ * chunk_rows is taken as this. */
+#define PROBE_CHUNK_ROWS_MAX ((size_t)1 << 20)
+
 typedef struct probe_diag_options {
   int layer_history; /* points of the origin's absmax history (8) */
-  size_t chunk_rows; /* rows per chunked read (4096) */
+  size_t chunk_rows; /* rows per chunked read (4096; 0: 4096; at most
+                        PROBE_CHUNK_ROWS_MAX) */
 } probe_diag_options;
 
 /* Fills o with the defaults (the ones `ampprobe postmortem` uses). */
@@ -675,7 +680,7 @@ AMPPROBE_API probe_status probe_ranks_render_json(const probe_ranks *r,
 typedef struct probe_diff_options {
   double threshold;  /* relative difference that counts as divergence */
   int window;        /* steps averaged for divergence (10), 1..256 */
-  size_t chunk_rows; /* rows per chunked read (4096) */
+  size_t chunk_rows; /* as in probe_diag_options */
   /* A record diverges when its fractions of zero values differ by at least
    * this much at a step, and a gradient site "flushes to zero" in A when
    * its overall zero fraction exceeds B's by this much (0.05 = 5 points). */

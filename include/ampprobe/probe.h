@@ -320,7 +320,8 @@ probe_status probe_session_close(probe_session *s);
 AMPPROBE_API
 probe_status probe_session_flush(probe_session *s);
 /* Text of the last error, for messages ("H5Dwrite failed: ..."); s NULL:
- * the last failed probe_session_open of this thread. I/O errors
+ * the last failed probe_session_open or probe_session_close of this thread
+ * (close frees the handle). I/O errors
  * (PROBE_ERR_NOSPACE, PROBE_ERR_IO, PROBE_ERR_HDF5) happen on the session's
  * writer thread and are sticky: the next call and every later one returns
  * them, and the file keeps its last flushed state. A session is used from
@@ -369,13 +370,16 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
  * wall_time is filled by the probe at probe_step_end). Scalars the caller
  * did not measure (no clipper: grad_norm, clip_coef) get their
  * PROBE_SCALAR_* bit in sc->unmeasured; their values are then stored as NaN
- * (0 for the scaler's ints) whatever sc holds. Unknown bits are
- * PROBE_ERR_INVALID_ARG. A step gets a row in
+ * (0 for the scaler's ints) whatever sc holds. Unknown bits, and found_inf
+ * or skipped other than 0 and 1, are PROBE_ERR_INVALID_ARG. A step gets a row in
  * the steps table only when this was called. (Named _set_ because the type
  * probe_step_scalars takes the plain name.) */
 AMPPROBE_API
 probe_status probe_step_set_scalars(probe_session *s,
                                     const probe_step_scalars *sc);
+/* Records a loss-scaler event: inside a step at that step (ev->step is
+ * ignored), outside one at ev->step, which must be >= 0
+ * (PROBE_ERR_INVALID_ARG otherwise, as for an unknown kind). */
 AMPPROBE_API
 probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev);

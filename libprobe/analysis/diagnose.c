@@ -1173,8 +1173,11 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
     probe_diag_options_init(&defaults);
     opt = &defaults;
   }
-  size_t chunk = opt->chunk_rows ? opt->chunk_rows : 4096;
+  if (!d) return PROBE_ERR_INVALID_ARG;
   memset(d, 0, sizeof *d);
+  if (!t) return PROBE_ERR_INVALID_ARG;
+  size_t chunk = opt->chunk_rows ? opt->chunk_rows : 4096;
+  if (chunk > PROBE_CHUNK_ROWS_MAX) chunk = PROBE_CHUNK_ROWS_MAX;
   probe_text_escape(d->path, sizeof d->path, path ? path : "");
   const probe_trace_info *info = probe_trace_get_info(t);
   d->complete = info->complete;

@@ -746,6 +746,8 @@ static probe_status stage_metadata(probe_diff *d, probe_trace *a,
     probe_diff_options_init(&d->opt);
   if (d->opt.chunk_rows == 0)
     d->opt.chunk_rows = 4096;
+  if (d->opt.chunk_rows > PROBE_CHUNK_ROWS_MAX)
+    d->opt.chunk_rows = PROBE_CHUNK_ROWS_MAX;
   if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
     d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
   d->first_div_step = -1;

@@ -198,8 +198,16 @@ static probe_status check_member(probe_ranks *r, merger *m,
   return PROBE_OK;
 }
 
+/* A set lists every rank its world size implies that no file holds; more
+ * than MISSING_MAX of them is taken for a corrupt world_size (one entry
+ * each: a file claiming 2^31 ranks would otherwise fill the memory), not
+ * for a job that lost that many files. So is a rank number that far past
+ * the files of the set (checked before note_rank sizes its table by it). */
+enum { MISSING_MAX = 65536 };
+
 /* Notes that entry `index` holds rank `rank` (for check_member). */
 static probe_status note_rank(merger *m, int32_t rank, size_t index) {
+  if (rank < 0) return PROBE_OK; /* a set of one unranked trace */
   size_t rk = (size_t)rank;
   if (rk >= m->n_rank_entry) {
     size_t n = m->n_rank_entry ? m->n_rank_entry : 64;
@@ -242,6 +250,14 @@ static probe_status take_file(probe_ranks *r, merger *m, probe__rsum *s,
   if (s->e.status == PROBE_RANK_READ) {
     st = check_member(r, m, s, paths, n_paths, i);
     if (st < 0) return st;
+    if (s->e.rank >= 0 && (size_t)s->e.rank > n_paths + MISSING_MAX) {
+      char rs[32], ms[32];
+      snprintf(rs, sizeof rs, "%d", (int)s->e.rank);
+      snprintf(ms, sizeof ms, "%d", (int)MISSING_MAX);
+      refuse(r, "%s: corrupt trace set: rank %s leaves more than %s ranks "
+                "without a file%s", paths[i], rs, ms, "");
+      return PROBE_ERR_CORRUPT;
+    }
     st = merge_steps(r, m, s);
     if (st >= 0) st = note_rank(m, s->e.rank, r->n_entries);
     if (st < 0) return st;
@@ -258,12 +274,6 @@ static int cmp_entry(const void *pa, const void *pb) {
   if (ua != ub) return ua - ub;
   return (a->rank > b->rank) - (a->rank < b->rank);
 }
-
-/* A set lists every rank its world size implies that no file holds; more
- * than MISSING_MAX of them is taken for a corrupt world_size (one entry
- * each: a file claiming 2^31 ranks would otherwise fill the memory), not
- * for a job that lost that many files. */
-enum { MISSING_MAX = 65536 };
 
 static probe_status add_missing(probe_ranks *r, size_t *cap) {
   int32_t w = 0;

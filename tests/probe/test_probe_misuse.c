@@ -1,0 +1,274 @@
+/*
+ * test_probe_misuse.c - Check suite "misuse": the public API used in ways
+ * a careless or hostile caller might, each of which once crashed, hung,
+ * overflowed a buffer or wrote a trace the reader then refused (an audit
+ * of 2026-12-03). Each test names the way; every one ends in a status from
+ * the enum, in time (Check's per-test timeout catches a hang).
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <sys/resource.h>
+
+#include "ampprobe/analysis.h"
+#include "probe_testutil.h"
+
+/* A small complete trace at path: n steps of one fp16 layer. opt may set
+ * the rank. */
+static void small_trace(const char *path, int steps, const probe_options *opt) {
+  probe_options o;
+  if (opt) o = *opt;
+  else probe_options_init(&o);
+  o.overwrite = 1;
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+  float x[64];
+  for (int step = 0; step < steps; step++) {
+    PT_CHECK(probe_step_begin(s, step));
+    pt_tensor(x, 64, step, 0);
+    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+}
+
+/* A trace path that is a symbolic link to nothing: O_EXCL refuses it and a
+ * plain open cannot follow it (it recursed without end). */
+START_TEST(dangling_symlink) {
+  char path[256], target[300];
+  pt_path(path, sizeof path, "dangling");
+  snprintf(target, sizeof target, "%s.nowhere", path);
+  unlink(path);
+  unlink(target);
+  ck_assert_int_eq(symlink(target, path), 0);
+  probe_session *s = NULL;
+  for (int overwrite = 0; overwrite < 2; overwrite++) {
+    probe_options o;
+    probe_options_init(&o);
+    o.overwrite = overwrite;
+    probe_status st = probe_session_open(&s, path, &o);
+    ck_assert_msg(st == PROBE_ERR_IO, "overwrite %d: %s", overwrite, probe_status_name(st));
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(probe_session_last_error(NULL), "link"));
+  }
+  ck_assert_int_ne(access(target, F_OK), 0); /* nothing created through it */
+  unlink(path);
+}
+END_TEST
+
+/* flush_seconds NaN passed the range check and its deadline (UB: NaN to
+ * time_t) spun the writer holding the lock: every later call blocked. */
+START_TEST(flush_seconds_not_a_number) {
+  char path[256];
+  pt_path(path, sizeof path, "fsnan");
+  const double bad[] = {NAN, -NAN, -INFINITY, -1e-300};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    probe_options o;
+    probe_options_init(&o);
+    o.overwrite = 1;
+    o.flush_seconds = bad[i];
+    probe_session *s = NULL;
+    probe_status st = probe_session_open(&s, path, &o);
+    ck_assert_msg(st == PROBE_ERR_CONFIG, "flush_seconds %g: %s", bad[i], probe_status_name(st));
+  }
+  /* +inf is "never by time": a session that works */
+  probe_options o;
+  probe_options_init(&o);
+  o.flush_seconds = INFINITY;
+  small_trace(path, 3, &o);
+  probe_verdict v;
+  PT_CHECK(probe_postmortem_verdict(path, &v));
+  unlink(path);
+}
+END_TEST
+
+/* Values the reader calls corrupt were written with PROBE_OK, which made
+ * the whole trace unreadable. */
+START_TEST(values_the_reader_refuses) {
+  char path[256];
+  pt_path(path, sizeof path, "refused");
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+  probe_scaler_event ev = {.step = -1, .kind = PROBE_SCALER_BACKOFF};
+  ck_assert_int_eq(probe_scaler_transition(s, &ev), PROBE_ERR_INVALID_ARG);
+  ev.step = 0;
+  PT_CHECK(probe_scaler_transition(s, &ev)); /* outside a step, step 0: fine */
+  PT_CHECK(probe_step_begin(s, 0));
+  const int32_t bad[][2] = {{2, 0}, {0, 2}, {-1, 0}, {0, INT32_MIN}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0,
+                             .found_inf = bad[i][0], .skipped = bad[i][1]};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_ERR_INVALID_ARG);
+  }
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0, .found_inf = 1, .skipped = 1};
+  PT_CHECK(probe_step_set_scalars(s, &sc));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_close(s));
+  probe_verdict v;
+  PT_CHECK(probe_postmortem_verdict(path, &v)); /* the trace reads back */
+  unlink(path);
+}
+END_TEST
+
+/* A cross-rank post-mortem of one trace without a rank looped for ever
+ * (its rank -1 sized a table as SIZE_MAX + 1). */
+START_TEST(ranks_of_one_unranked_trace) {
+  char path[256];
+  pt_path(path, sizeof path, "unranked");
+  small_trace(path, 3, NULL);
+  const char *paths[1] = {path};
+  probe_ranks r;
+  probe_status st = probe_ranks_run(&r, paths, 1, NULL);
+  ck_assert_msg(st >= 0 || st == PROBE_ERR_INVALID_ARG, "%s: %s", probe_status_name(st), r.error);
+  probe_ranks_free(&r);
+  char *json = NULL;
+  PT_CHECK(probe_postmortem_json(paths, 1, &json));
+  ck_assert_ptr_nonnull(json);
+  probe_free(json);
+  unlink(path);
+}
+END_TEST
+
+/* A rank number far past the files of the set: refused as corrupt before
+ * anything is sized by it (8 bytes per rank number: 16 GiB here). */
+START_TEST(rank_number_far_past_the_set) {
+  char path[256];
+  pt_path(path, sizeof path, "farrank");
+  probe_options o;
+  probe_options_init(&o);
+  o.rank = INT32_MAX - 1;
+  o.world_size = INT32_MAX;
+  small_trace(path, 2, &o);
+  const char *paths[1] = {path};
+  probe_ranks r;
+  probe_status st = probe_ranks_run(&r, paths, 1, NULL);
+  ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s", probe_status_name(st));
+  ck_assert_ptr_nonnull(strstr(r.error, "corrupt trace set"));
+  probe_ranks_free(&r);
+  unlink(path);
+}
+END_TEST
+
+/* chunk_rows large enough that rows x row size wraps: the buffer was
+ * allocated small and HDF5 wrote past it. Now taken as the maximum: the
+ * same results as the default. */
+START_TEST(chunk_rows_that_wrap) {
+  char path[256];
+  pt_path(path, sizeof path, "chunk");
+  small_trace(path, 5, NULL);
+  probe_trace *t = NULL;
+  PT_CHECK(probe_trace_open(&t, path));
+  const size_t huge[] = {(size_t)1 << 61, SIZE_MAX, PROBE_CHUNK_ROWS_MAX + 1};
+  probe_diag ref;
+  PT_CHECK(probe_diag_run(&ref, t, path, NULL));
+  for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+    probe_diag_options o;
+    probe_diag_options_init(&o);
+    o.chunk_rows = huge[i];
+    probe_diag d;
+    PT_CHECK(probe_diag_run(&d, t, path, &o));
+    ck_assert_int_eq(d.verdict, ref.verdict);
+    ck_assert_int_eq(d.n_steps, ref.n_steps);
+    probe_diag_free(&d);
+    probe_diff_options fo;
+    probe_diff_options_init(&fo);
+    fo.chunk_rows = huge[i];
+    probe_diff df;
+    PT_CHECK(probe_diff_run(&df, t, t, &fo));
+    ck_assert_int_eq(df.steps_common, 5);
+    probe_diff_free(&df);
+  }
+  probe_diag_free(&ref);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* NULL where probe_diag_run needs a handle: a status, as for diff/ranks. */
+START_TEST(diag_run_null) {
+  char path[256];
+  pt_path(path, sizeof path, "dnull");
+  small_trace(path, 2, NULL);
+  probe_trace *t = NULL;
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_diag d;
+  ck_assert_int_eq(probe_diag_run(NULL, t, path, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_diag_run(&d, NULL, path, NULL), PROBE_ERR_INVALID_ARG);
+  probe_diag_free(&d); /* zeroed: freeing it is fine */
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* A close that fails frees the handle: its message is where
+ * probe_session_last_error(NULL) finds it (it said "no error"). */
+START_TEST(close_failure_has_its_text) {
+  char path[256];
+  pt_path(path, sizeof path, "closemsg");
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit rl = {.rlim_cur = 256 * 1024, .rlim_max = RLIM_INFINITY};
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  o.mode = PROBE_MODE_FULL;
+  o.flush_seconds = 1e9; /* nothing written before close */
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+  int32_t id[8];
+  char name[8];
+  for (int l = 0; l < 8; l++) {
+    snprintf(name, sizeof name, "l%d", l);
+    PT_CHECK(probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id[l]));
+  }
+  static float x[4096];
+  probe_status st = PROBE_OK;
+  for (int step = 0; step < 2000 && st == PROBE_OK; step++) {
+    st = probe_step_begin(s, step);
+    for (int l = 0; l < 8 && st == PROBE_OK; l++) {
+      pt_tensor(x, 4096, step, (uint32_t)l);
+      st = probe_tensor_record(s, id[l], PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 4096);
+    }
+    if (st == PROBE_OK) st = probe_step_end(s);
+  }
+  probe_status cst = probe_session_close(s);
+  ck_assert_msg(cst == PROBE_ERR_NOSPACE || cst == PROBE_ERR_IO, "close: %s",
+                probe_status_name(cst));
+  const char *msg = probe_session_last_error(NULL);
+  ck_assert_msg(strcmp(msg, "no error") != 0 && msg[0], "close's text: '%s'", msg);
+  unlink(path);
+}
+END_TEST
+
+static Suite *misuse_suite(void) {
+  Suite *su = suite_create("misuse");
+  TCase *tc = tcase_create("misuse");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, dangling_symlink);
+  tcase_add_test(tc, flush_seconds_not_a_number);
+  tcase_add_test(tc, values_the_reader_refuses);
+  tcase_add_test(tc, ranks_of_one_unranked_trace);
+  tcase_add_test(tc, rank_number_far_past_the_set);
+  tcase_add_test(tc, chunk_rows_that_wrap);
+  tcase_add_test(tc, diag_run_null);
+  tcase_add_test(tc, close_failure_has_its_text);
+  suite_add_tcase(su, tc);
+  return su;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(misuse_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
