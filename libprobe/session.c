@@ -872,9 +872,15 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
   bad_value |= loss_bad;
   int nonfinite = first < s->n_cur || loss_bad;
   /* An event: a non-finite step not within ring_steps steps of the last
-   * event (acted on or not). */
-  int event = nonfinite && s->quiet_remaining == 0;
-  int act = event && s->n_events < s->opt.max_events;
+   * event (acted on or not) - except the first step with a bad value (an
+   * activation, a weight, the loss), which is always one and always acted
+   * on: after a routine scaler overflow (gradients only) opened the quiet
+   * window, the run's first real NaN was otherwise only on disk at the next
+   * timer flush, and a crash within a second lost the diagnosis. */
+  int first_bad = bad_value && !s->bad_event_done;
+  int event = nonfinite && (s->quiet_remaining == 0 || first_bad);
+  int act = event && (s->n_events < s->opt.max_events || first_bad);
+  if (act && bad_value) s->bad_event_done = 1;
   if (event) {
     s->n_events++;
     s->quiet_remaining = s->opt.ring_steps;

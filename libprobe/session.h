@@ -203,6 +203,8 @@ struct probe_session {
   int64_t post_remaining; /* steps still written in full after an event */
   int64_t quiet_remaining; /* steps in which non-finite is no new event */
   int64_t n_events;
+  int bad_event_done; /* an event with a non-finite value other than a
+                         gradient was acted on (step_finish) */
   int64_t first_nonfinite;
   /* The first record holding NaN or inf, in execution order (step -1: none
    * yet); see probe_session_first_nonfinite. */

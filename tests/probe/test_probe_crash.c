@@ -9,6 +9,9 @@
  * the child computed (values derive from step and seq), and that nothing
  * past the committed rows is torn. Repeated KILLS times with random seeds.
  *
+ * The first NaN activation or loss after the loss scaler's routine
+ * overflows is on disk when probe_step_end returns (a kill then keeps it).
+ *
  * RLIMIT_FSIZE: a child with a small file-size limit writes until the API
  * returns PROBE_ERR_NOSPACE; it must not be killed by SIGXFSZ, and the
  * trace must still open with every step flushed before the error.
@@ -368,12 +371,107 @@ START_TEST(test_fsize_limit_async) {
 }
 END_TEST
 
+/* The first real NaN after routine scaler overflows (2026-12-03: a crash
+ * within a second of it lost the diagnosis). A child with no timer flush
+ * writes gradient-only overflows (at steps 0 and, with max_events 1, 9:
+ * the first opens a quiet window, the second is past max_events), then at
+ * step `bad` a NaN activation (or a NaN loss); as soon as probe_step_end
+ * of that step returns it says so and waits to be killed. The trace must
+ * hold that step's NaN. */
+enum { QW_FWD = 0, QW_LOSS = 1 };
+
+static void quiet_child(const char *path, int wfd, probe_record_mode mode, int what,
+                        int max_events, int64_t bad) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = mode;
+  o.flush_seconds = 1e9; /* no timer: only events and close flush */
+  o.overwrite = 1;
+  o.max_events = max_events;
+  probe_session *s;
+  if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(2);
+  if (probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, NULL) != PROBE_OK)
+    _exit(3);
+  float x[N], g[N];
+  for (int64_t step = 0; step <= bad; step++) {
+    if (probe_step_begin(s, step) != PROBE_OK) _exit(4);
+    pt_tensor(x, N, step, 0);
+    pt_tensor(g, N, step, 1);
+    if (what == QW_FWD && step == bad) x[5] = NAN;
+    if (step == 0 || step == 9) g[7] = INFINITY; /* the scaler's overflow */
+    if (probe_tensor_record(s, 0, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N) != PROBE_OK ||
+        probe_tensor_record(s, 0, PROBE_SITE_GRAD_IN, PROBE_DTYPE_F32, g, N) != PROBE_OK)
+      _exit(5);
+    probe_step_scalars sc = {.loss = what == QW_LOSS && step == bad ? NAN : 1.0,
+                             .loss_scale = 1024.0, .found_inf = step == 0 || step == 9,
+                             .skipped = step == 0 || step == 9};
+    if (probe_step_set_scalars(s, &sc) != PROBE_OK) _exit(6);
+    if (probe_step_end(s) != PROBE_OK) _exit(8);
+  }
+  if (write(wfd, &bad, sizeof bad) != (ssize_t)sizeof bad) _exit(10);
+  for (;;) pause();
+}
+
+START_TEST(test_first_nan_in_quiet_window) {
+  char path[256];
+  pt_path(path, sizeof path, "quiet");
+  const probe_record_mode modes[2] = {PROBE_MODE_FULL, PROBE_MODE_SCALARS};
+  /* (max_events, bad step): inside the window of step 0's overflow; past
+   * max_events, inside the window of step 9's */
+  const int64_t cases[2][2] = {{16, 3}, {1, 12}};
+  for (int m = 0; m < 2; m++)
+    for (int what = 0; what < 2; what++)
+      for (int c = 0; c < 2; c++) {
+        int fds[2];
+        ck_assert_int_eq(pipe(fds), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+          close(fds[0]);
+          quiet_child(path, fds[1], modes[m], what, (int)cases[c][0], cases[c][1]);
+        }
+        close(fds[1]);
+        int64_t got = drain(fds[0], 20000);
+        kill(pid, SIGKILL);
+        int wst;
+        waitpid(pid, &wst, 0);
+        close(fds[0]);
+        ck_assert_int_eq(got, cases[c][1]);
+        probe_trace *t = NULL;
+        PT_CHECK(probe_trace_open(&t, path));
+        int found = 0;
+        if (what == QW_LOSS) {
+          probe_step_scalars sc[32];
+          size_t n = 0;
+          PT_CHECK(probe_trace_read_steps(t, 0, 32, sc, &n));
+          for (size_t i = 0; i < n; i++)
+            if (sc[i].step == got && isnan(sc[i].loss)) found = 1;
+        } else {
+          probe_record r[64];
+          size_t n = 0;
+          PT_CHECK(probe_trace_read_records(t, 0, 64, r, &n));
+          for (size_t i = 0; i < n; i++)
+            if (r[i].step == got && r[i].site == PROBE_SITE_FWD_OUT &&
+                probe_stats_nonfinite(&r[i].stats) > 0)
+              found = 1;
+        }
+        probe_trace_close(t);
+        ck_assert_msg(found, "%s mode, NaN %s at step %lld (max_events %lld): "
+                      "not in the trace after the kill",
+                      m ? "scalars" : "full", what ? "loss" : "activation",
+                      (long long)got, (long long)cases[c][0]);
+      }
+  unlink(path);
+}
+END_TEST
+
 static Suite *make_crash_suite(void) {
   Suite *s = suite_create("crash");
   TCase *tc = tcase_create("crash");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_crash_sigkill);
   tcase_add_test(tc, test_crash_sigkill_timer);
+  tcase_add_test(tc, test_first_nan_in_quiet_window);
   tcase_add_test(tc, test_fsize_limit);
   tcase_add_test(tc, test_fsize_limit_async);
   tcase_add_test(tc, test_fsize_limit_at_open);
