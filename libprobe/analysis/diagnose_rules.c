@@ -63,6 +63,7 @@
 #define SCORE_CLIP 60
 #define SCORE_SCALE_COLLAPSE_EVENT 60
 #define SCORE_LOSS_ONLY 50
+#define SCORE_NO_STEPS 100
 #define SCORE_HEALTHY 0
 
 /* ---- context ---------------------------------------------------------------- */
@@ -674,6 +675,24 @@ static void explain_loss_only(rank_ctx *c, probe_diag_finding *f) {
              c->args, c->run_fp32);
 }
 
+/* no-steps: a trace without a single step says nothing about the run; an
+ * unclosed one is a run that died (or ran out of disk) before its first
+ * step reached the file. Not "healthy". */
+static int when_no_steps(const rank_ctx *c) { return c->d->n_steps == 0; }
+static double score_no_steps(const rank_ctx *c) { (void)c; return SCORE_NO_STEPS; }
+static void explain_no_steps(rank_ctx *c, probe_diag_finding *f) {
+  set_title(f, "no step recorded: nothing to diagnose");
+  if (c->d->complete)
+    add_evidence(f, "the trace was closed with 0 steps: the job ended before "
+                    "its first step, or never called end_step");
+  else
+    add_evidence(f, "the trace was not closed and holds 0 steps: the writer "
+                    "was killed, or could not write (a full disk?), before its "
+                    "first step reached the file");
+  set_next(f, "find why the run ended (its exit status and error line), then "
+              "run it again");
+}
+
 /* healthy (fallback): nothing else fired. */
 static int when_healthy(const rank_ctx *c) {
   return c->d->n_findings == 0 && c->d->silent_layer < 0;
@@ -730,6 +749,8 @@ static const rule RULES[] = {
      score_collapse, explain_collapse},
     {"loss-only", PROBE_DIAG_FINDING_LOWER_LR, when_loss_only, score_loss_only,
      explain_loss_only},
+    {"no-steps", PROBE_DIAG_FINDING_NO_STEPS, when_no_steps, score_no_steps,
+     explain_no_steps},
     {"healthy", PROBE_DIAG_FINDING_HEALTHY, when_healthy, score_healthy,
      explain_healthy},
 };

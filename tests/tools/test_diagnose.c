@@ -686,6 +686,40 @@ START_TEST(test_killed_writer) {
 }
 END_TEST
 
+/* A trace with no step is "no-steps", degraded, not healthy: closed with
+ * none, and killed (flushed, unclosed) before the first step ended (a run
+ * out of disk left such a trace, which read "healthy ... over 0 steps"). */
+START_TEST(test_no_steps_is_not_healthy) {
+  const char *p = tmp_path("nosteps");
+  for (int killed = 0; killed < 2; killed++) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      tb t;
+      tb_open(&t, p, 0);
+      probe_session_flush(t.s);
+      if (killed) raise(SIGKILL);
+      _exit(probe_session_close(t.s) == PROBE_OK ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ck_assert(killed ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.complete, !killed);
+    ck_assert_int_eq(d.n_steps, 0);
+    ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+    ck_assert_int_ge(d.n_findings, 1);
+    ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_NO_STEPS);
+    for (int i = 0; i < d.n_findings; i++)
+      ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_HEALTHY);
+    ck_assert_ptr_nonnull(strstr(d.findings[0].evidence[0], killed ? "not closed" : "closed with 0"));
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_json_has_no_nan) {
   const char *p = tmp_path("json");
   tb t;
@@ -1136,6 +1170,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_fp32_divergence_is_lr);
   tcase_add_test(tc, test_falling_loss_is_not_lr);
   tcase_add_test(tc, test_killed_writer);
+  tcase_add_test(tc, test_no_steps_is_not_healthy);
   tcase_add_test(tc, test_json_has_no_nan);
   tcase_add_test(tc, test_text_escape);
   tcase_add_test(tc, test_hostile_names);
