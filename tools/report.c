@@ -977,7 +977,8 @@ static void set_notes(trace_set *s) {
     if (s->scan && s->scan[i].state == 2)
       add_note(w, "its steps could not be read: %s", s->scan[i].err);
     if (!e->complete) add_note(w, "incomplete (writer did not close it)");
-    if (R->stopped_first >= 0 && e == &R->entries[R->stopped_first])
+    if (R->stopped_first >= 0 && e == &R->entries[R->stopped_first] &&
+        !probe_ranks_stopped_tie(R))
       add_note(w, "stopped first: last step %lld of %lld",
                (long long)e->last_step, (long long)R->max_last_step);
     if (R->first >= 0 && e == &R->entries[R->first]) {
@@ -1043,7 +1044,8 @@ static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
                                                          : e->last_step);
     for (int c = 1; c < 4; c++)
       probe_rankmap_count_add(*map, (probe_rank_cell)c, s->scan[i].count[c]);
-    if (s->R.stopped_first >= 0 && e == &s->R.entries[s->R.stopped_first])
+    if (s->R.stopped_first >= 0 && e == &s->R.entries[s->R.stopped_first] &&
+        !probe_ranks_stopped_tie(&s->R))
       probe_rankmap_mark_stop(*map, i);
     if (s->R.first >= 0 && e == &s->R.entries[s->R.first])
       probe_rankmap_mark_first(*map, i, s->R.event_step);
@@ -1085,6 +1087,8 @@ static int set_choose(const trace_set *s, int64_t want, const char **why) {
     if (want < 0 && s->R.focus >= 0 && e == &s->R.entries[s->R.focus]) {
       *why = s->R.first >= 0 ? "the rank of the job's first inf/NaN"
              : s->R.first_loss >= 0 ? "the rank of the first non-finite loss"
+             : s->R.stopped_first >= 0 && probe_ranks_stopped_tie(&s->R)
+                 ? "every rank stopped at the same step: the first read"
              : s->R.stopped_first >= 0 ? "the rank that stopped first"
                                        : "no rank stands out: the first read";
       return i;
@@ -1125,7 +1129,11 @@ static int set_summary(const trace_set *s, char *head, size_t hn,
                       "%lld not closed\n",
                    (long long)R->n_read, (long long)R->n_missing,
                    (long long)R->n_unreadable, (long long)R->n_incomplete);
-  if (R->stopped_first >= 0) {
+  if (R->stopped_first >= 0 && probe_ranks_stopped_tie(R)) {
+    probe_buf_printf(b, "every rank stopped at step %lld without closing its "
+                        "trace: cannot tell which stopped first\n",
+                     (long long)R->entries[R->stopped_first].last_step);
+  } else if (R->stopped_first >= 0) {
     const probe_rank_entry *e = &R->entries[R->stopped_first];
     probe_buf_printf(b, "rank %d stopped first: last step %lld, the others "
                         "went on to %lld\n",
@@ -1134,6 +1142,9 @@ static int set_summary(const trace_set *s, char *head, size_t hn,
   }
   if (R->origin != PROBE_RANKS_ORIGIN_NONE && R->origin_text[0])
     snprintf(head, hn, "%s", R->origin_text);
+  else if (R->stopped_first >= 0 && probe_ranks_stopped_tie(R))
+    snprintf(head, hn, "every rank stopped after step %lld (not closed)",
+             (long long)R->entries[R->stopped_first].last_step);
   else if (R->stopped_first >= 0)
     snprintf(head, hn, "rank %d stopped first, after step %lld",
              (int)R->entries[R->stopped_first].rank,

@@ -586,7 +586,10 @@ typedef struct probe_ranks {
                                           carried ranks got it, -1 none */
   int32_t first_loss;      /* entry with the earliest non-finite loss, -1 */
 
-  /* ---- a killed rank: the incomplete trace with the fewest steps */
+  /* ---- a killed rank: the incomplete trace with the fewest steps (when
+   * every rank read stopped at the same step, the first of them:
+   * probe_ranks_stopped_tie says so, and which stopped first cannot be
+   * told) */
   int32_t stopped_first;   /* entry index, -1 when every trace is complete */
   int64_t max_last_step;   /* the furthest any rank got */
 
@@ -621,6 +624,11 @@ AMPPROBE_API probe_status probe_ranks_run(probe_ranks *r,
                                           size_t n_paths,
                                           const probe_ranks_options *opt);
 AMPPROBE_API void probe_ranks_free(probe_ranks *r);
+
+/* 1 when more than one rank was read and every one of them stopped at the
+ * same step without closing its trace: stopped_first is then only the
+ * first of them, not the one that stopped first (which cannot be told). */
+AMPPROBE_API int probe_ranks_stopped_tie(const probe_ranks *r);
 
 /* Text (`ampprobe postmortem DIR`) and JSON (`--json`; "verdict" first),
  * malloc'd, free with probe_free. */

@@ -461,6 +461,16 @@ static void assign_roles(probe_ranks *r) {
   r->origin = r->n_born ? PROBE_RANKS_ORIGIN_RANK : PROBE_RANKS_ORIGIN_ALLREDUCE;
 }
 
+int probe_ranks_stopped_tie(const probe_ranks *r) {
+  if (!r || r->stopped_first < 0 || r->n_read < 2) return 0;
+  int64_t at = r->entries[r->stopped_first].last_step;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status == PROBE_RANK_READ && (e->complete || e->last_step != at)) return 0;
+  }
+  return 1;
+}
+
 /* ---- the focus rank's full post-mortem ----------------------------------- */
 
 static int32_t pick_focus(const probe_ranks *r) {

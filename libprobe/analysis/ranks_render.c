@@ -173,7 +173,7 @@ static void text_faults(const probe_ranks *r, FILE *f) {
       snprintf(at, sizeof at, "before its first step");
     else
       snprintf(at, sizeof at, "at step %lld", (long long)s->last_step);
-    if (tied == r->n_read && r->n_read > 1)
+    if (probe_ranks_stopped_tie(r))
       fprintf(f, "stopped           every rank stopped %s without closing "
                  "its trace: cannot tell which stopped first\n",
               at);
@@ -389,8 +389,13 @@ static void json_stopped(probe__jw *w, const probe_ranks *r) {
     return;
   }
   const probe_rank_entry *s = &r->entries[r->stopped_first];
+  int tie = probe_ranks_stopped_tie(r);
   probe__jw_obj(w, "stopped_first");
-  probe__jw_int(w, "rank", s->rank);
+  if (tie) /* every rank stopped at that step: which was first is unknown */
+    probe__jw_null(w, "rank");
+  else
+    probe__jw_int(w, "rank", s->rank);
+  probe__jw_bool(w, "tie", tie);
   probe__jw_step(w, "last_step", s->last_step);
   probe__jw_step(w, "furthest_step", r->max_last_step);
   probe__jw_arr(w, "not_closed");

@@ -818,6 +818,27 @@ START_TEST(test_killed_rank) {
   t = ranks_text(&r);
   ck_assert_msg(strstr(t, "cannot tell which stopped first"), "%s", t);
   probe_free(t);
+  /* and the JSON does not name a rank the text says it cannot tell */
+  ck_assert_int_eq(probe_ranks_stopped_tie(&r), 1);
+  doc = ranks_json(&r);
+  s = json_object_get(doc, "stopped_first");
+  ck_assert(json_is_null(json_object_get(s, "rank")));
+  ck_assert(json_is_true(json_object_get(s, "tie")));
+  ck_assert_int_eq(json_integer_value(json_object_get(s, "last_step")),
+                   r.entries[r.stopped_first].last_step);
+  json_decref(doc);
+  probe_ranks_free(&r);
+  /* one rank closed, the others tied: no tie (the closed one went on) */
+  job_init(&j, "killedtwo", 3, 12);
+  j.f[0].kill_after = j.f[1].kill_after = 6;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(probe_ranks_stopped_tie(&r), 0);
+  doc = ranks_json(&r);
+  s = json_object_get(doc, "stopped_first");
+  ck_assert(json_is_false(json_object_get(s, "tie")));
+  ck_assert_int_eq(json_integer_value(json_object_get(s, "rank")), 0);
+  json_decref(doc);
   probe_ranks_free(&r);
 }
 END_TEST
