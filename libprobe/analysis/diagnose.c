@@ -732,8 +732,10 @@ static void silent_faults(walker *w, probe_diag_layer *dl, const layer_step *l,
   }
 }
 
+/* loss_nf: the step's loss is not finite; its layers' faults are then not
+ * silent (they reached the loss) and are not counted as such. */
 static void update_layers(walker *w, const probe_record *r, size_t n,
-                          int64_t step) {
+                          int64_t step, int loss_nf) {
   probe_diag *d = w->d;
   int64_t nl = d->n_layers;
   /* history + headroom + underflow, per layer */
@@ -788,7 +790,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
     for (size_t i = 0; i < n; i++)
       if (r[i].layer == li && stats_nonfinite(&r[i].stats)) nf = 1;
     if (nf) dl->nonfinite_steps++;
-    if (step >= d->warmup_end) silent_faults(w, dl, l, r, step);
+    if (step >= d->warmup_end && !loss_nf) silent_faults(w, dl, l, r, step);
   }
   /* weights: largest |w| of any layer at this step */
   double wmax = NAN;
@@ -898,7 +900,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   int loss_nf = sc && !PROBE__UNMEASURED(sc, PROBE__SC_LOSS) &&
                 !isfinite(sc->loss);
   compare_clip_norm(w, r, n, sc);
-  update_layers(w, r, n, step);
+  update_layers(w, r, n, step, loss_nf);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
   if (!any_nf) return;
 

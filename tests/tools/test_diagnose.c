@@ -423,6 +423,34 @@ START_TEST(test_linear_overflow_nan_downstream) {
 }
 END_TEST
 
+/* Forward inf/NaN in steps whose loss is non-finite is the event spreading,
+ * not a silent fault ("held inf/NaN while the loss stayed finite" was said
+ * of runs whose loss was NaN at every such step: unseen-model audit). */
+START_TEST(test_nonfinite_loss_steps_are_not_silent) {
+  const char *p = tmp_path("notsilent");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 40; s++) {
+    spec sp = {.lin_out_inf = s >= 25};
+    scal sc = clean(1.0, 1024);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event_step, 25);
+  ck_assert_int_eq(d.silent_layer, -1);
+  ck_assert_int_eq(d.silent_layers, 0);
+  for (int i = 0; i < d.n_findings; i++)
+    ck_assert_msg(!strstr(d.findings[i].title, "silent") &&
+                      !strstr(d.findings[i].title, "stayed finite"),
+                  "finding %d: %s", i, d.findings[i].title);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_DIVERGED);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 START_TEST(test_warmup_backoffs_are_healthy) {
   const char *p = tmp_path("warm");
   tb t;
@@ -1162,6 +1190,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_input_nan);
   tcase_add_test(tc, test_linear_overflow_nan_downstream);
   tcase_add_test(tc, test_warmup_backoffs_are_healthy);
+  tcase_add_test(tc, test_nonfinite_loss_steps_are_not_silent);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
