@@ -503,6 +503,21 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
     bound = (double)in->absmax * (double)in->absmax;
   int can_overflow = !(bound < (double)PROBE_F16_MAX); /* NaN: cannot tell */
   if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */
+  /* An FP16 layer whose input (recorded as it arrived, before the cast)
+   * holds finite values beyond FP16's range: they are inf once cast. The
+   * overflow happened upstream, in code between modules that no record
+   * covers (a residual add, a matmul outside a module). */
+  if (in && in->f16_overflow > 0 &&
+      d->layers[o->layer].info.precision == PROBE_DTYPE_F16) {
+    *kind = PROBE_DIAG_EVENT_OVERFLOW;
+    snprintf(ev, evl,
+             "its input was already beyond FP16's range when it arrived: "
+             "%llu finite values >= 65520 (absmax %.6g) are inf once cast to "
+             "FP16; they were made upstream, in code between modules that is "
+             "not recorded (a residual add, an op outside any module)",
+             (unsigned long long)in->f16_overflow, (double)in->absmax);
+    return;
+  }
   if ((out_inf || saved_inf) && in_zero && flushed &&
       can_make_inf_from_zero(d, lkind) && !can_overflow) {
     *kind = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;

@@ -92,12 +92,20 @@ static void render_text(const probe_diag *d, FILE *f) {
               (unsigned long long)d->origin_out.neginf_count,
               (unsigned long long)d->origin_out.count);
       if (d->have_origin_in) {
-        fmt_num(a, sizeof a, d->origin_in.absmax);
-        fprintf(f, "  its input   finite: absmax %s, %llu zeros, %llu "
-                   "would flush in FP16, of %llu\n",
-                a, (unsigned long long)d->origin_in.zero_count,
-                (unsigned long long)d->origin_in.f16_flush,
-                (unsigned long long)d->origin_in.count);
+        const probe_stats *in = &d->origin_in;
+        fmt_num(a, sizeof a, in->absmax);
+        if (probe_stats_nonfinite(in))
+          fprintf(f, "  its input   %llu NaN, %llu inf; finite absmax %s, of "
+                     "%llu\n",
+                  (unsigned long long)in->nan_count,
+                  (unsigned long long)(in->posinf_count + in->neginf_count), a,
+                  (unsigned long long)in->count);
+        else
+          fprintf(f, "  its input   finite: absmax %s, %llu zeros, %llu "
+                     "would flush in FP16, of %llu\n",
+                  a, (unsigned long long)in->zero_count,
+                  (unsigned long long)in->f16_flush,
+                  (unsigned long long)in->count);
       }
       if (d->event_evidence[0])
         fprintf(f, "  evidence    %s\n", d->event_evidence);

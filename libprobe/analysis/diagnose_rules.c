@@ -64,6 +64,7 @@
 #define SCORE_SCALE_COLLAPSE_EVENT 60
 #define SCORE_LOSS_ONLY 50
 #define SCORE_NO_STEPS 100
+#define SCORE_NOT_PRECISION 95
 #define SCORE_HEALTHY 0
 
 /* ---- context ---------------------------------------------------------------- */
@@ -421,6 +422,31 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
              c->run_fp32);
 }
 
+/* not-precision: every layer ran in FP32, a layer made inf/NaN and the run
+ * did not diverge (the lr signature did not fire): the op itself makes it
+ * (0/0, sqrt or log of 0, an eps of 0), whatever the precision. */
+static int when_not_precision(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return d->fp32_run && c->has_event && !c->lr_signature &&
+         d->origin_layer >= 0 && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
+         d->event != PROBE_DIAG_EVENT_NONE;
+}
+static double score_not_precision(const rank_ctx *c) { (void)c; return SCORE_NOT_PRECISION; }
+static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "'%s' (%s) made inf/NaN in FP32: not a precision problem",
+            c->oname, kind_of(d, d->origin_layer));
+  add_evidence(f, "every layer ran in FP32; step %lld, %s, %s: %s",
+               (long long)d->event_step, probe_phase_name(d->event_phase),
+               probe_site_name(d->origin_site), probe_diag_event_desc(d->event));
+  if (d->first_nonfinite_loss_step < 0)
+    add_evidence(f, "the loss stayed finite");
+  set_next(f, "look at what '%s' computes at step %lld (a 0/0, a sqrt or log "
+              "of 0, an eps that is 0, in its %s); forcing layers to FP32 will "
+              "not help",
+           c->oname, (long long)d->event_step, probe_phase_name(d->event_phase));
+}
+
 /* force-fp32 (event): the first non-finite value was made in FP16. */
 static int when_event(const rank_ctx *c) {
   const probe_diag *d = c->d;
@@ -467,7 +493,7 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                probe_phase_name(d->event_phase),
                probe_diag_event_desc(d->event));
   if (d->event_evidence[0]) add_evidence(f, "%s", d->event_evidence);
-  else if (d->have_origin_in)
+  else if (d->have_origin_in && !probe_stats_nonfinite(&d->origin_in))
     add_evidence(f, "its input was finite (absmax %.4g, %llu zeros) and its "
                     "%s holds %llu NaN, %llu inf",
                  d->origin_in.absmax,
@@ -739,6 +765,8 @@ static const rule RULES[] = {
      explain_lr},
     {"fp16-event", PROBE_DIAG_FINDING_FORCE_FP32, when_event, score_event,
      explain_event},
+    {"fp32-event", PROBE_DIAG_FINDING_NOT_PRECISION, when_not_precision,
+     score_not_precision, explain_not_precision},
     {"allreduce-event", PROBE_DIAG_FINDING_FIX_ALLREDUCE, when_allreduce,
      score_allreduce, explain_allreduce},
     {"silent-fault", PROBE_DIAG_FINDING_FORCE_FP32, when_silent, score_silent,
@@ -786,7 +814,13 @@ void probe__diag_rank(probe_diag *d) {
                   ? d->master_absmax_last / d->master_absmax_first
                   : NAN;
   int weights_grew = isfinite(c.wgrowth) && c.wgrowth >= LR_WEIGHT_GROWTH;
-  c.lr_signature = c.has_event && (d->fp32_run || (loss_climb && weights_grew));
+  /* FP32: a divergence (loss or weights non-finite), not any NaN (a 0/0
+   * in FP32 whose loss stayed finite is not-precision); never a NaN of the
+   * input data (clean-input says it). */
+  int fp32_diverged = d->fp32_run && (d->first_nonfinite_loss_step >= 0 ||
+                                      d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE);
+  c.lr_signature = c.has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
+                   (fp32_diverged || (loss_climb && weights_grew));
 
   d->n_findings = 0;
   for (size_t i = 0; i < sizeof RULES / sizeof RULES[0]; i++) {

@@ -40,6 +40,8 @@ typedef struct spec {
   int sm_zeros;     /* softmax output underflows to zero, loss is inf */
   int grad_inf;     /* lin1's weight gradient overflows (backward only) */
   float weight_mag; /* |w| of lin1 */
+  int keep_loss;    /* the loss stays finite whatever flows (a NaN that
+                       does not reach it) */
 } spec;
 
 typedef struct scal {
@@ -155,7 +157,7 @@ static void tb_step(tb *t, int64_t step, const spec *sp, const scal *sc) {
   rec(t, L_LIN, PROBE_SITE_WEIGHT_GRAD, g, gn, sp->grad_inf ? 2 : 0, 0);
   probe_step_scalars s;
   memset(&s, 0, sizeof s);
-  s.loss = sp->sm_zeros ? INFINITY : (bad ? NAN : sc->loss);
+  s.loss = sp->keep_loss ? sc->loss : sp->sm_zeros ? INFINITY : (bad ? NAN : sc->loss);
   s.loss_scale = sc->scale;
   s.found_inf = sc->found_inf || bad || sp->grad_inf;
   s.skipped = sc->skipped || s.found_inf;
@@ -446,6 +448,120 @@ START_TEST(test_nonfinite_loss_steps_are_not_silent) {
                       !strstr(d.findings[i].title, "stayed finite"),
                   "finding %d: %s", i, d.findings[i].title);
   ck_assert_int_eq(d.verdict, PROBE_VERDICT_DIVERGED);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+static int has_finding(const probe_diag *d, probe_diag_finding_id id) {
+  for (int i = 0; i < d->n_findings; i++)
+    if (d->findings[i].id == id) return 1;
+  return 0;
+}
+
+/* An FP16 layer whose input arrives (recorded before the cast) already
+ * beyond FP16's range: the overflow was upstream, between modules, not in
+ * the layer's product (a residual stream that grew: unseen-model audit). */
+START_TEST(test_input_beyond_fp16_range) {
+  const char *p = tmp_path("beyond");
+  tb t;
+  tb_open(&t, p, 0);
+  for (int s = 0; s < 6; s++) {
+    spec sp = {.in_mag = s == 4 ? 70000.0f : 10.0f, .lin_out_inf = s == 4};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event_step, 4);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_OVERFLOW);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "enc.lin1");
+  ck_assert_msg(strstr(d.event_evidence, "already beyond FP16's range") &&
+                    strstr(d.event_evidence, "between modules"),
+                "%s", d.event_evidence);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* FP32 runs: a NaN whose loss stays finite is "not-precision", not a
+ * divergence at "step -1"; an input NaN is clean-input alone, not also
+ * lower-lr (unseen-model audit: two wrong FP32 controls). */
+START_TEST(test_fp32_events) {
+  const char *p = tmp_path("fp32ev");
+  for (int c = 0; c < 2; c++) {
+    tb t;
+    tb_open(&t, p, 1);
+    for (int s = 0; s < 40; s++) {
+      spec sp = {.lin_out_inf = c == 0 && s >= 30, .keep_loss = c == 0,
+                 .input_nan = c == 1 && s == 20};
+      scal sc = clean(1.0, 1.0);
+      tb_step(&t, s, &sp, &sc);
+    }
+    ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.fp32_run, 1);
+    ck_assert(!has_finding(&d, PROBE_DIAG_FINDING_LOWER_LR));
+    if (c == 0) {
+      ck_assert_int_eq(d.first_nonfinite_loss_step, -1);
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_NOT_PRECISION);
+      ck_assert_msg(strstr(d.findings[0].title, "enc.lin1") &&
+                        strstr(d.findings[0].title, "not a precision problem"),
+                    "%s", d.findings[0].title);
+      ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+    } else {
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
+      ck_assert(!has_finding(&d, PROBE_DIAG_FINDING_NOT_PRECISION));
+    }
+    for (int i = 0; i < d.n_findings; i++)
+      for (int k = 0; k < PROBE_DIAG_MAX_EVIDENCE; k++)
+        ck_assert_msg(!strstr(d.findings[i].evidence[k], "step -1"), "%s",
+                      d.findings[i].evidence[k]);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
+/* An origin whose recorded input holds NaN (nothing upstream recorded it
+ * being made) is not described as having a finite input. */
+START_TEST(test_nonfinite_input_not_called_finite) {
+  const char *p = tmp_path("nfin");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  int32_t id;
+  ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_OK);
+  float x[N];
+  for (int step = 0; step < 3; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) x[i] = 0.5f + (float)i;
+    if (step == 2) x[0] = x[1] = NAN;
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    probe_step_scalars sc = {.loss = step == 2 ? NAN : 1.0, .loss_scale = 1.0};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.have_origin_in, 1);
+  ck_assert_uint_eq(d.origin_in.nan_count, 2);
+  char *text = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+  ck_assert_msg(!strstr(text, "its input   finite"), "%s", text);
+  ck_assert_msg(strstr(text, "its input   2 NaN"), "%s", text);
+  for (int i = 0; i < d.n_findings; i++)
+    for (int k = 0; k < PROBE_DIAG_MAX_EVIDENCE; k++)
+      ck_assert_msg(!strstr(d.findings[i].evidence[k], "its input was finite"), "%s",
+                    d.findings[i].evidence[k]);
+  probe_free(text);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -1191,6 +1307,9 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_linear_overflow_nan_downstream);
   tcase_add_test(tc, test_warmup_backoffs_are_healthy);
   tcase_add_test(tc, test_nonfinite_loss_steps_are_not_silent);
+  tcase_add_test(tc, test_input_beyond_fp16_range);
+  tcase_add_test(tc, test_fp32_events);
+  tcase_add_test(tc, test_nonfinite_input_not_called_finite);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
