@@ -124,6 +124,18 @@ static void add_candidate(char *list, size_t len, const char *kind) {
 
 static void fmt_loss(char *b, size_t n, double x) { probe_num_format(b, n, x, 4); }
 
+/* A layer name bisect can take as a candidate glob and a shell can take
+ * unquoted in the suggested command: [A-Za-z0-9._-], at most 60 bytes. */
+static int name_is_candidate(const char *s) {
+  size_t n = 0;
+  for (; s[n]; n++)
+    if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') ||
+          (s[n] >= '0' && s[n] <= '9') || s[n] == '.' || s[n] == '_' ||
+          s[n] == '-'))
+      return 0;
+  return n > 0 && n <= 60;
+}
+
 static int layer_is_fp32(const probe_diag *d, int32_t id) {
   return id >= 0 && id < d->n_layers &&
          d->layers[id].info.precision == PROBE_DTYPE_F32;
@@ -159,6 +171,19 @@ static void run_args(rank_ctx *c) {
            c->args);
 }
 
+/* A layer as a candidate: its kind, or for a kind bisect cannot select
+ * (`other`: a custom module) its name, when that is a safe glob. */
+static void add_layer_candidate(char *cl, size_t cn, const probe_diag *d,
+                                int32_t id) {
+  if (id < 0 || id >= d->n_layers) return;
+  if (d->layers[id].info.kind == PROBE_KIND_OTHER) {
+    if (name_is_candidate(d->layers[id].info.name))
+      add_candidate(cl, cn, d->layers[id].info.name);
+    return;
+  }
+  add_candidate(cl, cn, kind_of(d, id));
+}
+
 /* Candidates to keep in FP32: what the run already kept, the origin's kind
  * (or, when the origin already runs in FP32, the FP16 layer that fed it
  * zeros), other layers that were origins, silent-fault layers, and
@@ -178,17 +203,17 @@ static void candidates(rank_ctx *c) {
   if (d->origin_layer >= 0) {
     if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
         !layer_is_fp32(d, d->feeder_layer))
-      add_candidate(cl, cn, kind_of(d, d->feeder_layer));
+      add_layer_candidate(cl, cn, d, d->feeder_layer);
     if (!layer_is_fp32(d, d->origin_layer))
-      add_candidate(cl, cn, kind_of(d, d->origin_layer));
+      add_layer_candidate(cl, cn, d, d->origin_layer);
   }
   for (int64_t i = 0; i < d->n_layers; i++)
     if (d->layers[i].origin_steps > 0 && i != d->origin_layer &&
         !layer_is_fp32(d, (int32_t)i))
-      add_candidate(cl, cn, kind_of(d, (int32_t)i));
+      add_layer_candidate(cl, cn, d, (int32_t)i);
   for (int64_t i = 0; i < d->n_layers; i++)
     if (d->layers[i].collapse.steps > 0 && !layer_is_fp32(d, (int32_t)i))
-      add_candidate(cl, cn, kind_of(d, (int32_t)i));
+      add_layer_candidate(cl, cn, d, (int32_t)i);
   for (int64_t i = 0; i < d->n_layers; i++) {
     int k = d->layers[i].info.kind;
     int sensitive = k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||

@@ -567,6 +567,53 @@ START_TEST(test_nonfinite_input_not_called_finite) {
 }
 END_TEST
 
+/* A custom module (kind other) that overflows is a bisect candidate by its
+ * name - bisect cannot select the kind `other` - when the name is a safe
+ * glob; it was dropped, and bisect got only the other kinds, which could
+ * not fix it (unseen-model audit). */
+START_TEST(test_custom_module_is_a_candidate_by_name) {
+  const char *p = tmp_path("custom");
+  static const char *const names[] = {"enc.act_1", "my act;rm -rf"};
+  for (int c = 0; c < 2; c++) {
+    probe_options o;
+    probe_options_init(&o);
+    o.mode = PROBE_MODE_FULL;
+    o.overwrite = 1;
+    o.precision_policy = "fp16";
+    probe_session *s = NULL;
+    ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+    int32_t lin, act;
+    ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &lin),
+                     PROBE_OK);
+    ck_assert_int_eq(probe_layer_register(s, names[c], PROBE_KIND_OTHER, PROBE_DTYPE_F16, &act),
+                     PROBE_OK);
+    float x[N], y[N];
+    for (int step = 0; step < 4; step++) {
+      ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+      for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
+      if (step == 3) y[0] = y[1] = INFINITY; /* exp() of a finite input */
+      ck_assert_int_eq(probe_tensor_record(s, lin, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
+      ck_assert_int_eq(probe_tensor_record(s, act, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+      ck_assert_int_eq(probe_tensor_record(s, act, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, y, N), PROBE_OK);
+      probe_step_scalars sc = {.loss = step == 3 ? INFINITY : 1.0, .loss_scale = 1024.0};
+      ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+      ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    }
+    ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), names[c]);
+    if (c == 0)
+      ck_assert_msg(strstr(d.fp32_candidates, "enc.act_1"), "'%s'", d.fp32_candidates);
+    else
+      ck_assert_msg(!strstr(d.fp32_candidates, "rm"), "'%s'", d.fp32_candidates);
+    ck_assert_msg(!strstr(d.fp32_candidates, "other"), "'%s'", d.fp32_candidates);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_warmup_backoffs_are_healthy) {
   const char *p = tmp_path("warm");
   tb t;
@@ -1310,6 +1357,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_input_beyond_fp16_range);
   tcase_add_test(tc, test_fp32_events);
   tcase_add_test(tc, test_nonfinite_input_not_called_finite);
+  tcase_add_test(tc, test_custom_module_is_a_candidate_by_name);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
