@@ -473,6 +473,8 @@ static int inputs_nonfinite(const layer_step *l, const probe_record *r,
  * output; for a normalisation absmax(x)^2 < 65504, its sum of squares per
  * element). Otherwise the inf is an overflow of the product or of the
  * saved reduction. */
+#define DIAG_BF16_MAX 3.3895313892515355e38 /* largest finite bfloat16 */
+
 static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
                              size_t n, const probe_record *o,
                              const layer_step *l, int lkind,
@@ -501,7 +503,12 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
     bound = sqrt(r[l->weight].stats.sumsq) * (sqrt(in->sumsq) + 1.0);
   else if (in && is_norm_kind(lkind) && isfinite(in->absmax))
     bound = (double)in->absmax * (double)in->absmax;
-  int can_overflow = !(bound < (double)PROBE_F16_MAX); /* NaN: cannot tell */
+  /* the largest finite value of the layer's precision: BF16 has FP32's
+   * range, so the same bound that overflows FP16 may not overflow it */
+  int is_bf16 = d->layers[o->layer].info.precision == PROBE_DTYPE_BF16;
+  double pmax = is_bf16 ? DIAG_BF16_MAX : (double)PROBE_F16_MAX;
+  const char *plabel = is_bf16 ? "BF16" : "FP16";
+  int can_overflow = !(bound < pmax); /* NaN: cannot tell */
   if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */
   /* An FP16 layer whose input (recorded as it arrived, before the cast)
    * holds finite values beyond FP16's range: they are inf once cast. The
@@ -524,15 +531,15 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
     snprintf(ev, evl,
              "its input held %llu zeros that came from flushing (%s) and a "
              "%s can turn a zero into inf; its inputs' magnitudes cannot "
-             "overflow FP16 (bound %.3g < 65504)",
+             "overflow %s (bound %.3g < %.6g)",
              (unsigned long long)in->zero_count,
              in->f16_flush > 0 ? "values at or below 2^-25 in its input"
              : (feeder_kind == PROBE_KIND_SOFTMAX ||
                 feeder_kind == PROBE_KIND_ATTENTION)
                  ? "fed by a softmax, whose outputs are zero only by underflow"
                  : "subnormal values beside the zeros",
-             lkind == PROBE_KIND_LOSS ? "log" : "division or 1/sqrt",
-             isfinite(bound) ? bound : 0.0);
+             lkind == PROBE_KIND_LOSS ? "log" : "division or 1/sqrt", plabel,
+             isfinite(bound) ? bound : 0.0, pmax);
     return;
   }
   if (saved_inf || rec_nf(r, l->fwd_saved)) {
@@ -546,9 +553,21 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
   }
   if (isfinite(bound) && can_overflow)
     snprintf(ev, evl,
-             "its inputs' magnitudes can overflow FP16: %s %.3g >= 65504%s",
+             "its inputs' magnitudes can overflow %s: %s %.3g >= %.6g%s", plabel,
              is_norm_kind(lkind) ? "absmax(x)^2 =" : "||W||*(||x||+1) =", bound,
-             in_zero ? " (the zeros in its input do not explain it)" : "");
+             pmax, in_zero ? " (the zeros in its input do not explain it)" : "");
+  else if (!out_inf && !saved_inf && *kind == PROBE_DIAG_EVENT_INF_ARITH_NAN &&
+           in && !probe_stats_nonfinite(in))
+    snprintf(ev, evl,
+             "its output holds NaN and no inf while its input is finite "
+             "(absmax %.4g): its op made the NaN itself (0/0, inf-inf, or a "
+             "sqrt or log of a negative value)",
+             (double)in->absmax);
+  else if (in_zero && lkind == PROBE_KIND_OTHER)
+    snprintf(ev, evl,
+             "its input holds %llu zeros; whether this custom module (kind "
+             "other) can make inf from a zero (a division, a log) is unknown",
+             (unsigned long long)in->zero_count);
   else if (in_zero && !can_make_inf_from_zero(d, lkind))
     snprintf(ev, evl,
              "a %s cannot turn the %llu zeros of its input into inf: the "

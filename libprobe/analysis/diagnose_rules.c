@@ -141,6 +141,16 @@ static int layer_is_fp32(const probe_diag *d, int32_t id) {
          d->layers[id].info.precision == PROBE_DTYPE_F32;
 }
 
+/* "FP16", "BF16" or "FP32": the precision a layer ran in. */
+static const char *prec_label(const probe_diag *d, int32_t id) {
+  if (id < 0 || id >= d->n_layers) return "FP16";
+  switch (d->layers[id].info.precision) {
+  case PROBE_DTYPE_BF16: return "BF16";
+  case PROBE_DTYPE_F32: return "FP32";
+  default: return "FP16";
+  }
+}
+
 static const char *kind_of(const probe_diag *d, int32_t id) {
   return id >= 0 && id < d->n_layers
              ? probe_kind_name((probe_kind)d->layers[id].info.kind)
@@ -502,8 +512,8 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                           ? d->fp32_candidates
                           : (target >= 0 ? kind_of(d, target) : NULL);
   if (target == d->origin_layer)
-    set_title(f, "FP16 %s in '%s' (%s): keep it in FP32",
-              probe_diag_event_name(d->event), c->oname, okind);
+    set_title(f, "%s %s in '%s' (%s): keep it in FP32",
+              prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
   else if (target >= 0)
     set_title(f, "FP16 %s: '%s' (%s) underflowed to zero in FP16 and '%s' "
                  "(%s, FP32) turned it into inf: keep '%s' in FP32",
@@ -570,9 +580,9 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag_layer *l = &d->layers[s];
   const probe_diag_collapse *k = &l->collapse;
   if (k->steps > 0)
-    set_title(f, "'%s' (%s) collapsed in FP16 after warm-up: its output no "
+    set_title(f, "'%s' (%s) collapsed in %s after warm-up: its output no "
                  "longer depends on its input (the loss stayed finite)",
-              l->display, kind_of(d, s));
+              l->display, kind_of(d, s), prec_label(d, s));
   else
     set_title(f, "'%s' (%s) held inf/NaN in the forward pass after warm-up "
                  "while the loss stayed finite",
@@ -593,10 +603,10 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
                    (unsigned long long)k->saved_zero,
                    (unsigned long long)k->saved_count);
     else if (k->saved_zero)
-      add_evidence(f, "its FP16 variance is exactly 0 in %llu of %llu "
+      add_evidence(f, "its %s variance is exactly 0 in %llu of %llu "
                       "features while its input varies: precision lost, "
                       "those outputs are the bias",
-                   (unsigned long long)k->saved_zero,
+                   prec_label(d, s), (unsigned long long)k->saved_zero,
                    (unsigned long long)k->saved_count);
     if (isfinite(k->out_var))
       add_evidence(f, "output variance %.3g against input variance %.3g "
@@ -619,10 +629,15 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
 }
 
 /* enable-loss-scaling: gradients flush to zero without loss scaling. */
+/* A scale below 1 shrinks the gradients instead of lifting them: loss
+ * scaling is then as good as off (or worse). */
+static int scale_too_small(const probe_diag *d) {
+  return d->scaling_on && isfinite(d->scale_last) && d->scale_last < 1.0;
+}
 static int when_scaling(const rank_ctx *c) {
   const probe_diag *d = c->d;
-  return !d->scaling_on && !c->has_event && !d->fp32_run &&
-         d->worst_underflow_layer >= 0 &&
+  return (!d->scaling_on || scale_too_small(d)) && !c->has_event &&
+         !d->fp32_run && d->worst_underflow_layer >= 0 &&
          d->worst_underflow_frac >= UNDERFLOW_FRAC;
 }
 static double score_scaling(const rank_ctx *c) { (void)c; return SCORE_LOSS_SCALING; }
@@ -630,11 +645,18 @@ static void explain_scaling(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
   const probe_diag_layer *wl = &d->layers[d->worst_underflow_layer];
   char b1[32], b2[32];
-  set_title(f, "gradients underflow in FP16 without loss scaling");
-  add_evidence(f, "%s", d->scaling_from_config
-                            ? "loss scaling is off (the run's config)"
-                            : "loss scaling is off (loss_scale 1 at every "
-                              "step)");
+  if (scale_too_small(d)) {
+    set_title(f, "gradients underflow in FP16: the loss scale is below 1");
+    add_evidence(f, "loss scale %.6g at the end (%.6g at the start): it "
+                    "shrinks the gradients instead of lifting them",
+                 d->scale_last, d->scale_first);
+  } else {
+    set_title(f, "gradients underflow in FP16 without loss scaling");
+    add_evidence(f, "%s", d->scaling_from_config
+                              ? "loss scaling is off (the run's config)"
+                              : "loss scaling is off (loss_scale 1 at every "
+                                "step)");
+  }
   uint64_t c0 = wl->grad_count[0], c1 = wl->grad_count[1];
   char f0[16] = "n/a", f1[16] = "n/a";
   if (c0)

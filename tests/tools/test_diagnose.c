@@ -614,6 +614,65 @@ START_TEST(test_custom_module_is_a_candidate_by_name) {
 }
 END_TEST
 
+/* One layer of kind `kind` in `prec`, input finite (absmax ~16), whose
+ * output (and saved value, for a norm) holds NaN and no inf at step 3. */
+static void nan_only_trace(const char *p, probe_kind kind, probe_dtype prec) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.overwrite = 1;
+  o.precision_policy = prec == PROBE_DTYPE_BF16 ? "bf16" : "fp16";
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  int32_t id;
+  ck_assert_int_eq(probe_layer_register(s, "blk.norm", kind, prec, &id), PROBE_OK);
+  float x[N], y[N];
+  for (int step = 0; step < 4; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
+    if (step == 3) y[0] = y[5] = NAN;
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    if (kind == PROBE_KIND_LAYERNORM)
+      ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_SAVED, PROBE_DTYPE_F32, y, N),
+                       PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, y, N), PROBE_OK);
+    probe_step_scalars sc = {.loss = step == 3 ? NAN : 1.0, .loss_scale = 1.0};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+/* A BF16 layer is judged against BF16's range and named BF16 (a bf16
+ * cancellation was "FP16 ...: absmax^2 >= 65504 can overflow FP16"); a
+ * NaN-only output from a finite input is a NaN the op made, not "the
+ * values overflowed" (unseen-model audit). */
+START_TEST(test_precision_and_nan_only_evidence) {
+  const char *p = tmp_path("bf16nan");
+  const struct { probe_kind kind; probe_dtype prec; const char *label; } cases[] = {
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, "BF16"},
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F16, "FP16"},
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_F16, "FP16"}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    nan_only_trace(p, cases[c].kind, cases[c].prec);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.event_step, 3);
+    ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_INF_ARITH_NAN);
+    ck_assert_msg(strncmp(d.findings[0].title, cases[c].label, 4) == 0, "case %zu: %s", c,
+                  d.findings[0].title);
+    ck_assert_msg(!strstr(d.event_evidence, "overflowed"), "case %zu: %s", c, d.event_evidence);
+    if (cases[c].prec == PROBE_DTYPE_BF16)
+      ck_assert_msg(!strstr(d.event_evidence, "FP16") && !strstr(d.event_evidence, "65504"),
+                    "%s", d.event_evidence);
+    ck_assert_msg(strstr(d.event_evidence, "made the NaN itself"), "case %zu: %s", c,
+                  d.event_evidence);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_warmup_backoffs_are_healthy) {
   const char *p = tmp_path("warm");
   tb t;
@@ -802,6 +861,38 @@ START_TEST(test_no_loss_scale_underflow) {
   ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
   probe_diag_free(&d);
   unlink(p);
+}
+END_TEST
+
+/* A loss scale below 1 shrinks the gradients: underflow with such a
+ * scale is reported like underflow without scaling (it said "healthy,
+ * nothing to fix" with 85-97% of the gradients subnormal: unseen-model
+ * audit); a scale of 2^10 with the same gradients is not. */
+START_TEST(test_scale_below_one_underflow) {
+  const char *p = tmp_path("uflow_small");
+  const double scales[2] = {0x1p-6, 1024.0};
+  for (int c = 0; c < 2; c++) {
+    tb t;
+    tb_open(&t, p, 0);
+    for (int s = 0; s < 20; s++) {
+      spec sp = {.grad_mag = c == 0 ? 1e-6f : 0.01f};
+      scal sc = clean(1.0, scales[c]);
+      tb_step(&t, s, &sp, &sc);
+    }
+    ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.scaling_on, 1);
+    if (c == 0) {
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
+      ck_assert_msg(strstr(d.findings[0].title, "below 1"), "%s", d.findings[0].title);
+      ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+    } else {
+      ck_assert_int_eq(d.verdict, PROBE_VERDICT_HEALTHY);
+    }
+    probe_diag_free(&d);
+    unlink(p);
+  }
 }
 END_TEST
 
@@ -1358,11 +1449,13 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_fp32_events);
   tcase_add_test(tc, test_nonfinite_input_not_called_finite);
   tcase_add_test(tc, test_custom_module_is_a_candidate_by_name);
+  tcase_add_test(tc, test_precision_and_nan_only_evidence);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
   tcase_add_test(tc, test_correct_clip_order_no_signature);
   tcase_add_test(tc, test_no_loss_scale_underflow);
+  tcase_add_test(tc, test_scale_below_one_underflow);
   tcase_add_test(tc, test_fp32_divergence_is_lr);
   tcase_add_test(tc, test_falling_loss_is_not_lr);
   tcase_add_test(tc, test_killed_writer);
