@@ -121,6 +121,15 @@ int probe__run_id_ok(const char *run_id);
 void probe__trace_open_msg(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
+/* child.c: sessions register their writer-lock descriptor while they hold
+ * it; a child the library forks (isolated readers) calls
+ * probe__child_detach first: it closes those (so that it holds no trace
+ * locked after its parent closed it) and sends stderr to /dev/null (what a
+ * crash in the child prints is not the caller's to see). */
+void probe__lock_fd_register(int fd);
+void probe__lock_fd_unregister(int fd);
+void probe__child_detach(void);
+
 /* Variable-length UTF-8 string type (for root attributes). */
 hid_t probe__vlstr_type(void);
 

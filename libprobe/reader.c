@@ -974,13 +974,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     close(beat[0]);
     fcntl(beat[1], F_SETFL, O_NONBLOCK);
     iso_beat_fd = beat[1];
-    /* What a crash inside HDF5 or glibc prints ("free(): invalid pointer")
-     * is not the caller's to see: its answer is the one-line message. */
-    int nul = open("/dev/null", O_WRONLY);
-    if (nul >= 0) {
-      dup2(nul, 2);
-      close(nul);
-    }
+    probe__child_detach();
     iso_report rep;
     memset(&rep, 0, sizeof rep);
     probe_trace *t = NULL;

@@ -258,7 +258,10 @@ static void session_free(probe_session *s) {
   free(s->layer_select);
   free(s->path);
   for (int i = 0; i < 4; i++) free(s->own_strings[i]);
-  if (s->lock_fd >= 0) close(s->lock_fd); /* releases the writer lock */
+  if (s->lock_fd >= 0) { /* releases the writer lock */
+    probe__lock_fd_unregister(s->lock_fd);
+    close(s->lock_fd);
+  }
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->wake);
   pthread_cond_destroy(&s->done);
@@ -377,6 +380,7 @@ static probe_status trace_claim(const char *path, int overwrite,
                      strerror(e));
   }
   *lock_fd = fd;
+  probe__lock_fd_register(fd); /* the library's children let go of it */
   return PROBE_OK;
 }
 

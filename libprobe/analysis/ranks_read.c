@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../format.h" /* probe__child_detach */
 #include "analysis-impl.h"
 #include "ranks-impl.h"
 
@@ -414,6 +415,7 @@ static int start_worker(probe__rworker *w, probe__rsum *s,
   }
   if (pid == 0) {
     close(fds[0]);
+    probe__child_detach();
     worker(fds[1], s, paths, n, from);
   }
   close(fds[1]);

@@ -6,8 +6,11 @@
  * the enum, in time (Check's per-test timeout catches a hang).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "ampprobe/analysis.h"
 #include "probe_testutil.h"
@@ -249,6 +252,74 @@ START_TEST(close_failure_has_its_text) {
 }
 END_TEST
 
+/* libprobe's own children (isolated readers) inherited a session's writer
+ * lock: after the parent closed its trace, re-opening it was
+ * PROBE_ERR_LOCKED while such a child lived. A child that has run
+ * probe__child_detach holds no lock, and its stderr is /dev/null. */
+void probe__child_detach(void); /* libprobe/format.h */
+
+START_TEST(child_holds_no_lock) {
+  char path[256];
+  pt_path(path, sizeof path, "childlock");
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  /* the hazard: a child that keeps what it inherited keeps the lock */
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int hold[2];
+  ck_assert_int_eq(pipe(hold), 0);
+  pid_t keeper = fork();
+  ck_assert_int_ge(keeper, 0);
+  if (keeper == 0) {
+    char c;
+    close(hold[1]);
+    if (read(hold[0], &c, 1) < 0) _exit(3);
+    _exit(0);
+  }
+  close(hold[0]);
+  PT_CHECK(probe_session_close(s));
+  s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, path, &o), PROBE_ERR_LOCKED);
+  close(hold[1]);
+  waitpid(keeper, NULL, 0);
+  /* the same with a child that let go of its descriptors */
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int up[2], down[2];
+  ck_assert_int_eq(pipe(up), 0);
+  ck_assert_int_eq(pipe(down), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    probe__child_detach();
+    struct stat a, b;
+    int quiet = fstat(2, &a) == 0 && stat("/dev/null", &b) == 0 && a.st_rdev == b.st_rdev;
+    char c = quiet ? 'y' : 'n';
+    if (write(up[1], &c, 1) != 1) _exit(2);
+    if (read(down[0], &c, 1) < 0) _exit(3); /* alive until the parent is done */
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  char c = 0;
+  ck_assert_int_eq(read(up[0], &c, 1), 1);
+  ck_assert_msg(c == 'y', "the child's stderr is not /dev/null");
+  PT_CHECK(probe_session_close(s));
+  s = NULL;
+  probe_status st = probe_session_open(&s, path, &o); /* the child lives */
+  ck_assert_msg(st == PROBE_OK, "re-open while the child lives: %s", probe_status_name(st));
+  PT_CHECK(probe_session_close(s));
+  close(down[1]);
+  int wst;
+  waitpid(pid, &wst, 0);
+  ck_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  close(up[0]);
+  unlink(path);
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -261,6 +332,7 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, chunk_rows_that_wrap);
   tcase_add_test(tc, diag_run_null);
   tcase_add_test(tc, close_failure_has_its_text);
+  tcase_add_test(tc, child_holds_no_lock);
   suite_add_tcase(su, tc);
   return su;
 }
