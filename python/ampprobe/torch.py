@@ -777,7 +777,12 @@ class Tracer:
         L, site = hit
         phase = _lib.SITE_PHASE.get(site, "forward")
         if phase == "backward" and skipped:
-            return  # the loss scaler's routine overflow: step skipped
+            if math.isfinite(lossv):
+                return  # the loss scaler's routine overflow: step skipped
+            # A non-finite loss is no routine overflow: it was made in the
+            # forward, by code no module covers (a loss written as a plain
+            # function), before any backward record.
+            L, site, phase = None, "loss", "forward"
         if step <= self._reported:
             return
         self._reported = step

@@ -119,6 +119,28 @@ def test_gradient_overflow_is_scalers_business(tmp_path):
     assert pm["scaler"]["backoffs"] >= 1
 
 
+def test_raise_on_a_loss_outside_modules(tmp_path):
+    """A loss computed by a plain function (no module) that is inf: the
+    backward is non-finite and the step skipped, but a non-finite loss is
+    no routine scaler overflow - raise names the loss, in the forward (it
+    stayed quiet: unseen-model audit, 12 of 20 steps with an inf loss)."""
+    torch.manual_seed(0)
+    model = Net()
+    tr = at.Tracer(model, str(tmp_path / "t.h5"), kinds={RevINLike: "revin"},
+                   emulate_fp16=True, on_nonfinite="raise")
+
+    def loss_fn(out, y):
+        return -torch.log(out.float() * 0.0).mean()
+
+    with pytest.raises(at.NonFiniteError) as e:
+        train(tr, model, loss_fn, 3, scaler=at.LossScaler(init_scale=1024.0),
+              make=lambda s: data(s))
+    err = e.value
+    assert (err.module, err.site, err.phase, err.step) == (
+        "loss", "loss", "forward", 0), str(err)
+    tr.close()
+
+
 def test_bf16_autocast_is_healthy(tmp_path):
     mk = CASES["revin"][0]
     model, loss_fn, tr, path = make(tmp_path, emulate_fp16=False,
