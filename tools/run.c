@@ -1010,7 +1010,10 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
   char policy[256] = "";
   probe_config_policy_str(cfg, policy, sizeof policy);
   int64_t steps = probe_config_steps(cfg);
-  int interrupted = cli_stop_flag != 0;
+  /* the stop flag stopped the run: this rank's signal or another rank's
+   * (agreed at a step boundary); a signal after the last step ended
+   * nothing */
+  int interrupted = res->stopped_by_flag != 0;
   probe_verdict v = run_verdict(res, path, interrupted);
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
                        : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM

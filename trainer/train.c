@@ -1484,6 +1484,7 @@ probe_status probe_train(const probe_train_config *c,
   for (; step < c->steps; step++) {
     if (stop_requested(T)) {
       out->interrupted = 1;
+      out->stopped_by_flag = 1;
       break;
     }
     if ((st = run_step(T, step)) != PROBE_OK) break;

@@ -284,6 +284,9 @@ typedef struct probe_train_result {
   probe_site first_nonfinite_site;
   int diverged;    /* any non-finite loss, or the final loss non-finite */
   int interrupted; /* stop flag, progress callback or stop_on_nonfinite */
+  int stopped_by_flag; /* the stop flag (opts->stop_flag) was set, on this
+                          rank or - agreed at the step boundary - another,
+                          before the last step: the run stopped for it */
   double wall_seconds; /* the whole call: set-up, steps, closing the trace */
   double loop_seconds; /* the steps alone (no set-up, no opening or closing
                           of the trace) */

@@ -8,7 +8,7 @@
 #   dist.sh CASE NRANKS AMPPROBE RANK_INFO WORKDIR
 #
 # CASE: healthy | allreduce_overflow | rank_bad_input | kill | rank_files |
-#       culprit_missing | sets | launch. One CTest test per (CASE, NRANKS),
+#       culprit_missing | sets | launch | interrupt. One CTest test per (CASE, NRANKS),
 #       label `mpi` (tests/dist/CMakeLists.txt). Skips (exit 77, reason printed) when
 #       mpirun is not found or the binary was built without MPI. Every
 #       command runs under `timeout` (30 s x AMPPROBE_TEST_TIMEOUT_SCALE), in
@@ -467,8 +467,48 @@ case_launch() {
   j glob "d['ranks_read'] == $N and d['world_size'] == $N" "(d['ranks_read'], d['world_size'])"
 }
 
+# interrupt: SIGTERM to one rank stops every rank at the same step, and
+# rank 0's summary says so - INTERRUPTED, exit 130 - though rank 0 was not
+# the one signalled (it said "stopped after non-finite loss" and healthy or
+# DIVERGED: crash audit, 3 of 3). The rank is found among mpirun's children by the
+# OMPI_COMM_WORLD_RANK of its environment.
+case_interrupt() {
+  local K=$((N - 1)) r pid p target= waited=0
+  mkdir -p out
+  "$MPIRUN" --oversubscribe -np "$N" "$AMP" run --scenario healthy-dp \
+    --steps 100000000 -o out/t.h5 >run.out 2>run.err &
+  local launcher=$!
+  while [ -z "$target" ] && [ $waited -lt $((TMO * 10)) ] && kill -0 $launcher 2>/dev/null; do
+    sleep 0.1; waited=$((waited + 1))
+    for pid in $(pgrep -P $launcher 2>/dev/null); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$K" &&
+         [ -s "out/t.rank$K.h5" ]; then target=$pid; fi
+    done
+  done
+  if [ -z "$target" ]; then
+    bad "rank $K not found among mpirun's children"; sed 's/^/     | /' run.err | head -8
+    kill -9 $launcher 2>/dev/null; return
+  fi
+  sleep 1 # some steps first
+  kill -TERM "$target"
+  waited=0
+  while kill -0 $launcher 2>/dev/null && [ $waited -lt $((TMO * 10)) ]; do sleep 0.1; waited=$((waited + 1)); done
+  if kill -0 $launcher 2>/dev/null; then bad "the job still runs ${TMO}s after SIGTERM to rank $K"; kill -9 $launcher; return; fi
+  wait $launcher; rc=$?
+  [ "$rc" != 0 ] && ok "mpirun exit $rc after SIGTERM to rank $K" || bad "mpirun exit 0 after SIGTERM to rank $K"
+  # rank 0 prints the job's summary; the signal went to another rank
+  if grep -q "verdict *INTERRUPTED" run.out && [ "$(grep -c '^ampprobe run:' run.out)" = 1 ]; then
+    ok "rank 0's summary says INTERRUPTED although rank $K got the signal"
+  else
+    bad "rank 0's summary does not say INTERRUPTED"; sed 's/^/     | /' run.out | head -40
+  fi
+  hasnt run.out "stopped after non-finite loss"
+  info ranks $(files out/t "$N")
+  check "every rank closed its trace, all at the same step" -- expr ranks.json "all(f['complete'] == 1 for f in d) and len(set(f['last_step'] for f in d)) == 1" "[(f['rank'], f['complete'], f['last_step']) for f in d]"
+}
+
 case "$CASE" in
-  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | culprit_missing | sets | launch)
+  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | culprit_missing | sets | launch | interrupt)
     "case_$CASE" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
