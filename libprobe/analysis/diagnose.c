@@ -183,7 +183,9 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
   double n = 0, sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0, sr = 0;
   double log_ratio_sum = 0;
   int64_t n_ratio = 0;
-  int64_t span = d->last_step - d->first_step + 1;
+  /* in double: steps may be anywhere in int64 (a difference of two would
+   * overflow) */
+  double span = (double)d->last_step - (double)d->first_step + 1.0;
   for (int b = 0; b < PROBE_DIAG_TIME_BUCKETS; b++) d->bucket_first_step[b] = -1;
 
   const probe_step_scalars *r;
@@ -247,8 +249,8 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
           d->max_clip_ratio = ratio;
           d->max_clip_ratio_step = r->step;
         }
-        int b = span > 0 ? (int)((r->step - d->first_step) * PROBE_DIAG_TIME_BUCKETS /
-                                 span)
+        int b = span > 0 ? (int)(((double)r->step - (double)d->first_step) *
+                                 PROBE_DIAG_TIME_BUCKETS / span)
                          : 0;
         if (b < 0) b = 0;
         if (b >= PROBE_DIAG_TIME_BUCKETS) b = PROBE_DIAG_TIME_BUCKETS - 1;

@@ -320,6 +320,47 @@ START_TEST(child_holds_no_lock) {
 }
 END_TEST
 
+/* Steps far apart in int64 (the writer takes any increasing steps): the
+ * diagnosis subtracted them in int64, undefined behaviour (UBSan in the
+ * sanitizer build aborts on it). */
+START_TEST(steps_far_apart) {
+  char path[256];
+  pt_path(path, sizeof path, "bigstep");
+  const int64_t steps[2][2] = {{0, INT64_MAX}, {INT64_MIN / 2 + 1, INT64_MAX / 2}};
+  for (int c = 0; c < 2; c++) {
+    probe_options o;
+    probe_options_init(&o);
+    o.overwrite = 1;
+    o.mode = PROBE_MODE_FULL;
+    probe_session *s = NULL;
+    PT_CHECK(probe_session_open(&s, path, &o));
+    int32_t id;
+    PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+    float x[16];
+    int wrote = 0;
+    for (int k = 0; k < 2; k++) {
+      if (probe_step_begin(s, steps[c][k]) != PROBE_OK) continue; /* refused: fine */
+      pt_tensor(x, 16, k, 0);
+      PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 16));
+      probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1024.0, .grad_norm = 2.0,
+                               .clip_threshold = 1.0, .clip_coef = 0.5};
+      PT_CHECK(probe_step_set_scalars(s, &sc));
+      PT_CHECK(probe_step_end(s));
+      wrote++;
+    }
+    PT_CHECK(probe_session_close(s));
+    if (wrote < 2) continue;
+    probe_verdict v;
+    PT_CHECK(probe_postmortem_verdict(path, &v));
+    char *json = NULL;
+    const char *paths[1] = {path};
+    PT_CHECK(probe_postmortem_json(paths, 1, &json));
+    probe_free(json);
+  }
+  unlink(path);
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -333,6 +374,7 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, diag_run_null);
   tcase_add_test(tc, close_failure_has_its_text);
   tcase_add_test(tc, child_holds_no_lock);
+  tcase_add_test(tc, steps_far_apart);
   suite_add_tcase(su, tc);
   return su;
 }
