@@ -303,6 +303,7 @@ void probe__acc_finish(const probe__acc *a, probe_stats *out) {
 /* ---- public API --------------------------------------------------------------- */
 
 void probe_stats_init(probe_stats *s) {
+  if (!s) return;
   memset(s, 0, sizeof *s);
   s->min = NAN;
   s->max = NAN;
@@ -317,6 +318,7 @@ static int32_t order_key(float f) {
 }
 
 void probe_stats_merge(probe_stats *dst, const probe_stats *src) {
+  if (!dst || !src) return;
   dst->count += src->count;
   dst->nan_count += src->nan_count;
   dst->posinf_count += src->posinf_count;
@@ -340,24 +342,28 @@ void probe_stats_merge(probe_stats *dst, const probe_stats *src) {
 }
 
 uint64_t probe_stats_finite(const probe_stats *s) {
+  if (!s) return 0;
   return s->count - s->nan_count - s->posinf_count - s->neginf_count;
 }
 
 uint64_t probe_stats_nonfinite(const probe_stats *s) {
+  if (!s) return 0;
   return s->nan_count + s->posinf_count + s->neginf_count;
 }
 
 double probe_stats_mean(const probe_stats *s) {
+  if (!s) return NAN;
   uint64_t f = probe_stats_finite(s);
   return f ? s->sum / (double)f : NAN;
 }
 
 double probe_stats_rms(const probe_stats *s) {
+  if (!s) return NAN;
   uint64_t f = probe_stats_finite(s);
   return f ? sqrt(s->sumsq / (double)f) : NAN;
 }
 
-double probe_stats_l2(const probe_stats *s) { return sqrt(s->sumsq); }
+double probe_stats_l2(const probe_stats *s) { return s ? sqrt(s->sumsq) : NAN; }
 
 /* The one FP16 headroom formula (docs/statistics.md, "Derived values"). */
 double probe_fp16_headroom(double absmax) {
@@ -367,9 +373,12 @@ double probe_fp16_headroom(double absmax) {
   return log2((double)PROBE_F16_MAX / absmax);
 }
 
-double probe_stats_headroom(const probe_stats *s) { return probe_fp16_headroom(s->absmax); }
+double probe_stats_headroom(const probe_stats *s) {
+  return s ? probe_fp16_headroom(s->absmax) : NAN;
+}
 
 double probe_stats_frac_below_exp(const probe_stats *s, int e) {
+  if (!s) return NAN;
   uint64_t total = 0, below = 0;
   for (int i = 0; i < PROBE_HIST_BINS; i++) total += s->hist[i];
   /* Bin 0 holds exponents below PROBE_HIST_MIN_EXP, bin i (1..BINS-2) the

@@ -494,12 +494,15 @@ static probe_status read_layers(probe_trace *t) {
 static probe_status probe_trace_open_impl(probe_trace **out, const char *path, char **given) {
   if (out == NULL || path == NULL) {
     for (int i = 0; given && i < N_STR_ATTRS; i++) free(given[i]);
+    snprintf(open_msg, sizeof open_msg, "probe_trace_open: %s is NULL",
+             out == NULL ? "out" : "path");
     return PROBE_ERR_INVALID_ARG;
   }
   *out = NULL;
   probe_trace *t = calloc(1, sizeof *t);
   if (t == NULL) {
     for (int i = 0; given && i < N_STR_ATTRS; i++) free(given[i]);
+    snprintf(open_msg, sizeof open_msg, "out of memory");
     return PROBE_ERR_NOMEM;
   }
   for (int i = 0; given && i < N_STR_ATTRS; i++)

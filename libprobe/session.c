@@ -66,6 +66,7 @@ static probe_status set_msg(probe_session *s, probe_status st, const char *fmt,
 /* ---- options and selection ------------------------------------------------ */
 
 void probe_options_init(probe_options *opt) {
+  if (!opt) return;
   memset(opt, 0, sizeof *opt);
   opt->mode = PROBE_MODE_SCALARS;
   opt->layer_select = NULL;

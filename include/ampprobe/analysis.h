@@ -865,8 +865,9 @@ enum {
 
 /* Batch oracle: fill verdict[i] for sets[i], i < count, in order, at least up
  * to the first PROBE_DDMIN_PASS. Returns PROBE_OK, or an error (for example
- * PROBE_ERR_INTERRUPTED) which stops ddmin and is returned by it. Verdicts it
- * did give before an error are still memoised. */
+ * PROBE_ERR_INTERRUPTED) which stops ddmin and is returned by it (a value
+ * outside probe_status is returned as PROBE_ERR_STATE). Verdicts it did give
+ * before an error are still memoised. */
 typedef probe_status (*probe_ddmin_oracle)(void *ctx, const uint64_t *sets,
                                            size_t count, int *verdict);
 

@@ -184,7 +184,8 @@ void probe_stats_init(probe_stats *s);
 AMPPROBE_API
 void probe_stats_merge(probe_stats *dst, const probe_stats *src);
 
-/* Derived values (documented in docs/statistics.md). */
+/* Derived values (documented in docs/statistics.md). A NULL record gives
+ * 0 for the counts and NaN for the others (init and merge do nothing). */
 AMPPROBE_API
 uint64_t probe_stats_finite(const probe_stats *s);   /* count - nan - inf */
 AMPPROBE_API

@@ -29,6 +29,7 @@ void probe_ddmin_free(probe_ddmin *d) {
 }
 
 int probe_ddmin_lookup(const probe_ddmin *d, uint64_t set) {
+  if (!d) return PROBE_DDMIN_UNKNOWN;
   for (size_t i = 0; i < d->n_memo; i++)
     if (d->memo[i].set == set)
       return d->memo[i].verdict;
@@ -85,6 +86,9 @@ static probe_status eval_batch(probe_ddmin *d, const uint64_t *sets,
       verdict[i] = PROBE_DDMIN_UNKNOWN;
     d->rounds++;
     probe_status st = d->oracle(d->ctx, ask, n_ask, verdict);
+    /* a value outside the status list (a positive one would read as
+     * success to a caller's st < 0) breaks the oracle's contract */
+    if (!strcmp(probe_status_name(st), "UNKNOWN")) st = PROBE_ERR_STATE;
     /* Keep what was answered, even on error; check the ordering contract. */
     int passed = 0, gap = 0;
     for (size_t i = 0; i < n_ask; i++) {

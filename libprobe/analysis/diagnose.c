@@ -51,12 +51,13 @@ const char *probe_diag_finding_name(probe_diag_finding_id f) {
 }
 
 void probe_diag_options_init(probe_diag_options *o) {
+  if (!o) return;
   o->layer_history = 8;
   o->chunk_rows = 4096;
 }
 
 const char *probe_diag_layer_name(const probe_diag *d, int32_t id) {
-  if (id < 0 || id >= d->n_layers || !d->layers) return "?";
+  if (!d || id < 0 || id >= d->n_layers || !d->layers) return "?";
   return d->layers[id].display;
 }
 
@@ -1322,12 +1323,13 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
 }
 
 void probe_diag_free(probe_diag *d) {
+  if (!d) return;
   free(d->layers);
   d->layers = NULL;
 }
 
 int probe_diag_problem(const probe_diag *d) {
-  return d->verdict != PROBE_VERDICT_HEALTHY;
+  return d && d->verdict != PROBE_VERDICT_HEALTHY;
 }
 
 const char *probe_verdict_name(probe_verdict v) {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 void probe_diff_options_init(probe_diff_options *o) {
+  if (!o) return;
   o->threshold = PROBE_DIFF_DEFAULT_THRESHOLD;
   o->window = PROBE_DIFF_DEFAULT_WINDOW;
   o->chunk_rows = 4096;

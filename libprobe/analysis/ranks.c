@@ -54,6 +54,7 @@ const char *probe_ranks_field_name(probe_ranks_field f) {
 }
 
 void probe_ranks_options_init(probe_ranks_options *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   probe_diag_options_init(&o->diag);
   o->focus_diag = 1;

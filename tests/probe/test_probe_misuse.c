@@ -361,6 +361,53 @@ START_TEST(steps_far_apart) {
 }
 END_TEST
 
+/* An oracle that answers outside probe_status: ddmin returned that value,
+ * which a caller's st < 0 took for success. */
+static probe_status bad_oracle(void *ctx, const uint64_t *sets, size_t count, int *verdict) {
+  (void)ctx, (void)sets;
+  for (size_t i = 0; i < count; i++) verdict[i] = PROBE_DDMIN_FAIL;
+  return (probe_status)42;
+}
+
+START_TEST(oracle_outside_the_status_list) {
+  probe_ddmin d;
+  PT_CHECK(probe_ddmin_init(&d, 4, bad_oracle, NULL));
+  uint64_t result = 0;
+  probe_status st = probe_ddmin_minimize(&d, &result);
+  ck_assert_msg(st == PROBE_ERR_STATE, "%d", (int)st);
+  probe_ddmin_free(&d);
+}
+END_TEST
+
+/* NULL where a helper takes a pointer: a neutral answer, no crash (17 such
+ * calls crashed); a NULL open names what was NULL (it said "no error"). */
+START_TEST(null_helpers) {
+  probe_stats_init(NULL);
+  probe_stats s;
+  probe_stats_init(&s);
+  probe_stats_merge(NULL, &s);
+  probe_stats_merge(&s, NULL);
+  ck_assert_uint_eq(probe_stats_finite(NULL), 0);
+  ck_assert_uint_eq(probe_stats_nonfinite(NULL), 0);
+  ck_assert(isnan(probe_stats_mean(NULL)) && isnan(probe_stats_rms(NULL)) &&
+            isnan(probe_stats_l2(NULL)) && isnan(probe_stats_headroom(NULL)) &&
+            isnan(probe_stats_frac_below_exp(NULL, 0)));
+  probe_options_init(NULL);
+  probe_diag_options_init(NULL);
+  probe_diff_options_init(NULL);
+  probe_ranks_options_init(NULL);
+  probe_diag_free(NULL);
+  ck_assert_str_eq(probe_diag_layer_name(NULL, 0), "?");
+  ck_assert_int_eq(probe_diag_problem(NULL), 0);
+  ck_assert_int_eq(probe_ddmin_lookup(NULL, 1), PROBE_DDMIN_UNKNOWN);
+  probe_trace *t = NULL;
+  ck_assert_int_eq(probe_trace_open(NULL, "x.h5"), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "out is NULL"));
+  ck_assert_int_eq(probe_trace_open(&t, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "path is NULL"));
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -375,6 +422,8 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, close_failure_has_its_text);
   tcase_add_test(tc, child_holds_no_lock);
   tcase_add_test(tc, steps_far_apart);
+  tcase_add_test(tc, oracle_outside_the_status_list);
+  tcase_add_test(tc, null_helpers);
   suite_add_tcase(su, tc);
   return su;
 }
