@@ -435,11 +435,14 @@ class Tracer:
 
     # -- attaching ----------------------------------------------------------------
 
-    def _register(self, name, module, kind, selected):
+    def _register(self, name, module, kind, selected, full=None):
+        """full: the module's own dotted name when `name` (libprobe's, at
+        most 60 bytes and unique) had to be cut; policies match either."""
         L = _Layer()
         L.name, L.module, L.kind = name, module, kind
         # Losses run in FP32, as under autocast (the C trainer's loss_fp32).
-        L.fp32 = kind == "loss" or self.policy.forces_fp32(name, kind)
+        L.fp32 = kind == "loss" or self.policy.forces_fp32(name, kind) or (
+            full is not None and self.policy.forces_fp32(full, kind))
         L.precision = "fp32" if L.fp32 else self.precision
         L.emulate = self.emulate and not L.fp32
         kid = _lib.kind_id(kind)
@@ -479,10 +482,13 @@ class Tracer:
         for name, m in units:
             kind = _user_kind(m, user_kinds) or (
                 "loss" if m is loss_fn else default_kind(m))
+            full = name
             name = uniq(name)
-            sel = not self._globs or any(fnmatch.fnmatchcase(name, g)
-                                         for g in self._globs)
-            L = self._register(name, m, kind, sel)
+            sel = not self._globs or any(
+                fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(full, g)
+                for g in self._globs)
+            L = self._register(name, m, kind, sel,
+                               full if full != name else None)
             if L.fp32:
                 self._wrap_fp32(m)
             m._ampprobe_ref = (weakref.ref(self), L)

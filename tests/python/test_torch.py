@@ -141,6 +141,34 @@ def test_raise_on_a_loss_outside_modules(tmp_path):
     tr.close()
 
 
+def test_long_names_match_policies_by_their_full_path(tmp_path):
+    """Module paths over 60 bytes are cut (and made unique with ~N) for the
+    trace; the FP32 policy and layer globs still match the full path (they
+    matched only the cut name, so a policy naming the real module silently
+    selected nothing: unseen-model audit)."""
+    long = "decoder_stack_with_a_rather_long_name"
+    model = nn.Sequential()
+    stage = nn.Sequential()
+    stage.add_module("residual_branch_number_zero", nn.Sequential(
+        nn.Linear(4, 4), nn.ReLU()))
+    stage.add_module("residual_branch_number_one", nn.Sequential(
+        nn.Linear(4, 4), nn.ReLU()))
+    model.add_module(long, stage)
+    full0 = long + ".residual_branch_number_zero.0"
+    full1 = long + ".residual_branch_number_one.0"
+    assert len(full0.encode()) > 60 and len(full1.encode()) > 60
+    tr = at.Tracer(model, str(tmp_path / "t.h5"), emulate_fp16=True,
+                   fp32=[full1], layers="*number_one*," + full0)
+    by_full = {}
+    for L in tr._layers:
+        if L.module is not None and L.kind == "linear":
+            by_full[[n for n, m in model.named_modules() if m is L.module][0]] = L
+    assert len(by_full[full0].name.encode()) <= 60
+    assert by_full[full1].fp32 and not by_full[full0].fp32
+    assert by_full[full0].selected and by_full[full1].selected
+    tr.close()
+
+
 def test_bf16_autocast_is_healthy(tmp_path):
     mk = CASES["revin"][0]
     model, loss_fn, tr, path = make(tmp_path, emulate_fp16=False,
