@@ -457,6 +457,30 @@ static int rec_nf(const probe_record *r, int i) {
   return i >= 0 && stats_nonfinite(&r[i].stats);
 }
 
+/* The records of the call of a layer that record i (an output) belongs to.
+ * A module called more than once in a step (weight sharing) has one
+ * fwd_in/weight/fwd_out group per call, and index_step keeps one record
+ * per site: the output of the first call was compared with the input of
+ * the second (an inf), and the real origin rejected. The call's inputs are
+ * the same layer's last input and weight records before i. */
+static layer_step call_of(const layer_step *l, const probe_record *r, size_t i) {
+  layer_step c = *l;
+  int fwd = is_fwd_out(r[i].site);
+  int in_site = fwd ? PROBE_SITE_FWD_IN : PROBE_SITE_GRAD_OUT;
+  int in = -1, wt = -1;
+  for (size_t k = i; k-- > 0 && (in < 0 || wt < 0);) {
+    if (r[k].layer != r[i].layer) continue;
+    if (in < 0 && r[k].site == in_site) in = (int)k;
+    if (wt < 0 && r[k].site == PROBE_SITE_WEIGHT) wt = (int)k;
+  }
+  if (in >= 0) {
+    if (fwd) c.fwd_in = in;
+    else c.grad_out = in;
+  }
+  if (wt >= 0) c.weight = wt;
+  return c;
+}
+
 /* Inputs of a layer for the phase of `site` held a non-finite value. */
 static int inputs_nonfinite(const layer_step *l, const probe_record *r,
                             int site) {
@@ -610,9 +634,9 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       kind = PROBE_DIAG_EVENT_ALLREDUCE;
     } else if (x->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
       origin = (int)i; /* the cast to the all-reduce's dtype overflowed */
-    } else if ((is_fwd_out(x->site) || is_bwd_out(x->site)) &&
-               !inputs_nonfinite(l, r, x->site)) {
-      origin = (int)i;
+    } else if (is_fwd_out(x->site) || is_bwd_out(x->site)) {
+      layer_step call = call_of(l, r, i);
+      if (!inputs_nonfinite(&call, r, x->site)) origin = (int)i;
     }
   }
   if (origin < 0) {
@@ -627,7 +651,10 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   if (origin < 0) return 0;
 
   const probe_record *o = &r[origin];
-  const layer_step *l = &w->ls[o->layer];
+  layer_step call = w->ls[o->layer];
+  if (is_fwd_out(o->site) || is_bwd_out(o->site))
+    call = call_of(&w->ls[o->layer], r, (size_t)origin);
+  const layer_step *l = &call;
   int lkind = d->layers[o->layer].info.kind;
   int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT &&
             !is_allreduce(o->site);

@@ -673,6 +673,57 @@ START_TEST(test_precision_and_nan_only_evidence) {
 }
 END_TEST
 
+/* A module called twice in a step (weight sharing) whose first call
+ * overflows: its second call's input is that inf. The first call's output
+ * is the origin, in the forward - it was read as the second call's input
+ * against the first call's output, rejected, and the NaN master weight
+ * after the step blamed ("weight-nonfinite, phase optimizer": unseen-model
+ * audit). */
+START_TEST(test_shared_module_first_call_overflows) {
+  const char *p = tmp_path("shared");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.precision_policy = "fp16";
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  int32_t id;
+  ck_assert_int_eq(probe_layer_register(s, "shared", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_OK);
+  float x[N], w[N], y[N], bad[N];
+  for (int i = 0; i < N; i++) x[i] = w[i] = y[i] = 0.5f + (float)i / N;
+  for (int i = 0; i < N; i++) bad[i] = i < 3 ? INFINITY : 1.0f;
+  for (int step = 0; step < 3; step++) {
+    int ov = step == 2;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    /* call 1 */
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_WEIGHT, PROBE_DTYPE_F32, w, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
+    /* call 2, fed the first call's output */
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_WEIGHT, PROBE_DTYPE_F32, w, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
+    /* the optimizer made the master weights NaN afterwards */
+    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_MASTER_WEIGHT, PROBE_DTYPE_F32, ov ? bad : w, N), PROBE_OK);
+    probe_step_scalars sc = {.loss = ov ? NAN : 1.0, .loss_scale = 1.0};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event_step, 2);
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+  ck_assert_int_eq(d.event_phase, PROBE_PHASE_FORWARD);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_OVERFLOW);
+  ck_assert_int_eq(d.have_origin_in, 1);
+  ck_assert_uint_eq(probe_stats_nonfinite(&d.origin_in), 0); /* call 1's input */
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 START_TEST(test_warmup_backoffs_are_healthy) {
   const char *p = tmp_path("warm");
   tb t;
@@ -1450,6 +1501,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_nonfinite_input_not_called_finite);
   tcase_add_test(tc, test_custom_module_is_a_candidate_by_name);
   tcase_add_test(tc, test_precision_and_nan_only_evidence);
+  tcase_add_test(tc, test_shared_module_first_call_overflows);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
