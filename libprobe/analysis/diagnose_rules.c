@@ -511,7 +511,19 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
   const char *cands = d->fp32_candidates[0]
                           ? d->fp32_candidates
                           : (target >= 0 ? kind_of(d, target) : NULL);
-  if (target == d->origin_layer)
+  /* Two events no precision change fixes: an FP32 loss that made NaN out
+   * of a finite prediction (its target is not recorded), and a value that
+   * no record produced, first seen at a layer's input (it came from code no
+   * module covers: a dict batch, an op between modules). Their finding is
+   * clean-input. */
+  int loss_target = d->origin_layer >= 0 &&
+                    d->layers[d->origin_layer].info.kind == PROBE_KIND_LOSS &&
+                    d->have_origin_in && !probe_stats_nonfinite(&d->origin_in) &&
+                    d->event == PROBE_DIAG_EVENT_INF_ARITH_NAN;
+  int at_input = d->origin_site == PROBE_SITE_FWD_IN ||
+                 d->origin_site == PROBE_SITE_GRAD_OUT;
+  if (loss_target || at_input) f->id = PROBE_DIAG_FINDING_CLEAN_INPUT;
+  if (target == d->origin_layer && !loss_target)
     set_title(f, "%s %s in '%s' (%s): keep it in FP32",
               prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
   else if (target >= 0)
@@ -520,10 +532,25 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
               probe_diag_event_name(d->event), probe_diag_layer_name(d, target),
               kind_of(d, target), c->oname, okind,
               probe_diag_layer_name(d, target));
+  else if (loss_target)
+    /* an FP32 loss that made NaN out of a finite prediction: what it got
+     * besides the prediction (the target) is not recorded */
+    set_title(f, "'%s' (FP32) made NaN from a finite prediction: look at "
+                 "what it takes besides it (the targets of step %lld), which "
+                 "is not recorded",
+              c->oname, (long long)d->event_step);
   else
     set_title(f, "%s in '%s' (%s), a layer that already runs in FP32: what "
                  "it received was produced in FP16 upstream",
               probe_diag_event_name(d->event), c->oname, okind);
+  if (at_input)
+    /* no record produced it: it reached this input from code no module
+     * covers */
+    set_title(f, "'%s' (%s) received inf/NaN at its %s from code no record "
+                 "covers (a batch passed as a dict or keyword, an op between "
+                 "modules, a module not recorded): look there at step %lld",
+              c->oname, okind, probe_site_name(d->origin_site),
+              (long long)d->event_step);
   add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
                probe_phase_name(d->event_phase),
                probe_diag_event_desc(d->event));
@@ -559,7 +586,12 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
   else
     add_evidence(f, "a second culprit can hide behind the first: run "
                     "postmortem again on the fixed run");
-  if (cands)
+  if (loss_target || at_input)
+    set_next(f, "check what reached '%s' at step %lld: the data (targets, "
+                "entries of a dict batch) and the code between modules; "
+                "forcing layers to FP32 will not help",
+             c->oname, (long long)d->event_step);
+  else if (cands)
     set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
   else
     set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "

@@ -561,7 +561,53 @@ START_TEST(test_nonfinite_input_not_called_finite) {
     for (int k = 0; k < PROBE_DIAG_MAX_EVIDENCE; k++)
       ck_assert_msg(!strstr(d.findings[i].evidence[k], "its input was finite"), "%s",
                     d.findings[i].evidence[k]);
+  /* no record produced it: the data or code between modules, not FP32 */
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
+  ck_assert_msg(strstr(d.findings[0].title, "from code no record covers"), "%s",
+                d.findings[0].title);
+  ck_assert_msg(strstr(d.findings[0].next_step, "check what reached 'fc'"), "%s",
+                d.findings[0].next_step);
   probe_free(text);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* An FP32 loss whose recorded input (the prediction) is finite and whose
+ * output is NaN: the NaN came with the target, which is not recorded - not
+ * "produced in FP16 upstream" (unseen-model audit: a NaN target). */
+START_TEST(test_loss_nan_from_a_finite_prediction) {
+  const char *p = tmp_path("target");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.precision_policy = "fp16";
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  int32_t fc, loss;
+  ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &fc), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32, &loss), PROBE_OK);
+  float x[N], one = 1.0f, nan1 = NAN;
+  for (int i = 0; i < N; i++) x[i] = 0.25f * (float)(i + 1);
+  for (int step = 0; step < 4; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, fc, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, loss, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    ck_assert_int_eq(probe_tensor_record(s, loss, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32,
+                                         step == 3 ? &nan1 : &one, 1), PROBE_OK);
+    probe_step_scalars sc = {.loss = step == 3 ? NAN : 1.0, .loss_scale = 1.0};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "loss");
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
+  ck_assert_msg(strstr(d.findings[0].title, "targets of step 3") &&
+                    !strstr(d.findings[0].title, "produced in FP16"),
+                "%s", d.findings[0].title);
+  ck_assert_msg(!strstr(d.findings[0].next_step, "bisect"), "%s", d.findings[0].next_step);
   probe_diag_free(&d);
   unlink(p);
 }
@@ -1502,6 +1548,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_custom_module_is_a_candidate_by_name);
   tcase_add_test(tc, test_precision_and_nan_only_evidence);
   tcase_add_test(tc, test_shared_module_first_call_overflows);
+  tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
