@@ -329,3 +329,13 @@ void probe__h5_lock_child_reset(void) {
   pthread_once(&h5_once, h5_mu_init);
   h5_mu_create(); /* the copy in the child is owned by a thread it lacks */
 }
+
+int probe__step_flags_ok(const probe_step_scalars *s) {
+  return (s->found_inf == 0 || s->found_inf == 1) &&
+         (s->skipped == 0 || s->skipped == 1);
+}
+
+int probe__scaler_event_ok(const probe_scaler_event *e) {
+  return e->step >= 0 && e->kind >= PROBE_SCALER_BACKOFF &&
+         e->kind <= PROBE_SCALER_MIN_CLAMP;
+}

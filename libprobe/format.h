@@ -121,6 +121,13 @@ int probe__run_id_ok(const char *run_id);
 void probe__trace_open_msg(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
+/* Rules rows obey, checked by the writer (refused, PROBE_ERR_INVALID_ARG)
+ * and the reader (PROBE_ERR_CORRUPT) alike (format.c): a /steps row's
+ * found_inf and skipped are 0 or 1; a /scaler_events row has a known kind
+ * and a step >= 0. */
+int probe__step_flags_ok(const probe_step_scalars *s);
+int probe__scaler_event_ok(const probe_scaler_event *e);
+
 /* child.c: sessions register their writer-lock descriptor while they hold
  * it; a child the library forks (isolated readers) calls
  * probe__child_detach first: it closes those (so that it holds no trace

@@ -697,8 +697,7 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
     }
     if (s->step < 0 || s->step > t->info.last_step ||
         (i > 0 && s->step <= buf[i - 1].step) ||
-        (s->found_inf != 0 && s->found_inf != 1) ||
-        (s->skipped != 0 && s->skipped != 1) ||
+        !probe__step_flags_ok(s) ||
         (s->unmeasured & ~PROBE_SCALAR_ALL) != 0 ||
         ((s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST) && s->weight_digest) ||
         (!(s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST) && !s->weight_digest)) {
@@ -717,8 +716,7 @@ static probe_status probe_trace_read_scaler_events_impl(probe_trace *t, int64_t 
   probe_status st = read_chunk(t, PROBE__T_SCALER, start, max, buf, got);
   if (st != PROBE_OK) return st;
   for (size_t i = 0; i < *got; i++) {
-    if (buf[i].step < 0 || buf[i].kind < PROBE_SCALER_BACKOFF ||
-        buf[i].kind > PROBE_SCALER_MIN_CLAMP) {
+    if (!probe__scaler_event_ok(&buf[i])) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT,
                   "corrupt trace: /scaler_events row %lld",

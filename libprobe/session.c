@@ -717,9 +717,7 @@ probe_status probe_step_set_scalars(probe_session *s,
     return set_msg(s, PROBE_ERR_INVALID_ARG,
                    "probe_step_set_scalars: unknown bits 0x%x in unmeasured",
                    (unsigned)(sc->unmeasured & ~PROBE_SCALAR_ALL));
-  /* what the reader accepts (docs/trace-format.md, /steps) */
-  if ((sc->found_inf != 0 && sc->found_inf != 1) ||
-      (sc->skipped != 0 && sc->skipped != 1))
+  if (!probe__step_flags_ok(sc)) /* what the reader accepts */
     return set_msg(s, PROBE_ERR_INVALID_ARG,
                    "probe_step_set_scalars: found_inf and skipped are 0 or 1 "
                    "(got %d, %d)", (int)sc->found_inf, (int)sc->skipped);
@@ -750,15 +748,12 @@ probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev) {
   if (s == NULL || ev == NULL) return PROBE_ERR_INVALID_ARG;
   if (writer_error(s) != PROBE_OK) return s->err;
-  if (ev->kind < PROBE_SCALER_BACKOFF || ev->kind > PROBE_SCALER_MIN_CLAMP)
-    return set_msg(s, PROBE_ERR_INVALID_ARG, "scaler event kind %d",
-                   (int)ev->kind);
   probe_scaler_event e = *ev;
   if (s->in_step) e.step = s->step;
-  if (e.step < 0)
+  if (!probe__scaler_event_ok(&e)) /* what the reader accepts */
     return set_msg(s, PROBE_ERR_INVALID_ARG,
-                   "scaler event outside a step with step %lld: steps are >= 0",
-                   (long long)e.step);
+                   "scaler event kind %d at step %lld: a known kind, at a "
+                   "step >= 0", (int)e.kind, (long long)e.step);
   return table_append(s, PROBE__T_SCALER, &e, 1);
 }
 

@@ -99,6 +99,13 @@ probe_status probe__jflat_parse(probe__jflat *f, const char *text);
 void probe__jflat_free(probe__jflat *f);
 const probe__jleaf *probe__jflat_get(const probe__jflat *f, const char *path);
 
-
+/* Rows per chunked read (diag and diff options): 0 is the default, more
+ * than PROBE_CHUNK_ROWS_MAX is that. */
+#define PROBE__CHUNK_ROWS_DEFAULT 4096
+static inline size_t probe__chunk_rows(size_t asked) {
+  return asked == 0                     ? PROBE__CHUNK_ROWS_DEFAULT
+         : asked > PROBE_CHUNK_ROWS_MAX ? PROBE_CHUNK_ROWS_MAX
+                                        : asked;
+}
 
 #endif /* AMPPROBE_ANALYSIS_IMPL_H */

@@ -32,4 +32,10 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d);
  * a non-finite absmax. */
 double probe__diag_headroom(double absmax);
 
+/* How the passes and the rules name a layer's precision: "FP16", "BF16"
+ * or "FP32". */
+static inline const char *probe__diag_prec_label(int dtype) {
+  return dtype == PROBE_DTYPE_BF16 ? "BF16" : dtype == PROBE_DTYPE_F32 ? "FP32" : "FP16";
+}
+
 #endif /* AMPPROBE_DIAGNOSE_IMPL_H */

@@ -53,7 +53,7 @@ const char *probe_diag_finding_name(probe_diag_finding_id f) {
 void probe_diag_options_init(probe_diag_options *o) {
   if (!o) return;
   o->layer_history = 8;
-  o->chunk_rows = 4096;
+  o->chunk_rows = PROBE__CHUNK_ROWS_DEFAULT;
 }
 
 const char *probe_diag_layer_name(const probe_diag *d, int32_t id) {
@@ -530,19 +530,20 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
     bound = sqrt(r[l->weight].stats.sumsq) * (sqrt(in->sumsq) + 1.0);
   else if (in && is_norm_kind(lkind) && isfinite(in->absmax))
     bound = (double)in->absmax * (double)in->absmax;
-  /* the largest finite value of the layer's precision: BF16 has FP32's
-   * range, so the same bound that overflows FP16 may not overflow it */
-  int is_bf16 = d->layers[o->layer].info.precision == PROBE_DTYPE_BF16;
-  double pmax = is_bf16 ? DIAG_BF16_MAX : (double)PROBE_F16_MAX;
-  const char *plabel = is_bf16 ? "BF16" : "FP16";
+  /* the range the bound is judged against: BF16's for a BF16 layer (it
+   * has FP32's range, so what overflows FP16 may not overflow it), else
+   * FP16's (an FP32 layer's input came from the FP16 layers) */
+  int prec = d->layers[o->layer].info.precision;
+  int range = prec == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16;
+  double pmax = range == PROBE_DTYPE_BF16 ? DIAG_BF16_MAX : (double)PROBE_F16_MAX;
+  const char *plabel = probe__diag_prec_label(range);
   int can_overflow = !(bound < pmax); /* NaN: cannot tell */
   if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */
   /* An FP16 layer whose input (recorded as it arrived, before the cast)
    * holds finite values beyond FP16's range: they are inf once cast. The
    * overflow happened upstream, in code between modules that no record
    * covers (a residual add, a matmul outside a module). */
-  if (in && in->f16_overflow > 0 &&
-      d->layers[o->layer].info.precision == PROBE_DTYPE_F16) {
+  if (in && in->f16_overflow > 0 && prec == PROBE_DTYPE_F16) {
     *kind = PROBE_DIAG_EVENT_OVERFLOW;
     snprintf(ev, evl,
              "its input was already beyond FP16's range when it arrived: "
@@ -1242,8 +1243,7 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   if (!d) return PROBE_ERR_INVALID_ARG;
   memset(d, 0, sizeof *d);
   if (!t) return PROBE_ERR_INVALID_ARG;
-  size_t chunk = opt->chunk_rows ? opt->chunk_rows : 4096;
-  if (chunk > PROBE_CHUNK_ROWS_MAX) chunk = PROBE_CHUNK_ROWS_MAX;
+  size_t chunk = probe__chunk_rows(opt->chunk_rows);
   probe_text_escape(d->path, sizeof d->path, path ? path : "");
   const probe_trace_info *info = probe_trace_get_info(t);
   d->complete = info->complete;

@@ -143,12 +143,8 @@ static int layer_is_fp32(const probe_diag *d, int32_t id) {
 
 /* "FP16", "BF16" or "FP32": the precision a layer ran in. */
 static const char *prec_label(const probe_diag *d, int32_t id) {
-  if (id < 0 || id >= d->n_layers) return "FP16";
-  switch (d->layers[id].info.precision) {
-  case PROBE_DTYPE_BF16: return "BF16";
-  case PROBE_DTYPE_F32: return "FP32";
-  default: return "FP16";
-  }
+  return id >= 0 && id < d->n_layers ? probe__diag_prec_label(d->layers[id].info.precision)
+                                     : "FP16";
 }
 
 static const char *kind_of(const probe_diag *d, int32_t id) {
@@ -523,7 +519,18 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
   int at_input = d->origin_site == PROBE_SITE_FWD_IN ||
                  d->origin_site == PROBE_SITE_GRAD_OUT;
   if (loss_target || at_input) f->id = PROBE_DIAG_FINDING_CLEAN_INPUT;
-  if (target == d->origin_layer && !loss_target)
+  if (at_input)
+    set_title(f, "'%s' (%s) received inf/NaN at its %s from code no record "
+                 "covers (a batch passed as a dict or keyword, an op between "
+                 "modules, a module not recorded): look there at step %lld",
+              c->oname, okind, probe_site_name(d->origin_site),
+              (long long)d->event_step);
+  else if (loss_target)
+    set_title(f, "'%s' (FP32) made NaN from a finite prediction: look at "
+                 "what it takes besides it (the targets of step %lld), which "
+                 "is not recorded",
+              c->oname, (long long)d->event_step);
+  else if (target == d->origin_layer)
     set_title(f, "%s %s in '%s' (%s): keep it in FP32",
               prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
   else if (target >= 0)
@@ -532,25 +539,10 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
               probe_diag_event_name(d->event), probe_diag_layer_name(d, target),
               kind_of(d, target), c->oname, okind,
               probe_diag_layer_name(d, target));
-  else if (loss_target)
-    /* an FP32 loss that made NaN out of a finite prediction: what it got
-     * besides the prediction (the target) is not recorded */
-    set_title(f, "'%s' (FP32) made NaN from a finite prediction: look at "
-                 "what it takes besides it (the targets of step %lld), which "
-                 "is not recorded",
-              c->oname, (long long)d->event_step);
   else
     set_title(f, "%s in '%s' (%s), a layer that already runs in FP32: what "
                  "it received was produced in FP16 upstream",
               probe_diag_event_name(d->event), c->oname, okind);
-  if (at_input)
-    /* no record produced it: it reached this input from code no module
-     * covers */
-    set_title(f, "'%s' (%s) received inf/NaN at its %s from code no record "
-                 "covers (a batch passed as a dict or keyword, an op between "
-                 "modules, a module not recorded): look there at step %lld",
-              c->oname, okind, probe_site_name(d->origin_site),
-              (long long)d->event_step);
   add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
                probe_phase_name(d->event_phase),
                probe_diag_event_desc(d->event));
@@ -660,12 +652,14 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
   set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
 }
 
-/* enable-loss-scaling: gradients flush to zero without loss scaling. */
 /* A scale below 1 shrinks the gradients instead of lifting them: loss
  * scaling is then as good as off (or worse). */
 static int scale_too_small(const probe_diag *d) {
   return d->scaling_on && isfinite(d->scale_last) && d->scale_last < 1.0;
 }
+
+/* enable-loss-scaling: gradients flush to zero without loss scaling, or
+ * with a scale below 1. */
 static int when_scaling(const rank_ctx *c) {
   const probe_diag *d = c->d;
   return (!d->scaling_on || scale_too_small(d)) && !c->has_event &&

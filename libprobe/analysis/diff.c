@@ -18,7 +18,7 @@ void probe_diff_options_init(probe_diff_options *o) {
   if (!o) return;
   o->threshold = PROBE_DIFF_DEFAULT_THRESHOLD;
   o->window = PROBE_DIFF_DEFAULT_WINDOW;
-  o->chunk_rows = 4096;
+  o->chunk_rows = PROBE__CHUNK_ROWS_DEFAULT;
   o->zero_frac_margin = 0.05;
 }
 
@@ -72,7 +72,7 @@ typedef struct cursor {
 static probe_status cursor_init(cursor *c, probe_trace *t, size_t chunk) {
   memset(c, 0, sizeof *c);
   c->t = t;
-  c->chunk_cap = chunk ? chunk : 4096;
+  c->chunk_cap = probe__chunk_rows(chunk);
   c->chunk = malloc(c->chunk_cap * sizeof *c->chunk);
   c->step_no = c->prev_step = -1;
   return c->chunk ? PROBE_OK : PROBE_ERR_NOMEM;
@@ -745,10 +745,7 @@ static probe_status stage_metadata(probe_diff *d, probe_trace *a,
     d->opt = *opt;
   else
     probe_diff_options_init(&d->opt);
-  if (d->opt.chunk_rows == 0)
-    d->opt.chunk_rows = 4096;
-  if (d->opt.chunk_rows > PROBE_CHUNK_ROWS_MAX)
-    d->opt.chunk_rows = PROBE_CHUNK_ROWS_MAX;
+  d->opt.chunk_rows = probe__chunk_rows(d->opt.chunk_rows);
   if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
     d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
   d->first_div_step = -1;

@@ -39,6 +39,15 @@ static void small_trace(const char *path, int steps, const probe_options *opt) {
   PT_CHECK(probe_session_close(s));
 }
 
+/* small_trace at a fresh path under tag, opened for reading. */
+static probe_trace *small_trace_open(char *path, size_t len, const char *tag, int steps) {
+  pt_path(path, len, tag);
+  small_trace(path, steps, NULL);
+  probe_trace *t = NULL;
+  PT_CHECK(probe_trace_open(&t, path));
+  return t;
+}
+
 /* A trace path that is a symbolic link to nothing: O_EXCL refuses it and a
  * plain open cannot follow it (it recursed without end). */
 START_TEST(dangling_symlink) {
@@ -166,10 +175,7 @@ END_TEST
  * same results as the default. */
 START_TEST(chunk_rows_that_wrap) {
   char path[256];
-  pt_path(path, sizeof path, "chunk");
-  small_trace(path, 5, NULL);
-  probe_trace *t = NULL;
-  PT_CHECK(probe_trace_open(&t, path));
+  probe_trace *t = small_trace_open(path, sizeof path, "chunk", 5);
   const size_t huge[] = {(size_t)1 << 61, SIZE_MAX, PROBE_CHUNK_ROWS_MAX + 1};
   probe_diag ref;
   PT_CHECK(probe_diag_run(&ref, t, path, NULL));
@@ -199,10 +205,7 @@ END_TEST
 /* NULL where probe_diag_run needs a handle: a status, as for diff/ranks. */
 START_TEST(diag_run_null) {
   char path[256];
-  pt_path(path, sizeof path, "dnull");
-  small_trace(path, 2, NULL);
-  probe_trace *t = NULL;
-  PT_CHECK(probe_trace_open(&t, path));
+  probe_trace *t = small_trace_open(path, sizeof path, "dnull", 2);
   probe_diag d;
   ck_assert_int_eq(probe_diag_run(NULL, t, path, NULL), PROBE_ERR_INVALID_ARG);
   ck_assert_int_eq(probe_diag_run(&d, NULL, path, NULL), PROBE_ERR_INVALID_ARG);

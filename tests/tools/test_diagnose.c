@@ -525,28 +525,50 @@ START_TEST(test_fp32_events) {
 }
 END_TEST
 
+/* Hand-built traces, layer by layer (the tests below): a full-mode session
+ * at p (overwriting) under `policy`, a layer, a float32 record, and the
+ * step's loss with its end. */
+static probe_session *hb_open(const char *p, const char *policy) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.overwrite = 1;
+  o.precision_policy = policy;
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  return s;
+}
+
+static int32_t hb_layer(probe_session *s, const char *name, probe_kind kind, probe_dtype prec) {
+  int32_t id;
+  ck_assert_int_eq(probe_layer_register(s, name, kind, prec, &id), PROBE_OK);
+  return id;
+}
+
+static void hb_rec(probe_session *s, int32_t id, probe_site site, const float *x, size_t n) {
+  ck_assert_int_eq(probe_tensor_record(s, id, site, PROBE_DTYPE_F32, x, n), PROBE_OK);
+}
+
+static void hb_end(probe_session *s, double loss, double scale) {
+  probe_step_scalars sc = {.loss = loss, .loss_scale = scale};
+  ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+  ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+}
+
 /* An origin whose recorded input holds NaN (nothing upstream recorded it
  * being made) is not described as having a finite input. */
 START_TEST(test_nonfinite_input_not_called_finite) {
   const char *p = tmp_path("nfin");
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  int32_t id;
-  ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
-                   PROBE_OK);
+  probe_session *s = hb_open(p, NULL);
+  int32_t id = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
   float x[N];
   for (int step = 0; step < 3; step++) {
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
     for (int i = 0; i < N; i++) x[i] = 0.5f + (float)i;
     if (step == 2) x[0] = x[1] = NAN;
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
-    probe_step_scalars sc = {.loss = step == 2 ? NAN : 1.0, .loss_scale = 1.0};
-    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, x, N);
+    hb_end(s, step == 2 ? NAN : 1.0, 1.0);
   }
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
   probe_diag d;
@@ -578,26 +600,17 @@ END_TEST
  * "produced in FP16 upstream" (unseen-model audit: a NaN target). */
 START_TEST(test_loss_nan_from_a_finite_prediction) {
   const char *p = tmp_path("target");
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  o.precision_policy = "fp16";
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  int32_t fc, loss;
-  ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &fc), PROBE_OK);
-  ck_assert_int_eq(probe_layer_register(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32, &loss), PROBE_OK);
+  probe_session *s = hb_open(p, "fp16");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  int32_t loss = hb_layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
   float x[N], one = 1.0f, nan1 = NAN;
   for (int i = 0; i < N; i++) x[i] = 0.25f * (float)(i + 1);
   for (int step = 0; step < 4; step++) {
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, fc, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, loss, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, loss, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32,
-                                         step == 3 ? &nan1 : &one, 1), PROBE_OK);
-    probe_step_scalars sc = {.loss = step == 3 ? NAN : 1.0, .loss_scale = 1.0};
-    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_OUT, step == 3 ? &nan1 : &one, 1);
+    hb_end(s, step == 3 ? NAN : 1.0, 1.0);
   }
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
   probe_diag d;
@@ -621,29 +634,18 @@ START_TEST(test_custom_module_is_a_candidate_by_name) {
   const char *p = tmp_path("custom");
   static const char *const names[] = {"enc.act_1", "my act;rm -rf"};
   for (int c = 0; c < 2; c++) {
-    probe_options o;
-    probe_options_init(&o);
-    o.mode = PROBE_MODE_FULL;
-    o.overwrite = 1;
-    o.precision_policy = "fp16";
-    probe_session *s = NULL;
-    ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-    int32_t lin, act;
-    ck_assert_int_eq(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &lin),
-                     PROBE_OK);
-    ck_assert_int_eq(probe_layer_register(s, names[c], PROBE_KIND_OTHER, PROBE_DTYPE_F16, &act),
-                     PROBE_OK);
+    probe_session *s = hb_open(p, "fp16");
+    int32_t lin = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+    int32_t act = hb_layer(s, names[c], PROBE_KIND_OTHER, PROBE_DTYPE_F16);
     float x[N], y[N];
     for (int step = 0; step < 4; step++) {
       ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
       for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
       if (step == 3) y[0] = y[1] = INFINITY; /* exp() of a finite input */
-      ck_assert_int_eq(probe_tensor_record(s, lin, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, N), PROBE_OK);
-      ck_assert_int_eq(probe_tensor_record(s, act, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
-      ck_assert_int_eq(probe_tensor_record(s, act, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, y, N), PROBE_OK);
-      probe_step_scalars sc = {.loss = step == 3 ? INFINITY : 1.0, .loss_scale = 1024.0};
-      ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-      ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+      hb_rec(s, lin, PROBE_SITE_FWD_OUT, x, N);
+      hb_rec(s, act, PROBE_SITE_FWD_IN, x, N);
+      hb_rec(s, act, PROBE_SITE_FWD_OUT, y, N);
+      hb_end(s, step == 3 ? INFINITY : 1.0, 1024.0);
     }
     ck_assert_int_eq(probe_session_close(s), PROBE_OK);
     probe_diag d;
@@ -663,28 +665,18 @@ END_TEST
 /* One layer of kind `kind` in `prec`, input finite (absmax ~16), whose
  * output (and saved value, for a norm) holds NaN and no inf at step 3. */
 static void nan_only_trace(const char *p, probe_kind kind, probe_dtype prec) {
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  o.overwrite = 1;
-  o.precision_policy = prec == PROBE_DTYPE_BF16 ? "bf16" : "fp16";
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  int32_t id;
-  ck_assert_int_eq(probe_layer_register(s, "blk.norm", kind, prec, &id), PROBE_OK);
+  probe_session *s = hb_open(p, prec == PROBE_DTYPE_BF16 ? "bf16" : "fp16");
+  int32_t id = hb_layer(s, "blk.norm", kind, prec);
   float x[N], y[N];
   for (int step = 0; step < 4; step++) {
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
     for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
     if (step == 3) y[0] = y[5] = NAN;
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
+    hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
     if (kind == PROBE_KIND_LAYERNORM)
-      ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_SAVED, PROBE_DTYPE_F32, y, N),
-                       PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, y, N), PROBE_OK);
-    probe_step_scalars sc = {.loss = step == 3 ? NAN : 1.0, .loss_scale = 1.0};
-    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+      hb_rec(s, id, PROBE_SITE_FWD_SAVED, y, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, y, N);
+    hb_end(s, step == 3 ? NAN : 1.0, 1.0);
   }
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
 }
@@ -727,15 +719,8 @@ END_TEST
  * audit). */
 START_TEST(test_shared_module_first_call_overflows) {
   const char *p = tmp_path("shared");
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  o.precision_policy = "fp16";
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  int32_t id;
-  ck_assert_int_eq(probe_layer_register(s, "shared", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
-                   PROBE_OK);
+  probe_session *s = hb_open(p, "fp16");
+  int32_t id = hb_layer(s, "shared", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
   float x[N], w[N], y[N], bad[N];
   for (int i = 0; i < N; i++) x[i] = w[i] = y[i] = 0.5f + (float)i / N;
   for (int i = 0; i < N; i++) bad[i] = i < 3 ? INFINITY : 1.0f;
@@ -743,18 +728,16 @@ START_TEST(test_shared_module_first_call_overflows) {
     int ov = step == 2;
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
     /* call 1 */
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, x, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_WEIGHT, PROBE_DTYPE_F32, w, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
+    hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, id, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, ov ? bad : y, N);
     /* call 2, fed the first call's output */
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_WEIGHT, PROBE_DTYPE_F32, w, N), PROBE_OK);
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ov ? bad : y, N), PROBE_OK);
+    hb_rec(s, id, PROBE_SITE_FWD_IN, ov ? bad : y, N);
+    hb_rec(s, id, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, ov ? bad : y, N);
     /* the optimizer made the master weights NaN afterwards */
-    ck_assert_int_eq(probe_tensor_record(s, id, PROBE_SITE_MASTER_WEIGHT, PROBE_DTYPE_F32, ov ? bad : w, N), PROBE_OK);
-    probe_step_scalars sc = {.loss = ov ? NAN : 1.0, .loss_scale = 1.0};
-    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    hb_rec(s, id, PROBE_SITE_MASTER_WEIGHT, ov ? bad : w, N);
+    hb_end(s, ov ? NAN : 1.0, 1.0);
   }
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
   probe_diag d;
