@@ -38,6 +38,17 @@ static void cli_blas_one_thread(char **argv) {
   if (setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0) execv("/proc/self/exe", argv);
 }
 
+/* A signal during start-up: the libraries' load-time constructors
+ * (OpenBLAS, the CUDA runtime, Open MPI) take ~0.1 s before main, and a
+ * SIGINT/SIGTERM there used to kill the process by the signal with no
+ * message. The executable's .preinit_array runs after the libraries are
+ * mapped and before any of their constructors, so from there on a signal
+ * only sets cli_stop_flag; main then ends with "interrupted" (exit 130)
+ * before any work starts. A second signal still kills (SA_RESETHAND). */
+static void cli_preinit_signals(void) { cli_signals_install(); }
+__attribute__((section(".preinit_array"), used)) static void (
+    *const cli_preinit)(void) = cli_preinit_signals;
+
 typedef struct command {
   const char *name;
   int (*fn)(int argc, char **argv);
@@ -98,7 +109,23 @@ static int finish(const char *sub, int rc) {
   return out ? out : rc;
 }
 
+/* Whether a signal came during start-up (see cli_preinit_signals): then
+ * nothing has been done yet, and the command ends here, exit 130. */
+static int started_interrupted(const char *sub) {
+  if (!cli_stop_flag) return 0;
+  cli_error(sub, "interrupted");
+  return 1;
+}
+
+static const command *find_command(const char *name) {
+  for (size_t i = 0; name && i < N_COMMANDS; i++)
+    if (!strcmp(name, commands[i].name)) return &commands[i];
+  return NULL;
+}
+
 int main(int argc, char **argv) {
+  const command *c = find_command(argc >= 2 ? argv[1] : NULL);
+  if (started_interrupted(c ? c->name : NULL)) return CLI_EXIT_INTERRUPTED;
   cli_blas_one_thread(argv);
   signal(SIGXFSZ, SIG_IGN); /* inherited by bisect's trials through exec */
   cli_stdout_init();
@@ -115,17 +142,19 @@ int main(int argc, char **argv) {
     printf("ampprobe %s\n", ampprobe_version());
     return finish(NULL, CLI_EXIT_OK);
   }
-  for (size_t i = 0; i < N_COMMANDS; i++)
-    if (!strcmp(cmd, commands[i].name)) {
-      /* the others only read: an interrupt ends them at once, exit 130 */
-      if (!commands[i].stops_itself) cli_signals_exit_install(cmd);
-      int rc = commands[i].fn(argc - 1, argv + 1);
-      /* Its work is closed: from here a signal ends the process, so that
-       * nothing that hangs at exit (a library's destructor) can make it
-       * deaf to SIGTERM. (The others' handler exits at once already.) */
-      if (commands[i].stops_itself) cli_signals_default();
-      return finish(cmd, rc);
-    }
+  if (c) {
+    /* the others only read: an interrupt ends them at once, exit 130;
+     * those that stop themselves keep the start-up handler, so a signal
+     * while they parse and load is a stop request they see. */
+    if (!c->stops_itself) cli_signals_exit_install(cmd);
+    if (started_interrupted(cmd)) return CLI_EXIT_INTERRUPTED;
+    int rc = c->fn(argc - 1, argv + 1);
+    /* Its work is closed: from here a signal ends the process, so that
+     * nothing that hangs at exit (a library's destructor) can make it
+     * deaf to SIGTERM. (The others' handler exits at once already.) */
+    if (c->stops_itself) cli_signals_default();
+    return finish(cmd, rc);
+  }
   if (cmd[0] == '-')
     cli_error(NULL, "unknown option %s (see 'ampprobe --help')", cmd);
   else
