@@ -10,7 +10,7 @@
  * opened twice). The registry is lock-free, so a child can read it
  * whatever another thread held when it was forked.
  */
-#define _POSIX_C_SOURCE 200809L /* O_CLOEXEC */
+#define _GNU_SOURCE /* pipe2 */
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -47,3 +47,5 @@ void probe__child_detach(void) {
     if (v > 0) close(v - 1);
   }
 }
+
+int probe__pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC); }

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE /* PTHREAD_MUTEX_RECURSIVE */
 #include "format.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -301,12 +302,46 @@ static void h5_mu_init(void) {
   pthread_atfork(h5_fork_prepare, h5_fork_parent, h5_fork_child);
 }
 
+/* HDF5's automatic error printing is process-wide state, the host's as
+ * much as ours: libprobe reports its own errors, so it silences the
+ * printer while it holds the lock and gives the host's back (whatever it
+ * was: HDF5's default, h5py's, none) when the outermost hold ends. Both
+ * under h5_mu. */
+static int h5_depth;
+static H5E_auto2_t h5_host_func;
+static void *h5_host_data;
+
 void probe__h5_lock(void) {
   pthread_once(&h5_once, h5_mu_init);
   pthread_mutex_lock(&h5_mu);
+  if (h5_depth++ == 0) {
+    if (H5Eget_auto2(H5E_DEFAULT, &h5_host_func, &h5_host_data) < 0) {
+      h5_host_func = NULL;
+      h5_host_data = NULL;
+    }
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  }
 }
 
-void probe__h5_unlock(void) { pthread_mutex_unlock(&h5_mu); }
+void probe__h5_unlock(void) {
+  if (--h5_depth == 0) H5Eset_auto2(H5E_DEFAULT, h5_host_func, h5_host_data);
+  pthread_mutex_unlock(&h5_mu);
+}
+
+int probe__h5_fd(hid_t file) {
+  void *handle = NULL;
+  if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || handle == NULL) {
+    H5Eclear2(H5E_DEFAULT);
+    return -1;
+  }
+  return *(int *)handle; /* the sec2 driver's handle is its descriptor */
+}
+
+void probe__h5_cloexec(hid_t file) {
+  int fd = probe__h5_fd(file);
+  int fl = fd >= 0 ? fcntl(fd, F_GETFD) : -1;
+  if (fl >= 0) fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+}
 
 /* ---- HDF5's clean-up at exit (format.h) ----------------------------------- */
 

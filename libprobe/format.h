@@ -136,6 +136,9 @@ int probe__scaler_event_ok(const probe_scaler_event *e);
 void probe__lock_fd_register(int fd);
 void probe__lock_fd_unregister(int fd);
 void probe__child_detach(void);
+/* pipe(2) with both ends close-on-exec: a program another thread of the
+ * host execs must not hold the pipe to an isolated reader open. */
+int probe__pipe(int fds[2]);
 
 /* Variable-length UTF-8 string type (for root attributes). */
 hid_t probe__vlstr_type(void);
@@ -150,6 +153,15 @@ hid_t probe__vlstr_type(void);
 void probe__h5_lock(void);
 void probe__h5_unlock(void);
 void probe__h5_lock_child_reset(void);
+
+/* Marks the descriptor under an open HDF5 file close-on-exec, so a program
+ * the host starts (subprocess, system) does not inherit the trace open (or
+ * HDF5's lock on it). HDF5 1.10 opens without O_CLOEXEC and has no option
+ * for it; a fork+exec by another thread between the open and this call
+ * can still inherit it. Under the lock. */
+void probe__h5_cloexec(hid_t file);
+/* The descriptor under an open HDF5 file (the sec2 driver's), or -1. */
+int probe__h5_fd(hid_t file);
 
 /* HDF5's clean-up at exit (H5_term_library) closes every file still open;
  * after an H5Fclose that failed - HDF5 1.10 then keeps the id of a file it

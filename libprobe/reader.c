@@ -516,7 +516,6 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     free(t);
     return PROBE_ERR_NOMEM;
   }
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   probe_status st = PROBE_OK;
   char desc[256];
 
@@ -536,7 +535,7 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     st = fail(t, PROBE_ERR_NOT_HDF5, "not a regular file");
     goto out;
   }
-  int fd = open(path, O_RDONLY | O_NONBLOCK);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     st = fail(t, PROBE_ERR_IO, "%s", strerror(errno));
     goto out;
@@ -567,6 +566,7 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     st = fail(t, PROBE_ERR_CORRUPT, "corrupt or truncated HDF5 file (%s)", desc);
     goto out;
   }
+  probe__h5_cloexec(t->file);
   int absent = 0;
   char *fmt = given ? NULL : attr_read_str(t->file, "format", &absent);
   int is_trace = given || (fmt && strcmp(fmt, PROBE_TRACE_FORMAT) == 0);
@@ -945,17 +945,18 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   }
 
   int fds[2], beat[2];
-  if (pipe(fds) != 0) {
+  if (probe__pipe(fds) != 0) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
     return PROBE_ERR_IO;
   }
-  if (pipe(beat) != 0) {
+  if (probe__pipe(beat) != 0) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
     close(fds[0]);
     close(fds[1]);
     return PROBE_ERR_IO;
   }
-  fflush(NULL);
+  /* No fflush: the child ends with _exit and never touches the host's
+   * stdio buffers, so they are neither written twice nor flushed early. */
   /* Forked while holding the HDF5 lock, so that no writer thread of this
    * process is inside HDF5 at that moment: the child's copy is whole. */
   probe__h5_lock();

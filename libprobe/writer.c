@@ -86,20 +86,16 @@ static probe_status set_wmsg(probe_session *s, probe_status st,
  * KiB of metadata - is dropped with it. Without memfd_create, /dev/null
  * opened read-write is the fallback. */
 static void file_detach(probe_session *s) {
-  void *handle = NULL;
   if (s->file < 0 || s->detached) return;
-  if (H5Fget_vfd_handle(s->file, H5P_DEFAULT, &handle) < 0 || handle == NULL) {
-    H5Eclear2(H5E_DEFAULT);
-    return;
-  }
-  int fd = *(int *)handle;
+  int fd = probe__h5_fd(s->file);
+  if (fd < 0) return;
   int sink = -1;
 #ifdef MFD_CLOEXEC
   sink = memfd_create("ampprobe-detached-trace", MFD_CLOEXEC);
 #endif
   if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (sink >= 0) {
-    if (dup2(sink, fd) >= 0) s->detached = 1;
+    if (dup3(sink, fd, O_CLOEXEC) >= 0) s->detached = 1; /* stays close-on-exec */
     close(sink);
   }
 }
@@ -680,7 +676,6 @@ static void session_close_handles(probe_session *s) {
 /* Writer thread, at its start: creates the file, its attributes and
  * tables, and enters SWMR mode. */
 static probe_status file_create(probe_session *s) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   if (fapl < 0 ||
       H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0) {
@@ -708,6 +703,7 @@ static probe_status file_create(probe_session *s) {
     return set_wmsg(s, s->w_err, "cannot create trace '%s': %s", s->path,
                     s->w_err == PROBE_ERR_HDF5 ? "HDF5 error" : strerror(e));
   }
+  probe__h5_cloexec(s->file);
   if (write_root_attrs(s) < 0) return h5_fail(s, "writing root attributes");
   if (create_layout(s) < 0) return h5_fail(s, "creating tables");
   probe_status st = state_write(s, 0);

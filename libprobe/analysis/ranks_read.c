@@ -406,7 +406,7 @@ void probe__rworker_stop(probe__rworker *w, int *status) {
 static int start_worker(probe__rworker *w, probe__rsum *s,
                         const char *const *paths, size_t n, size_t from) {
   int fds[2];
-  if (pipe(fds) != 0) return -1;
+  if (probe__pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);

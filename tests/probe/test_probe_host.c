@@ -1,0 +1,187 @@
+/*
+ * test_probe_host.c - Check suite "host": libprobe leaves the process that
+ * links it as it found it. HDF5's error printer (process-wide state the
+ * host may have set, as h5py does) is the host's again after every call;
+ * the host's stdio buffers are not flushed behind its back; and no
+ * descriptor the library holds (HDF5's open traces) is inherited by a
+ * program the host execs. Each once failed (an audit of 2026-12-03).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <hdf5.h>
+
+#include "probe_testutil.h"
+
+/* A complete trace of `steps` steps of one layer at a fresh path. */
+static void host_trace(char *path, size_t len, const char *tag, int steps) {
+  pt_path(path, len, tag);
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+  float x[64];
+  for (int step = 0; step < steps; step++) {
+    PT_CHECK(probe_step_begin(s, step));
+    pt_tensor(x, 64, step, 0);
+    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+}
+
+static int host_prints;
+static herr_t host_printer(hid_t stack, void *data) {
+  (void)stack;
+  (*(int *)data)++;
+  return 0;
+}
+
+static void assert_host_printer(const char *after) {
+  H5E_auto2_t f = NULL;
+  void *d = NULL;
+  ck_assert_int_ge(H5Eget_auto2(H5E_DEFAULT, &f, &d), 0);
+  ck_assert_msg(f == host_printer && d == &host_prints,
+                "after %s, HDF5's error printer is not the host's", after);
+}
+
+/* The host installs its own HDF5 error printer. libprobe's failing HDF5
+ * calls (a truncated trace) do not reach it, and after each libprobe call
+ * - reading, writing through the writer thread - it is the host's again:
+ * the host's own failing call reaches it. */
+START_TEST(hdf5_error_printer_stays_the_hosts) {
+  char good[256], cut[256];
+  host_trace(good, sizeof good, "host-good", 20);
+  pt_path(cut, sizeof cut, "host-cut");
+  char *data;
+  size_t size;
+  pt_load(good, &data, &size);
+  FILE *f = fopen(cut, "wb");
+  ck_assert_ptr_nonnull(f);
+  fwrite(data, 1, size / 2, f);
+  fclose(f);
+  free(data);
+
+  host_prints = 0;
+  ck_assert_int_ge(H5Eset_auto2(H5E_DEFAULT, host_printer, &host_prints), 0);
+  probe_trace *t = NULL;
+  ck_assert_int_ne(probe_trace_open(&t, cut), PROBE_OK);
+  ck_assert_int_eq(host_prints, 0); /* libprobe's own failure: not printed */
+  assert_host_printer("a failed probe_trace_open");
+  PT_CHECK(probe_trace_open(&t, good));
+  probe_step_scalars sc[4];
+  size_t got = 0;
+  PT_CHECK(probe_trace_read_steps(t, 0, 4, sc, &got));
+  probe_trace_close(t);
+  assert_host_printer("reading a trace");
+  char w[256];
+  host_trace(w, sizeof w, "host-write", 3); /* the writer thread's calls */
+  assert_host_printer("writing a trace");
+  ck_assert_int_eq(host_prints, 0);
+
+  /* the host's own failing call still reaches its printer */
+  hid_t bad = H5Fopen(cut, H5F_ACC_RDONLY, H5P_DEFAULT);
+  ck_assert_int_lt(bad, 0);
+  ck_assert_int_gt(host_prints, 0);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  unlink(good);
+  unlink(cut);
+  unlink(w);
+}
+END_TEST
+
+/* Output the host has buffered stays buffered across an isolated open
+ * (which forks): libprobe does not flush the host's streams. */
+START_TEST(host_stdio_buffers_untouched) {
+  char tr[256], out[272];
+  host_trace(tr, sizeof tr, "host-stdio", 5);
+  snprintf(out, sizeof out, "%s.out", tr);
+  FILE *f = fopen(out, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(setvbuf(f, NULL, _IOFBF, 1 << 16), 0);
+  fputs("pending", f);
+  probe_trace *t = NULL;
+  char err[256];
+  PT_CHECK(probe_trace_open_isolated(&t, tr, err, sizeof err));
+  probe_trace_close(t);
+  struct stat sb;
+  ck_assert_int_eq(stat(out, &sb), 0);
+  ck_assert_msg(sb.st_size == 0, "the host's buffered output was flushed");
+  fclose(f);
+  ck_assert_int_eq(stat(out, &sb), 0);
+  ck_assert_int_eq(sb.st_size, 7); /* written once, by the host's fclose */
+  unlink(out);
+  unlink(tr);
+}
+END_TEST
+
+/* Every descriptor open on a trace - the writer's HDF5 file and its lock,
+ * a reader's HDF5 file - is close-on-exec while the session and the reader
+ * are open: a program the host starts does not inherit them. */
+START_TEST(no_trace_descriptor_survives_exec) {
+  char rd[256], wr[256];
+  host_trace(rd, sizeof rd, "host-fd-read", 5);
+  pt_path(wr, sizeof wr, "host-fd-write");
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, wr, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+  PT_CHECK(probe_step_begin(s, 0));
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+  PT_CHECK(probe_step_set_scalars(s, &sc));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_flush(s)); /* the writer thread has the file open */
+  probe_trace *t = NULL;
+  PT_CHECK(probe_trace_open(&t, rd));
+
+  int seen = 0;
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    int fd = atoi(e->d_name);
+    char link[64], target[512];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (strcmp(target, rd) != 0 && strcmp(target, wr) != 0) continue;
+    seen++;
+    int fl = fcntl(fd, F_GETFD);
+    ck_assert_msg(fl >= 0 && (fl & FD_CLOEXEC), "descriptor %d on %s is inherited by exec",
+                  fd, target);
+  }
+  closedir(d);
+  ck_assert_int_ge(seen, 2); /* at least the writer's file and the reader's */
+  probe_trace_close(t);
+  PT_CHECK(probe_session_close(s));
+  unlink(rd);
+  unlink(wr);
+}
+END_TEST
+
+int main(void) {
+  Suite *su = suite_create("host");
+  TCase *tc = tcase_create("host");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, hdf5_error_printer_stays_the_hosts);
+  tcase_add_test(tc, host_stdio_buffers_untouched);
+  tcase_add_test(tc, no_trace_descriptor_survives_exec);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
