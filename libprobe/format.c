@@ -365,6 +365,104 @@ void probe__h5_lock_child_reset(void) {
   h5_mu_create(); /* the copy in the child is owned by a thread it lacks */
 }
 
+int probe__utf8_len(const unsigned char *p) {
+  unsigned c = p[0];
+  int n;
+  unsigned min;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2, min = 0x80;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, min = 0x800;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, min = 0x10000;
+  else
+    return 0;
+  unsigned cp = c & (0x7f >> n);
+  for (int i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (p[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+int probe__utf8_valid(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    int n = *p < 0x80 ? 1 : probe__utf8_len(p);
+    if (n == 0) return 0;
+    p += n;
+  }
+  return 1;
+}
+
+/* ---- escaping names for messages (probe_text_escape's rules) ---------- */
+
+/* Appends one unit (a byte, an escape, a UTF-8 sequence) of n bytes: whole,
+ * or - once one did not fit - no more at all, so a short buffer holds a
+ * prefix of whole units, never half an escape or half a character. */
+typedef struct esc_out {
+  char *out;
+  size_t cap;
+  size_t k; /* the length the whole escaped text needs */
+  size_t w; /* bytes written: whole units only, always < cap */
+} esc_out;
+
+static void esc_put(esc_out *o, const void *unit, size_t n) {
+  if (o->w == o->k && o->k + n < o->cap) {
+    memcpy(o->out + o->w, unit, n);
+    o->w += n;
+  }
+  o->k += n;
+}
+
+/* The escape of byte c, or NULL when c is not one of the named ones. */
+static const char *esc_named(unsigned c) {
+  switch (c) {
+  case '\n': return "\\n";
+  case '\r': return "\\r";
+  case '\t': return "\\t";
+  case 0x1b: return "\\e";
+  case 0x07: return "\\a";
+  case '\b': return "\\b";
+  case '\f': return "\\f";
+  case '\v': return "\\v";
+  case '\\': return "\\\\";
+  default: return NULL;
+  }
+}
+
+size_t probe__text_escape(char *out, size_t cap, const char *s) {
+  esc_out o = {out, cap, 0, 0};
+  const unsigned char *p = (const unsigned char *)(s ? s : "");
+  char e[8];
+  while (*p) {
+    unsigned c = *p;
+    const char *named = esc_named(c);
+    int n = c >= 0x80 ? probe__utf8_len(p) : 0;
+    if (named) {
+      esc_put(&o, named, strlen(named));
+      p++;
+    } else if (c >= 0x20 && c < 0x7f) {
+      esc_put(&o, p, 1);
+      p++;
+    } else if (n == 2 && c == 0xc2 && p[1] < 0xa0) { /* C1 U+0080..U+009F */
+      snprintf(e, sizeof e, "\\u%04x", (unsigned)p[1]);
+      esc_put(&o, e, 6);
+      p += 2;
+    } else if (n > 0) {
+      esc_put(&o, p, (size_t)n);
+      p += n;
+    } else {
+      snprintf(e, sizeof e, "\\x%02x", c);
+      esc_put(&o, e, 4);
+      p++;
+    }
+  }
+  if (cap) out[o.w] = 0;
+  return o.k;
+}
+
 int probe__step_flags_ok(const probe_step_scalars *s) {
   return (s->found_inf == 0 || s->found_inf == 1) &&
          (s->skipped == 0 || s->skipped == 1);

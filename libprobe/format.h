@@ -126,6 +126,16 @@ void probe__trace_open_msg(const char *fmt, ...)
  * found_inf and skipped are 0 or 1; a /scaler_events row has a known kind
  * and a step >= 0. */
 int probe__step_flags_ok(const probe_step_scalars *s);
+
+/* UTF-8 (format.c): the length (2..4) of the valid multi-byte sequence at
+ * p, 0 when there is none (an ASCII byte, a stray or overlong byte, a
+ * surrogate, past U+10FFFF); and whether a whole string is valid. */
+int probe__utf8_len(const unsigned char *p);
+int probe__utf8_valid(const char *s);
+
+/* probe_text_escape (ampprobe/analysis.h) itself: the library's messages
+ * show names from callers and files through it too. */
+size_t probe__text_escape(char *out, size_t cap, const char *s);
 int probe__scaler_event_ok(const probe_scaler_event *e);
 
 /* child.c: sessions register their writer-lock descriptor while they hold

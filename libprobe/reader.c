@@ -466,7 +466,7 @@ static probe_status read_rank(probe_trace *t) {
 
 static probe_status read_layers(probe_trace *t) {
   int64_t n = t->rows[PROBE__T_LAYERS];
-  if (n > (1 << 20))
+  if (n > PROBE_LAYERS_MAX)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %lld layers",
                 (long long)n);
   t->layers = calloc((size_t)n + 1, sizeof *t->layers);

@@ -256,6 +256,7 @@ static void session_free(probe_session *s) {
   free(s->repeat_next);
   free(s->layers);
   free(s->selected);
+  free(s->name_slots);
   free(s->layer_select);
   free(s->path);
   for (int i = 0; i < 4; i++) free(s->own_strings[i]);
@@ -521,25 +522,72 @@ const char *probe_session_last_error(const probe_session *s) {
   return s->msg[0] ? s->msg : "no error";
 }
 
+/* ---- layer names: a hash set, so registering n layers is O(n) ---------- */
+
+static size_t name_hash(const char *name) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    h = (h ^ *p) * 1099511628211ull;
+  return (size_t)h;
+}
+
+/* The slot holding name, or the empty slot where it would go. */
+static size_t name_slot(const probe_session *s, const char *name) {
+  size_t mask = s->n_name_slots - 1, i = name_hash(name) & mask;
+  while (s->name_slots[i] != 0 &&
+         strcmp(s->layers[s->name_slots[i] - 1].name, name) != 0)
+    i = (i + 1) & mask;
+  return i;
+}
+
+/* Room for one more name: at least twice as many slots as names. */
+static int name_slots_grow(probe_session *s) {
+  if (s->n_name_slots >= 2 * ((size_t)s->n_layers + 1)) return 0;
+  size_t n = s->n_name_slots ? 2 * s->n_name_slots : 64;
+  int32_t *old = s->name_slots;
+  size_t n_old = s->n_name_slots;
+  if ((s->name_slots = calloc(n, sizeof *s->name_slots)) == NULL) {
+    s->name_slots = old;
+    return -1;
+  }
+  s->n_name_slots = n;
+  for (size_t i = 0; i < n_old; i++)
+    if (old[i]) s->name_slots[name_slot(s, s->layers[old[i] - 1].name)] = old[i];
+  free(old);
+  return 0;
+}
+
+/* Why a name cannot be a layer's, or NULL when it can. */
+static const char *layer_name_problem(const probe_session *s, const char *name,
+                                      size_t len) {
+  if (len == 0 || len >= PROBE_NAME_MAX) return "is empty or too long";
+  if (!probe__utf8_valid(name)) return "is not valid UTF-8";
+  if (s->n_name_slots && s->name_slots[name_slot(s, name)] != 0)
+    return "is registered twice";
+  return NULL;
+}
+
 probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id) {
   if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
   if (writer_error(s) != PROBE_OK) return s->err;
   size_t len = strlen(name);
-  if (len == 0 || len >= PROBE_NAME_MAX)
+  char shown[80]; /* the name as data in the message: escaped, cut whole */
+  probe__text_escape(shown, sizeof shown, name);
+  const char *why = layer_name_problem(s, name, len);
+  if (why)
     return set_msg(s, PROBE_ERR_INVALID_ARG,
-                   "layer name '%.80s' is empty or longer than %d bytes", name,
-                   PROBE_NAME_MAX - 1);
+                   "layer name '%s' %s (1 to %d bytes of UTF-8, unique)",
+                   shown, why, PROBE_NAME_MAX - 1);
   if ((int)kind < 0 || kind >= PROBE_KIND_COUNT || (int)prec < 0 ||
       (int)prec > PROBE_DTYPE_BF16)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s': bad kind/precision",
-                   name);
-  for (int32_t i = 0; i < s->n_layers; i++)
-    if (strcmp(s->layers[i].name, name) == 0)
-      return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s' registered twice",
-                     name);
-  if (s->n_layers == INT32_MAX / 2) return set_msg(s, PROBE_ERR_INVALID_ARG, "too many layers");
+                   shown);
+  if (s->n_layers >= PROBE_LAYERS_MAX)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "too many layers (at most %d)",
+                   PROBE_LAYERS_MAX);
+  if (name_slots_grow(s) < 0) return set_msg(s, PROBE_ERR_NOMEM, "out of memory");
   if (s->n_layers == s->cap_layers) {
     int32_t cap = s->cap_layers ? s->cap_layers * 2 : 32;
     probe_layer_info *l = realloc(s->layers, (size_t)cap * sizeof *l);
@@ -559,6 +607,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
   s->selected[s->n_layers] = (uint8_t)select_match(s->layer_select, name);
   probe_status st = table_append(s, PROBE__T_LAYERS, l, 1);
   if (st != PROBE_OK) return st;
+  s->name_slots[name_slot(s, name)] = s->n_layers + 1;
   if (layer_id) *layer_id = s->n_layers;
   s->n_layers++;
   return PROBE_OK;

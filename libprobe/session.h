@@ -175,6 +175,10 @@ struct probe_session {
   probe_layer_info *layers; /* (n_layers) */
   uint8_t *selected;        /* (n_layers) 1 when the layer is recorded */
   int32_t n_layers, cap_layers;
+  /* names -> layer: open addressing, layer id + 1 per slot (0 empty), a
+   * power of two with at least twice n_layers slots (session.c) */
+  int32_t *name_slots;
+  size_t n_name_slots;
 
   int in_step;
   int64_t step;

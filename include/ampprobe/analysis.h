@@ -64,7 +64,9 @@ AMPPROBE_API void probe_free(void *p);
  * \b \f \v, a backslash as \\, C1 controls as \u0080..\u009f, bytes
  * that are not valid UTF-8 as \xHH. Printable ASCII and valid UTF-8 pass
  * unchanged. Returns the length the escaped text needs (as snprintf does),
- * so a caller can size its buffer: probe_text_escape(NULL, 0, s) + 1. */
+ * so a caller can size its buffer: probe_text_escape(NULL, 0, s) + 1. A
+ * buffer too short holds the longest prefix of whole units: never half an
+ * escape or half a UTF-8 character. */
 AMPPROBE_API size_t probe_text_escape(char *out, size_t cap, const char *s);
 /* 1 when probe_text_escape would change s. */
 AMPPROBE_API int probe_text_needs_escape(const char *s);

@@ -40,6 +40,7 @@ extern "C" {
 #define PROBE_TRACE_FORMAT "ampprobe-trace"
 #define PROBE_TRACE_VERSION 1
 #define PROBE_NAME_MAX 64 /* layer names, including the terminating NUL */
+#define PROBE_LAYERS_MAX (1 << 20) /* layers in one trace (writer and reader) */
 
 /* ---- vocabulary ----------------------------------------------------------- */
 
@@ -342,7 +343,10 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
                                            probe_site *site, int *covers_all);
 
 /* Layers may be registered at any time, but before the records that use
- * them; ids are 0, 1, 2, ... in registration order. Names must be unique. */
+ * them; ids are 0, 1, 2, ... in registration order. A name is 1 to
+ * PROBE_NAME_MAX - 1 bytes of valid UTF-8 (docs/trace-format.md), unique in
+ * the session; at most PROBE_LAYERS_MAX layers. Else PROBE_ERR_INVALID_ARG
+ * with the reason in probe_session_last_error. */
 AMPPROBE_API
 probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_dtype prec,

@@ -17,86 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../format.h" /* probe__text_escape */
 #include "analysis-impl.h"
 
 /* ---- escaping -------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at p (2..4), 0 when it is not one. */
-static int utf8_len(const unsigned char *p) {
-  unsigned c = p[0];
-  int n;
-  unsigned min;
-  if (c >= 0xc2 && c <= 0xdf)
-    n = 2, min = 0x80;
-  else if (c >= 0xe0 && c <= 0xef)
-    n = 3, min = 0x800;
-  else if (c >= 0xf0 && c <= 0xf4)
-    n = 4, min = 0x10000;
-  else
-    return 0;
-  unsigned cp = c & (0x7f >> n);
-  for (int i = 1; i < n; i++) {
-    if ((p[i] & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (p[i] & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return n;
-}
-
 size_t probe_text_escape(char *out, size_t cap, const char *s) {
-  size_t k = 0;
-#define PUTC_(ch)                                                              \
-  do {                                                                         \
-    if (k + 1 < cap) out[k] = (char)(ch);                                      \
-    k++;                                                                       \
-  } while (0)
-  const unsigned char *p = (const unsigned char *)(s ? s : "");
-  while (*p) {
-    unsigned c = *p;
-    const char *named = NULL;
-    switch (c) {
-    case '\n': named = "\\n"; break;
-    case '\r': named = "\\r"; break;
-    case '\t': named = "\\t"; break;
-    case 0x1b: named = "\\e"; break;
-    case 0x07: named = "\\a"; break;
-    case '\b': named = "\\b"; break;
-    case '\f': named = "\\f"; break;
-    case '\v': named = "\\v"; break;
-    case '\\': named = "\\\\"; break;
-    default: break;
-    }
-    if (named) {
-      for (const char *q = named; *q; q++) PUTC_(*q);
-      p++;
-      continue;
-    }
-    if (c >= 0x20 && c < 0x7f) {
-      PUTC_(c);
-      p++;
-      continue;
-    }
-    int n = c >= 0x80 ? utf8_len(p) : 0;
-    if (n == 2 && c == 0xc2 && p[1] < 0xa0) { /* C1 control U+0080..U+009F */
-      char e[8];
-      snprintf(e, sizeof e, "\\u%04x", (unsigned)p[1]);
-      for (const char *q = e; *q; q++) PUTC_(*q);
-      p += 2;
-      continue;
-    }
-    if (n > 0) {
-      for (int i = 0; i < n; i++) PUTC_(p[i]);
-      p += n;
-      continue;
-    }
-    char e[8];
-    snprintf(e, sizeof e, "\\x%02x", c);
-    for (const char *q = e; *q; q++) PUTC_(*q);
-    p++;
-  }
-  if (cap) out[k < cap ? k : cap - 1] = 0;
-#undef PUTC_
-  return k;
+  return probe__text_escape(out, cap, s);
 }
 
 int probe_text_needs_escape(const char *s) {
@@ -185,7 +112,7 @@ static void put_string(probe__jw *w, const char *s) {
       put(w, (const char *)p, 1);
       p++;
     } else {
-      int n = utf8_len(p);
+      int n = probe__utf8_len(p);
       if (n == 2 && c == 0xc2 && p[1] < 0xa0) {
         snprintf(e, sizeof e, "\\u%04x", (unsigned)p[1]);
         puts_(w, e);

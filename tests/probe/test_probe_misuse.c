@@ -384,6 +384,80 @@ END_TEST
 
 /* NULL where a helper takes a pointer: a neutral answer, no crash (17 such
  * calls crashed); a NULL open names what was NULL (it said "no error"). */
+/* Layer names: invalid UTF-8 is refused (the format promises UTF-8, and
+ * h5py's .decode() of the name would fail), a refused name is shown
+ * escaped in the message, a name registered twice is refused. */
+START_TEST(layer_names_refused) {
+  char p[256];
+  pt_path(p, sizeof p, "names");
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, p, &o));
+  int32_t id = -1;
+  static const char *bad[] = {"x\xff", "caf\xc3", "\xc0\xaf", "\xed\xa0\x80",
+                              "a\xf4\x90\x80\x80"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(probe_layer_register(s, bad[i], PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                     PROBE_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "not valid UTF-8"));
+  }
+  PT_CHECK(probe_layer_register(s, "caf\xc3\xa9.\xe2\x82\xac", PROBE_KIND_LINEAR,
+                                PROBE_DTYPE_F16, &id));
+  ck_assert_int_eq(probe_layer_register(s, "caf\xc3\xa9.\xe2\x82\xac", PROBE_KIND_BN,
+                                        PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "registered twice"));
+  ck_assert_int_eq(probe_layer_register(s, "a\x1b[2J", 999, PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_null(strchr(probe_session_last_error(s), 0x1b));
+  ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "a\\e[2J"));
+  PT_CHECK(probe_session_close(s));
+  unlink(p);
+}
+END_TEST
+
+/* PROBE_LAYERS_MAX layers: all registered (in linear time: the duplicate
+ * check was quadratic, ~5e11 comparisons here), one more refused, and the
+ * reader opens the trace (it stopped at 2^20 while the writer went on to
+ * 2^30). */
+START_TEST(as_many_layers_as_the_reader_takes) {
+  char p[256];
+  pt_path(p, sizeof p, "layers-max");
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, p, &o));
+  char name[32];
+  int32_t id = -1;
+  for (int i = 0; i < PROBE_LAYERS_MAX; i++) {
+    snprintf(name, sizeof name, "m%d.fc", i);
+    probe_status st = probe_layer_register(s, name, PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id);
+    if (st != PROBE_OK) ck_abort_msg("layer %d: %s", i, probe_session_last_error(s));
+  }
+  ck_assert_int_eq(id, PROBE_LAYERS_MAX - 1);
+  ck_assert_int_eq(probe_layer_register(s, "one.more", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "too many layers"));
+  ck_assert_int_eq(probe_layer_register(s, "m77.fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG); /* a duplicate is still found */
+  PT_CHECK(probe_step_begin(s, 0));
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+  PT_CHECK(probe_step_set_scalars(s, &sc));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_close(s));
+  probe_trace *t = NULL;
+  PT_CHECK(probe_trace_open(&t, p));
+  size_t n = 0;
+  ck_assert_ptr_nonnull(probe_trace_layers(t, &n));
+  ck_assert_uint_eq(n, PROBE_LAYERS_MAX);
+  probe_trace_close(t);
+  unlink(p);
+}
+END_TEST
+
 START_TEST(null_helpers) {
   probe_stats_init(NULL);
   probe_stats s;
@@ -427,6 +501,8 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, steps_far_apart);
   tcase_add_test(tc, oracle_outside_the_status_list);
   tcase_add_test(tc, null_helpers);
+  tcase_add_test(tc, layer_names_refused);
+  tcase_add_test(tc, as_many_layers_as_the_reader_takes);
   suite_add_tcase(su, tc);
   return su;
 }

@@ -1133,6 +1133,21 @@ START_TEST(test_text_escape) {
   char s[5];
   ck_assert_uint_eq(probe_text_escape(s, sizeof s, "\n\n\n"), 6);
   ck_assert_uint_eq(strlen(s), 4);
+  /* ... and cuts between whole units: never half a character or escape */
+  ck_assert_uint_eq(probe_text_escape(s, 4, "ab\xc3\xa9"), 4);
+  ck_assert_str_eq(s, "ab");
+  ck_assert_uint_eq(probe_text_escape(s, 5, "ab\xc3\xa9\xc3\xa9"), 6);
+  ck_assert_str_eq(s, "ab\xc3\xa9");
+  probe_text_escape(s, 4, "a\x01");
+  ck_assert_str_eq(s, "a");
+  probe_text_escape(s, 5, "a\xe2\x82\xac"); /* a 3-byte character */
+  ck_assert_str_eq(s, "a\xe2\x82\xac");
+  probe_text_escape(s, 4, "a\xe2\x82\xac");
+  ck_assert_str_eq(s, "a");
+  probe_text_escape(s, 4, "ab\xe2\x82\xac");
+  ck_assert_str_eq(s, "ab");
+  probe_text_escape(s, 5, "a\xc2\x9b"); /* a C1 escape is 6 bytes */
+  ck_assert_str_eq(s, "a");
   ck_assert(probe_text_needs_escape("a\x1b"));
   ck_assert(!probe_text_needs_escape("enc.bn1"));
 }
