@@ -13,7 +13,8 @@
  * Trials. An internal trial is `ampprobe run ... --json -q -o
  * WORKDIR/trial-NN.h5` (fork/exec of /proc/self/exe); an external one is
  * the user's command with AMPPROBE_FP32, AMPPROBE_PRECISION, AMPPROBE_TRACE
- * (and AMPPROBE_SEED for the noise baseline) in its environment. Either way
+ * and AMPPROBE_SEED (yours, or 0 when unset; + 1 for the noise baseline)
+ * in its environment. Either way
  * it is judged from the trace it wrote: the loss series of /steps (read
  * through libprobe's reader), skipped steps, loss scale. Each trial runs in
  * its own process group with PR_SET_PDEATHSIG(SIGKILL), so trials die with
@@ -258,6 +259,7 @@ typedef struct bisect {
   int baseline_known;
   int base_id, noise_id;
   double tol_pct, noise_pct; /* tolerance used; measured spread (NaN: none) */
+  int noise_identical; /* the two baselines' losses were the same, step by step */
   int64_t noise_seed_used, base_seed;
   /* the names ddmin works on at the current level */
   char **names;
@@ -370,11 +372,13 @@ static void trial_env(const bisect *b, const trial *t, const char *trace_abs) {
   else
     setenv("AMPPROBE_FP32", t->fp32, 1);
   setenv("AMPPROBE_TRACE", trace_abs, 1);
-  if (t->role == R_NOISE) {
-    char s[32];
-    snprintf(s, sizeof s, "%lld", (long long)b->noise_seed_used);
-    setenv("AMPPROBE_SEED", s, 1);
-  }
+  /* Every trial gets the seed, not only the noise baseline: a job whose own
+   * default seed is S + 1 would otherwise run the same seed in both
+   * baselines (a spread of 0), and the trials would not all share one. */
+  char s[32];
+  snprintf(s, sizeof s, "%lld",
+           (long long)(t->role == R_NOISE ? b->noise_seed_used : b->base_seed));
+  setenv("AMPPROBE_SEED", s, 1);
 }
 
 /* Opens WORKDIR/name for a new trial file: exclusively, never through a
@@ -1369,6 +1373,10 @@ static void criteria_text(const bisect *b, char *buf, size_t len) {
           "of seeds %lld and %lld)",
           b->max_regress, b->noise_pct, (long long)b->base_seed,
           (long long)b->noise_seed_used);
+    else if (base && b->noise_identical)
+      PUT(", tolerance %g%% (the two FP32 baselines had the same loss at "
+          "every step: the job ignores the seed, AMPPROBE_SEED)",
+          b->max_regress);
     else if (base && b->noise_on)
       PUT(", tolerance %g%% (the noise baseline did not pass)",
           b->max_regress);
@@ -1447,6 +1455,7 @@ static json_t *result_json(const bisect *b, const result *r) {
                           ? num_or_null(b->tol_pct)
                           : json_null());
   json_object_set_new(c, "baseline_noise_pct", num_or_null(b->noise_pct));
+  json_object_set_new(c, "baselines_identical", json_boolean(b->noise_identical));
   json_object_set_new(c, "noise_seed", b->noise_on ? json_integer(b->noise_seed_used)
                                                    : json_null());
   json_object_set_new(c, "loss_window",
@@ -2248,6 +2257,13 @@ static void judge_tolerance(bisect *b) {
   int64_t n = b1->n_steps < b2->n_steps ? b1->n_steps : b2->n_steps;
   int64_t k = window_len(n);
   double m1 = mean_of(b1->loss, n - k, k), m2 = mean_of(b2->loss, n - k, k);
+  /* the same losses at every step: the job did not take the seed (an
+   * external job that ignores AMPPROBE_SEED), so there is no spread */
+  if (n > 0 && b1->n_steps == b2->n_steps &&
+      memcmp(b1->loss, b2->loss, (size_t)n * sizeof *b1->loss) == 0) {
+    b->noise_identical = 1;
+    return;
+  }
   if (isfinite(m1) && isfinite(m2) && m1 != 0) {
     b->noise_pct = 100.0 * fabs(m2 - m1) / fabs(m1);
     if (b->noise_pct > b->tol_pct)

@@ -408,6 +408,26 @@ external() {
     pass "missing command: exit 4, '$(cat "$WORK/xn.err")'" || fail "missing command: exit $RC, $(cat "$WORK/xn.err")"
   expect_err 2 "--scenario with an external command" --fp32-candidates bn --scenario healthy -- "$FAKE" "$BIN" healthy
   expect_err 2 "--steps with an external command" --fp32-candidates bn --steps 5 -- "$FAKE" "$BIN" healthy
+  # AMPPROBE_SEED unset: every trial gets 0, the noise baseline 1 (a job
+  # whose own default seed is 1 ran seed 1 in both baselines: a 0% spread)
+  unset AMPPROBE_SEED
+  : >"$FAKE_JOB_LOG"
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-xs" --json \
+    -- "$FAKE" "$BIN" revin-overflow >"$WORK/xs.json" 2>"$WORK/xs.err"
+  [ "$(grep -c ' seed=1 ' "$FAKE_JOB_LOG")" = 1 ] && grep -q "^precision=fp32 fp32=<unset> seed=1 " "$FAKE_JOB_LOG" &&
+    [ "$(grep -c ' seed=0 ' "$FAKE_JOB_LOG")" = "$(($(wc -l <"$FAKE_JOB_LOG") - 1))" ] &&
+    [ "$(jget "$WORK/xs.json" "d['criteria']['baseline_noise_pct'] is not None and d['criteria']['baseline_noise_pct'] > 0")" = True ] &&
+    pass "AMPPROBE_SEED unset: trials seed 0, noise baseline seed 1, spread $(jget "$WORK/xs.json" "d['criteria']['baseline_noise_pct']")%" ||
+    fail "seed unset: $(cat "$FAKE_JOB_LOG") $(cat "$WORK/xs.err")"
+  # a job that ignores the seed: the baselines agree step by step, and the
+  # criterion says so instead of quoting a 0% spread between two seeds
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-xi" --json \
+    -- "$FAKE" "$BIN" revin-overflow noseed >"$WORK/xi.json" 2>"$WORK/xi.err"
+  [ "$(jget "$WORK/xi.json" "d['criteria']['baselines_identical']")" = True ] &&
+    [ "$(jget "$WORK/xi.json" "d['criteria']['baseline_noise_pct']")" = None ] &&
+    jget "$WORK/xi.json" "d['criteria']['text']" | grep -q "job ignores the seed" &&
+    pass "a job that ignores AMPPROBE_SEED: baselines identical, said in the criterion" ||
+    fail "noseed job: $(jget "$WORK/xi.json" "d['criteria']") $(cat "$WORK/xi.err")"
   unset FAKE_JOB_LOG AMPPROBE_SEED
 }
 
