@@ -74,7 +74,10 @@ double pt_sched_lr(const pt_sched_spec *s, double base_lr, int64_t step,
     if (span <= 1) return base_lr;
     double p = (double)(step - s->warmup) / (double)(span - 1);
     if (p > 1.0) p = 1.0;
-    return s->min_lr + 0.5 * (base_lr - s->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+    /* the floor never lifts the rate above lr (lr 0 stays 0: --lr 0 is how
+     * bisect's "baseline does not train" check is shown) */
+    double floor_lr = s->min_lr < base_lr ? s->min_lr : base_lr;
+    return floor_lr + 0.5 * (base_lr - floor_lr) * (1.0 + cos(3.14159265358979323846 * p));
   }
   case PT_SCHED_STEP: {
     if (s->step_size <= 0) return base_lr;

@@ -299,6 +299,14 @@ fair() {
       fail "$sc with lr 0: exit $RC, $(jget "$WORK/lr0-$sc.out" "d['summary']" 2>&1 | head -c 300)"
     fi
   done
+  # ...also with the scenario's own cosine schedule, whose floor (min_lr
+  # 3e-4) once lifted --lr 0 back up, so that the baseline trained
+  "$BIN" bisect --scenario healthy --fp32-candidates bn -j 2 -q --workdir "$WORK/wd-lr0-cos" \
+    --json -- --lr 0 >"$WORK/lr0-cos.out" 2>"$WORK/lr0-cos.err"
+  RC=$?
+  [ "$RC" = 5 ] && [ "$(jget "$WORK/lr0-cos.out" "d['outcome']")" = baseline-does-not-train ] &&
+    pass "healthy with -- --lr 0 and its cosine schedule: exit 5" ||
+    fail "healthy --lr 0 (cosine): exit $RC, $(jget "$WORK/lr0-cos.out" "d['summary']" 2>&1 | head -c 300)"
   # ...and a baseline that trains is not taken for one (the zoo above)
 
   # (c) candidates matching no layer are dropped before any trial

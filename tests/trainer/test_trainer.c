@@ -446,6 +446,11 @@ START_TEST(test_schedule) {
   ck_assert_double_eq_tol(pt_sched_lr(&s, 1.0, 109, 110), 0.1, 1e-12);
   double mid = pt_sched_lr(&s, 1.0, 10 + 99 / 2, 110);
   ck_assert(mid > 0.5 && mid < 0.6);
+  /* a floor above lr never lifts the rate: lr 0 stays 0, lr 0.05 < 0.1 flat */
+  for (int64_t step = 0; step < 110; step++) {
+    ck_assert_double_eq(pt_sched_lr(&s, 0.0, step, 110), 0.0);
+    ck_assert(pt_sched_lr(&s, 0.05, step, 110) <= 0.05);
+  }
   s.type = PT_SCHED_STEP;
   s.warmup = 0;
   s.step_size = 30;
