@@ -231,6 +231,10 @@ static const char *file_kind(mode_t m) {
 }
 
 int cli_check_input(const char *sub, const char *path) {
+  return cli_check_input_key(sub, NULL, path);
+}
+
+int cli_check_input_key(const char *sub, const char *key, const char *path) {
   struct stat st;
   char q[PATH_MAX + 16];
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
@@ -243,7 +247,11 @@ int cli_check_input(const char *sub, const char *path) {
   }
   if (S_ISREG(st.st_mode)) return 0;
   cli_escape_name(q, sizeof q, path);
-  cli_error(sub, "%s: not a regular file (%s)", q, file_kind(st.st_mode));
+  if (key)
+    cli_error(sub, "%s %s: %s; only regular files are read", key, q,
+              file_kind(st.st_mode));
+  else
+    cli_error(sub, "%s: not a regular file (%s)", q, file_kind(st.st_mode));
   return CLI_EXIT_INPUT;
 }
 

@@ -121,6 +121,10 @@ json_t *cli_json_num(double x);
  * regular file (a FIFO)" and returns CLI_EXIT_INPUT. Opens with O_NONBLOCK,
  * so checking a FIFO never blocks. */
 int cli_check_input(const char *sub, const char *path);
+/* The same for a path a config names: the message names its key
+ * ("data.path /dev/zero: a character device; only regular files are
+ * read"). */
+int cli_check_input_key(const char *sub, const char *key, const char *path);
 
 /* 1 when a and b name the same file (see above), else 0. */
 int cli_same_file(const char *a, const char *b);

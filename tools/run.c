@@ -889,7 +889,7 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
   int rc = 0;
   for (int i = 1; i < 3 && !rc; i++)
     if (inputs[i])
-      rc = cli_check_input(SUB, inputs[i]);
+      rc = cli_check_input_key(SUB, "data.path", inputs[i]);
   if (!rc)
     rc = cli_check_output(SUB, path, inputs, 3);
   if (rc)

@@ -744,29 +744,33 @@ probe_status probe_config_load_file(probe_train_config **out, const char *path,
   probe_status st;
   FILE *f = pt_open_regular(path, "", &st, err, errlen);
   if (!f) return st;
+  /* room for the limit, one byte past it (to tell "larger") and the NUL */
+  const size_t cap_max = (size_t)PT_CONFIG_MAX_BYTES + 2;
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
   while (buf) {
-    size_t got = fread(buf + len, 1, cap - len - 1, f);
-    len += got;
-    if (got == 0) break;
-    if (len + 1 >= cap) {
-      if (cap >= PT_CONFIG_MAX_BYTES) {
-        free(buf);
-        fclose(f);
-        return pt_fail(err, errlen, PROBE_ERR_CONFIG,
-                       "%s: larger than %d MiB; not a config", path,
-                       PT_CONFIG_MAX_BYTES >> 20);
-      }
-      char *nb = realloc(buf, cap * 2);
+    if (len + 1 == cap) {
+      if (cap == cap_max) break;
+      size_t ncap = cap * 2 < cap_max ? cap * 2 : cap_max;
+      char *nb = realloc(buf, ncap);
       if (!nb) {
         free(buf);
         buf = NULL;
         break;
       }
       buf = nb;
-      cap *= 2;
+      cap = ncap;
     }
+    size_t got = fread(buf + len, 1, cap - len - 1, f);
+    len += got;
+    if (got == 0) break;
+  }
+  if (buf && len > (size_t)PT_CONFIG_MAX_BYTES) {
+    free(buf);
+    fclose(f);
+    return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                   "%s: larger than %d MiB; not a config", path,
+                   PT_CONFIG_MAX_BYTES >> 20);
   }
   int rerr = ferror(f);
   fclose(f);

@@ -392,6 +392,10 @@ JSON
     expect "2|3|4" "$args"
     one_line "$args"
   done
+  # the data file's refusal names the config key, as docs/config.md says
+  t -- "$AMP" run --config cfg.json -q -o d.h5
+  expect 3 "data.path a FIFO"
+  one_line "data.path a FIFO" "data.path $W/pipe: a FIFO; only regular files are read"
 }
 
 # Layer names with ESC[2J, a newline forging a line, BEL and CR.

@@ -192,6 +192,37 @@ START_TEST(config_file_not_regular) {
 }
 END_TEST
 
+/* The size limit is exactly 16 MiB (PT_CONFIG_MAX_BYTES): a config of that
+ * size loads, one byte more is refused (it was refused 2 bytes early). */
+START_TEST(config_size_limit_exact) {
+  char path[300], err[512] = "";
+  tmp_path(path, sizeof path, "big.json");
+  static const char head[] = "{\"steps\": 2, " MODEL "}";
+  for (int extra = 0; extra < 2; extra++) {
+    size_t size = ((size_t)16 << 20) + (size_t)extra; /* docs/config.md */
+    char *buf = malloc(size);
+    ck_assert_ptr_nonnull(buf);
+    memset(buf, ' ', size);
+    memcpy(buf, head, strlen(head));
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, size, f), size);
+    fclose(f);
+    free(buf);
+    probe_train_config *c = NULL;
+    probe_status st = probe_config_load_file(&c, path, err, sizeof err);
+    if (extra == 0) {
+      ck_assert_msg(st == PROBE_OK, "%zu bytes: %s", size, err);
+      probe_config_free(c);
+    } else {
+      ck_assert_int_eq(st, PROBE_ERR_CONFIG);
+      ck_assert_ptr_nonnull(strstr(err, "larger than 16 MiB"));
+    }
+  }
+  unlink(path);
+}
+END_TEST
+
 /* data.path naming a FIFO or a device, for csv and hdf5 data. */
 START_TEST(data_path_not_regular) {
   char fifo[300], json[900], err[512] = "";
@@ -571,6 +602,7 @@ static Suite *make_hardening_suite(void) {
   tc = tcase_create("inputs");
   tcase_set_timeout(tc, 60); /* a hang on a FIFO fails here */
   tcase_add_test(tc, config_file_not_regular);
+  tcase_add_test(tc, config_size_limit_exact);
   tcase_add_test(tc, data_path_not_regular);
   tcase_add_test(tc, data_path_relative_to_config);
   suite_add_tcase(s, tc);
