@@ -23,7 +23,7 @@ static const char *SUB = "postmortem";
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ampprobe postmortem TRACE [--json] [--layer-history N]\n"
-          "       ampprobe postmortem DIR | 'GLOB' | TRACE... [--json]\n"
+          "       ampprobe postmortem DIR | 'GLOB' | TRACE... [--json] [--layer-history N]\n"
           "\n"
           "Explains a trace written by 'ampprobe run' (complete, killed mid-run,"
           "\nor a flight-recorder trace): the first non-finite event (step, "
