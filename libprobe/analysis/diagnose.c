@@ -611,6 +611,45 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
 
 /* Finds the origin of the step's first non-finite value and classifies it.
  * Writes the event fields of `e`. Returns 1 when the step holds one. */
+/* The loss computed outside any recorded module (a functional loss in the
+ * training loop, no loss layer in the trace) went non-finite in the
+ * forward pass, before the backward records that are the first non-finite
+ * ones: the step's loss is non-finite and the origin found is a gradient
+ * arriving at the layer nearest the loss. When that layer's output, the
+ * loss's input, holds exact zeros that can only be underflow (a softmax or
+ * attention output, or values flushed in FP16), the event is the log or
+ * division of 0 in the loss: underflow-to-inf at that output. Fills e's
+ * event kind and evidence and returns the record to take as the origin (the
+ * layer's fwd_out), or -1 when this is not the case. */
+static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
+                                const probe_record *o, int64_t step) {
+  const probe_diag *d = w->d;
+  if (o->site != PROBE_SITE_GRAD_OUT || step != d->first_nonfinite_loss_step)
+    return -1;
+  for (int64_t i = 0; i < d->n_layers; i++)
+    if (d->layers[i].info.kind == PROBE_KIND_LOSS) return -1;
+  const layer_step *l = &w->ls[o->layer];
+  if (l->fwd_out < 0 || rec_nf(r, l->fwd_out)) return -1;
+  const probe_stats *out = &r[l->fwd_out].stats;
+  int lkind = d->layers[o->layer].info.kind;
+  int by_underflow = lkind == PROBE_KIND_SOFTMAX || lkind == PROBE_KIND_ATTENTION ||
+                     out->f16_flush > 0;
+  if (out->zero_count == 0 || !by_underflow ||
+      d->layers[o->layer].info.precision == PROBE_DTYPE_F32)
+    return -1;
+  e->event = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;
+  snprintf(e->event_evidence, sizeof e->event_evidence,
+           "the loss, computed outside any recorded module from this output, "
+           "was non-finite at step %lld while the output was finite: it held "
+           "%llu exact zeros (%s) and a log or division of 0 is inf; a loss "
+           "taken from the logits (log_softmax, cross_entropy) in FP32 avoids it",
+           (long long)step, (unsigned long long)out->zero_count,
+           lkind == PROBE_KIND_SOFTMAX || lkind == PROBE_KIND_ATTENTION
+               ? "probabilities that underflowed"
+               : "values flushed to zero");
+  return l->fwd_out;
+}
+
 static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
                         size_t n, int64_t step) {
   const probe_diag *d = w->d;
@@ -650,6 +689,12 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       }
   }
   if (origin < 0) return 0;
+  e->event_evidence[0] = '\0';
+  int fwd_loss = loss_outside_modules(w, e, r, &r[origin], step);
+  if (fwd_loss >= 0) {
+    origin = fwd_loss;
+    kind = e->event;
+  }
 
   const probe_record *o = &r[origin];
   layer_step call = w->ls[o->layer];

@@ -564,7 +564,8 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  a->headroom, z->headroom, (long long)a->step,
                  (long long)z->step);
   }
-  if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0)
+  if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
+      d->have_origin_in && d->origin_in.zero_count > 0) /* its input's zeros */
     add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
                  probe_diag_layer_name(d, d->feeder_layer),
                  kind_of(d, d->feeder_layer));

@@ -626,6 +626,91 @@ START_TEST(test_loss_nan_from_a_finite_prediction) {
 }
 END_TEST
 
+/* A loss computed outside any module (-log(p[y]) in the training loop, no
+ * loss layer): the FP16 softmax's output held probabilities that underflowed
+ * to 0, the loss was inf, and the first non-finite record is the gradient
+ * arriving at the softmax. The event is the forward log of 0 at the
+ * softmax's output (underflow-to-inf, keep it in FP32), not "received inf
+ * at its grad_out from code no record covers" (unseen-model audit c13).
+ * Controls keep their old diagnosis: no zeros in the output (a linear
+ * head), a softmax already in FP32, a loss layer that is recorded, and a
+ * finite loss (a scaled-gradient overflow). */
+static void outside_loss_trace(const char *p, probe_kind head_kind, probe_dtype head_prec,
+                               int with_loss_layer, int loss_inf) {
+  probe_session *s = hb_open(p, "fp16");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  int32_t head = hb_layer(s, "sm", head_kind, head_prec);
+  int32_t loss = with_loss_layer ? hb_layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32) : -1;
+  float x[N], prob[N], g[N];
+  for (int i = 0; i < N; i++) {
+    x[i] = 0.25f * (float)(i + 1);
+    prob[i] = head_kind == PROBE_KIND_SOFTMAX ? (i < 4 ? 0.0f : 1.0f / 12.0f) : x[i];
+  }
+  for (int step = 0; step < 4; step++) {
+    int bad = step == 2;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    hb_rec(s, fc, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, head, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, head, PROBE_SITE_FWD_OUT, prob, N);
+    float lv = bad && loss_inf ? INFINITY : 1.0f;
+    if (loss >= 0) {
+      hb_rec(s, loss, PROBE_SITE_FWD_IN, prob, N);
+      hb_rec(s, loss, PROBE_SITE_FWD_OUT, &lv, 1);
+    }
+    for (int i = 0; i < N; i++) g[i] = bad && i < 4 ? -INFINITY : 0.01f;
+    hb_rec(s, head, PROBE_SITE_GRAD_OUT, g, N);
+    hb_rec(s, head, PROBE_SITE_GRAD_IN, g, N);
+    hb_rec(s, fc, PROBE_SITE_GRAD_OUT, g, N);
+    hb_end(s, bad && loss_inf ? INFINITY : 1.0, 1024.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_loss_outside_modules) {
+  const char *p = tmp_path("outside");
+  probe_diag d;
+  outside_loss_trace(p, PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0, 1);
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_UNDERFLOW_TO_INF);
+  ck_assert_int_eq(d.event_phase, PROBE_PHASE_FORWARD);
+  ck_assert_int_eq(d.event_step, 2);
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "sm");
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_msg(strstr(d.event_evidence, "outside any recorded module") &&
+                    strstr(d.event_evidence, "4 exact zeros"),
+                "%s", d.event_evidence);
+  for (int k = 0; k < d.findings[0].n_evidence; k++) /* sm made the zeros, not fc */
+    ck_assert_msg(!strstr(d.findings[0].evidence[k], "fed it values that had underflowed"),
+                  "%s", d.findings[0].evidence[k]);
+  ck_assert_msg(strstr(d.findings[0].next_step, "--fp32-candidates") &&
+                    strstr(d.findings[0].next_step, "softmax"), "%s",
+                d.findings[0].next_step);
+  probe_diag_free(&d);
+
+  /* controls: the diagnosis they had */
+  struct { probe_kind k; probe_dtype prec; int loss_layer, loss_inf; } ctl[] = {
+      {PROBE_KIND_LINEAR, PROBE_DTYPE_F16, 0, 1},  /* no zeros: not underflow */
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F32, 0, 1}, /* FP32: no FP16 underflow */
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 1, 1}, /* a recorded loss layer */
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0, 0}, /* a finite loss */
+  };
+  for (size_t c = 0; c < sizeof ctl / sizeof ctl[0]; c++) {
+    outside_loss_trace(p, ctl[c].k, ctl[c].prec, ctl[c].loss_layer, ctl[c].loss_inf);
+    probe_diag_of(&d, p);
+    ck_assert_msg(!strstr(d.event_evidence, "outside any recorded module"),
+                  "control %zu: %s", c, d.event_evidence);
+    if (!ctl[c].loss_layer) /* still the gradient record (or no event) */
+      ck_assert_msg(d.event_step < 0 || d.event_phase == PROBE_PHASE_BACKWARD,
+                    "control %zu: %s at %s, step %lld", c, probe_diag_event_name(d.event),
+                    probe_site_name(d.origin_site), (long long)d.event_step);
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
 /* A custom module (kind other) that overflows is a bisect candidate by its
  * name - bisect cannot select the kind `other` - when the name is a safe
  * glob; it was dropped, and bisect got only the other kinds, which could
@@ -1547,6 +1632,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_precision_and_nan_only_evidence);
   tcase_add_test(tc, test_shared_module_first_call_overflows);
   tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
+  tcase_add_test(tc, test_loss_outside_modules);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
