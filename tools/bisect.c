@@ -2432,6 +2432,7 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
                           char ***lnames, int *n_lnames) {
   char **ln = calloc(PROBE_DDMIN_MAX + 1, sizeof *ln);
   int nl = 0;
+  size_t matching = 0;
   for (size_t l = 0; ln && l < b->n_layers; l++) {
     if (b->layers[l].kind == PROBE_KIND_INPUT)
       continue;
@@ -2440,8 +2441,23 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
       hit |= (min_set >> i & 1) &&
              probe_policy_match(b->cand[i], b->layers[l].name,
                                 b->layers[l].kind);
-    if (hit && nl < PROBE_DDMIN_MAX)
+    if (hit && ++matching <= PROBE_DDMIN_MAX)
       ln[nl++] = strdup(b->layers[l].name);
+  }
+  if (matching > PROBE_DDMIN_MAX) {
+    /* One ddmin takes at most PROBE_DDMIN_MAX elements; searching the first
+     * 64 and seeding "all of them pass" answered with a set that never
+     * passed (the culprit was layer 70). The answer stays the kind-level
+     * one, which did pass, and the result says why. */
+    for (int i = 0; i < nl; i++) free(ln[i]);
+    nl = 0;
+    snprintf(r->hint, sizeof r->hint,
+             "--granularity layer: %zu layers match %.200s, more than the %d one "
+             "layer-level search can take, so the answer stays at kind level; "
+             "narrow --fp32-candidates with layer-name globs (e.g. 'enc.*') to "
+             "search layers",
+             matching, r->minimal, PROBE_DDMIN_MAX);
+    fprintf(stderr, "ampprobe: bisect: warning: %s\n", r->hint);
   }
   *lnames = ln;
   *n_lnames = nl;

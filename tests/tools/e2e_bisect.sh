@@ -436,6 +436,25 @@ external() {
     jget "$WORK/xi.json" "d['criteria']['text']" | grep -q "job ignores the seed" &&
     pass "a job that ignores AMPPROBE_SEED: baselines identical, said in the criterion" ||
     fail "noseed job: $(jget "$WORK/xi.json" "d['criteria']") $(cat "$WORK/xi.err")"
+  # --granularity layer with more layers than one ddmin takes (64): the
+  # answer stays at kind level, said in the hint and on stderr; it was the
+  # first 64 layers, a set that never passed (the culprit was the 70th)
+  local many=$HERE/many_layers_job.py pkg
+  pkg=$(cd "$HERE/../../python" && pwd)
+  PYTHONPATH=$pkg "$BIN" bisect --fp32-candidates linear --granularity layer -j 2 -q \
+    --workdir "$WORK/wd-many" --json -- "$PY" "$many" >"$WORK/many.json" 2>"$WORK/many.err"
+  RC=$?
+  [ "$RC" = 1 ] && [ "$(jget "$WORK/many.json" "d['minimal_set']")" = "['linear']" ] &&
+    [ "$(jget "$WORK/many.json" "d.get('minimal_layers')")" = None ] &&
+    jget "$WORK/many.json" "d['hint']" | grep -q "70 layers match linear, more than the 64" &&
+    grep -q "warning: --granularity layer: 70 layers" "$WORK/many.err" &&
+    pass "70 matching layers: the kind-level answer (linear), with the reason" ||
+    fail "70 layers: exit $RC $(jget "$WORK/many.json" "d['summary']") $(cat "$WORK/many.err")"
+  NLAYERS=60 PYTHONPATH=$pkg "$BIN" bisect --fp32-candidates linear --granularity layer -j 2 -q \
+    --workdir "$WORK/wd-many60" --json -- "$PY" "$many" >"$WORK/many60.json" 2>"$WORK/many60.err"
+  [ "$(jget "$WORK/many60.json" "d.get('minimal_layers')")" = "['l59']" ] &&
+    pass "60 matching layers: searched, the culprit l59 found" ||
+    fail "60 layers: $(jget "$WORK/many60.json" "d['summary']") $(cat "$WORK/many60.err")"
   unset FAKE_JOB_LOG AMPPROBE_SEED
 }
 
