@@ -261,6 +261,7 @@ typedef struct bisect {
   double tol_pct, noise_pct; /* tolerance used; measured spread (NaN: none) */
   int noise_identical; /* the two baselines' losses were the same, step by step */
   int64_t noise_seed_used, base_seed;
+  char data[1024], data2[2048]; /* the config's data file (plan_config) */
   /* the names ddmin works on at the current level */
   char **names;
   int n_names;
@@ -1900,6 +1901,34 @@ enum {
 };
 
 /* Returns -1 to go on, or the exit code. */
+/* The `ampprobe run` options bisect sets in every trial itself: given after
+ * -- they would override its choice (e.g. --precision fp32 made the
+ * "all-FP16" trial FP32, and the verdict "healthy, nothing to bisect").
+ * Returns why the option is refused, or NULL. */
+static const char *controlled_run_option(const char *a) {
+  static const struct {
+    const char *opt, *why;
+  } owned[] = {
+      {"--precision", "bisect sets each trial's precision (FP32 baselines, FP16 trials)"},
+      {"--fp32", "bisect sets each trial's FP32 set (--fp32-candidates)"},
+      {"--scenario", "give it to bisect itself (before --)"},
+      {"--config", "give it to bisect itself (before --)"},
+      {"--steps", "give it to bisect itself (before --)"},
+      {"--seed", "give it to bisect itself (before --); the noise baseline gets seed + 1"},
+      {"--ranks", "give it to bisect itself (before --)"},
+      {"--output", "bisect writes each trial's trace in its work directory"},
+      {"-o", "bisect writes each trial's trace in its work directory"},
+      {"--json", "bisect reads each trial's JSON itself; give --json to bisect"},
+  };
+  for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) {
+    size_t l = strlen(owned[k].opt);
+    if (!strncmp(a, owned[k].opt, l) &&
+        (a[l] == '\0' || a[l] == '=' || (l == 2 && a[l] != '-')))
+      return owned[k].why;
+  }
+  return NULL;
+}
+
 static int bisect_parse(int argc, char **argv, bisect *b) {
   static const struct option longs[] = {
       {"fp32-candidates", required_argument, NULL, O_CAND},
@@ -2028,6 +2057,13 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
                     MAX_PASS);
           return CLI_EXIT_USAGE;
         }
+        const char *why = controlled_run_option(argv[i]);
+        if (why) {
+          char q[128];
+          cli_escape_name(q, sizeof q, argv[i]);
+          cli_error(SUB, "%s after --: %s", q, why);
+          return CLI_EXIT_USAGE;
+        }
         b->pass[b->n_pass++] = argv[i];
       }
     } else {
@@ -2078,6 +2114,23 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
 
 /* ---- stage 2: the plan ---------------------------------------------------------- */
 
+/* The noise baseline's seed: --noise-seed, else the trials' seed + 1
+ * (which must exist: a seed of INT64_MAX has no + 1). -1 when refused. */
+static int plan_noise_seed(bisect *b) {
+  if (b->noise_seed >= 0) {
+    b->noise_seed_used = b->noise_seed;
+    return 0;
+  }
+  if (b->base_seed == INT64_MAX) {
+    cli_error(SUB, "seed %lld has no seed + 1 for the noise baseline: use a "
+                   "smaller seed, or --noise-seed",
+              (long long)b->base_seed);
+    return -1;
+  }
+  b->noise_seed_used = b->base_seed + 1;
+  return 0;
+}
+
 /* The config's name and layers (internal trials). Returns -1 or the exit
  * code. */
 static int plan_config(bisect *b) {
@@ -2118,11 +2171,23 @@ static int plan_config(bisect *b) {
     char *text = probe_config_to_json(cfg);
     json_t *j = text ? json_loads(text, 0, NULL) : NULL;
     b->base_seed = json_integer_value(json_object_get(j, "seed"));
-    b->noise_seed_used = b->base_seed + 1;
+    const char *prec = json_string_value(json_object_get(j, "precision"));
+    int all_fp32 = prec && !strcmp(prec, "fp32");
     json_decref(j);
+    cli_config_data_files(text, b->config, b->data, sizeof b->data, b->data2,
+                          sizeof b->data2);
     free(text);
-    if (b->noise_seed >= 0)
-      b->noise_seed_used = b->noise_seed;
+    if (all_fp32) {
+      cli_error(SUB, "the config's precision is fp32: nothing runs in FP16 or "
+                     "BF16, so there is nothing to bisect (set \"precision\" "
+                     "to fp16 or bf16)");
+      probe_config_free(cfg);
+      return CLI_EXIT_USAGE;
+    }
+    if (plan_noise_seed(b) < 0) {
+      probe_config_free(cfg);
+      return CLI_EXIT_USAGE;
+    }
   }
   size_t n = 0;
   probe_config_layers(cfg, NULL, 0, &n);
@@ -2146,7 +2211,8 @@ static int plan_config(bisect *b) {
 
 /* A name for the external command: its script (train.py -> train), else
  * the program. */
-static void plan_ext_name(bisect *b) {
+/* Names an external command's run; -1 when its AMPPROBE_SEED is refused. */
+static int plan_ext_name(bisect *b) {
   const char *pick = b->ext[0];
   for (int i = 1; i < b->n_ext; i++) {
     size_t l = strlen(b->ext[i]);
@@ -2161,8 +2227,10 @@ static void plan_ext_name(bisect *b) {
   if (l > 3 && !strcmp(b->name + l - 3, ".py"))
     b->name[l - 3] = 0;
   const char *env = getenv("AMPPROBE_SEED");
-  b->base_seed = env ? atoll(env) : 0;
-  b->noise_seed_used = b->noise_seed >= 0 ? b->noise_seed : b->base_seed + 1;
+  b->base_seed = 0;
+  if (env && cli_parse_i64(SUB, "AMPPROBE_SEED", env, 0, INT64_MAX, &b->base_seed) < 0)
+    return -1;
+  return plan_noise_seed(b);
 }
 
 /* -o: never the config, never an existing file without --force (checked
@@ -2170,8 +2238,10 @@ static void plan_ext_name(bisect *b) {
 static int plan_output(bisect *b) {
   if (!b->out)
     return -1;
-  const char *inputs[] = {b->config};
-  int rc = cli_check_output(SUB, b->out, inputs, 1);
+  /* the config and the data it names: never replaced, whatever the flags */
+  const char *inputs[] = {b->config, b->data[0] ? b->data : NULL,
+                          b->data2[0] ? b->data2 : NULL};
+  int rc = cli_check_output(SUB, b->out, inputs, 3);
   if (rc)
     return rc;
   struct stat sb;
@@ -2199,10 +2269,11 @@ static int plan_output(bisect *b) {
 /* Returns -1 to go on, or the exit code. */
 static int bisect_plan(bisect *b) {
   int rc;
-  if (b->ext)
-    plan_ext_name(b);
-  else if ((rc = plan_config(b)) >= 0)
+  if (b->ext) {
+    if (plan_ext_name(b) < 0) return CLI_EXIT_USAGE;
+  } else if ((rc = plan_config(b)) >= 0) {
     return rc;
+  }
   if ((rc = plan_output(b)) >= 0)
     return rc;
   if (split_list(b->candidates, &b->cand_all, &b->n_cand_all) != 0)

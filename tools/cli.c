@@ -665,3 +665,14 @@ void cli_progress_done(cli_progress *p) {
   fprintf(stderr, "\r\033[K");
   fflush(stderr);
 }
+
+void cli_config_data_files(const char *config_json, const char *config,
+                           char *data, size_t dl, char *data2, size_t d2l) {
+  data[0] = data2[0] = 0;
+  json_t *j = config_json ? json_loads(config_json, 0, NULL) : NULL;
+  const char *p = json_string_value(json_object_get(json_object_get(j, "data"), "path"));
+  if (p) snprintf(data, dl, "%s", p);
+  json_decref(j);
+  if (data[0] && data[0] != '/' && config && strchr(config, '/'))
+    snprintf(data2, d2l, "%.*s/%s", (int)(strrchr(config, '/') - config), config, data);
+}

@@ -126,6 +126,13 @@ int cli_check_input(const char *sub, const char *path);
  * read"). */
 int cli_check_input_key(const char *sub, const char *key, const char *path);
 
+/* The data file a config names (data.path of config_json, the config as
+ * the trainer stored it), in data ("" when none), and in data2 the same
+ * path taken from the config file's folder when it is relative ("" else):
+ * the places the trainer may read, which no output may replace. */
+void cli_config_data_files(const char *config_json, const char *config,
+                           char *data, size_t dl, char *data2, size_t d2l);
+
 /* 1 when a and b name the same file (see above), else 0. */
 int cli_same_file(const char *a, const char *b);
 

@@ -803,30 +803,6 @@ static int run_load(const run_args *a, probe_train_config **out) {
   return -1;
 }
 
-/* The config's data file (data.path), as written, or "" when it has none. */
-static void config_data_path(const probe_train_config *cfg, char *buf,
-                             size_t len) {
-  buf[0] = 0;
-  char *text = probe_config_to_json(cfg);
-  json_t *j = text ? json_loads(text, 0, NULL) : NULL;
-  const char *p = json_string_value(
-      json_object_get(json_object_get(j, "data"), "path"));
-  if (p)
-    snprintf(buf, len, "%s", p);
-  json_decref(j);
-  free(text);
-}
-
-/* The data file as the trainer may resolve it: from the config's folder
- * (relative paths), else as written (the working directory). */
-static void data_in_config_dir(const char *data, const char *config,
-                               char *buf, size_t len) {
-  buf[0] = 0;
-  if (data[0] && data[0] != '/' && config && strchr(config, '/'))
-    snprintf(buf, len, "%.*s/%s", (int)(strrchr(config, '/') - config),
-             config, data);
-}
-
 /* ---- stage 3: the output ------------------------------------------------ */
 
 /* The glob of a job's rank files, from the naming rule itself: the names
@@ -880,8 +856,9 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
     rank_set_glob(base, d->set_glob, sizeof d->set_glob);
   }
   char data[1024], data2[2048];
-  config_data_path(cfg, data, sizeof data);
-  data_in_config_dir(data, a->config, data2, sizeof data2);
+  char *cfg_json = probe_config_to_json(cfg);
+  cli_config_data_files(cfg_json, a->config, data, sizeof data, data2, sizeof data2);
+  free(cfg_json);
   const char *inputs[] = {a->config, data[0] ? data : NULL,
                           data2[0] ? data2 : NULL};
   /* the data file must be a regular file too: a FIFO would hang the

@@ -168,6 +168,30 @@ errors() {
   expect_err 3 "missing config file" --fp32-candidates bn --config "$WORK/none.json"
   expect_err 2 "run option the trials reject" --fp32-candidates revin \
     --scenario revin-overflow -j 2 -q --workdir "$WORK/wd-bad" -- --bogus
+  # options bisect sets in every trial are refused after -- (--precision
+  # fp32 there made the all-FP16 trial FP32: "healthy, nothing to bisect")
+  local o
+  for o in "--precision fp32" "--precision=bf16" "--fp32 softmax,revin" "--scenario healthy" \
+           "--config x.json" "--steps 5" "--seed 3" "-o x.h5" "-ox.h5" "--output=x.h5" "--json"; do
+    # shellcheck disable=SC2086
+    expect_err 2 "run option '$o' after --" --fp32-candidates softmax,revin \
+      --scenario two-culprits -q --workdir "$WORK/wd-own" -- $o
+    [ -e "$WORK/wd-own" ] && fail "'$o': a trial ran" && rm -rf "$WORK/wd-own"
+  done
+  # a config whose precision is fp32 has nothing to bisect; a seed of
+  # INT64_MAX has no seed + 1 for the noise baseline (it wrapped around)
+  mkcfg two-culprits "$WORK/tc32.json" 'precision="fp32"'
+  expect_err 2 "config precision fp32" --fp32-candidates softmax,revin --config "$WORK/tc32.json" \
+    -q --workdir "$WORK/wd-32"
+  grep -q "precision is fp32" "$WORK/e.err" || fail "fp32 config: $(cat "$WORK/e.err")"
+  mkcfg two-culprits "$WORK/tcseed.json" 'seed=9223372036854775807'
+  expect_err 2 "config seed INT64_MAX" --fp32-candidates softmax,revin --config "$WORK/tcseed.json" \
+    -q --workdir "$WORK/wd-seed"
+  AMPPROBE_SEED=9223372036854775807 expect_err 2 "AMPPROBE_SEED INT64_MAX" \
+    --fp32-candidates bn -q --workdir "$WORK/wd-seed" -- true
+  AMPPROBE_SEED=abc expect_err 2 "AMPPROBE_SEED not a number" \
+    --fp32-candidates bn -q --workdir "$WORK/wd-seed" -- true
+  [ -e "$WORK/wd-32" ] || [ -e "$WORK/wd-seed" ] && fail "a refused plan ran trials"
   # a trial that errors stops bisect: one line on stderr naming the trial
   # and its log, nothing on stdout (no table, no JSON), with -j 1 and -j 2
   for j in 1 2; do
@@ -461,6 +485,17 @@ external() {
 # ---- issue 17 (3, 5, 6, 8) and 15.6 for bisect: files, processes, progress ------
 
 safety() {
+  # -o onto the config's data file, even with --force: refused, data intact
+  printf 'a,b,y\n1,2,3\n4,5,9\n7,8,15\n2,2,4\n' >"$WORK/data.csv"
+  cp "$WORK/data.csv" "$WORK/data.bak"
+  printf '{"name": "csvjob", "steps": 20, "model": [{"type": "linear", "name": "fc", "out": 1}],
+ "loss": "mse", "data": {"kind": "csv", "path": "data.csv", "targets": 1, "batch": 2}}\n' >"$WORK/csv.json"
+  "$BIN" bisect --config "$WORK/csv.json" --fp32-candidates linear -q --workdir "$WORK/wd-data" \
+    -o "$WORK/data.csv" --force >/dev/null 2>"$WORK/data.err"
+  RC=$?
+  [ "$RC" = 2 ] && cmp -s "$WORK/data.csv" "$WORK/data.bak" && [ ! -e "$WORK/wd-data" ] &&
+    pass "-o the config's data file --force: exit 2, data untouched" ||
+    fail "-o data file: exit $RC $(cat "$WORK/data.err")"
   # -o onto an existing file: refused before any trial, file untouched
   echo precious >"$WORK/keep.json"
   "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q \
