@@ -2622,10 +2622,18 @@ static int bisect_output(bisect *b, result *r) {
   json_t *j = NULL;
   if (b->json || b->out)
     j = result_json(b, r);
-  if (b->out && r->oc != O_INTERRUPTED) {
+  if (b->out && r->oc != O_INTERRUPTED && b->force) {
+    /* the one output rule of every command (docs/cli.md "Outputs"): a
+     * device or FIFO is written in place, a symlink's target replaced */
+    if (cli_write_json(SUB, b->out, j) != 0) {
+      json_decref(j);
+      return CLI_EXIT_INTERNAL;
+    }
+  } else if (b->out && r->oc != O_INTERRUPTED) {
+    /* exclusive: linked into place, so a file that appeared since the
+     * plan's check is not replaced */
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    int e = text ? guard_write_atomic(b->out, text, strlen(text), b->force)
-                 : ENOMEM;
+    int e = text ? guard_write_atomic(b->out, text, strlen(text), 0) : ENOMEM;
     free(text);
     if (e) {
       cli_error(SUB, "cannot write %s: %s", b->out,

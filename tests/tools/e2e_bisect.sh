@@ -485,6 +485,25 @@ external() {
 # ---- issue 17 (3, 5, 6, 8) and 15.6 for bisect: files, processes, progress ------
 
 safety() {
+  # -o --force onto a device, or a symlink: the outputs' rule (docs/cli.md
+  # "Outputs"): the device is written in place and stays one, the link
+  # stays and its target is replaced (all three became regular files)
+  rm -f "$WORK/nul" "$WORK/lnk" "$WORK/lnk-target.json"
+  if mknod "$WORK/nul" c 1 3 2>/dev/null; then
+    "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-dev" \
+      -o "$WORK/nul" --force >/dev/null 2>"$WORK/dev.err"
+    [ -c "$WORK/nul" ] && pass "-o a character device --force: written in place, still a device" ||
+      fail "-o device --force: $(ls -l "$WORK/nul") $(cat "$WORK/dev.err")"
+  else
+    echo "note: mknod not permitted here; the device case is skipped"
+  fi
+  echo old >"$WORK/lnk-target.json"
+  ln -s lnk-target.json "$WORK/lnk"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-lnk" \
+    -o "$WORK/lnk" --force >/dev/null 2>"$WORK/lnk.err"
+  [ -L "$WORK/lnk" ] && jget "$WORK/lnk-target.json" "d['command']" | grep -q bisect &&
+    pass "-o a symlink --force: the link kept, its target replaced" ||
+    fail "-o symlink --force: $(ls -l "$WORK/lnk") $(cat "$WORK/lnk.err")"
   # -o onto the config's data file, even with --force: refused, data intact
   printf 'a,b,y\n1,2,3\n4,5,9\n7,8,15\n2,2,4\n' >"$WORK/data.csv"
   cp "$WORK/data.csv" "$WORK/data.bak"
