@@ -1340,7 +1340,7 @@ static json_t *list_json(const char *list) {
   snprintf(tmp, sizeof tmp, "%s", list);
   char *save = NULL;
   for (char *p = strtok_r(tmp, ",", &save); p; p = strtok_r(NULL, ",", &save))
-    json_array_append_new(a, json_string(p));
+    json_array_append_new(a, cli_json_text(p));
   return a;
 }
 
@@ -1400,7 +1400,7 @@ static json_t *trial_json(const trial *t) {
       json_string(t->state == T_DONE
                       ? (t->verdict == PROBE_DDMIN_PASS ? "pass" : "fail")
                       : t->state == T_ERROR ? "error" : "cancelled"));
-  json_object_set_new(x, "why", json_string(t->why));
+  json_object_set_new(x, "why", cli_json_text(t->why));
   json_object_set_new(x, "steps_run", json_integer(t->n_steps));
   json_object_set_new(x, "steps_planned", json_integer(t->steps_planned));
   json_object_set_new(x, "final_loss", num_or_null(t->final_loss));
@@ -1419,7 +1419,7 @@ static json_t *trial_json(const trial *t) {
   json_object_set_new(x, "min_scale", num_or_null(t->min_scale));
   json_object_set_new(x, "exit_code", json_integer(t->exit_code));
   json_object_set_new(x, "seconds", num_or_null(t->seconds));
-  json_object_set_new(x, "trace", json_string(t->trace));
+  json_object_set_new(x, "trace", cli_json_text(t->trace));
   json_object_set_new(x, "ranks", json_integer(t->n_ranks));
   return x;
 }
@@ -1427,13 +1427,13 @@ static json_t *trial_json(const trial *t) {
 static json_t *result_json(const bisect *b, const result *r) {
   json_t *o = json_object();
   json_object_set_new(o, "command", json_string("bisect"));
-  json_object_set_new(o, "scenario", json_string(b->name));
-  json_object_set_new(o, "config", b->config ? json_string(b->config) : json_null());
+  json_object_set_new(o, "scenario", cli_json_text(b->name));
+  json_object_set_new(o, "config", b->config ? cli_json_text(b->config) : json_null());
   json_t *ext = json_null();
   if (b->ext) {
     ext = json_array();
     for (int i = 0; i < b->n_ext; i++)
-      json_array_append_new(ext, json_string(b->ext[i]));
+      json_array_append_new(ext, cli_json_text(b->ext[i]));
   }
   json_object_set_new(o, "external_command", ext);
   json_object_set_new(o, "candidates", list_json(b->candidates));
@@ -1466,10 +1466,10 @@ static json_t *result_json(const bisect *b, const result *r) {
                                   "ending warm-up-skips earlier"));
   char ct[1024];
   criteria_text(b, ct, sizeof ct);
-  json_object_set_new(c, "text", json_string(ct));
+  json_object_set_new(c, "text", cli_json_text(ct));
   json_object_set_new(o, "criteria", c);
   json_object_set_new(o, "outcome", json_string(outcome_name[r->oc]));
-  json_object_set_new(o, "summary", json_string(r->summary));
+  json_object_set_new(o, "summary", cli_json_text(r->summary));
   json_object_set_new(o, "minimal_set",
                       r->oc == O_FOUND ? list_json(r->minimal) : json_null());
   json_object_set_new(o, "minimal_layers",
@@ -1477,14 +1477,14 @@ static json_t *result_json(const bisect *b, const result *r) {
                           ? list_json(r->minimal_layers)
                           : json_null());
   json_object_set_new(o, "reproduce",
-                      r->reproduce[0] ? json_string(r->reproduce) : json_null());
+                      r->reproduce[0] ? cli_json_text(r->reproduce) : json_null());
   json_object_set_new(o, "implicated_layers",
                       r->implicated[0] ? list_json(r->implicated) : json_null());
   json_object_set_new(o, "suggested_candidates",
                       r->suggest[0] ? list_json(r->suggest) : json_null());
   json_object_set_new(o, "postmortem_finding",
-                      r->finding[0] ? json_string(r->finding) : json_null());
-  json_object_set_new(o, "hint", r->hint[0] ? json_string(r->hint) : json_null());
+                      r->finding[0] ? cli_json_text(r->finding) : json_null());
+  json_object_set_new(o, "hint", r->hint[0] ? cli_json_text(r->hint) : json_null());
   const trial *base = b->base_id >= 0 && (size_t)b->base_id < b->n_trials
                           ? &b->trials[b->base_id]
                           : NULL;
@@ -1505,7 +1505,7 @@ static json_t *result_json(const bisect *b, const result *r) {
   json_object_set_new(o, "ddmin_trials", json_integer((json_int_t)r->ddmin_trials));
   json_object_set_new(o, "jobs", json_integer(b->jobs));
   json_object_set_new(o, "wall_seconds", json_real(cli_now() - b->t_start));
-  json_object_set_new(o, "workdir", json_string(b->workdir));
+  json_object_set_new(o, "workdir", cli_json_text(b->workdir));
   return o;
 }
 

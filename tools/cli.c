@@ -676,3 +676,15 @@ void cli_config_data_files(const char *config_json, const char *config,
   if (data[0] && data[0] != '/' && config && strchr(config, '/'))
     snprintf(data2, d2l, "%.*s/%s", (int)(strrchr(config, '/') - config), config, data);
 }
+
+json_t *cli_json_text(const char *s) {
+  if (!s) return json_null();
+  size_t need = probe_text_escape(NULL, 0, s) + 1;
+  char small[512];
+  char *buf = need <= sizeof small ? small : malloc(need);
+  if (!buf) return NULL;
+  probe_text_escape(buf, need, s);
+  json_t *v = json_string(buf); /* escaped: always valid UTF-8 */
+  if (buf != small) free(buf);
+  return v;
+}

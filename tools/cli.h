@@ -94,6 +94,11 @@ int cli_getopt_error(const char *sub, char **argv, int c);
 int cli_json_print(const char *sub, json_t *v);
 /* json_real that turns NaN/inf (not valid JSON) into null. */
 json_t *cli_json_num(double x);
+/* A JSON string of text from a user, a file or a trace (a path, a name, a
+ * message quoting them), escaped with probe_text_escape: control bytes and
+ * bytes that are not UTF-8 as \e, \xHH. json_string() refuses invalid
+ * UTF-8 (NULL), and the key then silently went missing. NULL gives null. */
+json_t *cli_json_text(const char *s);
 
 /* ---- files: inputs, outputs and write errors ------------------------------
  *

@@ -325,12 +325,6 @@ static const char *verdict_word(probe_diff_verdict v) {
                                    : "not-aligned";
 }
 
-static json_t *jstr_escaped(const char *s) {
-  char buf[2048];
-  probe_text_escape(buf, sizeof buf, s ? s : "");
-  return json_string(buf);
-}
-
 /* One pair: a text row and a JSON entry. Returns its verdict or -1. */
 static int diff_pair_row(const side *a, long ia, const side *b, long ib,
                          int32_t rank, const probe_diff_options *opt,
@@ -339,8 +333,8 @@ static int diff_pair_row(const side *a, long ia, const side *b, long ib,
   probe_status st = probe_diff_run(&d, a->t[ia], b->t[ib], opt);
   json_t *e = json_object();
   json_object_set_new(e, "rank", json_integer(rank));
-  json_object_set_new(e, "trace_a", jstr_escaped(a->paths[ia]));
-  json_object_set_new(e, "trace_b", jstr_escaped(b->paths[ib]));
+  json_object_set_new(e, "trace_a", cli_json_text(a->paths[ia]));
+  json_object_set_new(e, "trace_b", cli_json_text(b->paths[ib]));
   int v = -1;
   if (st < 0) {
     json_object_set_new(e, "verdict", json_string("error"));
@@ -380,8 +374,8 @@ static void unreadable_rows(const side *s, const char *label, json_t *arr,
     fprintf(f, "UNREADABLE %s: %s: %s\n", label, p, m);
     json_t *e = json_object();
     json_object_set_new(e, "side", json_string(label));
-    json_object_set_new(e, "path", json_string(p));
-    json_object_set_new(e, "error", json_string(m));
+    json_object_set_new(e, "path", cli_json_text(s->paths[i]));
+    json_object_set_new(e, "error", cli_json_text(s->err[i]));
     json_array_append_new(arr, e);
   }
 }

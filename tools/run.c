@@ -149,9 +149,9 @@ static int list_scenarios(int json) {
     for (size_t i = 0; i < n; i++) {
       const char *nm = probe_scenario_name(i);
       json_t *o = json_object();
-      json_object_set_new(o, "name", json_string(nm));
+      json_object_set_new(o, "name", cli_json_text(nm));
       json_object_set_new(o, "description",
-                          json_string(probe_scenario_description(nm)));
+                          cli_json_text(probe_scenario_description(nm)));
       json_object_set_new(o, "default",
                           json_boolean(!strcmp(nm, PROBE_DEFAULT_SCENARIO)));
       json_array_append_new(a, o);
@@ -261,9 +261,9 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
                             const char *path, int full, int interrupted,
                             probe_verdict v) {
   json_t *o = json_object();
-  json_object_set_new(o, "scenario", json_string(name));
-  json_object_set_new(o, "precision_policy", json_string(policy));
-  json_object_set_new(o, "trace", json_string(path));
+  json_object_set_new(o, "scenario", cli_json_text(name));
+  json_object_set_new(o, "precision_policy", cli_json_text(policy));
+  json_object_set_new(o, "trace", cli_json_text(path));
   json_object_set_new(o, "record_mode",
                       json_string(full ? "full" : "flight-recorder"));
   json_object_set_new(o, "steps_planned", json_integer(steps_planned));
@@ -291,7 +291,7 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
   if (r->first_nonfinite_step >= 0) {
     fe = json_object();
     json_object_set_new(fe, "step", json_integer(r->first_nonfinite_step));
-    json_object_set_new(fe, "layer", json_string(r->first_nonfinite_layer));
+    json_object_set_new(fe, "layer", cli_json_text(r->first_nonfinite_layer));
     json_object_set_new(fe, "site",
                         json_string(probe_site_name(r->first_nonfinite_site)));
   }
@@ -1002,10 +1002,10 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
                              interrupted, v);
     if (d->comm) {
       json_object_set_new(j, "world_size", json_integer(d->world));
-      json_object_set_new(j, "run_id", json_string(d->run_id));
+      json_object_set_new(j, "run_id", cli_json_text(d->run_id));
       json_object_set_new(j, "comm", json_string(probe_comm_name(d->comm)));
       if (d->set_glob[0])
-        json_object_set_new(j, "trace_set", json_string(d->set_glob));
+        json_object_set_new(j, "trace_set", cli_json_text(d->set_glob));
     }
     if (cli_json_print(SUB, j) != 0) rc = CLI_EXIT_INTERNAL;
     json_decref(j);

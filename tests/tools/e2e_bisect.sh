@@ -504,6 +504,19 @@ safety() {
   [ -L "$WORK/lnk" ] && jget "$WORK/lnk-target.json" "d['command']" | grep -q bisect &&
     pass "-o a symlink --force: the link kept, its target replaced" ||
     fail "-o symlink --force: $(ls -l "$WORK/lnk") $(cat "$WORK/lnk.err")"
+  # names that are not UTF-8 (and hold an ESC): every key is still in the
+  # JSON, escaped (json_string refused such text and the key went missing)
+  local odd=$'cfg\xff\e[31m.json' oddwd=$'wd\xff'
+  cp "$HERE/../../trainer/scenarios/revin-overflow.json" "$WORK/$odd"
+  "$BIN" bisect --config "$WORK/$odd" --fp32-candidates revin -j 2 -q --workdir "$WORK/$oddwd" \
+    --json >"$WORK/odd.json" 2>"$WORK/odd.err"
+  [ "$(jget "$WORK/odd.json" "all(k in d for k in ('config','workdir','reproduce')) and d['config'].endswith('cfg\\\\xff\\\\e[31m.json') and all('trace' in t for t in d['trials'])")" = True ] &&
+    pass "names not UTF-8: config, workdir, reproduce and every trial's trace in the JSON, escaped" ||
+    fail "odd names: $(head -c 400 "$WORK/odd.json") $(cat "$WORK/odd.err")"
+  "$BIN" run --scenario healthy --steps 3 -q -o "$WORK/$oddwd.h5" --json >"$WORK/oddrun.json" 2>&1
+  [ "$(jget "$WORK/oddrun.json" "d['trace'].endswith('wd\\\\xff.h5')")" = True ] &&
+    pass "run --json: a trace path that is not UTF-8 is there, escaped" ||
+    fail "run --json odd path: $(head -c 300 "$WORK/oddrun.json")"
   # -o onto the config's data file, even with --force: refused, data intact
   printf 'a,b,y\n1,2,3\n4,5,9\n7,8,15\n2,2,4\n' >"$WORK/data.csv"
   cp "$WORK/data.csv" "$WORK/data.bak"
