@@ -176,6 +176,10 @@ static const char *role_name[] = {"all-fp16", "fp32-baseline", "fp32-noise",
 
 static int is_baseline(trial_role r) { return r == R_BASELINE || r == R_NOISE; }
 
+/* The longest work directory path taken: the trials' file names (and a
+ * run-N subfolder) must fit after it in the 1024-byte path buffers. */
+#define WORKDIR_MAX_LEN 900
+
 typedef struct trial {
   int id;
   trial_role role;
@@ -243,7 +247,7 @@ typedef struct bisect {
   int64_t noise_seed; /* -1: seed + 1 */
   /* plan */
   char name[PROBE_NAME_MAX * 2];
-  char workdir[1024];
+  char workdir[1024]; /* at most WORKDIR_MAX_LEN, + "/run-N" */
   int wd_fd;
   char self[1024];
   layer_ref *layers;
@@ -260,6 +264,7 @@ typedef struct bisect {
   int base_id, noise_id;
   double tol_pct, noise_pct; /* tolerance used; measured spread (NaN: none) */
   int noise_identical; /* the two baselines' losses were the same, step by step */
+  int train_unchecked; /* the baseline ran too few steps to tell if it trains */
   int64_t noise_seed_used, base_seed;
   char data[1024], data2[2048]; /* the config's data file (plan_config) */
   /* the names ddmin works on at the current level */
@@ -1381,9 +1386,14 @@ static void criteria_text(const bisect *b, char *buf, size_t len) {
     else if (base && b->noise_on)
       PUT(", tolerance %g%% (the noise baseline did not pass)",
           b->max_regress);
+    else if (b->noise_on)
+      PUT(", tolerance %g%% (the FP32 baselines did not finish)", b->max_regress);
     else
       PUT(", tolerance %g%% (no noise baseline)", b->max_regress);
   }
+  if (b->train_unchecked)
+    PUT("; the FP32 baseline ran too few steps to tell whether it trains (at "
+        "least 4), so that check did not run");
 #undef PUT
 }
 
@@ -1457,6 +1467,7 @@ static json_t *result_json(const bisect *b, const result *r) {
                           : json_null());
   json_object_set_new(c, "baseline_noise_pct", num_or_null(b->noise_pct));
   json_object_set_new(c, "baselines_identical", json_boolean(b->noise_identical));
+  json_object_set_new(c, "train_check", json_boolean(!b->train_unchecked));
   json_object_set_new(c, "noise_seed", b->noise_on ? json_integer(b->noise_seed_used)
                                                    : json_null());
   json_object_set_new(c, "loss_window",
@@ -2266,6 +2277,24 @@ static int plan_output(bisect *b) {
   return -1;
 }
 
+/* 1 when -o's folder is the work directory or one inside it (where a
+ * trial's file could be replaced by the result, or the result appear
+ * under a trial's name). */
+static int inside_workdir(const bisect *b) {
+  char dir[PATH_MAX], out_dir[PATH_MAX], wd[PATH_MAX];
+  const char *slash = strrchr(b->out, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == b->out)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - b->out), b->out);
+  if (!realpath(dir, out_dir) || !realpath(b->workdir, wd))
+    return 0;
+  size_t l = strlen(wd);
+  return !strncmp(out_dir, wd, l) && (out_dir[l] == '\0' || out_dir[l] == '/');
+}
+
 /* Returns -1 to go on, or the exit code. */
 static int bisect_plan(bisect *b) {
   int rc;
@@ -2297,10 +2326,20 @@ static int bisect_plan(bisect *b) {
     guard_sanitize(safe, sizeof safe, b->name);
     snprintf(wd, sizeof wd, "./ampprobe-bisect-%s", safe);
   }
+  /* room for "/run-NNNN/trial-NN.rankNNNN.h5" after it: a longer path was
+   * cut silently (a folder of another name; traces that could not open) */
+  if (strlen(wd) > WORKDIR_MAX_LEN) {
+    cli_error(SUB, "the work directory path is %zu characters long (at most %d)",
+              strlen(wd), WORKDIR_MAX_LEN);
+    return CLI_EXIT_USAGE;
+  }
   if (workdir_open(b, wd) != 0)
     return CLI_EXIT_INTERNAL;
-  if (b->out && cli_same_file(b->out, b->workdir)) {
-    cli_error(SUB, "-o %s is the work directory", b->out);
+  if (b->out && (cli_same_file(b->out, b->workdir) || inside_workdir(b))) {
+    cli_error(SUB, "-o %s is %s the work directory %s, where the trials' files "
+                   "go: choose another output",
+              b->out, cli_same_file(b->out, b->workdir) ? "" : "inside", b->workdir);
+    rmdir(b->workdir); /* when this bisect just made it (an empty folder) */
     return CLI_EXIT_USAGE;
   }
   if (!b->ext) {
@@ -2359,7 +2398,7 @@ static int baseline_does_not_train(const trial *t, double *first,
   if (2 * k > n)
     k = n / 2;
   if (k < 2 || !t->loss)
-    return 0;
+    return -1; /* too few steps to tell (or no losses): not judged */
   *first = mean_of(t->loss, 0, k);
   *last = mean_of(t->loss, n - k, k);
   double se = sqrt((var_of(t->loss, 0, k, *first) +
@@ -2440,8 +2479,16 @@ static int run_premises(bisect *b, result *r) {
   if (!ac)
     ac = a16;
   double first = NAN, last = NAN;
-  if (base->verdict == PROBE_DDMIN_PASS &&
-      baseline_does_not_train(base, &first, &last)) {
+  int no_train = base->verdict == PROBE_DDMIN_PASS
+                     ? baseline_does_not_train(base, &first, &last)
+                     : 0;
+  if (no_train < 0) {
+    b->train_unchecked = 1;
+    fprintf(stderr, "ampprobe: bisect: warning: the FP32 baseline ran %lld "
+                    "step%s: too few to tell whether it trains (at least 4)\n",
+            (long long)base->n_steps, base->n_steps == 1 ? "" : "s");
+  }
+  if (no_train > 0) {
     /* first: every loss comparison, even "healthy", stands on it */
     r->oc = O_NOT_TRAINING;
     snprintf(r->summary, sizeof r->summary,

@@ -331,6 +331,15 @@ fair() {
   [ "$RC" = 5 ] && [ "$(jget "$WORK/lr0-cos.out" "d['outcome']")" = baseline-does-not-train ] &&
     pass "healthy with -- --lr 0 and its cosine schedule: exit 5" ||
     fail "healthy --lr 0 (cosine): exit $RC, $(jget "$WORK/lr0-cos.out" "d['summary']" 2>&1 | head -c 300)"
+  # ...and with 3 steps the check cannot run: said on stderr and in the
+  # criteria (train_check false), not silently passed over
+  "$BIN" bisect --scenario two-culprits --fp32-candidates softmax,revin -j 2 -q --steps 3 \
+    --workdir "$WORK/wd-short" --json -- --lr 0 >"$WORK/short.json" 2>"$WORK/short.err"
+  [ "$(jget "$WORK/short.json" "d['criteria']['train_check']")" = False ] &&
+    jget "$WORK/short.json" "d['criteria']['text']" | grep -q "too few steps to tell whether it trains" &&
+    grep -q "warning: the FP32 baseline ran 3 steps" "$WORK/short.err" &&
+    pass "3 steps: the does-it-train check did not run, and bisect says so" ||
+    fail "3 steps: $(jget "$WORK/short.json" "d['criteria']") $(cat "$WORK/short.err")"
   # ...and a baseline that trains is not taken for one (the zoo above)
 
   # (c) candidates matching no layer are dropped before any trial
@@ -517,6 +526,18 @@ safety() {
   [ "$(jget "$WORK/oddrun.json" "d['trace'].endswith('wd\\\\xff.h5')")" = True ] &&
     pass "run --json: a trace path that is not UTF-8 is there, escaped" ||
     fail "run --json odd path: $(head -c 300 "$WORK/oddrun.json")"
+  # -o inside the work directory (a trial's name, a subfolder): refused
+  # before any trial (it ran every trial, then lost the result, or with
+  # --force replaced trial 00's trace); a work directory path too long
+  # for the trials' names is refused (it was cut to another folder)
+  mkdir -p "$WORK/wd-in/sub"
+  expect_err 2 "-o a trial's name in the work directory" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/wd-in" -o "$WORK/wd-in/trial-00.h5" --force
+  expect_err 2 "-o in a folder inside the work directory" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/wd-in" -o "$WORK/wd-in/sub/r.json"
+  [ -z "$(ls "$WORK/wd-in" | grep -v '^sub$')" ] || fail "-o inside: trials ran: $(ls "$WORK/wd-in")"
+  expect_err 2 "a work directory path of 950 characters" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/$(printf 'g%.0s' $(seq 1 950))"
   # -o onto the config's data file, even with --force: refused, data intact
   printf 'a,b,y\n1,2,3\n4,5,9\n7,8,15\n2,2,4\n' >"$WORK/data.csv"
   cp "$WORK/data.csv" "$WORK/data.bak"
