@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -76,7 +77,7 @@ static void usage(FILE *f) {
 "                       [--granularity kind|layer] [-j N] [--steps N] [--seed S]\n"
 "                       [--ranks N] [--trace] [--workdir DIR]\n"
 "                       [failure criteria] [--json] [-o FILE [--force]] [-q]\n"
-"                       [--progress-every SECONDS]\n"
+"                       [--progress-every SECONDS] [--trial-timeout SECONDS]\n"
 "                       [-- RUN OPTIONS | -- COMMAND ARGS...]\n"
 "\n"
 "Finds a minimal set of modules to keep in FP32 so that FP16 training stays\n"
@@ -102,8 +103,9 @@ static void usage(FILE *f) {
 "  -- COMMAND ARGS...       otherwise they are an external training command,\n"
 "                           run once per trial with AMPPROBE_FP32=<set>,\n"
 "                           AMPPROBE_PRECISION=fp32 (the baselines only),\n"
-"                           AMPPROBE_TRACE=<trial trace> and, for the second\n"
-"                           baseline, AMPPROBE_SEED; judged from its trace\n"
+"                           AMPPROBE_TRACE=<trial trace> and AMPPROBE_SEED\n"
+"                           (yours or 0; + 1 in the second baseline); judged\n"
+"                           from its trace\n"
 "                           (e.g. -- python train.py --epochs 1); a job\n"
 "                           under 'mpirun -np N' writes one trace per rank\n"
 "                           (AMPPROBE_TRACE's rank files), judged as a set\n"
@@ -139,6 +141,9 @@ static void usage(FILE *f) {
 "                           is refused unless --force\n"
 "  --force                  replace an existing -o FILE\n"
 "  -q, --quiet              no progress line on stderr\n"
+"  --trial-timeout S        stop a trial still running after S seconds and\n"
+"                           end bisect with exit 4 naming it (default 0: no\n"
+"                           limit; for a job that may hang)\n"
 "  --progress-every S       a plain progress line (trials done of the\n"
 "                           expected total, ETA) every S seconds, terminal or\n"
 "                           not (for job logs under a scheduler)\n"
@@ -188,6 +193,7 @@ typedef struct trial {
   trial_state state;
   pid_t pid;
   double t0, seconds, cancel_t;
+  int timed_out; /* stopped by --trial-timeout */
   int exit_code;    /* of the child; -signal when killed */
   int verdict;      /* PROBE_DDMIN_PASS / FAIL / UNKNOWN */
   char why[320];
@@ -240,6 +246,7 @@ typedef struct bisect {
   int ranks;            /* --ranks N for internal trials, 0: one process */
   const char *ranks_arg;
   double progress_every;
+  double trial_timeout; /* seconds a trial may run; 0: no limit */
   int fail_nonfinite;
   int64_t max_skips;
   double min_scale, max_regress;
@@ -414,6 +421,61 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* ---- the trial's guard ---------------------------------------------------- */
+
+/* A trial is a process group led by a guard: bisect's child, which forks
+ * the trial proper (the run, or the user's command) and waits for it. When
+ * bisect dies - even by SIGKILL, when it can do nothing - the kernel sends
+ * the guard SIGHUP (PR_SET_PDEATHSIG), and the guard kills the whole group
+ * with SIGKILL: the command, and what it started in turn (a shell
+ * wrapper's job, torchrun's workers), which a death signal of the direct
+ * child alone left running. SIGTERM from bisect (a cancel) reaches every
+ * process of the group; the guard outlives it, so the trial keeps its
+ * grace time, and then ends as its command did: the same exit code, or
+ * the same signal. */
+static void guard_on_parent_death(int sig) {
+  (void)sig;
+  kill(0, SIGKILL); /* the group: the trial and the guard itself */
+}
+
+static void guard_on_term(int sig) { (void)sig; /* the trial handles it */ }
+
+/* Called in bisect's child; returns in the trial proper, or never. */
+static void trial_guard(pid_t bisect_pid) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = guard_on_parent_death;
+  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = guard_on_term;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  prctl(PR_SET_PDEATHSIG, SIGHUP);
+  if (getppid() != bisect_pid) /* bisect died before the prctl */
+    guard_on_parent_death(SIGHUP);
+  pid_t job = fork();
+  if (job < 0)
+    _exit(127);
+  if (job == 0) {
+    signal(SIGHUP, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the guard is gone: so is the job */
+    return;
+  }
+  int st;
+  while (waitpid(job, &st, 0) < 0)
+    if (errno != EINTR) _exit(127);
+  if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+  int sig = WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL;
+  struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core); /* the job's core, if any, is its own */
+  signal(sig, SIG_DFL);
+  sigset_t m;
+  sigemptyset(&m);
+  sigaddset(&m, sig);
+  sigprocmask(SIG_UNBLOCK, &m, NULL);
+  raise(sig);
+  _exit(128 + sig);
+}
 /* The ranks of the trial's rank files in the work directory, sorted, up to
  * max of them into ranks (may be NULL); returns how many there are. */
 static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
@@ -488,12 +550,9 @@ static int trial_launch(bisect *b, trial *t) {
     return -1;
   }
   if (pid == 0) {
-    /* its own process group, which bisect stops as a whole; killed when
-     * bisect dies, even by SIGKILL */
+    /* its own process group, which bisect stops as a whole */
     setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
+    trial_guard(parent);
     int fi = open("/dev/null", O_RDONLY);
     if (fi < 0)
       _exit(127);
@@ -974,6 +1033,12 @@ static void trial_finish(bisect *b, trial *t, int status) {
   t->exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
                                    : -(WIFSIGNALED(status) ? WTERMSIG(status)
                                                            : 0);
+  if (t->timed_out && !cli_stop_flag) {
+    t->state = T_ERROR;
+    snprintf(t->why, sizeof t->why, "timed out: still running after %g s "
+             "(--trial-timeout), stopped", b->trial_timeout);
+    return;
+  }
   if (cli_stop_flag && (t->exit_code == CLI_EXIT_INTERRUPTED || t->exit_code < 0))
     t->state = T_CANCELLING;
   if (t->state == T_CANCELLING) {
@@ -1118,6 +1183,22 @@ static void kill_stragglers(trial **ts, size_t n) {
     }
 }
 
+/* --trial-timeout: a trial running longer is stopped like a cancelled one
+ * (SIGTERM to its group, SIGKILL CANCEL_GRACE later) and then is an error
+ * (trial_finish): a job that hangs no longer keeps bisect waiting. */
+static void time_out_trials(const bisect *b, trial **ts, size_t n) {
+  if (b->trial_timeout <= 0) return;
+  double now = cli_now();
+  for (size_t i = 0; i < n; i++)
+    if (ts[i]->state == T_RUNNING && now - ts[i]->t0 > b->trial_timeout) {
+      ts[i]->timed_out = 1;
+      kill(-ts[i]->pid, SIGTERM);
+      ts[i]->state = T_CANCELLING;
+      ts[i]->cancel_why = "timed out";
+      ts[i]->cancel_t = now;
+    }
+}
+
 /* Runs trials ts[0..n) at most b->jobs at a time. With first_pass, stops
  * launching past the first trial (in order) that passes and cancels the
  * later ones still running. Returns PROBE_OK, PROBE_ERR_INTERRUPTED, or
@@ -1153,6 +1234,7 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid == 0 || (pid < 0 && errno == EINTR)) {
       progress_draw(b, 0);
+      time_out_trials(b, ts, n);
       kill_stragglers(ts, n);
       struct timespec ts_sleep = {0, 10 * 1000 * 1000};
       nanosleep(&ts_sleep, NULL);
@@ -1908,7 +1990,7 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
 enum {
   O_CAND = 256, O_SCENARIO, O_CONFIG, O_STEPS, O_SEED, O_GRAN, O_WORKDIR,
   O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON,
-  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS
+  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS, O_TRIAL_TIMEOUT
 };
 
 /* Returns -1 to go on, or the exit code. */
@@ -1963,6 +2045,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       {"output", required_argument, NULL, 'o'},
       {"force", no_argument, NULL, O_FORCE},
       {"progress-every", required_argument, NULL, O_PROGRESS},
+      {"trial-timeout", required_argument, NULL, O_TRIAL_TIMEOUT},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -2052,6 +2135,10 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
     case O_PROGRESS:
       if (cli_parse_double(SUB, "--progress-every", optarg, 0.01, 86400,
                            &b->progress_every))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_TRIAL_TIMEOUT:
+      if (cli_parse_double(SUB, "--trial-timeout", optarg, 0, 1e7, &b->trial_timeout))
         return CLI_EXIT_USAGE;
       break;
     case 'q': b->quiet = 1; break;

@@ -509,6 +509,33 @@ case_bisect_sigkill() {
   else
     ok "no trial outlived bisect"
   fi
+  # an external command that is a wrapper: what it started (a shell's
+  # background job, a launcher's workers) dies with bisect too; only the
+  # wrapper itself did (its death signal), the grandchild ran on
+  local mark="ampprobe-faults-grandchild-$$"
+  printf '#!/bin/bash\nexec -a %s sleep 1000 &\nwait\n' "$mark" >wrap.sh
+  chmod +x wrap.sh
+  "$AMP" bisect --fp32-candidates bn -j 2 -q --workdir "$W/kill-ext" -- ./wrap.sh >/dev/null 2>&1 &
+  pid=$!
+  for i in $(seq 300); do
+    left=$(pgrep -f -- "$mark" || true)
+    [ -n "$left" ] && break
+    sleep 0.2
+  done
+  [ -n "$left" ] || { kill -9 $pid 2>/dev/null; bad "the wrapper's job did not start within 60 s"; return; }
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  for i in $(seq 150); do
+    left=$(pgrep -f -- "$mark" || true)
+    [ -z "$left" ] && break
+    sleep 0.2
+  done
+  if [ -n "$left" ]; then
+    bad "a wrapper's job outlived the SIGKILL of bisect: pids $(echo $left)"
+    for p in $left; do kill -9 "$p" 2>/dev/null; done
+  else
+    ok "no process of an external trial (the wrapper's job too) outlived bisect"
+  fi
 }
 
 # Strict numbers (#17.8): the whole argument is a decimal number, one

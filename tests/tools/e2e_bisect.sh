@@ -469,6 +469,19 @@ external() {
     jget "$WORK/xi.json" "d['criteria']['text']" | grep -q "job ignores the seed" &&
     pass "a job that ignores AMPPROBE_SEED: baselines identical, said in the criterion" ||
     fail "noseed job: $(jget "$WORK/xi.json" "d['criteria']") $(cat "$WORK/xi.err")"
+  # a job that hangs: --trial-timeout stops it and bisect ends, exit 4,
+  # naming the trial (it waited for ever), and nothing of it is left
+  printf '#!/bin/bash\nexec -a ampprobe-e2e-hang-$$ sleep 1000\n' >"$WORK/hang.sh"
+  chmod +x "$WORK/hang.sh"
+  local t0=$SECONDS
+  "$BIN" bisect --fp32-candidates bn -j 2 -q --workdir "$WORK/wd-hang" --trial-timeout 2 \
+    -- "$WORK/hang.sh" >"$WORK/hang.out" 2>"$WORK/hang.err"
+  RC=$?
+  [ "$RC" = 4 ] && grep -q "timed out: still running after 2 s (--trial-timeout)" "$WORK/hang.err" &&
+    [ $((SECONDS - t0)) -lt 30 ] && [ -z "$(pgrep -f "ampprobe-e2e-hang-$$")" ] &&
+    pass "a hanging job with --trial-timeout 2: exit 4 in $((SECONDS - t0)) s, '$(cat "$WORK/hang.err")'" ||
+    fail "hanging job: exit $RC after $((SECONDS - t0)) s: $(cat "$WORK/hang.err")"
+  expect_err 2 "--trial-timeout -1" --fp32-candidates bn --trial-timeout -1 -- true
   # --granularity layer with more layers than one ddmin takes (64): the
   # answer stays at kind level, said in the hint and on stderr; it was the
   # first 64 layers, a set that never passed (the culprit was the 70th)
