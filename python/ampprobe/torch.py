@@ -809,8 +809,12 @@ class Tracer:
                        "trace)")
         err = NonFiniteError(step, phase, name, site, kind, detail)
         if self.on_nonfinite == "raise":
+            # The run stops here: the tracer is closed (hooks removed, the
+            # trace complete), so the file is free at once - a new Tracer
+            # on the same path in this process (a notebook re-run) would
+            # otherwise find it locked until garbage collection.
             try:
-                self.session.flush()
+                self.close()
             except Exception:
                 pass
             raise err

@@ -83,8 +83,13 @@ def test_raise_names_producer(tmp_path, case):
     for part in ("step 0", want[3], "'%s'" % want[0], want[2]):
         assert part in msg, msg
     assert tr._next == 1  # raised at the end of step 0, not later
-    tr.close()
+    # closed by the raise: the trace is complete and the path free for a
+    # new tracer in this process (it was locked until garbage collection)
     assert ampprobe.read_trace(path)["info"]["complete"] == 1
+    model2, loss_fn2, tr2, path2 = make(tmp_path, on_nonfinite="record", overwrite=True)
+    assert path2 == path
+    tr2.close()
+    tr.close()  # idempotent
 
 
 def test_warn_once_per_step(tmp_path):
