@@ -404,6 +404,12 @@ typedef struct hist_point {
   float fwd_absmax, bwd_absmax;
 } hist_point;
 
+typedef struct master_seen {
+  int64_t step; /* -1: none yet */
+  float absmax; /* the largest finite magnitude */
+  int finite;
+} master_seen;
+
 typedef struct walker {
   probe_diag *d;
   int hist_len;
@@ -417,6 +423,7 @@ typedef struct walker {
   int have_bwd;
   probe_diag bwd; /* only the event fields are used */
   int64_t weight_first_step;
+  master_seen *masters; /* [n_layers] as the last step left them */
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
@@ -611,6 +618,28 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
 
 /* Finds the origin of the step's first non-finite value and classifies it.
  * Writes the event fields of `e`. Returns 1 when the step holds one. */
+/* Weights that are non-finite as the forward used them (the FP16 copy)
+ * while the FP32 master weights the previous step left were finite but
+ * beyond FP16's range: not a non-finite update but weights that outgrew
+ * FP16 (a learning rate too large for them, no weight decay). Says so in
+ * the event's evidence (explain_weights words its finding from it). */
+static void master_outgrew(walker *w, probe_diag *e, const probe_record *o) {
+  const probe_diag *d = w->d;
+  if (o->site != PROBE_SITE_WEIGHT || o->layer < 0 || o->layer >= d->n_layers ||
+      d->layers[o->layer].info.precision != PROBE_DTYPE_F16)
+    return;
+  const master_seen *m = &w->masters[o->layer];
+  if (m->step < 0 || m->step >= o->step || !m->finite ||
+      !(m->absmax > (double)PROBE_F16_MAX))
+    return;
+  snprintf(e->event_evidence, sizeof e->event_evidence,
+           "its FP32 master weights were finite after step %lld's update "
+           "(absmax %.4g), beyond FP16's %g: their FP16 copy, which the "
+           "forward uses, is inf - the weights outgrew FP16, no non-finite "
+           "update reached them",
+           (long long)m->step, (double)m->absmax, (double)PROBE_F16_MAX);
+}
+
 /* The loss computed outside any recorded module (a functional loss in the
  * training loop, no loss layer in the trace) went non-finite in the
  * forward pass, before the backward records that are the first non-finite
@@ -690,6 +719,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   }
   if (origin < 0) return 0;
   e->event_evidence[0] = '\0';
+  if (kind == PROBE_DIAG_EVENT_WEIGHT_NONFINITE)
+    master_outgrew(w, e, &r[origin]);
   int fwd_loss = loss_outside_modules(w, e, r, &r[origin], step);
   if (fwd_loss >= 0) {
     origin = fwd_loss;
@@ -991,6 +1022,71 @@ static void compare_clip_norm(walker *w, const probe_record *r, size_t n,
   d->clip_norm_scaled_steps += scaled;
 }
 
+/* The event fields of `from` (the first event, or the backward-only one)
+ * into `to`. */
+static void event_copy(probe_diag *to, const probe_diag *from) {
+  to->event = from->event;
+  to->event_step = from->event_step;
+  to->event_phase = from->event_phase;
+  to->origin_layer = from->origin_layer;
+  to->origin_site = from->origin_site;
+  to->origin_out = from->origin_out;
+  to->have_origin_in = from->have_origin_in;
+  to->origin_in = from->origin_in;
+  to->feeder_layer = from->feeder_layer;
+  to->n_passed = from->n_passed;
+  memcpy(to->passed, from->passed, sizeof to->passed);
+  to->more_passed = from->more_passed;
+  to->nan_from_inf_layer = from->nan_from_inf_layer;
+  memcpy(to->event_evidence, from->event_evidence, sizeof to->event_evidence);
+  to->n_history = from->n_history;
+  memcpy(to->history, from->history, sizeof to->history);
+}
+
+/* A step holding a non-finite record: the first event (forward, the loss)
+ * or the first backward-only overflow, kept in case it becomes one. */
+static void event_of_step(walker *w, probe_record *r, size_t n, int64_t step,
+                          int fwd_nf, int loss_nf) {
+  probe_diag *d = w->d;
+  if (fwd_nf || loss_nf) {
+    probe_diag e;
+    memset(&e, 0, sizeof e);
+    if (analyse_step(w, &e, r, n, step)) {
+      if (e.origin_layer >= 0) d->layers[e.origin_layer].origin_steps++;
+      if (d->event_step < 0) {
+        event_copy(d, &e);
+        w->frozen = 1;
+      }
+    }
+  } else {
+    if (d->first_grad_overflow_step < 0) d->first_grad_overflow_step = step;
+    if (!w->have_bwd) {
+      memset(&w->bwd, 0, sizeof w->bwd);
+      if (analyse_step(w, &w->bwd, r, n, step)) w->have_bwd = 1;
+    }
+  }
+}
+
+/* Each layer's FP32 master weights as the step left them (all its master
+ * records: the largest absmax, finite only when all are), for the next
+ * step's forward, which runs on their copy. */
+static void note_masters(walker *w, const probe_record *r, size_t n, int64_t step) {
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].site != PROBE_SITE_MASTER_WEIGHT || r[i].layer < 0 ||
+        r[i].layer >= w->d->n_layers)
+      continue;
+    master_seen *m = &w->masters[r[i].layer];
+    int finite = !stats_nonfinite(&r[i].stats);
+    if (m->step != step) {
+      m->step = step;
+      m->absmax = 0;
+      m->finite = 1;
+    }
+    if (finite && r[i].stats.absmax > m->absmax) m->absmax = r[i].stats.absmax;
+    m->finite &= finite;
+  }
+}
+
 static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
                          const probe_step_scalars *sc) {
   probe_diag *d = w->d;
@@ -1012,40 +1108,8 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   compare_clip_norm(w, r, n, sc);
   update_layers(w, r, n, step, loss_nf);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
-  if (!any_nf) return;
-
-  if (fwd_nf || loss_nf) {
-    probe_diag e;
-    memset(&e, 0, sizeof e);
-    if (analyse_step(w, &e, r, n, step)) {
-      if (e.origin_layer >= 0) d->layers[e.origin_layer].origin_steps++;
-      if (d->event_step < 0) {
-        d->event = e.event;
-        d->event_step = e.event_step;
-        d->event_phase = e.event_phase;
-        d->origin_layer = e.origin_layer;
-        d->origin_site = e.origin_site;
-        d->origin_out = e.origin_out;
-        d->have_origin_in = e.have_origin_in;
-        d->origin_in = e.origin_in;
-        d->feeder_layer = e.feeder_layer;
-        d->n_passed = e.n_passed;
-        memcpy(d->passed, e.passed, sizeof d->passed);
-        d->more_passed = e.more_passed;
-        d->nan_from_inf_layer = e.nan_from_inf_layer;
-        memcpy(d->event_evidence, e.event_evidence, sizeof d->event_evidence);
-        d->n_history = e.n_history;
-        memcpy(d->history, e.history, sizeof d->history);
-        w->frozen = 1;
-      }
-    }
-  } else {
-    if (d->first_grad_overflow_step < 0) d->first_grad_overflow_step = step;
-    if (!w->have_bwd) {
-      memset(&w->bwd, 0, sizeof w->bwd);
-      if (analyse_step(w, &w->bwd, r, n, step)) w->have_bwd = 1;
-    }
-  }
+  if (any_nf) event_of_step(w, r, n, step, fwd_nf, loss_nf);
+  note_masters(w, r, n, step);
 }
 
 static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
@@ -1059,12 +1123,14 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.hist = calloc((size_t)(nl * w.hist_len), sizeof *w.hist);
   w.hist_count = calloc((size_t)nl, sizeof *w.hist_count);
   w.ls = calloc((size_t)nl, sizeof *w.ls);
+  w.masters = calloc((size_t)nl, sizeof *w.masters);
+  for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
   probe_record *buf = malloc(chunk * sizeof *buf);
   size_t step_cap = 256, step_n = 0;
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.masters || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -1107,29 +1173,14 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   /* A backward-only overflow becomes the event when nothing else did and
    * the scaler did not cope (no scaling, or the scale collapsed). */
   if (d->event_step < 0 && w.have_bwd &&
-      (!d->scaling_on || d->scale_collapsed)) {
-    d->event = w.bwd.event;
-    d->event_step = w.bwd.event_step;
-    d->event_phase = w.bwd.event_phase;
-    d->origin_layer = w.bwd.origin_layer;
-    d->origin_site = w.bwd.origin_site;
-    d->origin_out = w.bwd.origin_out;
-    d->have_origin_in = w.bwd.have_origin_in;
-    d->origin_in = w.bwd.origin_in;
-    d->feeder_layer = w.bwd.feeder_layer;
-    d->n_passed = w.bwd.n_passed;
-    memcpy(d->passed, w.bwd.passed, sizeof d->passed);
-    d->more_passed = w.bwd.more_passed;
-    d->nan_from_inf_layer = w.bwd.nan_from_inf_layer;
-    memcpy(d->event_evidence, w.bwd.event_evidence, sizeof d->event_evidence);
-    d->n_history = w.bwd.n_history;
-    memcpy(d->history, w.bwd.history, sizeof d->history);
-  }
+      (!d->scaling_on || d->scale_collapsed))
+    event_copy(d, &w.bwd);
   st = PROBE_OK;
 done:
   free(w.hist);
   free(w.hist_count);
   free(w.ls);
+  free(w.masters);
   free(buf);
   free(step_buf);
   if (sc_ok) free(sc.buf);

@@ -344,17 +344,33 @@ static int when_weights(const rank_ctx *c) {
 static double score_weights(const rank_ctx *c) { (void)c; return SCORE_CHECK_WEIGHTS; }
 static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
-  set_title(f, "the weights of '%s' are non-finite at step %lld", c->oname,
-            (long long)d->event_step);
+  /* master_outgrew (diagnose.c) wrote the evidence: finite FP32 masters
+   * beyond FP16's range, an FP16 copy that overflowed */
+  int outgrew = d->event_evidence[0] != '\0';
+  if (outgrew)
+    set_title(f, "the weights of '%s' outgrew FP16: their FP16 copy is inf at "
+                 "step %lld while the FP32 master weights are finite",
+              c->oname, (long long)d->event_step);
+  else
+    set_title(f, "the weights of '%s' are non-finite at step %lld", c->oname,
+              (long long)d->event_step);
   add_evidence(f, "site %s of '%s' holds %llu NaN, %llu inf",
                probe_site_name(d->origin_site), c->oname,
                (unsigned long long)d->origin_out.nan_count,
                (unsigned long long)(d->origin_out.posinf_count +
                                     d->origin_out.neginf_count));
-  set_next(f, "a non-finite update reached the weights: check that steps "
-              "with non-finite gradients are skipped, and lower the learning "
-              "rate; compare with %s",
-           c->run_fp32);
+  if (outgrew) {
+    add_evidence(f, "%s", d->event_evidence);
+    set_next(f, "lower the learning rate of '%s' (or add weight decay) so its "
+                "weights stay within FP16's range, or keep it in FP32: "
+                "ampprobe bisect --fp32-candidates %s %s",
+             c->oname, kind_of(d, d->origin_layer), c->args);
+  } else {
+    set_next(f, "a non-finite update reached the weights: check that steps "
+                "with non-finite gradients are skipped, and lower the learning "
+                "rate; compare with %s",
+             c->run_fp32);
+  }
 }
 
 /* fix-allreduce: the all-reduce returned a non-finite gradient bucket that

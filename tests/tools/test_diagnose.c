@@ -711,6 +711,49 @@ START_TEST(test_loss_outside_modules) {
 }
 END_TEST
 
+/* Weights whose FP16 copy is inf while the FP32 master the previous step
+ * left is finite but beyond 65504: they outgrew FP16 (a learning rate too
+ * large for them); no non-finite update reached them, which the finding
+ * said (unseen-model audit c07). Controls: no master recorded, or one
+ * within FP16's range, keep the old wording. */
+static const char *weights_title(const char *p, float master0) {
+  probe_session *s = hb_open(p, "fp16");
+  int32_t emb = hb_layer(s, "emb", PROBE_KIND_EMBEDDING, PROBE_DTYPE_F16);
+  float w[N], m[N];
+  for (int step = 0; step < 3; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) w[i] = m[i] = 0.5f;
+    if (step == 1) w[0] = INFINITY;           /* the FP16 copy overflowed */
+    hb_rec(s, emb, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, emb, PROBE_SITE_FWD_OUT, w, N);
+    if (step == 0) m[0] = master0;            /* after step 0's update */
+    if (isfinite(master0)) /* NaN: no master recorded */
+      hb_rec(s, emb, PROBE_SITE_MASTER_WEIGHT, m, N);
+    hb_end(s, step == 1 ? INFINITY : 1.0, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  static probe_diag d;
+  static char title[PROBE_DIAG_TEXT_MAX];
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_WEIGHT_NONFINITE);
+  ck_assert_int_eq(d.event_step, 1);
+  snprintf(title, sizeof title, "%s", d.findings[0].title);
+  probe_diag_free(&d);
+  return title;
+}
+
+START_TEST(test_weights_outgrew_fp16) {
+  const char *p = tmp_path("outgrew");
+  const char *t = weights_title(p, 2.0e5f);
+  ck_assert_msg(strstr(t, "outgrew FP16") && strstr(t, "master weights are finite"), "%s", t);
+  t = weights_title(p, NAN);
+  ck_assert_msg(!strstr(t, "outgrew") && strstr(t, "non-finite at step 1"), "%s", t);
+  t = weights_title(p, 1000.0f);
+  ck_assert_msg(!strstr(t, "outgrew"), "%s", t);
+  unlink(p);
+}
+END_TEST
+
 /* A custom module (kind other) that overflows is a bisect candidate by its
  * name - bisect cannot select the kind `other` - when the name is a safe
  * glob; it was dropped, and bisect got only the other kinds, which could
@@ -1633,6 +1676,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_shared_module_first_call_overflows);
   tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
   tcase_add_test(tc, test_loss_outside_modules);
+  tcase_add_test(tc, test_weights_outgrew_fp16);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
