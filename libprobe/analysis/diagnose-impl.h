@@ -38,4 +38,9 @@ static inline const char *probe__diag_prec_label(int dtype) {
   return dtype == PROBE_DTYPE_BF16 ? "BF16" : dtype == PROBE_DTYPE_F32 ? "FP32" : "FP16";
 }
 
+/* The event's one-line description: probe_diag_event_desc(d->event), but a
+ * gradient overflow in a run without loss scaling is not of "scaled"
+ * gradients. */
+const char *probe__diag_event_text(const probe_diag *d);
+
 #endif /* AMPPROBE_DIAGNOSE_IMPL_H */

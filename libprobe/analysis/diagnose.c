@@ -46,6 +46,13 @@ const char *probe_diag_event_name(probe_diag_event e) {
 const char *probe_diag_event_desc(probe_diag_event e) {
   return (unsigned)e < PROBE_DIAG_EVENT_COUNT ? event_descs[e] : "?";
 }
+
+const char *probe__diag_event_text(const probe_diag *d) {
+  if (d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW && !d->scaling_on)
+    return "gradients overflowed FP16 in the backward pass (no loss scaling: "
+           "they were not scaled)";
+  return probe_diag_event_desc(d->event);
+}
 const char *probe_diag_finding_name(probe_diag_finding_id f) {
   return (unsigned)f < PROBE_DIAG_FINDING_COUNT ? finding_names[f] : "?";
 }

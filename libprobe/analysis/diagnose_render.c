@@ -79,7 +79,7 @@ static void render_text(const probe_diag *d, FILE *f) {
               probe_diag_event_name(d->event));
     else
       fprintf(f, "  kind        %s: %s\n", probe_diag_event_name(d->event),
-              probe_diag_event_desc(d->event));
+              probe__diag_event_text(d));
     if (d->origin_layer >= 0) {
       fprintf(f, "  origin      %s (%s, %s) at %s: %llu NaN, %llu +inf, %llu "
                  "-inf of %llu\n",
@@ -351,7 +351,7 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
 
   probe__jw_obj(w, "event");
   probe__jw_str(w, "kind", probe_diag_event_name(d->event));
-  probe__jw_str(w, "description", probe_diag_event_desc(d->event));
+  probe__jw_str(w, "description", probe__diag_event_text(d));
   if (d->event != PROBE_DIAG_EVENT_NONE) {
     probe__jw_int(w, "step", d->event_step);
     probe__jw_str(w, "phase", probe_phase_name(d->event_phase));

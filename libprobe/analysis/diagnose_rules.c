@@ -485,7 +485,7 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
             c->oname, kind_of(d, d->origin_layer));
   add_evidence(f, "every layer ran in FP32; step %lld, %s, %s: %s",
                (long long)d->event_step, probe_phase_name(d->event_phase),
-               probe_site_name(d->origin_site), probe_diag_event_desc(d->event));
+               probe_site_name(d->origin_site), probe__diag_event_text(d));
   if (d->first_nonfinite_loss_step < 0)
     add_evidence(f, "the loss stayed finite");
   set_next(f, "look at what '%s' computes at step %lld (a 0/0, a sqrt or log "
@@ -561,7 +561,7 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
               probe_diag_event_name(d->event), c->oname, okind);
   add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
                probe_phase_name(d->event_phase),
-               probe_diag_event_desc(d->event));
+               probe__diag_event_text(d));
   if (d->event_evidence[0]) add_evidence(f, "%s", d->event_evidence);
   else if (d->have_origin_in && !probe_stats_nonfinite(&d->origin_in))
     add_evidence(f, "its input was finite (absmax %.4g, %llu zeros) and its "

@@ -754,6 +754,41 @@ START_TEST(test_weights_outgrew_fp16) {
 }
 END_TEST
 
+/* A backward overflow in a run without loss scaling: the gradients were
+ * not scaled, and the event no longer says "scaled gradients" (in the
+ * text, the JSON and the finding's evidence). */
+START_TEST(test_unscaled_gradient_overflow) {
+  const char *p = tmp_path("unscaled");
+  probe_session *s = hb_open(p, "fp16");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  float x[N], g[N];
+  for (int i = 0; i < N; i++) x[i] = g[i] = 0.5f;
+  for (int step = 0; step < 4; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    hb_rec(s, fc, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, x, N);
+    g[0] = step >= 2 ? INFINITY : 0.5f;
+    hb_rec(s, fc, PROBE_SITE_GRAD_OUT, x, N);
+    hb_rec(s, fc, PROBE_SITE_GRAD_IN, g, N);
+    hb_end(s, 1.0, 1.0); /* a scale of 1 throughout, no scaler events */
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.scaling_on, 0);
+  ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_GRAD_OVERFLOW);
+  char *text = NULL, *json = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+  ck_assert_int_eq(probe_diag_render_json(&d, &json), PROBE_OK);
+  ck_assert_msg(!strstr(text, "scaled gradients") && strstr(text, "no loss scaling"), "%s", text);
+  ck_assert_msg(!strstr(json, "scaled gradients"), "%s", json);
+  probe_free(text);
+  probe_free(json);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 /* A custom module (kind other) that overflows is a bisect candidate by its
  * name - bisect cannot select the kind `other` - when the name is a safe
  * glob; it was dropped, and bisect got only the other kinds, which could
@@ -1677,6 +1712,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
   tcase_add_test(tc, test_loss_outside_modules);
   tcase_add_test(tc, test_weights_outgrew_fp16);
+  tcase_add_test(tc, test_unscaled_gradient_overflow);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
