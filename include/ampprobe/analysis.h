@@ -219,6 +219,11 @@ typedef struct probe_diag_layer {
                                   forward outputs or saved intermediates */
   int64_t fwd_nonfinite_first; /* first such step, -1 none */
   probe_diag_collapse collapse;
+  /* steps whose whole incoming gradient (an FP32 layer's grad_in, every
+   * nonzero value below FP16's smallest subnormal) flushed to zero at the
+   * cast into this FP16 layer; its gradients' zeros then count as flushed
+   * in grad_subnormal */
+  int64_t entry_flush_steps;
 } probe_diag_layer;
 
 typedef struct probe_diag_backoff {
@@ -332,6 +337,12 @@ typedef struct probe_diag {
   int32_t worst_underflow_layer;
   double worst_underflow_frac; /* (subnormal+flush+zero)/count, all steps */
   double total_grad_zero_frac;
+  /* the first step at which the whole gradient handed from an FP32 layer
+   * (the loss) to an FP16 one flushed to zero at the cast: those layers,
+   * and that gradient's absmax; -1 when never */
+  int64_t entry_flush_step;
+  int32_t entry_flush_from, entry_flush_to;
+  double entry_flush_absmax;
 
   /* ---- growth of the weights (lr signature) */
   double master_absmax_first, master_absmax_last;

@@ -404,6 +404,7 @@ static probe_status count_late_backoffs(probe_diag *d, probe_trace *t,
 typedef struct layer_step {
   int fwd_in, fwd_out, fwd_saved, grad_out, grad_in, wgrad, weight, master;
   int first_out_nf; /* first non-finite output record (seq order), -1 */
+  int grad_feed;    /* the other layer's grad_in just before grad_out, -1 */
 } layer_step;
 
 typedef struct hist_point {
@@ -439,11 +440,16 @@ static void index_step(walker *w, const probe_record *r, size_t n) {
   for (int64_t i = 0; i < nl; i++) {
     layer_step *l = &w->ls[i];
     l->fwd_in = l->fwd_out = l->fwd_saved = l->grad_out = l->grad_in =
-        l->wgrad = l->weight = l->master = l->first_out_nf = -1;
+        l->wgrad = l->weight = l->master = l->first_out_nf = l->grad_feed = -1;
   }
+  int last_grad_in = -1; /* the backward hands each layer the last one */
   for (size_t i = 0; i < n; i++) {
     if (r[i].layer < 0 || r[i].layer >= nl) continue;
     layer_step *l = &w->ls[r[i].layer];
+    if (r[i].site == PROBE_SITE_GRAD_OUT && l->grad_out < 0 && last_grad_in >= 0 &&
+        r[last_grad_in].layer != r[i].layer)
+      l->grad_feed = last_grad_in;
+    if (r[i].site == PROBE_SITE_GRAD_IN) last_grad_in = (int)i;
     int *slot = NULL;
     switch (r[i].site) {
     case PROBE_SITE_FWD_IN: slot = &l->fwd_in; break;
@@ -882,6 +888,36 @@ static void silent_faults(walker *w, probe_diag_layer *dl, const layer_step *l,
 
 /* loss_nf: the step's loss is not finite; its layers' faults are then not
  * silent (they reached the loss) and are not counted as such. */
+/* Whether the whole gradient an FP32 layer (the loss) handed to FP16
+ * layer li at this step flushed to zero at the cast: every nonzero value
+ * of the feeder's grad_in is below FP16's smallest subnormal (f16_flush)
+ * and li's grad_out is all zeros. Then nothing learns behind it, yet its
+ * zeros look like exact zeros, not underflow (a tiny loss weight without
+ * loss scaling was "healthy"). Counts the step and keeps the first. */
+static int entry_flushed(walker *w, const probe_record *r, const layer_step *l,
+                         int32_t li, int64_t step) {
+  probe_diag *d = w->d;
+  if (l->grad_out < 0 || l->grad_feed < 0 ||
+      d->layers[li].info.precision != PROBE_DTYPE_F16)
+    return 0;
+  const probe_record *feed = &r[l->grad_feed];
+  const probe_stats *fs = &feed->stats, *gs = &r[l->grad_out].stats;
+  if (feed->layer < 0 || feed->layer >= d->n_layers ||
+      d->layers[feed->layer].info.precision != PROBE_DTYPE_F32 ||
+      stats_nonfinite(fs) || fs->f16_flush == 0 ||
+      fs->f16_flush + fs->zero_count != fs->count || gs->count == 0 ||
+      gs->zero_count != gs->count)
+    return 0;
+  d->layers[li].entry_flush_steps++;
+  if (d->entry_flush_step < 0) {
+    d->entry_flush_step = step;
+    d->entry_flush_from = feed->layer;
+    d->entry_flush_to = li;
+    d->entry_flush_absmax = fs->absmax;
+  }
+  return 1;
+}
+
 static void update_layers(walker *w, const probe_record *r, size_t n,
                           int64_t step, int loss_nf) {
   probe_diag *d = w->d;
@@ -921,13 +957,15 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
       dl->min_fwd_headroom_step = step;
     }
     int half = step > w->mid_step ? 1 : 0;
+    int entry = entry_flushed(w, r, l, (int32_t)li, step);
     for (int s = 0; s < 2 && dl->info.precision == PROBE_DTYPE_F16; s++) {
       int i = s == 0 ? l->grad_in : l->wgrad;
       if (i < 0) continue;
       const probe_stats *st = &r[i].stats;
       dl->grad_count[half] += probe_stats_finite(st);
-      dl->grad_subnormal[half] += st->f16_subnormal;
-      dl->grad_flush[half] += st->f16_flush;
+      /* after an entry flush its zeros are flushed values too */
+      dl->grad_subnormal[half] += st->f16_subnormal + (entry ? st->zero_count : 0);
+      dl->grad_flush[half] += st->f16_flush + (entry ? st->zero_count : 0);
       dl->grad_zero[half] += st->zero_count;
     }
     if (l->fwd_out >= 0) {
@@ -1359,6 +1397,8 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   d->nan_from_inf_layer = -1;
   d->first_grad_overflow_step = -1;
   d->worst_underflow_layer = -1;
+  d->entry_flush_step = -1;
+  d->entry_flush_from = d->entry_flush_to = -1;
   d->master_absmax_first = d->master_absmax_last = NAN;
   probe_text_escape(d->precision_policy, sizeof d->precision_policy,
                     info->precision_policy ? info->precision_policy : "");

@@ -711,6 +711,15 @@ static void explain_scaling(rank_ctx *c, probe_diag_finding *f) {
   add_evidence(f, "'%s': %.1f%% of its gradient values are subnormal or "
                   "flush to zero in FP16 (first half %s, second half %s)",
                wl->display, 100.0 * d->worst_underflow_frac, f0, f1);
+  if (d->entry_flush_step >= 0)
+    add_evidence(f, "the gradient '%s' hands to '%s' (absmax %.3g at step "
+                    "%lld) is below FP16's smallest subnormal (%.3g): it "
+                    "flushes to zero at the cast, in %lld steps, and every "
+                    "gradient behind it is 0",
+                 d->layers[d->entry_flush_from].display,
+                 d->layers[d->entry_flush_to].display, d->entry_flush_absmax,
+                 (long long)d->entry_flush_step, PROBE_F16_MIN_SUBNORMAL,
+                 (long long)d->layers[d->entry_flush_to].entry_flush_steps);
   fmt_loss(b1, sizeof b1, d->first_loss);
   fmt_loss(b2, sizeof b2, d->last_loss);
   add_evidence(f, "loss %s -> %s over %lld steps", b1, b2,

@@ -789,6 +789,57 @@ START_TEST(test_unscaled_gradient_overflow) {
 }
 END_TEST
 
+/* Every gradient the FP32 loss hands to the FP16 network is below FP16's
+ * smallest subnormal (a tiny loss weight, no loss scaling): it flushes to
+ * zero at the cast and every FP16 gradient is an exact 0, which looked
+ * like legitimate zeros - "healthy" (unseen-model audit c05c). Now
+ * enable-loss-scaling, naming the hand-over. Control: the same zeros behind
+ * a loss gradient that does not flush stay healthy. */
+static probe_diag_finding_id entry_flush_finding(const char *p, float loss_grad, char *ev,
+                                                 size_t evl) {
+  probe_session *s = hb_open(p, "fp16");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  int32_t loss = hb_layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
+  float x[N], lg[N], zero[N] = {0}, one = 1.0f;
+  for (int i = 0; i < N; i++) {
+    x[i] = 0.5f + 0.01f * (float)i;
+    lg[i] = loss_grad * (1.0f + 0.01f * (float)i);
+  }
+  for (int step = 0; step < 20; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    hb_rec(s, fc, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_OUT, &one, 1);
+    hb_rec(s, loss, PROBE_SITE_GRAD_IN, lg, N);
+    hb_rec(s, fc, PROBE_SITE_GRAD_OUT, zero, N);
+    hb_rec(s, fc, PROBE_SITE_GRAD_IN, zero, N);
+    hb_rec(s, fc, PROBE_SITE_WEIGHT_GRAD, zero, N);
+    hb_end(s, 1e-8, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  probe_diag_finding_id id = d.findings[0].id;
+  ev[0] = 0;
+  for (int k = 0; k < d.findings[0].n_evidence; k++)
+    if (strstr(d.findings[0].evidence[k], "smallest subnormal"))
+      snprintf(ev, evl, "%s", d.findings[0].evidence[k]);
+  probe_diag_free(&d);
+  return id;
+}
+
+START_TEST(test_gradient_flushed_at_the_handover) {
+  const char *p = tmp_path("entryflush");
+  char ev[PROBE_DIAG_TEXT_MAX];
+  ck_assert_int_eq(entry_flush_finding(p, 1.5e-8f, ev, sizeof ev),
+                   PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING);
+  ck_assert_msg(strstr(ev, "'loss' hands to 'fc'") && strstr(ev, "in 20 steps"), "%s", ev);
+  ck_assert_int_eq(entry_flush_finding(p, 1e-3f, ev, sizeof ev), PROBE_DIAG_FINDING_HEALTHY);
+  unlink(p);
+}
+END_TEST
+
 /* A custom module (kind other) that overflows is a bisect candidate by its
  * name - bisect cannot select the kind `other` - when the name is a safe
  * glob; it was dropped, and bisect got only the other kinds, which could
@@ -1713,6 +1764,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_loss_outside_modules);
   tcase_add_test(tc, test_weights_outgrew_fp16);
   tcase_add_test(tc, test_unscaled_gradient_overflow);
+  tcase_add_test(tc, test_gradient_flushed_at_the_handover);
   tcase_add_test(tc, test_scale_collapse);
   tcase_add_test(tc, test_clip_before_unscale_signature);
   tcase_add_test(tc, test_clip_norm_against_records);
