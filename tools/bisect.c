@@ -2349,18 +2349,13 @@ static int plan_output(bisect *b) {
     return CLI_EXIT_USAGE;
   }
   /* its folder must take the result: said now, not after every trial ran */
-  char dir[1024];
-  const char *slash = strrchr(b->out, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == b->out)
-    snprintf(dir, sizeof dir, "/");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - b->out), b->out);
-  if (access(dir, W_OK | X_OK) != 0) {
-    cli_error(SUB, "cannot write %s: %s", b->out, strerror(errno));
+  char *dir = cli_dir_part(b->out);
+  if (!dir || access(dir, W_OK | X_OK) != 0) {
+    cli_error(SUB, "cannot write %s: %s", b->out, dir ? strerror(errno) : "out of memory");
+    free(dir);
     return CLI_EXIT_INTERNAL;
   }
+  free(dir);
   return -1;
 }
 
@@ -2368,15 +2363,11 @@ static int plan_output(bisect *b) {
  * trial's file could be replaced by the result, or the result appear
  * under a trial's name). */
 static int inside_workdir(const bisect *b) {
-  char dir[PATH_MAX], out_dir[PATH_MAX], wd[PATH_MAX];
-  const char *slash = strrchr(b->out, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == b->out)
-    snprintf(dir, sizeof dir, "/");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - b->out), b->out);
-  if (!realpath(dir, out_dir) || !realpath(b->workdir, wd))
+  char out_dir[PATH_MAX], wd[PATH_MAX];
+  char *dir = cli_dir_part(b->out);
+  int ok = dir && realpath(dir, out_dir) && realpath(b->workdir, wd);
+  free(dir);
+  if (!ok)
     return 0;
   size_t l = strlen(wd);
   return !strncmp(out_dir, wd, l) && (out_dir[l] == '\0' || out_dir[l] == '/');

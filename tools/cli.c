@@ -255,8 +255,7 @@ int cli_check_input_key(const char *sub, const char *key, const char *path) {
   return CLI_EXIT_INPUT;
 }
 
-/* The directory part of path ("." when none) in a new string. */
-static char *dir_part(const char *path) {
+char *cli_dir_part(const char *path) {
   const char *slash = strrchr(path, '/');
   if (!slash) return strdup(".");
   if (slash == path) return strdup("/");
@@ -273,7 +272,7 @@ static const char *base_part(const char *path) {
 static char *canonical(const char *path) {
   char *r = realpath(path, NULL);
   if (r) return r;
-  char *dir = dir_part(path);
+  char *dir = cli_dir_part(path);
   char *rd = dir ? realpath(dir, NULL) : NULL;
   free(dir);
   if (!rd) return NULL;
@@ -445,7 +444,7 @@ int cli_out_open(const char *sub, cli_out *o, const char *path) {
   } else {
     const char *base = base_part(o->target);
     if (!*base) return out_error(sub, o, path, EISDIR);
-    char *dir = dir_part(o->target);
+    char *dir = cli_dir_part(o->target);
     size_t n = (dir ? strlen(dir) : 0) + 240;
     o->tmp = dir ? malloc(n) : NULL;
     if (!o->tmp) {
@@ -520,7 +519,7 @@ int cli_out_commit(const char *sub, cli_out *o) {
   if (o->tmp) {
     out_unguard(o->tmp);
     /* the rename itself reaches the disk with the directory (best effort) */
-    char *dir = dir_part(o->target);
+    char *dir = cli_dir_part(o->target);
     int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (dfd >= 0) {
       fsync(dfd);

@@ -138,6 +138,10 @@ int cli_check_input_key(const char *sub, const char *key, const char *path);
 void cli_config_data_files(const char *config_json, const char *config,
                            char *data, size_t dl, char *data2, size_t d2l);
 
+/* The folder part of path ("." when none, "/" for the root) in a new
+ * string (free it), NULL when out of memory. */
+char *cli_dir_part(const char *path);
+
 /* 1 when a and b name the same file (see above), else 0. */
 int cli_same_file(const char *a, const char *b);
 

@@ -101,5 +101,29 @@ static inline probe_status pt_read_all(probe_trace *t) {
   return PROBE_OK;
 }
 
+/* A small complete trace at path: n steps of one fp16 layer. opt may set
+ * the rank. */
+static inline void pt_small_trace(const char *path, int steps,
+                                  const probe_options *opt) {
+  probe_options o;
+  if (opt) o = *opt;
+  else probe_options_init(&o);
+  o.overwrite = 1;
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t id;
+  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
+  float x[64];
+  for (int step = 0; step < steps; step++) {
+    PT_CHECK(probe_step_begin(s, step));
+    pt_tensor(x, 64, step, 0);
+    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+}
 
 #endif /* AMPPROBE_TESTS_PROBE_TESTUTIL_H */

@@ -15,26 +15,10 @@
 
 #include "probe_testutil.h"
 
-/* A complete trace of `steps` steps of one layer at a fresh path. */
+/* pt_small_trace at a fresh path under tag. */
 static void host_trace(char *path, size_t len, const char *tag, int steps) {
   pt_path(path, len, tag);
-  probe_options o;
-  probe_options_init(&o);
-  o.overwrite = 1;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, path, &o));
-  int32_t id;
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
-  float x[64];
-  for (int step = 0; step < steps; step++) {
-    PT_CHECK(probe_step_begin(s, step));
-    pt_tensor(x, 64, step, 0);
-    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
-    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
-    PT_CHECK(probe_step_set_scalars(s, &sc));
-    PT_CHECK(probe_step_end(s));
-  }
-  PT_CHECK(probe_session_close(s));
+  pt_small_trace(path, steps, NULL);
 }
 
 static int host_prints;

@@ -15,34 +15,10 @@
 #include "ampprobe/analysis.h"
 #include "probe_testutil.h"
 
-/* A small complete trace at path: n steps of one fp16 layer. opt may set
- * the rank. */
-static void small_trace(const char *path, int steps, const probe_options *opt) {
-  probe_options o;
-  if (opt) o = *opt;
-  else probe_options_init(&o);
-  o.overwrite = 1;
-  o.mode = PROBE_MODE_FULL;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, path, &o));
-  int32_t id;
-  PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
-  float x[64];
-  for (int step = 0; step < steps; step++) {
-    PT_CHECK(probe_step_begin(s, step));
-    pt_tensor(x, 64, step, 0);
-    PT_CHECK(probe_tensor_record(s, id, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, 64));
-    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
-    PT_CHECK(probe_step_set_scalars(s, &sc));
-    PT_CHECK(probe_step_end(s));
-  }
-  PT_CHECK(probe_session_close(s));
-}
-
 /* small_trace at a fresh path under tag, opened for reading. */
 static probe_trace *small_trace_open(char *path, size_t len, const char *tag, int steps) {
   pt_path(path, len, tag);
-  small_trace(path, steps, NULL);
+  pt_small_trace(path, steps, NULL);
   probe_trace *t = NULL;
   PT_CHECK(probe_trace_open(&t, path));
   return t;
@@ -91,7 +67,7 @@ START_TEST(flush_seconds_not_a_number) {
   probe_options o;
   probe_options_init(&o);
   o.flush_seconds = INFINITY;
-  small_trace(path, 3, &o);
+  pt_small_trace(path, 3, &o);
   probe_verdict v;
   PT_CHECK(probe_postmortem_verdict(path, &v));
   unlink(path);
@@ -136,7 +112,7 @@ END_TEST
 START_TEST(ranks_of_one_unranked_trace) {
   char path[256];
   pt_path(path, sizeof path, "unranked");
-  small_trace(path, 3, NULL);
+  pt_small_trace(path, 3, NULL);
   const char *paths[1] = {path};
   probe_ranks r;
   probe_status st = probe_ranks_run(&r, paths, 1, NULL);
@@ -159,7 +135,7 @@ START_TEST(rank_number_far_past_the_set) {
   probe_options_init(&o);
   o.rank = INT32_MAX - 1;
   o.world_size = INT32_MAX;
-  small_trace(path, 2, &o);
+  pt_small_trace(path, 2, &o);
   const char *paths[1] = {path};
   probe_ranks r;
   probe_status st = probe_ranks_run(&r, paths, 1, NULL);
