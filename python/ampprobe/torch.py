@@ -19,6 +19,7 @@ import json
 import math
 import shlex
 import sys
+import types
 import warnings
 import weakref
 
@@ -249,6 +250,18 @@ def _map_floats(x, fn):
     return x
 
 
+def _fp32_forward(self, *args, **kwargs):
+    """The forward of a module forced to FP32 (Tracer._wrap_fp32): outside
+    autocast, its fp16/bf16 inputs cast up to float32 (float64 kept). Bound
+    to the module with MethodType, so copy.deepcopy binds it to the copy
+    and torch.save can pickle it."""
+    args = tuple(a.float() if torch.is_tensor(a) and a.is_floating_point()
+                 and a.dtype in (torch.float16, torch.bfloat16) else a
+                 for a in args)
+    with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
+        return type(self).forward(self, *args, **kwargs)
+
+
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
                  "emulate", "params", "selected")
@@ -397,6 +410,8 @@ class Tracer:
         # A c_void_p object: ctypes passes it without converting an int.
         self._h = ctypes.c_void_p(self.session.handle)
         self._hooks = []
+        self._wrapped = []   # modules forced to FP32 (_wrap_fp32)
+        self._inplace = []   # modules whose inplace flag was turned off
         self._layers = []
         self._by_param = {}
         self._step = None
@@ -495,13 +510,18 @@ class Tracer:
             if not sel:
                 continue
             if getattr(m, "inplace", False) is True:
-                m.inplace = False  # full backward hooks refuse in-place
+                m.inplace = False  # it would write through the input's alias
+                self._inplace.append(m)
+            # No full backward hook: torch wraps a hooked module's outputs
+            # in views, which made any in-place op on them (a ResNet's
+            # `out += x`) an error and turned namedtuple outputs into
+            # tuples. The gradients are taken by tensor hooks instead: on
+            # the outputs (grad_out) and on the inputs as this module
+            # receives them (grad_in), see _make_pre_hook.
             self._hooks.append(m.register_forward_pre_hook(
                 self._make_pre_hook(L)))
             self._hooks.append(m.register_forward_hook(
                 self._make_fwd_hook(L)))
-            self._hooks.append(m.register_full_backward_hook(
-                self._make_bwd_hook(L)))
             for p in L.params:
                 if p.requires_grad and id(p) not in self._by_param:
                     self._by_param[id(p)] = L
@@ -519,27 +539,22 @@ class Tracer:
             pass
 
     def _wrap_fp32(self, m):
-        """m runs outside autocast, its floating inputs cast to float32."""
-        if getattr(m, "_ampprobe_fp32", False):
+        """m runs outside autocast, its fp16/bf16 inputs cast to float32
+        (close() undoes it)."""
+        if getattr(m, "_ampprobe_fp32", None):
             return
-        orig = m.forward
-        dev = self.device_type
-
-        def forward(*args, **kwargs):
-            args = tuple(a.float() if torch.is_tensor(a)
-                         and a.is_floating_point() else a for a in args)
-            with torch.autocast(device_type=dev, enabled=False):
-                return orig(*args, **kwargs)
-
-        m.forward = forward
-        m._ampprobe_fp32 = True
+        m._ampprobe_fp32 = self.device_type
+        m.forward = types.MethodType(_fp32_forward, m)
+        self._wrapped.append(m)
 
     # -- the hooks ------------------------------------------------------------------
 
     def _record(self, L, site, t):
         """Hands one tensor to libprobe by pointer (copy if it must)."""
-        if not self._recording:
+        if not self._recording or self._closed:
             return
+        if t.layout != torch.strided:  # a sparse gradient (Embedding sparse=True)
+            t = t.detach().coalesce().values() if t.is_sparse else t.detach().to_dense()
         dt = _DT.get(t.dtype)
         if dt is None or not t.is_contiguous():
             t = t.detach()
@@ -562,6 +577,8 @@ class Tracer:
 
     def _make_input_hook(self, L):
         def hook(module, inputs):
+            if self._closed or not torch.is_grad_enabled() or module is not self.model:
+                return  # evaluation under no_grad, or a copy of the model
             self._ensure_step()
             for t in _floats(inputs):
                 self._record(L, "fwd_out", t)
@@ -570,7 +587,36 @@ class Tracer:
     def _make_pre_hook(self, L):
         loss = L.kind == "loss"
 
+        def grad_in_hook(g):
+            if L.emulate:
+                g = _round16(g)
+            if g.is_floating_point():
+                self._record(L, "grad_in", g)
+            return g if L.emulate else None
+
+        def own(t, memo, first):
+            """The module's own handle on an input: rounded to FP16 when
+            emulated, else an alias (view_as), so that its gradient is this
+            module's grad_in alone, not that of every consumer of t. The
+            same tensor passed twice gets one handle (attention's
+            query is key is value)."""
+            if id(t) in memo:
+                return memo[id(t)]
+            u = _round16(t) if L.emulate else t
+            if t.requires_grad and torch.is_grad_enabled() and (first or not loss):
+                if u is t:
+                    u = t.view_as(t)
+                u.register_hook(grad_in_hook)
+            memo[id(t)] = u
+            return u
+
         def hook(module, inputs):
+            if self._closed or not torch.is_grad_enabled() or module is not L.module:
+                # not a training step (evaluation under no_grad), or a copy
+                # of the module (copy.deepcopy keeps its hooks: an EMA or
+                # teacher model): not recorded, still run as the precision
+                # says
+                return _map_floats(inputs, _round16) if L.emulate and not self._closed else None
             self._ensure_step()
             for t in _floats(inputs)[:1] if loss else _floats(inputs):
                 self._record(L, "fwd_in", t)  # a loss: the prediction only
@@ -580,9 +626,14 @@ class Tracer:
                     if L.emulate:
                         w = w.half()  # as autocast would cast it
                     self._record(L, "weight", w)
-            if L.emulate:
-                return _map_floats(inputs, _round16)
-            return None
+            memo = {}
+            fl = [True]  # a loss: the gradient to the prediction only
+
+            def fn(t):
+                u = own(t, memo, fl[0])
+                fl[0] = False
+                return u
+            return _map_floats(inputs, fn)
         return hook
 
     def _make_fwd_hook(self, L):
@@ -593,27 +644,15 @@ class Tracer:
             return g if L.emulate else None
 
         def hook(module, inputs, output):
-            if L.emulate:
+            if L.emulate and not self._closed:
                 output = _map_floats(output, _round16)
+            if self._closed or not torch.is_grad_enabled() or module is not L.module:
+                return output if L.emulate and not self._closed else None
             for t in _floats(output):
                 self._record(L, "fwd_out", t)
                 if t.requires_grad:
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
-        return hook
-
-    def _make_bwd_hook(self, L):
-        loss = L.kind == "loss"
-
-        def hook(module, grad_input, grad_output):
-            if L.emulate:
-                grad_input = tuple(None if g is None else _round16(g)
-                                   for g in grad_input)
-            # A loss: the gradient to the prediction only (not the target).
-            for g in grad_input[:1] if loss else grad_input:
-                if g is not None and g.is_floating_point():
-                    self._record(L, "grad_in", g)
-            return grad_input if L.emulate else None
         return hook
 
     def _make_param_hook(self, L):
@@ -686,6 +725,11 @@ class Tracer:
         checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
         loss_scale/found_inf/skipped/growth_tracker and call
         scaler_event()."""
+        if torch.is_tensor(loss) and loss.numel() != 1:
+            # refused before the step is touched: call again with a scalar
+            raise ValueError("ampprobe: end_step(loss=...) takes the step's "
+                             "scalar loss; got a tensor of shape %s (reduce "
+                             "it first, e.g. loss.mean())" % (tuple(loss.shape),))
         self._ensure_step()
         step = self._step
         if scaler is not None and self._scaler is None:
@@ -760,7 +804,10 @@ class Tracer:
             if sc is not None:
                 self._scale_begin = None
         if self.on_nonfinite != "record":
-            self._check_nonfinite(step, lossv, bool(sk), refs)
+            # a loss not given is not measured, not non-finite (0.0 stands
+            # for "nothing wrong with it")
+            self._check_nonfinite(step, lossv if loss is not None else 0.0,
+                                  bool(sk), refs)
 
     def _check_nonfinite(self, step, lossv, skipped, refs):
         first = self.session.first_nonfinite()
@@ -888,8 +935,21 @@ class Tracer:
                     del L.module._ampprobe_ref
                 except AttributeError:
                     pass
+        for m in self._wrapped:  # the model as it was (torch.save works again)
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop("_ampprobe_fp32", None)
+        self._wrapped = []
+        for m in self._inplace:
+            m.inplace = True
+        self._inplace = []
         if getattr(self, "_finalizer", None) is not None:  # set after _attach
             self._finalizer.detach()
+        # nothing reaches the freed session any more: a copy of the model
+        # (deepcopy) keeps its hooks, and a step may have been open
+        self._recording = False
+        self._step = None
+        self._refs = []
+        self._h = ctypes.c_void_p(0)
         self.session.close()
 
     def __enter__(self):

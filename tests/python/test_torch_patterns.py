@@ -1,0 +1,253 @@
+"""The PyTorch tracer on usage patterns real jobs have (an audit of
+2026-12-03, each case failed before its fix): in-place ops on a traced
+module's output (a ResNet block), namedtuple outputs, self-attention's
+packed path, sparse gradients, float64 models, copies of a traced model
+(EMA, teacher), evaluation under no_grad between steps, close() in the
+middle of a step, end_step without a loss, and close() undoing what the
+tracer changed in the model."""
+import collections
+import copy
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+import ampprobe  # noqa: E402
+import ampprobe.torch as at  # noqa: E402
+from ampprobe._lib import ProbeError  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def losses(model, steps, tracer=None, dtype=torch.float32, loss_fn=None, make=None):
+    """SGD on fixed batches; the loss of each step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = loss_fn or nn.MSELoss()
+    out = []
+    for s in range(steps):
+        g = torch.Generator().manual_seed(s)
+        x, y = make(g) if make else (torch.randn(8, 4, generator=g, dtype=dtype),
+                                      torch.randn(8, 1, generator=g, dtype=dtype))
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if tracer is not None:
+            tracer.end_step(loss=loss, optimizer=opt)
+        out.append(float(loss))
+    return out
+
+
+def records(path):
+    t = ampprobe.read_trace(path)
+    names = [n.decode() if isinstance(n, bytes) else n for n in t["layers"]["name"]]
+    return t, names
+
+
+class Block(nn.Module):
+    """A ResNet basic block: an in-place add onto a traced module's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        out = self.bn(self.fc(x))
+        out += x
+        out = torch.relu_(out)
+        return self.head(out)
+
+
+def test_inplace_on_a_traced_output(tmp_path):
+    torch.manual_seed(0)
+    ref = Block()
+    m = copy.deepcopy(ref)
+    want = losses(ref, 5)
+    tr = at.Tracer(m, str(tmp_path / "b.h5"), emulate_fp16=False, precision="fp32")
+    got = losses(m, 5, tr)
+    tr.close()
+    assert got == want  # it raised "a view ... modified inplace"
+    t, names = records(str(tmp_path / "b.h5"))
+    sites = {(names[r["layer"]], ampprobe._lib.SITES[r["site"]]) for r in t["records"]}
+    assert ("bn", "grad_out") in sites and ("bn", "grad_in") in sites
+    assert ("head", "grad_in") in sites and ("fc", "grad_out") in sites
+
+
+def test_namedtuple_output_kept(tmp_path):
+    NT = collections.namedtuple("NT", "logits feat")
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 1))
+
+        def forward(self, x):
+            return NT(x @ self.w, x * 2)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = Head()
+
+        def forward(self, x):
+            return self.head(x).logits  # a plain tuple has no .logits
+
+    m = Net()
+    with at.Tracer(m, str(tmp_path / "n.h5")) as tr:
+        losses(m, 2, tr)
+
+
+def test_self_attention_stays_on_its_packed_path(tmp_path, monkeypatch):
+    import torch.nn.functional as F
+    seen = []
+    packed = F._in_projection_packed
+
+    def spy(q, k, v, w, b=None):
+        seen.append(q is k and k is v)
+        return packed(q, k, v, w, b)
+    monkeypatch.setattr(F, "_in_projection_packed", spy)
+
+    class Att(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(4, 4)
+            self.mha = nn.MultiheadAttention(4, 2, batch_first=True)
+            self.out = nn.Linear(4, 1)
+
+        def forward(self, x):
+            h = self.pre(x)
+            h, _ = self.mha(h, h, h)  # query is key is value
+            return self.out(h).mean(1)
+
+    def make(g):
+        return torch.randn(8, 3, 4, generator=g), torch.randn(8, 1, generator=g)
+
+    torch.manual_seed(0)
+    ref = Att()
+    m = copy.deepcopy(ref)
+    want = losses(ref, 10, make=make)
+    seen.clear()
+    tr = at.Tracer(m, str(tmp_path / "a.h5"), emulate_fp16=False, precision="fp32")
+    got = losses(m, 10, tr, make=make)
+    tr.close()
+    # q, k, v became three objects: three GEMMs instead of one
+    assert seen and all(seen)
+    assert got == want
+    for a, b in zip(ref.parameters(), m.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_sparse_gradients(tmp_path):
+    class Emb(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(10, 4, sparse=True)
+            self.fc = nn.Linear(4, 1)
+
+        def forward(self, i):
+            return self.fc(self.e(i).mean(1))
+
+    def make(g):
+        return torch.randint(0, 10, (8, 3), generator=g), torch.randn(8, 1, generator=g)
+
+    m = Emb()
+    with at.Tracer(m, str(tmp_path / "s.h5")) as tr:
+        losses(m, 3, tr, make=make)
+    t, names = records(str(tmp_path / "s.h5"))
+    assert any(names[r["layer"]] == "e" and ampprobe._lib.SITES[r["site"]] == "weight_grad"
+               for r in t["records"])
+
+
+def test_float64_model_stays_float64(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    m = copy.deepcopy(ref)
+    want = losses(ref, 5, dtype=torch.float64)
+    crit = nn.MSELoss()  # a loss module runs in FP32: float64 was cast down
+    tr = at.Tracer(m, str(tmp_path / "d.h5"), loss_fn=crit, emulate_fp16=False,
+                   precision="fp32")
+    got = losses(m, 5, tr, dtype=torch.float64, loss_fn=crit)
+    tr.close()
+    assert got == want
+
+
+def test_copies_of_a_traced_model(tmp_path):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+    tr = at.Tracer(m, str(tmp_path / "c.h5"), fp32="layernorm", emulate_fp16=True)
+    ema = copy.deepcopy(m)  # an EMA / teacher copy, hooks included
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.mul_(3.0)
+        x = torch.randn(2, 4)
+        # the copy's FP32-forced LayerNorm computes with its own weights
+        assert torch.equal(ema[1](x), nn.functional.layer_norm(x, (4,), ema[1].weight, ema[1].bias))
+    with torch.enable_grad():
+        ema(torch.randn(2, 4)).sum().backward()  # the copy's pass records nothing
+    losses(m, 1, tr)
+    tr.close()
+    t, names = records(str(tmp_path / "c.h5"))
+    w0 = [r["absmax"] for r in t["records"] if names[r["layer"]] == "0"
+          and ampprobe._lib.SITES[r["site"]] == "weight"]
+    assert w0 and max(w0) < 2.0  # the original's weights only, not 3x
+    ema(torch.randn(2, 4))  # after close: no error, no record
+
+
+def test_evaluation_between_steps_is_not_recorded(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    tr = at.Tracer(m, str(tmp_path / "e.h5"))
+    for epoch in range(2):
+        losses(m, 1, tr)
+        m.eval()
+        with torch.no_grad():
+            for _ in range(50):
+                m(torch.randn(8, 4))
+        m.train()
+        assert len(tr._refs) == 0  # every eval batch was held until end_step
+    tr.close()
+    t, _ = records(str(tmp_path / "e.h5"))
+    per_step = [int((t["records"]["step"] == s).sum()) for s in (0, 1)]
+    assert per_step[0] == per_step[1]  # the eval records landed in step 1
+
+
+def test_close_in_the_middle_of_a_step(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 1))
+    tr = at.Tracer(m, str(tmp_path / "m.h5"))
+    loss = m(torch.randn(2, 4)).sum()
+    tr.close()  # a step is open
+    loss.backward()  # its gradient hooks fire after close: nothing written
+    with pytest.raises(ProbeError):
+        tr.end_step(loss=loss)  # a clean error, never freed memory
+    m(torch.randn(2, 4))  # the model still runs
+    assert ampprobe.read_trace(str(tmp_path / "m.h5"))["info"]["complete"] == 1
+
+
+def test_no_loss_given_is_not_a_nonfinite_loss(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 1))
+    tr = at.Tracer(m, str(tmp_path / "l.h5"), on_nonfinite="raise")
+    for _ in range(3):
+        m(torch.randn(2, 4)).sum().backward()
+        tr.end_step()  # loss= is optional ("not measured"): it raised
+    tr.close()
+
+
+def test_a_loss_that_is_not_a_scalar(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 1))
+    tr = at.Tracer(m, str(tmp_path / "v.h5"))
+    loss = m(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="scalar loss"):
+        tr.end_step(loss=loss)
+    tr.end_step(loss=loss.mean())  # the step was left as it was
+    tr.close()
+
+
+def test_close_gives_the_model_back(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.LayerNorm(4))
+    tr = at.Tracer(m, str(tmp_path / "g.h5"), loss_fn=nn.MSELoss(), fp32="layernorm")
+    tr.close()
+    assert "forward" not in m[2].__dict__ and m[1].inplace is True
+    torch.save(m, io.BytesIO())  # a local closure could not be pickled
