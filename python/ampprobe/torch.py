@@ -12,6 +12,7 @@ non-contiguous tensor is made contiguous and any other floating dtype is
 converted to float32 (a copy each). Every tensor recorded in a step is kept
 referenced until end_step, because libprobe may snapshot it there.
 """
+import collections
 import contextlib
 import ctypes
 import fnmatch
@@ -230,23 +231,41 @@ def _round16(t):
     return t.half().float() if t.dtype == torch.float32 else t
 
 
-def _floats(x):
-    """Floating tensors in a forward input/output (tensor, tuple, list)."""
+_NEST_MAX = 4  # how deep inputs/outputs are looked into: (out, (h, c))
+
+
+def _is_plain_dict(x):
+    return type(x) in (dict, collections.OrderedDict)
+
+
+def _floats(x, depth=0):
+    """Floating tensors in a forward input/output, in order: a tensor, or
+    tuples (namedtuples), lists and plain dicts of them, nested up to
+    _NEST_MAX deep (an LSTM's (output, (h, c)), a {"out": t})."""
     if torch.is_tensor(x):
         return [x] if x.is_floating_point() else []
+    if depth >= _NEST_MAX:
+        return []
     if isinstance(x, (tuple, list)):
-        return [t for t in x if torch.is_tensor(t) and t.is_floating_point()]
+        return [t for v in x for t in _floats(v, depth + 1)]
+    if _is_plain_dict(x):
+        return [t for v in x.values() for t in _floats(v, depth + 1)]
     return []
 
 
-def _map_floats(x, fn):
+def _map_floats(x, fn, depth=0):
+    """x with fn applied to each floating tensor of _floats(x), the
+    containers rebuilt as they were (a namedtuple stays one)."""
     if torch.is_tensor(x):
         return fn(x) if x.is_floating_point() else x
-    if isinstance(x, tuple):
-        return tuple(_map_floats(t, fn) if torch.is_tensor(t) else t
-                     for t in x)
-    if isinstance(x, list):
-        return [_map_floats(t, fn) if torch.is_tensor(t) else t for t in x]
+    if depth >= _NEST_MAX:
+        return x
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_map_floats(v, fn, depth + 1) for v in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map_floats(v, fn, depth + 1) for v in x)
+    if _is_plain_dict(x):
+        return type(x)((k, _map_floats(v, fn, depth + 1)) for k, v in x.items())
     return x
 
 
@@ -260,6 +279,17 @@ def _fp32_forward(self, *args, **kwargs):
                  for a in args)
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
         return type(self).forward(self, *args, **kwargs)
+
+
+def _gone(tracer):
+    """True when a hook's weak proxy of its tracer is dead: the tracer was
+    dropped without close() (the hooks hold it weakly, so that it can be
+    collected and its finalizer close the file)."""
+    try:
+        tracer._closed
+        return False
+    except ReferenceError:
+        return True
 
 
 class _Layer:
@@ -399,7 +429,10 @@ class Tracer:
         self._full = mode == "full"
         self.session = Session(
             self.path, mode=mode,
-            layer_select=",".join(self._globs) if self._globs else None,
+            # layers= is applied here, by which modules get hooks: libprobe
+            # sees only the names cut to 60 bytes, and dropped every record
+            # of a module selected by its full path (the glob's match)
+            layer_select=None,
             step_start=step_start, step_end=step_end, step_every=every,
             ring_steps=ring_steps, command_line=_command_line(),
             config_json=json.dumps(cfg),
@@ -411,6 +444,7 @@ class Tracer:
         self._h = ctypes.c_void_p(self.session.handle)
         self._hooks = []
         self._wrapped = []   # modules forced to FP32 (_wrap_fp32)
+        self._frozen = []    # (param, layer) not trainable yet (_hook_param)
         self._inplace = []   # modules whose inplace flag was turned off
         self._layers = []
         self._by_param = {}
@@ -486,13 +520,19 @@ class Tracer:
             used.add(name)
             return name
 
-        if record_input:
-            L = self._register(uniq("input"), None, "input", True)
+        if record_input:  # listed always, hooked when layers= selects it
+            in_sel = not self._globs or any(fnmatch.fnmatchcase("input", g)
+                                            for g in self._globs)
+            L = self._register(uniq("input"), None, "input", in_sel)
             self._input_layer = L
-            self._hooks.append(model.register_forward_pre_hook(
-                self._make_input_hook(L)))
+            if in_sel:
+                self._hooks.append(model.register_forward_pre_hook(
+                    self._make_input_hook(L)))
         units = _leaf_units(model, user_kinds)
         if loss_fn is not None:
+            # a criterion that is also a child of the model is one layer,
+            # `loss` (it was two, each record written twice)
+            units = [(n, m) for n, m in units if m is not loss_fn]
             units.append(("loss", loss_fn))
         for name, m in units:
             kind = _user_kind(m, user_kinds) or (
@@ -523,10 +563,9 @@ class Tracer:
             self._hooks.append(m.register_forward_hook(
                 self._make_fwd_hook(L)))
             for p in L.params:
-                if p.requires_grad and id(p) not in self._by_param:
+                if id(p) not in self._by_param:
                     self._by_param[id(p)] = L
-                    self._hooks.append(p.register_hook(
-                        self._make_param_hook(L)))
+                    self._hook_param(p, L)
         # Close the file even if the job raises and never calls us again.
         self._finalizer = weakref.finalize(self, Tracer._finalize,
                                            self.session)
@@ -576,8 +615,10 @@ class Tracer:
             self.begin_step(self._next)
 
     def _make_input_hook(self, L):
+        self = weakref.proxy(self)  # noqa: PLW0642 (the hooks hold it weakly)
+
         def hook(module, inputs):
-            if self._closed or not torch.is_grad_enabled() or module is not self.model:
+            if _gone(self) or self._closed or not torch.is_grad_enabled() or module is not self.model:
                 return  # evaluation under no_grad, or a copy of the model
             self._ensure_step()
             for t in _floats(inputs):
@@ -586,8 +627,11 @@ class Tracer:
 
     def _make_pre_hook(self, L):
         loss = L.kind == "loss"
+        self = weakref.proxy(self)  # noqa: PLW0642
 
         def grad_in_hook(g):
+            if _gone(self):
+                return None
             if L.emulate:
                 g = _round16(g)
             if g.is_floating_point():
@@ -611,6 +655,8 @@ class Tracer:
             return u
 
         def hook(module, inputs):
+            if _gone(self):
+                return None
             if self._closed or not torch.is_grad_enabled() or module is not L.module:
                 # not a training step (evaluation under no_grad), or a copy
                 # of the module (copy.deepcopy keeps its hooks: an EMA or
@@ -637,13 +683,19 @@ class Tracer:
         return hook
 
     def _make_fwd_hook(self, L):
+        self = weakref.proxy(self)  # noqa: PLW0642
+
         def grad_out_hook(g):
+            if _gone(self):
+                return None
             if L.emulate:
                 g = _round16(g)
             self._record(L, "grad_out", g)
             return g if L.emulate else None
 
         def hook(module, inputs, output):
+            if _gone(self):
+                return None
             if L.emulate and not self._closed:
                 output = _map_floats(output, _round16)
             if self._closed or not torch.is_grad_enabled() or module is not L.module:
@@ -655,8 +707,20 @@ class Tracer:
             return output if L.emulate else None
         return hook
 
+    def _hook_param(self, p, L):
+        """A weight_grad hook on p, now if it is trainable, else when it
+        becomes so (checked at each step's start: fine-tuning unfreezes)."""
+        if p.requires_grad:
+            self._hooks.append(p.register_hook(self._make_param_hook(L)))
+        else:
+            self._frozen.append((p, L))
+
     def _make_param_hook(self, L):
+        self = weakref.proxy(self)  # noqa: PLW0642
+
         def hook(g):
+            if _gone(self):
+                return None
             if L.emulate:
                 g = _round16(g)
             self._record(L, "weight_grad", g)
@@ -686,6 +750,10 @@ class Tracer:
             raise RuntimeError("ampprobe: step %d not ended (end_step)" %
                                self._step)
         step = self._next if step is None else int(step)
+        if self._frozen:  # parameters unfrozen since: hook them now
+            frozen, self._frozen = self._frozen, []
+            for p, L in frozen:
+                self._hook_param(p, L)
         self.session.begin_step(step)
         self._step = step
         self._recording = self._in_window(step)
@@ -930,7 +998,8 @@ class Tracer:
             h.remove()
         self._hooks = []
         for L in self._layers:
-            if L.module is not None and hasattr(L.module, "_ampprobe_ref"):
+            ref = getattr(L.module, "_ampprobe_ref", None) if L.module is not None else None
+            if ref is not None and ref[0]() is self:  # not another tracer's
                 try:
                     del L.module._ampprobe_ref
                 except AttributeError:

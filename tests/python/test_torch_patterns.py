@@ -251,3 +251,84 @@ def test_close_gives_the_model_back(tmp_path):
     tr.close()
     assert "forward" not in m[2].__dict__ and m[1].inplace is True
     torch.save(m, io.BytesIO())  # a local closure could not be pickled
+
+
+def test_layers_glob_on_a_full_path_that_was_cut(tmp_path):
+    long = "transformer_encoder_layer_stack_with_a_rather_long_name_" + "x" * 10
+    m = nn.Sequential()
+    m.add_module(long, nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))
+    m.add_module("head", nn.Linear(4, 1))
+    for layers in (long + ".1", "*.1"):
+        tr = at.Tracer(m, str(tmp_path / "g.h5"), overwrite=True, layers=layers)
+        m(torch.randn(2, 4)).sum().backward()
+        tr.end_step()
+        tr.close()
+        t, names = records(str(tmp_path / "g.h5"))
+        got = {names[i] for i in t["records"]["layer"]}
+        assert len(got) == 1 and next(iter(got)).endswith("~2"), got  # it was empty
+
+
+def test_nested_and_dict_outputs_are_rounded_and_recorded(tmp_path):
+    class D(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return {"out": (x * 0 + 1) * self.w * 1.2e5}  # beyond binary16: inf
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d = D()
+            self.rnn = nn.LSTM(4, 4, batch_first=True)
+
+        def forward(self, x):
+            h, (hn, cn) = self.rnn(x)
+            return self.d(hn[0])["out"]
+
+    m = Net()
+    tr = at.Tracer(m, str(tmp_path / "d.h5"), emulate_fp16=True)
+    out = m(torch.ones(2, 3, 4))
+    assert torch.isinf(out).all()  # rounded: it stayed 1.2e5
+    out.sum().backward()
+    tr.end_step()
+    tr.close()
+    t, names = records(str(tmp_path / "d.h5"))
+    rnn_outs = [r for r in t["records"] if names[r["layer"]] == "rnn"
+                and ampprobe._lib.SITES[r["site"]] == "fwd_out"]
+    assert len(rnn_outs) == 3  # output, h and c (h and c were skipped)
+
+
+def test_two_tracers_and_a_criterion_in_the_model(tmp_path):
+    crit = nn.MSELoss()
+    m = nn.Sequential(nn.Linear(4, 1))
+    m.add_module("crit", crit)  # a child of the model and the loss_fn
+    tr = at.Tracer(m[:1], str(tmp_path / "a.h5"))
+    tr2 = at.Tracer(m[:1], str(tmp_path / "b.h5"))
+    tr.close()  # took the second tracer's module reference with it
+    assert m[0]._ampprobe_ref[0]() is tr2
+    tr2.close()
+    tr3 = at.Tracer(m, str(tmp_path / "c.h5"), loss_fn=crit)
+    assert [L.name for L in tr3._layers].count("loss") == 1
+    assert "crit" not in [L.name for L in tr3._layers]  # it was two layers
+    tr3.close()
+
+
+def test_unfrozen_later_and_a_dropped_tracer(tmp_path):
+    import gc
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    m[0].requires_grad_(False)
+    tr = at.Tracer(m, str(tmp_path / "u.h5"))
+    m[0].requires_grad_(True)  # fine-tuning unfreezes the backbone
+    m(torch.randn(2, 4)).sum().backward()
+    tr.end_step()
+    m(torch.randn(2, 4)).sum().backward()
+    tr.end_step()
+    del tr  # never closed: the hooks held it, and the file stayed locked
+    gc.collect()
+    t, names = records(str(tmp_path / "u.h5"))
+    wg = [r for r in t["records"] if names[r["layer"]] == "0"
+          and ampprobe._lib.SITES[r["site"]] == "weight_grad"]
+    assert len(wg) >= 2  # hooked from the step after the unfreeze
+    at.Tracer(m, str(tmp_path / "u.h5"), overwrite=True).close()
