@@ -573,17 +573,19 @@ probe_status probe_layer_register(probe_session *s, const char *name,
   if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
   if (writer_error(s) != PROBE_OK) return s->err;
   size_t len = strlen(name);
-  char shown[80]; /* the name as data in the message: escaped, cut whole */
-  probe__text_escape(shown, sizeof shown, name);
   const char *why = layer_name_problem(s, name, len);
-  if (why)
-    return set_msg(s, PROBE_ERR_INVALID_ARG,
-                   "layer name '%s' %s (1 to %d bytes of UTF-8, unique)",
-                   shown, why, PROBE_NAME_MAX - 1);
-  if ((int)kind < 0 || kind >= PROBE_KIND_COUNT || (int)prec < 0 ||
-      (int)prec > PROBE_DTYPE_BF16)
+  int bad_kind = (int)kind < 0 || kind >= PROBE_KIND_COUNT || (int)prec < 0 ||
+                 (int)prec > PROBE_DTYPE_BF16;
+  if (why || bad_kind) {
+    char shown[80]; /* the name as data in the message: escaped, cut whole */
+    probe__text_escape(shown, sizeof shown, name);
+    if (why)
+      return set_msg(s, PROBE_ERR_INVALID_ARG,
+                     "layer name '%s' %s (1 to %d bytes of UTF-8, unique)",
+                     shown, why, PROBE_NAME_MAX - 1);
     return set_msg(s, PROBE_ERR_INVALID_ARG, "layer '%s': bad kind/precision",
                    shown);
+  }
   if (s->n_layers >= PROBE_LAYERS_MAX)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "too many layers (at most %d)",
                    PROBE_LAYERS_MAX);

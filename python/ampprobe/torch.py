@@ -647,7 +647,7 @@ class Tracer:
             if id(t) in memo:
                 return memo[id(t)]
             u = _round16(t) if L.emulate else t
-            if t.requires_grad and torch.is_grad_enabled() and (first or not loss):
+            if t.requires_grad and (first or not loss):
                 if u is t:
                     u = t.view_as(t)
                 u.register_hook(grad_in_hook)
@@ -664,7 +664,8 @@ class Tracer:
                 # says
                 return _map_floats(inputs, _round16) if L.emulate and not self._closed else None
             self._ensure_step()
-            for t in _floats(inputs)[:1] if loss else _floats(inputs):
+            fin = _floats(inputs)
+            for t in fin[:1] if loss else fin:
                 self._record(L, "fwd_in", t)  # a loss: the prediction only
             if self._recording:
                 for p in L.params:
@@ -673,13 +674,8 @@ class Tracer:
                         w = w.half()  # as autocast would cast it
                     self._record(L, "weight", w)
             memo = {}
-            fl = [True]  # a loss: the gradient to the prediction only
-
-            def fn(t):
-                u = own(t, memo, fl[0])
-                fl[0] = False
-                return u
-            return _map_floats(inputs, fn)
+            pred = id(fin[0]) if fin else None  # a loss: its gradient only
+            return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
         return hook
 
     def _make_fwd_hook(self, L):

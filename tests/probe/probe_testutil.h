@@ -101,6 +101,17 @@ static inline probe_status pt_read_all(probe_trace *t) {
   return PROBE_OK;
 }
 
+/* A session writing path (replaced if it exists) in the given mode. */
+static inline probe_session *pt_open(const char *path, probe_record_mode mode) {
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  o.mode = mode;
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  return s;
+}
+
 /* A small complete trace at path: n steps of one fp16 layer. opt may set
  * the rank. */
 static inline void pt_small_trace(const char *path, int steps,

@@ -113,11 +113,7 @@ START_TEST(no_trace_descriptor_survives_exec) {
   char rd[256], wr[256];
   host_trace(rd, sizeof rd, "host-fd-read", 5);
   pt_path(wr, sizeof wr, "host-fd-write");
-  probe_options o;
-  probe_options_init(&o);
-  o.overwrite = 1;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, wr, &o));
+  probe_session *s = pt_open(wr, PROBE_MODE_SCALARS);
   int32_t id;
   PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
   PT_CHECK(probe_step_begin(s, 0));

@@ -79,11 +79,7 @@ END_TEST
 START_TEST(values_the_reader_refuses) {
   char path[256];
   pt_path(path, sizeof path, "refused");
-  probe_options o;
-  probe_options_init(&o);
-  o.overwrite = 1;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, path, &o));
+  probe_session *s = pt_open(path, PROBE_MODE_SCALARS);
   int32_t id;
   PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
   probe_scaler_event ev = {.step = -1, .kind = PROBE_SCALER_BACKOFF};
@@ -307,12 +303,7 @@ START_TEST(steps_far_apart) {
   pt_path(path, sizeof path, "bigstep");
   const int64_t steps[2][2] = {{0, INT64_MAX}, {INT64_MIN / 2 + 1, INT64_MAX / 2}};
   for (int c = 0; c < 2; c++) {
-    probe_options o;
-    probe_options_init(&o);
-    o.overwrite = 1;
-    o.mode = PROBE_MODE_FULL;
-    probe_session *s = NULL;
-    PT_CHECK(probe_session_open(&s, path, &o));
+    probe_session *s = pt_open(path, PROBE_MODE_FULL);
     int32_t id;
     PT_CHECK(probe_layer_register(s, "l", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id));
     float x[16];
@@ -366,11 +357,7 @@ END_TEST
 START_TEST(layer_names_refused) {
   char p[256];
   pt_path(p, sizeof p, "names");
-  probe_options o;
-  probe_options_init(&o);
-  o.overwrite = 1;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, p, &o));
+  probe_session *s = pt_open(p, PROBE_MODE_SCALARS);
   int32_t id = -1;
   static const char *bad[] = {"x\xff", "caf\xc3", "\xc0\xaf", "\xed\xa0\x80",
                               "a\xf4\x90\x80\x80"};
@@ -401,11 +388,7 @@ END_TEST
 START_TEST(as_many_layers_as_the_reader_takes) {
   char p[256];
   pt_path(p, sizeof p, "layers-max");
-  probe_options o;
-  probe_options_init(&o);
-  o.overwrite = 1;
-  probe_session *s = NULL;
-  PT_CHECK(probe_session_open(&s, p, &o));
+  probe_session *s = pt_open(p, PROBE_MODE_SCALARS);
   char name[32];
   int32_t id = -1;
   for (int i = 0; i < PROBE_LAYERS_MAX; i++) {
