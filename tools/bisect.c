@@ -17,8 +17,9 @@
  * in its environment. Either way
  * it is judged from the trace it wrote: the loss series of /steps (read
  * through libprobe's reader), skipped steps, loss scale. Each trial runs in
- * its own process group with PR_SET_PDEATHSIG(SIGKILL), so trials die with
- * bisect; SIGINT/SIGTERM stop the groups and print the table so far (130).
+ * its own process group led by a guard (tools/trialguard.c) that kills
+ * all the trial started, in its group or not, when the trial ends or when
+ * bisect dies; SIGINT/SIGTERM stop the groups and print the table so far (130).
  *
  * Multi-rank trials (docs/cli.md "Multi-rank trials"): with --ranks N an
  * internal trial is `ampprobe run --ranks N ...` (mpirun underneath), and
@@ -46,8 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -59,6 +58,7 @@
 #include "ampprobe/trainer.h"
 #include "cli.h"
 #include "runguard.h"
+#include "trialguard.h"
 
 static const char *SUB = "bisect";
 
@@ -193,6 +193,7 @@ typedef struct trial {
   trial_state state;
   pid_t pid;
   double t0, seconds, cancel_t;
+  int stop_sent; /* the guard was told to kill the trial (kill_stragglers) */
   int timed_out; /* stopped by --trial-timeout */
   int exit_code;    /* of the child; -signal when killed */
   int verdict;      /* PROBE_DDMIN_PASS / FAIL / UNKNOWN */
@@ -421,61 +422,6 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* ---- the trial's guard ---------------------------------------------------- */
-
-/* A trial is a process group led by a guard: bisect's child, which forks
- * the trial proper (the run, or the user's command) and waits for it. When
- * bisect dies - even by SIGKILL, when it can do nothing - the kernel sends
- * the guard SIGHUP (PR_SET_PDEATHSIG), and the guard kills the whole group
- * with SIGKILL: the command, and what it started in turn (a shell
- * wrapper's job, torchrun's workers), which a death signal of the direct
- * child alone left running. SIGTERM from bisect (a cancel) reaches every
- * process of the group; the guard outlives it, so the trial keeps its
- * grace time, and then ends as its command did: the same exit code, or
- * the same signal. */
-static void guard_on_parent_death(int sig) {
-  (void)sig;
-  kill(0, SIGKILL); /* the group: the trial and the guard itself */
-}
-
-static void guard_on_term(int sig) { (void)sig; /* the trial handles it */ }
-
-/* Called in bisect's child; returns in the trial proper, or never. */
-static void trial_guard(pid_t bisect_pid) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sigemptyset(&sa.sa_mask);
-  sa.sa_handler = guard_on_parent_death;
-  sigaction(SIGHUP, &sa, NULL);
-  sa.sa_handler = guard_on_term;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
-  prctl(PR_SET_PDEATHSIG, SIGHUP);
-  if (getppid() != bisect_pid) /* bisect died before the prctl */
-    guard_on_parent_death(SIGHUP);
-  pid_t job = fork();
-  if (job < 0)
-    _exit(127);
-  if (job == 0) {
-    signal(SIGHUP, SIG_DFL);
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the guard is gone: so is the job */
-    return;
-  }
-  int st;
-  while (waitpid(job, &st, 0) < 0)
-    if (errno != EINTR) _exit(127);
-  if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
-  int sig = WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL;
-  struct rlimit no_core = {0, 0};
-  setrlimit(RLIMIT_CORE, &no_core); /* the job's core, if any, is its own */
-  signal(sig, SIG_DFL);
-  sigset_t m;
-  sigemptyset(&m);
-  sigaddset(&m, sig);
-  sigprocmask(SIG_UNBLOCK, &m, NULL);
-  raise(sig);
-  _exit(128 + sig);
-}
 /* The ranks of the trial's rank files in the work directory, sorted, up to
  * max of them into ranks (may be NULL); returns how many there are. */
 static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
@@ -552,7 +498,7 @@ static int trial_launch(bisect *b, trial *t) {
   if (pid == 0) {
     /* its own process group, which bisect stops as a whole */
     setpgid(0, 0);
-    trial_guard(parent);
+    trial_guard_enter(parent); /* tools/trialguard.c */
     int fi = open("/dev/null", O_RDONLY);
     if (fi < 0)
       _exit(127);
@@ -1172,14 +1118,22 @@ static void kill_running(trial **ts, size_t n, size_t from, const char *why) {
     }
 }
 
-/* A trial that ignores SIGTERM for CANCEL_GRACE seconds gets SIGKILL. */
+/* A trial that ignores SIGTERM for CANCEL_GRACE seconds is killed by its
+ * guard (trial_guard_stop: also what left its process group); a group
+ * still there CANCEL_GRACE later (a guard that cannot run) gets SIGKILL. */
 static void kill_stragglers(trial **ts, size_t n) {
   double now = cli_now();
   for (size_t i = 0; i < n; i++)
     if (ts[i]->state == T_CANCELLING && ts[i]->cancel_t > 0 &&
         now - ts[i]->cancel_t > CANCEL_GRACE) {
-      kill(-ts[i]->pid, SIGKILL);
-      ts[i]->cancel_t = 0;
+      if (!ts[i]->stop_sent) {
+        trial_guard_stop(ts[i]->pid);
+        ts[i]->stop_sent = 1;
+        ts[i]->cancel_t = now;
+      } else {
+        kill(-ts[i]->pid, SIGKILL);
+        ts[i]->cancel_t = 0;
+      }
     }
 }
 

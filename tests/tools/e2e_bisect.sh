@@ -482,6 +482,48 @@ external() {
     pass "a hanging job with --trial-timeout 2: exit 4 in $((SECONDS - t0)) s, '$(cat "$WORK/hang.err")'" ||
     fail "hanging job: exit $RC after $((SECONDS - t0)) s: $(cat "$WORK/hang.err")"
   expect_err 2 "--trial-timeout -1" --fp32-candidates bn --trial-timeout -1 -- true
+  # processes a job leaves outside its process group (setsid, a daemon's
+  # double fork into a new session) or in it (a plain background job) end
+  # with the trial: they outlived it, and bisect, before
+  cat >"$WORK/leak.sh" <<EOF
+#!/bin/bash
+setsid -f bash -c 'exec -a ampprobe-e2e-leak-$$-setsid sleep 1000'
+( setsid bash -c 'exec -a ampprobe-e2e-leak-$$-daemon sleep 1000' & ) &
+bash -c 'exec -a ampprobe-e2e-leak-$$-bg sleep 1000' &
+exec "\$@"
+EOF
+  chmod +x "$WORK/leak.sh"
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-leak" --json \
+    -- "$WORK/leak.sh" "$FAKE" "$BIN" revin-overflow >"$WORK/leak.json" 2>"$WORK/leak.err"
+  RC=$?
+  local leaked
+  leaked=$(pgrep -f "ampprobe-e2e-leak-$$" | wc -l)
+  [ "$RC" = 1 ] && [ "$leaked" = 0 ] &&
+    pass "a job's setsid, daemon and background processes end with each trial (exit $RC)" ||
+    { fail "leaked processes: $leaked left, exit $RC: $(pgrep -af "ampprobe-e2e-leak-$$" | head -3) $(cat "$WORK/leak.err")"
+      pkill -KILL -f "ampprobe-e2e-leak-$$"; }
+  # ... and when bisect is killed while such a job runs
+  cat >"$WORK/leakhang.sh" <<EOF
+#!/bin/bash
+setsid -f bash -c 'exec -a ampprobe-e2e-leakk-$$-setsid sleep 1000'
+exec -a ampprobe-e2e-leakk-$$-job sleep 1000
+EOF
+  chmod +x "$WORK/leakhang.sh"
+  "$BIN" bisect --fp32-candidates bn -j 2 -q --workdir "$WORK/wd-leakk" \
+    -- "$WORK/leakhang.sh" >/dev/null 2>&1 &
+  local bpid=$! n=0
+  while [ "$(pgrep -f "ampprobe-e2e-leakk-$$-setsid" | wc -l)" -lt 1 ] && [ $n -lt 6000 ]; do
+    sleep 0.1; n=$((n + 1))
+  done
+  kill -KILL "$bpid"
+  wait "$bpid" 2>/dev/null
+  n=0
+  while [ -n "$(pgrep -f "ampprobe-e2e-leakk-$$")" ] && [ $n -lt 3000 ]; do
+    sleep 0.1; n=$((n + 1))
+  done
+  leaked=$(pgrep -f "ampprobe-e2e-leakk-$$" | wc -l)
+  [ "$leaked" = 0 ] && pass "SIGKILL of bisect: a trial's setsid process dies too" ||
+    { fail "SIGKILL of bisect: $leaked processes of the trial left"; pkill -KILL -f "ampprobe-e2e-leakk-$$"; }
   # --granularity layer with more layers than one ddmin takes (64): the
   # answer stays at kind level, said in the hint and on stderr; it was the
   # first 64 layers, a set that never passed (the culprit was the 70th)

@@ -1,0 +1,201 @@
+/*
+ * tools/trialguard.c - the guard that leads each of bisect's trials
+ * (trialguard.h).
+ *
+ * The guard is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever the
+ * trial's command starts stays a descendant of the guard even when a
+ * process in between exits, so a walk of /proc from the guard finds all of
+ * the trial, inside its process group or not (setsid, a daemon's double
+ * fork). A trial ends in one of three ways:
+ *  - its command exits: the guard kills what the command left running and
+ *    exits as the command did (its exit code, or its signal);
+ *  - bisect cancels it: SIGTERM to the group, for the command to handle (the
+ *    guard ignores it), then, after the grace time, SIGHUP to the guard
+ *    (trial_guard_stop), which kills everything at once;
+ *  - bisect dies, even by SIGKILL: the kernel sends the guard SIGHUP
+ *    (PR_SET_PDEATHSIG), and the guard kills everything.
+ * Before, the guard killed its process group only: a process that had left
+ * the group outlived the trial, and bisect.
+ */
+#define _GNU_SOURCE
+#include "trialguard.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* How long the guard goes on killing a trial that keeps starting
+ * processes: rounds of GUARD_ROUND_NS. */
+#define GUARD_ROUNDS 300
+#define GUARD_ROUND_NS (10 * 1000 * 1000)
+
+static volatile sig_atomic_t guard_stop_now;
+
+static void on_stop(int sig) {
+  (void)sig;
+  guard_stop_now = 1;
+}
+
+static void on_term(int sig) { (void)sig; /* the command's to handle */ }
+
+/* The living processes of the system, pid and parent, sorted by pid. */
+typedef struct {
+  pid_t pid, parent;
+  int mark; /* a descendant of the guard */
+} proc_entry;
+
+typedef struct {
+  proc_entry *e;
+  size_t n, cap;
+} proc_table;
+
+/* A process's parent and whether it is a zombie, from /proc/PID/stat:
+ * 0, or -1 when it is gone. */
+static int proc_parent(const char *pid, pid_t *parent, int *zombie) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%.20s/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = 0;
+  const char *r = strrchr(buf, ')'); /* the command name may hold ") " */
+  char state;
+  long pp;
+  if (!r || sscanf(r + 1, " %c %ld", &state, &pp) != 2) return -1;
+  *parent = (pid_t)pp;
+  *zombie = state == 'Z' || state == 'X';
+  return 0;
+}
+
+static int by_pid(const void *a, const void *b) {
+  pid_t x = ((const proc_entry *)a)->pid, y = ((const proc_entry *)b)->pid;
+  return (x > y) - (x < y);
+}
+
+/* Reads the living processes into t; -1 when /proc cannot be read. */
+static int table_read(proc_table *t) {
+  t->n = 0;
+  DIR *d = opendir("/proc");
+  if (!d) return -1;
+  struct dirent *de;
+  int rc = 0;
+  while (rc == 0 && (de = readdir(d))) {
+    pid_t parent;
+    int zombie;
+    if (de->d_name[0] < '1' || de->d_name[0] > '9' ||
+        proc_parent(de->d_name, &parent, &zombie) != 0 || zombie)
+      continue;
+    if (t->n == t->cap) {
+      size_t cap = t->cap ? 2 * t->cap : 256;
+      proc_entry *e = realloc(t->e, cap * sizeof *e);
+      if (!e) {
+        rc = -1;
+        break;
+      }
+      t->e = e, t->cap = cap;
+    }
+    t->e[t->n++] = (proc_entry){(pid_t)atol(de->d_name), parent, 0};
+  }
+  closedir(d);
+  if (rc == 0 && t->n) qsort(t->e, t->n, sizeof *t->e, by_pid);
+  return rc;
+}
+
+/* Marks the descendants of root in t, a generation a pass; returns how
+ * many. */
+static size_t table_mark(proc_table *t, pid_t root) {
+  size_t found = 0, more = 1;
+  while (more) {
+    more = 0;
+    for (size_t i = 0; i < t->n; i++) {
+      if (t->e[i].mark) continue;
+      proc_entry key = {t->e[i].parent, 0, 0};
+      const proc_entry *p = t->e[i].parent == root ? NULL
+                            : bsearch(&key, t->e, t->n, sizeof *t->e, by_pid);
+      if (t->e[i].parent == root || (p && p->mark)) {
+        t->e[i].mark = 1;
+        found++;
+        more = 1;
+      }
+    }
+  }
+  return found;
+}
+
+/* Kills every living descendant of the guard and reaps those that become
+ * its children, until none is left or GUARD_ROUNDS have passed. */
+static void kill_descendants(pid_t self) {
+  proc_table t = {0};
+  for (int round = 0; round < GUARD_ROUNDS; round++) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    if (table_read(&t) != 0 || table_mark(&t, self) == 0) break;
+    for (size_t i = 0; i < t.n; i++)
+      if (t.e[i].mark) kill(t.e[i].pid, SIGKILL);
+    struct timespec ts = {0, GUARD_ROUND_NS};
+    nanosleep(&ts, NULL);
+  }
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  free(t.e);
+}
+
+/* Ends the guard as its command ended (st from waitpid). */
+static void exit_like(int st) {
+  if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+  int sig = WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL;
+  struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core); /* the command's core, if any, is its own */
+  signal(sig, SIG_DFL);
+  sigset_t m;
+  sigemptyset(&m);
+  sigaddset(&m, sig);
+  sigprocmask(SIG_UNBLOCK, &m, NULL);
+  raise(sig);
+  _exit(128 + sig);
+}
+
+void trial_guard_enter(pid_t bisect_pid) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa); /* no SA_RESTART: a stop interrupts waitpid */
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on_stop;
+  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_term;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  prctl(PR_SET_PDEATHSIG, SIGHUP);
+  if (getppid() != bisect_pid) /* bisect died before the prctl */
+    guard_stop_now = 1;
+  pid_t job = guard_stop_now ? -1 : fork();
+  if (job == 0) {
+    signal(SIGHUP, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the guard is gone: so is the job */
+    return;
+  }
+  int st = W_EXITCODE(127, 0), ended = 0;
+  while (job > 0 && !ended && !guard_stop_now) {
+    pid_t w = waitpid(job, &st, 0);
+    if (w == job)
+      ended = 1;
+    else if (w < 0 && errno != EINTR)
+      break;
+  }
+  kill_descendants(getpid());
+  if (!ended && guard_stop_now) st = SIGKILL; /* as if the group were killed */
+  exit_like(st);
+}
+
+void trial_guard_stop(pid_t guard) { kill(guard, SIGHUP); }
