@@ -133,6 +133,9 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
   if (isfinite(d->final_loss_rel))
     fprintf(f, "  (%.2f%% apart; mean of the last 10 common steps)",
             100.0 * d->final_loss_rel);
+  else if (d->loss_steps > 0)
+    fprintf(f, "  (not comparable: a non-finite loss among the last 10 "
+               "common steps)");
   fprintf(f, "\n");
   if (d->loss_part_step >= 0) {
     fmt_val(a, sizeof a, d->loss_a_at_part);
@@ -158,7 +161,7 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
   size_t n = top > 0 && (size_t)top < d->n_entries ? (size_t)top : d->n_entries;
   for (size_t i = 0; i < n; i++) {
     const probe_diff_entry *e = &d->entries[i];
-    char fd[24], ra[16], fe[24], nf[72], lc[48], zz[40];
+    char fd[24], ra[16], fe[24], nf[72], lc[48], zz[40], mw[16], ms[16];
     fmt_step(fd, sizeof fd, e->first_div_step);
     if (e->first_div_step >= 0)
       snprintf(ra, sizeof ra, "%.3g", e->first_div_rel);
@@ -170,26 +173,38 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
     snprintf(nf, sizeof nf, "%s/%s", s1, s2);
     snprintf(lc, sizeof lc, "%lld/%lld", (long long)e->local_steps,
              (long long)e->carried_steps);
-    snprintf(zz, sizeof zz, "%.0f%%/%.0f%%%s",
-             e->count_a ? 100.0 * (double)e->zero_a / (double)e->count_a : 0.0,
-             e->count_b ? 100.0 * (double)e->zero_b / (double)e->count_b : 0.0,
-             e->flushes_to_zero ? "!" : "");
+    if (e->count_a && e->count_b)
+      snprintf(zz, sizeof zz, "%.0f%%/%.0f%%%s",
+               100.0 * (double)e->zero_a / (double)e->count_a,
+               100.0 * (double)e->zero_b / (double)e->count_b,
+               e->flushes_to_zero ? "!" : "");
+    else
+      snprintf(zz, sizeof zz, "-"); /* no step compared */
     double mx = fmax(e->max_rel_absmax, fmax(e->max_rel_rms, e->max_rel_l2));
-    fprintf(f, "  %-16s %-13s %9s %7s %7.3g %10s %8.3g %10s %10s %11s\n",
-            e->layer, probe_site_name((probe_site)e->site), fd, ra,
-            e->max_window_rel, fe, mx, nf, lc, zz);
+    if (e->steps > e->steps_left_out) {
+      snprintf(mw, sizeof mw, "%.3g", e->max_window_rel);
+      snprintf(ms, sizeof ms, "%.3g", mx);
+    } else { /* every step left out (the scaler skipped them): no figure */
+      snprintf(mw, sizeof mw, "-");
+      snprintf(ms, sizeof ms, "-");
+    }
+    fprintf(f, "  %-16s %-13s %9s %7s %7s %10s %8s %10s %10s %11s\n",
+            e->layer, probe_site_name((probe_site)e->site), fd, ra, mw, fe, ms,
+            nf, lc, zz);
   }
   if (n < d->n_entries)
     fprintf(f, "  ... %zu more rows (--top 0 shows all)\n", d->n_entries - n);
   fprintf(f,
           "\n  first div: first step the RMS difference averaged over %d "
           "steps exceeds %.3g (or one side is non-finite); rel@div, max win:\n"
-          "  that windowed difference; 1st exceed, max step: the same for "
-          "the largest single-step\n"
-          "  difference of absmax, RMS or L2; local/carr: diverging steps "
-          "whose inputs agreed (error\n"
-          "  introduced here) / already differed (carried in); '!': "
-          "gradients flushed to zero in A\n",
+          "  that windowed difference (rel@div 1: one side non-finite); 1st "
+          "exceed, max step: the same\n"
+          "  for the largest single-step difference of absmax, RMS or L2; "
+          "local/carr: diverging steps\n"
+          "  whose inputs agreed (error introduced here) / already differed "
+          "(carried in); '!': gradients\n"
+          "  flushed to zero in A; '-': nothing compared (every step left "
+          "out: its scaler skipped it)\n",
           d->opt.window, d->opt.threshold);
 }
 

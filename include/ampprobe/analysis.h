@@ -735,6 +735,9 @@ typedef struct probe_diff_entry {
   int64_t carried_steps;  /* diverging steps with inputs diverging too */
   uint64_t count_a, zero_a, count_b, zero_b; /* values, exact zeros */
   int flushes_to_zero;    /* gradient site, zero fraction A >> B */
+  int64_t steps_left_out; /* of steps: gradients that overflowed on a step
+                             that side's loss scaler skipped; not compared
+                             (not in the max_rel_*, windows and means) */
 } probe_diff_entry;
 
 typedef struct probe_diff_config_row {
@@ -745,7 +748,9 @@ typedef struct probe_diff_config_row {
 typedef enum probe_diff_verdict {
   PROBE_DIFF_AGREE = 0,     /* within tolerance everywhere compared */
   PROBE_DIFF_DIVERGE = 1,   /* some record or the loss diverges */
-  PROBE_DIFF_NOT_ALIGNED = 2 /* nothing to compare: no common layer/step */
+  PROBE_DIFF_NOT_ALIGNED = 2 /* nothing to compare (no common layer or
+                                step), or layer lists that differ and no
+                                divergence in the part compared */
 } probe_diff_verdict;
 
 typedef struct probe_diff_point {
@@ -756,7 +761,7 @@ typedef struct probe_diff_point {
   uint32_t seq;
   double rel;
   int local;    /* 1: inputs agreed (introduced here) */
-  int nonfinite; /* one side non-finite */
+  int nonfinite; /* one side only non-finite: 1 A, 2 B; 0 neither/both */
   double zero_a, zero_b; /* fraction of exact zeros on each side there */
 } probe_diff_point;
 

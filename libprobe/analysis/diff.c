@@ -177,8 +177,9 @@ static probe_status scale_at(scur *c, int64_t step, double *scale,
     }
     if (r->step == step && isfinite(r->loss_scale) && r->loss_scale > 0)
       *scale = r->loss_scale;
-    if (r->step == step)
-      *skipped = r->skipped || r->found_inf;
+    if (r->step == step) /* skipped, not found_inf: a run without a scaler
+                            (FP32) may find an inf and apply the step */
+      *skipped = r->skipped != 0;
     return PROBE_OK;
   }
 }
@@ -323,41 +324,50 @@ static probe_status compare_step(state *s, const cursor *ca,
      * AMP working as designed (backoff), not a divergence. */
     int grad = site_is_grad(ra->site);
     int ov_a = nfa && grad && skip_a, ov_b = nfb && grad && skip_b;
-    if (ov_a || ov_b) {
+    int left_out = ov_a || ov_b; /* nothing comparable in this record */
+    if (left_out) {
       d->scaler_overflow_records++;
       d->scaler_overflow_sides |= ov_a | ov_b << 1;
       nfa &= !ov_a;
       nfb &= !ov_b;
-      r_rms = r_abs = r_l2 = 0.0; /* nothing comparable in this record */
-      inst = 0.0;
     }
     int32_t ei = entry_for(s, ra->layer, ra->site, ra->seq);
     probe_diff_entry *e = &d->entries[ei];
-    /* windowed mean of rel RMS; steps before the first count as 0 */
+    /* windowed mean of rel RMS over the steps compared; steps before the
+     * first count as 0; a left-out step does not enter it */
     int W = d->opt.window;
-    double *ring = &s->win[(size_t)ei * (size_t)W];
-    size_t slot = (size_t)(e->steps % W);
-    s->win_sum[ei] += r_rms - ring[slot];
-    ring[slot] = r_rms;
-    double wrel = fmax(0.0, s->win_sum[ei]) / W;
+    double wrel = s->win_sum[ei] > 0 ? s->win_sum[ei] / W : 0.0;
+    if (!left_out) {
+      double *ring = &s->win[(size_t)ei * (size_t)W];
+      size_t slot = (size_t)((e->steps - e->steps_left_out) % W);
+      s->win_sum[ei] += r_rms - ring[slot];
+      ring[slot] = r_rms;
+      wrel = fmax(0.0, s->win_sum[ei]) / W;
+    }
     /* values flushed to zero on one side only (underflow) */
     double za = sa->count ? (double)sa->zero_count / (double)sa->count : 0.0;
     double zb = sb->count ? (double)sb->zero_count / (double)sb->count : 0.0;
     int zdiv = !ov_a && !ov_b && fabs(za - zb) >= d->opt.zero_frac_margin;
-    int div = wrel > thr || nfa != nfb || zdiv;
+    /* a left-out record never diverges: one side holds the gradients its
+     * scaler threw away, nothing to hold the other side's against */
+    int div = !left_out && (wrel > thr || nfa != nfb || zdiv);
     double rel = nfa != nfb ? 1.0 : wrel;
     e->steps++;
-    s->entry_rel_sum[ei] += r_rms;
-    if (wrel > e->max_window_rel)
-      e->max_window_rel = wrel;
-    if (inst > thr && e->first_exceed_step < 0)
-      e->first_exceed_step = step;
-    double prev = fmax(e->max_rel_absmax, fmax(e->max_rel_rms, e->max_rel_l2));
-    if (e->max_rel_step < 0 || inst > prev)
-      e->max_rel_step = step;
-    e->max_rel_absmax = fmax(e->max_rel_absmax, r_abs);
-    e->max_rel_rms = fmax(e->max_rel_rms, r_rms);
-    e->max_rel_l2 = fmax(e->max_rel_l2, r_l2);
+    if (left_out) {
+      e->steps_left_out++;
+    } else {
+      s->entry_rel_sum[ei] += r_rms;
+      if (wrel > e->max_window_rel)
+        e->max_window_rel = wrel;
+      if (inst > thr && e->first_exceed_step < 0)
+        e->first_exceed_step = step;
+      double prev = fmax(e->max_rel_absmax, fmax(e->max_rel_rms, e->max_rel_l2));
+      if (e->max_rel_step < 0 || inst > prev)
+        e->max_rel_step = step;
+      e->max_rel_absmax = fmax(e->max_rel_absmax, r_abs);
+      e->max_rel_rms = fmax(e->max_rel_rms, r_rms);
+      e->max_rel_l2 = fmax(e->max_rel_l2, r_l2);
+    }
     if ((nfa || ov_a) && e->first_nonfinite_a < 0)
       e->first_nonfinite_a = step;
     if ((nfb || ov_b) && e->first_nonfinite_b < 0)
@@ -417,15 +427,14 @@ static probe_status compare_step(state *s, const cursor *ca,
     if (d->first_div_step < 0)
       d->first_div_step = step;
     if (d->first_div_step == step) {
-      if (!d->first_div.found)
       if (!d->first_div.found) {
         set_point(&d->first_div, step, e->layer, ra->site, ra->seq, rel,
-                  inputs_div == 0, nfa != nfb);
+                  inputs_div == 0, nfa != nfb ? 1 + nfb : 0);
         d->first_div.zero_a = za, d->first_div.zero_b = zb;
       }
       if (!d->intro.found && inputs_div == 0) {
         set_point(&d->intro, step, e->layer, ra->site, ra->seq, rel, 1,
-                  nfa != nfb);
+                  nfa != nfb ? 1 + nfb : 0);
         d->intro.zero_a = za, d->intro.zero_b = zb;
       }
     }
@@ -514,7 +523,7 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
     d->loss_steps++;
     double rel = probe_diff_rel(pa->loss, pb->loss);
     int fa = isfinite(pa->loss), fb = isfinite(pb->loss);
-    if (fa && fb && rel > d->max_loss_rel)
+    if (rel > d->max_loss_rel) /* 1 when one side only is non-finite */
       d->max_loss_rel = rel;
     double r_fin = fa && fb ? rel : (fa == fb ? 0.0 : 1.0);
     size_t slot = (size_t)(d->loss_steps - 1) % (size_t)W;
@@ -539,7 +548,10 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
       sa += wa[i], sb += wb[i];
     d->final_loss_a = sa / (double)k;
     d->final_loss_b = sb / (double)k;
-    d->final_loss_rel = probe_diff_rel(d->final_loss_a, d->final_loss_b);
+    /* apart only when both means are numbers: nan vs nan is not "0%" */
+    d->final_loss_rel = isfinite(d->final_loss_a) && isfinite(d->final_loss_b)
+                            ? probe_diff_rel(d->final_loss_a, d->final_loss_b)
+                            : NAN;
   } else {
     d->final_loss_a = d->final_loss_b = d->final_loss_rel = NAN;
   }
@@ -638,14 +650,21 @@ static void write_verdict(probe_diff *d) {
     if (n < len)                                                               \
       n += (size_t)snprintf(v + n, len - n, __VA_ARGS__);                      \
   } while (0)
+  const int layers_differ = d->only_a[0] || d->only_b[0];
   if (d->verdict == PROBE_DIFF_NOT_ALIGNED) {
     PUT("A and B do not align: ");
     if (d->n_layers_common == 0)
-      PUT("no layer name in common");
-    else
-      PUT("no step with per-layer records in common (A %lld steps, B %lld)",
+      PUT("no layer name in common, so nothing was compared.");
+    else if (d->steps_common == 0 && d->loss_steps == 0)
+      PUT("no step with per-layer records in common (A %lld steps, B %lld), "
+          "so nothing was compared.",
           (long long)d->steps_a, (long long)d->steps_b);
-    PUT(", so nothing was compared.");
+    else
+      PUT("their layer lists differ (only in A: %.160s; only in B: %.160s), so they "
+          "are not the same model; the %lld layers in common agree within "
+          "tolerance.",
+          d->only_a[0] ? d->only_a : "none", d->only_b[0] ? d->only_b : "none",
+          (long long)d->n_layers_common);
     return;
   }
   /* the largest difference, for both verdicts */
@@ -678,7 +697,7 @@ static void write_verdict(probe_diff *d) {
       PUT(": error introduced at %s (%s, ", d->intro.layer,
           probe_site_name((probe_site)d->intro.site));
       if (d->intro.nonfinite)
-        PUT("non-finite on one side");
+        PUT("non-finite in %s only", d->intro.nonfinite == 2 ? "B" : "A");
       else if (fabs(d->intro.zero_a - d->intro.zero_b) >=
                d->opt.zero_frac_margin)
         PUT("zeros %.0f%% vs %.0f%%: values underflowed to zero",
@@ -706,6 +725,10 @@ static void write_verdict(probe_diff *d) {
     PUT(" B turns non-finite at step %lld in %s (%s); A stays finite.",
         (long long)d->first_nonfinite_b.step, d->first_nonfinite_b.layer,
         probe_site_name((probe_site)d->first_nonfinite_b.site));
+  if (layers_differ)
+    PUT(" The layer lists differ (only in A: %.160s; only in B: %.160s): the "
+        "difference may be the models', not the precision's.",
+        d->only_a[0] ? d->only_a : "none", d->only_b[0] ? d->only_b : "none");
   if (d->loss_part_step >= 0)
     PUT(" Loss curves part at step %lld (%.6g vs %.6g).",
         (long long)d->loss_part_step, d->loss_a_at_part, d->loss_b_at_part);
@@ -928,21 +951,37 @@ static void stage_scaler_notes(probe_diff *d) {
            (long long)d->scaler_overflow_records,
            d->scaler_overflow_records == 1 ? " holds" : "s hold");
     else {
-      int64_t k = stuck_a ? d->trailing_skips_a : d->trailing_skips_b;
+      char who[96];
+      if (stuck_a && stuck_b)
+        snprintf(who, sizeof who, "the last %lld step%s of A and the last "
+                 "%lld of B were", (long long)d->trailing_skips_a,
+                 d->trailing_skips_a == 1 ? "" : "s",
+                 (long long)d->trailing_skips_b);
+      else {
+        int64_t k = stuck_a ? d->trailing_skips_a : d->trailing_skips_b;
+        snprintf(who, sizeof who, "the last %lld step%s of %s", (long long)k,
+                 k == 1 ? "" : "s",
+                 stuck_a ? (k == 1 ? "A was" : "A were") : (k == 1 ? "B was" : "B were"));
+      }
       note(d, "%lld record%s scaled gradients that overflowed on steps the "
               "loss scaler skipped, not counted as divergence; the scaler "
-              "did not recover (not normal dynamic loss scaling): the last "
-              "%lld step%s of %s skipped",
+              "did not recover (not normal dynamic loss scaling): %s skipped",
            (long long)d->scaler_overflow_records,
-           d->scaler_overflow_records == 1 ? " holds" : "s hold",
-           (long long)k, k == 1 ? "" : "s",
-           stuck_a ? (k == 1 ? "A was" : "A were") : (k == 1 ? "B was" : "B were"));
+           d->scaler_overflow_records == 1 ? " holds" : "s hold", who);
     }
   }
   if (d->last_step_a != d->last_step_b)
     note(d, "the runs end at different steps: A at %lld, B at %lld; compared "
             "the steps both hold",
          (long long)d->last_step_a, (long long)d->last_step_b);
+  if (d->steps_common > 0 && d->steps_common < d->opt.window)
+    note(d, "only %lld step%s in common, fewer than the window (%d): a "
+            "steady RMS difference r counts as divergence only when r x "
+            "%lld / %d exceeds the threshold; --window %lld judges these "
+            "steps alone",
+         (long long)d->steps_common, d->steps_common == 1 ? "" : "s",
+         d->opt.window, (long long)d->steps_common, d->opt.window,
+         (long long)d->steps_common);
 }
 
 /* Stage 7: per-entry summaries, the table's order and the verdict. */
@@ -950,7 +989,8 @@ static void stage_verdict(state *s) {
   probe_diff *d = s->d;
   for (size_t i = 0; i < d->n_entries; i++) {
     probe_diff_entry *e = &d->entries[i];
-    e->mean_rel_rms = e->steps ? s->entry_rel_sum[i] / (double)e->steps : 0.0;
+    int64_t compared = e->steps - e->steps_left_out;
+    e->mean_rel_rms = compared ? s->entry_rel_sum[i] / (double)compared : 0.0;
     if (site_is_grad(e->site) && e->count_a > 0 && e->count_b > 0) {
       double za = (double)e->zero_a / (double)e->count_a;
       double zb = (double)e->zero_b / (double)e->count_b;
@@ -958,10 +998,14 @@ static void stage_verdict(state *s) {
     }
   }
   qsort(d->entries, d->n_entries, sizeof *d->entries, entry_cmp);
+  /* AGREE needs the same model: with layers on one side only, agreement of
+   * the part compared is NOT_ALIGNED (exit 1); a divergence stays one */
   if (d->n_layers_common == 0 || (d->steps_common == 0 && d->loss_steps == 0))
     d->verdict = PROBE_DIFF_NOT_ALIGNED;
   else if (d->first_div_step >= 0 || d->loss_part_step >= 0)
     d->verdict = PROBE_DIFF_DIVERGE;
+  else if (d->only_a[0] || d->only_b[0])
+    d->verdict = PROBE_DIFF_NOT_ALIGNED;
   else
     d->verdict = PROBE_DIFF_AGREE;
   write_verdict(d);
@@ -1026,7 +1070,11 @@ static void point_json(probe__jw *w, const char *key, const probe_diff_point *p)
   probe__jw_int(w, "seq", p->seq);
   probe__jw_num(w, "rel", p->rel);
   probe__jw_bool(w, "local", p->local);
-  probe__jw_bool(w, "nonfinite", p->nonfinite);
+  probe__jw_bool(w, "nonfinite", p->nonfinite != 0);
+  if (p->nonfinite)
+    probe__jw_str(w, "nonfinite_side", p->nonfinite == 2 ? "b" : "a");
+  else
+    probe__jw_null(w, "nonfinite_side");
   probe__jw_opt(w, "zero_frac_a", p->zero_a);
   probe__jw_opt(w, "zero_frac_b", p->zero_b);
   probe__jw_end(w, '}');
@@ -1036,6 +1084,13 @@ static const char *verdict_name(probe_diff_verdict v) {
   return v == PROBE_DIFF_AGREE ? "agree"
          : v == PROBE_DIFF_DIVERGE ? "diverge"
                                    : "not-aligned";
+}
+
+static void num_if(probe__jw *w, const char *key, double v, int have) {
+  if (have)
+    probe__jw_num(w, key, v);
+  else
+    probe__jw_null(w, key);
 }
 
 static void frac_or_null(probe__jw *w, const char *key, uint64_t a, uint64_t n) {
@@ -1140,12 +1195,14 @@ probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
     probe__jw_str(w, "precision_a", probe_dtype_name((probe_dtype)e->prec_a));
     probe__jw_str(w, "precision_b", probe_dtype_name((probe_dtype)e->prec_b));
     probe__jw_int(w, "steps", e->steps);
-    probe__jw_num(w, "max_rel_absmax", e->max_rel_absmax);
-    probe__jw_num(w, "max_rel_rms", e->max_rel_rms);
-    probe__jw_num(w, "max_rel_l2", e->max_rel_l2);
+    probe__jw_int(w, "steps_left_out", e->steps_left_out);
+    int cmp = e->steps > e->steps_left_out; /* else nothing compared: null */
+    num_if(w, "max_rel_absmax", e->max_rel_absmax, cmp);
+    num_if(w, "max_rel_rms", e->max_rel_rms, cmp);
+    num_if(w, "max_rel_l2", e->max_rel_l2, cmp);
     probe__jw_step(w, "max_rel_step", e->max_rel_step);
-    probe__jw_num(w, "mean_rel_rms", e->mean_rel_rms);
-    probe__jw_num(w, "max_window_rel", e->max_window_rel);
+    num_if(w, "mean_rel_rms", e->mean_rel_rms, cmp);
+    num_if(w, "max_window_rel", e->max_window_rel, cmp);
     probe__jw_step(w, "first_exceed_step", e->first_exceed_step);
     probe__jw_step(w, "first_divergence_step", e->first_div_step);
     if (e->first_div_step >= 0)

@@ -119,6 +119,52 @@ else
   fail "unaligned traces: exit $RC, notes: $notes"
 fi
 
+# nan-input: both runs read a NaN at step 50; A's scaler skips that step,
+# the FP32 baseline (no scaler: found_inf without a skip) applies the NaN
+# gradients. Only A's skipped step is left out; B's NaN gradients from then
+# on diverge from A's finite ones (they were hidden as "normal loss
+# scaling" when found_inf alone meant a skip)
+record nan-input
+diff_json nan-input
+left=$(jget "$WORK/nan-input.json" "d['alignment']['scaler_overflow_records']")
+hg=$(jget "$WORK/nan-input.json" "[(r['first_divergence_step'], r['first_nonfinite_a'], r['first_nonfinite_b']) for r in d['layers'] if r['layer']=='head.fc' and r['site']=='grad_in'][0]")
+side=$(jget "$WORK/nan-input.json" "d['divergence']['introduction_point']['nonfinite_side']")
+if [ "$RC" = 1 ] && [ "$hg" = "(51, 50, 50)" ] && [ "$side" = b ] && [ "$left" -gt 0 ] && [ "$left" -le 30 ] &&
+   jget "$WORK/nan-input.json" "d['summary']" | grep -q "non-finite in B only"; then
+  pass "nan-input: B's unskipped NaN gradients diverge from step 51; $left records of A's skipped step left out; introduced in B"
+else
+  fail "nan-input: head.fc grad_in (div, nonfin A, nonfin B) $hg, left out $left, side $side, exit $RC: $(jget "$WORK/nan-input.json" "d['summary']")"
+fi
+fl=$(jget "$WORK/nan-input.json" "d['loss']['final_rel']")
+[ "$fl" = None ] && "$BIN" diff "$WORK/nan-input-16.h5" "$WORK/nan-input-32.h5" | grep -q "final .*not comparable" &&
+  pass "nan-input: final losses with a NaN are not comparable (not '0% apart')" ||
+  fail "nan-input: final_rel $fl"
+
+# the same model with layers renamed: NOT ALIGNED (exit 1), never AGREE
+SCEN=$(cd "$(dirname "$0")/../../trainer/scenarios" && pwd)
+cp "$SCEN/healthy.json" "$WORK/h.cfg"
+if [ -s "$WORK/h.cfg" ]; then
+  "$PY" - "$WORK/h.cfg" "$WORK/ren.cfg" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for m in c['model']:
+    if m.get('name') == 'head.fc':
+        m['name'] = 'head.out'
+json.dump(c, open(sys.argv[2], 'w'))
+PYEOF
+  "$BIN" run --config "$WORK/ren.cfg" --trace -q -o "$WORK/ren-16.h5" >/dev/null 2>&1
+  "$BIN" diff "$WORK/healthy-16.h5" "$WORK/ren-16.h5" >"$WORK/ren.txt" 2>&1
+  RC=$?
+  if [ "$RC" = 1 ] && grep -q "^verdict: NOT ALIGNED" "$WORK/ren.txt" &&
+     grep -q "layer lists differ (only in A: head.fc; only in B: head.out)" "$WORK/ren.txt"; then
+    pass "a renamed layer: NOT ALIGNED, exit 1, the layers named"
+  else
+    fail "a renamed layer: exit $RC, $(sed -n 4,6p "$WORK/ren.txt")"
+  fi
+else
+  fail "no healthy config at $SCEN/healthy.json"
+fi
+
 # memory bounded: peak RSS of diff on 10x longer traces stays flat
 if [ "${AMPPROBE_SANITIZE:-0}" = 1 ]; then
   # AddressSanitizer's quarantine keeps freed memory resident (up to 256 MiB),

@@ -38,6 +38,10 @@ typedef enum variant {
   V_GRAD_FLUSH, /* lin1's gradients are all zero in A */
   V_LOSS_PART,  /* only the loss differs, from step 7 */
   V_BACKOFF,    /* step 2: A's scaled gradients overflow, A skips the step */
+  V_COLLAPSE,   /* every step: the gradients of revin and lin1 overflow and
+                   the step is skipped (a collapsed scale), on either side */
+  V_NAN_NOSKIP, /* from step 3 every gradient is NaN and found_inf is set,
+                   but no scaler skips (an FP32 run applying NaN grads) */
 } variant;
 
 typedef struct spec {
@@ -59,33 +63,42 @@ static double value(const spec *s, int step, int layer, probe_site site,
                          site == PROBE_SITE_WEIGHT_GRAD
                      ? 1e-3
                      : 1.0);
-  if (s->side == 1)
+  if (s->side == 1 && s->v == V_SAME)
     return base;
   int bwd = probe_site_phase(site) == PROBE_PHASE_BACKWARD;
+  double f = s->side == 1 ? 1.0 : 1.001; /* B: the baseline's values */
   switch (s->v) {
   case V_SAME:
-    return base * 1.001;
+    return base * f;
   case V_REVIN_INF:
     if (step >= 5 && ((layer == 1 && site != PROBE_SITE_FWD_IN) ||
                       (layer > 1 && !bwd) || bwd))
       *inf = 1;
-    return base * 1.001;
+    return base * f;
   case V_LIN1_DRIFT:
     if (step >= 3 && ((layer == 2 && site == PROBE_SITE_FWD_OUT) ||
                       (layer > 2 && !bwd) || bwd))
       return base * 1.3;
-    return base * 1.001;
+    return base * f;
   case V_GRAD_FLUSH:
     if (layer == 2 && (site == PROBE_SITE_GRAD_IN ||
                        site == PROBE_SITE_WEIGHT_GRAD))
       *zero = 1;
-    return base * 1.001;
+    return base * f;
   case V_LOSS_PART:
-    return base * 1.001;
+    return base * f;
   case V_BACKOFF:
     if (step == 2 && bwd && layer <= 2)
       *inf = 1;
-    return base * 1.001;
+    return base * f;
+  case V_COLLAPSE:
+    if (bwd && layer <= 2)
+      *inf = 1;
+    return base * f;
+  case V_NAN_NOSKIP:
+    if (step >= 3 && bwd)
+      *inf = 1;
+    return base * f;
   }
   return base;
 }
@@ -160,6 +173,10 @@ static void write_trace(const char *path, const spec *s) {
     sc.loss_scale = s->side == 0 ? 65536.0 : 1.0;
     if (s->side == 0 && s->v == V_BACKOFF && step == 2)
       sc.found_inf = sc.skipped = 1;
+    if (s->v == V_COLLAPSE)
+      sc.found_inf = sc.skipped = 1;
+    if (s->v == V_NAN_NOSKIP && step >= 3)
+      sc.found_inf = 1; /* found, but nothing skips: no scaler */
     sc.lr = 1e-3;
     sc.clip_coef = 1.0;
     ck_assert_int_eq(probe_step_set_scalars(ps, &sc), PROBE_OK);
@@ -466,6 +483,124 @@ START_TEST(test_chunked_same_answer) {
 }
 END_TEST
 
+/* The FP32 baseline finds NaN gradients (found_inf) and, having no scaler,
+ * applies them: those records are compared, not left out as a scaler's
+ * routine overflow (they were, when found_inf alone meant "skipped"). */
+START_TEST(test_nan_without_skip_compared) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 8},
+           (spec){.v = V_NAN_NOSKIP, .steps = 8}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_int_eq(d.scaler_overflow_records, 0);
+  const probe_diff_entry *e = find(&d, "lin1", PROBE_SITE_GRAD_IN);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->first_div_step, 3);
+  ck_assert_int_eq(e->first_nonfinite_b, 3);
+  ck_assert_int_eq(e->steps_left_out, 0);
+  ck_assert_int_eq(d.first_div_step, 3);
+  ck_assert_int_eq(d.first_div.nonfinite, 2); /* B's side */
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "B turns non-finite at step 3"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* A skips every step (a collapsed scale): its gradient rows were never
+ * compared, so they have no figures (JSON null), not 0 that reads "equal";
+ * diffed against itself, the note names both sides. */
+START_TEST(test_all_left_out) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_COLLAPSE, .steps = 6},
+           (spec){.v = V_SAME, .steps = 6}, 0);
+  const probe_diff_entry *e = find(&d, "lin1", PROBE_SITE_WEIGHT_GRAD);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->steps, 6);
+  ck_assert_int_eq(e->steps_left_out, 6);
+  ck_assert_int_eq(e->first_div_step, -1);
+  char *txt = NULL;
+  ck_assert_int_eq(probe_diff_json(&d, "a", "b", &txt), PROBE_OK);
+  json_t *j = json_loads(txt, 0, NULL);
+  probe_free(txt);
+  ck_assert_ptr_nonnull(j);
+  json_t *layers = json_object_get(j, "layers"), *row = NULL;
+  for (size_t i = 0; i < json_array_size(layers); i++) {
+    json_t *r = json_array_get(layers, i);
+    if (!strcmp(json_string_value(json_object_get(r, "layer")), "lin1") &&
+        !strcmp(json_string_value(json_object_get(r, "site")), "weight_grad"))
+      row = r;
+  }
+  ck_assert_ptr_nonnull(row);
+  ck_assert(json_is_null(json_object_get(row, "max_rel_rms")));
+  ck_assert(json_is_null(json_object_get(row, "max_window_rel")));
+  ck_assert(json_is_null(json_object_get(row, "mean_rel_rms")));
+  ck_assert_int_eq(json_integer_value(json_object_get(row, "steps_left_out")), 6);
+  json_decref(j);
+  probe_diff_free(&d);
+
+  run_diff(&d, (spec){.v = V_COLLAPSE, .steps = 6},
+           (spec){.v = V_COLLAPSE, .steps = 6}, 0);
+  int both = 0;
+  for (int i = 0; i < d.n_notes; i++)
+    both |= strstr(d.notes[i], "of A and the last 6 of B were skipped") != NULL;
+  ck_assert_msg(both, "note: %s", d.n_notes ? d.notes[0] : "(none)");
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* Layer lists that differ are not "AGREE" (exit 0): the part compared may
+ * agree, the models do not; a divergence with them says so. */
+START_TEST(test_layers_differ) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 12, .rename = 1},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_NOT_ALIGNED);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "layer lists differ"));
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "only in A: dense1"));
+  probe_diff_free(&d);
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 12, .rename = 1},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "The layer lists differ"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* Final losses with a non-finite one are not "0% apart"; a step where one
+ * loss only is non-finite is the largest difference (1). */
+START_TEST(test_final_loss_nonfinite) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 12},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert(isnan(d.final_loss_a));
+  ck_assert(isnan(d.final_loss_rel));
+  ck_assert_double_eq(d.max_loss_rel, 1.0);
+  probe_diff_free(&d);
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 12},
+           (spec){.v = V_REVIN_INF, .steps = 12}, 0);
+  ck_assert(isnan(d.final_loss_rel)); /* nan vs nan: not comparable */
+  ck_assert(!strstr(d.verdict_text, "apart"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* Fewer common steps than the window: said, with the --window to use. */
+START_TEST(test_short_trace_note) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 3},
+           (spec){.v = V_SAME, .steps = 3}, 0);
+  int said = 0;
+  for (int i = 0; i < d.n_notes; i++)
+    said |= strstr(d.notes[i], "fewer than the window (10)") &&
+            strstr(d.notes[i], "--window 3");
+  ck_assert(said);
+  probe_diff_free(&d);
+  run_diff(&d, (spec){.v = V_SAME, .steps = 12},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  for (int i = 0; i < d.n_notes; i++)
+    ck_assert(!strstr(d.notes[i], "fewer than the window"));
+  probe_diff_free(&d);
+}
+END_TEST
+
 static Suite *make_diff_suite(void) {
   Suite *s = suite_create("diff");
   TCase *tc = tcase_create("core");
@@ -481,6 +616,11 @@ static Suite *make_diff_suite(void) {
   tcase_add_test(tc, test_not_aligned);
   tcase_add_test(tc, test_different_lengths);
   tcase_add_test(tc, test_chunked_same_answer);
+  tcase_add_test(tc, test_nan_without_skip_compared);
+  tcase_add_test(tc, test_all_left_out);
+  tcase_add_test(tc, test_layers_differ);
+  tcase_add_test(tc, test_final_loss_nonfinite);
+  tcase_add_test(tc, test_short_trace_note);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   return s;
