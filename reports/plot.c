@@ -304,6 +304,11 @@ static double px_y(const frame *f, double y) {
   return py;
 }
 
+/* Whether point k of a line has a usable next point (the pen goes on). */
+static int line_continues(const plot_item *it, probe_axis_scale ys, size_t k) {
+  return k + 1 < it->n && usable(ys, it->y[k + 1]);
+}
+
 static void marker_path(probe_buf *o, probe_marker m, double x, double y) {
   switch (m) {
   case PROBE_MARKER_TRIANGLE_UP:
@@ -533,13 +538,27 @@ probe_status probe_plot_render(const probe_plot *p, probe_buf *o) {
                          it->color, it->dash[0] ? " stroke-dasharray=\"" : "",
                          it->dash, it->dash[0] ? "\"" : "");
         int pen = 0;
+        size_t isolated = 0; /* points with no usable neighbour */
         for (size_t k = 0; k < it->n; k++) {
           if (!usable(f.ys, it->y[k])) { pen = 0; continue; }
           probe_buf_printf(o, "%c%.1f %.1f", pen ? 'L' : 'M',
                            px_x(&f, (double)it->x[k]), px_y(&f, it->y[k]));
+          isolated += !pen && !line_continues(it, f.ys, k);
           pen = 1;
         }
         probe_buf_puts(o, "\"/>");
+        /* a subpath of one point draws nothing: a dot for each (a series
+         * of one step, a value between two gaps) */
+        if (isolated) {
+          probe_buf_printf(o, "<path fill=\"%s\" d=\"", it->color);
+          for (size_t k = 0; k < it->n; k++)
+            if (usable(f.ys, it->y[k]) &&
+                (k == 0 || !usable(f.ys, it->y[k - 1])) &&
+                !line_continues(it, f.ys, k))
+              probe_buf_printf(o, "M%.1f %.1fa2 2 0 1 0 4 0a2 2 0 1 0 -4 0",
+                               px_x(&f, (double)it->x[k]) - 2, px_y(&f, it->y[k]));
+          probe_buf_puts(o, "\"/>");
+        }
       }
       if (it->n_nf) {
         probe_buf_printf(o, "<path fill=\"%s\" d=\"", it->nonfinite_color);

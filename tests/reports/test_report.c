@@ -264,6 +264,46 @@ START_TEST(test_plot_log_axes) {
 }
 END_TEST
 
+/* A line's lone points - a series of one step, a value between two gaps -
+ * are drawn as dots: a path of a single "M x y" draws nothing (a report of
+ * a one-step trace had axes and legends and no curve). Counted by the
+ * dots' arc command. */
+static int dots_of_line(int64_t x1, const double *ys, int n,
+                        probe_axis_scale scale) {
+  probe_plot *p;
+  ck_assert_int_eq(probe_plot_new(&p, "dots", 600, 260), PROBE_OK);
+  probe_bins b;
+  ck_assert_int_eq(probe_bins_init(&b, probe_plot_data_width(p), 0, x1),
+                   PROBE_OK);
+  for (int s = 0; s < n; s++) probe_bins_add(&b, s, ys[s]);
+  probe_plot_x_axis(p, "step", 0, x1);
+  probe_plot_y_axis(p, scale, "y", NAN, NAN);
+  probe_plot_add_line(p, &b, "#1f77b4", "y", NULL, NULL);
+  probe_buf o;
+  probe_buf_init(&o);
+  ck_assert_int_eq(probe_plot_render(p, &o), PROBE_OK);
+  int dots = 0;
+  for (const char *q = o.data; (q = strstr(q, "a2 2 0 1 0 4 0")); q++) dots++;
+  probe_buf_free(&o);
+  probe_plot_free(p);
+  probe_bins_free(&b);
+  return dots;
+}
+
+START_TEST(test_plot_lone_points) {
+  double one[1] = {0.5};
+  ck_assert_int_eq(dots_of_line(0, one, 1, PROBE_AXIS_LINEAR), 1);
+  ck_assert_int_eq(dots_of_line(0, one, 1, PROBE_AXIS_LOG10), 1);
+  /* on a log axis a zero cannot be drawn: a gap in the line */
+  double gaps[5] = {1.0, 0.0, 2.0, 0.0, 3.0}; /* three lone points */
+  ck_assert_int_eq(dots_of_line(4, gaps, 5, PROBE_AXIS_LOG10), 3);
+  double joined[4] = {1.0, 2.0, 0.0, 3.0}; /* a segment and one lone point */
+  ck_assert_int_eq(dots_of_line(3, joined, 4, PROBE_AXIS_LOG2), 1);
+  double line[3] = {1.0, 2.0, 3.0};
+  ck_assert_int_eq(dots_of_line(2, line, 3, PROBE_AXIS_LINEAR), 0);
+}
+END_TEST
+
 /* ---- heatmap -------------------------------------------------------------- */
 
 START_TEST(test_heatmap_many_layers) {
@@ -861,6 +901,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_ticks);
   tcase_add_test(tc, test_plot_render);
   tcase_add_test(tc, test_plot_log_axes);
+  tcase_add_test(tc, test_plot_lone_points);
   tcase_add_test(tc, test_heatmap_many_layers);
   tcase_add_test(tc, test_colormap);
   suite_add_tcase(s, tc);
