@@ -117,8 +117,9 @@ AMPPROBE_API const char *probe_verdict_name(probe_verdict v);
   XX(LOSS_ONLY, "loss-nonfinite",                                              \
      "the loss was non-finite but no per-layer record shows where")            \
   XX(ALLREDUCE, "allreduce-nonfinite",                                         \
-     "the gradient all-reduce returned inf/NaN while this rank sent finite "   \
-     "values: another rank's value, or a sum that overflowed (FP16)")
+     "the gradient all-reduce made or returned inf/NaN while this rank's "     \
+     "gradients were finite: its bucket's cast to the all-reduce's dtype, "    \
+     "another rank's value, or a sum that overflowed (FP16)")
 
 typedef enum probe_diag_event {
 #define PROBE_DIAG_EVENT_ENUM_(name, str, desc) PROBE_DIAG_EVENT_##name,
@@ -441,18 +442,27 @@ AMPPROBE_API probe_status probe_postmortem_verdict_isolated(const char *path,
  *   first     the earliest non-finite record of any rank (a step whose
  *             only non-finite values are gradients and that the loss scaler
  *             skipped is a normal backoff, not an event), ordered by
- *             (step, phase, seq); ties (several ranks at the same point)
+ *             (step, phase, seq); a step with a non-finite loss - the
+ *             job's mean, so any rank's - is never a routine backoff;
+ *             ties (several ranks at the same point)
  *             go to the lowest rank and every tied rank is "born";
  *   origin    each rank's own first non-finite record (by step, phase,
  *             seq): a GRAD_POST_ALLREDUCE record means the rank received it
  *             through the all-reduce ("carried", at that step or later:
  *             what it sent into that bucket earlier in the step was finite,
  *             or a non-finite GRAD_PRE_ALLREDUCE / WEIGHT_GRAD record would
- *             have come first); any other site at the first step means it
- *             was born on that rank ("born"; a rank whose own first comes at
- *             a later step is "later"). Born on no rank but carried to
- *             some: the all-reduce itself made it (an FP16 sum of finite
- *             values overflowed);
+ *             have come first); a GRAD_PRE_ALLREDUCE record first means its
+ *             finite gradients overflowed when cast to the all-reduce's
+ *             dtype ("cast"); a rank whose own non-finite values at the
+ *             first step are gradients only, while another rank's forward
+ *             was non-finite and the all-reduce brought this one a
+ *             non-finite value, was reached by it ("carried": its own
+ *             overflow there is the scaler's routine); any other site at
+ *             the first step means it was born on that rank ("born"; a
+ *             rank whose own first comes at a later step is "later"). Born
+ *             on no rank: the all-reduce itself made it (a cast or an FP16
+ *             sum of finite values overflowed) - or, when ranks could not
+ *             be read, most likely one of those;
  *   disagreements  steps where the loss scale, the skipped flag or the
  *             weight digest differ between ranks (never in a correct DDP
  *             job), each compared with the first rank read that has the step;
@@ -488,8 +498,12 @@ typedef enum probe_rank_role {
                                   without) the all-reduce: born here */
   PROBE_RANK_ROLE_CARRIED = 2, /* a GRAD_POST_ALLREDUCE record: finite
                                   before the all-reduce, non-finite after */
-  PROBE_RANK_ROLE_LATER = 3    /* its own (not from the all-reduce), at a
+  PROBE_RANK_ROLE_LATER = 3,   /* its own (not from the all-reduce), at a
                                   later step */
+  PROBE_RANK_ROLE_CAST = 4     /* a GRAD_PRE_ALLREDUCE record first: its
+                                  gradients were finite, its all-reduce
+                                  bucket (cast to the all-reduce's dtype)
+                                  was not: born in the all-reduce */
 } probe_rank_role;
 
 typedef enum probe_ranks_origin {
@@ -536,6 +550,12 @@ typedef struct probe_rank_entry {
   char first_backoff_layer_name[PROBE_NAME_MAX * 4]; /* escaped */
   int post_records;      /* records of GRAD_POST_ALLREDUCE seen at nf_step */
   int32_t role;          /* probe_rank_role at the set's first step */
+  int nf_forward;        /* a non-finite record outside the backward at
+                            nf_step (its own forward or optimizer) */
+  int nf_post;           /* bits at nf_step: 1 a GRAD_POST_ALLREDUCE record
+                            non-finite (the all-reduce brought one); 2 one
+                            of them holds NaN */
+  int first_backoff_post; /* the same at first_backoff_step */
 } probe_rank_entry;
 
 /* Per-step values every rank of a DDP job must agree on. */
@@ -626,6 +646,8 @@ typedef struct probe_ranks {
   int origin_uncertain; /* an origin was found among the ranks read while
                            some rank is missing or unreadable: the value
                            may have been born on one of those */
+  int64_t n_cast;       /* ranks of role CAST (their all-reduce bucket
+                           non-finite first) */
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

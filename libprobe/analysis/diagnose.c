@@ -715,7 +715,11 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       origin = (int)i;
       kind = PROBE_DIAG_EVENT_ALLREDUCE;
     } else if (x->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
-      origin = (int)i; /* the cast to the all-reduce's dtype overflowed */
+      /* the cast to the all-reduce's dtype overflowed: the gradients
+       * before it were finite, or they would have come first; keeping a
+       * layer in FP32 does not change that cast */
+      origin = (int)i;
+      kind = PROBE_DIAG_EVENT_ALLREDUCE;
     } else if (is_fwd_out(x->site) || is_bwd_out(x->site)) {
       layer_step call = call_of(l, r, i);
       if (!inputs_nonfinite(&call, r, x->site)) origin = (int)i;

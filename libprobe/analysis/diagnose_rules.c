@@ -384,6 +384,22 @@ static double score_allreduce(const rank_ctx *c) {
 }
 static void explain_allreduce(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
+  if (d->origin_site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
+    set_title(f, "the all-reduce bucket of '%s' overflowed when cast to the "
+                 "all-reduce's dtype at step %lld: its gradients were finite",
+              c->oname, (long long)d->event_step);
+    add_evidence(f, "grad_pre_allreduce of '%s' holds %llu NaN, %llu inf of "
+                    "%llu values; the gradients before it were finite",
+                 c->oname, (unsigned long long)d->origin_out.nan_count,
+                 (unsigned long long)(d->origin_out.posinf_count +
+                                      d->origin_out.neginf_count),
+                 (unsigned long long)d->origin_out.count);
+    set_next(f, "all-reduce the gradients in FP32 (--allreduce-dtype fp32), "
+                "or pre-divide them by the world size before an FP16 sum "
+                "(--allreduce-prediv); keeping layers in FP32 does not change "
+                "the all-reduce's dtype");
+    return;
+  }
   set_title(f, "the gradient all-reduce of '%s' returned inf/NaN at step %lld "
                "while this rank sent finite values",
             c->oname, (long long)d->event_step);

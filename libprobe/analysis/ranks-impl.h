@@ -17,12 +17,14 @@ typedef struct probe__rstep {
   double scale;
   uint64_t digest;
   uint8_t skipped;
-  uint8_t has; /* bits: 1 scale, 2 skipped, 4 digest measured */
+  uint8_t has; /* bits: 1 scale, 2 skipped, 4 digest measured; 8 the
+                  loss was measured and not finite */
 } probe__rstep;
 
 #define PROBE__RS_SCALE 1u
 #define PROBE__RS_SKIPPED 2u
 #define PROBE__RS_DIGEST 4u
+#define PROBE__RS_LOSS_NF 8u
 
 /* One file's summary: the entry (path and error not set) and its steps. */
 typedef struct probe__rsum {

@@ -367,6 +367,8 @@ static void take_backoff(probe_rank_entry *e) {
   e->nf_layer = e->first_backoff_layer;
   e->nf_site = e->first_backoff_site;
   e->pre_nonfinite = 0; /* not known for a backoff; unused by the roles */
+  e->nf_forward = 0;    /* a backoff has only gradients non-finite */
+  e->nf_post = e->first_backoff_post;
   memcpy(e->nf_layer_name, e->first_backoff_layer_name,
          sizeof e->nf_layer_name);
 }
@@ -415,6 +417,8 @@ static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) 
     e->nf_site = s->e.nf_site;
     e->pre_nonfinite = s->e.pre_nonfinite;
     e->post_records = s->e.post_records;
+    e->nf_forward = s->e.nf_forward;
+    e->nf_post = s->e.nf_post;
     memcpy(e->nf_layer_name, s->e.nf_layer_name, sizeof e->nf_layer_name);
   }
   probe__rworker_stop(&w, NULL);
@@ -423,6 +427,25 @@ static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) 
   free(paths);
   free(which);
   return st;
+}
+
+/* Whether a rank's first non-finite record at the set's first step s is
+ * the value another rank was born with, brought by the all-reduce: its
+ * own non-finite values there are gradients only (its forward finite)
+ * while another rank's forward was not, and the all-reduce brought it a
+ * non-finite one. Its own gradients' overflow on that step is then the
+ * scaler's routine, which the job's skip of that step took care of; it
+ * did not make the NaN the others hold. */
+static int reached_by_allreduce(const probe_ranks *r, const probe_rank_entry *e,
+                                int64_t s) {
+  if (e->nf_step != s || e->nf_forward || !e->nf_post) return 0;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *o = &r->entries[i];
+    if (o != e && o->status == PROBE_RANK_READ && o->nf_step == s &&
+        o->nf_forward)
+      return 1;
+  }
+  return 0;
 }
 
 /* Each rank's role, and the origin. */
@@ -443,9 +466,16 @@ static void assign_roles(probe_ranks *r) {
     if (e->nf_step < 0) {
       e->role = PROBE_RANK_ROLE_NONE;
       r->n_unreached++;
-    } else if (e->nf_site == PROBE_SITE_GRAD_POST_ALLREDUCE) {
+    } else if (e->nf_site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
+      /* its gradients were finite; their all-reduce bucket, cast to the
+       * all-reduce's dtype, was not */
+      e->role = PROBE_RANK_ROLE_CAST;
+      r->n_cast++;
+    } else if (e->nf_site == PROBE_SITE_GRAD_POST_ALLREDUCE ||
+               reached_by_allreduce(r, e, s)) {
       /* its own bucket of that layer, sent earlier in the step, was finite
-       * (a non-finite one would have come first) */
+       * (a non-finite one would have come first); or another rank's
+       * forward NaN reached it on a step its own gradients overflowed */
       e->role = PROBE_RANK_ROLE_CARRIED;
       r->n_carried++;
       if (r->carried_first_step < 0 || e->nf_step < r->carried_first_step)
@@ -530,16 +560,62 @@ static void carry_when(const probe_ranks *r, char *buf, size_t cap) {
              (long long)r->carried_last_step);
 }
 
+/* Whether the born ranks' first records are at different layers or sites. */
+static int born_sites_differ(const probe_ranks *r) {
+  const probe_rank_entry *f = &r->entries[r->first];
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->role == PROBE_RANK_ROLE_BORN &&
+        (e->nf_site != f->nf_site || e->nf_layer != f->nf_layer))
+      return 1;
+  }
+  return 0;
+}
+
+#define BORN_SITES_SHOWN 4 /* ranks whose own sites the origin lists */
+
+/* "born on ranks 0-1 (step 3, input/fwd_out)", or with each born rank's
+ * own layer and site when they differ (a NaN input on one rank, an FP16
+ * overflow on another: two causes, two fixes). Returns the length. */
+static size_t text_born(probe_ranks *r, const char *born) {
+  char *o = r->origin_text;
+  size_t cap = sizeof r->origin_text, at = 0;
+#define APPEND(...)                                                            \
+  do {                                                                         \
+    if (at < cap) {                                                            \
+      int n_ = snprintf(o + at, cap - at, __VA_ARGS__);                        \
+      at += n_ > 0 ? (size_t)n_ : 0;                                           \
+    }                                                                          \
+  } while (0)
+  const probe_rank_entry *f = &r->entries[r->first];
+  APPEND("born on rank%s %s (step %lld", r->n_born > 1 ? "s" : "", born,
+         (long long)r->event_step);
+  if (!born_sites_differ(r)) {
+    APPEND(", %s/%s)", f->nf_layer_name,
+           f->nf_site >= 0 ? probe_site_name((probe_site)f->nf_site) : "?");
+  } else {
+    int shown = 0;
+    for (size_t i = 0; i < r->n_entries; i++) {
+      const probe_rank_entry *e = &r->entries[i];
+      if (e->role != PROBE_RANK_ROLE_BORN) continue;
+      if (shown++ == BORN_SITES_SHOWN) {
+        APPEND("; ...");
+        break;
+      }
+      APPEND("%s rank %d %s/%s", shown == 1 ? ":" : ";", (int)e->rank,
+             e->nf_layer_name,
+             e->nf_site >= 0 ? probe_site_name((probe_site)e->nf_site) : "?");
+    }
+    APPEND("; different sites: each rank's own post-mortem has its cause)");
+  }
+#undef APPEND
+  return at;
+}
+
 static void text_rank_origin(probe_ranks *r, const char *born,
                              const char *carried) {
   const probe_rank_entry *f = &r->entries[r->first];
-  int n = snprintf(r->origin_text, sizeof r->origin_text,
-                   "born on rank%s %s (step %lld, %s/%s)",
-                   r->n_born > 1 ? "s" : "", born, (long long)r->event_step,
-                   f->nf_layer_name,
-                   f->nf_site >= 0 ? probe_site_name((probe_site)f->nf_site)
-                                   : "?");
-  size_t at = n > 0 ? (size_t)n : 0;
+  size_t at = text_born(r, born);
   if (at < sizeof r->origin_text && r->n_carried) {
     char when[64];
     carry_when(r, when, sizeof when);
@@ -582,6 +658,76 @@ static void note_uncertain(probe_ranks *r) {
              (long long)(r->n_missing + r->n_unreadable));
 }
 
+/* No rank read holds it before the all-reduce. With every rank read, the
+ * all-reduce made it: a bucket's cast to the all-reduce's dtype (CAST
+ * ranks) or the sum. With ranks not read, those are where it most likely
+ * came from - a sum of finite values is not NaN, and an FP32 sum of
+ * finite gradients does not overflow - so the text leads with them and
+ * the fix is to read them, not to change the all-reduce. */
+static void text_allreduce_origin(probe_ranks *r, const char *carried) {
+  char cast[160], lost[160];
+  probe__rank_list(r, 0, PROBE_RANK_ROLE_CAST, cast, sizeof cast);
+  int64_t n_lost = r->n_missing + r->n_unreadable;
+  int64_t nl = probe__rank_list(r, 1, PROBE_RANK_MISSING, lost, sizeof lost);
+  if (nl == 0) /* unreadable files whose rank is unknown */
+    snprintf(lost, sizeof lost, "%lld file%s", (long long)r->n_unreadable,
+             r->n_unreadable == 1 ? "" : "s");
+  const char *layer = r->entries[r->first].nf_layer_name;
+  const char *who = nl == 0 ? "" : nl == 1 ? "rank " : "ranks ";
+  const char *them = n_lost == 1 ? "it" : "them";
+  if (n_lost > 0 && (r->entries[r->first].nf_post & 2)) {
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "the all-reduce brought NaN to rank%s %s (step %lld, layer %s): "
+             "every rank read was finite before it, and a sum of finite "
+             "values is not NaN, so it was born on %s%s, which could not be "
+             "read",
+             r->n_carried + r->n_cast > 1 ? "s" : "",
+             r->n_carried ? carried : cast, (long long)r->event_step, layer,
+             who, lost);
+    snprintf(r->fix_text, sizeof r->fix_text,
+             "read the trace of %s%s (restore or re-record %s) to see where "
+             "it was born; the all-reduce did not make it",
+             who, lost, them);
+    return;
+  }
+  if (n_lost > 0) {
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "the all-reduce brought inf to rank%s %s (step %lld, layer %s): "
+             "every rank read was finite before it, so it was born on %s%s, "
+             "which could not be read, or in the all-reduce itself (an FP16 "
+             "sum of finite values that overflowed)",
+             r->n_carried + r->n_cast > 1 ? "s" : "",
+             r->n_carried ? carried : cast, (long long)r->event_step, layer,
+             who, lost);
+    snprintf(r->fix_text, sizeof r->fix_text,
+             "read the trace of %s%s (restore or re-record %s); if every "
+             "rank's gradients were finite, all-reduce them in FP32 "
+             "(--allreduce-dtype fp32) or pre-divide them by the world size "
+             "(--allreduce-prediv)",
+             who, lost, them);
+    return;
+  }
+  if (r->n_cast)
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "born in the all-reduce: every rank's gradients were finite, "
+             "their all-reduce bucket cast to its dtype was not on rank%s %s "
+             "(step %lld, layer %s)%s%s",
+             r->n_cast > 1 ? "s" : "", cast, (long long)r->event_step, layer,
+             r->n_carried ? "; the sum carried it to " : "",
+             r->n_carried ? carried : "");
+  else
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "born in the all-reduce: every rank's gradients were finite "
+             "before it, the sum was not (step %lld, layer %s; non-finite "
+             "after it on rank%s %s)",
+             (long long)r->event_step, layer, r->n_carried > 1 ? "s" : "",
+             carried);
+  snprintf(r->fix_text, sizeof r->fix_text,
+           "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or "
+           "pre-divide them by the world size before an FP16 sum "
+           "(--allreduce-prediv)");
+}
+
 static void write_texts(probe_ranks *r) {
   char born[160], carried[160];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_BORN, born, sizeof born);
@@ -589,16 +735,7 @@ static void write_texts(probe_ranks *r) {
   if (r->origin == PROBE_RANKS_ORIGIN_RANK) {
     text_rank_origin(r, born, carried);
   } else if (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE) {
-    snprintf(r->origin_text, sizeof r->origin_text,
-             "born in the all-reduce: every rank's gradients were finite "
-             "before it, the sum was not (step %lld, layer %s; non-finite "
-             "after it on rank%s %s)",
-             (long long)r->event_step, r->entries[r->first].nf_layer_name,
-             r->n_carried > 1 ? "s" : "", carried);
-    snprintf(r->fix_text, sizeof r->fix_text,
-             "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or "
-             "pre-divide them by the world size before an FP16 sum "
-             "(--allreduce-prediv)");
+    text_allreduce_origin(r, carried);
   } else if (r->origin == PROBE_RANKS_ORIGIN_LOSS_ONLY) {
     snprintf(r->origin_text, sizeof r->origin_text,
              "the loss went non-finite first on rank %d at step %lld; no "
@@ -610,7 +747,9 @@ static void write_texts(probe_ranks *r) {
   }
   r->origin_uncertain = r->origin != PROBE_RANKS_ORIGIN_NONE &&
                         r->n_missing + r->n_unreadable > 0;
-  if (r->origin_uncertain) note_uncertain(r);
+  /* (an all-reduce origin says itself what the ranks not read mean) */
+  if (r->origin_uncertain && r->origin != PROBE_RANKS_ORIGIN_ALLREDUCE)
+    note_uncertain(r);
 }
 
 /* ---- the entry point ----------------------------------------------------- */

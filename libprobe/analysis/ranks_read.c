@@ -62,9 +62,11 @@ static void take_step(probe__rsum *s, const probe_step_scalars *sc,
   if (!PROBE__UNMEASURED(sc, PROBE_SCALAR_WEIGHT_DIGEST))
     r->has |= PROBE__RS_DIGEST;
   if (r->skipped && (r->has & PROBE__RS_SKIPPED)) s->e.skipped_steps++;
-  if (!PROBE__UNMEASURED(sc, PROBE__SC_LOSS) && !isfinite(sc->loss) &&
-      s->e.first_nonfinite_loss_step < 0)
-    s->e.first_nonfinite_loss_step = sc->step;
+  if (!PROBE__UNMEASURED(sc, PROBE__SC_LOSS) && !isfinite(sc->loss)) {
+    r->has |= PROBE__RS_LOSS_NF;
+    if (s->e.first_nonfinite_loss_step < 0)
+      s->e.first_nonfinite_loss_step = sc->step;
+  }
 }
 
 static probe_status read_steps(probe__rsum *s, probe_trace *t, int64_t n) {
@@ -111,7 +113,7 @@ typedef struct step_acc {
   int64_t step;
   int any_nf, fwd_nf; /* a non-finite record; one outside the backward */
   probe_record first;
-  int pre_nf, post_records;
+  int pre_nf, post_nf, post_records;
 } step_acc;
 
 static void acc_reset(step_acc *a, int64_t step) {
@@ -124,6 +126,8 @@ static void acc_take(step_acc *a, const probe_record *r) {
   if (!nonfinite(&r->stats)) return;
   int ph = (int)probe_site_phase((probe_site)r->site);
   if (r->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) a->pre_nf = 1;
+  if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE)
+    a->post_nf |= 1 | (r->stats.nan_count ? 2 : 0);
   if (ph != PROBE_PHASE_BACKWARD) a->fwd_nf = 1;
   if (a->any_nf) {
     int pf = (int)probe_site_phase((probe_site)a->first.site);
@@ -133,8 +137,12 @@ static void acc_take(step_acc *a, const probe_record *r) {
   a->first = *r;
 }
 
-/* The step skipped by the loss scaler (the rank's steps are sorted). */
-static int step_skipped(const probe__rsum *s, int64_t step) {
+/* A normal scaler backoff's step: skipped by the loss scaler, with a
+ * finite loss (a non-finite loss - the job's mean, so any rank's - is an
+ * event, never the scaler's routine: a rank that got its NaN through the
+ * all-reduce on that skipped step was reached by it). The rank's steps
+ * are sorted. */
+static int step_routine_skip(const probe__rsum *s, int64_t step) {
   int64_t lo = 0, hi = s->e.n_steps;
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
@@ -143,23 +151,26 @@ static int step_skipped(const probe__rsum *s, int64_t step) {
     else
       hi = mid;
   }
-  return lo < s->e.n_steps && s->steps[lo].step == step &&
-         (s->steps[lo].has & PROBE__RS_SKIPPED) && s->steps[lo].skipped;
+  if (lo >= s->e.n_steps || s->steps[lo].step != step) return 0;
+  const probe__rstep *r = &s->steps[lo];
+  return (r->has & PROBE__RS_SKIPPED) && r->skipped &&
+         !(r->has & PROBE__RS_LOSS_NF);
 }
 
 /* A finished step: a normal backoff (only gradients non-finite, on a step
- * the scaler skipped) is counted; anything else non-finite is the event.
- * Returns 1 when the event was found. */
+ * the scaler skipped, the loss finite) is counted; anything else
+ * non-finite is the event. Returns 1 when the event was found. */
 static int acc_finish(probe__rsum *s, const step_acc *a) {
   probe_rank_entry *e = &s->e;
   if (!a->any_nf) return 0;
-  if (s->raw_from < 0 && !a->fwd_nf && step_skipped(s, a->step)) {
+  if (s->raw_from < 0 && !a->fwd_nf && step_routine_skip(s, a->step)) {
     if (e->backoff_nonfinite_steps++ == 0) {
       e->first_backoff_step = a->step;
       e->first_backoff_site = a->first.site;
       e->first_backoff_phase = (int32_t)probe_site_phase((probe_site)a->first.site);
       e->first_backoff_seq = a->first.seq;
       e->first_backoff_layer = a->first.layer;
+      e->first_backoff_post = a->post_nf;
     }
     return 0;
   }
@@ -170,6 +181,8 @@ static int acc_finish(probe__rsum *s, const step_acc *a) {
   e->nf_site = a->first.site;
   e->pre_nonfinite = a->pre_nf;
   e->post_records = a->post_records;
+  e->nf_forward = a->fwd_nf;
+  e->nf_post = a->post_nf;
   return 1;
 }
 

@@ -71,6 +71,7 @@ static const char *role_name(int32_t role) {
   return role == PROBE_RANK_ROLE_BORN      ? "born"
          : role == PROBE_RANK_ROLE_CARRIED ? "carried"
          : role == PROBE_RANK_ROLE_LATER   ? "later"
+         : role == PROBE_RANK_ROLE_CAST    ? "cast"
                                            : "none";
 }
 
@@ -318,6 +319,7 @@ static void json_origin(probe__jw *w, const probe_ranks *r) {
   probe__jw_step(w, "step", r->event_step);
   json_rank_array(w, "born_on", r, 0, PROBE_RANK_ROLE_BORN);
   json_rank_array(w, "carried_to", r, 0, PROBE_RANK_ROLE_CARRIED);
+  json_rank_array(w, "cast_on", r, 0, PROBE_RANK_ROLE_CAST);
   probe__jw_step(w, "carried_first_step", r->carried_first_step);
   probe__jw_step(w, "carried_last_step", r->carried_last_step);
   json_rank_array(w, "later", r, 0, PROBE_RANK_ROLE_LATER);

@@ -49,10 +49,14 @@ typedef struct fault {
   int no_digest;              /* digest not measured */
   int64_t kill_after;         /* the writer dies after this step (flushed) */
   int killed_at_open;         /* the writer dies before its first step */
+  int64_t cast_inf_step;      /* fc2's gradient is finite, its all-reduce
+                                 bucket (cast to FP16) is not */
+  int grad_inf_layer;         /* the layer of grad_inf_step: L_FC1 (the
+                                 default) or L_FC2 (first in the backward) */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1};
   return f;
 }
 
@@ -91,7 +95,8 @@ static void rank_path(const job *j, int r, char *out, size_t cap) {
 static int any_pre_bad(const job *j, int64_t step, int layer) {
   for (int r = 0; r < j->world; r++)
     if (j->f[r].nan_input_step == step ||
-        (layer == L_FC1 && j->f[r].grad_inf_step == step))
+        (layer == j->f[r].grad_inf_layer && j->f[r].grad_inf_step == step) ||
+        (layer == L_FC2 && j->f[r].cast_inf_step == step))
       return 1;
   return 0;
 }
@@ -158,11 +163,12 @@ static int wopen(wr *w, const job *j, int r, const char *run_id) {
 static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
                            int fwd_bad) {
   const fault *f = &j->f[r];
-  int local = fwd_bad || (layer == L_FC1 && f->grad_inf_step == step);
+  int local = fwd_bad || (layer == f->grad_inf_layer && f->grad_inf_step == step);
   int mine = local ? (fwd_bad ? 1 : 2) : 0;
   rec(w, layer, PROBE_SITE_WEIGHT_GRAD, 4.0f, mine);
   if (j->no_allreduce) return;
-  rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, 4.0f, mine);
+  int cast = layer == L_FC2 && f->cast_inf_step == step;
+  rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, 4.0f, mine ? mine : cast ? 2 : 0);
   int post = any_pre_bad(j, step, layer) ? 1 : any_post_inf(j, step, layer) ? 2 : 0;
   rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, 4.0f * (float)j->world, post);
 }
@@ -440,10 +446,12 @@ START_TEST(test_backoffs_are_not_events) {
   run_set(&r, &j, -1, 1);
   ck_assert_int_eq(r.entries[r.first].rank, 3);
   ck_assert_int_eq(r.event_step, 7);
-  /* rank 0: its own at 0, rank 1's through the all-reduce at 2, rank 3's
-   * NaN at 7 (all skipped); rank 3 stops at its event */
-  ck_assert_int_eq(entry_of(&r, 0)->backoff_nonfinite_steps, 3);
-  ck_assert_int_eq(entry_of(&r, 1)->backoff_nonfinite_steps, 3);
+  /* rank 0: its own at 0, rank 1's through the all-reduce at 2 (skipped,
+   * the loss finite: backoffs); rank 3's NaN at 7 is skipped too, but the
+   * job's loss is NaN there: the event, reached through the all-reduce,
+   * not a backoff; rank 3 stops at its event */
+  ck_assert_int_eq(entry_of(&r, 0)->backoff_nonfinite_steps, 2);
+  ck_assert_int_eq(entry_of(&r, 1)->backoff_nonfinite_steps, 2);
   ck_assert_int_eq(entry_of(&r, 3)->backoff_nonfinite_steps, 2);
   ck_assert_int_eq(entry_of(&r, 1)->first_backoff_step, 0);
   ck_assert_int_eq(entry_of(&r, 0)->nf_step, 7);
@@ -587,9 +595,14 @@ START_TEST(test_allreduce_with_missing_rank) {
   run_set(&r, &j, 2, 0);
   ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
   ck_assert_int_eq(r.origin_uncertain, 1);
-  ck_assert_msg(strstr(r.origin_text, "but rank 2 could not be read: the value "
-                                      "may as well have been born on it"),
+  /* every rank read was finite before the all-reduce and it brought inf:
+   * the rank not read, or an FP16 sum that overflowed; the fix reads that
+   * rank first */
+  ck_assert_msg(strstr(r.origin_text, "born on rank 2, which could not be "
+                                      "read, or in the all-reduce itself"),
                 "%s", r.origin_text);
+  ck_assert_msg(strstr(r.fix_text, "read the trace of rank 2"), "%s",
+                r.fix_text);
   json_t *doc = ranks_json(&r);
   ck_assert(json_is_true(json_object_get(json_object_get(doc, "origin"),
                                          "uncertain")));
@@ -1206,6 +1219,126 @@ START_TEST(test_cli_diff_sets) {
 }
 END_TEST
 
+/* ---- classes from the multi-rank audit ------------------------------------ */
+
+/* The origin rank's file is lost in a job with a loss scaler: the others
+ * got its NaN through the all-reduce on a step the scaler skipped. That
+ * step's loss (the job's mean) is NaN, so it is no routine backoff: the
+ * ranks read were reached, and the rank not read is named (it was "the
+ * loss went non-finite first on rank 0; no per-layer record shows
+ * where"). */
+START_TEST(test_lost_origin_with_scaler) {
+  job j;
+  job_init(&j, "lostorigin", 4, 10);
+  j.f[2].nan_input_step = 5;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, 2, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  ck_assert_int_eq(r.origin_uncertain, 1);
+  ck_assert_int_eq(r.event_step, 5);
+  check_origin(&r, "allreduce", "", "0,1,3");
+  /* NaN: a sum of finite values is not NaN - the lost rank made it */
+  ck_assert_msg(strstr(r.origin_text, "is not NaN, so it was born on rank 2, "
+                                      "which could not be read"),
+                "%s", r.origin_text);
+  ck_assert_msg(!strstr(r.fix_text, "--allreduce-dtype"), "%s", r.fix_text);
+  ck_assert_msg(strstr(r.fix_text, "read the trace of rank 2"), "%s",
+                r.fix_text);
+  for (int k = 0; k < 4; k++)
+    if (k != 2) ck_assert_int_eq(entry_of(&r, k)->backoff_nonfinite_steps, 0);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A routine overflow of rank 0's own gradients on the very step rank 1's
+ * input is NaN: rank 1 is born, rank 0 was reached by the all-reduce (it
+ * was "born on ranks 0-1 (step 5, input/fwd_out)"); in both modes. */
+START_TEST(test_backoff_coincides_with_nan) {
+  for (int flight = 0; flight < 2; flight++) {
+    job j;
+    job_init(&j, flight ? "coincide_fr" : "coincide", 3, 10);
+    j.flight = flight;
+    j.f[0].grad_inf_step = 5;
+    j.f[0].grad_inf_layer = L_FC2; /* before the all-reduce brings the NaN */
+    j.f[1].nan_input_step = 5;
+    j.f[2].grad_inf_step = 2; /* a routine backoff before it, too */
+    write_job(&j);
+    probe_ranks r;
+    run_set(&r, &j, -1, flight);
+    ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_RANK);
+    ck_assert_int_eq(r.entries[r.first].rank, 1);
+    check_origin(&r, "rank", "1", "0,2");
+    ck_assert_int_eq(entry_of(&r, 0)->role, PROBE_RANK_ROLE_CARRIED);
+    ck_assert_msg(strstr(r.origin_text, "born on rank 1 (step 5, input/"),
+                  "%s", r.origin_text);
+    probe_ranks_free(&r);
+  }
+}
+END_TEST
+
+/* Finite gradients whose all-reduce bucket overflows when cast to FP16 on
+ * every rank: born in the all-reduce (its cast), with the all-reduce's fix
+ * - in the cross-rank origin and in the rank's own diagnosis (it was "born
+ * on ranks 0-1 ... grad_pre_allreduce", and the rank's first finding was
+ * "keep fc2 in FP32", which does not change the all-reduce). */
+START_TEST(test_allreduce_cast_overflow) {
+  job j;
+  job_init(&j, "cast", 2, 6);
+  j.no_scaler = 1;
+  j.f[0].cast_inf_step = j.f[1].cast_inf_step = 0;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  ck_assert_int_eq(r.n_cast, 2);
+  ck_assert_int_eq(r.n_born, 0);
+  ck_assert_int_eq(entry_of(&r, 0)->role, PROBE_RANK_ROLE_CAST);
+  ck_assert_msg(strstr(r.origin_text, "cast to its dtype was not on ranks 0-1"),
+                "%s", r.origin_text);
+  ck_assert_msg(strstr(r.fix_text, "--allreduce-dtype fp32"), "%s", r.fix_text);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(json_object_get(doc, "origin"), "cast_on"), b,
+           sizeof b);
+  ck_assert_str_eq(b, "0,1");
+  json_decref(doc);
+  ck_assert_ptr_nonnull(r.focus_diag);
+  ck_assert_int_eq(r.focus_diag->event, PROBE_DIAG_EVENT_ALLREDUCE);
+  ck_assert_int_ge(r.focus_diag->n_findings, 1);
+  ck_assert_int_eq(r.focus_diag->findings[0].id,
+                   PROBE_DIAG_FINDING_FIX_ALLREDUCE);
+  ck_assert_msg(strstr(r.focus_diag->findings[0].title, "overflowed when cast"),
+                "%s", r.focus_diag->findings[0].title);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Two ranks born at one step with different causes: each rank's own layer
+ * and site is in the origin (only the first rank's was). */
+START_TEST(test_born_sites_listed) {
+  job j;
+  job_init(&j, "twosites", 3, 8);
+  j.f[0].nan_input_step = 3;
+  j.f[1].masked_step = 3;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  check_origin(&r, "rank", "0,1", "2");
+  ck_assert_msg(strstr(r.origin_text, "rank 0 input/fwd_out; rank 1 fc1/fwd_out"),
+                "%s", r.origin_text);
+  probe_ranks_free(&r);
+  /* the same site on both: said once */
+  job_init(&j, "samesite", 3, 8);
+  j.f[0].nan_input_step = j.f[1].nan_input_step = 3;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_msg(strstr(r.origin_text, "born on ranks 0-1 (step 3, input/fwd_out)"),
+                "%s", r.origin_text);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1230,6 +1363,10 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_hostile_path_escaped);
   tcase_add_test(tc, test_cli_sets);
   tcase_add_test(tc, test_cli_diff_sets);
+  tcase_add_test(tc, test_lost_origin_with_scaler);
+  tcase_add_test(tc, test_backoff_coincides_with_nan);
+  tcase_add_test(tc, test_allreduce_cast_overflow);
+  tcase_add_test(tc, test_born_sites_listed);
   suite_add_tcase(s, tc);
   return s;
 }
