@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "ampprobe/analysis.h"
@@ -77,12 +78,23 @@ static int print_out(probe_status st, char *out) {
   return rc;
 }
 
-/* One trace: today's post-mortem. */
-static int one_trace(const char *path, int json,
+static int rank_set(const char *const *paths, size_t n, int json,
+                    const probe_diag_options *opt);
+
+/* One trace: today's post-mortem. from_set: it is all a directory or a
+ * glob held; then a rank file of a job of several ranks is a set of one,
+ * whose missing ranks the cross-rank post-mortem names (the one-process
+ * report said nothing of them, and advised running over the directory). */
+static int one_trace(const char *path, int from_set, int json,
                      const probe_diag_options *opt) {
   probe_trace *t = NULL;
   int rc0 = cli_open_trace(SUB, &t, path);
   if (rc0) return rc0;
+  const probe_trace_info *in = probe_trace_get_info(t);
+  if (from_set && in && in->rank >= 0 && in->world_size > 1) {
+    probe_trace_close(t);
+    return rank_set(&path, 1, json, opt);
+  }
   probe_diag d;
   probe_status st = probe_diag_run(&d, t, path, opt);
   if (st < 0) {
@@ -172,8 +184,13 @@ int cmd_postmortem(int argc, char **argv) {
   }
   int rc = 0;
   for (size_t i = 0; i < n && !rc; i++) rc = cli_check_input(SUB, paths[i]);
+  /* one argument naming a file is that file; a directory or a glob is a
+   * set, even of one */
+  struct stat sb;
+  int from_set = argc - optind > 1 || stat(argv[optind], &sb) != 0 ||
+                 !S_ISREG(sb.st_mode);
   if (!rc)
-    rc = n == 1 ? one_trace(paths[0], json, &opt)
+    rc = n == 1 ? one_trace(paths[0], from_set, json, &opt)
                 : rank_set((const char *const *)paths, n, json, &opt);
   probe_trace_set_free(paths, n);
   return rc;

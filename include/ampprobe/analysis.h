@@ -648,6 +648,10 @@ typedef struct probe_ranks {
                            may have been born on one of those */
   int64_t n_cast;       /* ranks of role CAST (their all-reduce bucket
                            non-finite first) */
+  int64_t n_ended_early; /* ranks that closed their trace before the
+                            furthest rank's last step (an exception, an
+                            early exit: they did not crash) */
+  int32_t ended_early;   /* entry index of the one that ended first, -1 */
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

@@ -28,7 +28,9 @@ typedef struct merger {
   size_t cap_tmp;
   int first_meta;      /* the first read file's run id is known */
   char run_id[PROBE_NAME_MAX * 2];
-  size_t run_id_file;  /* index of the file that gave it */
+  size_t run_id_file;  /* index of the file that gave it (and its world
+                          size: every file of one job has the same) */
+  int32_t world_size;
   size_t *rank_entry;  /* rank -> entry index + 1 (0: none yet) */
   size_t n_rank_entry;
   size_t cap_entries;  /* allocated r->entries */
@@ -180,12 +182,22 @@ static probe_status check_member(probe_ranks *r, merger *m,
     m->first_meta = 1;
     snprintf(m->run_id, sizeof m->run_id, "%s", s->run_id);
     m->run_id_file = i;
+    m->world_size = s->e.world_size;
     return PROBE_OK;
   }
   if (strcmp(m->run_id, s->run_id) != 0) {
     refuse(r, "mixed run ids: %s has run id '%s', %s has '%s'; these files "
               "are not one job",
            paths[m->run_id_file], m->run_id, path, s->run_id);
+    return PROBE_ERR_INVALID_ARG;
+  }
+  if (s->e.world_size != m->world_size) {
+    char wa[24], wb[24];
+    snprintf(wa, sizeof wa, "%d", (int)m->world_size);
+    snprintf(wb, sizeof wb, "%d", (int)s->e.world_size);
+    refuse(r, "mixed world sizes: %s has world size %s, %s has %s; these "
+              "files are not one job",
+           paths[m->run_id_file], wa, path, wb);
     return PROBE_ERR_INVALID_ARG;
   }
   size_t rk = (size_t)s->e.rank;
@@ -325,6 +337,20 @@ static int nf_before(const probe_rank_entry *a, const probe_rank_entry *b) {
   return a->rank < b->rank;
 }
 
+/* Closed traces that end before the furthest rank's last step. */
+static void find_ended_early(probe_ranks *r) {
+  r->ended_early = -1;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ || !e->complete ||
+        e->last_step >= r->max_last_step)
+      continue;
+    r->n_ended_early++;
+    if (r->ended_early < 0 || e->last_step < r->entries[r->ended_early].last_step)
+      r->ended_early = (int32_t)i;
+  }
+}
+
 static void find_first(probe_ranks *r) {
   r->first = r->first_loss = r->stopped_first = -1;
   r->event_step = r->max_last_step = -1;
@@ -349,6 +375,7 @@ static void find_first(probe_ranks *r) {
                                       .first_nonfinite_loss_step))
       r->first_loss = (int32_t)i;
   }
+  find_ended_early(r);
 }
 
 /* The rank's first backoff as its first non-finite record, when it comes
@@ -542,6 +569,7 @@ static void set_verdict(probe_ranks *r) {
                                   : PROBE_VERDICT_HEALTHY;
   int degraded = r->n_disagreements > 0 || r->n_missing > 0 ||
                  r->n_unreadable > 0 || r->n_incomplete > 0 ||
+                 r->n_ended_early > 0 ||
                  r->origin != PROBE_RANKS_ORIGIN_NONE ||
                  (r->focus >= 0 && !r->focus_diag && r->focus_status < 0);
   if (degraded && v < PROBE_VERDICT_DEGRADED) v = PROBE_VERDICT_DEGRADED;
@@ -801,6 +829,7 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
   if (!r) return PROBE_ERR_INVALID_ARG;
   memset(r, 0, sizeof *r);
   r->first = r->focus = r->stopped_first = r->first_loss = -1;
+  r->ended_early = -1;
   r->event_step = -1;
   if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
   for (size_t i = 0; i < n_paths; i++)

@@ -184,17 +184,18 @@ static void text_faults(const probe_ranks *r, FILE *f) {
               (int)s->rank, at, tied > 1 ? " with others at the same step" : "",
               (long long)r->max_last_step);
   }
+  if (r->n_ended_early) {
+    const probe_rank_entry *s = &r->entries[r->ended_early];
+    fprintf(f, "ended early       rank %d closed its trace at step %lld%s; the "
+               "furthest rank reached step %lld (an exception or an early "
+               "exit on that rank?)\n",
+            (int)s->rank, (long long)s->last_step,
+            r->n_ended_early > 1 ? " (and others before the end)" : "",
+            (long long)r->max_last_step);
+  }
   if (r->n_missing) {
-    char list[160];
-    int64_t k = 0;
-    size_t len = 0;
-    list[0] = '\0';
-    for (size_t i = 0; i < r->n_entries && len < sizeof list; i++)
-      if (r->entries[i].status == PROBE_RANK_MISSING) {
-        int n = snprintf(list + len, sizeof list - len, "%s%d", k++ ? ", " : "",
-                         (int)r->entries[i].rank);
-        len += n > 0 ? (size_t)n : 0;
-      }
+    char list[160]; /* ranges, cut with "..." */
+    probe__rank_list(r, 1, PROBE_RANK_MISSING, list, sizeof list);
     fprintf(f, "MISSING           rank%s %s: world size %d, no file\n",
             r->n_missing > 1 ? "s" : "", list, (int)r->world_size);
   }
@@ -427,6 +428,14 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   json_origin(w, r);
   json_disagreements(w, r);
   json_stopped(w, r);
+  probe__jw_arr(w, "ended_early");
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status == PROBE_RANK_READ && e->complete &&
+        e->last_step < r->max_last_step)
+      probe__jw_int(w, NULL, e->rank);
+  }
+  probe__jw_end(w, ']');
   probe__jw_arr(w, "ranks");
   for (size_t i = 0; i < r->n_entries; i++) json_entry(w, &r->entries[i]);
   probe__jw_end(w, ']');

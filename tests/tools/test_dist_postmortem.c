@@ -11,6 +11,7 @@
  * run ids, and the single-file document unchanged.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 #include <check.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -30,7 +31,7 @@
 #endif
 
 #define N 16
-#define MAX_WORLD 16
+#define MAX_WORLD 128
 enum { L_INPUT, L_FC1, L_FC2, L_LOSS, N_LAYERS };
 
 /* What goes wrong on one rank. -1 = never. */
@@ -53,10 +54,12 @@ typedef struct fault {
                                  bucket (cast to FP16) is not */
   int grad_inf_layer;         /* the layer of grad_inf_step: L_FC1 (the
                                  default) or L_FC2 (first in the backward) */
+  int64_t close_after;        /* the writer closes its trace after this
+                                 step (an exception: not killed) */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1};
   return f;
 }
 
@@ -235,7 +238,9 @@ static void write_rank_id(const job *j, int r, const char *run_id) {
   }
   wr w;
   ck_assert_int_eq(wopen(&w, j, r, run_id), 0);
-  for (int64_t s = 0; s < j->steps; s++) write_step(&w, j, r, s);
+  for (int64_t s = 0; s < j->steps && (j->f[r].close_after < 0 ||
+                                        s <= j->f[r].close_after); s++)
+    write_step(&w, j, r, s);
   ck_assert_int_eq(probe_session_close(w.s), PROBE_OK);
 }
 
@@ -1339,6 +1344,122 @@ START_TEST(test_born_sites_listed) {
 }
 END_TEST
 
+/* Files of one run id whose world sizes differ are not one job: refused
+ * (they were read as one job of the larger size, "MISSING ranks 2, 3"). */
+START_TEST(test_mixed_world_sizes_refused) {
+  job a, b;
+  job_init(&a, "ws2", 2, 4);
+  job_init(&b, "ws4", 4, 4);
+  write_rank_id(&a, 0, "job-42");
+  write_rank_id(&b, 1, "job-42");
+  char p0[256], p1[256];
+  rank_path(&a, 0, p0, sizeof p0);
+  rank_path(&b, 1, p1, sizeof p1);
+  const char *ptrs[2] = {p0, p1};
+  probe_ranks r;
+  ck_assert_int_eq(probe_ranks_run(&r, ptrs, 2, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(r.error, "mixed world sizes"), "%s", r.error);
+  ck_assert_msg(strstr(r.error, "world size 2") && strstr(r.error, "has 4"),
+                "%s", r.error);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A directory (or glob) left with one rank file of a two-rank job is a set
+ * of one: the missing rank is named; the file named alone is still the
+ * one-process post-mortem. */
+START_TEST(test_cli_set_of_one) {
+  static char out[1 << 20];
+  job j;
+  job_init(&j, "setofone", 2, 6);
+  write_job(&j);
+  char p1[256], args[1200];
+  rank_path(&j, 1, p1, sizeof p1);
+  ck_assert_int_eq(unlink(p1), 0);
+  snprintf(args, sizeof args, "postmortem --json '%s'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "kind")), "ranks");
+  char b[64];
+  int_list(json_object_get(doc, "ranks_missing"), b, sizeof b);
+  ck_assert_str_eq(b, "1");
+  json_decref(doc);
+  snprintf(args, sizeof args, "postmortem '%s/t.rank*.h5'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "MISSING           rank 1"), "%s", out);
+  char p0[256];
+  rank_path(&j, 0, p0, sizeof p0);
+  snprintf(args, sizeof args, "postmortem --json '%s'", p0);
+  run_cli(args, out, sizeof out);
+  doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_ptr_null(json_object_get(doc, "ranks_missing"));
+  json_decref(doc);
+}
+END_TEST
+
+/* A rank that closed its trace steps before the others (an exception on
+ * that rank, not a kill) is named; the set was "healthy", exit 0. */
+START_TEST(test_ended_early) {
+  job j;
+  job_init(&j, "early", 3, 8);
+  j.f[1].close_after = 4;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_ended_early, 1);
+  ck_assert_int_eq(r.entries[r.ended_early].rank, 1);
+  ck_assert_int_ge(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "ended early       rank 1 closed its trace at step 4; "
+                          "the furthest rank reached step 7"), "%s", t);
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(doc, "ended_early"), b, sizeof b);
+  ck_assert_str_eq(b, "1");
+  json_decref(doc);
+  probe_ranks_free(&r);
+  /* every rank closed at the same step (an agreed stop): nothing said */
+  job_init(&j, "sameend", 3, 8);
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_ended_early, 0);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_HEALTHY);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A long list of missing ranks is cut with "...", in ranges (it stopped
+ * at "43," with no mark). */
+START_TEST(test_missing_list_cut) {
+  job j;
+  job_init(&j, "manymissing", 120, 2);
+  for (int q = 0; q < 120; q += 2) write_rank_id(&j, q, j.run_id);
+  char paths[MAX_WORLD][256];
+  const char *ptrs[MAX_WORLD];
+  size_t n = 0;
+  for (int q = 0; q < 120; q += 2) {
+    rank_path(&j, q, paths[n], 256);
+    ptrs[n] = paths[n];
+    n++;
+  }
+  probe_ranks r;
+  ck_assert_int_eq(probe_ranks_run(&r, ptrs, n, NULL), PROBE_OK);
+  ck_assert_int_eq(r.n_missing, 60);
+  char *t = ranks_text(&r);
+  const char *m = strstr(t, "MISSING");
+  ck_assert_ptr_nonnull(m);
+  const char *eol = strchr(m, '\n');
+  ck_assert_msg(eol && memmem(m, (size_t)(eol - m), "...", 3) &&
+                    memmem(m, (size_t)(eol - m), ": world size 120, no file", 25),
+                "%.*s", (int)(eol ? eol - m : 80), m);
+  probe_free(t);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1367,6 +1488,10 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_backoff_coincides_with_nan);
   tcase_add_test(tc, test_allreduce_cast_overflow);
   tcase_add_test(tc, test_born_sites_listed);
+  tcase_add_test(tc, test_mixed_world_sizes_refused);
+  tcase_add_test(tc, test_cli_set_of_one);
+  tcase_add_test(tc, test_ended_early);
+  tcase_add_test(tc, test_missing_list_cut);
   suite_add_tcase(s, tc);
   return s;
 }
