@@ -876,6 +876,8 @@ static double mono_s(void) {
  * one HDF5 call on a damaged file is given up on after seconds, not after
  * the whole budget of a large trace. */
 #define ISO_STALL_S 10.0
+#define ISO_BASE_S 60.0
+#define ISO_MIN_RATE 256e3 /* bytes a second: 1/17 of the slowest seen */
 
 typedef struct iso_watch {
   int beat_fd;
@@ -932,11 +934,15 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   *out = NULL;
   err[0] = '\0';
   struct stat sb;
-  /* 30 s, plus 1 s per 20 MB: a hang becomes an error, a big trace does not
-   * (and ISO_STALL_S without progress, whatever the size). */
-  double timeout = 30.0;
+  /* ISO_STALL_S without progress is a hang, whatever the size; the hard
+   * deadline only bounds a child that beats for ever, so it is far above
+   * the slowest valid read: ISO_BASE_S plus 1 s per ISO_MIN_RATE bytes.
+   * (It was 30 s + 1 s per 20 MB: a valid 297 MB trace of compressible
+   * records, read at ~4.4 MB/s - 2 us a record at 9 bytes - was called
+   * corrupt after 45 s.) */
+  double timeout = ISO_BASE_S;
   if (stat(path, &sb) == 0) {
-    timeout += (double)sb.st_size / 20e6;
+    timeout += (double)sb.st_size / ISO_MIN_RATE;
     if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
       /* not even forked for: the open would block (a FIFO) */
       snprintf(err, errlen, "%s: not a regular file", path);

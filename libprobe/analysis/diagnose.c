@@ -424,6 +424,7 @@ typedef struct walker {
   hist_point *hist; /* [n_layers][hist_len] ring */
   int64_t *hist_count;
   layer_step *ls;   /* [n_layers] */
+  int64_t *nf_at;   /* [n_layers]: the last step with a non-finite record */
   int64_t mid_step;
   int frozen;       /* history frozen after the event */
   int backoff_i;    /* next backoff_detail to attribute */
@@ -926,6 +927,11 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
                           int64_t step, int loss_nf) {
   probe_diag *d = w->d;
   int64_t nl = d->n_layers;
+  /* the layers with a non-finite record, in one pass (a scan of the step
+   * per layer made a step cost layers x records) */
+  for (size_t i = 0; i < n; i++)
+    if (r[i].layer >= 0 && r[i].layer < nl && stats_nonfinite(&r[i].stats))
+      w->nf_at[r[i].layer] = step;
   /* history + headroom + underflow, per layer */
   for (int64_t li = 0; li < nl; li++) {
     const layer_step *l = &w->ls[li];
@@ -976,10 +982,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
       dl->fwd_out_zero += r[l->fwd_out].stats.zero_count;
       dl->fwd_out_count += probe_stats_finite(&r[l->fwd_out].stats);
     }
-    int nf = 0;
-    for (size_t i = 0; i < n; i++)
-      if (r[i].layer == li && stats_nonfinite(&r[i].stats)) nf = 1;
-    if (nf) dl->nonfinite_steps++;
+    if (w->nf_at[li] == step) dl->nonfinite_steps++;
     if (step >= d->warmup_end && !loss_nf) silent_faults(w, dl, l, r, step);
   }
   /* weights: largest |w| of any layer at this step */
@@ -1172,6 +1175,8 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.hist = calloc((size_t)(nl * w.hist_len), sizeof *w.hist);
   w.hist_count = calloc((size_t)nl, sizeof *w.hist_count);
   w.ls = calloc((size_t)nl, sizeof *w.ls);
+  w.nf_at = malloc((size_t)nl * sizeof *w.nf_at);
+  for (int64_t i = 0; w.nf_at && i < nl; i++) w.nf_at[i] = INT64_MIN;
   w.masters = calloc((size_t)nl, sizeof *w.masters);
   for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
   probe_record *buf = malloc(chunk * sizeof *buf);
@@ -1179,7 +1184,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !w.masters || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -1229,6 +1234,7 @@ done:
   free(w.hist);
   free(w.hist_count);
   free(w.ls);
+  free(w.nf_at);
   free(w.masters);
   free(buf);
   free(step_buf);
