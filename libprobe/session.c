@@ -570,7 +570,9 @@ static const char *layer_name_problem(const probe_session *s, const char *name,
 probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id) {
-  if (s == NULL || name == NULL) return PROBE_ERR_INVALID_ARG;
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (name == NULL)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_layer_register: NULL name");
   if (writer_error(s) != PROBE_OK) return s->err;
   size_t len = strlen(name);
   const char *why = layer_name_problem(s, name, len);
@@ -616,7 +618,12 @@ probe_status probe_layer_register(probe_session *s, const char *name,
 }
 
 probe_status probe_step_begin(probe_session *s, int64_t step) {
-  if (s == NULL || step < 0) return PROBE_ERR_INVALID_ARG;
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  /* every refusal with a session says why: the last message must not be
+   * an earlier, unrelated one */
+  if (step < 0)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "step %lld is negative",
+                   (long long)step);
   if (writer_error(s) != PROBE_OK) return s->err;
   if (s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "step %lld begun inside step %lld",
@@ -760,7 +767,9 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
 
 probe_status probe_step_set_scalars(probe_session *s,
                                     const probe_step_scalars *sc) {
-  if (s == NULL || sc == NULL) return PROBE_ERR_INVALID_ARG;
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (sc == NULL)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_step_set_scalars: NULL scalars");
   if (writer_error(s) != PROBE_OK) return s->err;
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_step_set_scalars outside a step");
@@ -797,7 +806,9 @@ probe_status probe_step_set_scalars(probe_session *s,
 
 probe_status probe_scaler_transition(probe_session *s,
                                      const probe_scaler_event *ev) {
-  if (s == NULL || ev == NULL) return PROBE_ERR_INVALID_ARG;
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (ev == NULL)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_scaler_transition: NULL event");
   if (writer_error(s) != PROBE_OK) return s->err;
   probe_scaler_event e = *ev;
   if (s->in_step) e.step = s->step;

@@ -381,6 +381,39 @@ START_TEST(layer_names_refused) {
 }
 END_TEST
 
+/* Every refusal with a session sets its own message: a negative step (or
+ * one that wrapped past INT64_MAX) and NULL arguments said nothing, and
+ * probe_session_last_error gave the previous, unrelated error. */
+START_TEST(refusals_say_why) {
+  char p[256];
+  pt_path(p, sizeof p, "refusals");
+  probe_session *s = pt_open(p, PROBE_MODE_SCALARS);
+  int32_t id = -1;
+  ck_assert_int_eq(probe_layer_register(s, "", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG); /* a first, unrelated message */
+  ck_assert_int_eq(probe_step_begin(s, -1), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(probe_session_last_error(s), "step -1 is negative"), "%s",
+                probe_session_last_error(s));
+  ck_assert_int_eq(probe_step_begin(s, INT64_MIN), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(probe_session_last_error(s), "negative"), "%s",
+                probe_session_last_error(s));
+  ck_assert_int_eq(probe_layer_register(s, NULL, PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &id),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(probe_session_last_error(s), "NULL name"), "%s",
+                probe_session_last_error(s));
+  PT_CHECK(probe_step_begin(s, 0));
+  ck_assert_int_eq(probe_step_set_scalars(s, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(probe_session_last_error(s), "NULL scalars"), "%s",
+                probe_session_last_error(s));
+  ck_assert_int_eq(probe_scaler_transition(s, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_msg(strstr(probe_session_last_error(s), "NULL event"), "%s",
+                probe_session_last_error(s));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_close(s));
+  unlink(p);
+}
+END_TEST
+
 /* PROBE_LAYERS_MAX layers: all registered (in linear time: the duplicate
  * check was quadratic, ~5e11 comparisons here), one more refused, and the
  * reader opens the trace (it stopped at 2^20 while the writer went on to
@@ -461,6 +494,7 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, oracle_outside_the_status_list);
   tcase_add_test(tc, null_helpers);
   tcase_add_test(tc, layer_names_refused);
+  tcase_add_test(tc, refusals_say_why);
   tcase_add_test(tc, as_many_layers_as_the_reader_takes);
   suite_add_tcase(su, tc);
   return su;
