@@ -150,11 +150,20 @@ static void text_disagreements(const probe_ranks *r, FILE *f) {
       probe_num_format(a, sizeof a, d->value_a, 6);
       probe_num_format(b, sizeof b, d->value_b, 6);
     }
+    /* every rank is compared with the first read: when all the others
+     * differ from it, it may be the odd one out (rank 0 alone with other
+     * weights read "3 ranks differ from the first rank read") */
+    char odd[80] = "";
+    if (r->n_read > 2 && d->ranks_differing == r->n_read - 1)
+      snprintf(odd, sizeof odd, ": all the others, so rank %d may be the one "
+               "that differs", (int)d->rank_a);
     fprintf(f, "DISAGREEMENT      %s differs at step %lld: %s on rank %d, %s on "
-               "rank %d (%lld rank%s differ from the first rank read)\n",
+               "rank %d (%lld rank%s differ%s from rank %d, the first rank "
+               "read%s)\n",
             probe_ranks_field_name((probe_ranks_field)k), (long long)d->step, a,
             (int)d->rank_a, b, (int)d->rank_b, (long long)d->ranks_differing,
-            d->ranks_differing == 1 ? "" : "s");
+            d->ranks_differing == 1 ? "" : "s",
+            d->ranks_differing == 1 ? "s" : "", (int)d->rank_a, odd);
   }
 }
 

@@ -1460,6 +1460,34 @@ START_TEST(test_missing_list_cut) {
 }
 END_TEST
 
+/* Rank 0 alone has other weights: every other rank differs from it (the
+ * reference, the first read), and the line says rank 0 may be the one;
+ * rank 2 alone: "1 rank differs from rank 0", no such suspicion. */
+START_TEST(test_digest_outlier_first_rank) {
+  job j;
+  job_init(&j, "odd0", 4, 6);
+  j.f[0].digest_from = 2;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "3 ranks differ from rank 0, the first rank read: all "
+                          "the others, so rank 0 may be the one that differs"),
+                "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+  job_init(&j, "odd2", 4, 6);
+  j.f[2].digest_from = 2;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "1 rank differs from rank 0, the first rank read)"),
+                "%s", t);
+  probe_free(t);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1492,6 +1520,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_set_of_one);
   tcase_add_test(tc, test_ended_early);
   tcase_add_test(tc, test_missing_list_cut);
+  tcase_add_test(tc, test_digest_outlier_first_rank);
   suite_add_tcase(s, tc);
   return s;
 }
