@@ -745,11 +745,15 @@ def postmortem(path, *more_paths):
     return _json_loads(r.stdout.decode())
 
 
-def verdict(path):
-    """The post-mortem's verdict of one trace: "healthy", "degraded" or
-    "diverged" (probe_postmortem_verdict; with an older library, from the
-    post-mortem document)."""
+def verdict(path, *more_paths):
+    """The post-mortem's verdict: "healthy", "degraded" or "diverged". Of
+    one trace file (probe_postmortem_verdict; with an older library, from
+    the post-mortem document); of a set - a directory, a glob, several
+    files, as postmortem() takes them - the cross-rank document's."""
     lib = _lib.load()
+    if more_paths or not isinstance(path, (str, bytes, os.PathLike)) or \
+            not os.path.isfile(os.fspath(path)):
+        return postmortem(path, *more_paths)["verdict"]
     if hasattr(lib, "probe_postmortem_verdict"):
         v = ctypes.c_int(-1)
         fn = (lib.probe_postmortem_verdict_isolated

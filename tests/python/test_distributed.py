@@ -322,6 +322,11 @@ def test_postmortem_over_the_set(job):
     assert o["kind"] == "rank" and o["step"] == W.BAD_STEP, o
     assert o["born_on"] == [W.BAD_RANK] and o["carried_to"] == [0], o
     assert doc["disagreements"] == [], doc["disagreements"]
+    # verdict() of a set is the cross-rank one (it raised "not an HDF5
+    # file: is a directory")
+    assert ampprobe.verdict(str(bad)) == doc["verdict"]
+    assert ampprobe.verdict(str(bad / "trace.rank*.h5")) == doc["verdict"]
+    assert ampprobe.verdict(str(job / "healthy")) == "healthy"
     # the same set given as a glob and as a list in another order
     for arg in (str(bad / "trace.rank*.h5"),
                 [str(bad / "trace.rank1.h5"), str(bad / "trace.rank0.h5")]):
