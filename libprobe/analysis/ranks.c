@@ -465,7 +465,12 @@ static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) 
  * did not make the NaN the others hold. */
 static int reached_by_allreduce(const probe_ranks *r, const probe_rank_entry *e,
                                 int64_t s) {
-  if (e->nf_step != s || e->nf_forward || !e->nf_post) return 0;
+  if (e->nf_step != s) return 0;
+  /* its forward and backward finite, its weights not after the update:
+   * the all-reduced gradients brought it (seen so even without all-reduce
+   * records, e.g. DDP without ampprobe's communication hook) */
+  int by_update = e->nf_phase == PROBE_PHASE_OPTIMIZER;
+  if (!by_update && (e->nf_forward || !(e->nf_post & 1))) return 0;
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *o = &r->entries[i];
     if (o != e && o->status == PROBE_RANK_READ && o->nf_step == s &&
@@ -517,6 +522,13 @@ static void assign_roles(probe_ranks *r) {
     }
   }
   r->origin = r->n_born ? PROBE_RANKS_ORIGIN_RANK : PROBE_RANKS_ORIGIN_ALLREDUCE;
+  /* a loss that went non-finite at an earlier step than any record (the
+   * records kept every few steps): the loss leads */
+  if (r->first_loss >= 0 &&
+      r->entries[r->first_loss].first_nonfinite_loss_step < s) {
+    r->origin = PROBE_RANKS_ORIGIN_LOSS_ONLY;
+    r->event_step = r->entries[r->first_loss].first_nonfinite_loss_step;
+  }
 }
 
 int probe_ranks_stopped_tie(const probe_ranks *r) {
@@ -532,6 +544,8 @@ int probe_ranks_stopped_tie(const probe_ranks *r) {
 /* ---- the focus rank's full post-mortem ----------------------------------- */
 
 static int32_t pick_focus(const probe_ranks *r) {
+  if (r->origin == PROBE_RANKS_ORIGIN_LOSS_ONLY && r->first_loss >= 0)
+    return r->first_loss;
   if (r->first >= 0) return r->first;
   if (r->first_loss >= 0) return r->first_loss;
   if (r->stopped_first >= 0) return r->stopped_first;
@@ -756,6 +770,58 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
            "(--allreduce-prediv)");
 }
 
+/* The ranks whose loss went non-finite at the set's first such step. */
+static int64_t loss_ranks(const probe_ranks *r, char *buf, size_t cap) {
+  size_t len = 0;
+  int64_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ ||
+        e->first_nonfinite_loss_step != r->event_step)
+      continue;
+    n++;
+    if (len < cap) {
+      int k = snprintf(buf + len, cap - len, "%s%d", len ? ", " : "",
+                       (int)e->rank);
+      len += k > 0 ? (size_t)k : 0;
+    }
+  }
+  return n;
+}
+
+/* A non-finite loss first: no record at all, or records only from a later
+ * step (kept every few steps). Several ranks at that step: the job's mean
+ * loss (the C trainer's) names no rank. */
+static void text_loss_origin(probe_ranks *r) {
+  char who[160], when[400] = "";
+  snprintf(r->fix_text, sizeof r->fix_text,
+           "record every step (--trace; the Python tracer's every=1) and run "
+           "again to see where it was born");
+  int64_t n = loss_ranks(r, who, sizeof who);
+  if (r->first >= 0)
+    snprintf(when, sizeof when, ", before any per-layer record (the first "
+             "is at step %lld, rank %d %s/%s: no record was kept at step "
+             "%lld; record every step to see where)",
+             (long long)r->entries[r->first].nf_step,
+             (int)r->entries[r->first].rank, r->entries[r->first].nf_layer_name,
+             r->entries[r->first].nf_site >= 0
+                 ? probe_site_name((probe_site)r->entries[r->first].nf_site)
+                 : "?",
+             (long long)r->event_step);
+  else
+    snprintf(when, sizeof when, "; no per-layer record shows where (record "
+             "with --trace)");
+  if (n == r->n_read && n > 1)
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "the loss went non-finite on every rank at step %lld (the job's "
+             "mean loss: it names no rank)%s", (long long)r->event_step, when);
+  else
+    snprintf(r->origin_text, sizeof r->origin_text,
+             "the loss went non-finite first on rank%s %s at step %lld%s",
+             n > 1 ? "s" : "", who, (long long)r->event_step, when);
+}
+
 static void write_texts(probe_ranks *r) {
   char born[160], carried[160];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_BORN, born, sizeof born);
@@ -765,10 +831,7 @@ static void write_texts(probe_ranks *r) {
   } else if (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE) {
     text_allreduce_origin(r, carried);
   } else if (r->origin == PROBE_RANKS_ORIGIN_LOSS_ONLY) {
-    snprintf(r->origin_text, sizeof r->origin_text,
-             "the loss went non-finite first on rank %d at step %lld; no "
-             "per-layer record shows where (record with --trace)",
-             (int)r->entries[r->first_loss].rank, (long long)r->event_step);
+    text_loss_origin(r);
   } else {
     snprintf(r->origin_text, sizeof r->origin_text,
              "no non-finite value on any rank read");

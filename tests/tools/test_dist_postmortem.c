@@ -74,6 +74,12 @@ typedef struct job {
   int flight; /* scalars mode with the flight recorder instead of full */
   int no_allreduce; /* no GRAD_PRE/POST_ALLREDUCE records */
   int no_scaler;    /* no loss scaler: scale 1, nothing skipped */
+  int nan_update;   /* a NaN input's step makes every rank's master
+                       weights NaN (the all-reduced gradients applied) */
+  int every;        /* records only at steps divisible by it (0, 1: all) */
+  int local_loss;   /* each rank logs its own loss (the Python tracer), not
+                       the job's mean: NaN on the NaN input's rank, and on
+                       every rank once the weights are NaN */
   fault f[MAX_WORLD];
 } job;
 
@@ -176,11 +182,20 @@ static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
   rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, 4.0f * (float)j->world, post);
 }
 
-static void write_step(wr *w, const job *j, int r, int64_t step) {
+/* The first step with a NaN input on any rank, -1 none. */
+static int64_t first_nan_input(const job *j) {
+  int64_t s = -1;
+  for (int r = 0; r < j->world; r++)
+    if (j->f[r].nan_input_step >= 0 && (s < 0 || j->f[r].nan_input_step < s))
+      s = j->f[r].nan_input_step;
+  return s;
+}
+
+static void write_records(wr *w, const job *j, int r, int64_t step) {
   const fault *f = &j->f[r];
-  w->nb = 0;
-  ck_assert_int_eq(probe_step_begin(w->s, step), PROBE_OK);
   int bad = f->nan_input_step == step;
+  int64_t s0 = first_nan_input(j);
+  int poisoned = j->nan_update && s0 >= 0 && step >= s0; /* after the update */
   rec(w, L_INPUT, PROBE_SITE_FWD_OUT, 1.0f, bad);
   rec(w, L_FC1, PROBE_SITE_FWD_IN, 1.0f, bad);
   rec(w, L_FC1, PROBE_SITE_FWD_OUT, 2.0f, bad || f->masked_step == step);
@@ -189,13 +204,24 @@ static void write_step(wr *w, const job *j, int r, int64_t step) {
   rec(w, L_LOSS, PROBE_SITE_GRAD_IN, 1.0f, bad);
   backward_layer(w, j, r, step, L_FC2, bad);
   backward_layer(w, j, r, step, L_FC1, bad);
-  rec(w, L_FC1, PROBE_SITE_MASTER_WEIGHT, 0.5f, 0);
+  rec(w, L_FC1, PROBE_SITE_MASTER_WEIGHT, 0.5f, poisoned);
   rec(w, L_FC2, PROBE_SITE_MASTER_WEIGHT, 0.5f, 0);
+}
+
+static void write_step(wr *w, const job *j, int r, int64_t step) {
+  const fault *f = &j->f[r];
+  w->nb = 0;
+  ck_assert_int_eq(probe_step_begin(w->s, step), PROBE_OK);
+  if (j->every <= 1 || step % j->every == 0) write_records(w, j, r, step);
+  int64_t s0 = first_nan_input(j);
   int found = any_pre_bad(j, step, L_FC1) || any_pre_bad(j, step, L_FC2) ||
               any_post_inf(j, step, L_FC1) || any_post_inf(j, step, L_FC2);
   probe_step_scalars s;
   memset(&s, 0, sizeof s);
   s.loss = any_nan_input(j, step) ? NAN : 1.0 / (double)(step + 1);
+  if (j->local_loss)
+    s.loss = f->nan_input_step == step || (j->nan_update && s0 >= 0 && step > s0)
+                 ? NAN : 1.0 / (double)(step + 1);
   s.loss_scale = 65536.0;
   if (f->scale_from >= 0 && step >= f->scale_from) s.loss_scale = 32768.0;
   s.found_inf = found;
@@ -1488,6 +1514,65 @@ START_TEST(test_digest_outlier_first_rank) {
 }
 END_TEST
 
+/* DDP without the communication hook (no all-reduce records): rank 1's
+ * NaN input; rank 0 sees it only in its weights after the update. Rank 0
+ * was reached by the all-reduce, not born (it was "born on ranks 0-1 (step
+ * 2: rank 0 fc1/master_weight; rank 1 input/fwd_out ...)"). */
+START_TEST(test_reached_through_the_update) {
+  job j;
+  job_init(&j, "nohook", 2, 6);
+  j.no_allreduce = 1;
+  j.no_scaler = 1;
+  j.nan_update = 1;
+  j.f[1].nan_input_step = 2;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  check_origin(&r, "rank", "1", "0");
+  ck_assert_int_eq(entry_of(&r, 0)->nf_phase, PROBE_PHASE_OPTIMIZER);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Records kept every 2 steps, each rank logging its own loss: rank 1's
+ * loss is NaN at step 3, unrecorded; the first records (step 4) are both
+ * ranks' NaN weights. The loss leads and names rank 1 (it was "born on
+ * ranks 0-1 (step 4, ...)", next step "lower the learning rate"); the
+ * job's mean loss, NaN on every rank, names none. */
+START_TEST(test_loss_before_any_record) {
+  job j;
+  job_init(&j, "every2", 2, 8);
+  j.no_scaler = 1;
+  j.nan_update = 1;
+  j.every = 2;
+  j.local_loss = 1;
+  j.f[1].nan_input_step = 3;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_LOSS_ONLY);
+  ck_assert_int_eq(r.event_step, 3);
+  ck_assert_msg(strstr(r.origin_text, "first on rank 1 at step 3, before any "
+                                      "per-layer record"),
+                "%s", r.origin_text);
+  ck_assert_msg(strstr(r.fix_text, "record every step"), "%s", r.fix_text);
+  ck_assert_int_eq(r.entries[r.focus].rank, 1);
+  probe_ranks_free(&r);
+  job_init(&j, "every2mean", 2, 8);
+  j.no_scaler = 1;
+  j.nan_update = 1;
+  j.every = 2;
+  j.f[1].nan_input_step = 3;
+  write_job(&j);
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_LOSS_ONLY);
+  ck_assert_msg(strstr(r.origin_text, "on every rank at step 3 (the job's mean "
+                                      "loss: it names no rank)"),
+                "%s", r.origin_text);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1521,6 +1606,8 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_ended_early);
   tcase_add_test(tc, test_missing_list_cut);
   tcase_add_test(tc, test_digest_outlier_first_rank);
+  tcase_add_test(tc, test_reached_through_the_update);
+  tcase_add_test(tc, test_loss_before_any_record);
   suite_add_tcase(s, tc);
   return s;
 }
