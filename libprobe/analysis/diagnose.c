@@ -1443,6 +1443,14 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   /* The stored config says whether a scaler ran; the steps only guess (a
    * scaler that stays at an initial scale of 1 leaves no trace). */
   probe__diag_read_config(d, info->config_json, info->command_line);
+  /* a rank of a data-parallel run of the built-in trainer: what reruns it
+   * is a run (or bisect) of as many ranks (it suggested one process, which
+   * may be healthy where the job is not) */
+  if (!d->cfg_external && info->world_size > 1) {
+    size_t k = strlen(d->cfg_source);
+    snprintf(d->cfg_source + k, sizeof d->cfg_source - k, " --ranks %d",
+             (int)info->world_size);
+  }
   int cfg_scaling = probe_diag_config_scaling(info->config_json);
   if (cfg_scaling >= 0) {
     d->scaling_on = cfg_scaling;

@@ -1573,6 +1573,32 @@ START_TEST(test_loss_before_any_record) {
 }
 END_TEST
 
+/* The focus rank's next steps rerun the job as it ran: a run or bisect of
+ * the built-in trainer with --ranks N (they suggested one process, which
+ * may be healthy where the job is not). */
+START_TEST(test_next_step_keeps_the_ranks) {
+  job j;
+  job_init(&j, "nextranks", 4, 12);
+  j.f[2].masked_step = 5;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_ptr_nonnull(r.focus_diag);
+  int said = 0, bare = 0;
+  for (int i = 0; i < r.focus_diag->n_findings; i++) {
+    const char *nx = r.focus_diag->findings[i].next_step;
+    if (strstr(nx, "--scenario unit")) {
+      said |= strstr(nx, "--scenario unit --ranks 4") != NULL;
+      bare |= strstr(nx, "--scenario unit --ranks 4") == NULL;
+    }
+  }
+  ck_assert_msg(said && !bare, "%s", r.focus_diag->n_findings
+                                          ? r.focus_diag->findings[0].next_step
+                                          : "(no finding)");
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1608,6 +1634,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_digest_outlier_first_rank);
   tcase_add_test(tc, test_reached_through_the_update);
   tcase_add_test(tc, test_loss_before_any_record);
+  tcase_add_test(tc, test_next_step_keeps_the_ranks);
   suite_add_tcase(s, tc);
   return s;
 }
