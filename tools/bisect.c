@@ -224,6 +224,8 @@ typedef struct trial {
   int rank_short;       /* the rank with the fewest steps */
   char missing[160];    /* ranks without a file, "2,3" */
   char set_note[200];   /* the cross-rank post-mortem, when it fails it */
+  int ar_origin;        /* that post-mortem: born in the all-reduce (every
+                           rank read, none held it before) */
   char set_info[200];   /* ... when it only says more (a note) */
 } trial;
 
@@ -682,8 +684,11 @@ static void judge_set_json(trial *t, const char *json) {
   json_t *j = json_loads(json, 0, NULL);
   const char *v = json_string_value(json_object_get(j, "verdict"));
   json_t *dis = json_array_get(json_object_get(j, "disagreements"), 0);
-  const char *origin =
-      json_string_value(json_object_get(json_object_get(j, "origin"), "text"));
+  json_t *oj = json_object_get(j, "origin");
+  const char *origin = json_string_value(json_object_get(oj, "text"));
+  const char *okind = json_string_value(json_object_get(oj, "kind"));
+  t->ar_origin = okind && !strcmp(okind, "allreduce") &&
+                 !json_is_true(json_object_get(oj, "uncertain"));
   if (t->set_note[0]) {
     /* a rank file could not be read: that says it */
   } else if (json_is_object(dis)) {
@@ -1275,14 +1280,14 @@ static probe_status oracle(void *ctx, const uint64_t *sets, size_t count,
 
 typedef enum outcome {
   O_FOUND, O_HEALTHY, O_NOT_PRECISION, O_NOT_TRAINING, O_INSUFFICIENT,
-  O_INTERRUPTED, O_ERROR
+  O_INTERRUPTED, O_ERROR, O_ALLREDUCE
 } outcome;
 
 static const char *outcome_name[] = {"minimal-set-found", "healthy",
                                      "not-a-precision-problem",
                                      "baseline-does-not-train",
                                      "candidates-insufficient", "interrupted",
-                                     "error"};
+                                     "error", "fix-allreduce"};
 
 typedef struct result {
   outcome oc;
@@ -2539,6 +2544,19 @@ static int run_premises(bisect *b, result *r) {
              base->verdict == PROBE_DDMIN_FAIL
                  ? "; note that the FP32 baseline fails"
                  : "");
+  } else if (base->verdict == PROBE_DDMIN_FAIL && base->ar_origin) {
+    /* every module in FP32 and still failing, born in the all-reduce: its
+     * dtype is the precision problem (it was "not a precision problem ...
+     * check the learning rate, the data and the model") */
+    r->oc = O_ALLREDUCE;
+    snprintf(r->summary, sizeof r->summary,
+             "the gradient all-reduce: the FP32 baseline fails too (%.200s), "
+             "and its cross-rank post-mortem finds the non-finite values born "
+             "in the all-reduce (every rank's gradients finite before it), "
+             "whose dtype no module kept in FP32 changes; all-reduce the "
+             "gradients in FP32 (--allreduce-dtype fp32) or pre-divide them by "
+             "the world size (--allreduce-prediv) (ampprobe postmortem %.300s)",
+             base->why, base->trace);
   } else if (base->verdict == PROBE_DDMIN_FAIL) {
     r->oc = O_NOT_PRECISION;
     snprintf(r->summary, sizeof r->summary,
@@ -2676,6 +2694,7 @@ static int exit_code_of(const bisect *b, const result *r) {
   switch (r->oc) {
   case O_HEALTHY: return CLI_EXIT_OK;
   case O_FOUND:
+  case O_ALLREDUCE:
   case O_NOT_PRECISION:
   case O_INSUFFICIENT: return CLI_EXIT_PROBLEM;
   case O_NOT_TRAINING: return EXIT_NOT_TRAINING;

@@ -800,6 +800,16 @@ ranks() {
     pass "--ranks 2: reproduce '$(jget "$WORK/rk.json" "d['reproduce']")'" ||
     fail "--ranks 2: reproduce: $(jget "$WORK/rk.json" "d['reproduce']")"
 
+  # an FP16 all-reduce that overflows: the FP32 baseline fails too, born in
+  # the all-reduce: the answer is the all-reduce's dtype (it was "not a
+  # precision problem ... check the learning rate, the data and the model")
+  bisect ar allreduce-overflow revin,linear --ranks 2 --steps 20 -j 1
+  got=$(jget "$WORK/ar.json" "d['outcome']" 2>/dev/null)
+  [ "$RC" = 1 ] && [ "$got" = fix-allreduce ] &&
+    jget "$WORK/ar.json" "d['summary']" | grep -q -- "--allreduce-dtype fp32" &&
+    pass "--ranks 2, allreduce-overflow: outcome $got, '$(jget "$WORK/ar.json" "d['summary'][:90]")...'" ||
+    fail "--ranks 2, allreduce-overflow: outcome $got exit $RC: $(jget "$WORK/ar.json" "d['summary']" 2>/dev/null) $(cat "$WORK/ar.err")"
+
   # an external job under mpirun: its AMPPROBE_TRACE becomes rank files
   "$BIN" bisect --fp32-candidates revin,linear -j 1 -q --json --workdir "$WORK/wd-rx" \
     -- mpirun -np 2 "$FAKE" "$BIN" revin-overflow normal --steps 40 \
