@@ -826,9 +826,80 @@ static const char *nonfinite_story(const layer_nonfinite *L) {
   return "-";
 }
 
+/* The layers the heatmaps and their table show (their rows, in
+ * registration order): those with a record, at most HEAT_ROWS_MAX - the
+ * ones whose records held inf/NaN, then the least headroom. A page of a row
+ * per registered layer grew 340 bytes a layer, recorded or not: 94 MB for
+ * 2^20 layers of which 2 were recorded. */
+#define HEAT_ROWS_MAX 1000
+
+typedef struct row_rank {
+  int row;
+  int bad;      /* a cell held inf/NaN */
+  float least;  /* smallest headroom over its cells (NaN: none) */
+} row_rank;
+
+static int row_rank_cmp(const void *pa, const void *pb) {
+  const row_rank *a = pa, *b = pb;
+  if (a->bad != b->bad) return b->bad - a->bad;
+  int na = isnan(a->least), nb = isnan(b->least);
+  if (na != nb) return na - nb;
+  if (!na && a->least != b->least) return a->least < b->least ? -1 : 1;
+  return a->row - b->row;
+}
+
+static int int_cmp(const void *pa, const void *pb) {
+  int a = *(const int *)pa, b = *(const int *)pb;
+  return (a > b) - (a < b);
+}
+
+/* rows: r->n_layers entries; returns how many are shown (sorted), and in
+ * *recorded how many layers have a record. */
+static size_t select_rows(const probe_report *r, int *rows, size_t *recorded,
+                          row_rank *tmp) {
+  const probe_grid *h = &r->headroom, *u = &r->underflow;
+  size_t n = 0;
+  for (int i = 0; i < h->rows; i++) {
+    row_rank k = {i, 0, NAN};
+    int any = 0;
+    for (int c = 0; c < h->cols; c++) {
+      size_t at = (size_t)i * (size_t)h->cols + (size_t)c;
+      any |= h->count[at] > 0 || (u->count && u->count[at] > 0);
+      k.bad |= h->nonfinite[at] > 0 || (u->nonfinite && u->nonfinite[at] > 0);
+      if (!isnan(h->val[at]) && (isnan(k.least) || h->val[at] < k.least))
+        k.least = h->val[at];
+    }
+    if (any) tmp[n++] = k;
+  }
+  *recorded = n;
+  if (n > HEAT_ROWS_MAX) {
+    qsort(tmp, n, sizeof *tmp, row_rank_cmp);
+    n = HEAT_ROWS_MAX;
+  }
+  for (size_t i = 0; i < n; i++) rows[i] = tmp[i].row;
+  qsort(rows, n, sizeof *rows, int_cmp);
+  return n;
+}
+
+/* The grid of g's rows[0..n), in that order. */
+static probe_status grid_rows(const probe_grid *g, const int *rows, size_t n,
+                              probe_grid *out) {
+  probe_status st = probe_grid_init(out, (int)n, g->cols, g->x0, g->x1, g->agg);
+  if (st != PROBE_OK) return st;
+  size_t w = (size_t)g->cols;
+  for (size_t i = 0; i < n; i++) {
+    size_t from = (size_t)rows[i] * w, to = i * w;
+    memcpy(out->val + to, g->val + from, w * sizeof *g->val);
+    memcpy(out->count + to, g->count + from, w * sizeof *g->count);
+    memcpy(out->nonfinite + to, g->nonfinite + from, w * sizeof *g->nonfinite);
+  }
+  return PROBE_OK;
+}
+
 /* Per layer: the first step whose records held inf/NaN, the site, and
  * whether the layer made it or received it. */
-static void write_nonfinite_table(const probe_report *r, probe_buf *o) {
+static void write_nonfinite_table(const probe_report *r, const int *rows,
+                                  size_t n_rows, probe_buf *o) {
   int64_t first = -1; /* the layer whose record was non-finite first */
   for (size_t i = 0; i < r->n_layers; i++) {
     const layer_nonfinite *L = &r->lnf[i];
@@ -848,7 +919,8 @@ static void write_nonfinite_table(const probe_report *r, probe_buf *o) {
   probe_buf_puts(o, "<table id=\"nonfinite\"><tr><th>layer</th><th>first "
                     "non-finite step</th><th>site</th><th>there</th>"
                     "<th>non-finite records</th></tr>\n");
-  for (size_t i = 0; i < r->n_layers; i++) {
+  for (size_t k = 0; k < n_rows; k++) {
+    size_t i = (size_t)rows[k];
     const layer_nonfinite *L = &r->lnf[i];
     probe_buf_puts(o, "<tr><td>");
     put_escaped(o, r->label[i]);
@@ -874,9 +946,24 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
     return PROBE_OK;
   }
   const char **labels = malloc(r->n_layers * sizeof *labels);
-  if (!labels) return PROBE_ERR_NOMEM;
-  for (size_t i = 0; i < r->n_layers; i++) labels[i] = r->label[i];
-  int rh = r->n_layers > 60 ? 11 : 14;
+  int *rows = malloc(r->n_layers * sizeof *rows);
+  row_rank *tmp = malloc(r->n_layers * sizeof *tmp);
+  probe_grid hg, ug;
+  memset(&hg, 0, sizeof hg);
+  memset(&ug, 0, sizeof ug);
+  probe_status st = labels && rows && tmp ? PROBE_OK : PROBE_ERR_NOMEM;
+  size_t recorded = 0, n = 0;
+  if (st == PROBE_OK) n = select_rows(r, rows, &recorded, tmp);
+  if (st == PROBE_OK && n == 0) {
+    put_help(o, "No layer has a record in the steps shown: nothing to draw "
+                "per layer.");
+    goto done;
+  }
+  if (st == PROBE_OK) st = grid_rows(&r->headroom, rows, n, &hg);
+  if (st == PROBE_OK) st = grid_rows(&r->underflow, rows, n, &ug);
+  if (st != PROBE_OK) goto done;
+  for (size_t i = 0; i < n; i++) labels[i] = r->label[rows[i]];
+  int rh = n > 60 ? 11 : 14;
 
   probe_heatmap_opts h;
   memset(&h, 0, sizeof h);
@@ -901,12 +988,26 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
                             {0, 2, 4, 8, 14, 24},
                             {0xa50026, 0xf46d43, 0xfee090, 0xe0f3f8, 0x74add1,
                              0x313695}};
-  int all_bad = grid_all_nonfinite(&r->headroom);
+  if (n < r->n_layers) {
+    char said[300];
+    if (n < recorded)
+      snprintf(said, sizeof said, "Shown: %zu of the %zu layers with records "
+               "(those whose records held inf/NaN, then the least headroom; "
+               "ampprobe postmortem --json has every layer)%s.", n, recorded,
+               recorded < r->n_layers ? "; layers without records are left out"
+                                      : "");
+    else
+      snprintf(said, sizeof said, "Shown: the %zu layers with records; the "
+               "%zu registered layers without any are left out.", n,
+               r->n_layers - n);
+    put_help(o, said);
+  }
+  int all_bad = grid_all_nonfinite(&hg);
   h.note = all_bad ? "every record held inf/NaN: no headroom to show; see "
                      "the table below"
                    : NULL;
-  probe_status st = probe_heatmap_render(&r->headroom, &h, o);
-  if (st == PROBE_OK) write_nonfinite_table(r, o);
+  st = probe_heatmap_render(&hg, &h, o);
+  if (st == PROBE_OK) write_nonfinite_table(r, rows, n, o);
   if (st == PROBE_OK) {
     probe_buf_puts(o, "<h2>FP16 underflow of gradients per layer</h2>\n");
     put_help(o,
@@ -927,13 +1028,18 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
     /* a fraction is within [0, 1]: no "<=" or "+" at the ends */
     static const char *const pct[5] = {"0%", "5%", "20%", "50%", "100%"};
     h.stop_labels = pct;
-    h.note = grid_all_nonfinite(&r->underflow)
+    h.note = grid_all_nonfinite(&ug)
                  ? "every gradient record held inf/NaN: no underflow "
                    "fraction to show; see the table above"
                  : NULL;
-    st = probe_heatmap_render(&r->underflow, &h, o);
+    st = probe_heatmap_render(&ug, &h, o);
   }
+done:
+  probe_grid_free(&hg);
+  probe_grid_free(&ug);
   free(labels);
+  free(rows);
+  free(tmp);
   return st;
 }
 

@@ -764,6 +764,38 @@ static int row_has(const char *row, const char *text) {
   return hit && end && hit < end;
 }
 
+/* Many registered layers: the heatmaps and their table show only layers
+ * with records, at most 1,000, those with inf/NaN and the least headroom
+ * first (a row per registered layer made 94 MB pages); a note says so. */
+START_TEST(test_report_rows_capped) {
+  const int L = 6000, REC = 1500;
+  probe_report *r = new_report(3, L);
+  for (int64_t st = 0; st < 3; st++)
+    for (int l = 0; l < REC; l++) {
+      probe_record p = nf_rec(st, l, PROBE_SITE_FWD_OUT, l == 1234 && st == 2);
+      /* headroom log2(65504/absmax): layer 40 the tightest of the finite */
+      p.stats.absmax = l == 40 ? 60000.0f : 3.0f + (float)(l % 97);
+      p.seq = (uint32_t)l;
+      ck_assert_int_eq(probe_report_add_records(r, &p, 1), PROBE_OK);
+    }
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_msg(strstr(html, "Shown: 1000 of the 1500 layers with records"),
+                "no note");
+  ck_assert_ptr_nonnull(nf_row(html, "block411.bn")); /* 1234: NaN */
+  ck_assert_ptr_nonnull(nf_row(html, "block13.bn"));      /* 40: tightest */
+  ck_assert_ptr_null(nf_row(html, "block1999.linear"));   /* 5997: no record */
+  int rows = 0;
+  for (const char *q = strstr(html, "<table id=\"nonfinite\">");
+       q && (q = strstr(q + 1, "<tr><td>"));)
+    rows++;
+  ck_assert_int_eq(rows, 1000);
+  ck_assert_msg(len < 2000000, "%zu bytes", len);
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
 /* #15.5: when every record is non-finite the heatmaps say so, and per layer
  * the first non-finite step and whether it was born or passed there. */
 START_TEST(test_report_nonfinite_story) {
@@ -916,6 +948,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_clip_without_finite_norm);
   tcase_add_test(tc, test_report_clip_not_measured);
   tcase_add_test(tc, test_report_nonfinite_story);
+  tcase_add_test(tc, test_report_rows_capped);
   tcase_add_test(tc, test_report_colour_bar_labels);
   suite_add_tcase(s, tc);
   return s;
