@@ -330,7 +330,7 @@ static void out_on_signal(int sig) {
 
 /* SIGINT/SIGTERM of a command that only reads: the output being written,
  * if any, is removed and the process exits 130 at once. */
-static char exit_msg[96]; /* "ampprobe: <sub>: interrupted\n" */
+static char exit_msg[600]; /* "ampprobe: <sub>: interrupted[ (note)]\n" */
 static size_t exit_msg_len;
 static pid_t exit_pid; /* the command's process; its forked readers are quiet */
 
@@ -357,8 +357,11 @@ static void on_interrupt_flags(void (*handler)(int), int flags) {
 
 static void on_interrupt(void (*handler)(int)) { on_interrupt_flags(handler, 0); }
 
-void cli_signals_exit_install(const char *sub) {
-  int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted\n", sub);
+void cli_signals_exit_install(const char *sub) { cli_signals_exit_install_note(sub, NULL); }
+
+void cli_signals_exit_install_note(const char *sub, const char *note) {
+  int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted%s%.500s%s\n",
+                   sub, note ? " (" : "", note ? note : "", note ? ")" : "");
   exit_msg_len = n > 0 && (size_t)n < sizeof exit_msg ? (size_t)n : 0;
   exit_pid = getpid();
   on_interrupt(exit_on_signal);

@@ -212,6 +212,8 @@ void cli_signals_install(void);
  * SIGTERM remove the output being written, if any, print "ampprobe: <sub>:
  * interrupted" and exit 130 at once (main() installs it before them). */
 void cli_signals_exit_install(const char *sub);
+/* The same, the line ending in " (note)" (escaped by the caller). */
+void cli_signals_exit_install_note(const char *sub, const char *note);
 /* SIGINT and SIGTERM back to their default action (a subcommand's work is
  * done). */
 void cli_signals_default(void);

@@ -186,7 +186,7 @@ static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 6);
 static void print_summary(const probe_train_result *r, const char *name,
                           const char *policy, int64_t steps_planned,
                           const char *path, int full, int interrupted,
-                          probe_verdict v) {
+                          probe_verdict v, double check_s) {
   char a[32], b[32], c[32];
   /* names from the config print escaped: no control character reaches the
    * terminal (cli_escape_name) */
@@ -242,7 +242,10 @@ static void print_summary(const probe_train_result *r, const char *name,
                                             : "healthy");
   printf("  trace           %s (%s)\n", path,
          full ? "full per-layer trace" : "flight recorder");
-  printf("  time            %.2f s\n", r->wall_seconds);
+  printf("  time            %.2f s", r->wall_seconds);
+  if (check_s >= 0.05) /* the post-mortem of the trace, after the training */
+    printf(" + %.2f s checking the trace", check_s);
+  printf("\n");
   int fwd = !r->diverged && r->first_nonfinite_step >= 0 &&
             probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD;
   if (fwd)
@@ -259,7 +262,7 @@ static void print_summary(const probe_train_result *r, const char *name,
 static json_t *summary_json(const probe_train_result *r, const char *name,
                             const char *policy, int64_t steps_planned,
                             const char *path, int full, int interrupted,
-                            probe_verdict v) {
+                            probe_verdict v, double check_s) {
   json_t *o = json_object();
   json_object_set_new(o, "scenario", cli_json_text(name));
   json_object_set_new(o, "precision_policy", cli_json_text(policy));
@@ -306,6 +309,7 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
                                                     : probe_verdict_name(v)));
   json_object_set_new(o, "interrupted", json_boolean(interrupted));
   json_object_set_new(o, "wall_seconds", cli_json_num(r->wall_seconds));
+  json_object_set_new(o, "check_seconds", cli_json_num(check_s));
   return o;
 }
 
@@ -971,12 +975,36 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
  * the loss finite: a forward intermediate that held inf/NaN after warm-up,
  * a normalisation whose output collapsed (degraded, exit 1). */
 static probe_verdict run_verdict(const probe_train_result *res,
-                                 const char *path, int interrupted) {
+                                 const char *path, int interrupted,
+                                 const run_args *a, int rank) {
   if (res->diverged)
     return PROBE_VERDICT_DIVERGED;
   probe_verdict v = PROBE_VERDICT_HEALTHY;
-  if (!interrupted && probe_postmortem_verdict(path, &v) != PROBE_OK)
+  if (interrupted) return v;
+  /* The trace is complete and closed: a signal now only stops a read, so
+   * it ends the command at once, saying so (it was ignored, and the run
+   * said "healthy", exit 0, seconds later). A long trace's check is said
+   * on a terminal (or in --progress-every's plain lines). */
+  char esc[700], note[800];
+  cli_escape_name(esc, sizeof esc, path);
+  snprintf(note, sizeof note, "while checking the trace; it is complete: "
+           "ampprobe postmortem %.600s", esc);
+  cli_signals_exit_install_note(SUB, note);
+  int tty = !a->quiet && rank == 0 && isatty(STDERR_FILENO) &&
+            a->progress_every <= 0;
+  if (tty) {
+    fprintf(stderr, "\r\033[Kchecking the trace (post-mortem) ...");
+    fflush(stderr);
+  } else if (!a->quiet && rank == 0 && a->progress_every > 0) {
+    fprintf(stderr, "ampprobe: run: checking the trace (post-mortem)\n");
+  }
+  if (probe_postmortem_verdict(path, &v) != PROBE_OK)
     v = PROBE_VERDICT_HEALTHY; /* no readable trace: the trainer's word */
+  if (tty) {
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+  }
+  cli_signals_install(); /* back to the run's flag (the summary is quick) */
   return v;
 }
 
@@ -991,7 +1019,9 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
    * (agreed at a step boundary); a signal after the last step ended
    * nothing */
   int interrupted = res->stopped_by_flag != 0;
-  probe_verdict v = run_verdict(res, path, interrupted);
+  double t_check = cli_now();
+  probe_verdict v = run_verdict(res, path, interrupted, a, d->rank);
+  t_check = cli_now() - t_check;
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
                        : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
                                                      : CLI_EXIT_OK);
@@ -999,7 +1029,7 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
     return rc;
   if (a->json) {
     json_t *j = summary_json(res, name, policy, steps, path, a->full,
-                             interrupted, v);
+                             interrupted, v, t_check);
     if (d->comm) {
       json_object_set_new(j, "world_size", json_integer(d->world));
       json_object_set_new(j, "run_id", cli_json_text(d->run_id));
@@ -1010,7 +1040,8 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
     if (cli_json_print(SUB, j) != 0) rc = CLI_EXIT_INTERNAL;
     json_decref(j);
   } else {
-    print_summary(res, name, policy, steps, path, a->full, interrupted, v);
+    print_summary(res, name, policy, steps, path, a->full, interrupted, v,
+                  t_check);
     if (d->comm)
       printf("  ranks           %d (%s; run id %s); this is rank 0's trace,\n"
              "                  the loss the global mean over the ranks\n",

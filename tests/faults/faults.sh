@@ -702,6 +702,46 @@ PY
   [ $prc -eq 0 ] || bad "interrupted readers (above)"
 }
 
+# A signal while `run` checks its finished trace (the post-mortem after the
+# last step, seconds on a long run): exit 130 at once, one line saying the
+# trace is complete; the trace reads as complete. It was ignored: "healthy",
+# exit 0, seconds later.
+case_interrupt_run_check() {
+  /usr/bin/python3 - "$AMP" <<'PY' >py.txt 2>&1
+import os, signal, subprocess, sys, time
+amp = sys.argv[1]
+p = subprocess.Popen([amp, "run", "--scenario", "healthy", "--trace", "--steps", "40000",
+                      "--progress-every", "0.2", "-o", "long.h5"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+seen = False
+lines = []
+for raw in p.stderr:
+    line = raw.decode(errors="replace").rstrip("\n")
+    lines.append(line)
+    if "checking the trace" in line:
+        seen = True
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        break
+rest = p.stderr.read().decode(errors="replace").strip().splitlines()
+rc = p.wait(timeout=120)
+took = time.time() - t0 if seen else -1
+if not seen:
+    print("FAIL: no 'checking the trace' line: %r" % lines[-3:]); sys.exit(1)
+if rc != 130 or took > 10:
+    print("FAIL: exit %d after %.1f s, want 130 at once" % (rc, took)); sys.exit(1)
+if len(rest) != 1 or "interrupted (while checking the trace; it is complete: ampprobe postmortem long.h5)" not in rest[0]:
+    print("FAIL: stderr after the signal %r" % rest); sys.exit(1)
+pm = subprocess.run([amp, "postmortem", "long.h5"], capture_output=True, text=True)
+if "status      complete" not in pm.stdout:
+    print("FAIL: the trace is not complete: %s" % pm.stdout[:300]); sys.exit(1)
+print("ok   run interrupted while checking its trace: exit 130 in %.2f s, %r" % (took, rest[0]))
+PY
+  local prc=$?
+  cat py.txt
+  [ $prc -eq 0 ] || bad "interrupted run check (above)"
+}
+
 # Empty TRACE arguments are usage errors (exit 2) in every reading command,
 # and names from the command line are escaped too.
 # A SIGINT/SIGTERM that arrives while the libraries initialise, before main
