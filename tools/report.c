@@ -196,6 +196,13 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d,
              esc(e1, d->findings[0].title));
   else
     snprintf(head, sizeof head, "%s", problem ? "PROBLEM" : "HEALTHY");
+  /* a trace the writer did not close (a killed run) is healthy only as far
+   * as it goes: not the green bar of a finished run */
+  int unfinished = !problem && !set_head && !d->complete;
+  if (unfinished)
+    snprintf(head, sizeof head, "HEALTHY SO FAR: the trace was not closed "
+             "(the run was killed, or is still running); the steps it holds "
+             "show no problem");
 
   probe_buf b;
   probe_buf_init(&b);
@@ -226,7 +233,9 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d,
   probe_status st =
       b.oom ? PROBE_ERR_NOMEM
             : probe_report_set_diagnosis(
-                  rep, problem ? PROBE_REPORT_PROBLEM : PROBE_REPORT_HEALTHY,
+                  rep, problem      ? PROBE_REPORT_PROBLEM
+                       : unfinished ? PROBE_REPORT_UNKNOWN
+                                    : PROBE_REPORT_HEALTHY,
                   head, b.len ? b.data : text);
   if (st == PROBE_OK && b.len)
     st = probe_report_add_folded_text(

@@ -27,6 +27,12 @@ has() { # has FILE TEXT
 "$AMP" run --scenario revin-overflow --trace -o fp16.h5 -q >/dev/null
 "$AMP" run --scenario revin-overflow --precision fp32 --trace -o fp32.h5 -q >/dev/null
 "$AMP" run --scenario healthy --trace -o healthy.h5 -q >/dev/null
+# a killed run's trace (not closed): healthy only so far, the grey bar, not
+# the green one of a finished run (it was "HEALTHY", green)
+(AMPPROBE_FAULT_KILL_RANK=0 AMPPROBE_FAULT_KILL_STEP=30 "$AMP" run --scenario healthy \
+  --trace --flush-steps 1 -o killed.h5 -q) >/dev/null 2>&1
+"$AMP" report killed.h5 -o killed.html -q >/dev/null 2>&1
+has killed.html 'class="verdict v0" id="verdict">HEALTHY SO FAR: the trace was not closed'
 for f in fp16.h5 fp32.h5 healthy.h5; do
   [ -s $f ] || { echo "FAIL: ampprobe run did not write $f"; exit 1; }
 done
