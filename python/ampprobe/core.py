@@ -595,24 +595,47 @@ class Trace:
         except Exception:
             pass
 
-    def _read(self, what, ctype, dtype, total, chunk=4096):
+    def _read(self, what, ctype, dtype, total, chunk=4096, start=0,
+              count=None, fields=None):
+        """Rows [start, start + count) of a table (to its end when count is
+        None), in chunks of `chunk` rows; fields: the names to keep (a
+        smaller array: a full record is 648 bytes in memory)."""
         fn = getattr(self._lib, "probe_trace_read_" + what)
-        out = np.zeros(max(int(total), 0), dtype=dtype)
-        start = 0
+        total = max(int(total), 0)
+        start = int(start)
+        if start < 0:
+            raise ValueError("start must be >= 0, not %d" % start)
+        end = total if count is None else min(total, start + max(int(count), 0))
+        n_out = max(end - start, 0)
+        if fields is None:
+            out, buf = np.zeros(n_out, dtype=dtype), None
+        else:
+            names = [fields] if isinstance(fields, str) else list(fields)
+            bad = [f for f in names if f not in dtype.names]
+            if bad or not names:
+                raise ValueError("unknown field(s) %r; a %s row has %s" % (
+                    bad or names, what, ", ".join(dtype.names)))
+            out = np.zeros(n_out, dtype=[(f, dtype.fields[f][0]) for f in names])
+            buf = np.zeros(min(chunk, n_out) or 1, dtype=dtype)
         got = ctypes.c_size_t(0)
-        while start < total:
-            n = min(chunk, total - start)
-            ptr = ctypes.cast(out.ctypes.data + start * dtype.itemsize,
-                              ctypes.POINTER(ctype))
-            st = fn(self._h, start, n, ptr, ctypes.byref(got))
+        done = 0
+        while done < n_out:
+            n = min(chunk, n_out - done)
+            base = (buf.ctypes.data if buf is not None
+                    else out.ctypes.data + done * dtype.itemsize)
+            st = fn(self._h, start + done, n,
+                    ctypes.cast(base, ctypes.POINTER(ctype)), ctypes.byref(got))
             if st < 0:
                 e = self._lib.probe_trace_last_error(self._h)
                 check(st, "probe_trace_read_" + what,
                       e.decode(errors="replace") if e else None)
             if got.value == 0:
                 break
-            start += got.value
-        return out[:start]
+            if buf is not None:
+                for f in out.dtype.names:
+                    out[f][done:done + got.value] = buf[f][:got.value]
+            done += got.value
+        return out[:done]
 
     def layers(self):
         return self._layers.copy()
@@ -620,13 +643,34 @@ class Trace:
     def layer_names(self):
         return [n.decode(errors="replace") for n in self._layers["name"]]
 
-    def records(self):
+    def records(self, start=0, count=None, fields=None):
+        """The records table, rows [start, start + count) (all of it by
+        default), as a structured array; fields ("step", "layer", "site",
+        "absmax", ...) keeps only those columns. A full row takes 648 bytes
+        in memory, some 10-30x its size in the file: for a long trace read
+        it in slices or with iter_records(), or keep a few fields."""
         return self._read("records", _lib.probe_record, RECORD_DTYPE,
-                          self.info["n_records"])
+                          self.info["n_records"], start=start, count=count,
+                          fields=fields)
 
-    def steps(self):
+    def iter_records(self, chunk_rows=65536, fields=None):
+        """The records table in arrays of at most chunk_rows rows, in
+        order: memory bounded by one chunk, whatever the trace's length."""
+        chunk_rows = int(chunk_rows)
+        if chunk_rows < 1:
+            raise ValueError("chunk_rows must be >= 1, not %d" % chunk_rows)
+        for s in range(0, int(self.info["n_records"]), chunk_rows):
+            part = self.records(s, chunk_rows, fields)
+            if len(part) == 0:
+                return
+            yield part
+
+    def steps(self, start=0, count=None, fields=None):
+        """The steps table, rows [start, start + count); fields as in
+        records()."""
         return self._read("steps", _lib.probe_step_scalars, STEP_DTYPE,
-                          self.info["n_steps"])
+                          self.info["n_steps"], start=start, count=count,
+                          fields=fields)
 
     def scaler_events(self):
         return self._read("scaler_events", _lib.probe_scaler_event,

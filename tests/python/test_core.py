@@ -146,6 +146,49 @@ def test_roundtrip_against_h5py(tmp_path):
     assert r2["nan_count"] == 1
 
 
+def test_records_in_slices_and_fields(tmp_path):
+    """A long trace need not be read whole (648 bytes a row in memory, 28x
+    the file): slices, an iterator of chunks, and a few fields - each equal
+    to the same rows of the whole table (h5py's, for the fields)."""
+    h5py = pytest.importorskip("h5py")
+    p = str(tmp_path / "long.h5")
+    x = np.linspace(-2, 2, 64).astype(np.float32)
+    with ampprobe.Session(p, mode="full", overwrite=True) as s:
+        ids = [s.register("l%d" % i, kind="linear") for i in range(7)]
+        for step in range(300):
+            s.begin_step(step)
+            for i in ids:
+                s.record(i, "fwd_out", x * (1 + step + i))
+            s.set_scalars(loss=1.0 / (step + 1))
+            s.end_step()
+    with ampprobe.Trace(p) as t:
+        whole = t.records()
+        assert len(whole) == 2100
+        part = t.records(1000, 333)
+        assert np.array_equal(part, whole[1000:1333])
+        assert len(t.records(2090, 50)) == 10 and len(t.records(5000)) == 0
+        chunks = list(t.iter_records(chunk_rows=500))
+        assert [len(c) for c in chunks] == [500, 500, 500, 500, 100]
+        assert np.array_equal(np.concatenate(chunks), whole)
+        slim = t.records(fields=("step", "layer", "absmax"))
+        assert slim.dtype.names == ("step", "layer", "absmax")
+        assert slim.dtype.itemsize <= 24 < whole.dtype.itemsize
+        f = h5py.File(p, "r")
+        for name in slim.dtype.names:
+            assert np.array_equal(slim[name], f["records"][name][:2100]), name
+        assert np.array_equal(t.steps(10, 5)["loss"], whole_steps_loss(t)[10:15])
+        with pytest.raises(ValueError, match="unknown field"):
+            t.records(fields=("absmx",))
+        with pytest.raises(ValueError, match="start must be"):
+            t.records(-1)
+        with pytest.raises(ValueError, match="chunk_rows"):
+            next(t.iter_records(chunk_rows=0))
+
+
+def whole_steps_loss(t):
+    return t.steps()["loss"]
+
+
 def test_record_by_pointer_and_copies(tmp_path):
     with ampprobe.Session(str(tmp_path / "c.h5")) as s:
         lid = s.register("l")
