@@ -18,6 +18,7 @@ import ctypes
 import fnmatch
 import json
 import math
+import os
 import shlex
 import sys
 import types
@@ -1035,11 +1036,35 @@ def _tracker(sc):
         return 0
 
 
+def _parent_argv():
+    """The parent process's argv (Linux /proc), or None."""
+    try:
+        with open("/proc/%d/cmdline" % os.getppid(), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return args or None
+
+
 def _command_line():
     """The job's command as the shell would take it back, interpreter
     included ("/usr/bin/python3 train.py --steps 40"), for the trace's
-    command_line (the post-mortem's suggested commands start from it)."""
+    command_line (the post-mortem's suggested commands start from it).
+
+    A worker started by multiprocessing's spawn (torch.multiprocessing.spawn)
+    has a stub for argv ("python -c 'from multiprocessing.spawn import
+    spawn_main; ...' --multiprocessing-fork"), and one started by torchrun
+    its script without the launcher: the job's command is then the
+    parent's (the script that spawned, the torchrun command line)."""
     argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
+    spawned = "--multiprocessing-fork" in argv or any(
+        "spawn_main" in a for a in argv)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    if spawned or launched:
+        parent = _parent_argv()
+        if parent:
+            return shlex.join(parent)
     return shlex.join(argv)
 
 

@@ -374,6 +374,12 @@ def test_example_ddp_by_spawn(tmp_path):
     assert firsts[0][0] == 1 and firsts[0][2] == "grad_post_allreduce"
     d = [t["steps"]["weight_digest"] for t in ts]
     assert d[0][0] == d[1][0]
+    # the job's command (the spawning script), not the spawn stub: the
+    # post-mortem's suggested commands start from it
+    for t in ts:
+        cmd = t["info"]["command_line"]
+        assert "train.py" in cmd and "--ddp" in cmd and \
+            "spawn_main" not in cmd, cmd
     doc = ampprobe.postmortem(str(tmp_path))
     if doc.get("kind") == "ranks":  # the cross-rank document (C3)
         assert doc["origin"]["born_on"] == [1], doc["origin"]
