@@ -382,18 +382,25 @@ static double score_allreduce(const rank_ctx *c) {
   (void)c;
   return SCORE_FIX_ALLREDUCE;
 }
+/* "grad_post_allreduce of 'fc' holds 3 NaN, 0 inf of 64 values; <tail>" */
+static void allreduce_counts(rank_ctx *c, probe_diag_finding *f,
+                             const char *site, const char *tail) {
+  const probe_diag *d = c->d;
+  add_evidence(f, "%s of '%s' holds %llu NaN, %llu inf of %llu values; %s",
+               site, c->oname, (unsigned long long)d->origin_out.nan_count,
+               (unsigned long long)(d->origin_out.posinf_count +
+                                    d->origin_out.neginf_count),
+               (unsigned long long)d->origin_out.count, tail);
+}
+
 static void explain_allreduce(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
   if (d->origin_site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
     set_title(f, "the all-reduce bucket of '%s' overflowed when cast to the "
                  "all-reduce's dtype at step %lld: its gradients were finite",
               c->oname, (long long)d->event_step);
-    add_evidence(f, "grad_pre_allreduce of '%s' holds %llu NaN, %llu inf of "
-                    "%llu values; the gradients before it were finite",
-                 c->oname, (unsigned long long)d->origin_out.nan_count,
-                 (unsigned long long)(d->origin_out.posinf_count +
-                                      d->origin_out.neginf_count),
-                 (unsigned long long)d->origin_out.count);
+    allreduce_counts(c, f, "grad_pre_allreduce",
+                     "the gradients before it were finite");
     set_next(f, "all-reduce the gradients in FP32 (--allreduce-dtype fp32), "
                 "or pre-divide them by the world size before an FP16 sum "
                 "(--allreduce-prediv); keeping layers in FP32 does not change "
@@ -403,12 +410,8 @@ static void explain_allreduce(rank_ctx *c, probe_diag_finding *f) {
   set_title(f, "the gradient all-reduce of '%s' returned inf/NaN at step %lld "
                "while this rank sent finite values",
             c->oname, (long long)d->event_step);
-  add_evidence(f, "grad_post_allreduce of '%s' holds %llu NaN, %llu inf of "
-                  "%llu values; its grad_pre_allreduce was finite",
-               c->oname, (unsigned long long)d->origin_out.nan_count,
-               (unsigned long long)(d->origin_out.posinf_count +
-                                    d->origin_out.neginf_count),
-               (unsigned long long)d->origin_out.count);
+  allreduce_counts(c, f, "grad_post_allreduce",
+                   "its grad_pre_allreduce was finite");
   add_evidence(f, "one rank's trace cannot tell another rank's non-finite "
                   "value from a sum that overflowed");
   set_next(f, "run 'ampprobe postmortem' over every rank's trace (the "

@@ -700,6 +700,10 @@ static void note_uncertain(probe_ranks *r) {
              (long long)(r->n_missing + r->n_unreadable));
 }
 
+#define ALLREDUCE_FIX                                                          \
+  "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or pre-divide " \
+  "them by the world size before an FP16 sum (--allreduce-prediv)"
+
 /* No rank read holds it before the all-reduce. With every rank read, the
  * all-reduce made it: a bucket's cast to the all-reduce's dtype (CAST
  * ranks) or the sum. With ranks not read, those are where it most likely
@@ -717,36 +721,25 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
   const char *layer = r->entries[r->first].nf_layer_name;
   const char *who = nl == 0 ? "" : nl == 1 ? "rank " : "ranks ";
   const char *them = n_lost == 1 ? "it" : "them";
-  if (n_lost > 0 && (r->entries[r->first].nf_post & 2)) {
-    snprintf(r->origin_text, sizeof r->origin_text,
-             "the all-reduce brought NaN to rank%s %s (step %lld, layer %s): "
-             "every rank read was finite before it, and a sum of finite "
-             "values is not NaN, so it was born on %s%s, which could not be "
-             "read",
-             r->n_carried + r->n_cast > 1 ? "s" : "",
-             r->n_carried ? carried : cast, (long long)r->event_step, layer,
-             who, lost);
-    snprintf(r->fix_text, sizeof r->fix_text,
-             "read the trace of %s%s (restore or re-record %s) to see where "
-             "it was born; the all-reduce did not make it",
-             who, lost, them);
-    return;
-  }
   if (n_lost > 0) {
+    /* NaN: a sum of finite values is not NaN - born on a lost rank; inf:
+     * that, or an FP16 sum of finite values that overflowed */
+    int nan = (r->entries[r->first].nf_post & 2) != 0;
     snprintf(r->origin_text, sizeof r->origin_text,
-             "the all-reduce brought inf to rank%s %s (step %lld, layer %s): "
-             "every rank read was finite before it, so it was born on %s%s, "
-             "which could not be read, or in the all-reduce itself (an FP16 "
-             "sum of finite values that overflowed)",
-             r->n_carried + r->n_cast > 1 ? "s" : "",
+             "the all-reduce brought %s to rank%s %s (step %lld, layer %s): "
+             "every rank read was finite before it%s, so it was born on %s%s, "
+             "which could not be read%s",
+             nan ? "NaN" : "inf", r->n_carried + r->n_cast > 1 ? "s" : "",
              r->n_carried ? carried : cast, (long long)r->event_step, layer,
-             who, lost);
+             nan ? ", and a sum of finite values is not NaN" : "", who, lost,
+             nan ? "" : ", or in the all-reduce itself (an FP16 sum of finite "
+                        "values that overflowed)");
     snprintf(r->fix_text, sizeof r->fix_text,
-             "read the trace of %s%s (restore or re-record %s); if every "
-             "rank's gradients were finite, all-reduce them in FP32 "
-             "(--allreduce-dtype fp32) or pre-divide them by the world size "
-             "(--allreduce-prediv)",
-             who, lost, them);
+             "read the trace of %s%s (restore or re-record %s)%s%s", who, lost,
+             them, nan ? " to see where it was born; the all-reduce did not "
+                         "make it"
+                       : "; if every rank's gradients were finite, ",
+             nan ? "" : ALLREDUCE_FIX);
     return;
   }
   if (r->n_cast)
@@ -764,10 +757,7 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
              "after it on rank%s %s)",
              (long long)r->event_step, layer, r->n_carried > 1 ? "s" : "",
              carried);
-  snprintf(r->fix_text, sizeof r->fix_text,
-           "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or "
-           "pre-divide them by the world size before an FP16 sum "
-           "(--allreduce-prediv)");
+  snprintf(r->fix_text, sizeof r->fix_text, "%s", ALLREDUCE_FIX);
 }
 
 /* The ranks whose loss went non-finite at the set's first such step. */
