@@ -902,6 +902,7 @@ static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
     double left = w->deadline - now;
     if (w->last_beat + ISO_STALL_S - now < left)
       left = w->last_beat + ISO_STALL_S - now;
+    if (left > 60.0) left = 60.0; /* a poll's int of ms: the loop goes on */
     struct pollfd p[2] = {{fd, POLLIN, 0}, {w->beat_fd, POLLIN, 0}};
     int pr = poll(p, w->beat_fd >= 0 ? 2 : 1, (int)(left * 1000) + 1);
     if (pr < 0 && errno == EINTR) continue;

@@ -835,13 +835,19 @@ static const char *nonfinite_story(const layer_nonfinite *L) {
 
 typedef struct row_rank {
   int row;
-  int bad;      /* a cell held inf/NaN */
-  float least;  /* smallest headroom over its cells (NaN: none) */
+  int bad;        /* a cell held inf/NaN */
+  int64_t first;  /* its first non-finite step and the seq there (bad
+                     rows: the earliest, the layer first in the run
+                     among them, stay) */
+  int64_t seq;
+  float least;    /* smallest headroom over its cells (NaN: none) */
 } row_rank;
 
 static int row_rank_cmp(const void *pa, const void *pb) {
   const row_rank *a = pa, *b = pb;
   if (a->bad != b->bad) return b->bad - a->bad;
+  if (a->bad && a->first != b->first) return a->first < b->first ? -1 : 1;
+  if (a->bad && a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
   int na = isnan(a->least), nb = isnan(b->least);
   if (na != nb) return na - nb;
   if (!na && a->least != b->least) return a->least < b->least ? -1 : 1;
@@ -860,7 +866,8 @@ static size_t select_rows(const probe_report *r, int *rows, size_t *recorded,
   const probe_grid *h = &r->headroom, *u = &r->underflow;
   size_t n = 0;
   for (int i = 0; i < h->rows; i++) {
-    row_rank k = {i, 0, NAN};
+    row_rank k = {i, 0, r->lnf ? r->lnf[i].step : -1,
+                  r->lnf ? r->lnf[i].first_seq : 0, NAN};
     int any = 0;
     for (int c = 0; c < h->cols; c++) {
       size_t at = (size_t)i * (size_t)h->cols + (size_t)c;

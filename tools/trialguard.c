@@ -47,10 +47,13 @@ static void on_stop(int sig) {
 
 static void on_term(int sig) { (void)sig; /* the command's to handle */ }
 
+static void on_child(int sig) { (void)sig; /* wakes sigsuspend */ }
+
 /* The living processes of the system, pid and parent, sorted by pid. */
 typedef struct {
   pid_t pid, parent;
-  int mark; /* a descendant of the guard */
+  int mark;   /* a descendant of the guard */
+  int zombie; /* its main thread is gone (other threads may live on) */
 } proc_entry;
 
 typedef struct {
@@ -94,7 +97,7 @@ static int table_read(proc_table *t) {
     pid_t parent;
     int zombie;
     if (de->d_name[0] < '1' || de->d_name[0] > '9' ||
-        proc_parent(de->d_name, &parent, &zombie) != 0 || zombie)
+        proc_parent(de->d_name, &parent, &zombie) != 0)
       continue;
     if (t->n == t->cap) {
       size_t cap = t->cap ? 2 * t->cap : 256;
@@ -105,7 +108,7 @@ static int table_read(proc_table *t) {
       }
       t->e = e, t->cap = cap;
     }
-    t->e[t->n++] = (proc_entry){(pid_t)atol(de->d_name), parent, 0};
+    t->e[t->n++] = (proc_entry){(pid_t)atol(de->d_name), parent, 0, zombie};
   }
   closedir(d);
   if (rc == 0 && t->n) qsort(t->e, t->n, sizeof *t->e, by_pid);
@@ -120,7 +123,7 @@ static size_t table_mark(proc_table *t, pid_t root) {
     more = 0;
     for (size_t i = 0; i < t->n; i++) {
       if (t->e[i].mark) continue;
-      proc_entry key = {t->e[i].parent, 0, 0};
+      proc_entry key = {t->e[i].parent, 0, 0, 0};
       const proc_entry *p = t->e[i].parent == root ? NULL
                             : bsearch(&key, t->e, t->n, sizeof *t->e, by_pid);
       if (t->e[i].parent == root || (p && p->mark)) {
@@ -133,16 +136,30 @@ static size_t table_mark(proc_table *t, pid_t root) {
   return found;
 }
 
-/* Kills every living descendant of the guard and reaps those that become
- * its children, until none is left or GUARD_ROUNDS have passed. */
+/* Kills every descendant of the guard and reaps those that become its
+ * children, until none lives or GUARD_ROUNDS have passed. A zombie is
+ * killed too (a process whose main thread exited while others run shows
+ * as one: SIGKILL ends them) and its children are followed, but only
+ * living ones keep the rounds going. Without /proc, the guard's own group
+ * is killed (the guard with it): what left the group is then out of
+ * reach, as before the guard walked /proc. */
 static void kill_descendants(pid_t self) {
   proc_table t = {0};
   for (int round = 0; round < GUARD_ROUNDS; round++) {
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
-    if (table_read(&t) != 0 || table_mark(&t, self) == 0) break;
+    if (table_read(&t) != 0) {
+      if (round == 0) kill(0, SIGKILL);
+      break;
+    }
+    if (table_mark(&t, self) == 0) break;
+    size_t living = 0;
     for (size_t i = 0; i < t.n; i++)
-      if (t.e[i].mark) kill(t.e[i].pid, SIGKILL);
+      if (t.e[i].mark) {
+        kill(t.e[i].pid, SIGKILL);
+        living += !t.e[i].zombie;
+      }
+    if (living == 0) break;
     struct timespec ts = {0, GUARD_ROUND_NS};
     nanosleep(&ts, NULL);
   }
@@ -166,12 +183,38 @@ static void exit_like(int st) {
   _exit(128 + sig);
 }
 
+/* Waits for the job, reaping on the way the orphans the guard adopts (a
+ * subreaper's zombies would pile up), until it ends or a stop comes. The
+ * stop and SIGCHLD are blocked but inside sigsuspend, so a stop that
+ * arrives between the check and the wait is not lost (it was: a blocking
+ * waitpid then waited for the job). Returns 1 with *st when the job
+ * ended. */
+static int wait_job(pid_t job, int *st, const sigset_t *during) {
+  for (;;) {
+    int s, ended = 0;
+    pid_t w;
+    while ((w = waitpid(-1, &s, WNOHANG)) > 0)
+      if (w == job) *st = s, ended = 1;
+    if (ended) return 1;
+    if (w < 0 && errno == ECHILD) return 0;
+    if (guard_stop_now) return 0;
+    sigsuspend(during);
+  }
+}
+
 void trial_guard_enter(pid_t bisect_pid) {
+  sigset_t block, orig;
+  sigemptyset(&block);
+  sigaddset(&block, SIGHUP);
+  sigaddset(&block, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &block, &orig);
   struct sigaction sa;
-  memset(&sa, 0, sizeof sa); /* no SA_RESTART: a stop interrupts waitpid */
+  memset(&sa, 0, sizeof sa);
   sigemptyset(&sa.sa_mask);
   sa.sa_handler = on_stop;
   sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_child;
+  sigaction(SIGCHLD, &sa, NULL);
   sa.sa_handler = on_term;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
@@ -182,17 +225,16 @@ void trial_guard_enter(pid_t bisect_pid) {
   pid_t job = guard_stop_now ? -1 : fork();
   if (job == 0) {
     signal(SIGHUP, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &orig, NULL);
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* the guard is gone: so is the job */
     return;
   }
-  int st = W_EXITCODE(127, 0), ended = 0;
-  while (job > 0 && !ended && !guard_stop_now) {
-    pid_t w = waitpid(job, &st, 0);
-    if (w == job)
-      ended = 1;
-    else if (w < 0 && errno != EINTR)
-      break;
-  }
+  sigset_t during = orig; /* what sigsuspend lets in */
+  sigdelset(&during, SIGHUP);
+  sigdelset(&during, SIGCHLD);
+  int st = W_EXITCODE(127, 0);
+  int ended = job > 0 && wait_job(job, &st, &during);
   kill_descendants(getpid());
   if (!ended && guard_stop_now) st = SIGKILL; /* as if the group were killed */
   exit_like(st);

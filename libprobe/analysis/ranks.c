@@ -473,8 +473,11 @@ static int reached_by_allreduce(const probe_ranks *r, const probe_rank_entry *e,
   if (!by_update && (e->nf_forward || !(e->nf_post & 1))) return 0;
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *o = &r->entries[i];
+    /* another rank born in its forward (its first record there; weights
+     * non-finite after the update on every rank is no rank's forward: the
+     * optimizer's, e.g. a learning rate too high) */
     if (o != e && o->status == PROBE_RANK_READ && o->nf_step == s &&
-        o->nf_forward)
+        o->nf_phase == PROBE_PHASE_FORWARD)
       return 1;
   }
   return 0;
@@ -498,7 +501,7 @@ static void assign_roles(probe_ranks *r) {
     if (e->nf_step < 0) {
       e->role = PROBE_RANK_ROLE_NONE;
       r->n_unreached++;
-    } else if (e->nf_site == PROBE_SITE_GRAD_PRE_ALLREDUCE) {
+    } else if (e->nf_site == PROBE_SITE_GRAD_PRE_ALLREDUCE && e->nf_step == s) {
       /* its gradients were finite; their all-reduce bucket, cast to the
        * all-reduce's dtype, was not */
       e->role = PROBE_RANK_ROLE_CAST;
@@ -602,9 +605,17 @@ static void carry_when(const probe_ranks *r, char *buf, size_t cap) {
              (long long)r->carried_last_step);
 }
 
+/* The first born rank's entry (the set's first record may be a rank's
+ * cast or carried one). */
+static const probe_rank_entry *first_born(const probe_ranks *r) {
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].role == PROBE_RANK_ROLE_BORN) return &r->entries[i];
+  return &r->entries[r->first];
+}
+
 /* Whether the born ranks' first records are at different layers or sites. */
 static int born_sites_differ(const probe_ranks *r) {
-  const probe_rank_entry *f = &r->entries[r->first];
+  const probe_rank_entry *f = first_born(r);
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
     if (e->role == PROBE_RANK_ROLE_BORN &&
@@ -629,7 +640,7 @@ static size_t text_born(probe_ranks *r, const char *born) {
       at += n_ > 0 ? (size_t)n_ : 0;                                           \
     }                                                                          \
   } while (0)
-  const probe_rank_entry *f = &r->entries[r->first];
+  const probe_rank_entry *f = first_born(r);
   APPEND("born on rank%s %s (step %lld", r->n_born > 1 ? "s" : "", born,
          (long long)r->event_step);
   if (!born_sites_differ(r)) {
@@ -656,7 +667,7 @@ static size_t text_born(probe_ranks *r, const char *born) {
 
 static void text_rank_origin(probe_ranks *r, const char *born,
                              const char *carried) {
-  const probe_rank_entry *f = &r->entries[r->first];
+  const probe_rank_entry *f = first_born(r);
   size_t at = text_born(r, born);
   if (at < sizeof r->origin_text && r->n_carried) {
     char when[64];
@@ -775,6 +786,7 @@ static int64_t loss_ranks(const probe_ranks *r, char *buf, size_t cap) {
       int k = snprintf(buf + len, cap - len, "%s%d", len ? ", " : "",
                        (int)e->rank);
       len += k > 0 ? (size_t)k : 0;
+      if (len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* cut */
     }
   }
   return n;
@@ -802,7 +814,7 @@ static void text_loss_origin(probe_ranks *r) {
   else
     snprintf(when, sizeof when, "; no per-layer record shows where (record "
              "with --trace)");
-  if (n == r->n_read && n > 1)
+  if (n == r->n_read && n > 1 && r->n_missing + r->n_unreadable == 0)
     snprintf(r->origin_text, sizeof r->origin_text,
              "the loss went non-finite on every rank at step %lld (the job's "
              "mean loss: it names no rank)%s", (long long)r->event_step, when);

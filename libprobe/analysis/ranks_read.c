@@ -137,12 +137,8 @@ static void acc_take(step_acc *a, const probe_record *r) {
   a->first = *r;
 }
 
-/* A normal scaler backoff's step: skipped by the loss scaler, with a
- * finite loss (a non-finite loss - the job's mean, so any rank's - is an
- * event, never the scaler's routine: a rank that got its NaN through the
- * all-reduce on that skipped step was reached by it). The rank's steps
- * are sorted. */
-static int step_routine_skip(const probe__rsum *s, int64_t step) {
+/* The rank's row of a step (its steps are sorted), or NULL. */
+static const probe__rstep *step_row(const probe__rsum *s, int64_t step) {
   int64_t lo = 0, hi = s->e.n_steps;
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
@@ -151,19 +147,47 @@ static int step_routine_skip(const probe__rsum *s, int64_t step) {
     else
       hi = mid;
   }
-  if (lo >= s->e.n_steps || s->steps[lo].step != step) return 0;
-  const probe__rstep *r = &s->steps[lo];
-  return (r->has & PROBE__RS_SKIPPED) && r->skipped &&
-         !(r->has & PROBE__RS_LOSS_NF);
+  return lo < s->e.n_steps && s->steps[lo].step == step ? &s->steps[lo]
+                                                         : NULL;
 }
 
-/* A finished step: a normal backoff (only gradients non-finite, on a step
- * the scaler skipped, the loss finite) is counted; anything else
- * non-finite is the event. Returns 1 when the event was found. */
-static int acc_finish(probe__rsum *s, const step_acc *a) {
+/* A finished step: one whose only non-finite values are gradients, with a
+ * finite loss (a non-finite loss - the job's mean, so any rank's - is an
+ * event: a rank that got a NaN through the all-reduce was reached by it)
+ * and finite weights after it, is not the event, as in the one-process
+ * post-mortem: on a step the scaler skipped a normal backoff (counted),
+ * else a gradient that went nowhere (the input's own gradient; a gradient
+ * the update applied makes the weights non-finite, an event). Anything
+ * else non-finite is the event. Returns 1 when the event was found. */
+/* The step's first non-finite record as the rank's event. */
+static void take_event(probe_rank_entry *e, const step_acc *a) {
+  e->nf_step = a->step;
+  e->nf_phase = (int32_t)probe_site_phase((probe_site)a->first.site);
+  e->nf_seq = a->first.seq;
+  e->nf_layer = a->first.layer;
+  e->nf_site = a->first.site;
+  e->pre_nonfinite = a->pre_nf;
+  e->post_records = a->post_records;
+  e->nf_forward = a->fwd_nf;
+  e->nf_post = a->post_nf;
+}
+
+/* fb: the first step of gradients only, neither skipped nor applied (kept
+ * in *fb, *have_fb set): the event when no other comes, as the one-process
+ * post-mortem takes a backward-only overflow when nothing else happened
+ * (a trace without weight records, an FP16 all-reduce's sum). */
+static int acc_finish(probe__rsum *s, const step_acc *a, step_acc *fb,
+                      int *have_fb) {
   probe_rank_entry *e = &s->e;
   if (!a->any_nf) return 0;
-  if (s->raw_from < 0 && !a->fwd_nf && step_routine_skip(s, a->step)) {
+  const probe__rstep *row = step_row(s, a->step);
+  int loss_nf = row && (row->has & PROBE__RS_LOSS_NF);
+  int skipped = row && (row->has & PROBE__RS_SKIPPED) && row->skipped;
+  if (s->raw_from < 0 && !a->fwd_nf && !loss_nf && !skipped) {
+    if (!*have_fb) *fb = *a, *have_fb = 1;
+    return 0; /* gradients only, not applied: not the event (yet) */
+  }
+  if (s->raw_from < 0 && !a->fwd_nf && !loss_nf && skipped) {
     if (e->backoff_nonfinite_steps++ == 0) {
       e->first_backoff_step = a->step;
       e->first_backoff_site = a->first.site;
@@ -174,15 +198,7 @@ static int acc_finish(probe__rsum *s, const step_acc *a) {
     }
     return 0;
   }
-  e->nf_step = a->step;
-  e->nf_phase = (int32_t)probe_site_phase((probe_site)a->first.site);
-  e->nf_seq = a->first.seq;
-  e->nf_layer = a->first.layer;
-  e->nf_site = a->first.site;
-  e->pre_nonfinite = a->pre_nf;
-  e->post_records = a->post_records;
-  e->nf_forward = a->fwd_nf;
-  e->nf_post = a->post_nf;
+  take_event(e, a);
   return 1;
 }
 
@@ -199,21 +215,23 @@ static probe_status scan_events(probe__rsum *s, probe_trace *t, int64_t n,
   if (!buf) return PROBE_ERR_NOMEM;
   step_acc a;
   acc_reset(&a, step);
-  int done = 0;
+  step_acc fb;
+  int done = 0, have_fb = 0;
   while (st >= 0 && !done && row < n) {
     size_t got = 0;
     st = probe_trace_read_records(t, row, REC_CHUNK, buf, &got);
     if (st < 0 || got == 0) break;
     for (size_t i = 0; i < got && !done; i++) {
       if (buf[i].step != a.step) {
-        done = acc_finish(s, &a);
+        done = acc_finish(s, &a, &fb, &have_fb);
         acc_reset(&a, buf[i].step);
       }
       if (!done) acc_take(&a, &buf[i]);
     }
     row += (int64_t)got;
   }
-  if (st >= 0 && !done) acc_finish(s, &a);
+  if (st >= 0 && !done) done = acc_finish(s, &a, &fb, &have_fb);
+  if (st >= 0 && !done && have_fb) take_event(&s->e, &fb);
   free(buf);
   return st;
 }

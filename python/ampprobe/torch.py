@@ -1058,13 +1058,15 @@ def _command_line():
     its script without the launcher: the job's command is then the
     parent's (the script that spawned, the torchrun command line)."""
     argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
-    spawned = "--multiprocessing-fork" in argv or any(
-        "spawn_main" in a for a in argv)
+    spawned = argv[-1:] == ["--multiprocessing-fork"] and any(
+        a.startswith("from multiprocessing.spawn import spawn_main")
+        for a in argv)
     launched = "TORCHELASTIC_RUN_ID" in os.environ
     if spawned or launched:
-        parent = _parent_argv()
-        if parent:
+        parent = _parent_argv() if os.getppid() > 1 else None
+        if parent and not any("ipykernel" in a for a in parent):
             return shlex.join(parent)
+        return ""  # not known here: the post-mortem says "your command"
     return shlex.join(argv)
 
 

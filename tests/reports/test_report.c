@@ -793,6 +793,22 @@ START_TEST(test_report_rows_capped) {
   ck_assert_msg(len < 2000000, "%zu bytes", len);
   free(html);
   probe_report_free(r);
+
+  /* more than 1,000 layers with inf/NaN (a NaN spread through the model):
+   * the layer first in the run is kept, whatever its headroom */
+  r = new_report(3, L);
+  for (int64_t st = 0; st < 3; st++)
+    for (int l = 0; l < REC; l++) {
+      int bad = st == 2 || (l == 1400 && st >= 1);
+      probe_record p = nf_rec(st, l, PROBE_SITE_FWD_OUT, bad);
+      p.stats.absmax = 3.0f;
+      p.seq = (uint32_t)l;
+      ck_assert_int_eq(probe_report_add_records(r, &p, 1), PROBE_OK);
+    }
+  html = write_report(r, &len);
+  ck_assert(row_has(nf_row(html, "block466.revin"), "(first in the run)"));
+  free(html);
+  probe_report_free(r);
 }
 END_TEST
 

@@ -56,10 +56,13 @@ typedef struct fault {
                                  default) or L_FC2 (first in the backward) */
   int64_t close_after;        /* the writer closes its trace after this
                                  step (an exception: not killed) */
+  int64_t grad_in_inf_step;   /* the loss's gradient to its input overflows
+                                 and goes nowhere (not a parameter's: not
+                                 found by the scaler, not applied) */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1, -1};
   return f;
 }
 
@@ -77,6 +80,9 @@ typedef struct job {
   int nan_update;   /* a NaN input's step makes every rank's master
                        weights NaN (the all-reduced gradients applied) */
   int every;        /* records only at steps divisible by it (0, 1: all) */
+  int64_t weights_nf_step; /* every rank's weights non-finite after this
+                              step's update, its gradients finite (a
+                              learning rate too high); 0 = never */
   int local_loss;   /* each rank logs its own loss (the Python tracer), not
                        the job's mean: NaN on the NaN input's rank, and on
                        every rank once the weights are NaN */
@@ -196,15 +202,21 @@ static void write_records(wr *w, const job *j, int r, int64_t step) {
   int bad = f->nan_input_step == step;
   int64_t s0 = first_nan_input(j);
   int poisoned = j->nan_update && s0 >= 0 && step >= s0; /* after the update */
+  /* without a scaler the update applies a step's non-finite gradients */
+  poisoned |= j->no_scaler &&
+              (any_pre_bad(j, step, L_FC1) || any_pre_bad(j, step, L_FC2) ||
+               any_post_inf(j, step, L_FC1) || any_post_inf(j, step, L_FC2));
   rec(w, L_INPUT, PROBE_SITE_FWD_OUT, 1.0f, bad);
   rec(w, L_FC1, PROBE_SITE_FWD_IN, 1.0f, bad);
   rec(w, L_FC1, PROBE_SITE_FWD_OUT, 2.0f, bad || f->masked_step == step);
   rec(w, L_FC2, PROBE_SITE_FWD_OUT, 2.0f, bad);
   rec(w, L_LOSS, PROBE_SITE_FWD_OUT, 1.0f, bad);
-  rec(w, L_LOSS, PROBE_SITE_GRAD_IN, 1.0f, bad);
+  rec(w, L_LOSS, PROBE_SITE_GRAD_IN, 1.0f,
+      bad ? 1 : f->grad_in_inf_step == step ? 2 : 0);
   backward_layer(w, j, r, step, L_FC2, bad);
   backward_layer(w, j, r, step, L_FC1, bad);
-  rec(w, L_FC1, PROBE_SITE_MASTER_WEIGHT, 0.5f, poisoned);
+  rec(w, L_FC1, PROBE_SITE_MASTER_WEIGHT, 0.5f,
+      poisoned || (j->weights_nf_step > 0 && step == j->weights_nf_step));
   rec(w, L_FC2, PROBE_SITE_MASTER_WEIGHT, 0.5f, 0);
 }
 
@@ -1599,6 +1611,45 @@ START_TEST(test_next_step_keeps_the_ranks) {
 }
 END_TEST
 
+/* A gradient that overflowed and went nowhere (not a parameter's: the
+ * scaler did not find it, the update did not apply it) on rank 0 one step
+ * before rank 1's NaN input: as in the one-process post-mortem it is not
+ * the event; rank 1 is born at its step (it was "born on rank 0" a step
+ * early, while rank 0's own post-mortem started at the next step). */
+START_TEST(test_gradient_that_went_nowhere) {
+  job j;
+  job_init(&j, "nowhere", 2, 10);
+  j.f[0].grad_in_inf_step = 4;
+  j.f[1].nan_input_step = 5;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.event_step, 5);
+  check_origin(&r, "rank", "1", "0");
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Every rank's weights go non-finite in the update with finite gradients
+ * (a learning rate too high, FP32): born on every rank in the optimizer,
+ * not "born in the all-reduce" (each rank took the others' non-finite
+ * weights for a forward NaN the all-reduce had carried). */
+START_TEST(test_weights_everywhere_not_allreduce) {
+  job j;
+  job_init(&j, "lrhigh", 2, 6);
+  j.no_scaler = 1;
+  j.no_allreduce = 1;
+  j.weights_nf_step = 2;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_RANK);
+  check_origin(&r, "rank", "0,1", "");
+  ck_assert_msg(!strstr(r.fix_text, "--allreduce-dtype"), "%s", r.fix_text);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1635,6 +1686,8 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_reached_through_the_update);
   tcase_add_test(tc, test_loss_before_any_record);
   tcase_add_test(tc, test_next_step_keeps_the_ranks);
+  tcase_add_test(tc, test_gradient_that_went_nowhere);
+  tcase_add_test(tc, test_weights_everywhere_not_allreduce);
   suite_add_tcase(s, tc);
   return s;
 }
