@@ -670,8 +670,16 @@ static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
   }
   char mpirun[1024], exe[1024];
   if (find_mpirun(mpirun, sizeof mpirun)) {
-    cli_error(SUB, "--ranks needs mpirun, which is not on PATH (Debian: "
-                   "apt-get install openmpi-bin; or set AMPPROBE_MPIRUN)");
+    const char *env = getenv("AMPPROBE_MPIRUN");
+    if (env && *env) { /* the user's choice: say that one is wrong */
+      char esc[600];
+      cli_escape_name(esc, sizeof esc, env);
+      cli_error(SUB, "--ranks: AMPPROBE_MPIRUN=%s is not an executable file "
+                     "(%s)", esc, strerror(errno));
+    } else {
+      cli_error(SUB, "--ranks needs mpirun, which is not on PATH (Debian: "
+                     "apt-get install openmpi-bin; or set AMPPROBE_MPIRUN)");
+    }
     return CLI_EXIT_INTERNAL;
   }
   if (self_exe(exe, sizeof exe)) {

@@ -441,6 +441,12 @@ case_sets() {
 # launch: --ranks N re-execs mpirun; {rank} in the path; a path without .h5
 case_launch() {
   mkdir -p out plain
+  # a wrong AMPPROBE_MPIRUN is named as such (it said "mpirun ... is not on
+  # PATH")
+  t badmpirun -- env AMPPROBE_MPIRUN=/nonexistent/mpirun "$AMP" run --ranks 2 \
+    --scenario healthy-dp --steps 2 -q -o out/bad.h5
+  expect 4 "AMPPROBE_MPIRUN that does not exist" badmpirun
+  has badmpirun.err "AMPPROBE_MPIRUN=/nonexistent/mpirun is not an executable file"
   # (run --ranks sets the exit-race variable itself, and says so)
   t ranks -- env -u OMPI_MCA_orte_allowed_exit_without_sync \
     "$AMP" run --ranks "$N" --scenario healthy-dp --steps 4 "${RUNOPT[@]}" -o 'out/r{rank}-of-job.h5'
