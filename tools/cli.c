@@ -26,8 +26,40 @@
 volatile sig_atomic_t cli_stop_flag = 0;
 volatile sig_atomic_t cli_stop_signal = 0;
 
+/* ---- a note while a long read runs ---------------------------------------- */
+
+int cli_busy_quiet = 0;
+static int busy_shown;
+
+void cli_busy(const char *sub, const char *path, long long bytes) {
+  if (cli_busy_quiet || busy_shown || bytes < CLI_BUSY_BYTES ||
+      !isatty(STDERR_FILENO))
+    return;
+  char q[600];
+  cli_escape_name(q, sizeof q, path);
+  fprintf(stderr, "\r\033[Kampprobe: %s: reading %s (%.0f MB) ...", sub, q,
+          (double)bytes / 1e6);
+  fflush(stderr);
+  busy_shown = 1;
+}
+
+void cli_busy_done(void) {
+  if (!busy_shown) return;
+  fprintf(stderr, "\r\033[K");
+  fflush(stderr);
+  busy_shown = 0;
+}
+
+long long cli_file_bytes(const char *path) {
+  struct stat sb;
+  return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)
+             ? (long long)sb.st_size
+             : 0;
+}
+
 void cli_error(const char *sub, const char *fmt, ...) {
   char raw[1024], msg[4 * 1024];
+  cli_busy_done();
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(raw, sizeof raw, fmt, ap);
@@ -78,6 +110,7 @@ void cli_scenario_error(const char *sub, const char *name, probe_status st,
 
 int cli_open_trace(const char *sub, probe_trace **t, const char *path) {
   char err[512] = "";
+  cli_busy(sub, path, cli_file_bytes(path)); /* cleared before any output */
   probe_status st = probe_trace_open_isolated(t, path, err, sizeof err);
   if (st >= 0) return CLI_EXIT_OK;
   if (err[0] && strstr(err, path)) { /* the reader's message names it */

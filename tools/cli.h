@@ -218,6 +218,16 @@ void cli_signals_exit_install_note(const char *sub, const char *note);
  * done). */
 void cli_signals_default(void);
 
+/* A long read (inputs of CLI_BUSY_BYTES or more) says on a terminal what it
+ * reads: one line on stderr, "ampprobe: SUB: reading PATH (N MB) ...",
+ * cleared by cli_busy_done() before the command prints anything (cli_error
+ * clears it too). cli_open_trace shows it; cli_busy_quiet (-q) hides it. */
+#define CLI_BUSY_BYTES (16LL << 20)
+extern int cli_busy_quiet;
+void cli_busy(const char *sub, const char *path, long long bytes);
+void cli_busy_done(void);
+long long cli_file_bytes(const char *path);
+
 /* Progress on stderr, only when stderr is a terminal and not quiet. */
 typedef struct cli_progress {
   int enabled;

@@ -247,6 +247,7 @@ static int diff_two(const char *pa, const char *pb,
   }
   if (out && j && cli_write_text(SUB, out, j) != 0) /* temp + rename */
     rc = CLI_EXIT_INTERNAL;
+  cli_busy_done();
   if (rc == CLI_EXIT_INTERNAL) {
     /* the error is reported: nothing on stdout (docs/cli.md) */
   } else if (json && j) {
@@ -443,6 +444,7 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
                                        : CLI_EXIT_PROBLEM;
   char *doc = json_dumps(root, JSON_INDENT(2));
   if (out && doc && cli_write_text(SUB, out, doc) != 0) rc = CLI_EXIT_INTERNAL;
+  cli_busy_done();
   if (rc != CLI_EXIT_INTERNAL) {
     if (json && doc)
       printf("%s\n", doc);

@@ -71,6 +71,7 @@ static int print_out(probe_status st, char *out) {
     cli_error(SUB, "cannot render the result: %s", probe_status_str(st));
     rc = CLI_EXIT_INTERNAL;
   } else {
+    cli_busy_done();
     fputs(out, stdout);
     rc = cli_stdout_check(SUB);
   }
@@ -123,6 +124,9 @@ static int rank_set(const char *const *paths, size_t n, int json,
   ro.diag = *opt;
   ro.isolate = 1;
   probe_ranks r;
+  long long bytes = 0;
+  for (size_t i = 0; i < n; i++) bytes += cli_file_bytes(paths[i]);
+  cli_busy(SUB, n == 1 ? paths[0] : "the rank files", bytes);
   probe_status st = probe_ranks_run(&r, paths, n, &ro);
   if (st < 0) {
     cli_error(SUB, "%s", r.error[0] ? r.error : probe_status_str(st));

@@ -1415,6 +1415,7 @@ static int report_write(const report_args *a, const char *path,
   double size = stat(a->out, &ost) == 0 ? (double)ost.st_size : 0;
   rc = probe_diag_problem(&diag) || (v && v->problem) ? CLI_EXIT_PROBLEM
                                                        : CLI_EXIT_OK;
+  cli_busy_done();
   if (!a->quiet)
     fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n",
             a->out, size / 1024.0, cli_now() - t0);
@@ -1549,7 +1550,7 @@ int cmd_report(int argc, char **argv) {
     case 'b': a.base_path = optarg; break;
     case 'B': a.bisect_path = optarg; break;
     case 't': a.title = optarg; break;
-    case 'q': a.quiet = 1; break;
+    case 'q': a.quiet = 1, cli_busy_quiet = 1; break;
     case 'w':
       if (cli_parse_i64(SUB, "--width", optarg, 600, 4000, &v))
         return CLI_EXIT_USAGE;

@@ -742,6 +742,66 @@ PY
   [ $prc -eq 0 ] || bad "interrupted run check (above)"
 }
 
+# A long read says on a terminal what it reads (a 297 MB trace took a
+# minute with nothing on the screen): one line on stderr, cleared before
+# the output; nothing without a terminal or with report -q.
+case_busy_note() {
+  "$AMP" run --scenario healthy --trace --steps 7000 -q -o big.h5 >/dev/null 2>&1 ||
+    { echo "cannot make the trace"; exit 1; }
+  /usr/bin/python3 - "$AMP" <<'PY' >py.txt 2>&1
+import os, pty, subprocess, sys
+amp = sys.argv[1]
+size = os.path.getsize("big.h5")
+if size < 16 << 20:
+    print("FAIL: big.h5 is only %d bytes" % size); sys.exit(1)
+def on_tty(args):
+    m, s = pty.openpty()
+    p = subprocess.Popen([amp] + args, stdin=s, stdout=s, stderr=s, close_fds=True)
+    os.close(s)
+    out = b""
+    while True:
+        try:
+            d = os.read(m, 65536)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    p.wait()
+    return p.returncode, out.decode(errors="replace")
+fail = 0
+for args, first in ((["postmortem", "big.h5"], "trace       big.h5"),
+                    (["diff", "big.h5", "big.h5"], "ampprobe diff: A = big.h5"),
+                    (["report", "big.h5", "-o", "r.html"], "ampprobe: report: wrote r.html")):
+    rc, out = on_tty(args)
+    note = out.find("ampprobe: %s: reading big.h5 (" % args[0])
+    clear = out.find("\r\x1b[K", note + 1)
+    text = out.find(first)
+    if note < 0 or clear < 0 or text < clear:
+        print("FAIL %s: note %d, cleared %d, output %d: %r" % (args[0], note, clear, text, out[:300]))
+        fail = 1
+    else:
+        print("ok   %s on a terminal: %r, cleared before the output" % (
+            args[0], out[note:out.find(" ...", note) + 4]))
+    if os.path.exists("r.html"):
+        os.unlink("r.html")
+rc, out = on_tty(["report", "big.h5", "-q", "-o", "q.html"])
+if "reading" in out:
+    print("FAIL report -q on a terminal: %r" % out[:200]); fail = 1
+else:
+    print("ok   report -q: no note")
+p = subprocess.run([amp, "postmortem", "big.h5"], capture_output=True, text=True)
+if "reading" in p.stderr:
+    print("FAIL without a terminal: %r" % p.stderr[:200]); fail = 1
+else:
+    print("ok   no terminal: no note")
+sys.exit(fail)
+PY
+  local prc=$?
+  cat py.txt
+  [ $prc -eq 0 ] || bad "a long read's note (above)"
+}
+
 # Empty TRACE arguments are usage errors (exit 2) in every reading command,
 # and names from the command line are escaped too.
 # A SIGINT/SIGTERM that arrives while the libraries initialise, before main
