@@ -29,6 +29,12 @@
  * absent: never a non-finite value, never a loss or a scale. */
 #ifdef PROBE_SCALAR_LOSS
 #define PROBE__UNMEASURED(row, bit) (((row)->unmeasured & (bit)) != 0)
+
+/* The fix of a value born in the gradient all-reduce (one text for the
+ * cross-rank origin and a rank's own diagnosis). */
+#define PROBE__ALLREDUCE_FIX                                                   \
+  "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or pre-divide " \
+  "them by the world size before an FP16 sum (--allreduce-prediv)"
 #define PROBE__SC_LOSS PROBE_SCALAR_LOSS
 #define PROBE__SC_SCALE PROBE_SCALAR_LOSS_SCALE
 #define PROBE__SC_SCALER PROBE_SCALAR_SCALER

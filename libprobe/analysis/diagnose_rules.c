@@ -401,10 +401,8 @@ static void explain_allreduce(rank_ctx *c, probe_diag_finding *f) {
               c->oname, (long long)d->event_step);
     allreduce_counts(c, f, "grad_pre_allreduce",
                      "the gradients before it were finite");
-    set_next(f, "all-reduce the gradients in FP32 (--allreduce-dtype fp32), "
-                "or pre-divide them by the world size before an FP16 sum "
-                "(--allreduce-prediv); keeping layers in FP32 does not change "
-                "the all-reduce's dtype");
+    set_next(f, "%s; keeping layers in FP32 does not change the "
+                "all-reduce's dtype", PROBE__ALLREDUCE_FIX);
     return;
   }
   set_title(f, "the gradient all-reduce of '%s' returned inf/NaN at step %lld "

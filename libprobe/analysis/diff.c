@@ -336,7 +336,7 @@ static probe_status compare_step(state *s, const cursor *ca,
     /* windowed mean of rel RMS over the steps compared; steps before the
      * first count as 0; a left-out step does not enter it */
     int W = d->opt.window;
-    double wrel = s->win_sum[ei] > 0 ? s->win_sum[ei] / W : 0.0;
+    double wrel = 0.0; /* (a left-out record is judged on nothing) */
     if (!left_out) {
       double *ring = &s->win[(size_t)ei * (size_t)W];
       size_t slot = (size_t)((e->steps - e->steps_left_out) % W);

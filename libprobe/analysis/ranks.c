@@ -693,27 +693,11 @@ static void text_rank_origin(probe_ranks *r, const char *born,
  * read. */
 static void note_uncertain(probe_ranks *r) {
   size_t at = strlen(r->origin_text);
-  char lost[160];
-  int64_t n = probe__rank_list(r, 1, PROBE_RANK_MISSING, lost, sizeof lost);
-  if (at >= sizeof r->origin_text) return;
-  if (n == 0) /* unreadable files whose rank is unknown */
-    snprintf(lost, sizeof lost, "%lld file%s",
-             (long long)r->n_unreadable, r->n_unreadable == 1 ? "" : "s");
-  if (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE)
-    snprintf(r->origin_text + at, sizeof r->origin_text - at,
-             "; but %s%s could not be read: the value may as well have "
-             "been born on %s and carried by the all-reduce",
-             n == 0 ? "" : n == 1 ? "rank " : "ranks ", lost,
-             n == 1 ? "it" : "one of them");
-  else
+  if (at < sizeof r->origin_text)
     snprintf(r->origin_text + at, sizeof r->origin_text - at,
              " (among the ranks read: %lld could not be read)",
              (long long)(r->n_missing + r->n_unreadable));
 }
-
-#define ALLREDUCE_FIX                                                          \
-  "all-reduce the gradients in FP32 (--allreduce-dtype fp32), or pre-divide " \
-  "them by the world size before an FP16 sum (--allreduce-prediv)"
 
 /* No rank read holds it before the all-reduce. With every rank read, the
  * all-reduce made it: a bucket's cast to the all-reduce's dtype (CAST
@@ -750,7 +734,7 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
              them, nan ? " to see where it was born; the all-reduce did not "
                          "make it"
                        : "; if every rank's gradients were finite, ",
-             nan ? "" : ALLREDUCE_FIX);
+             nan ? "" : PROBE__ALLREDUCE_FIX);
     return;
   }
   if (r->n_cast)
@@ -768,7 +752,7 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
              "after it on rank%s %s)",
              (long long)r->event_step, layer, r->n_carried > 1 ? "s" : "",
              carried);
-  snprintf(r->fix_text, sizeof r->fix_text, "%s", ALLREDUCE_FIX);
+  snprintf(r->fix_text, sizeof r->fix_text, "%s", PROBE__ALLREDUCE_FIX);
 }
 
 /* The ranks whose loss went non-finite at the set's first such step. */

@@ -151,14 +151,6 @@ static const probe__rstep *step_row(const probe__rsum *s, int64_t step) {
                                                          : NULL;
 }
 
-/* A finished step: one whose only non-finite values are gradients, with a
- * finite loss (a non-finite loss - the job's mean, so any rank's - is an
- * event: a rank that got a NaN through the all-reduce was reached by it)
- * and finite weights after it, is not the event, as in the one-process
- * post-mortem: on a step the scaler skipped a normal backoff (counted),
- * else a gradient that went nowhere (the input's own gradient; a gradient
- * the update applied makes the weights non-finite, an event). Anything
- * else non-finite is the event. Returns 1 when the event was found. */
 /* The step's first non-finite record as the rank's event. */
 static void take_event(probe_rank_entry *e, const step_acc *a) {
   e->nf_step = a->step;
@@ -172,10 +164,17 @@ static void take_event(probe_rank_entry *e, const step_acc *a) {
   e->nf_post = a->post_nf;
 }
 
-/* fb: the first step of gradients only, neither skipped nor applied (kept
- * in *fb, *have_fb set): the event when no other comes, as the one-process
- * post-mortem takes a backward-only overflow when nothing else happened
- * (a trace without weight records, an FP16 all-reduce's sum). */
+/* A finished step: one whose only non-finite values are gradients, with a
+ * finite loss (a non-finite loss - the job's mean, so any rank's - is an
+ * event: a rank that got a NaN through the all-reduce was reached by it)
+ * and finite weights after it, is not the event, as in the one-process
+ * post-mortem: on a step the scaler skipped a normal backoff (counted);
+ * else a gradient that went nowhere (the input's own gradient; a gradient
+ * the update applied makes the weights non-finite, an event), kept in *fb
+ * (*have_fb set) as the event when no other comes - the one-process
+ * post-mortem takes a backward-only overflow when nothing else happened (a
+ * trace without weight records, an FP16 all-reduce's sum). Anything else
+ * non-finite is the event. Returns 1 when the event was found. */
 static int acc_finish(probe__rsum *s, const step_acc *a, step_acc *fb,
                       int *have_fb) {
   probe_rank_entry *e = &s->e;
@@ -183,11 +182,11 @@ static int acc_finish(probe__rsum *s, const step_acc *a, step_acc *fb,
   const probe__rstep *row = step_row(s, a->step);
   int loss_nf = row && (row->has & PROBE__RS_LOSS_NF);
   int skipped = row && (row->has & PROBE__RS_SKIPPED) && row->skipped;
-  if (s->raw_from < 0 && !a->fwd_nf && !loss_nf && !skipped) {
-    if (!*have_fb) *fb = *a, *have_fb = 1;
-    return 0; /* gradients only, not applied: not the event (yet) */
-  }
-  if (s->raw_from < 0 && !a->fwd_nf && !loss_nf && skipped) {
+  if (s->raw_from < 0 && !a->fwd_nf && !loss_nf) { /* gradients only */
+    if (!skipped) {
+      if (!*have_fb) *fb = *a, *have_fb = 1;
+      return 0; /* not applied: not the event (yet) */
+    }
     if (e->backoff_nonfinite_steps++ == 0) {
       e->first_backoff_step = a->step;
       e->first_backoff_site = a->first.site;

@@ -293,6 +293,21 @@ def _gone(tracer):
         return True
 
 
+def _grad_hook(tracer, L, site):
+    """A tensor hook that records the gradient at site (grad_in, grad_out)
+    of layer L, rounded to FP16 first (and passed on so) when L emulates
+    FP16; tracer is the hooks' weak proxy."""
+    def hook(g):
+        if _gone(tracer):
+            return None
+        if L.emulate:
+            g = _round16(g)
+        if g.is_floating_point():
+            tracer._record(L, site, g)
+        return g if L.emulate else None
+    return hook
+
+
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
                  "emulate", "params", "selected")
@@ -630,14 +645,7 @@ class Tracer:
         loss = L.kind == "loss"
         self = weakref.proxy(self)  # noqa: PLW0642
 
-        def grad_in_hook(g):
-            if _gone(self):
-                return None
-            if L.emulate:
-                g = _round16(g)
-            if g.is_floating_point():
-                self._record(L, "grad_in", g)
-            return g if L.emulate else None
+        grad_in_hook = _grad_hook(self, L, "grad_in")
 
         def own(t, memo, first):
             """The module's own handle on an input: rounded to FP16 when
@@ -682,13 +690,7 @@ class Tracer:
     def _make_fwd_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642
 
-        def grad_out_hook(g):
-            if _gone(self):
-                return None
-            if L.emulate:
-                g = _round16(g)
-            self._record(L, "grad_out", g)
-            return g if L.emulate else None
+        grad_out_hook = _grad_hook(self, L, "grad_out")
 
         def hook(module, inputs, output):
             if _gone(self):
