@@ -432,6 +432,18 @@ AMPPROBE_API probe_status probe_postmortem_json_isolated(const char *const *path
 AMPPROBE_API probe_status probe_postmortem_verdict_isolated(const char *path,
                                                             probe_verdict *out);
 
+/* probe_postmortem_json(_isolated) for paths that are a set: the files a
+ * directory or a glob held (probe_trace_set_expand). The one difference:
+ * a set of one rank file of a job of several ranks gets the cross-rank
+ * document, which names the ranks that are missing, as `ampprobe
+ * postmortem DIR` prints it; probe_postmortem_json gives a file named
+ * alone the one-process document. */
+AMPPROBE_API probe_status probe_postmortem_set_json(const char *const *paths,
+                                                    size_t n_paths,
+                                                    char **json_out);
+AMPPROBE_API probe_status probe_postmortem_set_json_isolated(
+    const char *const *paths, size_t n_paths, char **json_out);
+
 /* ==== cross-rank post-mortem (the rank files of one job) ====================
  *
  * A data-parallel job writes one trace per rank (probe_options.rank,

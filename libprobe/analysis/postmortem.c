@@ -78,8 +78,22 @@ static probe_status ranks_json(const char *const *paths, size_t n_paths,
   return st;
 }
 
+/* Whether the trace at path is one rank file of a job of several ranks. */
+static probe_status rank_of_many(const char *path, int isolate, int *yes) {
+  probe_trace *t = NULL;
+  probe_status st = isolate ? probe_trace_open_isolated(&t, path, NULL, 0)
+                            : probe_trace_open(&t, path);
+  if (st < 0) return st;
+  const probe_trace_info *in = probe_trace_get_info(t);
+  *yes = in && in->rank >= 0 && in->world_size > 1;
+  probe_trace_close(t);
+  return PROBE_OK;
+}
+
+/* as_set: the paths are a set (a directory's or a glob's files), in which
+ * one rank file of a job of several ranks is a set of one. */
 static probe_status postmortem_json(const char *const *paths, size_t n_paths,
-                                    int isolate, char **json_out) {
+                                    int isolate, int as_set, char **json_out) {
   if (!json_out) return PROBE_ERR_INVALID_ARG;
   *json_out = NULL;
   probe__trace_open_msg("%s", ""); /* no stale message of an earlier call */
@@ -87,17 +101,33 @@ static probe_status postmortem_json(const char *const *paths, size_t n_paths,
   for (size_t i = 0; i < n_paths; i++)
     if (!paths[i]) return PROBE_ERR_INVALID_ARG;
   if (n_paths > 1) return ranks_json(paths, n_paths, isolate, json_out);
+  if (as_set) {
+    int many = 0;
+    probe_status st = rank_of_many(paths[0], isolate, &many);
+    if (st < 0) return st;
+    if (many) return ranks_json(paths, 1, isolate, json_out);
+  }
   return independent_json(paths, n_paths, isolate, json_out);
 }
 
 probe_status probe_postmortem_json(const char *const *paths, size_t n_paths,
                                    char **json_out) {
-  return postmortem_json(paths, n_paths, 0, json_out);
+  return postmortem_json(paths, n_paths, 0, 0, json_out);
 }
 
 probe_status probe_postmortem_json_isolated(const char *const *paths, size_t n_paths,
                                             char **json_out) {
-  return postmortem_json(paths, n_paths, 1, json_out);
+  return postmortem_json(paths, n_paths, 1, 0, json_out);
+}
+
+probe_status probe_postmortem_set_json(const char *const *paths, size_t n_paths,
+                                       char **json_out) {
+  return postmortem_json(paths, n_paths, 0, 1, json_out);
+}
+
+probe_status probe_postmortem_set_json_isolated(const char *const *paths,
+                                                size_t n_paths, char **json_out) {
+  return postmortem_json(paths, n_paths, 1, 1, json_out);
 }
 
 static probe_status postmortem_verdict(const char *path, int isolate, probe_verdict *out) {

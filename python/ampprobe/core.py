@@ -750,20 +750,29 @@ def postmortem(path, *more_paths):
     Several traces (the ranks of one job): arguments are files,
     directories (their *.h5 files), glob patterns or lists of them,
     expanded by trace_set() (the library's probe_trace_set_expand); the
-    document is then the cross-rank one when the set has several files.
+    document is then the cross-rank one when the set has several files, or
+    when a directory or glob held one rank file of a job of several ranks
+    (its missing ranks are named; the file named alone gets the
+    one-process document).
 
     Uses the C analysis API (probe_postmortem_json) when the library has it,
     otherwise runs the `ampprobe postmortem --json` command (find_cli())."""
     lib = _lib.load()
     paths = _flatten_args((path,) + more_paths)
+    # A directory, a glob or several names are a set, in which one rank
+    # file of a bigger job is a set of one: its missing ranks are named.
+    as_set = len(paths) != 1 or not os.path.isfile(paths[0])
     if hasattr(lib, "probe_trace_set_expand"):
         paths = trace_set(paths)
     if hasattr(lib, "probe_postmortem_json"):
         arr = (ctypes.c_char_p * len(paths))(*[_cpath(p) for p in paths])
         out = ctypes.c_void_p()
-        fn = (lib.probe_postmortem_json_isolated  # a crash is an error
-              if hasattr(lib, "probe_postmortem_json_isolated")
-              else lib.probe_postmortem_json)
+        if as_set and hasattr(lib, "probe_postmortem_set_json_isolated"):
+            fn = lib.probe_postmortem_set_json_isolated
+        else:
+            fn = (lib.probe_postmortem_json_isolated  # a crash is an error
+                  if hasattr(lib, "probe_postmortem_json_isolated")
+                  else lib.probe_postmortem_json)
         st = fn(arr, len(paths), ctypes.byref(out))
         try:
             if st < 0:

@@ -347,6 +347,35 @@ def test_postmortem_over_the_set(job):
     assert {dis[0]["rank_a"], dis[0]["rank_b"]} == {0, 1}
 
 
+def test_postmortem_of_a_set_of_one(job, tmp_path):
+    # a directory (or glob) left with one rank file of a two-rank job: the
+    # cross-rank document names the lost rank, as `ampprobe postmortem DIR`
+    # does; the file named alone is the one-process document
+    import shutil
+    kept = tmp_path / "left"
+    kept.mkdir()
+    shutil.copy(job / "bad-input" / "trace.rank0.h5", kept)
+    for arg in (str(kept), str(kept / "trace.rank*.h5"), [str(kept)]):
+        doc = ampprobe.postmortem(arg)
+        assert doc.get("kind") == "ranks", doc.keys()
+        assert doc["ranks_missing"] == [1], doc["ranks_missing"]
+        assert doc["verdict"] != "healthy"
+        assert ampprobe.verdict(arg) == doc["verdict"]
+    alone = ampprobe.postmortem(str(kept / "trace.rank0.h5"))
+    assert alone.get("kind") != "ranks" and "ranks_missing" not in alone
+    # a single-process trace in a directory stays the one-process document
+    solo = tmp_path / "solo"
+    solo.mkdir()
+    with ampprobe.Session(str(solo / "t.h5")) as s:
+        a = s.register("a")
+        s.begin_step(0)
+        s.record(a, "fwd_out", np.ones(8, dtype=np.float32))
+        s.set_scalars(loss=1.0)
+        s.end_step()
+    doc = ampprobe.postmortem(str(solo))
+    assert doc.get("kind") != "ranks" and "ranks_missing" not in doc, doc
+
+
 def test_example_ddp_by_spawn(tmp_path):
     """examples/train.py --ddp --ranks 2 (torch.multiprocessing.spawn): a
     NaN in rank 1's slice at step 1, carried to rank 0 by the all-reduce."""

@@ -1437,6 +1437,56 @@ START_TEST(test_cli_set_of_one) {
 }
 END_TEST
 
+/* The library's entry point for a set (what the Python package calls for
+ * a directory or a glob): a set of one rank file of a bigger job is the
+ * cross-rank document, plain or isolated; probe_postmortem_json keeps the
+ * one-process document of a file named alone. */
+START_TEST(test_set_json_of_one) {
+  job j;
+  job_init(&j, "setjson", 3, 6);
+  write_job(&j);
+  char p0[256], p2[256];
+  rank_path(&j, 0, p0, sizeof p0);
+  rank_path(&j, 2, p2, sizeof p2);
+  const char *one[1] = {p2};
+  for (int iso = 0; iso < 2; iso++) {
+    char *out = NULL;
+    ck_assert_int_eq(iso ? probe_postmortem_set_json_isolated(one, 1, &out)
+                         : probe_postmortem_set_json(one, 1, &out),
+                     PROBE_OK);
+    json_t *doc = json_loads(out, 0, NULL);
+    ck_assert_msg(doc != NULL, "%s", out);
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "kind")), "ranks");
+    char b[64];
+    int_list(json_object_get(doc, "ranks_missing"), b, sizeof b);
+    ck_assert_str_eq(b, "0,1");
+    json_decref(doc);
+    probe_free(out);
+  }
+  char *out = NULL;
+  ck_assert_int_eq(probe_postmortem_json(one, 1, &out), PROBE_OK);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_ptr_null(json_object_get(doc, "ranks_missing"));
+  json_decref(doc);
+  probe_free(out);
+  /* two files: the same cross-rank document either way */
+  const char *two[2] = {p0, p2};
+  char *a = NULL, *b2 = NULL;
+  ck_assert_int_eq(probe_postmortem_json(two, 2, &a), PROBE_OK);
+  ck_assert_int_eq(probe_postmortem_set_json(two, 2, &b2), PROBE_OK);
+  ck_assert_str_eq(a, b2);
+  probe_free(a);
+  probe_free(b2);
+  /* a missing file: the open's status, no document */
+  const char *none[1] = {"/nonexistent/dir/t.rank0.h5"};
+  out = (char *)1;
+  ck_assert_int_eq(probe_postmortem_set_json(none, 1, &out), PROBE_ERR_NOT_FOUND);
+  ck_assert_ptr_null(out);
+  ck_assert_int_eq(probe_postmortem_set_json(NULL, 1, &out), PROBE_ERR_INVALID_ARG);
+}
+END_TEST
+
 /* A rank that closed its trace steps before the others (an exception on
  * that rank, not a kill) is named; the set was "healthy", exit 0. */
 START_TEST(test_ended_early) {
@@ -1680,6 +1730,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_born_sites_listed);
   tcase_add_test(tc, test_mixed_world_sizes_refused);
   tcase_add_test(tc, test_cli_set_of_one);
+  tcase_add_test(tc, test_set_json_of_one);
   tcase_add_test(tc, test_ended_early);
   tcase_add_test(tc, test_missing_list_cut);
   tcase_add_test(tc, test_digest_outlier_first_rank);
