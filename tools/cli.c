@@ -400,6 +400,12 @@ void cli_signals_exit_install_note(const char *sub, const char *note) {
   on_interrupt(exit_on_signal);
 }
 
+void cli_signals_exit_install_quiet(void) {
+  exit_msg_len = 0;
+  exit_pid = getpid();
+  on_interrupt(exit_on_signal);
+}
+
 static void out_guard(char *tmp) {
   if (out_pending_tmp) return; /* one guarded output at a time */
   out_pending_tmp = tmp;

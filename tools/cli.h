@@ -214,6 +214,9 @@ void cli_signals_install(void);
 void cli_signals_exit_install(const char *sub);
 /* The same, the line ending in " (note)" (escaped by the caller). */
 void cli_signals_exit_install_note(const char *sub, const char *note);
+/* The same without the line: a process that does not speak for the
+ * command (a rank other than 0 of a job) exits 130 quietly. */
+void cli_signals_exit_install_quiet(void);
 /* SIGINT and SIGTERM back to their default action (a subcommand's work is
  * done). */
 void cli_signals_default(void);

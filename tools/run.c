@@ -984,7 +984,8 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
  * a normalisation whose output collapsed (degraded, exit 1). */
 static probe_verdict run_verdict(const probe_train_result *res,
                                  const char *path, int interrupted,
-                                 const run_args *a, int rank) {
+                                 const run_args *a, const run_dist *d) {
+  int rank = d->rank;
   if (res->diverged)
     return PROBE_VERDICT_DIVERGED;
   probe_verdict v = PROBE_VERDICT_HEALTHY;
@@ -994,10 +995,15 @@ static probe_verdict run_verdict(const probe_train_result *res,
    * said "healthy", exit 0, seconds later). A long trace's check is said
    * on a terminal (or in --progress-every's plain lines). */
   char esc[700], note[800];
-  cli_escape_name(esc, sizeof esc, path);
-  snprintf(note, sizeof note, "while checking the trace; it is complete: "
-           "ampprobe postmortem %.600s", esc);
-  cli_signals_exit_install_note(SUB, note);
+  int set = d->comm && d->set_glob[0]; /* the job's traces: all ranks' */
+  cli_escape_name(esc, sizeof esc, set ? d->set_glob : path);
+  snprintf(note, sizeof note, "while checking the trace%s; %s complete: "
+           "ampprobe postmortem %s%.600s%s", set ? "s" : "",
+           set ? "they are" : "it is", set ? "'" : "", esc, set ? "'" : "");
+  if (rank == 0) /* rank 0 speaks for the job: one line, not one a rank */
+    cli_signals_exit_install_note(SUB, note);
+  else
+    cli_signals_exit_install_quiet();
   int tty = !a->quiet && rank == 0 && isatty(STDERR_FILENO) &&
             a->progress_every <= 0;
   if (tty) {
@@ -1028,7 +1034,7 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
    * nothing */
   int interrupted = res->stopped_by_flag != 0;
   double t_check = cli_now();
-  probe_verdict v = run_verdict(res, path, interrupted, a, d->rank);
+  probe_verdict v = run_verdict(res, path, interrupted, a, d);
   t_check = cli_now() - t_check;
   int rc = interrupted ? CLI_EXIT_INTERRUPTED
                        : (v != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM

@@ -508,6 +508,51 @@ case_interrupt() {
   hasnt run.out "stopped after non-finite loss"
   info ranks $(files out/t "$N")
   check "every rank closed its trace, all at the same step" -- expr ranks.json "all(f['complete'] == 1 for f in d) and len(set(f['last_step'] for f in d)) == 1" "[(f['rank'], f['complete'], f['last_step']) for f in d]"
+  interrupt_check
+}
+
+# SIGINT to every rank (`pkill -INT ampprobe`; a terminal's Ctrl-C reaches
+# mpirun too, which then ends the job itself) while the ranks check their
+# finished traces: one "interrupted" line, rank 0's, not one a rank; no
+# summary; the traces complete.
+interrupt_check() {
+  mkdir -p chk
+  timeout -k 10 $((TMO * 3)) $PY - "$MPIRUN" "$N" "$AMP" >chk.txt 2>&1 <<'PY'
+import os, signal, subprocess, sys
+mpirun, n, amp = sys.argv[1:4]
+p = subprocess.Popen([mpirun, "--oversubscribe", "-np", n, amp, "run",
+                      "--scenario", "healthy-dp", "--trace", "--steps", "4000",
+                      "--progress-every", "0.2", "-o", "chk/t.h5"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     start_new_session=True)
+seen = False
+for raw in p.stderr:
+    if b"checking the trace" in raw:
+        seen = True
+        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                              text=True).stdout.split()
+        for k in kids:
+            os.kill(int(k), signal.SIGINT)
+        break
+rest = p.stderr.read().decode(errors="replace").splitlines()
+out = p.stdout.read().decode(errors="replace")
+p.wait()
+lines = [l for l in rest if "interrupted" in l]
+print("after the signal: %r" % rest[:6])
+if not seen:
+    print("FAIL: no 'checking the trace' line"); sys.exit(1)
+if len(lines) != 1 or "while checking the traces; they are complete: " \
+        "ampprobe postmortem 'chk/t.rank*.h5'" not in lines[0]:
+    print("FAIL: %d 'interrupted' lines, want rank 0's one" % len(lines))
+    sys.exit(1)
+if "ampprobe run:" in out:
+    print("FAIL: a summary after the signal: %r" % out[:200]); sys.exit(1)
+print("ok: one line")
+PY
+  if [ $? = 0 ]; then ok "SIGINT to the ranks while checking: one line ($(tail -2 chk.txt | head -1))"
+  else bad "SIGINT to the ranks while checking the traces"; sed 's/^/     | /' chk.txt | head -20; fi
+  info chkranks $(files chk/t "$N")
+  check "a signal while checking leaves every trace complete" -- expr chkranks.json "all(f['complete'] == 1 for f in d)" "[(f['rank'], f['complete']) for f in d]"
 }
 
 case "$CASE" in
