@@ -66,6 +66,13 @@ struct probe_trace {
                               config_json, precision_policy,
                               library_versions, run_id */
   char msg[512];
+  /* The order of /records (step, seq) and /steps (step) is checked across
+   * reads too: the key of row ord_row[i] - 1, as the last read that ended
+   * there found it (ord_row[i] -1: none kept; a read starting elsewhere
+   * reads that row's key itself). */
+  int64_t ord_row[PROBE__T_COUNT];
+  int64_t ord_step[PROBE__T_COUNT];
+  uint32_t ord_seq[PROBE__T_COUNT];
 };
 
 /* The message of the last failed probe_trace_open in this thread. */
@@ -510,8 +517,10 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   t->file = H5I_INVALID_HID;
   t->miss_unmeasured = 1u << probe__field_index(PROBE__T_STEPS, "unmeasured");
   t->miss_digest = 1u << probe__field_index(PROBE__T_STEPS, "weight_digest");
-  for (int i = 0; i < PROBE__T_COUNT; i++)
+  for (int i = 0; i < PROBE__T_COUNT; i++) {
     t->dset[i] = t->mtype[i] = H5I_INVALID_HID;
+    t->ord_row[i] = -1;
+  }
   if ((t->path = strdup(path)) == NULL) {
     free(t);
     return PROBE_ERR_NOMEM;
@@ -653,6 +662,41 @@ static probe_status read_chunk(probe_trace *t, int i, int64_t start, size_t max,
   return PROBE_OK;
 }
 
+/* The key of row start - 1 of /records (step, seq) or /steps (step, seq
+ * 0), which the read of rows from start must follow: as the read that ended
+ * there found it, else read from the file (one row). *have 0 when start is
+ * 0. A row that cannot be read is PROBE_ERR_CORRUPT. */
+static probe_status prev_key(probe_trace *t, int i, int64_t start,
+                             int64_t *step, uint32_t *seq, int *have) {
+  *have = 0;
+  if (start == 0) return PROBE_OK;
+  if (t->ord_row[i] == start) {
+    *step = t->ord_step[i];
+    *seq = t->ord_seq[i];
+    *have = 1;
+    return PROBE_OK;
+  }
+  union {
+    probe_record r;
+    probe_step_scalars s;
+  } u;
+  if (read_rows(t, i, start - 1, 1, &u) < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: reading %s row %lld: %s",
+                probe__tables[i].path, (long long)(start - 1), t->h5msg);
+  *step = i == PROBE__T_RECORDS ? u.r.step : u.s.step;
+  *seq = i == PROBE__T_RECORDS ? u.r.seq : 0;
+  *have = 1;
+  return PROBE_OK;
+}
+
+/* Keeps the key of the last row checked (row end - 1) for the next read. */
+static void ord_keep(probe_trace *t, int i, int64_t end, int64_t step,
+                     uint32_t seq) {
+  t->ord_row[i] = end;
+  t->ord_step[i] = step;
+  t->ord_seq[i] = seq;
+}
+
 static int stats_ok(const probe_stats *s) {
   uint64_t special = s->nan_count + s->posinf_count + s->neginf_count;
   if (special < s->nan_count || special > s->count) return 0;
@@ -668,17 +712,42 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
                                       size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_RECORDS, start, max, buf, got);
   if (st != PROBE_OK) return st;
+  int64_t pstep = -1;
+  uint32_t pseq = 0;
+  int have_prev = 0;
+  if (*got > 0 && (st = prev_key(t, PROBE__T_RECORDS, start, &pstep, &pseq,
+                                 &have_prev)) != PROBE_OK) {
+    *got = 0;
+    return st;
+  }
   for (size_t i = 0; i < *got; i++) {
     const probe_record *r = &buf[i];
+    int64_t row = start + (int64_t)i;
     if (r->step < 0 || r->step > t->info.last_step || r->layer < 0 ||
         r->layer >= t->info.n_layers ||
         r->site < 0 || r->site >= PROBE_SITE_COUNT || r->dtype < 0 ||
         r->dtype > PROBE_DTYPE_BF16 || !stats_ok(&r->stats)) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /records row %lld",
-                  (long long)(start + (int64_t)i));
+                  (long long)row);
     }
+    /* the writer's order, (step, seq) strictly increasing: the analyses
+     * take the first non-finite row as the first event, and the cross-rank
+     * one binary-searches the steps */
+    if (have_prev &&
+        (r->step < pstep || (r->step == pstep && r->seq <= pseq))) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /records row %lld (step %lld, seq %u) is "
+                  "not after row %lld (step %lld, seq %u)",
+                  (long long)row, (long long)r->step, (unsigned)r->seq,
+                  (long long)(row - 1), (long long)pstep, (unsigned)pseq);
+    }
+    pstep = r->step;
+    pseq = r->seq;
+    have_prev = 1;
   }
+  if (*got > 0) ord_keep(t, PROBE__T_RECORDS, start + (int64_t)*got, pstep, pseq);
   return PROBE_OK;
 }
 
@@ -686,6 +755,14 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
                                     probe_step_scalars *buf, size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_STEPS, start, max, buf, got);
   if (st != PROBE_OK) return st;
+  int64_t pstep = -1;
+  uint32_t pseq_unused = 0;
+  int have_prev = 0;
+  if (*got > 0 && (st = prev_key(t, PROBE__T_STEPS, start, &pstep,
+                                 &pseq_unused, &have_prev)) != PROBE_OK) {
+    *got = 0;
+    return st;
+  }
   for (size_t i = 0; i < *got; i++) {
     probe_step_scalars *s = &buf[i];
     /* Fields older writers did not write: unmeasured (all measured) and
@@ -696,7 +773,6 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
       s->unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
     }
     if (s->step < 0 || s->step > t->info.last_step ||
-        (i > 0 && s->step <= buf[i - 1].step) ||
         !probe__step_flags_ok(s) ||
         (s->unmeasured & ~PROBE_SCALAR_ALL) != 0 ||
         ((s->unmeasured & PROBE_SCALAR_WEIGHT_DIGEST) && s->weight_digest) ||
@@ -705,7 +781,20 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld",
                   (long long)(start + (int64_t)i));
     }
+    /* strictly increasing, also against the row before this read's first
+     * (a duplicate at a chunk boundary passed before) */
+    if (have_prev && s->step <= pstep) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /steps row %lld (step %lld) is not after "
+                  "row %lld (step %lld)",
+                  (long long)(start + (int64_t)i), (long long)s->step,
+                  (long long)(start + (int64_t)i - 1), (long long)pstep);
+    }
+    pstep = s->step;
+    have_prev = 1;
   }
+  if (*got > 0) ord_keep(t, PROBE__T_STEPS, start + (int64_t)*got, pstep, 0);
   return PROBE_OK;
 }
 

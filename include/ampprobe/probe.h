@@ -454,7 +454,11 @@ AMPPROBE_API
 const probe_layer_info *probe_trace_layers(const probe_trace *t, size_t *n);
 
 /* Chunked reads: copy up to max rows starting at row `start` into buf and set
- * *got (0 at the end). Rows are in write order (records: step, then seq). */
+ * *got (0 at the end). Rows are in write order (records: step, then seq). The
+ * reader checks that order, for the first row against the row before it
+ * too (kept from the read that ended there, else read from the file): rows
+ * of /records not strictly increasing in (step, seq), or of /steps in
+ * step, are PROBE_ERR_CORRUPT naming the row, whatever the chunk sizes. */
 AMPPROBE_API
 probe_status probe_trace_read_records(probe_trace *t, int64_t start,
                                       size_t max, probe_record *buf,

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "ampprobe/analysis.h"
 #include "probe_testutil.h"
 
 enum {
@@ -427,6 +428,208 @@ START_TEST(test_scalars_old_trace) {
 }
 END_TEST
 
+/* ---- row order across reads (F1/F3 of the library audit) ---------------- */
+
+/* Sets field `field` (int64 when wide, else uint32) of row `row` of table
+ * `table`, leaving the rest of the row as it was. */
+static void edit_field(const char *path, const char *table, const char *field,
+                       int wide, int64_t row, int64_t v) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, table, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  hid_t mt = H5Tcreate(H5T_COMPOUND, 8);
+  H5Tinsert(mt, field, 0, wide ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT32);
+  hsize_t st[1] = {(hsize_t)row}, cnt[1] = {1};
+  hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, cnt, NULL);
+  H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cnt, NULL);
+  union {
+    int64_t i;
+    uint32_t u;
+  } val;
+  if (wide) val.i = v;
+  else val.u = (uint32_t)v;
+  ck_assert_int_ge(H5Dwrite(d, mt, ms, fs, H5P_DEFAULT, &val), 0);
+  H5Sclose(ms);
+  H5Sclose(fs);
+  H5Tclose(mt);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+/* Reads table `which` (0 records, 1 steps) in reads of `chunk` rows from
+ * row `from`; the first error status, or PROBE_OK. */
+static probe_status read_from(probe_trace *t, int which, int64_t from,
+                              size_t chunk) {
+  static probe_record r[512];
+  static probe_step_scalars sc[512];
+  size_t got = 0;
+  for (int64_t at = from;; at += (int64_t)got) {
+    probe_status st = which == 0 ? probe_trace_read_records(t, at, chunk, r, &got)
+                                 : probe_trace_read_steps(t, at, chunk, sc, &got);
+    if (st != PROBE_OK || got == 0) return st;
+  }
+}
+
+/* Expects every way of reading table `which` of path to stop at row `row`
+ * with PROBE_ERR_CORRUPT naming it: reads of `chunk` rows whose boundary
+ * falls just before the row (the key of the previous read's last row is
+ * kept), a read starting at the row on a fresh handle (the row before it
+ * is read), one read of everything, the isolated open, and the analysis. */
+static void expect_order_corrupt(const char *path, int which, int64_t row,
+                                 size_t chunk, const char *name) {
+  const char *table = which == 0 ? "/records" : "/steps";
+  char want[64];
+  snprintf(want, sizeof want, "%s row %lld (step", table, (long long)row);
+  struct {
+    int64_t from;
+    size_t chunk;
+  } ways[3] = {{0, chunk}, {row, chunk}, {0, 512}};
+  for (int w = 0; w < 3; w++) {
+    probe_trace *t;
+    PT_CHECK(probe_trace_open(&t, path));
+    probe_status st = read_from(t, which, ways[w].from, ways[w].chunk);
+    ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s, read %d: %s", name, w,
+                  probe_status_name(st));
+    const char *m = probe_trace_last_error(t);
+    ck_assert_msg(strstr(m, want) != NULL, "%s, read %d: '%s' lacks '%s'",
+                  name, w, m, want);
+    probe_trace_close(t);
+  }
+  probe_trace *t = NULL;
+  char err[512];
+  ck_assert_int_eq(probe_trace_open_isolated(&t, path, err, sizeof err),
+                   PROBE_ERR_CORRUPT);
+  ck_assert_msg(strstr(err, want) != NULL, "%s: isolated '%s'", name, err);
+  /* the analysis reads in its own chunks: a refusal, not a diagnosis */
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_diag d;
+  probe_diag_options o;
+  probe_diag_options_init(&o);
+  o.chunk_rows = chunk;
+  ck_assert_int_eq(probe_diag_run(&d, t, path, &o), PROBE_ERR_CORRUPT);
+  probe_diag_free(&d);
+  probe_trace_close(t);
+}
+
+/* make_trace's rows: /records row 2k is (step k, seq 0), 2k + 1 is (k, 1);
+ * /steps row k is step k. */
+START_TEST(test_order_records_dup_at_boundary) {
+  char path[256];
+  pt_path(path, sizeof path, "ord-rec-dup");
+  make_trace(path);
+  /* row 100 (50, 0) becomes a copy of row 99's key (49, 1) */
+  edit_field(path, "/records", "step", 1, 100, 49);
+  edit_field(path, "/records", "seq", 0, 100, 1);
+  expect_order_corrupt(path, 0, 100, 100, "records duplicate key");
+  unlink(path);
+}
+END_TEST
+
+START_TEST(test_order_records_step_back) {
+  char path[256];
+  pt_path(path, sizeof path, "ord-rec-back");
+  make_trace(path);
+  /* row 100 goes back to step 3: in range, only its order is wrong */
+  edit_field(path, "/records", "step", 1, 100, 3);
+  expect_order_corrupt(path, 0, 100, 100, "records step back");
+  unlink(path);
+}
+END_TEST
+
+/* The step column reversed (the audit's revin__rec_steps_reversed.h5): the
+ * first event was reported at the last step. Rows 0 and 1 become (199, 0)
+ * and (199, 1); row 2, (198, 0), is the first out of order. */
+START_TEST(test_order_records_reversed) {
+  char path[256];
+  pt_path(path, sizeof path, "ord-rec-rev");
+  make_trace(path);
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, "/records", H5P_DEFAULT);
+  hid_t mt = H5Tcreate(H5T_COMPOUND, 8);
+  H5Tinsert(mt, "step", 0, H5T_NATIVE_INT64);
+  int64_t steps[400];
+  ck_assert_int_ge(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps), 0);
+  for (int i = 0; i < 200; i++) {
+    int64_t x = steps[i];
+    steps[i] = steps[399 - i];
+    steps[399 - i] = x;
+  }
+  ck_assert_int_ge(H5Dwrite(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps), 0);
+  H5Tclose(mt);
+  H5Dclose(d);
+  H5Fclose(f);
+  expect_order_corrupt(path, 0, 2, 1, "records reversed");
+  unlink(path);
+}
+END_TEST
+
+/* A step repeated just after a read boundary (the audit's
+ * long__steps_dup_at_4096.h5, here at row 100): only reads that ended at
+ * row 99 and one that started at 100 missed it. */
+START_TEST(test_order_steps_dup_at_boundary) {
+  char path[256];
+  pt_path(path, sizeof path, "ord-steps-dup");
+  make_trace(path);
+  edit_field(path, "/steps", "step", 1, 100, 99);
+  expect_order_corrupt(path, 1, 100, 100, "steps duplicate");
+  unlink(path);
+}
+END_TEST
+
+/* Reads in every chunk size and from every start of valid traces - full,
+ * and a flight recorder's with several ring dumps - still succeed, and a
+ * read that starts anywhere after a sequential one agrees. */
+START_TEST(test_order_valid_traces) {
+  char path[256];
+  pt_path(path, sizeof path, "ord-valid");
+  for (int mode = 0; mode < 2; mode++) {
+    if (mode == 0) {
+      make_trace(path);
+    } else {
+      probe_options o;
+      probe_options_init(&o);
+      o.mode = PROBE_MODE_SCALARS;
+      o.ring_steps = 3;
+      o.max_events = 100;
+      o.overwrite = 1;
+      probe_session *s;
+      PT_CHECK(probe_session_open(&s, path, &o));
+      PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR,
+                                    PROBE_DTYPE_F16, NULL));
+      float x[8];
+      for (int step = 0; step < 120; step++) {
+        PT_CHECK(probe_step_begin(s, step));
+        for (uint32_t k = 0; k < 3; k++) {
+          pt_tensor(x, 8, step, k);
+          if (step % 9 == 4 && k == 2) x[0] = NAN;
+          PT_CHECK(probe_tensor_record(s, 0, PROBE_SITE_FWD_OUT,
+                                       PROBE_DTYPE_F32, x, 8));
+        }
+        probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+        PT_CHECK(probe_step_set_scalars(s, &sc));
+        PT_CHECK(probe_step_end(s));
+      }
+      PT_CHECK(probe_session_close(s));
+    }
+    probe_trace *t;
+    PT_CHECK(probe_trace_open(&t, path));
+    int64_t n = probe_trace_get_info(t)->n_records;
+    ck_assert_int_gt(n, 20);
+    for (size_t chunk = 1; chunk <= 9; chunk++)
+      for (int which = 0; which < 2; which++)
+        ck_assert_int_eq(read_from(t, which, 0, chunk), PROBE_OK);
+    for (int64_t from = 0; from <= n; from += 7)
+      ck_assert_int_eq(read_from(t, 0, from, 5), PROBE_OK);
+    probe_trace_close(t);
+    ck_assert_int_eq(probe_trace_open_isolated(&t, path, NULL, 0), PROBE_OK);
+    probe_trace_close(t);
+  }
+  unlink(path);
+}
+END_TEST
+
 static Suite *make_validate_suite(void) {
   Suite *s = suite_create("validate");
   TCase *tc = tcase_create("validate");
@@ -444,6 +647,14 @@ static Suite *make_validate_suite(void) {
   tcase_add_test(ts, test_scalars_unknown_bits);
   tcase_add_test(ts, test_scalars_old_trace);
   suite_add_tcase(s, ts);
+  TCase *to = tcase_create("order");
+  tcase_set_timeout(to, 60);
+  tcase_add_test(to, test_order_records_dup_at_boundary);
+  tcase_add_test(to, test_order_records_step_back);
+  tcase_add_test(to, test_order_records_reversed);
+  tcase_add_test(to, test_order_steps_dup_at_boundary);
+  tcase_add_test(to, test_order_valid_traces);
+  suite_add_tcase(s, to);
   return s;
 }
 
