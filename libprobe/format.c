@@ -345,12 +345,45 @@ void probe__h5_cloexec(hid_t file) {
 
 /* ---- HDF5's clean-up at exit (format.h) ----------------------------------- */
 
-static atomic_int h5_close_failed;
+static atomic_int h5_close_failed, h5_failed_call;
 
 void probe__h5_close_failed(void) { atomic_store(&h5_close_failed, 1); }
 
+void probe__h5_failed_call(void) { atomic_store(&h5_failed_call, 1); }
+
+/* Closes every HDF5 id still open in the process - the host's included -
+ * objects first, then the files, which flushes those open for writing, as
+ * H5close's first pass would. */
+static void h5_close_open_ids(void) {
+  ssize_t n = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
+  if (n <= 0) return;
+  hid_t *ids = malloc((size_t)n * sizeof *ids);
+  if (ids == NULL) return;
+  n = H5Fget_obj_ids(H5F_OBJ_ALL, H5F_OBJ_ALL, (size_t)n, ids);
+  for (int files = 0; files < 2; files++)
+    for (ssize_t i = 0; i < n; i++) {
+      H5I_type_t ty = H5Iget_type(ids[i]);
+      if ((ty == H5I_FILE) != files) continue;
+      switch (ty) {
+      case H5I_FILE: H5Fclose(ids[i]); break;
+      case H5I_GROUP: H5Gclose(ids[i]); break;
+      case H5I_DATASET: H5Dclose(ids[i]); break;
+      case H5I_DATATYPE: H5Tclose(ids[i]); break;
+      case H5I_ATTR: H5Aclose(ids[i]); break;
+      default: break;
+      }
+    }
+  free(ids);
+}
+
 static void h5_exit_cleanup(void) {
-  if (!atomic_load(&h5_close_failed)) H5close();
+  if (atomic_load(&h5_close_failed)) return;
+  if (!atomic_load(&h5_failed_call)) {
+    H5close();
+    return;
+  }
+  H5E_BEGIN_TRY { h5_close_open_ids(); }
+  H5E_END_TRY;
 }
 
 __attribute__((constructor)) static void h5_exit_guard(void) {

@@ -181,7 +181,18 @@ int probe__h5_fd(hid_t file);
  * the library is loaded, before any HDF5 call of the host) and registers
  * its own, which calls H5close - the same clean-up - unless a close failed,
  * in which case it leaves HDF5 alone: the process exits, and the kernel
- * closes the files. probe__h5_close_failed records such a failure. */
+ * closes the files. probe__h5_close_failed records such a failure.
+ *
+ * HDF5 1.10 also leaks internal blocks of its free lists on some failed
+ * calls on a damaged file - every H5Dopen of a dataset whose object header
+ * fails its checksum - with no id left to close (H5Fget_obj_count is 0).
+ * H5close then loops over its free lists 100 times and prints "HDF5:
+ * infinite loop closing library" on stderr at exit. The reader calls
+ * probe__h5_failed_call after an HDF5 call of its own failed; from then on
+ * the clean-up at exit closes every id still open (the host's files are
+ * flushed and closed, as H5close would) and leaves the rest of HDF5's
+ * clean-up to the process's exit. */
 void probe__h5_close_failed(void);
+void probe__h5_failed_call(void);
 
 #endif /* AMPPROBE_LIBPROBE_FORMAT_H */

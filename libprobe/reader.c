@@ -94,6 +94,7 @@ static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
   snprintf(t->msg, sizeof t->msg, "%s: %s", t->path ? t->path : "trace", what);
+  if (H5Eget_num(H5E_DEFAULT) > 0) probe__h5_failed_call(); /* format.h */
   H5Eclear2(H5E_DEFAULT);
   return st;
 }
@@ -106,6 +107,7 @@ static herr_t first_desc(unsigned n, const H5E_error2_t *e, void *data) {
 
 /* The most specific message on HDF5's error stack. */
 static void h5_desc(char *buf) {
+  probe__h5_failed_call(); /* called after a failed HDF5 call (format.h) */
   buf[0] = '\0';
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, first_desc, buf);
   if (buf[0] == '\0') snprintf(buf, 200, "HDF5 error");
@@ -118,7 +120,23 @@ static void probe_trace_close_impl(probe_trace *t) {
       if (t->dset[i] >= 0) H5Dclose(t->dset[i]);
       if (t->mtype[i] >= 0) H5Tclose(t->mtype[i]);
     }
-    if (t->file >= 0) H5Fclose(t->file);
+    if (t->file >= 0) {
+      /* anything of this file a failed path left open (H5F_OBJ_LOCAL: the
+       * ids opened through this file id, not the host's of the same file) */
+      hid_t left[16];
+      ssize_t n = H5Fget_obj_ids(t->file, H5F_OBJ_DATASET | H5F_OBJ_GROUP |
+                                               H5F_OBJ_DATATYPE | H5F_OBJ_ATTR |
+                                               H5F_OBJ_LOCAL,
+                                 16, left);
+      for (ssize_t i = 0; i < n; i++) {
+        H5I_type_t ty = H5Iget_type(left[i]);
+        if (ty == H5I_DATASET) H5Dclose(left[i]);
+        else if (ty == H5I_GROUP) H5Gclose(left[i]);
+        else if (ty == H5I_DATATYPE) H5Tclose(left[i]);
+        else if (ty == H5I_ATTR) H5Aclose(left[i]);
+      }
+      if (H5Fclose(t->file) < 0) probe__h5_close_failed(); /* format.h */
+    }
   }
   H5E_END_TRY;
   for (int i = 0; i < N_STR_ATTRS; i++) free(t->strs[i]);
