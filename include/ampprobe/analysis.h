@@ -962,7 +962,15 @@ AMPPROBE_API int probe_ddmin_lookup(const probe_ddmin *d, uint64_t set);
 AMPPROBE_API probe_status probe_ddmin_minimize(probe_ddmin *d, uint64_t *result);
 
 /* Helpers. */
-static inline int probe_set_count(uint64_t s) { return __builtin_popcountll(s); }
+static inline int probe_set_count(uint64_t s) {
+#if defined(__GNUC__) || defined(__clang__)
+  return __builtin_popcountll(s);
+#else /* portable (MSVC and others): one iteration per member */
+  int n = 0;
+  for (; s; s &= s - 1) n++;
+  return n;
+#endif
+}
 static inline uint64_t probe_set_full(int n) {
   return n >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1);
 }

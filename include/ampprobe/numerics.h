@@ -77,8 +77,10 @@ PROBE_HD float probe_f16_to_f32(uint16_t h) {
   } else if (man == 0) { /* +-0 */
     bits = sign;
   } else { /* subnormal: man * 2^-24, a normal binary32, exactly (no loop:
-             * tensors of underflowed values are all subnormals) */
-    bits = sign | probe_f32_bits((float)man * 0x1p-24f);
+             * tensors of underflowed values are all subnormals). 2^-24 as
+             * its exact decimal: a hexadecimal float literal is not C++
+             * before C++17. */
+    bits = sign | probe_f32_bits((float)man * 5.9604644775390625e-08f);
   }
   return probe_f32_from_bits(bits);
 }

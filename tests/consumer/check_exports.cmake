@@ -2,7 +2,12 @@
 #
 #   cmake -DCC=<C compiler> -DNM=<nm> -DLIB=<libampprobe.so>
 #         -DHEADERS=<public header;...> -DINCLUDES=<dir;...> -DWORK=<dir>
-#         -P check_exports.cmake
+#         [-DCXX=<C++ compiler>] -P check_exports.cmake
+#
+# With CXX, the same translation unit must also compile as C++11, C++14 and
+# C++17 with -Wall -Wextra -pedantic -Werror: the headers say extern "C" and
+# are meant for C++ callers (a hexadecimal float literal, C++17 only, broke
+# C++11/14 before).
 #
 # The declarations come from the compiler, not from a list kept by hand:
 # one translation unit includes every installed header and GCC's -aux-info
@@ -40,6 +45,20 @@ execute_process(
   RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "check_exports: compiling the public headers failed:\n${err}")
+endif()
+if(CXX)
+  file(WRITE ${WORK}/all_headers.cpp "${tu}int main() { return 0; }\n")
+  foreach(std c++11 c++14 c++17)
+    execute_process(
+      COMMAND ${CXX} -std=${std} -Wall -Wextra -pedantic -Werror -fsyntax-only
+              ${incflags} ${WORK}/all_headers.cpp
+      RESULT_VARIABLE rc ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "check_exports: the public headers do not compile as "
+                          "${std} (-Wall -Wextra -pedantic -Werror):\n${err}")
+    endif()
+  endforeach()
+  message(STATUS "check_exports: the public headers compile as C++11, C++14 and C++17")
 endif()
 file(READ ${WORK}/decls.txt decls)
 # One line per declaration: /* <file>:<line>:<flags> */ <declaration>;

@@ -2,10 +2,12 @@
 # library as a product.
 #
 # package.exports   libampprobe.so exports exactly the functions declared in
-#                   the installed headers (check_exports.cmake; GCC only).
+#                   the installed headers, and those headers compile as
+#                   C++11/14/17 (check_exports.cmake; GCC only).
 if(CMAKE_C_COMPILER_ID STREQUAL "GNU" AND CMAKE_NM)
   add_test(NAME package.exports
     COMMAND ${CMAKE_COMMAND} -DCC=${CMAKE_C_COMPILER} -DNM=${CMAKE_NM}
+            -DCXX=${CMAKE_CXX_COMPILER}
             -DLIB=$<TARGET_FILE:ampprobe>
             "-DHEADERS=${AMPPROBE_PUBLIC_HEADERS}"
             "-DINCLUDES=${PROJECT_SOURCE_DIR}/include;${AMPPROBE_GENERATED_INCLUDE_DIR}"
