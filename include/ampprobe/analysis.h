@@ -958,7 +958,9 @@ AMPPROBE_API int probe_ddmin_lookup(const probe_ddmin *d, uint64_t set);
 
 /* Runs ddmin from the full set (all n candidates), which must pass: when it
  * is not known yet it is asked of the oracle first, and PROBE_ERR_STATE is
- * returned if it fails. On success *result is a 1-minimal passing set. */
+ * returned if it fails. On success *result is a 1-minimal passing set. A d
+ * that probe_ddmin_init did not prepare (zeroed: no oracle, n 0) is
+ * PROBE_ERR_INVALID_ARG. */
 AMPPROBE_API probe_status probe_ddmin_minimize(probe_ddmin *d, uint64_t *result);
 
 /* Helpers. */

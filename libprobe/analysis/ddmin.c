@@ -5,14 +5,19 @@
  * the oracle callback does the work.
  */
 #include "ampprobe/analysis.h"
+#include "../format.h" /* probe__trace_open_msg */
 
 #include <stdlib.h>
 #include <string.h>
 
 probe_status probe_ddmin_init(probe_ddmin *d, int n, probe_ddmin_oracle oracle,
                               void *ctx) {
-  if (!d || !oracle || n < 1 || n > PROBE_DDMIN_MAX)
+  if (!d || !oracle || n < 1 || n > PROBE_DDMIN_MAX) {
+    probe__trace_open_msg("probe_ddmin_init: %s",
+                          !d ? "NULL ddmin" : !oracle ? "NULL oracle"
+                                                      : "n outside 1..64");
     return PROBE_ERR_INVALID_ARG;
+  }
   memset(d, 0, sizeof *d);
   d->n = n;
   d->oracle = oracle;
@@ -63,8 +68,17 @@ static probe_status memo_add(probe_ddmin *d, uint64_t set, int verdict,
 
 probe_status probe_ddmin_seed(probe_ddmin *d, uint64_t set, int verdict) {
   if (!d || (verdict != PROBE_DDMIN_PASS && verdict != PROBE_DDMIN_FAIL) ||
-      (set & ~probe_set_full(d->n)))
+      d->n < 1 || d->n > PROBE_DDMIN_MAX || (set & ~probe_set_full(d->n))) {
+    probe__trace_open_msg(
+        "probe_ddmin_seed: %s",
+        !d ? "NULL ddmin"
+        : (verdict != PROBE_DDMIN_PASS && verdict != PROBE_DDMIN_FAIL)
+            ? "verdict neither PROBE_DDMIN_PASS nor PROBE_DDMIN_FAIL"
+        : (d->n < 1 || d->n > PROBE_DDMIN_MAX)
+            ? "ddmin not prepared by probe_ddmin_init"
+            : "set has members beyond the n candidates");
     return PROBE_ERR_INVALID_ARG;
+  }
   int known = probe_ddmin_lookup(d, set);
   if (known != PROBE_DDMIN_UNKNOWN)
     return known == verdict ? PROBE_OK : PROBE_ERR_STATE;
@@ -142,8 +156,17 @@ static int set_members(uint64_t s, int *idx) {
 }
 
 probe_status probe_ddmin_minimize(probe_ddmin *d, uint64_t *result) {
-  if (!d || !result)
+  /* a zeroed or foreign struct (no oracle, n out of range) is refused, not
+   * called through a NULL pointer */
+  if (!d || !result || !d->oracle || d->n < 1 || d->n > PROBE_DDMIN_MAX) {
+    probe__trace_open_msg(
+        "probe_ddmin_minimize: %s",
+        !d ? "NULL ddmin" : !result ? "NULL result"
+        : !d->oracle ? "no oracle (ddmin not prepared by probe_ddmin_init)"
+                     : "n outside 1..64 (ddmin not prepared by "
+                       "probe_ddmin_init)");
     return PROBE_ERR_INVALID_ARG;
+  }
   uint64_t s = probe_set_full(d->n);
   size_t first;
   probe_status st = eval_batch(d, &s, 1, &first);

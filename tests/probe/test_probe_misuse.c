@@ -477,6 +477,22 @@ START_TEST(null_helpers) {
 }
 END_TEST
 
+/* A zeroed probe_ddmin (never prepared by probe_ddmin_init): minimize
+ * called its NULL oracle (SIGSEGV at pc 0). Refused, with a line. */
+START_TEST(ddmin_not_prepared) {
+  probe_ddmin d;
+  memset(&d, 0, sizeof d);
+  uint64_t res = 0;
+  ck_assert_int_eq(probe_ddmin_minimize(&d, &res), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "oracle"));
+  ck_assert_int_eq(probe_ddmin_seed(&d, 0, PROBE_DDMIN_PASS),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "probe_ddmin_init"));
+  ck_assert_int_eq(probe_ddmin_init(&d, 3, NULL, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "NULL oracle"));
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -496,6 +512,7 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, layer_names_refused);
   tcase_add_test(tc, refusals_say_why);
   tcase_add_test(tc, as_many_layers_as_the_reader_takes);
+  tcase_add_test(tc, ddmin_not_prepared);
   suite_add_tcase(su, tc);
   return su;
 }
