@@ -438,8 +438,12 @@ probe_status probe_session_open(probe_session **out, const char *path,
   probe_options o;
   if (opt) o = *opt;
   else probe_options_init(&o);
+  if (o.ring_steps < 0 || o.ring_steps > PROBE_RING_STEPS_MAX)
+    return open_fail(PROBE_ERR_CONFIG,
+                     "probe_session_open: ring_steps %d outside 0..%d",
+                     o.ring_steps, PROBE_RING_STEPS_MAX);
   if ((o.mode != PROBE_MODE_SCALARS && o.mode != PROBE_MODE_FULL) ||
-      o.step_every < 1 || o.step_start < 0 || o.ring_steps < 0 ||
+      o.step_every < 1 || o.step_start < 0 ||
       !(o.flush_seconds >= 0) || o.flush_steps < 0 || o.max_events < 0 ||
       o.batch_rows < 1)
     return open_fail(PROBE_ERR_CONFIG,

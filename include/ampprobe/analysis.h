@@ -739,6 +739,9 @@ AMPPROBE_API probe_status probe_ranks_render_json(const probe_ranks *r,
 #define PROBE_DIFF_MAX_NOTES 16
 
 typedef struct probe_diff_options {
+  /* probe_diff_run refuses threshold <= 0 or NaN, window outside 1..256
+   * and zero_frac_margin < 0 or NaN with PROBE_ERR_INVALID_ARG (they were
+   * clamped or used as given) */
   double threshold;  /* relative difference that counts as divergence */
   int window;        /* steps averaged for divergence (10), 1..256 */
   size_t chunk_rows; /* as in probe_diag_options */

@@ -261,7 +261,8 @@ typedef struct probe_options {
   int64_t step_start;        /* first step recorded in full mode (0) */
   int64_t step_end;          /* last step recorded, -1 = no end */
   int64_t step_every;        /* record every N-th step (1) */
-  int ring_steps;            /* flight-recorder depth K (8) */
+  int ring_steps;            /* flight-recorder depth K (8), 0..
+                                PROBE_RING_STEPS_MAX */
   double flush_seconds;      /* flush at most this long after data (1.0);
                                 the session's writer thread keeps this
                                 timer, calls or not */
@@ -291,6 +292,12 @@ typedef struct probe_options {
 } probe_options;
 
 #define PROBE_RUN_ID_MAX 64 /* characters, without the NUL */
+/* The deepest flight recorder probe_session_open accepts (the CLI's
+ * --ring-steps limit); more is PROBE_ERR_CONFIG, as is any option above out
+ * of its range (mode, step_every >= 1, step_start >= 0, flush_seconds >= 0,
+ * flush_steps >= 0, max_events >= 0, batch_rows >= 1), the message naming
+ * it. (A depth of 2^30 had the open allocate 24 GiB.) */
+#define PROBE_RING_STEPS_MAX 1000000
 
 /* Fills the defaults shown above. */
 AMPPROBE_API

@@ -7,6 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "analysis-impl.h"
+#include "../format.h" /* probe__trace_open_msg */
 
 #include <math.h>
 #include <stdarg.h>
@@ -769,8 +770,6 @@ static probe_status stage_metadata(probe_diff *d, probe_trace *a,
   else
     probe_diff_options_init(&d->opt);
   d->opt.chunk_rows = probe__chunk_rows(d->opt.chunk_rows);
-  if (d->opt.window < 1 || d->opt.window > PROBE_DIFF_MAX_WINDOW)
-    d->opt.window = PROBE_DIFF_DEFAULT_WINDOW;
   d->first_div_step = -1;
   d->loss_part_step = -1;
   d->first_common_step = d->last_common_step = -1;
@@ -1031,8 +1030,27 @@ static void stage_verdict(state *s) {
 
 probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
                             const probe_diff_options *opt) {
-  if (!d || !a || !b)
+  if (!d || !a || !b) {
+    probe__trace_open_msg("probe_diff_run: NULL %s",
+                          !d ? "result" : !a ? "trace a" : "trace b");
     return PROBE_ERR_INVALID_ARG;
+  }
+  /* options out of their documented range are refused, not clamped */
+  if (opt && (opt->window < 1 || opt->window > PROBE_DIFF_MAX_WINDOW)) {
+    memset(d, 0, sizeof *d);
+    probe__trace_open_msg("probe_diff_run: window %d outside 1..%d",
+                          opt->window, PROBE_DIFF_MAX_WINDOW);
+    return PROBE_ERR_INVALID_ARG;
+  }
+  if (opt && (!(opt->threshold > 0) || !(opt->zero_frac_margin >= 0))) {
+    memset(d, 0, sizeof *d);
+    probe__trace_open_msg(
+        "probe_diff_run: %s %g (a number %s)",
+        !(opt->threshold > 0) ? "threshold" : "zero_frac_margin",
+        !(opt->threshold > 0) ? opt->threshold : opt->zero_frac_margin,
+        !(opt->threshold > 0) ? "> 0" : ">= 0");
+    return PROBE_ERR_INVALID_ARG;
+  }
   probe_status st = stage_metadata(d, a, b, opt);
   if (st != PROBE_OK)
     return st;

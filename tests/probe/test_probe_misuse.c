@@ -493,6 +493,73 @@ START_TEST(ddmin_not_prepared) {
 }
 END_TEST
 
+/* ring_steps has a documented maximum: 2^30 had the open allocate 24 GiB
+ * (ERR_NOMEM at best). Refused as the other options are, naming it. */
+START_TEST(ring_steps_bounded) {
+  char path[256];
+  pt_path(path, sizeof path, "ring");
+  const int bad[] = {1 << 30, PROBE_RING_STEPS_MAX + 1, INT32_MAX, -1};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    probe_options o;
+    probe_options_init(&o);
+    o.overwrite = 1;
+    o.ring_steps = bad[i];
+    probe_session *s = NULL;
+    ck_assert_int_eq(probe_session_open(&s, path, &o), PROBE_ERR_CONFIG);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strstr(probe_session_last_error(NULL), "ring_steps") != NULL,
+                  "'%s'", probe_session_last_error(NULL));
+  }
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  o.ring_steps = 1000; /* within: accepted */
+  probe_session *s = NULL;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_session_close(s));
+  unlink(path);
+}
+END_TEST
+
+/* probe_diff_options outside the header's ranges were clamped (window) or
+ * used as given (a NaN threshold: nothing ever diverges), with PROBE_OK.
+ * Refused, naming the option. */
+START_TEST(diff_options_refused) {
+  char path[256];
+  probe_trace *t = small_trace_open(path, sizeof path, "diffopt", 3);
+  struct {
+    int window;
+    double threshold, margin;
+    const char *says;
+  } bad[] = {
+      {0, 0.1, 0.05, "window 0"},          {257, 0.1, 0.05, "window 257"},
+      {100000, 0.1, 0.05, "window 100000"}, {10, NAN, 0.05, "threshold"},
+      {10, -1.0, 0.05, "threshold"},        {10, 0.0, 0.05, "threshold"},
+      {10, 0.1, NAN, "zero_frac_margin"},   {10, 0.1, -0.5, "zero_frac_margin"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    probe_diff_options o;
+    probe_diff_options_init(&o);
+    o.window = bad[i].window;
+    o.threshold = bad[i].threshold;
+    o.zero_frac_margin = bad[i].margin;
+    probe_diff d;
+    ck_assert_int_eq(probe_diff_run(&d, t, t, &o), PROBE_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(probe_trace_last_error(NULL), bad[i].says) != NULL,
+                  "case %zu: '%s'", i, probe_trace_last_error(NULL));
+    probe_diff_free(&d);
+  }
+  probe_diff_options o;
+  probe_diff_options_init(&o);
+  o.window = PROBE_DIFF_MAX_WINDOW;
+  probe_diff d;
+  PT_CHECK(probe_diff_run(&d, t, t, &o));
+  probe_diff_free(&d);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -513,6 +580,8 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, refusals_say_why);
   tcase_add_test(tc, as_many_layers_as_the_reader_takes);
   tcase_add_test(tc, ddmin_not_prepared);
+  tcase_add_test(tc, ring_steps_bounded);
+  tcase_add_test(tc, diff_options_refused);
   suite_add_tcase(su, tc);
   return su;
 }
