@@ -4,6 +4,8 @@
 #   find_package + ampprobe::ampprobe_static  (static)
 #   pkg-config ampprobe                       (shared)
 #   pkg-config --static ampprobe              (static: -l:libampprobe.a)
+# Then a CUDA build's package (its config edited on a copy of the prefix)
+# for a consumer without a CUDA toolkit: found, shared only.
 # Each one must link the kind it asked for (nm: probe_session_open undefined
 # in the program / defined in it), run, write a trace, read it back (and run
 # the post-mortem in-process when <ampprobe/analysis.h> is installed); then
@@ -134,4 +136,41 @@ if(PKG_CONFIG)
 else()
   message(FATAL_ERROR "run_consumer: no pkg-config (-DPKG_CONFIG=...): the pkg-config builds cannot run")
 endif()
+# ---- a CUDA build's package, for a consumer without a CUDA toolkit ------------
+# The installed config of a CUDA build (ampprobe_HAVE_CUDA ON), on a copy of
+# this prefix, with the consumer's find_package(CUDAToolkit) disabled: the
+# shared library is still found and linked (find_dependency(CUDAToolkit)
+# failed the whole find_package before), and asking for the component
+# "static", which needs the CUDA runtime, fails the find.
+set(cprefix ${WORK}/prefix-cuda)
+file(COPY ${prefix}/ DESTINATION ${cprefix})
+set(cfg_file ${cprefix}/${libdir}/cmake/ampprobe/ampprobeConfig.cmake)
+file(READ ${cfg_file} cfg)
+string(REGEX REPLACE "set\\(ampprobe_HAVE_CUDA [A-Za-z0-9]*\\)"
+       "set(ampprobe_HAVE_CUDA ON)" cfg_cuda "${cfg}")
+if(NOT cfg_cuda MATCHES "set\\(ampprobe_HAVE_CUDA ON\\)")
+  message(FATAL_ERROR "run_consumer: no set(ampprobe_HAVE_CUDA ...) in ${cfg_file}")
+endif()
+file(WRITE ${cfg_file} "${cfg_cuda}")
+run("configure find_package shared, CUDA build, no CUDA toolkit"
+    ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK}/cmake-nocuda -G ${GENERATOR}
+    -DCMAKE_C_COMPILER=${CC} -DCMAKE_PREFIX_PATH=${cprefix}
+    -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE -DCONSUMER_STATIC=OFF)
+run("build find_package shared, CUDA build, no CUDA toolkit"
+    ${CMAKE_COMMAND} --build ${WORK}/cmake-nocuda)
+# the component, where it is there: a CPU build's static library
+run("configure find_package COMPONENTS static" ${CMAKE_COMMAND} -S ${SOURCE_DIR}
+    -B ${WORK}/cmake-static-component -G ${GENERATOR} -DCMAKE_C_COMPILER=${CC}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCONSUMER_STATIC=ON -DCONSUMER_COMPONENTS=static)
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK}/cmake-nocuda-static
+                -G ${GENERATOR} -DCMAKE_C_COMPILER=${CC} -DCMAKE_PREFIX_PATH=${cprefix}
+                -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE -DCONSUMER_STATIC=ON
+                -DCONSUMER_COMPONENTS=static
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "run_consumer: find_package(ampprobe COMPONENTS static) of a "
+                      "CUDA build succeeded without a CUDA toolkit")
+endif()
+message(STATUS "run_consumer: a CUDA build's package without CUDA: shared OK, static refused")
+
 message(STATUS "run_consumer: OK")
