@@ -667,8 +667,15 @@ out:
 
 static probe_status read_chunk(probe_trace *t, int i, int64_t start, size_t max,
                                void *buf, size_t *got) {
-  if (t == NULL || buf == NULL || got == NULL || start < 0)
+  if (t == NULL) {
+    probe__trace_open_msg("reading %s: NULL trace", probe__tables[i].path);
     return PROBE_ERR_INVALID_ARG;
+  }
+  if (buf == NULL || got == NULL || start < 0)
+    return fail(t, PROBE_ERR_INVALID_ARG, "reading %s: %s",
+                probe__tables[i].path,
+                start < 0 ? "negative start row"
+                          : buf == NULL ? "NULL buf" : "NULL got");
   *got = 0;
   if (start >= t->rows[i] || max == 0) return PROBE_OK;
   size_t n = (size_t)(t->rows[i] - start);
@@ -860,8 +867,14 @@ static probe_status probe_trace_read_snapshots_impl(probe_trace *t, int64_t star
 static probe_status probe_trace_read_snapshot_data_impl(probe_trace *t,
                                             const probe_snapshot_info *sn,
                                             float *buf) {
-  if (t == NULL || sn == NULL || (buf == NULL && sn->n > 0))
+  if (t == NULL) {
+    probe__trace_open_msg("probe_trace_read_snapshot_data: NULL trace");
     return PROBE_ERR_INVALID_ARG;
+  }
+  if (sn == NULL || (buf == NULL && sn->n > 0))
+    return fail(t, PROBE_ERR_INVALID_ARG,
+                "probe_trace_read_snapshot_data: NULL %s",
+                sn == NULL ? "snapshot" : "buf");
   if (!snapshot_ok(t, sn))
     return fail(t, PROBE_ERR_INVALID_ARG, "snapshot outside /snapshots/data");
   if (sn->n == 0) return PROBE_OK;

@@ -6,7 +6,11 @@
  * the Python package calls them in-process. The library never prints and
  * never exits: every function returns a probe_status (ampprobe/status.h)
  * and fills plain structs; text and JSON renderings are made into malloc'd
- * buffers that the caller releases with probe_free().
+ * buffers that the caller releases with probe_free(). An argument refused
+ * (PROBE_ERR_INVALID_ARG: NULL, an option out of its range) leaves one
+ * line naming it where probe_trace_last_error(NULL) finds it (per thread),
+ * as a failed open does - except, for now, probe_diag_run and
+ * probe_diag_render_*, whose refusals are NULL arguments only.
  *
  * Quick start (one call, the JSON document `ampprobe postmortem --json`
  * prints):

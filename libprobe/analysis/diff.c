@@ -1139,8 +1139,10 @@ static void frac_or_null(probe__jw *w, const char *key, uint64_t a, uint64_t n) 
 
 probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
                              const char *trace_b, char **out) {
-  if (!d || !out)
+  if (!d || !out) {
+    probe__trace_open_msg("probe_diff_json: NULL %s", !d ? "diff" : "out");
     return PROBE_ERR_INVALID_ARG;
+  }
   probe__jw jw, *w = &jw;
   probe__jw_init(w);
   char esc[1024];

@@ -94,12 +94,21 @@ static probe_status rank_of_many(const char *path, int isolate, int *yes) {
  * one rank file of a job of several ranks is a set of one. */
 static probe_status postmortem_json(const char *const *paths, size_t n_paths,
                                     int isolate, int as_set, char **json_out) {
-  if (!json_out) return PROBE_ERR_INVALID_ARG;
+  if (!json_out) {
+    probe__trace_open_msg("probe_postmortem_json: NULL json_out");
+    return PROBE_ERR_INVALID_ARG;
+  }
   *json_out = NULL;
   probe__trace_open_msg("%s", ""); /* no stale message of an earlier call */
-  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
+  if (!paths || n_paths == 0) {
+    probe__trace_open_msg("probe_postmortem_json: no paths");
+    return PROBE_ERR_INVALID_ARG;
+  }
   for (size_t i = 0; i < n_paths; i++)
-    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+    if (!paths[i]) {
+      probe__trace_open_msg("probe_postmortem_json: path %zu is NULL", i);
+      return PROBE_ERR_INVALID_ARG;
+    }
   if (n_paths > 1) return ranks_json(paths, n_paths, isolate, json_out);
   if (as_set) {
     int many = 0;
@@ -131,7 +140,11 @@ probe_status probe_postmortem_set_json_isolated(const char *const *paths,
 }
 
 static probe_status postmortem_verdict(const char *path, int isolate, probe_verdict *out) {
-  if (!path || !out) return PROBE_ERR_INVALID_ARG;
+  if (!path || !out) {
+    probe__trace_open_msg("probe_postmortem_verdict: NULL %s",
+                          !path ? "path" : "out");
+    return PROBE_ERR_INVALID_ARG;
+  }
   probe_diag d;
   memset(&d, 0, sizeof d);
   probe_status st = diagnose_path(path, &d, isolate);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../format.h" /* probe__trace_open_msg */
 #include "analysis-impl.h"
 #include "ranks-impl.h"
 
@@ -875,14 +876,26 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
 
 probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
                              size_t n_paths, const probe_ranks_options *opt) {
-  if (!r) return PROBE_ERR_INVALID_ARG;
+  if (!r) {
+    probe__trace_open_msg("probe_ranks_run: NULL result");
+    return PROBE_ERR_INVALID_ARG;
+  }
   memset(r, 0, sizeof *r);
   r->first = r->focus = r->stopped_first = r->first_loss = -1;
   r->ended_early = -1;
   r->event_step = -1;
-  if (!paths || n_paths == 0) return PROBE_ERR_INVALID_ARG;
+  if (!paths || n_paths == 0) {
+    snprintf(r->error, sizeof r->error, "probe_ranks_run: no paths");
+    probe__trace_open_msg("%s", r->error);
+    return PROBE_ERR_INVALID_ARG;
+  }
   for (size_t i = 0; i < n_paths; i++)
-    if (!paths[i]) return PROBE_ERR_INVALID_ARG;
+    if (!paths[i]) {
+      snprintf(r->error, sizeof r->error, "probe_ranks_run: path %zu is NULL",
+               i);
+      probe__trace_open_msg("%s", r->error);
+      return PROBE_ERR_INVALID_ARG;
+    }
   probe_ranks_options defaults;
   if (!opt) {
     probe_ranks_options_init(&defaults);

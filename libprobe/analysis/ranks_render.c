@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../format.h" /* probe__trace_open_msg */
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
 #include "ranks-impl.h"
@@ -280,7 +281,11 @@ static void render_text(const probe_ranks *r, FILE *f) {
 }
 
 probe_status probe_ranks_render_text(const probe_ranks *r, char **text_out) {
-  if (!r || !text_out) return PROBE_ERR_INVALID_ARG;
+  if (!r || !text_out) {
+    probe__trace_open_msg("probe_ranks_render_text: NULL %s",
+                          !r ? "ranks" : "text_out");
+    return PROBE_ERR_INVALID_ARG;
+  }
   *text_out = NULL;
   char *buf = NULL;
   size_t len = 0;
@@ -459,7 +464,11 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
 }
 
 probe_status probe_ranks_render_json(const probe_ranks *r, char **json_out) {
-  if (!r || !json_out) return PROBE_ERR_INVALID_ARG;
+  if (!r || !json_out) {
+    probe__trace_open_msg("probe_ranks_render_json: NULL %s",
+                          !r ? "ranks" : "json_out");
+    return PROBE_ERR_INVALID_ARG;
+  }
   probe__jw w;
   probe__jw_init(&w);
   probe__jw_obj(&w, NULL);

@@ -560,6 +560,58 @@ START_TEST(diff_options_refused) {
 }
 END_TEST
 
+/* A refused argument leaves a line saying which: probe_trace_last_error(t)
+ * said "no error" after a negative start row, and the analysis entry
+ * points left no text anywhere. */
+START_TEST(invalid_args_have_text) {
+  char path[256];
+  probe_trace *t = small_trace_open(path, sizeof path, "argtext", 3);
+  probe_record r[2];
+  probe_step_scalars sc[2];
+  size_t got = 0;
+  ck_assert_int_eq(probe_trace_read_records(t, -1, 2, r, &got),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(t), "negative start"));
+  ck_assert_int_eq(probe_trace_read_steps(t, 0, 2, NULL, &got),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(t), "NULL buf"));
+  ck_assert_int_eq(probe_trace_read_steps(t, 0, 2, sc, NULL),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(t), "NULL got"));
+  ck_assert_int_eq(probe_trace_read_snapshot_data(t, NULL, NULL),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(t), "NULL snapshot"));
+  ck_assert_int_eq(probe_trace_read_records(NULL, 0, 2, r, &got),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "NULL trace"));
+
+  char *json = NULL;
+  ck_assert_int_eq(probe_postmortem_json(NULL, 0, &json), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "no paths"));
+  const char *paths[2] = {path, NULL};
+  ck_assert_int_eq(probe_postmortem_json(paths, 2, &json), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "path 1 is NULL"));
+  probe_verdict v;
+  ck_assert_int_eq(probe_postmortem_verdict(NULL, &v), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "NULL path"));
+  probe_ranks rk;
+  ck_assert_int_eq(probe_ranks_run(&rk, NULL, 0, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(rk.error, "no paths"));
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "no paths"));
+  probe_ranks_free(&rk);
+  probe_diff d;
+  ck_assert_int_eq(probe_diff_run(&d, t, NULL, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "trace b"));
+  char *out = NULL;
+  ck_assert_int_eq(probe_diff_json(NULL, "a", "b", &out), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "probe_diff_json"));
+  ck_assert_int_eq(probe_ranks_render_json(NULL, &out), PROBE_ERR_INVALID_ARG);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL), "probe_ranks_render_json"));
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
 static Suite *misuse_suite(void) {
   Suite *su = suite_create("misuse");
   TCase *tc = tcase_create("misuse");
@@ -582,6 +634,7 @@ static Suite *misuse_suite(void) {
   tcase_add_test(tc, ddmin_not_prepared);
   tcase_add_test(tc, ring_steps_bounded);
   tcase_add_test(tc, diff_options_refused);
+  tcase_add_test(tc, invalid_args_have_text);
   suite_add_tcase(su, tc);
   return su;
 }
