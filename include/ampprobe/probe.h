@@ -441,7 +441,16 @@ typedef struct probe_trace_info {
  * layers in range). Errors: PROBE_ERR_NOT_FOUND, PROBE_ERR_NOT_HDF5,
  * PROBE_ERR_NOT_TRACE, PROBE_ERR_VERSION, PROBE_ERR_CORRUPT, PROBE_ERR_IO.
  * Opens traces of killed writers (their rows up to the last flush). On
- * failure *out is NULL and probe_trace_last_error(NULL) has the message. */
+ * failure *out is NULL and probe_trace_last_error(NULL) has the message.
+ * Not safe on files you do not trust: the validation runs HDF5 1.10 in
+ * this process, and HDF5 itself can crash, hang or write past its buffers
+ * on a damaged file (a corrupt global heap: a memcpy overrun in H5HG_read
+ * while reading a string attribute, then SIGSEGV) before any check of
+ * ours. For a file from elsewhere use probe_trace_open_isolated, which
+ * parses it all in a child process first; the same holds for the
+ * in-process analyses (probe_postmortem_json / _verdict against their
+ * _isolated variants, probe_ranks_run with probe_ranks_options.isolate 0
+ * against 1; analysis.h). */
 AMPPROBE_API
 probe_status probe_trace_open(probe_trace **out, const char *path);
 AMPPROBE_API
@@ -496,8 +505,10 @@ probe_status probe_trace_read_kernels(probe_trace *t, int64_t start,
 /* Runs probe_trace_open in a child process first and reads every row of
  * every table there (memory bounded), so that a crash inside the HDF5
  * library on a malformed file becomes PROBE_ERR_CORRUPT instead of killing
- * the caller, and a hang (30 s + 1 s per 20 MB of file) becomes one too;
- * then opens it in this process. On failure the one-line message is
+ * the caller, and a hang (no progress for 10 s, or not done in 60 s + 1 s
+ * per 256 KB of file) becomes one too; then opens it in this process,
+ * reading no variable-length string there (the child sends them). The safe
+ * open for untrusted files. On failure the one-line message is
  * probe_trace_last_error(NULL), as for probe_trace_open; err (may be NULL)
  * gets a copy. Tools use this. */
 AMPPROBE_API
