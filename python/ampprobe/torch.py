@@ -896,13 +896,15 @@ class Tracer:
                 return
         L, site = hit
         phase = _lib.SITE_PHASE.get(site, "forward")
-        if phase == "backward" and skipped:
-            if math.isfinite(lossv):
-                return  # the loss scaler's routine overflow: step skipped
-            # A non-finite loss is no routine overflow: it was made in the
-            # forward, by code no module covers (a loss written as a plain
-            # function), before any backward record.
+        if phase != "forward" and not math.isfinite(lossv):
+            # The loss is non-finite but the step's first non-finite record
+            # comes after the forward (a gradient, a master weight): the
+            # loss was made non-finite in the forward, by code no module
+            # covers (a loss written as a plain function, -log(p) with p
+            # underflowed to 0), scaler or not.
             L, site, phase = None, "loss", "forward"
+        elif phase == "backward" and skipped:
+            return  # the loss scaler's routine overflow: step skipped
         if step <= self._reported:
             return
         self._reported = step

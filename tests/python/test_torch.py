@@ -146,6 +146,103 @@ def test_raise_on_a_loss_outside_modules(tmp_path):
     tr.close()
 
 
+def _plain_loss_run(tmp_path, loss_of, mode, steps=3, bad_lr=1e-2, bad_step=1):
+    """An FP32 job without a loss scaler whose loss is a plain function
+    (no module) of a softmax output; loss_of(prob, bad) is the step's loss,
+    bad from bad_step on. Returns what on_nonfinite said: the error or the
+    first warning."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3),
+                      nn.Softmax(-1))
+    tr = at.Tracer(m, str(tmp_path / "p.h5"), precision="fp32",
+                   on_nonfinite=mode)
+    opt = torch.optim.SGD(m.parameters(), 1e-2)
+    got = None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            for step in range(steps):
+                g = torch.Generator().manual_seed(step)
+                loss = loss_of(m(torch.randn(8, 4, generator=g)), step >= bad_step)
+                if step >= bad_step:
+                    opt.param_groups[0]["lr"] = bad_lr
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                tr.end_step(loss=loss, optimizer=opt)
+        except at.NonFiniteError as e:
+            got = e
+    tr.close()
+    if got is None:
+        ws = [x.message for x in w if issubclass(x.category, at.NonFiniteWarning)]
+        got = ws[0] if ws else None
+    assert got is not None, "on_nonfinite said nothing"
+    return got
+
+
+def _nll_underflow(prob, bad):
+    """-log(p[0]); when bad, p[0] is 0 for one sample (+inf loss, whose
+    backward is inf at the softmax's output)."""
+    p0 = prob[:, 0]
+    if bad:
+        p0 = p0 * (torch.arange(8) != 3)
+    return -torch.log(p0).mean()
+
+
+def test_nonfinite_loss_outside_modules_without_a_scaler(tmp_path):
+    """No loss scaler (an FP32 or bf16 job): a loss made non-finite by a
+    plain function, whose first non-finite record is a gradient, is the
+    loss in the forward - raise named the softmax's grad_out, backward
+    (audit F1)."""
+    err = _plain_loss_run(tmp_path, _nll_underflow, "raise")
+    assert (err.module, err.site, err.phase, err.step) == (
+        "loss", "loss", "forward", 1), str(err)
+
+
+def test_nonfinite_loss_outside_modules_warns_the_loss(tmp_path):
+    """The same rule in warn mode, with a NaN loss (0 * inf) whose
+    backward is NaN everywhere."""
+    def nan_loss(prob, bad):
+        loss = (prob[:, 0] - 1.0).pow(2).mean()
+        return loss * float("inf") * 0.0 if bad else loss
+
+    w = _plain_loss_run(tmp_path, nan_loss, "warn")
+    msg = str(w)
+    assert "step 1, forward phase" in msg and "module 'loss'" in msg, msg
+
+
+def test_nonfinite_loss_first_record_in_the_optimizer_phase(tmp_path):
+    """Gradients finite, the master weights non-finite (an inf learning
+    rate) and the loss non-finite by a term no module computes: the first
+    non-finite record is in the optimizer phase; the loss is named."""
+    def const_inf(prob, bad):
+        loss = (prob[:, 0] - 1.0).pow(2).mean()
+        return loss + torch.log(torch.zeros(())) if bad else loss
+
+    err = _plain_loss_run(tmp_path, const_inf, "raise", bad_lr=float("inf"))
+    assert (err.module, err.site, err.phase, err.step) == (
+        "loss", "loss", "forward", 1), str(err)
+
+
+def test_finite_loss_with_an_inf_gradient_names_the_gradient(tmp_path):
+    """The control: a finite loss whose backward overflows (no scaler)
+    still names the module whose gradient it is, backward phase."""
+    class InfGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    def loss_of(prob, bad):
+        return (InfGrad.apply(prob) if bad else prob)[:, 0].mean()
+
+    err = _plain_loss_run(tmp_path, loss_of, "raise")
+    assert err.phase == "backward" and err.module == "3", str(err)
+
+
 def test_long_names_match_policies_by_their_full_path(tmp_path):
     """Module paths over 60 bytes are cut (and made unique with ~N) for the
     trace; the FP32 policy and layer globs still match the full path (they
