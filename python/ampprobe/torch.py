@@ -26,7 +26,9 @@ import warnings
 import weakref
 
 import torch
+import torch.autograd.function
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import _lib
 from . import distributed as _dist
@@ -308,9 +310,38 @@ def _grad_hook(tracer, L, site):
     return hook
 
 
+# Frames that mean "this forward runs inside a backward pass": the
+# engine's entry points (a CPU backward runs on the calling thread), a
+# custom Function's backward (reentrant activation checkpointing recomputes
+# its forward there, on any thread) and the non-reentrant checkpoint's
+# unpack hook (where torch 1.13 recomputes).
+_BACKWARD_CODES = frozenset(
+    f.__code__ for f in (
+        torch.autograd.backward, torch.autograd.grad,
+        getattr(getattr(torch.autograd.function, "BackwardCFunction", None),
+                "apply", None))
+    if hasattr(f, "__code__"))
+_CHECKPOINT_FILE = getattr(torch.utils.checkpoint, "__file__", None)
+
+
+def _in_backward():
+    """True when called (from a forward hook) during a backward pass: a
+    forward recomputed there (activation checkpointing) is no forward of
+    the step. A walk up the Python stack; only made for a module's second
+    forward under grad in a step."""
+    f = sys._getframe(2)
+    while f is not None:
+        c = f.f_code
+        if c in _BACKWARD_CODES or (c.co_name == "unpack" and
+                                    c.co_filename == _CHECKPOINT_FILE):
+            return True
+        f = f.f_back
+    return False
+
+
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
-                 "emulate", "params", "selected")
+                 "emulate", "params", "selected", "mode")
 
 
 class Tracer:
@@ -468,6 +499,7 @@ class Tracer:
         self._next = 0
         self._recording = False
         self._hold = []
+        self._ran = set()
         self._refs = []  # (layer, site, tensor) of this step, for scans
         self._scale_begin = None
         self._scaler = None
@@ -517,6 +549,7 @@ class Tracer:
         L.params = [] if module is None else [
             p for p in module.parameters(recurse=False)]
         L.selected = selected
+        L.mode = None  # this forward's: "record", "replay" or None (_gate)
         self._layers.append(L)
         return L
 
@@ -536,14 +569,18 @@ class Tracer:
             used.add(name)
             return name
 
+        self._input_layer = None
         if record_input:  # listed always, hooked when layers= selects it
             in_sel = not self._globs or any(fnmatch.fnmatchcase("input", g)
                                             for g in self._globs)
             L = self._register(uniq("input"), None, "input", in_sel)
-            self._input_layer = L
             if in_sel:
-                self._hooks.append(model.register_forward_pre_hook(
-                    self._make_input_hook(L)))
+                self._input_layer = L
+        # Always hooked: the model's forward under grad starts the step
+        # (so that modules it runs under no_grad first - a teacher - are
+        # inside it), and records the input when selected.
+        self._hooks.append(model.register_forward_pre_hook(
+            self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
         if loss_fn is not None:
             # a criterion that is also a child of the model is one layer,
@@ -630,13 +667,37 @@ class Tracer:
         if self._step is None:
             self.begin_step(self._next)
 
+    def _gate(self, L):
+        """How this forward of L's module is traced: "record" (a forward of
+        the step, under grad or under no_grad inside the step: a teacher,
+        a checkpointed segment's first pass), "replay" (the same module run
+        again during a backward: activation checkpointing's recomputation,
+        whose forward was recorded the first time; its gradients are
+        recorded) or None (no_grad outside a step: evaluation between
+        steps). Only a forward under grad starts a step."""
+        grad = torch.is_grad_enabled()
+        if grad:
+            self._ensure_step()
+        elif self._step is None:
+            return None
+        if L.lid not in self._ran:
+            self._ran.add(L.lid)
+        elif grad and _in_backward():
+            return "replay"
+        return "record"
+
     def _make_input_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642 (the hooks hold it weakly)
 
         def hook(module, inputs):
-            if _gone(self) or self._closed or not torch.is_grad_enabled() or module is not self.model:
-                return  # evaluation under no_grad, or a copy of the model
-            self._ensure_step()
+            if _gone(self) or self._closed or module is not self.model:
+                return  # a copy of the model
+            if L is None:  # the input not recorded: start the step only
+                if torch.is_grad_enabled():
+                    self._ensure_step()
+                return
+            if self._gate(L) != "record":
+                return  # evaluation between steps, or recomputation
             for t in _floats(inputs):
                 self._record(L, "fwd_out", t)
         return hook
@@ -666,26 +727,37 @@ class Tracer:
         def hook(module, inputs):
             if _gone(self):
                 return None
-            if self._closed or not torch.is_grad_enabled() or module is not L.module:
-                # not a training step (evaluation under no_grad), or a copy
+            mode = None
+            if not self._closed and module is L.module:
+                mode = L.mode = self._gate(L)
+            if mode is None or not torch.is_grad_enabled():
+                # Evaluation between steps (no_grad, no step open), a copy
                 # of the module (copy.deepcopy keeps its hooks: an EMA or
-                # teacher model): not recorded, still run as the precision
-                # says
+                # teacher model): not recorded. A no_grad forward inside a
+                # step is recorded, with no gradient hooks. Both run as the
+                # precision says.
+                if mode == "record":
+                    self._record_forward_in(L, inputs)
                 return _map_floats(inputs, _round16) if L.emulate and not self._closed else None
-            self._ensure_step()
             fin = _floats(inputs)
-            for t in fin[:1] if loss else fin:
-                self._record(L, "fwd_in", t)  # a loss: the prediction only
-            if self._recording:
-                for p in L.params:
-                    w = p.detach()
-                    if L.emulate:
-                        w = w.half()  # as autocast would cast it
-                    self._record(L, "weight", w)
+            if mode == "record":
+                self._record_forward_in(L, inputs)
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
         return hook
+
+    def _record_forward_in(self, L, inputs):
+        """fwd_in (a loss: the prediction only) and the weights as used."""
+        fin = _floats(inputs)
+        for t in fin[:1] if L.kind == "loss" else fin:
+            self._record(L, "fwd_in", t)
+        if self._recording:
+            for p in L.params:
+                w = p.detach()
+                if L.emulate:
+                    w = w.half()  # as autocast would cast it
+                self._record(L, "weight", w)
 
     def _make_fwd_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642
@@ -697,10 +769,14 @@ class Tracer:
                 return None
             if L.emulate and not self._closed:
                 output = _map_floats(output, _round16)
-            if self._closed or not torch.is_grad_enabled() or module is not L.module:
+            mode = None
+            if not self._closed and module is L.module:
+                mode, L.mode = L.mode, None
+            if mode is None:
                 return output if L.emulate and not self._closed else None
             for t in _floats(output):
-                self._record(L, "fwd_out", t)
+                if mode == "record":
+                    self._record(L, "fwd_out", t)
                 if t.requires_grad:
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
@@ -729,7 +805,7 @@ class Tracer:
     def _saved(self, module, L, t):
         if L.emulate:
             t = _round16(t)
-        if self._step is not None and L.selected:
+        if self._step is not None and L.selected and L.mode == "record":
             self._record(L, "fwd_saved", t)
         return t
 
@@ -755,6 +831,7 @@ class Tracer:
                 self._hook_param(p, L)
         self.session.begin_step(step)
         self._step = step
+        self._ran = set()  # layers whose forward ran in this step (_gate)
         self._recording = self._in_window(step)
         if self._scaler is not None:
             self._scale_begin = float(self._scaler.get_scale())
