@@ -339,9 +339,42 @@ def _in_backward():
     return False
 
 
+def _node_hook(tracer, L, out_nr, with_in):
+    """The gradient sites of an in-place module, from the autograd node its
+    op made (a post hook: the gradient arriving at its output, grad_out,
+    and the one it sends to its input, grad_in), rounded to FP16 (grad_in
+    passed on so) when L emulates FP16. Tensor hooks cannot serve: in torch
+    1.13 a hook registered on a tensor already hooked before the in-place
+    op lands on the node of its value before the op."""
+    def hook(grad_inputs, grad_outputs):
+        if _gone(tracer):
+            return None
+        g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
+        if g is not None and g.is_floating_point():
+            tracer._record(L, "grad_out", _round16(g) if L.emulate else g)
+        g = grad_inputs[0] if with_in and grad_inputs else None
+        if g is not None and g.is_floating_point():
+            if L.emulate:
+                g = _round16(g)
+            tracer._record(L, "grad_in", g)
+            if L.emulate:
+                return (g,) + tuple(grad_inputs[1:])
+        return None
+    return hook
+
+
+def _settle(t):
+    """Makes the statistics of a CUDA tensor just handed to libprobe read
+    before the module changes it in place: libprobe reads it on its own
+    blocking stream, ordered with torch's legacy default stream; on another
+    stream of the job's, wait for the device."""
+    if t.is_cuda and torch.cuda.current_stream(t.device).cuda_stream != 0:
+        torch.cuda.synchronize(t.device)
+
+
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
-                 "emulate", "params", "selected", "mode")
+                 "emulate", "params", "selected", "mode", "pending")
 
 
 class Tracer:
@@ -492,7 +525,6 @@ class Tracer:
         self._hooks = []
         self._wrapped = []   # modules forced to FP32 (_wrap_fp32)
         self._frozen = []    # (param, layer) not trainable yet (_hook_param)
-        self._inplace = []   # modules whose inplace flag was turned off
         self._layers = []
         self._by_param = {}
         self._step = None
@@ -550,6 +582,7 @@ class Tracer:
             p for p in module.parameters(recurse=False)]
         L.selected = selected
         L.mode = None  # this forward's: "record", "replay" or None (_gate)
+        L.pending = None  # an in-place forward's inputs and their nodes
         self._layers.append(L)
         return L
 
@@ -602,9 +635,6 @@ class Tracer:
             m._ampprobe_ref = (weakref.ref(self), L)
             if not sel:
                 continue
-            if getattr(m, "inplace", False) is True:
-                m.inplace = False  # it would write through the input's alias
-                self._inplace.append(m)
             # No full backward hook: torch wraps a hooked module's outputs
             # in views, which made any in-place op on them (a ResNet's
             # `out += x`) an error and turned namedtuple outputs into
@@ -730,6 +760,8 @@ class Tracer:
             mode = None
             if not self._closed and module is L.module:
                 mode = L.mode = self._gate(L)
+            if mode is not None and getattr(module, "inplace", False) is True:
+                return self._inplace_pre(L, mode, inputs)
             if mode is None or not torch.is_grad_enabled():
                 # Evaluation between steps (no_grad, no step open), a copy
                 # of the module (copy.deepcopy keeps its hooks: an EMA or
@@ -746,6 +778,28 @@ class Tracer:
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
         return hook
+
+    def _inplace_pre(self, L, mode, inputs):
+        """The pre-hook of a module that works in place (inplace=True): it
+        keeps doing so (a job may rely on the side effect: `self.act(h)`
+        with its result dropped). fwd_in is recorded before it runs
+        (libprobe computes the statistics in the call); the inputs go in
+        as they are - rounded to binary16 in place under emulation - and
+        the gradient sites are taken from the node its op makes (fwd
+        hook)."""
+        if mode == "record":
+            self._record_forward_in(L, inputs)
+            for t in _floats(inputs):
+                _settle(t)
+        fin = _floats(inputs)
+        if L.emulate:
+            with torch.no_grad():
+                for t in fin:
+                    if t.dtype == torch.float32:
+                        t.copy_(t.half())
+        if torch.is_grad_enabled():
+            L.pending = [(t, t.grad_fn) for t in fin if t.requires_grad]
+        return None
 
     def _record_forward_in(self, L, inputs):
         """fwd_in (a loss: the prediction only) and the weights as used."""
@@ -767,17 +821,33 @@ class Tracer:
         def hook(module, inputs, output):
             if _gone(self):
                 return None
+            raw = output
             if L.emulate and not self._closed:
                 output = _map_floats(output, _round16)
-            mode = None
+            mode = pending = None
             if not self._closed and module is L.module:
                 mode, L.mode = L.mode, None
+                pending, L.pending = L.pending, None
             if mode is None:
                 return output if L.emulate and not self._closed else None
-            for t in _floats(output):
+            inplace = []
+            if pending:  # an in-place module: hook the node its op made
+                for o in _floats(raw):
+                    node = o.grad_fn
+                    if node is None:
+                        continue
+                    for t, before in pending:
+                        if o is t and node is not before:
+                            # a view's node gives its base's gradient:
+                            # no grad_in then
+                            node.register_hook(_node_hook(
+                                self, L, o.output_nr, o._base is None))
+                            inplace.append(id(o))
+                            break
+            for t, r in zip(_floats(output), _floats(raw)):
                 if mode == "record":
                     self._record(L, "fwd_out", t)
-                if t.requires_grad:
+                if t.requires_grad and id(r) not in inplace:
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
         return hook
@@ -1086,9 +1156,6 @@ class Tracer:
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
         self._wrapped = []
-        for m in self._inplace:
-            m.inplace = True
-        self._inplace = []
         if getattr(self, "_finalizer", None) is not None:  # set after _attach
             self._finalizer.detach()
         # nothing reaches the freed session any more: a copy of the model

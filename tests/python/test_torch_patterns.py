@@ -551,3 +551,156 @@ def test_checkpointed_overflow_named_in_the_forward(tmp_path, how):
     ev = ampprobe.postmortem(p)["event"]
     assert (ev["origin_layer"], ev["origin_site"]) == ("blk.0", "fwd_out")
     assert ev.get("fed_by") == "inp", ev.get("fed_by")
+
+
+# ---- in-place modules stay in place (audit F4) ---------------------------------
+
+INPLACE = {
+    "relu": lambda ip: nn.ReLU(inplace=ip),
+    "leaky": lambda ip: nn.LeakyReLU(0.1, inplace=ip),
+    "relu6": lambda ip: nn.ReLU6(inplace=ip),
+    "elu": lambda ip: nn.ELU(inplace=ip),
+    "silu": lambda ip: nn.SiLU(inplace=ip),
+    "dropout": lambda ip: nn.Dropout(0.3, inplace=ip),
+}
+
+
+class SideEffect(nn.Module):
+    """Relies on the in-place module's side effect: its result is dropped
+    (older code), or used beside the alias (`h + y`); explicit=True: the
+    same computation written out of place."""
+
+    def __init__(self, act, how, explicit=False):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.act = act
+        self.out = nn.Linear(8, 1)
+        self.how, self.explicit = how, explicit
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "dropped":
+            if self.explicit:
+                h = self.act(h)
+            else:
+                self.act(h)
+            return self.out(h)
+        y = self.act(h)
+        return self.out((y if self.explicit else h) + y)
+
+
+def seeded_losses(model, steps, tracer=None):
+    torch.manual_seed(123)  # dropout's masks
+    return losses(model, steps, tracer)
+
+
+@pytest.mark.parametrize("act", sorted(INPLACE))
+@pytest.mark.parametrize("how", ["dropped", "alias"])
+def test_inplace_module_keeps_its_side_effect(tmp_path, act, how):
+    """A traced model whose forward relies on an in-place module writing
+    through its input trains exactly as untraced (the tracer turned
+    inplace off: the output differed by 0.53)."""
+    torch.manual_seed(0)
+    ref = SideEffect(INPLACE[act](True), how)
+    m = copy.deepcopy(ref)
+    want = seeded_losses(ref, 4)
+    tr = at.Tracer(m, str(tmp_path / "i.h5"), precision="fp32")
+    got = seeded_losses(m, 4, tr)
+    assert m.act.inplace is True  # in place while traced
+    tr.close()
+    assert got == want
+
+
+def same_stats(a, b):
+    """Equal keys, counts; extremes equal to a relative 1e-6 (torch's
+    in-place ELU computes its gradient from its result: an ulp apart)."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert len(a[k]) == len(b[k]), k
+        for x, y in zip(a[k], b[k]):
+            assert x[3:] == y[3:], k
+            assert x[:3] == pytest.approx(y[:3], rel=1e-6, abs=1e-12), k
+    return True
+
+
+def stats_by_site(path):
+    t, names = records(path)
+    out = collections.defaultdict(list)
+    for r in t["records"]:
+        out[(int(r["step"]), names[r["layer"]], ampprobe._lib.SITES[r["site"]])].append(
+            tuple(float(r[f]) for f in ("min", "max", "absmax")) +
+            tuple(int(r[f]) for f in ("count", "nan_count", "posinf_count")))
+    return dict(out)
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky", "elu", "dropout"])
+@pytest.mark.parametrize("emulate", [False, True])
+def test_inplace_module_records_as_out_of_place(tmp_path, act, emulate):
+    """Every site of an in-place module (fwd_in before it runs, fwd_out,
+    grad_out, grad_in) and of its neighbours has the statistics of the same
+    model with the module out of place, FP32 and under FP16 emulation."""
+    def run(path, ip):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), INPLACE[act](ip), nn.Linear(8, 1))
+        tr = at.Tracer(m, path, emulate_fp16=emulate,
+                       precision=None if emulate else "fp32")
+        got = seeded_losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_out, s_out = run(str(tmp_path / "o.h5"), False)
+    l_in, s_in = run(str(tmp_path / "i.h5"), True)
+    assert l_in == pytest.approx(l_out, rel=1e-6)
+    assert same_stats(s_in, s_out)
+    fin = s_in[(0, "1", "fwd_in")][0]
+    assert fin[0] < 0  # the input as it was before the module ran
+    assert (0, "1", "grad_in") in s_in and (0, "1", "grad_out") in s_in
+
+
+def test_inplace_under_emulation_keeps_its_side_effect(tmp_path):
+    """Under FP16 emulation an in-place module still writes through its
+    input: the same losses as the model written out of place (the
+    emulation handed it a rounded copy: its effect on `h` was lost)."""
+    def run(path, explicit):
+        torch.manual_seed(0)
+        m = SideEffect(nn.ReLU(inplace=not explicit), "dropped", explicit)
+        tr = at.Tracer(m, path, emulate_fp16=True)
+        got = losses(m, 3, tr)
+        tr.close()
+        return got
+
+    assert run(str(tmp_path / "a.h5"), False) == run(str(tmp_path / "b.h5"), True)
+
+
+class ResBlock(nn.Module):
+    """torchvision's pattern: out = relu(bn(fc(x)) + x), ReLU in place."""
+
+    def __init__(self, ip):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.relu = nn.ReLU(inplace=ip)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        out = self.bn(self.fc(x))
+        out *= 0.5  # an in-place op between the traced module and the ReLU
+        out += x
+        return self.head(self.relu(out))
+
+
+def test_inplace_after_other_inplace_ops_records_its_gradients(tmp_path):
+    """An in-place ReLU on a tensor modified in place after its producer
+    (a ResNet's `out += x`; here also `out *= 0.5`): its grad_in is its own
+    (that of `out` as it entered), not the producer's node's."""
+    def run(path, ip):
+        torch.manual_seed(0)
+        m = ResBlock(ip)
+        tr = at.Tracer(m, path, precision="fp32")
+        got = losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_out, s_out = run(str(tmp_path / "o.h5"), False)
+    l_in, s_in = run(str(tmp_path / "i.h5"), True)
+    assert l_in == l_out and same_stats(s_in, s_out)
