@@ -13,11 +13,13 @@ converted to float32 (a copy each). Every tensor recorded in a step is kept
 referenced until end_step, because libprobe may snapshot it there.
 """
 import collections
+import collections.abc
 import contextlib
 import ctypes
 import fnmatch
 import json
 import math
+import numbers
 import os
 import shlex
 import sys
@@ -33,6 +35,7 @@ import torch.utils.checkpoint
 from . import _lib
 from . import distributed as _dist
 from .core import Session, digest64_fn, digest64_init, rank_trace_path
+from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
@@ -453,8 +456,18 @@ class Tracer:
                  process_group=None, comm_hook=True, comm_state=None,
                  allreduce_dtype=None, allreduce_prediv=True,
                  weight_digest=False, **session_options):
+        if not isinstance(model, nn.Module):
+            raise TypeError("ampprobe: Tracer(model, ...): model must be a "
+                            "torch.nn.Module, got %s" % type(model).__name__)
         if on_nonfinite not in ("record", "warn", "raise"):
             raise ValueError("on_nonfinite: record, warn or raise")
+        if int(step_end) >= 0 and int(step_start) > int(step_end):
+            raise ValueError("ampprobe: Tracer(step_start=%d, step_end=%d): "
+                             "step_start is after step_end, nothing would "
+                             "be recorded (step_end=-1: no end)" %
+                             (int(step_start), int(step_end)))
+        layers = _check_layers(layers)
+        kinds = _check_kinds(kinds)
         base = precision or ("fp16" if emulate_fp16 else None)
         self.policy = (Policy.from_env(fp32=fp32, precision=base, trace=path)
                        if env else Policy(fp32=fp32, precision=base,
@@ -518,6 +531,28 @@ class Tracer:
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
+        try:
+            self._setup(model, kinds, loss_fn, record_input, comm_hook,
+                        comm_state, allreduce_dtype, allreduce_prediv,
+                        process_group)
+        except BaseException:
+            # nothing left behind: no hooks on the model, no trace file
+            # (an empty one made a rerun fail with ERR_EXISTS)
+            try:
+                self.close()
+            except Exception:
+                try:
+                    self.session.close()
+                except Exception:
+                    pass
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+            raise
+
+    def _setup(self, model, kinds, loss_fn, record_input, comm_hook,
+               comm_state, allreduce_dtype, allreduce_prediv, process_group):
         self._lib = self.session._lib
         self._rec = self._lib.probe_tensor_record
         # A c_void_p object: ctypes passes it without converting an int.
@@ -542,17 +577,12 @@ class Tracer:
         #                 or not fp32/fp16/bf16)
         self._closed = False
         self.comm_recorder = None  # the registered BucketRecorder, if any
-        try:
-            self._attach(model, kinds, loss_fn, record_input)
-            if self.ddp is not None and comm_hook is not False:
-                self.comm_recorder = _dist.register(
-                    self, self.ddp, hook=None if comm_hook is True else comm_hook,
-                    state=comm_state, dtype=allreduce_dtype,
-                    prediv=allreduce_prediv, group=process_group)
-        except BaseException:
-            # nothing left behind: no hooks on the model, the trace closed
-            self.close()
-            raise
+        self._attach(model, kinds, loss_fn, record_input)
+        if self.ddp is not None and comm_hook is not False:
+            self.comm_recorder = _dist.register(
+                self, self.ddp, hook=None if comm_hook is True else comm_hook,
+                state=comm_state, dtype=allreduce_dtype,
+                prediv=allreduce_prediv, group=process_group)
         if self.ddp is not None and comm_hook is not False:
             if self.comm_recorder is None:
                 warnings.warn(
@@ -560,7 +590,7 @@ class Tracer:
                     "communication hook already: gradients before and after "
                     "the all-reduce are not recorded (pass your hook as "
                     "Tracer(comm_hook=...) to have it wrapped)",
-                    RuntimeWarning, stacklevel=2)
+                    RuntimeWarning, stacklevel=3)
 
     # -- attaching ----------------------------------------------------------------
 
@@ -939,8 +969,14 @@ class Tracer:
         checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
         loss_scale/found_inf/skipped/growth_tracker and call
         scaler_event()."""
+        # refused before the step is touched: call again with a scalar
+        if loss is not None and not torch.is_tensor(loss) and (
+                isinstance(loss, (str, bytes)) or
+                not isinstance(loss, numbers.Real)):
+            raise TypeError("ampprobe: end_step(loss=...) takes the step's "
+                            "scalar loss (a tensor or a number); got %s" %
+                            type(loss).__name__)
         if torch.is_tensor(loss) and loss.numel() != 1:
-            # refused before the step is touched: call again with a scalar
             raise ValueError("ampprobe: end_step(loss=...) takes the step's "
                              "scalar loss; got a tensor of shape %s (reduce "
                              "it first, e.g. loss.mean())" % (tuple(loss.shape),))
@@ -1216,6 +1252,52 @@ def _command_line():
             return shlex.join(parent)
         return ""  # not known here: the post-mortem says "your command"
     return shlex.join(argv)
+
+
+def _check_layers(layers):
+    """layers=: None, a comma-separated string of globs or an iterable of
+    them."""
+    if layers is None or isinstance(layers, str):
+        return layers
+    try:
+        items = list(layers)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(g, str) for g in items):
+        raise TypeError("ampprobe: Tracer(layers=...): a comma-separated "
+                        "string of name globs or a list of them; got %r" %
+                        (layers,))
+    return items
+
+
+def _check_kinds(kinds):
+    """kinds=: {class or class name: kind name}. A kind name neither the
+    package nor libprobe knows is recorded as "other" (policies still match
+    the name given): warned, since it is most often a typo."""
+    if kinds is None:
+        return None
+    if not isinstance(kinds, collections.abc.Mapping):
+        raise TypeError("ampprobe: Tracer(kinds=...): a dict {class or class "
+                        "name: kind name}; got %s" % type(kinds).__name__)
+    known = None
+    for k, v in kinds.items():
+        if not (isinstance(k, str) or isinstance(k, type)):
+            raise TypeError("ampprobe: Tracer(kinds=...): key %r is not a "
+                            "class or a class name" % (k,))
+        if not isinstance(v, str):
+            raise TypeError("ampprobe: Tracer(kinds=...): the kind of %s "
+                            "must be a kind name (a str, e.g. \"revin\"); "
+                            "got %r" % (getattr(k, "__name__", k), v))
+        if known is None:
+            known = set(_lib.kind_names()) | set(_POLICY_KINDS)
+        if v not in known:
+            warnings.warn(
+                "ampprobe: Tracer(kinds=...): kind %r of %s is not a kind "
+                "libprobe knows (%s): recorded as \"other\"; the precision "
+                "policy still matches %r" % (
+                    v, getattr(k, "__name__", k), ", ".join(sorted(known)), v),
+                RuntimeWarning, stacklevel=3)
+    return kinds
 
 
 def _split(x):

@@ -544,3 +544,130 @@ def test_bfloat16_tensors_by_dlpack(tmp_path):
         a, copied = ses.record(L, "fwd_out", x)
         assert a.dtype == np.uint16 and not copied
         ses.end_step()
+
+
+# ---- arguments (audit F9) -------------------------------------------------------
+
+def _mlp():
+    return nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+
+
+@pytest.mark.parametrize("args, kw, name", [
+    (("model",), {}, "model"),
+    ((lambda x: x,), {}, "model"),
+    ((None,), {}, "model"),
+    ((), {"kinds": {nn.Linear: 5}}, "kinds"),
+    ((), {"kinds": [(nn.Linear, "linear")]}, "kinds"),
+    ((), {"kinds": {5: "linear"}}, "kinds"),
+    ((), {"layers": 5}, "layers"),
+    ((), {"layers": ["0", 1]}, "layers"),
+])
+def test_wrong_argument_types_name_the_argument(tmp_path, args, kw, name):
+    """A wrong type is a TypeError naming the argument (was an
+    AttributeError from deep inside: 'str' object has no attribute
+    'parameters', 'int' object has no attribute 'encode'), and no trace
+    file is left behind."""
+    p = str(tmp_path / "a.h5")
+    model = args[0] if args else _mlp()
+    with pytest.raises(TypeError, match=r"\b%s\b" % name):
+        at.Tracer(model, p, **kw)
+    assert not os.path.exists(p)
+
+
+@pytest.mark.parametrize("where", ["register", "attach", "comm"])
+def test_failed_tracer_removes_its_trace_file(tmp_path, monkeypatch, where):
+    """A Tracer whose construction fails after its session was opened
+    closes and removes the file it created (the empty trace stayed, and
+    the job's rerun failed with ERR_EXISTS)."""
+    m = _mlp()
+    p = str(tmp_path / "f.h5")
+
+    def boom(*a, **k):
+        raise RuntimeError("planted")
+
+    if where == "register":
+        real, n = ampprobe.Session.register, []
+
+        def failing(self, *a, **k):
+            n.append(a)
+            if len(n) == 2:
+                boom()
+            return real(self, *a, **k)
+        monkeypatch.setattr(ampprobe.Session, "register", failing)
+    elif where == "attach":
+        monkeypatch.setattr(at.Tracer, "_hook_param", boom)  # hooks on
+    else:
+        monkeypatch.setattr(at._dist, "is_ddp", lambda mod: True)
+        m.module = _mlp()  # looks like a DDP wrapper; its hook fails
+        monkeypatch.setattr(at._dist, "register", boom)
+        monkeypatch.setattr(at._dist, "job_identity",
+                            lambda *a: (-1, 0, ""))
+    with pytest.raises(RuntimeError, match="planted"):
+        at.Tracer(m, p)
+    monkeypatch.undo()
+    assert not os.path.exists(p)
+    at.Tracer(m, p).close()  # no overwrite needed: nothing was left
+
+
+def test_precision_error_names_its_source(tmp_path, monkeypatch):
+    with pytest.raises(ValueError) as e:
+        at.Tracer(_mlp(), str(tmp_path / "p.h5"), precision="fp8")
+    assert "precision='fp8'" in str(e.value)
+    assert "AMPPROBE_PRECISION" not in str(e.value)
+    monkeypatch.setenv("AMPPROBE_PRECISION", "fp4")
+    with pytest.raises(ValueError, match="AMPPROBE_PRECISION='fp4'"):
+        at.Tracer(_mlp(), str(tmp_path / "p.h5"), precision="fp16")
+    assert not os.path.exists(str(tmp_path / "p.h5"))
+
+
+@pytest.mark.parametrize("bad", ["nan", b"1.0", [1.0], (1.0,), {"loss": 1.0},
+                                 object()])
+def test_end_step_rejects_a_loss_that_is_no_number_before_recording(tmp_path, bad):
+    """end_step(loss=) takes a tensor or a number: anything else is a
+    TypeError raised before the step is touched (a string was stored as a
+    NaN loss; a list failed after the master weights were recorded, and the
+    retry recorded them twice)."""
+    m = _mlp()
+    p = str(tmp_path / "l.h5")
+    tr = at.Tracer(m, p)
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    with pytest.raises(TypeError, match="loss"):
+        tr.end_step(loss=bad)
+    tr.end_step(loss=loss)  # the retry
+    tr.end_step(loss=np.float32(0.5))  # numbers of any kind are fine
+    tr.close()
+    t = ampprobe.read_trace(p)
+    r = t["records"]
+    mw = (r["step"] == 0) & (r["site"] == SITES.index("master_weight"))
+    assert int(mw.sum()) == 2  # weight and bias of the Linear, once
+    assert t["steps"]["loss"][0] == pytest.approx(float(loss))
+
+
+def test_unknown_custom_kind_warns(tmp_path):
+    """A kind name libprobe does not know is recorded as "other": a typo
+    ("revn") is warned about; known names, the package's own included,
+    are not."""
+    class Custom(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    m = nn.Sequential(nn.Linear(3, 3), Custom())
+    with pytest.warns(RuntimeWarning, match="'revn'"):
+        at.Tracer(m, str(tmp_path / "k1.h5"), kinds={Custom: "revn"}).close()
+    with pytest.warns(RuntimeWarning, match="'scores'"):
+        at.Tracer(m, str(tmp_path / "k2.h5"), kinds={"Custom": "scores"}).close()
+    for i, k in enumerate(("revin", "conv", "attention")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            at.Tracer(m, str(tmp_path / ("k%d.h5" % (i + 3))),
+                      kinds={Custom: k}).close()
+
+
+@pytest.mark.parametrize("start, end", [(5, 2), (1, 0)])
+def test_empty_step_window_is_an_error(tmp_path, start, end):
+    p = str(tmp_path / "w.h5")
+    with pytest.raises(ValueError, match="step_start"):
+        at.Tracer(_mlp(), p, step_start=start, step_end=end)
+    assert not os.path.exists(p)
+    at.Tracer(_mlp(), p, step_start=2, step_end=2).close()  # one step: fine
