@@ -53,7 +53,10 @@ class Policy:
     """Which modules run in FP32, the job's precision, and the trace path.
     fp32 entries are kind names or name globs."""
 
-    def __init__(self, fp32=(), precision=None, trace=None):
+    def __init__(self, fp32=(), precision=None, trace=None,
+                 precision_from="precision"):
+        """precision_from: where precision came from, named by its error
+        (the argument, or ENV_PRECISION when the environment set it)."""
         self.fp32 = split_list(fp32)
         self.precision = precision
         self.trace = trace
@@ -61,7 +64,7 @@ class Policy:
                if p not in ("fp32", "fp16", "bf16")]
         if bad:
             raise ValueError("%s=%r: expected fp32, fp16 or bf16" %
-                             (ENV_PRECISION, bad[0]))
+                             (precision_from, bad[0]))
 
     @classmethod
     def from_env(cls, environ=None, fp32=(), precision=None, trace=None):
@@ -71,7 +74,8 @@ class Policy:
         p = env.get(ENV_PRECISION) or None
         t = env.get(ENV_TRACE) or None
         return cls(fp32=split_list(fp32) + split_list(f),
-                   precision=p or precision, trace=t or trace)
+                   precision=p or precision, trace=t or trace,
+                   precision_from=ENV_PRECISION if p else "precision")
 
     def forces_fp32(self, name, kind):
         """True when a module (its dotted name and kind name) must run in

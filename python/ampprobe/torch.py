@@ -13,11 +13,13 @@ converted to float32 (a copy each). Every tensor recorded in a step is kept
 referenced until end_step, because libprobe may snapshot it there.
 """
 import collections
+import collections.abc
 import contextlib
 import ctypes
 import fnmatch
 import json
 import math
+import numbers
 import os
 import shlex
 import sys
@@ -26,11 +28,14 @@ import warnings
 import weakref
 
 import torch
+import torch.autograd.function
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import _lib
 from . import distributed as _dist
 from .core import Session, digest64_fn, digest64_init, rank_trace_path
+from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
@@ -308,9 +313,71 @@ def _grad_hook(tracer, L, site):
     return hook
 
 
+# Frames that mean "this forward runs inside a backward pass": the
+# engine's entry points (a CPU backward runs on the calling thread), a
+# custom Function's backward (reentrant activation checkpointing recomputes
+# its forward there, on any thread) and the non-reentrant checkpoint's
+# unpack hook (where torch 1.13 recomputes).
+_BACKWARD_CODES = frozenset(
+    f.__code__ for f in (
+        torch.autograd.backward, torch.autograd.grad,
+        getattr(getattr(torch.autograd.function, "BackwardCFunction", None),
+                "apply", None))
+    if hasattr(f, "__code__"))
+_CHECKPOINT_FILE = getattr(torch.utils.checkpoint, "__file__", None)
+
+
+def _in_backward():
+    """True when called (from a forward hook) during a backward pass: a
+    forward recomputed there (activation checkpointing) is no forward of
+    the step. A walk up the Python stack; only made for a module's second
+    forward under grad in a step."""
+    f = sys._getframe(2)
+    while f is not None:
+        c = f.f_code
+        if c in _BACKWARD_CODES or (c.co_name == "unpack" and
+                                    c.co_filename == _CHECKPOINT_FILE):
+            return True
+        f = f.f_back
+    return False
+
+
+def _node_hook(tracer, L, out_nr, with_in):
+    """The gradient sites of an in-place module, from the autograd node its
+    op made (a post hook: the gradient arriving at its output, grad_out,
+    and the one it sends to its input, grad_in), rounded to FP16 (grad_in
+    passed on so) when L emulates FP16. Tensor hooks cannot serve: in torch
+    1.13 a hook registered on a tensor already hooked before the in-place
+    op lands on the node of its value before the op."""
+    def hook(grad_inputs, grad_outputs):
+        if _gone(tracer):
+            return None
+        g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
+        if g is not None and g.is_floating_point():
+            tracer._record(L, "grad_out", _round16(g) if L.emulate else g)
+        g = grad_inputs[0] if with_in and grad_inputs else None
+        if g is not None and g.is_floating_point():
+            if L.emulate:
+                g = _round16(g)
+            tracer._record(L, "grad_in", g)
+            if L.emulate:
+                return (g,) + tuple(grad_inputs[1:])
+        return None
+    return hook
+
+
+def _settle(t):
+    """Makes the statistics of a CUDA tensor just handed to libprobe read
+    before the module changes it in place: libprobe reads it on its own
+    blocking stream, ordered with torch's legacy default stream; on another
+    stream of the job's, wait for the device."""
+    if t.is_cuda and torch.cuda.current_stream(t.device).cuda_stream != 0:
+        torch.cuda.synchronize(t.device)
+
+
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
-                 "emulate", "params", "selected")
+                 "emulate", "params", "selected", "mode", "pending")
 
 
 class Tracer:
@@ -389,8 +456,18 @@ class Tracer:
                  process_group=None, comm_hook=True, comm_state=None,
                  allreduce_dtype=None, allreduce_prediv=True,
                  weight_digest=False, **session_options):
+        if not isinstance(model, nn.Module):
+            raise TypeError("ampprobe: Tracer(model, ...): model must be a "
+                            "torch.nn.Module, got %s" % type(model).__name__)
         if on_nonfinite not in ("record", "warn", "raise"):
             raise ValueError("on_nonfinite: record, warn or raise")
+        if int(step_end) >= 0 and int(step_start) > int(step_end):
+            raise ValueError("ampprobe: Tracer(step_start=%d, step_end=%d): "
+                             "step_start is after step_end, nothing would "
+                             "be recorded (step_end=-1: no end)" %
+                             (int(step_start), int(step_end)))
+        layers = _check_layers(layers)
+        kinds = _check_kinds(kinds)
         base = precision or ("fp16" if emulate_fp16 else None)
         self.policy = (Policy.from_env(fp32=fp32, precision=base, trace=path)
                        if env else Policy(fp32=fp32, precision=base,
@@ -454,6 +531,28 @@ class Tracer:
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
+        try:
+            self._setup(model, kinds, loss_fn, record_input, comm_hook,
+                        comm_state, allreduce_dtype, allreduce_prediv,
+                        process_group)
+        except BaseException:
+            # nothing left behind: no hooks on the model, no trace file
+            # (an empty one made a rerun fail with ERR_EXISTS)
+            try:
+                self.close()
+            except Exception:
+                try:
+                    self.session.close()
+                except Exception:
+                    pass
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+            raise
+
+    def _setup(self, model, kinds, loss_fn, record_input, comm_hook,
+               comm_state, allreduce_dtype, allreduce_prediv, process_group):
         self._lib = self.session._lib
         self._rec = self._lib.probe_tensor_record
         # A c_void_p object: ctypes passes it without converting an int.
@@ -461,13 +560,13 @@ class Tracer:
         self._hooks = []
         self._wrapped = []   # modules forced to FP32 (_wrap_fp32)
         self._frozen = []    # (param, layer) not trainable yet (_hook_param)
-        self._inplace = []   # modules whose inplace flag was turned off
         self._layers = []
         self._by_param = {}
         self._step = None
         self._next = 0
         self._recording = False
         self._hold = []
+        self._ran = set()
         self._refs = []  # (layer, site, tensor) of this step, for scans
         self._scale_begin = None
         self._scaler = None
@@ -478,17 +577,12 @@ class Tracer:
         #                 or not fp32/fp16/bf16)
         self._closed = False
         self.comm_recorder = None  # the registered BucketRecorder, if any
-        try:
-            self._attach(model, kinds, loss_fn, record_input)
-            if self.ddp is not None and comm_hook is not False:
-                self.comm_recorder = _dist.register(
-                    self, self.ddp, hook=None if comm_hook is True else comm_hook,
-                    state=comm_state, dtype=allreduce_dtype,
-                    prediv=allreduce_prediv, group=process_group)
-        except BaseException:
-            # nothing left behind: no hooks on the model, the trace closed
-            self.close()
-            raise
+        self._attach(model, kinds, loss_fn, record_input)
+        if self.ddp is not None and comm_hook is not False:
+            self.comm_recorder = _dist.register(
+                self, self.ddp, hook=None if comm_hook is True else comm_hook,
+                state=comm_state, dtype=allreduce_dtype,
+                prediv=allreduce_prediv, group=process_group)
         if self.ddp is not None and comm_hook is not False:
             if self.comm_recorder is None:
                 warnings.warn(
@@ -496,7 +590,7 @@ class Tracer:
                     "communication hook already: gradients before and after "
                     "the all-reduce are not recorded (pass your hook as "
                     "Tracer(comm_hook=...) to have it wrapped)",
-                    RuntimeWarning, stacklevel=2)
+                    RuntimeWarning, stacklevel=3)
 
     # -- attaching ----------------------------------------------------------------
 
@@ -517,6 +611,8 @@ class Tracer:
         L.params = [] if module is None else [
             p for p in module.parameters(recurse=False)]
         L.selected = selected
+        L.mode = None  # this forward's: "record", "replay" or None (_gate)
+        L.pending = None  # an in-place forward's inputs and their nodes
         self._layers.append(L)
         return L
 
@@ -536,14 +632,18 @@ class Tracer:
             used.add(name)
             return name
 
+        self._input_layer = None
         if record_input:  # listed always, hooked when layers= selects it
             in_sel = not self._globs or any(fnmatch.fnmatchcase("input", g)
                                             for g in self._globs)
             L = self._register(uniq("input"), None, "input", in_sel)
-            self._input_layer = L
             if in_sel:
-                self._hooks.append(model.register_forward_pre_hook(
-                    self._make_input_hook(L)))
+                self._input_layer = L
+        # Always hooked: the model's forward under grad starts the step
+        # (so that modules it runs under no_grad first - a teacher - are
+        # inside it), and records the input when selected.
+        self._hooks.append(model.register_forward_pre_hook(
+            self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
         if loss_fn is not None:
             # a criterion that is also a child of the model is one layer,
@@ -565,9 +665,6 @@ class Tracer:
             m._ampprobe_ref = (weakref.ref(self), L)
             if not sel:
                 continue
-            if getattr(m, "inplace", False) is True:
-                m.inplace = False  # it would write through the input's alias
-                self._inplace.append(m)
             # No full backward hook: torch wraps a hooked module's outputs
             # in views, which made any in-place op on them (a ResNet's
             # `out += x`) an error and turned namedtuple outputs into
@@ -630,13 +727,37 @@ class Tracer:
         if self._step is None:
             self.begin_step(self._next)
 
+    def _gate(self, L):
+        """How this forward of L's module is traced: "record" (a forward of
+        the step, under grad or under no_grad inside the step: a teacher,
+        a checkpointed segment's first pass), "replay" (the same module run
+        again during a backward: activation checkpointing's recomputation,
+        whose forward was recorded the first time; its gradients are
+        recorded) or None (no_grad outside a step: evaluation between
+        steps). Only a forward under grad starts a step."""
+        grad = torch.is_grad_enabled()
+        if grad:
+            self._ensure_step()
+        elif self._step is None:
+            return None
+        if L.lid not in self._ran:
+            self._ran.add(L.lid)
+        elif grad and _in_backward():
+            return "replay"
+        return "record"
+
     def _make_input_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642 (the hooks hold it weakly)
 
         def hook(module, inputs):
-            if _gone(self) or self._closed or not torch.is_grad_enabled() or module is not self.model:
-                return  # evaluation under no_grad, or a copy of the model
-            self._ensure_step()
+            if _gone(self) or self._closed or module is not self.model:
+                return  # a copy of the model
+            if L is None:  # the input not recorded: start the step only
+                if torch.is_grad_enabled():
+                    self._ensure_step()
+                return
+            if self._gate(L) != "record":
+                return  # evaluation between steps, or recomputation
             for t in _floats(inputs):
                 self._record(L, "fwd_out", t)
         return hook
@@ -666,26 +787,61 @@ class Tracer:
         def hook(module, inputs):
             if _gone(self):
                 return None
-            if self._closed or not torch.is_grad_enabled() or module is not L.module:
-                # not a training step (evaluation under no_grad), or a copy
+            mode = None
+            if not self._closed and module is L.module:
+                mode = L.mode = self._gate(L)
+            if mode is not None and getattr(module, "inplace", False) is True:
+                return self._inplace_pre(L, mode, inputs)
+            if mode is None or not torch.is_grad_enabled():
+                # Evaluation between steps (no_grad, no step open), a copy
                 # of the module (copy.deepcopy keeps its hooks: an EMA or
-                # teacher model): not recorded, still run as the precision
-                # says
+                # teacher model): not recorded. A no_grad forward inside a
+                # step is recorded, with no gradient hooks. Both run as the
+                # precision says.
+                if mode == "record":
+                    self._record_forward_in(L, inputs)
                 return _map_floats(inputs, _round16) if L.emulate and not self._closed else None
-            self._ensure_step()
             fin = _floats(inputs)
-            for t in fin[:1] if loss else fin:
-                self._record(L, "fwd_in", t)  # a loss: the prediction only
-            if self._recording:
-                for p in L.params:
-                    w = p.detach()
-                    if L.emulate:
-                        w = w.half()  # as autocast would cast it
-                    self._record(L, "weight", w)
+            if mode == "record":
+                self._record_forward_in(L, inputs)
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
         return hook
+
+    def _inplace_pre(self, L, mode, inputs):
+        """The pre-hook of a module that works in place (inplace=True): it
+        keeps doing so (a job may rely on the side effect: `self.act(h)`
+        with its result dropped). fwd_in is recorded before it runs
+        (libprobe computes the statistics in the call); the inputs go in
+        as they are - rounded to binary16 in place under emulation - and
+        the gradient sites are taken from the node its op makes (fwd
+        hook)."""
+        if mode == "record":
+            self._record_forward_in(L, inputs)
+            for t in _floats(inputs):
+                _settle(t)
+        fin = _floats(inputs)
+        if L.emulate:
+            with torch.no_grad():
+                for t in fin:
+                    if t.dtype == torch.float32:
+                        t.copy_(t.half())
+        if torch.is_grad_enabled():
+            L.pending = [(t, t.grad_fn) for t in fin if t.requires_grad]
+        return None
+
+    def _record_forward_in(self, L, inputs):
+        """fwd_in (a loss: the prediction only) and the weights as used."""
+        fin = _floats(inputs)
+        for t in fin[:1] if L.kind == "loss" else fin:
+            self._record(L, "fwd_in", t)
+        if self._recording:
+            for p in L.params:
+                w = p.detach()
+                if L.emulate:
+                    w = w.half()  # as autocast would cast it
+                self._record(L, "weight", w)
 
     def _make_fwd_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642
@@ -695,13 +851,33 @@ class Tracer:
         def hook(module, inputs, output):
             if _gone(self):
                 return None
+            raw = output
             if L.emulate and not self._closed:
                 output = _map_floats(output, _round16)
-            if self._closed or not torch.is_grad_enabled() or module is not L.module:
+            mode = pending = None
+            if not self._closed and module is L.module:
+                mode, L.mode = L.mode, None
+                pending, L.pending = L.pending, None
+            if mode is None:
                 return output if L.emulate and not self._closed else None
-            for t in _floats(output):
-                self._record(L, "fwd_out", t)
-                if t.requires_grad:
+            inplace = []
+            if pending:  # an in-place module: hook the node its op made
+                for o in _floats(raw):
+                    node = o.grad_fn
+                    if node is None:
+                        continue
+                    for t, before in pending:
+                        if o is t and node is not before:
+                            # a view's node gives its base's gradient:
+                            # no grad_in then
+                            node.register_hook(_node_hook(
+                                self, L, o.output_nr, o._base is None))
+                            inplace.append(id(o))
+                            break
+            for t, r in zip(_floats(output), _floats(raw)):
+                if mode == "record":
+                    self._record(L, "fwd_out", t)
+                if t.requires_grad and id(r) not in inplace:
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
         return hook
@@ -729,7 +905,7 @@ class Tracer:
     def _saved(self, module, L, t):
         if L.emulate:
             t = _round16(t)
-        if self._step is not None and L.selected:
+        if self._step is not None and L.selected and L.mode == "record":
             self._record(L, "fwd_saved", t)
         return t
 
@@ -755,6 +931,7 @@ class Tracer:
                 self._hook_param(p, L)
         self.session.begin_step(step)
         self._step = step
+        self._ran = set()  # layers whose forward ran in this step (_gate)
         self._recording = self._in_window(step)
         if self._scaler is not None:
             self._scale_begin = float(self._scaler.get_scale())
@@ -792,8 +969,14 @@ class Tracer:
         checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
         loss_scale/found_inf/skipped/growth_tracker and call
         scaler_event()."""
+        # refused before the step is touched: call again with a scalar
+        if loss is not None and not torch.is_tensor(loss) and (
+                isinstance(loss, (str, bytes)) or
+                not isinstance(loss, numbers.Real)):
+            raise TypeError("ampprobe: end_step(loss=...) takes the step's "
+                            "scalar loss (a tensor or a number); got %s" %
+                            type(loss).__name__)
         if torch.is_tensor(loss) and loss.numel() != 1:
-            # refused before the step is touched: call again with a scalar
             raise ValueError("ampprobe: end_step(loss=...) takes the step's "
                              "scalar loss; got a tensor of shape %s (reduce "
                              "it first, e.g. loss.mean())" % (tuple(loss.shape),))
@@ -896,13 +1079,15 @@ class Tracer:
                 return
         L, site = hit
         phase = _lib.SITE_PHASE.get(site, "forward")
-        if phase == "backward" and skipped:
-            if math.isfinite(lossv):
-                return  # the loss scaler's routine overflow: step skipped
-            # A non-finite loss is no routine overflow: it was made in the
-            # forward, by code no module covers (a loss written as a plain
-            # function), before any backward record.
+        if phase != "forward" and not math.isfinite(lossv):
+            # The loss is non-finite but the step's first non-finite record
+            # comes after the forward (a gradient, a master weight): the
+            # loss was made non-finite in the forward, by code no module
+            # covers (a loss written as a plain function, -log(p) with p
+            # underflowed to 0), scaler or not.
             L, site, phase = None, "loss", "forward"
+        elif phase == "backward" and skipped:
+            return  # the loss scaler's routine overflow: step skipped
         if step <= self._reported:
             return
         self._reported = step
@@ -1007,9 +1192,6 @@ class Tracer:
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
         self._wrapped = []
-        for m in self._inplace:
-            m.inplace = True
-        self._inplace = []
         if getattr(self, "_finalizer", None) is not None:  # set after _attach
             self._finalizer.detach()
         # nothing reaches the freed session any more: a copy of the model
@@ -1070,6 +1252,52 @@ def _command_line():
             return shlex.join(parent)
         return ""  # not known here: the post-mortem says "your command"
     return shlex.join(argv)
+
+
+def _check_layers(layers):
+    """layers=: None, a comma-separated string of globs or an iterable of
+    them."""
+    if layers is None or isinstance(layers, str):
+        return layers
+    try:
+        items = list(layers)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(g, str) for g in items):
+        raise TypeError("ampprobe: Tracer(layers=...): a comma-separated "
+                        "string of name globs or a list of them; got %r" %
+                        (layers,))
+    return items
+
+
+def _check_kinds(kinds):
+    """kinds=: {class or class name: kind name}. A kind name neither the
+    package nor libprobe knows is recorded as "other" (policies still match
+    the name given): warned, since it is most often a typo."""
+    if kinds is None:
+        return None
+    if not isinstance(kinds, collections.abc.Mapping):
+        raise TypeError("ampprobe: Tracer(kinds=...): a dict {class or class "
+                        "name: kind name}; got %s" % type(kinds).__name__)
+    known = None
+    for k, v in kinds.items():
+        if not (isinstance(k, str) or isinstance(k, type)):
+            raise TypeError("ampprobe: Tracer(kinds=...): key %r is not a "
+                            "class or a class name" % (k,))
+        if not isinstance(v, str):
+            raise TypeError("ampprobe: Tracer(kinds=...): the kind of %s "
+                            "must be a kind name (a str, e.g. \"revin\"); "
+                            "got %r" % (getattr(k, "__name__", k), v))
+        if known is None:
+            known = set(_lib.kind_names()) | set(_POLICY_KINDS)
+        if v not in known:
+            warnings.warn(
+                "ampprobe: Tracer(kinds=...): kind %r of %s is not a kind "
+                "libprobe knows (%s): recorded as \"other\"; the precision "
+                "policy still matches %r" % (
+                    v, getattr(k, "__name__", k), ", ".join(sorted(known)), v),
+                RuntimeWarning, stacklevel=3)
+    return kinds
 
 
 def _split(x):

@@ -146,6 +146,103 @@ def test_raise_on_a_loss_outside_modules(tmp_path):
     tr.close()
 
 
+def _plain_loss_run(tmp_path, loss_of, mode, steps=3, bad_lr=1e-2, bad_step=1):
+    """An FP32 job without a loss scaler whose loss is a plain function
+    (no module) of a softmax output; loss_of(prob, bad) is the step's loss,
+    bad from bad_step on. Returns what on_nonfinite said: the error or the
+    first warning."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3),
+                      nn.Softmax(-1))
+    tr = at.Tracer(m, str(tmp_path / "p.h5"), precision="fp32",
+                   on_nonfinite=mode)
+    opt = torch.optim.SGD(m.parameters(), 1e-2)
+    got = None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            for step in range(steps):
+                g = torch.Generator().manual_seed(step)
+                loss = loss_of(m(torch.randn(8, 4, generator=g)), step >= bad_step)
+                if step >= bad_step:
+                    opt.param_groups[0]["lr"] = bad_lr
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                tr.end_step(loss=loss, optimizer=opt)
+        except at.NonFiniteError as e:
+            got = e
+    tr.close()
+    if got is None:
+        ws = [x.message for x in w if issubclass(x.category, at.NonFiniteWarning)]
+        got = ws[0] if ws else None
+    assert got is not None, "on_nonfinite said nothing"
+    return got
+
+
+def _nll_underflow(prob, bad):
+    """-log(p[0]); when bad, p[0] is 0 for one sample (+inf loss, whose
+    backward is inf at the softmax's output)."""
+    p0 = prob[:, 0]
+    if bad:
+        p0 = p0 * (torch.arange(8) != 3)
+    return -torch.log(p0).mean()
+
+
+def test_nonfinite_loss_outside_modules_without_a_scaler(tmp_path):
+    """No loss scaler (an FP32 or bf16 job): a loss made non-finite by a
+    plain function, whose first non-finite record is a gradient, is the
+    loss in the forward - raise named the softmax's grad_out, backward
+    (audit F1)."""
+    err = _plain_loss_run(tmp_path, _nll_underflow, "raise")
+    assert (err.module, err.site, err.phase, err.step) == (
+        "loss", "loss", "forward", 1), str(err)
+
+
+def test_nonfinite_loss_outside_modules_warns_the_loss(tmp_path):
+    """The same rule in warn mode, with a NaN loss (0 * inf) whose
+    backward is NaN everywhere."""
+    def nan_loss(prob, bad):
+        loss = (prob[:, 0] - 1.0).pow(2).mean()
+        return loss * float("inf") * 0.0 if bad else loss
+
+    w = _plain_loss_run(tmp_path, nan_loss, "warn")
+    msg = str(w)
+    assert "step 1, forward phase" in msg and "module 'loss'" in msg, msg
+
+
+def test_nonfinite_loss_first_record_in_the_optimizer_phase(tmp_path):
+    """Gradients finite, the master weights non-finite (an inf learning
+    rate) and the loss non-finite by a term no module computes: the first
+    non-finite record is in the optimizer phase; the loss is named."""
+    def const_inf(prob, bad):
+        loss = (prob[:, 0] - 1.0).pow(2).mean()
+        return loss + torch.log(torch.zeros(())) if bad else loss
+
+    err = _plain_loss_run(tmp_path, const_inf, "raise", bad_lr=float("inf"))
+    assert (err.module, err.site, err.phase, err.step) == (
+        "loss", "loss", "forward", 1), str(err)
+
+
+def test_finite_loss_with_an_inf_gradient_names_the_gradient(tmp_path):
+    """The control: a finite loss whose backward overflows (no scaler)
+    still names the module whose gradient it is, backward phase."""
+    class InfGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    def loss_of(prob, bad):
+        return (InfGrad.apply(prob) if bad else prob)[:, 0].mean()
+
+    err = _plain_loss_run(tmp_path, loss_of, "raise")
+    assert err.phase == "backward" and err.module == "3", str(err)
+
+
 def test_long_names_match_policies_by_their_full_path(tmp_path):
     """Module paths over 60 bytes are cut (and made unique with ~N) for the
     trace; the FP32 policy and layer globs still match the full path (they
@@ -447,3 +544,130 @@ def test_bfloat16_tensors_by_dlpack(tmp_path):
         a, copied = ses.record(L, "fwd_out", x)
         assert a.dtype == np.uint16 and not copied
         ses.end_step()
+
+
+# ---- arguments (audit F9) -------------------------------------------------------
+
+def _mlp():
+    return nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+
+
+@pytest.mark.parametrize("args, kw, name", [
+    (("model",), {}, "model"),
+    ((lambda x: x,), {}, "model"),
+    ((None,), {}, "model"),
+    ((), {"kinds": {nn.Linear: 5}}, "kinds"),
+    ((), {"kinds": [(nn.Linear, "linear")]}, "kinds"),
+    ((), {"kinds": {5: "linear"}}, "kinds"),
+    ((), {"layers": 5}, "layers"),
+    ((), {"layers": ["0", 1]}, "layers"),
+])
+def test_wrong_argument_types_name_the_argument(tmp_path, args, kw, name):
+    """A wrong type is a TypeError naming the argument (was an
+    AttributeError from deep inside: 'str' object has no attribute
+    'parameters', 'int' object has no attribute 'encode'), and no trace
+    file is left behind."""
+    p = str(tmp_path / "a.h5")
+    model = args[0] if args else _mlp()
+    with pytest.raises(TypeError, match=r"\b%s\b" % name):
+        at.Tracer(model, p, **kw)
+    assert not os.path.exists(p)
+
+
+@pytest.mark.parametrize("where", ["register", "attach", "comm"])
+def test_failed_tracer_removes_its_trace_file(tmp_path, monkeypatch, where):
+    """A Tracer whose construction fails after its session was opened
+    closes and removes the file it created (the empty trace stayed, and
+    the job's rerun failed with ERR_EXISTS)."""
+    m = _mlp()
+    p = str(tmp_path / "f.h5")
+
+    def boom(*a, **k):
+        raise RuntimeError("planted")
+
+    if where == "register":
+        real, n = ampprobe.Session.register, []
+
+        def failing(self, *a, **k):
+            n.append(a)
+            if len(n) == 2:
+                boom()
+            return real(self, *a, **k)
+        monkeypatch.setattr(ampprobe.Session, "register", failing)
+    elif where == "attach":
+        monkeypatch.setattr(at.Tracer, "_hook_param", boom)  # hooks on
+    else:
+        monkeypatch.setattr(at._dist, "is_ddp", lambda mod: True)
+        m.module = _mlp()  # looks like a DDP wrapper; its hook fails
+        monkeypatch.setattr(at._dist, "register", boom)
+        monkeypatch.setattr(at._dist, "job_identity",
+                            lambda *a: (-1, 0, ""))
+    with pytest.raises(RuntimeError, match="planted"):
+        at.Tracer(m, p)
+    monkeypatch.undo()
+    assert not os.path.exists(p)
+    at.Tracer(m, p).close()  # no overwrite needed: nothing was left
+
+
+def test_precision_error_names_its_source(tmp_path, monkeypatch):
+    with pytest.raises(ValueError) as e:
+        at.Tracer(_mlp(), str(tmp_path / "p.h5"), precision="fp8")
+    assert "precision='fp8'" in str(e.value)
+    assert "AMPPROBE_PRECISION" not in str(e.value)
+    monkeypatch.setenv("AMPPROBE_PRECISION", "fp4")
+    with pytest.raises(ValueError, match="AMPPROBE_PRECISION='fp4'"):
+        at.Tracer(_mlp(), str(tmp_path / "p.h5"), precision="fp16")
+    assert not os.path.exists(str(tmp_path / "p.h5"))
+
+
+@pytest.mark.parametrize("bad", ["nan", b"1.0", [1.0], (1.0,), {"loss": 1.0},
+                                 object()])
+def test_end_step_rejects_a_loss_that_is_no_number_before_recording(tmp_path, bad):
+    """end_step(loss=) takes a tensor or a number: anything else is a
+    TypeError raised before the step is touched (a string was stored as a
+    NaN loss; a list failed after the master weights were recorded, and the
+    retry recorded them twice)."""
+    m = _mlp()
+    p = str(tmp_path / "l.h5")
+    tr = at.Tracer(m, p)
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    with pytest.raises(TypeError, match="loss"):
+        tr.end_step(loss=bad)
+    tr.end_step(loss=loss)  # the retry
+    tr.end_step(loss=np.float32(0.5))  # numbers of any kind are fine
+    tr.close()
+    t = ampprobe.read_trace(p)
+    r = t["records"]
+    mw = (r["step"] == 0) & (r["site"] == SITES.index("master_weight"))
+    assert int(mw.sum()) == 2  # weight and bias of the Linear, once
+    assert t["steps"]["loss"][0] == pytest.approx(float(loss))
+
+
+def test_unknown_custom_kind_warns(tmp_path):
+    """A kind name libprobe does not know is recorded as "other": a typo
+    ("revn") is warned about; known names, the package's own included,
+    are not."""
+    class Custom(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    m = nn.Sequential(nn.Linear(3, 3), Custom())
+    with pytest.warns(RuntimeWarning, match="'revn'"):
+        at.Tracer(m, str(tmp_path / "k1.h5"), kinds={Custom: "revn"}).close()
+    with pytest.warns(RuntimeWarning, match="'scores'"):
+        at.Tracer(m, str(tmp_path / "k2.h5"), kinds={"Custom": "scores"}).close()
+    for i, k in enumerate(("revin", "conv", "attention")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            at.Tracer(m, str(tmp_path / ("k%d.h5" % (i + 3))),
+                      kinds={Custom: k}).close()
+
+
+@pytest.mark.parametrize("start, end", [(5, 2), (1, 0)])
+def test_empty_step_window_is_an_error(tmp_path, start, end):
+    p = str(tmp_path / "w.h5")
+    with pytest.raises(ValueError, match="step_start"):
+        at.Tracer(_mlp(), p, step_start=start, step_end=end)
+    assert not os.path.exists(p)
+    at.Tracer(_mlp(), p, step_start=2, step_end=2).close()  # one step: fine

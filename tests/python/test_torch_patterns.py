@@ -8,7 +8,9 @@ tracer changed in the model."""
 import collections
 import copy
 import io
+import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -332,3 +334,373 @@ def test_unfrozen_later_and_a_dropped_tracer(tmp_path):
           and ampprobe._lib.SITES[r["site"]] == "weight_grad"]
     assert len(wg) >= 2  # hooked from the step after the unfreeze
     at.Tracer(m, str(tmp_path / "u.h5"), overwrite=True).close()
+
+
+# ---- no_grad inside a training step; activation checkpointing (audit F2, F3) ----
+
+def sites_of(path, step=None):
+    """(layer name, site) of each record, in execution order."""
+    t, names = records(path)
+    r = t["records"]
+    if step is not None:
+        r = r[r["step"] == step]
+    r = r[np.lexsort((r["seq"], r["step"]))]
+    return [(names[x["layer"]], ampprobe._lib.SITES[x["site"]]) for x in r]
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.Tanh()
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x)))
+
+
+class Distill(nn.Module):
+    """A student trained against a teacher run under no_grad inside the
+    forward (distillation, BYOL/MoCo targets); teacher_first: the teacher
+    runs before the student."""
+
+    def __init__(self, teacher_first):
+        super().__init__()
+        self.student, self.teacher = Tower(), Tower()
+        self.teacher_first = teacher_first
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        if self.teacher_first:
+            with torch.no_grad():
+                tgt = self.teacher(x)
+            return self.student(x), tgt
+        s = self.student(x)
+        with torch.no_grad():
+            tgt = self.teacher(x)
+        return s, tgt
+
+
+def distill_steps(tr, m, steps, bad_step=None, mode=None):
+    opt = torch.optim.SGD(m.student.parameters(), 1e-3)
+    for step in range(steps):
+        if step == bad_step:
+            with torch.no_grad():
+                m.teacher.fc.weight.mul_(1e5)  # FP16 overflow at its output
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        s, t = m(x)
+        loss = ((s - t) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+
+
+@pytest.mark.parametrize("teacher_first", [False, True])
+@pytest.mark.parametrize("record_input", [True, False])
+def test_no_grad_teacher_inside_the_step_is_recorded(tmp_path, teacher_first,
+                                                    record_input):
+    """A teacher run under no_grad inside the training forward is recorded
+    in order (its forward sites, no gradients); raise names it (it was
+    never recorded: raise named the student's grad_out, the post-mortem an
+    optimizer-phase master weight)."""
+    torch.manual_seed(0)
+    m = Distill(teacher_first)
+    p = str(tmp_path / "d.h5")
+    tr = at.Tracer(m, p, emulate_fp16=True, on_nonfinite="raise",
+                   record_input=record_input)
+    with pytest.raises(at.NonFiniteError) as e:
+        distill_steps(tr, m, 3, bad_step=1)
+    assert (e.value.module, e.value.site, e.value.phase, e.value.step) == (
+        "teacher.fc", "fwd_out", "forward", 1), str(e.value)
+    got = sites_of(p, step=0)
+    fwd = [(n, s) for n, s in got if s in ("fwd_in", "weight", "fwd_out")]
+    teacher = [(n, s) for n, s in fwd if n.startswith("teacher.")]
+    student = [(n, s) for n, s in fwd if n.startswith("student.")]
+    assert teacher and len(teacher) == len(student)
+    assert not [x for x in got if x[0].startswith("teacher.")
+                and x[1] in ("grad_out", "grad_in", "weight_grad")]
+    first = fwd.index(teacher[0]) < fwd.index(student[0])
+    assert first == teacher_first  # in execution order
+    assert ampprobe.postmortem(p)["event"]["origin_layer"] == "teacher.fc"
+
+
+def test_no_grad_submodule_called_from_the_loop_inside_the_step(tmp_path):
+    """The job runs a submodule of the traced model under no_grad itself,
+    after the training forward and before end_step: inside the step,
+    recorded."""
+    torch.manual_seed(0)
+    m = Distill(False)
+    p = str(tmp_path / "l.h5")
+    tr = at.Tracer(m, p)
+    opt = torch.optim.SGD(m.student.parameters(), 1e-3)
+    for step in range(2):
+        x = torch.randn(4, 8)
+        s = m.student(x)
+        with torch.no_grad():
+            t = m.teacher(x)
+        loss = ((s - t) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    for step in (0, 1):
+        got = sites_of(p, step)
+        assert ("teacher.proj", "fwd_out") in got and ("teacher.fc", "fwd_in") in got
+
+
+def test_evaluation_before_the_first_step_starts_no_step(tmp_path):
+    """No_grad passes before the first training forward (a validation
+    before training, a warm-up) start no step and record nothing; step 0
+    is the training step and holds what a run without them holds."""
+    def run(path, evaluate):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        tr = at.Tracer(m, path)
+        if evaluate:
+            with torch.no_grad():
+                for _ in range(3):
+                    m(torch.randn(8, 4))
+            assert tr._step is None and not tr._refs
+        losses(m, 2, tr)
+        with torch.no_grad():  # between steps: not recorded either
+            m(torch.randn(8, 4))
+        tr.close()
+        return sites_of(path)
+
+    assert run(str(tmp_path / "a.h5"), True) == run(str(tmp_path / "b.h5"), False)
+    t, _ = records(str(tmp_path / "a.h5"))
+    assert sorted(set(t["records"]["step"].tolist())) == [0, 1]
+
+
+class Ckpt(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.inp = nn.Linear(8, 16)
+        self.blk = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        if self.how == "plain":
+            h = self.blk(h)
+        else:
+            from torch.utils.checkpoint import checkpoint
+            h = checkpoint(self.blk, h, use_reentrant=self.how == "reentrant")
+        return self.head(self.norm(h))
+
+
+def ckpt_run(path, how, steps=3, bad_step=None, micro=1, mode="record"):
+    torch.manual_seed(0)
+    m = Ckpt(how)
+    crit = nn.MSELoss()
+    tr = at.Tracer(m, path, loss_fn=crit, emulate_fp16=True, on_nonfinite=mode)
+    sc = at.LossScaler(init_scale=128.0)
+    tr.attach_scaler(sc)
+    opt = torch.optim.SGD(m.parameters(), 1e-3)
+    out = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            if step == bad_step:
+                with torch.no_grad():
+                    m.blk[0].weight.mul_(3e4)
+            opt.zero_grad()
+            for k in range(micro):
+                g = torch.Generator().manual_seed(step * 10 + k)
+                x = torch.randn(4, 8, generator=g) * (8.0 if bad_step is not None
+                                                      and step >= bad_step else 1.0)
+                loss = crit(m(x), torch.randn(4, 1, generator=g))
+                sc.scale(loss).backward()
+            sc.step(opt)
+            sc.update()
+            tr.end_step(loss=loss, optimizer=opt)
+            out.append(float(loss))
+    tr.close()
+    warned = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
+    return out, warned
+
+
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant"])
+@pytest.mark.parametrize("micro", [1, 2])
+def test_checkpointed_segment_is_recorded_once_in_order(tmp_path, how, micro):
+    """torch.utils.checkpoint: the segment's first forward (under no_grad
+    when reentrant) is recorded, its recomputation in the backward is not
+    recorded again; the records are those of the model without
+    checkpointing, in the same order, micro-batches included (the segment
+    was recorded only when recomputed, after the loss)."""
+    want, _ = ckpt_run(str(tmp_path / "p.h5"), "plain", micro=micro)
+    got, _ = ckpt_run(str(tmp_path / "c.h5"), how, micro=micro)
+    assert got == want
+    assert sites_of(str(tmp_path / "c.h5")) == sites_of(str(tmp_path / "p.h5"))
+
+
+@pytest.mark.parametrize("how", ["reentrant", "nonreentrant"])
+def test_checkpointed_overflow_named_in_the_forward(tmp_path, how):
+    """An FP16 overflow inside a checkpointed segment is named at its
+    module, forward phase (warn named the LayerNorm's fwd_in), and the
+    post-mortem's fed_by is the module before the segment (was: loss)."""
+    p = str(tmp_path / "o.h5")
+    _, warned = ckpt_run(p, how, bad_step=1, mode="warn")
+    assert warned and "step 1, forward phase" in warned[0] \
+        and "module 'blk.0'" in warned[0] and "fwd_out" in warned[0], warned
+    ev = ampprobe.postmortem(p)["event"]
+    assert (ev["origin_layer"], ev["origin_site"]) == ("blk.0", "fwd_out")
+    assert ev.get("fed_by") == "inp", ev.get("fed_by")
+
+
+# ---- in-place modules stay in place (audit F4) ---------------------------------
+
+INPLACE = {
+    "relu": lambda ip: nn.ReLU(inplace=ip),
+    "leaky": lambda ip: nn.LeakyReLU(0.1, inplace=ip),
+    "relu6": lambda ip: nn.ReLU6(inplace=ip),
+    "elu": lambda ip: nn.ELU(inplace=ip),
+    "silu": lambda ip: nn.SiLU(inplace=ip),
+    "dropout": lambda ip: nn.Dropout(0.3, inplace=ip),
+}
+
+
+class SideEffect(nn.Module):
+    """Relies on the in-place module's side effect: its result is dropped
+    (older code), or used beside the alias (`h + y`); explicit=True: the
+    same computation written out of place."""
+
+    def __init__(self, act, how, explicit=False):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.act = act
+        self.out = nn.Linear(8, 1)
+        self.how, self.explicit = how, explicit
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "dropped":
+            if self.explicit:
+                h = self.act(h)
+            else:
+                self.act(h)
+            return self.out(h)
+        y = self.act(h)
+        return self.out((y if self.explicit else h) + y)
+
+
+def seeded_losses(model, steps, tracer=None):
+    torch.manual_seed(123)  # dropout's masks
+    return losses(model, steps, tracer)
+
+
+@pytest.mark.parametrize("act", sorted(INPLACE))
+@pytest.mark.parametrize("how", ["dropped", "alias"])
+def test_inplace_module_keeps_its_side_effect(tmp_path, act, how):
+    """A traced model whose forward relies on an in-place module writing
+    through its input trains exactly as untraced (the tracer turned
+    inplace off: the output differed by 0.53)."""
+    torch.manual_seed(0)
+    ref = SideEffect(INPLACE[act](True), how)
+    m = copy.deepcopy(ref)
+    want = seeded_losses(ref, 4)
+    tr = at.Tracer(m, str(tmp_path / "i.h5"), precision="fp32")
+    got = seeded_losses(m, 4, tr)
+    assert m.act.inplace is True  # in place while traced
+    tr.close()
+    assert got == want
+
+
+def same_stats(a, b):
+    """Equal keys, counts; extremes equal to a relative 1e-6 (torch's
+    in-place ELU computes its gradient from its result: an ulp apart)."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert len(a[k]) == len(b[k]), k
+        for x, y in zip(a[k], b[k]):
+            assert x[3:] == y[3:], k
+            assert x[:3] == pytest.approx(y[:3], rel=1e-6, abs=1e-12), k
+    return True
+
+
+def stats_by_site(path):
+    t, names = records(path)
+    out = collections.defaultdict(list)
+    for r in t["records"]:
+        out[(int(r["step"]), names[r["layer"]], ampprobe._lib.SITES[r["site"]])].append(
+            tuple(float(r[f]) for f in ("min", "max", "absmax")) +
+            tuple(int(r[f]) for f in ("count", "nan_count", "posinf_count")))
+    return dict(out)
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky", "elu", "dropout"])
+@pytest.mark.parametrize("emulate", [False, True])
+def test_inplace_module_records_as_out_of_place(tmp_path, act, emulate):
+    """Every site of an in-place module (fwd_in before it runs, fwd_out,
+    grad_out, grad_in) and of its neighbours has the statistics of the same
+    model with the module out of place, FP32 and under FP16 emulation."""
+    def run(path, ip):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), INPLACE[act](ip), nn.Linear(8, 1))
+        tr = at.Tracer(m, path, emulate_fp16=emulate,
+                       precision=None if emulate else "fp32")
+        got = seeded_losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_out, s_out = run(str(tmp_path / "o.h5"), False)
+    l_in, s_in = run(str(tmp_path / "i.h5"), True)
+    assert l_in == pytest.approx(l_out, rel=1e-6)
+    assert same_stats(s_in, s_out)
+    fin = s_in[(0, "1", "fwd_in")][0]
+    assert fin[0] < 0  # the input as it was before the module ran
+    assert (0, "1", "grad_in") in s_in and (0, "1", "grad_out") in s_in
+
+
+def test_inplace_under_emulation_keeps_its_side_effect(tmp_path):
+    """Under FP16 emulation an in-place module still writes through its
+    input: the same losses as the model written out of place (the
+    emulation handed it a rounded copy: its effect on `h` was lost)."""
+    def run(path, explicit):
+        torch.manual_seed(0)
+        m = SideEffect(nn.ReLU(inplace=not explicit), "dropped", explicit)
+        tr = at.Tracer(m, path, emulate_fp16=True)
+        got = losses(m, 3, tr)
+        tr.close()
+        return got
+
+    assert run(str(tmp_path / "a.h5"), False) == run(str(tmp_path / "b.h5"), True)
+
+
+class ResBlock(nn.Module):
+    """torchvision's pattern: out = relu(bn(fc(x)) + x), ReLU in place."""
+
+    def __init__(self, ip):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.relu = nn.ReLU(inplace=ip)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        out = self.bn(self.fc(x))
+        out *= 0.5  # an in-place op between the traced module and the ReLU
+        out += x
+        return self.head(self.relu(out))
+
+
+def test_inplace_after_other_inplace_ops_records_its_gradients(tmp_path):
+    """An in-place ReLU on a tensor modified in place after its producer
+    (a ResNet's `out += x`; here also `out *= 0.5`): its grad_in is its own
+    (that of `out` as it entered), not the producer's node's."""
+    def run(path, ip):
+        torch.manual_seed(0)
+        m = ResBlock(ip)
+        tr = at.Tracer(m, path, precision="fp32")
+        got = losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_out, s_out = run(str(tmp_path / "o.h5"), False)
+    l_in, s_in = run(str(tmp_path / "i.h5"), True)
+    assert l_in == l_out and same_stats(s_in, s_out)
