@@ -672,10 +672,16 @@ static void master_outgrew(walker *w, probe_diag *e, const probe_record *o) {
 }
 
 /* Whether a value the step's forward made or used is non-finite: a
- * forward-phase record (the weights' copy included) or the input's. */
+ * forward-phase record (the weights' copy included) or the input's. A
+ * step whose first non-finite record is a gradient the all-reduce
+ * returned counts as one too: the value came from another rank or the
+ * sum, and a rank's logged loss may be the mean over the ranks. */
 static int forward_nonfinite(const probe_diag *d, const probe_record *r, size_t n) {
+  int seen = 0;
   for (size_t i = 0; i < n; i++) {
     if (!stats_nonfinite(&r[i].stats)) continue;
+    if (r[i].site == PROBE_SITE_GRAD_POST_ALLREDUCE && !seen) return 1;
+    seen = 1;
     if (probe_site_phase((probe_site)r[i].site) == PROBE_PHASE_FORWARD) return 1;
     if (r[i].layer >= 0 && r[i].layer < d->n_layers &&
         d->layers[r[i].layer].info.kind == PROBE_KIND_INPUT)
