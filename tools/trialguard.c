@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +55,8 @@ typedef struct {
   pid_t pid, parent;
   int mark;   /* a descendant of the guard */
   int zombie; /* its main thread is gone (other threads may live on) */
+  unsigned long long start; /* start time (clock ticks after boot): with
+                               the pid, the process itself */
 } proc_entry;
 
 typedef struct {
@@ -61,9 +64,10 @@ typedef struct {
   size_t n, cap;
 } proc_table;
 
-/* A process's parent and whether it is a zombie, from /proc/PID/stat:
- * 0, or -1 when it is gone. */
-static int proc_parent(const char *pid, pid_t *parent, int *zombie) {
+/* A process's parent, whether it is a zombie and its start time, from
+ * /proc/PID/stat: 0, or -1 when it is gone. */
+static int proc_parent(const char *pid, pid_t *parent, int *zombie,
+                       unsigned long long *start) {
   char path[64], buf[512];
   snprintf(path, sizeof path, "/proc/%.20s/stat", pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -75,10 +79,47 @@ static int proc_parent(const char *pid, pid_t *parent, int *zombie) {
   const char *r = strrchr(buf, ')'); /* the command name may hold ") " */
   char state;
   long pp;
-  if (!r || sscanf(r + 1, " %c %ld", &state, &pp) != 2) return -1;
+  /* fields 3 (state), 4 (ppid), 22 (starttime) */
+  if (!r || sscanf(r + 1, " %c %ld %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+                          "%*s %*s %*s %*s %*s %*s %*s %llu",
+                   &state, &pp, start) != 3)
+    return -1;
   *parent = (pid_t)pp;
   *zombie = state == 'Z' || state == 'X';
   return 0;
+}
+
+/* SIGKILL to the process the table saw, not to whatever took its pid
+ * since (the process may have ended and been reaped by its own parent
+ * between the walk and the kill): a pidfd pins the process, and its start
+ * time must still be the one read. Without pidfds (kernels before 5.3),
+ * kill() as before. */
+int trial_guard_kill_checked(pid_t pid, unsigned long long start) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) return errno == ENOSYS ? kill(pid, SIGKILL) : -1;
+  char name[24];
+  snprintf(name, sizeof name, "%ld", (long)pid);
+  pid_t parent;
+  int zombie, rc = -1;
+  unsigned long long now;
+  if (proc_parent(name, &parent, &zombie, &now) == 0 && now == start)
+    rc = (int)syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0);
+  close(fd);
+  return rc;
+#else
+  (void)start;
+  return kill(pid, SIGKILL);
+#endif
+}
+
+unsigned long long trial_guard_start_time(pid_t pid) {
+  char name[24];
+  snprintf(name, sizeof name, "%ld", (long)pid);
+  pid_t parent;
+  int zombie;
+  unsigned long long start = 0;
+  return proc_parent(name, &parent, &zombie, &start) == 0 ? start : 0;
 }
 
 static int by_pid(const void *a, const void *b) {
@@ -96,8 +137,9 @@ static int table_read(proc_table *t) {
   while (rc == 0 && (de = readdir(d))) {
     pid_t parent;
     int zombie;
+    unsigned long long start;
     if (de->d_name[0] < '1' || de->d_name[0] > '9' ||
-        proc_parent(de->d_name, &parent, &zombie) != 0)
+        proc_parent(de->d_name, &parent, &zombie, &start) != 0)
       continue;
     if (t->n == t->cap) {
       size_t cap = t->cap ? 2 * t->cap : 256;
@@ -108,7 +150,7 @@ static int table_read(proc_table *t) {
       }
       t->e = e, t->cap = cap;
     }
-    t->e[t->n++] = (proc_entry){(pid_t)atol(de->d_name), parent, 0, zombie};
+    t->e[t->n++] = (proc_entry){(pid_t)atol(de->d_name), parent, 0, zombie, start};
   }
   closedir(d);
   if (rc == 0 && t->n) qsort(t->e, t->n, sizeof *t->e, by_pid);
@@ -123,7 +165,7 @@ static size_t table_mark(proc_table *t, pid_t root) {
     more = 0;
     for (size_t i = 0; i < t->n; i++) {
       if (t->e[i].mark) continue;
-      proc_entry key = {t->e[i].parent, 0, 0, 0};
+      proc_entry key = {t->e[i].parent, 0, 0, 0, 0};
       const proc_entry *p = t->e[i].parent == root ? NULL
                             : bsearch(&key, t->e, t->n, sizeof *t->e, by_pid);
       if (t->e[i].parent == root || (p && p->mark)) {
@@ -156,7 +198,7 @@ static void kill_descendants(pid_t self) {
     size_t living = 0;
     for (size_t i = 0; i < t.n; i++)
       if (t.e[i].mark) {
-        kill(t.e[i].pid, SIGKILL);
+        trial_guard_kill_checked(t.e[i].pid, t.e[i].start);
         living += !t.e[i].zombie;
       }
     if (living == 0) break;

@@ -19,4 +19,10 @@ void trial_guard_enter(pid_t bisect_pid);
  * grace time): the guard then ends, killed by SIGKILL as its command was. */
 void trial_guard_stop(pid_t guard);
 
+/* SIGKILL to process pid only if it is still the process that started at
+ * `start` (its /proc start time, trial_guard_start_time): a pid reused
+ * since the guard's walk of /proc is left alone. 0 when sent, else -1. */
+int trial_guard_kill_checked(pid_t pid, unsigned long long start);
+/* pid's start time from /proc/PID/stat; 0 when it cannot be read. */
+unsigned long long trial_guard_start_time(pid_t pid);
 #endif

@@ -113,7 +113,8 @@ AMPPROBE_API const char *probe_verdict_name(probe_verdict v);
   XX(UNDERFLOW_TO_INF, "underflow-to-inf",                                     \
      "values underflowed to zero and a log or division turned them into inf")  \
   XX(INF_ARITH_NAN, "inf-arithmetic-nan",                                      \
-     "inf-inf or 0*inf produced NaN")                                          \
+     "NaN and no inf: the op made it (0/0, inf-inf or 0*inf inside it, a "     \
+     "sqrt or log of a negative value)")                                       \
   XX(GRAD_OVERFLOW, "gradient-overflow",                                       \
      "scaled gradients overflowed FP16 in the backward pass")                  \
   XX(INPUT_NAN, "input-nan", "NaN or inf arrived in the input data")           \

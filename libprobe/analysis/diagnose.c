@@ -47,7 +47,24 @@ const char *probe_diag_event_desc(probe_diag_event e) {
   return (unsigned)e < PROBE_DIAG_EVENT_COUNT ? event_descs[e] : "?";
 }
 
+/* The event's description in the words of the origin's precision: the
+ * map's text says FP16, the common case; an FP32 or BF16 origin has
+ * another maximum (and in FP32 a finite input turned inf is more often a
+ * log or division of 0 than an overflow). */
 const char *probe__diag_event_text(const probe_diag *d) {
+  int prec = d->origin_layer >= 0 && d->origin_layer < d->n_layers && d->layers
+                 ? d->layers[d->origin_layer].info.precision
+                 : PROBE_DTYPE_F16;
+  if (d->event == PROBE_DIAG_EVENT_OVERFLOW && prec == PROBE_DTYPE_F32)
+    return "a finite input became inf: an overflow past FP32's maximum "
+           "(~3.4e38), or an op that makes inf of a finite value (a log or "
+           "division of 0, an exp)";
+  if (d->event == PROBE_DIAG_EVENT_OVERFLOW && prec == PROBE_DTYPE_BF16)
+    return "finite values overflowed past the BF16 maximum ~3.39e38";
+  if (d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW && prec == PROBE_DTYPE_F32)
+    return "gradients became inf/NaN in the backward pass of an FP32 layer";
+  if (d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW && prec == PROBE_DTYPE_BF16)
+    return "gradients overflowed BF16 in the backward pass";
   if (d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW && !d->scaling_on)
     return "gradients overflowed FP16 in the backward pass (no loss scaling: "
            "they were not scaled)";
@@ -654,50 +671,110 @@ static void master_outgrew(walker *w, probe_diag *e, const probe_record *o) {
            (long long)m->step, (double)m->absmax, (double)PROBE_F16_MAX);
 }
 
-/* The loss computed outside any recorded module (a functional loss in the
- * training loop, no loss layer in the trace) went non-finite in the
- * forward pass, before the backward records that are the first non-finite
- * ones: the step's loss is non-finite and the origin found is a gradient
- * arriving at the layer nearest the loss. When that layer's output, the
- * loss's input, holds exact zeros that can only be underflow (a softmax or
- * attention output, or values flushed in FP16), the event is the log or
- * division of 0 in the loss: underflow-to-inf at that output. Fills e's
- * event kind and evidence and returns the record to take as the origin (the
- * layer's fwd_out), or -1 when this is not the case. */
-static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
-                                const probe_record *o, int64_t step) {
+/* Whether a value the step's forward made or used is non-finite: a
+ * forward-phase record (the weights' copy included) or the input's. A
+ * step whose first non-finite record is a gradient the all-reduce
+ * returned counts as one too: the value came from another rank or the
+ * sum, and a rank's logged loss may be the mean over the ranks. */
+static int forward_nonfinite(const probe_diag *d, const probe_record *r, size_t n) {
+  int seen = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!stats_nonfinite(&r[i].stats)) continue;
+    if (r[i].site == PROBE_SITE_GRAD_POST_ALLREDUCE && !seen) return 1;
+    seen = 1;
+    if (probe_site_phase((probe_site)r[i].site) == PROBE_PHASE_FORWARD) return 1;
+    if (r[i].layer >= 0 && r[i].layer < d->n_layers &&
+        d->layers[r[i].layer].info.kind == PROBE_KIND_INPUT)
+      return 1;
+  }
+  return 0;
+}
+
+/* The output the loss was computed from: the forward output of the layer
+ * whose incoming gradient (grad_out) is the step's first non-finite
+ * record, the gradient the loss sent back; else the step's last forward
+ * output. -1 when the step has none. */
+static int loss_input_record(const walker *w, const probe_record *r, size_t n) {
   const probe_diag *d = w->d;
-  if (o->site != PROBE_SITE_GRAD_OUT || step != d->first_nonfinite_loss_step)
-    return -1;
-  for (int64_t i = 0; i < d->n_layers; i++)
-    if (d->layers[i].info.kind == PROBE_KIND_LOSS) return -1;
-  const layer_step *l = &w->ls[o->layer];
-  if (l->fwd_out < 0 || rec_nf(r, l->fwd_out)) return -1;
-  const probe_stats *out = &r[l->fwd_out].stats;
-  int lkind = d->layers[o->layer].info.kind;
-  int by_underflow = lkind == PROBE_KIND_SOFTMAX || lkind == PROBE_KIND_ATTENTION ||
-                     out->f16_flush > 0;
-  if (out->zero_count == 0 || !by_underflow ||
-      d->layers[o->layer].info.precision == PROBE_DTYPE_F32)
-    return -1;
-  e->event = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;
+  int last_out = -1;
+  for (size_t i = 0; i < n; i++) {
+    int valid = r[i].layer >= 0 && r[i].layer < d->n_layers;
+    if (valid && r[i].site == PROBE_SITE_FWD_OUT &&
+        d->layers[r[i].layer].info.kind != PROBE_KIND_INPUT)
+      last_out = (int)i;
+    if (!stats_nonfinite(&r[i].stats)) continue;
+    if (valid && r[i].site == PROBE_SITE_GRAD_OUT && w->ls[r[i].layer].fwd_out >= 0)
+      return w->ls[r[i].layer].fwd_out;
+    break;
+  }
+  return last_out;
+}
+
+/* The step's loss was non-finite while every value its forward recorded
+ * was finite: the loss computation, outside the recorded modules (a loss
+ * written as a plain function in the training loop, or code after the loss
+ * module), made it; the non-finite gradients and weights of the step came
+ * from it. When the loss's input holds exact zeros that can only be
+ * underflow (a softmax or attention output, or values flushed in FP16), the
+ * event is the log or division of 0 in the loss: underflow-to-inf at that
+ * output, whose record index is returned. Otherwise the event is
+ * loss-nonfinite with no origin layer (fed_by: the loss's input) and the
+ * return is -1. */
+static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
+                                size_t n, int64_t step) {
+  const probe_diag *d = w->d;
+  int in = loss_input_record(w, r, n);
+  const probe_stats *out = in >= 0 ? &r[in].stats : NULL;
+  int lkind = in >= 0 ? d->layers[r[in].layer].info.kind : -1;
+  int prec = in >= 0 ? d->layers[r[in].layer].info.precision : -1;
+  int probs = lkind == PROBE_KIND_SOFTMAX || lkind == PROBE_KIND_ATTENTION;
+  int by_underflow = probs || (prec != PROBE_DTYPE_F32 && out && out->f16_flush > 0);
+  if (out && out->zero_count > 0 && by_underflow) {
+    e->event = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;
+    snprintf(e->event_evidence, sizeof e->event_evidence,
+             "the loss, computed outside any recorded module from this "
+             "output, was non-finite at step %lld while the output was "
+             "finite: it held %llu exact zeros (%s) and a log or division of "
+             "0 is inf; a loss taken from the logits (log_softmax, "
+             "cross_entropy)%s avoids it",
+             (long long)step, (unsigned long long)out->zero_count,
+             probs ? "probabilities that underflowed" : "values flushed to zero",
+             prec == PROBE_DTYPE_F32 ? "" : " in FP32");
+    return in;
+  }
+  e->event = PROBE_DIAG_EVENT_LOSS_ONLY;
+  e->event_step = step;
+  e->event_phase = PROBE_PHASE_FORWARD;
+  e->origin_layer = -1;
+  e->feeder_layer = in >= 0 ? r[in].layer : -1;
+  char from[400] = "";
+  if (out)
+    snprintf(from, sizeof from, " (its input, the output of '%s', was finite: "
+             "absmax %.4g, %llu zeros of %llu)",
+             d->layers[r[in].layer].display, (double)out->absmax,
+             (unsigned long long)out->zero_count,
+             (unsigned long long)out->count);
   snprintf(e->event_evidence, sizeof e->event_evidence,
-           "the loss, computed outside any recorded module from this output, "
-           "was non-finite at step %lld while the output was finite: it held "
-           "%llu exact zeros (%s) and a log or division of 0 is inf; a loss "
-           "taken from the logits (log_softmax, cross_entropy) in FP32 avoids it",
-           (long long)step, (unsigned long long)out->zero_count,
-           lkind == PROBE_KIND_SOFTMAX || lkind == PROBE_KIND_ATTENTION
-               ? "probabilities that underflowed"
-               : "values flushed to zero");
-  return l->fwd_out;
+           "the loss was non-finite at step %lld while every value the "
+           "step's forward recorded was finite%s: the loss computation, "
+           "outside the recorded modules, made it (a log or division of 0, "
+           "an overflow of its own arithmetic); the step's non-finite "
+           "gradients and weights came from it",
+           (long long)step, from);
+  return -1;
 }
 
 static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
-                        size_t n, int64_t step) {
+                        size_t n, int64_t step, int loss_nf) {
   const probe_diag *d = w->d;
   int origin = -1; /* record index */
   probe_diag_event kind = PROBE_DIAG_EVENT_NONE;
+  int from_loss = loss_nf && !forward_nonfinite(d, r, n);
+  if (from_loss) {
+    origin = loss_outside_modules(w, e, r, n, step);
+    if (origin < 0) return 1; /* loss-nonfinite, no origin layer */
+    kind = e->event;
+  }
   for (size_t i = 0; i < n && origin < 0; i++) {
     const probe_record *x = &r[i];
     if (!stats_nonfinite(&x->stats)) continue;
@@ -736,14 +813,9 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       }
   }
   if (origin < 0) return 0;
-  e->event_evidence[0] = '\0';
+  if (!from_loss) e->event_evidence[0] = '\0';
   if (kind == PROBE_DIAG_EVENT_WEIGHT_NONFINITE)
     master_outgrew(w, e, &r[origin]);
-  int fwd_loss = loss_outside_modules(w, e, r, &r[origin], step);
-  if (fwd_loss >= 0) {
-    origin = fwd_loss;
-    kind = e->event;
-  }
 
   const probe_record *o = &r[origin];
   layer_step call = w->ls[o->layer];
@@ -1103,7 +1175,7 @@ static void event_of_step(walker *w, probe_record *r, size_t n, int64_t step,
   if (fwd_nf || loss_nf) {
     probe_diag e;
     memset(&e, 0, sizeof e);
-    if (analyse_step(w, &e, r, n, step)) {
+    if (analyse_step(w, &e, r, n, step, loss_nf)) {
       if (e.origin_layer >= 0) d->layers[e.origin_layer].origin_steps++;
       if (d->event_step < 0) {
         event_copy(d, &e);
@@ -1114,7 +1186,7 @@ static void event_of_step(walker *w, probe_record *r, size_t n, int64_t step,
     if (d->first_grad_overflow_step < 0) d->first_grad_overflow_step = step;
     if (!w->have_bwd) {
       memset(&w->bwd, 0, sizeof w->bwd);
-      if (analyse_step(w, &w->bwd, r, n, step)) w->have_bwd = 1;
+      if (analyse_step(w, &w->bwd, r, n, step, 0)) w->have_bwd = 1;
     }
   }
 }

@@ -63,6 +63,7 @@
 #define SCORE_CLIP 60
 #define SCORE_SCALE_COLLAPSE_EVENT 60
 #define SCORE_LOSS_ONLY 50
+#define SCORE_LOSS_OUTSIDE 96 /* above the FP32 lr signature: it says why */
 #define SCORE_NO_STEPS 100
 #define SCORE_NOT_PRECISION 95
 #define SCORE_HEALTHY 0
@@ -337,6 +338,48 @@ static void explain_input(rank_ctx *c, probe_diag_finding *f) {
            (long long)d->event_step);
 }
 
+/* Whether the run updated its weights before the event: the event is
+ * after the first step the trace holds (at that step no update this trace
+ * records had reached them). */
+static int before_event_updates(const probe_diag *d) {
+  int64_t ev = d->event_step >= 0 ? d->event_step : d->first_nonfinite_loss_step;
+  return ev > d->first_step;
+}
+
+/* The loss, computed outside the recorded modules, made the first
+ * non-finite value (diagnose.c, loss_outside_modules). */
+static int loss_outside(const probe_diag *d) {
+  if (d->event == PROBE_DIAG_EVENT_LOSS_ONLY) return d->event_evidence[0] != '\0';
+  /* underflow-to-inf whose origin output is finite: the log or division
+   * of its zeros was the loss's, outside the modules; from an FP32 output
+   * (from an FP16 one, fp16-event keeps its producer in FP32) */
+  return d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF &&
+         d->origin_layer >= 0 && !probe_stats_nonfinite(&d->origin_out) &&
+         layer_is_fp32(d, d->origin_layer);
+}
+
+/* A forward NaN (no inf) made from a finite input that holds exact zeros
+ * with no sign of flushing: a 0/0 on real zeros (a padding row, an
+ * all-zero feature divided by its norm), which no precision fixes. Not a
+ * normalisation in FP16/BF16, whose E[x^2]-E[x]^2 can round negative. */
+static int nan_of_exact_zeros(const probe_diag *d) {
+  if (d->event != PROBE_DIAG_EVENT_INF_ARITH_NAN || d->origin_layer < 0 ||
+      d->event_phase != PROBE_PHASE_FORWARD || !d->have_origin_in ||
+      probe_stats_nonfinite(&d->origin_in) || d->origin_in.zero_count == 0 ||
+      d->origin_out.posinf_count + d->origin_out.neginf_count > 0)
+    return 0;
+  const probe_layer_info *li = &d->layers[d->origin_layer].info;
+  int low = li->precision != PROBE_DTYPE_F32;
+  if (low && (li->kind == PROBE_KIND_BN || li->kind == PROBE_KIND_LAYERNORM ||
+              li->kind == PROBE_KIND_REVIN))
+    return 0;
+  int flushed = li->precision == PROBE_DTYPE_F16 &&
+                (d->origin_in.f16_flush > 0 ||
+                 (isfinite(d->origin_in.absmin_nonzero) &&
+                  d->origin_in.absmin_nonzero < PROBE_F16_MIN_NORMAL));
+  return !flushed;
+}
+
 /* check-weights: a non-finite update reached the weights. */
 static int when_weights(const rank_ctx *c) {
   return c->d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE;
@@ -347,9 +390,14 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
   /* master_outgrew (diagnose.c) wrote the evidence: finite FP32 masters
    * beyond FP16's range, an FP16 copy that overflowed */
   int outgrew = d->event_evidence[0] != '\0';
+  int loaded = !before_event_updates(d);
   if (outgrew)
     set_title(f, "the weights of '%s' outgrew FP16: their FP16 copy is inf at "
                  "step %lld while the FP32 master weights are finite",
+              c->oname, (long long)d->event_step);
+  else if (loaded)
+    set_title(f, "the weights of '%s' were non-finite before any update: at "
+                 "step %lld, the first step the trace holds",
               c->oname, (long long)d->event_step);
   else
     set_title(f, "the weights of '%s' are non-finite at step %lld", c->oname,
@@ -365,6 +413,15 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
                 "weights stay within FP16's range, or keep it in FP32: "
                 "ampprobe bisect --fp32-candidates %s %s",
              c->oname, kind_of(d, d->origin_layer), c->args);
+  } else if (loaded) {
+    add_evidence(f, "no update of this run had reached them: they came "
+                    "non-finite from the initialisation or the checkpoint "
+                    "they were loaded from");
+    set_next(f, "check the checkpoint or initialisation of '%s' (e.g. "
+                "torch.isfinite(p).all() for each of its parameters after "
+                "loading); neither the learning rate nor the precision "
+                "explains it",
+             c->oname);
   } else {
     set_next(f, "a non-finite update reached the weights: check that steps "
                 "with non-finite gradients are skipped, and lower the learning "
@@ -488,16 +545,39 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
 
 /* not-precision: every layer ran in FP32, a layer made inf/NaN and the run
  * did not diverge (the lr signature did not fire): the op itself makes it
- * (0/0, sqrt or log of 0, an eps of 0), whatever the precision. */
+ * (0/0, sqrt or log of 0, an eps of 0), whatever the precision; in any run,
+ * a NaN made of the exact zeros of a layer's input (nan_of_exact_zeros). */
 static int when_not_precision(const rank_ctx *c) {
   const probe_diag *d = c->d;
-  return d->fp32_run && c->has_event && !c->lr_signature &&
-         d->origin_layer >= 0 && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
-         d->event != PROBE_DIAG_EVENT_NONE;
+  return (d->fp32_run || nan_of_exact_zeros(d)) && c->has_event &&
+         !c->lr_signature && d->origin_layer >= 0 &&
+         d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
+         d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+         d->event != PROBE_DIAG_EVENT_NONE && !loss_outside(d);
 }
 static double score_not_precision(const rank_ctx *c) { (void)c; return SCORE_NOT_PRECISION; }
 static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
+  if (!d->fp32_run) {
+    set_title(f, "'%s' (%s) made NaN of the exact zeros of its input (0/0): "
+                 "not a precision problem",
+              c->oname, kind_of(d, d->origin_layer));
+    add_evidence(f, "step %lld, %s, %s: %s", (long long)d->event_step,
+                 probe_phase_name(d->event_phase),
+                 probe_site_name(d->origin_site), probe__diag_event_text(d));
+    add_evidence(f, "its input was finite and held %llu exact zeros of %llu, "
+                    "none from underflow (no value near FP16's smallest); its "
+                    "output holds %llu NaN and no inf",
+                 (unsigned long long)d->origin_in.zero_count,
+                 (unsigned long long)d->origin_in.count,
+                 (unsigned long long)d->origin_out.nan_count);
+    set_next(f, "look at what '%s' divides by at step %lld (a sum or norm of "
+                "a row that is all zeros: a padding row, an empty feature): "
+                "add an eps or mask those rows; keeping it in FP32 will not "
+                "help",
+             c->oname, (long long)d->event_step);
+    return;
+  }
   set_title(f, "'%s' (%s) made inf/NaN in FP32: not a precision problem",
             c->oname, kind_of(d, d->origin_layer));
   add_evidence(f, "every layer ran in FP32; step %lld, %s, %s: %s",
@@ -518,7 +598,7 @@ static int when_event(const rank_ctx *c) {
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
          d->event != PROBE_DIAG_EVENT_ALLREDUCE &&
          d->event != PROBE_DIAG_EVENT_NONE && !d->fp32_run &&
-         d->origin_layer >= 0;
+         d->origin_layer >= 0 && !loss_outside(d) && !nan_of_exact_zeros(d);
 }
 static double score_event(const rank_ctx *c) {
   return c->lr_signature ? SCORE_FORCE_FP32_AFTER_LR
@@ -794,11 +874,39 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
     set_next(f, "check the FP32 baseline: %s", c->run_fp32);
 }
 
+/* loss-outside: the loss went non-finite while every value its step's
+ * forward recorded was finite (diagnose.c, loss_outside_modules wrote the
+ * evidence): the loss computation, outside the recorded modules, made it.
+ * Not a learning rate and not a module to keep in FP32. */
+static int when_loss_outside(const rank_ctx *c) { return loss_outside(c->d); }
+static double score_loss_outside(const rank_ctx *c) { (void)c; return SCORE_LOSS_OUTSIDE; }
+static void explain_loss_outside(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  int32_t in = d->event == PROBE_DIAG_EVENT_LOSS_ONLY ? d->feeder_layer
+                                                       : d->origin_layer;
+  int fp32_in = in < 0 || layer_is_fp32(d, in);
+  if (!fp32_in && !d->fp32_run) f->id = PROBE_DIAG_FINDING_FORCE_FP32;
+  set_title(f, "the loss went non-finite at step %lld outside the recorded "
+               "modules: every value the step's forward recorded was finite",
+            (long long)d->event_step);
+  add_evidence(f, "%s", d->event_evidence);
+  set_next(f, "look at how the training loop computes the loss of step %lld "
+              "(a log of a probability that is 0: take it from the logits with "
+              "log_softmax or cross_entropy; a division by a sum or norm that is "
+              "0)%s; the gradients and weights that went non-finite after it "
+              "are its consequence",
+           (long long)d->event_step,
+           fp32_in || d->fp32_run
+               ? ""
+               : "; compute it in FP32 (e.g. loss_fn(out.float(), target)), "
+                 "since its input is FP16");
+}
+
 /* lower-lr (fallback): a non-finite loss and no per-layer record. */
 static int when_loss_only(const rank_ctx *c) {
   const probe_diag *d = c->d;
-  return d->n_findings == 0 && d->event_step < 0 &&
-         d->first_nonfinite_loss_step >= 0;
+  return d->n_findings == 0 && d->event == PROBE_DIAG_EVENT_LOSS_ONLY &&
+         !loss_outside(d) && d->first_nonfinite_loss_step >= 0;
 }
 static double score_loss_only(const rank_ctx *c) { (void)c; return SCORE_LOSS_ONLY; }
 static void explain_loss_only(rank_ctx *c, probe_diag_finding *f) {
@@ -891,6 +999,8 @@ static const rule RULES[] = {
      score_scaling, explain_scaling},
     {"scale-collapse", PROBE_DIAG_FINDING_SCALE_COLLAPSE, when_collapse,
      score_collapse, explain_collapse},
+    {"loss-outside", PROBE_DIAG_FINDING_NOT_PRECISION, when_loss_outside,
+     score_loss_outside, explain_loss_outside},
     {"loss-only", PROBE_DIAG_FINDING_LOWER_LR, when_loss_only, score_loss_only,
      explain_loss_only},
     {"no-steps", PROBE_DIAG_FINDING_NO_STEPS, when_no_steps, score_no_steps,
@@ -935,8 +1045,17 @@ void probe__diag_rank(probe_diag *d) {
    * input data (clean-input says it). */
   int fp32_diverged = d->fp32_run && (d->first_nonfinite_loss_step >= 0 ||
                                       d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE);
+  /* A learning rate acts through updates: none before the first step the
+   * trace holds (its weights came from the initialisation or a
+   * checkpoint), and in FP32 the updates must have shown it (the loss
+   * climbed or the weights grew; else an op made the value: not-precision,
+   * or the loss computation: loss-outside). */
+  int updated = before_event_updates(d);
   c.lr_signature = c.has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
-                   (fp32_diverged || (loss_climb && weights_grew));
+                   updated &&
+                   ((fp32_diverged && !loss_outside(d) &&
+                     (loss_climb || weights_grew)) ||
+                    (loss_climb && weights_grew));
 
   d->n_findings = 0;
   for (size_t i = 0; i < sizeof RULES / sizeof RULES[0]; i++) {

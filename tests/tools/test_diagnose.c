@@ -689,17 +689,17 @@ START_TEST(test_loss_outside_modules) {
                 d.findings[0].next_step);
   probe_diag_free(&d);
 
-  /* controls: the diagnosis they had */
+  /* controls: a loss layer that recorded the inf (its own event), and a
+   * finite loss (a scaled-gradient overflow, backward) */
   struct { probe_kind k; probe_dtype prec; int loss_layer, loss_inf; } ctl[] = {
-      {PROBE_KIND_LINEAR, PROBE_DTYPE_F16, 0, 1},  /* no zeros: not underflow */
-      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F32, 0, 1}, /* FP32: no FP16 underflow */
       {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 1, 1}, /* a recorded loss layer */
       {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0, 0}, /* a finite loss */
   };
   for (size_t c = 0; c < sizeof ctl / sizeof ctl[0]; c++) {
     outside_loss_trace(p, ctl[c].k, ctl[c].prec, ctl[c].loss_layer, ctl[c].loss_inf);
     probe_diag_of(&d, p);
-    ck_assert_msg(!strstr(d.event_evidence, "outside any recorded module"),
+    ck_assert_msg(!strstr(d.event_evidence, "outside any recorded module") &&
+                      !strstr(d.event_evidence, "outside the recorded modules"),
                   "control %zu: %s", c, d.event_evidence);
     if (!ctl[c].loss_layer) /* still the gradient record (or no event) */
       ck_assert_msg(d.event_step < 0 || d.event_phase == PROBE_PHASE_BACKWARD,
@@ -707,6 +707,142 @@ START_TEST(test_loss_outside_modules) {
                     probe_site_name(d.origin_site), (long long)d.event_step);
     probe_diag_free(&d);
   }
+  unlink(p);
+}
+END_TEST
+
+/* The loss went non-finite while every value its step's forward recorded
+ * was finite, in any precision, with a scaler or without: the loss
+ * computation (outside the recorded modules) made it - forward, the
+ * loss-outside finding - not the gradient, the optimizer or the learning
+ * rate (Python audit F1: an FP32 job without a scaler whose -log(p) went
+ * inf was "weights non-finite in the optimizer, lower the lr"). Cases:
+ * an FP32 softmax with underflowed probabilities (underflow-to-inf at its
+ * output), a linear head with no zeros in FP16 and in FP32 (loss-nonfinite,
+ * fed_by the head), each with the NaN gradients and master weights that
+ * follow in the step, with and without a skipped step. */
+static void loss_after_trace(const char *p, probe_kind head_kind, probe_dtype prec,
+                             int skipped) {
+  probe_session *s = hb_open(p, prec == PROBE_DTYPE_F32 ? "fp32" : "fp16");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, prec);
+  int32_t head = hb_layer(s, "head", head_kind, prec);
+  float x[N], out[N], g[N], w[N];
+  for (int i = 0; i < N; i++) {
+    x[i] = 0.25f * (float)(i + 1);
+    out[i] = head_kind == PROBE_KIND_SOFTMAX ? (i < 4 ? 0.0f : 1.0f / 12.0f) : x[i];
+  }
+  for (int step = 0; step < 5; step++) {
+    int bad = step == 3;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    hb_rec(s, fc, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, fc, PROBE_SITE_WEIGHT, x, N);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, head, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, head, PROBE_SITE_FWD_OUT, out, N);
+    for (int i = 0; i < N; i++) g[i] = bad ? NAN : 0.01f;
+    hb_rec(s, head, PROBE_SITE_GRAD_OUT, g, N);
+    hb_rec(s, head, PROBE_SITE_GRAD_IN, g, N);
+    hb_rec(s, fc, PROBE_SITE_GRAD_OUT, g, N);
+    hb_rec(s, fc, PROBE_SITE_WEIGHT_GRAD, g, N);
+    for (int i = 0; i < N; i++) w[i] = bad && !skipped ? NAN : x[i];
+    hb_rec(s, fc, PROBE_SITE_MASTER_WEIGHT, w, N);
+    probe_step_scalars sc = {.loss = bad ? INFINITY : 1.0, .loss_scale = 1024.0,
+                             .found_inf = bad && skipped, .skipped = bad && skipped};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    if (bad && !skipped) break; /* the weights are NaN: the run is over */
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_loss_outside_every_precision) {
+  const char *p = tmp_path("lossafter");
+  struct { probe_kind k; probe_dtype prec; probe_diag_event ev; } c[] = {
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F32, PROBE_DIAG_EVENT_UNDERFLOW_TO_INF},
+      {PROBE_KIND_LINEAR, PROBE_DTYPE_F32, PROBE_DIAG_EVENT_LOSS_ONLY},
+      {PROBE_KIND_LINEAR, PROBE_DTYPE_F16, PROBE_DIAG_EVENT_LOSS_ONLY},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+    for (int skipped = 0; skipped < 2; skipped++) {
+      loss_after_trace(p, c[i].k, c[i].prec, skipped);
+      probe_diag d;
+      probe_diag_of(&d, p);
+      ck_assert_msg(d.event == c[i].ev && d.event_step == 3 &&
+                        d.event_phase == PROBE_PHASE_FORWARD,
+                    "case %zu/%d: %s step %lld %s", i, skipped,
+                    probe_diag_event_name(d.event), (long long)d.event_step,
+                    probe_phase_name(d.event_phase));
+      if (c[i].ev == PROBE_DIAG_EVENT_LOSS_ONLY) {
+        ck_assert_int_eq(d.origin_layer, -1);
+        ck_assert_str_eq(probe_diag_layer_name(&d, d.feeder_layer), "head");
+      } else {
+        ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "head");
+      }
+      ck_assert_int_eq(d.findings[0].id, c[i].prec == PROBE_DTYPE_F32
+                                             ? PROBE_DIAG_FINDING_NOT_PRECISION
+                                             : PROBE_DIAG_FINDING_FORCE_FP32);
+      ck_assert_msg(strstr(d.findings[0].title, "outside the recorded modules"),
+                    "case %zu/%d: %s", i, skipped, d.findings[0].title);
+      ck_assert_msg(strstr(d.findings[0].next_step, "computes the loss of step 3") &&
+                        !strstr(d.findings[0].next_step, "bisect"),
+                    "case %zu/%d: %s", i, skipped, d.findings[0].next_step);
+      ck_assert_msg((c[i].prec == PROBE_DTYPE_F16) ==
+                        (strstr(d.findings[0].next_step, "in FP32") != NULL),
+                    "case %zu/%d: %s", i, skipped, d.findings[0].next_step);
+      for (int k = 0; k < d.n_findings; k++) { /* not the weights, not the lr */
+        ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_CHECK_WEIGHTS);
+        ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_LOWER_LR);
+      }
+      ck_assert_int_eq(d.verdict, PROBE_VERDICT_DIVERGED);
+      char *text = NULL;
+      ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+      probe_free(text);
+      probe_diag_free(&d);
+    }
+  unlink(p);
+}
+END_TEST
+
+/* A weight non-finite at the first step the trace holds: no update had
+ * reached it (a checkpoint, the initialisation), so neither "lower the
+ * learning rate" nor "a non-finite update reached the weights" (Python
+ * audit F5); the same weight going non-finite after updates keeps that
+ * finding. In FP32 and FP16 runs. */
+START_TEST(test_weights_nonfinite_before_any_update) {
+  const char *p = tmp_path("loaded");
+  for (int prec = 0; prec < 2; prec++)
+    for (int at = 0; at < 2; at++) { /* the bad step: 0, then 3 */
+      int bad_step = at ? 3 : 0;
+      probe_session *s = hb_open(p, prec ? "fp16" : "fp32");
+      int32_t fc = hb_layer(s, "backbone", PROBE_KIND_LINEAR,
+                            prec ? PROBE_DTYPE_F16 : PROBE_DTYPE_F32);
+      float x[N], w[N];
+      for (int i = 0; i < N; i++) x[i] = 0.25f * (float)(i + 1);
+      for (int step = 0; step <= bad_step; step++) {
+        ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+        memcpy(w, x, sizeof w);
+        if (step == bad_step) w[2] = INFINITY;
+        hb_rec(s, fc, PROBE_SITE_FWD_IN, x, N);
+        hb_rec(s, fc, PROBE_SITE_WEIGHT, w, N);
+        hb_rec(s, fc, PROBE_SITE_FWD_OUT, w, N);
+        hb_end(s, step == bad_step ? INFINITY : 1.0, 1.0);
+      }
+      ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+      probe_diag d;
+      probe_diag_of(&d, p);
+      ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_WEIGHT_NONFINITE);
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CHECK_WEIGHTS);
+      int loaded = strstr(d.findings[0].title, "before any update") != NULL;
+      ck_assert_msg(loaded == !at, "prec %d at %d: %s", prec, at, d.findings[0].title);
+      if (!at) {
+        ck_assert_msg(strstr(d.findings[0].next_step, "checkpoint") &&
+                          !strstr(d.findings[0].next_step, "lower the learning rate"),
+                      "%s", d.findings[0].next_step);
+        for (int k = 0; k < d.n_findings; k++)
+          ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_LOWER_LR);
+      }
+      probe_diag_free(&d);
+    }
   unlink(p);
 }
 END_TEST
@@ -922,6 +1058,64 @@ START_TEST(test_precision_and_nan_only_evidence) {
     probe_diag_free(&d);
     unlink(p);
   }
+}
+END_TEST
+
+/* A NaN (no inf) made of the exact zeros of a layer's finite input - a
+ * padding row of zeros divided by its norm, in a BF16 or FP16 run - is not
+ * a precision problem: not-precision, no bisect (Python audit F6: "keep it
+ * in FP32"). Controls keep force-fp32: zeros that came from flushing
+ * (values near FP16's smallest beside them), a low-precision
+ * normalisation (its variance can round negative), an input without zeros
+ * (a sqrt or log of a negative value). */
+static void zeros_nan_trace(const char *p, probe_kind kind, probe_dtype prec,
+                            float zero_or_tiny, int zeros) {
+  probe_session *s = hb_open(p, prec == PROBE_DTYPE_BF16 ? "bf16" : "fp16");
+  int32_t id = hb_layer(s, "enc.norm", kind, prec);
+  float x[N], y[N];
+  for (int step = 0; step < 4; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
+    if (zeros) x[0] = x[1] = x[2] = zero_or_tiny, x[3] = 0.0f;
+    if (step == 3) y[0] = y[1] = y[2] = y[3] = NAN;
+    hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, y, N);
+    hb_end(s, step == 3 ? NAN : 1.0, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_nan_of_exact_zeros_is_not_precision) {
+  const char *p = tmp_path("zeronan");
+  const struct { probe_kind k; probe_dtype prec; float z; int zeros; int np; } c[] = {
+      {PROBE_KIND_OTHER, PROBE_DTYPE_BF16, 0.0f, 1, 1},
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 0.0f, 1, 1},
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0.0f, 1, 1},
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 1e-7f, 1, 0},     /* flushed */
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, 0.0f, 1, 0}, /* a norm */
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 0.0f, 0, 0},      /* no zeros */
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    zeros_nan_trace(p, c[i].k, c[i].prec, c[i].z, c[i].zeros);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_INF_ARITH_NAN);
+    probe_diag_finding_id want = c[i].np ? PROBE_DIAG_FINDING_NOT_PRECISION
+                                         : PROBE_DIAG_FINDING_FORCE_FP32;
+    ck_assert_msg(d.findings[0].id == want, "case %zu: %s: %s", i,
+                  probe_diag_finding_name(d.findings[0].id), d.findings[0].title);
+    if (c[i].np) {
+      ck_assert_msg(strstr(d.findings[0].title, "exact zeros") &&
+                        !strstr(d.findings[0].next_step, "bisect"),
+                    "case %zu: %s / %s", i, d.findings[0].title, d.findings[0].next_step);
+      for (int k = 0; k < d.n_findings; k++)
+        ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_FORCE_FP32);
+    }
+    ck_assert_msg(!strstr(probe_diag_event_desc(d.event), "inf-inf or 0*inf produced"),
+                  "%s", probe_diag_event_desc(d.event));
+    probe_diag_free(&d);
+  }
+  unlink(p);
 }
 END_TEST
 
@@ -1762,6 +1956,9 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_shared_module_first_call_overflows);
   tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
   tcase_add_test(tc, test_loss_outside_modules);
+  tcase_add_test(tc, test_loss_outside_every_precision);
+  tcase_add_test(tc, test_nan_of_exact_zeros_is_not_precision);
+  tcase_add_test(tc, test_weights_nonfinite_before_any_update);
   tcase_add_test(tc, test_weights_outgrew_fp16);
   tcase_add_test(tc, test_unscaled_gradient_overflow);
   tcase_add_test(tc, test_gradient_flushed_at_the_handover);
