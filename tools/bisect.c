@@ -259,6 +259,7 @@ typedef struct bisect {
   char name[PROBE_NAME_MAX * 2];
   char workdir[1024]; /* at most WORKDIR_MAX_LEN, + "/run-N" */
   int wd_fd;
+  int wd_made; /* 1: this process created b->workdir (mkdir or run-N) */
   char self[1024];
   layer_ref *layers;
   size_t n_layers;
@@ -1686,15 +1687,23 @@ static int holds_trials(int fd) {
  * opened with O_DIRECTORY|O_NOFOLLOW (a symlink planted there is refused);
  * an existing one without trial files is used as is; one that holds an
  * earlier bisect's trials gets a fresh run-N subfolder (mkdirat, exclusive),
- * so no earlier file is ever replaced. b->workdir and b->wd_fd are set.
+ * so no earlier file is ever replaced. b->workdir and b->wd_fd are set, and
+ * b->wd_made says whether this process created that folder.
  * Returns 0, or -1 with the error printed. */
 static int workdir_open(bisect *b, const char *want) {
   snprintf(b->workdir, sizeof b->workdir, "%s", want);
   size_t l = strlen(b->workdir);
   while (l > 1 && b->workdir[l - 1] == '/')
     b->workdir[--l] = 0;
-  if (mkdir_parents(b->workdir) != 0 ||
-      (mkdir(b->workdir, 0755) != 0 && errno != EEXIST)) {
+  b->wd_made = 0;
+  if (mkdir_parents(b->workdir) != 0) {
+    cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
+              strerror(errno));
+    return -1;
+  }
+  if (mkdir(b->workdir, 0755) == 0) {
+    b->wd_made = 1;
+  } else if (errno != EEXIST) {
     cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
               strerror(errno));
     return -1;
@@ -1716,9 +1725,10 @@ static int workdir_open(bisect *b, const char *want) {
     char name[32];
     for (int i = 2; i < 10000 && sub < 0; i++) {
       snprintf(name, sizeof name, "run-%d", i);
-      if (mkdirat(fd, name, 0755) == 0)
+      if (mkdirat(fd, name, 0755) == 0) {
         sub = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      else if (errno != EEXIST)
+        b->wd_made = 1; /* the run-N folder is this bisect's own */
+      } else if (errno != EEXIST)
         break;
     }
     if (sub < 0) {
@@ -2376,7 +2386,10 @@ static int bisect_plan(bisect *b) {
     cli_error(SUB, "-o %s is %s the work directory %s, where the trials' files "
                    "go: choose another output",
               b->out, cli_same_file(b->out, b->workdir) ? "" : "inside", b->workdir);
-    rmdir(b->workdir); /* when this bisect just made it (an empty folder) */
+    /* leave the file system as it was: only a folder this bisect made
+     * (still empty) goes; one that existed before is the user's */
+    if (b->wd_made)
+      rmdir(b->workdir);
     return CLI_EXIT_USAGE;
   }
   if (!b->ext) {

@@ -228,6 +228,22 @@ errors() {
   else
     fail "Ctrl-C: exit $rc, $left trials left: $(tail -3 "$WORK/int.out")"
   fi
+  # a usage error leaves the file system as it was: an existing empty work
+  # directory (given, or the default ./ampprobe-bisect-<name>/) is the
+  # user's and stays, mode included (it was rmdir'ed as if bisect made it)
+  mkdir -p "$WORK/mine" "$WORK/cwd/ampprobe-bisect-revin-overflow"
+  chmod 700 "$WORK/mine"
+  expect_err 2 "-o inside an existing empty --workdir" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/mine" -o "$WORK/mine/res.json"
+  [ -d "$WORK/mine" ] && [ "$(stat -c %a "$WORK/mine")" = 700 ] &&
+    pass "the existing --workdir is kept, mode 700" ||
+    fail "the existing empty --workdir was removed or changed: $(ls -ld "$WORK/mine" 2>&1)"
+  (cd "$WORK/cwd" && "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -q \
+    -o ampprobe-bisect-revin-overflow/res.json >/dev/null 2>&1)
+  RC=$?
+  [ "$RC" = 2 ] && [ -d "$WORK/cwd/ampprobe-bisect-revin-overflow" ] &&
+    pass "the existing default work directory is kept on a usage error" ||
+    fail "default work directory: exit $RC, $(ls -la "$WORK/cwd" 2>&1)"
 }
 
 # ---- issue 15, class 4: fair trials ------------------------------------------
