@@ -2638,7 +2638,9 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
              "narrow --fp32-candidates with layer-name globs (e.g. 'enc.*') to "
              "search layers",
              matching, r->minimal, PROBE_DDMIN_MAX);
-    fprintf(stderr, "ampprobe: bisect: warning: %s\n", r->hint);
+    char qh[sizeof r->hint * 2];
+    cli_escape_name(qh, sizeof qh, r->hint); /* it names the candidates */
+    fprintf(stderr, "ampprobe: bisect: warning: %s\n", qh);
   }
   *lnames = ln;
   *n_lnames = nl;

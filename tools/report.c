@@ -573,6 +573,21 @@ static int precision_key(const char *k) {
          !strcmp(k, "loss_fp32");
 }
 
+/* Appends a name read from a file or a command line (a config key, a path)
+ * escaped as on the terminal: a newline in it would otherwise start a
+ * forged warning line when the buffer is split below. */
+static void buf_add_name(probe_buf *b, const char *s) {
+  size_t n = probe_text_escape(NULL, 0, s) + 1;
+  char *e = malloc(n);
+  if (!e) {
+    b->oom = 1;
+    return;
+  }
+  probe_text_escape(e, n, s);
+  probe_buf_append(b, e, strlen(e));
+  free(e);
+}
+
 /* Compares the trace's config with the baseline's and the bisect result's
  * scenario: a baseline of another model, data or seed, or a bisect of
  * another config, makes the page compare things that do not belong
@@ -585,8 +600,11 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
   const char *name = ca ? jstr(ca, "name") : NULL;
   probe_buf w;
   probe_buf_init(&w);
-  char qn[200], qo[200];
+  char qn[200], qo[200], qp[1024], qb[1024], qj[1024];
   cli_escape_name(qn, sizeof qn, name ? name : "");
+  cli_escape_name(qp, sizeof qp, path);
+  cli_escape_name(qb, sizeof qb, base_path ? base_path : "");
+  cli_escape_name(qj, sizeof qj, bisect_path ? bisect_path : "");
   if (tb && ca) {
     json_t *cb = trace_config(tb);
     const char *bname = cb ? jstr(cb, "name") : NULL;
@@ -595,7 +613,7 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
       probe_buf_printf(&w, "the baseline %s is a run of config '%s', the "
                            "trace %s of '%s': the comparison is not a "
                            "precision baseline\n",
-                       base_path, qo, path, qn);
+                       qb, qo, qp, qn);
     } else if (cb) {
       probe_buf diffk;
       probe_buf_init(&diffk);
@@ -604,17 +622,22 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
       json_object_foreach(ca, k, va) {
         if (precision_key(k) || !strcmp(k, "description")) continue;
         json_t *vb = json_object_get(cb, k);
-        if (!vb || !json_equal(va, vb))
-          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+        if (!vb || !json_equal(va, vb)) {
+          probe_buf_printf(&diffk, "%s", diffk.len ? ", " : "");
+          buf_add_name(&diffk, k);
+        }
       }
       json_object_foreach(cb, k, va)
         if (!precision_key(k) && strcmp(k, "description") &&
-            !json_object_get(ca, k))
-          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+            !json_object_get(ca, k)) {
+          probe_buf_printf(&diffk, "%s", diffk.len ? ", " : "");
+          buf_add_name(&diffk, k);
+        }
       if (diffk.len)
         probe_buf_printf(&w, "the baseline %s and the trace %s are of config "
                              "'%s' but differ in more than precision (%s)\n",
-                         base_path, path, qn, diffk.data);
+                         qb, qp, qn, diffk.data);
+      if (diffk.oom) w.oom = 1;
       probe_buf_free(&diffk);
     }
     json_decref(cb);
@@ -624,7 +647,7 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
     cli_escape_name(qo, sizeof qo, bname);
     probe_buf_printf(&w, "the bisect result %s is of config '%s', the trace "
                          "%s of '%s'\n",
-                     bisect_path, qo, path, qn);
+                     qj, qo, qp, qn);
   }
   json_decref(ca);
   probe_status st = PROBE_OK;
@@ -1416,9 +1439,12 @@ static int report_write(const report_args *a, const char *path,
   rc = probe_diag_problem(&diag) || (v && v->problem) ? CLI_EXIT_PROBLEM
                                                        : CLI_EXIT_OK;
   cli_busy_done();
-  if (!a->quiet)
+  if (!a->quiet) {
+    char qo[1024];
+    cli_escape_name(qo, sizeof qo, a->out);
     fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n",
-            a->out, size / 1024.0, cli_now() - t0);
+            qo, size / 1024.0, cli_now() - t0);
+  }
 
 done:
   if (have_diff) probe_diff_free(&diff);

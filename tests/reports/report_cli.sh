@@ -159,6 +159,29 @@ has err.txt "warning: the bisect result bisect-other.json is of config 'two-culp
 expect 1 "baseline with another seed" -- \
   "$AMP" report fp16.h5 --baseline seed7.h5 -o other3.html -q
 has err.txt "differ in more than precision (seed)"
+# a config key from a file is data: a newline in it is shown escaped, on
+# the one warning line (it was split there and forged a second
+# 'ampprobe: report:' line); the same for the paths in the warning and
+# for -o in the 'wrote' line
+cp fp16.h5 k16.h5 && cp fp32.h5 k32.h5
+/usr/bin/python3 - <<'PY'
+import h5py, json
+for fn, v in (('k16.h5', 1), ('k32.h5', 2)):
+    f = h5py.File(fn, 'r+'); c = json.loads(f.attrs['config_json'])
+    c['x\nampprobe: report: FORGED LINE'] = v
+    f.attrs['config_json'] = json.dumps(c); f.close()
+PY
+cp k32.h5 "$(printf 'k\nb.h5')"
+expect 1 "a newline in a config key" -- \
+  "$AMP" report k16.h5 --baseline "$(printf 'k\nb.h5')" -o "$(printf 'k\nk.html')"
+if [ "$(grep -c '^ampprobe: ' err.txt)" = 2 ] && [ "$(wc -l <err.txt)" = 2 ]; then
+  echo "ok   one warning line and one 'wrote' line"
+else
+  echo "FAIL a newline in a key or path forged stderr lines:"; cat -A err.txt; fail=1
+fi
+has err.txt "the baseline k\nb.h5 and the trace k16.h5 are of config 'revin-overflow' but differ in more than precision (x\nampprobe: report: FORGED LINE)"
+has err.txt "ampprobe: report: wrote k\nk.html ("
+hasnt err.txt "warning: ampprobe: report: FORGED"
 expect 1 "matching baseline and bisect: no warning" -- \
   "$AMP" report fp16.h5 --baseline fp32.h5 --bisect bisect.json -o same.html -q
 hasnt err.txt "warning"
