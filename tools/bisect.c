@@ -1316,27 +1316,6 @@ static const char *verdict_str(const trial *t) {
   }
 }
 
-static void shell_quote(char *buf, size_t len, const char *s) {
-  if (*s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                      "0123456789,._-/=:+") == strlen(s)) {
-    snprintf(buf, len, "%s", s);
-    return;
-  }
-  size_t o = 0;
-  if (o < len - 1)
-    buf[o++] = '\'';
-  for (; *s && o + 5 < len; s++) {
-    if (*s == '\'') {
-      memcpy(buf + o, "'\\''", 4);
-      o += 4;
-    } else {
-      buf[o++] = *s;
-    }
-  }
-  buf[o++] = '\'';
-  buf[o] = 0;
-}
-
 static void make_reproduce(const bisect *b, const char *fp32, char *buf,
                            size_t len) {
   char q[LIST_MAX + 8];
@@ -1347,20 +1326,21 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
       o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
   } while (0)
   if (b->ext) {
-    shell_quote(q, sizeof q, fp32);
+    probe_shell_quote(q, sizeof q, fp32);
     PUT("AMPPROBE_FP32=%s", q);
     for (int i = 0; i < b->n_ext; i++) {
-      shell_quote(q, sizeof q, b->ext[i]);
+      probe_shell_quote(q, sizeof q, b->ext[i]);
       PUT(" %s", q);
     }
     return;
   }
   PUT("ampprobe run");
   if (b->config) {
-    shell_quote(q, sizeof q, b->config);
+    probe_shell_quote(q, sizeof q, b->config);
     PUT(" --config %s", q);
   } else {
-    PUT(" --scenario %s", b->scenario);
+    probe_shell_quote(q, sizeof q, b->scenario);
+    PUT(" --scenario %s", q);
   }
   if (b->steps)
     PUT(" --steps %s", b->steps);
@@ -1368,10 +1348,10 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
     PUT(" --seed %s", b->seed);
   if (b->ranks > 0)
     PUT(" --ranks %d", b->ranks);
-  shell_quote(q, sizeof q, fp32);
+  probe_shell_quote(q, sizeof q, fp32);
   PUT(" --fp32 %s", q);
   for (int i = 0; i < b->n_pass; i++) {
-    shell_quote(q, sizeof q, b->pass[i]);
+    probe_shell_quote(q, sizeof q, b->pass[i]);
     PUT(" %s", q);
   }
 #undef PUT
