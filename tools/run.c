@@ -195,10 +195,13 @@ static void print_summary(const probe_train_result *r, const char *name,
   /* names from the config print escaped: no control character reaches the
    * terminal (cli_escape_name) */
   char nm[PROBE_NAME_MAX * 8], ly[PROBE_NAME_MAX * 8], pol[2048], pa[4096];
+  char qp[2100], qpa[8400]; /* the path as a word to paste, then escaped */
   cli_escape_name(nm, sizeof nm, name);
   cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
   cli_escape_name(pol, sizeof pol, policy);
   cli_escape_name(pa, sizeof pa, path);
+  probe_shell_quote(qp, sizeof qp, path);
+  cli_escape_name(qpa, sizeof qpa, qp);
   name = nm;
   policy = pol;
   path = pa;
@@ -258,9 +261,9 @@ static void print_summary(const probe_train_result *r, const char *name,
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
-           ly, (long long)r->first_nonfinite_step, path);
+           ly, (long long)r->first_nonfinite_step, qpa);
   else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
-    printf("  next            ampprobe postmortem %s\n", path);
+    printf("  next            ampprobe postmortem %s\n", qpa);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,

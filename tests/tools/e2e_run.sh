@@ -161,6 +161,10 @@ rc=$(cat fsize.rc)
 pasted() { bash -c 'for a in "$@"; do printf "<%s>" "$a"; done' _ "$@"; }
 cp "$HERE/../../trainer/scenarios/revin-overflow.json" "my cfg.json"
 "$BIN" run --config "my cfg.json" -o "it's here.h5" >sp.out 2>&1
+nextl=$(sed -n 's/^  next            //p' sp.out)
+[ "$nextl" = "ampprobe postmortem 'it'\"'\"'s here.h5'" ] &&
+  [ "$(eval "pasted $nextl")" = "<ampprobe><postmortem><it's here.h5>" ] &&
+  pass "run's next line is pasteable: $nextl" || fail "run's next line: '$nextl'"
 "$BIN" postmortem "it's here.h5" >pm.out 2>&1
 nextl=$(sed -n 's/^     next: //p' pm.out | head -1)
 [ "$(eval "pasted $nextl")" = "<ampprobe><bisect><--fp32-candidates><revin><--config><my cfg.json><--steps><150><--seed><1>" ] &&
