@@ -837,6 +837,9 @@ typedef struct probe_diff {
   size_t n_config_diff;
   probe_diff_config_row *config_diff;
   int config_other;     /* differences beyond precision-policy keys */
+  int config_compared;  /* 1: both configs were read and compared; 0: a
+                           side holds none readable (no rows: not
+                           "identical", nothing was compared) */
   char policy_a[256], policy_b[256];
   int n_notes;
   char notes[PROBE_DIFF_MAX_NOTES][PROBE_DIFF_TEXT_MAX];

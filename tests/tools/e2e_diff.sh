@@ -119,6 +119,31 @@ else
   fail "unaligned traces: exit $RC, notes: $notes"
 fi
 
+# no readable configuration (an external job's trace, a key too long to
+# read): the config is "not compared", never "identical" (it said identical
+# with two notes saying neither config could be read); one side missing too
+cp "$WORK/revin-overflow-16.h5" "$WORK/nocfg-a.h5"
+cp "$WORK/revin-overflow-32.h5" "$WORK/nocfg-b.h5"
+"$PY" -c "
+import h5py
+for fn in ('$WORK/nocfg-a.h5', '$WORK/nocfg-b.h5'):
+    f = h5py.File(fn, 'r+'); f.attrs['config_json'] = ''; f.close()"
+for pair in "nocfg-a nocfg-b" "nocfg-a revin-overflow-32"; do
+  set -- $pair
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" >"$WORK/nocfg.txt" 2>&1
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" --json >"$WORK/nocfg.json" 2>&1
+  if grep -q "^  config          not compared (a trace holds no readable configuration" "$WORK/nocfg.txt" &&
+     ! grep -q "identical" "$WORK/nocfg.txt" &&
+     [ "$(jget "$WORK/nocfg.json" "d['alignment']['config_compared']")" = False ]; then
+    pass "$1 vs $2: config not compared, not identical"
+  else
+    fail "$1 vs $2: $(grep -E '^  (config|note)' "$WORK/nocfg.txt")"
+  fi
+done
+"$BIN" diff "$WORK/revin-overflow-16.h5" "$WORK/revin-overflow-32.h5" --json >"$WORK/cfgc.json"
+[ "$(jget "$WORK/cfgc.json" "d['alignment']['config_compared']")" = True ] &&
+  pass "readable configs: config_compared true" || fail "readable configs: config_compared not true"
+
 # nan-input: both runs read a NaN at step 50; A's scaler skips that step,
 # the FP32 baseline (no scaler: found_inf without a skip) applies the NaN
 # gradients. Only A's skipped step is left out; B's NaN gradients from then
