@@ -396,11 +396,96 @@ static char *jlist(json_t *o, const char *key) {
   return json_cell(v);
 }
 
+/* s with its controls escaped as on the terminal (probe_text_escape) but
+ * its backslashes kept: bisect writes names into its JSON escaped already
+ * ("cfg\\e.json"), and escaping them twice would show "\\e". Caller frees. */
+static char *escape_controls(const char *s) {
+  size_t cap = strlen(s) * 6 + 1, o = 0; /* an escape is at most 6 bytes */
+  char *out = malloc(cap), *seg = strdup(s);
+  if (!out || !seg) {
+    free(out);
+    free(seg);
+    return NULL;
+  }
+  for (char *p = seg;;) {
+    char *bs = strchr(p, '\\');
+    if (bs) *bs = '\0';
+    o += probe_text_escape(out + o, cap - o, p);
+    if (!bs) break;
+    out[o++] = '\\';
+    p = bs + 1;
+  }
+  out[o] = '\0';
+  free(seg);
+  return out;
+}
+
+/* A copy of a JSON value whose strings and keys have their controls
+ * escaped (escape_controls): text from a file is data, and a newline, ESC
+ * or C1 control in a bisect result's hint or why must not reach the page
+ * raw nor start a line of its own. NULL when out of memory. */
+static json_t *escaped_copy(json_t *v) {
+  if (json_is_string(v)) {
+    char *e = escape_controls(json_string_value(v));
+    json_t *r = e ? json_string(e) : NULL;
+    free(e);
+    return r;
+  }
+  if (json_is_array(v)) {
+    json_t *r = json_array(), *x;
+    size_t i;
+    json_array_foreach(v, i, x) {
+      json_t *c = escaped_copy(x);
+      if (!r || !c || json_array_append_new(r, c) != 0) { /* takes c */
+        if (!r) json_decref(c);
+        json_decref(r);
+        return NULL;
+      }
+    }
+    return r;
+  }
+  if (json_is_object(v)) {
+    json_t *r = json_object(), *x;
+    const char *k;
+    json_object_foreach(v, k, x) {
+      char *ek = escape_controls(k);
+      json_t *c = escaped_copy(x);
+      /* json_object_set_new takes c, even when it fails */
+      int bad = !r || !ek || !c || json_object_set_new(r, ek, c) != 0;
+      if (bad && (!r || !ek)) json_decref(c);
+      free(ek);
+      if (bad) {
+        json_decref(r);
+        return NULL;
+      }
+    }
+    return r;
+  }
+  return json_incref(v);
+}
+
+static probe_status add_bisect_escaped(probe_report *rep, json_t *root);
+
 /* The bisect result drawn the way `ampprobe bisect` prints it: the header
  * with the failure criteria, the trial table (#, trial, forced to FP32,
- * verdict, steps, time, why) and the result lines. Members it does not know
- * are kept in the folded raw JSON under it. */
-static probe_status add_bisect(probe_report *rep, json_t *root) {
+ * verdict, steps, time, why) and the result lines, every string escaped as
+ * on the terminal (escaped_copy). Members it does not know are kept in the
+ * folded raw JSON under it (ASCII only: a control is a \u escape there). */
+static probe_status add_bisect(probe_report *rep, json_t *orig) {
+  json_t *root = escaped_copy(orig);
+  if (!root) return PROBE_ERR_NOMEM;
+  probe_status st = add_bisect_escaped(rep, root);
+  json_decref(root);
+  char *raw = json_dumps(orig, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
+                                   JSON_ENSURE_ASCII);
+  if (st == PROBE_OK && raw)
+    st = probe_report_add_folded_text(rep, PROBE_REPORT_BISECT,
+                                      "The whole bisect result (JSON)", raw);
+  free(raw);
+  return st;
+}
+
+static probe_status add_bisect_escaped(probe_report *rep, json_t *root) {
   probe_buf t;
   probe_buf_init(&t);
   const char *name = jstr(root, "scenario");
@@ -544,12 +629,6 @@ static probe_status add_bisect(probe_report *rep, json_t *root) {
                : probe_report_add_text(rep, PROBE_REPORT_BISECT, "Result",
                                        r.data);
   probe_buf_free(&r);
-
-  char *raw = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  if (st == PROBE_OK && raw)
-    st = probe_report_add_folded_text(rep, PROBE_REPORT_BISECT,
-                                      "The whole bisect result (JSON)", raw);
-  free(raw);
   return st;
 }
 

@@ -129,6 +129,32 @@ has text.html "a trial fails on: non-finite loss; final loss &gt; 12.5% above th
 hasnt text.html "loss_window the last"
 has text.html "  hint            enable loss scaling"
 
+# strings of a bisect result are data: a C1 control (U+009B, CSI), DEL, ESC
+# and a newline are shown as on the terminal, in the result lines, the
+# table and the raw JSON; none reaches the page raw (C1 and DEL did, and a
+# C0 control became U+FFFD); names bisect stored escaped are not escaped twice
+/usr/bin/python3 - <<'PY'
+import json
+b = json.load(open('bisect.json'))
+b['hint'] = '\u009b31m\x7f\nforged'
+b['minimal_set'] = ['\x1b]0;t\x07']
+b['trials'][0]['why'] = 'w\x1bhy'
+b['workdir'] = 'wd\\e[31m'
+json.dump(b, open('bisect-ctl.json', 'w'))
+PY
+expect 1 "a bisect result holding controls" -- \
+  "$AMP" report fp16.h5 --bisect bisect-ctl.json -o ctl.html -q
+has ctl.html '  hint            \u009b31m\x7f\nforged'
+has ctl.html '  minimal set     \e]0;t\a'
+has ctl.html '<td>w\ehy</td>'
+has ctl.html '  workdir         wd\e[31m ('
+if LC_ALL=C grep -q -P '[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]' ctl.html; then
+  echo "FAIL ctl.html holds a raw control character"; fail=1
+else
+  echo "ok   ctl.html holds no raw control character"
+fi
+hasnt ctl.html "$(printf '\xef\xbf\xbd')"
+
 # a --bisect file of the wrong shape is bad input (exit 3), not a page
 printf '{"a": 1}\n' > shape1.json
 printf '[1, 2]\n' > shape2.json
