@@ -2322,6 +2322,77 @@ static int inside_workdir(const bisect *b) {
   return !strncmp(out_dir, wd, l) && (out_dir[l] == '\0' || out_dir[l] == '/');
 }
 
+/* path made absolute with its longest existing prefix resolved
+ * (realpath) and the rest normalised as text ("." and ".." dropped):
+ * where a folder that does not exist yet will be. 0, or -1 when it does
+ * not fit. */
+static int resolve_loose(const char *path, char *out, size_t cap) {
+  char tmp[PATH_MAX], rest[PATH_MAX] = "";
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+  for (;;) {
+    size_t l = strlen(tmp);
+    while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+    char real[PATH_MAX];
+    if (realpath(l ? tmp : ".", real)) {
+      if (snprintf(out, cap, "%s", real) >= (int)cap) return -1;
+      break;
+    }
+    char *slash = strrchr(tmp, '/');
+    char part[PATH_MAX];
+    snprintf(part, sizeof part, "/%s%s", slash ? slash + 1 : tmp, rest);
+    snprintf(rest, sizeof rest, "%s", part);
+    if (!slash) {
+      tmp[0] = 0;
+    } else if (slash == tmp) {
+      tmp[1] = 0;
+    } else {
+      *slash = 0;
+    }
+  }
+  /* append the parts that do not exist yet */
+  char *save = NULL;
+  for (char *c = strtok_r(rest, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    size_t o = strlen(out);
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      char *sl = strrchr(out, '/');
+      if (sl && sl != out) *sl = 0; else snprintf(out, cap, "/");
+      continue;
+    }
+    if (snprintf(out + o, cap - o, "%s%s", o > 1 ? "/" : "", c) >= (int)(cap - o))
+      return -1;
+  }
+  return 0;
+}
+
+/* 1 when -o's folder is at or under the work directory wd that does not
+ * exist yet (said before plan_output looks for -o's folder: it was "cannot
+ * write ... No such file or directory", exit 4, where the rule is exit 2). */
+static int inside_new_workdir(const char *out, const char *wd) {
+  struct stat sb;
+  if (lstat(wd, &sb) == 0) return 0; /* exists: checked once it is open */
+  char od[PATH_MAX], w[PATH_MAX];
+  char *dir = cli_dir_part(out);
+  int ok = dir && resolve_loose(dir, od, sizeof od) == 0 &&
+           resolve_loose(wd, w, sizeof w) == 0;
+  free(dir);
+  if (!ok) return 0;
+  size_t l = strlen(w);
+  return !strncmp(od, w, l) && (od[l] == '\0' || od[l] == '/');
+}
+
+/* The work directory bisect uses: --workdir, else
+ * ./ampprobe-bisect-<name>. */
+static void workdir_want(const bisect *b, char *wd, size_t n) {
+  if (b->workdir_opt) {
+    snprintf(wd, n, "%s", b->workdir_opt);
+  } else {
+    char safe[80];
+    guard_sanitize(safe, sizeof safe, b->name);
+    snprintf(wd, n, "./ampprobe-bisect-%s", safe);
+  }
+}
+
 /* Returns -1 to go on, or the exit code. */
 static int bisect_plan(bisect *b) {
   int rc;
@@ -2329,6 +2400,13 @@ static int bisect_plan(bisect *b) {
     if (plan_ext_name(b) < 0) return CLI_EXIT_USAGE;
   } else if ((rc = plan_config(b)) >= 0) {
     return rc;
+  }
+  char wd[1024];
+  workdir_want(b, wd, sizeof wd);
+  if (b->out && inside_new_workdir(b->out, wd)) {
+    cli_error(SUB, "-o %s is inside the work directory %s, where the trials' "
+                   "files go: choose another output", b->out, wd);
+    return CLI_EXIT_USAGE;
   }
   if ((rc = plan_output(b)) >= 0)
     return rc;
@@ -2345,14 +2423,6 @@ static int bisect_plan(bisect *b) {
   /* internal: the layers are known now; external: from the first trace */
   if (!b->ext && select_candidates(b) != 0)
     return CLI_EXIT_INTERNAL;
-  char wd[1024];
-  if (b->workdir_opt) {
-    snprintf(wd, sizeof wd, "%s", b->workdir_opt);
-  } else {
-    char safe[80];
-    guard_sanitize(safe, sizeof safe, b->name);
-    snprintf(wd, sizeof wd, "./ampprobe-bisect-%s", safe);
-  }
   /* room for "/run-NNNN/trial-NN.rankNNNN.h5" after it: a longer path was
    * cut silently (a folder of another name; traces that could not open) */
   if (strlen(wd) > WORKDIR_MAX_LEN) {

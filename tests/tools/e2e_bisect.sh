@@ -244,6 +244,16 @@ errors() {
   [ "$RC" = 2 ] && [ -d "$WORK/cwd/ampprobe-bisect-revin-overflow" ] &&
     pass "the existing default work directory is kept on a usage error" ||
     fail "default work directory: exit $RC, $(ls -la "$WORK/cwd" 2>&1)"
+  # -o inside a work directory that does not exist yet: the same usage
+  # error (exit 2), said before anything is created (it was exit 4, "cannot
+  # write ...: No such file or directory")
+  expect_err 2 "-o inside a --workdir that does not exist yet" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/newwd" -o "$WORK/newwd/res.json"
+  grep -q "inside the work directory" "$WORK/e.err" && [ ! -e "$WORK/newwd" ] &&
+    pass "-o in a new work directory: refused as inside it, nothing created" ||
+    fail "-o in a new work directory: $(cat "$WORK/e.err"); $(ls -d "$WORK/newwd" 2>&1)"
+  expect_err 2 "-o inside a new --workdir spelled with .." --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/newwd/a/../b" -o "$WORK/newwd/b/x/../r.json"
 }
 
 # ---- issue 15, class 4: fair trials ------------------------------------------
