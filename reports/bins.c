@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ampprobe/analysis.h" /* probe_text_escape */
 #include "ampprobe/report.h"
 
 /* ---- probe_buf ------------------------------------------------------------ */
@@ -92,7 +93,7 @@ probe_status probe_buf_escape(probe_buf *b, const char *s) {
   while (*p && st == PROBE_OK) {
     const unsigned char *run = p;
     /* copy plain runs in one go */
-    while (*p && *p >= 0x20 && *p < 0x80 && *p != '&' && *p != '<' &&
+    while (*p && *p >= 0x20 && *p < 0x7f && *p != '&' && *p != '<' &&
            *p != '>' && *p != '"' && *p != '\'')
       p++;
     if (p > run) st = probe_buf_append(b, (const char *)run, (size_t)(p - run));
@@ -107,15 +108,16 @@ probe_status probe_buf_escape(probe_buf *b, const char *s) {
       st = probe_buf_append(b, (const char *)p, 1); p++; continue;
     default: break;
     }
-    if (*p < 0x20) { /* control characters are not allowed in XML 1.0 */
-      st = probe_buf_puts(b, "\xEF\xBF\xBD");
-      p++;
-      continue;
-    }
-    size_t n = utf8_len(p);
-    if (n == 0) {
-      st = probe_buf_puts(b, "\xEF\xBF\xBD");
-      p++;
+    /* a control character (C0 but newline, tab, CR; DEL; C1 U+0080..
+     * U+009F) or a byte that is not UTF-8: shown as on the terminal, by the
+     * project's one escaping (\e, \x7f, \u009b, \xHH: probe_text_escape),
+     * never raw (C0 is not allowed in XML 1.0; DEL and C1 are controls) */
+    size_t n = *p < 0x80 ? 1 : utf8_len(p);
+    if (*p < 0x20 || *p == 0x7f || n == 0 || (n == 2 && p[0] == 0xC2 && p[1] < 0xA0)) {
+      char unit[3] = {(char)p[0], n == 2 ? (char)p[1] : 0, 0}, e[8];
+      probe_text_escape(e, sizeof e, unit);
+      st = probe_buf_puts(b, e);
+      p += n ? n : 1;
     } else {
       st = probe_buf_append(b, (const char *)p, n);
       p += n;

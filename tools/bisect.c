@@ -259,6 +259,7 @@ typedef struct bisect {
   char name[PROBE_NAME_MAX * 2];
   char workdir[1024]; /* at most WORKDIR_MAX_LEN, + "/run-N" */
   int wd_fd;
+  int wd_made; /* 1: this process created b->workdir (mkdir or run-N) */
   char self[1024];
   layer_ref *layers;
   size_t n_layers;
@@ -1315,27 +1316,6 @@ static const char *verdict_str(const trial *t) {
   }
 }
 
-static void shell_quote(char *buf, size_t len, const char *s) {
-  if (*s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                      "0123456789,._-/=:+") == strlen(s)) {
-    snprintf(buf, len, "%s", s);
-    return;
-  }
-  size_t o = 0;
-  if (o < len - 1)
-    buf[o++] = '\'';
-  for (; *s && o + 5 < len; s++) {
-    if (*s == '\'') {
-      memcpy(buf + o, "'\\''", 4);
-      o += 4;
-    } else {
-      buf[o++] = *s;
-    }
-  }
-  buf[o++] = '\'';
-  buf[o] = 0;
-}
-
 static void make_reproduce(const bisect *b, const char *fp32, char *buf,
                            size_t len) {
   char q[LIST_MAX + 8];
@@ -1346,20 +1326,21 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
       o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
   } while (0)
   if (b->ext) {
-    shell_quote(q, sizeof q, fp32);
+    probe_shell_quote(q, sizeof q, fp32);
     PUT("AMPPROBE_FP32=%s", q);
     for (int i = 0; i < b->n_ext; i++) {
-      shell_quote(q, sizeof q, b->ext[i]);
+      probe_shell_quote(q, sizeof q, b->ext[i]);
       PUT(" %s", q);
     }
     return;
   }
   PUT("ampprobe run");
   if (b->config) {
-    shell_quote(q, sizeof q, b->config);
+    probe_shell_quote(q, sizeof q, b->config);
     PUT(" --config %s", q);
   } else {
-    PUT(" --scenario %s", b->scenario);
+    probe_shell_quote(q, sizeof q, b->scenario);
+    PUT(" --scenario %s", q);
   }
   if (b->steps)
     PUT(" --steps %s", b->steps);
@@ -1367,10 +1348,10 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
     PUT(" --seed %s", b->seed);
   if (b->ranks > 0)
     PUT(" --ranks %d", b->ranks);
-  shell_quote(q, sizeof q, fp32);
+  probe_shell_quote(q, sizeof q, fp32);
   PUT(" --fp32 %s", q);
   for (int i = 0; i < b->n_pass; i++) {
-    shell_quote(q, sizeof q, b->pass[i]);
+    probe_shell_quote(q, sizeof q, b->pass[i]);
     PUT(" %s", q);
   }
 #undef PUT
@@ -1686,15 +1667,23 @@ static int holds_trials(int fd) {
  * opened with O_DIRECTORY|O_NOFOLLOW (a symlink planted there is refused);
  * an existing one without trial files is used as is; one that holds an
  * earlier bisect's trials gets a fresh run-N subfolder (mkdirat, exclusive),
- * so no earlier file is ever replaced. b->workdir and b->wd_fd are set.
+ * so no earlier file is ever replaced. b->workdir and b->wd_fd are set, and
+ * b->wd_made says whether this process created that folder.
  * Returns 0, or -1 with the error printed. */
 static int workdir_open(bisect *b, const char *want) {
   snprintf(b->workdir, sizeof b->workdir, "%s", want);
   size_t l = strlen(b->workdir);
   while (l > 1 && b->workdir[l - 1] == '/')
     b->workdir[--l] = 0;
-  if (mkdir_parents(b->workdir) != 0 ||
-      (mkdir(b->workdir, 0755) != 0 && errno != EEXIST)) {
+  b->wd_made = 0;
+  if (mkdir_parents(b->workdir) != 0) {
+    cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
+              strerror(errno));
+    return -1;
+  }
+  if (mkdir(b->workdir, 0755) == 0) {
+    b->wd_made = 1;
+  } else if (errno != EEXIST) {
     cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
               strerror(errno));
     return -1;
@@ -1716,9 +1705,10 @@ static int workdir_open(bisect *b, const char *want) {
     char name[32];
     for (int i = 2; i < 10000 && sub < 0; i++) {
       snprintf(name, sizeof name, "run-%d", i);
-      if (mkdirat(fd, name, 0755) == 0)
+      if (mkdirat(fd, name, 0755) == 0) {
         sub = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      else if (errno != EEXIST)
+        b->wd_made = 1; /* the run-N folder is this bisect's own */
+      } else if (errno != EEXIST)
         break;
     }
     if (sub < 0) {
@@ -2332,6 +2322,77 @@ static int inside_workdir(const bisect *b) {
   return !strncmp(out_dir, wd, l) && (out_dir[l] == '\0' || out_dir[l] == '/');
 }
 
+/* path made absolute with its longest existing prefix resolved
+ * (realpath) and the rest normalised as text ("." and ".." dropped):
+ * where a folder that does not exist yet will be. 0, or -1 when it does
+ * not fit. */
+static int resolve_loose(const char *path, char *out, size_t cap) {
+  char tmp[PATH_MAX], rest[PATH_MAX] = "";
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+  for (;;) {
+    size_t l = strlen(tmp);
+    while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+    char real[PATH_MAX];
+    if (realpath(l ? tmp : ".", real)) {
+      if (snprintf(out, cap, "%s", real) >= (int)cap) return -1;
+      break;
+    }
+    char *slash = strrchr(tmp, '/');
+    char part[PATH_MAX];
+    snprintf(part, sizeof part, "/%s%s", slash ? slash + 1 : tmp, rest);
+    snprintf(rest, sizeof rest, "%s", part);
+    if (!slash) {
+      tmp[0] = 0;
+    } else if (slash == tmp) {
+      tmp[1] = 0;
+    } else {
+      *slash = 0;
+    }
+  }
+  /* append the parts that do not exist yet */
+  char *save = NULL;
+  for (char *c = strtok_r(rest, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    size_t o = strlen(out);
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      char *sl = strrchr(out, '/');
+      if (sl && sl != out) *sl = 0; else snprintf(out, cap, "/");
+      continue;
+    }
+    if (snprintf(out + o, cap - o, "%s%s", o > 1 ? "/" : "", c) >= (int)(cap - o))
+      return -1;
+  }
+  return 0;
+}
+
+/* 1 when -o's folder is at or under the work directory wd that does not
+ * exist yet (said before plan_output looks for -o's folder: it was "cannot
+ * write ... No such file or directory", exit 4, where the rule is exit 2). */
+static int inside_new_workdir(const char *out, const char *wd) {
+  struct stat sb;
+  if (lstat(wd, &sb) == 0) return 0; /* exists: checked once it is open */
+  char od[PATH_MAX], w[PATH_MAX];
+  char *dir = cli_dir_part(out);
+  int ok = dir && resolve_loose(dir, od, sizeof od) == 0 &&
+           resolve_loose(wd, w, sizeof w) == 0;
+  free(dir);
+  if (!ok) return 0;
+  size_t l = strlen(w);
+  return !strncmp(od, w, l) && (od[l] == '\0' || od[l] == '/');
+}
+
+/* The work directory bisect uses: --workdir, else
+ * ./ampprobe-bisect-<name>. */
+static void workdir_want(const bisect *b, char *wd, size_t n) {
+  if (b->workdir_opt) {
+    snprintf(wd, n, "%s", b->workdir_opt);
+  } else {
+    char safe[80];
+    guard_sanitize(safe, sizeof safe, b->name);
+    snprintf(wd, n, "./ampprobe-bisect-%s", safe);
+  }
+}
+
 /* Returns -1 to go on, or the exit code. */
 static int bisect_plan(bisect *b) {
   int rc;
@@ -2339,6 +2400,13 @@ static int bisect_plan(bisect *b) {
     if (plan_ext_name(b) < 0) return CLI_EXIT_USAGE;
   } else if ((rc = plan_config(b)) >= 0) {
     return rc;
+  }
+  char wd[1024];
+  workdir_want(b, wd, sizeof wd);
+  if (b->out && inside_new_workdir(b->out, wd)) {
+    cli_error(SUB, "-o %s is inside the work directory %s, where the trials' "
+                   "files go: choose another output", b->out, wd);
+    return CLI_EXIT_USAGE;
   }
   if ((rc = plan_output(b)) >= 0)
     return rc;
@@ -2355,14 +2423,6 @@ static int bisect_plan(bisect *b) {
   /* internal: the layers are known now; external: from the first trace */
   if (!b->ext && select_candidates(b) != 0)
     return CLI_EXIT_INTERNAL;
-  char wd[1024];
-  if (b->workdir_opt) {
-    snprintf(wd, sizeof wd, "%s", b->workdir_opt);
-  } else {
-    char safe[80];
-    guard_sanitize(safe, sizeof safe, b->name);
-    snprintf(wd, sizeof wd, "./ampprobe-bisect-%s", safe);
-  }
   /* room for "/run-NNNN/trial-NN.rankNNNN.h5" after it: a longer path was
    * cut silently (a folder of another name; traces that could not open) */
   if (strlen(wd) > WORKDIR_MAX_LEN) {
@@ -2376,7 +2436,10 @@ static int bisect_plan(bisect *b) {
     cli_error(SUB, "-o %s is %s the work directory %s, where the trials' files "
                    "go: choose another output",
               b->out, cli_same_file(b->out, b->workdir) ? "" : "inside", b->workdir);
-    rmdir(b->workdir); /* when this bisect just made it (an empty folder) */
+    /* leave the file system as it was: only a folder this bisect made
+     * (still empty) goes; one that existed before is the user's */
+    if (b->wd_made)
+      rmdir(b->workdir);
     return CLI_EXIT_USAGE;
   }
   if (!b->ext) {
@@ -2625,7 +2688,9 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
              "narrow --fp32-candidates with layer-name globs (e.g. 'enc.*') to "
              "search layers",
              matching, r->minimal, PROBE_DDMIN_MAX);
-    fprintf(stderr, "ampprobe: bisect: warning: %s\n", r->hint);
+    char qh[sizeof r->hint * 2];
+    cli_escape_name(qh, sizeof qh, r->hint); /* it names the candidates */
+    fprintf(stderr, "ampprobe: bisect: warning: %s\n", qh);
   }
   *lnames = ln;
   *n_lnames = nl;

@@ -105,7 +105,10 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
           (long long)d->steps_common, s1, s2, (long long)d->steps_a,
           (long long)d->steps_b);
   size_t nc = d->n_config_diff;
-  if (nc == 0) {
+  if (!d->config_compared) { /* "identical" would claim a comparison */
+    fprintf(f, "  config          not compared (a trace holds no readable "
+               "configuration: see the notes)\n");
+  } else if (nc == 0) {
     fprintf(f, "  config          identical\n");
   } else {
     fprintf(f, "  config          %zu difference%s%s\n", nc, nc > 1 ? "s" : "",

@@ -396,11 +396,96 @@ static char *jlist(json_t *o, const char *key) {
   return json_cell(v);
 }
 
+/* s with its controls escaped as on the terminal (probe_text_escape) but
+ * its backslashes kept: bisect writes names into its JSON escaped already
+ * ("cfg\\e.json"), and escaping them twice would show "\\e". Caller frees. */
+static char *escape_controls(const char *s) {
+  size_t cap = strlen(s) * 6 + 1, o = 0; /* an escape is at most 6 bytes */
+  char *out = malloc(cap), *seg = strdup(s);
+  if (!out || !seg) {
+    free(out);
+    free(seg);
+    return NULL;
+  }
+  for (char *p = seg;;) {
+    char *bs = strchr(p, '\\');
+    if (bs) *bs = '\0';
+    o += probe_text_escape(out + o, cap - o, p);
+    if (!bs) break;
+    out[o++] = '\\';
+    p = bs + 1;
+  }
+  out[o] = '\0';
+  free(seg);
+  return out;
+}
+
+/* A copy of a JSON value whose strings and keys have their controls
+ * escaped (escape_controls): text from a file is data, and a newline, ESC
+ * or C1 control in a bisect result's hint or why must not reach the page
+ * raw nor start a line of its own. NULL when out of memory. */
+static json_t *escaped_copy(json_t *v) {
+  if (json_is_string(v)) {
+    char *e = escape_controls(json_string_value(v));
+    json_t *r = e ? json_string(e) : NULL;
+    free(e);
+    return r;
+  }
+  if (json_is_array(v)) {
+    json_t *r = json_array(), *x;
+    size_t i;
+    json_array_foreach(v, i, x) {
+      json_t *c = escaped_copy(x);
+      if (!r || !c || json_array_append_new(r, c) != 0) { /* takes c */
+        if (!r) json_decref(c);
+        json_decref(r);
+        return NULL;
+      }
+    }
+    return r;
+  }
+  if (json_is_object(v)) {
+    json_t *r = json_object(), *x;
+    const char *k;
+    json_object_foreach(v, k, x) {
+      char *ek = escape_controls(k);
+      json_t *c = escaped_copy(x);
+      /* json_object_set_new takes c, even when it fails */
+      int bad = !r || !ek || !c || json_object_set_new(r, ek, c) != 0;
+      if (bad && (!r || !ek)) json_decref(c);
+      free(ek);
+      if (bad) {
+        json_decref(r);
+        return NULL;
+      }
+    }
+    return r;
+  }
+  return json_incref(v);
+}
+
+static probe_status add_bisect_escaped(probe_report *rep, json_t *root);
+
 /* The bisect result drawn the way `ampprobe bisect` prints it: the header
  * with the failure criteria, the trial table (#, trial, forced to FP32,
- * verdict, steps, time, why) and the result lines. Members it does not know
- * are kept in the folded raw JSON under it. */
-static probe_status add_bisect(probe_report *rep, json_t *root) {
+ * verdict, steps, time, why) and the result lines, every string escaped as
+ * on the terminal (escaped_copy). Members it does not know are kept in the
+ * folded raw JSON under it (ASCII only: a control is a \u escape there). */
+static probe_status add_bisect(probe_report *rep, json_t *orig) {
+  json_t *root = escaped_copy(orig);
+  if (!root) return PROBE_ERR_NOMEM;
+  probe_status st = add_bisect_escaped(rep, root);
+  json_decref(root);
+  char *raw = json_dumps(orig, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
+                                   JSON_ENSURE_ASCII);
+  if (st == PROBE_OK && raw)
+    st = probe_report_add_folded_text(rep, PROBE_REPORT_BISECT,
+                                      "The whole bisect result (JSON)", raw);
+  free(raw);
+  return st;
+}
+
+static probe_status add_bisect_escaped(probe_report *rep, json_t *root) {
   probe_buf t;
   probe_buf_init(&t);
   const char *name = jstr(root, "scenario");
@@ -544,12 +629,6 @@ static probe_status add_bisect(probe_report *rep, json_t *root) {
                : probe_report_add_text(rep, PROBE_REPORT_BISECT, "Result",
                                        r.data);
   probe_buf_free(&r);
-
-  char *raw = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  if (st == PROBE_OK && raw)
-    st = probe_report_add_folded_text(rep, PROBE_REPORT_BISECT,
-                                      "The whole bisect result (JSON)", raw);
-  free(raw);
   return st;
 }
 
@@ -573,6 +652,21 @@ static int precision_key(const char *k) {
          !strcmp(k, "loss_fp32");
 }
 
+/* Appends a name read from a file or a command line (a config key, a path)
+ * escaped as on the terminal: a newline in it would otherwise start a
+ * forged warning line when the buffer is split below. */
+static void buf_add_name(probe_buf *b, const char *s) {
+  size_t n = probe_text_escape(NULL, 0, s) + 1;
+  char *e = malloc(n);
+  if (!e) {
+    b->oom = 1;
+    return;
+  }
+  probe_text_escape(e, n, s);
+  probe_buf_append(b, e, strlen(e));
+  free(e);
+}
+
 /* Compares the trace's config with the baseline's and the bisect result's
  * scenario: a baseline of another model, data or seed, or a bisect of
  * another config, makes the page compare things that do not belong
@@ -585,8 +679,11 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
   const char *name = ca ? jstr(ca, "name") : NULL;
   probe_buf w;
   probe_buf_init(&w);
-  char qn[200], qo[200];
+  char qn[200], qo[200], qp[1024], qb[1024], qj[1024];
   cli_escape_name(qn, sizeof qn, name ? name : "");
+  cli_escape_name(qp, sizeof qp, path);
+  cli_escape_name(qb, sizeof qb, base_path ? base_path : "");
+  cli_escape_name(qj, sizeof qj, bisect_path ? bisect_path : "");
   if (tb && ca) {
     json_t *cb = trace_config(tb);
     const char *bname = cb ? jstr(cb, "name") : NULL;
@@ -595,7 +692,7 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
       probe_buf_printf(&w, "the baseline %s is a run of config '%s', the "
                            "trace %s of '%s': the comparison is not a "
                            "precision baseline\n",
-                       base_path, qo, path, qn);
+                       qb, qo, qp, qn);
     } else if (cb) {
       probe_buf diffk;
       probe_buf_init(&diffk);
@@ -604,17 +701,22 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
       json_object_foreach(ca, k, va) {
         if (precision_key(k) || !strcmp(k, "description")) continue;
         json_t *vb = json_object_get(cb, k);
-        if (!vb || !json_equal(va, vb))
-          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+        if (!vb || !json_equal(va, vb)) {
+          probe_buf_printf(&diffk, "%s", diffk.len ? ", " : "");
+          buf_add_name(&diffk, k);
+        }
       }
       json_object_foreach(cb, k, va)
         if (!precision_key(k) && strcmp(k, "description") &&
-            !json_object_get(ca, k))
-          probe_buf_printf(&diffk, "%s%s", diffk.len ? ", " : "", k);
+            !json_object_get(ca, k)) {
+          probe_buf_printf(&diffk, "%s", diffk.len ? ", " : "");
+          buf_add_name(&diffk, k);
+        }
       if (diffk.len)
         probe_buf_printf(&w, "the baseline %s and the trace %s are of config "
                              "'%s' but differ in more than precision (%s)\n",
-                         base_path, path, qn, diffk.data);
+                         qb, qp, qn, diffk.data);
+      if (diffk.oom) w.oom = 1;
       probe_buf_free(&diffk);
     }
     json_decref(cb);
@@ -624,7 +726,7 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
     cli_escape_name(qo, sizeof qo, bname);
     probe_buf_printf(&w, "the bisect result %s is of config '%s', the trace "
                          "%s of '%s'\n",
-                     bisect_path, qo, path, qn);
+                     qj, qo, qp, qn);
   }
   json_decref(ca);
   probe_status st = PROBE_OK;
@@ -1416,9 +1518,12 @@ static int report_write(const report_args *a, const char *path,
   rc = probe_diag_problem(&diag) || (v && v->problem) ? CLI_EXIT_PROBLEM
                                                        : CLI_EXIT_OK;
   cli_busy_done();
-  if (!a->quiet)
+  if (!a->quiet) {
+    char qo[1024];
+    cli_escape_name(qo, sizeof qo, a->out);
     fprintf(stderr, "ampprobe: report: wrote %s (%.1f KiB) in %.2f s\n",
-            a->out, size / 1024.0, cli_now() - t0);
+            qo, size / 1024.0, cli_now() - t0);
+  }
 
 done:
   if (have_diff) probe_diff_free(&diff);

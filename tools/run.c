@@ -168,15 +168,19 @@ static int list_scenarios(int json) {
   return CLI_EXIT_OK;
 }
 
+/* The command line stored in the trace (command_line): "ampprobe" and
+ * argv, each argument shell-quoted (probe_shell_quote), so the post-mortem
+ * reads `--config 'my cfg.json'` back as one argument, with the quoting
+ * rule the Python package's shlex.join uses too. */
 static char *join_args(int argc, char **argv) {
   size_t len = strlen("ampprobe") + 1;
-  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+  for (int i = 0; i < argc; i++) len += probe_shell_quote(NULL, 0, argv[i]) + 1;
   char *s = malloc(len);
   if (!s) return NULL;
-  strcpy(s, "ampprobe");
+  size_t o = (size_t)snprintf(s, len, "ampprobe");
   for (int i = 0; i < argc; i++) {
-    strcat(s, " ");
-    strcat(s, argv[i]);
+    s[o++] = ' ';
+    o += probe_shell_quote(s + o, len - o, argv[i]);
   }
   return s;
 }
@@ -191,10 +195,13 @@ static void print_summary(const probe_train_result *r, const char *name,
   /* names from the config print escaped: no control character reaches the
    * terminal (cli_escape_name) */
   char nm[PROBE_NAME_MAX * 8], ly[PROBE_NAME_MAX * 8], pol[2048], pa[4096];
+  char qp[2100], qpa[8400]; /* the path as a word to paste, then escaped */
   cli_escape_name(nm, sizeof nm, name);
   cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
   cli_escape_name(pol, sizeof pol, policy);
   cli_escape_name(pa, sizeof pa, path);
+  probe_shell_quote(qp, sizeof qp, path);
+  cli_escape_name(qpa, sizeof qpa, qp);
   name = nm;
   policy = pol;
   path = pa;
@@ -254,9 +261,9 @@ static void print_summary(const probe_train_result *r, const char *name,
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
-           ly, (long long)r->first_nonfinite_step, path);
+           ly, (long long)r->first_nonfinite_step, qpa);
   else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
-    printf("  next            ampprobe postmortem %s\n", path);
+    printf("  next            ampprobe postmortem %s\n", qpa);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,
@@ -735,8 +742,14 @@ static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
     sync_env = "OMPI_MCA_orte_allowed_exit_without_sync=1 ";
   }
   fprintf(stderr, "ampprobe: run: running %s%s", root_env, sync_env);
-  for (int i = 0; nv[i]; i++)
-    fprintf(stderr, "%s%s", i ? " " : "", nv[i]);
+  for (int i = 0; nv[i]; i++) { /* a command to paste: quoted, then escaped */
+    size_t n = probe_shell_quote(NULL, 0, nv[i]) + 1;
+    char *q = malloc(n);
+    if (q) probe_shell_quote(q, n, nv[i]);
+    fputs(i ? " " : "", stderr);
+    cli_print_name(stderr, q ? q : "?");
+    free(q);
+  }
   fprintf(stderr, "\n");
   fflush(stderr);
   fflush(stdout);
@@ -994,12 +1007,13 @@ static probe_verdict run_verdict(const probe_train_result *res,
    * it ends the command at once, saying so (it was ignored, and the run
    * said "healthy", exit 0, seconds later). A long trace's check is said
    * on a terminal (or in --progress-every's plain lines). */
-  char esc[700], note[800];
+  char q[2300], esc[700], note[800];
   int set = d->comm && d->set_glob[0]; /* the job's traces: all ranks' */
-  cli_escape_name(esc, sizeof esc, set ? d->set_glob : path);
+  probe_shell_quote(q, sizeof q, set ? d->set_glob : path); /* a glob: quoted */
+  cli_escape_name(esc, sizeof esc, q);
   snprintf(note, sizeof note, "while checking the trace%s; %s complete: "
-           "ampprobe postmortem %s%.600s%s", set ? "s" : "",
-           set ? "they are" : "it is", set ? "'" : "", esc, set ? "'" : "");
+           "ampprobe postmortem %.600s", set ? "s" : "",
+           set ? "they are" : "it is", esc);
   if (rank == 0) /* rank 0 speaks for the job: one line, not one a rank */
     cli_signals_exit_install_note(SUB, note);
   else
@@ -1060,8 +1074,12 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
       printf("  ranks           %d (%s; run id %s); this is rank 0's trace,\n"
              "                  the loss the global mean over the ranks\n",
              d->world, probe_comm_name(d->comm), d->run_id);
-    if (d->comm && d->set_glob[0])
-      printf("  all ranks       ampprobe postmortem '%s'\n", d->set_glob);
+    if (d->comm && d->set_glob[0]) {
+      char q[2300], e[9300];
+      probe_shell_quote(q, sizeof q, d->set_glob); /* a glob: always quoted */
+      cli_escape_name(e, sizeof e, q);
+      printf("  all ranks       ampprobe postmortem %s\n", e);
+    }
     if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   return rc;

@@ -75,6 +75,17 @@ AMPPROBE_API size_t probe_text_escape(char *out, size_t cap, const char *s);
 /* 1 when probe_text_escape would change s. */
 AMPPROBE_API int probe_text_needs_escape(const char *s);
 
+/* Copies s into out (cap bytes) as one word a POSIX shell reads back as s:
+ * s as it is when it is not empty and holds only [A-Za-z0-9,._/=:+-], else
+ * in single quotes, each ' written as '"'"' (as Python's shlex.quote: no
+ * backslash, which probe_text_escape would double when the command is
+ * shown). The one quoting of every command the tools print for a user to
+ * paste, and of the command line a run stores in its trace (command_line,
+ * read back by the post-mortem with the same rule). Returns the length the
+ * quoted word needs (as snprintf does); a buffer too short gets "" (never
+ * an unclosed quote). */
+AMPPROBE_API size_t probe_shell_quote(char *out, size_t cap, const char *s);
+
 /* x with `digits` significant digits ("%.*g"), or "nan", "inf", "-inf":
  * the one number format of the CLI's text outputs. */
 AMPPROBE_API void probe_num_format(char *buf, size_t n, double x, int digits);
@@ -834,6 +845,9 @@ typedef struct probe_diff {
   size_t n_config_diff;
   probe_diff_config_row *config_diff;
   int config_other;     /* differences beyond precision-policy keys */
+  int config_compared;  /* 1: both configs were read and compared; 0: a
+                           side holds none readable (no rows: not
+                           "identical", nothing was compared) */
   char policy_a[256], policy_b[256];
   int n_notes;
   char notes[PROBE_DIFF_MAX_NOTES][PROBE_DIFF_TEXT_MAX];

@@ -1363,36 +1363,98 @@ int probe_diag_config_scaling(const char *config_json) {
   return on;
 }
 
+/* The next word of a stored command line, read as a POSIX shell reads it
+ * back: `run` stores each argument shell-quoted (probe_shell_quote) and the
+ * Python package stores shlex.join(argv), so an argument with a space or a
+ * quote survives. Spaces and tabs separate words; '...' is literal; "..."
+ * keeps its text, a backslash before " \ $ or ` dropped; outside quotes a
+ * backslash keeps the next character. A line of an older run (argv joined
+ * by spaces, unquoted) reads as before. The word goes to out; *cut is set
+ * when it did not fit. *pp moves past it. Returns 0 at the end. */
+static int next_word(const char **pp, char *out, size_t cap, int *cut) {
+  const char *p = *pp;
+  size_t o = 0;
+  *cut = 0;
+  while (*p == ' ' || *p == '\t') p++;
+  if (!*p) {
+    *pp = p;
+    return 0;
+  }
+#define PUTC(ch)                                                               \
+  do {                                                                         \
+    if (o + 1 < cap) out[o++] = (ch); else *cut = 1;                           \
+  } while (0)
+  while (*p && *p != ' ' && *p != '\t') {
+    if (*p == '\'') {
+      for (p++; *p && *p != '\''; p++) PUTC(*p);
+      if (*p) p++;
+    } else if (*p == '"') {
+      for (p++; *p && *p != '"'; p++) {
+        if (*p == '\\' && p[1] && strchr("\"\\$`", p[1])) p++;
+        PUTC(*p);
+      }
+      if (*p) p++;
+    } else {
+      if (*p == '\\' && p[1]) p++;
+      PUTC(*p);
+      p++;
+    }
+  }
+#undef PUTC
+  out[o] = 0;
+  *pp = p;
+  return 1;
+}
+
 /* The value of `--opt X` or `--opt=X` among the stored command line's
- * words (the line is argv joined by spaces: a word is matched whole). */
+ * words (a word is matched whole), raw; 0 when absent or too long. */
 static int argv_value(const char *cl, const char *opt, char *out, size_t len) {
   if (!cl) return 0;
   size_t ol = strlen(opt);
-  const char *p = cl;
-  while (*p) {
-    while (*p == ' ') p++;
-    const char *w = p;
-    while (*p && *p != ' ') p++;
-    size_t wl = (size_t)(p - w);
-    const char *v = NULL;
-    size_t vl = 0;
-    if (wl == ol && !strncmp(w, opt, ol)) {
-      while (*p == ' ') p++;
-      v = p;
-      while (*p && *p != ' ') p++;
-      vl = (size_t)(p - v);
-    } else if (wl > ol && !strncmp(w, opt, ol) && w[ol] == '=') {
-      v = w + ol + 1;
-      vl = wl - ol - 1;
+  char w[1024];
+  int cut;
+  while (next_word(&cl, w, sizeof w, &cut)) {
+    if (cut) continue;
+    if (!strcmp(w, opt)) {
+      if (!next_word(&cl, out, len, &cut)) return 0;
+      return !cut && out[0];
     }
-    if (v && vl > 0) {
-      char raw[256];
-      snprintf(raw, sizeof raw, "%.*s", (int)(vl < 255 ? vl : 255), v);
-      probe_text_escape(out, len, raw);
+    if (!strncmp(w, opt, ol) && w[ol] == '=' && w[ol + 1]) {
+      if (strlen(w + ol + 1) >= len) return 0;
+      snprintf(out, len, "%s", w + ol + 1);
       return 1;
     }
   }
   return 0;
+}
+
+/* " --opt VALUE" for a command the user pastes, VALUE shell-quoted; 0 (and
+ * nothing written) when VALUE cannot be pasted as text (a control
+ * character, a backslash, bytes that are not UTF-8: shown escaped, it
+ * would name another file) or does not fit. */
+static int source_arg(char *out, size_t cap, const char *opt, const char *v) {
+  char q[256];
+  if (!v[0] || probe_text_needs_escape(v) ||
+      probe_shell_quote(q, sizeof q, v) >= sizeof q)
+    return 0;
+  return (size_t)snprintf(out, cap, "%s %s", opt, q) < cap;
+}
+
+/* A command line re-quoted word by word (probe_shell_quote): what the
+ * post-mortem prints for an external job to be pasted after "--". The
+ * stored line is data: "$(cmd)" or "a;b" in it becomes one quoted word,
+ * never a substitution or a second command. */
+static void requote_command(char *out, size_t cap, const char *line) {
+  char w[1024], q[1100];
+  size_t o = 0;
+  int cut;
+  if (cap) out[0] = 0;
+  while (next_word(&line, w, sizeof w, &cut)) {
+    if (cut || probe_shell_quote(q, sizeof q, w) >= sizeof q ||
+        o + 1 + strlen(q) >= cap)
+      break; /* a cut word would be another argument: stop before it */
+    o += (size_t)snprintf(out + o, cap - o, "%s%s", o ? " " : "", q);
+  }
 }
 
 void probe__diag_read_config(probe_diag *d, const char *config_json,
@@ -1403,13 +1465,17 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
   d->cfg_steps = d->cfg_seed = -1;
   d->cfg_clip_before_unscale = -1;
   d->cfg_loss_log = 1;
+  char raw_name[200] = ""; /* the config's "name", as stored */
   probe__jflat f;
   if (config_json && *config_json &&
       probe__jflat_parse(&f, config_json) == PROBE_OK) {
     d->cfg_found = 1;
     const probe__jleaf *x = probe__jflat_get(&f, "name");
-    if (x && x->type == PROBE__JV_STR)
+    if (x && x->type == PROBE__JV_STR) {
       probe_text_escape(d->cfg_name, sizeof d->cfg_name, x->str);
+      if (strlen(x->str) < sizeof raw_name) /* a cut name is another one */
+        snprintf(raw_name, sizeof raw_name, "%s", x->str);
+    }
     if ((x = probe__jflat_get(&f, "steps")) && x->type == PROBE__JV_NUM)
       d->cfg_steps = (int64_t)x->num;
     if ((x = probe__jflat_get(&f, "seed")) && x->type == PROBE__JV_NUM)
@@ -1437,23 +1503,31 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
         strcmp(x->str, "ampprobe") != 0) {
       d->cfg_external = 1;
       const probe__jleaf *cmd = probe__jflat_get(&f, "command");
+      const char *line = cmd && cmd->type == PROBE__JV_STR ? cmd->str
+                         : command_line                    ? command_line
+                                                           : "";
+      char rq[2048];
+      requote_command(rq, sizeof rq, line);
       probe_text_escape(d->cfg_command, sizeof d->cfg_command,
-                        cmd && cmd->type == PROBE__JV_STR ? cmd->str
-                        : command_line && *command_line ? command_line
-                                                        : "YOUR TRAINING COMMAND");
+                        rq[0] ? rq : "YOUR TRAINING COMMAND");
     }
     probe__jflat_free(&f);
   }
-  /* How to run it again: the file or scenario it came from. */
+  /* How to run it again: the file or scenario it came from, each a word
+   * the shell reads back as it was (a name from the trace is data: never
+   * split at a space, never a $(...) substitution), else a placeholder. */
   char v[200];
+  char *src = d->cfg_source;
+  size_t sn = sizeof d->cfg_source;
+  int ok;
   if (argv_value(command_line, "--config", v, sizeof v))
-    snprintf(d->cfg_source, sizeof d->cfg_source, "--config %s", v);
+    ok = source_arg(src, sn, "--config", v);
   else if (argv_value(command_line, "--scenario", v, sizeof v))
-    snprintf(d->cfg_source, sizeof d->cfg_source, "--scenario %s", v);
-  else if (d->cfg_name[0])
-    snprintf(d->cfg_source, sizeof d->cfg_source, "--scenario %s", d->cfg_name);
+    ok = source_arg(src, sn, "--scenario", v);
   else
-    snprintf(d->cfg_source, sizeof d->cfg_source, "--config CONFIG.json");
+    ok = raw_name[0] && source_arg(src, sn, "--scenario", raw_name);
+  if (!ok)
+    snprintf(src, sn, "--config CONFIG.json");
 }
 
 probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,

@@ -110,6 +110,17 @@ static void set_next(probe_diag_finding *f, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* "ampprobe bisect --fp32-candidates LIST ARGS": the list holds names from
+ * the trace's config ("fp32"), so it is one shell-quoted word (a kind list
+ * such as revin,softmax stays as it is); ARGS is quoted already. */
+static void set_next_bisect(probe_diag_finding *f, const char *cands,
+                            const char *args) {
+  char q[600];
+  if (probe_shell_quote(q, sizeof q, cands) >= sizeof q)
+    snprintf(q, sizeof q, "KINDS");
+  set_next(f, "ampprobe bisect --fp32-candidates %s %s", q, args);
+}
+
 static void add_candidate(char *list, size_t len, const char *kind) {
   if (!kind || !*kind) return;
   if (!strcmp(kind, "input") || !strcmp(kind, "loss") ||
@@ -698,7 +709,7 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                 "forcing layers to FP32 will not help",
              c->oname, (long long)d->event_step);
   else if (cands)
-    set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+    set_next_bisect(f, cands, c->args);
   else
     set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
                 "trace against a full trace of %s",
@@ -763,7 +774,7 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
   add_evidence(f, "a silent fault: the run is degraded, not healthy ('ampprobe "
                   "diff' against the FP32 run shows how far it drifts)");
   const char *cands = d->fp32_candidates[0] ? d->fp32_candidates : kind_of(d, s);
-  set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+  set_next_bisect(f, cands, c->args);
 }
 
 /* A scale below 1 shrinks the gradients instead of lifting them: loss
@@ -869,7 +880,7 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
     add_candidate(cands, sizeof cands, kind_of(d, top));
   }
   if (cands[0])
-    set_next(f, "ampprobe bisect --fp32-candidates %s %s", cands, c->args);
+    set_next_bisect(f, cands, c->args);
   else
     set_next(f, "check the FP32 baseline: %s", c->run_fp32);
 }

@@ -606,6 +606,7 @@ static probe_status compare_configs(probe_diff *d, const char *ja,
       note(d, "trace B holds no readable configuration");
     goto done;
   }
+  d->config_compared = 1;
   for (size_t i = 0; i < fa.n && st == PROBE_OK; i++) {
     const probe__jleaf *y = probe__jflat_get(&fb, fa.leaf[i].path);
     if (y && !strcmp(y->raw, fa.leaf[i].raw))
@@ -1187,6 +1188,7 @@ probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
   }
   probe__jw_end(w, ']');
   probe__jw_bool(w, "config_differs_beyond_policy", d->config_other);
+  probe__jw_bool(w, "config_compared", d->config_compared);
   probe__jw_arr(w, "notes");
   for (int i = 0; i < d->n_notes; i++)
     probe__jw_str(w, NULL, d->notes[i]);

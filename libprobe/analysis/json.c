@@ -1,7 +1,8 @@
 /*
  * libprobe/analysis/json.c - the analysis library's JSON writer and its tiny
  * flattening reader (analysis-impl.h), the text escaping of names that come
- * from files (probe_text_escape) and number formatting (probe_num_format).
+ * from files (probe_text_escape), the shell quoting of the commands the
+ * tools print (probe_shell_quote) and number formatting (probe_num_format).
  *
  * Escaping (probe_text_escape): a layer name, a config name or a path read
  * from a trace is data, never terminal control. Every byte below 0x20, DEL
@@ -29,6 +30,45 @@ size_t probe_text_escape(char *out, size_t cap, const char *s) {
 int probe_text_needs_escape(const char *s) {
   char tmp[2];
   return s && probe_text_escape(tmp, 0, s) != strlen(s);
+}
+
+/* ---- shell quoting ---------------------------------------------------------- */
+
+size_t probe_shell_quote(char *out, size_t cap, const char *s) {
+  static const char safe[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                             "0123456789,._/=:+-";
+  if (!s) s = "";
+  size_t n = strlen(s), need;
+  int bare = n > 0 && strspn(s, safe) == n;
+  if (bare) {
+    need = n;
+  } else {
+    need = 2;
+    for (const char *p = s; *p; p++) need += *p == '\'' ? 5 : 1;
+  }
+  if (!cap) return need;
+  if (need >= cap) {
+    out[0] = 0;
+    return need;
+  }
+  size_t o = 0;
+  if (bare) {
+    memcpy(out, s, n);
+    o = n;
+  } else {
+    out[o++] = '\'';
+    for (const char *p = s; *p; p++) {
+      if (*p == '\'') {
+        memcpy(out + o, "'\"'\"'", 5); /* no backslash: see analysis.h */
+        o += 5;
+      } else {
+        out[o++] = *p;
+      }
+    }
+    out[o++] = '\'';
+  }
+  out[o] = 0;
+  return need;
 }
 
 /* ---- numbers --------------------------------------------------------------- */

@@ -129,6 +129,32 @@ has text.html "a trial fails on: non-finite loss; final loss &gt; 12.5% above th
 hasnt text.html "loss_window the last"
 has text.html "  hint            enable loss scaling"
 
+# strings of a bisect result are data: a C1 control (U+009B, CSI), DEL, ESC
+# and a newline are shown as on the terminal, in the result lines, the
+# table and the raw JSON; none reaches the page raw (C1 and DEL did, and a
+# C0 control became U+FFFD); names bisect stored escaped are not escaped twice
+/usr/bin/python3 - <<'PY'
+import json
+b = json.load(open('bisect.json'))
+b['hint'] = '\u009b31m\x7f\nforged'
+b['minimal_set'] = ['\x1b]0;t\x07']
+b['trials'][0]['why'] = 'w\x1bhy'
+b['workdir'] = 'wd\\e[31m'
+json.dump(b, open('bisect-ctl.json', 'w'))
+PY
+expect 1 "a bisect result holding controls" -- \
+  "$AMP" report fp16.h5 --bisect bisect-ctl.json -o ctl.html -q
+has ctl.html '  hint            \u009b31m\x7f\nforged'
+has ctl.html '  minimal set     \e]0;t\a'
+has ctl.html '<td>w\ehy</td>'
+has ctl.html '  workdir         wd\e[31m ('
+if LC_ALL=C grep -q -P '[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]' ctl.html; then
+  echo "FAIL ctl.html holds a raw control character"; fail=1
+else
+  echo "ok   ctl.html holds no raw control character"
+fi
+hasnt ctl.html "$(printf '\xef\xbf\xbd')"
+
 # a --bisect file of the wrong shape is bad input (exit 3), not a page
 printf '{"a": 1}\n' > shape1.json
 printf '[1, 2]\n' > shape2.json
@@ -159,6 +185,29 @@ has err.txt "warning: the bisect result bisect-other.json is of config 'two-culp
 expect 1 "baseline with another seed" -- \
   "$AMP" report fp16.h5 --baseline seed7.h5 -o other3.html -q
 has err.txt "differ in more than precision (seed)"
+# a config key from a file is data: a newline in it is shown escaped, on
+# the one warning line (it was split there and forged a second
+# 'ampprobe: report:' line); the same for the paths in the warning and
+# for -o in the 'wrote' line
+cp fp16.h5 k16.h5 && cp fp32.h5 k32.h5
+/usr/bin/python3 - <<'PY'
+import h5py, json
+for fn, v in (('k16.h5', 1), ('k32.h5', 2)):
+    f = h5py.File(fn, 'r+'); c = json.loads(f.attrs['config_json'])
+    c['x\nampprobe: report: FORGED LINE'] = v
+    f.attrs['config_json'] = json.dumps(c); f.close()
+PY
+cp k32.h5 "$(printf 'k\nb.h5')"
+expect 1 "a newline in a config key" -- \
+  "$AMP" report k16.h5 --baseline "$(printf 'k\nb.h5')" -o "$(printf 'k\nk.html')"
+if [ "$(grep -c '^ampprobe: ' err.txt)" = 2 ] && [ "$(wc -l <err.txt)" = 2 ]; then
+  echo "ok   one warning line and one 'wrote' line"
+else
+  echo "FAIL a newline in a key or path forged stderr lines:"; cat -A err.txt; fail=1
+fi
+has err.txt "the baseline k\nb.h5 and the trace k16.h5 are of config 'revin-overflow' but differ in more than precision (x\nampprobe: report: FORGED LINE)"
+has err.txt "ampprobe: report: wrote k\nk.html ("
+hasnt err.txt "warning: ampprobe: report: FORGED"
 expect 1 "matching baseline and bisect: no warning" -- \
   "$AMP" report fp16.h5 --baseline fp32.h5 --bisect bisect.json -o same.html -q
 hasnt err.txt "warning"

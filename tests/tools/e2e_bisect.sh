@@ -228,6 +228,32 @@ errors() {
   else
     fail "Ctrl-C: exit $rc, $left trials left: $(tail -3 "$WORK/int.out")"
   fi
+  # a usage error leaves the file system as it was: an existing empty work
+  # directory (given, or the default ./ampprobe-bisect-<name>/) is the
+  # user's and stays, mode included (it was rmdir'ed as if bisect made it)
+  mkdir -p "$WORK/mine" "$WORK/cwd/ampprobe-bisect-revin-overflow"
+  chmod 700 "$WORK/mine"
+  expect_err 2 "-o inside an existing empty --workdir" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/mine" -o "$WORK/mine/res.json"
+  [ -d "$WORK/mine" ] && [ "$(stat -c %a "$WORK/mine")" = 700 ] &&
+    pass "the existing --workdir is kept, mode 700" ||
+    fail "the existing empty --workdir was removed or changed: $(ls -ld "$WORK/mine" 2>&1)"
+  (cd "$WORK/cwd" && "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -q \
+    -o ampprobe-bisect-revin-overflow/res.json >/dev/null 2>&1)
+  RC=$?
+  [ "$RC" = 2 ] && [ -d "$WORK/cwd/ampprobe-bisect-revin-overflow" ] &&
+    pass "the existing default work directory is kept on a usage error" ||
+    fail "default work directory: exit $RC, $(ls -la "$WORK/cwd" 2>&1)"
+  # -o inside a work directory that does not exist yet: the same usage
+  # error (exit 2), said before anything is created (it was exit 4, "cannot
+  # write ...: No such file or directory")
+  expect_err 2 "-o inside a --workdir that does not exist yet" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/newwd" -o "$WORK/newwd/res.json"
+  grep -q "inside the work directory" "$WORK/e.err" && [ ! -e "$WORK/newwd" ] &&
+    pass "-o in a new work directory: refused as inside it, nothing created" ||
+    fail "-o in a new work directory: $(cat "$WORK/e.err"); $(ls -d "$WORK/newwd" 2>&1)"
+  expect_err 2 "-o inside a new --workdir spelled with .." --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/newwd/a/../b" -o "$WORK/newwd/b/x/../r.json"
 }
 
 # ---- issue 15, class 4: fair trials ------------------------------------------

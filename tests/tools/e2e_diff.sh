@@ -8,6 +8,7 @@
 # usage: e2e_diff.sh AMPPROBE_BINARY
 set -u
 BIN=${1:?usage: e2e_diff.sh AMPPROBE_BINARY}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN") # tests cd elsewhere
 PY=/usr/bin/python3
 WORK=$(mktemp -d /tmp/ampprobe-e2e-diff.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -118,6 +119,53 @@ if [ "$RC" = 1 ] && echo "$notes" | grep -q "layer lists differ" &&
 else
   fail "unaligned traces: exit $RC, notes: $notes"
 fi
+
+# no readable configuration (an external job's trace, a key too long to
+# read): the config is "not compared", never "identical" (it said identical
+# with two notes saying neither config could be read); one side missing too
+cp "$WORK/revin-overflow-16.h5" "$WORK/nocfg-a.h5"
+cp "$WORK/revin-overflow-32.h5" "$WORK/nocfg-b.h5"
+"$PY" -c "
+import h5py
+for fn in ('$WORK/nocfg-a.h5', '$WORK/nocfg-b.h5'):
+    f = h5py.File(fn, 'r+'); f.attrs['config_json'] = ''; f.close()"
+for pair in "nocfg-a nocfg-b" "nocfg-a revin-overflow-32"; do
+  set -- $pair
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" >"$WORK/nocfg.txt" 2>&1
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" --json >"$WORK/nocfg.json" 2>&1
+  if grep -q "^  config          not compared (a trace holds no readable configuration" "$WORK/nocfg.txt" &&
+     ! grep -q "identical" "$WORK/nocfg.txt" &&
+     [ "$(jget "$WORK/nocfg.json" "d['alignment']['config_compared']")" = False ]; then
+    pass "$1 vs $2: config not compared, not identical"
+  else
+    fail "$1 vs $2: $(grep -E '^  (config|note)' "$WORK/nocfg.txt")"
+  fi
+done
+"$BIN" diff "$WORK/revin-overflow-16.h5" "$WORK/revin-overflow-32.h5" --json >"$WORK/cfgc.json"
+[ "$(jget "$WORK/cfgc.json" "d['alignment']['config_compared']")" = True ] &&
+  pass "readable configs: config_compared true" || fail "readable configs: config_compared not true"
+
+# docs/cli.md's diff sessions are the real output (they showed an older
+# wording: "non-finite on one side", "100.00% apart" for an inf loss):
+# each example's block, numbers masked (BLAS may move a last digit), equals
+# what the command prints on the same scenario
+DOC=$(cd "$(dirname "$0")/../.." && pwd)/docs/cli.md
+mask() { sed -E 's/[0-9][0-9.e+-]*/N/g; s/ +/ /g'; }
+doc_example() { # doc_example 'COMMAND' FILE: the doc's output of COMMAND
+  awk -v c="\$ $1" '$0 == c {on = 1; next} on && /^```/ {exit} on' "$DOC" >"$2"
+}
+(cd "$WORK" && cp revin-overflow-16.h5 fp16.h5 && cp revin-overflow-32.h5 fp32.h5 &&
+  cp healthy-16.h5 h16.h5 && cp healthy-32.h5 h32.h5)
+for ex in "diff fp16.h5 fp32.h5 --top 8" "diff h16.h5 h32.h5 --top 5"; do
+  doc_example "ampprobe $ex" "$WORK/doc.txt"
+  (cd "$WORK" && "$BIN" $ex >real.txt 2>&1)
+  if [ -s "$WORK/doc.txt" ] && [ "$(mask <"$WORK/doc.txt")" = "$(mask <"$WORK/real.txt")" ]; then
+    pass "docs/cli.md's 'ampprobe $ex' is the real output"
+  else
+    fail "docs/cli.md's 'ampprobe $ex' differs from the real output:
+$(diff "$WORK/doc.txt" "$WORK/real.txt" | head -12)"
+  fi
+done
 
 # nan-input: both runs read a NaN at step 50; A's scaler skips that step,
 # the FP32 baseline (no scaler: found_inf without a skip) applies the NaN

@@ -155,5 +155,38 @@ rc=$(cat fsize.rc)
 [ "$rc" = 4 ] && [ "$(grep -c . fsize.err)" = 1 ] && pass "file-size limit: exit 4, '$(cat fsize.err)'" ||
   fail "file-size limit: exit $rc, $(head -3 fsize.err)"
 
+# Commands printed for the user to paste are shell words (F4, F10): an
+# argument keeps its spaces and quotes, and text from a trace is never a
+# $(...) substitution. pasted CMDLINE prints the words a shell makes of it.
+pasted() { bash -c 'for a in "$@"; do printf "<%s>" "$a"; done' _ "$@"; }
+cp "$HERE/../../trainer/scenarios/revin-overflow.json" "my cfg.json"
+"$BIN" run --config "my cfg.json" -o "it's here.h5" >sp.out 2>&1
+nextl=$(sed -n 's/^  next            //p' sp.out)
+[ "$nextl" = "ampprobe postmortem 'it'\"'\"'s here.h5'" ] &&
+  [ "$(eval "pasted $nextl")" = "<ampprobe><postmortem><it's here.h5>" ] &&
+  pass "run's next line is pasteable: $nextl" || fail "run's next line: '$nextl'"
+"$BIN" postmortem "it's here.h5" >pm.out 2>&1
+nextl=$(sed -n 's/^     next: //p' pm.out | head -1)
+[ "$(eval "pasted $nextl")" = "<ampprobe><bisect><--fp32-candidates><revin><--config><my cfg.json><--steps><150><--seed><1>" ] &&
+  pass "postmortem's next keeps --config 'my cfg.json' whole: $nextl" ||
+  fail "postmortem's next after --config 'my cfg.json': '$nextl'"
+# a crafted trace: its command line and its config's fp32 list are data
+cp "it's here.h5" crafted.h5
+"$PY" - <<'PY'
+import h5py, json
+f = h5py.File('crafted.h5', 'r+')
+f.attrs['command_line'] = 'ampprobe run --scenario $(touch${IFS}PWNED1) --trace'
+c = json.loads(f.attrs['config_json']); c['fp32'] = ['$(touch PWNED2)']
+f.attrs['config_json'] = json.dumps(c); f.close()
+PY
+"$BIN" postmortem crafted.h5 >cr.out 2>&1
+nextl=$(sed -n 's/^     next: //p' cr.out | head -1)
+(eval "pasted $nextl") >cr.words
+[ ! -e PWNED1 ] && [ ! -e PWNED2 ] &&
+  grep -qF '<--scenario><$(touch${IFS}PWNED1)>' cr.words &&
+  grep -qF '<--fp32-candidates><$(touch PWNED2),revin>' cr.words &&
+  pass "a crafted trace's command line and fp32 list stay quoted words: $nextl" ||
+  fail "crafted trace: next '$nextl' (words $(cat cr.words)); $(ls PWNED* 2>/dev/null)"
+
 echo "$FAILS failure(s)"
 [ "$FAILS" = 0 ]

@@ -1561,6 +1561,67 @@ START_TEST(test_text_escape) {
 }
 END_TEST
 
+/* The one shell quoting of printed commands and stored command lines. */
+START_TEST(test_shell_quote) {
+  char b[64];
+  ck_assert_uint_eq(probe_shell_quote(b, sizeof b, "revin,softmax"), 13);
+  ck_assert_str_eq(b, "revin,softmax"); /* a safe word stays as it is */
+  probe_shell_quote(b, sizeof b, "my cfg.json");
+  ck_assert_str_eq(b, "'my cfg.json'");
+  probe_shell_quote(b, sizeof b, "it's");
+  ck_assert_str_eq(b, "'it'\"'\"'s'"); /* no backslash: escaping keeps it */
+  probe_shell_quote(b, sizeof b, "");
+  ck_assert_str_eq(b, "''");
+  probe_shell_quote(b, sizeof b, "$(touch x)");
+  ck_assert_str_eq(b, "'$(touch x)'");
+  probe_shell_quote(b, sizeof b, "*.h5");
+  ck_assert_str_eq(b, "'*.h5'");
+  /* too short: "" (never an unclosed quote), and the length it needs */
+  ck_assert_uint_eq(probe_shell_quote(b, 5, "a b c"), 7);
+  ck_assert_str_eq(b, "");
+  ck_assert_uint_eq(probe_shell_quote(NULL, 0, "it's"), 10);
+}
+END_TEST
+
+/* libprobe/analysis/diagnose-impl.h (internal): the rerun command's parts
+ * from a trace's config and stored command line. */
+void probe__diag_read_config(probe_diag *d, const char *config_json,
+                             const char *command_line);
+
+/* The stored command line is read back word by word as a shell reads it
+ * (run stores each argument quoted; the Python package stores shlex.join),
+ * and what is printed from it is quoted again: a config file with a space
+ * stays whole, a $(...) from a crafted trace is a quoted word, not a
+ * substitution. A line of an older run (unquoted) reads as before. */
+START_TEST(test_stored_command_is_data) {
+  static probe_diag d; /* large */
+  const char *cfg = "{\"name\": \"revin-overflow\", \"steps\": 150, \"seed\": 1}";
+  probe__diag_read_config(&d, cfg, "ampprobe run --config 'my cfg.json' -q");
+  ck_assert_str_eq(d.cfg_source, "--config 'my cfg.json'");
+  probe__diag_read_config(&d, cfg, "ampprobe run --config=\"it's.json\"");
+  ck_assert_str_eq(d.cfg_source, "--config 'it'\"'\"'s.json'");
+  probe__diag_read_config(&d, cfg, "ampprobe run --config old.json --trace");
+  ck_assert_str_eq(d.cfg_source, "--config old.json");
+  probe__diag_read_config(&d, cfg,
+                          "ampprobe run --scenario $(touch${IFS}/tmp/PWNED) --trace");
+  ck_assert_str_eq(d.cfg_source, "--scenario '$(touch${IFS}/tmp/PWNED)'");
+  /* a value that cannot be pasted as text (a control character): left out */
+  probe__diag_read_config(&d, cfg, "ampprobe run --config 'a\nb.json'");
+  ck_assert_str_eq(d.cfg_source, "--config CONFIG.json");
+  /* no option: the config's name, quoted too */
+  probe__diag_read_config(&d, "{\"name\": \"a b;c\"}", "ampprobe run");
+  ck_assert_str_eq(d.cfg_source, "--scenario 'a b;c'");
+  /* an external job's command: shlex.join's words kept, anything else a
+   * quoted word (no substitution, no second command) */
+  probe__diag_read_config(&d, "{\"framework\": \"pytorch\", \"command\": "
+                              "\"/usr/bin/python3 'my train.py' --lr 0.1\"}", NULL);
+  ck_assert_str_eq(d.cfg_command, "/usr/bin/python3 'my train.py' --lr 0.1");
+  probe__diag_read_config(&d, "{\"framework\": \"pytorch\", \"command\": "
+                              "\"python t.py; touch x $(id)\"}", NULL);
+  ck_assert_str_eq(d.cfg_command, "python 't.py;' touch x '$(id)'");
+}
+END_TEST
+
 /* A layer name holding a newline, ESC, BEL and CR: printed escaped in the
  * text and the JSON, and a newline cannot forge a "verdict" line. */
 START_TEST(test_hostile_names) {
@@ -1974,6 +2035,8 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_no_steps_is_not_healthy);
   tcase_add_test(tc, test_json_has_no_nan);
   tcase_add_test(tc, test_text_escape);
+  tcase_add_test(tc, test_shell_quote);
+  tcase_add_test(tc, test_stored_command_is_data);
   tcase_add_test(tc, test_hostile_names);
   tcase_add_test(tc, test_clip_order_cannot_tell);
   tcase_add_test(tc, test_json_inf_is_a_string);
