@@ -1325,35 +1325,31 @@ static void make_reproduce(const bisect *b, const char *fp32, char *buf,
     if (o < len)                                                               \
       o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
   } while (0)
+/* one argument, quoted; one too long for q is named, not dropped (an
+ * empty word would change the command) */
+#define QUOTE(s_)                                                              \
+  (probe_shell_quote(q, sizeof q, (s_)) < sizeof q ? q : "'[argument too long]'")
   if (b->ext) {
-    probe_shell_quote(q, sizeof q, fp32);
-    PUT("AMPPROBE_FP32=%s", q);
-    for (int i = 0; i < b->n_ext; i++) {
-      probe_shell_quote(q, sizeof q, b->ext[i]);
-      PUT(" %s", q);
-    }
+    PUT("AMPPROBE_FP32=%s", QUOTE(fp32));
+    for (int i = 0; i < b->n_ext; i++)
+      PUT(" %s", QUOTE(b->ext[i]));
     return;
   }
   PUT("ampprobe run");
-  if (b->config) {
-    probe_shell_quote(q, sizeof q, b->config);
-    PUT(" --config %s", q);
-  } else {
-    probe_shell_quote(q, sizeof q, b->scenario);
-    PUT(" --scenario %s", q);
-  }
+  if (b->config)
+    PUT(" --config %s", QUOTE(b->config));
+  else
+    PUT(" --scenario %s", QUOTE(b->scenario));
   if (b->steps)
     PUT(" --steps %s", b->steps);
   if (b->seed)
     PUT(" --seed %s", b->seed);
   if (b->ranks > 0)
     PUT(" --ranks %d", b->ranks);
-  probe_shell_quote(q, sizeof q, fp32);
-  PUT(" --fp32 %s", q);
-  for (int i = 0; i < b->n_pass; i++) {
-    probe_shell_quote(q, sizeof q, b->pass[i]);
-    PUT(" %s", q);
-  }
+  PUT(" --fp32 %s", QUOTE(fp32));
+  for (int i = 0; i < b->n_pass; i++)
+    PUT(" %s", QUOTE(b->pass[i]));
+#undef QUOTE
 #undef PUT
 }
 

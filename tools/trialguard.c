@@ -97,7 +97,9 @@ static int proc_parent(const char *pid, pid_t *parent, int *zombie,
 int trial_guard_kill_checked(pid_t pid, unsigned long long start) {
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
   int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) return errno == ENOSYS ? kill(pid, SIGKILL) : -1;
+  /* no pidfds here: a kernel before 5.3 (ENOSYS), or a seccomp filter
+   * that refuses the call (EPERM: older container profiles) */
+  if (fd < 0) return errno == ENOSYS || errno == EPERM ? kill(pid, SIGKILL) : -1;
   char name[24];
   snprintf(name, sizeof name, "%ld", (long)pid);
   pid_t parent;

@@ -131,7 +131,9 @@ AMPPROBE_API const char *probe_verdict_name(probe_verdict v);
   XX(INPUT_NAN, "input-nan", "NaN or inf arrived in the input data")           \
   XX(WEIGHT_NONFINITE, "weight-nonfinite", "the weights hold NaN or inf")      \
   XX(LOSS_ONLY, "loss-nonfinite",                                              \
-     "the loss was non-finite but no per-layer record shows where")            \
+     "the loss was non-finite while no per-layer record of that step held a "  \
+     "non-finite value: the loss computation or a module not recorded made "   \
+     "it")                                                                     \
   XX(ALLREDUCE, "allreduce-nonfinite",                                         \
      "the gradient all-reduce made or returned inf/NaN while this rank's "     \
      "gradients were finite: its bucket's cast to the all-reduce's dtype, "    \
@@ -845,9 +847,6 @@ typedef struct probe_diff {
   size_t n_config_diff;
   probe_diff_config_row *config_diff;
   int config_other;     /* differences beyond precision-policy keys */
-  int config_compared;  /* 1: both configs were read and compared; 0: a
-                           side holds none readable (no rows: not
-                           "identical", nothing was compared) */
   char policy_a[256], policy_b[256];
   int n_notes;
   char notes[PROBE_DIFF_MAX_NOTES][PROBE_DIFF_TEXT_MAX];
@@ -875,6 +874,10 @@ typedef struct probe_diff {
 
   probe_diff_verdict verdict;
   char verdict_text[1024];
+  /* (added in 0.2: last, so the fields before keep their offsets) */
+  int config_compared;  /* 1: both configs were read and compared; 0: a
+                           side holds none readable (no rows: not
+                           "identical", nothing was compared) */
 } probe_diff;
 
 /* Compares two open traces. PROBE_OK with d->verdict set, or a reader error

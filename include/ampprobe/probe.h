@@ -450,7 +450,12 @@ typedef struct probe_trace_info {
  * parses it all in a child process first; the same holds for the
  * in-process analyses (probe_postmortem_json / _verdict against their
  * _isolated variants, probe_ranks_run with probe_ranks_options.isolate 0
- * against 1; analysis.h). */
+ * against 1; analysis.h).
+ * After an HDF5 call of the reader has failed on a damaged file, HDF5
+ * 1.10 can leak internal blocks that make its own H5close loop and print
+ * at exit; from then on the library's exit handler closes every HDF5
+ * object still open in the process - the host's too, so close your own
+ * HDF5 files before exit - and skips H5close. */
 AMPPROBE_API
 probe_status probe_trace_open(probe_trace **out, const char *path);
 AMPPROBE_API

@@ -710,6 +710,19 @@ static int loss_input_record(const walker *w, const probe_record *r, size_t n) {
   return last_out;
 }
 
+/* Whether a layer of the trace (not the input) has no forward record in
+ * this step: a selection (layers=, sampled sites) left it out, and a value
+ * it made would not show. */
+static int unrecorded_layers(const walker *w) {
+  const probe_diag *d = w->d;
+  for (int64_t i = 0; i < d->n_layers; i++) {
+    if (d->layers[i].info.kind == PROBE_KIND_INPUT) continue;
+    const layer_step *l = &w->ls[i];
+    if (l->fwd_out < 0 && l->fwd_in < 0) return 1;
+  }
+  return 0;
+}
+
 /* The step's loss was non-finite while every value its forward recorded
  * was finite: the loss computation, outside the recorded modules (a loss
  * written as a plain function in the training loop, or code after the loss
@@ -746,21 +759,23 @@ static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
   e->event_step = step;
   e->event_phase = PROBE_PHASE_FORWARD;
   e->origin_layer = -1;
+  e->origin_site = PROBE_SITE_FWD_OUT;
   e->feeder_layer = in >= 0 ? r[in].layer : -1;
-  char from[400] = "";
+  e->nan_from_inf_layer = -1;
+  e->n_passed = 0;
+  e->more_passed = 0;
+  e->n_history = 0;
+  char from[200] = "";
   if (out)
-    snprintf(from, sizeof from, " (its input, the output of '%s', was finite: "
-             "absmax %.4g, %llu zeros of %llu)",
+    snprintf(from, sizeof from, " (its input '%.120s': absmax %.4g, %llu zeros)",
              d->layers[r[in].layer].display, (double)out->absmax,
-             (unsigned long long)out->zero_count,
-             (unsigned long long)out->count);
+             (unsigned long long)out->zero_count);
   snprintf(e->event_evidence, sizeof e->event_evidence,
-           "the loss was non-finite at step %lld while every value the "
-           "step's forward recorded was finite%s: the loss computation, "
-           "outside the recorded modules, made it (a log or division of 0, "
-           "an overflow of its own arithmetic); the step's non-finite "
-           "gradients and weights came from it",
-           (long long)step, from);
+           "loss non-finite at step %lld, every forward value recorded "
+           "finite%s: made by the loss computation%s",
+           (long long)step, from,
+           unrecorded_layers(w) ? " or by a module this step did not record"
+                                      : " (a log or division of 0)");
   return -1;
 }
 
@@ -1369,7 +1384,9 @@ int probe_diag_config_scaling(const char *config_json) {
  * quote survives. Spaces and tabs separate words; '...' is literal; "..."
  * keeps its text, a backslash before " \ $ or ` dropped; outside quotes a
  * backslash keeps the next character. A line of an older run (argv joined
- * by spaces, unquoted) reads as before. The word goes to out; *cut is set
+ * by spaces, unquoted) reads as before unless an argument held a quote or
+ * a backslash (then it reads as the shell would have: such a line did not
+ * paste as typed either). The word goes to out; *cut is set
  * when it did not fit. *pp moves past it. Returns 0 at the end. */
 static int next_word(const char **pp, char *out, size_t cap, int *cut) {
   const char *p = *pp;

@@ -306,11 +306,11 @@ def _declare(lib):
     if hasattr(lib, "probe_postmortem_json_isolated"):
         fn("probe_postmortem_json_isolated", st, c.POINTER(c.c_char_p),
            c.c_size_t, c.POINTER(c.c_void_p))
+        fn("probe_postmortem_verdict_isolated", st, c.c_char_p,
+           c.POINTER(c.c_int))
     if hasattr(lib, "probe_postmortem_set_json_isolated"):
         fn("probe_postmortem_set_json_isolated", st, c.POINTER(c.c_char_p),
            c.c_size_t, c.POINTER(c.c_void_p))
-        fn("probe_postmortem_verdict_isolated", st, c.c_char_p,
-           c.POINTER(c.c_int))
     if hasattr(lib, "probe_text_escape"):
         fn("probe_text_escape", c.c_size_t, c.c_char_p, c.c_size_t,
            c.c_char_p)

@@ -233,6 +233,16 @@ class LossScaler:
 
 # ---- the tracer ----------------------------------------------------------------
 
+def _round16_in_place(tensors):
+    """Rounds float32 tensors to binary16 values where they are (the inputs
+    of an in-place module under FP16 emulation: its side effect on them is
+    the job's)."""
+    with torch.no_grad():
+        for t in tensors:
+            if t.dtype == torch.float32:
+                t.copy_(t.half())
+
+
 def _round16(t):
     return t.half().float() if t.dtype == torch.float32 else t
 
@@ -790,17 +800,24 @@ class Tracer:
             mode = None
             if not self._closed and module is L.module:
                 mode = L.mode = self._gate(L)
-            if mode is not None and getattr(module, "inplace", False) is True:
+            inplace = getattr(module, "inplace", False) is True
+            if mode is not None and inplace:
                 return self._inplace_pre(L, mode, inputs)
             if mode is None or not torch.is_grad_enabled():
                 # Evaluation between steps (no_grad, no step open), a copy
                 # of the module (copy.deepcopy keeps its hooks: an EMA or
                 # teacher model): not recorded. A no_grad forward inside a
                 # step is recorded, with no gradient hooks. Both run as the
-                # precision says.
+                # precision says; an in-place module in place (its side
+                # effect is the job's).
                 if mode == "record":
                     self._record_forward_in(L, inputs)
-                return _map_floats(inputs, _round16) if L.emulate and not self._closed else None
+                if not L.emulate or self._closed:
+                    return None
+                if inplace:
+                    _round16_in_place(_floats(inputs))
+                    return None
+                return _map_floats(inputs, _round16)
             fin = _floats(inputs)
             if mode == "record":
                 self._record_forward_in(L, inputs)
@@ -823,10 +840,7 @@ class Tracer:
                 _settle(t)
         fin = _floats(inputs)
         if L.emulate:
-            with torch.no_grad():
-                for t in fin:
-                    if t.dtype == torch.float32:
-                        t.copy_(t.half())
+            _round16_in_place(fin)
         if torch.is_grad_enabled():
             L.pending = [(t, t.grad_fn) for t in fin if t.requires_grad]
         return None

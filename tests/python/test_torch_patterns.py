@@ -672,6 +672,43 @@ def test_inplace_under_emulation_keeps_its_side_effect(tmp_path):
     assert run(str(tmp_path / "a.h5"), False) == run(str(tmp_path / "b.h5"), True)
 
 
+def test_inplace_under_emulation_outside_a_step(tmp_path):
+    """The same between steps (evaluation under no_grad, no step open) and
+    in a deep copy (an EMA or teacher model: hooks copied, never recorded):
+    the in-place module still writes through its input (it was handed a
+    rounded copy there, and the side effect was lost)."""
+    import copy
+
+    class Drop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            h = x * 1.0
+            self.act(h)  # the result dropped: the side effect is used
+            return h.sum(-1, keepdim=True)
+
+    m = Drop()
+    x = torch.tensor([[1.0, -2.0, 3.0, -4.0]])  # exact in binary16
+    with torch.no_grad():
+        want = m(x).item()
+    tr = at.Tracer(m, str(tmp_path / "e.h5"), precision="fp16",
+                   emulate_fp16=True, record_input=False)
+    xg = x.clone().requires_grad_()
+    out = m(xg)
+    out.sum().backward()
+    tr.end_step(loss=out.sum())
+    assert out.item() == want
+    with torch.no_grad():
+        assert m(x).item() == want  # between steps
+    twin = copy.deepcopy(m)
+    assert twin(x.clone()).item() == want  # a copy, grad on
+    with torch.no_grad():
+        assert twin(x).item() == want
+    tr.close()
+
+
 class ResBlock(nn.Module):
     """torchvision's pattern: out = relu(bn(fc(x)) + x), ReLU in place."""
 

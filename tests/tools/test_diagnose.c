@@ -722,10 +722,12 @@ END_TEST
  * fed_by the head), each with the NaN gradients and master weights that
  * follow in the step, with and without a skipped step. */
 static void loss_after_trace(const char *p, probe_kind head_kind, probe_dtype prec,
-                             int skipped) {
+                             int skipped, int unrecorded) {
   probe_session *s = hb_open(p, prec == PROBE_DTYPE_F32 ? "fp32" : "fp16");
   int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, prec);
   int32_t head = hb_layer(s, "head", head_kind, prec);
+  if (unrecorded) /* registered, never recorded (a layers= selection) */
+    hb_layer(s, "skipped.lin", PROBE_KIND_LINEAR, prec);
   float x[N], out[N], g[N], w[N];
   for (int i = 0; i < N; i++) {
     x[i] = 0.25f * (float)(i + 1);
@@ -763,8 +765,9 @@ START_TEST(test_loss_outside_every_precision) {
       {PROBE_KIND_LINEAR, PROBE_DTYPE_F16, PROBE_DIAG_EVENT_LOSS_ONLY},
   };
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
-    for (int skipped = 0; skipped < 2; skipped++) {
-      loss_after_trace(p, c[i].k, c[i].prec, skipped);
+    for (int skipped = 0; skipped < 3; skipped++) {
+      int unrec = skipped == 2; /* a third pass: a layer left unrecorded */
+      loss_after_trace(p, c[i].k, c[i].prec, skipped == 1, unrec);
       probe_diag d;
       probe_diag_of(&d, p);
       ck_assert_msg(d.event == c[i].ev && d.event_step == 3 &&
@@ -775,6 +778,12 @@ START_TEST(test_loss_outside_every_precision) {
       if (c[i].ev == PROBE_DIAG_EVENT_LOSS_ONLY) {
         ck_assert_int_eq(d.origin_layer, -1);
         ck_assert_str_eq(probe_diag_layer_name(&d, d.feeder_layer), "head");
+        ck_assert_int_eq(d.nan_from_inf_layer, -1); /* nothing passed on */
+        ck_assert_int_eq(d.n_passed, 0);
+        /* a module the step did not record may have made it: said */
+        ck_assert_msg(unrec == (strstr(d.event_evidence, "did not record") != NULL),
+                      "case %zu/%d: %s", i, skipped, d.event_evidence);
+        ck_assert_msg(strlen(d.event_evidence) < 300, "%s", d.event_evidence);
       } else {
         ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "head");
       }
@@ -1070,13 +1079,16 @@ END_TEST
  * (a sqrt or log of a negative value). */
 static void zeros_nan_trace(const char *p, probe_kind kind, probe_dtype prec,
                             float zero_or_tiny, int zeros) {
-  probe_session *s = hb_open(p, prec == PROBE_DTYPE_BF16 ? "bf16" : "fp16");
+  probe_session *s = hb_open(p, prec == PROBE_DTYPE_BF16   ? "bf16"
+                                : prec == PROBE_DTYPE_F32 ? "fp32"
+                                                          : "fp16");
   int32_t id = hb_layer(s, "enc.norm", kind, prec);
   float x[N], y[N];
   for (int step = 0; step < 4; step++) {
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
     for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
-    if (zeros) x[0] = x[1] = x[2] = zero_or_tiny, x[3] = 0.0f;
+    if (zeros && zero_or_tiny > 1.0f) x[0] = zero_or_tiny, x[3] = 0.0f;
+    else if (zeros) x[0] = x[1] = x[2] = zero_or_tiny, x[3] = 0.0f;
     if (step == 3) y[0] = y[1] = y[2] = y[3] = NAN;
     hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
     hb_rec(s, id, PROBE_SITE_FWD_OUT, y, N);
@@ -1090,7 +1102,10 @@ START_TEST(test_nan_of_exact_zeros_is_not_precision) {
   const struct { probe_kind k; probe_dtype prec; float z; int zeros; int np; } c[] = {
       {PROBE_KIND_OTHER, PROBE_DTYPE_BF16, 0.0f, 1, 1},
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 0.0f, 1, 1},
-      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0.0f, 1, 1},
+      {PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, 0.0f, 1, 0},    /* may overflow */
+      {PROBE_KIND_ATTENTION, PROBE_DTYPE_BF16, 0.0f, 1, 0}, /* may overflow */
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 300.0f, 1, 0}, /* 300^2 >= 65504 */
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F32, 0.0f, 1, 1},   /* FP32 run: np */
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 1e-7f, 1, 0},     /* flushed */
       {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, 0.0f, 1, 0}, /* a norm */
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 0.0f, 0, 0},      /* no zeros */
@@ -1105,7 +1120,7 @@ START_TEST(test_nan_of_exact_zeros_is_not_precision) {
     ck_assert_msg(d.findings[0].id == want, "case %zu: %s: %s", i,
                   probe_diag_finding_name(d.findings[0].id), d.findings[0].title);
     if (c[i].np) {
-      ck_assert_msg(strstr(d.findings[0].title, "exact zeros") &&
+      ck_assert_msg((c[i].prec == PROBE_DTYPE_F32 || strstr(d.findings[0].title, "exact zeros")) &&
                         !strstr(d.findings[0].next_step, "bisect"),
                     "case %zu: %s / %s", i, d.findings[0].title, d.findings[0].next_step);
       for (int k = 0; k < d.n_findings; k++)

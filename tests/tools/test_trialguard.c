@@ -7,6 +7,7 @@
 #include <check.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +42,8 @@ START_TEST(test_spare_a_reused_pid) {
   for (int i = 0; i < 100 && !start; i++) start = trial_guard_start_time(p);
   ck_assert_uint_ne(start, 0);
   ck_assert_int_eq(trial_guard_kill_checked(p, start + 12345), -1);
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL); /* a signal sent would have ended it by now */
   ck_assert_int_eq(waitpid(p, NULL, WNOHANG), 0); /* still running */
   kill(p, SIGKILL);
   waitpid(p, NULL, 0);
