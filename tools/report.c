@@ -1347,6 +1347,16 @@ typedef struct report_args {
 static int load_bisect(const char *bisect_path, json_t **out) {
   *out = NULL;
   if (!bisect_path) return CLI_EXIT_OK;
+  /* a file that cannot be read is that, not "not a bisect result (line
+   * -1: unable to open ...)" */
+  FILE *f = fopen(bisect_path, "rb");
+  if (!f) {
+    char esc[700];
+    cli_escape_name(esc, sizeof esc, bisect_path);
+    cli_error(SUB, "--bisect %s: %s", esc, strerror(errno));
+    return CLI_EXIT_INPUT;
+  }
+  fclose(f);
   json_error_t je;
   json_t *bisect = json_load_file(bisect_path, 0, &je);
   if (!bisect) {

@@ -111,6 +111,10 @@ expect 3 "not HDF5" -- "$AMP" report junk.h5 -o x.html
 expect 3 "bad baseline" -- "$AMP" report healthy.h5 --baseline junk.h5 -o x.html
 echo "{ not json" > bad.json
 expect 3 "bad bisect JSON" -- "$AMP" report healthy.h5 --bisect bad.json -o x.html
+# a --bisect file that is not there: said so, not "line -1"
+expect 3 "missing bisect JSON" -- "$AMP" report healthy.h5 --bisect nosuch.json -o x.html
+has err.txt "--bisect nosuch.json: No such file or directory"
+hasnt err.txt "line -1"
 expect 4 "unwritable output" -- "$AMP" report healthy.h5 -o /nonexistent-dir/x.html
 has err.txt "cannot write /nonexistent-dir/x.html: No such file or directory"
 
