@@ -182,7 +182,9 @@ static probe_status add_glob(pathlist *l, const char *pattern) {
   int rc = glob(pattern, 0, NULL, &g);
   probe_status st = PROBE_OK;
   if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-    probe__trace_open_msg("%s: no file matches this pattern", pattern);
+    /* the name may have been meant as a file ("run[1].h5"): say both */
+    probe__trace_open_msg("%s: no such file, and no file matches this "
+                          "pattern", pattern);
     st = PROBE_ERR_NOT_FOUND;
   } else if (rc == GLOB_NOSPACE) {
     probe__trace_open_msg("out of memory");
