@@ -828,6 +828,39 @@ static int run_load(const run_args *a, probe_train_config **out) {
   return -1;
 }
 
+/* A --fp32 entry that selects no layer of the model is most likely a typo
+ * (the run trains as if it were not given, and its "fixed" run proves
+ * nothing): a warning names each such entry. */
+static void warn_unmatched_fp32(const run_args *a, const probe_train_config *cfg) {
+  const char *list = NULL;
+  for (int i = 0; i < a->n_ov; i++)
+    if (!strcmp(a->ov[i].key, "fp32")) list = a->ov[i].value;
+  size_t n = 0;
+  if (!list || probe_config_layers(cfg, NULL, 0, &n) < 0 || n == 0) return;
+  probe_layer_desc *ld = calloc(n, sizeof *ld);
+  char *buf = strdup(list);
+  if (ld && buf && probe_config_layers(cfg, ld, n, &n) >= 0) {
+    char *save = NULL;
+    for (char *e = strtok_r(buf, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
+      while (*e == ' ') e++;
+      size_t k = strlen(e);
+      while (k && e[k - 1] == ' ') e[--k] = '\0';
+      int hit = 0;
+      for (size_t l = 0; l < n && !hit && *e; l++)
+        hit = ld[l].kind != PROBE_KIND_INPUT &&
+              probe_policy_match(e, ld[l].name, ld[l].kind);
+      if (hit || !*e) continue;
+      char esc[300];
+      cli_escape_name(esc, sizeof esc, e);
+      fprintf(stderr, "ampprobe: run: warning: --fp32 %s selects no layer of "
+                      "this model (give a kind such as bn or softmax, or a "
+                      "glob of layer names such as 'enc.*')\n", esc);
+    }
+  }
+  free(ld);
+  free(buf);
+}
+
 /* ---- stage 3: the output ------------------------------------------------ */
 
 /* The glob of a job's rank files, from the naming rule itself: the names
@@ -1131,6 +1164,8 @@ int cmd_run(int argc, char **argv) {
   probe_train_opts base;
   probe_train_opts_init(&base);
   rc = run_load(&a, &cfg);
+  if (rc < 0 && d.rank == 0 && !a.quiet)
+    warn_unmatched_fp32(&a, cfg);
   if (rc < 0)
     rc = fault_from_env(&d, &base);
   char path[1024];

@@ -35,6 +35,20 @@ run_rc() {
   fi
 }
 
+# a --fp32 entry that selects no layer (a typo) is named in a warning; the
+# entries that select layers are not; -q keeps it quiet
+timeout 60 "$BIN" run --scenario revin-overflow --steps 3 --fp32 'revnorm, revin,enc.*' \
+  -o fp32w.h5 >o.out 2>o.err
+if grep -q "warning: --fp32 revnorm selects no layer" o.err &&
+   [ "$(grep -c 'selects no layer' o.err)" = 1 ]; then
+  pass "--fp32 typo named: $(head -c 120 o.err)"
+else
+  fail "--fp32 typo: '$(cat o.err)'"
+fi
+timeout 60 "$BIN" run --scenario revin-overflow --steps 3 --fp32 revnorm -q \
+  -o fp32q.h5 >o.out 2>o.err
+[ ! -s o.err ] && pass "-q: no --fp32 warning" || fail "-q: '$(cat o.err)'"
+
 # -o onto an existing file: refused, the file untouched; --force replaces
 echo "not a trace" >t.h5
 run_rc 2 "-o EXISTING" --steps 3 -q -o t.h5
