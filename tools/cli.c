@@ -623,6 +623,26 @@ void cli_escape_name(char *dst, size_t n, const char *name) {
   probe_text_escape(dst, n, name ? name : "");
 }
 
+void cli_paste_word(char *dst, size_t n, const char *s) {
+  if (!n) return;
+  if (!s) s = "";
+  size_t need = probe_shell_quote(NULL, 0, s) + 1;
+  char *q = malloc(need);
+  if (!q) {
+    dst[0] = '\0';
+    return;
+  }
+  probe_shell_quote(q, need, s);
+  size_t slashes = 0;
+  for (const char *p = q; *p; p++) slashes += *p == '\\';
+  /* only the backslashes would change: the word prints as it is */
+  if (probe_text_escape(NULL, 0, q) == strlen(q) + slashes)
+    snprintf(dst, n, "%s", q);
+  else
+    probe_text_escape(dst, n, q);
+  free(q);
+}
+
 int cli_print_name(FILE *f, const char *name) {
   char small[256];
   size_t need = probe_text_escape(NULL, 0, name ? name : "") + 1;

@@ -195,13 +195,12 @@ static void print_summary(const probe_train_result *r, const char *name,
   /* names from the config print escaped: no control character reaches the
    * terminal (cli_escape_name) */
   char nm[PROBE_NAME_MAX * 8], ly[PROBE_NAME_MAX * 8], pol[2048], pa[4096];
-  char qp[2100], qpa[8400]; /* the path as a word to paste, then escaped */
+  char qpa[8400]; /* the path as a word to paste (cli_paste_word) */
   cli_escape_name(nm, sizeof nm, name);
   cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
   cli_escape_name(pol, sizeof pol, policy);
   cli_escape_name(pa, sizeof pa, path);
-  probe_shell_quote(qp, sizeof qp, path);
-  cli_escape_name(qpa, sizeof qpa, qp);
+  cli_paste_word(qpa, sizeof qpa, path);
   name = nm;
   policy = pol;
   path = pa;
@@ -1040,10 +1039,9 @@ static probe_verdict run_verdict(const probe_train_result *res,
    * it ends the command at once, saying so (it was ignored, and the run
    * said "healthy", exit 0, seconds later). A long trace's check is said
    * on a terminal (or in --progress-every's plain lines). */
-  char q[2300], esc[700], note[800];
+  char esc[700], note[800];
   int set = d->comm && d->set_glob[0]; /* the job's traces: all ranks' */
-  probe_shell_quote(q, sizeof q, set ? d->set_glob : path); /* a glob: quoted */
-  cli_escape_name(esc, sizeof esc, q);
+  cli_paste_word(esc, sizeof esc, set ? d->set_glob : path); /* a glob: quoted */
   snprintf(note, sizeof note, "while checking the trace%s; %s complete: "
            "ampprobe postmortem %.600s", set ? "s" : "",
            set ? "they are" : "it is", esc);
@@ -1108,9 +1106,8 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
              "                  the loss the global mean over the ranks\n",
              d->world, probe_comm_name(d->comm), d->run_id);
     if (d->comm && d->set_glob[0]) {
-      char q[2300], e[9300];
-      probe_shell_quote(q, sizeof q, d->set_glob); /* a glob: always quoted */
-      cli_escape_name(e, sizeof e, q);
+      char e[9300];
+      cli_paste_word(e, sizeof e, d->set_glob); /* a glob: always quoted */
       printf("  all ranks       ampprobe postmortem %s\n", e);
     }
     if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;

@@ -179,6 +179,12 @@ nextl=$(sed -n 's/^  next            //p' sp.out)
 [ "$nextl" = "ampprobe postmortem 'it'\"'\"'s here.h5'" ] &&
   [ "$(eval "pasted $nextl")" = "<ampprobe><postmortem><it's here.h5>" ] &&
   pass "run's next line is pasteable: $nextl" || fail "run's next line: '$nextl'"
+# a backslash in the path: one backslash in the pasted word (it was doubled
+# by the display escaping, and the pasted path named another file)
+"$BIN" run --scenario revin-overflow -o 'x\y z.h5' >bs.out 2>&1
+nextl=$(sed -n 's/^  next            //p' bs.out)
+[ "$(eval "pasted $nextl")" = "<ampprobe><postmortem><x\y z.h5>" ] &&
+  pass "a backslash survives the paste: $nextl" || fail "backslash path: '$nextl'"
 "$BIN" postmortem "it's here.h5" >pm.out 2>&1
 nextl=$(sed -n 's/^     next: //p' pm.out | head -1)
 [ "$(eval "pasted $nextl")" = "<ampprobe><bisect><--fp32-candidates><revin><--config><my cfg.json><--steps><150><--seed><1>" ] &&
