@@ -152,6 +152,17 @@ START_TEST(no_trace_descriptor_survives_exec) {
 }
 END_TEST
 
+#if defined(__SANITIZE_ADDRESS__)
+/* LeakSanitizer asks this at exit. Off in the child below, which checks
+ * what reaches stderr at exit: after a failed HDF5 call the exit handler
+ * closes the ids and skips H5close, and HDF5 1.10 leaks the failed header
+ * read's blocks, so the heap HDF5 leaves is HDF5's, and the sanitizer's
+ * report would be the very print the child must not make. */
+static volatile int lsan_off;
+int __lsan_is_turned_off(void);
+int __lsan_is_turned_off(void) { return lsan_off; }
+#endif
+
 /* A failed open of a damaged trace prints nothing, also at exit: HDF5
  * 1.10 leaks internal blocks when the object header of /records fails its
  * checksum (no id left to close), and H5close at exit then printed "HDF5:
@@ -197,6 +208,9 @@ START_TEST(failed_open_prints_nothing_at_exit) {
     dup2(pfd[1], 2);
     close(pfd[0]);
     close(pfd[1]);
+#if defined(__SANITIZE_ADDRESS__)
+    lsan_off = 1;
+#endif
     /* the host's own file, written and left open */
     hid_t hf = H5Fcreate(own, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     hsize_t dims[1] = {4};
@@ -224,7 +238,7 @@ START_TEST(failed_open_prints_nothing_at_exit) {
   int wst = 0;
   ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
   ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
-                "child status 0x%x", (unsigned)wst);
+                "child status 0x%x: %.1500s", (unsigned)wst, err);
   ck_assert_msg(n == 0, "stderr at exit: '%.300s'", err);
   /* the host's file, left open, was closed whole at exit */
   hid_t hf = H5Fopen(own, H5F_ACC_RDONLY, H5P_DEFAULT);
