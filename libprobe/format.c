@@ -351,6 +351,17 @@ void probe__h5_close_failed(void) { atomic_store(&h5_close_failed, 1); }
 
 void probe__h5_failed_call(void) { atomic_store(&h5_failed_call, 1); }
 
+void probe__h5_close_id(hid_t id) {
+  switch (H5Iget_type(id)) {
+  case H5I_FILE: H5Fclose(id); break;
+  case H5I_GROUP: H5Gclose(id); break;
+  case H5I_DATASET: H5Dclose(id); break;
+  case H5I_DATATYPE: H5Tclose(id); break;
+  case H5I_ATTR: H5Aclose(id); break;
+  default: break;
+  }
+}
+
 /* Closes every HDF5 id still open in the process - the host's included -
  * objects first, then the files, which flushes those open for writing, as
  * H5close's first pass would. */
@@ -361,18 +372,8 @@ static void h5_close_open_ids(void) {
   if (ids == NULL) return;
   n = H5Fget_obj_ids(H5F_OBJ_ALL, H5F_OBJ_ALL, (size_t)n, ids);
   for (int files = 0; files < 2; files++)
-    for (ssize_t i = 0; i < n; i++) {
-      H5I_type_t ty = H5Iget_type(ids[i]);
-      if ((ty == H5I_FILE) != files) continue;
-      switch (ty) {
-      case H5I_FILE: H5Fclose(ids[i]); break;
-      case H5I_GROUP: H5Gclose(ids[i]); break;
-      case H5I_DATASET: H5Dclose(ids[i]); break;
-      case H5I_DATATYPE: H5Tclose(ids[i]); break;
-      case H5I_ATTR: H5Aclose(ids[i]); break;
-      default: break;
-      }
-    }
+    for (ssize_t i = 0; i < n; i++)
+      if ((H5Iget_type(ids[i]) == H5I_FILE) == files) probe__h5_close_id(ids[i]);
   free(ids);
 }
 

@@ -194,5 +194,8 @@ int probe__h5_fd(hid_t file);
  * clean-up to the process's exit. */
 void probe__h5_close_failed(void);
 void probe__h5_failed_call(void);
+/* Closes an HDF5 id of any kind (file, group, dataset, datatype,
+ * attribute); others are left alone. */
+void probe__h5_close_id(hid_t id);
 
 #endif /* AMPPROBE_LIBPROBE_FORMAT_H */

@@ -128,13 +128,7 @@ static void probe_trace_close_impl(probe_trace *t) {
                                                H5F_OBJ_DATATYPE | H5F_OBJ_ATTR |
                                                H5F_OBJ_LOCAL,
                                  16, left);
-      for (ssize_t i = 0; i < n; i++) {
-        H5I_type_t ty = H5Iget_type(left[i]);
-        if (ty == H5I_DATASET) H5Dclose(left[i]);
-        else if (ty == H5I_GROUP) H5Gclose(left[i]);
-        else if (ty == H5I_DATATYPE) H5Tclose(left[i]);
-        else if (ty == H5I_ATTR) H5Aclose(left[i]);
-      }
+      for (ssize_t i = 0; i < n; i++) probe__h5_close_id(left[i]);
       if (H5Fclose(t->file) < 0) probe__h5_close_failed(); /* format.h */
     }
   }

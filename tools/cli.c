@@ -623,24 +623,41 @@ void cli_escape_name(char *dst, size_t n, const char *name) {
   probe_text_escape(dst, n, name ? name : "");
 }
 
+/* s with its controls escaped as on the terminal (probe_text_escape) but
+ * its backslashes kept: bisect writes names into its JSON escaped already
+ * ("cfg\\e.json"), and escaping them twice would show "\\e". Caller frees. */
+char *cli_escape_controls(const char *s) {
+  size_t cap = strlen(s) * 6 + 1, o = 0; /* an escape is at most 6 bytes */
+  char *out = malloc(cap), *seg = strdup(s);
+  if (!out || !seg) {
+    free(out);
+    free(seg);
+    return NULL;
+  }
+  for (char *p = seg;;) {
+    char *bs = strchr(p, '\\');
+    if (bs) *bs = '\0';
+    o += probe_text_escape(out + o, cap - o, p);
+    if (!bs) break;
+    out[o++] = '\\';
+    p = bs + 1;
+  }
+  out[o] = '\0';
+  free(seg);
+  return out;
+}
+
 void cli_paste_word(char *dst, size_t n, const char *s) {
   if (!n) return;
-  if (!s) s = "";
-  size_t need = probe_shell_quote(NULL, 0, s) + 1;
-  char *q = malloc(need);
-  if (!q) {
-    dst[0] = '\0';
-    return;
+  size_t need = probe_shell_quote(NULL, 0, s ? s : "") + 1;
+  char *q = malloc(need), *e = NULL;
+  if (q) {
+    probe_shell_quote(q, need, s ? s : "");
+    e = cli_escape_controls(q);
   }
-  probe_shell_quote(q, need, s);
-  size_t slashes = 0;
-  for (const char *p = q; *p; p++) slashes += *p == '\\';
-  /* only the backslashes would change: the word prints as it is */
-  if (probe_text_escape(NULL, 0, q) == strlen(q) + slashes)
-    snprintf(dst, n, "%s", q);
-  else
-    probe_text_escape(dst, n, q);
+  snprintf(dst, n, "%s", e ? e : "");
   free(q);
+  free(e);
 }
 
 int cli_print_name(FILE *f, const char *name) {

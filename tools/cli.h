@@ -203,10 +203,13 @@ void cli_stdout_init(void);
 int cli_print_name(FILE *f, const char *name);
 /* The same into a buffer (always NUL-terminated, truncated to fit). */
 void cli_escape_name(char *dst, size_t n, const char *name);
+/* s with its controls escaped as cli_escape_name does, its backslashes
+ * kept (one backslash stays one). malloc'd, NULL when out of memory. */
+char *cli_escape_controls(const char *s);
 /* s as one word of a command the user pastes (probe_shell_quote) into
- * dst: as it is when it holds no control character or invalid UTF-8 (a
- * backslash stays one backslash: the escaping doubled it, and the pasted
- * path was another); else escaped as a name, for the eye only. */
+ * dst, controls escaped (cli_escape_controls): a backslash stays one
+ * backslash (cli_escape_name doubled it, and the pasted path was
+ * another); a word with controls is for the eye only. */
 void cli_paste_word(char *dst, size_t n, const char *s);
 
 /* Stop flag set by SIGINT/SIGTERM once cli_signals_install() was called. */

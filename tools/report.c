@@ -396,37 +396,13 @@ static char *jlist(json_t *o, const char *key) {
   return json_cell(v);
 }
 
-/* s with its controls escaped as on the terminal (probe_text_escape) but
- * its backslashes kept: bisect writes names into its JSON escaped already
- * ("cfg\\e.json"), and escaping them twice would show "\\e". Caller frees. */
-static char *escape_controls(const char *s) {
-  size_t cap = strlen(s) * 6 + 1, o = 0; /* an escape is at most 6 bytes */
-  char *out = malloc(cap), *seg = strdup(s);
-  if (!out || !seg) {
-    free(out);
-    free(seg);
-    return NULL;
-  }
-  for (char *p = seg;;) {
-    char *bs = strchr(p, '\\');
-    if (bs) *bs = '\0';
-    o += probe_text_escape(out + o, cap - o, p);
-    if (!bs) break;
-    out[o++] = '\\';
-    p = bs + 1;
-  }
-  out[o] = '\0';
-  free(seg);
-  return out;
-}
-
 /* A copy of a JSON value whose strings and keys have their controls
- * escaped (escape_controls): text from a file is data, and a newline, ESC
+ * escaped (cli_escape_controls): text from a file is data, and a newline, ESC
  * or C1 control in a bisect result's hint or why must not reach the page
  * raw nor start a line of its own. NULL when out of memory. */
 static json_t *escaped_copy(json_t *v) {
   if (json_is_string(v)) {
-    char *e = escape_controls(json_string_value(v));
+    char *e = cli_escape_controls(json_string_value(v));
     json_t *r = e ? json_string(e) : NULL;
     free(e);
     return r;
@@ -448,7 +424,7 @@ static json_t *escaped_copy(json_t *v) {
     json_t *r = json_object(), *x;
     const char *k;
     json_object_foreach(v, k, x) {
-      char *ek = escape_controls(k);
+      char *ek = cli_escape_controls(k);
       json_t *c = escaped_copy(x);
       /* json_object_set_new takes c, even when it fails */
       int bad = !r || !ek || !c || json_object_set_new(r, ek, c) != 0;

@@ -6,6 +6,8 @@
 #ifndef AMPPROBE_DIAGNOSE_IMPL_H
 #define AMPPROBE_DIAGNOSE_IMPL_H
 
+#include <math.h>
+
 #include "ampprobe/analysis.h"
 #include "analysis-impl.h"
 
@@ -36,6 +38,28 @@ double probe__diag_headroom(double absmax);
  * or "FP32". */
 static inline const char *probe__diag_prec_label(int dtype) {
   return dtype == PROBE_DTYPE_BF16 ? "BF16" : dtype == PROBE_DTYPE_F32 ? "FP32" : "FP16";
+}
+
+/* The normalisations (BatchNorm, LayerNorm, RevIN): a variance, a sum of
+ * squares, 1/sqrt of it. */
+static inline int probe__diag_is_norm_kind(int k) {
+  return k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM || k == PROBE_KIND_REVIN;
+}
+
+/* The largest finite value of the range a layer's values are judged
+ * against: BF16's for a BF16 layer (FP32's range), else FP16's (an FP32
+ * layer's input came from the FP16 layers). */
+#define PROBE__DIAG_BF16_MAX 3.3895313892515355e38 /* largest finite bfloat16 */
+static inline double probe__diag_range_max(int dtype) {
+  return dtype == PROBE_DTYPE_BF16 ? PROBE__DIAG_BF16_MAX : (double)PROBE_F16_MAX;
+}
+
+/* Zeros of an input that the statistics alone show came from flushing in
+ * FP16: values at or below 2^-25 in it, or subnormals beside the zeros. */
+static inline int probe__diag_zeros_flushed(const probe_stats *in) {
+  return in->f16_flush > 0 ||
+         (in->zero_count > 0 && isfinite(in->absmin_nonzero) &&
+          in->absmin_nonzero < PROBE_F16_MIN_NORMAL);
 }
 
 /* The event's one-line description: probe_diag_event_desc(d->event), but a

@@ -149,10 +149,7 @@ static double stats_var(const probe_stats *s) {
   return v > 0 ? v : 0;
 }
 
-static int is_norm_kind(int k) {
-  return k == PROBE_KIND_BN || k == PROBE_KIND_LAYERNORM ||
-         k == PROBE_KIND_REVIN;
-}
+#define is_norm_kind probe__diag_is_norm_kind
 
 /* Kinds whose forward can make inf out of a zero: a log (the loss's
  * cross-entropy), a division or 1/sqrt (normalisations, softmax and
@@ -538,7 +535,6 @@ static int inputs_nonfinite(const layer_step *l, const probe_record *r,
  * output; for a normalisation absmax(x)^2 < 65504, its sum of squares per
  * element). Otherwise the inf is an overflow of the product or of the
  * saved reduction. */
-#define DIAG_BF16_MAX 3.3895313892515355e38 /* largest finite bfloat16 */
 
 static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
                              size_t n, const probe_record *o,
@@ -557,9 +553,7 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
       feeder_kind = d->layers[r[i].layer].info.kind;
   int in_zero = in && in->zero_count > 0;
   int flushed =
-      in && (in->f16_flush > 0 ||
-             (in_zero && isfinite(in->absmin_nonzero) &&
-              in->absmin_nonzero < PROBE_F16_MIN_NORMAL) ||
+      in && (probe__diag_zeros_flushed(in) ||
              (in_zero && (feeder_kind == PROBE_KIND_SOFTMAX ||
                           feeder_kind == PROBE_KIND_ATTENTION)));
   double bound = NAN; /* largest output magnitude the inputs allow */
@@ -573,7 +567,7 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
    * FP16's (an FP32 layer's input came from the FP16 layers) */
   int prec = d->layers[o->layer].info.precision;
   int range = prec == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16;
-  double pmax = range == PROBE_DTYPE_BF16 ? DIAG_BF16_MAX : (double)PROBE_F16_MAX;
+  double pmax = probe__diag_range_max(range);
   const char *plabel = probe__diag_prec_label(range);
   int can_overflow = !(bound < pmax); /* NaN: cannot tell */
   if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */

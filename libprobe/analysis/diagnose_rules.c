@@ -385,18 +385,12 @@ static int nan_of_exact_zeros(const probe_diag *d) {
    * softmax or attention (scores that overflowed: inf-inf is NaN with no
    * inf left), or an input whose squares reach the range (a product that
    * could overflow) may be the precision's doing */
-  if (low && (li->kind == PROBE_KIND_BN || li->kind == PROBE_KIND_LAYERNORM ||
-              li->kind == PROBE_KIND_REVIN || li->kind == PROBE_KIND_SOFTMAX ||
+  if (low && (probe__diag_is_norm_kind(li->kind) || li->kind == PROBE_KIND_SOFTMAX ||
               li->kind == PROBE_KIND_ATTENTION))
     return 0;
-  double range = li->precision == PROBE_DTYPE_F16 ? (double)PROBE_F16_MAX : 3.0e38;
-  if (low && !((double)d->origin_in.absmax * (double)d->origin_in.absmax < range))
-    return 0;
-  int flushed = li->precision == PROBE_DTYPE_F16 &&
-                (d->origin_in.f16_flush > 0 ||
-                 (isfinite(d->origin_in.absmin_nonzero) &&
-                  d->origin_in.absmin_nonzero < PROBE_F16_MIN_NORMAL));
-  return !flushed;
+  double sq = (double)d->origin_in.absmax * (double)d->origin_in.absmax;
+  if (low && !(sq < probe__diag_range_max(li->precision))) return 0;
+  return !(li->precision == PROBE_DTYPE_F16 && probe__diag_zeros_flushed(&d->origin_in));
 }
 
 /* check-weights: a non-finite update reached the weights. */
@@ -909,13 +903,11 @@ static void explain_loss_outside(rank_ctx *c, probe_diag_finding *f) {
                "modules: every value the step's forward recorded was finite",
             (long long)d->event_step);
   add_evidence(f, "%s", d->event_evidence);
-  int partial = strstr(d->event_evidence, "did not record") != NULL;
-  set_next(f, "%slook at how the training loop computes the loss of step %lld "
+  set_next(f, "look at how the training loop computes the loss of step %lld "
               "(a log of a probability that is 0: take it from the logits with "
               "log_softmax or cross_entropy; a division by a sum or norm that is "
               "0)%s; the gradients and weights that went non-finite after it "
               "are its consequence",
-           partial ? "record every module (a selection left some out), or " : "",
            (long long)d->event_step,
            fp32_in || d->fp32_run
                ? ""
