@@ -1053,9 +1053,12 @@ static probe_status run_setup(pt_train *T) {
   R->micro0 = (int64_t)probe_comm_rank(R->comm) * R->M;
   probe_status st =
       probe_layers_backend_init(&R->be, T->o->backend, NULL);
-  if (st != PROBE_OK)
-    return pt_fail(err, errlen, st, "%s backend: %s",
-                   probe_backend_name(T->o->backend), probe_status_str(st));
+  if (st != PROBE_OK) {
+    const char *why = probe_layers_backend_error(T->o->backend);
+    return pt_fail(err, errlen, st, "%s backend: %s%s%s",
+                   probe_backend_name(T->o->backend), probe_status_str(st),
+                   why ? ": " : "", why ? why : "");
+  }
   R->ops = R->be.ops;
   R->dev = R->ops->device_memory;
   /* Generator parameters are sized by the config alone: check them before

@@ -442,6 +442,10 @@ typedef struct probe_layers_backend {
  * PROBE_ERR_INVALID_ARG for an unknown kind. On error *b is zeroed. */
 probe_status probe_layers_backend_init(probe_layers_backend *b,
                                        probe_backend kind, void *stream);
+/* Why the backend's last init failed, where its status does not say it all
+ * (CUDA: cuBLAS, opened at the first init, could not be loaded: "cannot
+ * load libcublas.so.13: ..."), or NULL. */
+const char *probe_layers_backend_error(probe_backend kind);
 /* Frees the context; b may be zeroed or NULL. */
 void probe_layers_backend_free(probe_layers_backend *b);
 /* "cpu", "cuda", or "?" for an unknown kind. */

@@ -292,17 +292,18 @@ typedef struct backend_entry {
   const char *name;
   const probe_layer_ops *(*ops)(void); /* NULL: not in this build */
   probe_status (*create)(void **ctx, void *stream);
+  const char *(*error)(void); /* NULL: its status says it all */
 } backend_entry;
 
 static const probe_layer_ops *cpu_table(void) { return &cpu_ops; }
 
 static const backend_entry registry[] = {
-    {PROBE_BACKEND_CPU, "cpu", cpu_table, cpu_create},
+    {PROBE_BACKEND_CPU, "cpu", cpu_table, cpu_create, NULL},
 #ifdef AMPPROBE_HAVE_CUDA
     {PROBE_BACKEND_CUDA, "cuda", probe__cuda_layer_ops,
-     probe__cuda_layers_create},
+     probe__cuda_layers_create, probe__cuda_layers_error},
 #else
-    {PROBE_BACKEND_CUDA, "cuda", NULL, NULL},
+    {PROBE_BACKEND_CUDA, "cuda", NULL, NULL, NULL},
 #endif
 };
 
@@ -341,6 +342,11 @@ probe_status probe_layers_backend_init(probe_layers_backend *b,
   b->ctx = ctx;
   b->kind = kind;
   return PROBE_OK;
+}
+
+const char *probe_layers_backend_error(probe_backend kind) {
+  const backend_entry *e = find(kind);
+  return e && e->error ? e->error() : NULL;
 }
 
 void probe_layers_backend_free(probe_layers_backend *b) {

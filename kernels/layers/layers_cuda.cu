@@ -16,11 +16,21 @@
  * per-element rounding; reductions run one thread per row/column/series in
  * the CPU's order, so with -fmad=false they agree with the CPU to the last
  * bit except where a GEMM's summation order differs.
+ *
+ * cuBLAS is opened (dlopen) when the first context is created, not linked:
+ * loading libcublas and libcublasLt costs ~0.3 s and ~210 MB of resident
+ * memory, which every run of the ampprobe CLI paid, postmortem and --help
+ * included. Its six functions are called through blas_api. A build against
+ * an emulated cuBLAS (tests/layers/emu, AMPPROBE_CUBLAS_LINKED) links them.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#ifndef AMPPROBE_CUBLAS_LINKED
+#include <dlfcn.h>
+#endif
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +38,102 @@
 #include "ampprobe/numerics.h"
 #include "layers-backend.h"
 #include "layers-impl.h"
+
+/* ---- cuBLAS, opened on first use ------------------------------------------ */
+
+typedef struct blas_api {
+  decltype(&cublasCreate) create;
+  decltype(&cublasDestroy) destroy;
+  decltype(&cublasSetStream) set_stream;
+  decltype(&cublasSetMathMode) set_math_mode;
+  /* spelt out: in C++ the header overloads both (cudaDataType compute) */
+  cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                         int, int, int, const void *, const void *,
+                         cudaDataType, int, const void *, cudaDataType, int,
+                         const void *, void *, cudaDataType, int,
+                         cublasComputeType_t, cublasGemmAlgo_t);
+  cublasStatus_t (*gemm_batched)(cublasHandle_t, cublasOperation_t,
+                                 cublasOperation_t, int, int, int,
+                                 const void *, const void *, cudaDataType, int,
+                                 long long, const void *, cudaDataType, int,
+                                 long long, const void *, void *, cudaDataType,
+                                 int, long long, int, cublasComputeType_t,
+                                 cublasGemmAlgo_t);
+} blas_api;
+
+#define BLAS_STR_(x) #x
+#define BLAS_STR(x) BLAS_STR_(x)
+
+static blas_api blas;        /* all set, or all NULL */
+static char blas_why[200];   /* why the load failed: "" when it did not */
+
+/* Fills blas (once; the C++ static's initialisation is thread-safe).
+ * Returns 1 when every function is there. */
+static int blas_load(void) {
+  static const int ok = [] {
+#ifdef AMPPROBE_CUBLAS_LINKED
+    blas.create = &cublasCreate;
+    blas.destroy = &cublasDestroy;
+    blas.set_stream = &cublasSetStream;
+    blas.set_math_mode = &cublasSetMathMode;
+    blas.gemm = &cublasGemmEx; /* the overload of the member's type */
+    blas.gemm_batched = &cublasGemmStridedBatchedEx;
+    return 1;
+#else
+    /* the major version this file was compiled against, as the runtime's
+     * loader names it; then the file configure found, for a library
+     * outside the loader's search path */
+    const char *names[] = {"libcublas.so." BLAS_STR(CUBLAS_VER_MAJOR),
+#ifdef AMPPROBE_CUBLAS_PATH
+                           AMPPROBE_CUBLAS_PATH,
+#endif
+                           NULL};
+    void *h = NULL;
+    const char *e = "";
+    for (int i = 0; names[i] && !h; i++) {
+      h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+      if (!h && i == 0) {
+        const char *d = dlerror();
+        e = d ? d : "not found";
+        snprintf(blas_why, sizeof blas_why, "cannot load %s: %.150s", names[0], e);
+      }
+    }
+    if (!h) return 0;
+    blas_api a;
+    int all = 1;
+#define BLAS_SYM(field, sym)                                                   \
+  do {                                                                         \
+    void *f_ = dlsym(h, sym);                                                  \
+    if (!f_ && all) {                                                          \
+      snprintf(blas_why, sizeof blas_why, "%s has no %s", names[0], sym);      \
+      all = 0;                                                                 \
+    }                                                                          \
+    memcpy(&a.field, &f_, sizeof f_);                                          \
+  } while (0)
+    BLAS_SYM(create, "cublasCreate_v2");
+    BLAS_SYM(destroy, "cublasDestroy_v2");
+    BLAS_SYM(set_stream, "cublasSetStream_v2");
+    BLAS_SYM(set_math_mode, "cublasSetMathMode");
+    BLAS_SYM(gemm, "cublasGemmEx");
+    BLAS_SYM(gemm_batched, "cublasGemmStridedBatchedEx");
+#undef BLAS_SYM
+    if (!all) {
+      dlclose(h);
+      return 0;
+    }
+    blas_why[0] = '\0'; /* a later name loaded */
+    blas = a;            /* kept open for the process's life */
+    return 1;
+#endif
+  }();
+  return ok;
+}
+
+extern "C" const char *probe__cuda_layers_error(void) {
+  return blas_why[0] ? blas_why : NULL;
+}
+
+extern "C" int probe__cuda_blas_loadable(void) { return blas_load(); }
 
 typedef struct cuda_ctx {
   cudaStream_t stream;
@@ -136,7 +242,7 @@ static void cuda_destroy(void *ctx) {
     return;
   cudaStreamSynchronize(c->stream);
   if (c->blas)
-    cublasDestroy(c->blas);
+    blas.destroy(c->blas);
   cudaFree(c->scratch);
   cudaFree(c->d_acc);
   cudaFree(c->d_flag);
@@ -151,16 +257,18 @@ extern "C" probe_status probe__cuda_layers_create(void **out, void *stream) {
     cudaGetLastError();
     return PROBE_ERR_NO_DEVICE;
   }
+  if (!blas_load())
+    return PROBE_ERR_CUDA; /* probe__cuda_layers_error says why */
   cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
   if (!c)
     return PROBE_ERR_NOMEM;
   c->stream = (cudaStream_t)stream;
-  if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+  if (blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS) {
     free(c);
     return PROBE_ERR_CUDA;
   }
-  if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH) !=
+  if (blas.set_stream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+      blas.set_math_mode(c->blas, CUBLAS_PEDANTIC_MATH) !=
           CUBLAS_STATUS_SUCCESS ||
       cudaMalloc((void **)&c->d_acc, sizeof(double)) != cudaSuccess ||
       cudaMalloc((void **)&c->d_flag, sizeof(int)) != cudaSuccess) {
@@ -259,11 +367,11 @@ static probe_status gemm(cuda_ctx *c, int ta, int tb, int M, int N, int K,
   cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1)
-    CUBLAS_TRY(cublasGemmEx(c->blas, opB, opA, N, M, K, &alpha, B, abt, ldb, A,
+    CUBLAS_TRY(blas.gemm(c->blas, opB, opA, N, M, K, &alpha, B, abt, ldb, A,
                             abt, lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
   else
-    CUBLAS_TRY(cublasGemmStridedBatchedEx(
+    CUBLAS_TRY(blas.gemm_batched(
         c->blas, opB, opA, N, M, K, &alpha, B, abt, ldb, sB, A, abt, lda, sA,
         &beta, C, ct, ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return PROBE_OK;
