@@ -1075,32 +1075,33 @@ class Tracer:
 
     def _check_nonfinite(self, step, lossv, skipped, refs):
         first = self.session.first_nonfinite()
+        loss_nf = not math.isfinite(lossv)
         hit = None
         if first[0] == step:
             L = next(x for x in self._layers if x.lid == first[1])
             hit = (L, first[2])
-        elif first[0] >= 0 and (not math.isfinite(lossv) or skipped):
+        elif first[0] >= 0 and (loss_nf or skipped):
             # An earlier event took the session's "first"; scan this step's
             # tensors (only on a step whose loss or gradients are bad).
-            for L, site, t in refs:
-                if not bool(torch.isfinite(t).all()):
-                    hit = (L, site)
-                    break
-        if hit is None:
-            if not math.isfinite(lossv) and first[0] != step:
-                hit = (None, "loss")
-            else:
-                return
-        L, site = hit
-        phase = _lib.SITE_PHASE.get(site, "forward")
-        if phase != "forward" and not math.isfinite(lossv):
+            hit = _first_bad(refs)
+        if loss_nf and (hit is None or
+                        _lib.SITE_PHASE.get(hit[1], "forward") != "forward"):
             # The loss is non-finite but the step's first non-finite record
-            # comes after the forward (a gradient, a master weight): the
-            # loss was made non-finite in the forward, by code no module
-            # covers (a loss written as a plain function, -log(p) with p
-            # underflowed to 0), scaler or not.
-            L, site, phase = None, "loss", "forward"
-        elif phase == "backward" and skipped:
+            # comes after a forward (a gradient, a master weight): with
+            # several micro-batches per step, an earlier micro-batch's
+            # backward (a routine gradient overflow) can come before the
+            # forward that made the loss non-finite, so that forward is
+            # looked for in every micro-batch. None: the loss was made
+            # non-finite by code no module covers (a loss written as a
+            # plain function, -log(p) with p underflowed to 0), scaler or
+            # not.
+            hit = _first_bad(refs, forward=True) or (None, "loss")
+        if hit is None:
+            return
+        L, site = hit
+        phase = _lib.SITE_PHASE.get(site, "forward") if L is not None \
+            else "forward"
+        if phase == "backward" and skipped:
             return  # the loss scaler's routine overflow: step skipped
         if step <= self._reported:
             return
@@ -1109,8 +1110,11 @@ class Tracer:
         kind = L.kind if L is not None else "loss"
         detail = ""
         if L is not None:
-            t = next((t for (l2, s2, t) in refs if l2 is L and s2 == site),
-                     None)
+            # the non-finite tensor of that site (a layer runs once per
+            # micro-batch: the first one's may be finite)
+            same = [t for (l2, s2, t) in refs if l2 is L and s2 == site]
+            t = next((t for t in same if not bool(torch.isfinite(t).all())),
+                     same[0] if same else None)
             if t is not None:
                 detail = " (%d NaN, %d +inf, %d -inf of %d)" % (
                     int(torch.isnan(t).sum()), int((t == math.inf).sum()),
@@ -1221,6 +1225,23 @@ class Tracer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _first_bad(refs, forward=False):
+    """(layer, site) of the first of a step's recorded tensors (execution
+    order) holding a NaN or inf, of a forward site only when forward=True;
+    None when every one is finite. A weight recorded as the parameter
+    itself (not emulated: no copy) is left out: it holds the values the
+    optimizer wrote after the forward (a non-finite update made it
+    non-finite, and it was named as the forward's origin)."""
+    for L, site, t in refs:
+        if forward and _lib.SITE_PHASE.get(site, "forward") != "forward":
+            continue
+        if site == "weight" and not L.emulate:
+            continue
+        if not bool(torch.isfinite(t).all()):
+            return (L, site)
+    return None
 
 
 def _tracker(sc):

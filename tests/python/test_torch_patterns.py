@@ -8,6 +8,8 @@ tracer changed in the model."""
 import collections
 import copy
 import io
+import json
+import subprocess
 import warnings
 
 import numpy as np
@@ -551,6 +553,87 @@ def test_checkpointed_overflow_named_in_the_forward(tmp_path, how):
     ev = ampprobe.postmortem(p)["event"]
     assert (ev["origin_layer"], ev["origin_site"]) == ("blk.0", "fwd_out")
     assert ev.get("fed_by") == "inp", ev.get("fed_by")
+
+
+# ---- gradient accumulation: several micro-batches per step ----------------------
+
+class Accum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.act = nn.ReLU(inplace=True)
+        self.fc2 = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def accum_run(path, bad_mb, what, bad_step, scale, mode):
+    """4 micro-batches per optimizer step, FP16 emulated, a LossScaler;
+    micro-batch bad_mb of bad_step makes fc1's output overflow (what
+    "fwd") or its loss -inf outside any module (what "loss")."""
+    torch.manual_seed(0)
+    m = Accum()
+    crit = nn.MSELoss()
+    tr = at.Tracer(m, path, loss_fn=crit if what == "fwd" else None,
+                   emulate_fp16=True, on_nonfinite=mode)
+    sc = at.LossScaler(init_scale=scale)
+    tr.attach_scaler(sc)
+    opt = torch.optim.SGD(m.parameters(), 1e-3)
+    for step in range(3):
+        opt.zero_grad()
+        tot = 0.0
+        for mb in range(4):
+            g = torch.Generator().manual_seed(step * 10 + mb)
+            x, y = torch.randn(2, 4, generator=g), torch.randn(2, 1, generator=g)
+            bad = step == bad_step and mb == bad_mb
+            if bad and what == "fwd":
+                x[0, 0] = 1e6  # finite in FP32, inf once fc1 is in FP16
+            loss = crit(m(x), y) / 4
+            if bad and what == "loss":
+                loss = loss + torch.log(torch.zeros(()))
+            tot += float(loss)
+            sc.scale(loss).backward()
+        sc.step(opt)
+        sc.update()
+        tr.end_step(loss=tot, optimizer=opt)
+    tr.close()
+
+
+@pytest.mark.parametrize("bad_mb", [0, 2, 3])
+@pytest.mark.parametrize("what", ["fwd", "loss"])
+@pytest.mark.parametrize("bad_step,scale", [(1, 256.0), (1, 1e35), (0, 1e35)])
+def test_gradient_accumulation_names_the_micro_batch_forward(
+        tmp_path, cli, bad_mb, what, bad_step, scale):
+    """With several micro-batches per step, a non-finite forward in a later
+    micro-batch is named (raise and the post-mortem), not the loss: an
+    earlier micro-batch's routine gradient overflow (scale 1e35: every
+    step's gradients overflow; bad_step 0: the session's first non-finite
+    record of the step, bad_step 1: a step after one) came first in the
+    step and made raise say "loss, forward" (the loss-outside rule). A loss
+    made -inf outside any module is the loss."""
+    p = str(tmp_path / "a.h5")
+    with pytest.raises(at.NonFiniteError) as e:
+        accum_run(p, bad_mb, what, bad_step, scale, "raise")
+    want = ("fc1", "fwd_out") if what == "fwd" else ("loss", "loss")
+    got = (e.value.module, e.value.site, e.value.phase, e.value.step)
+    assert got == want + ("forward", bad_step), str(e.value)
+    if what == "fwd":
+        assert "(0 NaN, 0 +inf, 0 -inf" not in str(e.value)  # the bad micro-batch's
+    p = str(tmp_path / "b.h5")
+    accum_run(p, bad_mb, what, bad_step, scale, "record")
+    ev = ampprobe.postmortem(p)["event"]
+    if what == "fwd":
+        assert (ev["origin_layer"], ev["origin_site"], ev["phase"],
+                ev["step"]) == ("fc1", "fwd_out", "forward", bad_step), ev
+    else:
+        assert (ev["kind"], ev["phase"], ev["step"]) == (
+            "loss-nonfinite", "forward", bad_step), ev
+    out = subprocess.run([cli, "postmortem", "--json", p], stdout=subprocess.PIPE,
+                         universal_newlines=True, check=False).stdout
+    cev = json.loads(out)["event"]
+    assert (cev["kind"], cev["step"], cev.get("origin_layer")) == (
+        ev["kind"], ev["step"], ev.get("origin_layer")), out[:400]
 
 
 # ---- in-place modules stay in place (audit F4) ---------------------------------
