@@ -323,29 +323,49 @@ def _grad_hook(tracer, L, site):
     return hook
 
 
-# Frames that mean "this forward runs inside a backward pass": the
-# engine's entry points (a CPU backward runs on the calling thread), a
-# custom Function's backward (reentrant activation checkpointing recomputes
-# its forward there, on any thread) and the non-reentrant checkpoint's
-# unpack hook (where torch 1.13 recomputes).
+# Is a forward hook running inside a backward pass (activation
+# checkpointing's recomputation)? torch >= 2 says so itself: the autograd
+# engine's current graph task (torch._C._current_graph_task_id(), -1 outside
+# a backward, set on whichever thread - CPU caller or CUDA device thread -
+# runs the backward; torch.utils.checkpoint keys its recomputation on it).
+# torch 1.13 has no such call: the Python stack is walked for the frames
+# that mean it, see _BACKWARD_CODES and _CHECKPOINT_UNPACK; the walk is
+# also made under torch >= 2 when the graph task says no (a saved tensor
+# unpacked outside a backward, where checkpoint recomputes too).
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+# The engine's entry points (a CPU backward runs on the calling thread) and
+# a custom Function's backward (reentrant checkpointing,
+# CheckpointFunction.backward, recomputes its forward there, on any thread).
 _BACKWARD_CODES = frozenset(
     f.__code__ for f in (
         torch.autograd.backward, torch.autograd.grad,
         getattr(getattr(torch.autograd.function, "BackwardCFunction", None),
                 "apply", None))
     if hasattr(f, "__code__"))
+# The non-reentrant checkpoint's saved-tensor unpack hook, where it
+# recomputes: `unpack` in torch 1.13's _checkpoint_without_reentrant,
+# `unpack_hook` in torch 2.x's _checkpoint_hook (both in
+# torch/utils/checkpoint.py).
+_CHECKPOINT_UNPACK = frozenset(("unpack", "unpack_hook"))
 _CHECKPOINT_FILE = getattr(torch.utils.checkpoint, "__file__", None)
 
 
 def _in_backward():
     """True when called (from a forward hook) during a backward pass: a
     forward recomputed there (activation checkpointing) is no forward of
-    the step. A walk up the Python stack; only made for a module's second
-    forward under grad in a step."""
-    f = sys._getframe(2)
+    the step. Only asked for a module's second forward under grad in a
+    step."""
+    if _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1:
+        return True
+    return _backward_frame(sys._getframe(2))
+
+
+def _backward_frame(f):
+    """True when frame f or one it was called from is a backward's (see
+    _BACKWARD_CODES, _CHECKPOINT_UNPACK)."""
     while f is not None:
         c = f.f_code
-        if c in _BACKWARD_CODES or (c.co_name == "unpack" and
+        if c in _BACKWARD_CODES or (c.co_name in _CHECKPOINT_UNPACK and
                                     c.co_filename == _CHECKPOINT_FILE):
             return True
         f = f.f_back

@@ -10,6 +10,8 @@ import copy
 import io
 import json
 import subprocess
+import sys
+import threading
 import warnings
 
 import numpy as np
@@ -553,6 +555,69 @@ def test_checkpointed_overflow_named_in_the_forward(tmp_path, how):
     ev = ampprobe.postmortem(p)["event"]
     assert (ev["origin_layer"], ev["origin_site"]) == ("blk.0", "fwd_out")
     assert ev.get("fed_by") == "inp", ev.get("fed_by")
+
+
+def frame_of(name, filename):
+    """at._in_backward() asked by a forward hook called from a function
+    `name` compiled as if it were in `filename` (a synthetic stack: torch's
+    checkpoint hook as some torch version names it), on a thread of its own
+    (as a CUDA device thread runs a backward: no backward() frame below)."""
+    ns = {}
+    exec(compile("def %s(cb):\n    return cb()\n" % name, filename, "exec"), ns)
+
+    def forward_hook():  # _in_backward starts at its caller's caller
+        return at._in_backward()
+
+    box = []
+    t = threading.Thread(target=lambda: box.append(ns[name](lambda: forward_hook())))
+    t.start()
+    t.join()
+    return box[0]
+
+
+@pytest.mark.parametrize("name,want", [
+    ("unpack", True),        # torch 1.13's _checkpoint_without_reentrant
+    ("unpack_hook", True),   # torch 2.x's _checkpoint_hook
+    ("pack_hook", False), ("forward", False)])
+def test_recomputation_frames_of_every_torch_version(name, want):
+    """The non-reentrant checkpoint recomputes inside its unpack hook, named
+    `unpack` in torch 1.13 and `unpack_hook` in torch 2.x (only `unpack`
+    was known: on a CUDA device thread, where no backward() frame is on
+    the stack, torch 2's recomputation was taken for a second forward of
+    the step and recorded); only in torch/utils/checkpoint.py."""
+    assert frame_of(name, at._CHECKPOINT_FILE) is want
+    assert frame_of(name, "/somewhere/else.py") is False
+
+
+def test_graph_task_says_backward(monkeypatch):
+    """Under torch >= 2 the engine's graph task id says whether a backward
+    is running, on any thread, whatever the frames are called; -1 (none)
+    falls back to the frames."""
+    monkeypatch.setattr(at, "_GRAPH_TASK_ID", lambda: 3)
+    assert at._in_backward() is True
+    monkeypatch.setattr(at, "_GRAPH_TASK_ID", lambda: -1)
+    assert at._in_backward() is False
+
+
+def test_in_backward_with_this_torch():
+    """With the installed torch: False in a forward, True in a backward (a
+    custom Function's, where reentrant checkpointing recomputes)."""
+    seen = []
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("fwd", at._in_backward()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("bwd", at._in_backward()))
+            return g * 2
+
+    x = torch.ones(2, requires_grad=True)
+    F.apply(x).sum().backward()
+    assert seen == [("fwd", False), ("bwd", True)]
 
 
 # ---- gradient accumulation: several micro-batches per step ----------------------
