@@ -7,6 +7,7 @@
 #define AMPPROBE_DIAGNOSE_IMPL_H
 
 #include <math.h>
+#include <string.h>
 
 #include "ampprobe/analysis.h"
 #include "analysis-impl.h"
@@ -52,6 +53,19 @@ static inline int probe__diag_is_norm_kind(int k) {
 #define PROBE__DIAG_BF16_MAX 3.3895313892515355e38 /* largest finite bfloat16 */
 static inline double probe__diag_range_max(int dtype) {
   return dtype == PROBE_DTYPE_BF16 ? PROBE__DIAG_BF16_MAX : (double)PROBE_F16_MAX;
+}
+
+/* How a weight-nonfinite event's evidence (d->event_evidence, written by
+ * the walker's master_outgrew) opens when the weights the forward used were
+ * non-finite while the FP32 masters the previous step's update left were
+ * finite and their copy could not overflow: changed between the steps by
+ * something other than the optimizer (explain_weights words its finding
+ * from this opening; the "outgrew FP16" evidence opens otherwise). */
+#define PROBE__DIAG_WEIGHTS_EDITED "changed outside the optimizer: "
+static inline int probe__diag_weights_edited(const probe_diag *d) {
+  return d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+         strncmp(d->event_evidence, PROBE__DIAG_WEIGHTS_EDITED,
+                 sizeof PROBE__DIAG_WEIGHTS_EDITED - 1) == 0;
 }
 
 /* Zeros of an input that the statistics alone show came from flushing in

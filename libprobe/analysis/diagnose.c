@@ -18,6 +18,7 @@
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -643,26 +644,61 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
 
 /* Finds the origin of the step's first non-finite value and classifies it.
  * Writes the event fields of `e`. Returns 1 when the step holds one. */
-/* Weights that are non-finite as the forward used them (the FP16 copy)
- * while the FP32 master weights the previous step left were finite but
- * beyond FP16's range: not a non-finite update but weights that outgrew
- * FP16 (a learning rate too large for them, no weight decay). Says so in
- * the event's evidence (explain_weights words its finding from it). */
-static void master_outgrew(walker *w, probe_diag *e, const probe_record *o) {
+/* Weights that are non-finite as the forward used them (their copy in the
+ * layer's precision, record r[origin]) while the FP32 master weights the
+ * previous step left were finite. Says which of two things the records
+ * show in the event's evidence (explain_weights words its finding from
+ * it; no evidence: neither):
+ *  - the masters were beyond FP16's range: not a non-finite update but
+ *    weights that outgrew FP16 (a learning rate too large for them, no
+ *    weight decay);
+ *  - the masters were within the copy's range after the step just before
+ *    (no update comes between them and this forward): the weights were
+ *    changed in between by something other than the optimizer (an in-place
+ *    edit under no_grad, a load_state_dict, a hook); opens with
+ *    PROBE__DIAG_WEIGHTS_EDITED, and gives this step's masters (after its
+ *    update) when recorded. */
+static void master_outgrew(walker *w, probe_diag *e, const probe_record *r,
+                           size_t n, int origin) {
   const probe_diag *d = w->d;
-  if (o->site != PROBE_SITE_WEIGHT || o->layer < 0 || o->layer >= d->n_layers ||
-      d->layers[o->layer].info.precision != PROBE_DTYPE_F16)
+  const probe_record *o = &r[origin];
+  if (o->site != PROBE_SITE_WEIGHT || o->layer < 0 || o->layer >= d->n_layers)
     return;
+  int prec = d->layers[o->layer].info.precision;
   const master_seen *m = &w->masters[o->layer];
-  if (m->step < 0 || m->step >= o->step || !m->finite ||
-      !(m->absmax > (double)PROBE_F16_MAX))
+  if (m->step < 0 || m->step >= o->step || !m->finite) return;
+  if (prec == PROBE_DTYPE_F16 && m->absmax > (double)PROBE_F16_MAX) {
+    snprintf(e->event_evidence, sizeof e->event_evidence,
+             "its FP32 master weights were finite after step %lld's update "
+             "(absmax %.4g), beyond FP16's %g: their FP16 copy, which the "
+             "forward uses, is inf - the weights outgrew FP16, no non-finite "
+             "update reached them",
+             (long long)m->step, (double)m->absmax, (double)PROBE_F16_MAX);
     return;
+  }
+  /* the copy of finite masters within its range is finite; a gap in the
+   * steps (a sampled trace) may hide updates */
+  double copy_max = prec == PROBE_DTYPE_F16    ? (double)PROBE_F16_MAX
+                    : prec == PROBE_DTYPE_BF16 ? PROBE__DIAG_BF16_MAX
+                                               : (double)FLT_MAX;
+  if (m->step != o->step - 1 || !(m->absmax <= copy_max)) return;
+  float after = -1;
+  int after_nf = 0;
+  for (size_t i = (size_t)origin + 1; i < n; i++)
+    if (r[i].site == PROBE_SITE_MASTER_WEIGHT && r[i].layer == o->layer) {
+      if (stats_nonfinite(&r[i].stats)) after_nf = 1;
+      else if (r[i].stats.absmax > after) after = r[i].stats.absmax;
+    }
+  char now[96] = "";
+  if (after >= 0 && !after_nf)
+    snprintf(now, sizeof now, "; after step %lld's update they are absmax %.4g",
+             (long long)o->step, (double)after);
   snprintf(e->event_evidence, sizeof e->event_evidence,
-           "its FP32 master weights were finite after step %lld's update "
-           "(absmax %.4g), beyond FP16's %g: their FP16 copy, which the "
-           "forward uses, is inf - the weights outgrew FP16, no non-finite "
-           "update reached them",
-           (long long)m->step, (double)m->absmax, (double)PROBE_F16_MAX);
+           PROBE__DIAG_WEIGHTS_EDITED "its FP32 masters were finite after "
+           "step %lld's update (absmax %.4g, within %s's range), their %s copy "
+           "is non-finite in step %lld's forward, before any update of it%s",
+           (long long)m->step, (double)m->absmax, probe__diag_prec_label(prec),
+           probe__diag_prec_label(prec), (long long)o->step, now);
 }
 
 /* Whether a value the step's forward made or used is non-finite: a
@@ -824,7 +860,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   if (origin < 0) return 0;
   if (!from_loss) e->event_evidence[0] = '\0';
   if (kind == PROBE_DIAG_EVENT_WEIGHT_NONFINITE)
-    master_outgrew(w, e, &r[origin]);
+    master_outgrew(w, e, r, n, origin);
 
   const probe_record *o = &r[origin];
   layer_step call = w->ls[o->layer];

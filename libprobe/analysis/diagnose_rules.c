@@ -401,10 +401,18 @@ static double score_weights(const rank_ctx *c) { (void)c; return SCORE_CHECK_WEI
 static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
   /* master_outgrew (diagnose.c) wrote the evidence: finite FP32 masters
-   * beyond FP16's range, an FP16 copy that overflowed */
-  int outgrew = d->event_evidence[0] != '\0';
+   * the optimizer left within the copy's range (changed since by something
+   * else: edited), or beyond FP16's range with an FP16 copy that
+   * overflowed (outgrew) */
+  int edited = probe__diag_weights_edited(d);
+  int outgrew = !edited && d->event_evidence[0] != '\0';
   int loaded = !before_event_updates(d);
-  if (outgrew)
+  if (edited)
+    set_title(f, "the weights of '%s' were changed outside the optimizer "
+                 "before step %lld: non-finite as its forward used them, "
+                 "finite after the last update",
+              c->oname, (long long)d->event_step);
+  else if (outgrew)
     set_title(f, "the weights of '%s' outgrew FP16: their FP16 copy is inf at "
                  "step %lld while the FP32 master weights are finite",
               c->oname, (long long)d->event_step);
@@ -420,7 +428,15 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
                (unsigned long long)d->origin_out.nan_count,
                (unsigned long long)(d->origin_out.posinf_count +
                                     d->origin_out.neginf_count));
-  if (outgrew) {
+  if (edited) {
+    add_evidence(f, "%s", d->event_evidence + sizeof PROBE__DIAG_WEIGHTS_EDITED - 1);
+    set_next(f, "find what writes to the weights of '%s' between optimizer "
+                "steps (an in-place edit under torch.no_grad(), "
+                "load_state_dict, a hook, a copy from another model) and "
+                "check the values it writes; no update made them non-finite, "
+                "so neither the learning rate nor the precision explains it",
+             c->oname);
+  } else if (outgrew) {
     add_evidence(f, "%s", d->event_evidence);
     set_next(f, "lower the learning rate of '%s' (or add weight decay) so its "
                 "weights stay within FP16's range, or keep it in FP32: "
@@ -1063,7 +1079,7 @@ void probe__diag_rank(probe_diag *d) {
    * checkpoint), and in FP32 the updates must have shown it (the loss
    * climbed or the weights grew; else an op made the value: not-precision,
    * or the loss computation: loss-outside). */
-  int updated = before_event_updates(d);
+  int updated = before_event_updates(d) && !probe__diag_weights_edited(d);
   c.lr_signature = c.has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
                    updated &&
                    ((fp32_diverged && !loss_outside(d) &&

@@ -498,7 +498,8 @@ class Ckpt(nn.Module):
         return self.head(self.norm(h))
 
 
-def ckpt_run(path, how, steps=3, bad_step=None, micro=1, mode="record"):
+def ckpt_run(path, how, steps=3, bad_step=None, micro=1, mode="record",
+             mul=3e4):
     torch.manual_seed(0)
     m = Ckpt(how)
     crit = nn.MSELoss()
@@ -512,7 +513,7 @@ def ckpt_run(path, how, steps=3, bad_step=None, micro=1, mode="record"):
         for step in range(steps):
             if step == bad_step:
                 with torch.no_grad():
-                    m.blk[0].weight.mul_(3e4)
+                    m.blk[0].weight.mul_(mul)
             opt.zero_grad()
             for k in range(micro):
                 g = torch.Generator().manual_seed(step * 10 + k)
@@ -555,6 +556,24 @@ def test_checkpointed_overflow_named_in_the_forward(tmp_path, how):
     ev = ampprobe.postmortem(p)["event"]
     assert (ev["origin_layer"], ev["origin_site"]) == ("blk.0", "fwd_out")
     assert ev.get("fed_by") == "inp", ev.get("fed_by")
+
+
+def test_weights_edited_between_steps_are_not_blamed_on_an_update(tmp_path):
+    """Weights multiplied by 1e6 under no_grad between steps (their FP16
+    copy overflows, the FP32 masters stay finite): the diagnosis says they
+    were changed outside the optimizer (it said "a non-finite update
+    reached the weights ... lower the learning rate"; audit F8)."""
+    p = str(tmp_path / "e.h5")
+    ckpt_run(p, "plain", bad_step=1, mul=1e6)
+    pm = ampprobe.postmortem(p)
+    assert (pm["event"]["kind"], pm["event"]["origin_layer"],
+            pm["event"]["origin_site"]) == ("weight-nonfinite", "blk.0", "weight")
+    top = pm["diagnosis"][0]
+    assert top["id"] == "check-weights", top
+    assert "changed outside the optimizer before step 1" in top["title"], top
+    assert "finite after step 0's update" in " ".join(top["evidence"]), top
+    text = json.dumps(pm["diagnosis"])
+    assert "lower-lr" not in text and "non-finite update reached" not in text, text
 
 
 def frame_of(name, filename):

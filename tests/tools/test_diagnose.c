@@ -899,6 +899,77 @@ START_TEST(test_weights_outgrew_fp16) {
 }
 END_TEST
 
+/* Weights changed between steps by something other than the optimizer
+ * (Python audit F8: `w.mul_(1e6)` under no_grad between steps): the FP32
+ * masters the previous step's update left were finite and within the
+ * copy's range, and the weights the next forward used are non-finite. The
+ * finding said "a non-finite update reached the weights ... lower the
+ * learning rate". The loss climbs and the masters grow (the edit), which
+ * made the lr signature too. prec: the layer's; gap: the trace skips the
+ * step before the event (a sampled trace: updates unseen, not claimed). */
+static void weights_edited_case(probe_diag *d, const char *p, probe_dtype prec,
+                                int gap) {
+  probe_session *s = hb_open(p, prec == PROBE_DTYPE_F16 ? "fp16" : "fp32");
+  int32_t fc = hb_layer(s, "fc", PROBE_KIND_LINEAR, prec);
+  float w[N], m[N];
+  const int bad = 4;
+  for (int step = 0; step <= bad + 1; step++) {
+    if (gap && step == bad - 1) continue;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) w[i] = m[i] = 0.5f;
+    if (step >= bad) { /* edited: x1e6 in FP32, inf in the FP16 copy */
+      for (int i = 0; i < N; i++) m[i] = 5.0e5f;
+      for (int i = 0; i < N; i++) w[i] = prec == PROBE_DTYPE_F16 ? INFINITY : 5.0e5f;
+      if (prec != PROBE_DTYPE_F16) w[3] = INFINITY; /* FP32: the edit's inf */
+    }
+    hb_rec(s, fc, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, fc, PROBE_SITE_FWD_OUT, w, N);
+    hb_rec(s, fc, PROBE_SITE_MASTER_WEIGHT, m, N);
+    hb_end(s, step >= bad ? INFINITY : 1.0 + 2.0 * step, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag_of(d, p);
+  ck_assert_int_eq(d->event, PROBE_DIAG_EVENT_WEIGHT_NONFINITE);
+  ck_assert_int_eq(d->event_step, bad);
+}
+
+START_TEST(test_weights_changed_outside_the_optimizer) {
+  const char *p = tmp_path("edited");
+  probe_dtype precs[] = {PROBE_DTYPE_F16, PROBE_DTYPE_F32};
+  for (int k = 0; k < 2; k++) {
+    probe_diag d;
+    weights_edited_case(&d, p, precs[k], 0);
+    const probe_diag_finding *f = &d.findings[0];
+    ck_assert_int_eq(f->id, PROBE_DIAG_FINDING_CHECK_WEIGHTS);
+    ck_assert_msg(strstr(f->title, "changed outside the optimizer before step 4"),
+                  "%d: %s", k, f->title);
+    ck_assert_msg(strstr(f->next_step, "between optimizer steps") &&
+                      !strstr(f->next_step, "lower the learning rate") &&
+                      !strstr(f->next_step, "non-finite update reached"),
+                  "%d: %s", k, f->next_step);
+    ck_assert_int_eq(f->n_evidence, 2);
+    ck_assert_msg(strstr(f->evidence[1], "finite after step 3's update (absmax 0.5") &&
+                      strstr(f->evidence[1], "after step 4's update they are absmax 5e+05") &&
+                      strstr(f->evidence[1], k ? "FP32 copy" : "FP16 copy"),
+                  "%d: %s", k, f->evidence[1]);
+    ck_assert_msg(strncmp(d.event_evidence, "changed outside the optimizer: ", 31) == 0,
+                  "%s", d.event_evidence);
+    for (int i = 0; i < d.n_findings; i++)
+      ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_LOWER_LR);
+    probe_diag_free(&d);
+    /* a gap before the event: the updates in it are not in the trace */
+    weights_edited_case(&d, p, precs[k], 1);
+    for (int i = 0; i < d.n_findings; i++)
+      ck_assert_msg(!strstr(d.findings[i].title, "outside the optimizer"), "%d: %s",
+                    k, d.findings[i].title);
+    ck_assert_msg(!strstr(d.event_evidence, "outside the optimizer"), "%s",
+                  d.event_evidence);
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
 /* A backward overflow in a run without loss scaling: the gradients were
  * not scaled, and the event no longer says "scaled gradients" (in the
  * text, the JSON and the finding's evidence). */
@@ -2036,6 +2107,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_nan_of_exact_zeros_is_not_precision);
   tcase_add_test(tc, test_weights_nonfinite_before_any_update);
   tcase_add_test(tc, test_weights_outgrew_fp16);
+  tcase_add_test(tc, test_weights_changed_outside_the_optimizer);
   tcase_add_test(tc, test_unscaled_gradient_overflow);
   tcase_add_test(tc, test_gradient_flushed_at_the_handover);
   tcase_add_test(tc, test_scale_collapse);
