@@ -491,6 +491,15 @@ class Tracer:
                             "torch.nn.Module, got %s" % type(model).__name__)
         if on_nonfinite not in ("record", "warn", "raise"):
             raise ValueError("on_nonfinite: record, warn or raise")
+        if loss_fn is not None and not isinstance(loss_fn, nn.Module):
+            raise TypeError(
+                "ampprobe: Tracer(loss_fn=...): the criterion module (e.g. "
+                "nn.CrossEntropyLoss()), got %s; a loss written as a "
+                "function has no hooks: leave loss_fn out and pass the "
+                "step's loss to end_step(loss=)" % type(loss_fn).__name__)
+        every, step_start, step_end = (_int_arg(n, v) for n, v in (
+            ("every", every), ("step_start", step_start),
+            ("step_end", step_end)))
         if int(step_end) >= 0 and int(step_start) > int(step_end):
             raise ValueError("ampprobe: Tracer(step_start=%d, step_end=%d): "
                              "step_start is after step_end, nothing would "
@@ -1003,17 +1012,20 @@ class Tracer:
         checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
         loss_scale/found_inf/skipped/growth_tracker and call
         scaler_event()."""
-        # refused before the step is touched: call again with a scalar
-        if loss is not None and not torch.is_tensor(loss) and (
-                isinstance(loss, (str, bytes)) or
-                not isinstance(loss, numbers.Real)):
-            raise TypeError("ampprobe: end_step(loss=...) takes the step's "
-                            "scalar loss (a tensor or a number); got %s" %
-                            type(loss).__name__)
-        if torch.is_tensor(loss) and loss.numel() != 1:
-            raise ValueError("ampprobe: end_step(loss=...) takes the step's "
-                             "scalar loss; got a tensor of shape %s (reduce "
-                             "it first, e.g. loss.mean())" % (tuple(loss.shape),))
+        # Every argument is refused before the step is touched (no record
+        # written, the step still open): call again with scalars. A bad lr
+        # or grad_norm failed after the master weights were recorded, and
+        # left libprobe's step open while the tracer had ended it.
+        if lr is None and optimizer is not None:
+            lr = optimizer.param_groups[0]["lr"]
+        loss = _scalar("loss", loss)
+        lr = _scalar("lr", lr)
+        grad_norm = _scalar("grad_norm", grad_norm)
+        max_norm = _scalar("max_norm", max_norm)
+        loss_scale = _scalar("loss_scale", loss_scale)
+        found_inf = _scalar("found_inf", found_inf, int)
+        skipped = _scalar("skipped", skipped, int)
+        growth_tracker = _scalar("growth_tracker", growth_tracker, int)
         self._ensure_step()
         step = self._step
         if scaler is not None and self._scaler is None:
@@ -1059,10 +1071,7 @@ class Tracer:
         have_scaler = sc is not None or bool(self._hand_events) or any(
             v is not None for v in (loss_scale, found_inf, skipped,
                                     growth_tracker))
-        if lr is None and optimizer is not None:
-            lr = optimizer.param_groups[0]["lr"]
-        lossv = float(loss.detach().float()) if torch.is_tensor(loss) else (
-            float(loss) if loss is not None else float("nan"))
+        lossv = loss if loss is not None else float("nan")
         s = self.session
         try:
             # What the job did not tell is "not measured" (NaN + its bit).
@@ -1247,6 +1256,28 @@ class Tracer:
         self.close()
 
 
+def _scalar(name, v, kind=float):
+    """end_step's scalar argument `name` as a float (kind int: an int), None
+    when None: a number or a one-element tensor, else TypeError/ValueError
+    naming the argument."""
+    if v is None:
+        return None
+    what = "the step's scalar loss" if name == "loss" else "a scalar"
+    if torch.is_tensor(v):
+        if v.numel() != 1:
+            raise ValueError("ampprobe: end_step(%s=...) takes %s; got a "
+                             "tensor of shape %s (reduce it first, e.g. "
+                             "loss.mean())" % (name, what, tuple(v.shape)))
+        v = v.detach().float().item() if v.is_floating_point() else v.item()
+    if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
+        raise TypeError("ampprobe: end_step(%s=...) takes %s (a tensor or a "
+                        "number); got %s" % (name, what, type(v).__name__))
+    if kind is int and not math.isfinite(v):
+        raise ValueError("ampprobe: end_step(%s=...) takes an integer; got "
+                         "%r" % (name, v))
+    return float(v) if kind is float else int(v)
+
+
 def _first_bad(refs, forward=False):
     """(layer, site) of the first of a step's recorded tensors (execution
     order) holding a NaN or inf, of a forward site only when forward=True;
@@ -1307,6 +1338,15 @@ def _command_line():
             return shlex.join(parent)
         return ""  # not known here: the post-mortem says "your command"
     return shlex.join(argv)
+
+
+def _int_arg(name, v):
+    """A Tracer integer argument (every, step_start, step_end): an int, or
+    TypeError naming it."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError("ampprobe: Tracer(%s=...): an integer; got %r" %
+                        (name, v))
+    return int(v)
 
 
 def _check_layers(layers):

@@ -609,6 +609,22 @@ def test_failed_tracer_removes_its_trace_file(tmp_path, monkeypatch, where):
     at.Tracer(m, p).close()  # no overwrite needed: nothing was left
 
 
+@pytest.mark.parametrize("kw,match", [
+    ({"loss_fn": lambda out, y: (out - y).sum()}, "loss_fn=.*function"),
+    ({"loss_fn": "mse"}, "loss_fn=.*str"),
+    ({"every": "2"}, "every="), ({"step_start": 1.5}, "step_start="),
+    ({"step_end": None}, "step_end=")])
+def test_tracer_arguments_named_in_their_errors(tmp_path, kw, match):
+    """A criterion given as a function (or a name) is a TypeError naming
+    loss_fn (was "'function' object has no attribute 'parameters'", raised
+    after the trace was opened); every/step_start/step_end that are not
+    integers name themselves (int()'s "invalid literal"); no file is left."""
+    p = str(tmp_path / "n.h5")
+    with pytest.raises(TypeError, match=match):
+        at.Tracer(_mlp(), p, **kw)
+    assert not os.path.exists(p)
+
+
 def test_precision_error_names_its_source(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as e:
         at.Tracer(_mlp(), str(tmp_path / "p.h5"), precision="fp8")
@@ -642,6 +658,37 @@ def test_end_step_rejects_a_loss_that_is_no_number_before_recording(tmp_path, ba
     mw = (r["step"] == 0) & (r["site"] == SITES.index("master_weight"))
     assert int(mw.sum()) == 2  # weight and bias of the Linear, once
     assert t["steps"]["loss"][0] == pytest.approx(float(loss))
+
+
+@pytest.mark.parametrize("arg,bad", [
+    ("lr", "1e-3"), ("grad_norm", "x"), ("grad_norm", [1.0]), ("max_norm", "1"),
+    ("loss_scale", {"s": 1}), ("found_inf", "0"), ("skipped", [0]),
+    ("growth_tracker", "3"), ("found_inf", float("nan")),
+    ("grad_norm", torch.ones(2))])
+def test_end_step_rejects_any_bad_scalar_before_recording(tmp_path, arg, bad):
+    """Every scalar argument of end_step is checked before the step is
+    touched: a bad lr or grad_norm failed after the master weights were
+    recorded, the tracer ended its step while libprobe's stayed open, and
+    the next end_step failed with 'step 1 begun inside step 0'."""
+    m = _mlp()
+    p = str(tmp_path / "a.h5")
+    tr = at.Tracer(m, p)
+    for step in range(2):
+        loss = m(torch.randn(2, 3)).sum()
+        loss.backward()
+        if step == 0:
+            with pytest.raises((TypeError, ValueError), match=arg):
+                tr.end_step(loss=loss, **{arg: bad})
+        tr.end_step(loss=loss, lr=torch.tensor(0.01), grad_norm=torch.tensor(2.0),
+                    max_norm=1.0)
+    tr.close()
+    t = ampprobe.read_trace(p)
+    r = t["records"]
+    for s in (0, 1):
+        mw = (r["step"] == s) & (r["site"] == SITES.index("master_weight"))
+        assert int(mw.sum()) == 2  # weight and bias of the Linear, once
+    assert t["steps"]["lr"].tolist() == pytest.approx([0.01, 0.01])
+    assert t["steps"]["grad_norm"].tolist() == [2.0, 2.0]
 
 
 def test_unknown_custom_kind_warns(tmp_path):
