@@ -570,6 +570,11 @@ class Tracer:
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
+        try:  # the file this session made: only that one is removed
+            made = os.stat(self.path)
+            made = (made.st_dev, made.st_ino)
+        except OSError:
+            made = None
         try:
             self._setup(model, kinds, loss_fn, record_input, comm_hook,
                         comm_state, allreduce_dtype, allreduce_prediv,
@@ -585,7 +590,9 @@ class Tracer:
                 except Exception:
                     pass
             try:
-                os.remove(self.path)
+                now = os.stat(self.path)
+                if made is not None and (now.st_dev, now.st_ino) == made:
+                    os.remove(self.path)
             except OSError:
                 pass
             raise

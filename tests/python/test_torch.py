@@ -609,6 +609,26 @@ def test_failed_tracer_removes_its_trace_file(tmp_path, monkeypatch, where):
     at.Tracer(m, p).close()  # no overwrite needed: nothing was left
 
 
+def test_failed_tracer_removes_only_the_file_it_made(tmp_path, monkeypatch):
+    """The clean-up of a failed Tracer removes the file its session made,
+    not one that took the path meanwhile (another job's trace renamed onto
+    it, a rerun's)."""
+    p = str(tmp_path / "f.h5")
+    other = str(tmp_path / "other.h5")
+    at.Tracer(_mlp(), other).close()
+
+    def boom(*a, **k):  # the path now names another file
+        os.replace(other, p)
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(at.Tracer, "_hook_param", boom)
+    with pytest.raises(RuntimeError, match="planted"):
+        at.Tracer(_mlp(), p)
+    monkeypatch.undo()
+    assert os.path.exists(p)
+    assert ampprobe.read_trace(p)["layers"] is not None
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"loss_fn": lambda out, y: (out - y).sum()}, "loss_fn=.*function"),
     ({"loss_fn": "mse"}, "loss_fn=.*str"),
