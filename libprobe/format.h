@@ -126,6 +126,11 @@ void probe__trace_open_msg(const char *fmt, ...)
  * found_inf and skipped are 0 or 1; a /scaler_events row has a known kind
  * and a step >= 0. */
 int probe__step_flags_ok(const probe_step_scalars *s);
+/* The same for a /steps row's values: why no caller can have measured
+ * them (a negative loss_scale, grad_norm or clip_threshold: a scale, a
+ * norm, a max_norm), NULL when they pass. NaN and inf pass: a diverging
+ * run's norm is non-finite, and an unmeasured value is stored as NaN. */
+const char *probe__step_values_why(const probe_step_scalars *s);
 
 /* UTF-8 (format.c): the length (2..4) of the valid multi-byte sequence at
  * p, 0 when there is none (an ASCII byte, a stray or overlong byte, a

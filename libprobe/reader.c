@@ -483,6 +483,11 @@ static probe_status read_rank(probe_trace *t) {
   return PROBE_OK;
 }
 
+static int layer_name_cmp(const void *a, const void *b) {
+  return strcmp((*(const probe_layer_info *const *)a)->name,
+                (*(const probe_layer_info *const *)b)->name);
+}
+
 static probe_status read_layers(probe_trace *t) {
   int64_t n = t->rows[PROBE__T_LAYERS];
   if (n > PROBE_LAYERS_MAX)
@@ -501,6 +506,25 @@ static probe_status read_layers(probe_trace *t) {
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /layers row %lld",
                   (long long)i);
   }
+  /* Names are unique (probe_layer_register refuses a second one; the
+   * analyses find layers by name): sorted, equal names are neighbours. */
+  if (n < 2) return PROBE_OK;
+  const probe_layer_info **by = malloc((size_t)n * sizeof *by);
+  if (by == NULL) return fail(t, PROBE_ERR_NOMEM, "out of memory");
+  for (int64_t i = 0; i < n; i++) by[i] = &t->layers[i];
+  qsort(by, (size_t)n, sizeof *by, layer_name_cmp);
+  for (int64_t i = 1; i < n; i++) {
+    if (strcmp(by[i - 1]->name, by[i]->name) != 0) continue;
+    int32_t a = by[i - 1]->id < by[i]->id ? by[i - 1]->id : by[i]->id;
+    int32_t b = by[i - 1]->id ^ by[i]->id ^ a;
+    char shown[80];
+    probe__text_escape(shown, sizeof shown, by[i]->name);
+    free(by);
+    return fail(t, PROBE_ERR_CORRUPT,
+                "corrupt trace: /layers rows %d and %d have the same name "
+                "'%s'", (int)a, (int)b, shown);
+  }
+  free(by);
   return PROBE_OK;
 }
 
@@ -716,14 +740,50 @@ static void ord_keep(probe_trace *t, int i, int64_t end, int64_t step,
   t->ord_seq[i] = seq;
 }
 
-static int stats_ok(const probe_stats *s) {
-  uint64_t special = s->nan_count + s->posinf_count + s->neginf_count;
-  if (special < s->nan_count || special > s->count) return 0;
-  if (s->zero_count > s->count - special) return 0;
-  if (s->f16_flush > s->f16_subnormal || s->f16_subnormal > s->count ||
-      s->f16_overflow > s->count)
-    return 0;
-  return 1;
+/* Why a record's statistics cannot have come from probe_stats_compute (or
+ * the CUDA kernel, or a merge of either: every rule below is kept by
+ * probe_stats_merge), NULL when they can. The definitions are those of
+ * docs/statistics.md, the same for fp16, bf16 and fp32 tensors: finite =
+ * count - NaN - inf, non-zero = finite - zero_count = Σ hist; the extremes
+ * are NaN exactly when there is no (non-zero) finite value and are finite
+ * otherwise; absmax = max(|min|, |max|); sums of finite values in double
+ * cannot overflow. About 70 integer adds and a few compares per row. */
+static const char *stats_why(const probe_stats *s, int32_t dtype) {
+  uint64_t special = s->nan_count + s->posinf_count;
+  if (special < s->nan_count || special + s->neginf_count < special ||
+      special + s->neginf_count > s->count)
+    return "NaN + inf counts exceed count";
+  uint64_t finite = s->count - special - s->neginf_count;
+  if (s->zero_count > finite) return "zero_count exceeds the finite values";
+  uint64_t nonzero = finite - s->zero_count, sum = 0;
+  for (int b = 0; b < PROBE_HIST_BINS; b++) {
+    if (s->hist[b] > nonzero - sum)
+      return "histogram holds more than the non-zero finite values";
+    sum += s->hist[b];
+  }
+  if (sum != nonzero)
+    return "histogram holds fewer than the non-zero finite values";
+  if (s->f16_flush > s->f16_subnormal || s->f16_subnormal > nonzero ||
+      s->f16_overflow > nonzero - s->f16_subnormal)
+    return "f16 range counts exceed the non-zero finite values";
+  if (dtype == PROBE_DTYPE_F16 && (s->f16_flush || s->f16_overflow))
+    return "an fp16 tensor with values outside fp16";
+  if (finite == 0) {
+    if (!isnan(s->min) || !isnan(s->max) || !isnan(s->absmax) ||
+        s->sum != 0 || s->sumsq != 0)
+      return "extremes or sums without a finite value";
+  } else {
+    if (!isfinite(s->min) || !isfinite(s->max) || !isfinite(s->absmax) ||
+        !(s->min <= s->max) ||
+        s->absmax != fmaxf(fabsf(s->min), fabsf(s->max)))
+      return "min, max and absmax disagree";
+    if (!isfinite(s->sum) || !isfinite(s->sumsq) || !(s->sumsq >= 0))
+      return "sum or sumsq not a finite sum of squares";
+  }
+  if (nonzero == 0 ? !isnan(s->absmin_nonzero)
+                   : !(s->absmin_nonzero > 0 && s->absmin_nonzero <= s->absmax))
+    return "absmin_nonzero outside (0, absmax]";
+  return NULL;
 }
 
 static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
@@ -745,10 +805,17 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
     if (r->step < 0 || r->step > t->info.last_step || r->layer < 0 ||
         r->layer >= t->info.n_layers ||
         r->site < 0 || r->site >= PROBE_SITE_COUNT || r->dtype < 0 ||
-        r->dtype > PROBE_DTYPE_BF16 || !stats_ok(&r->stats)) {
+        r->dtype > PROBE_DTYPE_BF16) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /records row %lld",
                   (long long)row);
+    }
+    const char *why = stats_why(&r->stats, r->dtype);
+    if (why != NULL) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /records row %lld: %s (impossible "
+                  "statistics)", (long long)row, why);
     }
     /* the writer's order, (step, seq) strictly increasing: the analyses
      * take the first non-finite row as the first event, and the cross-rank
@@ -768,6 +835,28 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
   }
   if (*got > 0) ord_keep(t, PROBE__T_RECORDS, start + (int64_t)*got, pstep, pseq);
   return PROBE_OK;
+}
+
+/* Why a /steps row's values cannot have come from the writer, NULL when
+ * they can: values probe_step_set_scalars refuses, a scalar marked not
+ * measured that is not stored as NaN (0 for the scaler's ints), a wall time
+ * that is not the probe's (seconds since the session opened, >= 0). */
+static const char *step_why(const probe_step_scalars *s) {
+  const char *why = probe__step_values_why(s);
+  if (why != NULL) return why;
+  uint32_t u = s->unmeasured;
+  if (((u & PROBE_SCALAR_LOSS) && !isnan(s->loss)) ||
+      ((u & PROBE_SCALAR_LOSS_SCALE) && !isnan(s->loss_scale)) ||
+      ((u & PROBE_SCALAR_SCALER) &&
+       (s->growth_tracker || s->found_inf || s->skipped)) ||
+      ((u & PROBE_SCALAR_LR) && !isnan(s->lr)) ||
+      ((u & PROBE_SCALAR_GRAD_NORM) && !isnan(s->grad_norm)) ||
+      ((u & PROBE_SCALAR_CLIP) &&
+       (!isnan(s->clip_threshold) || !isnan(s->clip_coef))))
+    return "a scalar marked not measured holds a value";
+  if (!(s->wall_time >= 0) || isinf(s->wall_time))
+    return "wall_time not seconds since the session opened";
+  return NULL;
 }
 
 static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, size_t max,
@@ -799,6 +888,12 @@ static probe_status probe_trace_read_steps_impl(probe_trace *t, int64_t start, s
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld",
                   (long long)(start + (int64_t)i));
+    }
+    const char *why = step_why(s);
+    if (why != NULL) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /steps row %lld: %s",
+                  (long long)(start + (int64_t)i), why);
     }
     /* strictly increasing, also against the row before this read's first
      * (a duplicate at a chunk boundary passed before) */

@@ -785,25 +785,30 @@ probe_status probe_step_set_scalars(probe_session *s,
     return set_msg(s, PROBE_ERR_INVALID_ARG,
                    "probe_step_set_scalars: found_inf and skipped are 0 or 1 "
                    "(got %d, %d)", (int)sc->found_inf, (int)sc->skipped);
-  s->sc = *sc;
-  s->sc.step = s->step;
+  probe_step_scalars c = *sc;
+  c.step = s->step;
   /* What was not measured is NaN in the file whatever the caller left
    * there, so that a reader that does not know the bits still sees no
    * number, and one that does can tell it from a measured NaN. */
   uint32_t u = sc->unmeasured;
-  if (u & PROBE_SCALAR_LOSS) s->sc.loss = NAN;
-  if (u & PROBE_SCALAR_LOSS_SCALE) s->sc.loss_scale = NAN;
+  if (u & PROBE_SCALAR_LOSS) c.loss = NAN;
+  if (u & PROBE_SCALAR_LOSS_SCALE) c.loss_scale = NAN;
   if (u & PROBE_SCALAR_SCALER)
-    s->sc.growth_tracker = s->sc.found_inf = s->sc.skipped = 0;
-  if (u & PROBE_SCALAR_LR) s->sc.lr = NAN;
-  if (u & PROBE_SCALAR_GRAD_NORM) s->sc.grad_norm = NAN;
-  if (u & PROBE_SCALAR_CLIP) s->sc.clip_threshold = s->sc.clip_coef = NAN;
+    c.growth_tracker = c.found_inf = c.skipped = 0;
+  if (u & PROBE_SCALAR_LR) c.lr = NAN;
+  if (u & PROBE_SCALAR_GRAD_NORM) c.grad_norm = NAN;
+  if (u & PROBE_SCALAR_CLIP) c.clip_threshold = c.clip_coef = NAN;
   /* A digest of 0 is "not measured": callers written before the field
    * existed leave it at 0 in a zero-initialised struct. */
-  if ((u & PROBE_SCALAR_WEIGHT_DIGEST) || s->sc.weight_digest == 0) {
-    s->sc.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
-    s->sc.weight_digest = 0;
+  if ((u & PROBE_SCALAR_WEIGHT_DIGEST) || c.weight_digest == 0) {
+    c.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
+    c.weight_digest = 0;
   }
+  const char *why = probe__step_values_why(&c); /* what the reader accepts */
+  if (why != NULL)
+    return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_step_set_scalars: %s",
+                   why);
+  s->sc = c;
   s->have_scalars = 1;
   return PROBE_OK;
 }

@@ -381,8 +381,10 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
  * wall_time is filled by the probe at probe_step_end). Scalars the caller
  * did not measure (no clipper: grad_norm, clip_coef) get their
  * PROBE_SCALAR_* bit in sc->unmeasured; their values are then stored as NaN
- * (0 for the scaler's ints) whatever sc holds. Unknown bits, and found_inf
- * or skipped other than 0 and 1, are PROBE_ERR_INVALID_ARG. A step gets a row in
+ * (0 for the scaler's ints) whatever sc holds. Unknown bits, found_inf
+ * or skipped other than 0 and 1, and a measured loss_scale, grad_norm or
+ * clip_threshold below 0 (NaN, inf and 0 are stored) are
+ * PROBE_ERR_INVALID_ARG: a reader refuses such a row. A step gets a row in
  * the steps table only when this was called. (Named _set_ because the type
  * probe_step_scalars takes the plain name.) */
 AMPPROBE_API
@@ -462,7 +464,9 @@ AMPPROBE_API
 void probe_trace_close(probe_trace *t);
 /* Text of the last error, one line; t NULL: the last failed
  * probe_trace_open of this thread. Every read checks the rows it returns
- * (ids, sites, dtypes, counts in range) and fails with PROBE_ERR_CORRUPT. */
+ * (ids, sites, dtypes in range; statistics and step scalars the writer can
+ * produce, docs/trace-format.md "Reading") and fails with
+ * PROBE_ERR_CORRUPT naming the row and the rule. */
 AMPPROBE_API
 const char *probe_trace_last_error(const probe_trace *t);
 

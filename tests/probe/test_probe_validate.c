@@ -630,6 +630,302 @@ START_TEST(test_order_valid_traces) {
 }
 END_TEST
 
+/* ---- values no writer can produce (F12 of the library audit) ------------ */
+
+/* Sets field `field` of row `row` of `table` to *val, of memory type mt
+ * (a native type), leaving the rest of the row as it was. */
+static void edit_value(const char *path, const char *table, const char *field,
+                       hid_t mt, int64_t row, const void *val) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, table, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  hid_t ct = H5Tcreate(H5T_COMPOUND, H5Tget_size(mt));
+  H5Tinsert(ct, field, 0, mt);
+  hsize_t st[1] = {(hsize_t)row}, cnt[1] = {1};
+  hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, cnt, NULL);
+  H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cnt, NULL);
+  ck_assert_int_ge(H5Dwrite(d, ct, ms, fs, H5P_DEFAULT, val), 0);
+  H5Sclose(ms);
+  H5Sclose(fs);
+  H5Tclose(ct);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+enum { V_U64, V_U32, V_I32, V_F32, V_F64 };
+
+typedef struct vedit {
+  const char *field; /* NULL: unused */
+  int type;          /* V_* */
+  double v;          /* the value (the integers fit in a double exactly) */
+  uint64_t u;        /* a V_U64 value, when v is 0 */
+} vedit;
+
+typedef struct valcase {
+  const char *name;
+  int steps; /* 0: /records row VAL_ROW, 1: /steps row VAL_ROW */
+  vedit e[2];
+  const char *why;
+} valcase;
+
+/* make_trace's /records row 10: step 5, layer 0, 16 finite non-zero FP32
+ * values in -186368 .. 1011712, 3 of them >= 65520; /steps row 10: step
+ * 10, loss 1, loss scale 1, the other scalars 0 and measured. */
+enum { VAL_ROW = 10 };
+
+static const valcase vcases[] = {
+    {"nan > count", 0, {{"nan_count", V_U64, 17, 0}}, "NaN + inf counts exceed"},
+    {"inf counts wrap", 0,
+     {{"posinf_count", V_U64, 1, 0}, {"neginf_count", V_U64, 0, UINT64_MAX}},
+     "NaN + inf counts exceed"},
+    {"zero > finite", 0, {{"zero_count", V_U64, 17, 0}}, "zero_count exceeds"},
+    {"count + 1", 0, {{"count", V_U64, 17, 0}}, "histogram holds fewer"},
+    {"count 2^64-1", 0, {{"count", V_U64, 0, UINT64_MAX}},
+     "histogram holds fewer"},
+    {"all NaN, histogram full", 0, {{"nan_count", V_U64, 16, 0}},
+     "histogram holds more"},
+    {"min > max", 0, {{"min", V_F32, 1e6, 0}, {"max", V_F32, -1e6, 0}},
+     "min, max and absmax disagree"},
+    {"absmax negative", 0, {{"absmax", V_F32, -1, 0}},
+     "min, max and absmax disagree"},
+    {"absmax NaN", 0, {{"absmax", V_F32, NAN, 0}},
+     "min, max and absmax disagree"},
+    {"min inf", 0, {{"min", V_F32, -INFINITY, 0}},
+     "min, max and absmax disagree"},
+    {"absmin_nonzero > absmax", 0, {{"absmin_nonzero", V_F32, 1e30, 0}},
+     "absmin_nonzero outside"},
+    {"absmin_nonzero 0", 0, {{"absmin_nonzero", V_F32, 0, 0}},
+     "absmin_nonzero outside"},
+    {"sumsq NaN", 0, {{"sumsq", V_F64, NAN, 0}}, "sum or sumsq"},
+    {"sumsq negative", 0, {{"sumsq", V_F64, -1, 0}}, "sum or sumsq"},
+    {"sum inf", 0, {{"sum", V_F64, INFINITY, 0}}, "sum or sumsq"},
+    {"f16_overflow > non-zero", 0, {{"f16_overflow", V_U64, 17, 0}},
+     "f16 range counts exceed"},
+    {"f16_flush > f16_subnormal", 0, {{"f16_flush", V_U64, 1, 0}},
+     "f16 range counts exceed"},
+    {"fp16 tensor above 65504", 0, {{"dtype", V_I32, PROBE_DTYPE_F16, 0}},
+     "an fp16 tensor with values outside fp16"},
+    {"grad_norm negative", 1, {{"grad_norm", V_F64, -1, 0}},
+     "negative grad_norm"},
+    {"clip_threshold negative", 1, {{"clip_threshold", V_F64, -1, 0}},
+     "negative clip_threshold"},
+    {"loss_scale negative", 1, {{"loss_scale", V_F64, -65536, 0}},
+     "negative loss_scale"},
+    {"wall_time NaN", 1, {{"wall_time", V_F64, NAN, 0}}, "wall_time"},
+    {"unmeasured lr with a value", 1,
+     {{"unmeasured", V_U32, PROBE_SCALAR_LR | PROBE_SCALAR_WEIGHT_DIGEST, 0}},
+     "a scalar marked not measured holds a value"},
+};
+
+static void apply_vedit(const char *path, const char *table, const vedit *e) {
+  union {
+    uint64_t u64;
+    uint32_t u32;
+    int32_t i32;
+    float f32;
+    double f64;
+  } v;
+  hid_t mt;
+  switch (e->type) {
+  case V_U64: v.u64 = e->u ? e->u : (uint64_t)e->v; mt = H5T_NATIVE_UINT64; break;
+  case V_U32: v.u32 = (uint32_t)e->v; mt = H5T_NATIVE_UINT32; break;
+  case V_I32: v.i32 = (int32_t)e->v; mt = H5T_NATIVE_INT32; break;
+  case V_F32: v.f32 = (float)e->v; mt = H5T_NATIVE_FLOAT; break;
+  default: v.f64 = e->v; mt = H5T_NATIVE_DOUBLE; break;
+  }
+  edit_value(path, table, e->field, mt, VAL_ROW, &v);
+}
+
+/* Each edit of one row to values the writer cannot produce: the open
+ * succeeds (the rows are read later), every read that reaches the row
+ * stops there with PROBE_ERR_CORRUPT naming the row and the rule, as do
+ * the isolated open and the analysis; the rows before it read. */
+START_TEST(test_values_impossible) {
+  const valcase *c = &vcases[_i];
+  const char *table = c->steps ? "/steps" : "/records";
+  char path[256];
+  pt_path(path, sizeof path, "val-impossible");
+  make_trace(path);
+  for (int k = 0; k < 2 && c->e[k].field; k++) apply_vedit(path, table, &c->e[k]);
+  char want[128];
+  snprintf(want, sizeof want, "%s row %d: %s", table, VAL_ROW, c->why);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  static probe_record r[64];
+  static probe_step_scalars sc[64];
+  size_t got;
+  /* rows before it are fine */
+  PT_CHECK(c->steps ? probe_trace_read_steps(t, 0, VAL_ROW, sc, &got)
+                    : probe_trace_read_records(t, 0, VAL_ROW, r, &got));
+  ck_assert_uint_eq(got, VAL_ROW);
+  probe_status st = c->steps ? probe_trace_read_steps(t, 3, 64, sc, &got)
+                             : probe_trace_read_records(t, 3, 64, r, &got);
+  ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s: %s", c->name,
+                probe_status_name(st));
+  ck_assert_uint_eq(got, 0);
+  const char *m = probe_trace_last_error(t);
+  ck_assert_msg(strstr(m, want) != NULL && strchr(m, '\n') == NULL,
+                "%s: '%s' lacks '%s'", c->name, m, want);
+  probe_diag d;
+  probe_diag_options o;
+  probe_diag_options_init(&o);
+  ck_assert_int_eq(probe_diag_run(&d, t, path, &o), PROBE_ERR_CORRUPT);
+  probe_diag_free(&d);
+  probe_trace_close(t);
+  char err[512];
+  t = NULL;
+  ck_assert_int_eq(probe_trace_open_isolated(&t, path, err, sizeof err),
+                   PROBE_ERR_CORRUPT);
+  ck_assert_msg(strstr(err, want) != NULL, "%s: isolated '%s'", c->name, err);
+  unlink(path);
+}
+END_TEST
+
+/* Two layers with one name (the writer refuses the second): corrupt at
+ * open, naming both rows. */
+START_TEST(test_values_duplicate_layer_name) {
+  char path[256];
+  pt_path(path, sizeof path, "val-dupname");
+  make_trace(path);
+  hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, PROBE_NAME_MAX);
+  H5Tset_cset(str, H5T_CSET_UTF8); /* as the file's: no conversion */
+  char name[PROBE_NAME_MAX] = "a";
+  edit_value(path, "/layers", "name", str, 1, name);
+  H5Tclose(str);
+  expect_corrupt(path, "/layers rows 0 and 1 have the same name 'a'",
+                 "duplicate layer name");
+  unlink(path);
+}
+END_TEST
+
+/* The writer refuses the step values the reader refuses, says why and
+ * keeps what was set before; NaN and inf (a diverged norm), 0 (a loss
+ * scale that underflowed) and garbage in unmeasured fields are stored. */
+START_TEST(test_values_writer_refuses) {
+  char path[256];
+  pt_path(path, sizeof path, "val-writer");
+  unlink(path);
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, NULL));
+  PT_CHECK(probe_step_begin(s, 0));
+  probe_step_scalars ok = {.loss = 1, .loss_scale = 8, .grad_norm = 2};
+  PT_CHECK(probe_step_set_scalars(s, &ok));
+  static const struct {
+    probe_step_scalars sc;
+    const char *why;
+  } bad[] = {
+      {{.loss = 1, .loss_scale = -1}, "negative loss_scale"},
+      {{.loss = 1, .loss_scale = 1, .grad_norm = -0.5}, "negative grad_norm"},
+      {{.loss = 1, .loss_scale = 1, .grad_norm = -INFINITY},
+       "negative grad_norm"},
+      {{.loss = 1, .loss_scale = 1, .clip_threshold = -1},
+       "negative clip_threshold"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(probe_step_set_scalars(s, &bad[i].sc),
+                     PROBE_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), bad[i].why));
+  }
+  PT_CHECK(probe_step_end(s));
+  const probe_step_scalars good[] = {
+      {.loss = NAN, .loss_scale = 0, .grad_norm = NAN},
+      {.loss = INFINITY, .loss_scale = INFINITY, .grad_norm = INFINITY,
+       .clip_threshold = INFINITY},
+      {.loss = 1, .loss_scale = -3, .grad_norm = -1, .clip_threshold = -1,
+       .unmeasured = PROBE_SCALAR_LOSS_SCALE | PROBE_SCALAR_GRAD_NORM |
+                     PROBE_SCALAR_CLIP},
+  };
+  for (int i = 0; i < 3; i++) {
+    PT_CHECK(probe_step_begin(s, 1 + i));
+    PT_CHECK(probe_step_set_scalars(s, &good[i]));
+    PT_CHECK(probe_step_end(s));
+  }
+  PT_CHECK(probe_session_close(s));
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_step_scalars out[4];
+  size_t got;
+  PT_CHECK(probe_trace_read_steps(t, 0, 4, out, &got));
+  ck_assert_uint_eq(got, 4);
+  ck_assert(out[0].loss_scale == 8 && out[0].grad_norm == 2);
+  ck_assert(out[1].loss_scale == 0 && isnan(out[1].grad_norm));
+  ck_assert(isinf(out[2].grad_norm));
+  ck_assert(isnan(out[3].grad_norm) && isnan(out[3].loss_scale));
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
+/* Tensors at every edge the definitions have - empty, only zeros (both
+ * signs), only NaN/inf, subnormals of each dtype, values at and past the
+ * FP16 bounds, FP32 extremes, and one large enough to be computed in
+ * pieces and merged - in each dtype: every record reads back. */
+START_TEST(test_values_edge_tensors_read) {
+  char path[256];
+  pt_path(path, sizeof path, "val-edges");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.overwrite = 1;
+  o.snapshot_on_nonfinite = 0;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F32,
+                                NULL));
+  enum { BIG = 1 << 18 };
+  float *f = malloc(BIG * sizeof *f);
+  uint16_t *h = malloc(BIG * sizeof *h);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(h);
+  static const float sets[][6] = {
+      {0.0f, -0.0f, 0.0f, -0.0f, 0.0f, 0.0f},
+      {-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f},
+      {NAN, INFINITY, -INFINITY, NAN, NAN, INFINITY},
+      {0x1p-149f, -0x1p-126f, 0x1p-24f, 0x1p-25f, -0x1p-14f, 0.0f},
+      {65504.0f, 65520.0f, -65519.0f, 3.4028235e38f, -3.4028235e38f, 1.0f},
+      {NAN, 0.0f, 0x1p-149f, -INFINITY, 65520.0f, -0.0f},
+  };
+  int step = 0;
+  for (int dt = 0; dt <= PROBE_DTYPE_BF16; dt++) {
+    for (size_t k = 0; k <= sizeof sets / sizeof sets[0]; k++, step++) {
+      size_t n = k < sizeof sets / sizeof sets[0] ? 6 : BIG;
+      if (n == 6) {
+        memcpy(f, sets[k], sizeof sets[k]);
+      } else {
+        pt_tensor(f, n, step, 7);
+        f[100] = NAN;
+        f[n - 1] = -INFINITY;
+        f[n / 2] = 0x1p-140f;
+      }
+      for (size_t i = 0; i < n; i++)
+        h[i] = dt == PROBE_DTYPE_F16 ? probe_f32_to_f16(f[i])
+                                     : probe_f32_to_bf16(f[i]);
+      PT_CHECK(probe_step_begin(s, step));
+      PT_CHECK(probe_tensor_record(s, 0, PROBE_SITE_FWD_OUT, (probe_dtype)dt,
+                                   dt == PROBE_DTYPE_F32 ? (void *)f
+                                                         : (void *)h,
+                                   n));
+      PT_CHECK(probe_tensor_record(s, 0, PROBE_SITE_FWD_IN, (probe_dtype)dt,
+                                   f, 0));
+      PT_CHECK(probe_step_end(s));
+    }
+  }
+  PT_CHECK(probe_session_close(s));
+  free(f);
+  free(h);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->n_records, 2 * step);
+  ck_assert_int_eq(read_from(t, 0, 0, 5), PROBE_OK);
+  probe_trace_close(t);
+  ck_assert_int_eq(probe_trace_open_isolated(&t, path, NULL, 0), PROBE_OK);
+  probe_trace_close(t);
+  unlink(path);
+}
+END_TEST
+
 static Suite *make_validate_suite(void) {
   Suite *s = suite_create("validate");
   TCase *tc = tcase_create("validate");
@@ -655,6 +951,14 @@ static Suite *make_validate_suite(void) {
   tcase_add_test(to, test_order_steps_dup_at_boundary);
   tcase_add_test(to, test_order_valid_traces);
   suite_add_tcase(s, to);
+  TCase *tv = tcase_create("values");
+  tcase_set_timeout(tv, 60);
+  tcase_add_loop_test(tv, test_values_impossible, 0,
+                      (int)(sizeof vcases / sizeof vcases[0]));
+  tcase_add_test(tv, test_values_duplicate_layer_name);
+  tcase_add_test(tv, test_values_writer_refuses);
+  tcase_add_test(tv, test_values_edge_tensors_read);
+  suite_add_tcase(s, tv);
   return s;
 }
 
