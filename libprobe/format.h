@@ -132,6 +132,15 @@ int probe__step_flags_ok(const probe_step_scalars *s);
  * run's norm is non-finite, and an unmeasured value is stored as NaN. */
 const char *probe__step_values_why(const probe_step_scalars *s);
 
+/* reader.c: reads every row of the tables the analyses do not read
+ * otherwise - /kernels, /snapshots/index, /snapshots/data - with the
+ * checks of every read (at most once per handle; nothing for a handle of
+ * probe_trace_open_isolated, whose child read them), so that an in-process
+ * analysis refuses a file damaged only there as the isolated open does
+ * (PROBE_ERR_CORRUPT, the message in probe_trace_last_error(t)). Memory:
+ * a 1 MiB buffer. */
+probe_status probe__trace_check_unread(probe_trace *t);
+
 /* UTF-8 (format.c): the length (2..4) of the valid multi-byte sequence at
  * p, 0 when there is none (an ASCII byte, a stray or overlong byte, a
  * surrogate, past U+10FFFF); and whether a whole string is valid. */

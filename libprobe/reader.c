@@ -73,6 +73,10 @@ struct probe_trace {
   int64_t ord_row[PROBE__T_COUNT];
   int64_t ord_step[PROBE__T_COUNT];
   uint32_t ord_seq[PROBE__T_COUNT];
+  /* every row of the tables the analyses do not read (kernels, snapshots)
+   * has passed its checks: probe_trace_open_isolated's child read them, or
+   * probe__trace_check_unread did */
+  int unread_checked;
 };
 
 /* The message of the last failed probe_trace_open in this thread. */
@@ -993,6 +997,35 @@ static probe_status probe_trace_read_kernels_impl(probe_trace *t, int64_t start,
 
 /* ---- isolated open -------------------------------------------------------- */
 
+/* Reads every row of /kernels, /snapshots/index and /snapshots/data, the
+ * tables the analyses do not read otherwise, in chunks of the caller's
+ * buffer (of bytes bytes, at least one row of each): memory bounded by it. */
+static probe_status sweep_unread(probe_trace *t, void *buf, size_t bytes) {
+  size_t got;
+  probe_status st = PROBE_OK;
+#define SWEEP_(fn, type)                                                       \
+  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
+    st = fn(t, at, bytes / sizeof(type), (type *)buf, &got);                   \
+    if (got == 0) break;                                                       \
+  }
+  SWEEP_(probe_trace_read_kernels, probe_kernel_record)
+  SWEEP_(probe_trace_read_snapshots, probe_snapshot_info)
+#undef SWEEP_
+  /* Snapshot data, in slices of the buffer. */
+  size_t slice = bytes / sizeof(float);
+  for (int64_t at = 0; st == PROBE_OK && at < t->rows[PROBE__T_SNAPDATA];
+       at += (int64_t)slice) {
+    size_t n = (size_t)(t->rows[PROBE__T_SNAPDATA] - at);
+    if (n > slice) n = slice;
+    probe__h5_lock();
+    if (read_rows(t, PROBE__T_SNAPDATA, at, n, buf) < 0)
+      st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
+                t->h5msg);
+    probe__h5_unlock();
+  }
+  return st;
+}
+
 /* Reads every row of every table in chunks (memory bounded by the chunk). */
 static probe_status read_everything(probe_trace *t) {
   enum { CH = 2048 };
@@ -1008,20 +1041,20 @@ static probe_status read_everything(probe_trace *t) {
   SWEEP_(probe_trace_read_records, probe_record)
   SWEEP_(probe_trace_read_steps, probe_step_scalars)
   SWEEP_(probe_trace_read_scaler_events, probe_scaler_event)
-  SWEEP_(probe_trace_read_kernels, probe_kernel_record)
-  SWEEP_(probe_trace_read_snapshots, probe_snapshot_info)
 #undef SWEEP_
-  /* Snapshot data, in slices of the chunk buffer. */
-  size_t slice = CH * sizeof(probe_record) / sizeof(float);
-  for (int64_t at = 0; st == PROBE_OK && at < t->rows[PROBE__T_SNAPDATA];
-       at += (int64_t)slice) {
-    size_t n = (size_t)(t->rows[PROBE__T_SNAPDATA] - at);
-    if (n > slice) n = slice;
-    if (read_rows(t, PROBE__T_SNAPDATA, at, n, buf) < 0)
-      st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
-                t->h5msg);
-  }
+  if (st == PROBE_OK) st = sweep_unread(t, buf, CH * sizeof(probe_record));
   free(buf);
+  return st;
+}
+
+probe_status probe__trace_check_unread(probe_trace *t) {
+  if (t->unread_checked) return PROBE_OK;
+  enum { BYTES = 1 << 20 };
+  void *buf = malloc(BYTES);
+  if (buf == NULL) return fail(t, PROBE_ERR_NOMEM, "out of memory");
+  probe_status st = sweep_unread(t, buf, BYTES);
+  free(buf);
+  if (st == PROBE_OK) t->unread_checked = 1;
   return st;
 }
 
@@ -1330,6 +1363,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   st = probe_trace_open_impl(out, path, given);
   probe__h5_unlock();
   if (st != PROBE_OK) snprintf(err, errlen, "%s", probe_trace_last_error(NULL));
+  else (*out)->unread_checked = 1; /* the child read them */
   return st;
 }
 

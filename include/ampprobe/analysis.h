@@ -394,7 +394,12 @@ typedef struct probe_diag_options {
 /* Fills o with the defaults (the ones `ampprobe postmortem` uses). */
 AMPPROBE_API void probe_diag_options_init(probe_diag_options *o);
 
-/* Analyses an open trace. Returns PROBE_OK or the reader's error. */
+/* Analyses an open trace. Returns PROBE_OK or the reader's error (the
+ * message in probe_trace_last_error(t)). Every row of every table is read
+ * and checked - the kernels and snapshots, which the diagnosis does not
+ * use, too (once per handle; a handle of probe_trace_open_isolated was
+ * read by its child) - so a trace the isolated open refuses is refused
+ * here, with the same status and message. */
 AMPPROBE_API probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
                             const probe_diag_options *opt);
 AMPPROBE_API void probe_diag_free(probe_diag *d);
@@ -428,8 +433,9 @@ AMPPROBE_API probe_status probe_diag_render_json(const probe_diag *d,
  * attribute (independent runs) give {"verdict": worst, "traces":
  * [document, ...]} as before. On an open or read error of a single trace
  * (or of every file of a set) *json_out is NULL and the status says why
- * (probe_trace_last_error(NULL) has the message of a failed open, or why
- * a set was refused: probe_ranks.error). */
+ * (probe_trace_last_error(NULL) has the message of a failed open or read,
+ * the same as the _isolated variant's, or why a set was refused:
+ * probe_ranks.error). */
 AMPPROBE_API probe_status probe_postmortem_json(const char *const *paths,
                                                 size_t n_paths,
                                                 char **json_out);

@@ -15,6 +15,7 @@
  * Then the findings are ranked (probe_diag_rank).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "../format.h" /* probe__trace_check_unread */
 #include "analysis-impl.h"
 #include "diagnose-impl.h"
 
@@ -1625,7 +1626,11 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
       d->fp32_run = 0;
   }
 
-  probe_status st = edge_steps(t, info->n_steps, &d->first_step, &d->last_step);
+  /* The tables the passes below do not read (kernels, snapshots) are
+   * checked too: a file the isolated open refuses is refused here (F6). */
+  probe_status st = probe__trace_check_unread(t);
+  if (st >= 0)
+    st = edge_steps(t, info->n_steps, &d->first_step, &d->last_step);
   if (st >= 0)
     st = edge_records(t, info->n_records, &d->rec_first_step,
                       &d->rec_last_step);

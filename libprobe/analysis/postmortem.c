@@ -19,6 +19,9 @@ static probe_status diagnose_path(const char *path, probe_diag *d, int isolate) 
                             : probe_trace_open(&t, path);
   if (st < 0) return st;
   st = probe_diag_run(d, t, path, NULL);
+  /* a read refused during the analysis: its message where a failed open's
+   * is, so that both entry points say the same */
+  if (st < 0) probe__trace_open_msg("%s", probe_trace_last_error(t));
   probe_trace_close(t);
   return st;
 }

@@ -926,6 +926,108 @@ START_TEST(test_values_edge_tensors_read) {
 }
 END_TEST
 
+/* ---- the in-process and isolated analyses agree (F6 of the audit) ------- */
+
+/* Expects both analyses of path - in-process (probe_diag_run on
+ * probe_trace_open's handle, probe_postmortem_json, _verdict) and isolated
+ * (probe_postmortem_json_isolated, _verdict_isolated) - to refuse it with
+ * PROBE_ERR_CORRUPT and one message naming `why`, the same from both. */
+static void expect_analyses_corrupt(const char *path, const char *why,
+                                    const char *name) {
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path)); /* the open reads no snapshot */
+  probe_diag d;
+  probe_status st = probe_diag_run(&d, t, path, NULL);
+  ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s: diag_run %s", name,
+                probe_status_name(st));
+  ck_assert_msg(strstr(probe_trace_last_error(t), why) != NULL,
+                "%s: diag_run '%s'", name, probe_trace_last_error(t));
+  probe_diag_free(&d);
+  probe_trace_close(t);
+  const char *paths[1] = {path};
+  char *json = (char *)1, in_msg[512];
+  st = probe_postmortem_json(paths, 1, &json);
+  ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s: postmortem_json %s", name,
+                probe_status_name(st));
+  ck_assert_ptr_null(json);
+  snprintf(in_msg, sizeof in_msg, "%s", probe_trace_last_error(NULL));
+  ck_assert_msg(strstr(in_msg, why) != NULL, "%s: in-process '%s'", name,
+                in_msg);
+  json = (char *)1;
+  ck_assert_int_eq(probe_postmortem_json_isolated(paths, 1, &json),
+                   PROBE_ERR_CORRUPT);
+  ck_assert_ptr_null(json);
+  ck_assert_str_eq(probe_trace_last_error(NULL), in_msg);
+  probe_verdict v;
+  ck_assert_int_eq(probe_postmortem_verdict(path, &v), PROBE_ERR_CORRUPT);
+  ck_assert_int_eq(probe_postmortem_verdict_isolated(path, &v),
+                   PROBE_ERR_CORRUPT);
+}
+
+/* make_trace's one snapshot (/snapshots/index row 0, of 16 values), edited
+ * as the audit's revin__snap_layer_oob, _n_gt_total and _offset_huge: the
+ * in-process analysis read no snapshot and said "diverged", PROBE_OK; the
+ * isolated one (and the CLI) said corrupt. */
+START_TEST(test_paths_snapshot_index) {
+  static const struct {
+    const char *field;
+    int wide;
+    int64_t v;
+  } e[] = {{"layer", 0, 99}, {"n", 1, 17}, {"offset", 1, (int64_t)1 << 40}};
+  char path[256];
+  pt_path(path, sizeof path, "paths-snapidx");
+  make_trace(path);
+  hid_t mt = e[_i].wide ? H5T_NATIVE_INT64 : H5T_NATIVE_INT32;
+  int32_t v32 = (int32_t)e[_i].v;
+  edit_value(path, "/snapshots/index", e[_i].field, mt, 0,
+             e[_i].wide ? (const void *)&e[_i].v : (const void *)&v32);
+  expect_analyses_corrupt(path, "/snapshots/index row 0", e[_i].field);
+  unlink(path);
+}
+END_TEST
+
+/* The bytes of /snapshots/data's compressed chunk damaged (the audit's
+ * byte flips in snapshot data): inflate fails there, in both paths. */
+START_TEST(test_paths_snapshot_data) {
+  char path[256];
+  pt_path(path, sizeof path, "paths-snapdata");
+  make_trace(path);
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, "/snapshots/data", H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  hsize_t at[1] = {0};
+  unsigned mask;
+  haddr_t addr;
+  hsize_t size;
+  ck_assert_int_ge(H5Dget_chunk_info_by_coord(d, at, &mask, &addr, &size), 0);
+  H5Dclose(d);
+  H5Fclose(f);
+  ck_assert_uint_ge(size, 8);
+  FILE *fp = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(fp);
+  ck_assert_int_eq(fseeko(fp, (off_t)(addr + size / 2 - 2), SEEK_SET), 0);
+  static const unsigned char junk[4] = {0xde, 0xad, 0xbe, 0xef};
+  ck_assert_uint_eq(fwrite(junk, 1, 4, fp), 4);
+  fclose(fp);
+  expect_analyses_corrupt(path, "/snapshots/data", "snapshot data");
+  unlink(path);
+}
+END_TEST
+
+/* The undamaged trace: both give the same verdict. */
+START_TEST(test_paths_clean_agree) {
+  char path[256];
+  pt_path(path, sizeof path, "paths-clean");
+  make_trace(path);
+  probe_verdict a, b;
+  PT_CHECK(probe_postmortem_verdict(path, &a));
+  PT_CHECK(probe_postmortem_verdict_isolated(path, &b));
+  ck_assert_int_eq(a, b);
+  unlink(path);
+}
+END_TEST
+
 static Suite *make_validate_suite(void) {
   Suite *s = suite_create("validate");
   TCase *tc = tcase_create("validate");
@@ -959,6 +1061,12 @@ static Suite *make_validate_suite(void) {
   tcase_add_test(tv, test_values_writer_refuses);
   tcase_add_test(tv, test_values_edge_tensors_read);
   suite_add_tcase(s, tv);
+  TCase *tp = tcase_create("paths");
+  tcase_set_timeout(tp, 60);
+  tcase_add_loop_test(tp, test_paths_snapshot_index, 0, 3);
+  tcase_add_test(tp, test_paths_snapshot_data);
+  tcase_add_test(tp, test_paths_clean_agree);
+  suite_add_tcase(s, tp);
   return s;
 }
 
