@@ -40,30 +40,47 @@ install(FILES ${PROJECT_BINARY_DIR}/ampprobeConfig.cmake
 
 # ---- pkg-config --------------------------------------------------------------------
 # The static library's needs: HDF5 through its own .pc when there is one
-# (Debian: hdf5.pc), else its library files; threads, libm; the CUDA runtime,
-# CUPTI and the C++ runtime in CUDA builds.
+# (Debian: hdf5.pc), else its library files; threads, libm; the CUDA runtime
+# (through NVIDIA's cudart-X.Y.pc when pkg-config finds it), CUPTI and the
+# C++ runtime in CUDA builds. Library files become -L/-l flags: a .pc names
+# libraries as flags for the consumer's linker (AmpprobePkgConfig.cmake).
 set(AMPPROBE_PC_REQUIRES_PRIVATE "")
 set(AMPPROBE_PC_LIBS_PRIVATE "")
+set(_pc_dirs "")
+set(_pc_libs "")
+include(${PROJECT_SOURCE_DIR}/cmake/AmpprobePkgConfig.cmake)
 find_package(PkgConfig QUIET)
 if(PKG_CONFIG_FOUND)
   pkg_check_modules(AMPPROBE_PC_HDF5 QUIET hdf5)
 endif()
 if(AMPPROBE_PC_HDF5_FOUND)
-  set(AMPPROBE_PC_REQUIRES_PRIVATE "hdf5")
+  list(APPEND AMPPROBE_PC_REQUIRES_PRIVATE "hdf5")
 else()
-  foreach(l ${HDF5_C_LIBRARIES})
-    string(APPEND AMPPROBE_PC_LIBS_PRIVATE " ${l}")
-  endforeach()
+  ampprobe_pc_libs(_pc_dirs _pc_libs ${HDF5_C_LIBRARIES})
 endif()
 if(AMPPROBE_HAVE_CUDA)
-  foreach(t CUDA::cudart CUDA::cupti)
+  set(_cudart_pc cudart-${CUDAToolkit_VERSION_MAJOR}.${CUDAToolkit_VERSION_MINOR})
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(AMPPROBE_PC_CUDART QUIET ${_cudart_pc})
+  endif()
+  if(AMPPROBE_PC_CUDART_FOUND)
+    list(APPEND AMPPROBE_PC_REQUIRES_PRIVATE ${_cudart_pc})
+    set(_cuda_targets CUDA::cupti)
+  else()
+    set(_cuda_targets CUDA::cudart CUDA::cupti)
+  endif()
+  foreach(t ${_cuda_targets})
     get_target_property(loc ${t} IMPORTED_LOCATION)
     if(loc)
-      string(APPEND AMPPROBE_PC_LIBS_PRIVATE " ${loc}")
+      ampprobe_pc_libs(_pc_dirs _pc_libs "${loc}")
     endif()
   endforeach()
-  string(APPEND AMPPROBE_PC_LIBS_PRIVATE " -lstdc++")
+  list(APPEND _pc_libs -lstdc++)
 endif()
+list(JOIN _pc_dirs " " _pc_dirs)
+list(JOIN _pc_libs " " _pc_libs)
+list(JOIN AMPPROBE_PC_REQUIRES_PRIVATE ", " AMPPROBE_PC_REQUIRES_PRIVATE)
+set(AMPPROBE_PC_LIBS_PRIVATE "${_pc_dirs} ${_pc_libs}")
 string(APPEND AMPPROBE_PC_LIBS_PRIVATE " -pthread -lm")
 string(STRIP "${AMPPROBE_PC_LIBS_PRIVATE}" AMPPROBE_PC_LIBS_PRIVATE)
 # prefix relative to the .pc file, so the installed tree can be moved.

@@ -40,6 +40,14 @@ if(AMPPROBE_PKG_CONFIG AND CMAKE_NM AND NOT AMPPROBE_SANITIZE)
   set_tests_properties(package.consumer PROPERTIES LABELS "package" TIMEOUT 600)
 endif()
 
+# package.pc_libs  ampprobe.pc names libraries by -L/-l flags, never by the
+#                   build host's paths (check_pc.cmake).
+add_test(NAME package.pc_libs
+  COMMAND ${CMAKE_COMMAND} -DMODULE=${PROJECT_SOURCE_DIR}/cmake/AmpprobePkgConfig.cmake
+          -DPC_FILE=${PROJECT_BINARY_DIR}/ampprobe.pc
+          -P ${CMAKE_CURRENT_LIST_DIR}/check_pc.cmake)
+set_tests_properties(package.pc_libs PROPERTIES LABELS "package" TIMEOUT 60)
+
 # package.library_only  the library alone (every AMPPROBE_BUILD_* off, CUDA
 #                   off to stay quick) configures without pkg-config and BLAS,
 #                   builds with -Werror and installs (library_only.cmake).
