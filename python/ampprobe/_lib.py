@@ -36,6 +36,7 @@ SCALAR_LR, SCALAR_GRAD_NORM, SCALAR_CLIP = 8, 16, 32
 SCALAR_WEIGHT_DIGEST = 64  # weight_digest; 0 is stored as not measured
 PROBE_DIGEST64_INIT = 14695981039346656037  # probe_digest64's start value
 PROBE_RUN_ID_MAX = 64
+PROBE_RING_STEPS_MAX = 1000000  # probe.h: the deepest flight recorder
 MODES = {"scalars": 0, "flight": 0, "flight-recorder": 0, "full": 1}
 
 PROBE_NAME_MAX = 64

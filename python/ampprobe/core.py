@@ -8,6 +8,7 @@ copy first, and Session.record says so in its return value.
 """
 import ctypes
 import json
+import numbers
 import os
 import shutil
 import subprocess
@@ -71,6 +72,57 @@ def _choice(v, names, what):
     except ValueError:
         raise ValueError("unknown %s %r (one of: %s)" % (
             what, v, ", ".join(str(n) for n in names))) from None
+
+_I64 = 2**63 - 1
+_CINT = 2**31 - 1
+# The numeric probe_options and the ranges probe_session_open accepts
+# (probe.h): (kind, lo, hi). A value outside is refused before the open,
+# naming the option and its range: libprobe's own message names none of
+# them ("option out of range (mode, step_every, step_start, ...)"), and
+# ctypes stores a too large int wrapped (ring_steps 2**32 + 8 was 8).
+# Kind "int" refuses bools (step_every=True is no count), "flag" takes a
+# bool or an int, "real" a number, NaN refused.
+OPTION_RANGES = {
+    "step_start": ("int", 0, _I64),
+    "step_end": ("int", -2**63, _I64),  # negative: no end
+    "step_every": ("int", 1, _I64),
+    "ring_steps": ("int", 0, _lib.PROBE_RING_STEPS_MAX),
+    "flush_seconds": ("real", 0.0, float("inf")),
+    "flush_steps": ("int", 0, _I64),
+    "snapshot_on_nonfinite": ("flag", -_CINT - 1, _CINT),
+    "snapshot_max_elems": ("int", 0, 2**64 - 1),  # size_t
+    "cupti": ("flag", -_CINT - 1, _CINT),
+    "max_events": ("int", 0, _CINT),
+    "batch_rows": ("int", 1, _I64),
+    "overwrite": ("flag", -_CINT - 1, _CINT),
+    "rank": ("int", -1, _CINT),
+    "world_size": ("int", 0, _CINT),
+}
+
+
+def check_option(name, v, who="Session", arg=None):
+    """A numeric probe_options value checked against OPTION_RANGES; the
+    TypeError/ValueError names it as the caller's argument arg (default:
+    the option's name) of who ("Tracer(every=0)")."""
+    kind, lo, hi = OPTION_RANGES[name]
+    arg = arg or name
+    if kind == "real":
+        ok = isinstance(v, (numbers.Real, np.floating, np.integer)) and \
+            not isinstance(v, (bool, np.bool_))
+        what = "a number >= %g" % lo
+    else:
+        ok = isinstance(v, (int, np.integer)) and (
+            kind == "flag" or not isinstance(v, (bool, np.bool_)))
+        what = ("a bool or an integer" if kind == "flag" else
+                "an integer in [%d, %d]" % (lo, hi))
+    if not ok:
+        raise TypeError("ampprobe: %s(%s=...) takes %s; got %r" %
+                        (who, arg, what, v))
+    v = float(v) if kind == "real" else int(v)
+    if not lo <= v <= hi:  # NaN fails too
+        raise ValueError("ampprobe: %s(%s=%r): out of range; %s takes %s" %
+                         (who, arg, v, arg, what))
+    return v
 
 # ---- NumPy views of the C structs ------------------------------------------
 
@@ -187,6 +239,8 @@ class Session:
                 b = _cstr(v, k)
                 self._keep.append(b)
                 setattr(o, k, b)
+            elif k in OPTION_RANGES:
+                setattr(o, k, check_option(k, v))
             else:
                 setattr(o, k, v)
         raw = _cpath(path)
@@ -245,10 +299,14 @@ class Session:
         """Records n elements at address ptr (host or CUDA device memory),
         dtype "fp32", "fp16" or "bf16". The memory must stay valid and
         unchanged until end_step (libprobe may snapshot it)."""
+        # checked here, each named (libprobe's message is "bad layer / site
+        # / dtype", and ctypes would wrap a negative n to a huge size_t)
+        layer = _cint(layer, 0, _CINT, "record layer")
+        dt = _choice(dtype, list(_lib.DTYPES), "dtype")
+        n = _cint(n, 0, _I64, "record n")
         self._check(self._lib.probe_tensor_record(
-            self.handle, int(layer), _site_id(site),
-            _DT_IDS[dtype] if isinstance(dtype, str) else int(dtype),
-            ctypes.c_void_p(ptr), int(n)), "probe_tensor_record")
+            self.handle, layer, _site_id(site), dt,
+            ctypes.c_void_p(ptr), n), "probe_tensor_record")
 
     def record(self, layer, site, array, dtype=None):
         """Records a NumPy array (or a host DLPack producer, viewed through

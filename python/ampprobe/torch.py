@@ -34,7 +34,8 @@ import torch.utils.checkpoint
 
 from . import _lib
 from . import distributed as _dist
-from .core import Session, digest64_fn, digest64_init, rank_trace_path
+from .core import (OPTION_RANGES, Session, check_option, digest64_fn,
+                   digest64_init, rank_trace_path)
 from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
 
@@ -497,9 +498,22 @@ class Tracer:
                 "nn.CrossEntropyLoss()), got %s; a loss written as a "
                 "function has no hooks: leave loss_fn out and pass the "
                 "step's loss to end_step(loss=)" % type(loss_fn).__name__)
-        every, step_start, step_end = (_int_arg(n, v) for n, v in (
-            ("every", every), ("step_start", step_start),
-            ("step_end", step_end)))
+        # Arguments that become libprobe options are checked here, named as
+        # the Tracer's ("every" is step_every) with their range: libprobe's
+        # message for every=0 named none ("option out of range (mode,
+        # step_every, ...)").
+        if mode not in ("full", "scalars"):
+            raise ValueError("ampprobe: Tracer(mode=%r): \"full\" or "
+                             "\"scalars\"" % (mode,))
+        every, step_start, step_end, ring_steps = (
+            check_option(o, v, "Tracer", n) for o, n, v in (
+                ("step_every", "every", every),
+                ("step_start", "step_start", step_start),
+                ("step_end", "step_end", step_end),
+                ("ring_steps", "ring_steps", ring_steps)))
+        for k, v in session_options.items():
+            if k in OPTION_RANGES and v is not None:
+                session_options[k] = check_option(k, v, "Tracer")
         if int(step_end) >= 0 and int(step_start) > int(step_end):
             raise ValueError("ampprobe: Tracer(step_start=%d, step_end=%d): "
                              "step_start is after step_end, nothing would "
@@ -1345,15 +1359,6 @@ def _command_line():
             return shlex.join(parent)
         return ""  # not known here: the post-mortem says "your command"
     return shlex.join(argv)
-
-
-def _int_arg(name, v):
-    """A Tracer integer argument (every, step_start, step_end): an int, or
-    TypeError naming it."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError("ampprobe: Tracer(%s=...): an integer; got %r" %
-                        (name, v))
-    return int(v)
 
 
 def _check_layers(layers):

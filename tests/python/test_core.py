@@ -594,3 +594,24 @@ def test_overwrite_of_a_trace_open_here_is_refused(cli, tmp_path):
         assert len(t.records())
     assert open(p, "rb").read() == before
     ampprobe.Session(p, overwrite=True).close()  # closed: allowed again
+
+
+def test_record_ptr_arguments_named(tmp_path):
+    """record_ptr's layer, dtype and n are checked and named (a negative n
+    was wrapped by ctypes to a size_t near 2**64 and read past the
+    buffer; a bad layer or dtype was libprobe's 'bad layer / site / dtype')."""
+    a = np.zeros(4, np.float32)
+    with ampprobe.Session(str(tmp_path / "r.h5")) as s:
+        L = s.register("a")
+        s.begin_step(0)
+        with pytest.raises(ValueError, match="record n -1 out of range"):
+            s.record_ptr(L, "fwd_out", "fp32", a.ctypes.data, -1)
+        with pytest.raises(ValueError, match="record layer -1 out of range"):
+            s.record_ptr(-1, "fwd_out", "fp32", a.ctypes.data, 4)
+        with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+            s.record_ptr(L, "fwd_out", "fp8", a.ctypes.data, 4)
+        with pytest.raises(TypeError, match="record n"):
+            s.record_ptr(L, "fwd_out", "fp32", a.ctypes.data, 4.0)
+        s.record_ptr(L, "fwd_out", "fp32", a.ctypes.data, 4)
+        s.record_ptr(L, "fwd_out", 0, a.ctypes.data, 4)
+        s.end_step()

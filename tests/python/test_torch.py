@@ -738,3 +738,39 @@ def test_empty_step_window_is_an_error(tmp_path, start, end):
         at.Tracer(_mlp(), p, step_start=start, step_end=end)
     assert not os.path.exists(p)
     at.Tracer(_mlp(), p, step_start=2, step_end=2).close()  # one step: fine
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    ({"every": 0}, ValueError, r"Tracer\(every=0\).*every takes an integer in \[1, "),
+    ({"every": True}, TypeError, r"Tracer\(every=\.\.\.\)"),
+    ({"step_start": -1}, ValueError, r"Tracer\(step_start=-1\).*\[0, "),
+    ({"step_end": 2**63}, ValueError, r"Tracer\(step_end="),
+    ({"ring_steps": -1}, ValueError, r"Tracer\(ring_steps=-1\).*\[0, 1000000\]"),
+    ({"ring_steps": 2**32 + 8}, ValueError, r"Tracer\(ring_steps="),
+    ({"mode": "ful"}, ValueError, r"Tracer\(mode='ful'\)"),
+    ({"flush_seconds": -1.0}, ValueError, r"Tracer\(flush_seconds=-1\.0\).*>= 0"),
+    ({"flush_seconds": float("nan")}, ValueError, r"Tracer\(flush_seconds=nan\)"),
+    ({"flush_steps": -2}, ValueError, r"Tracer\(flush_steps=-2\)"),
+    ({"max_events": -1}, ValueError, r"Tracer\(max_events=-1\).*\[0, 2147483647\]"),
+    ({"max_events": 2**31}, ValueError, r"Tracer\(max_events="),
+    ({"batch_rows": 0}, ValueError, r"Tracer\(batch_rows=0\).*\[1, "),
+    ({"snapshot_max_elems": -1}, ValueError, r"Tracer\(snapshot_max_elems=-1\)"),
+    ({"snapshot_on_nonfinite": "yes"}, TypeError, r"Tracer\(snapshot_on_nonfinite="),
+])
+def test_option_out_of_range_names_the_argument(tmp_path, kw, exc, match):
+    """A Tracer argument libprobe takes as an option is checked against the
+    option's range (probe.h) and the error names the argument and the
+    range (every=0 was libprobe's "option out of range (mode, step_every,
+    step_start, ...)"; ring_steps=2**32+8 was stored as 8 by ctypes); no
+    file is left."""
+    p = str(tmp_path / "o.h5")
+    with pytest.raises(exc, match=match):
+        at.Tracer(_mlp(), p, **kw)
+    assert not os.path.exists(p)
+    with pytest.raises(exc):  # the Session says the same in its own name
+        ampprobe.Session(p, **{("step_every" if k == "every" else k): v
+                               for k, v in kw.items() if k != "mode"}) \
+            if "mode" not in kw else ampprobe.Session(p, mode=kw["mode"])
+    assert not os.path.exists(p)
+    at.Tracer(_mlp(), p, every=1, ring_steps=0, max_events=0,
+              flush_seconds=float("inf"), snapshot_on_nonfinite=False).close()
