@@ -27,6 +27,7 @@ import types
 import warnings
 import weakref
 
+import numpy as np
 import torch
 import torch.autograd.function
 import torch.nn as nn
@@ -1013,15 +1014,25 @@ class Tracer:
         """The job's clipping of this step: clip_grad_norm_'s return value
         and its max_norm (the coefficient is min(1, max_norm/(norm+1e-6)),
         torch's). Returns grad_norm."""
-        self._clip = (float(grad_norm), float(max_norm))
+        self._clip = (_scalar("grad_norm", grad_norm, who="clip"),
+                      _scalar("max_norm", max_norm, who="clip"))
         return grad_norm
 
     def scaler_event(self, kind, old_scale, new_scale, growth_tracker=0):
         """A loss-scale change of a job that scales by hand: kind "backoff"
         (the step was skipped), "growth", "hysteresis" or "min_clamp"."""
+        if kind not in _lib.SCALER_KINDS:
+            raise ValueError("ampprobe: scaler_event(kind=%r): one of %s" %
+                             (kind, ", ".join(_lib.SCALER_KINDS)))
+        ev = (kind, _scalar("old_scale", old_scale, who="scaler_event"),
+              _scalar("new_scale", new_scale, who="scaler_event"),
+              _scalar("growth_tracker", growth_tracker, int,
+                      who="scaler_event"))
+        if None in ev:
+            raise TypeError("ampprobe: scaler_event(kind, old_scale, "
+                            "new_scale, growth_tracker): numbers, not None")
         self._ensure_step()
-        self._hand_events.append((kind, float(old_scale), float(new_scale),
-                                  int(growth_tracker)))
+        self._hand_events.append(ev)
 
     def end_step(self, loss=None, optimizer=None, scaler=None, grad_norm=None,
                  max_norm=None, lr=None, loss_scale=None, found_inf=None,
@@ -1044,8 +1055,8 @@ class Tracer:
         grad_norm = _scalar("grad_norm", grad_norm)
         max_norm = _scalar("max_norm", max_norm)
         loss_scale = _scalar("loss_scale", loss_scale)
-        found_inf = _scalar("found_inf", found_inf, int)
-        skipped = _scalar("skipped", skipped, int)
+        found_inf = _scalar("found_inf", found_inf, "flag")
+        skipped = _scalar("skipped", skipped, "flag")
         growth_tracker = _scalar("growth_tracker", growth_tracker, int)
         self._ensure_step()
         step = self._step
@@ -1277,25 +1288,35 @@ class Tracer:
         self.close()
 
 
-def _scalar(name, v, kind=float):
-    """end_step's scalar argument `name` as a float (kind int: an int), None
-    when None: a number or a one-element tensor, else TypeError/ValueError
-    naming the argument."""
+def _scalar(name, v, kind=float, who="end_step"):
+    """A scalar argument `name` of who (end_step, clip, scaler_event) as a
+    float (kind int: an int; "flag": 0 or 1, a bool too), None when None: a
+    number or a one-element tensor, else TypeError/ValueError naming the
+    argument. A bool is no number (True is an int in Python): refused but
+    for a flag (found_inf, skipped), where it is what it says."""
     if v is None:
         return None
     what = "the step's scalar loss" if name == "loss" else "a scalar"
     if torch.is_tensor(v):
         if v.numel() != 1:
-            raise ValueError("ampprobe: end_step(%s=...) takes %s; got a "
+            raise ValueError("ampprobe: %s(%s=...) takes %s; got a "
                              "tensor of shape %s (reduce it first, e.g. "
-                             "loss.mean())" % (name, what, tuple(v.shape)))
+                             "loss.mean())" % (who, name, what, tuple(v.shape)))
         v = v.detach().float().item() if v.is_floating_point() else v.item()
+    if kind != "flag" and isinstance(v, (bool, np.bool_)):
+        raise TypeError("ampprobe: %s(%s=...) takes %s (a tensor or a "
+                        "number); got a bool, %r" % (who, name, what, v))
+    if isinstance(v, np.bool_):
+        v = bool(v)
     if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
-        raise TypeError("ampprobe: end_step(%s=...) takes %s (a tensor or a "
-                        "number); got %s" % (name, what, type(v).__name__))
-    if kind is int and not math.isfinite(v):
-        raise ValueError("ampprobe: end_step(%s=...) takes an integer; got "
-                         "%r" % (name, v))
+        raise TypeError("ampprobe: %s(%s=...) takes %s (a tensor or a "
+                        "number); got %s" % (who, name, what, type(v).__name__))
+    if kind is not float and not math.isfinite(v):
+        raise ValueError("ampprobe: %s(%s=...) takes an integer; got "
+                         "%r" % (who, name, v))
+    if kind == "flag" and v not in (0, 1):
+        raise ValueError("ampprobe: %s(%s=...) takes 0 or 1 (or a bool); "
+                         "got %r" % (who, name, v))
     return float(v) if kind is float else int(v)
 
 

@@ -774,3 +774,37 @@ def test_option_out_of_range_names_the_argument(tmp_path, kw, exc, match):
     assert not os.path.exists(p)
     at.Tracer(_mlp(), p, every=1, ring_steps=0, max_events=0,
               flush_seconds=float("inf"), snapshot_on_nonfinite=False).close()
+
+
+@pytest.mark.parametrize("arg,bad,exc", [
+    ("loss", True, TypeError), ("lr", False, TypeError),
+    ("grad_norm", True, TypeError), ("max_norm", np.bool_(True), TypeError),
+    ("loss_scale", True, TypeError), ("growth_tracker", True, TypeError),
+    ("loss", torch.tensor(True), TypeError),
+    ("found_inf", 2, ValueError), ("skipped", -1, ValueError)])
+def test_end_step_refuses_bools_for_numbers(tmp_path, arg, bad, exc):
+    """A bool is an int in Python, so end_step(loss=True) stored a loss of
+    1.0: refused for every numeric scalar, naming it, before the step is
+    touched. found_inf and skipped are flags: a bool is what they say,
+    any value but 0 and 1 is refused (libprobe refused it inside end_step,
+    after the master weights were recorded)."""
+    m = _mlp()
+    p = str(tmp_path / "b.h5")
+    tr = at.Tracer(m, p)
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    with pytest.raises(exc, match=r"end_step\(%s=" % arg):
+        tr.end_step(**dict({"loss": loss}, **{arg: bad}))
+    tr.end_step(loss=loss, found_inf=True, skipped=np.bool_(False),
+                loss_scale=8.0, growth_tracker=3)
+    with pytest.raises(TypeError, match=r"clip\(max_norm="):
+        tr.clip(1.0, True)
+    with pytest.raises(TypeError, match=r"scaler_event\(new_scale="):
+        tr.scaler_event("backoff", 8.0, True)
+    with pytest.raises(ValueError, match=r"scaler_event\(kind='bogus'\)"):
+        tr.scaler_event("bogus", 8.0, 4.0)
+    tr.close()
+    st = ampprobe.read_trace(p)["steps"]
+    assert st["found_inf"].tolist() == [1] and st["skipped"].tolist() == [0]
+    r = ampprobe.read_trace(p)["records"]
+    assert int((r["site"] == SITES.index("master_weight")).sum()) == 2
