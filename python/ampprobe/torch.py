@@ -633,6 +633,7 @@ class Tracer:
         self._scaler = None
         self._clip = None
         self._hand_events = []
+        self._masters_at = None  # the step whose master weights are recorded
         self._reported = -1
         self.copies = 0  # tensors copied before recording (not contiguous
         #                 or not fp32/fp16/bf16)
@@ -1086,11 +1087,14 @@ class Tracer:
             if e[0] == "backoff":
                 fi = 1 if fi is None else fi
                 sk = 1 if sk is None else sk
-        if self._recording:
+        if self._recording and self._masters_at != step:
             for L in self._layers:
                 if L.selected:
                     for p in L.params:
                         self._record(L, "master_weight", p.detach())
+            # once per step: an end_step retried after libprobe refused
+            # the scalars or the step's end does not record them again
+            self._masters_at = step
         digest = self.weight_digest() if self._digest else None
         if grad_norm is None and self._clip is not None:
             grad_norm, max_norm = self._clip
@@ -1105,6 +1109,7 @@ class Tracer:
                                     growth_tracker))
         lossv = loss if loss is not None else float("nan")
         s = self.session
+        ended = False
         try:
             # What the job did not tell is "not measured" (NaN + its bit).
             s.set_scalars(
@@ -1118,21 +1123,43 @@ class Tracer:
                 weight_digest=digest)
             for e in events:
                 s.scaler_event(*e)
-            s.end_step()
+            try:
+                s.end_step()
+                ended = True
+            except _lib.ProbeError:
+                ended = self._libprobe_step_ended()
+                raise
         finally:
-            refs = self._refs
-            self._refs = []
-            self._step = None
-            self._next = step + 1
-            self._clip = None
-            self._hand_events = []
-            if sc is not None:
-                self._scale_begin = None
+            # The tracer's step follows libprobe's: it ends only when
+            # libprobe's did. A refused set_scalars/scaler_event, or an
+            # end_step refused for a sticky write error (a full disk),
+            # leave libprobe's step open: so is the tracer's, and the next
+            # call is a retry of end_step or libprobe's own error - the
+            # tracer ended its step anyway, and its next forward was
+            # refused with 'step 1 begun inside step 0'.
+            if ended:
+                refs = self._refs
+                self._refs = []
+                self._step = None
+                self._next = step + 1
+                self._clip = None
+                self._hand_events = []
+                if sc is not None:
+                    self._scale_begin = None
         if self.on_nonfinite != "record":
             # a loss not given is not measured, not non-finite (0.0 stands
             # for "nothing wrong with it")
             self._check_nonfinite(step, lossv if loss is not None else 0.0,
                                   bool(sk), refs)
+
+    def _libprobe_step_ended(self):
+        """After probe_step_end failed: did libprobe end its step? It did
+        unless it refused at once - for a sticky write error (a full disk,
+        a file-size limit: every later call returns it, which a flush
+        says) - or the session is closed (no step left either)."""
+        if self.session.closed:
+            return True
+        return self._lib.probe_session_flush(self.session.handle) == 0
 
     def _check_nonfinite(self, step, lossv, skipped, refs):
         first = self.session.first_nonfinite()

@@ -808,3 +808,79 @@ def test_end_step_refuses_bools_for_numbers(tmp_path, arg, bad, exc):
     assert st["found_inf"].tolist() == [1] and st["skipped"].tolist() == [0]
     r = ampprobe.read_trace(p)["records"]
     assert int((r["site"] == SITES.index("master_weight")).sum()) == 2
+
+
+def test_refused_scalars_leave_the_step_open(tmp_path, monkeypatch):
+    """libprobe refusing the step's scalars inside end_step leaves its step
+    open: so is the tracer's, and a retry of end_step ends it (masters
+    recorded once). The tracer ended its step anyway, and the next forward
+    was refused with 'step 1 begun inside step 0'."""
+    m = _mlp()
+    p = str(tmp_path / "s.h5")
+    tr = at.Tracer(m, p)
+    lib = tr.session._lib
+    real = lib.probe_step_set_scalars
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    monkeypatch.setattr(lib, "probe_step_set_scalars", lambda *a: -1)
+    with pytest.raises(ampprobe.ProbeError, match="probe_step_set_scalars"):
+        tr.end_step(loss=loss)
+    monkeypatch.setattr(lib, "probe_step_set_scalars", real)
+    tr.end_step(loss=loss)  # the retry ends step 0
+    loss = m(torch.randn(2, 3)).sum()  # step 1 begins
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    t = ampprobe.read_trace(p)
+    assert t["steps"]["step"].tolist() == [0, 1]
+    r = t["records"]
+    for s in (0, 1):
+        mw = (r["step"] == s) & (r["site"] == SITES.index("master_weight"))
+        assert int(mw.sum()) == 2
+
+
+_FULL_DISK = r"""
+import resource, signal, sys, torch, torch.nn as nn
+import ampprobe, ampprobe.torch as at
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+m = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+tr = at.Tracer(m, sys.argv[1], flush_steps=1)
+err = None
+for step in range(400):
+    try:
+        loss = m(torch.randn(8, 64)).sum()
+        loss.backward()
+        tr.end_step(loss=loss)
+    except ampprobe.ProbeError as e:
+        if err is None:
+            err = (step, e.name)
+        else:
+            print("AGAIN", e.name, str(e).replace("\n", " "))
+            break
+print("FIRST", err)
+try:
+    tr.close()
+except ampprobe.ProbeError as e:
+    print("CLOSE", e.name)
+"""
+
+
+def test_full_disk_in_end_step_stays_a_clear_error(tmp_path):
+    """A write failure libprobe reports in end_step (the file-size limit,
+    as a full disk: sticky) is reported again by the next call, never as a
+    step begun inside another one."""
+    import subprocess
+    import sys
+    p = str(tmp_path / "full.h5")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(ampprobe.__path__[0])] +
+        [x for x in [env.get("PYTHONPATH")] if x])
+    r = subprocess.run([sys.executable, "-c", _FULL_DISK, p], env=env,
+                       capture_output=True, text=True, timeout=120)
+    out = r.stdout
+    assert r.returncode == 0, r.stderr
+    assert "FIRST (" in out and "ERR_NOSPACE" in out, out
+    assert "AGAIN ERR_NOSPACE" in out, out
+    assert "begun inside" not in out
