@@ -778,7 +778,10 @@ class Tracer:
             self.copies += 1
         # The tensor itself (no detach: one object less per record) is kept
         # until end_step; libprobe reads it now and may snapshot it then.
-        self._refs.append((L, site, t))
+        # with its version: a tensor changed in place after this (a
+        # ReLU(inplace=True) turning -inf to 0) no longer holds what
+        # libprobe read (_nonfinite_counts)
+        self._refs.append([L, site, t, t._version, None])
         st = self._rec(self._h, L.lid, _SITE[site], dt, t.data_ptr(),
                        t.numel())
         if st < 0:
@@ -891,6 +894,15 @@ class Tracer:
             for t in _floats(inputs):
                 _settle(t)
         fin = _floats(inputs)
+        # The module is about to change tensors recorded in this step: their
+        # non-finite counts as recorded are taken now, for the end_step
+        # scan (an in-place op of the job's own is not seen: docs).
+        if self._recording and self._refs:
+            ids = {id(t): t for t in fin}
+            for e in self._refs:
+                t = ids.get(id(e[2]))
+                if t is not None and e[4] is None and e[3] == t._version:
+                    e[4] = _count_nonfinite(t)
         if L.emulate:
             _round16_in_place(fin)
         if torch.is_grad_enabled():
@@ -1200,13 +1212,11 @@ class Tracer:
         if L is not None:
             # the non-finite tensor of that site (a layer runs once per
             # micro-batch: the first one's may be finite)
-            same = [t for (l2, s2, t) in refs if l2 is L and s2 == site]
-            t = next((t for t in same if not bool(torch.isfinite(t).all())),
-                     same[0] if same else None)
-            if t is not None:
-                detail = " (%d NaN, %d +inf, %d -inf of %d)" % (
-                    int(torch.isnan(t).sum()), int((t == math.inf).sum()),
-                    int((t == -math.inf).sum()), t.numel())
+            same = [_recorded_counts(e) + (e[2].numel(),) for e in refs
+                    if e[0] is L and e[1] == site]
+            c = next((c for c in same if sum(c[:3])), same[0] if same else None)
+            if c is not None:
+                detail = " (%d NaN, %d +inf, %d -inf of %d)" % c
         if site == _dist.POST:
             detail += ("; it came back from the gradient all-reduce, finite "
                        "as this rank sent it: another rank's gradient or "
@@ -1354,14 +1364,34 @@ def _first_bad(refs, forward=False):
     itself (not emulated: no copy) is left out: it holds the values the
     optimizer wrote after the forward (a non-finite update made it
     non-finite, and it was named as the forward's origin)."""
-    for L, site, t in refs:
+    for e in refs:
+        L, site = e[0], e[1]
         if forward and _lib.SITE_PHASE.get(site, "forward") != "forward":
             continue
         if site == "weight" and not L.emulate:
             continue
-        if not bool(torch.isfinite(t).all()):
+        if sum(_recorded_counts(e)):
             return (L, site)
     return None
+
+
+def _count_nonfinite(t):
+    """(NaN, +inf, -inf) counts of a tensor; one cheap pass when it is all
+    finite (its float64 sum is then finite)."""
+    with torch.no_grad():
+        if bool(torch.isfinite(t.sum(dtype=torch.float64))):
+            return (0, 0, 0)
+        return (int(torch.isnan(t).sum()), int((t == math.inf).sum()),
+                int((t == -math.inf).sum()))
+
+
+def _recorded_counts(e):
+    """The (NaN, +inf, -inf) counts of a step's record e = [layer, site,
+    tensor, version at record, counts taken before an in-place module
+    changed it] as libprobe read it: the live tensor when unchanged."""
+    if e[4] is not None and e[2]._version != e[3]:
+        return e[4]
+    return _count_nonfinite(e[2])
 
 
 def _tracker(sc):

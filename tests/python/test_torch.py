@@ -884,3 +884,44 @@ def test_full_disk_in_end_step_stays_a_clear_error(tmp_path):
     assert "FIRST (" in out and "ERR_NOSPACE" in out, out
     assert "AGAIN ERR_NOSPACE" in out, out
     assert "begun inside" not in out
+
+
+def _inplace_after_inf():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    with torch.no_grad():
+        m[0].weight.copy_(-10 * torch.eye(3))
+        m[0].bias.zero_()
+    x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
+    return m, x  # m[0] makes -inf, the in-place ReLU turns it into 0
+
+
+def test_nonfinite_counts_are_those_recorded_before_an_inplace_op(tmp_path):
+    """The counts in the message are those libprobe read at the record,
+    not of the tensor after a ReLU(inplace=True) turned its -inf into 0
+    (it said '0 NaN, 0 +inf, 0 -inf' for the site it named)."""
+    m, x = _inplace_after_inf()
+    tr = at.Tracer(m, str(tmp_path / "i.h5"), on_nonfinite="raise")
+    m(x).sum().backward()
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.end_step()
+    assert e.value.module == "0" and e.value.site == "fwd_out"
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+
+
+def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
+    """After the run's first event, a step with a non-finite loss is
+    scanned: the first non-finite forward record is the one libprobe read
+    (m[0]'s -inf output), not the live tensor the in-place ReLU had zeroed
+    (the loss, outside any module, was named)."""
+    m, x = _inplace_after_inf()
+    p = str(tmp_path / "j.h5")
+    tr = at.Tracer(m, p, on_nonfinite="warn")
+    with pytest.warns(at.NonFiniteWarning):
+        m(x).sum().backward()
+        tr.end_step(loss=1.0)  # the run's first event: step 0
+    with pytest.warns(at.NonFiniteWarning) as w:
+        m(x).sum().backward()
+        tr.end_step(loss=float("nan"))
+    tr.close()
+    msg = str(w[0].message)
+    assert "step 1" in msg and "module '0'" in msg and "fwd_out" in msg, msg
