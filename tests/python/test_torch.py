@@ -843,7 +843,7 @@ _FULL_DISK = r"""
 import resource, signal, sys, torch, torch.nn as nn
 import ampprobe, ampprobe.torch as at
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 10, 512 << 10))  # above the open's 256 KiB minimum
 m = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
 tr = at.Tracer(m, sys.argv[1], flush_steps=1)
 err = None
