@@ -2293,6 +2293,14 @@ static int plan_output(bisect *b) {
                    "to replace it, or choose another -o)", b->out);
     return CLI_EXIT_USAGE;
   }
+  /* a symlink to nothing is refused by the writer (docs/cli.md "Files"):
+   * said now, not after every trial ran */
+  if (b->force && lstat(b->out, &sb) == 0 && S_ISLNK(sb.st_mode) &&
+      stat(b->out, &sb) != 0 && errno == ENOENT) {
+    cli_error(SUB, "cannot write %s: a symbolic link to nothing (remove it, "
+                   "or name another output)", b->out);
+    return CLI_EXIT_INTERNAL;
+  }
   /* its folder must take the result: said now, not after every trial ran */
   char *dir = cli_dir_part(b->out);
   if (!dir || access(dir, W_OK | X_OK) != 0) {
@@ -2781,23 +2789,14 @@ static int bisect_output(bisect *b, result *r) {
   json_t *j = NULL;
   if (b->json || b->out)
     j = result_json(b, r);
-  if (b->out && r->oc != O_INTERRUPTED && b->force) {
-    /* the one output rule of every command (docs/cli.md "Outputs"): a
-     * device or FIFO is written in place, a symlink's target replaced */
-    if (cli_write_json(SUB, b->out, j) != 0) {
-      json_decref(j);
-      return CLI_EXIT_INTERNAL;
-    }
-  } else if (b->out && r->oc != O_INTERRUPTED) {
-    /* exclusive: linked into place, so a file that appeared since the
-     * plan's check is not replaced */
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    int e = text ? guard_write_atomic(b->out, text, strlen(text), 0) : ENOMEM;
-    free(text);
-    if (e) {
-      cli_error(SUB, "cannot write %s: %s", b->out,
-                e == EEXIST ? "it appeared meanwhile (use --force)"
-                            : strerror(e));
+  if (b->out && r->oc != O_INTERRUPTED) {
+    /* the one output writer of every command (docs/cli.md "Files"): with
+     * --force renamed over FILE (a symlink's target replaced, a device
+     * written in place); without, linked into place, so a file that
+     * appeared since the plan's check is not replaced */
+    int wrc = b->force ? cli_write_json(SUB, b->out, j)
+                       : cli_write_json_new(SUB, b->out, j);
+    if (wrc != 0) {
       json_decref(j);
       return CLI_EXIT_INTERNAL;
     }

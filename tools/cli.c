@@ -16,6 +16,8 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,12 +432,35 @@ static void out_unguard(char *tmp) {
   out_pending_tmp = NULL;
 }
 
+/* write(2) without SIGPIPE: a FIFO (or pipe) whose reader has gone is
+ * EPIPE, reported and turned into exit 4 like any failed write, never a
+ * death by signal (exit 141) that leaves no message. SIGPIPE is sent to the
+ * writing thread, so blocking it here and taking the one this write raised
+ * (sigtimedwait, no wait) leaves the rest of the process as it was. */
+static ssize_t write_no_sigpipe(int fd, const void *buf, size_t n) {
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  int blocked = pthread_sigmask(SIG_BLOCK, &pipe_set, &old) == 0;
+  ssize_t w = write(fd, buf, n);
+  int e = errno;
+  if (blocked) {
+    if (w < 0 && e == EPIPE && !sigismember(&old, SIGPIPE)) {
+      const struct timespec zero = {0, 0};
+      while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+  }
+  errno = e;
+  return w;
+}
+
 static ssize_t out_cookie_write(void *cookie, const char *buf, size_t size) {
   cli_out *o = cookie;
   size_t done = 0;
   if (o->err) return 0; /* a failed output stays failed */
   while (done < size) {
-    ssize_t w = write(o->fd, buf + done, size - done);
+    ssize_t w = write_no_sigpipe(o->fd, buf + done, size - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       o->err = w < 0 ? errno : EIO;
@@ -453,27 +478,46 @@ static void out_free(cli_out *o) {
   o->path = o->target = o->tmp = NULL;
 }
 
-static int out_error(const char *sub, cli_out *o, const char *path, int e) {
+static int out_error_why(const char *sub, cli_out *o, const char *path,
+                         const char *why) {
   char q[PATH_MAX + 16];
   cli_escape_name(q, sizeof q, path ? path : "");
-  cli_error(sub, "cannot write %s: %s", q, strerror(e ? e : EIO));
+  cli_error(sub, "cannot write %s: %s", q, why);
   cli_out_abort(o);
   return CLI_EXIT_INTERNAL;
 }
 
-int cli_out_open(const char *sub, cli_out *o, const char *path) {
+static int out_error(const char *sub, cli_out *o, const char *path, int e) {
+  return out_error_why(sub, o, path, strerror(e ? e : EIO));
+}
+
+/* excl: the target must not exist (nothing there, not even a symlink); the
+ * temporary file is linked into place at commit, so a file that appeared
+ * meanwhile is not replaced (EEXIST). */
+static int out_open(const char *sub, cli_out *o, const char *path, int excl) {
   memset(o, 0, sizeof *o);
   o->fd = -1;
   if (!path || !*path) return out_error(sub, o, "''", ENOENT);
   o->path = strdup(path);
   if (!o->path) return out_error(sub, o, path, ENOMEM);
   o->target = o->path;
+  o->excl = excl;
   struct stat st;
-  if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
-    char *r = realpath(path, NULL); /* NULL: a dangling link is replaced */
-    if (r) o->target = r;
+  int there = lstat(path, &st) == 0;
+  if (there && excl) return out_error(sub, o, path, EEXIST);
+  if (there && S_ISLNK(st.st_mode)) {
+    /* the file it names is replaced, the link kept; a link to nothing (or
+     * a loop) is refused: renaming over it replaced the link itself by a
+     * regular file, and writing through it would create a file wherever
+     * it points (as `run` refuses it for a trace) */
+    char *r = realpath(path, NULL);
+    if (!r && errno == ENOENT)
+      return out_error_why(sub, o, path, "a symbolic link to nothing (remove "
+                                         "it, or name another output)");
+    if (!r) return out_error(sub, o, path, errno);
+    o->target = r;
   }
-  int exists = stat(o->target, &st) == 0;
+  int exists = !excl && stat(o->target, &st) == 0;
   /* a file the user made read-only stays protected, as with a plain open */
   if (exists && S_ISREG(st.st_mode) && access(o->target, W_OK) != 0)
     return out_error(sub, o, path, errno);
@@ -556,7 +600,18 @@ int cli_out_commit(const char *sub, cli_out *o) {
   if (!e && o->tmp && fsync(o->fd) != 0) e = errno;
   if (close(o->fd) != 0 && !e) e = errno;
   o->fd = -1;
-  if (!e && o->tmp && rename(o->tmp, o->target) != 0) e = errno;
+  if (!e && o->tmp && !o->excl && rename(o->tmp, o->target) != 0) e = errno;
+  if (!e && o->tmp && o->excl) {
+    if (link(o->tmp, o->target) != 0) e = errno;
+    else unlink(o->tmp); /* the target is the file now */
+  }
+  if (e == EEXIST && o->excl) {
+    char *path = o->path ? strdup(o->path) : NULL;
+    int rc = out_error_why(sub, o, path ? path : "output",
+                           "it appeared while the command ran (not replaced)");
+    free(path);
+    return rc;
+  }
   if (e) return cli_out_fail(sub, o, e);
   if (o->tmp) {
     out_unguard(o->tmp);
@@ -573,14 +628,30 @@ int cli_out_commit(const char *sub, cli_out *o) {
   return 0;
 }
 
-int cli_write_json(const char *sub, const char *path, json_t *v) {
+int cli_out_open(const char *sub, cli_out *o, const char *path) {
+  return out_open(sub, o, path, 0);
+}
+
+int cli_out_open_new(const char *sub, cli_out *o, const char *path) {
+  return out_open(sub, o, path, 1);
+}
+
+static int write_json(const char *sub, const char *path, json_t *v, int excl) {
   cli_out o;
-  int rc = cli_out_open(sub, &o, path);
+  int rc = out_open(sub, &o, path, excl);
   if (rc) return rc;
   if (!v || json_dumpf(v, o.f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0 ||
       fputc('\n', o.f) == EOF)
     return cli_out_fail(sub, &o, v ? EIO : ENOMEM);
   return cli_out_commit(sub, &o);
+}
+
+int cli_write_json(const char *sub, const char *path, json_t *v) {
+  return write_json(sub, path, v, 0);
+}
+
+int cli_write_json_new(const char *sub, const char *path, json_t *v) {
+  return write_json(sub, path, v, 1);
 }
 
 int cli_write_text(const char *sub, const char *path, const char *text) {

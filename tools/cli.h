@@ -114,11 +114,16 @@ json_t *cli_json_text(const char *s);
  *    write leaves the old file (or none), never a truncated one. A target
  *    that exists and is not a regular file (/dev/null, /dev/full, a FIFO) is
  *    written in place; an existing symlink is followed, so the file it names
- *    is replaced and the link kept;
+ *    is replaced and the link kept; a symlink to nothing (or a loop) is
+ *    refused, exit 4: neither the link nor a file where it points is made;
+ *  - an output that must be new (cli_out_open_new: bisect -o without
+ *    --force) is linked into place instead, so a file that appeared while
+ *    the command ran is not replaced;
  *  - every write failure (EFBIG under `ulimit -f`, ENOSPC, EIO, EDQUOT,
- *    /dev/full) is one line, "cannot write PATH: <strerror text>", exit 4.
- *    SIGXFSZ is ignored by main(), so a file-size limit is an EFBIG error and
- *    not a signal.
+ *    /dev/full, a FIFO whose reader has gone) is one line, "cannot write
+ *    PATH: <strerror text>", exit 4. SIGXFSZ is ignored by main(), so a
+ *    file-size limit is an EFBIG error and not a signal; SIGPIPE is held
+ *    around each write, so a reader that left is EPIPE, not a signal.
  */
 
 /* Returns 0 when path is a regular file, or when it cannot be opened (the
@@ -160,11 +165,17 @@ typedef struct cli_out {
   char *tmp;    /* the temporary file, NULL when written in place */
   int fd;
   int err;      /* errno of the first failed write, 0 when none */
+  int excl;     /* 1: linked into place at commit, never replacing */
 } cli_out;
 
 /* Opens an output. Returns 0, or prints "cannot write PATH: <why>" and
  * returns CLI_EXIT_INTERNAL. */
 int cli_out_open(const char *sub, cli_out *o, const char *path);
+/* The same for an output that must not exist: refused (EEXIST) when
+ * anything is at path, even a symlink; at commit the temporary file is
+ * linked to path, and "PATH: it appeared while the command ran" when
+ * something took the name meanwhile. */
+int cli_out_open_new(const char *sub, cli_out *o, const char *path);
 /* Finishes it: flush, fsync, close, rename into place. Returns 0, or
  * prints "cannot write PATH: <why>", removes the temporary file and returns
  * CLI_EXIT_INTERNAL. Closes o in every case. */
@@ -180,6 +191,8 @@ int cli_out_fail(const char *sub, cli_out *o, int err_fallback);
 /* A whole JSON document (indented, final newline) written to path as above.
  * Returns 0 or CLI_EXIT_INTERNAL (message printed). */
 int cli_write_json(const char *sub, const char *path, json_t *v);
+/* The same through cli_out_open_new. */
+int cli_write_json_new(const char *sub, const char *path, json_t *v);
 /* The same for a text already rendered (e.g. a library's JSON string). */
 int cli_write_text(const char *sub, const char *path, const char *text);
 

@@ -5,9 +5,9 @@
  *   - a new output is created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW), so an
  *     existing file or a planted symlink is never replaced without --force;
  *   - a name taken from a config becomes a file-name component only after
- *     guard_sanitize (no '/', no leading '.', printable ASCII only);
- *   - JSON results are written to a temporary file in the target's folder
- *     and then linked (or, with replace, renamed) into place.
+ *     guard_sanitize (no '/', no leading '.', printable ASCII only).
+ * JSON results go through cli.h's one output writer (cli_write_json, or
+ * cli_write_json_new for a file that must be new).
  */
 #ifndef AMPPROBE_TOOLS_RUNGUARD_H
 #define AMPPROBE_TOOLS_RUNGUARD_H
@@ -50,48 +50,6 @@ static inline void guard_sanitize(char *dst, size_t n, const char *name) {
   if (o == 0)
     o = (size_t)snprintf(dst, n, "run");
   dst[o < n ? o : n - 1] = 0;
-}
-
-/* Writes data to path through a temporary file in the same folder: with
- * replace the temporary is renamed over path, else linked to it, which
- * fails with EEXIST when path appeared meanwhile. Returns 0 or an errno. */
-static inline int guard_write_atomic(const char *path, const char *data,
-                                     size_t n, int replace) {
-  size_t len = strlen(path) + 16;
-  char *tmp = malloc(len);
-  if (!tmp)
-    return ENOMEM;
-  snprintf(tmp, len, "%s.tmpXXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    int e = errno;
-    free(tmp);
-    return e;
-  }
-  int e = 0;
-  size_t off = 0;
-  while (off < n && !e) {
-    ssize_t w = write(fd, data + off, n - off);
-    if (w < 0 && errno != EINTR)
-      e = errno;
-    else if (w > 0)
-      off += (size_t)w;
-  }
-  if (!e && fsync(fd) != 0 && errno != EINVAL)
-    e = errno;
-  if (close(fd) != 0 && !e)
-    e = errno;
-  if (!e) {
-    if (replace) {
-      if (rename(tmp, path) != 0)
-        e = errno;
-    } else if (link(tmp, path) != 0) {
-      e = errno;
-    }
-  }
-  unlink(tmp); /* after rename it is gone already */
-  free(tmp);
-  return e;
 }
 
 #endif /* AMPPROBE_TOOLS_RUNGUARD_H */

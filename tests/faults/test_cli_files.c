@@ -127,6 +127,90 @@ START_TEST(test_out_symlink_and_devices) {
 }
 END_TEST
 
+/* A symlink to nothing, or a loop, is refused (exit 4): the link stays a
+ * link and no file appears where it points (renaming over it replaced
+ * the link by a regular file). */
+START_TEST(test_out_dangling_symlink) {
+  ck_assert_int_eq(symlink("nowhere/x.html", "dangle.html"), 0);
+  ck_assert_int_eq(symlink("gone.html", "dangle2.html"), 0);
+  ck_assert_int_eq(symlink("loop1", "loop2"), 0);
+  ck_assert_int_eq(symlink("loop2", "loop1"), 0);
+  const char *links[] = {"dangle.html", "dangle2.html", "loop1"};
+  for (int i = 0; i < 3; i++) {
+    cli_out o;
+    ck_assert_int_eq(cli_out_open("t", &o, links[i]), CLI_EXIT_INTERNAL);
+    struct stat st;
+    ck_assert_int_eq(lstat(links[i], &st), 0);
+    ck_assert(S_ISLNK(st.st_mode));
+    json_t *j = json_object();
+    ck_assert_int_eq(cli_write_json("t", links[i], j), CLI_EXIT_INTERNAL);
+    json_decref(j);
+    ck_assert_int_eq(lstat(links[i], &st), 0);
+    ck_assert(S_ISLNK(st.st_mode));
+  }
+  struct stat st;
+  ck_assert_int_ne(lstat("gone.html", &st), 0);
+  ck_assert_int_eq(hidden_files(), 0);
+}
+END_TEST
+
+/* An output that must be new: anything at the name (a file, a symlink,
+ * one to nothing) is refused at open; one that appears before commit is
+ * kept and the result is not written over it. */
+START_TEST(test_out_new) {
+  put("old.json", "old");
+  ck_assert_int_eq(symlink("nowhere", "dangle.json"), 0);
+  cli_out o;
+  ck_assert_int_eq(cli_out_open_new("t", &o, "old.json"), CLI_EXIT_INTERNAL);
+  ck_assert_int_eq(cli_out_open_new("t", &o, "dangle.json"), CLI_EXIT_INTERNAL);
+  ck_assert_str_eq(get("old.json"), "old");
+  ck_assert_int_eq(cli_out_open_new("t", &o, "n.json"), 0);
+  fputs("mine", o.f);
+  put("n.json", "theirs"); /* appeared meanwhile */
+  ck_assert_int_eq(cli_out_commit("t", &o), CLI_EXIT_INTERNAL);
+  ck_assert_str_eq(get("n.json"), "theirs");
+  ck_assert_int_eq(hidden_files(), 0);
+  mode_t old = umask(027);
+  json_t *j = json_pack("{s:i}", "a", 1);
+  ck_assert_int_eq(cli_write_json_new("t", "m.json", j), 0);
+  json_decref(j);
+  umask(old);
+  struct stat st;
+  ck_assert_int_eq(stat("m.json", &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0640); /* as every output: 0666 & ~umask */
+  ck_assert_int_eq(hidden_files(), 0);
+}
+END_TEST
+
+/* A FIFO whose reader has gone: EPIPE, exit 4 with a message, not a death
+ * by SIGPIPE (exit 141). */
+START_TEST(test_out_fifo_reader_gone) {
+  ck_assert_int_eq(mkfifo("p", 0600), 0);
+  pid_t reader = fork();
+  ck_assert_int_ge(reader, 0);
+  if (reader == 0) { /* opens, then leaves before anything is written */
+    int fd = open("p", O_RDONLY);
+    _exit(fd < 0 ? 1 : 0);
+  }
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    cli_out o;
+    if (cli_out_open("t", &o, "p")) _exit(10);
+    usleep(300000); /* the reader is gone by now */
+    for (int i = 0; i < 10000; i++) fputs("0123456789", o.f);
+    int rc = cli_out_commit("t", &o);
+    _exit(rc == CLI_EXIT_INTERNAL ? 0 : 11);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  waitpid(reader, NULL, 0);
+  ck_assert_msg(WIFEXITED(status), "killed by signal %d",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ck_assert_int_eq(WEXITSTATUS(status), 0);
+}
+END_TEST
+
 /* The file-size limit: EFBIG, the temporary file removed, the old kept. */
 START_TEST(test_out_file_size_limit) {
   put("big.html", "old");
@@ -280,6 +364,9 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_out_commit_and_abort);
   tcase_add_test(tc, test_out_symlink_and_devices);
+  tcase_add_test(tc, test_out_dangling_symlink);
+  tcase_add_test(tc, test_out_new);
+  tcase_add_test(tc, test_out_fifo_reader_gone);
   tcase_add_test(tc, test_out_file_size_limit);
   tcase_add_test(tc, test_out_signal_removes_temp);
   tcase_add_test(tc, test_same_file);
