@@ -260,6 +260,11 @@ typedef struct bisect {
   char workdir[1024]; /* at most WORKDIR_MAX_LEN, + "/run-N" */
   int wd_fd;
   int wd_made; /* 1: this process created b->workdir (mkdir or run-N) */
+  /* the folders above it that this process created (mkdir_parents), as
+   * lengths of prefixes of wd_asked, outermost first */
+  char wd_asked[1024];
+  unsigned short wd_parents[128];
+  int n_wd_parents;
   char self[1024];
   layer_ref *layers;
   size_t n_layers;
@@ -1627,19 +1632,44 @@ static void print_text(const bisect *b, const result *r) {
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-/* mkdir -p of the folders above path (not path itself). */
-static int mkdir_parents(const char *path) {
-  char tmp[1024];
-  snprintf(tmp, sizeof tmp, "%s", path);
+/* mkdir -p of the folders above b->wd_asked (not the folder itself); each
+ * one made here is remembered, so that workdir_unmake can take it back. */
+static int mkdir_parents(bisect *b) {
+  char tmp[sizeof b->wd_asked];
+  snprintf(tmp, sizeof tmp, "%s", b->wd_asked);
+  b->n_wd_parents = 0;
   for (char *p = tmp + 1; *p; p++) {
     if (*p != '/')
       continue;
     *p = 0;
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+    if (mkdir(tmp, 0755) == 0) {
+      if (b->n_wd_parents < (int)(sizeof b->wd_parents / sizeof *b->wd_parents))
+        b->wd_parents[b->n_wd_parents++] = (unsigned short)(p - tmp);
+    } else if (errno != EEXIST) {
       return -1;
+    }
     *p = '/';
   }
   return 0;
+}
+
+/* Leaves the file system as it was before this bisect: the work directory
+ * if this process made it, then the folders above it that it made,
+ * innermost first. rmdir only: a folder that holds anything (a user's file
+ * put there meanwhile) stays. */
+static void workdir_unmake(bisect *b) {
+  int e = errno;
+  if (b->wd_made)
+    rmdir(b->workdir);
+  b->wd_made = 0;
+  char tmp[sizeof b->wd_asked];
+  for (int i = b->n_wd_parents - 1; i >= 0; i--) {
+    snprintf(tmp, sizeof tmp, "%s", b->wd_asked);
+    tmp[b->wd_parents[i]] = 0;
+    rmdir(tmp);
+  }
+  b->n_wd_parents = 0;
+  errno = e;
 }
 
 /* 1 when the open folder holds files of an earlier bisect (trial-*). */
@@ -1672,9 +1702,11 @@ static int workdir_open(bisect *b, const char *want) {
   while (l > 1 && b->workdir[l - 1] == '/')
     b->workdir[--l] = 0;
   b->wd_made = 0;
-  if (mkdir_parents(b->workdir) != 0) {
+  snprintf(b->wd_asked, sizeof b->wd_asked, "%s", b->workdir);
+  if (mkdir_parents(b) != 0) {
     cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
               strerror(errno));
+    workdir_unmake(b);
     return -1;
   }
   if (mkdir(b->workdir, 0755) == 0) {
@@ -1682,6 +1714,7 @@ static int workdir_open(bisect *b, const char *want) {
   } else if (errno != EEXIST) {
     cli_error(SUB, "cannot create the work directory %s: %s", b->workdir,
               strerror(errno));
+    workdir_unmake(b);
     return -1;
   }
   struct stat ls;
@@ -1694,6 +1727,7 @@ static int workdir_open(bisect *b, const char *want) {
               is_link || errno == ELOOP ? "it is a symbolic link (refused: trial files "
                                "are never written through a symlink)"
                              : strerror(errno));
+    workdir_unmake(b);
     return -1;
   }
   if (holds_trials(fd)) {
@@ -1711,6 +1745,7 @@ static int workdir_open(bisect *b, const char *want) {
       cli_error(SUB, "cannot create a fresh folder in the work directory "
                      "%s: %s", b->workdir, strerror(errno));
       close(fd);
+      workdir_unmake(b);
       return -1;
     }
     size_t o = strlen(b->workdir);
@@ -2437,13 +2472,15 @@ static int bisect_plan(bisect *b) {
   if (workdir_open(b, wd) != 0)
     return CLI_EXIT_INTERNAL;
   if (b->out && (cli_same_file(b->out, b->workdir) || inside_workdir(b))) {
-    cli_error(SUB, "-o %s is %s the work directory %s, where the trials' files "
+    cli_error(SUB, "-o %s is %sthe work directory %s, where the trials' files "
                    "go: choose another output",
-              b->out, cli_same_file(b->out, b->workdir) ? "" : "inside", b->workdir);
-    /* leave the file system as it was: only a folder this bisect made
-     * (still empty) goes; one that existed before is the user's */
-    if (b->wd_made)
-      rmdir(b->workdir);
+              b->out, cli_same_file(b->out, b->workdir) ? "" : "inside ", b->workdir);
+    /* leave the file system as it was: only the folders this bisect made
+     * (still empty: the work directory and those above it) go; one that
+     * existed before is the user's */
+    close(b->wd_fd);
+    b->wd_fd = -1;
+    workdir_unmake(b);
     return CLI_EXIT_USAGE;
   }
   if (!b->ext) {

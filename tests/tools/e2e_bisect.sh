@@ -254,6 +254,20 @@ errors() {
     fail "-o in a new work directory: $(cat "$WORK/e.err"); $(ls -d "$WORK/newwd" 2>&1)"
   expect_err 2 "-o inside a new --workdir spelled with .." --scenario revin-overflow \
     --fp32-candidates revin -q --workdir "$WORK/newwd/a/../b" -o "$WORK/newwd/b/x/../r.json"
+  # the folders above a new work directory that this bisect made go too on
+  # an error before any trial ran (only the work directory itself went:
+  # here n1/ and n1/n2/ stayed), and nothing that was there before
+  mkdir -p "$WORK/up"
+  expect_err 2 "-o is a new --workdir spelled with .." --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/up/n1/n2/../../wd" -o "$WORK/up/wd"
+  [ -d "$WORK/up" ] && [ -z "$(ls -A "$WORK/up")" ] &&
+    pass "-o is the work directory: every folder this bisect made is removed, up/ kept" ||
+    fail "-o is the work directory: left $(find "$WORK/up" 2>&1 | tr '\n' ' ')"
+  expect_err 4 "a --workdir component longer than NAME_MAX" --scenario revin-overflow \
+    --fp32-candidates revin -q --workdir "$WORK/up/n1/n2/$(printf 'x%.0s' $(seq 300))/wd"
+  [ -d "$WORK/up" ] && [ -z "$(ls -A "$WORK/up")" ] &&
+    pass "a work directory that cannot be made: the folders made above it are removed" ||
+    fail "a work directory that cannot be made: left $(find "$WORK/up" 2>&1 | tr '\n' ' ')"
 }
 
 # ---- issue 15, class 4: fair trials ------------------------------------------
