@@ -1300,7 +1300,7 @@ typedef struct result {
   char summary[2048];
   char minimal[LIST_MAX];        /* candidates as given */
   char minimal_layers[LIST_MAX]; /* --granularity layer */
-  char reproduce[LIST_MAX + 1024];
+  char *reproduce;               /* the whole command (malloc'd), or NULL */
   char implicated[512];          /* postmortem on the all-candidates run */
   char suggest[512];             /* new candidates it proposes */
   char finding[PROBE_DIAG_TEXT_MAX];   /* its top-ranked finding */
@@ -1321,45 +1321,80 @@ static const char *verdict_str(const trial *t) {
   }
 }
 
-static void make_reproduce(const bisect *b, const char *fp32, char *buf,
-                           size_t len) {
-  char q[LIST_MAX + 8];
-  size_t o = 0;
-#define PUT(...)                                                               \
-  do {                                                                         \
-    if (o < len)                                                               \
-      o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__);                    \
-  } while (0)
-/* one argument, quoted; one too long for q is named, not dropped (an
- * empty word would change the command) */
-#define QUOTE(s_)                                                              \
-  (probe_shell_quote(q, sizeof q, (s_)) < sizeof q ? q : "'[argument too long]'")
+/* The command that reproduces the fixed run, every word quoted
+ * (probe_shell_quote), whole: malloc'd, NULL when out of memory. Never cut
+ * and never with a word left out or replaced (a fixed buffer printed ''
+ * for a word too long for it, or cut the command: a shorter argv, another
+ * command when pasted). */
+static char *make_reproduce(const bisect *b, const char *fp32) {
+  const char *w[MAX_PASS + 16];
+  size_t n = 0;
+  char ranks[32];
   if (b->ext) {
-    PUT("AMPPROBE_FP32=%s", QUOTE(fp32));
+    size_t need = strlen("AMPPROBE_FP32=") + probe_shell_quote(NULL, 0, fp32) + 1;
     for (int i = 0; i < b->n_ext; i++)
-      PUT(" %s", QUOTE(b->ext[i]));
-    return;
+      need += 1 + probe_shell_quote(NULL, 0, b->ext[i]);
+    char *s = malloc(need);
+    if (!s)
+      return NULL;
+    size_t o = (size_t)snprintf(s, need, "AMPPROBE_FP32=");
+    o += probe_shell_quote(s + o, need - o, fp32);
+    for (int i = 0; i < b->n_ext; i++) {
+      s[o++] = ' ';
+      o += probe_shell_quote(s + o, need - o, b->ext[i]);
+    }
+    s[o] = 0;
+    return s;
   }
-  PUT("ampprobe run");
-  if (b->config)
-    PUT(" --config %s", QUOTE(b->config));
-  else
-    PUT(" --scenario %s", QUOTE(b->scenario));
-  if (b->steps)
-    PUT(" --steps %s", b->steps);
-  if (b->seed)
-    PUT(" --seed %s", b->seed);
-  if (b->ranks > 0)
-    PUT(" --ranks %d", b->ranks);
-  PUT(" --fp32 %s", QUOTE(fp32));
-  for (int i = 0; i < b->n_pass; i++)
-    PUT(" %s", QUOTE(b->pass[i]));
-#undef QUOTE
-#undef PUT
+  w[n++] = "ampprobe";
+  w[n++] = "run";
+  w[n++] = b->config ? "--config" : "--scenario";
+  w[n++] = b->config ? b->config : b->scenario;
+  if (b->steps) {
+    w[n++] = "--steps";
+    w[n++] = b->steps;
+  }
+  if (b->seed) {
+    w[n++] = "--seed";
+    w[n++] = b->seed;
+  }
+  if (b->ranks > 0) {
+    snprintf(ranks, sizeof ranks, "%d", b->ranks);
+    w[n++] = "--ranks";
+    w[n++] = ranks;
+  }
+  w[n++] = "--fp32";
+  w[n++] = fp32;
+  for (int i = 0; i < b->n_pass && n < sizeof w / sizeof *w; i++)
+    w[n++] = b->pass[i];
+  size_t need = 1;
+  for (size_t i = 0; i < n; i++)
+    need += probe_shell_quote(NULL, 0, w[i]) + 1;
+  char *s = malloc(need);
+  if (!s)
+    return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      s[o++] = ' ';
+    /* the bare words above are safe as they are: quoting leaves them */
+    o += probe_shell_quote(s + o, need - o, w[i]);
+  }
+  s[o] = 0;
+  return s;
 }
 
 static json_t *num_or_null(double x) {
   return isfinite(x) ? json_real(x) : json_null();
+}
+
+/* A command to paste as a JSON string: controls escaped, backslashes kept
+ * (cli_json_text doubles them, and the pasted path was another). */
+static json_t *paste_json(const char *cmd) {
+  char *e = cli_escape_controls(cmd);
+  json_t *v = e ? json_string(e) : NULL;
+  free(e);
+  return v ? v : json_null();
 }
 
 static json_t *list_json(const char *list) {
@@ -1511,7 +1546,7 @@ static json_t *result_json(const bisect *b, const result *r) {
                           ? list_json(r->minimal_layers)
                           : json_null());
   json_object_set_new(o, "reproduce",
-                      r->reproduce[0] ? cli_json_text(r->reproduce) : json_null());
+                      r->reproduce ? paste_json(r->reproduce) : json_null());
   json_object_set_new(o, "implicated_layers",
                       r->implicated[0] ? list_json(r->implicated) : json_null());
   json_object_set_new(o, "suggested_candidates",
@@ -1618,8 +1653,11 @@ static void print_text(const bisect *b, const result *r) {
             ESC(r->implicated));
   if (r->hint[0])
     fprintf(f, "  hint            %s\n", ESC(r->hint));
-  if (r->reproduce[0])
-    fprintf(f, "  reproduce       %s\n", ESC(r->reproduce));
+  if (r->reproduce) { /* whole, its backslashes kept (ESC doubled them) */
+    char *e = cli_escape_controls(r->reproduce);
+    fprintf(f, "  reproduce       %s\n", e ? e : "(out of memory)");
+    free(e);
+  }
   fprintf(f, "  trials          %zu run (%zu in ddmin), %zu cancelled, %.2f s "
              "wall with -j %d\n",
           ran, r->ddmin_trials, cancelled, cli_now() - b->t_start, b->jobs);
@@ -2783,7 +2821,8 @@ static void run_search(bisect *b, result *r, char ***lnames, int *n_lnames) {
   if (r->oc != O_FOUND)
     return;
   const char *fix = r->minimal_layers[0] ? r->minimal_layers : r->minimal;
-  make_reproduce(b, fix, r->reproduce, sizeof r->reproduce);
+  free(r->reproduce);
+  r->reproduce = make_reproduce(b, fix);
   int k = 1;
   for (const char *p = fix; *p; p++)
     k += *p == ',';
@@ -2879,6 +2918,7 @@ int cmd_bisect(int argc, char **argv) {
     rc = bisect_output(&b, &r);
   }
   free_list(lnames, n_lnames);
+  free(r.reproduce);
   bisect_free(&b);
   return rc;
 }

@@ -395,8 +395,12 @@ static void on_interrupt(void (*handler)(int)) { on_interrupt_flags(handler, 0);
 void cli_signals_exit_install(const char *sub) { cli_signals_exit_install_note(sub, NULL); }
 
 void cli_signals_exit_install_note(const char *sub, const char *note) {
-  int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted%s%.500s%s\n",
+  /* a note that does not fit is left out, never cut (it may end in a
+   * command to paste: a cut one is another command) */
+  int n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted%s%s%s\n",
                    sub, note ? " (" : "", note ? note : "", note ? ")" : "");
+  if (note && (n < 0 || (size_t)n >= sizeof exit_msg))
+    n = snprintf(exit_msg, sizeof exit_msg, "ampprobe: %s: interrupted\n", sub);
   exit_msg_len = n > 0 && (size_t)n < sizeof exit_msg ? (size_t)n : 0;
   exit_pid = getpid();
   on_interrupt(exit_on_signal);
@@ -718,17 +722,18 @@ char *cli_escape_controls(const char *s) {
   return out;
 }
 
-void cli_paste_word(char *dst, size_t n, const char *s) {
-  if (!n) return;
+int cli_paste_word(char *dst, size_t n, const char *s) {
+  if (!n) return -1;
+  dst[0] = '\0';
   size_t need = probe_shell_quote(NULL, 0, s ? s : "") + 1;
   char *q = malloc(need), *e = NULL;
-  if (q) {
-    probe_shell_quote(q, need, s ? s : "");
+  if (q && probe_shell_quote(q, need, s ? s : "") < need)
     e = cli_escape_controls(q);
-  }
-  snprintf(dst, n, "%s", e ? e : "");
+  int ok = e && strlen(e) < n;
+  if (ok) memcpy(dst, e, strlen(e) + 1);
   free(q);
   free(e);
+  return ok ? 0 : -1;
 }
 
 int cli_print_name(FILE *f, const char *name) {

@@ -222,8 +222,10 @@ char *cli_escape_controls(const char *s);
 /* s as one word of a command the user pastes (probe_shell_quote) into
  * dst, controls escaped (cli_escape_controls): a backslash stays one
  * backslash (cli_escape_name doubled it, and the pasted path was
- * another); a word with controls is for the eye only. */
-void cli_paste_word(char *dst, size_t n, const char *s);
+ * another); a word with controls is for the eye only. Returns 0, or -1
+ * with dst "" when the whole word does not fit in n bytes (or no memory):
+ * never a cut word, and the caller prints no command then. */
+int cli_paste_word(char *dst, size_t n, const char *s);
 
 /* Stop flag set by SIGINT/SIGTERM once cli_signals_install() was called. */
 extern volatile sig_atomic_t cli_stop_flag;
@@ -233,7 +235,8 @@ void cli_signals_install(void);
  * SIGTERM remove the output being written, if any, print "ampprobe: <sub>:
  * interrupted" and exit 130 at once (main() installs it before them). */
 void cli_signals_exit_install(const char *sub);
-/* The same, the line ending in " (note)" (escaped by the caller). */
+/* The same, the line ending in " (note)" (escaped by the caller); a note
+ * too long for the line (about 550 bytes) is left out, not cut. */
 void cli_signals_exit_install_note(const char *sub, const char *note);
 /* The same without the line: a process that does not speak for the
  * command (a rank other than 0 of a job) exits 130 quietly. */

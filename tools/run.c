@@ -200,7 +200,8 @@ static void print_summary(const probe_train_result *r, const char *name,
   cli_escape_name(ly, sizeof ly, r->first_nonfinite_layer);
   cli_escape_name(pol, sizeof pol, policy);
   cli_escape_name(pa, sizeof pa, path);
-  cli_paste_word(qpa, sizeof qpa, path);
+  /* the command is printed only whole (the buffer fits any -o path) */
+  int have_qpa = cli_paste_word(qpa, sizeof qpa, path) == 0;
   name = nm;
   policy = pol;
   path = pa;
@@ -254,15 +255,16 @@ static void print_summary(const probe_train_result *r, const char *name,
   printf("\n");
   int fwd = !r->diverged && r->first_nonfinite_step >= 0 &&
             probe_site_phase(r->first_nonfinite_site) != PROBE_PHASE_BACKWARD;
+  const char *next = have_qpa ? qpa : "(the trace above)";
   if (fwd)
     /* Backward inf/NaN with a finite loss is a scaled gradient overflowing,
      * which the scaler handles (skip + backoff); a forward one is not. */
     printf("  note            the loss stayed finite, but a layer produced inf/NaN"
            " (%s at step %lld):\n"
            "                  ampprobe postmortem %s\n",
-           ly, (long long)r->first_nonfinite_step, qpa);
+           ly, (long long)r->first_nonfinite_step, next);
   else if (!interrupted && v != PROBE_VERDICT_HEALTHY)
-    printf("  next            ampprobe postmortem %s\n", qpa);
+    printf("  next            ampprobe postmortem %s\n", next);
 }
 
 static json_t *summary_json(const probe_train_result *r, const char *name,
@@ -1039,12 +1041,17 @@ static probe_verdict run_verdict(const probe_train_result *res,
    * it ends the command at once, saying so (it was ignored, and the run
    * said "healthy", exit 0, seconds later). A long trace's check is said
    * on a terminal (or in --progress-every's plain lines). */
-  char esc[700], note[800];
+  char esc[480], note[600];
   int set = d->comm && d->set_glob[0]; /* the job's traces: all ranks' */
-  cli_paste_word(esc, sizeof esc, set ? d->set_glob : path); /* a glob: quoted */
-  snprintf(note, sizeof note, "while checking the trace%s; %s complete: "
-           "ampprobe postmortem %.600s", set ? "s" : "",
-           set ? "they are" : "it is", esc);
+  /* the command only whole: a path too long for the one-line note (it
+   * was cut there, an unclosed quote) leaves the command out */
+  if (cli_paste_word(esc, sizeof esc, set ? d->set_glob : path) == 0)
+    snprintf(note, sizeof note, "while checking the trace%s; %s complete: "
+             "ampprobe postmortem %s", set ? "s" : "",
+             set ? "they are" : "it is", esc);
+  else
+    snprintf(note, sizeof note, "while checking the trace%s; %s complete",
+             set ? "s" : "", set ? "they are" : "it is");
   if (rank == 0) /* rank 0 speaks for the job: one line, not one a rank */
     cli_signals_exit_install_note(SUB, note);
   else
@@ -1107,8 +1114,8 @@ static int run_print(const run_args *a, const probe_train_config *cfg,
              d->world, probe_comm_name(d->comm), d->run_id);
     if (d->comm && d->set_glob[0]) {
       char e[9300];
-      cli_paste_word(e, sizeof e, d->set_glob); /* a glob: always quoted */
-      printf("  all ranks       ampprobe postmortem %s\n", e);
+      if (cli_paste_word(e, sizeof e, d->set_glob) == 0) /* a glob: quoted */
+        printf("  all ranks       ampprobe postmortem %s\n", e);
     }
     if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }

@@ -358,6 +358,19 @@ START_TEST(test_escape_name) {
 }
 END_TEST
 
+/* A word to paste is whole or not at all: one that does not fit is "" and
+ * -1 (it was cut: an unclosed quote, another command when pasted). */
+START_TEST(test_paste_word_whole) {
+  char w[16];
+  ck_assert_int_eq(cli_paste_word(w, sizeof w, "a b\\c"), 0);
+  ck_assert_str_eq(w, "'a b\\c'"); /* the backslash kept */
+  ck_assert_int_eq(cli_paste_word(w, sizeof w, "out dir/trace.h5"), -1);
+  ck_assert_str_eq(w, "");
+  ck_assert_int_eq(cli_paste_word(w, 9, "12345678"), 0); /* exactly fits */
+  ck_assert_int_eq(cli_paste_word(w, 8, "12345678"), -1);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cli_files");
   TCase *tc = tcase_create("files");
@@ -373,6 +386,7 @@ int main(void) {
   tcase_add_test(tc, test_check_input);
   tcase_add_test(tc, test_numbers);
   tcase_add_test(tc, test_escape_name);
+  tcase_add_test(tc, test_paste_word_whole);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -472,6 +472,32 @@ external() {
     jget "$WORK/xf.json" "d['trials'][3]['why']" | grep -q "exited 1" &&
     pass "a job exiting 1 in FP16 with a healthy trace: judged from trace and exit ('$(jget "$WORK/xf.json" "d['trials'][3]['why']")')" ||
     fail "job exiting 1: exit $RC $(cat "$WORK/xf.err") $(jget "$WORK/xf.json" "d['summary']")"
+  # the reproduce line is the whole command, every word as given: a word
+  # longer than the old 4,360-byte buffer was printed as
+  # '[argument too long]', a command past 5,376 bytes was cut, and a
+  # backslash was doubled in the text (another word when pasted)
+  local long
+  long="X=$(printf 'y%.0s' $(seq 6000))"
+  "$BIN" bisect --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-xlong" -o "$WORK/xlong.json" \
+    -- env "$long" 'Y=a\b c' "$FAKE" "$BIN" revin-overflow >"$WORK/xlong.txt" 2>"$WORK/xlong.err"
+  RC=$?
+  sed -n 's/^  reproduce       //p' "$WORK/xlong.txt" >"$WORK/xlong.repro"
+  if [ "$RC" = 1 ] && "$PY" - "$WORK/xlong.json" "$WORK/xlong.repro" "$long" "$FAKE" "$BIN" <<'PYEOF'
+import json, shlex, sys
+want = ['AMPPROBE_FP32=revin', 'env', sys.argv[3], 'Y=a\\b c', sys.argv[4], sys.argv[5],
+        'revin-overflow']
+j = shlex.split(json.load(open(sys.argv[1]))['reproduce'])
+t = shlex.split(open(sys.argv[2]).read())
+for name, got in (('json', j), ('text', t)):
+    if got != want:
+        print(name, [w[:40] for w in got], file=sys.stderr)
+sys.exit(0 if j == want and t == want else 1)
+PYEOF
+  then
+    pass "reproduce: a 6,002-byte word and a backslash pasted back as given (text and JSON)"
+  else
+    fail "reproduce with a long word: exit $RC $(head -c 300 "$WORK/xlong.err")"
+  fi
   # a job that writes no trace, one that crashes, one that does not exist: exit 4, one line
   local m
   for m in notrace crash; do
