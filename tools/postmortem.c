@@ -79,23 +79,11 @@ static int print_out(probe_status st, char *out) {
   return rc;
 }
 
-static int rank_set(const char *const *paths, size_t n, int json,
-                    const probe_diag_options *opt);
-
-/* One trace: today's post-mortem. from_set: it is all a directory or a
- * glob held; then a rank file of a job of several ranks is a set of one,
- * whose missing ranks the cross-rank post-mortem names (the one-process
- * report said nothing of them, and advised running over the directory). */
-static int one_trace(const char *path, int from_set, int json,
-                     const probe_diag_options *opt) {
+/* One trace named alone: today's post-mortem. */
+static int one_trace(const char *path, int json, const probe_diag_options *opt) {
   probe_trace *t = NULL;
   int rc0 = cli_open_trace(SUB, &t, path);
   if (rc0) return rc0;
-  const probe_trace_info *in = probe_trace_get_info(t);
-  if (from_set && in && in->rank >= 0 && in->world_size > 1) {
-    probe_trace_close(t);
-    return rank_set(&path, 1, json, opt);
-  }
   probe_diag d;
   probe_status st = probe_diag_run(&d, t, path, opt);
   if (st < 0) {
@@ -116,9 +104,15 @@ static int one_trace(const char *path, int from_set, int json,
   return wrc ? wrc : rc;
 }
 
-/* The rank files of one job: the cross-rank post-mortem. */
-static int rank_set(const char *const *paths, size_t n, int json,
-                    const probe_diag_options *opt) {
+/* The rank files of one job: the cross-rank post-mortem. one_of_set: the
+ * one file a directory or a glob held, read once as a set of one (the
+ * summary's partial read, then the focus's full one); a rank file of a job
+ * of several ranks gets the cross-rank report, whose missing ranks it
+ * names (the one-process report said nothing of them), any other trace
+ * the one-process report, the focus's. (It was opened isolated to ask
+ * which, then read whole again: two full reads.) */
+static int rank_set(const char *const *paths, size_t n, int one_of_set,
+                    int json, const probe_diag_options *opt) {
   probe_ranks_options ro;
   probe_ranks_options_init(&ro);
   ro.diag = *opt;
@@ -132,6 +126,19 @@ static int rank_set(const char *const *paths, size_t n, int json,
     cli_error(SUB, "%s", r.error[0] ? r.error : probe_status_str(st));
     probe_ranks_free(&r);
     return cli_exit_for_status(st);
+  }
+  int many = 0; /* the file read (its missing ranks are entries too) */
+  for (size_t i = 0; i < r.n_entries; i++)
+    if (r.entries[i].status == PROBE_RANK_READ)
+      many = r.entries[i].rank >= 0 && r.entries[i].world_size > 1;
+  if (one_of_set && r.focus_diag && !many) {
+    int rc = probe_diag_problem(r.focus_diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
+    char *out = NULL;
+    st = json ? probe_diag_render_json(r.focus_diag, &out)
+              : probe_diag_render_text(r.focus_diag, &out);
+    int wrc = print_out(st, out);
+    probe_ranks_free(&r);
+    return wrc ? wrc : rc;
   }
   int rc = r.n_unreadable     ? CLI_EXIT_INPUT
            : r.verdict != PROBE_VERDICT_HEALTHY ? CLI_EXIT_PROBLEM
@@ -194,8 +201,9 @@ int cmd_postmortem(int argc, char **argv) {
   int from_set = argc - optind > 1 || stat(argv[optind], &sb) != 0 ||
                  !S_ISREG(sb.st_mode);
   if (!rc)
-    rc = n == 1 ? one_trace(paths[0], from_set, json, &opt)
-                : rank_set((const char *const *)paths, n, json, &opt);
+    rc = n == 1 && !from_set
+             ? one_trace(paths[0], json, &opt)
+             : rank_set((const char *const *)paths, n, n == 1, json, &opt);
   probe_trace_set_free(paths, n);
   return rc;
 }

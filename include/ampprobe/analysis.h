@@ -688,6 +688,12 @@ typedef struct probe_ranks {
                             furthest rank's last step (an exception, an
                             early exit: they did not crash) */
   int32_t ended_early;   /* entry index of the one that ended first, -1 */
+  int64_t n_read_whole;  /* of the ranks read, those read whole, every row
+                            checked: the focus rank when isolate is set (its
+                            probe_trace_open_isolated); the others are read
+                            in part - their steps table and the records of
+                            their first event - so damage elsewhere in their
+                            files is not seen */
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

@@ -81,16 +81,41 @@ static probe_status ranks_json(const char *const *paths, size_t n_paths,
   return st;
 }
 
-/* Whether the trace at path is one rank file of a job of several ranks. */
-static probe_status rank_of_many(const char *path, int isolate, int *yes) {
-  probe_trace *t = NULL;
-  probe_status st = isolate ? probe_trace_open_isolated(&t, path, NULL, 0)
-                            : probe_trace_open(&t, path);
-  if (st < 0) return st;
-  const probe_trace_info *in = probe_trace_get_info(t);
-  *yes = in && in->rank >= 0 && in->world_size > 1;
-  probe_trace_close(t);
-  return PROBE_OK;
+/* One file that a directory or a glob held: read once as a set of one
+ * (the summary's partial read, then the focus post-mortem's full one -
+ * isolated: its child reads every row); a rank file of a job of several
+ * ranks gets the cross-rank document (its missing ranks named), any other
+ * trace its one-process document, the focus's. (It was opened isolated
+ * to ask which, then read whole again: two full reads.) */
+static probe_status one_of_set_json(const char *path, int isolate,
+                                    char **json_out) {
+  probe_ranks r;
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  o.isolate = isolate;
+  probe_status st = probe_ranks_run(&r, &path, 1, &o);
+  if (st < 0) {
+    if (r.error[0]) probe__trace_open_msg("%s", r.error);
+    probe_ranks_free(&r);
+    return st;
+  }
+  int many = 0; /* the file read (its missing ranks are entries too) */
+  for (size_t i = 0; i < r.n_entries; i++)
+    if (r.entries[i].status == PROBE_RANK_READ)
+      many = r.entries[i].rank >= 0 && r.entries[i].world_size > 1;
+  if (many) {
+    st = probe_ranks_render_json(&r, json_out);
+  } else if (r.focus_diag) {
+    probe__jw w;
+    probe__jw_init(&w);
+    probe__diag_json(&w, NULL, r.focus_diag);
+    *json_out = probe__jw_finish(&w);
+    if (!*json_out) st = PROBE_ERR_NOMEM;
+  } else {
+    st = PROBE_ERR_CORRUPT; /* not reached: a failed focus is refused */
+  }
+  probe_ranks_free(&r);
+  return st < 0 ? st : PROBE_OK;
 }
 
 /* as_set: the paths are a set (a directory's or a glob's files), in which
@@ -113,12 +138,7 @@ static probe_status postmortem_json(const char *const *paths, size_t n_paths,
       return PROBE_ERR_INVALID_ARG;
     }
   if (n_paths > 1) return ranks_json(paths, n_paths, isolate, json_out);
-  if (as_set) {
-    int many = 0;
-    probe_status st = rank_of_many(paths[0], isolate, &many);
-    if (st < 0) return st;
-    if (many) return ranks_json(paths, 1, isolate, json_out);
-  }
+  if (as_set) return one_of_set_json(paths[0], isolate, json_out);
   return independent_json(paths, n_paths, isolate, json_out);
 }
 

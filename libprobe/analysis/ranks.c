@@ -558,22 +558,31 @@ static int32_t pick_focus(const probe_ranks *r) {
   return -1;
 }
 
-static void run_focus(probe_ranks *r, const probe_ranks_options *opt) {
+/* err (cap bytes) gets why the focus could not be read or diagnosed. */
+static void run_focus(probe_ranks *r, const probe_ranks_options *opt,
+                      char *err, size_t cap) {
+  err[0] = '\0';
   r->focus = pick_focus(r);
   if (r->focus < 0 || !opt->focus_diag) return;
   const char *path = r->entries[r->focus].path;
   probe_trace *t = NULL;
-  char err[256];
   r->focus_status = opt->isolate
-                        ? probe_trace_open_isolated(&t, path, err, sizeof err)
+                        ? probe_trace_open_isolated(&t, path, err, cap)
                         : probe_trace_open(&t, path);
-  if (r->focus_status < 0) return;
+  if (r->focus_status < 0) {
+    if (!opt->isolate)
+      snprintf(err, cap, "%s", probe_trace_last_error(NULL));
+    return;
+  }
   r->focus_diag = calloc(1, sizeof *r->focus_diag);
   if (!r->focus_diag) {
     r->focus_status = PROBE_ERR_NOMEM;
   } else {
     r->focus_status = probe_diag_run(r->focus_diag, t, path, &opt->diag);
     if (r->focus_status < 0) {
+      const char *m = probe_trace_last_error(t);
+      snprintf(err, cap, "%s%s%s", probe_status_str(r->focus_status),
+               m && *m ? ": " : "", m ? m : "");
       probe_diag_free(r->focus_diag);
       free(r->focus_diag);
       r->focus_diag = NULL;
@@ -913,8 +922,40 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
   st = second_pass(r, opt);
   if (st < 0) return st;
   assign_roles(r);
-  run_focus(r, opt);
+  char err[PROBE_RANKS_TEXT_MAX];
+  run_focus(r, opt, err, sizeof err);
   if (r->focus_status == PROBE_ERR_NOMEM) return PROBE_ERR_NOMEM;
+  /* the focus is the one rank read whole (isolated: its child reads every
+   * row; the others only their steps and the records at their event,
+   * docs/multirank.md "What is read") */
+  if (r->focus >= 0 && r->focus_diag && opt->isolate) r->n_read_whole = 1;
+  if (r->focus_status < 0 && n_paths == 1) {
+    /* a set of one whose file fails its full read (the summary reads only
+     * part of it): unreadable, and nothing else was read - refused as a
+     * set without a readable trace, with the reader's words */
+    size_t pl = strlen(paths[0]);
+    int named = !strncmp(err, paths[0], pl) && err[pl] == ':';
+    refuse(r, "%s%s%s%s", named ? "" : paths[0], named ? "" : ": ",
+           err[0] ? err : probe_status_str(r->focus_status), "");
+    return r->focus_status;
+  }
+  if (r->focus_status < 0 && !r->focus_diag &&
+      r->entries[r->focus].status == PROBE_RANK_READ && err[0]) {
+    /* damaged outside the rows its summary read: unreadable, not "read"
+     * (what its rows said stays: every row read was checked) */
+    probe_rank_entry *e = &r->entries[r->focus];
+    e->status = PROBE_RANK_UNREADABLE;
+    e->error_status = r->focus_status;
+    free(e->error);
+    size_t pl = strlen(e->path);
+    const char *m = !strncmp(err, e->path, pl) && err[pl] == ':' && err[pl + 1] == ' '
+                        ? err + pl + 2 : err;
+    e->error = strdup(m);
+    if (!e->error) return PROBE_ERR_NOMEM;
+    r->n_read--;
+    r->n_unreadable++;
+    if (!e->complete) r->n_incomplete--;
+  }
   set_verdict(r);
   write_texts(r);
   return PROBE_OK;

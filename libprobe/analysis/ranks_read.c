@@ -323,10 +323,15 @@ probe_status probe__rank_read(probe__rsum *s, const char *path) {
     return st;
   }
   if (st < 0) {
+    /* the reader's words, which name the file first ("PATH: corrupt
+     * trace: reading /records rows 0..: inflate() failed"): the entry
+     * names it already */
     const char *m = probe_trace_last_error(t);
+    size_t pl = strlen(path);
+    if (m && !strncmp(m, path, pl) && m[pl] == ':' && m[pl + 1] == ' ')
+      m += pl + 2;
     char msg[PROBE_RANKS_TEXT_MAX];
-    snprintf(msg, sizeof msg, "%s%s%s", probe_status_str(st),
-             m && *m ? ": " : "", m ? m : "");
+    snprintf(msg, sizeof msg, "%s", m && *m ? m : probe_status_str(st));
     mark_unreadable(s, path, st, msg);
   }
   probe_trace_close(t);

@@ -169,9 +169,20 @@ static void text_disagreements(const probe_ranks *r, FILE *f) {
 }
 
 static void text_faults(const probe_ranks *r, FILE *f) {
-  fprintf(f, "ranks             %lld read, %lld missing, %lld unreadable, %lld "
-             "not closed\n",
-          (long long)r->n_read, (long long)r->n_missing,
+  /* what "read" means, said: every row of the focus rank's file (isolated)
+   * was read and checked, of the others' only the steps table and the
+   * records at their first event (docs/multirank.md, "What is read") */
+  char how[160] = "";
+  int64_t part = r->n_read - r->n_read_whole;
+  if (part > 0 && r->n_read_whole > 0 && r->focus >= 0)
+    snprintf(how, sizeof how, " (rank %d whole, %lld in part: steps and the "
+                              "records at the event)",
+             (int)r->entries[r->focus].rank, (long long)part);
+  else if (part > 0)
+    snprintf(how, sizeof how, " (in part: steps and the records at the event)");
+  fprintf(f, "ranks             %lld read%s, %lld missing, %lld unreadable, "
+             "%lld not closed\n",
+          (long long)r->n_read, how, (long long)r->n_missing,
           (long long)r->n_unreadable, (long long)r->n_incomplete);
   if (r->stopped_first >= 0) {
     const probe_rank_entry *s = &r->entries[r->stopped_first];
@@ -373,7 +384,7 @@ static void json_disagreements(probe__jw *w, const probe_ranks *r) {
   probe__jw_end(w, ']');
 }
 
-static void json_entry(probe__jw *w, const probe_rank_entry *e) {
+static void json_entry(probe__jw *w, const probe_rank_entry *e, int whole) {
   char buf[1200];
   probe__jw_obj(w, NULL);
   probe__jw_int(w, "rank", e->rank);
@@ -396,6 +407,7 @@ static void json_entry(probe__jw *w, const probe_rank_entry *e) {
     probe__jw_step(w, "first_nonfinite_loss_step", e->first_nonfinite_loss_step);
     json_point(w, "first_nonfinite", e);
     probe__jw_str(w, "role", role_name(e->role));
+    probe__jw_bool(w, "read_whole", whole);
   }
   probe__jw_end(w, '}');
 }
@@ -431,6 +443,7 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   probe__jw_int(w, "world_size", r->world_size);
   probe__jw_int(w, "files", (int64_t)r->n_files);
   probe__jw_int(w, "ranks_read", r->n_read);
+  probe__jw_int(w, "ranks_read_whole", r->n_read_whole);
   probe__jw_arr(w, "ranks_missing");
   for (size_t i = 0; i < r->n_entries; i++)
     if (r->entries[i].status == PROBE_RANK_MISSING)
@@ -451,7 +464,9 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   }
   probe__jw_end(w, ']');
   probe__jw_arr(w, "ranks");
-  for (size_t i = 0; i < r->n_entries; i++) json_entry(w, &r->entries[i]);
+  for (size_t i = 0; i < r->n_entries; i++)
+    json_entry(w, &r->entries[i],
+               r->n_read_whole > 0 && (int32_t)i == r->focus);
   probe__jw_end(w, ']');
   if (r->focus >= 0)
     probe__jw_int(w, "focus_rank", r->entries[r->focus].rank);

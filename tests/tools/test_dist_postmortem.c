@@ -23,6 +23,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include "ampprobe/analysis.h"
 #include "ampprobe/probe.h"
 
@@ -983,6 +985,79 @@ START_TEST(test_corrupt_rank) {
 }
 END_TEST
 
+/* Overwrites 64 bytes in the middle of /records' first stored chunk: the
+ * file opens and its steps table reads, its records do not. */
+static void damage_records(const char *path) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, "/records", H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  hsize_t off[1], size = 0;
+  haddr_t addr = 0;
+  unsigned mask = 0;
+  hid_t sp = H5Dget_space(d);
+  ck_assert_int_ge(H5Dget_chunk_info(d, sp, 0, off, &mask, &addr, &size), 0);
+  H5Sclose(sp);
+  H5Dclose(d);
+  H5Fclose(f);
+  ck_assert_int_gt(size, 128);
+  int fd = open(path, O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  char junk[64];
+  memset(junk, 0x5a, sizeof junk);
+  ck_assert_int_eq(pwrite(fd, junk, sizeof junk, (off_t)(addr + size / 2)),
+                   (ssize_t)sizeof junk);
+  close(fd);
+}
+
+/* What "read" means is said: the focus rank is read whole (isolated: every
+ * row), the others in part (steps and the records at their event), in the
+ * text and the JSON; a focus whose full read fails (damaged where its
+ * summary did not read) is unreadable, not "read" (it was counted read,
+ * the set exit 1 where the file alone exits 3). A healthy job: the
+ * summaries read no record at all. */
+START_TEST(test_read_whole_or_in_part) {
+  for (int victim = 0; victim < 2; victim++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "inpart%d", victim);
+    job j;
+    job_init(&j, tag, 2, 300); /* records in several chunks: the first damaged */
+    write_job(&j);
+    char p[256];
+    rank_path(&j, victim, p, sizeof p);
+    damage_records(p);
+    for (int iso = 0; iso < 2; iso++) {
+      probe_ranks r;
+      run_set(&r, &j, -1, iso);
+      char *t = ranks_text(&r);
+      json_t *doc = ranks_json(&r);
+      if (victim == 0) { /* the focus of a healthy set: the first rank */
+        ck_assert_int_eq(r.n_unreadable, 1);
+        ck_assert_int_eq(r.n_read, 1);
+        ck_assert_int_eq(entry_of(&r, 0)->status, PROBE_RANK_UNREADABLE);
+        ck_assert_msg(strstr(t, "UNREADABLE"), "%s", t);
+        ck_assert_int_ne(r.verdict, PROBE_VERDICT_HEALTHY);
+      } else if (iso) { /* not the focus: read in part, and said so */
+        ck_assert_int_eq(r.n_read, 2);
+        ck_assert_int_eq(r.n_read_whole, 1);
+        ck_assert_msg(strstr(t, "2 read (rank 0 whole, 1 in part: steps and "
+                                "the records at the event)"), "%s", t);
+        ck_assert_int_eq(json_integer_value(json_object_get(doc, "ranks_read_whole")), 1);
+        json_t *rs = json_object_get(doc, "ranks");
+        ck_assert(json_is_true(json_object_get(json_array_get(rs, 0), "read_whole")));
+        ck_assert(json_is_false(json_object_get(json_array_get(rs, 1), "read_whole")));
+      } else { /* in this process nothing is read whole */
+        ck_assert_int_eq(r.n_read_whole, 0);
+        ck_assert_msg(strstr(t, "2 read (in part:"), "%s", t);
+      }
+      json_decref(doc);
+      probe_free(t);
+      probe_ranks_free(&r);
+    }
+  }
+}
+END_TEST
+
 /* ---- refused sets ------------------------------------------------------------ */
 
 START_TEST(test_mixed_run_ids_refused) {
@@ -1719,6 +1794,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_killed_rank);
   tcase_add_test(tc, test_missing_rank);
   tcase_add_test(tc, test_corrupt_rank);
+  tcase_add_test(tc, test_read_whole_or_in_part);
   tcase_add_test(tc, test_mixed_run_ids_refused);
   tcase_add_test(tc, test_unranked_and_single);
   tcase_add_test(tc, test_hostile_path_escaped);
