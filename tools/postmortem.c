@@ -122,6 +122,12 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
   for (size_t i = 0; i < n; i++) bytes += cli_file_bytes(paths[i]);
   cli_busy(SUB, n == 1 ? paths[0] : "the rank files", bytes);
   probe_status st = probe_ranks_run(&r, paths, n, &ro);
+  if (st < 0 && one_of_set && st != PROBE_ERR_NOMEM) {
+    /* it cannot be read: said as for a file named alone (its words and
+     * exit code: a loop of links, a corrupt file), only on this path */
+    probe_ranks_free(&r);
+    return one_trace(paths[0], json, opt);
+  }
   if (st < 0) {
     cli_error(SUB, "%s", r.error[0] ? r.error : probe_status_str(st));
     probe_ranks_free(&r);

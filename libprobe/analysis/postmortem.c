@@ -95,9 +95,11 @@ static probe_status one_of_set_json(const char *path, int isolate,
   o.isolate = isolate;
   probe_status st = probe_ranks_run(&r, &path, 1, &o);
   if (st < 0) {
-    if (r.error[0]) probe__trace_open_msg("%s", r.error);
     probe_ranks_free(&r);
-    return st;
+    if (st == PROBE_ERR_NOMEM) return st;
+    /* it cannot be read: the status and words of a file named alone (a
+     * second attempt, on this path only) */
+    return independent_json(&path, 1, isolate, json_out);
   }
   int many = 0; /* the file read (its missing ranks are entries too) */
   for (size_t i = 0; i < r.n_entries; i++)

@@ -300,6 +300,11 @@ static int32_t rank_from_name(const char *path) {
 
 static void mark_unreadable(probe__rsum *s, const char *path, probe_status st,
                             const char *msg) {
+  /* the reader's words name the file first ("PATH: ..."): the entry names
+   * it already */
+  size_t pl = strlen(path);
+  if (msg && !strncmp(msg, path, pl) && msg[pl] == ':' && msg[pl + 1] == ' ')
+    msg += pl + 2;
   set_unreadable(s, st, msg);
   if (s->e.rank < 0) {
     s->e.rank = rank_from_name(path);
@@ -323,13 +328,9 @@ probe_status probe__rank_read(probe__rsum *s, const char *path) {
     return st;
   }
   if (st < 0) {
-    /* the reader's words, which name the file first ("PATH: corrupt
-     * trace: reading /records rows 0..: inflate() failed"): the entry
-     * names it already */
+    /* the reader's words ("PATH: corrupt trace: reading /records rows
+     * 0..: inflate() failed"; mark_unreadable drops the PATH) */
     const char *m = probe_trace_last_error(t);
-    size_t pl = strlen(path);
-    if (m && !strncmp(m, path, pl) && m[pl] == ':' && m[pl + 1] == ' ')
-      m += pl + 2;
     char msg[PROBE_RANKS_TEXT_MAX];
     snprintf(msg, sizeof msg, "%s", m && *m ? m : probe_status_str(st));
     mark_unreadable(s, path, st, msg);
