@@ -7,11 +7,14 @@
 #define AMPPROBE_TESTS_PROBE_TESTUTIL_H
 
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "ampprobe/probe.h"
@@ -44,11 +47,43 @@ static inline void pt_expected(probe_stats *st, size_t n, int64_t step,
   free(x);
 }
 
-/* A fresh path under TMPDIR (or /tmp), unique per process and tag. */
+/* The files of one test process live in one folder of their own,
+ * TMPDIR (or /tmp)/ampprobe-test-PID/, made at the first pt_path of that
+ * process and removed with all it holds when the process exits (atexit):
+ * the files a test derives from a pt_path (NAME.bad.h5, NAME.own.h5, the
+ * writer's temporaries) go with it, whether the test unlinks them or not,
+ * and a test run leaves /tmp as it found it. A forked child that makes no
+ * pt_path of its own leaves its parent's folder alone at its exit; one
+ * that does gets its own folder (Check runs each test in such a child). */
+static pid_t pt_dir_owner;
+static int pt_dir_registered;
+static char pt_dir_path[128];
+
+static inline void pt_dir_remove(void) {
+  if (getpid() != pt_dir_owner || !pt_dir_path[0]) return;
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", pt_dir_path);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", pt_dir_path);
+  pt_dir_path[0] = '\0';
+}
+
+static inline const char *pt_dir(void) {
+  if (pt_dir_owner != getpid()) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(pt_dir_path, sizeof pt_dir_path, "%.96s/ampprobe-test-%d",
+             dir ? dir : "/tmp", (int)getpid());
+    ck_assert_msg(mkdir(pt_dir_path, 0700) == 0 || errno == EEXIST,
+                  "mkdir %s: %s", pt_dir_path, strerror(errno));
+    pt_dir_owner = getpid();
+    if (!pt_dir_registered) atexit(pt_dir_remove); /* inherited by forks */
+    pt_dir_registered = 1;
+  }
+  return pt_dir_path;
+}
+
+/* A fresh path in the process's test folder (pt_dir), unique per tag. */
 static inline void pt_path(char *buf, size_t len, const char *tag) {
-  const char *dir = getenv("TMPDIR");
-  snprintf(buf, len, "%s/ampprobe-test-%d-%s.h5", dir ? dir : "/tmp",
-           (int)getpid(), tag);
+  snprintf(buf, len, "%s/%s.h5", pt_dir(), tag);
 }
 
 /* Reads the whole file at path into a malloc'd buffer (*data, *size). */

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -256,6 +257,38 @@ START_TEST(failed_open_prints_nothing_at_exit) {
 }
 END_TEST
 
+/* A test that fails before its unlinks (a Check failure ends its process
+ * with exit) leaves nothing in TMPDIR: the files of every pt_path of a
+ * process go with it (they piled up in /tmp: NAME.h5, NAME.h5.bad.h5,
+ * NAME.h5.own.h5 of each failed or interrupted run). */
+START_TEST(test_files_go_with_the_process) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char p[256], q[300];
+    pt_path(p, sizeof p, "left");
+    snprintf(q, sizeof q, "%s.bad.h5", p);
+    for (int i = 0; i < 2; i++) {
+      FILE *f = fopen(i ? q : p, "w");
+      if (!f) _exit(10);
+      fputs("x", f);
+      fclose(f);
+    }
+    exit(1); /* as a failed check: the test's unlink never comes */
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  const char *dir = getenv("TMPDIR");
+  char pat[300];
+  snprintf(pat, sizeof pat, "%s/ampprobe-test-%d*", dir ? dir : "/tmp", (int)pid);
+  glob_t g;
+  int r = glob(pat, 0, NULL, &g);
+  ck_assert_msg(r == GLOB_NOMATCH, "left: %s", r == 0 ? g.gl_pathv[0] : "?");
+  if (r == 0) globfree(&g);
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("host");
   TCase *tc = tcase_create("host");
@@ -264,6 +297,7 @@ int main(void) {
   tcase_add_test(tc, host_stdio_buffers_untouched);
   tcase_add_test(tc, no_trace_descriptor_survives_exec);
   tcase_add_test(tc, failed_open_prints_nothing_at_exit);
+  tcase_add_test(tc, test_files_go_with_the_process);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);

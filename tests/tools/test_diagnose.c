@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,10 +62,34 @@ static json_t *diag_json(const probe_diag *d) {
   return j;
 }
 
+/* The traces of one test process go in TMPDIR (or /tmp)/ampprobe-test-diag-PID/,
+ * removed with all it holds when that process exits (atexit; Check runs
+ * each test in a forked child, which gets its own folder): a test run
+ * leaves /tmp as it found it. */
+static pid_t tmp_owner;
+static int tmp_registered;
+static char tmp_dir[128];
+
+static void tmp_remove(void) {
+  if (getpid() != tmp_owner || !tmp_dir[0]) return;
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+  tmp_dir[0] = '\0';
+}
+
 static char path_buf[256];
 static const char *tmp_path(const char *tag) {
-  snprintf(path_buf, sizeof path_buf, "/tmp/ampprobe-test-diag-%d-%s.h5",
-           (int)getpid(), tag);
+  if (tmp_owner != getpid()) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(tmp_dir, sizeof tmp_dir, "%.64s/ampprobe-test-diag-%d",
+             dir ? dir : "/tmp", (int)getpid());
+    mkdir(tmp_dir, 0700);
+    tmp_owner = getpid();
+    if (!tmp_registered) atexit(tmp_remove);
+    tmp_registered = 1;
+  }
+  snprintf(path_buf, sizeof path_buf, "%s/%s.h5", tmp_dir, tag);
   return path_buf;
 }
 
