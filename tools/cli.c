@@ -688,7 +688,9 @@ int cli_stdout_check(const char *sub) {
   else if (ferror(stdout)) e = EIO;
   if (!e) return 0;
   if (stdout_o.f == stdout && stdout_o.err) e = stdout_o.err;
-  cli_error(sub, "cannot write standard output: %s", strerror(e));
+  /* a reader that closed the pipe (| head) wanted no more: the exit code
+   * says the output is not whole, no message on the terminal */
+  if (e != EPIPE) cli_error(sub, "cannot write standard output: %s", strerror(e));
   return CLI_EXIT_INTERNAL;
 }
 

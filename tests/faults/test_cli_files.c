@@ -211,6 +211,39 @@ START_TEST(test_out_fifo_reader_gone) {
 }
 END_TEST
 
+/* Standard output whose reader has gone (`ampprobe postmortem t.h5 | head
+ * -3`): exit 4, not a death by SIGPIPE, and no message on stderr - the
+ * reader wanted no more. */
+START_TEST(test_stdout_reader_gone) {
+  int out[2], err[2];
+  ck_assert_int_eq(pipe(out), 0);
+  ck_assert_int_eq(pipe(err), 0);
+  close(out[0]); /* the reader left before anything was written */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    close(err[0]);
+    cli_stdout_init();
+    for (int i = 0; i < 10000; i++) fputs("0123456789", stdout);
+    _exit(cli_stdout_check("t") == CLI_EXIT_INTERNAL ? 0 : 11);
+  }
+  close(out[1]);
+  close(err[1]);
+  char buf[256];
+  ssize_t n = read(err[0], buf, sizeof buf - 1);
+  close(err[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  ck_assert_msg(WIFEXITED(status), "killed by signal %d",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ck_assert_int_eq(WEXITSTATUS(status), 0);
+  buf[n > 0 ? n : 0] = '\0';
+  ck_assert_msg(n == 0, "stderr: %s", buf);
+}
+END_TEST
+
 /* The file-size limit: EFBIG, the temporary file removed, the old kept. */
 START_TEST(test_out_file_size_limit) {
   put("big.html", "old");
@@ -380,6 +413,7 @@ int main(void) {
   tcase_add_test(tc, test_out_dangling_symlink);
   tcase_add_test(tc, test_out_new);
   tcase_add_test(tc, test_out_fifo_reader_gone);
+  tcase_add_test(tc, test_stdout_reader_gone);
   tcase_add_test(tc, test_out_file_size_limit);
   tcase_add_test(tc, test_out_signal_removes_temp);
   tcase_add_test(tc, test_same_file);
