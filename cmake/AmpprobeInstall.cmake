@@ -1,6 +1,6 @@
 # cmake/AmpprobeInstall.cmake - what `cmake --install` (make install) puts in
 # place under the prefix:
-#   lib/libampprobe.so.0.2.0 (+ .so.0, .so links), lib/libampprobe.a
+#   lib/libampprobe.so.0.3.0 (+ .so.0.3, .so links), lib/libampprobe.a
 #   include/ampprobe/{export,status,numerics,probe,version[,analysis]}.h
 #   lib/cmake/ampprobe/ampprobeConfig.cmake, ...ConfigVersion.cmake,
 #     ampprobeTargets*.cmake: find_package(ampprobe) gives ampprobe::ampprobe

@@ -14,7 +14,7 @@ from .core import (Session, Trace, read_trace, postmortem, verdict, stats,
                    SNAPSHOT_DTYPE)
 from .policy import Policy, env_seed
 
-__version__ = "0.2.0"  # = project(ampprobe VERSION) (tests/python/test_core.py)
+__version__ = "0.3.0"  # = project(ampprobe VERSION) (tests/python/test_core.py)
 
 __all__ = ["ProbeError", "library_path", "kind_names", "Session", "Trace",
            "read_trace", "postmortem", "verdict", "stats", "find_cli", "Policy", "env_seed",

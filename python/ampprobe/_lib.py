@@ -206,7 +206,10 @@ class probe_trace_info(ctypes.Structure):
 
 # ---- finding the library ----------------------------------------------------
 
-_LIBNAMES = ("libampprobe.so", "libampprobe.so.0", "libampprobe.dylib")
+# The SONAME's version: libprobe/CMakeLists.txt's SOVERSION (before 1.0 the
+# minor version too: 0.x minors may differ in ABI; tests/python/test_core.py)
+SOVERSION = "0.3"
+_LIBNAMES = ("libampprobe.so", "libampprobe.so." + SOVERSION, "libampprobe.dylib")
 
 
 def repo_root():

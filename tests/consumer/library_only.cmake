@@ -20,7 +20,7 @@ run(configure ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK}/build -G ${GENERATOR}
     -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON)
 run(build ${CMAKE_COMMAND} --build ${WORK}/build)
 run(install ${CMAKE_COMMAND} --install ${WORK}/build --prefix ${WORK}/prefix)
-file(GLOB libs ${WORK}/prefix/lib*/libampprobe.so.0 ${WORK}/prefix/lib*/libampprobe.a)
+file(GLOB libs ${WORK}/prefix/lib*/libampprobe.so.${AMPPROBE_SOVERSION} ${WORK}/prefix/lib*/libampprobe.a)
 list(LENGTH libs n)
 if(NOT n EQUAL 2)
   message(FATAL_ERROR "library_only: installed libraries: ${libs}")

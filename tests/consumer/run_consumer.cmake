@@ -48,7 +48,7 @@ endforeach()
 if(NOT libdir)
   message(FATAL_ERROR "run_consumer: no libampprobe.a installed")
 endif()
-set(expect ${libdir}/libampprobe.so ${libdir}/libampprobe.so.0 ${libdir}/pkgconfig/ampprobe.pc
+set(expect ${libdir}/libampprobe.so ${libdir}/libampprobe.so.${AMPPROBE_SOVERSION} ${libdir}/pkgconfig/ampprobe.pc
     ${libdir}/cmake/ampprobe/ampprobeConfig.cmake
     ${libdir}/cmake/ampprobe/ampprobeConfigVersion.cmake
     ${libdir}/cmake/ampprobe/ampprobeTargets.cmake

@@ -35,7 +35,7 @@ if(AMPPROBE_PKG_CONFIG AND CMAKE_NM AND NOT AMPPROBE_SANITIZE)
             -DWORK=${CMAKE_CURRENT_BINARY_DIR}/package_consumer
             -DCC=${CMAKE_C_COMPILER} -DNM=${CMAKE_NM}
             "-DGENERATOR=${CMAKE_GENERATOR}" -DPKG_CONFIG=${AMPPROBE_PKG_CONFIG}
-            -DWITH_CLI=${_with_cli}
+            -DWITH_CLI=${_with_cli} -DAMPPROBE_SOVERSION=${AMPPROBE_SOVERSION}
             -P ${CMAKE_CURRENT_LIST_DIR}/run_consumer.cmake)
   set_tests_properties(package.consumer PROPERTIES LABELS "package" TIMEOUT 600)
 endif()
@@ -55,5 +55,6 @@ add_test(NAME package.library_only
   COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
           -DWORK=${CMAKE_CURRENT_BINARY_DIR}/package_library_only
           "-DGENERATOR=${CMAKE_GENERATOR}" -DCC=${CMAKE_C_COMPILER}
+          -DAMPPROBE_SOVERSION=${AMPPROBE_SOVERSION}
           -P ${CMAKE_CURRENT_LIST_DIR}/library_only.cmake)
 set_tests_properties(package.library_only PROPERTIES LABELS "package" TIMEOUT 600)

@@ -361,6 +361,8 @@ def test_version_follows_the_project():
     py = open(os.path.join(REPO, "python", "pyproject.toml")).read()
     assert 'version = "%s"' % v in py
     assert ampprobe.__version__ == v
+    major, minor = v.split(".")[:2]
+    assert _lib.SOVERSION == (major if major != "0" else "0." + minor)
     lib = _lib.load()
     if hasattr(lib, "ampprobe_version"):
         assert lib.ampprobe_version().decode() == v
