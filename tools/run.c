@@ -26,9 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -665,201 +663,10 @@ static int is_ranks_opt(const char *arg, int *attached) {
   return k >= 4 && k <= 7 && !strncmp(arg, "--ranks", k);
 }
 
-/* ---- --ranks: mpirun's words that tell the user nothing ------------------
- *
- * mpirun's stderr (the ranks' too: it forwards them) passes through
- * ranks_filter line by line. Dropped: Open MPI's banners (a block between
- * two lines of 74 '-') that only restate an exit the ranks already
- * explained - "the job has been aborted" after a rank exited nonzero (its
- * own error line, or rank 0's summary of a diverged run, says why),
- * "mpirun detected that one or more processes exited with non-zero
- * status", the exit race of Open MPI 4 - and its help-aggregation notes
- * ("[vm:123] 1 more process has sent help message ..."); a line
- * "ampprobe: ..." that a rank printed exactly as another did. A rank
- * killed by a signal ("mpirun noticed that process rank 1 ... exited on
- * signal 9 (Killed).") becomes one line of ours. Any other banner (not
- * enough slots, a launch failure) is passed on whole: it is the cause. */
-typedef struct ranks_filter {
-  char banner[8192];
-  size_t banner_len;
-  int in_banner;
-  char **seen; /* the "ampprobe: " lines printed */
-  size_t n_seen, cap_seen;
-  int killed_rank, killed_sig;
-  char killed_name[64];
-} ranks_filter;
-
-static int ompi_rule(const char *line) {
-  size_t n = strlen(line);
-  if (n < 40) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (line[i] != '-') return 0;
-  return 1;
-}
-
-static void filter_banner_end(ranks_filter *f) {
-  const char *b = f->banner;
-  const char *k = strstr(b, "mpirun noticed that process rank ");
-  int useless = strstr(b, "the job has been aborted") ||
-                strstr(b, "exited with non-zero status") ||
-                strstr(b, "exiting improperly") ||
-                strstr(b, "MPI_ABORT was invoked");
-  if (k) {
-    int rank = -1, sig = 0;
-    const char *on = strstr(k, "exited on signal ");
-    if (sscanf(k, "mpirun noticed that process rank %d", &rank) == 1 && on &&
-        sscanf(on, "exited on signal %d", &sig) == 1) {
-      f->killed_rank = rank;
-      f->killed_sig = sig;
-      const char *l = strchr(on, '('), *r = l ? strchr(l, ')') : NULL;
-      if (l && r && r - l - 1 < (long)sizeof f->killed_name)
-        snprintf(f->killed_name, sizeof f->killed_name, "%.*s", (int)(r - l - 1), l + 1);
-      useless = 1;
-    }
-  }
-  if (!useless) fputs(b, stderr);
-  f->banner_len = 0;
-  f->banner[0] = '\0';
-}
-
-static void filter_line(ranks_filter *f, const char *line) {
-  if (ompi_rule(line)) {
-    if (!f->in_banner) {
-      f->in_banner = 1;
-      f->banner_len = 0;
-      f->banner[0] = '\0';
-    } else {
-      f->in_banner = 0;
-      /* the rules themselves are kept, in case it is passed on */
-    }
-  }
-  if (f->in_banner || ompi_rule(line)) {
-    size_t n = strlen(line);
-    if (f->banner_len + n + 2 < sizeof f->banner) {
-      memcpy(f->banner + f->banner_len, line, n);
-      f->banner_len += n;
-      f->banner[f->banner_len++] = '\n';
-      f->banner[f->banner_len] = '\0';
-    }
-    if (!f->in_banner) filter_banner_end(f);
-    return;
-  }
-  /* "[vm:12345] 1 more process has sent help message help-mpi-api.txt /
-   * mpi-abort", "[vm:12345] Set MCA parameter "orte_base_help_aggregate"
-   * to 0 to see all help / error messages" */
-  if (line[0] == '[' && (strstr(line, "has sent help message") ||
-                         strstr(line, "have sent help message") ||
-                         strstr(line, "orte_base_help_aggregate")))
-    return;
-  if (!strncmp(line, "ampprobe: ", 10)) {
-    for (size_t i = 0; i < f->n_seen; i++)
-      if (!strcmp(f->seen[i], line)) return; /* said by another rank */
-    if (f->n_seen == f->cap_seen) {
-      size_t c = f->cap_seen ? 2 * f->cap_seen : 16;
-      char **p = realloc(f->seen, c * sizeof *p);
-      if (p) {
-        f->seen = p;
-        f->cap_seen = c;
-      }
-    }
-    if (f->n_seen < f->cap_seen) {
-      char *d = strdup(line);
-      if (d) f->seen[f->n_seen++] = d;
-    }
-  }
-  fputs(line, stderr);
-  fputc('\n', stderr);
-}
-
-static volatile sig_atomic_t ranks_forward_sig;
-
-/* SIGINT/SIGTERM sent to this process alone (kill, not a terminal's
- * Ctrl-C, which reaches mpirun and the ranks itself: forwarding it too
- * would be mpirun's second Ctrl-C, the forced kill) go on to mpirun. */
-static void ranks_on_signal(int sig, siginfo_t *si, void *uc) {
-  (void)uc;
-  if (si && si->si_code == SI_USER) ranks_forward_sig = sig;
-}
-
-/* Runs mpirun (nv) with its stderr through ranks_filter; its exit code
- * (128 + N when it ended by signal N), or -1 when it could not start. */
-static int ranks_run_filtered(const char *mpirun, char **nv) {
-  int p[2];
-  if (pipe(p) != 0) return -1;
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(p[0]);
-    close(p[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    close(p[0]);
-    dup2(p[1], STDERR_FILENO);
-    close(p[1]);
-    execv(mpirun, nv);
-    fprintf(stderr, "ampprobe: run: cannot run %s: %s\n", mpirun, strerror(errno));
-    _exit(CLI_EXIT_INTERNAL);
-  }
-  close(p[1]);
-  struct sigaction sa, old_int, old_term;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = ranks_on_signal;
-  sa.sa_flags = SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  ranks_filter f;
-  memset(&f, 0, sizeof f);
-  f.killed_rank = -1;
-  FILE *in = fdopen(p[0], "r");
-  char *line = NULL;
-  size_t cap = 0;
-  for (;;) {
-    errno = 0;
-    ssize_t n = in ? getline(&line, &cap, in) : -1;
-    if (ranks_forward_sig) {
-      kill(pid, ranks_forward_sig);
-      ranks_forward_sig = 0;
-    }
-    if (n < 0) {
-      if (in && errno == EINTR) {
-        clearerr(in);
-        continue;
-      }
-      break;
-    }
-    if (n > 0 && line[n - 1] == '\n') line[n - 1] = '\0';
-    filter_line(&f, line);
-    fflush(stderr);
-  }
-  if (f.in_banner && f.banner_len) fputs(f.banner, stderr); /* not a banner */
-  free(line);
-  if (in) fclose(in);
-  else close(p[0]);
-  int ws = 0;
-  while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
-    if (ranks_forward_sig) {
-      kill(pid, ranks_forward_sig);
-      ranks_forward_sig = 0;
-    }
-  }
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  int rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-  if (f.killed_rank >= 0)
-    cli_error(SUB, "rank %d was killed by signal %d%s%s%s; mpirun stopped the "
-                   "other ranks (exit %d)",
-              f.killed_rank, f.killed_sig, f.killed_name[0] ? " (" : "",
-              f.killed_name, f.killed_name[0] ? ")" : "", rc);
-  for (size_t i = 0; i < f.n_seen; i++) free(f.seen[i]);
-  free(f.seen);
-  fflush(stderr);
-  return rc;
-}
-
 /* --ranks N: runs this same command (without --ranks) under
- * mpirun -np N, its stderr filtered (ranks_run_filtered); the exit code is
- * mpirun's. */
+ * mpirun -np N; returns only on error (the exit code). mpirun replaces
+ * this process, so its exit code, its signals and its stderr are the
+ * user's as with a plain mpirun. */
 static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
   if (probe_comm_launched()) {
     cli_error(SUB, "--ranks starts mpirun itself; under mpirun or srun give "
@@ -949,13 +756,10 @@ static int run_exec_mpirun(int argc, char **argv, int64_t ranks) {
   fprintf(stderr, "\n");
   fflush(stderr);
   fflush(stdout);
-  int rc = ranks_run_filtered(mpirun, nv);
-  if (rc < 0) {
-    cli_error(SUB, "cannot run %s: %s", mpirun, strerror(errno));
-    rc = CLI_EXIT_INTERNAL;
-  }
+  execv(mpirun, nv);
+  cli_error(SUB, "cannot run %s: %s", mpirun, strerror(errno));
   free(nv);
-  return rc;
+  return CLI_EXIT_INTERNAL;
 }
 
 /* The fault-injection test aid: AMPPROBE_FAULT_KILL_RANK=r and
