@@ -784,8 +784,15 @@ static const char *stats_why(const probe_stats *s, int32_t dtype) {
     if (!isfinite(s->sum) || !isfinite(s->sumsq) || !(s->sumsq >= 0))
       return "sum or sumsq not a finite sum of squares";
   }
+  /* "> 0" on the bits: a process that treats subnormals as zero (DAZ, as
+   * torch.set_flush_denormal(True) sets) would take a subnormal
+   * absmin_nonzero for 0 and refuse a valid trace; "<= absmax" holds in
+   * either mode */
+  uint32_t amin_bits;
+  memcpy(&amin_bits, &s->absmin_nonzero, sizeof amin_bits);
+  int amin_positive = amin_bits != 0 && amin_bits < 0x7f800000u;
   if (nonzero == 0 ? !isnan(s->absmin_nonzero)
-                   : !(s->absmin_nonzero > 0 && s->absmin_nonzero <= s->absmax))
+                   : !(amin_positive && s->absmin_nonzero <= s->absmax))
     return "absmin_nonzero outside (0, absmax]";
   return NULL;
 }
@@ -845,9 +852,10 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
  * they can: values probe_step_set_scalars refuses, a scalar marked not
  * measured that is not stored as NaN (0 for the scaler's ints), a wall time
  * that is not the probe's (seconds since the session opened, >= 0). */
+/* (Negative loss_scale, grad_norm or clip_threshold, which the writer now
+ * refuses - probe__step_values_why - are read: writers before 0.3 stored
+ * whatever the caller gave, and a trace of theirs is not corrupt.) */
 static const char *step_why(const probe_step_scalars *s) {
-  const char *why = probe__step_values_why(s);
-  if (why != NULL) return why;
   uint32_t u = s->unmeasured;
   if (((u & PROBE_SCALAR_LOSS) && !isnan(s->loss)) ||
       ((u & PROBE_SCALAR_LOSS_SCALE) && !isnan(s->loss_scale)) ||

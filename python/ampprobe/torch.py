@@ -896,8 +896,11 @@ class Tracer:
         fin = _floats(inputs)
         # The module is about to change tensors recorded in this step: their
         # non-finite counts as recorded are taken now, for the end_step
-        # scan (an in-place op of the job's own is not seen: docs).
-        if self._recording and self._refs:
+        # scan (an in-place op of the job's own is not seen: docs). Only
+        # when that scan runs (on_nonfinite "warn" or "raise"): with the
+        # default "record" it would be a reduction (and on a GPU a sync)
+        # per in-place module for nothing.
+        if self.on_nonfinite != "record" and self._recording and self._refs:
             ids = {id(t): t for t in fin}
             for e in self._refs:
                 t = ids.get(id(e[2]))
