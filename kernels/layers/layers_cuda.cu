@@ -89,23 +89,39 @@ static int blas_load(void) {
 #endif
                            NULL};
     void *h = NULL;
-    const char *e = "";
+    const char *name = names[0]; /* the one loaded, or the first tried */
     for (int i = 0; names[i] && !h; i++) {
       h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-      if (!h && i == 0) {
+      if (h) {
+        name = names[i];
+      } else if (i == 0) {
         const char *d = dlerror();
-        e = d ? d : "not found";
-        snprintf(blas_why, sizeof blas_why, "cannot load %s: %.150s", names[0], e);
+        snprintf(blas_why, sizeof blas_why, "cannot load %s: %.150s", names[0],
+                 d ? d : "not found");
       }
     }
     if (!h) return 0;
+    /* the fallback file may be another toolkit's: its major version must be
+     * the headers' (the functions' types and enums are theirs) */
+    typedef cublasStatus_t (*get_property_fn)(libraryPropertyType, int *);
+    void *gp = dlsym(h, "cublasGetProperty");
+    get_property_fn get_property;
+    memcpy(&get_property, &gp, sizeof gp);
+    int major = -1;
+    if (!get_property || get_property(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+        major != CUBLAS_VER_MAJOR) {
+      snprintf(blas_why, sizeof blas_why, "%.120s is cuBLAS %d, built for %d", name,
+               major, CUBLAS_VER_MAJOR);
+      dlclose(h);
+      return 0;
+    }
     blas_api a;
     int all = 1;
 #define BLAS_SYM(field, sym)                                                   \
   do {                                                                         \
     void *f_ = dlsym(h, sym);                                                  \
     if (!f_ && all) {                                                          \
-      snprintf(blas_why, sizeof blas_why, "%s has no %s", names[0], sym);      \
+      snprintf(blas_why, sizeof blas_why, "%.120s has no %s", name, sym);      \
       all = 0;                                                                 \
     }                                                                          \
     memcpy(&a.field, &f_, sizeof f_);                                          \
@@ -122,7 +138,8 @@ static int blas_load(void) {
       return 0;
     }
     blas_why[0] = '\0'; /* a later name loaded */
-    blas = a;            /* kept open for the process's life */
+    blas = a;            /* kept open for the process's life; a failed
+                            load is not retried (the answer is kept) */
     return 1;
 #endif
   }();
