@@ -63,9 +63,14 @@ def _cint(v, lo, hi, what):
 
 
 def _choice(v, names, what):
-    """The index of name v in names (an int passes), or ValueError naming
-    the argument and the choices."""
+    """The index of name v in names (an int passes when it is an index of
+    names), or ValueError naming the argument and the choices (an int out
+    of range got libprobe's 'bad layer / site / dtype', naming none)."""
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        if not 0 <= v < len(names):
+            raise ValueError("%s %d out of range [0, %d] (one of: %s)" % (
+                what, v, len(names) - 1,
+                ", ".join(str(n) for n in names)))
         return int(v)
     try:
         return names.index(v)

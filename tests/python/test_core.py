@@ -614,6 +614,13 @@ def test_record_ptr_arguments_named(tmp_path):
             s.record_ptr(L, "fwd_out", "fp8", a.ctypes.data, 4)
         with pytest.raises(TypeError, match="record n"):
             s.record_ptr(L, "fwd_out", "fp32", a.ctypes.data, 4.0)
+        # an int dtype is an index of DTYPES: out of range, named
+        for dt in (3, 7, -1):
+            with pytest.raises(ValueError, match="dtype %d out of range" % dt):
+                s.record_ptr(L, "fwd_out", dt, a.ctypes.data, 4)
+        with pytest.raises(ValueError, match="site 99 out of range"):
+            s.record_ptr(L, 99, "fp32", a.ctypes.data, 4)
         s.record_ptr(L, "fwd_out", "fp32", a.ctypes.data, 4)
         s.record_ptr(L, "fwd_out", 0, a.ctypes.data, 4)
+        s.record_ptr(L, "grad_out", np.int64(2), a.ctypes.data, 2)
         s.end_step()
