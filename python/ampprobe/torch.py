@@ -1030,8 +1030,8 @@ class Tracer:
         """The job's clipping of this step: clip_grad_norm_'s return value
         and its max_norm (the coefficient is min(1, max_norm/(norm+1e-6)),
         torch's). Returns grad_norm."""
-        self._clip = (_scalar("grad_norm", grad_norm, who="clip"),
-                      _scalar("max_norm", max_norm, who="clip"))
+        self._clip = (_scalar("grad_norm", grad_norm, who="clip", lo=0),
+                      _scalar("max_norm", max_norm, who="clip", lo=0))
         return grad_norm
 
     def scaler_event(self, kind, old_scale, new_scale, growth_tracker=0):
@@ -1068,9 +1068,9 @@ class Tracer:
             lr = optimizer.param_groups[0]["lr"]
         loss = _scalar("loss", loss)
         lr = _scalar("lr", lr)
-        grad_norm = _scalar("grad_norm", grad_norm)
-        max_norm = _scalar("max_norm", max_norm)
-        loss_scale = _scalar("loss_scale", loss_scale)
+        grad_norm = _scalar("grad_norm", grad_norm, lo=0)
+        max_norm = _scalar("max_norm", max_norm, lo=0)
+        loss_scale = _scalar("loss_scale", loss_scale, lo=0)
         found_inf = _scalar("found_inf", found_inf, "flag")
         skipped = _scalar("skipped", skipped, "flag")
         growth_tracker = _scalar("growth_tracker", growth_tracker, int)
@@ -1328,12 +1328,15 @@ class Tracer:
         self.close()
 
 
-def _scalar(name, v, kind=float, who="end_step"):
+def _scalar(name, v, kind=float, who="end_step", lo=None):
     """A scalar argument `name` of who (end_step, clip, scaler_event) as a
     float (kind int: an int; "flag": 0 or 1, a bool too), None when None: a
     number or a one-element tensor, else TypeError/ValueError naming the
     argument. A bool is no number (True is an int in Python): refused but
-    for a flag (found_inf, skipped), where it is what it says."""
+    for a flag (found_inf, skipped), where it is what it says. lo: a value
+    below it is refused (a negative norm or loss scale was refused by
+    libprobe after the master weights were recorded, naming neither the
+    argument nor end_step); NaN and +inf pass (a diverged norm)."""
     if v is None:
         return None
     what = "the step's scalar loss" if name == "loss" else "a scalar"
@@ -1354,6 +1357,10 @@ def _scalar(name, v, kind=float, who="end_step"):
     if kind is not float and not math.isfinite(v):
         raise ValueError("ampprobe: %s(%s=...) takes an integer; got "
                          "%r" % (who, name, v))
+    if lo is not None and v < lo:
+        raise ValueError("ampprobe: %s(%s=...) takes a number >= %s (NaN "
+                         "or inf for a diverged one); got %r" %
+                         (who, name, lo, v))
     if kind == "flag" and v not in (0, 1):
         raise ValueError("ampprobe: %s(%s=...) takes 0 or 1 (or a bool); "
                          "got %r" % (who, name, v))

@@ -684,12 +684,16 @@ def test_end_step_rejects_a_loss_that_is_no_number_before_recording(tmp_path, ba
     ("lr", "1e-3"), ("grad_norm", "x"), ("grad_norm", [1.0]), ("max_norm", "1"),
     ("loss_scale", {"s": 1}), ("found_inf", "0"), ("skipped", [0]),
     ("growth_tracker", "3"), ("found_inf", float("nan")),
-    ("grad_norm", torch.ones(2))])
+    ("grad_norm", torch.ones(2)), ("max_norm", -1.0), ("loss_scale", -2.0),
+    ("grad_norm", torch.tensor(-0.5)), ("grad_norm", float("-inf"))])
 def test_end_step_rejects_any_bad_scalar_before_recording(tmp_path, arg, bad):
     """Every scalar argument of end_step is checked before the step is
-    touched: a bad lr or grad_norm failed after the master weights were
-    recorded, the tracer ended its step while libprobe's stayed open, and
-    the next end_step failed with 'step 1 begun inside step 0'."""
+    touched, and the error names it: a bad lr or grad_norm failed after the
+    master weights were recorded, the tracer ended its step while libprobe's
+    stayed open, and the next end_step failed with 'step 1 begun inside
+    step 0'. A negative max_norm, loss_scale or grad_norm was refused by
+    libprobe after the master weights were recorded ('probe_step_set_scalars:
+    negative clip_threshold', naming neither the argument nor end_step)."""
     m = _mlp()
     p = str(tmp_path / "a.h5")
     tr = at.Tracer(m, p)
@@ -697,8 +701,10 @@ def test_end_step_rejects_any_bad_scalar_before_recording(tmp_path, arg, bad):
         loss = m(torch.randn(2, 3)).sum()
         loss.backward()
         if step == 0:
-            with pytest.raises((TypeError, ValueError), match=arg):
+            with pytest.raises((TypeError, ValueError),
+                               match=r"end_step\(%s=" % arg):
                 tr.end_step(loss=loss, **{arg: bad})
+            assert tr._masters_at != 0  # the step was not touched
         tr.end_step(loss=loss, lr=torch.tensor(0.01), grad_norm=torch.tensor(2.0),
                     max_norm=1.0)
     tr.close()
@@ -709,6 +715,35 @@ def test_end_step_rejects_any_bad_scalar_before_recording(tmp_path, arg, bad):
         assert int(mw.sum()) == 2  # weight and bias of the Linear, once
     assert t["steps"]["lr"].tolist() == pytest.approx([0.01, 0.01])
     assert t["steps"]["grad_norm"].tolist() == [2.0, 2.0]
+
+
+def test_end_step_norms_and_scale_zero_nan_inf_allowed(tmp_path):
+    """max_norm, loss_scale and grad_norm refuse only a negative value: 0
+    (clipping off, a scale at its floor), NaN and inf (a diverged norm)
+    are recorded. clip() refuses a negative one too, before end_step."""
+    m = _mlp()
+    p = str(tmp_path / "z.h5")
+    tr = at.Tracer(m, p)
+    for gn, mx, ls in ((0.0, 0.0, 0.0), (float("nan"), 1.0, 1.0),
+                       (float("inf"), float("inf"), float("inf"))):
+        loss = m(torch.randn(2, 3)).sum()
+        loss.backward()
+        tr.end_step(loss=loss, grad_norm=gn, max_norm=mx, loss_scale=ls)
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    with pytest.raises(ValueError, match=r"clip\(max_norm="):
+        tr.clip(1.0, -1.0)
+    with pytest.raises(ValueError, match=r"clip\(grad_norm="):
+        tr.clip(torch.tensor(-1.0), 1.0)
+    tr.clip(2.0, 1.0)
+    tr.end_step(loss=loss)
+    tr.close()
+    st = ampprobe.read_trace(p)["steps"]
+    gnr = st["grad_norm"].tolist()
+    assert gnr[0] == 0.0 and math.isnan(gnr[1]) and gnr[2] == float("inf")
+    assert gnr[3] == 2.0
+    assert st["clip_threshold"].tolist()[:3] == [0.0, 1.0, float("inf")]
+    assert st["loss_scale"].tolist()[:3] == [0.0, 1.0, float("inf")]
 
 
 def test_unknown_custom_kind_warns(tmp_path):
