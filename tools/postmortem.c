@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "ampprobe/analysis.h"
+#include "ranks-impl.h" /* probe__ranks_read_one_of_many, the library's */
 
 static const char *SUB = "postmortem";
 
@@ -133,11 +134,7 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
     probe_ranks_free(&r);
     return cli_exit_for_status(st);
   }
-  int many = 0; /* the file read (its missing ranks are entries too) */
-  for (size_t i = 0; i < r.n_entries; i++)
-    if (r.entries[i].status == PROBE_RANK_READ)
-      many = r.entries[i].rank >= 0 && r.entries[i].world_size > 1;
-  if (one_of_set && r.focus_diag && !many) {
+  if (one_of_set && r.focus_diag && !probe__ranks_read_one_of_many(&r)) {
     int rc = probe_diag_problem(r.focus_diag) ? CLI_EXIT_PROBLEM : CLI_EXIT_OK;
     char *out = NULL;
     st = json ? probe_diag_render_json(r.focus_diag, &out)

@@ -101,11 +101,7 @@ static probe_status one_of_set_json(const char *path, int isolate,
      * second attempt, on this path only) */
     return independent_json(&path, 1, isolate, json_out);
   }
-  int many = 0; /* the file read (its missing ranks are entries too) */
-  for (size_t i = 0; i < r.n_entries; i++)
-    if (r.entries[i].status == PROBE_RANK_READ)
-      many = r.entries[i].rank >= 0 && r.entries[i].world_size > 1;
-  if (many) {
+  if (probe__ranks_read_one_of_many(&r)) {
     st = probe_ranks_render_json(&r, json_out);
   } else if (r.focus_diag) {
     probe__jw w;

@@ -67,4 +67,12 @@ probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
 int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
                          char *buf, size_t cap);
 
+/* A set of one file (a directory's or a glob's only trace): is the file
+ * read a rank of a job of several ranks (it gets the cross-rank document,
+ * its missing ranks named), rather than a one-process trace (its focus's
+ * post-mortem)? Its missing ranks are entries too: the read one decides.
+ * Shared by the library's JSON and the CLI (tools/postmortem.c), so the
+ * two cannot disagree on which document a file gets. */
+int probe__ranks_read_one_of_many(const probe_ranks *r);
+
 #endif /* AMPPROBE_RANKS_IMPL_H */

@@ -975,3 +975,11 @@ void probe_ranks_free(probe_ranks *r) {
   memset(r, 0, sizeof *r);
   r->first = r->focus = r->stopped_first = r->first_loss = -1;
 }
+
+int probe__ranks_read_one_of_many(const probe_ranks *r) {
+  int many = 0;
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (r->entries[i].status == PROBE_RANK_READ)
+      many = r->entries[i].rank >= 0 && r->entries[i].world_size > 1;
+  return many;
+}
