@@ -2366,14 +2366,10 @@ static int plan_output(bisect *b) {
                    "to replace it, or choose another -o)", b->out);
     return CLI_EXIT_USAGE;
   }
-  /* a symlink to nothing is refused by the writer (docs/cli.md "Files"):
-   * said now, not after every trial ran */
-  if (b->force && lstat(b->out, &sb) == 0 && S_ISLNK(sb.st_mode) &&
-      stat(b->out, &sb) != 0 && errno == ENOENT) {
-    cli_error(SUB, "cannot write %s: a symbolic link to nothing (remove it, "
-                   "or name another output)", b->out);
-    return CLI_EXIT_INTERNAL;
-  }
+  /* a symlink to nothing (or a loop) is refused by the writer (docs/cli.md
+   * "Files"): said now, in its words, not after every trial ran */
+  if (b->force && (rc = cli_out_check(SUB, b->out)) != 0)
+    return rc;
   /* its folder must take the result: said now, not after every trial ran */
   char *dir = cli_dir_part(b->out);
   if (!dir || access(dir, W_OK | X_OK) != 0) {

@@ -482,13 +482,45 @@ static void out_free(cli_out *o) {
   o->path = o->target = o->tmp = NULL;
 }
 
-static int out_error_why(const char *sub, cli_out *o, const char *path,
-                         const char *why) {
+/* "cannot write PATH: why"; returns CLI_EXIT_INTERNAL */
+static int out_say(const char *sub, const char *path, const char *why) {
   char q[PATH_MAX + 16];
   cli_escape_name(q, sizeof q, path ? path : "");
   cli_error(sub, "cannot write %s: %s", q, why);
-  cli_out_abort(o);
   return CLI_EXIT_INTERNAL;
+}
+
+static int out_error_why(const char *sub, cli_out *o, const char *path,
+                         const char *why) {
+  cli_out_abort(o);
+  return out_say(sub, path, why);
+}
+
+/* When path is a symbolic link: *target is the file it names (free it),
+ * which an output replaces, the link kept. A link to nothing (or a loop)
+ * is refused, said and CLI_EXIT_INTERNAL returned: renaming over it
+ * replaced the link itself by a regular file, and writing through it would
+ * create a file wherever it points (as `run` refuses it for a trace).
+ * *target NULL and 0 when path is no link (or nothing). The one test
+ * behind out_open and cli_out_check, so their words cannot drift. */
+static int out_link_target(const char *sub, const char *path, char **target) {
+  *target = NULL;
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) return 0;
+  char *r = realpath(path, NULL);
+  if (!r && errno == ENOENT)
+    return out_say(sub, path, "a symbolic link to nothing (remove it, or "
+                              "name another output)");
+  if (!r) return out_say(sub, path, strerror(errno));
+  *target = r;
+  return 0;
+}
+
+int cli_out_check(const char *sub, const char *path) {
+  char *r = NULL;
+  int rc = out_link_target(sub, path, &r);
+  free(r);
+  return rc;
 }
 
 static int out_error(const char *sub, cli_out *o, const char *path, int e) {
@@ -510,16 +542,13 @@ static int out_open(const char *sub, cli_out *o, const char *path, int excl) {
   int there = lstat(path, &st) == 0;
   if (there && excl) return out_error(sub, o, path, EEXIST);
   if (there && S_ISLNK(st.st_mode)) {
-    /* the file it names is replaced, the link kept; a link to nothing (or
-     * a loop) is refused: renaming over it replaced the link itself by a
-     * regular file, and writing through it would create a file wherever
-     * it points (as `run` refuses it for a trace) */
-    char *r = realpath(path, NULL);
-    if (!r && errno == ENOENT)
-      return out_error_why(sub, o, path, "a symbolic link to nothing (remove "
-                                         "it, or name another output)");
-    if (!r) return out_error(sub, o, path, errno);
-    o->target = r;
+    char *r = NULL;
+    int rc = out_link_target(sub, path, &r);
+    if (rc) {
+      cli_out_abort(o);
+      return rc;
+    }
+    if (r) o->target = r; /* NULL: no longer a link, written as a file */
   }
   int exists = !excl && stat(o->target, &st) == 0;
   /* a file the user made read-only stays protected, as with a plain open */

@@ -147,9 +147,18 @@ START_TEST(test_out_dangling_symlink) {
     json_decref(j);
     ck_assert_int_eq(lstat(links[i], &st), 0);
     ck_assert(S_ISLNK(st.st_mode));
+    /* said before a long command runs (bisect -o), by the same test */
+    ck_assert_int_eq(cli_out_check("t", links[i]), CLI_EXIT_INTERNAL);
   }
   struct stat st;
   ck_assert_int_ne(lstat("gone.html", &st), 0);
+  /* nothing there, a file, a link to a file: fine, nothing opened */
+  put("real.html", "x");
+  ck_assert_int_eq(symlink("real.html", "good.html"), 0);
+  ck_assert_int_eq(cli_out_check("t", "new.html"), 0);
+  ck_assert_int_eq(cli_out_check("t", "real.html"), 0);
+  ck_assert_int_eq(cli_out_check("t", "good.html"), 0);
+  ck_assert_int_ne(lstat("new.html", &st), 0);
   ck_assert_int_eq(hidden_files(), 0);
 }
 END_TEST

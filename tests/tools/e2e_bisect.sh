@@ -634,6 +634,25 @@ safety() {
   [ -L "$WORK/lnk" ] && jget "$WORK/lnk-target.json" "d['command']" | grep -q bisect &&
     pass "-o a symlink --force: the link kept, its target replaced" ||
     fail "-o symlink --force: $(ls -l "$WORK/lnk") $(cat "$WORK/lnk.err")"
+  # -o a symlink to nothing, or a loop, --force: refused before any trial
+  # runs, in the writer's words (cli_out_check; a loop was let through and
+  # refused only after every trial ran), the link kept
+  rm -f "$WORK/dang" "$WORK/loopa" "$WORK/loopb"
+  ln -s nowhere/x.json "$WORK/dang"
+  ln -s loopb "$WORK/loopa"
+  ln -s loopa "$WORK/loopb"
+  for l in dang loopa; do
+    "$BIN" bisect --scenario revin-overflow --fp32-candidates revin -j 2 -q --workdir "$WORK/wd-$l" \
+      -o "$WORK/$l" --force >/dev/null 2>"$WORK/$l.err"
+    RC=$?
+    [ $RC = 4 ] && [ -L "$WORK/$l" ] && [ ! -e "$WORK/wd-$l" ] &&
+      grep -q "cannot write .*$l: " "$WORK/$l.err" &&
+      pass "-o $l --force: exit 4 before any trial, the link kept" ||
+      fail "-o $l --force: exit $RC, $(ls -ld "$WORK/wd-$l" 2>&1) $(cat "$WORK/$l.err")"
+  done
+  grep -q "a symbolic link to nothing (remove it, or name another output)" "$WORK/dang.err" &&
+    pass "-o a symlink to nothing: the writer's words" ||
+    fail "-o dangling symlink: $(cat "$WORK/dang.err")"
   # names that are not UTF-8 (and hold an ESC): every key is still in the
   # JSON, escaped (json_string refused such text and the key went missing)
   local odd=$'cfg\xff\e[31m.json' oddwd=$'wd\xff'
