@@ -7,7 +7,10 @@
 #define AMPPROBE_TESTS_PROBE_TESTUTIL_H
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,32 +51,62 @@ static inline void pt_expected(probe_stats *st, size_t n, int64_t step,
 }
 
 /* The files of one test process live in one folder of their own,
- * TMPDIR (or /tmp)/ampprobe-test-PID/, made at the first pt_path of that
- * process and removed with all it holds when the process exits (atexit):
- * the files a test derives from a pt_path (NAME.bad.h5, NAME.own.h5, the
- * writer's temporaries) go with it, whether the test unlinks them or not,
- * and a test run leaves /tmp as it found it. A forked child that makes no
+ * TMPDIR (or /tmp)/ampprobe-test-PID-XXXXXX/, made (mkdtemp: a new folder,
+ * never one already there, which a pid reused or another user could have
+ * left, or planted as a symlink) at the first pt_path of that process and
+ * removed with all it holds when the process exits (atexit): the files a
+ * test derives from a pt_path (NAME.bad.h5, NAME.own.h5, the writer's
+ * temporaries) go with it, whether the test unlinks them or not, and a
+ * test run leaves /tmp as it found it. A forked child that makes no
  * pt_path of its own leaves its parent's folder alone at its exit; one
- * that does gets its own folder (Check runs each test in such a child). */
+ * that does gets its own folder (Check runs each test in such a child).
+ * A TMPDIR too long for a path is a failed check, never a folder made
+ * elsewhere; any TMPDIR name works (the removal runs no shell). */
 static pid_t pt_dir_owner;
 static int pt_dir_registered;
-static char pt_dir_path[128];
+static char pt_dir_path[PATH_MAX];
+
+/* Removes name (relative to folder dfd) and, when it is a folder,
+ * everything in it; symbolic links are removed, never followed. 0, or -1
+ * when something stayed. */
+static inline int pt_remove_at(int dfd, const char *name) {
+  if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
+  if (errno != EISDIR && errno != EPERM) return -1; /* EPERM: POSIX's */
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return -1;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    if (pt_remove_at(dirfd(d), e->d_name) != 0) rc = -1;
+  }
+  closedir(d);
+  if (unlinkat(dfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) rc = -1;
+  return rc;
+}
 
 static inline void pt_dir_remove(void) {
   if (getpid() != pt_dir_owner || !pt_dir_path[0]) return;
-  char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", pt_dir_path);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", pt_dir_path);
+  if (pt_remove_at(AT_FDCWD, pt_dir_path) != 0)
+    fprintf(stderr, "could not remove %s: %s\n", pt_dir_path, strerror(errno));
   pt_dir_path[0] = '\0';
 }
 
 static inline const char *pt_dir(void) {
   if (pt_dir_owner != getpid()) {
     const char *dir = getenv("TMPDIR");
-    snprintf(pt_dir_path, sizeof pt_dir_path, "%.96s/ampprobe-test-%d",
-             dir ? dir : "/tmp", (int)getpid());
-    ck_assert_msg(mkdir(pt_dir_path, 0700) == 0 || errno == EEXIST,
-                  "mkdir %s: %s", pt_dir_path, strerror(errno));
+    if (!dir || !*dir) dir = "/tmp";
+    int n = snprintf(pt_dir_path, sizeof pt_dir_path,
+                     "%s/ampprobe-test-%d-XXXXXX", dir, (int)getpid());
+    ck_assert_msg(n > 0 && (size_t)n < sizeof pt_dir_path,
+                  "TMPDIR too long for a test folder (%d bytes): %s", n, dir);
+    ck_assert_msg(mkdtemp(pt_dir_path) != NULL, "mkdtemp %s: %s",
+                  pt_dir_path, strerror(errno));
     pt_dir_owner = getpid();
     if (!pt_dir_registered) atexit(pt_dir_remove); /* inherited by forks */
     pt_dir_registered = 1;
@@ -81,9 +114,12 @@ static inline const char *pt_dir(void) {
   return pt_dir_path;
 }
 
-/* A fresh path in the process's test folder (pt_dir), unique per tag. */
+/* A fresh path in the process's test folder (pt_dir), unique per tag; a
+ * buffer too short for it is a failed check (never a truncated path). */
 static inline void pt_path(char *buf, size_t len, const char *tag) {
-  snprintf(buf, len, "%s/%s.h5", pt_dir(), tag);
+  int n = snprintf(buf, len, "%s/%s.h5", pt_dir(), tag);
+  ck_assert_msg(n > 0 && (size_t)n < len, "pt_path(%s): %d bytes, buffer %zu",
+                tag, n, len);
 }
 
 /* Reads the whole file at path into a malloc'd buffer (*data, *size). */

@@ -289,6 +289,122 @@ START_TEST(test_files_go_with_the_process) {
 }
 END_TEST
 
+/* Entries in folder path (. and .. not counted), -1 when it cannot be read. */
+static int host_entries(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+/* In a child with TMPDIR=tmpdir: a pt_path, a file there, a folder with a
+ * file and a symbolic link to victim/ in the test folder; the exit removes
+ * them. The child's exit code: 0, or which check failed. */
+static int host_child_files(const char *tmpdir, const char *victim) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (setenv("TMPDIR", tmpdir, 1) != 0) _exit(10);
+    char p[PATH_MAX], q[PATH_MAX + 16];
+    pt_path(p, sizeof p, "t");
+    size_t n = strlen(tmpdir);
+    if (strncmp(p, tmpdir, n) || strncmp(p + n, "/ampprobe-test-", 15))
+      _exit(11); /* made elsewhere (a TMPDIR cut short) */
+    FILE *f = fopen(p, "w");
+    if (!f) _exit(12);
+    fclose(f);
+    snprintf(q, sizeof q, "%s/sub", pt_dir());
+    if (mkdir(q, 0700) != 0) _exit(13);
+    snprintf(q, sizeof q, "%s/sub/x", pt_dir());
+    if (!(f = fopen(q, "w"))) _exit(14);
+    fclose(f);
+    snprintf(q, sizeof q, "%s/sub/victim", pt_dir());
+    if (symlink(victim, q) != 0) _exit(15);
+    exit(0); /* atexit: pt_dir_remove */
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* pt_dir under any TMPDIR: one longer than 96 bytes (it was cut to 96,
+ * and the folder made elsewhere or not at all), one whose name holds
+ * quotes and $() (it was removed by `rm -rf '%s'` through a shell, which
+ * broke on a quote and left everything). The folder and all in it go at
+ * the exit; a symbolic link in it is removed, not followed. */
+START_TEST(test_dir_any_tmpdir) {
+  char victim[PATH_MAX + 16], vf[PATH_MAX + 32], longd[PATH_MAX + 160],
+      odd[PATH_MAX + 32];
+  snprintf(victim, sizeof victim, "%s/victim", pt_dir());
+  ck_assert_int_eq(mkdir(victim, 0700), 0);
+  snprintf(vf, sizeof vf, "%s/mine", victim);
+  FILE *f = fopen(vf, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  char part[151];
+  memset(part, 'a', 150);
+  part[150] = '\0';
+  snprintf(longd, sizeof longd, "%s/%s", pt_dir(), part);
+  snprintf(odd, sizeof odd, "%s/it's \"odd\" $(false) x", pt_dir());
+  ck_assert_int_gt(strlen(longd), 96);
+  const char *dirs[] = {odd, longd};
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(mkdir(dirs[i], 0700), 0);
+    ck_assert_int_eq(host_child_files(dirs[i], victim), 0);
+    ck_assert_msg(host_entries(dirs[i]) == 0, "left in %s", dirs[i]);
+    ck_assert_int_eq(host_entries(victim), 1); /* its file untouched */
+  }
+}
+END_TEST
+
+/* pt_dir never reuses a folder already at its name (a pid reused, another
+ * user, a symbolic link planted there): it was accepted (mkdir's EEXIST),
+ * the test's files went where the link pointed, and the exit removed
+ * whatever was at the name. */
+START_TEST(test_dir_never_reused) {
+  char victim[PATH_MAX + 16], vf[PATH_MAX + 32], tmp[PATH_MAX + 8];
+  snprintf(victim, sizeof victim, "%s/victim2", pt_dir());
+  ck_assert_int_eq(mkdir(victim, 0700), 0);
+  snprintf(vf, sizeof vf, "%s/mine", victim);
+  FILE *f = fopen(vf, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  snprintf(tmp, sizeof tmp, "%s/t", pt_dir());
+  ck_assert_int_eq(mkdir(tmp, 0700), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char planted[PATH_MAX + 64], p[PATH_MAX];
+    /* what an old run (or another user) left at this pid's folder name */
+    snprintf(planted, sizeof planted, "%s/ampprobe-test-%d", tmp, (int)getpid());
+    if (symlink(victim, planted) != 0) _exit(10);
+    if (setenv("TMPDIR", tmp, 1) != 0) _exit(11);
+    pt_path(p, sizeof p, "t");
+    if (!strncmp(p, planted, strlen(planted)) && p[strlen(planted)] == '/')
+      _exit(12); /* the planted folder taken as its own */
+    FILE *g = fopen(p, "w");
+    if (!g) _exit(13);
+    fclose(g);
+    exit(0);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_int_eq(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+  ck_assert_int_eq(host_entries(victim), 1); /* nothing written through */
+  ck_assert_int_eq(host_entries(tmp), 1);    /* the planted link, kept */
+  char planted[PATH_MAX + 64];
+  snprintf(planted, sizeof planted, "%s/ampprobe-test-%d", tmp, (int)pid);
+  struct stat st;
+  ck_assert_int_eq(lstat(planted, &st), 0);
+  ck_assert(S_ISLNK(st.st_mode));
+  unlink(planted);
+}
+END_TEST
+
 int main(void) {
   Suite *su = suite_create("host");
   TCase *tc = tcase_create("host");
@@ -298,6 +414,8 @@ int main(void) {
   tcase_add_test(tc, no_trace_descriptor_survives_exec);
   tcase_add_test(tc, failed_open_prints_nothing_at_exit);
   tcase_add_test(tc, test_files_go_with_the_process);
+  tcase_add_test(tc, test_dir_any_tmpdir);
+  tcase_add_test(tc, test_dir_never_reused);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);
