@@ -226,15 +226,32 @@ done:
   return rc;
 }
 
-/* probe_trace_open_isolated's child: its progress's progress: a byte on a pipe per chunk it reads (read_rows)
- * and per table it opens, which the parent watches (iso_watch). */
+/* probe_trace_open_isolated's child: its progress, a message on a pipe per
+ * chunk it reads (read_rows) and per table it opens, which the parent
+ * watches (iso_watch): a sign of life, and the rows read so far of the
+ * rows to read (iso_msg; 0 of 0 until the tables are open). Each message
+ * is one write of a few bytes (atomic on a pipe); a full pipe drops it
+ * (O_NONBLOCK), except the last one, which says done == total. */
+typedef struct iso_msg {
+  uint64_t done, total;
+} iso_msg;
+
 static int iso_beat_fd = -1;
+static iso_msg iso_progress;
 
 static void iso_beat(void) {
   if (iso_beat_fd < 0) return;
-  char c = 0;
-  if (write(iso_beat_fd, &c, 1) < 0) { /* full (EAGAIN): progress known */
+  if (write(iso_beat_fd, &iso_progress, sizeof iso_progress) < 0) {
+    /* full (EAGAIN): progress known */
   }
+}
+
+/* The child has read n more rows. */
+static void iso_rows(size_t n) {
+  if (iso_beat_fd < 0) return;
+  iso_progress.done += n;
+  if (iso_progress.done > iso_progress.total)
+    iso_progress.done = iso_progress.total;
 }
 
 /* Extent of a 1-D dataset; -1 when it is not 1-D. */
@@ -1015,6 +1032,7 @@ static probe_status sweep_unread(probe_trace *t, void *buf, size_t bytes) {
   for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
     st = fn(t, at, bytes / sizeof(type), (type *)buf, &got);                   \
     if (got == 0) break;                                                       \
+    iso_rows(got);                                                             \
   }
   SWEEP_(probe_trace_read_kernels, probe_kernel_record)
   SWEEP_(probe_trace_read_snapshots, probe_snapshot_info)
@@ -1030,6 +1048,7 @@ static probe_status sweep_unread(probe_trace *t, void *buf, size_t bytes) {
       st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
                 t->h5msg);
     probe__h5_unlock();
+    if (st == PROBE_OK) iso_rows(n);
   }
   return st;
 }
@@ -1045,6 +1064,7 @@ static probe_status read_everything(probe_trace *t) {
   for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
     st = fn(t, at, CH, (type *)buf, &got);                                     \
     if (got == 0) break;                                                       \
+    iso_rows(got);                                                             \
   }
   SWEEP_(probe_trace_read_records, probe_record)
   SWEEP_(probe_trace_read_steps, probe_step_scalars)
@@ -1133,7 +1153,38 @@ typedef struct iso_watch {
   int beat_fd;
   double deadline, last_beat;
   int timed_out, stalled;
+  /* the caller's progress callback (may be NULL), the part of an iso_msg
+   * read so far, the last done it was given; stopped: it asked to stop */
+  probe_progress_fn fn;
+  void *user;
+  unsigned char part[sizeof(iso_msg)];
+  size_t part_n;
+  uint64_t said;
+  int heard, stopped;
 } iso_watch;
+
+/* The child's messages in buf: to the callback, done only going up. */
+static void iso_heard(iso_watch *w, const unsigned char *buf, size_t n) {
+  while (n > 0) {
+    size_t k = sizeof w->part - w->part_n;
+    if (k > n) k = n;
+    memcpy(w->part + w->part_n, buf, k);
+    w->part_n += k;
+    buf += k;
+    n -= k;
+    if (w->part_n < sizeof w->part) break;
+    w->part_n = 0;
+    iso_msg m;
+    memcpy(&m, w->part, sizeof m);
+    if (w->fn == NULL || w->stopped || m.total == 0 || m.done > m.total ||
+        (w->heard && m.done <= w->said))
+      continue;
+    w->heard = 1;
+    w->said = m.done;
+    if (w->fn(PROBE_PROGRESS_CHECKING, m.done, m.total, w->user) != 0)
+      w->stopped = 1;
+  }
+}
 
 /* Reads n bytes from fd within the watch; how many it got (short: the
  * child is gone, or timed out / stalled). */
@@ -1141,6 +1192,7 @@ static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
   size_t have = 0;
   while (have < n) {
     double now = mono_s();
+    if (w->stopped) break;
     if (now >= w->deadline) {
       w->timed_out = 1;
       break;
@@ -1158,10 +1210,12 @@ static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
     if (w->beat_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP))) {
-      char junk[256];
-      ssize_t r = read(w->beat_fd, junk, sizeof junk);
-      if (r > 0) w->last_beat = mono_s();
-      else if (r == 0) { /* the child closed it: it is writing its report */
+      unsigned char msgs[16 * sizeof(iso_msg)];
+      ssize_t r = read(w->beat_fd, msgs, sizeof msgs);
+      if (r > 0) {
+        w->last_beat = mono_s();
+        iso_heard(w, msgs, (size_t)r);
+      } else if (r == 0) { /* the child closed it: it is writing its report */
         close(w->beat_fd);
         w->beat_fd = -1;
         w->last_beat = 1e300; /* the hard deadline alone from now */
@@ -1177,7 +1231,8 @@ static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
 }
 
 static probe_status open_isolated_impl(probe_trace **out, const char *path,
-                                       char *err, size_t errlen) {
+                                       char *err, size_t errlen,
+                                       probe_progress_fn fn, void *user) {
   if (out == NULL || path == NULL) {
     snprintf(err, errlen, "probe_trace_open_isolated: NULL argument");
     return PROBE_ERR_INVALID_ARG;
@@ -1238,7 +1293,13 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     memset(&rep, 0, sizeof rep);
     probe_trace *t = NULL;
     probe_status st = probe_trace_open(&t, path);
-    if (st == PROBE_OK) st = read_everything(t);
+    if (st == PROBE_OK) {
+      const probe_trace_info *in = &t->info;
+      iso_progress.total = (uint64_t)(in->n_records + in->n_steps +
+                                      in->n_scaler_events + in->n_kernels +
+                                      in->n_snapshots + in->n_snapshot_elems);
+      st = read_everything(t);
+    }
     rep.status = st;
     snprintf(rep.msg, sizeof rep.msg, "%.*s", (int)sizeof rep.msg - 1,
              st == PROBE_OK ? "" : probe_trace_last_error(t));
@@ -1269,6 +1330,12 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
       malloc_trim(0); /* consolidates every free chunk: checks them too */
 #endif
     }
+    if (st == PROBE_OK && iso_progress.total > 0) {
+      /* the last word, done == total: sent whatever the pipe holds */
+      iso_progress.done = iso_progress.total;
+      fcntl(iso_beat_fd, F_SETFL, 0);
+      iso_beat();
+    }
     close(iso_beat_fd); /* done: the parent waits for the report alone */
     iso_beat_fd = -1;
     const char *wp = (const char *)&rep;
@@ -1290,7 +1357,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   close(beat[1]);
   iso_report rep;
   double t0 = mono_s();
-  iso_watch w = {beat[0], t0 + timeout, t0, 0, 0};
+  iso_watch w = {beat[0], t0 + timeout, t0, 0, 0, fn, user, {0}, 0, 0, 0, 0};
   size_t have = read_by(fds[0], &rep, sizeof rep, &w);
   char *strs = NULL;
   int strs_ok = 0;
@@ -1298,11 +1365,26 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
       (strs = malloc(rep.strs_bytes ? rep.strs_bytes : 1)) != NULL)
     strs_ok = read_by(fds[0], strs, rep.strs_bytes, &w) == rep.strs_bytes;
   close(fds[0]);
-  if (w.beat_fd >= 0) close(w.beat_fd);
-  int timed_out = w.timed_out || w.stalled;
+  if (w.beat_fd >= 0) {
+    /* what the child said before its report and the loop left unread:
+     * its last word, done == total, among it */
+    fcntl(w.beat_fd, F_SETFL, O_NONBLOCK);
+    unsigned char msgs[16 * sizeof(iso_msg)];
+    ssize_t r;
+    while (!w.stopped && (r = read(w.beat_fd, msgs, sizeof msgs)) > 0)
+      iso_heard(&w, msgs, (size_t)r);
+    close(w.beat_fd);
+  }
+  int timed_out = w.timed_out || w.stalled || w.stopped;
   if (timed_out) kill(pid, SIGKILL);
   int wst = 0;
   while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+  }
+  if (w.stopped) {
+    free(strs);
+    snprintf(err, errlen, "%s: interrupted (the progress callback asked to stop)",
+             path);
+    return PROBE_ERR_INTERRUPTED;
   }
   if (timed_out) {
     free(strs);
@@ -1379,8 +1461,16 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
  * of NULL), and into err when the caller passes a buffer. */
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen) {
+  return probe_trace_open_isolated_progress(out, path, err, errlen, NULL, NULL);
+}
+
+probe_status probe_trace_open_isolated_progress(probe_trace **out,
+                                                const char *path, char *err,
+                                                size_t errlen,
+                                                probe_progress_fn fn,
+                                                void *user) {
   char msg[sizeof open_msg];
-  probe_status st = open_isolated_impl(out, path, msg, sizeof msg);
+  probe_status st = open_isolated_impl(out, path, msg, sizeof msg, fn, user);
   if (st != PROBE_OK) snprintf(open_msg, sizeof open_msg, "%s", msg);
   else open_msg[0] = '\0';
   if (err && errlen) snprintf(err, errlen, "%s", st != PROBE_OK ? msg : "");

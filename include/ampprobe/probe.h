@@ -524,6 +524,37 @@ AMPPROBE_API
 probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
                                        char *err, size_t errlen);
 
+/* Progress of long work, for a caller that shows it (the library never
+ * prints). phase is one of the PROBE_PROGRESS_* strings (compare with
+ * strcmp); done rows of total, done never decreasing within a phase,
+ * done <= total, the last call of a phase that finished has done == total
+ * (a phase that fails or is stopped may end earlier). Called in the
+ * caller's process and thread, from inside the function that was given
+ * it; it must not call back into the trace being read. Return 0 to go
+ * on; non-zero asks to stop: the function then returns
+ * PROBE_ERR_INTERRUPTED soon after (within one chunk of rows). */
+typedef int (*probe_progress_fn)(const char *phase, uint64_t done,
+                                 uint64_t total, void *user);
+/* probe_trace_open_isolated's child reading every row of every table
+ * (total: the rows of /records, /steps, /scaler_events, /kernels,
+ * /snapshots/index and the values of /snapshots/data) */
+#define PROBE_PROGRESS_CHECKING "checking"
+/* probe_diag_run_progress's passes (analysis.h) */
+#define PROBE_PROGRESS_ANALYSING "analysing"
+
+/* probe_trace_open_isolated, telling fn (may be NULL: the same as
+ * probe_trace_open_isolated) how far the child has read: phase
+ * PROBE_PROGRESS_CHECKING, from the child's messages on the pipe it
+ * already signs its life on, a chunk of rows at a time (2,048 records).
+ * fn is called from the parent's wait, never in the child. A non-zero
+ * return kills the child and returns PROBE_ERR_INTERRUPTED. */
+AMPPROBE_API
+probe_status probe_trace_open_isolated_progress(probe_trace **out,
+                                                const char *path, char *err,
+                                                size_t errlen,
+                                                probe_progress_fn fn,
+                                                void *user);
+
 /* ---- multi-rank trace sets ----------------------------------------------- */
 
 /* The trace path of one rank (docs/trace-format.md, "Multi-rank traces"):
