@@ -402,6 +402,19 @@ AMPPROBE_API void probe_diag_options_init(probe_diag_options *o);
  * here, with the same status and message. */
 AMPPROBE_API probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
                             const probe_diag_options *opt);
+/* probe_diag_run, telling fn (may be NULL: the same as probe_diag_run)
+ * how far its passes have read, phase PROBE_PROGRESS_ANALYSING
+ * (probe_progress_fn, probe.h): once with done 0 before the first read,
+ * then after each chunk of opt->chunk_rows rows; total is the rows the
+ * passes read (the steps, the scaler events twice, the records), and the
+ * last call of a run that succeeds has done == total. A non-zero return
+ * stops the run at that chunk: PROBE_ERR_INTERRUPTED, *d as after a
+ * failed read (free it with probe_diag_free). */
+AMPPROBE_API probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
+                                                  const char *path,
+                                                  const probe_diag_options *opt,
+                                                  probe_progress_fn fn,
+                                                  void *user);
 AMPPROBE_API void probe_diag_free(probe_diag *d);
 
 /* (internal, for tests) Whether the run a config JSON describes (the text probe_train stores in

@@ -87,9 +87,35 @@ const char *probe_diag_layer_name(const probe_diag *d, int32_t id) {
   return d->layers[id].display;
 }
 
+/* ---- progress -------------------------------------------------------------- */
+
+/* The caller's callback over the passes: done counts the rows the passes
+ * have read of total (the steps once, the scaler events twice, the
+ * records); stopped once it asked to stop. fn NULL: nothing. */
+typedef struct diag_progress {
+  probe_progress_fn fn;
+  void *user;
+  uint64_t done, total;
+  int stopped;
+} diag_progress;
+
+/* n more rows read; PROBE_ERR_INTERRUPTED when the callback asks to stop. */
+static probe_status progress_add(diag_progress *p, size_t n) {
+  if (!p || !p->fn) return PROBE_OK;
+  if (p->stopped) return PROBE_ERR_INTERRUPTED;
+  p->done += n;
+  if (p->done > p->total) p->done = p->total;
+  if (p->fn(PROBE_PROGRESS_ANALYSING, p->done, p->total, p->user) != 0) {
+    p->stopped = 1;
+    return PROBE_ERR_INTERRUPTED;
+  }
+  return PROBE_OK;
+}
+
 /* ---- chunked cursors ------------------------------------------------------ */
 
 typedef struct steps_cursor {
+  diag_progress *pg; /* told of each chunk (NULL: not counted) */
   probe_trace *t;
   probe_step_scalars *buf;
   size_t cap, got, pos;
@@ -118,6 +144,11 @@ static const probe_step_scalars *steps_cursor_peek(steps_cursor *c) {
     return NULL;
   }
   c->next_row += (int64_t)c->got;
+  if ((c->st = progress_add(c->pg, c->got)) < 0) {
+    c->eof = 1;
+    c->got = 0;
+    return NULL;
+  }
   return &c->buf[0];
 }
 
@@ -189,9 +220,11 @@ static int cmp_seq(const void *a, const void *b) {
 
 /* ---- pass 1: the steps table ---------------------------------------------- */
 
-static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
+static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
+                               diag_progress *pg) {
   steps_cursor c;
   if (steps_cursor_init(&c, t, chunk)) return PROBE_ERR_NOMEM;
+  c.pg = pg;
   d->first_loss = d->last_loss = NAN;
   d->min_loss = INFINITY;
   d->first_nonfinite_loss_step = -1;
@@ -334,7 +367,8 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk) {
 
 /* ---- pass 2: scaler events ------------------------------------------------ */
 
-static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk) {
+static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk,
+                                diag_progress *pg) {
   probe_scaler_event *buf = malloc(chunk * sizeof *buf);
   if (!buf) return PROBE_ERR_NOMEM;
   int64_t row = 0;
@@ -368,6 +402,7 @@ static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk) {
       }
     }
     row += (int64_t)got;
+    if ((st = progress_add(pg, got)) < 0) break;
   }
   free(buf);
   return st < 0 ? st : PROBE_OK;
@@ -375,7 +410,7 @@ static probe_status pass_scaler(probe_diag *d, probe_trace *t, size_t chunk) {
 
 /* Late backoffs: after the first clean step (needs the steps table). */
 static probe_status count_late_backoffs(probe_diag *d, probe_trace *t,
-                                        size_t chunk) {
+                                        size_t chunk, diag_progress *pg) {
   steps_cursor c;
   if (steps_cursor_init(&c, t, chunk)) return PROBE_ERR_NOMEM;
   int64_t first_clean = -1;
@@ -409,6 +444,7 @@ static probe_status count_late_backoffs(probe_diag *d, probe_trace *t,
           first_clean >= 0 && buf[i].step > first_clean)
         d->late_backoffs++;
     row += (int64_t)got;
+    if ((st = progress_add(pg, got)) < 0) break;
   }
   free(buf);
   return st < 0 ? st : PROBE_OK;
@@ -1283,7 +1319,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
 }
 
 static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
-                                 int hist_len) {
+                                 int hist_len, diag_progress *pg) {
   probe_status st = PROBE_OK;
   walker w;
   memset(&w, 0, sizeof w);
@@ -1315,6 +1351,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     if (st < 0) goto done;
     if (got == 0) break;
     row += (int64_t)got;
+    if ((st = progress_add(pg, got)) < 0) goto done;
     for (size_t i = 0; i < got; i++) {
       if (buf[i].step != cur_step) {
         if (step_n)
@@ -1580,6 +1617,13 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
 
 probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
                             const probe_diag_options *opt) {
+  return probe_diag_run_progress(d, t, path, opt, NULL, NULL);
+}
+
+probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
+                                     const char *path,
+                                     const probe_diag_options *opt,
+                                     probe_progress_fn fn, void *user) {
   probe_diag_options defaults;
   if (!opt) {
     probe_diag_options_init(&defaults);
@@ -1634,9 +1678,13 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
   if (st >= 0)
     st = edge_records(t, info->n_records, &d->rec_first_step,
                       &d->rec_last_step);
-  if (st >= 0) st = pass_steps(d, t, chunk);
-  if (st >= 0) st = pass_scaler(d, t, chunk);
-  if (st >= 0) st = count_late_backoffs(d, t, chunk);
+  diag_progress pg = {fn, user, 0, 0, 0};
+  pg.total = (uint64_t)info->n_steps + 2 * (uint64_t)info->n_scaler_events +
+             (uint64_t)info->n_records;
+  if (st >= 0) st = progress_add(&pg, 0); /* 0 of total: under way */
+  if (st >= 0) st = pass_steps(d, t, chunk, &pg);
+  if (st >= 0) st = pass_scaler(d, t, chunk, &pg);
+  if (st >= 0) st = count_late_backoffs(d, t, chunk, &pg);
   if (st < 0) return st;
   /* The stored config says whether a scaler ran; the steps only guess (a
    * scaler that stays at an initial scale of 1 leaves no trace). */
@@ -1665,9 +1713,15 @@ probe_status probe_diag_run(probe_diag *d, probe_trace *t, const char *path,
         (d->trailing_skip_run >= tail && d->trailing_skip_run >= 10) ||
         (d->min_clamps > 0 && d->trailing_skip_run > 0);
   }
-  st = pass_records(d, t, chunk, opt->layer_history > 0 ? opt->layer_history
-                                                        : 8);
+  st = pass_records(d, t, chunk,
+                    opt->layer_history > 0 ? opt->layer_history : 8, &pg);
   if (st < 0) return st;
+  /* done == total (count_late_backoffs stops at the first clean step) */
+  if (pg.done < pg.total) {
+    pg.done = pg.total;
+    if (fn && fn(PROBE_PROGRESS_ANALYSING, pg.done, pg.total, user) != 0)
+      return PROBE_ERR_INTERRUPTED;
+  }
   if (d->event_step < 0 && d->first_nonfinite_loss_step >= 0) {
     d->event = PROBE_DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;

@@ -2106,6 +2106,112 @@ START_TEST(test_unmeasured_loss_is_absent) {
 END_TEST
 #endif
 
+
+/* ---- progress (probe_trace_open_isolated_progress, probe_diag_run_progress) */
+
+typedef struct prog_log {
+  int calls, bad; /* bad: a call that broke a rule (why in what) */
+  char what[160];
+  char phase[32];
+  uint64_t done, total;
+  int stop_at; /* return 1 from this call on (0: never) */
+} prog_log;
+
+static int prog_cb(const char *phase, uint64_t done, uint64_t total,
+                   void *user) {
+  prog_log *l = user;
+  l->calls++;
+  if (!l->bad && (done > total || (l->calls > 1 && done < l->done) ||
+                  (l->calls > 1 && total != l->total) ||
+                  (l->calls > 1 && strcmp(phase, l->phase)))) {
+    l->bad = 1;
+    snprintf(l->what, sizeof l->what,
+             "call %d: %s %llu of %llu after %s %llu of %llu", l->calls, phase,
+             (unsigned long long)done, (unsigned long long)total, l->phase,
+             (unsigned long long)l->done, (unsigned long long)l->total);
+  }
+  snprintf(l->phase, sizeof l->phase, "%s", phase);
+  l->done = done;
+  l->total = total;
+  return l->stop_at > 0 && l->calls >= l->stop_at;
+}
+
+/* A trace of 3,000 steps (20 records a step, a scaler event every 100). */
+static const char *progress_trace(void) {
+  const char *p = tmp_path("progress");
+  tb t;
+  tb_open(&t, p, 0);
+  spec sp = {0};
+  for (int s = 0; s < 3000; s++) {
+    scal sc = clean(2.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+    if (s % 100 == 99)
+      scaler_event(&t, s, PROBE_SCALER_GROWTH, 65536, 65536);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  return p;
+}
+
+START_TEST(test_progress_reaches_the_total) {
+  const char *p = progress_trace();
+  prog_log iso = {0};
+  probe_trace *tr = NULL;
+  char err[256];
+  ck_assert_int_eq(probe_trace_open_isolated_progress(&tr, p, err, sizeof err,
+                                                      prog_cb, &iso),
+                   PROBE_OK);
+  const probe_trace_info *in = probe_trace_get_info(tr);
+  ck_assert_int_eq(in->n_steps, 3000);
+  ck_assert_int_eq(in->n_records, 3000 * 20);
+  ck_assert_msg(!iso.bad, "%s", iso.what);
+  ck_assert_str_eq(iso.phase, PROBE_PROGRESS_CHECKING);
+  ck_assert_uint_eq(iso.total,
+                    (uint64_t)(in->n_records + in->n_steps +
+                               in->n_scaler_events + in->n_kernels +
+                               in->n_snapshots + in->n_snapshot_elems));
+  ck_assert_uint_eq(iso.done, iso.total);
+  /* the child's chunks of 2,048 rows: news on the way, not only the end */
+  ck_assert_int_ge(iso.calls, 10);
+
+  prog_log an = {0};
+  probe_diag d;
+  probe_diag_options o;
+  probe_diag_options_init(&o);
+  o.chunk_rows = 1000;
+  ck_assert_int_eq(probe_diag_run_progress(&d, tr, p, &o, prog_cb, &an),
+                   PROBE_OK);
+  ck_assert_msg(!an.bad, "%s", an.what);
+  ck_assert_str_eq(an.phase, PROBE_PROGRESS_ANALYSING);
+  ck_assert_uint_eq(an.total, (uint64_t)(in->n_steps + 2 * in->n_scaler_events +
+                                         in->n_records));
+  ck_assert_uint_eq(an.done, an.total);
+  ck_assert_int_ge(an.calls, 60); /* 60,000 records in chunks of 1,000 */
+  /* the same findings as without a callback */
+  probe_diag d0;
+  ck_assert_int_eq(probe_diag_run(&d0, tr, p, &o), PROBE_OK);
+  ck_assert_int_eq(d.verdict, d0.verdict);
+  ck_assert_int_eq(d.findings[0].id, d0.findings[0].id);
+  probe_diag_free(&d0);
+  probe_diag_free(&d);
+
+  /* asked to stop: PROBE_ERR_INTERRUPTED, soon */
+  prog_log stop = {.stop_at = 3};
+  ck_assert_int_eq(probe_diag_run_progress(&d, tr, p, &o, prog_cb, &stop),
+                   PROBE_ERR_INTERRUPTED);
+  ck_assert_int_eq(stop.calls, 3);
+  probe_diag_free(&d);
+  probe_trace_close(tr);
+  prog_log istop = {.stop_at = 2};
+  tr = NULL;
+  ck_assert_int_eq(probe_trace_open_isolated_progress(&tr, p, err, sizeof err,
+                                                      prog_cb, &istop),
+                   PROBE_ERR_INTERRUPTED);
+  ck_assert_ptr_null(tr);
+  ck_assert_int_eq(istop.calls, 2);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -2154,6 +2260,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_json_inf_is_a_string);
   tcase_add_test(tc, test_external_command);
   tcase_add_test(tc, test_norm_collapse_records);
+  tcase_add_test(tc, test_progress_reaches_the_total);
 #ifdef PROBE_SCALAR_LOSS
   tcase_add_test(tc, test_unmeasured_loss_is_absent);
 #endif
