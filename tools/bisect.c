@@ -292,8 +292,8 @@ typedef struct bisect {
   int error_exit; /* exit code of the trial that could not run */
   int interrupted;
   double t_start;
-  int progress_tty;
-  double last_draw, last_line;
+  cli_line progress; /* the line on a terminal (cli.h) */
+  double last_line;
 } bisect;
 
 static trial *T(bisect *b, int id) { return id >= 0 ? &b->trials[id] : NULL; }
@@ -1091,21 +1091,13 @@ static void progress_draw(bisect *b, int force) {
     fflush(stderr);
     b->last_line = now;
   }
-  if (!b->progress_tty || (!force && now - b->last_draw < 0.1))
-    return;
-  b->last_draw = now;
+  if (!cli_line_due(&b->progress, force)) return;
   char line[256];
   progress_text(b, line, sizeof line);
-  fprintf(stderr, "\r\033[Kbisect: %s", line);
-  fflush(stderr);
+  cli_line_draw(&b->progress, "bisect: %s", line);
 }
 
-static void progress_clear(bisect *b) {
-  if (b->progress_tty) {
-    fprintf(stderr, "\r\033[K");
-    fflush(stderr);
-  }
-}
+static void progress_clear(bisect *b) { cli_line_clear(&b->progress); }
 
 /* ceil(log2 n) */
 static int clog2(int n) {
@@ -2907,7 +2899,7 @@ int cmd_bisect(int argc, char **argv) {
   if (rc < 0) {
     cli_signals_install();
     b.t_start = b.last_line = cli_now();
-    b.progress_tty = !b.quiet && b.progress_every <= 0 && isatty(STDERR_FILENO);
+    cli_line_init(&b.progress, b.quiet || b.progress_every > 0, 0);
     if (run_premises(&b, &r))
       run_search(&b, &r, &lnames, &n_lnames);
     progress_clear(&b);

@@ -111,9 +111,15 @@ void cli_scenario_error(const char *sub, const char *name, probe_status st,
 }
 
 int cli_open_trace(const char *sub, probe_trace **t, const char *path) {
+  return cli_open_trace_progress(sub, t, path, NULL, NULL);
+}
+
+int cli_open_trace_progress(const char *sub, probe_trace **t, const char *path,
+                            probe_progress_fn fn, void *user) {
   char err[512] = "";
   cli_busy(sub, path, cli_file_bytes(path)); /* cleared before any output */
-  probe_status st = probe_trace_open_isolated(t, path, err, sizeof err);
+  probe_status st =
+      probe_trace_open_isolated_progress(t, path, err, sizeof err, fn, user);
   if (st >= 0) return CLI_EXIT_OK;
   if (err[0] && strstr(err, path)) { /* the reader's message names it */
     cli_error(sub, "%s", err);
@@ -811,11 +817,48 @@ double cli_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void cli_line_init(cli_line *l, int quiet, double delay) {
+  l->enabled = !quiet && isatty(STDERR_FILENO);
+  l->t0 = cli_now();
+  l->delay = delay;
+  l->last_draw = 0;
+}
+
+int cli_line_due(cli_line *l, int force) {
+  if (!l->enabled) return 0;
+  double now = cli_now();
+  if (now - l->t0 < l->delay || (!force && now - l->last_draw < 0.1))
+    return 0;
+  l->last_draw = now;
+  return 1;
+}
+
+void cli_line_draw(cli_line *l, const char *fmt, ...) {
+  if (!l->enabled) return;
+  char text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\r\033[K%s", text);
+  fflush(stderr);
+  busy_shown = 1; /* cli_busy_done (before any output) erases it */
+}
+
+void cli_line_clear(cli_line *l) {
+  if (l->enabled) cli_busy_done();
+}
+
+double cli_line_delay(void) {
+  const char *e = getenv("AMPPROBE_PROGRESS_DELAY");
+  char *end = NULL;
+  double v = e && *e ? strtod(e, &end) : 1.0;
+  return e && *e && (*end || !(v >= 0) || v > 3600) ? 1.0 : v;
+}
+
 void cli_progress_init(cli_progress *p, int64_t total, int quiet) {
-  p->enabled = !quiet && isatty(STDERR_FILENO);
+  cli_line_init(&p->line, quiet, 0);
   p->total = total;
-  p->t0 = cli_now();
-  p->last_draw = 0;
 }
 
 static void fmt_duration(char *buf, size_t n, double s) {
@@ -831,25 +874,18 @@ static void fmt_duration(char *buf, size_t n, double s) {
 }
 
 void cli_progress_update(cli_progress *p, int64_t done, const char *extra) {
-  if (!p->enabled) return;
-  double now = cli_now();
-  if (now - p->last_draw < 0.1 && done < p->total) return;
-  p->last_draw = now;
-  double el = now - p->t0;
+  if (!cli_line_due(&p->line, done >= p->total)) return;
+  double el = cli_now() - p->line.t0;
   double rate = el > 0 ? (double)done / el : 0;
   char eta[32];
   fmt_duration(eta, sizeof eta,
                rate > 0 ? (double)(p->total - done) / rate : NAN);
-  fprintf(stderr, "\r\033[K%lld/%lld steps  %.1f steps/s  ETA %s  %s",
-          (long long)done, (long long)p->total, rate, eta, extra ? extra : "");
-  fflush(stderr);
+  cli_line_draw(&p->line, "%lld/%lld steps  %.1f steps/s  ETA %s  %s",
+                (long long)done, (long long)p->total, rate, eta,
+                extra ? extra : "");
 }
 
-void cli_progress_done(cli_progress *p) {
-  if (!p->enabled) return;
-  fprintf(stderr, "\r\033[K");
-  fflush(stderr);
-}
+void cli_progress_done(cli_progress *p) { cli_line_clear(&p->line); }
 
 void cli_config_data_files(const char *config_json, const char *config,
                            char *data, size_t dl, char *data2, size_t d2l) {

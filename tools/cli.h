@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "ampprobe/probe.h" /* probe_progress_fn */
 #include "ampprobe/status.h"
 
 /* Exit codes of every subcommand (docs/cli.md). */
@@ -66,6 +67,9 @@ int cli_exit_for_status(probe_status st);
  * missing or corrupt one; out of memory is 4. */
 struct probe_trace;
 int cli_open_trace(const char *sub, struct probe_trace **t, const char *path);
+/* The same, fn told of the child's reading (probe_trace_open_isolated_progress). */
+int cli_open_trace_progress(const char *sub, struct probe_trace **t,
+                            const char *path, probe_progress_fn fn, void *user);
 
 /* Strict parsing of option values: the whole string must be a decimal
  * number (integers: [+-]digits; reals: [+-]digits[.digits][e[+-]digits]) -
@@ -260,12 +264,31 @@ void cli_busy(const char *sub, const char *path, long long bytes);
 void cli_busy_done(void);
 long long cli_file_bytes(const char *path);
 
+/* One self-overwriting line on stderr ("\r\033[K" and the text), the
+ * progress of long work: only when stderr is a terminal and not quiet,
+ * nothing before `delay` seconds since cli_line_init (short work shows
+ * nothing), redrawn at most 10 times a second. It is the line cli_busy
+ * uses: cli_busy_done and cli_error erase it too. */
+typedef struct cli_line {
+  int enabled;
+  double t0, delay, last_draw;
+} cli_line;
+
+void cli_line_init(cli_line *l, int quiet, double delay);
+/* 1 when the line is to be drawn now (force: whatever the 10 a second),
+ * and noted as drawn: then call cli_line_draw. */
+int cli_line_due(cli_line *l, int force);
+void cli_line_draw(cli_line *l, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void cli_line_clear(cli_line *l);
+/* The delay a command's progress line waits for: 1 s, or
+ * AMPPROBE_PROGRESS_DELAY seconds (0: at once; tests). */
+double cli_line_delay(void);
+
 /* Progress on stderr, only when stderr is a terminal and not quiet. */
 typedef struct cli_progress {
-  int enabled;
+  cli_line line;
   int64_t total;
-  double t0;
-  double last_draw;
 } cli_progress;
 
 double cli_now(void); /* monotonic seconds */
