@@ -24,8 +24,8 @@ static const char *SUB = "postmortem";
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ampprobe postmortem TRACE [--json] [--layer-history N]\n"
-          "       ampprobe postmortem DIR | 'GLOB' | TRACE... [--json] [--layer-history N]\n"
+          "usage: ampprobe postmortem TRACE [--json] [--layer-history N] [-q]\n"
+          "       ampprobe postmortem DIR | 'GLOB' | TRACE... [--json] [--layer-history N] [-q]\n"
           "\n"
           "Explains a trace written by 'ampprobe run' (complete, killed mid-run,"
           "\nor a flight-recorder trace): the first non-finite event (step, "
@@ -47,6 +47,12 @@ static void usage(FILE *f) {
           "  --layer-history N     points of the origin layer's absmax "
           "history (1..64,\n"
           "                        default 8)\n"
+          "  -q, --quiet           no progress line (on a terminal, a file "
+          "that takes\n"
+          "                        over a second shows 'checking TRACE: 42%% "
+          "(3.0M of\n"
+          "                        7.2M rows)', then 'analysing TRACE: ...', "
+          "on stderr)\n"
           "  -h, --help            this help\n"
           "\n"
           "verdict: healthy, degraded (the loss stayed finite but a layer "
@@ -80,13 +86,49 @@ static int print_out(probe_status st, char *out) {
   return rc;
 }
 
+/* The progress line of one trace (a terminal only, after a second):
+ * "checking t.h5: 42% (3.0M of 7.2M rows)", then "analysing t.h5: ...". */
+typedef struct pm_progress {
+  cli_line line;
+  char name[600]; /* the path, escaped */
+} pm_progress;
+
+static void fmt_rows(char *buf, size_t n, uint64_t v) {
+  if (v < 10000)
+    snprintf(buf, n, "%llu", (unsigned long long)v);
+  else if (v < 1000000)
+    snprintf(buf, n, "%.1fk", (double)v / 1e3);
+  else if (v < 1000000000)
+    snprintf(buf, n, "%.1fM", (double)v / 1e6);
+  else
+    snprintf(buf, n, "%.1fG", (double)v / 1e9);
+}
+
+static int pm_progress_fn(const char *phase, uint64_t done, uint64_t total,
+                          void *user) {
+  pm_progress *p = user;
+  if (total == 0 || !cli_line_due(&p->line, 0)) return 0;
+  char d[32], t[32];
+  fmt_rows(d, sizeof d, done);
+  fmt_rows(t, sizeof t, total);
+  cli_line_draw(&p->line, "%s %s: %d%% (%s of %s rows)", phase, p->name,
+                (int)((double)done * 100.0 / (double)total), d, t);
+  return 0;
+}
+
 /* One trace named alone: today's post-mortem. */
-static int one_trace(const char *path, int json, const probe_diag_options *opt) {
+static int one_trace(const char *path, int json, const probe_diag_options *opt,
+                     int quiet) {
+  pm_progress pg;
+  cli_line_init(&pg.line, quiet, cli_line_delay());
+  cli_escape_name(pg.name, sizeof pg.name, path);
+  probe_progress_fn fn = pg.line.enabled ? pm_progress_fn : NULL;
   probe_trace *t = NULL;
-  int rc0 = cli_open_trace(SUB, &t, path);
+  int rc0 = cli_open_trace_progress(SUB, &t, path, fn, &pg);
   if (rc0) return rc0;
   probe_diag d;
-  probe_status st = probe_diag_run(&d, t, path, opt);
+  probe_status st = probe_diag_run_progress(&d, t, path, opt, fn, &pg);
+  cli_line_clear(&pg.line);
   if (st < 0) {
     const char *e = probe_trace_last_error(t);
     cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
@@ -127,7 +169,7 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
     /* it cannot be read: said as for a file named alone (its words and
      * exit code: a loop of links, a corrupt file), only on this path */
     probe_ranks_free(&r);
-    return one_trace(paths[0], json, opt);
+    return one_trace(paths[0], json, opt, 1);
   }
   if (st < 0) {
     cli_error(SUB, "%s", r.error[0] ? r.error : probe_status_str(st));
@@ -158,15 +200,16 @@ int cmd_postmortem(int argc, char **argv) {
   static const struct option longs[] = {
       {"json", no_argument, NULL, 'j'},
       {"layer-history", required_argument, NULL, 'H'},
+      {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  int json = 0;
+  int json = 0, quiet = 0;
   probe_diag_options opt;
   probe_diag_options_init(&opt);
   cli_getopt_reset();
   int c;
-  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":hq", longs, NULL)) != -1) {
     switch (c) {
     case 'j': json = 1; break;
     case 'H': {
@@ -177,6 +220,7 @@ int cmd_postmortem(int argc, char **argv) {
       opt.layer_history = (int)v;
       break;
     }
+    case 'q': quiet = 1, cli_busy_quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
     }
@@ -205,7 +249,7 @@ int cmd_postmortem(int argc, char **argv) {
                  !S_ISREG(sb.st_mode);
   if (!rc)
     rc = n == 1 && !from_set
-             ? one_trace(paths[0], json, &opt)
+             ? one_trace(paths[0], json, &opt, quiet)
              : rank_set((const char *const *)paths, n, n == 1, json, &opt);
   probe_trace_set_free(paths, n);
   return rc;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tests/tools/e2e_progress.sh - the progress line of `ampprobe postmortem
+# TRACE` (tools/postmortem.c over probe_trace_open_isolated_progress and
+# probe_diag_run_progress): with stderr on a pseudo-terminal it shows
+# "checking TRACE: N% (... rows)" and "analysing TRACE: N% ...", erased
+# before the report (stdout the same as without it); nothing with -q,
+# nothing before its delay (AMPPROBE_PROGRESS_DELAY, 1 s by default: 0 here,
+# so that a trace of 60,000 records needs no seconds of work), and nothing
+# at all with stderr to a file. The pty checks fail on the CLI before the
+# line existed.
+#
+# usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE
+set -u
+BIN=${1:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE}
+GEN=${2:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE}
+PY=/usr/bin/python3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ampprobe-e2e-progress.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILS=0
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+pass() { echo "ok:   $*"; }
+
+"$PY" -c 'import pty' 2>/dev/null || { echo "SKIP: no python3 pty module"; exit 0; }
+T="$WORK/t.h5"
+"$GEN" "$T" 20 3000 >/dev/null || { echo "FAIL: cannot write the trace"; exit 1; }
+
+# pty_run OUT ERR ARGS...: runs ARGS with stderr on a pseudo-terminal (stdin
+# /dev/null, stdout to OUT), what the terminal got to ERR; sets RC
+pty_run() {
+  local out=$1 err=$2
+  shift 2
+  "$PY" - "$out" "$err" "$@" <<'PYEOF'
+import os, pty, subprocess, sys
+out, err, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+m, s = pty.openpty()
+with open(out, "wb") as o:
+    p = subprocess.Popen(argv, stdout=o, stderr=s, stdin=subprocess.DEVNULL)
+os.close(s)
+got = b""
+while True:
+    try:
+        r = os.read(m, 65536)
+    except OSError:  # EIO: the last writer closed the terminal
+        break
+    if not r:
+        break
+    got += r
+open(err, "wb").write(got)
+sys.exit(p.wait())
+PYEOF
+  RC=$?
+}
+
+# the reference: stderr to a file
+"$BIN" postmortem "$T" >"$WORK/ref.out" 2>"$WORK/ref.err"
+REF_RC=$?
+[ "$REF_RC" -le 1 ] || fail "postmortem of the trace: exit $REF_RC: $(cat "$WORK/ref.err")"
+if [ -s "$WORK/ref.err" ]; then
+  fail "stderr to a file holds something: $(head -c 300 "$WORK/ref.err" | od -c | head -3)"
+else
+  pass "stderr to a file: nothing"
+fi
+AMPPROBE_PROGRESS_DELAY=0 "$BIN" postmortem "$T" >"$WORK/ref0.out" 2>"$WORK/ref0.err"
+if [ -s "$WORK/ref0.err" ]; then
+  fail "stderr to a file, delay 0: $(head -c 300 "$WORK/ref0.err" | od -c | head -3)"
+else
+  pass "stderr to a file, delay 0: nothing"
+fi
+
+# on a terminal, at once
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/tty.out" "$WORK/tty.err" "$BIN" postmortem "$T"
+if [ "$RC" != "$REF_RC" ]; then
+  fail "on a terminal: exit $RC, not $REF_RC"
+elif ! cmp -s "$WORK/tty.out" "$WORK/ref.out"; then
+  fail "on a terminal: stdout differs from the one without a terminal"
+elif ! grep -qE "checking [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" "$WORK/tty.err"; then
+  fail "on a terminal: no 'checking t.h5: N% (... rows)': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
+elif ! grep -qE "analysing [^ ]*t\.h5: [0-9]+% \(" "$WORK/tty.err"; then
+  fail "on a terminal: no 'analysing t.h5: N%': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
+elif ! "$PY" -c '
+import sys
+b = open(sys.argv[1], "rb").read()
+sys.exit(0 if b.endswith(b"\r\x1b[K") and b"\n" not in b else 1)' "$WORK/tty.err"; then
+  fail "on a terminal: the line is not one self-overwriting line erased at the end: $(tail -c 200 "$WORK/tty.err" | od -c | tail -4)"
+else
+  pass "on a terminal: checking and analysing percentages, erased at the end"
+fi
+
+# -q: nothing
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/q.out" "$WORK/q.err" "$BIN" postmortem -q "$T"
+if [ -s "$WORK/q.err" ] || ! cmp -s "$WORK/q.out" "$WORK/ref.out"; then
+  fail "-q on a terminal: stderr $(head -c 200 "$WORK/q.err" | od -c | head -3)"
+else
+  pass "-q on a terminal: nothing"
+fi
+
+# not before the delay
+AMPPROBE_PROGRESS_DELAY=3600 pty_run "$WORK/d.out" "$WORK/d.err" "$BIN" postmortem "$T"
+if grep -q "%" "$WORK/d.err"; then
+  fail "before its delay the line was drawn: $(head -c 200 "$WORK/d.err" | od -c | head -3)"
+else
+  pass "nothing before the delay"
+fi
+
+[ "$FAILS" = 0 ] || { echo "$FAILS check(s) failed"; exit 1; }
+echo "all passed"
