@@ -502,15 +502,6 @@ int probe__step_flags_ok(const probe_step_scalars *s) {
          (s->skipped == 0 || s->skipped == 1);
 }
 
-const char *probe__step_values_why(const probe_step_scalars *s) {
-  /* NaN passes: it is "not measured", or a measured non-finite value the
-   * diagnosis is about; so does +inf */
-  if (s->loss_scale < 0) return "negative loss_scale";
-  if (s->grad_norm < 0) return "negative grad_norm";
-  if (s->clip_threshold < 0) return "negative clip_threshold";
-  return NULL;
-}
-
 int probe__scaler_event_ok(const probe_scaler_event *e) {
   return e->step >= 0 && e->kind >= PROBE_SCALER_BACKOFF &&
          e->kind <= PROBE_SCALER_MIN_CLAMP;

@@ -126,12 +126,6 @@ void probe__trace_open_msg(const char *fmt, ...)
  * found_inf and skipped are 0 or 1; a /scaler_events row has a known kind
  * and a step >= 0. */
 int probe__step_flags_ok(const probe_step_scalars *s);
-/* The same for a /steps row's values, for the writer (the reader accepts
- * them: writers before 0.3 stored any value): why no caller can have
- * measured them (a negative loss_scale, grad_norm or clip_threshold: a
- * scale, a norm, a max_norm), NULL when they pass. NaN and inf pass: a diverging
- * run's norm is non-finite, and an unmeasured value is stored as NaN. */
-const char *probe__step_values_why(const probe_step_scalars *s);
 
 /* reader.c: reads every row of the tables the analyses do not read
  * otherwise - /kernels, /snapshots/index, /snapshots/data - with the

@@ -865,13 +865,12 @@ static probe_status probe_trace_read_records_impl(probe_trace *t, int64_t start,
   return PROBE_OK;
 }
 
-/* Why a /steps row's values cannot have come from the writer, NULL when
- * they can: values probe_step_set_scalars refuses, a scalar marked not
- * measured that is not stored as NaN (0 for the scaler's ints), a wall time
- * that is not the probe's (seconds since the session opened, >= 0). */
-/* (Negative loss_scale, grad_norm or clip_threshold, which the writer now
- * refuses - probe__step_values_why - are read: writers before 0.3 stored
- * whatever the caller gave, and a trace of theirs is not corrupt.) */
+/* Why a /steps row's values cannot have come from any writer, NULL when
+ * they can: a scalar marked not measured that is not stored as NaN (0 for
+ * the scaler's ints), a wall time that is not the probe's (seconds since
+ * the session opened, >= 0). A negative loss_scale, grad_norm or
+ * clip_threshold, which the writer now refuses (session.c),
+ * is read: writers before 0.3 stored whatever the caller gave. */
 static const char *step_why(const probe_step_scalars *s) {
   uint32_t u = s->unmeasured;
   if (((u & PROBE_SCALAR_LOSS) && !isnan(s->loss)) ||
@@ -1022,21 +1021,24 @@ static probe_status probe_trace_read_kernels_impl(probe_trace *t, int64_t start,
 
 /* ---- isolated open -------------------------------------------------------- */
 
+/* Reads every row of a table through its checked read fn, cap rows of
+ * type at a time into buf, counting them for the child's progress; stops
+ * at the first error (st). Used by sweep_unread and read_everything. */
+#define SWEEP_(fn, type, cap)                                                  \
+  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
+    st = fn(t, at, (cap), (type *)buf, &got);                                  \
+    if (got == 0) break;                                                       \
+    iso_rows(got);                                                             \
+  }
+
 /* Reads every row of /kernels, /snapshots/index and /snapshots/data, the
  * tables the analyses do not read otherwise, in chunks of the caller's
  * buffer (of bytes bytes, at least one row of each): memory bounded by it. */
 static probe_status sweep_unread(probe_trace *t, void *buf, size_t bytes) {
   size_t got;
   probe_status st = PROBE_OK;
-#define SWEEP_(fn, type)                                                       \
-  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
-    st = fn(t, at, bytes / sizeof(type), (type *)buf, &got);                   \
-    if (got == 0) break;                                                       \
-    iso_rows(got);                                                             \
-  }
-  SWEEP_(probe_trace_read_kernels, probe_kernel_record)
-  SWEEP_(probe_trace_read_snapshots, probe_snapshot_info)
-#undef SWEEP_
+  SWEEP_(probe_trace_read_kernels, probe_kernel_record, bytes / sizeof(probe_kernel_record))
+  SWEEP_(probe_trace_read_snapshots, probe_snapshot_info, bytes / sizeof(probe_snapshot_info))
   /* Snapshot data, in slices of the buffer. */
   size_t slice = bytes / sizeof(float);
   for (int64_t at = 0; st == PROBE_OK && at < t->rows[PROBE__T_SNAPDATA];
@@ -1060,20 +1062,14 @@ static probe_status read_everything(probe_trace *t) {
   probe_status st = PROBE_OK;
   void *buf = malloc(CH * sizeof(probe_record));
   if (buf == NULL) return PROBE_ERR_NOMEM;
-#define SWEEP_(fn, type)                                                       \
-  for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {                   \
-    st = fn(t, at, CH, (type *)buf, &got);                                     \
-    if (got == 0) break;                                                       \
-    iso_rows(got);                                                             \
-  }
-  SWEEP_(probe_trace_read_records, probe_record)
-  SWEEP_(probe_trace_read_steps, probe_step_scalars)
-  SWEEP_(probe_trace_read_scaler_events, probe_scaler_event)
-#undef SWEEP_
+  SWEEP_(probe_trace_read_records, probe_record, CH)
+  SWEEP_(probe_trace_read_steps, probe_step_scalars, CH)
+  SWEEP_(probe_trace_read_scaler_events, probe_scaler_event, CH)
   if (st == PROBE_OK) st = sweep_unread(t, buf, CH * sizeof(probe_record));
   free(buf);
   return st;
 }
+#undef SWEEP_
 
 probe_status probe__trace_check_unread(probe_trace *t) {
   if (t->unread_checked) return PROBE_OK;

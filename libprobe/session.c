@@ -769,6 +769,18 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
   return PROBE_OK;
 }
 
+/* Why no caller can have measured a step's values (a negative loss_scale,
+ * grad_norm or clip_threshold: a scale, a norm, a max_norm), NULL when
+ * they pass. NaN and inf pass: a diverging run's norm is non-finite, and
+ * an unmeasured value is stored as NaN. (The reader accepts them: writers
+ * before 0.3 stored any value.) */
+static const char *step_values_why(const probe_step_scalars *s) {
+  if (s->loss_scale < 0) return "negative loss_scale";
+  if (s->grad_norm < 0) return "negative grad_norm";
+  if (s->clip_threshold < 0) return "negative clip_threshold";
+  return NULL;
+}
+
 probe_status probe_step_set_scalars(probe_session *s,
                                     const probe_step_scalars *sc) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
@@ -804,7 +816,7 @@ probe_status probe_step_set_scalars(probe_session *s,
     c.unmeasured |= PROBE_SCALAR_WEIGHT_DIGEST;
     c.weight_digest = 0;
   }
-  const char *why = probe__step_values_why(&c); /* what the reader accepts */
+  const char *why = step_values_why(&c);
   if (why != NULL)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_step_set_scalars: %s",
                    why);

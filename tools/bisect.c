@@ -1322,20 +1322,15 @@ static char *make_reproduce(const bisect *b, const char *fp32) {
   const char *w[MAX_PASS + 16];
   size_t n = 0;
   char ranks[32];
-  if (b->ext) {
-    size_t need = strlen("AMPPROBE_FP32=") + probe_shell_quote(NULL, 0, fp32) + 1;
-    for (int i = 0; i < b->n_ext; i++)
-      need += 1 + probe_shell_quote(NULL, 0, b->ext[i]);
-    char *s = malloc(need);
-    if (!s)
+  if (b->ext) { /* AMPPROBE_FP32='...' then the command's words */
+    const char **e = malloc(((size_t)b->n_ext + 1) * sizeof *e);
+    if (!e)
       return NULL;
-    size_t o = (size_t)snprintf(s, need, "AMPPROBE_FP32=");
-    o += probe_shell_quote(s + o, need - o, fp32);
-    for (int i = 0; i < b->n_ext; i++) {
-      s[o++] = ' ';
-      o += probe_shell_quote(s + o, need - o, b->ext[i]);
-    }
-    s[o] = 0;
+    e[0] = fp32;
+    for (int i = 0; i < b->n_ext; i++)
+      e[i + 1] = b->ext[i];
+    char *s = cli_join_quoted("AMPPROBE_FP32=", e, (size_t)b->n_ext + 1);
+    free(e);
     return s;
   }
   w[n++] = "ampprobe";
@@ -1359,21 +1354,8 @@ static char *make_reproduce(const bisect *b, const char *fp32) {
   w[n++] = fp32;
   for (int i = 0; i < b->n_pass && n < sizeof w / sizeof *w; i++)
     w[n++] = b->pass[i];
-  size_t need = 1;
-  for (size_t i = 0; i < n; i++)
-    need += probe_shell_quote(NULL, 0, w[i]) + 1;
-  char *s = malloc(need);
-  if (!s)
-    return NULL;
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (i)
-      s[o++] = ' ';
-    /* the bare words above are safe as they are: quoting leaves them */
-    o += probe_shell_quote(s + o, need - o, w[i]);
-  }
-  s[o] = 0;
-  return s;
+  /* the bare words above are safe as they are: quoting leaves them */
+  return cli_join_quoted(NULL, w, n);
 }
 
 static json_t *num_or_null(double x) {

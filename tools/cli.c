@@ -759,6 +759,20 @@ char *cli_escape_controls(const char *s) {
   return out;
 }
 
+char *cli_join_quoted(const char *lit, const char *const *w, size_t n) {
+  size_t need = (lit ? strlen(lit) : 0) + 1;
+  for (size_t i = 0; i < n; i++) need += probe_shell_quote(NULL, 0, w[i]) + 1;
+  char *s = malloc(need);
+  if (!s) return NULL;
+  size_t o = (size_t)snprintf(s, need, "%s", lit ? lit : "");
+  for (size_t i = 0; i < n; i++) {
+    if (i) s[o++] = ' ';
+    o += probe_shell_quote(s + o, need - o, w[i]);
+  }
+  s[o] = '\0';
+  return s;
+}
+
 int cli_paste_word(char *dst, size_t n, const char *s) {
   if (!n) return -1;
   dst[0] = '\0';

@@ -235,6 +235,11 @@ char *cli_escape_controls(const char *s);
  * with dst "" when the whole word does not fit in n bytes (or no memory):
  * never a cut word, and the caller prints no command then. */
 int cli_paste_word(char *dst, size_t n, const char *s);
+/* A command line to store or paste: lit as it is (NULL: none), then the n
+ * words each shell-quoted (probe_shell_quote: safe words stay bare),
+ * separated by spaces, the first right after lit. Whole, malloc'd; NULL
+ * when out of memory. */
+char *cli_join_quoted(const char *lit, const char *const *w, size_t n);
 
 /* Stop flag set by SIGINT/SIGTERM once cli_signals_install() was called. */
 extern volatile sig_atomic_t cli_stop_flag;

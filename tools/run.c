@@ -173,15 +173,12 @@ static int list_scenarios(int json) {
  * reads `--config 'my cfg.json'` back as one argument, with the quoting
  * rule the Python package's shlex.join uses too. */
 static char *join_args(int argc, char **argv) {
-  size_t len = strlen("ampprobe") + 1;
-  for (int i = 0; i < argc; i++) len += probe_shell_quote(NULL, 0, argv[i]) + 1;
-  char *s = malloc(len);
-  if (!s) return NULL;
-  size_t o = (size_t)snprintf(s, len, "ampprobe");
-  for (int i = 0; i < argc; i++) {
-    s[o++] = ' ';
-    o += probe_shell_quote(s + o, len - o, argv[i]);
-  }
+  const char **w = malloc(((size_t)argc + 1) * sizeof *w);
+  if (!w) return NULL;
+  w[0] = "ampprobe";
+  for (int i = 0; i < argc; i++) w[i + 1] = argv[i];
+  char *s = cli_join_quoted(NULL, w, (size_t)argc + 1);
+  free(w);
   return s;
 }
 

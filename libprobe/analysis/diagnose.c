@@ -715,9 +715,8 @@ static void master_outgrew(walker *w, probe_diag *e, const probe_record *r,
   }
   /* the copy of finite masters within its range is finite; a gap in the
    * steps (a sampled trace) may hide updates */
-  double copy_max = prec == PROBE_DTYPE_F16    ? (double)PROBE_F16_MAX
-                    : prec == PROBE_DTYPE_BF16 ? PROBE__DIAG_BF16_MAX
-                                               : (double)FLT_MAX;
+  double copy_max = prec == PROBE_DTYPE_F32 ? (double)FLT_MAX
+                                            : probe__diag_range_max(prec);
   if (m->step != o->step - 1 || !(m->absmax <= copy_max)) return;
   float after = -1;
   int after_nf = 0;
@@ -1717,11 +1716,8 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
                     opt->layer_history > 0 ? opt->layer_history : 8, &pg);
   if (st < 0) return st;
   /* done == total (count_late_backoffs stops at the first clean step) */
-  if (pg.done < pg.total) {
-    pg.done = pg.total;
-    if (fn && fn(PROBE_PROGRESS_ANALYSING, pg.done, pg.total, user) != 0)
-      return PROBE_ERR_INTERRUPTED;
-  }
+  if (pg.done < pg.total && (st = progress_add(&pg, pg.total - pg.done)) < 0)
+    return st;
   if (d->event_step < 0 && d->first_nonfinite_loss_step >= 0) {
     d->event = PROBE_DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;

@@ -8,6 +8,7 @@
 #define AMPPROBE_RANKS_IMPL_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "ampprobe/analysis.h"
 
@@ -74,5 +75,15 @@ int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
  * Shared by the library's JSON and the CLI (tools/postmortem.c), so the
  * two cannot disagree on which document a file gets. */
 int probe__ranks_read_one_of_many(const probe_ranks *r);
+
+/* msg without a leading "PATH: " (the reader's words name the file first;
+ * an entry or a line that names the file already drops it). */
+static inline const char *probe__msg_after_path(const char *msg,
+                                                const char *path) {
+  size_t pl = strlen(path);
+  return msg && !strncmp(msg, path, pl) && msg[pl] == ':' && msg[pl + 1] == ' '
+             ? msg + pl + 2
+             : msg;
+}
 
 #endif /* AMPPROBE_RANKS_IMPL_H */

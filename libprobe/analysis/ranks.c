@@ -933,10 +933,9 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
     /* a set of one whose file fails its full read (the summary reads only
      * part of it): unreadable, and nothing else was read - refused as a
      * set without a readable trace, with the reader's words */
-    size_t pl = strlen(paths[0]);
-    int named = !strncmp(err, paths[0], pl) && err[pl] == ':';
-    refuse(r, "%s%s%s%s", named ? "" : paths[0], named ? "" : ": ",
-           err[0] ? err : probe_status_str(r->focus_status), "");
+    const char *m = probe__msg_after_path(err, paths[0]);
+    refuse(r, "%s: %s%s%s", paths[0],
+           m[0] ? m : probe_status_str(r->focus_status), "", "");
     return r->focus_status;
   }
   if (r->focus_status < 0 && !r->focus_diag &&
@@ -947,10 +946,7 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
     e->status = PROBE_RANK_UNREADABLE;
     e->error_status = r->focus_status;
     free(e->error);
-    size_t pl = strlen(e->path);
-    const char *m = !strncmp(err, e->path, pl) && err[pl] == ':' && err[pl + 1] == ' '
-                        ? err + pl + 2 : err;
-    e->error = strdup(m);
+    e->error = strdup(probe__msg_after_path(err, e->path));
     if (!e->error) return PROBE_ERR_NOMEM;
     r->n_read--;
     r->n_unreadable++;

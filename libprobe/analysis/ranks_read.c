@@ -300,12 +300,7 @@ static int32_t rank_from_name(const char *path) {
 
 static void mark_unreadable(probe__rsum *s, const char *path, probe_status st,
                             const char *msg) {
-  /* the reader's words name the file first ("PATH: ..."): the entry names
-   * it already */
-  size_t pl = strlen(path);
-  if (msg && !strncmp(msg, path, pl) && msg[pl] == ':' && msg[pl + 1] == ' ')
-    msg += pl + 2;
-  set_unreadable(s, st, msg);
+  set_unreadable(s, st, probe__msg_after_path(msg, path));
   if (s->e.rank < 0) {
     s->e.rank = rank_from_name(path);
     s->e.rank_from_name = s->e.rank >= 0;
