@@ -146,10 +146,11 @@ def test_one_file_per_rank_with_identity(job):
             with open(str(d / ("rank%d.json" % r))) as f:
                 seen = json.load(f)
             assert seen["path"] == p and seen["run_id"] == rid
-            # several buckets a step in the DDP runs of the Net
+            # several buckets a step in the DDP runs of the Net: one in
+            # the first step, then >= 3 (ddp_worker.run_net)
             assert seen["buckets"] >= (
-                2 * W.STEPS if sc in ("bad-input", "healthy", "drift")
-                else 1)
+                1 + 3 * (W.STEPS - 1)
+                if sc in ("bad-input", "healthy", "drift") else 1)
             run_ids.add(rid)
         assert len(run_ids) == 1, run_ids  # one run id, broadcast by rank 0
         ids |= run_ids
@@ -577,7 +578,7 @@ def _ddp_run(tmp_path, name, steps=2, ddp_kw=None, **kw):
 
 @pytest.mark.parametrize("ddp_kw", [
     {}, dict(gradient_as_bucket_view=True),
-    dict(bucket_cap_mb=0.0005)],  # ~500 bytes: several buckets a step
+    dict(bucket_cap_mb=0.0001)],  # ~100 bytes: several buckets a step
     ids=["default", "bucket-view", "small-buckets"])
 def test_one_rank_group_records_the_buckets(tmp_path, group, ddp_kw,
                                            monkeypatch):
@@ -585,7 +586,8 @@ def test_one_rank_group_records_the_buckets(tmp_path, group, ddp_kw,
         monkeypatch.setattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 256)
     tr, t = _ddp_run(tmp_path, "t.h5", ddp_kw=ddp_kw)
     if "bucket_cap_mb" in ddp_kw:
-        assert tr.comm_recorder.buckets >= 2 * 2  # 2 steps, >= 2 buckets
+        # one bucket in the first step, then >= 3 (torch 1.13: 3, 2.x: 4)
+        assert tr.comm_recorder.buckets >= 1 + 3
     else:
         assert tr.comm_recorder.buckets == 2
     assert tr.path == str(tmp_path / "t.rank0.h5")
