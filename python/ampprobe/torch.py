@@ -41,6 +41,29 @@ from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
+
+# torch.compile: every hook and saved() run eagerly, as a graph break
+# (torch.compiler.disable, torch >= 2.1). Traced by dynamo instead, a hook's
+# ctypes call breaks the graph anyway, and its reads of the tracer's state
+# (the layers run this step) become guards that fail at every call: each
+# hooked module recompiled until dynamo's cache limit, with a warning.
+_COMPILER_DISABLE = getattr(getattr(torch, "compiler", None), "disable", None)
+
+
+def _uncompiled(model):
+    """The module torch.compile(model) wrapped (its OptimizedModule calls
+    that module, whose hooks run from the compiled code), else model."""
+    inner = getattr(model, "_orig_mod", None)
+    if type(model).__name__ == "OptimizedModule" and isinstance(
+            inner, nn.Module):
+        return inner
+    return model
+
+
+def _eager(fn):
+    """fn, run outside torch.compile's graphs (itself where torch has no
+    torch.compiler)."""
+    return fn if _COMPILER_DISABLE is None else _COMPILER_DISABLE(fn)
 _DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -133,6 +156,7 @@ def _user_kind(m, user_kinds):
 
 # ---- the active tracer of a module (for saved()) ------------------------------
 
+@_eager
 def saved(module, tensor):
     """Records a module's saved intermediate (a variance, attention scores,
     probabilities) at site fwd_saved, from inside its forward, and returns
@@ -536,10 +560,13 @@ class Tracer:
             "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu")
         self.on_nonfinite = on_nonfinite
         # A DDP model: its module is traced (names without "module."), the
-        # wrapper gets the recording communication hook.
+        # wrapper gets the recording communication hook. A torch.compile'd
+        # one (either way round): the module it compiled (names without
+        # "_orig_mod.", as in the same job run eagerly).
+        model = _uncompiled(model)
         self.ddp = model if _dist.is_ddp(model) else None
         if self.ddp is not None:
-            model = model.module
+            model = _uncompiled(model.module)
             if process_group is None:
                 process_group = getattr(self.ddp, "process_group", None)
         self.model = model
@@ -825,7 +852,7 @@ class Tracer:
                 return  # evaluation between steps, or recomputation
             for t in _floats(inputs):
                 self._record(L, "fwd_out", t)
-        return hook
+        return _eager(hook)
 
     def _make_pre_hook(self, L):
         loss = L.kind == "loss"
@@ -879,7 +906,7 @@ class Tracer:
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
-        return hook
+        return _eager(hook)
 
     def _inplace_pre(self, L, mode, inputs):
         """The pre-hook of a module that works in place (inplace=True): it
@@ -961,7 +988,7 @@ class Tracer:
                 if t.requires_grad and id(r) not in inplace:
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
-        return hook
+        return _eager(hook)
 
     def _hook_param(self, p, L):
         """A weight_grad hook on p, now if it is trainable, else when it
