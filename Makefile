@@ -8,7 +8,10 @@
 #                                        found): every test but the extended ones
 #                         build-nocuda/  -DAMPPROBE_CUDA=OFF (skipped when the
 #                                        default build is CUDA-off already):
-#                                        the suite minus NOCUDA_EXCLUDE
+#                                        the suite minus NOCUDA_EXCLUDE, its
+#                                        Python tests on PyPI's torch 2
+#                                        (scripts/torch2-venv.sh; build/'s
+#                                        on Debian's torch 1.13)
 #                         build-asan/    AddressSanitizer + UBSan (CUDA off):
 #                                        the suite minus ASAN_EXCLUDE (below)
 #                       the multi-rank tests (label mpi: mpirun, 2 and 4
@@ -76,7 +79,14 @@ test-main: build
 test-nocuda: build
 	@if grep -q '^AMPPROBE_BUILT_WITH_CUDA:INTERNAL=ON' $(BUILD)/CMakeCache.txt; then \
 	  set -e; \
-	  cmake -S . -B $(BUILD)-nocuda -DAMPPROBE_CUDA=OFF -DAMPPROBE_BUILD_BENCH=OFF $(CONFIG_FLAGS); \
+	  if py2=$$(bash scripts/torch2-venv.sh); then \
+	    echo "test-nocuda: tests/python with torch 2 ($$py2)"; \
+	  else \
+	    py2=/usr/bin/python3; \
+	    echo "test-nocuda: NO torch 2 (scripts/torch2-venv.sh failed, above): tests/python with Debian's torch 1.13 again"; \
+	  fi; \
+	  cmake -S . -B $(BUILD)-nocuda -DAMPPROBE_CUDA=OFF -DAMPPROBE_BUILD_BENCH=OFF \
+	        -DAMPPROBE_PYTHON=$$py2 $(CONFIG_FLAGS); \
 	  cmake --build $(BUILD)-nocuda -j $(JOBS); \
 	  cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) -LE '$(NOCUDA_EXCLUDE)'; \
 	else \

@@ -27,6 +27,8 @@ pkgs=(
   python3-pandas                # ... and load a table the way the docs show
   python3-torch                 # reference gradients for the trainer tests
   python3-pytest                # the Python package's tests
+  python3-venv python3-dev      # torch 2 beside Debian's 1.13 (scripts/torch2-venv.sh);
+                                # torch.compile's CPU backend includes Python.h
   chromium                      # report rendering test (headless)
 )
 optional=(
