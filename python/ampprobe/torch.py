@@ -17,6 +17,7 @@ import collections.abc
 import contextlib
 import ctypes
 import fnmatch
+import inspect
 import json
 import math
 import numbers
@@ -58,6 +59,25 @@ def _uncompiled(model):
             inner, nn.Module):
         return inner
     return model
+
+
+def _pre_hook(module, hook):
+    """Registers hook(module, inputs) as module's forward pre-hook, run
+    outside torch.compile's graphs (_eager); where
+    torch passes keyword arguments to hooks (>= 2.0), inputs is an
+    _ArgsKwargs when there are any, and what hook returns (inputs of the
+    same shape, or None) goes back to torch as (args, kwargs)."""
+    if not _HOOK_KWARGS:
+        return module.register_forward_pre_hook(_eager(hook))
+
+    def with_kwargs(module, args, kwargs):
+        if not kwargs:
+            r = hook(module, args)
+            return None if r is None else (r, kwargs)
+        r = hook(module, _ArgsKwargs((args, kwargs)))
+        return None if r is None else (tuple(r[0]), r[1])
+    return module.register_forward_pre_hook(_eager(with_kwargs),
+                                            with_kwargs=True)
 
 
 def _eager(fn):
@@ -280,12 +300,25 @@ def _is_plain_dict(x):
     return type(x) in (dict, collections.OrderedDict)
 
 
+class _ArgsKwargs(tuple):
+    """A forward's (args, kwargs), as a hook registered with_kwargs gets
+    them: _floats and _map_floats look into both at the depth of args
+    alone, so a tensor passed by keyword is treated as a positional one."""
+
+
+# torch >= 2.0: forward pre-hooks can receive the keyword arguments
+_HOOK_KWARGS = "with_kwargs" in inspect.signature(
+    nn.Module.register_forward_pre_hook).parameters
+
+
 def _floats(x, depth=0):
     """Floating tensors in a forward input/output, in order: a tensor, or
     tuples (namedtuples), lists and plain dicts of them, nested up to
     _NEST_MAX deep (an LSTM's (output, (h, c)), a {"out": t})."""
     if torch.is_tensor(x):
         return [x] if x.is_floating_point() else []
+    if type(x) is _ArgsKwargs:
+        return _floats(x[0], depth) + _floats(x[1], depth)
     if depth >= _NEST_MAX:
         return []
     if isinstance(x, (tuple, list)):
@@ -300,6 +333,9 @@ def _map_floats(x, fn, depth=0):
     containers rebuilt as they were (a namedtuple stays one)."""
     if torch.is_tensor(x):
         return fn(x) if x.is_floating_point() else x
+    if type(x) is _ArgsKwargs:
+        return _ArgsKwargs((_map_floats(x[0], fn, depth),
+                            _map_floats(x[1], fn, depth)))
     if depth >= _NEST_MAX:
         return x
     if isinstance(x, tuple) and hasattr(x, "_fields"):
@@ -316,9 +352,11 @@ def _fp32_forward(self, *args, **kwargs):
     autocast, its fp16/bf16 inputs cast up to float32 (float64 kept). Bound
     to the module with MethodType, so copy.deepcopy binds it to the copy
     and torch.save can pickle it."""
-    args = tuple(a.float() if torch.is_tensor(a) and a.is_floating_point()
-                 and a.dtype in (torch.float16, torch.bfloat16) else a
-                 for a in args)
+    def up(a):
+        return a.float() if torch.is_tensor(a) and a.dtype in (
+            torch.float16, torch.bfloat16) else a
+    args = tuple(up(a) for a in args)
+    kwargs = {k: up(v) for k, v in kwargs.items()}
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
         return type(self).forward(self, *args, **kwargs)
 
@@ -731,8 +769,8 @@ class Tracer:
         # Always hooked: the model's forward under grad starts the step
         # (so that modules it runs under no_grad first - a teacher - are
         # inside it), and records the input when selected.
-        self._hooks.append(model.register_forward_pre_hook(
-            self._make_input_hook(self._input_layer)))
+        self._hooks.append(_pre_hook(
+            model, self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
         if loss_fn is not None:
             # a criterion that is also a child of the model is one layer,
@@ -760,8 +798,7 @@ class Tracer:
             # tuples. The gradients are taken by tensor hooks instead: on
             # the outputs (grad_out) and on the inputs as this module
             # receives them (grad_in), see _make_pre_hook.
-            self._hooks.append(m.register_forward_pre_hook(
-                self._make_pre_hook(L)))
+            self._hooks.append(_pre_hook(m, self._make_pre_hook(L)))
             self._hooks.append(m.register_forward_hook(
                 self._make_fwd_hook(L)))
             for p in L.params:
@@ -852,7 +889,7 @@ class Tracer:
                 return  # evaluation between steps, or recomputation
             for t in _floats(inputs):
                 self._record(L, "fwd_out", t)
-        return _eager(hook)
+        return hook  # registered by _pre_hook
 
     def _make_pre_hook(self, L):
         loss = L.kind == "loss"
@@ -906,7 +943,7 @@ class Tracer:
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
-        return _eager(hook)
+        return hook  # registered by _pre_hook
 
     def _inplace_pre(self, L, mode, inputs):
         """The pre-hook of a module that works in place (inplace=True): it

@@ -908,3 +908,135 @@ def test_inplace_after_other_inplace_ops_records_its_gradients(tmp_path):
     l_out, s_out = run(str(tmp_path / "o.h5"), False)
     l_in, s_in = run(str(tmp_path / "i.h5"), True)
     assert l_in == l_out and same_stats(s_in, s_out)
+
+
+# ---- arguments passed by keyword (torch >= 2.0's hooks see them) ----------------
+
+KWARGS_SEEN = at._HOOK_KWARGS  # torch 1.13's forward pre-hooks get args only
+
+
+class Gate(nn.Module):
+    """forward(x, scale): `scale` is a float tensor, by position or name."""
+
+    def forward(self, x, scale):
+        return x * scale
+
+
+class KwNet(nn.Module):
+    """The same network calling its modules with positional or keyword
+    arguments: a Linear (fc2(input=h)) and a two-input module
+    (gate(h, scale=s))."""
+
+    def __init__(self, by_name):
+        super().__init__()
+        self.by_name = by_name
+        self.fc1, self.gate, self.fc2 = nn.Linear(4, 8), Gate(), nn.Linear(8, 1)
+        self.scale = nn.Parameter(torch.full((8,), 0.5))
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        if self.by_name:
+            h = self.gate(h, scale=self.scale * 1.0)
+            return self.fc2(input=h)
+        return self.fc2(self.gate(h, self.scale * 1.0))
+
+
+class ByName(nn.Module):
+    """Calls its inner Linear by keyword: inner(input=x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.inner(input=x)
+
+
+@pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
+                    "arguments (docs/python.md)" % torch.__version__)
+@pytest.mark.parametrize("emulate", [False, True])
+def test_keyword_arguments_recorded_as_positional(tmp_path, emulate):
+    """Every site of a model whose modules are called by keyword has the
+    statistics of the same model called by position: fwd_in, grad_in, the
+    FP16 rounding of the inputs under emulation, and the model's input."""
+    def run(path, by_name):
+        torch.manual_seed(0)
+        m = KwNet(by_name)
+        tr = at.Tracer(m, path, emulate_fp16=emulate,
+                       precision=None if emulate else "fp32")
+        got = seeded_losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_pos, s_pos = run(str(tmp_path / "p.h5"), False)
+    l_kw, s_kw = run(str(tmp_path / "k.h5"), True)
+    assert l_kw == pytest.approx(l_pos, rel=1e-6)
+    assert same_stats(s_kw, s_pos)
+    for site in ("fwd_in", "grad_in"):
+        assert len(s_kw[(0, "fc2", site)]) == 1
+        assert len(s_kw[(0, "gate", site)]) == 2  # h and scale
+
+
+@pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
+                    "arguments (docs/python.md)" % torch.__version__)
+def test_keyword_input_overflows_under_emulation(tmp_path):
+    """A value past FP16's range passed by keyword is rounded to inf under
+    emulation and recorded, as one passed by position (it went through
+    unrounded and unrecorded: the job's output was finite)."""
+    torch.manual_seed(0)
+    m = ByName()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, emulate_fp16=True)
+    x = torch.full((2, 4), 70000.0)
+    out = m(x)
+    assert not torch.isfinite(out).any()
+    out.sum().backward()
+    tr.end_step()
+    tr.close()
+    s = stats_by_site(path)
+    fin = s[(0, "inner", "fwd_in")]  # recorded as given, before rounding
+    assert len(fin) == 1 and fin[0][:4] == (70000.0, 70000.0, 70000.0, 8)
+    fout = s[(0, "inner", "fwd_out")][0]
+    assert fout[4] + fout[5] == 2  # computed from the rounded (inf) input
+
+
+@pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
+                    "arguments (docs/python.md)" % torch.__version__)
+def test_model_called_by_keyword_records_its_input(tmp_path):
+    """model(x=batch): the batch is the layer `input`, as model(batch)."""
+    torch.manual_seed(0)
+    m = ByName()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32")
+    x = torch.randn(2, 4)
+    m(x=x).sum().backward()
+    tr.end_step()
+    tr.close()
+    fo = stats_by_site(path)[(0, "input", "fwd_out")]
+    assert len(fo) == 1 and fo[0][2] == float(x.abs().max()) and fo[0][3] == 8
+
+
+def test_fp32_module_casts_keyword_inputs(tmp_path, monkeypatch):
+    """A module forced to FP32 gets its bf16 inputs as float32 whether they
+    come by position or by keyword (a criterion called as
+    loss_fn(input=pred, target=y): the keyword stayed bf16)."""
+    monkeypatch.setenv("AMPPROBE_FP32", "loss")
+    seen = []
+
+    class Crit(nn.Module):
+        def forward(self, input, target):
+            seen.append(input.dtype)
+            return ((input - target) ** 2).mean()
+
+    torch.manual_seed(0)
+    m, crit = nn.Linear(4, 1), Crit()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, precision="bf16")
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with tr.autocast():
+        pred = m(x)
+        assert pred.dtype == torch.bfloat16
+        loss = crit(input=pred, target=y)
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    assert seen == [torch.float32]
