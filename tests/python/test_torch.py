@@ -960,3 +960,53 @@ def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
     tr.close()
     msg = str(w[0].message)
     assert "step 1" in msg and "module '0'" in msg and "fwd_out" in msg, msg
+
+
+def _cpu_fp16_autocast():
+    """torch has FP16 CPU kernels under autocast (2.x; not Debian's 1.13)."""
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float16
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _cpu_fp16_autocast(), reason="torch %s has no FP16 "
+                    "CPU autocast (emulate_fp16 there)" % torch.__version__)
+@pytest.mark.parametrize("planted", [False, True])
+def test_real_fp16_autocast_on_the_cpu(tmp_path, planted):
+    """Real FP16 on the CPU, no emulation: tracer.autocast() runs the
+    policy's fp16, torch.amp.GradScaler("cpu") is read like a CUDA one; an
+    over-scaled Linear overflows in its FP16 output for real, named as the
+    origin, with the scaler's backoff and skipped steps in the trace."""
+    torch.manual_seed(0)
+    model, loss_fn = Net(), ProbNLL()
+    if planted:
+        _big_weights(model)
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(model, path, kinds={RevINLike: "revin"}, loss_fn=loss_fn,
+                   precision="fp16")
+    assert not tr.emulate
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    train(tr, model, loss_fn, 3, scaler=scaler, make=data, lr=1e-2)
+    tr.close()
+    t = ampprobe.read_trace(path)
+    names = [n.decode() for n in t["layers"]["name"]]
+    r = t["records"]
+    fo = r[(r["layer"] == names.index("fc1")) &
+           (r["site"] == SITES.index("fwd_out"))]
+    assert len(fo) == 3 and (fo["dtype"] == 1).all()  # fp16, for real
+    st = t["steps"]
+    ev = ampprobe.postmortem(path)["event"]
+    if not planted:
+        assert ev["kind"] == "none" and ampprobe.verdict(path) == "healthy"
+        assert list(st["loss_scale"]) == [2.0 ** 16] * 3
+        assert not st["skipped"].any() and len(t["scaler_events"]) == 0
+        return
+    assert (ev["origin_layer"], ev["origin_site"], ev["phase"],
+            ev["step"]) == ("fc1", "fwd_out", "forward", 0), ev
+    assert fo["posinf_count"][0] + fo["neginf_count"][0] > 0
+    assert list(st["loss_scale"]) == [2.0 ** 16, 2.0 ** 15, 2.0 ** 14]
+    assert st["found_inf"].all() and st["skipped"].all()
+    assert list(t["scaler_events"]["new_scale"]) == [2.0 ** 15, 2.0 ** 14,
+                                                     2.0 ** 13]
