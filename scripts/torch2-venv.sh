@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A Python with torch 2 for the Python package's tests, beside Debian's
 # torch 1.13: a venv over /usr/bin/python3 that sees Debian's packages
-# (numpy, h5py, pytest) and has PyPI's torch installed over them. Used by
-# `make test-nocuda`, whose build runs tests/python with it (the default
+# (numpy, h5py, pytest) and has PyPI's torch (and transformers, for the
+# Hugging Face models of tests/python/test_hf.py) installed over them. Used
+# by `make test-nocuda`, whose build runs tests/python with it (the default
 # build runs them with Debian's torch 1.13), so both torch generations are
 # tested on every `make test` (docs/python.md, "Tested with").
 #
@@ -14,40 +15,49 @@
 # torch is the CUDA build: ~4.5 GB with its nvidia-* wheels, ~2 min. It
 # fails (exit 1, the reason on stderr) when PyPI cannot be reached; the
 # caller then tests with torch 1.13 only, and says so.
-# $AMPPROBE_TORCH2_SPEC: the pip requirement (default: the version tested).
+# $AMPPROBE_TORCH2_SPEC: the pip requirements, space-separated (default:
+# the versions tested).
 set -euo pipefail
 
-SPEC=${AMPPROBE_TORCH2_SPEC:-torch==2.15.0}
+SPEC=${AMPPROBE_TORCH2_SPEC:-torch==2.15.0 transformers==5.25.0}
 DIR=${1:-${AMPPROBE_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ampprobe/venv-torch2}}
 PY="$DIR/bin/python"
 BASE=/usr/bin/python3
 
 say() { echo "torch2-venv: $*" >&2; }
 
-# the venv's torch version if it satisfies SPEC, else nothing
-installed() {
-  [ -x "$PY" ] || return 1
-  "$PY" - "$SPEC" <<'EOF' 2>/dev/null
+# "torch 2.15.0, transformers 5.25.0" when the venv satisfies SPEC (and its
+# torch, not Debian's 1.13, is the one imported), else a non-zero status
+CHECK='
 import sys
 from importlib.metadata import version, PackageNotFoundError
 try:
     from packaging.requirements import Requirement
 except ImportError:
     from pip._vendor.packaging.requirements import Requirement
-req = Requirement(sys.argv[1])
-try:
-    v = version(req.name)
-except PackageNotFoundError:
+got = []
+for spec in sys.argv[1:]:
+    req = Requirement(spec)
+    try:
+        v = version(req.name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if not req.specifier.contains(v, prereleases=True):
+        sys.exit(1)
+    got.append("%s %s" % (req.name, v))
+import torch
+if not torch.__version__.startswith("2."):
     sys.exit(1)
-import torch  # the venv's own, not Debian's
-if torch.__version__.split("+")[0] != v.split("+")[0] or not req.specifier.contains(v, prereleases=True):
-    sys.exit(1)
-print(v)
-EOF
+print(", ".join(got))
+'
+installed() {
+  [ -x "$PY" ] || return 1
+  # shellcheck disable=SC2086  # SPEC is a list of requirements
+  "$PY" -c "$CHECK" $SPEC 2>/dev/null
 }
 
 if v=$(installed); then
-  say "$DIR has torch $v ($SPEC)"
+  say "$DIR has $v"
   echo "$PY"
   exit 0
 fi
@@ -60,17 +70,18 @@ if [ ! -x "$PY" ]; then
   "$BASE" -m venv --system-site-packages "$DIR" || {
     say "cannot make a venv in $DIR (apt-get install python3-venv)"; exit 1; }
 fi
-say "installing $SPEC from PyPI into $DIR (~4.5 GB with its CUDA wheels, a few minutes) ..."
+say "installing $SPEC from PyPI into $DIR (~4.5 GB with torch's CUDA wheels, a few minutes) ..."
 # --ignore-installed: Debian's torch 1.13 is visible to this venv and would
 # otherwise satisfy a looser requirement
+# shellcheck disable=SC2086
 if ! "$PY" -m pip install --quiet --disable-pip-version-check \
-     --ignore-installed "$SPEC" >&2; then
+     --ignore-installed $SPEC >&2; then
   say "pip install $SPEC failed (is PyPI reachable?)"
   exit 1
 fi
 if ! v=$(installed); then
-  say "$SPEC installed, but its torch does not import in $PY"
+  say "$SPEC installed, but not importable in $PY"
   exit 1
 fi
-say "$DIR has torch $v"
+say "$DIR has $v"
 echo "$PY"
