@@ -80,6 +80,13 @@ def _pre_hook(module, hook):
                                             with_kwargs=True)
 
 
+def _is_dtensor(t):
+    """A torch.distributed DTensor (FSDP2's sharded parameters and their
+    gradients): its data_ptr() is not the memory of its numel() elements;
+    to_local() is this rank's part."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
 def _eager(fn):
     """fn, run outside torch.compile's graphs (itself where torch has no
     torch.compiler)."""
@@ -688,6 +695,7 @@ class Tracer:
         self._frozen = []    # (param, layer) not trainable yet (_hook_param)
         self._layers = []
         self._by_param = {}
+        self._late_params = []  # parameters first seen in a forward (FSDP2)
         self._step = None
         self._next = 0
         self._recording = False
@@ -831,6 +839,8 @@ class Tracer:
         """Hands one tensor to libprobe by pointer (copy if it must)."""
         if not self._recording or self._closed:
             return
+        if _is_dtensor(t):  # FSDP2 / tensor parallel: this rank's shard
+            t = t.to_local()
         if t.layout != torch.strided:  # a sparse gradient (Embedding sparse=True)
             t = t.detach().coalesce().values() if t.is_sparse else t.detach().to_dense()
         dt = _DT.get(t.dtype)
@@ -977,12 +987,27 @@ class Tracer:
         return None
 
     def _record_forward_in(self, L, inputs):
-        """fwd_in (a loss: the prediction only) and the weights as used."""
+        """fwd_in (a loss: the prediction only) and the weights as used:
+        the module's parameters as it is about to run with them, which
+        under FSDP2 are the unsharded ones it gathered for this forward
+        (L.params are the sharded ones the optimizer updates). Such a
+        parameter gets the weight_grad hook here, once: autograd
+        accumulates this rank's gradient into it, while the sharded one
+        only receives the reduce-scattered result, with no hook called."""
         fin = _floats(inputs)
         for t in fin[:1] if L.kind == "loss" else fin:
             self._record(L, "fwd_in", t)
+        now = L.params
+        if L.module is not None and L.params:
+            now = list(L.module.parameters(recurse=False))
+            for p in now:
+                if id(p) not in self._by_param and p.requires_grad:
+                    self._by_param[id(p)] = L
+                    self._late_params.append(p)  # keeps the id taken
+                    self._hooks.append(p.register_hook(
+                        self._make_param_hook(L)))
         if self._recording:
-            for p in L.params:
+            for p in now:
                 w = p.detach()
                 if L.emulate:
                     w = w.half()  # as autocast would cast it

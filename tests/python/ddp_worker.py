@@ -19,6 +19,8 @@ Scenarios:
              rank (finite in FP16), all-reduced in FP16 without
              pre-division: the binary16 sum of two is past 65504 (inf)
   prediv     the same with pre-division: finite
+  fsdp       the Net sharded by FSDP2 (fully_shard on fc1, head and the
+             root; torch >= 2.6), FP32, plain SGD, no DDP
 
 usage: ddp_worker.py OUT SCENARIO...
 """
@@ -105,6 +107,31 @@ def run_linear(out, scenario, rank, world):
     return tr, [float(loss)]
 
 
+def run_fsdp(out, scenario, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)  # same initial weights on every rank
+    model = Net()
+    mesh = init_device_mesh("cpu", (world,))
+    for sub in (model.fc1, model.head, model):
+        fully_shard(sub, mesh=mesh)
+    loss_fn = ProbNLL()
+    tr = at.Tracer(model, os.path.join(out, "trace.h5"),
+                   kinds={RevINLike: "revin"}, loss_fn=loss_fn,
+                   precision="fp32", config={"name": "fsdp"})
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        x, y = data(step * world + rank)
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+        losses.append(float(loss))
+    return tr, losses
+
+
 def main():
     out, scenarios = sys.argv[1], sys.argv[2:]
     torch.set_num_threads(1)
@@ -113,7 +140,8 @@ def main():
     for sc in scenarios:
         d = os.path.join(out, sc)
         os.makedirs(d, exist_ok=True)
-        run = run_linear if sc in ("overflow", "prediv") else run_net
+        run = (run_linear if sc in ("overflow", "prediv") else
+               run_fsdp if sc == "fsdp" else run_net)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", at.NonFiniteWarning)
             tr, losses = run(d, sc, rank, world)

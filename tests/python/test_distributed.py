@@ -688,3 +688,66 @@ def test_a_registered_hook_is_left_alone(tmp_path, group):
     r = ampprobe.read_trace(tr.path)["records"]
     assert len(r) > 0 and not np.isin(r["site"], [PRE, POST]).any()
     assert tr.comm_recorder is None
+
+
+# ---- FSDP2 (fully_shard): sharded parameters are DTensors --------------------------
+
+def _has_fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception:  # noqa: BLE001 (1.13 under Python 3.11: ValueError)
+        return False
+    return True
+
+
+HAVE_FSDP2 = _has_fully_shard()
+
+
+@pytest.mark.skipif(not HAVE_FSDP2, reason="torch %s has no "
+                    "torch.distributed.fsdp.fully_shard (FSDP2)"
+                    % torch.__version__)
+def test_fsdp2_job_records_each_ranks_gradient_and_shard(tmp_path):
+    """A 2-rank FSDP2 job: the tracer raised at the first forward (a
+    sharded DTensor's data_ptr is not its elements) and, past that, had no
+    weight_grad at all (FSDP2 gives the sharded parameters their gradient
+    without autograd hooks). Now each rank records the weights as used
+    (gathered: the full fc1), its own gradient before the reduce-scatter
+    (the full fc1 gradient of its batch, as a plain model computes it) and
+    its shard of the master weights (half of fc1's rows each)."""
+    launch(str(tmp_path), ["fsdp"])
+    W_, FC1 = 12 * 16, "fc1"
+    for r in range(WORLD):
+        t = ampprobe.read_trace(str(tmp_path / "fsdp" /
+                                    ("trace.rank%d.h5" % r)))
+        assert (t["info"]["rank"], t["info"]["world_size"]) == (r, WORLD)
+        names = _names(t)
+        rec = t["records"]
+        mine = rec[rec["layer"] == names.index(FC1)]
+
+        def site(name, step=0):
+            rows = mine[(mine["site"] == SITES.index(name)) &
+                        (mine["step"] == step)]
+            return sorted(rows, key=lambda x: -x["count"])
+
+        assert [x["count"] for x in site("weight")] == [W_, 12]
+        assert [x["count"] for x in site("master_weight")] == [W_ // 2, 6]
+        wg = site("weight_grad")
+        assert [x["count"] for x in wg] == [W_, 12]
+        # the same step 0 gradient from a plain model on rank r's batch
+        torch.manual_seed(0)
+        ref = Net()
+        x, y = data(0 * WORLD + r)
+        ProbNLL()(ref(x), y).backward()
+        np.testing.assert_allclose(wg[0]["sum"],
+                                   float(ref.fc1.weight.grad.sum()),
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(wg[0]["absmax"],
+                                   float(ref.fc1.weight.grad.abs().max()),
+                                   rtol=1e-6)
+        for s in range(W.STEPS):
+            assert len(site("weight_grad", s)) == 2, s
+        assert (rec["nan_count"] + rec["posinf_count"]).sum() == 0
+    doc = ampprobe.postmortem(str(tmp_path / "fsdp"))  # the rank set
+    assert doc["kind"] == "ranks" and doc["verdict"] == "healthy", doc
+    assert doc["first_nonfinite"] is None and doc["ranks_missing"] == []
+    assert doc["disagreements"] == []
