@@ -8,6 +8,7 @@ copy first, and Session.record says so in its return value.
 """
 import ctypes
 import json
+import math
 import numbers
 import os
 import shutil
@@ -128,6 +129,40 @@ def check_option(name, v, who="Session", arg=None):
         raise ValueError("ampprobe: %s(%s=%r): out of range; %s takes %s" %
                          (who, arg, v, arg, what))
     return v
+
+def check_scalar(name, v, kind=float, who="set_scalars", lo=None,
+                 tensors=False):
+    """A step scalar argument `name` of who as a float (kind int: an int;
+    "flag": 0 or 1, a bool too), None when None; else TypeError/ValueError
+    naming the argument. A bool is no number (True is an int in Python):
+    refused but for a flag (found_inf, skipped), where it is what it says;
+    so is a string ("1.5" is not a loss). lo: a value below it is refused
+    (a negative norm or loss scale); NaN and +inf pass (a diverged norm).
+    tensors: the message says a tensor is taken too (the torch tracer)."""
+    if v is None:
+        return None
+    what = "the step's scalar loss" if name == "loss" else "a scalar"
+    takes = "a tensor or a number" if tensors else "a number"
+    if kind != "flag" and isinstance(v, (bool, np.bool_)):
+        raise TypeError("ampprobe: %s(%s=...) takes %s (%s); got a bool, %r"
+                        % (who, name, what, takes, v))
+    if isinstance(v, np.bool_):
+        v = bool(v)
+    if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
+        raise TypeError("ampprobe: %s(%s=...) takes %s (%s); got %s" %
+                        (who, name, what, takes, type(v).__name__))
+    if kind is not float and not (math.isfinite(v) and v == int(v) and
+                                  -2 ** 31 <= v < 2 ** 31):
+        raise ValueError("ampprobe: %s(%s=...) takes an integer (32-bit); "
+                         "got %r" % (who, name, v))
+    if lo is not None and v < lo:
+        raise ValueError("ampprobe: %s(%s=...) takes a number >= %s (NaN "
+                         "or inf for a diverged one); got %r" %
+                         (who, name, lo, v))
+    if kind == "flag" and v not in (0, 1):
+        raise ValueError("ampprobe: %s(%s=...) takes 0 or 1 (or a bool); "
+                         "got %r" % (who, name, v))
+    return float(v) if kind is float else int(v)
 
 # ---- NumPy views of the C structs ------------------------------------------
 
@@ -349,6 +384,15 @@ class Session:
         a measured NaN (the scaler's three ints go together, as do
         clip_threshold/clip_coef). weight_digest: a probe_digest64 value
         (digest64(); ampprobe.torch.Tracer(weight_digest=True))."""
+        loss = check_scalar("loss", loss)
+        loss_scale = check_scalar("loss_scale", loss_scale, lo=0)
+        growth_tracker = check_scalar("growth_tracker", growth_tracker, int)
+        found_inf = check_scalar("found_inf", found_inf, "flag")
+        skipped = check_scalar("skipped", skipped, "flag")
+        lr = check_scalar("lr", lr)
+        grad_norm = check_scalar("grad_norm", grad_norm, lo=0)
+        clip_threshold = check_scalar("clip_threshold", clip_threshold, lo=0)
+        clip_coef = check_scalar("clip_coef", clip_coef)
         nan = float("nan")
         bits = 0
         if loss is None:

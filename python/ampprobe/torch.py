@@ -36,7 +36,8 @@ import torch.utils.checkpoint
 
 from . import _lib
 from . import distributed as _dist
-from .core import (OPTION_RANGES, Session, check_option, digest64_fn,
+from .core import (OPTION_RANGES, Session, check_option, check_scalar,
+                   digest64_fn,
                    digest64_init, rank_trace_path)
 from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
@@ -1418,42 +1419,17 @@ class Tracer:
 
 
 def _scalar(name, v, kind=float, who="end_step", lo=None):
-    """A scalar argument `name` of who (end_step, clip, scaler_event) as a
-    float (kind int: an int; "flag": 0 or 1, a bool too), None when None: a
-    number or a one-element tensor, else TypeError/ValueError naming the
-    argument. A bool is no number (True is an int in Python): refused but
-    for a flag (found_inf, skipped), where it is what it says. lo: a value
-    below it is refused (a negative norm or loss scale was refused by
-    libprobe after the master weights were recorded, naming neither the
-    argument nor end_step); NaN and +inf pass (a diverged norm)."""
-    if v is None:
-        return None
-    what = "the step's scalar loss" if name == "loss" else "a scalar"
+    """A scalar argument `name` of who (end_step, clip, scaler_event): a
+    one-element tensor taken as its number, then core.check_scalar (a
+    bool, a string, a negative norm refused, naming the argument)."""
     if torch.is_tensor(v):
+        what = "the step's scalar loss" if name == "loss" else "a scalar"
         if v.numel() != 1:
             raise ValueError("ampprobe: %s(%s=...) takes %s; got a "
                              "tensor of shape %s (reduce it first, e.g. "
                              "loss.mean())" % (who, name, what, tuple(v.shape)))
         v = v.detach().float().item() if v.is_floating_point() else v.item()
-    if kind != "flag" and isinstance(v, (bool, np.bool_)):
-        raise TypeError("ampprobe: %s(%s=...) takes %s (a tensor or a "
-                        "number); got a bool, %r" % (who, name, what, v))
-    if isinstance(v, np.bool_):
-        v = bool(v)
-    if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
-        raise TypeError("ampprobe: %s(%s=...) takes %s (a tensor or a "
-                        "number); got %s" % (who, name, what, type(v).__name__))
-    if kind is not float and not math.isfinite(v):
-        raise ValueError("ampprobe: %s(%s=...) takes an integer; got "
-                         "%r" % (who, name, v))
-    if lo is not None and v < lo:
-        raise ValueError("ampprobe: %s(%s=...) takes a number >= %s (NaN "
-                         "or inf for a diverged one); got %r" %
-                         (who, name, lo, v))
-    if kind == "flag" and v not in (0, 1):
-        raise ValueError("ampprobe: %s(%s=...) takes 0 or 1 (or a bool); "
-                         "got %r" % (who, name, v))
-    return float(v) if kind is float else int(v)
+    return check_scalar(name, v, kind, who, lo, tensors=True)
 
 
 def _first_bad(refs, forward=False):

@@ -429,6 +429,41 @@ def test_unmeasured_scalars(tmp_path):
     assert math.isnan(st["grad_norm"]) and st["found_inf"] == 0
 
 
+@pytest.mark.parametrize("kw,exc", [
+    (dict(loss=True), TypeError),            # a bool is no number
+    (dict(lr=False), TypeError),
+    (dict(loss="1.5"), TypeError),           # nor a string
+    (dict(grad_norm=b"1"), TypeError),
+    (dict(loss=[1.0]), TypeError),
+    (dict(growth_tracker=1.5), ValueError),  # a count is an integer
+    (dict(growth_tracker=2 ** 31), ValueError),  # past int32 (it wrapped)
+    (dict(growth_tracker=float("inf")), ValueError),
+    (dict(found_inf=2), ValueError),         # flags are 0 or 1
+    (dict(skipped=-1), ValueError),
+    (dict(loss_scale=-1.0), ValueError),     # libprobe's own rule, named
+    (dict(clip_threshold=-0.5), ValueError),
+])
+def test_set_scalars_refuses_what_is_no_scalar(tmp_path, kw, exc):
+    """Session.set_scalars checks each scalar as the tracer's end_step does
+    (core.check_scalar), naming it, before libprobe sees it: True was a loss
+    of 1.0, "1.5" a loss of 1.5, 2**31 a growth tracker of -2**31. The step
+    stays open, and a retry with good values records them."""
+    p = str(tmp_path / "t.h5")
+    with ampprobe.Session(p) as s:
+        s.register("x")
+        s.begin_step(0)
+        with pytest.raises(exc) as e:
+            s.set_scalars(**kw)
+        assert "set_scalars(%s=" % next(iter(kw)) in str(e.value)
+        s.set_scalars(loss=0.5, found_inf=True, skipped=False,
+                      growth_tracker=3, loss_scale=float("inf"))
+        s.end_step()
+    st = ampprobe.read_trace(p)["steps"][0]
+    assert (st["loss"], st["found_inf"], st["skipped"],
+            st["growth_tracker"]) == (0.5, 1, 0, 3)
+    assert math.isinf(st["loss_scale"])
+
+
 # ---- hostile input (an audit of 2026-12-03: 14 defects, each a class) ---------
 
 
