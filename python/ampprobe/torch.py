@@ -20,7 +20,6 @@ import fnmatch
 import inspect
 import json
 import math
-import numbers
 import os
 import shlex
 import sys
@@ -28,7 +27,6 @@ import types
 import warnings
 import weakref
 
-import numpy as np
 import torch
 import torch.autograd.function
 import torch.nn as nn
@@ -37,12 +35,12 @@ import torch.utils.checkpoint
 from . import _lib
 from . import distributed as _dist
 from .core import (OPTION_RANGES, Session, check_option, check_scalar,
-                   digest64_fn,
-                   digest64_init, rank_trace_path)
+                   digest64_fn, digest64_init, rank_trace_path)
 from .policy import KINDS as _POLICY_KINDS
 from .policy import Policy
 
 _SITE = {s: i for i, s in enumerate(_lib.SITES)}
+_DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 # torch.compile: every hook and saved() run eagerly, as a graph break
 # (torch.compiler.disable, torch >= 2.1). Traced by dynamo instead, a hook's
@@ -92,7 +90,6 @@ def _eager(fn):
     """fn, run outside torch.compile's graphs (itself where torch has no
     torch.compiler)."""
     return fn if _COMPILER_DISABLE is None else _COMPILER_DISABLE(fn)
-_DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class NonFiniteError(FloatingPointError):

@@ -50,3 +50,28 @@ def run_py(args, env=None, timeout=300, **kw):
 
 
 EXAMPLE = os.path.join(REPO, "examples", "train.py")
+
+
+@pytest.fixture
+def group(tmp_path):
+    """A one-rank gloo process group for the test (torch.distributed)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + str(
+        tmp_path / "pg"), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def cpu_fp16_autocast():
+    """torch has FP16 CPU kernels under autocast (2.x; not Debian's 1.13),
+    so precision="fp16" runs for real on the CPU, without emulation."""
+    if torch is None:
+        return False
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == \
+                torch.float16
+    except (RuntimeError, TypeError, ValueError):
+        return False

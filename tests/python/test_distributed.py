@@ -545,17 +545,7 @@ def test_weight_digest_is_the_parameters_after_the_step(tmp_path):
     assert st["unmeasured"][0] & ampprobe.core.SCALAR_WEIGHT_DIGEST
 
 
-# ---- in-process: the hook in a one-rank gloo group ------------------------------
-
-@pytest.fixture
-def group(tmp_path):
-    dist.init_process_group("gloo", init_method="file://" + str(
-        tmp_path / "pg"), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
+# ---- in-process: the hook in a one-rank gloo group (conftest.group) -------------
 
 def _ddp_run(tmp_path, name, steps=2, ddp_kw=None, **kw):
     torch.manual_seed(0)

@@ -18,6 +18,7 @@ transformers = pytest.importorskip(
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
+from conftest import cpu_fp16_autocast  # noqa: E402
 
 torch.set_num_threads(1)
 STEPS = 3
@@ -82,16 +83,8 @@ def run(tmp_path, name, plant=False, **kw):
     return path, layer
 
 
-def _real_fp16():
-    try:
-        with torch.autocast("cpu", dtype=torch.float16):
-            return torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float16
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
 PRECISIONS = [dict(precision="fp32"), dict(emulate_fp16=True)] + (
-    [dict(precision="fp16")] if _real_fp16() else [])
+    [dict(precision="fp16")] if cpu_fp16_autocast() else [])
 IDS = ["fp32", "emulated-fp16", "fp16"][:len(PRECISIONS)]
 
 

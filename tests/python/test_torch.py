@@ -14,6 +14,7 @@ import torch.nn as nn  # noqa: E402
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
+from conftest import cpu_fp16_autocast  # noqa: E402
 from models import Net, ProbNLL, RevINLike, data, train  # noqa: E402
 
 torch.set_num_threads(1)
@@ -962,16 +963,7 @@ def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
     assert "step 1" in msg and "module '0'" in msg and "fwd_out" in msg, msg
 
 
-def _cpu_fp16_autocast():
-    """torch has FP16 CPU kernels under autocast (2.x; not Debian's 1.13)."""
-    try:
-        with torch.autocast("cpu", dtype=torch.float16):
-            return nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float16
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
-@pytest.mark.skipif(not _cpu_fp16_autocast(), reason="torch %s has no FP16 "
+@pytest.mark.skipif(not cpu_fp16_autocast(), reason="torch %s has no FP16 "
                     "CPU autocast (emulate_fp16 there)" % torch.__version__)
 @pytest.mark.parametrize("planted", [False, True])
 def test_real_fp16_autocast_on_the_cpu(tmp_path, planted):

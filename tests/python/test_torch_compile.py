@@ -167,20 +167,9 @@ def test_compiled_policy_keeps_fp32_modules(tmp_path, monkeypatch):
     assert ampprobe.postmortem(tr.path)["event"]["kind"] == "none"
 
 
-@pytest.fixture
-def group(tmp_path):
-    """A one-rank gloo group (as in test_distributed.py)."""
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method="file://" + str(
-        tmp_path / "pg"), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("order", ["compile-of-ddp", "ddp-of-compiled"])
 def test_compiled_ddp_records_the_buckets(tmp_path, group, order):
+    # group: a one-rank gloo group (conftest.py)
     """DDP and torch.compile in either order: the DDP wrapper is found (its
     comm hook records each bucket before and after the all-reduce), the
     layers are named without "module." or "_orig_mod.", and one rank's

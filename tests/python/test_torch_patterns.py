@@ -10,7 +10,6 @@ import copy
 import io
 import json
 import subprocess
-import sys
 import threading
 import warnings
 
