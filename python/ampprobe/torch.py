@@ -86,6 +86,21 @@ def _is_dtensor(t):
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 
 
+_SHARDED_DIGEST = (
+    "ampprobe: Tracer(weight_digest=True): the model's parameters are "
+    "sharded (FSDP2 DTensors): each rank holds other shards, so the ranks' "
+    "digests would always differ; trace without weight_digest")
+
+
+def _params_now(L):
+    """The parameters L's module holds now: those it was built with, unless
+    the job replaced them since the Tracer hooked it (load_state_dict(
+    assign=True), to_empty() after a meta-device init, FSDP2's gathered
+    parameters during its forward and sharded ones after)."""
+    return [] if L.module is None else list(
+        L.module.parameters(recurse=False))
+
+
 def _eager(fn):
     """fn, run outside torch.compile's graphs (itself where torch has no
     torch.compiler)."""
@@ -622,8 +637,8 @@ class Tracer:
                                    world_size=self.world_size,
                                    run_id=self.run_id)
         self._digest = bool(weight_digest)
-        self._digest_params = list(dict.fromkeys(model.parameters())) \
-            if self._digest else []
+        if self._digest and any(_is_dtensor(p) for p in model.parameters()):
+            raise ValueError(_SHARDED_DIGEST)
         self._globs = _split(layers)
         cfg = {"name": "pytorch", "framework": "pytorch",
                "torch": torch.__version__, "precision": self.precision,
@@ -839,6 +854,8 @@ class Tracer:
             return
         if _is_dtensor(t):  # FSDP2 / tensor parallel: this rank's shard
             t = t.to_local()
+        if t.is_meta:  # no values (a model built on the meta device)
+            return
         if t.layout != torch.strided:  # a sparse gradient (Embedding sparse=True)
             t = t.detach().coalesce().values() if t.is_sparse else t.detach().to_dense()
         dt = _DT.get(t.dtype)
@@ -986,24 +1003,21 @@ class Tracer:
 
     def _record_forward_in(self, L, inputs):
         """fwd_in (a loss: the prediction only) and the weights as used:
-        the module's parameters as it is about to run with them, which
-        under FSDP2 are the unsharded ones it gathered for this forward
-        (L.params are the sharded ones the optimizer updates). Such a
-        parameter gets the weight_grad hook here, once: autograd
-        accumulates this rank's gradient into it, while the sharded one
-        only receives the reduce-scattered result, with no hook called."""
+        the module's parameters as it is about to run with them
+        (_params_now: under FSDP2 the unsharded ones it gathered for this
+        forward). One it did not hold when hooked gets the weight_grad hook
+        here, once: a replaced parameter, or FSDP2's gathered one, into
+        which autograd accumulates this rank's gradient (the sharded one
+        receives the reduce-scattered result with no hook called)."""
         fin = _floats(inputs)
         for t in fin[:1] if L.kind == "loss" else fin:
             self._record(L, "fwd_in", t)
-        now = L.params
-        if L.module is not None and L.params:
-            now = list(L.module.parameters(recurse=False))
-            for p in now:
-                if id(p) not in self._by_param and p.requires_grad:
-                    self._by_param[id(p)] = L
-                    self._late_params.append(p)  # keeps the id taken
-                    self._hooks.append(p.register_hook(
-                        self._make_param_hook(L)))
+        now = _params_now(L)
+        for p in now:
+            if id(p) not in self._by_param and p.requires_grad:
+                self._by_param[id(p)] = L
+                self._late_params.append(p)  # keeps the id taken
+                self._hooks.append(p.register_hook(self._make_param_hook(L)))
         if self._recording:
             for p in now:
                 w = p.detach()
@@ -1192,7 +1206,7 @@ class Tracer:
         if self._recording and self._masters_at != step:
             for L in self._layers:
                 if L.selected:
-                    for p in L.params:
+                    for p in _params_now(L):
                         self._record(L, "master_weight", p.detach())
             # once per step: an end_step retried after libprobe refused
             # the scalars or the step's end does not record them again
@@ -1349,8 +1363,9 @@ class Tracer:
         to host FP32 first."""
         fn = digest64_fn()
         h = digest64_init()
-        params = self._digest_params or list(
-            dict.fromkeys(self.model.parameters()))
+        params = list(dict.fromkeys(self.model.parameters()))  # held now
+        if any(_is_dtensor(p) for p in params):  # sharded after the Tracer
+            raise ValueError(_SHARDED_DIGEST)
         with torch.no_grad():
             for p in params:
                 t = p.detach()

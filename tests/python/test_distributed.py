@@ -741,3 +741,33 @@ def test_fsdp2_job_records_each_ranks_gradient_and_shard(tmp_path):
     assert doc["kind"] == "ranks" and doc["verdict"] == "healthy", doc
     assert doc["first_nonfinite"] is None and doc["ranks_missing"] == []
     assert doc["disagreements"] == []
+
+
+@pytest.mark.skipif(not HAVE_FSDP2, reason="torch %s has no "
+                    "torch.distributed.fsdp.fully_shard (FSDP2)"
+                    % torch.__version__)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_fsdp2_refuses_a_weight_digest(tmp_path, group, when):
+    """weight_digest=True on sharded parameters: each rank holds other
+    shards, so the digests would always differ (the cross-rank post-mortem
+    would call every step a disagreement); it hashed a DTensor's
+    data_ptr(), not its values. Refused, saying why: by the Tracer when
+    the model is sharded already, by end_step when it was sharded after."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = Net()
+    mesh = init_device_mesh("cpu", (1,))
+    if when == "before":
+        fully_shard(model, mesh=mesh)
+        with pytest.raises(ValueError, match="sharded"):
+            at.Tracer(model, str(tmp_path / "t.h5"), weight_digest=True)
+        return
+    tr = at.Tracer(model, str(tmp_path / "t.h5"), weight_digest=True,
+                   precision="fp32")
+    fully_shard(model, mesh=mesh)
+    x, y = data(0)
+    ProbNLL()(model(x), y).backward()
+    with pytest.raises(ValueError, match="sharded"):
+        tr.end_step()
+    tr.close()

@@ -1039,3 +1039,69 @@ def test_fp32_module_casts_keyword_inputs(tmp_path, monkeypatch):
     tr.end_step(loss=loss)
     tr.close()
     assert seen == [torch.float32]
+
+
+# ---- parameters replaced after the Tracer hooked the model ----------------------
+
+def _replace(m, how, sd):
+    """Gives m the weights sd by replacing its Parameter objects."""
+    if how == "assign":
+        m.load_state_dict(sd, assign=True)
+    elif how == "meta":
+        m.to_empty(device="cpu")
+        m.load_state_dict(sd)
+    else:  # "setattr"
+        for name, t in sd.items():
+            mod, _, attr = name.rpartition(".")
+            sub = m.get_submodule(mod) if mod else m
+            if isinstance(getattr(sub, attr), nn.Parameter):
+                setattr(sub, attr, nn.Parameter(t.clone()))
+            else:
+                getattr(sub, attr).copy_(t)
+
+
+def _can_replace(how):
+    import inspect
+    if how == "assign":
+        return "assign" in inspect.signature(nn.Module.load_state_dict).parameters
+    if how == "meta":
+        return hasattr(torch.device("cpu"), "__enter__") and hasattr(
+            nn.Module, "to_empty")
+    return True
+
+
+@pytest.mark.parametrize("how", ["setattr", "assign", "meta"])
+def test_replaced_parameters_are_traced(tmp_path, how):
+    """A Tracer built before the job replaced the Parameter objects
+    (load_state_dict(assign=True); to_empty() after building on the meta
+    device; module.weight = nn.Parameter(...)) recorded the old ones as
+    the master weights (another model's values, or a crash on meta
+    tensors), its weight digest never changed, and the new ones had no
+    weight_grad. Now the records follow the parameters the modules hold."""
+    if not _can_replace(how):
+        pytest.skip("torch %s cannot replace parameters by %s"
+                    % (torch.__version__, how))
+    torch.manual_seed(0)
+    if how == "meta":
+        with torch.device("meta"):
+            m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    else:
+        m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", weight_digest=True)
+    torch.manual_seed(1)
+    _replace(m, how, nn.Sequential(nn.Linear(4, 8), nn.Tanh(),
+                                   nn.Linear(8, 1)).state_dict())
+    losses(m, 3, tr)
+    tr.close()
+    t, names = records(path)
+    r = t["records"]
+    last = r[(r["layer"] == names.index("0")) & (r["step"] == 2)]
+    site = {s: ampprobe._lib.SITES.index(s) for s in (
+        "master_weight", "weight_grad")}
+    mw = last[last["site"] == site["master_weight"]]
+    assert sorted(mw["sum"]) == pytest.approx(sorted(
+        [float(m[0].weight.sum()), float(m[0].bias.sum())]), rel=1e-5)
+    assert len(last[last["site"] == site["weight_grad"]]) == 2
+    d = list(t["steps"]["weight_digest"])
+    assert len(set(d)) == 3  # the weights change every step
