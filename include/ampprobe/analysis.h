@@ -906,7 +906,11 @@ typedef struct probe_diff {
 } probe_diff;
 
 /* Compares two open traces. PROBE_OK with d->verdict set, or a reader error
- * (d->notes[0] then says which side). */
+ * (d->notes[0] then says which side). Every row of both traces' snapshot
+ * and kernel tables, which the comparison does not use, is checked first
+ * (as probe_diag_run does; once per handle): a trace the isolated open
+ * refuses is refused here too, d->notes[0] "trace A: <the reader's
+ * message>" (or B), also in probe_trace_last_error(NULL). */
 AMPPROBE_API probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
                             const probe_diff_options *opt);
 AMPPROBE_API void probe_diff_free(probe_diff *d);

@@ -7,7 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "analysis-impl.h"
-#include "../format.h" /* probe__trace_open_msg */
+#include "../format.h" /* probe__trace_open_msg, probe__trace_check_unread */
 
 #include <math.h>
 #include <stdarg.h>
@@ -1052,7 +1052,23 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
         !(opt->threshold > 0) ? "> 0" : ">= 0");
     return PROBE_ERR_INVALID_ARG;
   }
-  probe_status st = stage_metadata(d, a, b, opt);
+  /* The tables the comparison does not read (snapshots, kernels) are
+   * checked too, as probe_diag_run does, so that a file the isolated open
+   * refuses is refused on an in-process handle as well (an isolated
+   * handle's child read them: no second sweep). */
+  probe_trace *bad = a;
+  probe_status st = probe__trace_check_unread(a);
+  if (st == PROBE_OK) {
+    bad = b;
+    st = probe__trace_check_unread(b);
+  }
+  if (st != PROBE_OK) {
+    memset(d, 0, sizeof *d);
+    note(d, "trace %s: %s", bad == a ? "A" : "B", probe_trace_last_error(bad));
+    probe__trace_open_msg("probe_diff_run: %s", d->notes[0]);
+    return st;
+  }
+  st = stage_metadata(d, a, b, opt);
   if (st != PROBE_OK)
     return st;
   state s;

@@ -969,7 +969,8 @@ END_TEST
 /* ---- the in-process and isolated analyses agree (F6 of the audit) ------- */
 
 /* Expects both analyses of path - in-process (probe_diag_run on
- * probe_trace_open's handle, probe_postmortem_json, _verdict) and isolated
+ * probe_trace_open's handle, probe_diff_run with it on either side,
+ * probe_postmortem_json, _verdict) and isolated
  * (probe_postmortem_json_isolated, _verdict_isolated) - to refuse it with
  * PROBE_ERR_CORRUPT and one message naming `why`, the same from both. */
 static void expect_analyses_corrupt(const char *path, const char *why,
@@ -983,6 +984,27 @@ static void expect_analyses_corrupt(const char *path, const char *why,
   ck_assert_msg(strstr(probe_trace_last_error(t), why) != NULL,
                 "%s: diag_run '%s'", name, probe_trace_last_error(t));
   probe_diag_free(&d);
+  /* the comparison too (it read no snapshot either), against an undamaged
+   * trace, the damaged one on either side */
+  char clean[256];
+  pt_path(clean, sizeof clean, "paths-other");
+  make_trace(clean);
+  for (int side = 0; side < 2; side++) {
+    probe_trace *c;
+    PT_CHECK(probe_trace_open(&c, clean));
+    probe_diff df;
+    st = side ? probe_diff_run(&df, c, t, NULL) : probe_diff_run(&df, t, c, NULL);
+    ck_assert_msg(st == PROBE_ERR_CORRUPT, "%s: diff_run (side %d) %s", name,
+                  side, probe_status_name(st));
+    ck_assert_int_eq(df.n_notes, 1);
+    ck_assert_msg(strstr(df.notes[0], side ? "trace B: " : "trace A: ") ==
+                          df.notes[0] &&
+                      strstr(df.notes[0], why) != NULL,
+                  "%s: diff note '%s'", name, df.notes[0]);
+    probe_diff_free(&df);
+    probe_trace_close(c);
+  }
+  unlink(clean);
   probe_trace_close(t);
   const char *paths[1] = {path};
   char *json = (char *)1, in_msg[512];
