@@ -70,3 +70,23 @@ def train(tracer, model, loss_fn, steps, scaler=None, make=None, lr=1e-3,
                         max_norm=max_norm)
         losses.append(float(loss))
     return losses
+
+
+def big_weights(model):
+    """The Net's first Linear over-scaled: its FP16 output overflows."""
+    with torch.no_grad():
+        model.fc1.weight.mul_(1e5)
+
+
+# Planted FP16 overflows of the Net under emulation: case -> (data maker,
+# model tweak, expected origin (layer, kind, site, phase))
+PLANTED = {
+    # large-magnitude series: RevIN's FP16 variance overflows (saved)
+    "revin": (lambda s: data(s, level=3000.0, spread=500.0), None,
+              ("revin", "revin", "fwd_saved", "forward")),
+    # over-scaled first linear layer: its FP16 output overflows
+    "linear": (data, big_weights, ("fc1", "linear", "fwd_out", "forward")),
+    # a NaN in the input batch of step 0
+    "nan-input": (lambda s: data(s, nan=True), None,
+                  ("input", "input", "fwd_out", "forward")),
+}

@@ -15,7 +15,8 @@ import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
 from conftest import cpu_fp16_autocast  # noqa: E402
-from models import Net, ProbNLL, RevINLike, data, train  # noqa: E402
+from models import (PLANTED, Net, ProbNLL, RevINLike, big_weights,  # noqa: E402
+                    data, train)
 
 torch.set_num_threads(1)
 
@@ -30,23 +31,7 @@ def make(tmp_path, name="t.h5", seed=0, **kw):
     return model, loss_fn, tr, str(tmp_path / name)
 
 
-# Planted overflows: (case, data maker, model tweak, expected origin)
-def _big_weights(model):
-    with torch.no_grad():
-        model.fc1.weight.mul_(1e5)
-
-
-CASES = {
-    # large-magnitude series: RevIN's FP16 variance overflows (saved)
-    "revin": (lambda s: data(s, level=3000.0, spread=500.0), None,
-              ("revin", "revin", "fwd_saved", "forward")),
-    # over-scaled first linear layer: its FP16 output overflows
-    "linear": (lambda s: data(s), _big_weights,
-               ("fc1", "linear", "fwd_out", "forward")),
-    # a NaN in the input batch of step 0
-    "nan-input": (lambda s: data(s, nan=True), None,
-                  ("input", "input", "fwd_out", "forward")),
-}
+CASES = PLANTED  # (data maker, model tweak, expected origin): models.py
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -974,7 +959,7 @@ def test_real_fp16_autocast_on_the_cpu(tmp_path, planted):
     torch.manual_seed(0)
     model, loss_fn = Net(), ProbNLL()
     if planted:
-        _big_weights(model)
+        big_weights(model)
     path = str(tmp_path / "t.h5")
     tr = at.Tracer(model, path, kinds={RevINLike: "revin"}, loss_fn=loss_fn,
                    precision="fp16")

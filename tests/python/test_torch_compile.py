@@ -18,7 +18,7 @@ import torch._dynamo  # noqa: E402
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
-from models import Net, ProbNLL, RevINLike, data, train  # noqa: E402
+from models import PLANTED, Net, ProbNLL, RevINLike, data, train  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -115,18 +115,8 @@ def test_compiled_job_records_as_eager(tmp_path, how):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
-def _big_weights(model):
-    with torch.no_grad():
-        model.fc1.weight.mul_(1e5)
-
-
-# planted FP16 overflows under emulation, as in test_torch.py: (data,
-# model tweak, (origin layer, kind, site, phase))
-CASES = {
-    "revin": (lambda s: data(s, level=3000.0, spread=500.0), None,
-              ("revin", "revin", "fwd_saved", "forward")),
-    "linear": (data, _big_weights, ("fc1", "linear", "fwd_out", "forward")),
-}
+# planted FP16 overflows under emulation (models.PLANTED, as test_torch.py)
+CASES = {k: PLANTED[k] for k in ("revin", "linear")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -182,14 +172,7 @@ def test_compiled_ddp_records_the_buckets(tmp_path, group, order):
     tr = at.Tracer(job, str(tmp_path / "t.h5"), kinds={RevINLike: "revin"},
                    loss_fn=loss_fn, precision="fp32")
     assert tr.ddp is not None and tr.model is model
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    for s in range(2):
-        x, y = data(s)
-        loss = loss_fn(job(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        tr.end_step(loss=loss, optimizer=opt)
+    train(tr, job, loss_fn, 2, make=data, lr=1e-2, autocast=False)
     tr.close()
     assert tr.comm_recorder.buckets >= 2  # one bucket a step at least
     t = ampprobe.read_trace(tr.path)

@@ -789,6 +789,26 @@ def same_stats(a, b):
     return True
 
 
+def same_runs(tmp_path, emulate, make):
+    """Traces make(False) and make(True), each built from seed 0, for 3
+    steps (FP32, or emulated FP16); asserts equal losses and same_stats of
+    every site, and returns the two runs' stats_by_site."""
+    def run(path, flag):
+        torch.manual_seed(0)
+        m = make(flag)
+        tr = at.Tracer(m, path, emulate_fp16=emulate,
+                       precision=None if emulate else "fp32")
+        got = seeded_losses(m, 3, tr)
+        tr.close()
+        return got, stats_by_site(path)
+
+    l_a, s_a = run(str(tmp_path / "a.h5"), False)
+    l_b, s_b = run(str(tmp_path / "b.h5"), True)
+    assert l_b == pytest.approx(l_a, rel=1e-6)
+    assert same_stats(s_b, s_a)
+    return s_a, s_b
+
+
 def stats_by_site(path):
     t, names = records(path)
     out = collections.defaultdict(list)
@@ -805,19 +825,8 @@ def test_inplace_module_records_as_out_of_place(tmp_path, act, emulate):
     """Every site of an in-place module (fwd_in before it runs, fwd_out,
     grad_out, grad_in) and of its neighbours has the statistics of the same
     model with the module out of place, FP32 and under FP16 emulation."""
-    def run(path, ip):
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(4, 8), INPLACE[act](ip), nn.Linear(8, 1))
-        tr = at.Tracer(m, path, emulate_fp16=emulate,
-                       precision=None if emulate else "fp32")
-        got = seeded_losses(m, 3, tr)
-        tr.close()
-        return got, stats_by_site(path)
-
-    l_out, s_out = run(str(tmp_path / "o.h5"), False)
-    l_in, s_in = run(str(tmp_path / "i.h5"), True)
-    assert l_in == pytest.approx(l_out, rel=1e-6)
-    assert same_stats(s_in, s_out)
+    s_out, s_in = same_runs(tmp_path, emulate, lambda ip: nn.Sequential(
+        nn.Linear(4, 8), INPLACE[act](ip), nn.Linear(8, 1)))
     fin = s_in[(0, "1", "fwd_in")][0]
     assert fin[0] < 0  # the input as it was before the module ran
     assert (0, "1", "grad_in") in s_in and (0, "1", "grad_out") in s_in
@@ -958,19 +967,7 @@ def test_keyword_arguments_recorded_as_positional(tmp_path, emulate):
     """Every site of a model whose modules are called by keyword has the
     statistics of the same model called by position: fwd_in, grad_in, the
     FP16 rounding of the inputs under emulation, and the model's input."""
-    def run(path, by_name):
-        torch.manual_seed(0)
-        m = KwNet(by_name)
-        tr = at.Tracer(m, path, emulate_fp16=emulate,
-                       precision=None if emulate else "fp32")
-        got = seeded_losses(m, 3, tr)
-        tr.close()
-        return got, stats_by_site(path)
-
-    l_pos, s_pos = run(str(tmp_path / "p.h5"), False)
-    l_kw, s_kw = run(str(tmp_path / "k.h5"), True)
-    assert l_kw == pytest.approx(l_pos, rel=1e-6)
-    assert same_stats(s_kw, s_pos)
+    s_pos, s_kw = same_runs(tmp_path, emulate, KwNet)
     for site in ("fwd_in", "grad_in"):
         assert len(s_kw[(0, "fc2", site)]) == 1
         assert len(s_kw[(0, "gate", site)]) == 2  # h and scale
