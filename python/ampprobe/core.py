@@ -130,19 +130,36 @@ def check_option(name, v, who="Session", arg=None):
                          (who, arg, v, arg, what))
     return v
 
+def _one_element(name, v, who, what):
+    """v itself, or the number a one-element array holds (a NumPy array or
+    0-d array, a tensor, a JAX or CuPy scalar: anything with .item() and
+    one element); an array of another size is a ValueError."""
+    if isinstance(v, (numbers.Number, str, bytes)) or not hasattr(v, "item"):
+        return v
+    n = getattr(v, "size", None)
+    if callable(n):  # torch: size() is the shape
+        n = v.numel() if hasattr(v, "numel") else None
+    if n != 1:
+        raise ValueError("ampprobe: %s(%s=...) takes %s; got an array of "
+                         "%s elements" % (who, name, what, n))
+    return v.item()
+
+
 def check_scalar(name, v, kind=float, who="set_scalars", lo=None,
                  tensors=False):
     """A step scalar argument `name` of who as a float (kind int: an int;
     "flag": 0 or 1, a bool too), None when None; else TypeError/ValueError
     naming the argument. A bool is no number (True is an int in Python):
     refused but for a flag (found_inf, skipped), where it is what it says;
-    so is a string ("1.5" is not a loss). lo: a value below it is refused
+    so is a string ("1.5" is not a loss). A one-element array (NumPy, a
+    tensor, JAX) is its number. lo: a value below it is refused
     (a negative norm or loss scale); NaN and +inf pass (a diverged norm).
     tensors: the message says a tensor is taken too (the torch tracer)."""
     if v is None:
         return None
     what = "the step's scalar loss" if name == "loss" else "a scalar"
     takes = "a tensor or a number" if tensors else "a number"
+    v = _one_element(name, v, who, what)
     if kind != "flag" and isinstance(v, (bool, np.bool_)):
         raise TypeError("ampprobe: %s(%s=...) takes %s (%s); got a bool, %r"
                         % (who, name, what, takes, v))
@@ -151,7 +168,12 @@ def check_scalar(name, v, kind=float, who="set_scalars", lo=None,
     if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
         raise TypeError("ampprobe: %s(%s=...) takes %s (%s); got %s" %
                         (who, name, what, takes, type(v).__name__))
-    if kind is not float and not (math.isfinite(v) and v == int(v) and
+    try:
+        f = float(v)
+    except OverflowError:  # an int past binary64
+        raise ValueError("ampprobe: %s(%s=...): %r is past binary64" %
+                         (who, name, v)) from None
+    if kind is not float and not (math.isfinite(f) and v == int(v) and
                                   -2 ** 31 <= v < 2 ** 31):
         raise ValueError("ampprobe: %s(%s=...) takes an integer (32-bit); "
                          "got %r" % (who, name, v))

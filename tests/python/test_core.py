@@ -442,6 +442,9 @@ def test_unmeasured_scalars(tmp_path):
     (dict(skipped=-1), ValueError),
     (dict(loss_scale=-1.0), ValueError),     # libprobe's own rule, named
     (dict(clip_threshold=-0.5), ValueError),
+    (dict(loss=np.array([0.5, 0.25])), ValueError),  # not one number
+    (dict(loss=10 ** 400), ValueError),      # past binary64 (OverflowError)
+    (dict(growth_tracker=10 ** 400), ValueError),
 ])
 def test_set_scalars_refuses_what_is_no_scalar(tmp_path, kw, exc):
     """Session.set_scalars checks each scalar as the tracer's end_step does
@@ -462,6 +465,23 @@ def test_set_scalars_refuses_what_is_no_scalar(tmp_path, kw, exc):
     assert (st["loss"], st["found_inf"], st["skipped"],
             st["growth_tracker"]) == (0.5, 1, 0, 3)
     assert math.isinf(st["loss_scale"])
+
+
+def test_set_scalars_takes_one_element_arrays(tmp_path):
+    """A 0-d or one-element array (NumPy here; a tensor or a JAX scalar
+    the same way, by .item()) is the number it holds, as before the checks
+    came (they refused it: a regression caught in review)."""
+    p = str(tmp_path / "t.h5")
+    with ampprobe.Session(p) as s:
+        s.register("x")
+        s.begin_step(0)
+        s.set_scalars(loss=np.array(0.5), lr=np.array([0.125]),
+                      loss_scale=np.float32(1024.0),
+                      growth_tracker=np.array(7), found_inf=np.array(True))
+        s.end_step()
+    st = ampprobe.read_trace(p)["steps"][0]
+    assert (st["loss"], st["lr"], st["loss_scale"], st["growth_tracker"],
+            st["found_inf"]) == (0.5, 0.125, 1024.0, 7, 1)
 
 
 # ---- hostile input (an audit of 2026-12-03: 14 defects, each a class) ---------

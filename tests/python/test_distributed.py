@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
+from ampprobe import _lib  # noqa: E402
 from ampprobe._lib import SITES  # noqa: E402
 from conftest import EXAMPLE, HERE, PKG, run_py  # noqa: E402
 from models import Net, ProbNLL, RevINLike, data  # noqa: E402
@@ -751,8 +753,10 @@ def test_fsdp2_refuses_a_weight_digest(tmp_path, group, when):
     """weight_digest=True on sharded parameters: each rank holds other
     shards, so the digests would always differ (the cross-rank post-mortem
     would call every step a disagreement); it hashed a DTensor's
-    data_ptr(), not its values. Refused, saying why: by the Tracer when
-    the model is sharded already, by end_step when it was sharded after."""
+    data_ptr(), not its values. Refused by the Tracer, saying why, when the
+    model is sharded already; when it was sharded after, end_step warns
+    once and stores the digest as not measured (it raised, leaving a step
+    no retry could end)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -766,8 +770,16 @@ def test_fsdp2_refuses_a_weight_digest(tmp_path, group, when):
     tr = at.Tracer(model, str(tmp_path / "t.h5"), weight_digest=True,
                    precision="fp32")
     fully_shard(model, mesh=mesh)
-    x, y = data(0)
-    ProbNLL()(model(x), y).backward()
-    with pytest.raises(ValueError, match="sharded"):
-        tr.end_step()
+    for step in range(2):
+        x, y = data(step)
+        ProbNLL()(model(x), y).backward()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            tr.end_step()  # the step ends: the next forward opens step 1
+        assert [str(x.message) for x in w if "sharded" in str(x.message)
+                ] == (["%s (the digest is off from step 0: not measured)"
+                       % at._SHARDED_DIGEST] if step == 0 else [])
     tr.close()
+    t = ampprobe.read_trace(tr.path)
+    assert list(t["steps"]["step"]) == [0, 1]
+    assert (t["steps"]["unmeasured"] & _lib.SCALAR_WEIGHT_DIGEST).all()

@@ -1102,3 +1102,121 @@ def test_replaced_parameters_are_traced(tmp_path, how):
     assert len(last[last["site"] == site["weight_grad"]]) == 2
     d = list(t["steps"]["weight_digest"])
     assert len(set(d)) == 3  # the weights change every step
+
+
+# ---- keyword options, parameter lifetimes (review of 2026-12-03) ---------------
+
+@pytest.mark.parametrize("where", ["passed", "inside"])
+@pytest.mark.parametrize("mode", ["record", "raise"])
+def test_a_causal_mask_by_keyword_is_no_input(tmp_path, where, mode):
+    """nn.TransformerEncoderLayer with the -inf causal mask of
+    generate_square_subsequent_mask, passed by keyword (src_mask=, and
+    attn_mask= to its attention inside): an option, not an input. Traced
+    as one (the first keyword change), the healthy job was 'degraded' with
+    an event at its input or at self_attn's fwd_in, and raise mode stopped
+    it."""
+    class Enc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                                  batch_first=True)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x, mask=None):
+            if mask is None:
+                mask = nn.Transformer.generate_square_subsequent_mask(
+                    x.shape[1])
+            return self.head(self.enc(x, src_mask=mask))
+
+    torch.manual_seed(0)
+    m = Enc()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", on_nonfinite=mode)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    assert torch.isinf(mask).any()
+    for s in range(2):
+        x = torch.randn(3, 6, 8, generator=torch.Generator().manual_seed(s))
+        out = m(x, mask=mask) if where == "passed" else m(x)
+        loss = out.pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    assert ampprobe.postmortem(path)["event"]["kind"] == "none"
+    assert ampprobe.verdict(path) == "healthy"
+    t, names = records(path)
+    assert t["records"]["neginf_count"].sum() == 0
+
+
+@pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
+                    "arguments (docs/python.md)" % torch.__version__)
+@pytest.mark.parametrize("call", ["position", "input-first", "target-first"])
+def test_a_criterion_by_keyword_records_its_prediction(tmp_path, call):
+    """crit(target=y, input=p): the loss's fwd_in is the prediction (the
+    forward's first parameter), with its grad_in, however the call orders
+    its keywords (target first, the target was taken as the prediction)."""
+    class Crit(nn.Module):
+        def forward(self, input, target):
+            return ((input - target) ** 2).mean()
+
+    torch.manual_seed(0)
+    m, crit = nn.Linear(4, 1), Crit()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32")
+    x, y = torch.randn(8, 4), torch.full((8, 1), 100.0)
+    p = m(x)
+    loss = {"position": lambda: crit(p, y),
+            "input-first": lambda: crit(input=p, target=y),
+            "target-first": lambda: crit(target=y, input=p)}[call]()
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    s = stats_by_site(path)
+    assert s[(0, "loss", "fwd_in")][0][2] == pytest.approx(
+        float(p.abs().max()))  # absmax of the prediction, not 100
+    assert len(s[(0, "loss", "grad_in")]) == 1
+
+
+def test_parameters_of_each_call_are_not_kept(tmp_path):
+    """torch.func.functional_call with new weights at every call (a MAML
+    inner loop, an ensemble): each call's weights were kept by the tracer,
+    with a hook each, for good (3.4 MB after 50 steps of a small MLP). Now
+    only their ids are followed, dropped when they die; replaced
+    parameters (load_state_dict(assign=True)) are not kept either."""
+    import gc
+    import weakref
+    functional_call = getattr(getattr(torch, "func", None),
+                              "functional_call", None)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), precision="fp32")
+    base = {k: v.detach().clone().requires_grad_()
+            for k, v in m.named_parameters()}
+    seen = []
+    for step in range(20):
+        if functional_call is not None:
+            fast = {k: v * 1.0 for k, v in base.items()}
+            seen += [weakref.ref(v) for v in fast.values()]
+            out = functional_call(m, fast, (torch.randn(4, 16),))
+        else:  # torch 1.13: replace the parameters themselves
+            for mod in (m[0], m[2]):
+                mod.weight = nn.Parameter(mod.weight.detach().clone())
+                seen.append(weakref.ref(mod.weight))
+            out = m(torch.randn(4, 16))
+        out.sum().backward()
+        tr.end_step()
+        del out
+    old = [weakref.ref(p) for p in m.parameters()]
+    m.load_state_dict({k: v.detach().clone() for k, v in
+                       m.state_dict().items()}, **(
+        {"assign": True} if "assign" in __import__("inspect").signature(
+            m.load_state_dict).parameters else {}))
+    gc.collect()
+    assert sum(r() is not None for r in seen[:-8]) == 0
+    assert len(tr._late_hooks) <= 8 and len(tr._by_param) <= 16
+    if "assign" in __import__("inspect").signature(
+            m.load_state_dict).parameters:
+        assert all(r() is None for r in old)
+    tr.close()
