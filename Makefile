@@ -77,26 +77,28 @@ test-main: build
 
 # A CUDA-off build next to a CUDA one; the same build when there is no nvcc.
 # The torch 2 venv (scripts/torch2-venv.sh: minutes the first time, mostly
-# download) is made while the build compiles; its Python is then given to
-# the build's tests/python (Debian's when it could not be made).
+# download) is made while the build compiles (and stopped if the build
+# fails); its Python is then given to the build's tests/python (Debian's,
+# saying so, when it could not be made).
 test-nocuda: build
 	@if grep -q '^AMPPROBE_BUILT_WITH_CUDA:INTERNAL=ON' $(BUILD)/CMakeCache.txt; then \
 	  set -e; \
 	  mkdir -p $(BUILD)-nocuda; \
 	  bash scripts/torch2-venv.sh > $(BUILD)-nocuda/torch2-python 2> $(BUILD)-nocuda/torch2-venv.log & \
 	  venv=$$!; \
+	  trap 'kill $$venv 2>/dev/null || true' EXIT; \
 	  cmake -S . -B $(BUILD)-nocuda -DAMPPROBE_CUDA=OFF -DAMPPROBE_BUILD_BENCH=OFF $(CONFIG_FLAGS); \
 	  cmake --build $(BUILD)-nocuda -j $(JOBS); \
-	  if wait $$venv; then \
+	  if wait $$venv; then trap - EXIT; \
 	    py2=$$(tail -n 1 $(BUILD)-nocuda/torch2-python); \
 	    cat $(BUILD)-nocuda/torch2-venv.log; \
 	    echo "test-nocuda: tests/python with torch 2 ($$py2)"; \
-	  else \
+	  else trap - EXIT; \
 	    py2=/usr/bin/python3; \
 	    cat $(BUILD)-nocuda/torch2-venv.log; \
 	    echo "test-nocuda: NO torch 2 (scripts/torch2-venv.sh failed, above): tests/python with Debian's torch 1.13 again"; \
 	  fi; \
-	  cmake -S . -B $(BUILD)-nocuda -DAMPPROBE_PYTHON=$$py2 > /dev/null; \
+	  cmake -S . -B $(BUILD)-nocuda "-DAMPPROBE_PYTHON=$$py2" > /dev/null; \
 	  cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) -LE '$(NOCUDA_EXCLUDE)'; \
 	else \
 	  echo "test-nocuda: $(BUILD) is CUDA-off already (no nvcc): tested by test-main"; \

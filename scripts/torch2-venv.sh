@@ -5,7 +5,8 @@
 # Hugging Face models of tests/python/test_hf.py) installed over them. Used
 # by `make test-nocuda`, whose build runs tests/python with it (the default
 # build runs them with Debian's torch 1.13), so both torch generations are
-# tested on every `make test` (docs/python.md, "Tested with").
+# tested by `make test` where nvcc is found (no CUDA-off stage without it)
+# and PyPI can be reached (docs/python.md, "Tested with").
 #
 #   scripts/torch2-venv.sh [DIR]     DIR: the venv (default: $AMPPROBE_TORCH2_VENV,
 #                                    else ~/.cache/ampprobe/venv-torch2)
@@ -20,7 +21,8 @@
 set -euo pipefail
 
 SPEC=${AMPPROBE_TORCH2_SPEC:-torch==2.15.0 transformers==5.25.0}
-DIR=${1:-${AMPPROBE_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ampprobe/venv-torch2}}
+DIR=${1:-${AMPPROBE_TORCH2_VENV:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/ampprobe/venv-torch2}}
+DIR=$(realpath -m -- "$DIR")  # CMake is given the path: absolute
 PY="$DIR/bin/python"
 BASE=/usr/bin/python3
 
