@@ -50,6 +50,9 @@ for spec in sys.argv[1:]:
 import torch
 if not torch.__version__.startswith("2."):
     sys.exit(1)
+import h5py, numpy  # the system ones, built for each other: a PyPI numpy 2 broke h5py
+if not numpy.__file__.startswith("/usr/lib/python3/"):
+    sys.exit(1)
 print(", ".join(got))
 '
 installed() {
@@ -68,16 +71,25 @@ if [ ! -x "$BASE" ]; then
   exit 1
 fi
 mkdir -p "$(dirname "$DIR")"
+if [ -f "$DIR/pyvenv.cfg" ]; then  # a venv of ours that fails the check
+  say "remaking $DIR (it does not satisfy $SPEC with Debian's numpy and h5py)"
+  rm -rf -- "$DIR"
+fi
 if [ ! -x "$PY" ]; then
   "$BASE" -m venv --system-site-packages "$DIR" || {
     say "cannot make a venv in $DIR (apt-get install python3-venv)"; exit 1; }
 fi
 say "installing $SPEC from PyPI into $DIR (~4.5 GB with torch's CUDA wheels, a few minutes) ..."
-# --ignore-installed: Debian's torch 1.13 is visible to this venv and would
-# otherwise satisfy a looser requirement
+# Debian's numpy and h5py (visible to the venv) must stay the ones imported:
+# its h5py is built for its numpy, and transformers would pull a numpy 2
+# (h5py then fails: "numpy.dtype size changed"). The pinned torch is not
+# satisfied by Debian's 1.13, so it is installed into the venv over it.
+CONS="$DIR/constraints.txt"
+"$BASE" -c 'import numpy, h5py; print("numpy==" + numpy.__version__); print("h5py==" + h5py.__version__)' > "$CONS" || {
+  say "$BASE cannot import numpy and h5py (apt-get install python3-numpy python3-h5py)"; exit 1; }
 # shellcheck disable=SC2086
 if ! "$PY" -m pip install --quiet --disable-pip-version-check \
-     --ignore-installed $SPEC >&2; then
+     --constraint "$CONS" $SPEC >&2; then
   say "pip install $SPEC failed (is PyPI reachable?)"
   exit 1
 fi
