@@ -140,8 +140,11 @@ def _one_element(name, v, who, what):
     if callable(n):  # torch: size() is the shape
         n = v.numel() if hasattr(v, "numel") else None
     if n != 1:
+        shape = getattr(v, "shape", None)
         raise ValueError("ampprobe: %s(%s=...) takes %s; got an array of "
-                         "%s elements" % (who, name, what, n))
+                         "shape %s (reduce it first, e.g. loss.mean())" %
+                         (who, name, what, tuple(shape) if shape is not None
+                          else "of %s elements" % n))
     return v.item()
 
 

@@ -1489,16 +1489,10 @@ class Tracer:
 
 
 def _scalar(name, v, kind=float, who="end_step", lo=None):
-    """A scalar argument `name` of who (end_step, clip, scaler_event): a
-    one-element tensor taken as its number, then core.check_scalar (a
-    bool, a string, a negative norm refused, naming the argument)."""
-    if torch.is_tensor(v):
-        what = "the step's scalar loss" if name == "loss" else "a scalar"
-        if v.numel() != 1:
-            raise ValueError("ampprobe: %s(%s=...) takes %s; got a "
-                             "tensor of shape %s (reduce it first, e.g. "
-                             "loss.mean())" % (who, name, what, tuple(v.shape)))
-        v = v.detach().float().item() if v.is_floating_point() else v.item()
+    """A scalar argument `name` of who (end_step, clip, scaler_event):
+    core.check_scalar (a one-element tensor is its number; a bool, a
+    string, a larger tensor, a negative norm refused, naming the
+    argument)."""
     return check_scalar(name, v, kind, who, lo, tensors=True)
 
 
