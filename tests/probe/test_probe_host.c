@@ -331,20 +331,26 @@ static int host_child_files(const char *tmpdir, const char *victim) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* A folder `name` in this test's pt_dir holding one file, "mine": what a
+ * bad removal would take with it (its path in out). */
+static void make_victim(char *out, size_t n, const char *name) {
+  char f[PATH_MAX + 32];
+  snprintf(out, n, "%s/%s", pt_dir(), name);
+  ck_assert_int_eq(mkdir(out, 0700), 0);
+  snprintf(f, sizeof f, "%s/mine", out);
+  FILE *fp = fopen(f, "w");
+  ck_assert_ptr_nonnull(fp);
+  fclose(fp);
+}
+
 /* pt_dir under any TMPDIR: one longer than 96 bytes (it was cut to 96,
  * and the folder made elsewhere or not at all), one whose name holds
  * quotes and $() (it was removed by `rm -rf '%s'` through a shell, which
  * broke on a quote and left everything). The folder and all in it go at
  * the exit; a symbolic link in it is removed, not followed. */
 START_TEST(test_dir_any_tmpdir) {
-  char victim[PATH_MAX + 16], vf[PATH_MAX + 32], longd[PATH_MAX + 160],
-      odd[PATH_MAX + 32];
-  snprintf(victim, sizeof victim, "%s/victim", pt_dir());
-  ck_assert_int_eq(mkdir(victim, 0700), 0);
-  snprintf(vf, sizeof vf, "%s/mine", victim);
-  FILE *f = fopen(vf, "w");
-  ck_assert_ptr_nonnull(f);
-  fclose(f);
+  char victim[PATH_MAX + 16], longd[PATH_MAX + 160], odd[PATH_MAX + 32];
+  make_victim(victim, sizeof victim, "victim");
   char part[151];
   memset(part, 'a', 150);
   part[150] = '\0';
@@ -366,13 +372,8 @@ END_TEST
  * the test's files went where the link pointed, and the exit removed
  * whatever was at the name. */
 START_TEST(test_dir_never_reused) {
-  char victim[PATH_MAX + 16], vf[PATH_MAX + 32], tmp[PATH_MAX + 8];
-  snprintf(victim, sizeof victim, "%s/victim2", pt_dir());
-  ck_assert_int_eq(mkdir(victim, 0700), 0);
-  snprintf(vf, sizeof vf, "%s/mine", victim);
-  FILE *f = fopen(vf, "w");
-  ck_assert_ptr_nonnull(f);
-  fclose(f);
+  char victim[PATH_MAX + 16], tmp[PATH_MAX + 8];
+  make_victim(victim, sizeof victim, "victim2");
   snprintf(tmp, sizeof tmp, "%s/t", pt_dir());
   ck_assert_int_eq(mkdir(tmp, 0700), 0);
   pid_t pid = fork();
