@@ -62,27 +62,83 @@ def _uncompiled(model):
 
 def _pre_hook(module, hook):
     """Registers hook(module, inputs) as module's forward pre-hook, run
-    outside torch.compile's graphs (_eager); where torch passes keyword
-    arguments to hooks (>= 2.0), inputs is an _ArgsKwargs when some of them
-    are inputs (_input_kwargs), and what hook returns (inputs of the same
-    shape, or None) goes back to torch as (args, kwargs)."""
+    outside torch.compile's graphs (_eager). inputs holds the call's inputs
+    alone (_input_args): its positional arguments less those filling an
+    optional parameter, and where torch passes keyword arguments to hooks
+    (>= 2.0) the keyword ones filling a required parameter, as an
+    _ArgsKwargs when there are such. What hook returns (inputs of the same
+    shape, or None) goes back to torch in their places."""
+    def positional(module, args):
+        keep = _input_positions(module, len(args))
+        if keep is None:
+            return hook(module, args)
+        r = hook(module, tuple(args[i] for i in keep))
+        return None if r is None else _put_back(args, keep, r)
+
     if not _HOOK_KWARGS:
-        return module.register_forward_pre_hook(_eager(hook))
+        return module.register_forward_pre_hook(_eager(positional))
 
     def with_kwargs(module, args, kwargs):
         named = _input_kwargs(module, kwargs) if kwargs else None
         if not named:
-            r = hook(module, args)
+            r = positional(module, args)
             return None if r is None else (r, kwargs)
-        r = hook(module, _ArgsKwargs((args, named)))
+        keep = _input_positions(module, len(args))
+        ins = args if keep is None else tuple(args[i] for i in keep)
+        r = hook(module, _ArgsKwargs((ins, named)))
         if r is None:
             return None
-        return tuple(r[0]), dict(kwargs, **r[1])
+        out = tuple(r[0]) if keep is None else _put_back(args, keep, r[0])
+        return out, dict(kwargs, **r[1])
     return module.register_forward_pre_hook(_eager(with_kwargs),
                                             with_kwargs=True)
 
 
-_REQUIRED = {}  # class -> names of its forward's parameters with no default
+def _put_back(args, keep, ins):
+    """args with args[keep[j]] replaced by ins[j]."""
+    out = list(args)
+    for j, i in enumerate(keep):
+        out[i] = ins[j]
+    return tuple(out)
+
+
+_SIGNATURES = {}  # class -> _forward_signature(class)
+
+
+def _forward_signature(cls):
+    """What a call of cls's forward takes as its inputs: (for each
+    positional parameter, whether it has no default; the names of the
+    parameters with no default that a keyword can fill). The first is None
+    when forward has no Python signature: every positional argument is
+    then an input."""
+    sig = _SIGNATURES.get(cls)
+    if sig is not None:
+        return sig
+    P = inspect.Parameter
+    try:
+        ps = list(inspect.signature(cls.forward).parameters.values())[1:]
+    except (TypeError, ValueError):  # no Python signature
+        sig = (None, ())
+    else:
+        sig = (tuple(q.default is P.empty for q in ps
+                     if q.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)),
+               tuple(q.name for q in ps if q.default is P.empty and
+                     q.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)))
+    _SIGNATURES[cls] = sig
+    return sig
+
+
+def _input_positions(module, n):
+    """The positions, of a call's n positional arguments, that are the
+    module's inputs, or None when all are (the common case). An argument
+    filling an optional parameter of its forward is an option, as by
+    keyword (_input_kwargs): `block(x, mask)` with forward(self, x,
+    mask=None), `model(x, mask)`, `enc(src, src_mask)`; arguments past
+    the named parameters fill *args and are inputs."""
+    required = _forward_signature(type(module))[0]
+    if required is None or all(required[:n]):
+        return None
+    return tuple(i for i in range(n) if i >= len(required) or required[i])
 
 
 def _input_kwargs(module, kwargs):
@@ -92,17 +148,7 @@ def _input_kwargs(module, kwargs):
     is its prediction). Optional ones are options, not inputs: an
     attn_mask=, src_mask= or attention_mask= holds -inf by design, and
     traced as an input it was a non-finite event of a healthy job."""
-    cls = type(module)
-    req = _REQUIRED.get(cls)
-    if req is None:
-        try:
-            ps = list(inspect.signature(cls.forward).parameters.values())[1:]
-        except (TypeError, ValueError):  # no Python signature
-            ps = []
-        req = _REQUIRED[cls] = tuple(
-            q.name for q in ps if q.default is inspect.Parameter.empty and
-            q.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                       inspect.Parameter.KEYWORD_ONLY))
+    req = _forward_signature(type(module))[1]
     return {n: kwargs[n] for n in req if n in kwargs}
 
 

@@ -1150,6 +1150,143 @@ def test_a_causal_mask_by_keyword_is_no_input(tmp_path, where, mode):
     assert t["records"]["neginf_count"].sum() == 0
 
 
+class _Attn(nn.Module):
+    """Self-attention written by hand, as many jobs do: its additive mask
+    is an optional parameter, passed by position."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        s = q @ k.transpose(-2, -1) / 8 ** 0.5
+        if mask is not None:
+            s = s + mask
+        return self.proj(s.softmax(-1) @ v)
+
+
+class _MaskedNet(nn.Module):
+    """A model whose forward(x, mask=None) hands the -inf causal mask by
+    position to one of: a TransformerEncoderLayer (src_mask), a
+    MultiheadAttention (attn_mask, its sixth parameter) or _Attn."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        if inner == "encoder":
+            self.blk = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                                  batch_first=True)
+        elif inner == "mha":
+            self.blk = nn.MultiheadAttention(8, 2, batch_first=True)
+        else:
+            self.blk = _Attn()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x, mask=None):
+        if self.inner == "mha":
+            h = self.blk(x, x, x, None, False, mask)[0]
+        else:
+            h = self.blk(x, mask)
+        return self.head(h)
+
+
+def _train_masked(m, path, steps=2, **kw):
+    tr = at.Tracer(m, path, **kw)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    assert torch.isinf(mask).any()
+    for s in range(steps):
+        x = torch.randn(3, 6, 8, generator=torch.Generator().manual_seed(s))
+        loss = m(x, mask).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+
+
+@pytest.mark.parametrize("inner", ["encoder", "mha", "hand"])
+@pytest.mark.parametrize("mode", ["record", "raise"])
+def test_a_causal_mask_by_position_is_no_input(tmp_path, inner, mode):
+    """The -inf mask passed by position, to the model and on to a layer,
+    where it fills an optional parameter: an option, as by keyword. Before,
+    the healthy job was 'degraded' ('NaN or inf arrived in the input
+    data', the model's input layer) on both torches, and raise mode
+    stopped it at step 0."""
+    torch.manual_seed(0)
+    path = str(tmp_path / "t.h5")
+    _train_masked(_MaskedNet(inner), path, on_nonfinite=mode,
+                  precision="fp32")
+    assert ampprobe.postmortem(path)["event"]["kind"] == "none"
+    assert ampprobe.verdict(path) == "healthy"
+    t, names = records(path)
+    r = t["records"]
+    assert r["neginf_count"].sum() == 0
+    # the model's input is x alone: 3*6*8 elements a step
+    inp = r[[names[i] == "input" for i in r["layer"]]]
+    assert len(inp) == 2 and set(inp["count"]) == {144}
+
+
+def test_a_mask_by_position_under_fp16_emulation(tmp_path):
+    """Under FP16 emulation the mask, an option, is not recorded, and
+    the run is as healthy as unmasked: the attention's fwd_in is its
+    query, key and value (x) alone. (Its verdict is 'degraded' for another reason, gradients
+    underflowing without a loss scaler.)"""
+    torch.manual_seed(0)
+    path = str(tmp_path / "t.h5")
+    _train_masked(_MaskedNet("mha"), path, steps=1, precision="fp16",
+                  emulate_fp16=True)
+    assert ampprobe.postmortem(path)["event"]["kind"] == "none"
+    t, names = records(path)
+    r = t["records"]
+    fin = r[[names[i] == "blk" and ampprobe._lib.SITES[s] == "fwd_in"
+             for i, s in zip(r["layer"], r["site"])]]
+    assert list(fin["count"]) == [144] * 3
+    assert r["neginf_count"].sum() == 0
+
+
+def test_a_required_mask_and_star_args_stay_inputs(tmp_path):
+    """The line is the signature, not the name or the values: a mask that
+    fills a parameter with no default is an input (recorded, so its -inf
+    is an event: docs/python.md says to give it a default), and arguments
+    gathered by *args are all inputs."""
+    class Required(nn.Module):  # a leaf: hooked as one layer
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8) / 3)
+
+        def forward(self, x, mask):
+            return x @ self.w + mask.clamp(min=-1e4).mean(-1, keepdim=True)
+
+    class Star(nn.Module):
+        def forward(self, *xs):
+            return sum(xs)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.req, self.star = Required(), Star()
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x, mask=None):
+            return self.head(self.star(self.req(x, mask), x, x))
+
+    torch.manual_seed(0)
+    path = str(tmp_path / "t.h5")
+    _train_masked(Net(), path, steps=1, precision="fp32")
+    t, names = records(path)
+    r = t["records"]
+
+    def at_(layer, site):
+        return r[[names[i] == layer and ampprobe._lib.SITES[s] == site
+                  for i, s in zip(r["layer"], r["site"])]]
+    assert list(at_("req", "fwd_in")["neginf_count"]) == [0, 15]
+    assert len(at_("star", "fwd_in")) == 3
+    assert ampprobe.postmortem(path)["event"]["origin_layer"] == "req"
+
+
 @pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
                     "arguments (docs/python.md)" % torch.__version__)
 @pytest.mark.parametrize("call", ["position", "input-first", "target-first"])
