@@ -472,6 +472,8 @@ probe_status probe_session_open(probe_session **out, const char *path,
   s->last_step = s->w_last_step = -1;
   s->first_nonfinite = s->w_first_nonfinite = -1;
   s->nf_rec_step = -1;
+  s->nf_last_step = -1;
+  s->nf_last_any.layer = s->nf_last_fwd.layer = -1;
   if (o.layer_select && (s->layer_select = strdup(o.layer_select)) == NULL)
     goto nomem;
   s->opt.layer_select = s->layer_select;
@@ -640,6 +642,7 @@ probe_status probe_step_begin(probe_session *s, int64_t step) {
   s->n_cur = 0;
   s->have_scalars = 0;
   s->cuda_pending = 0;
+  s->cur_left_out = 0;
   s->step_recorded = s->opt.mode == PROBE_MODE_SCALARS
                          ? s->opt.ring_steps > 0 || s->opt.snapshot_on_nonfinite
                          : step_in_window(&s->opt, step);
@@ -712,6 +715,20 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
   return PROBE_OK;
 }
 
+probe_status probe_session_step_nonfinite(const probe_session *s,
+                                          int64_t *step,
+                                          probe_nonfinite_record *any,
+                                          probe_nonfinite_record *forward,
+                                          int *measured) {
+  if (s == NULL || step == NULL || any == NULL || forward == NULL)
+    return PROBE_ERR_INVALID_ARG;
+  *step = s->nf_last_step;
+  *any = s->nf_last_any;
+  *forward = s->nf_last_fwd;
+  if (measured) *measured = s->nf_last_step >= 0 && s->nf_last_measured;
+  return PROBE_OK;
+}
+
 probe_status probe_tensor_record(probe_session *s, int32_t layer,
                                  probe_site site, probe_dtype dtype,
                                  const void *data, size_t n) {
@@ -725,7 +742,10 @@ probe_status probe_tensor_record(probe_session *s, int32_t layer,
     return set_msg(s, PROBE_ERR_INVALID_ARG,
                    "probe_tensor_record: bad layer %d / site %d / dtype %d",
                    (int)layer, (int)site, (int)dtype);
-  if (!s->step_recorded || !s->selected[layer]) return PROBE_OK;
+  if (!s->step_recorded || !s->selected[layer]) {
+    s->cur_left_out = 1;
+    return PROBE_OK;
+  }
   probe_status st;
   if (s->n_cur == s->cap_cur && (st = cur_grow(s)) != PROBE_OK) return st;
   probe_record *r = &s->cur[s->n_cur];
@@ -928,6 +948,29 @@ static probe_status kernels_collect(probe_session *s) {
   return st;
 }
 
+static probe_nonfinite_record nonfinite_record(const probe_record *r) {
+  probe_nonfinite_record o = {r->layer, (probe_site)r->site, r->stats.count,
+                              r->stats.nan_count, r->stats.posinf_count,
+                              r->stats.neginf_count};
+  return o;
+}
+
+/* Keeps what probe_session_step_nonfinite says of the step ending now;
+ * first is its first non-finite record (n_cur: none). */
+static void step_nonfinite_keep(probe_session *s, size_t first) {
+  s->nf_last_step = s->step;
+  s->nf_last_measured = !s->cur_left_out;
+  s->nf_last_any.layer = s->nf_last_fwd.layer = -1;
+  if (first == s->n_cur) return;
+  s->nf_last_any = nonfinite_record(&s->cur[first]);
+  for (size_t i = first; i < s->n_cur; i++)
+    if (probe_site_phase((probe_site)s->cur[i].site) == PROBE_PHASE_FORWARD &&
+        probe_stats_nonfinite(&s->cur[i].stats) > 0) {
+      s->nf_last_fwd = nonfinite_record(&s->cur[i]);
+      return;
+    }
+}
+
 /* Ends the current step; allow_snapshot is 0 when the tensors may be gone
  * (a session closed in the middle of a step). */
 static probe_status step_finish(probe_session *s, int allow_snapshot) {
@@ -950,6 +993,7 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
         break;
       }
     }
+  step_nonfinite_keep(s, first);
   int loss_bad = s->have_scalars && !isfinite(s->sc.loss) &&
                  !(s->sc.unmeasured & PROBE_SCALAR_LOSS);
   bad_value |= loss_bad;

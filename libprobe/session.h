@@ -215,6 +215,12 @@ struct probe_session {
   int64_t nf_rec_step;
   int32_t nf_rec_layer;
   probe_site nf_rec_site;
+  /* The step ended last, as probe_session_step_nonfinite gives it; and
+   * whether a record given in the current step was left out (not
+   * computed). */
+  int64_t nf_last_step;
+  probe_nonfinite_record nf_last_any, nf_last_fwd;
+  int nf_last_measured, cur_left_out;
   int64_t last_step;
   int64_t steps_since_flush;
   double t0;

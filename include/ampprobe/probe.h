@@ -349,6 +349,33 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
                                            int64_t *step, int32_t *layer,
                                            probe_site *site, int *covers_all);
 
+/* One record holding NaN or inf (probe_session_step_nonfinite): its layer
+ * (-1: there is none) and site, and its counts as the session computed
+ * them when it was recorded. */
+typedef struct probe_nonfinite_record {
+  int32_t layer;
+  probe_site site;
+  uint64_t count, nan_count, posinf_count, neginf_count;
+} probe_nonfinite_record;
+
+/* The step ended last (probe_step_end; *step = -1 before the first): its
+ * first record holding NaN or inf in execution order (*any), and its first
+ * such record at a forward-phase site (*forward: fwd_in, fwd_out,
+ * fwd_saved, weight), each with layer -1 when there is none. It is taken
+ * from the statistics computed as each record came, so a tensor the caller
+ * changed in place after recording it (an activation's relu_(), a weight
+ * the optimizer stepped) is judged as it was recorded. *measured (may be
+ * NULL) is 1 when the session computed every record it was given in that
+ * step, 0 when it left some out (a step outside the trace window, a layer
+ * outside layer_select, scalars mode with neither flight recorder nor
+ * snapshots): a caller who must know then looks at its tensors itself. */
+AMPPROBE_API
+probe_status probe_session_step_nonfinite(const probe_session *s,
+                                          int64_t *step,
+                                          probe_nonfinite_record *any,
+                                          probe_nonfinite_record *forward,
+                                          int *measured);
+
 /* Layers may be registered at any time, but before the records that use
  * them; ids are 0, 1, 2, ... in registration order. A name is 1 to
  * PROBE_NAME_MAX - 1 bytes of valid UTF-8 (docs/trace-format.md), unique in

@@ -119,6 +119,17 @@ class probe_scaler_event(ctypes.Structure):
     ]
 
 
+class probe_nonfinite_record(ctypes.Structure):
+    _fields_ = [
+        ("layer", ctypes.c_int32),
+        ("site", ctypes.c_int),
+        ("count", ctypes.c_uint64),
+        ("nan_count", ctypes.c_uint64),
+        ("posinf_count", ctypes.c_uint64),
+        ("neginf_count", ctypes.c_uint64),
+    ]
+
+
 class probe_layer_info(ctypes.Structure):
     _fields_ = [
         ("id", ctypes.c_int32),
@@ -270,6 +281,9 @@ def _declare(lib):
     fn("probe_session_last_error", c.c_char_p, P)
     fn("probe_session_first_nonfinite", st, P, c.POINTER(c.c_int64),
        c.POINTER(c.c_int32), c.POINTER(c.c_int), c.POINTER(c.c_int))
+    fn("probe_session_step_nonfinite", st, P, c.POINTER(c.c_int64),
+       c.POINTER(probe_nonfinite_record), c.POINTER(probe_nonfinite_record),
+       c.POINTER(c.c_int))
     fn("probe_layer_register", st, P, c.c_char_p, c.c_int, c.c_int,
        c.POINTER(c.c_int32))
     fn("probe_step_begin", st, P, c.c_int64)

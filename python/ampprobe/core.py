@@ -481,6 +481,28 @@ class Session:
                 _lib.SITES[site.value] if step.value >= 0 else None,
                 bool(cov.value))
 
+    def step_nonfinite(self):
+        """(step, first, first_forward, measured) of the step ended last
+        (probe_session_step_nonfinite; step -1 before the first): its first
+        record holding NaN or inf, and its first at a forward site, each
+        None or (layer_id, site_name, (nan, +inf, -inf, count)) as the
+        session computed them when recorded; measured is False when the
+        session left some of the step's records out."""
+        step = ctypes.c_int64(-1)
+        rec = (_lib.probe_nonfinite_record(), _lib.probe_nonfinite_record())
+        meas = ctypes.c_int(0)
+        self._check(self._lib.probe_session_step_nonfinite(
+            self.handle, ctypes.byref(step), ctypes.byref(rec[0]),
+            ctypes.byref(rec[1]), ctypes.byref(meas)),
+            "probe_session_step_nonfinite")
+        out = [None, None]
+        for i, r in enumerate(rec):
+            if r.layer >= 0:
+                out[i] = (r.layer, _lib.SITES[r.site],
+                          (r.nan_count, r.posinf_count, r.neginf_count,
+                           r.count))
+        return step.value, out[0], out[1], bool(meas.value)
+
     def flush(self):
         self._check(self._lib.probe_session_flush(self.handle),
                     "probe_session_flush")

@@ -1370,6 +1370,25 @@ class Tracer:
             self._check_nonfinite(step, lossv if loss is not None else 0.0,
                                   bool(sk), refs)
 
+    def _step_nonfinite(self, step, refs):
+        """(found, measured): found(forward) -> (layer, site, (NaN, +inf,
+        -inf, count)) of the step's first record holding NaN or inf (at a
+        forward site when forward is True), or None. From libprobe's
+        statistics, computed as each record came
+        (probe_session_step_nonfinite), when it computed every one of the
+        step's (measured); else from the tensors as they are now
+        (_first_bad: a tensor the job changed in place since is seen
+        changed, unless an in-place module did it)."""
+        sn = self.session.step_nonfinite()
+        if sn[0] != step or not sn[3]:
+            return (lambda forward: _first_bad(refs, forward)), False
+        by_id = {L.lid: L for L in self._layers}
+
+        def found(forward):
+            r = sn[2] if forward else sn[1]
+            return None if r is None else (by_id[r[0]], r[1], r[2])
+        return found, True
+
     def _libprobe_step_ended(self):
         """After probe_step_end failed: did libprobe end its step? It did
         unless it refused at once - for a sticky write error (a full disk,
@@ -1382,14 +1401,15 @@ class Tracer:
     def _check_nonfinite(self, step, lossv, skipped, refs):
         first = self.session.first_nonfinite()
         loss_nf = not math.isfinite(lossv)
+        found, measured = self._step_nonfinite(step, refs)
         hit = None
-        if first[0] == step:
-            L = next(x for x in self._layers if x.lid == first[1])
-            hit = (L, first[2])
-        elif first[0] >= 0 and (loss_nf or skipped):
-            # An earlier event took the session's "first"; scan this step's
-            # tensors (only on a step whose loss or gradients are bad).
-            hit = _first_bad(refs)
+        if (first[0] == step or (first[0] >= 0 and (loss_nf or skipped)) or
+                (not measured and first[0] < 0 and self._reported < 0)):
+            # The run's first non-finite step (libprobe's, or where it
+            # computed nothing, the tensors' until one is found); after an
+            # earlier event a step is looked at only when its loss or
+            # gradients are bad.
+            hit = found(forward=False)
         if loss_nf and (hit is None or
                         _lib.SITE_PHASE.get(hit[1], "forward") != "forward"):
             # The loss is non-finite but the step's first non-finite record
@@ -1401,10 +1421,10 @@ class Tracer:
             # non-finite by code no module covers (a loss written as a
             # plain function, -log(p) with p underflowed to 0), scaler or
             # not.
-            hit = _first_bad(refs, forward=True) or (None, "loss")
+            hit = found(forward=True) or (None, "loss", None)
         if hit is None:
             return
-        L, site = hit
+        L, site, c = hit
         phase = _lib.SITE_PHASE.get(site, "forward") if L is not None \
             else "forward"
         if phase == "backward" and skipped:
@@ -1414,15 +1434,7 @@ class Tracer:
         self._reported = step
         name = L.name if L is not None else "loss"
         kind = L.kind if L is not None else "loss"
-        detail = ""
-        if L is not None:
-            # the non-finite tensor of that site (a layer runs once per
-            # micro-batch: the first one's may be finite)
-            same = [_recorded_counts(e) + (e[2].numel(),) for e in refs
-                    if e[0] is L and e[1] == site]
-            c = next((c for c in same if sum(c[:3])), same[0] if same else None)
-            if c is not None:
-                detail = " (%d NaN, %d +inf, %d -inf of %d)" % c
+        detail = "" if c is None else " (%d NaN, %d +inf, %d -inf of %d)" % c
         if site == _dist.POST:
             detail += ("; it came back from the gradient all-reduce, finite "
                        "as this rank sent it: another rank's gradient or "
@@ -1543,9 +1555,11 @@ def _scalar(name, v, kind=float, who="end_step", lo=None):
 
 
 def _first_bad(refs, forward=False):
-    """(layer, site) of the first of a step's recorded tensors (execution
-    order) holding a NaN or inf, of a forward site only when forward=True;
-    None when every one is finite. A weight recorded as the parameter
+    """(layer, site, (NaN, +inf, -inf, count)) of the first of a step's
+    recorded tensors (execution order) holding a NaN or inf, of a forward
+    site only when forward=True; None when every one is finite. Read from
+    the tensors at end_step, for a step whose records libprobe did not all
+    compute (Tracer._step_nonfinite). A weight recorded as the parameter
     itself (not emulated: no copy) is left out: it holds the values the
     optimizer wrote after the forward (a non-finite update made it
     non-finite, and it was named as the forward's origin)."""
@@ -1555,8 +1569,9 @@ def _first_bad(refs, forward=False):
             continue
         if site == "weight" and not L.emulate:
             continue
-        if sum(_recorded_counts(e)):
-            return (L, site)
+        c = _recorded_counts(e)
+        if sum(c):
+            return (L, site, c + (e[2].numel(),))
     return None
 
 

@@ -522,6 +522,107 @@ START_TEST(test_session_first_nonfinite) {
 }
 END_TEST
 
+/* probe_session_step_nonfinite: the step ended last, its first non-finite
+ * record and its first at a forward site, with their counts as recorded
+ * (the caller's later in-place change is not seen), and measured 0 when a
+ * record was left out. */
+START_TEST(test_session_step_nonfinite) {
+  char path[256];
+  pt_path(path, sizeof path, "stepnf");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t a, b;
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &a));
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F16, &b));
+  int64_t step;
+  probe_nonfinite_record any, fwd;
+  int measured = -1;
+  PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+  ck_assert_int_eq(step, -1);
+  ck_assert_int_eq(any.layer, -1);
+  ck_assert_int_eq(fwd.layer, -1);
+  ck_assert_int_eq(measured, 0);
+  float ok[4] = {1, 2, 3, 4};
+  /* step 0: all finite; step 1: a gradient first, then b's output;
+   * step 2: a's gradient only; step 3: b's weight, changed after. */
+  for (int64_t k = 0; k < 4; k++) {
+    float g[4] = {1, NAN, -INFINITY, 4}, h[4] = {INFINITY, INFINITY, 0, 0};
+    PT_CHECK(probe_step_begin(s, k));
+    PT_CHECK(probe_tensor_record(s, a, PROBE_SITE_GRAD_IN, PROBE_DTYPE_F32,
+                                 k == 1 || k == 2 ? g : ok, 4));
+    PT_CHECK(probe_tensor_record(s, b, k == 3 ? PROBE_SITE_WEIGHT
+                                              : PROBE_SITE_FWD_OUT,
+                                 PROBE_DTYPE_F32, k == 1 || k == 3 ? h : ok, 4));
+    h[0] = h[1] = 0; /* the caller's own in-place op, after the record */
+    PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+    ck_assert_int_eq(step, k - 1); /* the step in progress is not it */
+    PT_CHECK(probe_step_end(s));
+    PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+    ck_assert_int_eq(step, k);
+    ck_assert_int_eq(measured, 1);
+    switch (k) {
+    case 0:
+      ck_assert_int_eq(any.layer, -1);
+      ck_assert_int_eq(fwd.layer, -1);
+      break;
+    case 1:
+      ck_assert_int_eq(any.layer, a);
+      ck_assert_int_eq(any.site, PROBE_SITE_GRAD_IN);
+      ck_assert_uint_eq(any.count, 4);
+      ck_assert_uint_eq(any.nan_count, 1);
+      ck_assert_uint_eq(any.posinf_count, 0);
+      ck_assert_uint_eq(any.neginf_count, 1);
+      ck_assert_int_eq(fwd.layer, b);
+      ck_assert_int_eq(fwd.site, PROBE_SITE_FWD_OUT);
+      ck_assert_uint_eq(fwd.posinf_count, 2); /* as recorded */
+      break;
+    case 2:
+      ck_assert_int_eq(any.layer, a);
+      ck_assert_int_eq(fwd.layer, -1);
+      break;
+    default:
+      ck_assert_int_eq(any.layer, b);
+      ck_assert_int_eq(any.site, PROBE_SITE_WEIGHT);
+      ck_assert_int_eq(fwd.layer, b); /* a weight is a forward site */
+      ck_assert_uint_eq(fwd.posinf_count, 2);
+    }
+  }
+  PT_CHECK(probe_session_close(s));
+
+  /* Left out: a layer outside layer_select, then a step outside the
+   * window; a step given no record at all is measured. */
+  o.layer_select = "a";
+  o.overwrite = 1;
+  o.step_every = 2;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &a));
+  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F16, &b));
+  for (int64_t k = 0; k < 3; k++) {
+    PT_CHECK(probe_step_begin(s, k));
+    PT_CHECK(probe_tensor_record(s, a, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ok, 4));
+    if (k == 0)
+      PT_CHECK(probe_tensor_record(s, b, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, ok, 4));
+    PT_CHECK(probe_step_end(s));
+    PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+    ck_assert_int_eq(step, k);
+    ck_assert_int_eq(measured, k == 2); /* 0: b left out; 1: off-window */
+  }
+  PT_CHECK(probe_step_begin(s, 3)); /* off-window, but nothing given */
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, NULL));
+  ck_assert_int_eq(step, 3);
+  PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+  ck_assert_int_eq(measured, 1);
+  PT_CHECK(probe_session_close(s));
+  ck_assert_int_eq(probe_session_step_nonfinite(NULL, &step, &any, &fwd, NULL),
+                   PROBE_ERR_INVALID_ARG);
+  unlink(path);
+}
+END_TEST
+
 /* The flight recorder: steps 0..19, layers a, b, c; at step 10 layer b's
  * output holds a NaN. With ring_steps 3 the trace holds the records of
  * steps 7..13 only, and a snapshot of b's tensors of step 10. */
@@ -1076,6 +1177,7 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_writer_step_window);
   tcase_add_test(tc, test_writer_flight_recorder);
   tcase_add_test(tc, test_session_first_nonfinite);
+  tcase_add_test(tc, test_session_step_nonfinite);
   tcase_add_test(tc, test_writer_max_events);
   tcase_add_test(tc, test_writer_event_spacing);
   tcase_add_test(tc, test_writer_threads);

@@ -88,7 +88,7 @@ def _write_sample(path):
                           precision_policy="fp16; fp32: b") as s:
         a = s.register("enc.a", "linear", "fp16")
         b = s.register("enc.b", "bn", "fp32")
-        bufs = []
+        bufs, steps = [], []
         for step in range(3):
             s.begin_step(step)
             x = (rng.standard_normal(1000) * 10 ** step).astype(np.float32)
@@ -108,15 +108,20 @@ def _write_sample(path):
             if step == 1:
                 s.scaler_event("backoff", 2.0 ** 15, 2.0 ** 14, 0)
             s.end_step()
+            steps.append(s.step_nonfinite())
         first = s.first_nonfinite()
-    return bufs, first
+    return bufs, first, steps
 
 
 def test_roundtrip_against_h5py(tmp_path):
     h5py = pytest.importorskip("h5py")
     p = str(tmp_path / "t.h5")
-    bufs, first = _write_sample(p)
+    bufs, first, steps = _write_sample(p)
     assert first[0] == 2 and first[2] == "fwd_in"
+    # Session.step_nonfinite: each step as it ended; step 2's NaN in x
+    assert [st[0] for st in steps] == [0, 1, 2]
+    assert steps[0][1:] == (None, None, True)
+    assert steps[2][1] == steps[2][2] == (0, "fwd_in", (1, 0, 0, 1000))
     t = ampprobe.read_trace(p)
     assert t["info"]["complete"] == 1
     assert t["info"]["precision_policy"] == "fp16; fp32: b"

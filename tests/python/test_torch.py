@@ -948,6 +948,87 @@ def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
     assert "step 1" in msg and "module '0'" in msg and "fwd_out" in msg, msg
 
 
+class _OwnInplace(nn.Module):
+    """fc0 makes -inf (as _inplace_after_inf's m[0]); then the forward's
+    own in-place op, no module, makes it finite before fc1 reads it."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.fc0, self.fc1 = nn.Linear(3, 3), nn.Linear(3, 1)
+        with torch.no_grad():
+            self.fc0.weight.copy_(-10 * torch.eye(3))
+            self.fc0.bias.zero_()
+
+    def forward(self, x):
+        h = self.fc0(x)
+        if self.op == "relu_":
+            h.relu_()
+        elif self.op == "nan_to_num_":
+            h.nan_to_num_(neginf=0.0)
+        else:
+            h.masked_fill_(torch.isinf(h), 0.0)
+        return self.fc1(h)
+
+
+_OWN_OPS = ["relu_", "nan_to_num_", "masked_fill_"]
+
+
+@pytest.mark.parametrize("op", _OWN_OPS)
+def test_counts_are_those_recorded_before_the_jobs_own_inplace_op(tmp_path, op):
+    """The job's own in-place op (no module: no pre-hook sees it) after a
+    record: the message's counts are those libprobe computed at the record
+    (probe_session_step_nonfinite), not the zeros of the changed tensor
+    ('0 NaN, 0 +inf, 0 -inf of 6' before)."""
+    m = _OwnInplace(op)
+    x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
+    tr = at.Tracer(m, str(tmp_path / "o.h5"), on_nonfinite="raise")
+    m(x).sum().backward()
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.end_step()
+    assert e.value.module == "fc0" and e.value.site == "fwd_out"
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+
+
+@pytest.mark.parametrize("op", _OWN_OPS)
+def test_later_step_sees_past_the_jobs_own_inplace_op(tmp_path, op):
+    """After the run's first event, a step with a non-finite loss names
+    its first non-finite forward record as recorded: fc0's output, which
+    the job's own in-place op made finite afterwards (before, the scan of
+    the live tensors found none and named the loss; docs/python.md said
+    so as a limit)."""
+    m = _OwnInplace(op)
+    x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
+    tr = at.Tracer(m, str(tmp_path / "o.h5"), on_nonfinite="warn")
+    with pytest.warns(at.NonFiniteWarning):
+        m(x).sum().backward()
+        tr.end_step(loss=1.0)  # the run's first event: step 0
+    with pytest.warns(at.NonFiniteWarning) as w:
+        m(x).sum().backward()
+        tr.end_step(loss=float("nan"))
+    tr.close()
+    msg = str(w[0].message)
+    assert "step 1" in msg and "module 'fc0'" in msg and "fwd_out" in msg \
+        and "2 -inf of 6" in msg, msg
+
+
+def test_a_step_libprobe_did_not_compute_is_scanned(tmp_path):
+    """Scalars mode with neither flight recorder nor snapshots: libprobe
+    computes no record (probe_session_step_nonfinite: not measured), so
+    the step is judged from the tensors, as before: the event is still
+    found and named, with the in-place module's counts taken before it
+    ran."""
+    m, x = _inplace_after_inf()
+    tr = at.Tracer(m, str(tmp_path / "s.h5"), on_nonfinite="raise",
+                   mode="scalars", ring_steps=0, snapshot_on_nonfinite=False)
+    m(x).sum().backward()
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.end_step(loss=1.0)
+    assert ampprobe.Trace(str(tmp_path / "s.h5")).info["n_records"] == 0
+    assert e.value.module == "0" and e.value.site == "fwd_out"
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+
+
 @pytest.mark.skipif(not cpu_fp16_autocast(), reason="torch %s has no FP16 "
                     "CPU autocast (emulate_fp16 there)" % torch.__version__)
 @pytest.mark.parametrize("planted", [False, True])
