@@ -21,6 +21,10 @@ Scenarios:
   prediv     the same with pre-division: finite
   fsdp       the Net sharded by FSDP2 (fully_shard on fc1, head and the
              root; torch >= 2.6), FP32, plain SGD, no DDP
+  fsdp-mp    an MLP (the Net less its BatchNorm, which FSDP2's bf16
+             parameters do not run) sharded by FSDP2 with
+             MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32);
+             rank BAD_RANK's batch holds a NaN at step BAD_STEP
 
 usage: ddp_worker.py OUT SCENARIO...
 """
@@ -132,6 +136,46 @@ def run_fsdp(out, scenario, rank, world):
     return tr, losses
 
 
+class MLP(nn.Module):
+    def __init__(self, t=16, h=12, c=4):
+        super().__init__()
+        self.fc1 = nn.Linear(t, h)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(h, c)
+        self.sm = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        return self.sm(self.head(self.act(self.fc1(x))))
+
+
+def run_fsdp_mp(out, scenario, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    torch.manual_seed(0)
+    model = MLP()
+    mesh = init_device_mesh("cpu", (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                              reduce_dtype=torch.float32)
+    for sub in (model.fc1, model.head, model):
+        fully_shard(sub, mesh=mesh, mp_policy=mp)
+    loss_fn = ProbNLL()
+    tr = at.Tracer(model, os.path.join(out, "trace.h5"), loss_fn=loss_fn,
+                   precision="bf16", on_nonfinite="warn",
+                   config={"name": "fsdp-mp"})
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        x, y = data(step * world + rank,
+                    nan=rank == BAD_RANK and step == BAD_STEP)
+        loss = loss_fn(model(x).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+        losses.append(float(loss))
+    return tr, losses
+
+
 def main():
     out, scenarios = sys.argv[1], sys.argv[2:]
     torch.set_num_threads(1)
@@ -140,8 +184,8 @@ def main():
     for sc in scenarios:
         d = os.path.join(out, sc)
         os.makedirs(d, exist_ok=True)
-        run = (run_linear if sc in ("overflow", "prediv") else
-               run_fsdp if sc == "fsdp" else run_net)
+        run = {"overflow": run_linear, "prediv": run_linear,
+               "fsdp": run_fsdp, "fsdp-mp": run_fsdp_mp}.get(sc, run_net)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", at.NonFiniteWarning)
             tr, losses = run(d, sc, rank, world)

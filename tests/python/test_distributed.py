@@ -783,3 +783,52 @@ def test_fsdp2_refuses_a_weight_digest(tmp_path, group, when):
     t = ampprobe.read_trace(tr.path)
     assert list(t["steps"]["step"]) == [0, 1]
     assert (t["steps"]["unmeasured"] & _lib.SCALAR_WEIGHT_DIGEST).all()
+
+
+@pytest.mark.skipif(not HAVE_FSDP2, reason="torch %s has no "
+                    "torch.distributed.fsdp.fully_shard (FSDP2)"
+                    % torch.__version__)
+def test_fsdp2_mixed_precision_records_bf16_use_and_names_the_rank(tmp_path):
+    """FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32),
+    the way torch 2 jobs shard and cast: the modules run on bf16 copies of
+    the gathered parameters, which the tracer records as used (bf16, whole
+    fc1) with their bf16 gradient before the fp32 reduce-scatter, and the
+    fp32 master shard; rank BAD_RANK's NaN input at step BAD_STEP reaches
+    every rank through the reduce-scatter, and the rank set's post-mortem
+    names that rank, step and the input, not rank 0's NaN shard."""
+    launch(str(tmp_path), ["fsdp-mp"])
+    d = tmp_path / "fsdp-mp"
+    W_, BF16, F32 = 12 * 16, 2, 0
+    for r in range(WORLD):
+        t = ampprobe.read_trace(str(d / ("trace.rank%d.h5" % r)))
+        names = _names(t)
+        rec = t["records"]
+        fc1 = rec[(rec["layer"] == names.index("fc1")) & (rec["step"] == 0)]
+
+        def site(name):
+            return [(int(x["count"]), int(x["dtype"])) for x in fc1
+                    if x["site"] == SITES.index(name)]
+        assert sorted(site("weight")) == [(12, BF16), (W_, BF16)]
+        assert sorted(site("weight_grad")) == [(12, BF16), (W_, BF16)]
+        assert sorted(site("master_weight")) == [(6, F32), (W_ // 2, F32)]
+        # rank r's step-0 fc1 gradient: a plain bf16 copy's on its batch
+        torch.manual_seed(0)
+        ref = W.MLP().to(torch.bfloat16)
+        x, y = data(0 * WORLD + r)
+        ProbNLL()(ref(x.to(torch.bfloat16)).float(), y).backward()
+        wg = max((x for x in fc1 if x["site"] == SITES.index("weight_grad")),
+                 key=lambda x: x["count"])
+        np.testing.assert_allclose(wg["absmax"], float(
+            ref.fc1.weight.grad.float().abs().max()), rtol=1e-2)
+        info = json.loads((d / ("rank%d.json" % r)).read_text())
+        first = info["warnings"][0]
+        assert ("step %d" % W.BAD_STEP) in first, first
+        if r == W.BAD_RANK:
+            assert "module 'input'" in first, first
+        else:  # its shard came back NaN from the reduce-scatter
+            assert "optimizer phase" in first and "master_weight" in first
+    doc = ampprobe.postmortem(str(d))
+    assert doc["kind"] == "ranks" and doc["verdict"] == "diverged", doc
+    nf = doc["first_nonfinite"]
+    assert (nf["rank"], nf["step"], nf["layer"], nf["site"]) == (
+        W.BAD_RANK, W.BAD_STEP, "input", "fwd_out"), nf
