@@ -86,11 +86,13 @@ static int print_out(probe_status st, char *out) {
   return rc;
 }
 
-/* The progress line of one trace (a terminal only, after a second):
- * "checking t.h5: 42% (3.0M of 7.2M rows)", then "analysing t.h5: ...". */
+/* The progress line (a terminal only, after a second): of one trace
+ * "checking t.h5: 42% (3.0M of 7.2M rows)", then "analysing t.h5: ...";
+ * of a rank set "reading rank files: 37% (380 of 1024 files)", then the
+ * focus rank's "checking the focus rank: ..." and "analysing ...". */
 typedef struct pm_progress {
   cli_line line;
-  char name[600]; /* the path, escaped */
+  char name[600]; /* the path, escaped; "the focus rank" for a set */
 } pm_progress;
 
 static void fmt_rows(char *buf, size_t n, uint64_t v) {
@@ -111,8 +113,15 @@ static int pm_progress_fn(const char *phase, uint64_t done, uint64_t total,
   char d[32], t[32];
   fmt_rows(d, sizeof d, done);
   fmt_rows(t, sizeof t, total);
-  cli_line_draw(&p->line, "%s %s: %d%% (%s of %s rows)", phase, p->name,
-                (int)((double)done * 100.0 / (double)total), d, t);
+  int pct = (int)((double)done * 100.0 / (double)total);
+  if (!strcmp(phase, PROBE_PROGRESS_RANKS) ||
+      !strcmp(phase, PROBE_PROGRESS_RANKS_AGAIN))
+    cli_line_draw(&p->line, "reading rank files%s: %d%% (%s of %s files)",
+                  strcmp(phase, PROBE_PROGRESS_RANKS) ? " again" : "", pct, d,
+                  t);
+  else
+    cli_line_draw(&p->line, "%s %s: %d%% (%s of %s rows)", phase, p->name,
+                  pct, d, t);
   return 0;
 }
 
@@ -155,7 +164,7 @@ static int one_trace(const char *path, int json, const probe_diag_options *opt,
  * the one-process report, the focus's. (It was opened isolated to ask
  * which, then read whole again: two full reads.) */
 static int rank_set(const char *const *paths, size_t n, int one_of_set,
-                    int json, const probe_diag_options *opt) {
+                    int json, const probe_diag_options *opt, int quiet) {
   probe_ranks_options ro;
   probe_ranks_options_init(&ro);
   ro.diag = *opt;
@@ -164,7 +173,12 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
   long long bytes = 0;
   for (size_t i = 0; i < n; i++) bytes += cli_file_bytes(paths[i]);
   cli_busy(SUB, n == 1 ? paths[0] : "the rank files", bytes);
-  probe_status st = probe_ranks_run(&r, paths, n, &ro);
+  pm_progress pg;
+  cli_line_init(&pg.line, quiet, cli_line_delay());
+  snprintf(pg.name, sizeof pg.name, "the focus rank");
+  probe_status st = probe_ranks_run_progress(
+      &r, paths, n, &ro, pg.line.enabled ? pm_progress_fn : NULL, &pg);
+  cli_line_clear(&pg.line);
   if (st < 0 && one_of_set && st != PROBE_ERR_NOMEM) {
     /* it cannot be read: said as for a file named alone (its words and
      * exit code: a loop of links, a corrupt file), only on this path */
@@ -250,7 +264,8 @@ int cmd_postmortem(int argc, char **argv) {
   if (!rc)
     rc = n == 1 && !from_set
              ? one_trace(paths[0], json, &opt, quiet)
-             : rank_set((const char *const *)paths, n, n == 1, json, &opt);
+             : rank_set((const char *const *)paths, n, n == 1, json, &opt,
+                        quiet);
   probe_trace_set_free(paths, n);
   return rc;
 }

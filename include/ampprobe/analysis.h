@@ -718,6 +718,19 @@ AMPPROBE_API probe_status probe_ranks_run(probe_ranks *r,
                                           const char *const *paths,
                                           size_t n_paths,
                                           const probe_ranks_options *opt);
+/* probe_ranks_run, telling fn (may be NULL: the same as probe_ranks_run)
+ * how far it is (probe_progress_fn, probe.h): phase PROBE_PROGRESS_RANKS
+ * once with done 0, then after each file; PROBE_PROGRESS_RANKS_AGAIN
+ * likewise over the files read a second time, if any; then the focus
+ * rank's full read and post-mortem, as probe_trace_open_isolated_progress
+ * (opt->isolate) and probe_diag_run_progress report them. A non-zero
+ * return stops it: PROBE_ERR_INTERRUPTED (free r with probe_ranks_free). */
+AMPPROBE_API probe_status probe_ranks_run_progress(probe_ranks *r,
+                                                   const char *const *paths,
+                                                   size_t n_paths,
+                                                   const probe_ranks_options *opt,
+                                                   probe_progress_fn fn,
+                                                   void *user);
 AMPPROBE_API void probe_ranks_free(probe_ranks *r);
 
 /* 1 when more than one rank was read and every one of them stopped at the

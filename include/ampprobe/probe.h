@@ -553,7 +553,8 @@ probe_status probe_trace_open_isolated(probe_trace **out, const char *path,
 
 /* Progress of long work, for a caller that shows it (the library never
  * prints). phase is one of the PROBE_PROGRESS_* strings (compare with
- * strcmp); done rows of total, done never decreasing within a phase,
+ * strcmp); done units of total (rows; files for PROBE_PROGRESS_RANKS and
+ * PROBE_PROGRESS_RANKS_AGAIN), done never decreasing within a phase,
  * done <= total, the last call of a phase that finished has done == total
  * (a phase that fails or is stopped may end earlier). Called in the
  * caller's process and thread, from inside the function that was given
@@ -568,6 +569,11 @@ typedef int (*probe_progress_fn)(const char *phase, uint64_t done,
 #define PROBE_PROGRESS_CHECKING "checking"
 /* probe_diag_run_progress's passes (analysis.h) */
 #define PROBE_PROGRESS_ANALYSING "analysing"
+/* probe_ranks_run_progress reading the rank files (analysis.h; total: the
+ * files), then reading again those whose first event needs a second look
+ * (total: those files) */
+#define PROBE_PROGRESS_RANKS "ranks"
+#define PROBE_PROGRESS_RANKS_AGAIN "ranks again"
 
 /* probe_trace_open_isolated, telling fn (may be NULL: the same as
  * probe_trace_open_isolated) how far the child has read: phase

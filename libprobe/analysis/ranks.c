@@ -65,6 +65,21 @@ void probe_ranks_options_init(probe_ranks_options *o) {
 
 /* ---- steps: compare with the reference, then fold into it --------------- */
 
+/* The caller's progress callback (fn NULL: none). */
+typedef struct progress {
+  probe_progress_fn fn;
+  void *user;
+} progress;
+
+/* Tells the caller done of total in phase; PROBE_ERR_INTERRUPTED when it
+ * asks to stop. */
+static probe_status tell(const progress *pg, const char *phase, size_t done,
+                         size_t total) {
+  if (pg->fn && pg->fn(phase, done, total, pg->user) != 0)
+    return PROBE_ERR_INTERRUPTED;
+  return PROBE_OK;
+}
+
 static int differs(const probe__rstep *a, const probe__rstep *b, int f) {
   switch (f) {
   case PROBE_RANKS_LOSS_SCALE:
@@ -408,7 +423,8 @@ static void take_backoff(probe_rank_entry *e) {
  * decides: their first backoff when it is at or after that step, else
  * (backoffs before it, e.g. in the scaler's warm-up) their file is read
  * again from that step. */
-static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) {
+static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt,
+                                const progress *pg) {
   if (r->first < 0) return PROBE_OK;
   int64_t s0 = r->entries[r->first].nf_step;
   size_t n = 0;
@@ -431,9 +447,11 @@ static probe_status second_pass(probe_ranks *r, const probe_ranks_options *opt) 
   probe__rworker w;
   probe__rworker_init(&w);
   if (s) s->raw_from = s0;
+  if (st >= 0 && n > 0) st = tell(pg, PROBE_PROGRESS_RANKS_AGAIN, 0, n);
   for (size_t k = 0; st >= 0 && k < n; k++) {
     st = opt->isolate ? probe__rank_read_isolated(&w, s, paths, n, k)
                       : probe__rank_read(s, paths[k]);
+    if (st >= 0) st = tell(pg, PROBE_PROGRESS_RANKS_AGAIN, k + 1, n);
     probe_rank_entry *e = &r->entries[which[k]];
     if (st < 0 || s->e.status != PROBE_RANK_READ || s->e.nf_step < 0 ||
         (e->nf_step >= 0 && s->e.nf_step >= e->nf_step))
@@ -560,14 +578,15 @@ static int32_t pick_focus(const probe_ranks *r) {
 
 /* err (cap bytes) gets why the focus could not be read or diagnosed. */
 static void run_focus(probe_ranks *r, const probe_ranks_options *opt,
-                      char *err, size_t cap) {
+                      const progress *pg, char *err, size_t cap) {
   err[0] = '\0';
   r->focus = pick_focus(r);
   if (r->focus < 0 || !opt->focus_diag) return;
   const char *path = r->entries[r->focus].path;
   probe_trace *t = NULL;
   r->focus_status = opt->isolate
-                        ? probe_trace_open_isolated(&t, path, err, cap)
+                        ? probe_trace_open_isolated_progress(
+                              &t, path, err, cap, pg->fn, pg->user)
                         : probe_trace_open(&t, path);
   if (r->focus_status < 0) {
     if (!opt->isolate)
@@ -578,7 +597,8 @@ static void run_focus(probe_ranks *r, const probe_ranks_options *opt,
   if (!r->focus_diag) {
     r->focus_status = PROBE_ERR_NOMEM;
   } else {
-    r->focus_status = probe_diag_run(r->focus_diag, t, path, &opt->diag);
+    r->focus_status = probe_diag_run_progress(r->focus_diag, t, path,
+                                              &opt->diag, pg->fn, pg->user);
     if (r->focus_status < 0) {
       const char *m = probe_trace_last_error(t);
       snprintf(err, cap, "%s%s%s", probe_status_str(r->focus_status),
@@ -852,7 +872,7 @@ static void merger_free(merger *m) {
 static probe_status read_all_files(probe_ranks *r, const char *const *paths,
                                    size_t n_paths,
                                    const probe_ranks_options *opt,
-                                   size_t *cap_entries) {
+                                   const progress *pg, size_t *cap_entries) {
   merger m;
   memset(&m, 0, sizeof m);
   probe__rsum *s = calloc(1, sizeof *s);
@@ -861,11 +881,13 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
   probe_status first_err = PROBE_OK;
   probe__rworker w;
   probe__rworker_init(&w);
+  if (st >= 0) st = tell(pg, PROBE_PROGRESS_RANKS, 0, n_paths);
   for (size_t i = 0; i < n_paths && st >= 0; i++) {
     st = take_file(r, &m, s, paths, n_paths, i, opt->isolate ? &w : NULL);
     if (st >= 0 && s->e.status == PROBE_RANK_UNREADABLE &&
         first_err == PROBE_OK)
       first_err = (probe_status)s->e.error_status;
+    if (st >= 0) st = tell(pg, PROBE_PROGRESS_RANKS, i + 1, n_paths);
   }
   probe__rworker_stop(&w, NULL);
   *cap_entries = m.cap_entries;
@@ -885,6 +907,14 @@ static probe_status read_all_files(probe_ranks *r, const char *const *paths,
 
 probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
                              size_t n_paths, const probe_ranks_options *opt) {
+  return probe_ranks_run_progress(r, paths, n_paths, opt, NULL, NULL);
+}
+
+probe_status probe_ranks_run_progress(probe_ranks *r, const char *const *paths,
+                                      size_t n_paths,
+                                      const probe_ranks_options *opt,
+                                      probe_progress_fn fn, void *user) {
+  const progress pg = {fn, user};
   if (!r) {
     probe__trace_open_msg("probe_ranks_run: NULL result");
     return PROBE_ERR_INVALID_ARG;
@@ -912,19 +942,21 @@ probe_status probe_ranks_run(probe_ranks *r, const char *const *paths,
   }
   r->n_files = n_paths;
   size_t cap = 0;
-  probe_status st = read_all_files(r, paths, n_paths, opt, &cap);
+  probe_status st = read_all_files(r, paths, n_paths, opt, &pg, &cap);
   if (st >= 0) st = add_missing(r, &cap);
   if (st < 0) return st;
   qsort(r->entries, r->n_entries, sizeof *r->entries, cmp_entry);
   for (int f = 0; f < PROBE_RANKS_FIELD_COUNT; f++)
     r->n_disagreements += r->disagree[f].found;
   find_first(r);
-  st = second_pass(r, opt);
+  st = second_pass(r, opt, &pg);
   if (st < 0) return st;
   assign_roles(r);
   char err[PROBE_RANKS_TEXT_MAX];
-  run_focus(r, opt, err, sizeof err);
-  if (r->focus_status == PROBE_ERR_NOMEM) return PROBE_ERR_NOMEM;
+  run_focus(r, opt, &pg, err, sizeof err);
+  if (r->focus_status == PROBE_ERR_NOMEM ||
+      r->focus_status == PROBE_ERR_INTERRUPTED)
+    return r->focus_status;
   /* the focus is the one rank read whole (isolated: its child reads every
    * row; the others only their steps and the records at their event,
    * docs/multirank.md "What is read") */

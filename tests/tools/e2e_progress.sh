@@ -7,12 +7,15 @@
 # nothing before its delay (AMPPROBE_PROGRESS_DELAY, 1 s by default: 0 here,
 # so that a trace of 60,000 records needs no seconds of work), and nothing
 # at all with stderr to a file. The pty checks fail on the CLI before the
-# line existed.
+# line existed. Given SYNTH_RANKS (bench/synth_ranks), the same for a set
+# of 96 rank files (probe_ranks_run_progress): "reading rank files: N% (k
+# of 96 files)", then the focus rank's "checking/analysing the focus rank".
 #
-# usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE
+# usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE [SYNTH_RANKS]
 set -u
-BIN=${1:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE}
-GEN=${2:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE}
+BIN=${1:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE [SYNTH_RANKS]}
+GEN=${2:?usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE [SYNTH_RANKS]}
+SYNTH=${3:-}
 PY=/usr/bin/python3
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ampprobe-e2e-progress.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -100,6 +103,45 @@ if grep -q "%" "$WORK/d.err"; then
   fail "before its delay the line was drawn: $(head -c 200 "$WORK/d.err" | od -c | head -3)"
 else
   pass "nothing before the delay"
+fi
+
+# a rank set
+if [ -z "$SYNTH" ]; then
+  echo "skip: the rank set (no bench/synth_ranks given: AMPPROBE_BUILD_BENCH off)"
+else
+  S="$WORK/set"
+  "$SYNTH" --out "$S" --ranks 96 --steps 200 --layers 8 --quiet >/dev/null ||
+    { echo "FAIL: cannot write the rank set"; exit 1; }
+  "$BIN" postmortem "$S" >"$WORK/sref.out" 2>"$WORK/sref.err"
+  SREF_RC=$?
+  [ "$SREF_RC" -le 1 ] || fail "postmortem of the set: exit $SREF_RC: $(cat "$WORK/sref.err")"
+  AMPPROBE_PROGRESS_DELAY=0 "$BIN" postmortem "$S" >/dev/null 2>"$WORK/sref0.err"
+  if [ -s "$WORK/sref0.err" ]; then
+    fail "a set, stderr to a file, delay 0: $(head -c 300 "$WORK/sref0.err" | od -c | head -3)"
+  else
+    pass "a set, stderr to a file, delay 0: nothing"
+  fi
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/stty.out" "$WORK/stty.err" "$BIN" postmortem "$S"
+  if [ "$RC" != "$SREF_RC" ]; then
+    fail "a set on a terminal: exit $RC, not $SREF_RC"
+  elif ! cmp -s "$WORK/stty.out" "$WORK/sref.out"; then
+    fail "a set on a terminal: stdout differs from the one without a terminal"
+  elif ! grep -qE "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/stty.err"; then
+    fail "a set on a terminal: no 'reading rank files: N% (k of 96 files)': $(head -c 400 "$WORK/stty.err" | od -c | head -5)"
+  elif ! "$PY" -c '
+import sys
+b = open(sys.argv[1], "rb").read()
+sys.exit(0 if b.endswith(b"\r\x1b[K") and b"\n" not in b else 1)' "$WORK/stty.err"; then
+    fail "a set on a terminal: not one line erased at the end: $(tail -c 200 "$WORK/stty.err" | od -c | tail -4)"
+  else
+    pass "a set on a terminal: the files read, in percent, erased at the end"
+  fi
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sq.out" "$WORK/sq.err" "$BIN" postmortem -q "$S"
+  if [ -s "$WORK/sq.err" ]; then
+    fail "a set, -q on a terminal: stderr $(head -c 200 "$WORK/sq.err" | od -c | head -3)"
+  else
+    pass "a set, -q on a terminal: nothing"
+  fi
 fi
 
 [ "$FAILS" = 0 ] || { echo "$FAILS check(s) failed"; exit 1; }

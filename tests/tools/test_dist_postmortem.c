@@ -1775,6 +1775,111 @@ START_TEST(test_weights_everywhere_not_allreduce) {
 }
 END_TEST
 
+/* ---- probe_ranks_run_progress ------------------------------------------- */
+
+typedef struct set_log {
+  int calls, bad;
+  char what[200];
+  char phases[8][32]; /* in the order they came */
+  int n_phases;
+  uint64_t done, total;             /* the last call's */
+  uint64_t ranks_total, ranks_done; /* phase "ranks": its last call */
+  const char *stop_in; /* return 1 at the stop_at-th call of this phase */
+  int stop_at, in_phase;
+} set_log;
+
+static void set_log_bad(set_log *l, const char *phase, uint64_t done,
+                        uint64_t total) {
+  if (l->bad) return;
+  l->bad = 1;
+  snprintf(l->what, sizeof l->what, "%s: %llu of %llu after %llu of %llu",
+           phase, (unsigned long long)done, (unsigned long long)total,
+           (unsigned long long)l->done, (unsigned long long)l->total);
+}
+
+static int set_cb(const char *phase, uint64_t done, uint64_t total,
+                  void *user) {
+  set_log *l = user;
+  l->calls++;
+  int same = l->n_phases > 0 && !strcmp(l->phases[l->n_phases - 1], phase);
+  if (!same) {
+    if (l->n_phases < 8)
+      snprintf(l->phases[l->n_phases++], sizeof l->phases[0], "%s", phase);
+    l->in_phase = 0;
+    if (done != 0) set_log_bad(l, phase, done, total); /* begins at 0 */
+  } else if (done < l->done || total != l->total) {
+    set_log_bad(l, phase, done, total);
+  }
+  if (done > total) set_log_bad(l, phase, done, total);
+  l->in_phase++;
+  l->done = done;
+  l->total = total;
+  if (!strcmp(phase, PROBE_PROGRESS_RANKS)) {
+    l->ranks_done = done;
+    l->ranks_total = total;
+  }
+  return l->stop_in && !strcmp(phase, l->stop_in) && l->in_phase >= l->stop_at;
+}
+
+/* The progress of a set: each file read is told (phase "ranks", total
+ * the files, done 0 first and the total last), then the focus rank's full
+ * read (isolated: "checking") and post-mortem ("analysing"); the findings
+ * are those of probe_ranks_run; a stop asked in any phase is
+ * PROBE_ERR_INTERRUPTED at once. */
+START_TEST(test_progress_of_a_set) {
+  job j;
+  job_init(&j, "progress", 8, 12);
+  j.f[5].nan_input_step = 7;
+  write_job(&j);
+  char paths[MAX_WORLD][256];
+  const char *ptrs[MAX_WORLD];
+  size_t n = job_paths(&j, paths, ptrs, -1);
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  static const char *const stops[] = {
+      PROBE_PROGRESS_RANKS, PROBE_PROGRESS_CHECKING, PROBE_PROGRESS_ANALYSING};
+  for (int isolate = 0; isolate <= 1; isolate++) {
+    o.isolate = isolate;
+    probe_ranks r0, r;
+    ck_assert_int_eq(probe_ranks_run(&r0, ptrs, n, &o), PROBE_OK);
+    set_log l = {0};
+    ck_assert_int_eq(probe_ranks_run_progress(&r, ptrs, n, &o, set_cb, &l),
+                     PROBE_OK);
+    ck_assert_msg(!l.bad, "%s", l.what);
+    ck_assert_str_eq(l.phases[0], PROBE_PROGRESS_RANKS);
+    ck_assert_uint_eq(l.ranks_total, n);
+    ck_assert_uint_eq(l.ranks_done, n);
+    ck_assert_int_ge(l.calls, (int)n + 1);
+    /* the focus rank last: its full read (isolated) and its post-mortem */
+    ck_assert_str_eq(l.phases[l.n_phases - 1], PROBE_PROGRESS_ANALYSING);
+    if (isolate)
+      ck_assert_str_eq(l.phases[l.n_phases - 2], PROBE_PROGRESS_CHECKING);
+    ck_assert_uint_eq(l.done, l.total);
+    ck_assert_int_eq(r.first, r0.first);
+    ck_assert_int_eq(r.entries[r.first].rank, 5);
+    ck_assert_int_eq(r.verdict, r0.verdict);
+    ck_assert_int_eq(r.focus, r0.focus);
+    probe_ranks_free(&r0);
+    probe_ranks_free(&r);
+
+    for (int k = 0; k < 3; k++) {
+      if (!isolate && k == 1) continue; /* no "checking" unisolated */
+      set_log stop = {.stop_in = stops[k], .stop_at = 2};
+      ck_assert_int_eq(
+          probe_ranks_run_progress(&r, ptrs, n, &o, set_cb, &stop),
+          PROBE_ERR_INTERRUPTED);
+      ck_assert_str_eq(stop.phases[stop.n_phases - 1], stops[k]);
+      ck_assert_int_eq(stop.in_phase, 2);
+      probe_ranks_free(&r);
+    }
+  }
+  set_log none = {0};
+  ck_assert_int_eq(probe_ranks_run_progress(NULL, ptrs, n, &o, set_cb, &none),
+                   PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(none.calls, 0);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -1815,6 +1920,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_next_step_keeps_the_ranks);
   tcase_add_test(tc, test_gradient_that_went_nowhere);
   tcase_add_test(tc, test_weights_everywhere_not_allreduce);
+  tcase_add_test(tc, test_progress_of_a_set);
   suite_add_tcase(s, tc);
   return s;
 }
