@@ -50,6 +50,34 @@ _DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _COMPILER_DISABLE = getattr(getattr(torch, "compiler", None), "disable", None)
 
 
+def _guard_module_hooks():
+    """Makes torch.compile guard its code on the hooks of the modules it
+    runs (torch._dynamo.config.skip_nnmodule_hook_guards = False, process
+    wide; torch >= 2). By default it does not, and code compiled for one
+    instance of a class before it had hooks is reused for another that has
+    them: the traced model's forward then ran without the tracer's hooks,
+    and its parameters' gradient hooks found no step open (a compiled
+    untraced copy run first; bench/python_overhead.py --compiled). A guard
+    more per module and call, checked in C++; no effect on eager code."""
+    if _COMPILER_DISABLE is None:
+        return
+    try:
+        import torch._dynamo.config as dynamo_config
+    except Exception:  # noqa: BLE001 (a torch without dynamo)
+        return
+    if getattr(dynamo_config, "skip_nnmodule_hook_guards", False):
+        dynamo_config.skip_nnmodule_hook_guards = False
+
+
+_NO_STEP = (
+    "ampprobe: a gradient of module '%s' arrived with no step open: the "
+    "model's forward ran without the tracer's hooks, or end_step() was "
+    "called before backward(). With torch.compile: code compiled before "
+    "this Tracer for another instance of the model's classes is reused "
+    "without the hooks; call torch._dynamo.reset() once after creating "
+    "the Tracer (docs/python.md, torch.compile)")
+
+
 def _uncompiled(model):
     """The module torch.compile(model) wrapped (its OptimizedModule calls
     that module, whose hooks run from the compiled code), else model."""
@@ -873,6 +901,7 @@ class Tracer:
         # Always hooked: the model's forward under grad starts the step
         # (so that modules it runs under no_grad first - a teacher - are
         # inside it), and records the input when selected.
+        _guard_module_hooks()
         self._hooks.append(_pre_hook(
             model, self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
@@ -934,7 +963,11 @@ class Tracer:
 
     def _record(self, L, site, t):
         """Hands one tensor to libprobe by pointer (copy if it must)."""
-        if not self._recording or self._closed:
+        if self._closed:
+            return
+        if self._step is None:  # a gradient: forward hooks opened none
+            raise RuntimeError(_NO_STEP % _lib.escape(L.name))
+        if not self._recording:
             return
         if _is_dtensor(t):  # FSDP2 / tensor parallel: this rank's shard
             t = t.to_local()
@@ -1172,6 +1205,9 @@ class Tracer:
         def hook(g):
             if _gone(self):
                 return None
+            if self._step is None and not self._closed:  # (_record's
+                # check, before the first step: nothing recorded yet)
+                raise RuntimeError(_NO_STEP % _lib.escape(L.name))
             if L.emulate:
                 g = _round16(g)
             self._record(L, "weight_grad", g)

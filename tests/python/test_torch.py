@@ -1029,6 +1029,21 @@ def test_a_step_libprobe_did_not_compute_is_scanned(tmp_path):
     assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
 
 
+def test_end_step_before_backward_is_an_error_that_says_why(tmp_path):
+    """A job that ends its step before its backward: the gradients arrive
+    with no step open, an error that says so (it was libprobe's
+    'probe_tensor_record outside a step' from inside the backward; the
+    same error names a torch.compile'd copy run before the Tracer,
+    test_torch_compile.py)."""
+    m, x = _inplace_after_inf()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), precision="fp32")
+    loss = m(x.clamp(max=1.0)).sum()
+    tr.end_step(loss=loss)
+    with pytest.raises(RuntimeError, match="no step open.*end_step"):
+        loss.backward()
+    tr.close()
+
+
 @pytest.mark.skipif(not cpu_fp16_autocast(), reason="torch %s has no FP16 "
                     "CPU autocast (emulate_fp16 there)" % torch.__version__)
 @pytest.mark.parametrize("planted", [False, True])

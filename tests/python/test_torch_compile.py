@@ -14,6 +14,7 @@ if not hasattr(torch, "compile") or not hasattr(torch, "compiler"):
     pytest.skip("torch %s has no torch.compile (torch >= 2.1 needed)"
                 % torch.__version__, allow_module_level=True)
 import torch._dynamo  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 import ampprobe  # noqa: E402
 import ampprobe.torch as at  # noqa: E402
@@ -42,6 +43,9 @@ def fresh_dynamo(monkeypatch):
     with inputs that need no gradient)."""
     torch._dynamo.reset()
     cfg = torch._dynamo.config
+    if hasattr(cfg, "skip_nnmodule_hook_guards"):  # a Tracer sets it
+        monkeypatch.setattr(cfg, "skip_nnmodule_hook_guards",
+                            cfg.skip_nnmodule_hook_guards)
     for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
         if hasattr(cfg, name):
             monkeypatch.setattr(cfg, name, True)
@@ -113,6 +117,58 @@ def test_compiled_job_records_as_eager(tmp_path, how):
                 np.testing.assert_allclose(y[f], x[f], rtol=1e-4, atol=1e-5,
                                            err_msg="%s %s" % (k, f))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+def _seq():
+    """bench/python_overhead.py's healthy model, as a Softmax classifier: a
+    class whose compiled code dynamo shares between instances."""
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(),
+                         nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(),
+                         nn.Linear(32, 4), nn.Softmax(-1))
+
+
+def _seq_step(job):
+    x, y = data(0)
+    loss = ProbNLL()(job(x), y)
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("how", ["copy-first", "copy-after",
+                                 "copy-first-reset"])
+def test_a_compiled_copy_of_the_models_class(tmp_path, how):
+    """An untraced compiled copy of the model's class, run before the
+    traced compiled model: dynamo reused its code, compiled without hooks,
+    for the traced model (it does not guard on module hooks by default),
+    so no forward hook ran and the backward was a ProbeError
+    'probe_tensor_record outside a step' (bench/python_overhead.py
+    --compiled hit it). The Tracer now turns dynamo's hook guards on:
+    a copy run after the Tracer was made is harmless ("copy-after"); one
+    run before it is an error naming the cause and the fix
+    ("copy-first"), and the fix, torch._dynamo.reset() after the Tracer,
+    works ("copy-first-reset")."""
+    if how != "copy-after":
+        _seq_step(torch.compile(_seq()))
+    torch.manual_seed(0)
+    job = torch.compile(_seq())
+    tr = at.Tracer(job, str(tmp_path / "t.h5"))  # the default precision
+    if how == "copy-after":
+        _seq_step(torch.compile(_seq()))
+    elif how == "copy-first-reset":
+        torch._dynamo.reset()
+    if how == "copy-first":
+        with pytest.raises(RuntimeError, match=r"no step open.*"
+                           r"torch\._dynamo\.reset\(\)"):
+            _seq_step(job)
+        tr.close()
+        return
+    for _ in range(2):
+        tr.end_step(loss=_seq_step(job))
+    tr.close()
+    t = ampprobe.read_trace(tr.path)
+    k = _keyed(t)
+    # the input and the 8 modules' outputs, both steps
+    assert sum(1 for s, _, site in k if site == "fwd_out") == 2 * 9
 
 
 # planted FP16 overflows under emulation (models.PLANTED, as test_torch.py)
