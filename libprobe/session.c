@@ -473,7 +473,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   s->first_nonfinite = s->w_first_nonfinite = -1;
   s->nf_rec_step = -1;
   s->nf_last_step = -1;
-  s->nf_last_any.layer = s->nf_last_fwd.layer = -1;
+  s->nf_last_any.layer = s->nf_last_fwd.layer = -1; /* the rest is 0 */
   if (o.layer_select && (s->layer_select = strdup(o.layer_select)) == NULL)
     goto nomem;
   s->opt.layer_select = s->layer_select;
@@ -958,9 +958,11 @@ static probe_nonfinite_record nonfinite_record(const probe_record *r) {
 /* Keeps what probe_session_step_nonfinite says of the step ending now;
  * first is its first non-finite record (n_cur: none). */
 static void step_nonfinite_keep(probe_session *s, size_t first) {
+  static const probe_nonfinite_record none = {-1, PROBE_SITE_FWD_IN, 0, 0, 0,
+                                              0};
   s->nf_last_step = s->step;
   s->nf_last_measured = !s->cur_left_out;
-  s->nf_last_any.layer = s->nf_last_fwd.layer = -1;
+  s->nf_last_any = s->nf_last_fwd = none;
   if (first == s->n_cur) return;
   s->nf_last_any = nonfinite_record(&s->cur[first]);
   for (size_t i = first; i < s->n_cur; i++)

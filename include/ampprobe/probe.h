@@ -350,8 +350,9 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
                                            probe_site *site, int *covers_all);
 
 /* One record holding NaN or inf (probe_session_step_nonfinite): its layer
- * (-1: there is none) and site, and its counts as the session computed
- * them when it was recorded. */
+ * (-1: there is none; then site is PROBE_SITE_FWD_IN and the counts 0) and
+ * site, and its counts as the session computed them when it was
+ * recorded. */
 typedef struct probe_nonfinite_record {
   int32_t layer;
   probe_site site;
