@@ -281,9 +281,6 @@ def _declare(lib):
     fn("probe_session_last_error", c.c_char_p, P)
     fn("probe_session_first_nonfinite", st, P, c.POINTER(c.c_int64),
        c.POINTER(c.c_int32), c.POINTER(c.c_int), c.POINTER(c.c_int))
-    fn("probe_session_step_nonfinite", st, P, c.POINTER(c.c_int64),
-       c.POINTER(probe_nonfinite_record), c.POINTER(probe_nonfinite_record),
-       c.POINTER(c.c_int))
     fn("probe_layer_register", st, P, c.c_char_p, c.c_int, c.c_int,
        c.POINTER(c.c_int32))
     fn("probe_step_begin", st, P, c.c_int64)
@@ -308,6 +305,10 @@ def _declare(lib):
     fn("probe_trace_read_snapshot_data", st, P,
        c.POINTER(probe_snapshot_info), c.POINTER(c.c_float))
     # Optional: the analysis API (include/ampprobe/analysis.h) and version.
+    if hasattr(lib, "probe_session_step_nonfinite"):  # 0.3.x after ef00638
+        fn("probe_session_step_nonfinite", st, P, c.POINTER(c.c_int64),
+           c.POINTER(probe_nonfinite_record),
+           c.POINTER(probe_nonfinite_record), c.POINTER(c.c_int))
     if hasattr(lib, "probe_postmortem_json"):
         fn("probe_postmortem_json", st, c.POINTER(c.c_char_p), c.c_size_t,
            c.POINTER(c.c_void_p))

@@ -487,7 +487,10 @@ class Session:
         record holding NaN or inf, and its first at a forward site, each
         None or (layer_id, site_name, (nan, +inf, -inf, count)) as the
         session computed them when recorded; measured is False when the
-        session left some of the step's records out."""
+        session left some of the step's records out (or when the library
+        is older than this call: (-1, None, None, False))."""
+        if not hasattr(self._lib, "probe_session_step_nonfinite"):
+            return -1, None, None, False
         step = ctypes.c_int64(-1)
         rec = (_lib.probe_nonfinite_record(), _lib.probe_nonfinite_record())
         meas = ctypes.c_int(0)

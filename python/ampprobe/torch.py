@@ -91,11 +91,11 @@ def _uncompiled(model):
 def _pre_hook(module, hook):
     """Registers hook(module, inputs) as module's forward pre-hook, run
     outside torch.compile's graphs (_eager). inputs holds the call's inputs
-    alone (_input_args): its positional arguments less those filling an
-    optional parameter, and where torch passes keyword arguments to hooks
-    (>= 2.0) the keyword ones filling a required parameter, as an
-    _ArgsKwargs when there are such. What hook returns (inputs of the same
-    shape, or None) goes back to torch in their places."""
+    alone, its masks left out (_input_positions, _input_kwargs): the
+    positional arguments, and where torch passes keyword arguments to hooks
+    (>= 2.0) the keyword ones, as an _ArgsKwargs when there are such. What
+    hook returns (inputs of the same shape, or None) goes back to torch in
+    their places."""
     def positional(module, args):
         keep = _input_positions(module, len(args))
         if keep is None:
@@ -130,15 +130,22 @@ def _put_back(args, keep, ins):
     return tuple(out)
 
 
+def _is_mask(name):
+    """A parameter that takes a mask (attn_mask, src_mask, attention_mask,
+    key_padding_mask, mask): an option, not an input. An additive mask
+    holds -inf by design; traced as an input it was a non-finite event of
+    a healthy job ('NaN or inf arrived in the input data')."""
+    return "mask" in name.lower()
+
+
 _SIGNATURES = {}  # class -> _forward_signature(class)
 
 
 def _forward_signature(cls):
-    """What a call of cls's forward takes as its inputs: (for each
-    positional parameter, whether it has no default; the names of the
-    parameters with no default that a keyword can fill). The first is None
-    when forward has no Python signature: every positional argument is
-    then an input."""
+    """(for each positional parameter of cls's forward, whether it takes a
+    mask; the names a keyword can fill, in order). The first is None when
+    forward has no Python signature: every positional argument is then an
+    input."""
     sig = _SIGNATURES.get(cls)
     if sig is not None:
         return sig
@@ -148,36 +155,39 @@ def _forward_signature(cls):
     except (TypeError, ValueError):  # no Python signature
         sig = (None, ())
     else:
-        sig = (tuple(q.default is P.empty for q in ps
+        sig = (tuple(_is_mask(q.name) for q in ps
                      if q.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)),
-               tuple(q.name for q in ps if q.default is P.empty and
-                     q.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)))
+               tuple(q.name for q in ps
+                     if q.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)))
     _SIGNATURES[cls] = sig
     return sig
 
 
 def _input_positions(module, n):
     """The positions, of a call's n positional arguments, that are the
-    module's inputs, or None when all are (the common case). An argument
-    filling an optional parameter of its forward is an option, as by
-    keyword (_input_kwargs): `block(x, mask)` with forward(self, x,
-    mask=None), `model(x, mask)`, `enc(src, src_mask)`; arguments past
-    the named parameters fill *args and are inputs."""
-    required = _forward_signature(type(module))[0]
-    if required is None or all(required[:n]):
+    module's inputs, or None when all are (the common case): all but those
+    filling a mask parameter (`block(x, mask)`, `enc(src, src_mask)`,
+    `mha(q, k, v, None, False, attn_mask)`). Arguments past the named
+    parameters fill *args and are inputs."""
+    masks = _forward_signature(type(module))[0]
+    if masks is None or not any(masks[:n]):
         return None
-    return tuple(i for i in range(n) if i >= len(required) or required[i])
+    return tuple(i for i in range(n) if i >= len(masks) or not masks[i])
 
 
 def _input_kwargs(module, kwargs):
-    """The keyword arguments of a call that are the module's inputs: those
-    filling a parameter of its forward that has no default (fc(input=h),
-    crit(input=p, target=y)), in the signature's order (a criterion's first
-    is its prediction). Optional ones are options, not inputs: an
-    attn_mask=, src_mask= or attention_mask= holds -inf by design, and
-    traced as an input it was a non-finite event of a healthy job."""
-    req = _forward_signature(type(module))[1]
-    return {n: kwargs[n] for n in req if n in kwargs}
+    """The keyword arguments of a call that are the module's inputs: all
+    but masks (attn_mask=, attention_mask=), those of its forward's
+    parameters in the signature's order (crit(target=y, input=p): a
+    criterion's first is its prediction), then any its **kwargs took, in
+    the call's order (fc(input=h), model(pixel_values=x),
+    layer(h, encoder_hidden_states=e))."""
+    names = _forward_signature(type(module))[1]
+    out = {n: kwargs[n] for n in names if n in kwargs and not _is_mask(n)}
+    for n, v in kwargs.items():
+        if n not in out and n not in names and not _is_mask(n):
+            out[n] = v
+    return out
 
 
 def _is_dtensor(t):
@@ -482,10 +492,10 @@ def _fp32_forward(self, *args, **kwargs):
     to the module with MethodType, so copy.deepcopy binds it to the copy
     and torch.save can pickle it."""
     def up(a):
-        return a.float() if torch.is_tensor(a) and a.dtype in (
-            torch.float16, torch.bfloat16) else a
-    args = tuple(up(a) for a in args)
-    kwargs = {k: up(v) for k, v in kwargs.items()}
+        return a.float() if a.dtype in (torch.float16, torch.bfloat16) else a
+    # nested too: an LSTM's (h, c) (its bf16 state made the CPU LSTM fail)
+    args = _map_floats(args, up)
+    kwargs = _map_floats(kwargs, up)
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
         return type(self).forward(self, *args, **kwargs)
 
@@ -779,6 +789,13 @@ class Tracer:
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
+        # whether end_step must scan the tensors itself (on_nonfinite):
+        # libprobe computes no record in scalars mode with neither flight
+        # recorder nor snapshots (_step_nonfinite); in full mode it computes
+        # every record the tracer gives it
+        self._scan = (mode == "scalars" and
+                      not self.session.first_nonfinite()[3]) or not hasattr(
+                          self.session._lib, "probe_session_step_nonfinite")
         try:  # the file this session made: only that one is removed
             made = os.stat(self.path)
             made = (made.st_dev, made.st_ino)
@@ -1103,10 +1120,11 @@ class Tracer:
         # The module is about to change tensors recorded in this step: their
         # non-finite counts as recorded are taken now, for the end_step
         # scan (an in-place op of the job's own is not seen: docs). Only
-        # when that scan runs (on_nonfinite "warn" or "raise"): with the
-        # default "record" it would be a reduction (and on a GPU a sync)
-        # per in-place module for nothing.
-        if self.on_nonfinite != "record" and self._recording and self._refs:
+        # when that scan runs (on_nonfinite "warn" or "raise", and libprobe
+        # computes no record: self._scan): else it would be a reduction
+        # (and on a GPU a sync) per in-place module for nothing.
+        if (self._scan and self.on_nonfinite != "record" and self._recording
+                and self._refs):
             ids = {id(t): t for t in fin}
             for e in self._refs:
                 t = ids.get(id(e[2]))
@@ -1471,6 +1489,9 @@ class Tracer:
         name = L.name if L is not None else "loss"
         kind = L.kind if L is not None else "loss"
         detail = "" if c is None else " (%d NaN, %d +inf, %d -inf of %d)" % c
+        if L is None and not self._in_window(step):
+            detail = (" (the step was not traced: outside step_start/"
+                      "step_end/every, so where it began is not known)")
         if site == _dist.POST:
             detail += ("; it came back from the gradient all-reduce, finite "
                        "as this rank sent it: another rank's gradient or "

@@ -811,6 +811,9 @@ def test_fsdp2_mixed_precision_records_bf16_use_and_names_the_rank(tmp_path):
         assert sorted(site("weight")) == [(12, BF16), (W_, BF16)]
         assert sorted(site("weight_grad")) == [(12, BF16), (W_, BF16)]
         assert sorted(site("master_weight")) == [(6, F32), (W_ // 2, F32)]
+        inp = rec[(rec["layer"] == names.index("input")) & (rec["step"] == 0)]
+        assert [(int(x["count"]), int(x["dtype"])) for x in inp] == [
+            (16 * 16, BF16)]  # as FSDP cast it (cast_forward_inputs)
         # rank r's step-0 fc1 gradient: a plain bf16 copy's on its batch
         torch.manual_seed(0)
         ref = W.MLP().to(torch.bfloat16)

@@ -1029,6 +1029,24 @@ def test_a_step_libprobe_did_not_compute_is_scanned(tmp_path):
     assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
 
 
+def test_a_nan_loss_of_an_untraced_step_says_so(tmp_path):
+    """every=2: step 1 is not traced (no record); its NaN loss is
+    signalled as the loss's, saying the step was not traced (it named
+    module 'loss' as if the loss's own code had made it)."""
+    m, x = _inplace_after_inf()
+    tr = at.Tracer(m, str(tmp_path / "w.h5"), on_nonfinite="warn", every=2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always", at.NonFiniteWarning)
+        for step in range(2):
+            m(x.clamp(max=1.0)).sum().backward()
+            tr.end_step(loss=float("nan") if step == 1 else 1.0)
+    tr.close()
+    msgs = [str(x.message) for x in w
+            if issubclass(x.category, at.NonFiniteWarning)]
+    assert len(msgs) == 1 and "step 1" in msgs[0] and \
+        "the step was not traced" in msgs[0], msgs
+
+
 def test_end_step_before_backward_is_an_error_that_says_why(tmp_path):
     """A job that ends its step before its backward: the gradients arrive
     with no step open, an error that says so (it was libprobe's

@@ -1038,6 +1038,43 @@ def test_fp32_module_casts_keyword_inputs(tmp_path, monkeypatch):
     assert seen == [torch.float32]
 
 
+def test_fp32_module_casts_nested_and_optional_arguments(tmp_path,
+                                                         monkeypatch):
+    """A module forced to FP32 gets float32 in nested arguments too (an
+    LSTM's (h, c) state: bf16 there, the CPU LSTM failed 'could not create
+    a primitive descriptor') and in its masks, which are no inputs."""
+    monkeypatch.setenv("AMPPROBE_FP32", "cell")
+    seen = []
+
+    class Cell(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x, hc=None, attn_mask=None):
+            seen.extend([x.dtype, hc[0].dtype, hc[1].dtype, attn_mask.dtype])
+            return x @ self.w + hc[0] + hc[1] + attn_mask
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.cell = nn.Linear(4, 4), Cell()
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.cell(h, (h * 2, h * 3), h * 0).sum()
+
+    torch.manual_seed(0)
+    m = M()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), precision="bf16")
+    with tr.autocast():
+        loss = m(torch.randn(8, 4))
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    assert seen == [torch.float32] * 4
+
+
 # ---- parameters replaced after the Tracer hooked the model ----------------------
 
 def _replace(m, how, sd):
@@ -1247,11 +1284,11 @@ def test_a_mask_by_position_under_fp16_emulation(tmp_path):
     assert r["neginf_count"].sum() == 0
 
 
-def test_a_required_mask_and_star_args_stay_inputs(tmp_path):
-    """The line is the signature, not the name or the values: a mask that
-    fills a parameter with no default is an input (recorded, so its -inf
-    is an event: docs/python.md says to give it a default), and arguments
-    gathered by *args are all inputs."""
+def test_the_line_is_the_parameters_name(tmp_path):
+    """A mask is an option by its parameter's name, required or not: a
+    required `mask` is left out too; a required parameter of another name
+    holding -inf is an input (its -inf an event at that module's fwd_in);
+    arguments gathered by *args are all inputs."""
     class Required(nn.Module):  # a leaf: hooked as one layer
         def __init__(self):
             super().__init__()
@@ -1260,6 +1297,10 @@ def test_a_required_mask_and_star_args_stay_inputs(tmp_path):
         def forward(self, x, mask):
             return x @ self.w + mask.clamp(min=-1e4).mean(-1, keepdim=True)
 
+    class Scores(nn.Module):
+        def forward(self, x, logits):  # not a mask by its name
+            return x + logits.clamp(min=-1e4).mean(-1, keepdim=True)
+
     class Star(nn.Module):
         def forward(self, *xs):
             return sum(xs)
@@ -1267,11 +1308,12 @@ def test_a_required_mask_and_star_args_stay_inputs(tmp_path):
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.req, self.star = Required(), Star()
+            self.req, self.sc, self.star = Required(), Scores(), Star()
             self.head = nn.Linear(8, 1)
 
         def forward(self, x, mask=None):
-            return self.head(self.star(self.req(x, mask), x, x))
+            h = self.sc(self.req(x, mask), mask)
+            return self.head(self.star(h, x, x))
 
     torch.manual_seed(0)
     path = str(tmp_path / "t.h5")
@@ -1282,9 +1324,146 @@ def test_a_required_mask_and_star_args_stay_inputs(tmp_path):
     def at_(layer, site):
         return r[[names[i] == layer and ampprobe._lib.SITES[s] == site
                   for i, s in zip(r["layer"], r["site"])]]
-    assert list(at_("req", "fwd_in")["neginf_count"]) == [0, 15]
+    assert list(at_("req", "fwd_in")["count"]) == [144]  # x alone
+    assert list(at_("sc", "fwd_in")["neginf_count"]) == [0, 15]
     assert len(at_("star", "fwd_in")) == 3
-    assert ampprobe.postmortem(path)["event"]["origin_layer"] == "req"
+    assert ampprobe.postmortem(path)["event"]["origin_layer"] == "sc"
+
+
+class _Cell(nn.Module):
+    """A recurrent cell's loop: h = cell(x_t, h), hx optional (GRUCell)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(4, 6)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = None
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+        return self.head(h)
+
+
+class _Seq(nn.Module):
+    """nn.LSTM given its initial state: lstm(x, (h0, c0)), hx optional."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, x, h0=None):
+        hc = None if h0 is None else (h0, torch.zeros_like(h0))
+        return self.head(self.lstm(x, hc)[0][:, -1])
+
+
+class _Pixels(nn.Module):
+    """An HF-style model: every forward parameter optional,
+    forward(pixel_values=None, labels=None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, pixel_values=None, labels=None):
+        return self.head(self.patch(pixel_values)).mean(1)
+
+
+def _data_job(tmp_path, model, call, nan=None, name="t.h5", **kw):
+    """One traced step of model on x (3, 5, 4); nan: where a NaN goes
+    ("x", or "state": the optional state argument). Returns (records,
+    layer names, the post-mortem's event)."""
+    torch.manual_seed(0)
+    path = str(tmp_path / name)
+    kw.setdefault("precision", "fp32")
+    tr = at.Tracer(model, path, **kw)
+    x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
+    state = torch.randn(1, 3, 6) * 0.1
+    if nan == "x":
+        x[1, 2, 3] = float("nan")
+    if nan == "state":
+        state[0, 1, 2] = float("nan")
+    out = call(model, x, state)
+    out.pow(2).mean().backward()
+    tr.end_step(loss=float(out.pow(2).mean()))
+    tr.close()
+    t, names = records(path)
+    return t["records"], names, ampprobe.postmortem(path)["event"]
+
+
+DATA_CALLS = {
+    "gru-cell": (_Cell, lambda m, x, s: m(x)),
+    "lstm-state": (_Seq, lambda m, x, s: m(x, s)),
+    "pixels-by-position": (_Pixels, lambda m, x, s: m(x)),
+    "pixels-by-keyword": (_Pixels, lambda m, x, s: m(pixel_values=x)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_CALLS))
+def test_data_in_an_optional_parameter_is_an_input(tmp_path, case):
+    """Data that fills a parameter with a default is an input (the first
+    cut of the mask rule, by default rather than by name, left these out):
+    a recurrent state (GRUCell's and LSTM's hx), an HF-style model's
+    forward(pixel_values=None) by position or keyword (its input was not
+    recorded, so a NaN in the data was 'inf-arithmetic-nan' at the first
+    layer, not 'input-nan')."""
+    if case == "pixels-by-keyword" and not KWARGS_SEEN:
+        pytest.skip("torch %s's hooks get no keyword arguments"
+                    % torch.__version__)
+    mk, call = DATA_CALLS[case]
+    r, names, ev = _data_job(tmp_path, mk(), call, nan="x")
+    assert ev["kind"] == "input-nan", ev
+    assert ev["origin_layer"] == "input", ev
+    if case == "lstm-state":
+        # the LSTM's fwd_in: x, h0 and c0 (its hx, a tuple); a NaN in the
+        # state handed to the model arrives in its input data too
+        fin = r[[names[i] == "lstm" and ampprobe._lib.SITES[s] == "fwd_in"
+                 for i, s in zip(r["layer"], r["site"])]]
+        assert sorted(fin["count"]) == [18, 18, 60]
+        r, names, ev = _data_job(tmp_path, mk(), call, nan="state",
+                                 name="state.h5")
+        assert (ev["kind"], ev["origin_layer"]) == ("input-nan", "input")
+    if case == "gru-cell":  # h from the second step on: 2 inputs a call
+        fin = r[[names[i] == "cell" and ampprobe._lib.SITES[s] == "fwd_in"
+                 for i, s in zip(r["layer"], r["site"])]]
+        assert len(fin) == 1 + 2 * 4
+
+
+def test_an_option_keeps_its_value_under_emulation(tmp_path):
+    """Under FP16 emulation the inputs around a mask are rounded to
+    binary16, the mask is not (HF's finfo(float32).min mask would round
+    to -inf, and a fully masked row to NaN after the softmax), and an
+    optional data argument is rounded as an input."""
+    seen = {}
+
+    class Attn(nn.Module):
+        def forward(self, q, kv, context=None, attn_mask=None):
+            seen.update(q=q.detach().clone(), context=context.detach().clone(),
+                        mask=attn_mask.clone())
+            return q + context.mean() + attn_mask.clamp(min=-1).mean()
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attn()
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            mask = torch.full((5, 5), torch.finfo(torch.float32).min)
+            return self.head(self.attn(x, x, x * 1.0001, mask))
+
+    torch.manual_seed(0)
+    tr = at.Tracer(M(), str(tmp_path / "t.h5"), precision="fp16",
+                   emulate_fp16=True)
+    x = torch.full((3, 5, 4), 1.0001)
+    tr.model(x).sum().backward()
+    tr.end_step()
+    tr.close()
+    assert (seen["q"] == 1.0).all()  # rounded (1.0001 -> 1 in binary16)
+    assert (seen["context"] == 1.0).all()  # an input, though optional
+    assert (seen["mask"] == torch.finfo(torch.float32).min).all()
 
 
 @pytest.mark.skipif(not KWARGS_SEEN, reason="torch %s's hooks get no keyword "
