@@ -11,6 +11,9 @@ Side by side in one run, on torch's CPU backend with one thread:
              torch ops (counts of NaN/+inf/-inf/zeros/FP16 subnormal, flush
              and overflow; min, max, absmax, absmin; sum, sumsq; the
              66-bin log2 histogram) at the same sites, read to the host.
+With --compiled (torch >= 2), two more: "compiled", the untraced step of
+torch.compile(model), and "compiled+ampprobe", the same compiled model
+traced (the hooks run eagerly, as graph breaks: docs/python.md).
 Models: "healthy" (the healthy scenario's 7 layers: Linear 16->32,
 LayerNorm, GELU, Linear 32->32, BatchNorm, ReLU, Linear 32->1; batch 32)
 and "large" (4 x Linear 1024->1024, batch 256).
@@ -21,7 +24,8 @@ the mean step time of a round. Per-record cost = (ampprobe - untraced) /
 records per step.
 
 usage: /usr/bin/python3 bench/python_overhead.py [--rounds R] [--steps N]
-           [--models healthy,large] [--write bench/results/python.md]
+           [--models healthy,large] [--compiled]
+           [--write bench/results/python.md]
 (AMPPROBE_LIB as for the package, docs/python.md)
 """
 import argparse
@@ -143,15 +147,18 @@ class Job:
         self.variant = variant
         self.tracer = self.naive = None
         self.records = 0
-        if variant == "ampprobe":
-            self.tracer = at.Tracer(self.model, os.path.join(
-                tmp, "%s.h5" % name), loss_fn=None, record_input=False,
-                env=False, overwrite=True)
+        self.run_model = self.model
+        if variant.startswith("compiled"):
+            self.run_model = torch.compile(self.model)
+        if variant.endswith("ampprobe"):
+            self.tracer = at.Tracer(self.run_model, os.path.join(
+                tmp, "%s-%s.h5" % (name, variant)), loss_fn=None,
+                record_input=False, env=False, overwrite=True)
         elif variant == "naive":
             self.naive = Naive(self.model)
 
     def step(self):
-        out = self.model(self.x)
+        out = self.run_model(self.x)
         loss = nn.functional.mse_loss(out, self.y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -192,8 +199,12 @@ def hooks_per_step(model):
     return sum(4 + len(list(m.parameters(recurse=False))) for m in leaves)
 
 
-def bench(name, rounds, steps, tmp):
-    jobs = {v: Job(name, v, tmp) for v in ("untraced", "ampprobe", "naive")}
+VARIANTS = ("untraced", "ampprobe", "naive")
+COMPILED = ("compiled", "compiled+ampprobe")
+
+
+def bench(name, rounds, steps, tmp, variants=VARIANTS):
+    jobs = {v: Job(name, v, tmp) for v in variants}
     for j in jobs.values():  # warm-up
         j.run(max(2, steps // 5))
     times = {v: [] for v in jobs}
@@ -218,7 +229,13 @@ def main():
     ap.add_argument("--models", default="healthy,large")
     ap.add_argument("--write", default=None,
                     help="write the results section (markdown) here")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also torch.compile(model), untraced and traced "
+                    "(torch >= 2)")
     a = ap.parse_args()
+    if a.compiled and not hasattr(torch, "compile"):
+        ap.error("--compiled: torch %s has no torch.compile" %
+                 torch.__version__)
     torch.set_num_threads(1)
     cpu = "unknown CPU"
     try:
@@ -229,11 +246,28 @@ def main():
     except OSError:
         pass
     load = os.getloadavg()[0]
-    rows = []
+    rows, crows = [], []
+    variants = VARIANTS + (COMPILED if a.compiled else ())
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             steps = a.steps or (200 if name == "healthy" else 10)
-            wall, tcpu, nrec, nhook = bench(name, a.rounds, steps, tmp)
+            wall, tcpu, nrec, nhook = bench(name, a.rounds, steps, tmp,
+                                            variants)
+            if a.compiled:
+                for clock, med in (("wall", wall), ("cpu", tcpu)):
+                    crows.append((name, clock, med["untraced"],
+                                  med["compiled"], med["compiled+ampprobe"],
+                                  med["ampprobe"]))
+                    print("%-8s %-4s eager %8.3f ms  compiled %8.3f ms  "
+                          "compiled+ampprobe %8.3f ms (%+.1f%% of compiled, "
+                          "%+.1f%% of eager)  eager+ampprobe %8.3f ms" % (
+                              name, clock, med["untraced"] * 1e3,
+                              med["compiled"] * 1e3,
+                              med["compiled+ampprobe"] * 1e3,
+                              (med["compiled+ampprobe"] / med["compiled"] - 1)
+                              * 100,
+                              (med["compiled+ampprobe"] / med["untraced"] - 1)
+                              * 100, med["ampprobe"] * 1e3), flush=True)
             for clock, med in (("wall", wall), ("cpu", tcpu)):
                 base = med["untraced"]
                 ov = med["ampprobe"] / base - 1
@@ -278,6 +312,22 @@ def main():
                         per, nhook, perh))
     lines += ["", "Targets (#13): overhead at most a fifth of the naive peer's "
               "on both models, and at most 25% on the large one.", ""]
+    if crows:
+        lines += [
+            "torch.compile (default mode, inductor on the CPU), in the same "
+            "interleaved rounds: the compiled step untraced and traced "
+            "(the Tracer given the compiled model; its hooks run eagerly, "
+            "as graph breaks around every traced module).", "",
+            "| model | clock | eager ms/step | compiled ms/step "
+            "| compiled+ampprobe ms/step | vs compiled | vs eager "
+            "| eager+ampprobe ms/step |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for (name, clock, eager, comp, ctr, etr) in crows:
+            lines.append("| %s | %s | %.3f | %.3f | %.3f | %+.1f%% | %+.1f%% "
+                         "| %.3f |" % (name, clock, eager * 1e3, comp * 1e3,
+                                       ctr * 1e3, (ctr / comp - 1) * 100,
+                                       (ctr / eager - 1) * 100, etr * 1e3))
+        lines.append("")
     text = "\n".join(lines)
     print(text)
     if a.write:

@@ -116,6 +116,24 @@ START_TEST(test_gpu_records_and_snapshot) {
       probe_range_pop(s);
     }
     CK_PROBE(probe_step_end(s));
+    /* the step's first non-finite record, from the device statistics */
+    int64_t nf_step;
+    probe_nonfinite_record any, fwd;
+    int measured;
+    CK_PROBE(probe_session_step_nonfinite(s, &nf_step, &any, &fwd, &measured));
+    ck_assert_int_eq(nf_step, step);
+    ck_assert_int_eq(measured, 1);
+    ck_assert_int_eq(any.layer, step == 2 ? layer : -1);
+    if (step == 2) {
+      probe_stats want;
+      CK_PROBE(probe_stats_compute(&want, dtypes[1], host[2][1], sizes[1]));
+      ck_assert_int_eq(any.site, PROBE_SITE_FWD_OUT);
+      ck_assert_uint_eq(any.count, want.count);
+      ck_assert_uint_eq(any.nan_count, want.nan_count);
+      ck_assert_uint_eq(any.posinf_count, want.posinf_count);
+      ck_assert_uint_eq(any.neginf_count, want.neginf_count);
+      ck_assert_int_eq(fwd.layer, layer);
+    }
   }
   CK_PROBE(probe_session_close(s));
 
