@@ -111,29 +111,42 @@ def run_linear(out, scenario, rank, world):
     return tr, [float(loss)]
 
 
-def run_fsdp(out, scenario, rank, world):
+def shard(model, world, **kw):
+    """FSDP2: fully_shard on fc1, head and the root, over every rank."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)  # same initial weights on every rank
-    model = Net()
     mesh = init_device_mesh("cpu", (world,))
     for sub in (model.fc1, model.head, model):
-        fully_shard(sub, mesh=mesh)
-    loss_fn = ProbNLL()
-    tr = at.Tracer(model, os.path.join(out, "trace.h5"),
-                   kinds={RevINLike: "revin"}, loss_fn=loss_fn,
-                   precision="fp32", config={"name": "fsdp"})
+        fully_shard(sub, mesh=mesh, **kw)
+
+
+def sgd_steps(tr, model, loss_fn, rank, world, nan=False):
+    """STEPS plain SGD steps on rank's micro-batches (the prediction taken
+    to fp32 for the loss); nan: rank BAD_RANK's batch of step BAD_STEP
+    holds a NaN. The losses."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     losses = []
     for step in range(STEPS):
-        x, y = data(step * world + rank)
-        loss = loss_fn(model(x), y)
+        x, y = data(step * world + rank,
+                    nan=nan and rank == BAD_RANK and step == BAD_STEP)
+        loss = loss_fn(model(x).float(), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         tr.end_step(loss=loss, optimizer=opt)
         losses.append(float(loss))
-    return tr, losses
+    return losses
+
+
+def run_fsdp(out, scenario, rank, world):
+    torch.manual_seed(0)  # same initial weights on every rank
+    model = Net()
+    shard(model, world)
+    loss_fn = ProbNLL()
+    tr = at.Tracer(model, os.path.join(out, "trace.h5"),
+                   kinds={RevINLike: "revin"}, loss_fn=loss_fn,
+                   precision="fp32", config={"name": "fsdp"})
+    return tr, sgd_steps(tr, model, loss_fn, rank, world)
 
 
 class MLP(nn.Module):
@@ -149,31 +162,16 @@ class MLP(nn.Module):
 
 
 def run_fsdp_mp(out, scenario, rank, world):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     torch.manual_seed(0)
     model = MLP()
-    mesh = init_device_mesh("cpu", (world,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                              reduce_dtype=torch.float32)
-    for sub in (model.fc1, model.head, model):
-        fully_shard(sub, mesh=mesh, mp_policy=mp)
+    shard(model, world, mp_policy=MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     loss_fn = ProbNLL()
     tr = at.Tracer(model, os.path.join(out, "trace.h5"), loss_fn=loss_fn,
                    precision="bf16", on_nonfinite="warn",
                    config={"name": "fsdp-mp"})
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(STEPS):
-        x, y = data(step * world + rank,
-                    nan=rank == BAD_RANK and step == BAD_STEP)
-        loss = loss_fn(model(x).float(), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        tr.end_step(loss=loss, optimizer=opt)
-        losses.append(float(loss))
-    return tr, losses
+    return tr, sgd_steps(tr, model, loss_fn, rank, world, nan=True)
 
 
 def main():

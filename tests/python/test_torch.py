@@ -916,17 +916,38 @@ def _inplace_after_inf():
     return m, x  # m[0] makes -inf, the in-place ReLU turns it into 0
 
 
+def _first_event(m, x, path):
+    """One step of m on x traced with on_nonfinite="raise": the
+    NonFiniteError of its end_step."""
+    tr = at.Tracer(m, path, on_nonfinite="raise")
+    m(x).sum().backward()
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.end_step()
+    return e.value
+
+
 def test_nonfinite_counts_are_those_recorded_before_an_inplace_op(tmp_path):
     """The counts in the message are those libprobe read at the record,
     not of the tensor after a ReLU(inplace=True) turned its -inf into 0
     (it said '0 NaN, 0 +inf, 0 -inf' for the site it named)."""
     m, x = _inplace_after_inf()
-    tr = at.Tracer(m, str(tmp_path / "i.h5"), on_nonfinite="raise")
-    m(x).sum().backward()
-    with pytest.raises(at.NonFiniteError) as e:
-        tr.end_step()
-    assert e.value.module == "0" and e.value.site == "fwd_out"
-    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+    e = _first_event(m, x, str(tmp_path / "i.h5"))
+    assert e.module == "0" and e.site == "fwd_out"
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e)
+
+
+def _second_event(m, x, path):
+    """Two steps of m on x traced with on_nonfinite="warn": the first an
+    event, the second with a NaN loss; the second step's message."""
+    tr = at.Tracer(m, path, on_nonfinite="warn")
+    with pytest.warns(at.NonFiniteWarning):
+        m(x).sum().backward()
+        tr.end_step(loss=1.0)  # the run's first event: step 0
+    with pytest.warns(at.NonFiniteWarning) as w:
+        m(x).sum().backward()
+        tr.end_step(loss=float("nan"))
+    tr.close()
+    return str(w[0].message)
 
 
 def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
@@ -935,16 +956,7 @@ def test_later_scan_reads_what_was_recorded_before_an_inplace_op(tmp_path):
     (m[0]'s -inf output), not the live tensor the in-place ReLU had zeroed
     (the loss, outside any module, was named)."""
     m, x = _inplace_after_inf()
-    p = str(tmp_path / "j.h5")
-    tr = at.Tracer(m, p, on_nonfinite="warn")
-    with pytest.warns(at.NonFiniteWarning):
-        m(x).sum().backward()
-        tr.end_step(loss=1.0)  # the run's first event: step 0
-    with pytest.warns(at.NonFiniteWarning) as w:
-        m(x).sum().backward()
-        tr.end_step(loss=float("nan"))
-    tr.close()
-    msg = str(w[0].message)
+    msg = _second_event(m, x, str(tmp_path / "j.h5"))
     assert "step 1" in msg and "module '0'" in msg and "fwd_out" in msg, msg
 
 
@@ -982,12 +994,9 @@ def test_counts_are_those_recorded_before_the_jobs_own_inplace_op(tmp_path, op):
     ('0 NaN, 0 +inf, 0 -inf of 6' before)."""
     m = _OwnInplace(op)
     x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
-    tr = at.Tracer(m, str(tmp_path / "o.h5"), on_nonfinite="raise")
-    m(x).sum().backward()
-    with pytest.raises(at.NonFiniteError) as e:
-        tr.end_step()
-    assert e.value.module == "fc0" and e.value.site == "fwd_out"
-    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+    e = _first_event(m, x, str(tmp_path / "o.h5"))
+    assert e.module == "fc0" and e.site == "fwd_out"
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e)
 
 
 @pytest.mark.parametrize("op", _OWN_OPS)
@@ -999,15 +1008,7 @@ def test_later_step_sees_past_the_jobs_own_inplace_op(tmp_path, op):
     so as a limit)."""
     m = _OwnInplace(op)
     x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
-    tr = at.Tracer(m, str(tmp_path / "o.h5"), on_nonfinite="warn")
-    with pytest.warns(at.NonFiniteWarning):
-        m(x).sum().backward()
-        tr.end_step(loss=1.0)  # the run's first event: step 0
-    with pytest.warns(at.NonFiniteWarning) as w:
-        m(x).sum().backward()
-        tr.end_step(loss=float("nan"))
-    tr.close()
-    msg = str(w[0].message)
+    msg = _second_event(m, x, str(tmp_path / "o.h5"))
     assert "step 1" in msg and "module 'fc0'" in msg and "fwd_out" in msg \
         and "2 -inf of 6" in msg, msg
 

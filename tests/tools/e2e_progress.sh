@@ -22,6 +22,22 @@ trap 'rm -rf "$WORK"' EXIT
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 pass() { echo "ok:   $*"; }
+# nothing WHAT FILE: passes when FILE (what stderr got) is empty
+nothing() {
+  if [ -s "$2" ]; then
+    fail "$1: $(head -c 300 "$2" | od -c | head -3)"
+  else
+    pass "$1: nothing"
+  fi
+}
+# erased FILE: what the terminal got is one self-overwriting line, erased
+# at the end
+erased() {
+  "$PY" -c '
+import sys
+b = open(sys.argv[1], "rb").read()
+sys.exit(0 if b.endswith(b"\r\x1b[K") and b"\n" not in b else 1)' "$1"
+}
 
 "$PY" -c 'import pty' 2>/dev/null || { echo "SKIP: no python3 pty module"; exit 0; }
 T="$WORK/t.h5"
@@ -58,17 +74,9 @@ PYEOF
 "$BIN" postmortem "$T" >"$WORK/ref.out" 2>"$WORK/ref.err"
 REF_RC=$?
 [ "$REF_RC" -le 1 ] || fail "postmortem of the trace: exit $REF_RC: $(cat "$WORK/ref.err")"
-if [ -s "$WORK/ref.err" ]; then
-  fail "stderr to a file holds something: $(head -c 300 "$WORK/ref.err" | od -c | head -3)"
-else
-  pass "stderr to a file: nothing"
-fi
+nothing "stderr to a file" "$WORK/ref.err"
 AMPPROBE_PROGRESS_DELAY=0 "$BIN" postmortem "$T" >"$WORK/ref0.out" 2>"$WORK/ref0.err"
-if [ -s "$WORK/ref0.err" ]; then
-  fail "stderr to a file, delay 0: $(head -c 300 "$WORK/ref0.err" | od -c | head -3)"
-else
-  pass "stderr to a file, delay 0: nothing"
-fi
+nothing "stderr to a file, delay 0" "$WORK/ref0.err"
 
 # on a terminal, at once
 AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/tty.out" "$WORK/tty.err" "$BIN" postmortem "$T"
@@ -80,10 +88,7 @@ elif ! grep -qE "checking [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" "
   fail "on a terminal: no 'checking t.h5: N% (... rows)': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
 elif ! grep -qE "analysing [^ ]*t\.h5: [0-9]+% \(" "$WORK/tty.err"; then
   fail "on a terminal: no 'analysing t.h5: N%': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
-elif ! "$PY" -c '
-import sys
-b = open(sys.argv[1], "rb").read()
-sys.exit(0 if b.endswith(b"\r\x1b[K") and b"\n" not in b else 1)' "$WORK/tty.err"; then
+elif ! erased "$WORK/tty.err"; then
   fail "on a terminal: the line is not one self-overwriting line erased at the end: $(tail -c 200 "$WORK/tty.err" | od -c | tail -4)"
 else
   pass "on a terminal: checking and analysing percentages, erased at the end"
@@ -116,11 +121,7 @@ else
   SREF_RC=$?
   [ "$SREF_RC" -le 1 ] || fail "postmortem of the set: exit $SREF_RC: $(cat "$WORK/sref.err")"
   AMPPROBE_PROGRESS_DELAY=0 "$BIN" postmortem "$S" >/dev/null 2>"$WORK/sref0.err"
-  if [ -s "$WORK/sref0.err" ]; then
-    fail "a set, stderr to a file, delay 0: $(head -c 300 "$WORK/sref0.err" | od -c | head -3)"
-  else
-    pass "a set, stderr to a file, delay 0: nothing"
-  fi
+  nothing "a set, stderr to a file, delay 0" "$WORK/sref0.err"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/stty.out" "$WORK/stty.err" "$BIN" postmortem "$S"
   if [ "$RC" != "$SREF_RC" ]; then
     fail "a set on a terminal: exit $RC, not $SREF_RC"
@@ -128,20 +129,13 @@ else
     fail "a set on a terminal: stdout differs from the one without a terminal"
   elif ! grep -qE "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/stty.err"; then
     fail "a set on a terminal: no 'reading rank files: N% (k of 96 files)': $(head -c 400 "$WORK/stty.err" | od -c | head -5)"
-  elif ! "$PY" -c '
-import sys
-b = open(sys.argv[1], "rb").read()
-sys.exit(0 if b.endswith(b"\r\x1b[K") and b"\n" not in b else 1)' "$WORK/stty.err"; then
+  elif ! erased "$WORK/stty.err"; then
     fail "a set on a terminal: not one line erased at the end: $(tail -c 200 "$WORK/stty.err" | od -c | tail -4)"
   else
     pass "a set on a terminal: the files read, in percent, erased at the end"
   fi
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sq.out" "$WORK/sq.err" "$BIN" postmortem -q "$S"
-  if [ -s "$WORK/sq.err" ]; then
-    fail "a set, -q on a terminal: stderr $(head -c 200 "$WORK/sq.err" | od -c | head -3)"
-  else
-    pass "a set, -q on a terminal: nothing"
-  fi
+  nothing "a set, -q on a terminal" "$WORK/sq.err"
 fi
 
 [ "$FAILS" = 0 ] || { echo "$FAILS check(s) failed"; exit 1; }
