@@ -50,32 +50,54 @@ _DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _COMPILER_DISABLE = getattr(getattr(torch, "compiler", None), "disable", None)
 
 
-def _guard_module_hooks():
+# _guard_module_hooks: the Tracers that asked for the guards, and the
+# setting they found
+_HOOK_GUARDS = {"tracers": 0, "found": None}
+
+
+def _guard_module_hooks(on):
     """Makes torch.compile guard its code on the hooks of the modules it
     runs (torch._dynamo.config.skip_nnmodule_hook_guards = False, process
-    wide; torch >= 2). By default it does not, and code compiled for one
-    instance of a class before it had hooks is reused for another that has
-    them: the traced model's forward then ran without the tracer's hooks,
-    and its parameters' gradient hooks found no step open (a compiled
-    untraced copy run first; bench/python_overhead.py --compiled). A guard
-    more per module and call, checked in C++; no effect on eager code."""
+    wide; torch >= 2) while a Tracer is open (on: one more, else one
+    less; the last to close puts back what the first found). By default
+    dynamo does not guard on hooks, and code compiled for one instance of
+    a class before it had hooks is reused for another that has them: the
+    traced model's forward then ran without the tracer's hooks (a compiled
+    untraced copy run first; bench/python_overhead.py --compiled). The
+    guards: each module's hook dicts checked per call, in dynamo's C++
+    guards; eager code is not affected."""
     if _COMPILER_DISABLE is None:
         return
     try:
         import torch._dynamo.config as dynamo_config
     except Exception:  # noqa: BLE001 (a torch without dynamo)
         return
-    if getattr(dynamo_config, "skip_nnmodule_hook_guards", False):
+    if not hasattr(dynamo_config, "skip_nnmodule_hook_guards"):
+        return
+    g = _HOOK_GUARDS
+    if on:
+        if g["tracers"] == 0:
+            g["found"] = dynamo_config.skip_nnmodule_hook_guards
+        g["tracers"] += 1
         dynamo_config.skip_nnmodule_hook_guards = False
+    elif g["tracers"] > 0:
+        g["tracers"] -= 1
+        if g["tracers"] == 0:
+            dynamo_config.skip_nnmodule_hook_guards = g["found"]
 
 
-_NO_STEP = (
-    "ampprobe: a gradient of module '%s' arrived with no step open: the "
-    "model's forward ran without the tracer's hooks, or end_step() was "
-    "called before backward(). With torch.compile: code compiled before "
-    "this Tracer for another instance of the model's classes is reused "
-    "without the hooks; call torch._dynamo.reset() once after creating "
-    "the Tracer (docs/python.md, torch.compile)")
+# _check_forwards_seen: the share of the layers given gradients in a step
+# whose forwards must have run no hook for the tracer to say so
+_NO_FORWARD_SHARE = 0.5
+_NO_FORWARD = (
+    "ampprobe: step %d: module '%s'%s got gradients, but its forward ran "
+    "without the tracer's hooks: its forward sites are not in the trace. "
+    "Either the Tracer was made between a forward and its backward (once, "
+    "at its first step), or torch.compile reused code it compiled before "
+    "this Tracer was made, for this model or another instance of its "
+    "classes (dynamo does not guard on module hooks by default): call "
+    "torch._dynamo.reset() once after creating the Tracer "
+    "(docs/python.md, torch.compile)")
 
 
 def _uncompiled(model):
@@ -97,7 +119,7 @@ def _pre_hook(module, hook):
     hook returns (inputs of the same shape, or None) goes back to torch in
     their places."""
     def positional(module, args):
-        keep = _input_positions(module, len(args))
+        keep = _input_positions(module, args)
         if keep is None:
             return hook(module, args)
         r = hook(module, tuple(args[i] for i in keep))
@@ -111,7 +133,7 @@ def _pre_hook(module, hook):
         if not named:
             r = positional(module, args)
             return None if r is None else (r, kwargs)
-        keep = _input_positions(module, len(args))
+        keep = _input_positions(module, args)
         ins = args if keep is None else tuple(args[i] for i in keep)
         r = hook(module, _ArgsKwargs((ins, named)))
         if r is None:
@@ -130,22 +152,33 @@ def _put_back(args, keep, ins):
     return tuple(out)
 
 
-def _is_mask(name):
-    """A parameter that takes a mask (attn_mask, src_mask, attention_mask,
-    key_padding_mask, mask): an option, not an input. An additive mask
-    holds -inf by design; traced as an input it was a non-finite event of
-    a healthy job ('NaN or inf arrived in the input data')."""
-    return "mask" in name.lower()
+def _mask_name(name):
+    """A parameter whose name says it takes an additive mask or bias:
+    attn_mask, src_mask, attention_mask, key_padding_mask, mask, attn_bias,
+    position_bias. Not mask_features, masks, x_masked."""
+    n = name.lower()
+    return n.endswith("mask") or n.endswith("bias")
+
+
+def _is_option(name, v):
+    """An argument that is an option, not an input: a tensor filling a
+    mask or bias parameter (_mask_name) that needs no gradient. Such a
+    mask holds -inf (or finfo.min) by design: traced as an input it was a
+    non-finite event of a healthy job ('NaN or inf arrived in the input
+    data'), and rounded to binary16 finfo(float32).min became -inf and a
+    fully masked row NaN after the softmax. One that needs a gradient (a
+    learned bias) is data."""
+    return _mask_name(name) and not (torch.is_tensor(v) and v.requires_grad)
 
 
 _SIGNATURES = {}  # class -> _forward_signature(class)
 
 
 def _forward_signature(cls):
-    """(for each positional parameter of cls's forward, whether it takes a
-    mask; the names a keyword can fill, in order). The first is None when
-    forward has no Python signature: every positional argument is then an
-    input."""
+    """(the positions of cls's forward's positional parameters that take
+    a mask or bias (_mask_name), with their names; the names a keyword can
+    fill, in order). With no Python signature, neither: every argument is
+    then an input."""
     sig = _SIGNATURES.get(cls)
     if sig is not None:
         return sig
@@ -153,39 +186,44 @@ def _forward_signature(cls):
     try:
         ps = list(inspect.signature(cls.forward).parameters.values())[1:]
     except (TypeError, ValueError):  # no Python signature
-        sig = (None, ())
+        sig = ((), ())
     else:
-        sig = (tuple(_is_mask(q.name) for q in ps
-                     if q.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)),
+        pos = [q.name for q in ps
+               if q.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+        sig = (tuple((i, n) for i, n in enumerate(pos) if _mask_name(n)),
                tuple(q.name for q in ps
                      if q.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)))
     _SIGNATURES[cls] = sig
     return sig
 
 
-def _input_positions(module, n):
-    """The positions, of a call's n positional arguments, that are the
-    module's inputs, or None when all are (the common case): all but those
-    filling a mask parameter (`block(x, mask)`, `enc(src, src_mask)`,
+def _input_positions(module, args):
+    """The positions of a call's positional arguments that are the
+    module's inputs, or None when all are (the common case): all but the
+    options (_is_option: `block(x, mask)`, `enc(src, src_mask)`,
     `mha(q, k, v, None, False, attn_mask)`). Arguments past the named
     parameters fill *args and are inputs."""
     masks = _forward_signature(type(module))[0]
-    if masks is None or not any(masks[:n]):
+    if not masks:
         return None
-    return tuple(i for i in range(n) if i >= len(masks) or not masks[i])
+    opt = [i for i, n in masks if i < len(args) and _is_option(n, args[i])]
+    if not opt:
+        return None
+    return tuple(i for i in range(len(args)) if i not in opt)
 
 
 def _input_kwargs(module, kwargs):
     """The keyword arguments of a call that are the module's inputs: all
-    but masks (attn_mask=, attention_mask=), those of its forward's
-    parameters in the signature's order (crit(target=y, input=p): a
-    criterion's first is its prediction), then any its **kwargs took, in
-    the call's order (fc(input=h), model(pixel_values=x),
+    but the options (_is_option: attn_mask=, attention_mask=), those of
+    its forward's parameters in the signature's order (crit(target=y,
+    input=p): a criterion's first is its prediction), then any its
+    **kwargs took, in the call's order (fc(input=h), model(pixel_values=x),
     layer(h, encoder_hidden_states=e))."""
     names = _forward_signature(type(module))[1]
-    out = {n: kwargs[n] for n in names if n in kwargs and not _is_mask(n)}
+    out = {n: kwargs[n] for n in names
+           if n in kwargs and not _is_option(n, kwargs[n])}
     for n, v in kwargs.items():
-        if n not in out and n not in names and not _is_mask(n):
+        if n not in out and n not in names and not _is_option(n, v):
             out[n] = v
     return out
 
@@ -467,21 +505,27 @@ def _floats(x, depth=0):
     return []
 
 
-def _map_floats(x, fn, depth=0):
+def _map_floats(x, fn, depth=0, keep=False):
     """x with fn applied to each floating tensor of _floats(x), the
-    containers rebuilt as they were (a namedtuple stays one)."""
+    containers rebuilt as they were (a namedtuple stays one). keep: the
+    lists and dicts in x are handed on as they are, their tensors left
+    alone (a forward's arguments: the module may fill them - a list it
+    appends to, a cache dict - and must fill the job's own objects, not
+    copies); the tuples, immutable, are rebuilt, and the keyword arguments
+    of an _ArgsKwargs are mapped one by one."""
     if torch.is_tensor(x):
         return fn(x) if x.is_floating_point() else x
     if type(x) is _ArgsKwargs:
-        return _ArgsKwargs((_map_floats(x[0], fn, depth),
-                            _map_floats(x[1], fn, depth)))
+        return _ArgsKwargs((_map_floats(x[0], fn, depth, keep),
+                            {k: _map_floats(v, fn, depth + 1, keep)
+                             for k, v in x[1].items()}))
     if depth >= _NEST_MAX:
         return x
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_map_floats(v, fn, depth + 1) for v in x))
-    if isinstance(x, (tuple, list)):
-        return type(x)(_map_floats(v, fn, depth + 1) for v in x)
-    if _is_plain_dict(x):
+        return type(x)(*(_map_floats(v, fn, depth + 1, keep) for v in x))
+    if isinstance(x, tuple) or (isinstance(x, list) and not keep):
+        return type(x)(_map_floats(v, fn, depth + 1, keep) for v in x)
+    if _is_plain_dict(x) and not keep:
         return type(x)((k, _map_floats(v, fn, depth + 1)) for k, v in x.items())
     return x
 
@@ -494,8 +538,7 @@ def _fp32_forward(self, *args, **kwargs):
     def up(a):
         return a.float() if a.dtype in (torch.float16, torch.bfloat16) else a
     # nested too: an LSTM's (h, c) (its bf16 state made the CPU LSTM fail)
-    args = _map_floats(args, up)
-    kwargs = _map_floats(kwargs, up)
+    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), up, keep=True)
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
         return type(self).forward(self, *args, **kwargs)
 
@@ -842,6 +885,8 @@ class Tracer:
         self._recording = False
         self._hold = []
         self._ran = set()
+        self._grads = set()
+        self._no_forward_said = False
         self._refs = []  # (layer, site, tensor) of this step, for scans
         self._scale_begin = None
         self._scaler = None
@@ -918,7 +963,8 @@ class Tracer:
         # Always hooked: the model's forward under grad starts the step
         # (so that modules it runs under no_grad first - a teacher - are
         # inside it), and records the input when selected.
-        _guard_module_hooks()
+        _guard_module_hooks(True)
+        self._guards_hooks = True
         self._hooks.append(_pre_hook(
             model, self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
@@ -982,8 +1028,16 @@ class Tracer:
         """Hands one tensor to libprobe by pointer (copy if it must)."""
         if self._closed:
             return
-        if self._step is None:  # a gradient: forward hooks opened none
-            raise RuntimeError(_NO_STEP % _lib.escape(L.name))
+        if self._step is None:
+            # a gradient with no step open: no forward hook opened one
+            # (end_step() before backward(), a penalty's backward before
+            # the forward, a forward whose compiled code runs no hook); it
+            # opens the step, as the DDP comm hook does, and end_step says
+            # when most layers' forwards were not seen in it
+            # (_check_forwards_seen)
+            self._ensure_step()
+        if site == "weight_grad":
+            self._grads.add(L.lid)
         if not self._recording:
             return
         if _is_dtensor(t):  # FSDP2 / tensor parallel: this rank's shard
@@ -1095,13 +1149,14 @@ class Tracer:
                 if inplace:
                     _round16_in_place(_floats(inputs))
                     return None
-                return _map_floats(inputs, _round16)
+                return _map_floats(inputs, _round16, keep=True)
             fin = _floats(inputs)
             if mode == "record":
                 self._record_forward_in(L, inputs)
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
-            return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred))
+            return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred),
+                               keep=True)
         return hook  # registered by _pre_hook
 
     def _inplace_pre(self, L, mode, inputs):
@@ -1223,9 +1278,6 @@ class Tracer:
         def hook(g):
             if _gone(self):
                 return None
-            if self._step is None and not self._closed:  # (_record's
-                # check, before the first step: nothing recorded yet)
-                raise RuntimeError(_NO_STEP % _lib.escape(L.name))
             if L.emulate:
                 g = _round16(g)
             self._record(L, "weight_grad", g)
@@ -1262,6 +1314,7 @@ class Tracer:
         self.session.begin_step(step)
         self._step = step
         self._ran = set()  # layers whose forward ran in this step (_gate)
+        self._grads = set()  # layers that got a weight_grad in it
         self._recording = self._in_window(step)
         if self._scaler is not None:
             self._scale_begin = float(self._scaler.get_scale())
@@ -1418,11 +1471,28 @@ class Tracer:
                 self._hand_events = []
                 if sc is not None:
                     self._scale_begin = None
+        self._check_forwards_seen(step)
         if self.on_nonfinite != "record":
             # a loss not given is not measured, not non-finite (0.0 stands
             # for "nothing wrong with it")
             self._check_nonfinite(step, lossv if loss is not None else 0.0,
                                   bool(sk), refs)
+
+    def _check_forwards_seen(self, step):
+        """Warns, once a tracer, when most layers that got gradients in the
+        step that just ended ran no forward hook in it (_NO_FORWARD): the
+        trace then lacks those forwards, which a post-mortem would take for
+        healthy. Most, not one: a module whose weight the job uses outside
+        its forward (F.linear(h, self.proj.weight)) is no sign of this."""
+        missing = [L for L in self._layers
+                   if L.lid in self._grads and L.lid not in self._ran]
+        if (self._no_forward_said or
+                len(missing) <= _NO_FORWARD_SHARE * len(self._grads)):
+            return
+        self._no_forward_said = True
+        more = " (and %d more)" % (len(missing) - 1) if len(missing) > 1 else ""
+        warnings.warn(_NO_FORWARD % (step, _lib.escape(missing[0].name), more),
+                      RuntimeWarning, stacklevel=3)
 
     def _step_nonfinite(self, step, refs):
         """(found, measured): found(forward) -> (layer, site, (NaN, +inf,
@@ -1586,6 +1656,9 @@ class Tracer:
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
         self._wrapped = []
+        if getattr(self, "_guards_hooks", False):
+            self._guards_hooks = False
+            _guard_module_hooks(False)
         if getattr(self, "_finalizer", None) is not None:  # set after _attach
             self._finalizer.detach()
         # nothing reaches the freed session any more: a copy of the model

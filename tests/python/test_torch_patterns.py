@@ -6,6 +6,7 @@ packed path, sparse gradients, float64 models, copies of a traced model
 middle of a step, end_step without a loss, and close() undoing what the
 tracer changed in the model."""
 import collections
+import math
 import copy
 import io
 import json
@@ -1429,6 +1430,121 @@ def test_data_in_an_optional_parameter_is_an_input(tmp_path, case):
         fin = r[[names[i] == "cell" and ampprobe._lib.SITES[s] == "fwd_in"
                  for i, s in zip(r["layer"], r["site"])]]
         assert len(fin) == 1 + 2 * 4
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+@pytest.mark.parametrize("how", ["position", "keyword"])
+def test_a_module_fills_the_jobs_own_list_and_dict(tmp_path, how, emulate):
+    """A traced module that appends to a list or fills a dict it is given
+    (a cache, an incremental state) fills the job's own objects: the
+    tracer handed it copies (its inputs rebuilt to alias or round the
+    tensors in them), and the job saw an empty list (review of
+    49479f2). The tensors in them are recorded, not rounded."""
+    if how == "keyword" and not KWARGS_SEEN:
+        pytest.skip("torch %s's hooks get no keyword arguments"
+                    % torch.__version__)
+
+    class Fill(nn.Module):  # a leaf, traced as one layer
+        def forward(self, x, store=None, cache=None):
+            store.append(float(x.sum()))
+            cache["h"] = x
+            return x * 2
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.fill = nn.Linear(4, 4), Fill()
+
+        def forward(self, x, store, cache):
+            h = self.fc(x)
+            return (self.fill(h, store, cache) if how == "position" else
+                    self.fill(h, store=store, cache=cache))
+
+    torch.manual_seed(0)
+    m = M()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), precision="fp32"
+                   if not emulate else "fp16", emulate_fp16=emulate)
+    store, cache = [torch.ones(2)], {"old": torch.ones(2)}
+    m(torch.randn(3, 4), store, cache).sum().backward()
+    tr.end_step()
+    tr.close()
+    assert len(store) == 2 and sorted(cache) == ["h", "old"]
+
+
+MASK_NAMES = {
+    # name: (an option when it needs no gradient?)
+    "attn_mask": True, "key_padding_mask": True, "mask": True,
+    "attn_bias": True, "position_bias": True,
+    "mask_features": False, "masks": False, "x_masked": False,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASK_NAMES))
+def test_which_names_are_masks(tmp_path, name):
+    """A tensor filling a parameter whose name ends in 'mask' or 'bias'
+    and that needs no gradient is an option (not recorded: its -inf is no
+    event); other names are data: an inf arriving in mask_features or
+    masks (Mask2Former, SAM) is named at the module's fwd_in, not blamed
+    on the module after it (review of 49479f2, which took every name
+    containing 'mask')."""
+    ns = {}
+    exec("def forward(self, x, %s=None):\n"
+         "    return x + %s.clamp(-1e4, 1e4).mean()\n" % (name, name), ns)
+    Leaf = type("Leaf", (nn.Module,), {"forward": ns["forward"]})
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.leaf = nn.Linear(4, 4), Leaf()
+
+        def forward(self, x, extra):
+            return self.leaf(self.fc(x), extra).sum()
+
+    torch.manual_seed(0)
+    m = M()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", record_input=False)
+    extra = torch.zeros(3, 4)
+    extra[0, 0] = -math.inf
+    m(torch.randn(3, 4), extra).backward()
+    tr.end_step()
+    tr.close()
+    ev = ampprobe.postmortem(path)["event"]
+    if MASK_NAMES[name]:
+        assert ev["kind"] == "none", ev
+    else:
+        assert (ev["origin_layer"], ev["origin_site"]) == ("leaf", "fwd_in")
+
+
+def test_a_learned_bias_is_data(tmp_path):
+    """A bias that needs a gradient (T5's relative position bias, learned)
+    is an input: recorded, given its grad_in."""
+    class Leaf(nn.Module):
+        def forward(self, x, position_bias=None):
+            return x + position_bias
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rel = nn.Parameter(torch.zeros(4))
+            self.leaf = Leaf()
+
+        def forward(self, x):
+            return self.leaf(x, self.rel * 2).sum()
+
+    m = M()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32")
+    m(torch.randn(3, 4)).backward()
+    tr.end_step()
+    tr.close()
+    t, names = records(path)
+    r = t["records"]
+    fin = r[[names[i] == "leaf" and ampprobe._lib.SITES[s] == "fwd_in"
+             for i, s in zip(r["layer"], r["site"])]]
+    gin = r[[names[i] == "leaf" and ampprobe._lib.SITES[s] == "grad_in"
+             for i, s in zip(r["layer"], r["site"])]]
+    assert sorted(fin["count"]) == [4, 12] and 4 in list(gin["count"])
 
 
 def test_an_option_keeps_its_value_under_emulation(tmp_path):
