@@ -86,9 +86,6 @@ def _guard_module_hooks(on):
             dynamo_config.skip_nnmodule_hook_guards = g["found"]
 
 
-# _check_forwards_seen: the share of the layers given gradients in a step
-# whose forwards must have run no hook for the tracer to say so
-_NO_FORWARD_SHARE = 0.5
 _NO_FORWARD = (
     "ampprobe: step %d: module '%s'%s got gradients, but its forward ran "
     "without the tracer's hooks: its forward sites are not in the trace. "
@@ -505,14 +502,15 @@ def _floats(x, depth=0):
     return []
 
 
-def _map_floats(x, fn, depth=0, keep=False):
+def _map_floats(x, fn, depth=0, keep=None):
     """x with fn applied to each floating tensor of _floats(x), the
-    containers rebuilt as they were (a namedtuple stays one). keep: the
-    lists and dicts in x are handed on as they are, their tensors left
-    alone (a forward's arguments: the module may fill them - a list it
-    appends to, a cache dict - and must fill the job's own objects, not
-    copies); the tuples, immutable, are rebuilt, and the keyword arguments
-    of an _ArgsKwargs are mapped one by one."""
+    containers rebuilt as they were (a namedtuple stays one). For a
+    forward's arguments, whose lists and dicts the module may fill (a list
+    it appends to, a cache dict) and must be the job's own objects, keep
+    says what becomes of them: "all" hands them on as they are, their
+    tensors left alone; "unchanged" rebuilds one only when fn changed a
+    tensor in it (a cast up). Tuples, immutable, are rebuilt, and the
+    keyword arguments of an _ArgsKwargs are mapped one by one."""
     if torch.is_tensor(x):
         return fn(x) if x.is_floating_point() else x
     if type(x) is _ArgsKwargs:
@@ -523,11 +521,19 @@ def _map_floats(x, fn, depth=0, keep=False):
         return x
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return type(x)(*(_map_floats(v, fn, depth + 1, keep) for v in x))
-    if isinstance(x, tuple) or (isinstance(x, list) and not keep):
-        return type(x)(_map_floats(v, fn, depth + 1, keep) for v in x)
-    if _is_plain_dict(x) and not keep:
-        return type(x)((k, _map_floats(v, fn, depth + 1)) for k, v in x.items())
-    return x
+    mutable = isinstance(x, list) or _is_plain_dict(x)
+    if mutable and keep == "all":
+        return x
+    if isinstance(x, (tuple, list)):
+        y = type(x)(_map_floats(v, fn, depth + 1, keep) for v in x)
+        changed = any(a is not b for a, b in zip(x, y))
+    elif _is_plain_dict(x):
+        y = type(x)((k, _map_floats(v, fn, depth + 1, keep))
+                    for k, v in x.items())
+        changed = any(y[k] is not v for k, v in x.items())
+    else:
+        return x
+    return x if mutable and keep == "unchanged" and not changed else y
 
 
 def _fp32_forward(self, *args, **kwargs):
@@ -538,7 +544,10 @@ def _fp32_forward(self, *args, **kwargs):
     def up(a):
         return a.float() if a.dtype in (torch.float16, torch.bfloat16) else a
     # nested too: an LSTM's (h, c) (its bf16 state made the CPU LSTM fail)
-    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), up, keep=True)
+    # a list or dict rebuilt only when it held a half tensor: the module
+    # fills the job's own otherwise
+    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), up,
+                               keep="unchanged")
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
         return type(self).forward(self, *args, **kwargs)
 
@@ -964,7 +973,7 @@ class Tracer:
         # (so that modules it runs under no_grad first - a teacher - are
         # inside it), and records the input when selected.
         _guard_module_hooks(True)
-        self._guards_hooks = True
+        self._guard = [True]  # shared with the finalizer: given back once
         self._hooks.append(_pre_hook(
             model, self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
@@ -1004,14 +1013,24 @@ class Tracer:
             L.params = ()  # only their ids are kept: replaced ones can go
         # Close the file even if the job raises and never calls us again.
         self._finalizer = weakref.finalize(self, Tracer._finalize,
-                                           self.session)
+                                           self.session, self._guard)
 
     @staticmethod
-    def _finalize(session):
+    def _finalize(session, guard):
+        Tracer._give_back_guard(guard)
         try:
             session.close()
         except Exception:
             pass
+
+    @staticmethod
+    def _give_back_guard(guard):
+        """The tracer's share of dynamo's hook guards (_guard_module_hooks),
+        given back once, by close() or by the finalizer of a tracer dropped
+        without it."""
+        if guard and guard[0]:
+            guard[0] = False
+            _guard_module_hooks(False)
 
     def _wrap_fp32(self, m):
         """m runs outside autocast, its fp16/bf16 inputs cast to float32
@@ -1149,14 +1168,16 @@ class Tracer:
                 if inplace:
                     _round16_in_place(_floats(inputs))
                     return None
-                return _map_floats(inputs, _round16, keep=True)
+                return _map_floats(inputs, _round16, keep="all")
             fin = _floats(inputs)
             if mode == "record":
                 self._record_forward_in(L, inputs)
             memo = {}
             pred = id(fin[0]) if fin else None  # a loss: its gradient only
+            # a loss's containers are rebuilt: its prediction, in a dict
+            # or list (a DETR-style criterion), gets its own grad_in
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred),
-                               keep=True)
+                               keep=None if loss else "all")
         return hook  # registered by _pre_hook
 
     def _inplace_pre(self, L, mode, inputs):
@@ -1479,15 +1500,22 @@ class Tracer:
                                   bool(sk), refs)
 
     def _check_forwards_seen(self, step):
-        """Warns, once a tracer, when most layers that got gradients in the
-        step that just ended ran no forward hook in it (_NO_FORWARD): the
-        trace then lacks those forwards, which a post-mortem would take for
-        healthy. Most, not one: a module whose weight the job uses outside
-        its forward (F.linear(h, self.proj.weight)) is no sign of this."""
+        """Warns, once a tracer, when layers got gradients in the step that
+        just ended while no module of the model ran a forward hook in it
+        (_NO_FORWARD): the trace then lacks the model's forward, which a
+        post-mortem would take for healthy. None, not some: a head a step
+        leaves out but whose weights get a zero gradient (DDP's 0 * sum(p)
+        trick), a weight the job uses outside its module's forward
+        (F.linear(h, self.proj.weight)), are no sign of this. The model's
+        input and the loss, which run outside compiled code, do not count."""
+        if self._no_forward_said or not self._grads:
+            return
+        if any(L.lid in self._ran for L in self._layers
+               if L.kind not in ("input", "loss")):
+            return
         missing = [L for L in self._layers
                    if L.lid in self._grads and L.lid not in self._ran]
-        if (self._no_forward_said or
-                len(missing) <= _NO_FORWARD_SHARE * len(self._grads)):
+        if not missing:
             return
         self._no_forward_said = True
         more = " (and %d more)" % (len(missing) - 1) if len(missing) > 1 else ""
@@ -1656,9 +1684,7 @@ class Tracer:
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
         self._wrapped = []
-        if getattr(self, "_guards_hooks", False):
-            self._guards_hooks = False
-            _guard_module_hooks(False)
+        Tracer._give_back_guard(getattr(self, "_guard", None))
         if getattr(self, "_finalizer", None) is not None:  # set after _attach
             self._finalizer.detach()
         # nothing reaches the freed session any more: a copy of the model

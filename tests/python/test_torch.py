@@ -1103,11 +1103,46 @@ def _no_step_cases():
             tr.end_step(loss=1.0)
         return tr
 
+    def heads_one_a_step(T):  # multi-task: one head a step, every
+        # parameter a zero gradient (DDP's 0 * sum(p) trick)
+        torch.manual_seed(0)
+        trunk = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        heads = nn.ModuleList(nn.Linear(8, 1) for _ in range(4))
+        m = nn.ModuleDict({"trunk": trunk, "heads": heads})
+        tr = T(m)
+        for step in range(3):
+            out = heads[step](trunk(x))
+            (out.sum() + 0 * sum(p.sum() for p in m.parameters())).backward()
+            tr.end_step(loss=1.0)
+        return tr
+
     return {"attach-mid-step": (attach_mid_step, True),
+            "heads-one-a-step": (heads_one_a_step, False),
             "penalty-first": (penalty_first, False),
             "end-step-first": (end_step_first, False),
             "gan-order": (gan_order, False),
             "functional-weight": (functional_weight, False)}
+
+
+def test_a_dropped_tracer_gives_back_dynamos_hook_guards(tmp_path):
+    """A Tracer dropped without close(): its finalizer gives back its
+    share of the hook guards (the count leaked, and the setting stayed
+    for the rest of the process)."""
+    import gc
+    g = at._HOOK_GUARDS
+    before = g["tracers"]
+    tr = at.Tracer(nn.Linear(2, 2), str(tmp_path / "t.h5"))
+    if at._COMPILER_DISABLE is None:
+        tr.close()
+        pytest.skip("torch %s has no torch.compile" % torch.__version__)
+    assert g["tracers"] == before + 1
+    del tr
+    gc.collect()
+    assert g["tracers"] == before
+    tr = at.Tracer(nn.Linear(2, 2), str(tmp_path / "u.h5"))
+    tr.close()
+    tr.close()  # idempotent: given back once
+    assert g["tracers"] == before
 
 
 @pytest.mark.parametrize("case", sorted(_no_step_cases()))
@@ -1115,10 +1150,12 @@ def test_gradients_with_no_step_open(tmp_path, case):
     """A gradient with no step open opens one (it was libprobe's
     'probe_tensor_record outside a step' from inside the backward at the
     second step, and dropped silently before the first); end_step warns,
-    once, when most layers that got gradients in a step ran no forward
-    hook in it (the Tracer attached between a forward and its backward;
-    compiled code without the hooks: test_torch_compile.py), not when one
-    module's weight is used outside its forward."""
+    once, when layers got gradients in a step in which no module of the
+    model ran a forward hook (the Tracer attached between a forward and
+    its backward; compiled code without the hooks: test_torch_compile.py),
+    not when one module's weight is used outside its forward nor when a
+    step leaves heads out whose weights get zero gradients (review of
+    37ea9e4: the first rule, 'most layers', warned there)."""
     run, warns = _no_step_cases()[case]
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

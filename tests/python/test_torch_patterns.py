@@ -1076,6 +1076,68 @@ def test_fp32_module_casts_nested_and_optional_arguments(tmp_path,
     assert seen == [torch.float32] * 4
 
 
+@pytest.mark.parametrize("box", ["dict", "list"])
+def test_fp32_criterion_casts_a_dict_or_list_of_predictions(tmp_path, box):
+    """A criterion (always FP32) taking its predictions in a dict or list
+    (DETR-style, deep supervision) gets them as float32 under autocast:
+    with lists and dicts handed on as they are, it ran in bf16 outside
+    autocast (review of 37ea9e4: a healthy fp16 job's loss went inf)."""
+    seen = []
+
+    class Crit(nn.Module):
+        def forward(self, out, y):
+            p = out["p"] if box == "dict" else out[0]
+            seen.append(p.dtype)
+            return ((p - y) ** 2).mean()
+
+    torch.manual_seed(0)
+    m, crit = nn.Linear(4, 1), Crit()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, precision="bf16")
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with tr.autocast():
+        p = m(x)
+        assert p.dtype == torch.bfloat16
+        loss = crit({"p": p} if box == "dict" else [p], y)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    assert seen == [torch.float32]
+
+
+class _DistLoss(nn.Module):
+    """A distance loss whose backward is NaN at zero distance (sqrt'(0)
+    = inf, times 0); its prediction in a dict."""
+
+    def forward(self, out, y):
+        return torch.sqrt(((out["pred"] - y) ** 2).sum(-1)).mean()
+
+
+def test_a_loss_given_a_dict_records_its_prediction_gradient(tmp_path):
+    """A loss whose prediction comes in a dict gets its grad_in: a NaN
+    gradient the loss's backward makes is named at the loss, not at the
+    model's last layer (review of 37ea9e4: no grad_in, blamed on 'b')."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.act, self.b = nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return {"pred": self.b(self.act(self.a(x)))}
+
+    torch.manual_seed(0)
+    m, crit = Net(), _DistLoss()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32")
+    out = m(torch.randn(16, 8))
+    loss = crit(out, out["pred"].detach().clone())
+    loss.backward()
+    tr.end_step(loss=float(loss))
+    tr.close()
+    ev = ampprobe.postmortem(path)["event"]
+    assert (ev["origin_layer"], ev["origin_site"]) == ("loss", "grad_in"), ev
+
+
 # ---- parameters replaced after the Tracer hooked the model ----------------------
 
 def _replace(m, how, sd):
