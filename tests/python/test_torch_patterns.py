@@ -1013,6 +1013,23 @@ def test_model_called_by_keyword_records_its_input(tmp_path):
     assert len(fo) == 1 and fo[0][2] == float(x.abs().max()) and fo[0][3] == 8
 
 
+def _bf16_criterion_step(tmp_path, crit, call):
+    """One step of a Linear under bf16 autocast traced with crit as its
+    loss_fn; call(crit, prediction, y) computes the loss. The loss."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, precision="bf16")
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with tr.autocast():
+        p = m(x)
+        assert p.dtype == torch.bfloat16
+        loss = call(crit, p, y)
+    loss.backward()
+    tr.end_step(loss=loss)
+    tr.close()
+    return loss
+
+
 def test_fp32_module_casts_keyword_inputs(tmp_path, monkeypatch):
     """A module forced to FP32 gets its bf16 inputs as float32 whether they
     come by position or by keyword (a criterion called as
@@ -1025,17 +1042,8 @@ def test_fp32_module_casts_keyword_inputs(tmp_path, monkeypatch):
             seen.append(input.dtype)
             return ((input - target) ** 2).mean()
 
-    torch.manual_seed(0)
-    m, crit = nn.Linear(4, 1), Crit()
-    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, precision="bf16")
-    x, y = torch.randn(8, 4), torch.randn(8, 1)
-    with tr.autocast():
-        pred = m(x)
-        assert pred.dtype == torch.bfloat16
-        loss = crit(input=pred, target=y)
-    loss.backward()
-    tr.end_step(loss=loss)
-    tr.close()
+    _bf16_criterion_step(tmp_path, Crit(),
+                         lambda crit, p, y: crit(input=p, target=y))
     assert seen == [torch.float32]
 
 
@@ -1090,18 +1098,10 @@ def test_fp32_criterion_casts_a_dict_or_list_of_predictions(tmp_path, box):
             seen.append(p.dtype)
             return ((p - y) ** 2).mean()
 
-    torch.manual_seed(0)
-    m, crit = nn.Linear(4, 1), Crit()
-    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, precision="bf16")
-    x, y = torch.randn(8, 4), torch.randn(8, 1)
-    with tr.autocast():
-        p = m(x)
-        assert p.dtype == torch.bfloat16
-        loss = crit({"p": p} if box == "dict" else [p], y)
+    loss = _bf16_criterion_step(
+        tmp_path, Crit(),
+        lambda crit, p, y: crit({"p": p} if box == "dict" else [p], y))
     assert loss.dtype == torch.float32
-    loss.backward()
-    tr.end_step(loss=loss)
-    tr.close()
     assert seen == [torch.float32]
 
 
