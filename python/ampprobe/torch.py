@@ -526,14 +526,14 @@ def _map_floats(x, fn, depth=0, keep=None):
         return x
     if isinstance(x, (tuple, list)):
         y = type(x)(_map_floats(v, fn, depth + 1, keep) for v in x)
-        changed = any(a is not b for a, b in zip(x, y))
+        same = lambda: all(a is b for a, b in zip(x, y))  # noqa: E731
     elif _is_plain_dict(x):
         y = type(x)((k, _map_floats(v, fn, depth + 1, keep))
                     for k, v in x.items())
-        changed = any(y[k] is not v for k, v in x.items())
+        same = lambda: all(y[k] is v for k, v in x.items())  # noqa: E731
     else:
         return x
-    return x if mutable and keep == "unchanged" and not changed else y
+    return x if mutable and keep == "unchanged" and same() else y
 
 
 def _fp32_forward(self, *args, **kwargs):
@@ -1052,7 +1052,7 @@ class Tracer:
             # (end_step() before backward(), a penalty's backward before
             # the forward, a forward whose compiled code runs no hook); it
             # opens the step, as the DDP comm hook does, and end_step says
-            # when most layers' forwards were not seen in it
+            # when no module of the model ran its forward in it
             # (_check_forwards_seen)
             self._ensure_step()
         if site == "weight_grad":
@@ -1534,11 +1534,13 @@ class Tracer:
         sn = self.session.step_nonfinite()
         if sn[0] != step or not sn[3]:
             return (lambda forward: _first_bad(refs, forward)), False
-        by_id = {L.lid: L for L in self._layers}
 
-        def found(forward):
+        def found(forward):  # the layer looked up only for an event
             r = sn[2] if forward else sn[1]
-            return None if r is None else (by_id[r[0]], r[1], r[2])
+            if r is None:
+                return None
+            return (next(L for L in self._layers if L.lid == r[0]), r[1],
+                    r[2])
         return found, True
 
     def _libprobe_step_ended(self):
