@@ -870,6 +870,54 @@ double cli_line_delay(void) {
   return e && *e && (*end || !(v >= 0) || v > 3600) ? 1.0 : v;
 }
 
+/* ---- the progress line of reading traces ---------------------------------- */
+
+void cli_read_line_init(cli_read_line *p, int quiet, const char *path,
+                        const char *words) {
+  cli_line_init(&p->line, quiet, cli_line_delay());
+  p->phase[0] = '\0';
+  if (path)
+    cli_escape_name(p->name, sizeof p->name, path);
+  else
+    snprintf(p->name, sizeof p->name, "%s", words ? words : "the trace");
+}
+
+probe_progress_fn cli_read_line_fn(const cli_read_line *p) {
+  return p->line.enabled ? cli_read_line_draw : NULL;
+}
+
+static void fmt_rows(char *buf, size_t n, uint64_t v) {
+  if (v < 10000)
+    snprintf(buf, n, "%llu", (unsigned long long)v);
+  else if (v < 1000000)
+    snprintf(buf, n, "%.1fk", (double)v / 1e3);
+  else if (v < 1000000000)
+    snprintf(buf, n, "%.1fM", (double)v / 1e6);
+  else
+    snprintf(buf, n, "%.1fG", (double)v / 1e9);
+}
+
+int cli_read_line_draw(const char *phase, uint64_t done, uint64_t total,
+                       void *user) {
+  cli_read_line *p = user;
+  if (total == 0 || !cli_line_due(&p->line, strcmp(phase, p->phase) != 0))
+    return 0;
+  snprintf(p->phase, sizeof p->phase, "%s", phase);
+  char d[32], t[32];
+  fmt_rows(d, sizeof d, done);
+  fmt_rows(t, sizeof t, total);
+  int pct = (int)((double)done * 100.0 / (double)total);
+  if (!strcmp(phase, PROBE_PROGRESS_RANKS))
+    cli_line_draw(&p->line, "reading rank files: %d%% (%s of %s files)", pct, d, t);
+  else if (!strcmp(phase, PROBE_PROGRESS_RANKS_AGAIN))
+    cli_line_draw(&p->line, "reading rank files again: %d%% (%s of %s files)", pct, d, t);
+  else if (!strcmp(phase, CLI_PHASE_SCANNING))
+    cli_line_draw(&p->line, "scanning rank files: %d%% (%s of %s files)", pct, d, t);
+  else
+    cli_line_draw(&p->line, "%s %s: %d%% (%s of %s rows)", phase, p->name, pct, d, t);
+  return 0;
+}
+
 void cli_progress_init(cli_progress *p, int64_t total, int quiet) {
   cli_line_init(&p->line, quiet, 0);
   p->total = total;

@@ -302,4 +302,27 @@ void cli_progress_init(cli_progress *p, int64_t total, int quiet);
 void cli_progress_update(cli_progress *p, int64_t done, const char *extra);
 void cli_progress_done(cli_progress *p);
 
+/* The progress line of reading traces (postmortem, report), over
+ * probe_progress_fn: of one trace "checking t.h5: 42% (3.0M of 7.2M rows)",
+ * then "analysing t.h5: ..." (and report's "plotting t.h5: ..."); of a rank
+ * set "reading rank files: 37% (380 of 1024 files)" and report's "scanning
+ * rank files: ..." (CLI_PHASE_SCANNING, CLI_PHASE_PLOTTING). name is the
+ * trace's path (escaped here) or words ("the focus rank"). */
+#define CLI_PHASE_SCANNING "scanning"
+#define CLI_PHASE_PLOTTING "plotting"
+typedef struct cli_read_line {
+  cli_line line;
+  char name[600];
+  char phase[32]; /* the phase drawn last: a new one is drawn at once */
+} cli_read_line;
+void cli_read_line_init(cli_read_line *p, int quiet, const char *path,
+                        const char *words);
+/* The callback to hand a probe_*_progress call: NULL when the line is off
+ * (so the library does no progress work at all). */
+probe_progress_fn cli_read_line_fn(const cli_read_line *p);
+/* Draws phase's done of total (at most 10 times a second, a new phase at
+ * once); returns 0. */
+int cli_read_line_draw(const char *phase, uint64_t done, uint64_t total,
+                       void *user);
+
 #endif /* AMPPROBE_TOOLS_CLI_H */

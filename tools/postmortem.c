@@ -86,52 +86,12 @@ static int print_out(probe_status st, char *out) {
   return rc;
 }
 
-/* The progress line (a terminal only, after a second): of one trace
- * "checking t.h5: 42% (3.0M of 7.2M rows)", then "analysing t.h5: ...";
- * of a rank set "reading rank files: 37% (380 of 1024 files)", then the
- * focus rank's "checking the focus rank: ..." and "analysing ...". */
-typedef struct pm_progress {
-  cli_line line;
-  char name[600]; /* the path, escaped; "the focus rank" for a set */
-} pm_progress;
-
-static void fmt_rows(char *buf, size_t n, uint64_t v) {
-  if (v < 10000)
-    snprintf(buf, n, "%llu", (unsigned long long)v);
-  else if (v < 1000000)
-    snprintf(buf, n, "%.1fk", (double)v / 1e3);
-  else if (v < 1000000000)
-    snprintf(buf, n, "%.1fM", (double)v / 1e6);
-  else
-    snprintf(buf, n, "%.1fG", (double)v / 1e9);
-}
-
-static int pm_progress_fn(const char *phase, uint64_t done, uint64_t total,
-                          void *user) {
-  pm_progress *p = user;
-  if (total == 0 || !cli_line_due(&p->line, 0)) return 0;
-  char d[32], t[32];
-  fmt_rows(d, sizeof d, done);
-  fmt_rows(t, sizeof t, total);
-  int pct = (int)((double)done * 100.0 / (double)total);
-  if (!strcmp(phase, PROBE_PROGRESS_RANKS) ||
-      !strcmp(phase, PROBE_PROGRESS_RANKS_AGAIN))
-    cli_line_draw(&p->line, "reading rank files%s: %d%% (%s of %s files)",
-                  strcmp(phase, PROBE_PROGRESS_RANKS) ? " again" : "", pct, d,
-                  t);
-  else
-    cli_line_draw(&p->line, "%s %s: %d%% (%s of %s rows)", phase, p->name,
-                  pct, d, t);
-  return 0;
-}
-
 /* One trace named alone: today's post-mortem. */
 static int one_trace(const char *path, int json, const probe_diag_options *opt,
                      int quiet) {
-  pm_progress pg;
-  cli_line_init(&pg.line, quiet, cli_line_delay());
-  cli_escape_name(pg.name, sizeof pg.name, path);
-  probe_progress_fn fn = pg.line.enabled ? pm_progress_fn : NULL;
+  cli_read_line pg; /* "checking t.h5: 42% (...)", then "analysing ..." */
+  cli_read_line_init(&pg, quiet, path, NULL);
+  probe_progress_fn fn = cli_read_line_fn(&pg);
   probe_trace *t = NULL;
   int rc0 = cli_open_trace_progress(SUB, &t, path, fn, &pg);
   if (rc0) return rc0;
@@ -173,11 +133,10 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
   long long bytes = 0;
   for (size_t i = 0; i < n; i++) bytes += cli_file_bytes(paths[i]);
   cli_busy(SUB, n == 1 ? paths[0] : "the rank files", bytes);
-  pm_progress pg;
-  cli_line_init(&pg.line, quiet, cli_line_delay());
-  snprintf(pg.name, sizeof pg.name, "the focus rank");
-  probe_status st = probe_ranks_run_progress(
-      &r, paths, n, &ro, pg.line.enabled ? pm_progress_fn : NULL, &pg);
+  cli_read_line pg; /* "reading rank files: N% ...", then the focus rank's */
+  cli_read_line_init(&pg, quiet, NULL, "the focus rank");
+  probe_status st =
+      probe_ranks_run_progress(&r, paths, n, &ro, cli_read_line_fn(&pg), &pg);
   cli_line_clear(&pg.line);
   if (st < 0 && one_of_set && st != PROBE_ERR_NOMEM) {
     /* it cannot be read: said as for a file named alone (its words and

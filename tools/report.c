@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -80,7 +81,7 @@ static void usage(FILE *f) {
           "default 400)\n"
           "  --title TEXT          page title (default: 'ampprobe report: "
           "TRACE')\n"
-          "  -q, --quiet           no summary line on stderr\n"
+          "  -q, --quiet           no progress line and no summary line on stderr\n"
           "  -h, --help            this help\n"
           "\n"
           "exit: 0 written, run healthy; 1 written, problem diagnosed (over "
@@ -124,9 +125,21 @@ static probe_status trace_range(probe_trace *t, int64_t *lo, int64_t *hi) {
 }
 
 static probe_status feed_trace(probe_report *rep, probe_trace *t,
-                               int baseline) {
+                               int baseline, cli_read_line *line) {
   probe_status st = PROBE_OK;
   size_t got;
+  /* "plotting t.h5: N% (rows)": the rows of the three tables read */
+  probe_progress_fn fn = baseline ? NULL : cli_read_line_fn(line);
+  const probe_trace_info *info = probe_trace_get_info(t);
+  uint64_t total = baseline ? 0
+                            : (uint64_t)(info->n_steps + info->n_scaler_events +
+                                         info->n_records);
+  uint64_t done = 0;
+#define FEED_PROGRESS(n)                                                       \
+  do {                                                                         \
+    done += (n);                                                               \
+    if (fn) fn(CLI_PHASE_PLOTTING, done < total ? done : total, total, line);  \
+  } while (0)
   probe_step_scalars *steps = malloc(CHUNK * sizeof *steps);
   probe_record *recs = malloc(CHUNK * sizeof *recs);
   probe_scaler_event *evs = malloc(CHUNK * sizeof *evs);
@@ -136,19 +149,23 @@ static probe_status feed_trace(probe_report *rep, probe_trace *t,
     if (st != PROBE_OK || got == 0) break;
     st = baseline ? probe_report_add_baseline_steps(rep, steps, got)
                   : probe_report_add_steps(rep, steps, got);
+    FEED_PROGRESS(got);
   }
   if (!baseline) {
     for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
       st = probe_trace_read_scaler_events(t, at, CHUNK, evs, &got);
       if (st != PROBE_OK || got == 0) break;
       st = probe_report_add_scaler_events(rep, evs, got);
+      FEED_PROGRESS(got);
     }
     for (int64_t at = 0; st == PROBE_OK; at += (int64_t)got) {
       st = probe_trace_read_records(t, at, CHUNK, recs, &got);
       if (st != PROBE_OK || got == 0) break;
       st = probe_report_add_records(rep, recs, got);
+      FEED_PROGRESS(got);
     }
   }
+#undef FEED_PROGRESS
   free(steps);
   free(recs);
   free(evs);
@@ -975,11 +992,34 @@ static void scan_worker(trace_set *s, probe_rankmap *m, int from,
   *at = s->n_rows;
 }
 
+/* Waits for the scan worker pid; with the progress line on, polls it and
+ * draws "scanning rank files: N% (k of n files)" from the row it is at. */
+#define SCAN_POLL_NS 50000000L /* 50 ms */
+static int scan_wait(const trace_set *s, pid_t pid, int *status,
+                     volatile int *at, cli_read_line *line) {
+  probe_progress_fn fn = cli_read_line_fn(line);
+  uint64_t total = 0;
+  for (int i = 0; fn && i < s->n_rows; i++)
+    total += s->rows[i].e->status == PROBE_RANK_READ;
+  for (;;) {
+    pid_t r = waitpid(pid, status, fn ? WNOHANG : 0);
+    if (r == pid) return 0;
+    if (r < 0 && errno != EINTR) return -1;
+    if (r != 0) continue;
+    uint64_t done = 0;
+    for (int i = 0; i < s->n_rows && i < *at; i++)
+      done += s->rows[i].e->status == PROBE_RANK_READ;
+    fn(CLI_PHASE_SCANNING, done, total, line);
+    struct timespec ts = {0, SCAN_POLL_NS};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* Scans every readable file in a forked worker process that fills the
  * map's shared cells, so that a crash or hang inside HDF5 on a malformed
  * file marks that rank unreadable (a new worker goes on with the next
  * file) instead of killing the report. */
-static int set_scan_all(trace_set *s, probe_rankmap *m) {
+static int set_scan_all(trace_set *s, probe_rankmap *m, cli_read_line *line) {
   size_t bytes = (size_t)s->n_rows * sizeof *s->scan + sizeof(int);
   void *shm = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -997,7 +1037,7 @@ static int set_scan_all(trace_set *s, probe_rankmap *m) {
       _exit(0);
     }
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (scan_wait(s, pid, &status, at, line) != 0) return -1;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && *at >= s->n_rows)
       break;
     int bad = *at; /* it died on this file */
@@ -1088,12 +1128,15 @@ static void set_notes(trace_set *s) {
 /* Reads the set: the cross-rank post-mortem, the rows, the scan; fills the
  * map. Returns an exit code. */
 static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
-                     probe_rankmap **map) {
+                     probe_rankmap **map, cli_read_line *line) {
   *map = NULL;
   probe_ranks_options o;
   probe_ranks_options_init(&o);
   o.isolate = 1;
-  probe_status st = probe_ranks_run(&s->R, (const char *const *)paths, n, &o);
+  /* "reading rank files: N% ...", then the focus rank's checking/analysing */
+  snprintf(line->name, sizeof line->name, "the focus rank");
+  probe_status st = probe_ranks_run_progress(&s->R, (const char *const *)paths,
+                                             n, &o, cli_read_line_fn(line), line);
   s->have_R = 1;
   /* refused as a set (not one job: exit 2; corrupt: 3), with its reason */
   if (st == PROBE_ERR_INVALID_ARG || (st < 0 && s->R.error[0])) {
@@ -1117,7 +1160,7 @@ static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
   s->x1 = s->R.max_last_step > 0 ? s->R.max_last_step : 0;
   int cols = heat_cols > SET_MAP_COLS ? heat_cols : SET_MAP_COLS;
   st = probe_rankmap_new(map, s->n_rows, cols, s->x0, s->x1);
-  if (st == PROBE_OK && set_scan_all(s, *map) != 0) st = PROBE_ERR_NOMEM;
+  if (st == PROBE_OK && set_scan_all(s, *map, line) != 0) st = PROBE_ERR_NOMEM;
   for (int i = 0; st == PROBE_OK && i < s->n_rows; i++) {
     const probe_rank_entry *e = s->rows[i].e;
     st = probe_rankmap_set_row(*map, i, s->rows[i].label,
@@ -1316,6 +1359,7 @@ typedef struct report_args {
   int quiet;
   int64_t rank; /* --rank, -1 when not given */
   probe_report_options ro;
+  cli_read_line *line; /* the command's progress line (cli.h) */
 } report_args;
 
 /* The bisect JSON, checked: a bad file is an input error found before any
@@ -1393,7 +1437,10 @@ static int report_write(const report_args *a, const char *path,
   probe_diag diag;
   probe_diff diff;
   int have_diag = 0, have_diff = 0;
-  int rc = cli_open_trace(SUB, &t, path);
+  /* the line names this trace now: "checking", "analysing", "plotting" */
+  cli_escape_name(a->line->name, sizeof a->line->name, path);
+  probe_progress_fn fn = cli_read_line_fn(a->line);
+  int rc = cli_open_trace_progress(SUB, &t, path, fn, a->line);
   if (rc == CLI_EXIT_OK && a->base_path) rc = cli_open_trace(SUB, &tb, a->base_path);
   if (rc != CLI_EXIT_OK) goto done;
 
@@ -1419,7 +1466,7 @@ static int report_write(const report_args *a, const char *path,
   /* the diagnosis, from the post-mortem engine */
   diag_options dopt;
   diag_options_init(&dopt);
-  if (st == PROBE_OK) st = probe_diag_run(&diag, t, path, &dopt);
+  if (st == PROBE_OK) st = probe_diag_run_progress(&diag, t, path, &dopt, fn, a->line);
   have_diag = 1;
   if (st == PROBE_OK)
     st = add_diagnosis(rep, &diag, v ? v->head : NULL,
@@ -1449,7 +1496,7 @@ static int report_write(const report_args *a, const char *path,
   add_trace_meta(rep, tlabel, path, t);
   if (tb) add_trace_meta(rep, "baseline", a->base_path, tb);
 
-  if (st == PROBE_OK) st = feed_trace(rep, t, 0);
+  if (st == PROBE_OK) st = feed_trace(rep, t, 0, a->line);
   if (st == PROBE_OK && tb) {
     const probe_trace_info *bi = probe_trace_get_info(tb);
     char label[160];
@@ -1458,7 +1505,7 @@ static int report_write(const report_args *a, const char *path,
     else
       snprintf(label, sizeof label, "baseline");
     probe_report_set_baseline_label(rep, label);
-    st = feed_trace(rep, tb, 1);
+    st = feed_trace(rep, tb, 1, a->line);
     if (st == PROBE_OK) {
       probe_diff_options fo;
       probe_diff_options_init(&fo);
@@ -1587,7 +1634,7 @@ static int report_set(const report_args *a, char **args, int n_args,
   }
   if (rc == CLI_EXIT_OK) rc = cli_check_output(SUB, a->out, inputs, n + 2);
   if (rc == CLI_EXIT_OK) rc = load_bisect(a->bisect_path, &bisect);
-  if (rc == CLI_EXIT_OK) rc = set_build(&set, paths, n, a->ro.heat_cols, &v.map);
+  if (rc == CLI_EXIT_OK) rc = set_build(&set, paths, n, a->ro.heat_cols, &v.map, a->line);
   if (rc == CLI_EXIT_OK) {
     v.set = &set;
     v.n_paths = n;
@@ -1673,6 +1720,9 @@ int cmd_report(int argc, char **argv) {
   int arc = cli_check_trace_args(SUB, argv + optind, argc - optind);
   if (arc) return arc;
   double t0 = cli_now();
+  cli_read_line line;
+  cli_read_line_init(&line, a.quiet, NULL, "the trace");
+  a.line = &line;
   if (is_single(argv + optind, argc - optind))
     return report_single(&a, argv[optind], t0);
   return report_set(&a, argv + optind, argc - optind, t0);

@@ -10,6 +10,9 @@
 # line existed. Given SYNTH_RANKS (bench/synth_ranks), the same for a set
 # of 96 rank files (probe_ranks_run_progress): "reading rank files: N% (k
 # of 96 files)", then the focus rank's "checking/analysing the focus rank".
+# `ampprobe report` the same (tools/report.c): of a trace "checking",
+# "analysing" and "plotting TRACE: N% (... rows)"; of a set also "scanning
+# rank files: N% (k of 96 files)"; erased before its "wrote" line.
 #
 # usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE [SYNTH_RANKS]
 set -u
@@ -110,6 +113,41 @@ else
   pass "nothing before the delay"
 fi
 
+# report: "checking", "analysing" and "plotting t.h5: N% (... rows)", erased
+# before the one line that says what was written
+# erased_then_wrote FILE: the line erased, then only "ampprobe: report: wrote"
+erased_then_wrote() {
+  "$PY" -c '
+import sys
+b = open(sys.argv[1], "rb").read()
+head, sep, tail = b.rpartition(b"ampprobe: report: wrote ")
+sys.exit(0 if sep and head.endswith(b"\r\x1b[K") and b"\n" not in head
+         and tail.count(b"\n") == 1 and tail.endswith(b"\n") else 1)' "$1"
+}
+"$BIN" report "$T" -o "$WORK/ref.html" >/dev/null 2>"$WORK/rref.err"
+RREF_RC=$?
+[ "$RREF_RC" -le 1 ] || fail "report of the trace: exit $RREF_RC: $(cat "$WORK/rref.err")"
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/rtty.out" "$WORK/rtty.err" "$BIN" report "$T" -o "$WORK/tty.html"
+if [ "$RC" != "$RREF_RC" ]; then
+  fail "report on a terminal: exit $RC, not $RREF_RC"
+elif ! grep -qE "checking [^ ]*t\.h5: [0-9]+% \(" "$WORK/rtty.err" ||
+     ! grep -qE "analysing [^ ]*t\.h5: [0-9]+% \(" "$WORK/rtty.err" ||
+     ! grep -qE "plotting [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" "$WORK/rtty.err"; then
+  fail "report on a terminal: no checking/analysing/plotting percentages: $(head -c 400 "$WORK/rtty.err" | od -c | head -5)"
+elif ! erased_then_wrote "$WORK/rtty.err"; then
+  fail "report on a terminal: the line not erased before 'wrote': $(tail -c 200 "$WORK/rtty.err" | od -c | tail -4)"
+else
+  pass "report on a terminal: checking, analysing, plotting, erased before 'wrote'"
+fi
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/rq.out" "$WORK/rq.err" "$BIN" report -q "$T" -o "$WORK/q.html"
+nothing "report -q on a terminal" "$WORK/rq.err"
+AMPPROBE_PROGRESS_DELAY=0 "$BIN" report "$T" -o "$WORK/f.html" >/dev/null 2>"$WORK/rf.err"
+if grep -q "%" "$WORK/rf.err"; then
+  fail "report, stderr to a file: a progress line: $(head -c 200 "$WORK/rf.err" | od -c | head -3)"
+else
+  pass "report, stderr to a file: no progress line"
+fi
+
 # a rank set
 if [ -z "$SYNTH" ]; then
   echo "skip: the rank set (no bench/synth_ranks given: AMPPROBE_BUILD_BENCH off)"
@@ -136,6 +174,24 @@ else
   fi
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sq.out" "$WORK/sq.err" "$BIN" postmortem -q "$S"
   nothing "a set, -q on a terminal" "$WORK/sq.err"
+  # report of the set: the files read, then scanned (the chosen rank's
+  # checking and plotting take less than the line's 0.1 s between draws)
+  "$BIN" report "$S" -o "$WORK/sref.html" >/dev/null 2>"$WORK/srref.err"
+  SRREF_RC=$?
+  [ "$SRREF_RC" -le 1 ] || fail "report of the set: exit $SRREF_RC: $(cat "$WORK/srref.err")"
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/srtty.out" "$WORK/srtty.err" "$BIN" report "$S" -o "$WORK/stty.html"
+  if [ "$RC" != "$SRREF_RC" ]; then
+    fail "report of a set on a terminal: exit $RC, not $SRREF_RC"
+  elif ! grep -qE "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/srtty.err" ||
+       ! grep -qE "scanning rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/srtty.err"; then
+    fail "report of a set on a terminal: no 'reading/scanning rank files: N% (k of 96 files)': $(head -c 400 "$WORK/srtty.err" | od -c | head -5)"
+  elif ! erased_then_wrote "$WORK/srtty.err"; then
+    fail "report of a set on a terminal: the line not erased before 'wrote': $(tail -c 200 "$WORK/srtty.err" | od -c | tail -4)"
+  else
+    pass "report of a set on a terminal: files read and scanned in percent, erased"
+  fi
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/srq.out" "$WORK/srq.err" "$BIN" report -q "$S" -o "$WORK/sq.html"
+  nothing "report of a set, -q on a terminal" "$WORK/srq.err"
 fi
 
 [ "$FAILS" = 0 ] || { echo "$FAILS check(s) failed"; exit 1; }
