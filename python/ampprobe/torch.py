@@ -97,6 +97,14 @@ _NO_FORWARD = (
     "(docs/python.md, torch.compile)")
 
 
+_LATE_BACKWARD = (
+    "ampprobe: step %d ended before its backward: its gradients arrived "
+    "after end_step() and are recorded in step %d, with the next step's "
+    "forward, so the trace puts every gradient one step late. Call "
+    "end_step() after loss.backward() and the optimizer step "
+    "(docs/python.md, The PyTorch tracer)")
+
+
 def _uncompiled(model):
     """The module torch.compile(model) wrapped (its OptimizedModule calls
     that module, whose hooks run from the compiled code), else model."""
@@ -895,7 +903,12 @@ class Tracer:
         self._hold = []
         self._ran = set()
         self._grads = set()
+        self._bwd = False  # a backward site recorded in this step
+        # the step that just ended, when the model's forward ran in it and
+        # no gradient came (_check_late_backward)
+        self._ended_fwd_only = None
         self._no_forward_said = False
+        self._late_backward_said = False
         self._refs = []  # (layer, site, tensor) of this step, for scans
         self._scale_begin = None
         self._scaler = None
@@ -1047,6 +1060,7 @@ class Tracer:
         """Hands one tensor to libprobe by pointer (copy if it must)."""
         if self._closed:
             return
+        backward = _lib.SITE_PHASE[site] == "backward"
         if self._step is None:
             # a gradient with no step open: no forward hook opened one
             # (end_step() before backward(), a penalty's backward before
@@ -1054,7 +1068,11 @@ class Tracer:
             # opens the step, as the DDP comm hook does, and end_step says
             # when no module of the model ran its forward in it
             # (_check_forwards_seen)
+            if backward:
+                self._check_late_backward()
             self._ensure_step()
+        if backward:
+            self._bwd = True
         if site == "weight_grad":
             self._grads.add(L.lid)
         if not self._recording:
@@ -1336,6 +1354,8 @@ class Tracer:
         self._step = step
         self._ran = set()  # layers whose forward ran in this step (_gate)
         self._grads = set()  # layers that got a weight_grad in it
+        self._bwd = False
+        self._ended_fwd_only = None  # a step is open: no late gradient
         self._recording = self._in_window(step)
         if self._scaler is not None:
             self._scale_begin = float(self._scaler.get_scale())
@@ -1484,6 +1504,8 @@ class Tracer:
             # tracer ended its step anyway, and its next forward was
             # refused with 'step 1 begun inside step 0'.
             if ended:
+                self._ended_fwd_only = step if (
+                    not self._bwd and self._model_forward_ran()) else None
                 refs = self._refs
                 self._refs = []
                 self._step = None
@@ -1499,6 +1521,26 @@ class Tracer:
             self._check_nonfinite(step, lossv if loss is not None else 0.0,
                                   bool(sk), refs)
 
+    def _model_forward_ran(self):
+        """A module of the model (input and loss aside) ran its forward
+        hook in this step."""
+        return any(L.lid in self._ran for L in self._layers
+                   if L.kind not in ("input", "loss"))
+
+    def _check_late_backward(self):
+        """Warns, once a tracer, when a gradient comes with no step open
+        right after a step in which the model ran its forward and nothing
+        of a backward was recorded: end_step() was called before
+        backward(), and each step's gradients land in the next step
+        (_LATE_BACKWARD). A step whose forward had no backward (a check
+        under grad) is followed by a forward, not by a gradient, and says
+        nothing."""
+        if self._late_backward_said or self._ended_fwd_only is None:
+            return
+        self._late_backward_said = True
+        warnings.warn(_LATE_BACKWARD % (self._ended_fwd_only, self._next),
+                      RuntimeWarning, stacklevel=4)
+
     def _check_forwards_seen(self, step):
         """Warns, once a tracer, when layers got gradients in the step that
         just ended while no module of the model ran a forward hook in it
@@ -1510,8 +1552,7 @@ class Tracer:
         input and the loss, which run outside compiled code, do not count."""
         if self._no_forward_said or not self._grads:
             return
-        if any(L.lid in self._ran for L in self._layers
-               if L.kind not in ("input", "loss")):
+        if self._model_forward_ran():
             return
         missing = [L for L in self._layers
                    if L.lid in self._grads and L.lid not in self._ran]

@@ -1075,7 +1075,7 @@ def _no_step_cases():
         return tr
 
     def end_step_first(T):  # end_step() before backward(): each step's
-        # gradients land in the next, with its forward: not seen (docs)
+        # gradients land in the next, with its forward: said once
         m = mk()
         tr = T(m)
         for _ in range(2):
@@ -1084,7 +1084,8 @@ def _no_step_cases():
             loss.backward()
         return tr
 
-    def gan_order(T):  # DCGAN: G's update through the step's old graph
+    def gan_order(T):  # DCGAN: G's update through the step's old graph,
+        # after end_step: G's gradients land in the next step: said once
         G, D = mk(), nn.Linear(1, 1)
         tr = T(G)
         for _ in range(2):
@@ -1116,12 +1117,37 @@ def _no_step_cases():
             tr.end_step(loss=1.0)
         return tr
 
-    return {"attach-mid-step": (attach_mid_step, True),
-            "heads-one-a-step": (heads_one_a_step, False),
-            "penalty-first": (penalty_first, False),
-            "end-step-first": (end_step_first, False),
-            "gan-order": (gan_order, False),
-            "functional-weight": (functional_weight, False)}
+    def eval_under_grad(T):  # a check step under grad, no backward, then
+        # training steps: their gradients come after their forward
+        m = mk()
+        tr = T(m)
+        m(x).sum()
+        tr.end_step(loss=1.0)
+        for _ in range(2):
+            m(x).sum().backward()
+            tr.end_step(loss=1.0)
+        return tr
+
+    def late_every_other(T):  # end_step() before backward() from step 1
+        m = mk()
+        tr = T(m)
+        m(x).sum().backward()
+        tr.end_step(loss=1.0)
+        for _ in range(3):
+            loss = m(x).sum()
+            tr.end_step(loss=1.0)
+            loss.backward()
+        return tr
+
+    # (the no-forward warning, the late-backward one)
+    return {"attach-mid-step": (attach_mid_step, (True, False)),
+            "heads-one-a-step": (heads_one_a_step, (False, False)),
+            "penalty-first": (penalty_first, (False, False)),
+            "end-step-first": (end_step_first, (False, True)),
+            "late-from-step-1": (late_every_other, (False, True)),
+            "eval-under-grad": (eval_under_grad, (False, False)),
+            "gan-order": (gan_order, (False, True)),
+            "functional-weight": (functional_weight, (False, False))}
 
 
 def test_a_dropped_tracer_gives_back_dynamos_hook_guards(tmp_path):
@@ -1155,8 +1181,12 @@ def test_gradients_with_no_step_open(tmp_path, case):
     its backward; compiled code without the hooks: test_torch_compile.py),
     not when one module's weight is used outside its forward nor when a
     step leaves heads out whose weights get zero gradients (review of
-    37ea9e4: the first rule, 'most layers', warned there)."""
-    run, warns = _no_step_cases()[case]
+    37ea9e4: the first rule, 'most layers', warned there). A gradient
+    that comes with no step open right after a step whose forward had no
+    backward is warned of once: end_step() was called before backward()
+    (each step's gradients land in the next), not after a check step
+    under grad that a training step follows."""
+    run, (warns, late) = _no_step_cases()[case]
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         tr = run(lambda m: at.Tracer(m, str(tmp_path / "t.h5"),
@@ -1167,6 +1197,11 @@ def test_gradients_with_no_step_open(tmp_path, case):
     assert len(said) == (1 if warns else 0), said
     if warns:
         assert "between a forward and its backward" in said[0]
+    said = [str(x.message) for x in w if "ended before its backward"
+            in str(x.message)]
+    assert len(said) == (1 if late else 0), said
+    if late:
+        assert "after end_step()" in said[0], said[0]
     t = ampprobe.read_trace(tr.path)
     assert (t["records"]["site"] == SITES.index("weight_grad")).any()
 
