@@ -73,6 +73,33 @@ PYEOF
   RC=$?
 }
 
+# on_tty WHAT REF_RC ENDCHECK ERR PATTERN...: after pty_run (RC), the exit
+# code is REF_RC, the terminal got every PATTERN (grep -E) and ENDCHECK ERR
+# passes (erased, erased_then_wrote)
+on_tty() {
+  local what=$1 ref=$2 endcheck=$3 err=$4 pat
+  shift 4
+  if [ "$RC" != "$ref" ]; then
+    fail "$what: exit $RC, not $ref"
+    return
+  fi
+  for pat in "$@"; do
+    if ! grep -qE "$pat" "$err"; then
+      fail "$what: no '$pat': $(head -c 400 "$err" | od -c | head -5)"
+      return
+    fi
+  done
+  if ! "$endcheck" "$err"; then
+    fail "$what: not one line erased at the end: $(tail -c 200 "$err" | od -c | tail -4)"
+    return
+  fi
+  pass "$what: the line drawn, erased at the end"
+}
+# same_out WHAT A B: the stdout with a terminal is the one without
+same_out() {
+  cmp -s "$2" "$3" || fail "$1: stdout differs from the one without a terminal"
+}
+
 # the reference: stderr to a file
 "$BIN" postmortem "$T" >"$WORK/ref.out" 2>"$WORK/ref.err"
 REF_RC=$?
@@ -83,19 +110,10 @@ nothing "stderr to a file, delay 0" "$WORK/ref0.err"
 
 # on a terminal, at once
 AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/tty.out" "$WORK/tty.err" "$BIN" postmortem "$T"
-if [ "$RC" != "$REF_RC" ]; then
-  fail "on a terminal: exit $RC, not $REF_RC"
-elif ! cmp -s "$WORK/tty.out" "$WORK/ref.out"; then
-  fail "on a terminal: stdout differs from the one without a terminal"
-elif ! grep -qE "checking [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" "$WORK/tty.err"; then
-  fail "on a terminal: no 'checking t.h5: N% (... rows)': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
-elif ! grep -qE "analysing [^ ]*t\.h5: [0-9]+% \(" "$WORK/tty.err"; then
-  fail "on a terminal: no 'analysing t.h5: N%': $(head -c 400 "$WORK/tty.err" | od -c | head -5)"
-elif ! erased "$WORK/tty.err"; then
-  fail "on a terminal: the line is not one self-overwriting line erased at the end: $(tail -c 200 "$WORK/tty.err" | od -c | tail -4)"
-else
-  pass "on a terminal: checking and analysing percentages, erased at the end"
-fi
+same_out "on a terminal" "$WORK/tty.out" "$WORK/ref.out"
+on_tty "on a terminal (checking, analysing)" "$REF_RC" erased "$WORK/tty.err" \
+  "checking [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" \
+  "analysing [^ ]*t\.h5: [0-9]+% \("
 
 # -q: nothing
 AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/q.out" "$WORK/q.err" "$BIN" postmortem -q "$T"
@@ -128,17 +146,10 @@ sys.exit(0 if sep and head.endswith(b"\r\x1b[K") and b"\n" not in head
 RREF_RC=$?
 [ "$RREF_RC" -le 1 ] || fail "report of the trace: exit $RREF_RC: $(cat "$WORK/rref.err")"
 AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/rtty.out" "$WORK/rtty.err" "$BIN" report "$T" -o "$WORK/tty.html"
-if [ "$RC" != "$RREF_RC" ]; then
-  fail "report on a terminal: exit $RC, not $RREF_RC"
-elif ! grep -qE "checking [^ ]*t\.h5: [0-9]+% \(" "$WORK/rtty.err" ||
-     ! grep -qE "analysing [^ ]*t\.h5: [0-9]+% \(" "$WORK/rtty.err" ||
-     ! grep -qE "plotting [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)" "$WORK/rtty.err"; then
-  fail "report on a terminal: no checking/analysing/plotting percentages: $(head -c 400 "$WORK/rtty.err" | od -c | head -5)"
-elif ! erased_then_wrote "$WORK/rtty.err"; then
-  fail "report on a terminal: the line not erased before 'wrote': $(tail -c 200 "$WORK/rtty.err" | od -c | tail -4)"
-else
-  pass "report on a terminal: checking, analysing, plotting, erased before 'wrote'"
-fi
+on_tty "report on a terminal (checking, analysing, plotting)" "$RREF_RC" \
+  erased_then_wrote "$WORK/rtty.err" "checking [^ ]*t\.h5: [0-9]+% \(" \
+  "analysing [^ ]*t\.h5: [0-9]+% \(" \
+  "plotting [^ ]*t\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)"
 AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/rq.out" "$WORK/rq.err" "$BIN" report -q "$T" -o "$WORK/q.html"
 nothing "report -q on a terminal" "$WORK/rq.err"
 AMPPROBE_PROGRESS_DELAY=0 "$BIN" report "$T" -o "$WORK/f.html" >/dev/null 2>"$WORK/rf.err"
@@ -161,17 +172,9 @@ else
   AMPPROBE_PROGRESS_DELAY=0 "$BIN" postmortem "$S" >/dev/null 2>"$WORK/sref0.err"
   nothing "a set, stderr to a file, delay 0" "$WORK/sref0.err"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/stty.out" "$WORK/stty.err" "$BIN" postmortem "$S"
-  if [ "$RC" != "$SREF_RC" ]; then
-    fail "a set on a terminal: exit $RC, not $SREF_RC"
-  elif ! cmp -s "$WORK/stty.out" "$WORK/sref.out"; then
-    fail "a set on a terminal: stdout differs from the one without a terminal"
-  elif ! grep -qE "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/stty.err"; then
-    fail "a set on a terminal: no 'reading rank files: N% (k of 96 files)': $(head -c 400 "$WORK/stty.err" | od -c | head -5)"
-  elif ! erased "$WORK/stty.err"; then
-    fail "a set on a terminal: not one line erased at the end: $(tail -c 200 "$WORK/stty.err" | od -c | tail -4)"
-  else
-    pass "a set on a terminal: the files read, in percent, erased at the end"
-  fi
+  same_out "a set on a terminal" "$WORK/stty.out" "$WORK/sref.out"
+  on_tty "a set on a terminal (files read)" "$SREF_RC" erased "$WORK/stty.err" \
+    "reading rank files: [0-9]+% \([0-9]+ of 96 files\)"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sq.out" "$WORK/sq.err" "$BIN" postmortem -q "$S"
   nothing "a set, -q on a terminal" "$WORK/sq.err"
   # report of the set: the files read, then scanned (the chosen rank's
@@ -180,16 +183,10 @@ else
   SRREF_RC=$?
   [ "$SRREF_RC" -le 1 ] || fail "report of the set: exit $SRREF_RC: $(cat "$WORK/srref.err")"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/srtty.out" "$WORK/srtty.err" "$BIN" report "$S" -o "$WORK/stty.html"
-  if [ "$RC" != "$SRREF_RC" ]; then
-    fail "report of a set on a terminal: exit $RC, not $SRREF_RC"
-  elif ! grep -qE "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/srtty.err" ||
-       ! grep -qE "scanning rank files: [0-9]+% \([0-9]+ of 96 files\)" "$WORK/srtty.err"; then
-    fail "report of a set on a terminal: no 'reading/scanning rank files: N% (k of 96 files)': $(head -c 400 "$WORK/srtty.err" | od -c | head -5)"
-  elif ! erased_then_wrote "$WORK/srtty.err"; then
-    fail "report of a set on a terminal: the line not erased before 'wrote': $(tail -c 200 "$WORK/srtty.err" | od -c | tail -4)"
-  else
-    pass "report of a set on a terminal: files read and scanned in percent, erased"
-  fi
+  on_tty "report of a set on a terminal (files read, scanned)" "$SRREF_RC" \
+    erased_then_wrote "$WORK/srtty.err" \
+    "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" \
+    "scanning rank files: [0-9]+% \([0-9]+ of 96 files\)"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/srq.out" "$WORK/srq.err" "$BIN" report -q "$S" -o "$WORK/sq.html"
   nothing "report of a set, -q on a terminal" "$WORK/srq.err"
 fi
