@@ -221,7 +221,7 @@ def _input_kwargs(module, kwargs):
     """The keyword arguments of a call that are the module's inputs: all
     but the options (_is_option: attn_mask=, attention_mask=), those of
     its forward's parameters in the signature's order (crit(target=y,
-    input=p): a criterion's first is its prediction), then any its
+    input=p): input first), then any its
     **kwargs took, in the call's order (fc(input=h), model(pixel_values=x),
     layer(h, encoder_hidden_states=e))."""
     names = _forward_signature(type(module))[1]
@@ -231,6 +231,17 @@ def _input_kwargs(module, kwargs):
         if n not in out and n not in names and not _is_option(n, v):
             out[n] = v
     return out
+
+
+def _prediction(fin):
+    """A loss's recorded input, of its floating inputs in order: the first
+    that requires grad (the prediction, whichever place it takes: crit(y,
+    p), crit(target=y, pred=p) into **kwargs), else the first (a loss
+    under no_grad)."""
+    for t in fin:
+        if t.requires_grad:
+            return [t]
+    return fin[:1]
 
 
 def _is_dtensor(t):
@@ -1239,7 +1250,7 @@ class Tracer:
         which autograd accumulates this rank's gradient (the sharded one
         receives the reduce-scattered result with no hook called)."""
         fin = _floats(inputs)
-        for t in fin[:1] if L.kind == "loss" else fin:
+        for t in _prediction(fin) if L.kind == "loss" else fin:
             self._record(L, "fwd_in", t)
         if not self._recording:
             return

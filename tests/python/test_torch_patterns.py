@@ -1714,3 +1714,51 @@ def test_parameters_of_each_call_are_not_kept(tmp_path):
             m.load_state_dict).parameters:
         assert all(r() is None for r in old)
     tr.close()
+
+
+class _KwLoss(nn.Module):
+    """A loss that takes only keywords, in whatever order the loop gives."""
+    def forward(self, **kw):
+        return ((kw["pred"] - kw["target"]) ** 2).mean()
+
+
+class _TargetFirstLoss(nn.Module):
+    """A loss whose first parameter is the target."""
+    def forward(self, target, pred):
+        return ((pred - target) ** 2).mean()
+
+
+@pytest.mark.parametrize("how", ["kw-target-first", "kw-pred-first",
+                                 "target-first", "no-grad"])
+def test_a_losss_recorded_input_is_its_prediction(tmp_path, how):
+    """The loss's fwd_in is its prediction wherever the call puts it: the
+    first floating input that requires grad (a loss taking only **kwargs,
+    called crit(target=y, pred=p), recorded the target); under no_grad,
+    where nothing does, the first."""
+    if how.startswith("kw") or how == "no-grad":
+        if not KWARGS_SEEN:
+            pytest.skip("torch %s's hooks get no keyword arguments "
+                        "(docs/python.md)" % torch.__version__)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    crit = _TargetFirstLoss() if how == "target-first" else _KwLoss()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32")
+    x, y = torch.randn(8, 4), 100.0 + torch.rand(8, 1)  # y: |y| > |p|
+    p = m(x)
+    if how == "kw-target-first":
+        loss = crit(target=y, pred=p)
+    elif how == "kw-pred-first":
+        loss = crit(pred=p, target=y)
+    elif how == "target-first":
+        loss = crit(y, p)
+    else:
+        with torch.no_grad():
+            loss = crit(target=y, pred=p.detach())
+    if how != "no-grad":
+        loss.backward()
+    tr.end_step(loss=float(loss))
+    tr.close()
+    fi = stats_by_site(path)[(0, "loss", "fwd_in")]
+    want = y if how == "no-grad" else p
+    assert len(fi) == 1 and fi[0][2] == float(want.abs().max()), (fi, how)
