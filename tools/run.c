@@ -1142,7 +1142,13 @@ static int run_and_report(const run_args *a, const probe_train_config *cfg,
     struct stat sb;
     if (created && stat(path, &sb) == 0 && sb.st_size == 0)
       unlink(path);
-    int rc = st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INTERNAL;
+    /* a data file missing, not HDF5 or malformed (trainer/data.c) is bad
+     * input; a failed read or write, a lack of memory is the run's */
+    int rc = st == PROBE_ERR_CONFIG        ? CLI_EXIT_USAGE
+             : st == PROBE_ERR_NOT_FOUND || st == PROBE_ERR_NOT_HDF5 ||
+                     st == PROBE_ERR_CORRUPT
+                 ? CLI_EXIT_INPUT
+                 : CLI_EXIT_INTERNAL;
     /* the other ranks wait in the all-reduce: end the job */
     if (d->comm && d->world > 1)
       probe_comm_abort(d->comm, rc);

@@ -14,10 +14,13 @@
  * labels for classification.
  *
  * Errors in a data file's contents (a CSV cell that is not a number, ragged
- * rows, a dataset of the wrong shape, a label that is not an integer) are
- * PROBE_ERR_IO like the file's other errors (CLI exit 4); PROBE_ERR_CONFIG is
- * kept for the config's own mistakes (a task that needs another loss). Data
- * paths must name regular files (pt_open_regular).
+ * rows, a dataset of the wrong shape or of no columns, one too large for
+ * memory, a label that is not an integer) are PROBE_ERR_CORRUPT; a missing
+ * file PROBE_ERR_NOT_FOUND, one that is not HDF5 PROBE_ERR_NOT_HDF5 (the
+ * CLI's exit 3 for all three: bad input); PROBE_ERR_IO is left for reads
+ * that fail (exit 4) and PROBE_ERR_CONFIG for the config's own mistakes (a
+ * task that needs another loss). Data paths must name regular files
+ * (pt_open_regular).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -50,6 +53,10 @@ struct pt_data {
 
 #define PT_REG_HIDDEN 16
 #define PT_CSV_MAX_COLS 4096
+/* values of one HDF5 dataset at most (2^40: 4 TiB of float32), so that no
+ * size computed from a file's declared shape can wrap; the memory check
+ * (pt_data_need_bytes) refuses far less on a real machine */
+#define PT_DATA_MAX_VALUES (UINT64_C(1) << 40)
 
 int64_t pt_data_in_dim(const pt_data *d) { return d->in_dim; }
 void pt_data_set_nan_micro(pt_data *d, int64_t micro) { d->nan_micro = micro; }
@@ -67,10 +74,48 @@ void pt_data_close(pt_data *d) {
   free(d);
 }
 
+/* The values a dataset of an HDF5 file declares (its shape's product, as
+ * a double: no wrap), 0 when it cannot be told (the load says why). */
+static double h5_declared_values(hid_t file, const char *name) {
+  hid_t ds = H5I_INVALID_HID;
+  H5E_BEGIN_TRY { ds = H5Dopen2(file, name, H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (ds < 0) return 0;
+  double n = 0;
+  hid_t sp = H5Dget_space(ds);
+  hsize_t dims[2] = {0, 1};
+  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+  if (nd >= 1 && nd <= 2 && H5Sget_simple_extent_dims(sp, dims, NULL) >= 0)
+    n = (double)dims[0] * (double)(nd == 2 ? dims[1] : 1);
+  if (sp >= 0) H5Sclose(sp);
+  H5Dclose(ds);
+  return n;
+}
+
+/* The float32 values an HDF5 data file's x and y declare, read from their
+ * shapes before anything is allocated for them. */
+static double h5_need_bytes(const pt_data_spec *s) {
+  probe_status ost;
+  char e[8];
+  FILE *probe = pt_open_regular(s->path, "data.path", &ost, e, sizeof e);
+  if (!probe) return 0;
+  fclose(probe);
+  hid_t file = H5I_INVALID_HID;
+  H5E_BEGIN_TRY { file = H5Fopen(s->path, H5F_ACC_RDONLY, H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (file < 0) return 0;
+  double n = h5_declared_values(file, s->x_dataset) +
+             h5_declared_values(file, s->y_dataset);
+  H5Fclose(file);
+  return n * (double)sizeof(float);
+}
+
 double pt_data_need_bytes(const pt_data_spec *s, pt_loss_type loss) {
   (void)loss;
   const double f = (double)sizeof(float);
   switch (s->kind) {
+  case PT_DATA_HDF5:
+    return h5_need_bytes(s);
   case PT_DATA_TIMESERIES:
     return (double)(s->window + s->horizon) * f;
   case PT_DATA_CLUSTERS:
@@ -136,7 +181,7 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
       char *end;
       double v = strtod(p, &end);
       if (end == p || c >= PT_CSV_MAX_COLS) {
-        st = pt_fail(err, errlen, PROBE_ERR_IO,
+        st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                      "%s:%lld: column %lld is not a number", path,
                      (long long)lineno, (long long)(c + 1));
         goto done;
@@ -149,13 +194,13 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
         continue;
       }
       if (*p == 0) break;
-      st = pt_fail(err, errlen, PROBE_ERR_IO,
+      st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                    "%s:%lld: unexpected character '%c'", path,
                    (long long)lineno, *p);
       goto done;
     }
     if (cols >= 0 && c != cols) {
-      st = pt_fail(err, errlen, PROBE_ERR_IO,
+      st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                    "%s:%lld: %lld columns, expected %lld", path,
                    (long long)lineno, (long long)c, (long long)cols);
       goto done;
@@ -181,7 +226,7 @@ static probe_status load_csv(pt_data *d, char *err, size_t errlen) {
   }
   int64_t nt = d->loss == PT_LOSS_CE ? 1 : d->spec.targets;
   if (n < 1 || cols <= nt) {
-    st = pt_fail(err, errlen, PROBE_ERR_IO,
+    st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: needs at least one row with more than %lld columns",
                  path, (long long)nt);
     goto done;
@@ -224,11 +269,26 @@ static probe_status read_h5(hid_t file, const char *path, const char *name,
   int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
   hsize_t dims[2] = {0, 1};
   if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
-    st = pt_fail(err, errlen, PROBE_ERR_IO,
+    st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: dataset '%s' must be 1-D or 2-D", path, name);
     goto done;
   }
   if (nd == 1) dims[1] = 1;
+  if (dims[0] < 1 || dims[1] < 1) {
+    st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
+                 "%s: dataset '%s' has shape (%llu, %llu): no values", path,
+                 name, (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    goto done;
+  }
+  /* its shape is the file's word: a few KiB can declare 2^62 elements */
+  if (dims[0] > PT_DATA_MAX_VALUES / dims[1]) {
+    st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
+                 "%s: dataset '%s' has shape (%llu, %llu): more than %llu "
+                 "values, too large to load", path, name,
+                 (unsigned long long)dims[0], (unsigned long long)dims[1],
+                 (unsigned long long)PT_DATA_MAX_VALUES);
+    goto done;
+  }
   *rows = (int64_t)dims[0];
   *cols = (int64_t)dims[1];
   *out = malloc((size_t)(dims[0] * dims[1]) * sizeof(float) + 1);
@@ -242,7 +302,7 @@ static probe_status read_h5(hid_t file, const char *path, const char *name,
   }
   H5E_END_TRY;
   if (rc < 0)
-    st = pt_fail(err, errlen, PROBE_ERR_HDF5,
+    st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: dataset '%s' could not be read as numbers", path, name);
 done:
   if (sp >= 0) H5Sclose(sp);
@@ -271,12 +331,12 @@ static probe_status load_hdf5(pt_data *d, char *err, size_t errlen) {
   H5Fclose(file);
   if (st != PROBE_OK) return st;
   if (xr != yr || xr < 1)
-    return pt_fail(err, errlen, PROBE_ERR_IO,
+    return pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                    "%s: '%s' has %lld rows but '%s' has %lld", path,
                    d->spec.x_dataset, (long long)xr, d->spec.y_dataset,
                    (long long)yr);
   if (d->loss == PT_LOSS_CE && yc != 1)
-    return pt_fail(err, errlen, PROBE_ERR_IO,
+    return pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                    "%s: '%s' must hold one class label per row", path,
                    d->spec.y_dataset);
   d->rows = xr;
@@ -291,7 +351,7 @@ static probe_status check_labels(pt_data *d, char *err, size_t errlen) {
   for (int64_t r = 0; r < d->rows; r++) {
     float v = d->fy[r];
     if (!(v >= 0) || v != floorf(v) || v > 65535)
-      return pt_fail(err, errlen, PROBE_ERR_IO,
+      return pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                      "%s: row %lld: class label %g is not an integer >= 0",
                      d->spec.path, (long long)r, v);
     if (v > mx) mx = v;

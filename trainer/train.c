@@ -1061,10 +1061,14 @@ static probe_status run_setup(pt_train *T) {
   }
   R->ops = R->be.ops;
   R->dev = R->ops->device_memory;
-  /* Generator parameters are sized by the config alone: check them before
-   * drawing them; file data is checked with the model once loaded. */
-  st = check_memory("data generation", pt_data_need_bytes(&c->data, c->loss),
-                    0, T->o, err, errlen);
+  /* Generator parameters are sized by the config alone, an HDF5 file's
+   * datasets by the shapes it declares: checked before they are allocated
+   * (a 2 KiB file can declare 2^62 values); all file data is checked again
+   * with the model once loaded. */
+  st = check_memory(c->data.kind == PT_DATA_HDF5 ? "the data file"
+                                                 : "data generation",
+                    pt_data_need_bytes(&c->data, c->loss), 0, T->o, err,
+                    errlen);
   if (st != PROBE_OK) return st;
   st = pt_data_open(&T->data, &c->data, c->loss, c->seed, err, errlen);
   if (st != PROBE_OK) return st;

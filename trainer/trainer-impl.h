@@ -186,7 +186,9 @@ void pt_data_close(pt_data *d);
 int64_t pt_data_in_dim(const pt_data *d);
 int64_t pt_data_out_dim(const pt_data *d); /* targets; classes for CE */
 /* Bytes pt_data_open will allocate for a generator's parameters, from the
- * spec alone (0 for file data, whose size is known once loaded). */
+ * spec alone, or for an HDF5 file's datasets, from the shapes it declares
+ * (0 for a CSV file, whose size is known once loaded, or a file that cannot
+ * be read: the load says why). */
 double pt_data_need_bytes(const pt_data_spec *spec, pt_loss_type loss);
 /* Bytes the opened source holds (generator parameters or file data). */
 size_t pt_data_bytes(const pt_data *d);

@@ -111,6 +111,41 @@ t0=$SECONDS
 run_rc 3 "data.path a FIFO" --config data/cfg-fifo.json -q -o fifo-data.h5
 [ $((SECONDS - t0)) -lt 5 ] || fail "data.path FIFO took $((SECONDS - t0)) s"
 
+# a data file that is missing, not HDF5, malformed or declares a shape too
+# large or of no values: one line, exit 3 (bad input; it was exit 4, and a
+# 2 KiB HDF5 file declaring 2^62 values killed run with SIGSEGV), no trace
+# left behind; one too large for memory: exit 4, one line
+"$PY" - <<'PYEOF'
+import json, h5py
+c = json.load(open('data/cfg.json'))
+def cfg(name, **data):
+    d = dict(c); d['data'] = dict(c['data'], **data)
+    json.dump(d, open('data/cfg-%s.json' % name, 'w'))
+cfg('missing', path='nope.csv')
+open('data/text.h5', 'w').write('not HDF5\n')
+cfg('nothdf5', kind='hdf5', path='text.h5')
+open('data/bad.csv', 'w').write('1,2,3,4,5\n1,x,3,4,5\n')
+cfg('badcsv', path='bad.csv')
+open('data/ragged.csv', 'w').write('1,2,3,4,5\n1,2,3\n')
+cfg('ragged', path='ragged.csv')
+def declared(name, x, y):
+    with h5py.File('data/%s.h5' % name, 'w') as f:
+        for k, shape in (('x', x), ('y', y)):
+            f.create_dataset(k, shape=shape, maxshape=(None,) * len(shape),
+                             dtype='f4', chunks=tuple(min(s, 1024) or 1 for s in shape))
+    cfg(name, kind='hdf5', path='%s.h5' % name)
+declared('cols0', (100, 0), (100,))
+declared('rows0', (0, 4), (0,))
+declared('huge62', (2**62,), (2**62,))
+declared('huge31', (2**31, 2**31), (2**31,))
+declared('big', (2**34, 4), (2**34,))
+PYEOF
+for case in missing:3 nothdf5:3 badcsv:3 ragged:3 cols0:3 rows0:3 huge62:4 huge31:4 big:4; do
+  name=${case%:*}
+  run_rc "${case#*:}" "data file $name" --config "data/cfg-$name.json" -q -o "data-$name.h5"
+  [ ! -e "data-$name.h5" ] || fail "data file $name: a trace was left behind"
+done
+
 # a config name is not a path
 mkdir -p deep/a/b
 "$PY" -c "

@@ -579,10 +579,10 @@ START_TEST(test_csv) {
   snprintf(json, sizeof json,
            "{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"data\": "
            "{\"kind\": \"csv\", \"path\": \"%s\"}}", path);
-  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_IO);
+  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_CORRUPT);
   ck_assert_ptr_nonnull(strstr(err, "data.csv:2: 2 columns, expected 3"));
   write_file(path, "1,2,3\n4,x,6\n");
-  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_IO);
+  ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_CORRUPT);
   ck_assert_ptr_nonnull(strstr(err, "data.csv:2: column 2 is not a number"));
   snprintf(json, sizeof json,
            "{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"data\": "
@@ -646,6 +646,79 @@ START_TEST(test_hdf5) {
            "{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"data\": "
            "{\"kind\": \"hdf5\", \"path\": \"%s\"}}", path);
   ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_NOT_HDF5);
+}
+END_TEST
+
+/* An HDF5 data file whose "x" has the shape nd/dx (chunked, nothing
+ * written: a few KiB whatever the shape) and whose "y" has dy rows. */
+static void write_declared(const char *path, int nd, const hsize_t *dx,
+                           hsize_t dy) {
+  hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ck_assert(f >= 0);
+  /* chunks of at most 2^20 values; unlimited maximum shapes, so that an
+   * extent of 0 can be chunked */
+  hsize_t cx[2] = {nd == 1 ? UINT64_C(1) << 20 : 1024, 1024}, cy[1] = {UINT64_C(1) << 20};
+  hsize_t mx[2] = {H5S_UNLIMITED, H5S_UNLIMITED};
+  hid_t sx = H5Screate_simple(nd, dx, mx), sy = H5Screate_simple(1, &dy, mx);
+  hid_t px = H5Pcreate(H5P_DATASET_CREATE), py = H5Pcreate(H5P_DATASET_CREATE);
+  ck_assert(H5Pset_chunk(px, nd, cx) >= 0 && H5Pset_chunk(py, 1, cy) >= 0);
+  hid_t ds = H5Dcreate2(f, "x", H5T_IEEE_F32LE, sx, H5P_DEFAULT, px, H5P_DEFAULT);
+  ck_assert(ds >= 0);
+  H5Dclose(ds);
+  ds = H5Dcreate2(f, "y", H5T_IEEE_F32LE, sy, H5P_DEFAULT, py, H5P_DEFAULT);
+  ck_assert(ds >= 0);
+  H5Dclose(ds);
+  H5Pclose(px);
+  H5Pclose(py);
+  H5Sclose(sx);
+  H5Sclose(sy);
+  H5Fclose(f);
+}
+
+/* A data file's shapes are its word: 2^62 elements in 2 KiB (their byte
+ * count wrapped to 0 and HDF5 wrote 2^62 fill values into a 1-byte
+ * buffer: run died of SIGSEGV), (2^31, 2^31) (the same wrap), no columns
+ * (a model of 0 inputs whose weights started at inf); each refused with
+ * one line before anything of its size is allocated, by the loader
+ * (PROBE_ERR_CORRUPT) and, in a run, by the memory check first. */
+START_TEST(test_hdf5_declared_shapes) {
+  static const struct {
+    int nd;
+    hsize_t x[2], y;
+    const char *loader, *run;
+  } cases[] = {
+      {1, {UINT64_C(1) << 62, 1}, UINT64_C(1) << 62, "too large to load", "needs 32.00 EiB"},
+      {2, {UINT64_C(1) << 31, UINT64_C(1) << 31}, UINT64_C(1) << 31, "too large to load",
+       "needs 16.00 EiB"},
+      {2, {100, 0}, 100, "has shape (100, 0): no values", "has shape (100, 0)"},
+      {1, {0, 1}, 0, "has shape (0, 1): no values", "has shape (0, 1)"},
+      {2, {UINT64_C(1) << 34, 4}, UINT64_C(1) << 34, NULL, "needs 320.00 GiB"},
+  };
+  char path[300], json[1024], err[512];
+  tmp_path(path, sizeof path, "declared.h5");
+  snprintf(json, sizeof json,
+           "{\"steps\": 2, \"model\": [{\"type\": \"linear\", \"out\": 1}], "
+           "\"data\": {\"kind\": \"hdf5\", \"path\": \"%s\", \"batch\": 4}}",
+           path);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    write_declared(path, cases[i].nd, cases[i].x, cases[i].y);
+    probe_train_config *c;
+    pt_data *d;
+    if (cases[i].loader) {
+      err[0] = '\0';
+      ck_assert_int_eq(open_file_data(json, &d, &c, err, sizeof err), PROBE_ERR_CORRUPT);
+      ck_assert_msg(strstr(err, cases[i].loader), "case %zu: %s", i, err);
+    }
+    ck_assert_int_eq(probe_config_from_json(&c, json, err, sizeof err), PROBE_OK);
+    probe_train_result r;
+    err[0] = '\0';
+    probe_status st = probe_train(c, NULL, &r, err, sizeof err);
+    ck_assert_msg(st == PROBE_ERR_NOMEM || st == PROBE_ERR_CORRUPT, "case %zu: %s", i,
+                  probe_status_str(st));
+    ck_assert_msg(strstr(err, cases[i].run), "case %zu: %s", i, err);
+    ck_assert_ptr_null(strchr(err, '\n'));
+    probe_config_free(c);
+  }
 }
 END_TEST
 
@@ -976,6 +1049,7 @@ static Suite *make_data_suite(void) {
   tcase_add_test(tc, test_nan_step);
   tcase_add_test(tc, test_csv);
   tcase_add_test(tc, test_hdf5);
+  tcase_add_test(tc, test_hdf5_declared_shapes);
   suite_add_tcase(s, tc);
   return s;
 }
