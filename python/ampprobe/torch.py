@@ -1609,12 +1609,16 @@ class Tracer:
         loss_nf = not math.isfinite(lossv)
         found, measured = self._step_nonfinite(step, refs)
         hit = None
-        if (first[0] == step or (first[0] >= 0 and (loss_nf or skipped)) or
-                (not measured and first[0] < 0 and self._reported < 0)):
+        if (first[0] == step or
+                (first[0] >= 0 and (loss_nf or skipped or self._reported < 0))
+                or (not measured and first[0] < 0 and self._reported < 0)):
             # The run's first non-finite step (libprobe's, or where it
-            # computed nothing, the tensors' until one is found); after an
-            # earlier event a step is looked at only when its loss or
-            # gradients are bad.
+            # computed nothing, the tensors' until one is found), and every
+            # step after it until an event is signalled (that first step
+            # may have been the loss scaler's routine overflow, which is
+            # not: a later forward inf that a clamp hid from the loss was
+            # never said); after an event a step is looked at only when
+            # its loss or gradients are bad.
             hit = found(forward=False)
         if loss_nf and (hit is None or
                         _lib.SITE_PHASE.get(hit[1], "forward") != "forward"):

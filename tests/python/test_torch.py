@@ -110,6 +110,78 @@ def test_gradient_overflow_is_scalers_business(tmp_path):
     assert pm["scaler"]["backoffs"] >= 1
 
 
+def _silent_fault_run(tmp_path, init_scale, mode, fault_step, again=None,
+                      loss_fault=False):
+    """FP16 emulation under a LossScaler; at fault_step fc1's output
+    overflows (0.3 * 8 * 30000 = 72000 > 65504) and a Hardtanh clamps it,
+    so the loss and gradients stay finite (loss_fault: the loss goes NaN
+    too, at step again). again: a second such fault. init_scale 2^40: the
+    scaler's routine gradient overflow at step
+    0 (skipped, backed off by 2^-30, not signalled). The errors and
+    warnings of on_nonfinite=mode."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Hardtanh(-3, 3), nn.Linear(8, 4))
+    crit = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with torch.no_grad():
+        m[0].weight.fill_(0.3)
+        m[0].bias.zero_()
+    sc = at.LossScaler(init_scale=init_scale, backoff_factor=2.0 ** -30)
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, emulate_fp16=True,
+                   env=False, on_nonfinite=mode, overwrite=True)
+    tr.attach_scaler(sc)
+    g = torch.Generator().manual_seed(0)
+    errors = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            for step in range(5):
+                x = torch.randn(4, 8, generator=g)
+                y = torch.randint(0, 4, (4,), generator=g)
+                if step in (fault_step, again):
+                    x = torch.full((4, 8), 30000.0)
+                loss = crit(m(x), y)
+                if step == again and loss_fault:
+                    loss = loss * float("nan")
+                opt.zero_grad()
+                sc.scale(loss).backward()
+                sc.step(opt)
+                sc.update()
+                tr.end_step(loss=loss, optimizer=opt)
+        except at.NonFiniteError as e:
+            errors.append(e)
+    tr.close()
+    said = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
+    return [str(e) for e in errors] + said
+
+
+@pytest.mark.parametrize("init_scale", [1.0, 2.0 ** 40])
+@pytest.mark.parametrize("mode", ["raise", "warn"])
+@pytest.mark.parametrize("fault_step", [1, 3])
+def test_a_routine_backoff_does_not_silence_a_later_fault(tmp_path, init_scale,
+                                                          mode, fault_step):
+    """A forward overflow whose loss stays finite (a clamp after it) is
+    signalled at its step, whether or not the loss scaler backed off at
+    step 0 before it (the routine backoff was the run's first non-finite
+    step, after which only steps with a bad loss or a skip were looked at:
+    the fault was never said; review of 1f8f8eb)."""
+    got = _silent_fault_run(tmp_path, init_scale, mode, fault_step)
+    assert len(got) == 1, got
+    assert ("at step %d, forward phase: produced by module '0' (linear), "
+            "site fwd_out" % fault_step) in got[0], got[0]
+
+
+def test_after_an_event_a_finite_step_is_not_said_again(tmp_path):
+    """Once an event is signalled, a later step is looked at only when its
+    loss or gradients are bad: a step after the event whose forward holds
+    inf again is not said again, one whose loss is NaN is."""
+    got = _silent_fault_run(tmp_path, 2.0 ** 40, "warn", 1, again=3)
+    assert len(got) == 1 and "at step 1," in got[0], got
+    got = _silent_fault_run(tmp_path, 2.0 ** 40, "warn", 1, again=3,
+                            loss_fault=True)
+    assert len(got) == 2 and "at step 3," in got[1], got
+
+
 def test_raise_on_a_loss_outside_modules(tmp_path):
     """A loss computed by a plain function (no module) that is inf: the
     backward is non-finite and the step skipped, but a non-finite loss is
