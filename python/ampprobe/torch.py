@@ -721,7 +721,8 @@ class Tracer:
       on_nonfinite  "record" (default), "warn" or "raise" (NonFiniteError)
                     at the end of the step whose records first show it.
       loss_fn       a loss module to trace too (kind loss).
-      record_input  record the model's input as layer "input" (True).
+      record_input  record the model's input, and the loss_fn's data
+                    (targets), as layer "input" (True).
       config        a dict stored as the trace's config_json ("name" etc.).
       env           obey the AMPPROBE_* environment variables (True).
     Distributed jobs (docs/python.md, "Distributed jobs"):
@@ -1202,7 +1203,8 @@ class Tracer:
             if mode == "record":
                 self._record_forward_in(L, inputs)
             memo = {}
-            pred = id(fin[0]) if fin else None  # a loss: its gradient only
+            pred = id(_prediction(fin)[0]) if fin else None  # a loss: its
+            # prediction's gradient only
             # a loss's containers are rebuilt: its prediction, in a dict
             # or list (a DETR-style criterion), gets its own grad_in
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred),
@@ -1250,8 +1252,20 @@ class Tracer:
         which autograd accumulates this rank's gradient (the sharded one
         receives the reduce-scattered result with no hook called)."""
         fin = _floats(inputs)
-        for t in _prediction(fin) if L.kind == "loss" else fin:
-            self._record(L, "fwd_in", t)
+        if L.kind == "loss":
+            pred = _prediction(fin)
+            for t in pred:
+                self._record(L, "fwd_in", t)
+            if self._input_layer is not None:
+                # the loss's data (targets): the job's input as the model's
+                # is, so that a NaN target is "NaN in the input data", not
+                # a NaN the loss made from a finite prediction
+                for t in fin:
+                    if not t.requires_grad and not (pred and t is pred[0]):
+                        self._record(self._input_layer, "fwd_out", t)
+        else:
+            for t in fin:
+                self._record(L, "fwd_in", t)
         if not self._recording:
             return
         now = _params_now(L)

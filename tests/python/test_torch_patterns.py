@@ -1762,3 +1762,48 @@ def test_a_losss_recorded_input_is_its_prediction(tmp_path, how):
     fi = stats_by_site(path)[(0, "loss", "fwd_in")]
     want = y if how == "no-grad" else p
     assert len(fi) == 1 and fi[0][2] == float(want.abs().max()), (fi, how)
+
+
+@pytest.mark.parametrize("case", ["mse-nan", "mse-inf", "soft-labels-nan",
+                                  "target-first-nan", "healthy"])
+def test_a_bad_target_is_bad_input_data(tmp_path, case):
+    """A loss's data (its inputs that need no gradient: targets, soft
+    labels) is recorded as the job's input, layer 'input' at fwd_out: a
+    NaN or inf target is "NaN or inf arrived in the input data" (it was
+    recorded nowhere, and the loss was blamed for making the NaN from a
+    finite prediction); a healthy job stays healthy."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    crit = {"soft-labels-nan": nn.CrossEntropyLoss(),
+            "target-first-nan": _TargetFirstLoss()}.get(case, nn.MSELoss())
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32")
+    x = torch.randn(8, 4)
+    y = torch.softmax(torch.randn(8, 3), 1)
+    if case != "healthy":
+        y[2, 1] = float("inf") if case == "mse-inf" else float("nan")
+    p = m(x)
+    loss = crit(y, p) if case == "target-first-nan" else crit(p, y)
+    loss.backward()
+    tr.end_step(loss=float(loss))
+    tr.close()
+    pm = ampprobe.postmortem(path)
+    ins = stats_by_site(path)[(0, "input", "fwd_out")]
+    assert len(ins) == 2, ins  # the model's input, then the target
+    if case == "healthy":
+        assert pm["verdict"] == "healthy", pm["verdict"]
+        return
+    ev = pm["event"]
+    assert (ev["kind"], ev["origin_layer"], ev["origin_site"]) == (
+        "input-nan", "input", "fwd_out"), ev
+
+
+def test_a_target_without_the_input_layer(tmp_path):
+    """record_input=False: the target is recorded nowhere, as before."""
+    m, crit = nn.Linear(4, 1), nn.MSELoss()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32", record_input=False)
+    crit(m(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+    tr.end_step(loss=1.0)
+    tr.close()
+    assert not any(k[1] == "input" for k in stats_by_site(path))
