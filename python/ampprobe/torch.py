@@ -475,11 +475,16 @@ class LossScaler:
 def _round16_in_place(tensors):
     """Rounds float32 tensors to binary16 values where they are (the inputs
     of an in-place module under FP16 emulation: its side effect on them is
-    the job's)."""
+    the job's). Through .data, which autograd does not version: a tensor
+    its producer saved for the backward (a softmax's output) holds the
+    binary16 values from here on, as it would in FP16, instead of failing
+    the backward as modified in place (a Dropout(inplace=True) that then
+    changed nothing, in eval mode or with p=0, failed a job that trains
+    untraced)."""
     with torch.no_grad():
         for t in tensors:
             if t.dtype == torch.float32:
-                t.copy_(t.half())
+                t.data.copy_(t.half())
 
 
 def _round16(t):

@@ -848,6 +848,50 @@ def test_inplace_under_emulation_keeps_its_side_effect(tmp_path):
     assert run(str(tmp_path / "a.h5"), False) == run(str(tmp_path / "b.h5"), True)
 
 
+class _SavedThenInplace(nn.Module):
+    """An op that saves its output for the backward (act: a module, or a
+    function such as torch.softmax), then an in-place module on it."""
+    def __init__(self, act, inplace_mod):
+        super().__init__()
+        self.fc, self.ip, self.head = nn.Linear(8, 8), inplace_mod, nn.Linear(8, 4)
+        self.act = act
+
+    def forward(self, x):
+        return self.head(self.ip(self.act(self.fc(x))))
+
+
+@pytest.mark.parametrize("act", ["softmax-module", "softmax", "sigmoid", "tanh",
+                                 "exp"])
+@pytest.mark.parametrize("noop", ["dropout-eval", "dropout-p0"])
+def test_inplace_module_on_a_saved_tensor_under_emulation(tmp_path, act, noop):
+    """An in-place module that changes nothing (Dropout(inplace=True) in
+    eval mode or with p=0) after a function that saved its output for the
+    backward: under FP16 emulation the job trains as untraced (the
+    in-place rounding bumped the tensor's version: 'one of the variables
+    needed for gradient computation has been modified by an inplace
+    operation', review of 1f8f8eb), the backward using the rounded
+    values."""
+    def run(traced):
+        torch.manual_seed(0)
+        a = {"softmax-module": nn.Softmax(-1),
+             "softmax": lambda h: torch.softmax(h, -1), "sigmoid": torch.sigmoid,
+             "tanh": torch.tanh, "exp": lambda h: torch.exp(h.clamp(max=4))}[act]
+        ip = {"dropout-eval": nn.Dropout(0.5, inplace=True).eval(),
+              "dropout-p0": nn.Dropout(0.0, inplace=True)}[noop]
+        m = _SavedThenInplace(a, ip)
+        tr = at.Tracer(m, str(tmp_path / "t.h5"), emulate_fp16=True,
+                       overwrite=True) if traced else None
+        got = losses(m, 3, tr, make=lambda g: (torch.randn(8, 8, generator=g),
+                                               torch.randn(8, 4, generator=g)))
+        if tr:
+            tr.close()
+        return got
+
+    plain, traced = run(False), run(True)
+    assert len(traced) == 3 and all(math.isfinite(v) for v in traced)
+    assert traced == pytest.approx(plain, rel=1e-2)  # binary16 rounding only
+
+
 def test_inplace_under_emulation_outside_a_step(tmp_path):
     """The same between steps (evaluation under no_grad, no step open) and
     in a deep copy (an EMA or teacher model: hooks copied, never recorded):
