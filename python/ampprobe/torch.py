@@ -572,7 +572,11 @@ def _fp32_forward(self, *args, **kwargs):
     # fills the job's own otherwise
     args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), up,
                                keep="unchanged")
+    inner = self.__dict__.get("_ampprobe_inner")  # a forward of the job's
+    # own on the instance (the class's otherwise)
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
+        if inner is not None:
+            return inner(*args, **kwargs)
         return type(self).forward(self, *args, **kwargs)
 
 
@@ -1068,6 +1072,10 @@ class Tracer:
         if getattr(m, "_ampprobe_fp32", None):
             return
         m._ampprobe_fp32 = self.device_type
+        if "forward" in m.__dict__:  # the job set one on the instance: it
+            # runs inside, and comes back at close() (it was bypassed, then
+            # deleted)
+            m._ampprobe_inner = m.__dict__["forward"]
         m.forward = types.MethodType(_fp32_forward, m)
         self._wrapped.append(m)
 
@@ -1760,6 +1768,9 @@ class Tracer:
         for m in self._wrapped:  # the model as it was (torch.save works again)
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
+            inner = m.__dict__.pop("_ampprobe_inner", None)
+            if inner is not None:
+                m.forward = inner
         self._wrapped = []
         Tracer._give_back_guard(getattr(self, "_guard", None))
         if getattr(self, "_finalizer", None) is not None:  # set after _attach

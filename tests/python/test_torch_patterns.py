@@ -1851,3 +1851,48 @@ def test_a_target_without_the_input_layer(tmp_path):
     tr.end_step(loss=1.0)
     tr.close()
     assert not any(k[1] == "input" for k in stats_by_site(path))
+
+
+def _smoothed(self, input, target):  # a job's own loss forward
+    return nn.functional.cross_entropy(input, target, label_smoothing=0.2)
+
+
+@pytest.mark.parametrize("how", ["loss-bound", "loss-lambda", "fp32-kind",
+                                 "deepcopy"])
+def test_an_instance_forward_survives_fp32_forcing(tmp_path, how):
+    """A module forced to FP32 (the loss always, fp32= kinds) whose forward
+    the job set on the instance: that forward runs while traced and is
+    back after close() (the wrapper called the class's forward, and
+    close() deleted the job's; review of 1f8f8eb)."""
+    import types
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+        crit = nn.CrossEntropyLoss()
+        if how == "loss-bound" or how == "deepcopy":
+            crit.forward = types.MethodType(_smoothed, crit)
+        elif how == "loss-lambda":
+            crit.forward = lambda p, t: nn.functional.cross_entropy(
+                p, t, label_smoothing=0.2)
+        else:  # the LayerNorm forced to FP32, its forward the job's
+            ln = m[1]
+            ln.forward = lambda h: nn.functional.layer_norm(
+                h, ln.normalized_shape, ln.weight, ln.bias, ln.eps) * 2.0
+        return m, crit
+
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    m, crit = make()
+    want = float(crit(m(x), y))
+    m, crit = make()
+    tr = at.Tracer(m, str(tmp_path / "t.h5"), loss_fn=crit, env=False,
+                   fp32="layernorm" if how == "fp32-kind" else None)
+    if how == "deepcopy":
+        crit2 = copy.deepcopy(crit)
+        assert float(crit2(m(x), y)) == want
+    assert float(crit(m(x), y)) == want
+    tr.end_step()
+    tr.close()
+    assert float(crit(m(x), y)) == want
+    assert "_ampprobe_inner" not in crit.__dict__
+    assert ("forward" in crit.__dict__) == (how != "fp32-kind")
