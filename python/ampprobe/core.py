@@ -238,6 +238,18 @@ LAYER_DTYPE = _flat_dtype(_lib.probe_layer_info)
 SNAPSHOT_DTYPE = _flat_dtype(_lib.probe_snapshot_info)
 
 _NP_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _to_float32(a):
+    """a (float64, an integer array, a strided view) as a contiguous
+    float32 array: finite values beyond float32's range saturated at
+    +-3.4e38, not turned into inf (a healthy float64 array holding 2.7e43
+    read as holding inf); inf and NaN kept."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f" and a.dtype.itemsize > 4:
+        a = np.where(np.isinf(a), a, np.clip(a, -_F32_MAX, _F32_MAX))
+    return np.ascontiguousarray(a, dtype=np.float32)
 _DT_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 
@@ -391,7 +403,7 @@ class Session:
         elif a.dtype in _NP_DTYPES:
             dt = _NP_DTYPES[a.dtype]
         else:
-            a = a.astype(np.float32)
+            a = _to_float32(a)
             dt, copied = 0, True
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
@@ -685,7 +697,7 @@ def stats(array, dtype=None):
     elif a.dtype in _NP_DTYPES:
         dt = _NP_DTYPES[a.dtype]
     else:
-        a, dt = np.ascontiguousarray(a, dtype=np.float32), 0
+        a, dt = _to_float32(a), 0
     s = _lib.probe_stats()
     check(lib.probe_stats_compute(ctypes.byref(s), dt,
                                   ctypes.c_void_p(a.ctypes.data), a.size),

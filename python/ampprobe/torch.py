@@ -472,6 +472,19 @@ class LossScaler:
 
 # ---- the tracer ----------------------------------------------------------------
 
+_F32_MAX = 3.4028234663852886e38
+
+
+def _as_float32(t):
+    """A float64 tensor as libprobe reads it, float32: finite values beyond
+    float32's range saturated at +-3.4e38 (they turned into inf, and a
+    healthy float64 job holding 2.7e43 was said to hold inf), inf and NaN
+    kept."""
+    if t.dtype == torch.float64:
+        t = torch.where(torch.isinf(t), t, t.clamp(-_F32_MAX, _F32_MAX))
+    return t.float()
+
+
 def _round16_in_place(tensors):
     """Rounds float32 tensors to binary16 values where they are (the inputs
     of an in-place module under FP16 emulation: its side effect on them is
@@ -1112,7 +1125,7 @@ class Tracer:
         if dt is None or not t.is_contiguous():
             t = t.detach()
             if dt is None:
-                t, dt = t.float(), 0
+                t, dt = _as_float32(t), 0
             t = t.contiguous()
             self.copies += 1
         # The tensor itself (no detach: one object less per record) is kept

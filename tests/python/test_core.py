@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -224,6 +226,19 @@ def test_stats_of_buffers():
     assert b["min"] == -2.0 and b["max"] == 1.5 and b["count"] == 2
     h = ampprobe.stats(np.array([65504, -1], np.float16))
     assert h["absmax"] == 65504.0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.longdouble])
+def test_stats_of_wide_floats_beyond_float32(dtype):
+    """Finite float64 values beyond float32's range are finite: saturated
+    at +-3.4e38 (they read as inf); inf and NaN stay what they are."""
+    x = np.array([2.7e43, -1e300, 1.0, np.inf, -np.inf, np.nan], dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning from numpy
+        s = ampprobe.stats(x)
+    big = float(np.finfo(np.float32).max)
+    assert (s["posinf_count"], s["neginf_count"], s["nan_count"]) == (1, 1, 1)
+    assert s["max"] == big and s["min"] == -big and s["f16_overflow"] == 2
 
 
 def test_session_errors(tmp_path):

@@ -181,6 +181,35 @@ def test_float64_model_stays_float64(tmp_path):
     assert got == want
 
 
+@pytest.mark.parametrize("value", [2.7e43, -1e300, 1e39, float("inf"),
+                                   float("-inf"), float("nan")])
+def test_float64_beyond_float32_range(tmp_path, value):
+    """float64 values beyond float32's range are finite values: recorded
+    saturated at +-3.4e38, no event, verdict healthy (they were recorded
+    as inf: a healthy float64 job raised NonFiniteError); inf and NaN stay
+    inf and NaN."""
+    m = nn.Linear(4, 4).double()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", on_nonfinite="warn")
+    x = torch.randn(2, 4, dtype=torch.float64)
+    x[0, 1] = value
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m(x)
+        tr.end_step(loss=1.0)
+    tr.close()
+    said = [str(x.message) for x in w
+            if issubclass(x.category, at.NonFiniteWarning)]
+    rec = stats_by_site(path)[(0, "input", "fwd_out")][0]
+    if math.isfinite(value):
+        assert not said, said
+        assert rec[2] == 3.4028234663852886e38 and rec[4:] == (0, 0), rec
+        assert ampprobe.postmortem(path)["verdict"] == "healthy"
+    else:
+        assert len(said) == 1 and "'input'" in said[0], said
+        assert rec[4] == (1 if math.isnan(value) else 0), rec
+
+
 def test_copies_of_a_traced_model(tmp_path):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
