@@ -336,14 +336,21 @@ def default_kind(m):
 def _leaf_units(root, user_kinds):
     """(name, module) of the modules to trace: leaves, plus modules whose
     class the user mapped or that are MultiheadAttention (traced as one
-    unit, their children not)."""
+    unit, their children not). A module held by two parents is one unit,
+    named by the first path to it (as named_modules does: it was hooked
+    under both names, each call recorded twice, a NaN of the second
+    parent's call named at the first)."""
     out = []
+    seen = set()
 
     def unit(m):
         return _user_kind(m, user_kinds) is not None or isinstance(
             m, nn.MultiheadAttention)
 
     def walk(prefix, m):
+        if id(m) in seen:
+            return
+        seen.add(id(m))
         kids = list(m.named_children())
         if not kids or unit(m):
             out.append((prefix, m))
@@ -1340,7 +1347,11 @@ class Tracer:
             for t, r in zip(_floats(output), _floats(raw)):
                 if mode == "record":
                     self._record(L, "fwd_out", t)
-                if t.requires_grad and id(r) not in inplace:
+                # not on a leaf (a module that returns its own Parameter):
+                # a hook there stays for good, one more each step; its
+                # gradient is the weight_grad record already
+                if (t.requires_grad and t.grad_fn is not None
+                        and id(r) not in inplace):
                     t.register_hook(grad_out_hook)
             return output if L.emulate else None
         return _eager(hook)

@@ -1925,3 +1925,80 @@ def test_an_instance_forward_survives_fp32_forcing(tmp_path, how):
     assert float(crit(m(x), y)) == want
     assert "_ampprobe_inner" not in crit.__dict__
     assert ("forward" in crit.__dict__) == (how != "fp32-kind")
+
+
+class _Table(nn.Module):
+    """A leaf whose forward returns its own Parameter (a learned query or
+    positional table)."""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 8))
+
+    def forward(self, x):
+        return self.weight
+
+
+class _UsesTable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table, self.fc = _Table(), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.fc(x + self.table(x))
+
+
+def test_a_module_returning_its_parameter_leaks_no_hook(tmp_path):
+    """A leaf that returns its own Parameter: no hook is left on the
+    Parameter (one more was, each step: 2 -> 6 in 5 steps, recording
+    grad_out 1, 2, 3... times a step); its gradient is its weight_grad."""
+    torch.manual_seed(0)
+    m = _UsesTable()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32")
+    before = len(m.table.weight._backward_hooks or {})
+    losses(m, 5, tr, make=lambda g: (torch.randn(4, 8, generator=g),
+                                      torch.randn(4, 1, generator=g)))
+    during = len(m.table.weight._backward_hooks or {})
+    tr.close()
+    assert during <= before + 1, (before, during)
+    st = stats_by_site(path)
+    for step in range(5):
+        assert len(st.get((step, "table", "grad_out"), [])) <= 1
+        assert len(st[(step, "table", "weight_grad")]) == 1
+
+
+@pytest.mark.parametrize("shared", ["leaf", "block"])
+def test_a_module_held_by_two_parents_is_one_layer(tmp_path, shared):
+    """One module instance held by two parents (a leaf, or a whole block):
+    one layer each, named by the first path (as named_modules), each call
+    recorded once (it was two layers, every call recorded under both
+    names)."""
+    torch.manual_seed(0)
+    mix = nn.Linear(8, 8)
+    blk = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if shared == "leaf":
+                self.a = nn.Sequential(nn.Softplus(), mix)
+                self.b = nn.Sequential(nn.Identity(), mix)
+            else:
+                self.a = nn.Sequential(nn.Softplus(), blk)
+                self.b = nn.Sequential(nn.Identity(), blk)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.b(self.a(x)))
+
+    m = M()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32")
+    names = tr.layer_names()
+    losses(m, 2, tr, make=lambda g: (torch.randn(4, 8, generator=g),
+                                      torch.randn(4, 1, generator=g)))
+    tr.close()
+    one = "a.1" if shared == "leaf" else "a.1.0"
+    assert one in names and ("b.1" if shared == "leaf" else "b.1.0") not in names, names
+    assert len(names) == len(set(names))
+    assert len(stats_by_site(path)[(1, one, "fwd_out")]) == 2  # two calls
