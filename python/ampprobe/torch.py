@@ -15,7 +15,9 @@ referenced until end_step, because libprobe may snapshot it there.
 import collections
 import collections.abc
 import contextlib
+import copy
 import ctypes
+import dataclasses
 import fnmatch
 import inspect
 import json
@@ -518,6 +520,38 @@ def _is_plain_dict(x):
     return type(x) in (dict, collections.OrderedDict)
 
 
+def _record_fields(x):
+    """The (name, value) pairs of a structured output that is neither a
+    tuple, a list nor a plain dict: a dataclass instance's fields (HF's
+    ModelOutput is one, and an OrderedDict), a Mapping's items; None for
+    anything else."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [(f.name, getattr(x, f.name, None))
+                for f in dataclasses.fields(x)]
+    if isinstance(x, collections.abc.Mapping):
+        return list(x.items())
+    return None
+
+
+def _rebuilt_record(x, changed):
+    """A shallow copy of x (_record_fields) with the fields in changed
+    ({name: value}) replaced; x itself when it cannot be copied so (a
+    Mapping that is not a dict)."""
+    if dataclasses.is_dataclass(x):
+        y = copy.copy(x)
+        for k, v in changed.items():
+            object.__setattr__(y, k, v)  # frozen ones too
+            if isinstance(y, dict) and k in y:  # ModelOutput keeps both
+                dict.__setitem__(y, k, v)
+        return y
+    if isinstance(x, dict):
+        y = copy.copy(x)
+        for k, v in changed.items():
+            y[k] = v
+        return y
+    return x
+
+
 class _ArgsKwargs(tuple):
     """A forward's (args, kwargs), as a hook registered with_kwargs gets
     them: _floats and _map_floats look into both at the depth of args
@@ -531,8 +565,9 @@ _HOOK_KWARGS = "with_kwargs" in inspect.signature(
 
 def _floats(x, depth=0):
     """Floating tensors in a forward input/output, in order: a tensor, or
-    tuples (namedtuples), lists and plain dicts of them, nested up to
-    _NEST_MAX deep (an LSTM's (output, (h, c)), a {"out": t})."""
+    tuples (namedtuples), lists, plain dicts, dataclasses and Mappings of
+    them, nested up to _NEST_MAX deep (an LSTM's (output, (h, c)), a
+    {"out": t}, an HF ModelOutput)."""
     if torch.is_tensor(x):
         return [x] if x.is_floating_point() else []
     if type(x) is _ArgsKwargs:
@@ -543,6 +578,11 @@ def _floats(x, depth=0):
         return [t for v in x for t in _floats(v, depth + 1)]
     if _is_plain_dict(x):
         return [t for v in x.values() for t in _floats(v, depth + 1)]
+    fields = _record_fields(x)  # a dataclass (ModelOutput), a Mapping:
+    # their tensors were not seen, so a NaN its producer made was named at
+    # the next module, or in the backward
+    if fields is not None:
+        return [t for _, v in fields for t in _floats(v, depth + 1)]
     return []
 
 
@@ -576,7 +616,15 @@ def _map_floats(x, fn, depth=0, keep=None):
                     for k, v in x.items())
         same = lambda: all(y[k] is v for k, v in x.items())  # noqa: E731
     else:
-        return x
+        fields = _record_fields(x)
+        if fields is None or keep == "all":  # the job's own object
+            return x
+        changed = {}
+        for k, v in fields:
+            w = _map_floats(v, fn, depth + 1, keep)
+            if w is not v:
+                changed[k] = w
+        return _rebuilt_record(x, changed) if changed else x
     return x if mutable and keep == "unchanged" and same() else y
 
 

@@ -2002,3 +2002,74 @@ def test_a_module_held_by_two_parents_is_one_layer(tmp_path, shared):
     assert one in names and ("b.1" if shared == "leaf" else "b.1.0") not in names, names
     assert len(names) == len(set(names))
     assert len(stats_by_site(path)[(1, one, "fwd_out")]) == 2  # two calls
+
+
+@pytest.mark.parametrize("box", ["dataclass", "frozen", "dict-subclass",
+                                 "model-output", "nested"])
+@pytest.mark.parametrize("emulate", [False, True])
+def test_structured_outputs_are_recorded(tmp_path, box, emulate):
+    """A module returning a dataclass (frozen or not), a dict subclass or
+    an HF-style ModelOutput (a dataclass that is an OrderedDict), or a
+    tuple of one: its tensors are recorded, so a NaN it makes is named at
+    it, in the forward (it was named at the next module's fwd_in, and the
+    post-mortem put it in the backward); under FP16 emulation they are
+    rounded like a tuple's, the job getting its own type back."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+        note: str = "x"
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        y: torch.Tensor
+
+    class Sub(dict):
+        pass
+
+    @dataclasses.dataclass
+    class MOut(collections.OrderedDict):
+        y: torch.Tensor = None
+
+        def __post_init__(self):
+            self["y"] = self.y
+
+    def wrap(t):
+        return {"dataclass": lambda: Out(t), "frozen": lambda: Frozen(t),
+                "dict-subclass": lambda: Sub(y=t), "model-output": lambda: MOut(t),
+                "nested": lambda: (Out(t), 1)}[box]()
+
+    def unwrap(o):
+        o = o[0] if box == "nested" else o
+        return o["y"] if isinstance(o, dict) else o.y
+
+    class Log(nn.Module):
+        def forward(self, x):
+            return wrap(torch.log(x))  # NaN where x < 0
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.log, self.fc2 = nn.Linear(8, 8), Log(), nn.Linear(8, 4)
+
+        def forward(self, x):
+            o = self.log(self.fc1(x))
+            assert type(o) is type(wrap(x))
+            y = torch.nan_to_num(unwrap(o))
+            assert not emulate or torch.equal(y, y.half().float())  # rounded
+            return self.fc2(unwrap(o))
+
+    torch.manual_seed(0)
+    m = M()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=nn.MSELoss(), emulate_fp16=emulate,
+                   precision="fp16" if emulate else "fp32", on_nonfinite="raise")
+    with pytest.raises(at.NonFiniteError) as e:
+        nn.MSELoss()(m(torch.randn(4, 8)), torch.zeros(4, 4)).backward()
+        tr.end_step(loss=1.0)
+    assert (e.value.module, e.value.site, e.value.phase) == (
+        "log", "fwd_out", "forward"), str(e.value)
+    ev = ampprobe.postmortem(path)["event"]
+    assert (ev["origin_layer"], ev["origin_site"], ev["phase"]) == (
+        "log", "fwd_out", "forward"), ev
