@@ -33,6 +33,7 @@ import torch
 import torch.autograd.function
 import torch.nn as nn
 import torch.utils.checkpoint
+from torch.nn.utils import parametrize as _parametrize
 
 from . import _lib
 from . import distributed as _dist
@@ -267,7 +268,24 @@ def _params_now(L):
     _parameters (0.15 us against 1.6 for parameters(recurse=False))."""
     if L.module is None:
         return []
-    return [p for p in L.module._parameters.values() if p is not None]
+    return _own_params(L.module)
+
+
+def _is_parametrized(m):
+    """m has a parametrization (register_parametrization: torch's
+    parametrizations.weight_norm, spectral_norm, orthogonal), held in a
+    `parametrizations` child."""
+    return _parametrize.is_parametrized(m)
+
+
+def _own_params(m):
+    """The parameters a module trains itself: its own, and where it is
+    parametrized the originals its parametrizations hold (weight_norm's
+    original0/original1), which its forward uses through them."""
+    own = [p for p in m._parameters.values() if p is not None]
+    if _is_parametrized(m):
+        own += list(m.parametrizations.parameters())
+    return own
 
 
 def _forget_param(by_param, late_hooks, pid):
@@ -353,7 +371,11 @@ def _leaf_units(root, user_kinds):
         if id(m) in seen:
             return
         seen.add(id(m))
-        kids = list(m.named_children())
+        # a parametrized module is a leaf: its `parametrizations` child is
+        # how it computes its weight (it was hooked there, not itself:
+        # its output not recorded, nor rounded)
+        kids = [(n, c) for n, c in m.named_children()
+                if not (n == "parametrizations" and _is_parametrized(m))]
         if not kids or unit(m):
             out.append((prefix, m))
             return
@@ -1040,8 +1062,7 @@ class Tracer:
         if kid is None:  # an older library without this kind
             kid = _lib.kind_id("other")
         L.lid = self.session.register(name, kid, L.precision)
-        L.params = [] if module is None else [
-            p for p in module.parameters(recurse=False)]
+        L.params = [] if module is None else _own_params(module)
         L.selected = selected
         L.mode = None  # this forward's: "record", "replay" or None (_gate)
         L.pending = None  # an in-place forward's inputs and their nodes

@@ -2073,3 +2073,47 @@ def test_structured_outputs_are_recorded(tmp_path, box, emulate):
     ev = ampprobe.postmortem(path)["event"]
     assert (ev["origin_layer"], ev["origin_site"], ev["phase"]) == (
         "log", "fwd_out", "forward"), ev
+
+
+class _Scale2(nn.Module):
+    def forward(self, w):
+        return 2.0 * w
+
+
+@pytest.mark.parametrize("how", ["custom", "spectral_norm", "weight_norm",
+                                 "orthogonal"])
+def test_a_parametrized_module_is_one_layer(tmp_path, how):
+    """A module with a parametrization (register_parametrization: torch's
+    parametrizations.weight_norm, spectral_norm, orthogonal, or the job's)
+    is one layer under its own name: its output recorded and its
+    parameters' (the originals') gradients and masters too, and a healthy
+    job trains as untraced (it was no leaf: only the parametrization's
+    modules were hooked, its FP16 overflow named at the next module)."""
+    P = getattr(nn.utils, "parametrizations", None)
+    if how != "custom" and (P is None or not hasattr(P, how)):
+        pytest.skip("torch %s has no parametrizations.%s" % (torch.__version__, how))
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        if how == "custom":
+            nn.utils.parametrize.register_parametrization(m[0], "weight", _Scale2())
+        else:
+            getattr(P, how)(m[0])
+        return m
+
+    want = losses(make(), 3)
+    m = make()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32")
+    names = tr.layer_names()
+    got = losses(m, 3, tr)
+    tr.close()
+    assert got == want
+    assert "0" in names and not any("parametrizations" in n for n in names), names
+    st = stats_by_site(path)
+    n_orig = len(list(m[0].parametrizations.parameters()))
+    for step in range(3):
+        assert len(st[(step, "0", "fwd_out")]) == 1
+        assert len(st[(step, "0", "weight_grad")]) == 1 + n_orig  # bias too
+        assert len(st[(step, "0", "master_weight")]) == 1 + n_orig
