@@ -69,6 +69,14 @@ probe_status probe_site_parse(const char *name, probe_site *out) {
   return PROBE_ERR_NOT_FOUND;
 }
 
+int probe_record_nonfinite(probe_kind kind, probe_site site,
+                           const probe_stats *s) {
+  if (!s || probe_stats_nonfinite(s) == 0) return 0;
+  int masked_logits = kind == PROBE_KIND_SOFTMAX && site == PROBE_SITE_FWD_IN &&
+                      s->nan_count == 0 && s->posinf_count == 0;
+  return !masked_logits;
+}
+
 probe_phase probe_site_phase(probe_site s) {
   switch (s) {
 #define PROBE_SITE_PHASE_(name, str, phase)                                    \

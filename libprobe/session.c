@@ -955,6 +955,16 @@ static probe_nonfinite_record nonfinite_record(const probe_record *r) {
   return o;
 }
 
+/* A record of this step holds inf or NaN as events take it
+ * (probe_record_nonfinite: not a softmax's masked logits). */
+static int cur_nonfinite(const probe_session *s, size_t i) {
+  const probe_record *r = &s->cur[i];
+  int32_t kind = r->layer >= 0 && r->layer < s->n_layers
+                     ? s->layers[r->layer].kind
+                     : (int32_t)PROBE_KIND_OTHER;
+  return probe_record_nonfinite((probe_kind)kind, (probe_site)r->site, &r->stats);
+}
+
 /* Keeps what probe_session_step_nonfinite says of the step ending now;
  * first is its first non-finite record (n_cur: none). */
 static void step_nonfinite_keep(probe_session *s, size_t first) {
@@ -967,7 +977,7 @@ static void step_nonfinite_keep(probe_session *s, size_t first) {
   s->nf_last_any = nonfinite_record(&s->cur[first]);
   for (size_t i = first; i < s->n_cur; i++)
     if (probe_site_phase((probe_site)s->cur[i].site) == PROBE_PHASE_FORWARD &&
-        probe_stats_nonfinite(&s->cur[i].stats) > 0) {
+        cur_nonfinite(s, i)) {
       s->nf_last_fwd = nonfinite_record(&s->cur[i]);
       return;
     }
@@ -988,7 +998,7 @@ static probe_status step_finish(probe_session *s, int allow_snapshot) {
   size_t first = s->n_cur;
   int bad_value = 0;
   for (size_t i = 0; i < s->n_cur; i++)
-    if (probe_stats_nonfinite(&s->cur[i].stats) > 0) {
+    if (cur_nonfinite(s, i)) {
       if (first == s->n_cur) first = i;
       if (probe_site_phase((probe_site)s->cur[i].site) != PROBE_PHASE_BACKWARD) {
         bad_value = 1;

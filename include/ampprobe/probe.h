@@ -124,6 +124,17 @@ probe_phase probe_site_phase(probe_site s);
 /* "forward", "backward" or "optimizer"; NULL for a value outside the enum. */
 AMPPROBE_API
 const char *probe_phase_name(probe_phase p);
+/* 1 when a record of a layer of `kind` at `site` with statistics s holds
+ * inf or NaN as events are taken: every such record but a softmax's input
+ * holding -inf and nothing else non-finite (masked logits:
+ * masked_fill(mask, -inf) before the softmax, which maps them to 0; a row
+ * of them only is the softmax's NaN output, an event there). The writer's
+ * first non-finite step and record (probe_session_first_nonfinite,
+ * probe_session_step_nonfinite), the post-mortem and the rank summaries
+ * use it; the statistics themselves are as computed. */
+AMPPROBE_API
+int probe_record_nonfinite(probe_kind kind, probe_site site,
+                           const probe_stats *s);
 
 /* ---- records as stored and read back ------------------------------------- */
 

@@ -165,6 +165,16 @@ static const probe_step_scalars *steps_cursor_find(steps_cursor *c,
 static int stats_nonfinite(const probe_stats *s) {
   return probe_stats_nonfinite(s) > 0;
 }
+/* A record holds inf or NaN as the event search takes it: a softmax's
+ * masked logits (-inf at its input and nothing else) are no event
+ * (probe_record_nonfinite, probe.h); the explanations read the
+ * statistics as they are. */
+static int rec_event_nf(const probe_diag *d, const probe_record *r) {
+  int32_t kind = r->layer >= 0 && r->layer < d->n_layers
+                     ? d->layers[r->layer].info.kind
+                     : (int32_t)PROBE_KIND_OTHER;
+  return probe_record_nonfinite((probe_kind)kind, (probe_site)r->site, &r->stats);
+}
 static int stats_has_inf(const probe_stats *s) {
   return s->posinf_count + s->neginf_count > 0;
 }
@@ -745,7 +755,7 @@ static void master_outgrew(walker *w, probe_diag *e, const probe_record *r,
 static int forward_nonfinite(const probe_diag *d, const probe_record *r, size_t n) {
   int seen = 0;
   for (size_t i = 0; i < n; i++) {
-    if (!stats_nonfinite(&r[i].stats)) continue;
+    if (!rec_event_nf(d, &r[i])) continue;
     if (r[i].site == PROBE_SITE_GRAD_POST_ALLREDUCE && !seen) return 1;
     seen = 1;
     if (probe_site_phase((probe_site)r[i].site) == PROBE_PHASE_FORWARD) return 1;
@@ -768,7 +778,7 @@ static int loss_input_record(const walker *w, const probe_record *r, size_t n) {
     if (valid && r[i].site == PROBE_SITE_FWD_OUT &&
         d->layers[r[i].layer].info.kind != PROBE_KIND_INPUT)
       last_out = (int)i;
-    if (!stats_nonfinite(&r[i].stats)) continue;
+    if (!rec_event_nf(d, &r[i])) continue;
     if (valid && r[i].site == PROBE_SITE_GRAD_OUT && w->ls[r[i].layer].fwd_out >= 0)
       return w->ls[r[i].layer].fwd_out;
     break;
@@ -858,7 +868,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   }
   for (size_t i = 0; i < n && origin < 0; i++) {
     const probe_record *x = &r[i];
-    if (!stats_nonfinite(&x->stats)) continue;
+    if (!rec_event_nf(d, x)) continue;
     if (x->layer < 0 || x->layer >= d->n_layers) continue;
     int lkind = d->layers[x->layer].info.kind;
     const layer_step *l = &w->ls[x->layer];
@@ -888,7 +898,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     /* Nothing produced it from finite inputs (its producer was not
      * recorded): blame the first non-finite record. */
     for (size_t i = 0; i < n; i++)
-      if (stats_nonfinite(&r[i].stats)) {
+      if (rec_event_nf(d, &r[i])) {
         origin = (int)i;
         break;
       }
@@ -1083,7 +1093,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
   /* the layers with a non-finite record, in one pass (a scan of the step
    * per layer made a step cost layers x records) */
   for (size_t i = 0; i < n; i++)
-    if (r[i].layer >= 0 && r[i].layer < nl && stats_nonfinite(&r[i].stats))
+    if (r[i].layer >= 0 && r[i].layer < nl && rec_event_nf(d, &r[i]))
       w->nf_at[r[i].layer] = step;
   /* history + headroom + underflow, per layer */
   for (int64_t li = 0; li < nl; li++) {
@@ -1299,7 +1309,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   index_step(w, r, n);
   int any_nf = 0, fwd_nf = 0;
   for (size_t i = 0; i < n; i++) {
-    if (!stats_nonfinite(&r[i].stats)) continue;
+    if (!rec_event_nf(d, &r[i])) continue;
     any_nf = 1;
     if (probe_site_phase((probe_site)r[i].site) == PROBE_PHASE_FORWARD)
       fwd_nf = 1;

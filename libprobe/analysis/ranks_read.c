@@ -34,9 +34,6 @@
 /* A child that has not answered after this long is taken for hung. */
 #define ISOLATED_TIMEOUT_MS 30000
 
-static int nonfinite(const probe_stats *s) {
-  return s->nan_count + s->posinf_count + s->neginf_count > 0;
-}
 
 static probe_status push_step(probe__rsum *s, const probe__rstep *r) {
   if ((size_t)s->e.n_steps == s->cap_steps) {
@@ -121,9 +118,17 @@ static void acc_reset(step_acc *a, int64_t step) {
   a->step = step;
 }
 
-static void acc_take(step_acc *a, const probe_record *r) {
+/* li/nl: the trace's layers, whose kinds say which records hold inf or
+ * NaN as events take them (probe_record_nonfinite: not a softmax's masked
+ * logits). */
+static void acc_take(step_acc *a, const probe_record *r,
+                     const probe_layer_info *li, size_t nl) {
   if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE) a->post_records++;
-  if (!nonfinite(&r->stats)) return;
+  int32_t kind = r->layer >= 0 && (size_t)r->layer < nl
+                     ? li[r->layer].kind
+                     : (int32_t)PROBE_KIND_OTHER;
+  if (!probe_record_nonfinite((probe_kind)kind, (probe_site)r->site, &r->stats))
+    return;
   int ph = (int)probe_site_phase((probe_site)r->site);
   if (r->site == PROBE_SITE_GRAD_PRE_ALLREDUCE) a->pre_nf = 1;
   if (r->site == PROBE_SITE_GRAD_POST_ALLREDUCE)
@@ -212,6 +217,8 @@ static probe_status scan_events(probe__rsum *s, probe_trace *t, int64_t n,
   probe_status st = records_lower_bound(t, n, step, &row);
   probe_record *buf = malloc(REC_CHUNK * sizeof *buf);
   if (!buf) return PROBE_ERR_NOMEM;
+  size_t nl = 0;
+  const probe_layer_info *li = probe_trace_layers(t, &nl);
   step_acc a;
   acc_reset(&a, step);
   step_acc fb;
@@ -225,7 +232,7 @@ static probe_status scan_events(probe__rsum *s, probe_trace *t, int64_t n,
         done = acc_finish(s, &a, &fb, &have_fb);
         acc_reset(&a, buf[i].step);
       }
-      if (!done) acc_take(&a, &buf[i]);
+      if (!done) acc_take(&a, &buf[i], li, nl);
     }
     row += (int64_t)got;
   }

@@ -1907,9 +1907,16 @@ def _first_bad(refs, forward=False):
         if site == "weight" and not L.emulate:
             continue
         c = _recorded_counts(e)
-        if sum(c):
+        if sum(c) and not _masked_logits(L, site, c):
             return (L, site, c + (e[2].numel(),))
     return None
+
+
+def _masked_logits(L, site, c):
+    """A softmax's input holding -inf and nothing else non-finite, (NaN,
+    +inf, -inf) counts c: masked logits, no event (libprobe's
+    probe_record_nonfinite)."""
+    return L.kind == "softmax" and site == "fwd_in" and c[0] == 0 and c[1] == 0
 
 
 def _count_nonfinite(t):

@@ -15,6 +15,7 @@
 
 #include <hdf5.h>
 
+#include "ampprobe/analysis.h"
 #include "probe_testutil.h"
 
 /* ---- api ------------------------------------------------------------------ */
@@ -526,6 +527,89 @@ END_TEST
  * record and its first at a forward site, with their counts as recorded
  * (the caller's later in-place change is not seen), and measured 0 when a
  * record was left out. */
+/* Masked logits - a softmax's input holding -inf and nothing else
+ * non-finite (masked_fill(mask, -inf) before nn.Softmax) - are no event:
+ * not for the predicate, the writer (first non-finite step, the step's
+ * records) nor the post-mortem, which called such a healthy job degraded;
+ * +inf or NaN there, -inf anywhere else, and a fully masked row's NaN
+ * output are events. */
+START_TEST(test_masked_logits_are_no_event) {
+  probe_stats st;
+  float neg[4] = {-INFINITY, 1, 2, -INFINITY}, pos[4] = {INFINITY, 1, 2, 3},
+        nan[4] = {NAN, 1, 2, -INFINITY}, fin[4] = {1, 2, 3, 4};
+  static const struct {
+    probe_kind kind;
+    probe_site site;
+    int which; /* 0 neg, 1 pos, 2 nan, 3 finite */
+    int want;
+  } cases[] = {
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_FWD_IN, 0, 0},
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_FWD_IN, 1, 1},
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_FWD_IN, 2, 1},
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_FWD_IN, 3, 0},
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_FWD_OUT, 0, 1},
+      {PROBE_KIND_SOFTMAX, PROBE_SITE_GRAD_IN, 0, 1},
+      {PROBE_KIND_LINEAR, PROBE_SITE_FWD_IN, 0, 1},
+      {PROBE_KIND_ATTENTION, PROBE_SITE_FWD_IN, 0, 1},
+      {PROBE_KIND_LOSS, PROBE_SITE_FWD_IN, 0, 1},
+  };
+  const float *data[4] = {neg, pos, nan, fin};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    PT_CHECK(probe_stats_compute(&st, PROBE_DTYPE_F32, data[cases[i].which], 4));
+    ck_assert_msg(probe_record_nonfinite(cases[i].kind, cases[i].site, &st) ==
+                      cases[i].want, "case %zu", i);
+  }
+  ck_assert_int_eq(probe_record_nonfinite(PROBE_KIND_LINEAR, PROBE_SITE_FWD_IN, NULL), 0);
+
+  /* a run: steps 0-2 masked logits only, step 3 a fully masked row (the
+   * softmax's output NaN), step 4 masked logits again */
+  char path[256];
+  pt_path(path, sizeof path, "masked");
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  int32_t lin, sm;
+  PT_CHECK(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &lin));
+  PT_CHECK(probe_layer_register(s, "sm", PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, &sm));
+  float row[4] = {NAN, NAN, NAN, NAN};
+  for (int64_t k = 0; k < 5; k++) {
+    PT_CHECK(probe_step_begin(s, k));
+    PT_CHECK(probe_tensor_record(s, lin, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, fin, 4));
+    PT_CHECK(probe_tensor_record(s, sm, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, neg, 4));
+    PT_CHECK(probe_tensor_record(s, sm, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32,
+                                 k == 3 ? row : fin, 4));
+    probe_step_scalars sc = {.loss = k == 3 ? NAN : 0.5, .loss_scale = 1,
+                             .unmeasured = PROBE_SCALAR_GRAD_NORM |
+                                           PROBE_SCALAR_CLIP};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+    int64_t step, first;
+    probe_nonfinite_record any, fwd;
+    int measured;
+    PT_CHECK(probe_session_step_nonfinite(s, &step, &any, &fwd, &measured));
+    ck_assert_int_eq(any.layer, k == 3 ? sm : -1);
+    if (k == 3) ck_assert_int_eq(any.site, PROBE_SITE_FWD_OUT);
+    int32_t fl;
+    probe_site fs;
+    int all;
+    PT_CHECK(probe_session_first_nonfinite(s, &first, &fl, &fs, &all));
+    ck_assert_int_eq(first, k < 3 ? -1 : 3);
+  }
+  PT_CHECK(probe_session_close(s));
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  probe_diag d;
+  PT_CHECK(probe_diag_run(&d, t, path, NULL));
+  ck_assert_int_eq(d.event_step, 3);
+  ck_assert_int_eq(d.origin_layer, sm);
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+  probe_diag_free(&d);
+  probe_trace_close(t);
+}
+END_TEST
+
 START_TEST(test_session_step_nonfinite) {
   char path[256];
   pt_path(path, sizeof path, "stepnf");
@@ -1180,6 +1264,7 @@ static Suite *make_writer_suite(void) {
   tcase_add_test(tc, test_writer_flight_recorder);
   tcase_add_test(tc, test_session_first_nonfinite);
   tcase_add_test(tc, test_session_step_nonfinite);
+  tcase_add_test(tc, test_masked_logits_are_no_event);
   tcase_add_test(tc, test_writer_max_events);
   tcase_add_test(tc, test_writer_event_spacing);
   tcase_add_test(tc, test_writer_threads);

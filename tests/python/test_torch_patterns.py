@@ -2117,3 +2117,67 @@ def test_a_parametrized_module_is_one_layer(tmp_path, how):
         assert len(st[(step, "0", "fwd_out")]) == 1
         assert len(st[(step, "0", "weight_grad")]) == 1 + n_orig  # bias too
         assert len(st[(step, "0", "master_weight")]) == 1 + n_orig
+
+
+@pytest.mark.parametrize("case", ["action-mask", "causal-scores", "log-softmax-in",
+                                  "fully-masked-row", "plus-inf", "nan"])
+@pytest.mark.parametrize("mode", ["raise", "warn"])
+def test_masked_logits_before_a_softmax(tmp_path, case, mode):
+    """-inf written into a softmax's input (masked_fill(~valid, -inf)
+    before nn.Softmax: RL action masking, hand-written attention) is
+    masked logits, no event: the job runs on and is healthy (it raised,
+    and was called degraded). A row with every logit masked makes the
+    softmax's NaN output, an event named there; +inf or NaN in the input
+    is one at the input. A LogSoftmax maps masked logits to -inf at its
+    output, an event there (the documented limit: only a softmax's input
+    is read as masked)."""
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 6)
+            self.sm = nn.Softmax(-1) if case != "log-softmax-in" else nn.LogSoftmax(-1)
+
+        def forward(self, obs, valid):
+            z = self.fc(obs)
+            if case == "causal-scores":
+                z = z[:, :4].unsqueeze(1).expand(4, 4, 4)
+                valid = torch.ones(4, 4, dtype=torch.bool).tril().expand(4, 4, 4)
+            if case == "plus-inf":
+                return self.sm(z.masked_fill(~valid, float("inf")))
+            if case == "nan":
+                return self.sm(z.masked_fill(~valid, float("nan")))
+            return self.sm(z.masked_fill(~valid, float("-inf")))
+
+    torch.manual_seed(0)
+    m = Policy()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", on_nonfinite=mode)
+    valid = torch.ones(4, 6, dtype=torch.bool)
+    valid[:, 4:] = False
+    if case == "fully-masked-row":
+        valid[2] = False
+    err = None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(2):
+                p = m(torch.randn(4, 8), valid)
+                out = p[..., :4]
+                loss = (-out.sum() if case == "log-softmax-in" else
+                        -torch.log(out.clamp(min=1e-9)).mean())
+                loss.backward()
+                tr.end_step(loss=float(loss))
+        except at.NonFiniteError as e:
+            err = str(e)
+    tr.close()
+    said = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
+    got = [err] if err else said
+    pm = ampprobe.postmortem(path)
+    if case in ("action-mask", "causal-scores"):
+        assert got == [], got
+        assert pm["verdict"] == "healthy", (pm["verdict"], pm["event"])
+        return
+    site = "fwd_out" if case in ("fully-masked-row", "log-softmax-in") else "fwd_in"
+    assert len(got) >= 1 and "module 'sm' (softmax), site %s" % site in got[0], got
+    ev = pm["event"]
+    assert (ev["origin_layer"], ev["origin_site"]) == ("sm", site), ev
