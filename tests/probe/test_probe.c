@@ -527,6 +527,21 @@ END_TEST
  * record and its first at a forward site, with their counts as recorded
  * (the caller's later in-place change is not seen), and measured 0 when a
  * record was left out. */
+/* A full-mode session at pt_path(tag) with two FP16 layers. */
+static probe_session *open_full_two(const char *tag, char *path, size_t n,
+                                    const char *na, probe_kind ka, int32_t *a,
+                                    const char *nb, probe_kind kb, int32_t *b) {
+  pt_path(path, n, tag);
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  PT_CHECK(probe_layer_register(s, na, ka, PROBE_DTYPE_F16, a));
+  PT_CHECK(probe_layer_register(s, nb, kb, PROBE_DTYPE_F16, b));
+  return s;
+}
+
 /* Masked logits - a softmax's input holding -inf and nothing else
  * non-finite (masked_fill(mask, -inf) before nn.Softmax) - are no event:
  * not for the predicate, the writer (first non-finite step, the step's
@@ -564,15 +579,10 @@ START_TEST(test_masked_logits_are_no_event) {
   /* a run: steps 0-2 masked logits only, step 3 a fully masked row (the
    * softmax's output NaN), step 4 masked logits again */
   char path[256];
-  pt_path(path, sizeof path, "masked");
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  probe_session *s;
-  PT_CHECK(probe_session_open(&s, path, &o));
   int32_t lin, sm;
-  PT_CHECK(probe_layer_register(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &lin));
-  PT_CHECK(probe_layer_register(s, "sm", PROBE_KIND_SOFTMAX, PROBE_DTYPE_F16, &sm));
+  probe_session *s = open_full_two("masked", path, sizeof path, "fc",
+                                   PROBE_KIND_LINEAR, &lin, "sm",
+                                   PROBE_KIND_SOFTMAX, &sm);
   float row[4] = {NAN, NAN, NAN, NAN};
   for (int64_t k = 0; k < 5; k++) {
     PT_CHECK(probe_step_begin(s, k));
@@ -612,15 +622,12 @@ END_TEST
 
 START_TEST(test_session_step_nonfinite) {
   char path[256];
-  pt_path(path, sizeof path, "stepnf");
+  int32_t a, b;
+  probe_session *s = open_full_two("stepnf", path, sizeof path, "a",
+                                   PROBE_KIND_LINEAR, &a, "b", PROBE_KIND_BN, &b);
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
-  probe_session *s;
-  PT_CHECK(probe_session_open(&s, path, &o));
-  int32_t a, b;
-  PT_CHECK(probe_layer_register(s, "a", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, &a));
-  PT_CHECK(probe_layer_register(s, "b", PROBE_KIND_BN, PROBE_DTYPE_F16, &b));
   int64_t step;
   probe_nonfinite_record any, fwd;
   int measured = -1;
