@@ -466,10 +466,27 @@ static const char *esc_named(unsigned c) {
   }
 }
 
+/* The code point of the n-byte UTF-8 sequence at p when it is a
+ * bidirectional formatting control, else 0: U+061C (ARABIC LETTER MARK),
+ * U+200E/U+200F (LRM, RLM), U+202A..U+202E (the embeddings and overrides)
+ * and U+2066..U+2069 (the isolates). Shown, they reorder the text that
+ * follows them (a name that displays as another, a line that reads
+ * backwards), so they are escaped like the C1 controls. */
+unsigned probe__bidi_control(const unsigned char *p, int n) {
+  if (n == 2 && p[0] == 0xd8 && p[1] == 0x9c) return 0x061c;
+  if (n != 3 || p[0] != 0xe2) return 0;
+  if (p[1] == 0x80 && (p[2] == 0x8e || p[2] == 0x8f ||
+                       (p[2] >= 0xaa && p[2] <= 0xae)))
+    return 0x2000u | (p[2] & 0x3fu);
+  if (p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9)
+    return 0x2040u | (p[2] & 0x3fu);
+  return 0;
+}
+
 size_t probe__text_escape(char *out, size_t cap, const char *s) {
   esc_out o = {out, cap, 0, 0};
   const unsigned char *p = (const unsigned char *)(s ? s : "");
-  char e[8];
+  char e[16];
   while (*p) {
     unsigned c = *p;
     const char *named = esc_named(c);
@@ -484,6 +501,10 @@ size_t probe__text_escape(char *out, size_t cap, const char *s) {
       snprintf(e, sizeof e, "\\u%04x", (unsigned)p[1]);
       esc_put(&o, e, 6);
       p += 2;
+    } else if (n > 0 && probe__bidi_control(p, n)) { /* U+202E as \u202e */
+      snprintf(e, sizeof e, "\\u%04x", probe__bidi_control(p, n));
+      esc_put(&o, e, 6);
+      p += n;
     } else if (n > 0) {
       esc_put(&o, p, (size_t)n);
       p += n;

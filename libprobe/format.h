@@ -145,6 +145,10 @@ int probe__utf8_valid(const char *s);
 /* probe_text_escape (ampprobe/analysis.h) itself: the library's messages
  * show names from callers and files through it too. */
 size_t probe__text_escape(char *out, size_t cap, const char *s);
+/* The code point of the n-byte UTF-8 sequence at p when it is a bidi
+ * formatting control (U+061C, U+200E, U+200F, U+202A..U+202E,
+ * U+2066..U+2069), which probe__text_escape writes as \u202e; else 0. */
+unsigned probe__bidi_control(const unsigned char *p, int n);
 int probe__scaler_event_ok(const probe_scaler_event *e);
 
 /* child.c: sessions register their writer-lock descriptor while they hold

@@ -109,13 +109,15 @@ probe_status probe_buf_escape(probe_buf *b, const char *s) {
     default: break;
     }
     /* a control character (C0 but newline, tab, CR; DEL; C1 U+0080..
-     * U+009F) or a byte that is not UTF-8: shown as on the terminal, by the
-     * project's one escaping (\e, \x7f, \u009b, \xHH: probe_text_escape),
-     * never raw (C0 is not allowed in XML 1.0; DEL and C1 are controls) */
+     * U+009F; a bidi control such as U+202E, which reorders the text after
+     * it) or a byte that is not UTF-8: shown as on the terminal, by the
+     * project's one escaping (\e, \x7f, \u009b, \u202e, \xHH:
+     * probe_text_escape, asked unit by unit), never raw (C0 is not allowed
+     * in XML 1.0; DEL, C1 and bidi controls are controls) */
     size_t n = *p < 0x80 ? 1 : utf8_len(p);
-    if (*p < 0x20 || *p == 0x7f || n == 0 || (n == 2 && p[0] == 0xC2 && p[1] < 0xA0)) {
-      char unit[3] = {(char)p[0], n == 2 ? (char)p[1] : 0, 0}, e[8];
-      probe_text_escape(e, sizeof e, unit);
+    char unit[5] = {0}, e[16];
+    memcpy(unit, p, n ? n : 1);
+    if (probe_text_escape(e, sizeof e, unit) != (n ? n : 1)) {
       st = probe_buf_puts(b, e);
       p += n ? n : 1;
     } else {

@@ -68,20 +68,29 @@ void cli_error(const char *sub, const char *fmt, ...) {
   va_end(ap);
   /* One line, and no terminal control whatever a caller put in it (a
    * parser's token, a key from a file): a newline or CR becomes a space,
-   * another C0 control or DEL \xHH (ESC \e), a UTF-8 C1 control \u00HH.
-   * Names are escaped by their callers already (cli_escape_name); this
-   * only catches what was not. */
+   * another C0 control or DEL \xHH (ESC \e), a UTF-8 C1 control \u00HH,
+   * a bidi control (U+202E, which shows the rest of the line reversed)
+   * \u202e as probe_text_escape writes it. Names are escaped by their
+   * callers already (cli_escape_name); this only catches what was not. */
   size_t o = 0;
   for (const unsigned char *p = (const unsigned char *)raw; *p && o + 8 < sizeof msg; p++) {
+    char unit[5] = {0}, e[16];
+    size_t n = *p >= 0xc2 && *p <= 0xdf ? 2 : *p >= 0xe0 && *p <= 0xef ? 3 : 0;
+    for (size_t i = 0; i < n; i++) /* a sequence cut by the end: none */
+      if (!(unit[i] = (char)p[i])) {
+        n = 0;
+        break;
+      }
     if (*p == '\n' || *p == '\r')
       msg[o++] = ' ';
     else if (*p == 0x1b)
       o += (size_t)snprintf(msg + o, sizeof msg - o, "\\e");
     else if (*p < 0x20 || *p == 0x7f)
       o += (size_t)snprintf(msg + o, sizeof msg - o, "\\x%02x", *p);
-    else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-      o += (size_t)snprintf(msg + o, sizeof msg - o, "\\u00%02x", *++p);
-    else
+    else if (n && probe_text_escape(e, sizeof e, unit) == 6 && e[1] == 'u') {
+      o += (size_t)snprintf(msg + o, sizeof msg - o, "%s", e); /* C1, bidi */
+      p += n - 1;
+    } else
       msg[o++] = (char)*p;
   }
   msg[o] = '\0';

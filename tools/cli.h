@@ -219,8 +219,9 @@ void cli_stdout_init(void);
 /* Writes a name read from a file (a layer or scenario name, a path) to f
  * escaped by the analysis library's probe_text_escape, the one escaping of
  * the project: \n \r \t \e \a ..., \xHH, a backslash as \\, the C1
- * controls as \u0080..\u009f; so a name cannot move the cursor, clear the
- * screen, ring the bell or start a forged line. Returns the characters
+ * controls as \u0080..\u009f, the bidi controls as \u202e ...; so a name
+ * cannot move the cursor, clear the screen, ring the bell, start a forged
+ * line or show itself (and the rest of the line) reversed. Returns the characters
  * written, or -1. */
 int cli_print_name(FILE *f, const char *name);
 /* The same into a buffer (always NUL-terminated, truncated to fit). */

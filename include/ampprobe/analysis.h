@@ -65,9 +65,10 @@ AMPPROBE_API void probe_free(void *p);
 
 /* Copies s into out (cap bytes, always NUL-terminated when cap > 0) with
  * every byte that could control a terminal made visible: \n \r \t \e \a
- * \b \f \v, a backslash as \\, C1 controls as \u0080..\u009f, bytes
- * that are not valid UTF-8 as \xHH. Printable ASCII and valid UTF-8 pass
- * unchanged. Returns the length the escaped text needs (as snprintf does),
+ * \b \f \v, a backslash as \\, C1 controls as \u0080..\u009f, the bidi
+ * controls U+061C, U+200E, U+200F, U+202A..U+202E and U+2066..U+2069 (they
+ * reorder the text after them) as \u202e, bytes that are not valid UTF-8
+ * as \xHH. Printable ASCII and other valid UTF-8 pass unchanged. Returns the length the escaped text needs (as snprintf does),
  * so a caller can size its buffer: probe_text_escape(NULL, 0, s) + 1. A
  * buffer too short holds the longest prefix of whole units: never half an
  * escape or half a UTF-8 character. */

@@ -53,9 +53,10 @@ probe_status probe_buf_printf(probe_buf *b, const char *fmt, ...)
     ;
 /* Appends s with &, <, >, " and ' escaped for HTML/XML text and attributes;
  * newline, tab and CR are kept (text blocks are lines); any other control
- * character (C0, DEL, C1 U+0080..U+009F) and bytes that are not UTF-8 are
- * written as on the terminal by probe_text_escape (\e, \x7f, \u009b,
- * \xHH), so the page never holds a raw control nor a byte invalid in XML. */
+ * character (C0, DEL, C1 U+0080..U+009F, a bidi control such as U+202E)
+ * and bytes that are not UTF-8 are written as on the terminal by
+ * probe_text_escape (\e, \x7f, \u009b, \u202e, \xHH), so the page never
+ * holds a raw control nor a byte invalid in XML. */
 probe_status probe_buf_escape(probe_buf *b, const char *s);
 
 /* ---- downsampling: min and max per pixel column (M4) ---------------------- */

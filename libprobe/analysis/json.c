@@ -7,11 +7,14 @@
  * Escaping (probe_text_escape): a layer name, a config name or a path read
  * from a trace is data, never terminal control. Every byte below 0x20, DEL
  * (0x7f), a backslash, the C1 controls U+0080..U+009F (which some terminals
- * obey: U+009B is CSI) and any byte that is not part of valid UTF-8 are
+ * obey: U+009B is CSI), the bidi controls U+061C, U+200E, U+200F,
+ * U+202A..U+202E and U+2066..U+2069 (which reorder the text after them: a
+ * name shown as another) and any byte that is not part of valid UTF-8 are
  * written as visible escapes: \n \r \t \e \a \b \f \v \\ or \xHH (\u0080 ..
- * \u009f for C1). Printable ASCII and valid UTF-8 pass unchanged, so a name
- * that needs no escaping is shown as it is. A newline in a name can then
- * never start a line of its own ("verdict healthy" forged by a layer name).
+ * \u009f for C1, \u202e for a bidi control). Printable ASCII and other
+ * valid UTF-8 pass unchanged, so a name that needs no escaping is shown as
+ * it is. A newline in a name can then never start a line of its own
+ * ("verdict healthy" forged by a layer name).
  */
 #include <math.h>
 #include <stdio.h>
@@ -125,13 +128,15 @@ static void indent(probe__jw *w) {
 
 /* JSON string: quotes, \" \\ and control characters escaped; bytes that
  * are not valid UTF-8 become \u00XX (their Latin-1 reading) so the
- * document is always valid UTF-8; C1 controls become \u0080..\u009f. */
+ * document is always valid UTF-8; C1 controls become \u0080..\u009f and
+ * bidi controls \u202e (the same character to a parser, but a viewer of
+ * the file does not reorder the line). */
 static void put_string(probe__jw *w, const char *s) {
   put(w, "\"", 1);
   const unsigned char *p = (const unsigned char *)(s ? s : "");
   while (*p) {
     unsigned c = *p;
-    char e[8];
+    char e[16];
     if (c == '"' || c == '\\') {
       e[0] = '\\', e[1] = (char)c, e[2] = 0;
       puts_(w, e);
@@ -157,6 +162,10 @@ static void put_string(probe__jw *w, const char *s) {
         snprintf(e, sizeof e, "\\u%04x", (unsigned)p[1]);
         puts_(w, e);
         p += 2;
+      } else if (n > 0 && probe__bidi_control(p, n)) {
+        snprintf(e, sizeof e, "\\u%04x", probe__bidi_control(p, n));
+        puts_(w, e);
+        p += n;
       } else if (n > 0) {
         put(w, (const char *)p, (size_t)n);
         p += n;

@@ -459,6 +459,58 @@ case_hostile_report_fulltext() {
   [ "$rc" = 3 ] || check_no_raw h.html "report's whole page"
 }
 
+# Layer names and root attributes with Unicode bidi controls (U+202E and
+# others: valid UTF-8 that shows the rest of a line reversed, a name as
+# another). Found 2026-12 by a defect hunt: C0, C1 and invalid UTF-8 were
+# escaped, these were printed raw.
+check_no_bidi() { # check_no_bidi FILE WHAT
+  local raw
+  raw=$(/usr/bin/python3 -c '
+import sys
+t = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+bidi = {0x61c, 0x200e, 0x200f} | set(range(0x202a, 0x202f)) | set(range(0x2066, 0x206a))
+print(",".join("U+%04X" % ord(c) for c in sorted(set(t)) if ord(c) in bidi))
+' "$1")
+  if [ -n "$raw" ]; then bad "$2: raw bidi controls in the output: $raw"; else ok "$2: no raw bidi control"; fi
+}
+
+case_hostile_bidi() {
+  "$HOSTILE" b16.h5 bidi16 && "$HOSTILE" b32.h5 bidi32 || { echo "cannot write the bidi traces"; exit 1; }
+  t -- "$AMP" postmortem b16.h5
+  expect 1 "postmortem of a trace with bidi names"
+  cat out.txt err.txt >all.txt
+  check_no_bidi all.txt "postmortem"
+  has out.txt 'origin      enc.fc1\u202e1cf.daeh (linear, fp16)'
+  has out.txt 'fed by      in\u2066put\u2069 (input)'
+  has out.txt 'passed on   loss\u200f\u061c\u202a\u200e'
+  has out.txt 'precision   fp16\u202b23pf'
+  t -- "$AMP" postmortem --json b16.h5
+  expect 1 "postmortem --json"
+  check_no_bidi out.txt "postmortem --json"
+  if /usr/bin/python3 -m json.tool out.txt >/dev/null 2>&1; then ok "postmortem --json is valid JSON"; else bad "postmortem --json is not valid JSON"; fi
+  has out.txt 'enc.fc1\\u202e1cf.daeh'
+  for args in "diff b16.h5 b32.h5 --top 0" "diff --json b16.h5 b32.h5"; do
+    t -- "$AMP" $args
+    expect 1 "$args"
+    cat out.txt err.txt >all.txt
+    check_no_bidi all.txt "$args"
+  done
+  if /usr/bin/python3 -m json.tool out.txt >/dev/null 2>&1; then ok "diff --json is valid JSON"; else bad "diff --json is not valid JSON"; fi
+  t -- "$AMP" report b16.h5 --baseline b32.h5 -o b.html -q
+  expect 1 "report of a trace with bidi names"
+  check_no_bidi b.html "report's page"
+  check_no_bidi err.txt "report's stderr"
+  has b.html 'enc.fc1\u202e1cf.daeh'
+  has b.html 'in\u2066put\u2069'
+  has b.html 'loss\u200f\u061c\u202a\u200e'
+  has b.html 'hostile_trace\u2067RTL'
+  # a bidi control in an error line (a name the message quotes unescaped)
+  t -- "$AMP" postmortem "$(printf 'no\342\200\256pe.h5')"
+  expect 3 "postmortem of a missing file whose name holds U+202E"
+  check_no_bidi err.txt "the error line"
+  has err.txt 'no\u202epe.h5'
+}
+
 # Planted symlinks in bisect's work directory must not be followed.
 case_bisect_symlinks() {
   mkdir victim

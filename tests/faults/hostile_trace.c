@@ -11,11 +11,20 @@
  *   hostile_trace DIR world     the same, whose world_size attribute then
  *                               says 2^31 - 1 (a set that would list 2^31
  *                               missing ranks)
+ *   hostile_trace OUT.h5 bidi16 the fp16 run, its names (and root
+ *   hostile_trace OUT.h5 bidi32 attributes) holding Unicode bidi controls
+ *                               instead (valid UTF-8 that reorders the
+ *                               text shown after it), and its fp32 baseline
  *
  * Layers (ids 0..2, in execution order):
  *   0  "in" ESC "[2Jput"                      clears the screen if printed raw
  *   1  "fc" LF "FORGED verdict healthy"       forges a line if printed raw
  *   2  "loss" BEL BEL CR "OVERWRITTEN"        rings, then rewrites the line
+ *
+ * The bidi names (bidi16, bidi32):
+ *   0  "in" U+2066 "put" U+2069                an isolate around "put"
+ *   1  "enc.fc1" U+202E "1cf.daeh"             shows as "enc.fc1head.fc1"
+ *   2  "loss" U+200F U+061C U+202A U+200E      RLM, ALM, LRE, LRM
  *
  * The trace is written through libprobe with plain placeholder names (so
  * a writer that refuses such names still lets us build the file), then the
@@ -56,6 +65,19 @@ static const char *const hostile_attrs[3][2] = {
     {"precision_policy", "fp16\x1b[2J\x07"},
 };
 
+/* The bidi set (UTF-8 bytes spelled out: U+2066 is E2 81 A6, ...). */
+static const char *const bidi[3] = {
+    "in\xe2\x81\xa6put\xe2\x81\xa9",
+    "enc.fc1\xe2\x80\xae" "1cf.daeh",
+    "loss\xe2\x80\x8f\xd8\x9c\xe2\x80\xaa\xe2\x80\x8e",
+};
+
+static const char *const bidi_attrs[3][2] = {
+    {"created", "2026-12-03\xe2\x80\xae" "30-21-6202"},
+    {"command_line", "hostile_trace\xe2\x81\xa7RTL"},
+    {"precision_policy", "fp16\xe2\x80\xab" "23pf"},
+};
+
 /* Replaces string attribute `name` of the file's root by value (a
  * variable-length UTF-8 string, as h5py would write it). */
 static int patch_attr(hid_t f, const char *name, const char *value) {
@@ -92,8 +114,10 @@ static int patch_world(const char *path, int64_t w) {
   return rc;
 }
 
-/* Rewrites the name field of every row of /layers. */
-static int patch_names(const char *path) {
+/* Rewrites the name field of every row of /layers with names[], and the
+ * root attributes with attrs[]. */
+static int patch_names(const char *path, const char *const names[3],
+                       const char *const attrs[3][2]) {
   int rc = 1;
   hid_t f = H5I_INVALID_HID, ds = H5I_INVALID_HID, ft = H5I_INVALID_HID,
         mt = H5I_INVALID_HID;
@@ -115,11 +139,11 @@ static int patch_names(const char *path) {
   if (H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) goto error;
   for (int i = 0; i < 3; i++) {
     memset(buf + (size_t)i * row + off, 0, nlen);
-    memcpy(buf + (size_t)i * row + off, hostile[i], strlen(hostile[i]));
+    memcpy(buf + (size_t)i * row + off, names[i], strlen(names[i]));
   }
   if (H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) goto error;
   for (int i = 0; i < 3; i++)
-    if (patch_attr(f, hostile_attrs[i][0], hostile_attrs[i][1]) < 0) goto error;
+    if (patch_attr(f, attrs[i][0], attrs[i][1]) < 0) goto error;
   rc = 0;
 error:
   H5E_BEGIN_TRY {
@@ -189,9 +213,10 @@ static int write_run(const char *path, int blow, int rank, int world) {
 
 int main(int argc, char **argv) {
   if (argc != 3 || (strcmp(argv[2], "fp16") && strcmp(argv[2], "fp32") &&
+                    strcmp(argv[2], "bidi16") && strcmp(argv[2], "bidi32") &&
                     strcmp(argv[2], "ranks") && strcmp(argv[2], "world"))) {
-    fprintf(stderr, "usage: %s OUT.h5 fp16|fp32 | %s DIR ranks|world\n", argv[0],
-            argv[0]);
+    fprintf(stderr, "usage: %s OUT.h5 fp16|fp32|bidi16|bidi32 | %s DIR ranks|world\n",
+            argv[0], argv[0]);
     return 2;
   }
   if (strcmp(argv[2], "ranks") == 0 || strcmp(argv[2], "world") == 0) {
@@ -203,7 +228,9 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  int blow = strcmp(argv[2], "fp16") == 0;
+  int is_bidi = strncmp(argv[2], "bidi", 4) == 0;
+  int blow = !strcmp(argv[2], "fp16") || !strcmp(argv[2], "bidi16");
   if (write_run(argv[1], blow, -1, 0)) return 1;
-  return patch_names(argv[1]);
+  return is_bidi ? patch_names(argv[1], bidi, bidi_attrs)
+                 : patch_names(argv[1], hostile, hostile_attrs);
 }

@@ -377,6 +377,35 @@ START_TEST(test_numbers) {
 }
 END_TEST
 
+/* What cli_error(sub, "%s", text) prints on stderr (a static buffer). */
+static const char *error_line(const char *text) {
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO);
+  int fd = open("stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ck_assert(saved >= 0 && fd >= 0);
+  dup2(fd, STDERR_FILENO);
+  close(fd);
+  cli_error("t", "%s", text);
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  return get("stderr.txt");
+}
+
+/* cli_error's own guard for text no caller escaped (a parser's token):
+ * C0, C1 and bidi controls never reach the terminal raw. */
+START_TEST(test_error_line_controls) {
+  ck_assert_str_eq(error_line("a\x1b[2Jb\nc"),
+                   "ampprobe: t: a\\e[2Jb c\n");
+  ck_assert_str_eq(error_line("x\xc2\x9by"),
+                   "ampprobe: t: x\\u009by\n");
+  ck_assert_str_eq(error_line("fc1\xe2\x80\xae" "1cf \xe2\x81\xa6i\xe2\x81\xa9 \xe2\x80\x8f\xd8\x9c"),
+                   "ampprobe: t: fc1\\u202e1cf \\u2066i\\u2069 \\u200f\\u061c\n");
+  ck_assert_str_eq(error_line("caf\xc3\xa9 \xe2\x80\x94 \xe2\x80"), /* kept; a cut tail too */
+                   "ampprobe: t: caf\xc3\xa9 \xe2\x80\x94 \xe2\x80\n");
+}
+END_TEST
+
 START_TEST(test_escape_name) {
   /* the project's one escaping, probe_text_escape (ampprobe/analysis.h) */
   char b[64];
@@ -390,6 +419,14 @@ START_TEST(test_escape_name) {
   ck_assert_str_eq(b, "r\xc3\xa9 \\u009bx");
   cli_escape_name(b, 5, "\x1b\x1b\x1b");
   ck_assert_str_eq(b, "\\e\\e"); /* truncated, terminated */
+  /* bidi controls: a name shown reversed ("enc.fc1" U+202E "1cf.daeh") */
+  cli_escape_name(b, sizeof b, "enc.fc1\xe2\x80\xae" "1cf.daeh");
+  ck_assert_str_eq(b, "enc.fc1\\u202e1cf.daeh");
+  cli_escape_name(b, sizeof b, "\xe2\x81\xa6x\xe2\x81\xa9\xe2\x80\x8e");
+  ck_assert_str_eq(b, "\\u2066x\\u2069\\u200e");
+  char *c = cli_escape_controls("a\\b\xe2\x80\xab\xd8\x9c"); /* backslash kept */
+  ck_assert_str_eq(c, "a\\b\\u202b\\u061c");
+  free(c);
   char *mem = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&mem, &n);
@@ -429,6 +466,7 @@ int main(void) {
   tcase_add_test(tc, test_check_input);
   tcase_add_test(tc, test_numbers);
   tcase_add_test(tc, test_escape_name);
+  tcase_add_test(tc, test_error_line_controls);
   tcase_add_test(tc, test_paste_word_whole);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

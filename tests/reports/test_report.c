@@ -41,6 +41,12 @@ START_TEST(test_buf_escape) {
   b.len = 0;
   ck_assert_int_eq(probe_buf_escape(&b, "\xC3\xA9\xE2\x80\x96"), PROBE_OK);
   ck_assert_str_eq(b.data, "\xC3\xA9\xE2\x80\x96"); /* valid UTF-8 kept */
+  b.len = 0;
+  /* bidi controls (U+202E, U+2066..U+2069, U+200E/F, U+061C) reorder the
+   * text after them on the page: escaped as on the terminal, never raw */
+  ck_assert_int_eq(probe_buf_escape(&b, "fc1\xE2\x80\xAE<1cf>\xE2\x81\xA6x"
+                                        "\xE2\x81\xA9\xE2\x80\x8F\xD8\x9C"), PROBE_OK);
+  ck_assert_str_eq(b.data, "fc1\\u202e&lt;1cf&gt;\\u2066x\\u2069\\u200f\\u061c");
   probe_buf_free(&b);
 }
 END_TEST

@@ -1648,6 +1648,22 @@ START_TEST(test_text_escape) {
   ck_assert_str_eq(b, "x\\xff\\xc3");
   probe_text_escape(b, sizeof b, "\xc2\x9b" "2J"); /* C1 CSI */
   ck_assert_str_eq(b, "\\u009b2J");
+  /* bidi controls reorder the text after them: escaped like C1 (they
+   * passed as valid UTF-8, "enc.fc1" U+202E "1cf.daeh" showed reversed) */
+  probe_text_escape(b, sizeof b, "fc1\xe2\x80\xae" "1cf");
+  ck_assert_str_eq(b, "fc1\\u202e1cf");
+  probe_text_escape(b, sizeof b, "\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad");
+  ck_assert_str_eq(b, "\\u202a\\u202b\\u202c\\u202d");
+  probe_text_escape(b, sizeof b, "a\xe2\x81\xa6" "b\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9");
+  ck_assert_str_eq(b, "a\\u2066b\\u2067\\u2068\\u2069");
+  probe_text_escape(b, sizeof b, "\xe2\x80\x8e\xe2\x80\x8f\xd8\x9c");
+  ck_assert_str_eq(b, "\\u200e\\u200f\\u061c");
+  ck_assert(probe_text_needs_escape("x\xe2\x80\x8f"));
+  /* their neighbours are characters: kept (U+2010 hyphen, U+2030 per
+   * mille, U+2065, U+206A, U+061B Arabic semicolon, U+200D ZWJ) */
+  const char *kept = "\xe2\x80\x90\xe2\x80\xb0\xe2\x81\xa5\xe2\x81\xaa\xd8\x9b\xe2\x80\x8d";
+  ck_assert_uint_eq(probe_text_escape(b, sizeof b, kept), strlen(kept));
+  ck_assert_str_eq(b, kept);
   /* truncation keeps the terminator and reports the full length */
   char s[5];
   ck_assert_uint_eq(probe_text_escape(s, sizeof s, "\n\n\n"), 6);
