@@ -639,6 +639,41 @@ static json_t *trace_config(probe_trace *t) {
   return c;
 }
 
+/* 1 when a and b are the same JSON value, numbers compared as numbers:
+ * 1e-05 and 1.0000000000000001e-5 (one double, two writers), 1 and 1.0,
+ * two integers exactly, an integer and a real when the real is that
+ * integer. The rule of diff's config comparison (libprobe/analysis/diff.c,
+ * same_number), so that report and diff agree on two configs. */
+static int same_json(json_t *a, json_t *b) {
+  if (json_is_integer(a) && json_is_integer(b))
+    return json_integer_value(a) == json_integer_value(b);
+  if (json_is_number(a) && json_is_number(b)) {
+    if (json_is_real(a) && json_is_real(b))
+      return json_real_value(a) == json_real_value(b);
+    json_int_t i = json_integer_value(json_is_integer(a) ? a : b);
+    double r = json_real_value(json_is_real(a) ? a : b);
+    return r == (double)i && r >= -9223372036854775808.0 &&
+           r < 9223372036854775808.0 && (json_int_t)r == i;
+  }
+  if (json_is_object(a) && json_is_object(b)) {
+    if (json_object_size(a) != json_object_size(b)) return 0;
+    const char *k;
+    json_t *va;
+    json_object_foreach(a, k, va) {
+      json_t *vb = json_object_get(b, k);
+      if (!vb || !same_json(va, vb)) return 0;
+    }
+    return 1;
+  }
+  if (json_is_array(a) && json_is_array(b)) {
+    if (json_array_size(a) != json_array_size(b)) return 0;
+    for (size_t i = 0; i < json_array_size(a); i++)
+      if (!same_json(json_array_get(a, i), json_array_get(b, i))) return 0;
+    return 1;
+  }
+  return json_equal(a, b); /* strings, true, false, null; or two types */
+}
+
 /* Keys of the config a precision baseline may change. */
 static int precision_key(const char *k) {
   return !strcmp(k, "precision") || !strcmp(k, "fp32") ||
@@ -694,7 +729,7 @@ static probe_status check_configs(probe_report *rep, probe_trace *t,
       json_object_foreach(ca, k, va) {
         if (precision_key(k) || !strcmp(k, "description")) continue;
         json_t *vb = json_object_get(cb, k);
-        if (!vb || !json_equal(va, vb)) {
+        if (!vb || !same_json(va, vb)) {
           probe_buf_printf(&diffk, "%s", diffk.len ? ", " : "");
           buf_add_name(&diffk, k);
         }

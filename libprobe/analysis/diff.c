@@ -9,6 +9,7 @@
 #include "analysis-impl.h"
 #include "../format.h" /* probe__trace_open_msg, probe__trace_check_unread */
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -591,8 +592,54 @@ static probe_status add_config_row(probe_diff *d, const char *key,
   return PROBE_OK;
 }
 
+/* A JSON number written as an integer (no fraction, no exponent) that
+ * fits an int64: *v holds it. */
+static int json_int_value(const char *raw, long long *v) {
+  if (strpbrk(raw, ".eE")) return 0;
+  errno = 0;
+  char *end;
+  *v = strtoll(raw, &end, 10);
+  return errno == 0 && end != raw && *end == '\0';
+}
+
+/* 1 when two JSON numbers are the same number: 1e-05 and
+ * 1.0000000000000001e-5 (one double, written by two writers: jansson and
+ * Python's json), 1 and 1.0; two integers exactly (9007199254740993 and
+ * 9007199254740992 are one double, but two seeds); an integer and a real
+ * when the real is that integer. The rule of report's config check
+ * (tools/report.c, same_json). */
+static int same_number(const probe__jleaf *x, const probe__jleaf *y) {
+  long long ix, iy;
+  int xi = json_int_value(x->raw, &ix), yi = json_int_value(y->raw, &iy);
+  if (xi && yi) return ix == iy;
+  if (!strpbrk(x->raw, ".eE") && !strpbrk(y->raw, ".eE"))
+    return !strcmp(x->raw, y->raw); /* integers beyond int64: as written */
+  if (xi != yi) {
+    long long i = xi ? ix : iy;
+    double r = xi ? y->num : x->num;
+    /* r converts back only inside the int64 range (2^63 is not in it) */
+    return r == (double)i && r >= -9223372036854775808.0 &&
+           r < 9223372036854775808.0 && (long long)r == i;
+  }
+  if (x->num == y->num && isfinite(x->num)) return 1;
+  return !strcmp(x->raw, y->raw); /* 1e999 and 1e999: the same text */
+}
+
+/* 1 when two leaves hold the same value: numbers as numbers (same_number),
+ * strings as decoded ("caf\u00e9" is "café"), the rest (true, false,
+ * null, [] and {}) as written. */
+static int same_leaf(const probe__jleaf *x, const probe__jleaf *y) {
+  if (x->type != y->type) return 0;
+  if (x->type == PROBE__JV_NUM) return same_number(x, y);
+  if (x->type == PROBE__JV_STR && x->str && y->str)
+    return !strcmp(x->str, y->str);
+  if (x->type == PROBE__JV_EMPTY) return x->raw[0] == y->raw[0]; /* [ ] is [] */
+  return !strcmp(x->raw, y->raw);
+}
+
 /* Where the configs differ, leaf by leaf ("scaler.init", "fp32[0]"): a
- * value is compared as written (its JSON text). */
+ * value is compared as a value (same_leaf), not as written, so the same
+ * config stored by two writers (the C trainer, Python's json) is one. */
 static probe_status compare_configs(probe_diff *d, const char *ja,
                                     const char *jb) {
   probe__jflat fa, fb;
@@ -609,7 +656,7 @@ static probe_status compare_configs(probe_diff *d, const char *ja,
   d->config_compared = 1;
   for (size_t i = 0; i < fa.n && st == PROBE_OK; i++) {
     const probe__jleaf *y = probe__jflat_get(&fb, fa.leaf[i].path);
-    if (y && !strcmp(y->raw, fa.leaf[i].raw))
+    if (y && same_leaf(&fa.leaf[i], y))
       continue;
     st = add_config_row(d, fa.leaf[i].path, fa.leaf[i].raw, y ? y->raw : NULL);
   }

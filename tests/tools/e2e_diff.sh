@@ -145,6 +145,54 @@ done
 [ "$(jget "$WORK/cfgc.json" "d['alignment']['config_compared']")" = True ] &&
   pass "readable configs: config_compared true" || fail "readable configs: config_compared not true"
 
+# the same config written by another writer (Python's json.dumps: 1e-05
+# where the C trainer wrote 1.0000000000000001e-5) is the same config: diff
+# compared values as JSON text ("6 differences beyond the precision
+# policy", "the traces may not be comparable") while report --baseline
+# called them equal. Both now compare numbers as numbers, and both still
+# see a value that really changed.
+reserialise() { # SRC DST PYTHON(c) [FROM TO]: DST is SRC, its config
+  # edited by PYTHON and re-serialised by json.dumps, then FROM replaced
+  # by TO in that text
+  cp "$1" "$2"
+  "$PY" -c "
+import h5py, json, sys
+with h5py.File(sys.argv[1], 'r+') as f:
+    c = json.loads(f.attrs['config_json'])
+    $3
+    f.attrs['config_json'] = json.dumps(c).replace(sys.argv[2], sys.argv[3])" "$2" "${4:-@@}" "${5:-@@}"
+}
+R16=$WORK/revin-overflow-16.h5 R32=$WORK/revin-overflow-32.h5
+reserialise "$R16" "$WORK/py16.h5" "pass"
+reserialise "$R32" "$WORK/py32.h5" "pass" '1e-05' '0.00001000'
+grep -q 1e-05 <("$PY" -c "import h5py; print(h5py.File('$WORK/py16.h5')['/'].attrs['config_json'])") ||
+  fail "the re-serialised config does not write 1e-05"
+for pair in "py16 revin-overflow-32" "revin-overflow-16 py32" "py16 py32"; do
+  set -- $pair
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" >"$WORK/rs.txt" 2>&1
+  "$BIN" diff "$WORK/$1.h5" "$WORK/$2.h5" --json >"$WORK/rs.json" 2>&1
+  "$BIN" report "$WORK/$1.h5" --baseline "$WORK/$2.h5" -o "$WORK/rs.html" -q 2>"$WORK/rs.err"
+  rows=$(jget "$WORK/rs.json" "','.join(r['key'] for r in d['alignment']['config_differences'])")
+  if grep -q "^  config          1 difference (precision policy only)" "$WORK/rs.txt" &&
+     ! grep -q "may not be comparable" "$WORK/rs.txt" && [ "$rows" = precision ] &&
+     ! grep -q "warning" "$WORK/rs.err"; then
+    pass "$1 vs $2 (one config, two writers): diff and report agree, precision only"
+  else
+    fail "$1 vs $2: diff rows {$rows}, $(grep -E '^  (config|note)' "$WORK/rs.txt" | head -3) report: $(cat "$WORK/rs.err")"
+  fi
+done
+for change in "c['seed'] = c['seed'] + 1" "c['model'][0]['eps'] = 2e-05" "c['optimizer']['lr'] = c['optimizer']['lr'] * (1 + 2**-40)"; do
+  reserialise "$R32" "$WORK/chg32.h5" "$change"
+  "$BIN" diff "$WORK/py16.h5" "$WORK/chg32.h5" >"$WORK/rs.txt" 2>&1
+  "$BIN" report "$WORK/py16.h5" --baseline "$WORK/chg32.h5" -o "$WORK/rs.html" -q 2>"$WORK/rs.err"
+  if grep -q "^  config          2 differences (beyond the precision policy)" "$WORK/rs.txt" &&
+     grep -q "differ in more than precision" "$WORK/rs.err"; then
+    pass "a real change ($change): diff and report both see it"
+  else
+    fail "a real change ($change): $(grep -E '^  config' "$WORK/rs.txt") report: $(cat "$WORK/rs.err")"
+  fi
+done
+
 # docs/cli.md's diff sessions are the real output (they showed an older
 # wording: "non-finite on one side", "100.00% apart" for an inf loss):
 # each example's block, numbers masked (BLAS may move a last digit), equals

@@ -51,6 +51,7 @@ typedef struct spec {
   int rename;    /* register "lin1" as "dense1" */
   int seed;      /* config seed */
   int hostile;   /* register "revin" with control characters in its name */
+  const char *cfg_extra; /* members added to the config ("\"eps\":1e-05") */
 } spec;
 
 /* The value scale of one record, and whether it holds an inf. */
@@ -125,11 +126,12 @@ static void write_trace(const char *path, const spec *s) {
   opt.mode = PROBE_MODE_FULL;
   opt.snapshot_on_nonfinite = 0;
   opt.overwrite = 1; /* fixtures are rewritten at one path */
-  char cfg[256];
+  char cfg[1024];
   snprintf(cfg, sizeof cfg,
-           "{\"name\":\"synthetic\",\"seed\":%d,\"precision\":\"%s\","
+           "{\"name\":\"synthetic\",\"seed\":%d,\"precision\":\"%s\",%s%s"
            "\"model\":[{\"kind\":\"revin\"},{\"kind\":\"linear\",\"out\":8}]}",
-           s->seed, s->side == 0 ? "fp16" : "fp32");
+           s->seed, s->side == 0 ? "fp16" : "fp32",
+           s->cfg_extra ? s->cfg_extra : "", s->cfg_extra ? "," : "");
   opt.config_json = cfg;
   opt.precision_policy = s->side == 0 ? "fp16" : "fp32";
   probe_session *ps = NULL;
@@ -436,6 +438,61 @@ START_TEST(test_not_aligned) {
 }
 END_TEST
 
+/* Config values are compared as values: the same config written by two
+ * writers (the C trainer's jansson, Python's json.dumps) is one config. It
+ * was compared as text: 1e-05 against 1.0000000000000001e-5 was a
+ * difference "beyond the precision policy", and report disagreed. */
+static size_t config_diffs(const char *a, const char *b, int *other) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 2, .cfg_extra = a},
+           (spec){.v = V_SAME, .steps = 2, .cfg_extra = b}, 0);
+  size_t n = d.n_config_diff; /* "precision" is always one of them */
+  *other = d.config_other;
+  probe_diff_free(&d);
+  return n;
+}
+
+START_TEST(test_config_values) {
+  int other;
+  /* the same values, written differently */
+  static const char *const same[][2] = {
+      {"\"eps\":1e-05", "\"eps\":1.0000000000000001e-5"},
+      {"\"eps\":1e-5", "\"eps\":0.00001"},
+      {"\"lr\":0.1", "\"lr\":0.10000000000000001"},
+      {"\"lr\":1", "\"lr\":1.0"},
+      {"\"lr\":100", "\"lr\":1e2"},
+      {"\"x\":-0.0", "\"x\":0"},
+      {"\"seed2\":9007199254740993", "\"seed2\":9007199254740993"},
+      {"\"d\":\"caf\\u00e9\"", "\"d\":\"caf\xc3\xa9\""},
+      {"\"m\":[{\"eps\":1e-05,\"k\":[1,2.0]}]", "\"m\":[{\"eps\":1.0000000000000001e-05,\"k\":[1.0,2]}]"},
+      {"\"e\":[]", "\"e\":[ ]"},
+  };
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    ck_assert_msg(config_diffs(same[i][0], same[i][1], &other) == 1 && !other,
+                  "%s vs %s: counted as a difference", same[i][0], same[i][1]);
+  }
+  /* different values stay different */
+  static const char *const differ[][2] = {
+      {"\"eps\":1e-05", "\"eps\":1.00001e-05"},
+      {"\"lr\":0.1", "\"lr\":0.10000001"},
+      {"\"seed2\":9007199254740993", "\"seed2\":9007199254740992"}, /* one double */
+      {"\"seed2\":9007199254740993", "\"seed2\":9007199254740992.0"},
+      {"\"seed2\":99999999999999999999", "\"seed2\":99999999999999999998"},
+      {"\"x\":1", "\"x\":\"1\""},
+      {"\"x\":1", "\"x\":true"},
+      {"\"x\":0", "\"x\":null"},
+      {"\"x\":0", "\"x\":false"},
+      {"\"d\":\"a\"", "\"d\":\"b\""},
+      {"\"e\":[]", "\"e\":{}"},
+  };
+  for (size_t i = 0; i < sizeof differ / sizeof *differ; i++) {
+    ck_assert_msg(config_diffs(differ[i][0], differ[i][1], &other) == 2 && other,
+                  "%s vs %s: not counted as a difference", differ[i][0],
+                  differ[i][1]);
+  }
+}
+END_TEST
+
 START_TEST(test_different_lengths) {
   probe_diff d;
   run_diff(&d, (spec){.v = V_SAME, .steps = 6},
@@ -614,6 +671,7 @@ static Suite *make_diff_suite(void) {
   tcase_add_test(tc, test_loss_part);
   tcase_add_test(tc, test_scaler_backoff_not_divergence);
   tcase_add_test(tc, test_not_aligned);
+  tcase_add_test(tc, test_config_values);
   tcase_add_test(tc, test_different_lengths);
   tcase_add_test(tc, test_chunked_same_answer);
   tcase_add_test(tc, test_nan_without_skip_compared);
