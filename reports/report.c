@@ -1058,8 +1058,7 @@ probe_status probe_report_write(probe_report *r, FILE *f) {
   probe_buf o;
   probe_buf_init(&o);
 
-  probe_buf_puts(&o, "<!DOCTYPE html>\n<html lang=\"en\"><head>"
-                     "<meta charset=\"utf-8\">\n<title>");
+  probe_buf_puts(&o, PROBE_REPORT_HEAD "<title>");
   put_escaped(&o, r->title);
   probe_buf_printf(&o, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>",
                    CSS);

@@ -13,7 +13,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <getopt.h>
+#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -363,6 +365,130 @@ int cli_check_output(const char *sub, const char *out,
     return CLI_EXIT_USAGE;
   }
   return 0;
+}
+
+int cli_check_trace_files(const char *sub, char *const *args, int n) {
+  struct stat st;
+  for (int i = 0; n > 1 && i < n; i++) {
+    if (strpbrk(args[i], "*?[") || stat(args[i], &st) == 0) continue;
+    char q[PATH_MAX + 16];
+    cli_escape_name(q, sizeof q, args[i]);
+    cli_error(sub, "%s: %s", q,
+              errno == ENOENT ? "no such file" : strerror(errno));
+    return CLI_EXIT_INPUT;
+  }
+  return 0;
+}
+
+int cli_check_out_arg(const char *sub, const char *opt, const char *path) {
+  if (!path) return 0;
+  char q[PATH_MAX + 16];
+  if (!*path) {
+    cli_error(sub, "%s '': an empty path names no file (see 'ampprobe %s "
+                   "--help')", opt, sub);
+    return CLI_EXIT_USAGE;
+  }
+  if (path[strlen(path) - 1] == '/') {
+    cli_escape_name(q, sizeof q, path);
+    cli_error(sub, "%s %s: a path ending in '/' names a directory, not the "
+                   "file to write", opt, q);
+    return CLI_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* 1 when out would be read again as a member of the set arg names. */
+static int joins_set(const char *out, const char *arg) {
+  struct stat sb;
+  const char *base = base_part(out);
+  char *dir = cli_dir_part(out);
+  int joins = 0;
+  if (!dir) return 0;
+  if (stat(arg, &sb) == 0) {
+    /* a directory: its regular files ending in .h5 (rankset.c, add_dir) */
+    size_t n = strlen(base);
+    joins = S_ISDIR(sb.st_mode) && n > 3 && !strcmp(base + n - 3, ".h5") &&
+            cli_same_file(dir, arg);
+  } else if (strpbrk(arg, "*?[")) {
+    /* a glob: the folders its directory part matches (glob(3)), and in
+     * them the names its last part matches, as glob(3) matches them */
+    const char *slash = strrchr(arg, '/');
+    char *pdir = slash ? strndup(arg, slash == arg ? 1 : (size_t)(slash - arg))
+                       : strdup(".");
+    const char *pbase = slash ? slash + 1 : arg;
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    if (pdir && fnmatch(pbase, base, FNM_PERIOD) == 0 &&
+        glob(pdir, GLOB_NOCHECK, NULL, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc && !joins; i++)
+        joins = cli_same_file(dir, g.gl_pathv[i]);
+    globfree(&g);
+    free(pdir);
+  }
+  free(dir);
+  return joins;
+}
+
+int cli_check_out_joins_set(const char *sub, const char *out,
+                            char *const *args, size_t n) {
+  if (!out || !*out) return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!args[i] || !joins_set(out, args[i])) continue;
+    char qo[PATH_MAX + 16], qa[PATH_MAX + 16];
+    cli_escape_name(qo, sizeof qo, out);
+    cli_escape_name(qa, sizeof qa, args[i]);
+    cli_error(sub, "refusing to write %s: it would join the trace set %s "
+                   "(the next command on that set would read it as a rank "
+                   "file); choose another name or folder", qo, qa);
+    return CLI_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* 1 when the file open at fd holds the HDF5 signature where a superblock
+ * may start: offset 0, 512, 1024, 2048, ... (a user block before it). */
+static int holds_hdf5(int fd, off_t size) {
+  static const char sig[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  for (off_t at = 0; at + 8 <= size; at = at ? at * 2 : 512) {
+    char b[8];
+    if (pread(fd, b, 8, at) == 8 && !memcmp(b, sig, 8)) return 1;
+  }
+  return 0;
+}
+
+int cli_check_replace(const char *sub, const char *path, int force,
+                      cli_own_output_fn ours, const char *what) {
+  struct stat st;
+  if (!path || !*path || force) return 0;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return 0;
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)) {
+    close(fd); /* a device or FIFO is written in place; an empty file holds nothing */
+    return 0;
+  }
+  char q[PATH_MAX + 16], head[CLI_OWN_HEAD];
+  cli_escape_name(q, sizeof q, path);
+  if (fd < 0) {
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return 0; /* the writer says */
+    cli_error(sub, "refusing to replace %s: cannot read it to tell what it "
+                   "holds (%s); choose another output, or add --force to "
+                   "replace it", q, strerror(errno));
+    return CLI_EXIT_USAGE;
+  }
+  size_t n = 0;
+  while (n < sizeof head) {
+    ssize_t r = read(fd, head + n, sizeof head - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  int hdf5 = holds_hdf5(fd, st.st_size);
+  close(fd);
+  if (!hdf5 && ours && ours(head, n)) return 0;
+  cli_error(sub, "refusing to replace %s: it is %s%s; choose another "
+                 "output, or add --force to replace it", q,
+            hdf5 ? "an HDF5 file (a trace?), not " : "not ", what);
+  return CLI_EXIT_USAGE;
 }
 
 /* The temporary file being written, removed if SIGINT, SIGTERM or SIGHUP

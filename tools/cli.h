@@ -120,6 +120,9 @@ json_t *cli_json_text(const char *s);
  *    written in place; an existing symlink is followed, so the file it names
  *    is replaced and the link kept; a symlink to nothing (or a loop) is
  *    refused, exit 4: neither the link nor a file where it points is made;
+ *  - an output that exists and is not what the command writes (report -o
+ *    and diff -o: a trace, a text file) is refused unless --force
+ *    (cli_check_replace); their own earlier output is replaced silently;
  *  - an output that must be new (cli_out_open_new: bisect -o without
  *    --force) is linked into place instead, so a file that appeared while
  *    the command ran is not replaced;
@@ -158,6 +161,44 @@ int cli_same_file(const char *a, const char *b);
  * the n inputs (NULL entries are skipped); 0 otherwise. */
 int cli_check_output(const char *sub, const char *out,
                      const char *const *inputs, size_t n);
+
+/* Several TRACE arguments (a set named file by file): one that names
+ * nothing (no file, and no glob characters) is "PATH: no such file"
+ * (CLI_EXIT_INPUT, one line) before the set is read; else the set's reader
+ * spoke of another member ("A.h5 has no rank attribute") and never of the
+ * typo. 0 when each names something, or for one argument (its reader says
+ * why in its own words). */
+int cli_check_trace_files(const char *sub, char *const *args, int n);
+
+/* The value of an output option (opt, "-o") as a name: an empty path
+ * names no file, and a path ending in '/' names a directory, never the
+ * file to write; either is refused (CLI_EXIT_USAGE, one line). 0 else (a
+ * NULL path too). */
+int cli_check_out_arg(const char *sub, const char *opt, const char *path);
+
+/* Refuses (CLI_EXIT_USAGE, one line) an output that would join one of the
+ * n trace sets args names: a file ending in .h5 directly in a directory
+ * argument, or one the glob argument matches ('run/ *.h5'). The next
+ * postmortem, diff or report of that set would read it as a member (an
+ * unreadable one). Arguments that name a file are no set. 0 otherwise. */
+int cli_check_out_joins_set(const char *sub, const char *out,
+                            char *const *args, size_t n);
+
+/* 1 when the first n bytes of a file (n <= CLI_OWN_HEAD) are what the
+ * command itself writes (its earlier output, which it may replace). */
+typedef int (*cli_own_output_fn)(const char *head, size_t n);
+#define CLI_OWN_HEAD 4096
+
+/* What report -o and diff -o may replace: nothing (no file), an empty
+ * file, something that is no regular file (/dev/null, a FIFO: written in
+ * place), or the command's own earlier output (ours(head)), which a
+ * re-run replaces silently. Anything else - an HDF5 file (the signature
+ * at offset 0, 512, 1024, 2048, ...: a trace), any other file that ours
+ * does not recognise (what: "a page that 'ampprobe report' wrote") - is
+ * refused, CLI_EXIT_USAGE with one line that names --force; with force
+ * it is replaced. Returns 0 when the output may be written. */
+int cli_check_replace(const char *sub, const char *path, int force,
+                      cli_own_output_fn ours, const char *what);
 
 /* An output being written. f is a stdio stream whose writes go through
  * write(2); the first failure's errno is kept, so the message names the real

@@ -30,7 +30,7 @@ static const char *SUB = "diff";
 static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe diff A.h5 B.h5 [--threshold X] [--window W] [--top N]\n"
-"                     [--json] [-o FILE] [-q]\n"
+"                     [--json] [-o FILE [--force]] [-q]\n"
 "       ampprobe diff DIR_A|'GLOB_A' DIR_B|'GLOB_B' [options]\n"
 "\n"
 "Compares trace A with trace B (same config and seed, different precision\n"
@@ -56,7 +56,12 @@ static void usage(FILE *f) {
 "  --top N          rows of the table to print (default 20, 0 = all); for\n"
 "                   one pair: rank sets print one row per rank\n"
 "  --json           print the result as JSON on stdout\n"
-"  -o, --output F   also write the JSON result to F\n"
+"  -o, --output F   also write the JSON result to F; an earlier result of\n"
+"                   'ampprobe diff' there is replaced, any other file (a\n"
+"                   trace, a text) is refused without --force. Not one of\n"
+"                   the traces, and not a *.h5 name inside a set's\n"
+"                   directory (it would join the set)\n"
+"  --force          replace F even when it is not a result of diff\n"
 "  -q, --quiet      accepted for symmetry; diff shows no progress\n"
 "  -h, --help       this help\n"
 "\n"
@@ -211,16 +216,56 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
           d->opt.window, d->opt.threshold);
 }
 
+/* 1 when a file starts as what diff -o writes: the JSON of one pair
+ * (probe_diff_json: "verdict", then "summary") or of two sets ("verdict",
+ * then "kind": "ranks"), as both are indented. */
+static int own_result(const char *head, size_t n) {
+  static const char *const verdicts[] = {"agree", "diverge", "not-aligned"};
+  static const char start[] = "{\n  \"verdict\": \"";
+  if (n < sizeof start - 1 || memcmp(head, start, sizeof start - 1)) return 0;
+  const char *p = head + sizeof start - 1, *end = head + n;
+  for (size_t i = 0; i < 3; i++) {
+    size_t k = strlen(verdicts[i]);
+    if ((size_t)(end - p) < k || memcmp(p, verdicts[i], k)) continue;
+    static const char pair[] = "\",\n  \"summary\": \"";
+    static const char set[] = "\",\n  \"kind\": \"ranks\",";
+    const char *q = p + k;
+    return ((size_t)(end - q) >= sizeof pair - 1 && !memcmp(q, pair, sizeof pair - 1)) ||
+           ((size_t)(end - q) >= sizeof set - 1 && !memcmp(q, set, sizeof set - 1));
+  }
+  return 0;
+}
+
+static const char *const OWN = "a result that 'ampprobe diff' wrote";
+
+/* The checks of -o, after the inputs': not one of the n inputs, not a
+ * member-to-be of a set argument (args, the two), not a file that is no
+ * result of ours unless --force. */
+static int check_out(const char *out, int force, const char *const *inputs,
+                     size_t n, char *const *args) {
+  int rc = cli_check_output(SUB, out, inputs, n);
+  if (!rc) rc = cli_check_out_joins_set(SUB, out, args, 2);
+  if (!rc) rc = cli_check_replace(SUB, out, force, own_result, OWN);
+  return rc;
+}
+
+/* Writes the JSON to -o; a file that appeared there while the traces were
+ * read is checked as one that was there from the start. */
+static int write_out(const char *out, int force, const char *doc) {
+  if (cli_check_replace(SUB, out, force, own_result, OWN)) return CLI_EXIT_USAGE;
+  return cli_write_text(SUB, out, doc) ? CLI_EXIT_INTERNAL : 0; /* temp + rename */
+}
+
 /* Two single traces: today's diff. */
 static int diff_two(const char *pa, const char *pb,
                     const probe_diff_options *optp, int json, const char *out,
-                    int64_t top) {
+                    int force, char *const *args, int64_t top) {
   probe_diff_options opt = *optp;
   /* the file rules (tools/cli.h): regular-file inputs, -o none of them */
   const char *inputs[2] = {pa, pb};
   int fr = cli_check_input(SUB, pa);
   if (!fr) fr = cli_check_input(SUB, pb);
-  if (!fr) fr = cli_check_output(SUB, out, inputs, 2);
+  if (!fr) fr = check_out(out, force, inputs, 2, args);
   if (fr) return fr;
   probe_trace *ta = NULL, *tb = NULL;
   int orc = cli_open_trace(SUB, &ta, pa);
@@ -248,10 +293,10 @@ static int diff_two(const char *pa, const char *pb,
     cli_error(SUB, "cannot render the result: out of memory");
     rc = CLI_EXIT_INTERNAL;
   }
-  if (out && j && cli_write_text(SUB, out, j) != 0) /* temp + rename */
-    rc = CLI_EXIT_INTERNAL;
+  int wrc = out && j ? write_out(out, force, j) : 0;
+  if (wrc) rc = wrc;
   cli_busy_done();
-  if (rc == CLI_EXIT_INTERNAL) {
+  if (rc == CLI_EXIT_INTERNAL || rc == CLI_EXIT_USAGE) {
     /* the error is reported: nothing on stdout (docs/cli.md) */
   } else if (json && j) {
     fputs(j, stdout);
@@ -388,8 +433,13 @@ static void unreadable_rows(const side *s, const char *label, json_t *arr,
   for (size_t i = 0; i < s->n; i++) {
     if (s->t[i]) continue;
     char p[1024], m[1024];
+    const char *err = s->err[i];
+    size_t pl = strlen(s->paths[i]);
+    /* the reader's message often starts with the path already: once */
+    if (pl && !strncmp(err, s->paths[i], pl) && err[pl] == ':')
+      err += pl + 1 + (err[pl + 1] == ' ');
     probe_text_escape(p, sizeof p, s->paths[i]);
-    probe_text_escape(m, sizeof m, s->err[i]);
+    probe_text_escape(m, sizeof m, err);
     fprintf(f, "UNREADABLE %s: %s: %s\n", label, p, m);
     json_t *e = json_object();
     json_object_set_new(e, "side", json_string(label));
@@ -401,7 +451,7 @@ static void unreadable_rows(const side *s, const char *label, json_t *arr,
 
 /* Compares two sets rank by rank. */
 static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
-                     const char *out) {
+                     const char *out, int force) {
   if (side_open(a) < 0 || side_open(b) < 0) {
     cli_error(SUB, "out of memory");
     return CLI_EXIT_INTERNAL;
@@ -446,9 +496,10 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
            : worst == PROBE_DIFF_AGREE ? CLI_EXIT_OK
                                        : CLI_EXIT_PROBLEM;
   char *doc = json_dumps(root, JSON_INDENT(2));
-  if (out && doc && cli_write_text(SUB, out, doc) != 0) rc = CLI_EXIT_INTERNAL;
+  int wrc = out && doc ? write_out(out, force, doc) : 0;
+  if (wrc) rc = wrc;
   cli_busy_done();
-  if (rc != CLI_EXIT_INTERNAL) {
+  if (rc != CLI_EXIT_INTERNAL && rc != CLI_EXIT_USAGE) {
     if (json && doc)
       printf("%s\n", doc);
     else if (!json)
@@ -488,12 +539,13 @@ int cmd_diff(int argc, char **argv) {
       {"json", no_argument, NULL, 'j'},
       {"output", required_argument, NULL, 'o'},
       {"quiet", no_argument, NULL, 'q'},
+      {"force", no_argument, NULL, 'f'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
   probe_diff_options opt;
   probe_diff_options_init(&opt);
-  int json = 0;
+  int json = 0, force = 0;
   int64_t top = 20;
   const char *out = NULL;
   cli_getopt_reset();
@@ -518,6 +570,7 @@ int cmd_diff(int argc, char **argv) {
     }
     case 'j': json = 1; break;
     case 'o': out = optarg; break;
+    case 'f': force = 1; break;
     case 'q': break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
@@ -530,6 +583,7 @@ int cmd_diff(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   int rc = cli_check_trace_args(SUB, argv + optind, 2);
+  if (!rc) rc = cli_check_out_arg(SUB, "-o", out);
   if (rc) return rc;
   side a, b;
   rc = expand(argv[optind], &a);
@@ -540,14 +594,16 @@ int cmd_diff(int argc, char **argv) {
     return rc;
   }
   if (a.n == 1 && b.n == 1) {
-    rc = diff_two(a.paths[0], b.paths[0], &opt, json, out, top);
+    rc = diff_two(a.paths[0], b.paths[0], &opt, json, out, force,
+                  argv + optind, top);
   } else {
     for (size_t i = 0; i < a.n && !rc; i++) rc = cli_check_input(SUB, a.paths[i]);
     for (size_t i = 0; i < b.n && !rc; i++) rc = cli_check_input(SUB, b.paths[i]);
     /* -o none of the files of either set (the file rules, tools/cli.h) */
     if (!rc) rc = cli_check_output(SUB, out, (const char *const *)a.paths, a.n);
-    if (!rc) rc = cli_check_output(SUB, out, (const char *const *)b.paths, b.n);
-    if (!rc) rc = diff_sets(&a, &b, &opt, json, out);
+    if (!rc) rc = check_out(out, force, (const char *const *)b.paths, b.n,
+                            argv + optind);
+    if (!rc) rc = diff_sets(&a, &b, &opt, json, out, force);
   }
   side_free(&a);
   side_free(&b);

@@ -203,6 +203,7 @@ int cmd_postmortem(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   int arc = cli_check_trace_args(SUB, argv + optind, argc - optind);
+  if (!arc) arc = cli_check_trace_files(SUB, argv + optind, argc - optind);
   if (arc) return arc;
   char **paths = NULL;
   size_t n = 0;

@@ -14,7 +14,7 @@
  * Exit: 0 report written and the run healthy, 1 written and a problem
  * diagnosed, 2 usage, 3 unreadable or corrupt input, 4 cannot write.
  */
-#define _GNU_SOURCE /* open_memstream, strverscmp */
+#define _GNU_SOURCE /* open_memstream, strverscmp, memmem */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -45,8 +45,9 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: ampprobe report TRACE [--baseline FP32_TRACE] "
           "[--bisect RESULT.json]\n"
-          "                       -o report.html [--width PX] "
-          "[--heat-cols N] [--title TEXT] [-q]\n"
+          "                       -o report.html [--force] [--width PX] "
+          "[--heat-cols N]\n"
+          "                       [--title TEXT] [-q]\n"
           "       ampprobe report DIR | 'GLOB' | TRACE... [--rank R] "
           "-o report.html [...]\n"
           "\n"
@@ -67,7 +68,17 @@ static void usage(FILE *f) {
           "See docs/report.md for how to read each plot.\n"
           "\n"
           "options:\n"
-          "  -o, --output FILE     the HTML file to write (required)\n"
+          "  -o, --output FILE     the HTML file to write (required); an "
+          "earlier page of\n"
+          "                        'ampprobe report' there is replaced, any "
+          "other file\n"
+          "                        (a trace, a text) is refused without "
+          "--force. Not\n"
+          "                        one of the inputs, and not a *.h5 name "
+          "inside a set's\n"
+          "                        directory (it would join the set)\n"
+          "  --force               replace FILE even when it is not a page "
+          "of ours\n"
           "  --baseline TRACE      FP32 baseline of the same config and seed\n"
           "  --bisect FILE         result JSON of 'ampprobe bisect --json'\n"
           "  --rank R              a set: the rank whose panels are drawn "
@@ -1392,10 +1403,38 @@ static probe_status set_table(probe_report *rep, const trace_set *s,
 typedef struct report_args {
   const char *out, *base_path, *bisect_path, *title;
   int quiet;
+  int force; /* --force: -o may replace a file that is not our page */
   int64_t rank; /* --rank, -1 when not given */
   probe_report_options ro;
   cli_read_line *line; /* the command's progress line (cli.h) */
 } report_args;
+
+/* 1 when a file starts as the pages probe_report_write writes: its head
+ * with the generator tag, or (a page written before the tag) the same
+ * doctype, charset and title followed by the report's own style sheet. */
+static int own_page(const char *head, size_t n) {
+  static const char tag[] = PROBE_REPORT_HEAD;
+  static const char old[] = "<!DOCTYPE html>\n<html lang=\"en\"><head>"
+                            "<meta charset=\"utf-8\">\n<title>";
+  static const char css[] = "</title>\n<style>body{font-family:sans-serif;"
+                            "margin:20px 28px;";
+  if (n >= sizeof tag - 1 && !memcmp(head, tag, sizeof tag - 1)) return 1;
+  if (n < sizeof old - 1 || memcmp(head, old, sizeof old - 1)) return 0;
+  return memmem(head, n, css, sizeof css - 1) != NULL;
+}
+
+/* The checks of -o before anything is read (after the inputs'): not one
+ * of the inputs, not a member-to-be of a set argument, not a file that is
+ * no page of ours unless --force. */
+static int check_out(const report_args *a, const char *const *inputs,
+                     size_t n, char *const *set_args, size_t n_set) {
+  int rc = cli_check_output(SUB, a->out, inputs, n);
+  if (!rc) rc = cli_check_out_joins_set(SUB, a->out, set_args, n_set);
+  if (!rc)
+    rc = cli_check_replace(SUB, a->out, a->force, own_page,
+                           "a page that 'ampprobe report' wrote");
+  return rc;
+}
 
 /* The bisect JSON, checked: a bad file is an input error found before any
  * trace is read. */
@@ -1564,8 +1603,13 @@ static int report_write(const report_args *a, const char *path,
     goto done;
   }
 
-  /* written to a temporary file renamed over `out` once complete */
+  /* written to a temporary file renamed over `out` once complete; a file
+   * that appeared there while the traces were read is checked as one that
+   * was there from the start */
   cli_out o;
+  rc = cli_check_replace(SUB, a->out, a->force, own_page,
+                         "a page that 'ampprobe report' wrote");
+  if (rc != CLI_EXIT_OK) goto done;
   rc = cli_out_open(SUB, &o, a->out);
   if (rc != CLI_EXIT_OK) goto done;
   st = probe_report_write(rep, o.f);
@@ -1619,7 +1663,7 @@ static int report_single(const report_args *a, const char *path, double t0) {
     int r = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
     if (r) return r;
   }
-  int rc = cli_check_output(SUB, a->out, inputs, 3);
+  int rc = check_out(a, inputs, 3, NULL, 0);
   if (rc) return rc;
   if (a->rank >= 0) {
     cli_error(SUB, "--rank chooses among the ranks of a trace set (a "
@@ -1667,7 +1711,8 @@ static int report_set(const report_args *a, char **args, int n_args,
     for (size_t i = n; rc == CLI_EXIT_OK && i < n + 2; i++)
       rc = inputs[i] ? cli_check_input(SUB, inputs[i]) : 0;
   }
-  if (rc == CLI_EXIT_OK) rc = cli_check_output(SUB, a->out, inputs, n + 2);
+  if (rc == CLI_EXIT_OK)
+    rc = check_out(a, inputs, n + 2, args, (size_t)n_args);
   if (rc == CLI_EXIT_OK) rc = load_bisect(a->bisect_path, &bisect);
   if (rc == CLI_EXIT_OK) rc = set_build(&set, paths, n, a->ro.heat_cols, &v.map, a->line);
   if (rc == CLI_EXIT_OK) {
@@ -1707,6 +1752,7 @@ int cmd_report(int argc, char **argv) {
       {"title", required_argument, NULL, 't'},
       {"rank", required_argument, NULL, 'r'},
       {"quiet", no_argument, NULL, 'q'},
+      {"force", no_argument, NULL, 'f'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -1720,6 +1766,7 @@ int cmd_report(int argc, char **argv) {
     int64_t v;
     switch (c) {
     case 'o': a.out = optarg; break;
+    case 'f': a.force = 1; break;
     case 'b': a.base_path = optarg; break;
     case 'B': a.bisect_path = optarg; break;
     case 't': a.title = optarg; break;
@@ -1752,7 +1799,9 @@ int cmd_report(int argc, char **argv) {
     cli_error(SUB, "missing -o report.html (see 'ampprobe report --help')");
     return CLI_EXIT_USAGE;
   }
+  if (cli_check_out_arg(SUB, "-o", a.out)) return CLI_EXIT_USAGE;
   int arc = cli_check_trace_args(SUB, argv + optind, argc - optind);
+  if (!arc) arc = cli_check_trace_files(SUB, argv + optind, argc - optind);
   if (arc) return arc;
   double t0 = cli_now();
   cli_read_line line;

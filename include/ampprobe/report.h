@@ -375,8 +375,14 @@ probe_status probe_report_table_row(probe_report *r, int table_id,
 probe_status probe_report_set_rankmap(probe_report *r, probe_rankmap *m,
                                       const char *title, const char *help);
 
-/* Writes the whole page. */
+/* Writes the whole page. It starts with exactly PROBE_REPORT_HEAD, whose
+ * generator tag tells a page of ours from any other file (`report -o`
+ * replaces its own earlier page, and refuses anything else without
+ * --force). */
 probe_status probe_report_write(probe_report *r, FILE *f);
+#define PROBE_REPORT_HEAD                                                      \
+  "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"        \
+  "<meta name=\"generator\" content=\"ampprobe report\">\n"
 
 /* How many records were added and how many fell outside the layers or the
  * step range (clamped or dropped). For tests and the tool's summary. */

@@ -105,7 +105,7 @@ trace_opens() {
 
 case_fsize_report() {
   fixtures
-  echo "an earlier report" >old.html
+  "$AMP" report fp32.h5 -o old.html -q # an earlier page, which report may replace
   local s; s=$(sum old.html)
   for lim in 0 4 16; do
     t "$lim" -- "$AMP" report fp16.h5 --baseline fp32.h5 -o new$lim.html
@@ -644,6 +644,126 @@ case_set_output_is_input() {
   t -- "$AMP" diff A B -q -o d.json
   expect "0|1" "diff A B -o d.json (a new file)"
   [ -s d.json ] && ok "d.json written" || bad "d.json not written"
+}
+
+# What report -o and diff -o replace (found 2026-12 by a defect hunt: they
+# replaced any file, a trace too, silently): their own earlier output and
+# an empty file, yes; an HDF5 file (signature at 0 or after a user block),
+# a text, another JSON, another program's page, the same through a
+# symlink: refused, exit 2, one line naming --force, the file unchanged and
+# nothing on stdout; with --force, replaced.
+case_output_not_ours() {
+  fixtures
+  cp fp32.h5 precious.h5
+  echo "my notes" >notes.txt
+  echo '{"verdict": "mine", "summary": "not a diff"}' >other.json
+  printf '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n<title>mine</title></head></html>\n' >mine.html
+  /usr/bin/python3 -c "
+import h5py
+with h5py.File('ub.h5', 'w', userblock_size=512) as f: f['x'] = [1, 2, 3]
+with open('ub.h5', 'rb') as f: assert f.read(8) != b'\x89HDF\r\n\x1a\n'" ||
+    { echo "cannot write an HDF5 file with a user block"; exit 1; }
+  ln -s precious.h5 link.html
+  "$AMP" diff fp16.h5 fp32.h5 -q -o own.json >/dev/null 2>&1
+  "$AMP" report fp16.h5 -q -o own.html 2>/dev/null
+  for target in precious.h5 ub.h5 notes.txt other.json mine.html link.html own.json; do
+    local s; s=$(sum "$target")
+    t -- "$AMP" report fp16.h5 -q -o "$target"
+    expect 2 "report -o $target (not a page of report)"
+    one_line "report -o $target" "add --force to replace it"
+    unchanged "$target" "$s" "report -o $target refused"
+  done
+  t -- "$AMP" report fp16.h5 -q -o precious.h5
+  one_line "report -o a trace" "refusing to replace precious.h5: it is an HDF5 file (a trace?), not a page that 'ampprobe report' wrote"
+  t -- "$AMP" report fp16.h5 -q -o notes.txt
+  one_line "report -o a text" "refusing to replace notes.txt: it is not a page that 'ampprobe report' wrote"
+  for target in precious.h5 ub.h5 notes.txt other.json mine.html link.html own.html; do
+    local s; s=$(sum "$target")
+    t -- "$AMP" diff fp16.h5 fp32.h5 -o "$target"
+    expect 2 "diff -o $target (not a result of diff)"
+    one_line "diff -o $target" "add --force to replace it"
+    unchanged "$target" "$s" "diff -o $target refused"
+    [ -s out.txt ] && bad "diff -o $target refused, yet printed a result" || ok "nothing on stdout"
+  done
+  # their own earlier output: replaced without --force, also the other
+  # kind of diff result (a set's over a pair's) and a page written before
+  # the generator tag
+  t -- "$AMP" report fp16.h5 -q -o own.html --title "second run"
+  expect 1 "report -o its own earlier page"; has own.html "<title>second run</title>"
+  grep -v '<meta name="generator"' own.html >legacy.html
+  t -- "$AMP" report fp16.h5 -q -o legacy.html --title "over a legacy page"
+  expect 1 "report -o a page written before the generator tag"; has legacy.html "<title>over a legacy page</title>"
+  mkdir -p A B && "$HOSTILE" A ranks && "$HOSTILE" B ranks || { echo "cannot write the sets"; exit 1; }
+  t -- "$AMP" diff A B -q -o own.json
+  expect "0|1" "diff of sets -o a pair's earlier result"; has own.json '"kind": "ranks"'
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o own.json
+  expect 1 "diff -o a set's earlier result"; has own.json '"summary"'
+  : >empty.html; : >empty.json
+  t -- "$AMP" report fp16.h5 -q -o empty.html; expect 1 "report -o an empty file"
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o empty.json; expect 1 "diff -o an empty file"
+  t -- "$AMP" report fp16.h5 -q -o /dev/null; expect 1 "report -o /dev/null"
+  # --force replaces anything
+  t -- "$AMP" report fp16.h5 -q -o notes.txt --force
+  expect 1 "report --force -o notes.txt"; has notes.txt '<meta name="generator" content="ampprobe report">'
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o precious.h5 --force
+  expect 1 "diff --force -o precious.h5"; has precious.h5 '"verdict": "diverge"'
+  t -- "$AMP" report fp16.h5 -q -o link.html --force
+  expect 1 "report --force -o a symlink to a trace"
+  [ -L link.html ] && grep -q 'ampprobe report' precious.h5 && ok "the link kept, its target replaced" || bad "link.html: $(ls -l link.html)"
+  # --force never makes an input an output
+  t -- "$AMP" report fp16.h5 -q -o fp16.h5 --force
+  expect 2 "report --force -o its own trace"; one_line "report -o its input" "it is also an input"
+  no_temps .
+}
+
+# -o as a name (8c, 8d) and -o joining a set it reads (8f): usage errors,
+# exit 2, whatever the flags; the set is not changed.
+case_output_names() {
+  fixtures
+  mkdir -p rs && "$HOSTILE" rs ranks || { echo "cannot write the set"; exit 1; }
+  mkdir -p adir
+  for cmd in "report fp16.h5 -q" "diff fp16.h5 fp32.h5"; do
+    t -- "$AMP" $cmd -o ''
+    expect 2 "$cmd -o ''"; one_line "$cmd -o ''" "-o '': an empty path names no file"
+    for o in x.html/ adir/ fp16.h5/; do
+      t -- "$AMP" $cmd -o "$o"
+      expect 2 "$cmd -o $o"; one_line "$cmd -o $o" "a path ending in '/' names a directory, not the file to write"
+    done
+  done
+  absent x.html "no file for -o x.html/"
+  local before; before=$(ls rs | tr '\n' ' ')
+  for args in "report rs -q -o rs/page.h5" "report rs -q -o ./rs/../rs/page.h5 --force" \
+              "report rs/*.h5 -q -o rs/page.h5" "diff rs rs -o rs/d.h5" "diff fp16.h5 rs -o rs/d.h5 --force"; do
+    set -f; t -- "$AMP" $args; set +f
+    expect 2 "$args"; one_line "$args" "it would join the trace set"
+  done
+  [ "$(ls rs | tr '\n' ' ')" = "$before" ] && ok "the set is unchanged: $before" || bad "the set changed: $(ls rs)"
+  # outside the set's pattern or folder: written
+  set -f; t -- "$AMP" report 'rs/t.rank*.h5' -q -o rs/page.h5; set +f
+  expect "0|1" "report 'rs/t.rank*.h5' -o rs/page.h5 (no member of that glob)"
+  rm -f rs/page.h5
+  t -- "$AMP" report rs -q -o rs/page.html
+  expect "0|1" "report rs -o rs/page.html (not *.h5)"
+  t -- "$AMP" report rs -q -o page.h5
+  expect "0|1" "report rs -o page.h5 (another folder)"
+}
+
+# Messages (8a, 8e): a typo'd file among several names the typo; a set's
+# unreadable file is named once.
+case_message_names() {
+  fixtures
+  for cmd in "postmortem fp16.h5 missing.h5" "postmortem missing.h5 fp16.h5" \
+             "report fp16.h5 missing.h5 -q -o r.html"; do
+    t -- "$AMP" $cmd
+    expect 3 "$cmd"; one_line "$cmd" "ampprobe: ${cmd%% *}: missing.h5: no such file"
+  done
+  absent r.html "no page"
+  mkdir -p A && "$HOSTILE" A ranks || { echo "cannot write the set"; exit 1; }
+  echo junk >A/extra.h5
+  t -- "$AMP" diff A A
+  expect 3 "diff of sets holding an unreadable file"
+  has out.txt "UNREADABLE A: A/extra.h5: not an HDF5 file"
+  hasnt out.txt "A/extra.h5: A/extra.h5"
 }
 
 # A rank file whose world_size claims 2^31 - 1 ranks: the set is refused

@@ -377,6 +377,94 @@ START_TEST(test_numbers) {
 }
 END_TEST
 
+/* A file of n bytes of 'x' with the HDF5 signature at offset at (-1:
+ * none). */
+static void put_sig(const char *path, size_t n, long at) {
+  char *b = malloc(n);
+  ck_assert_ptr_nonnull(b);
+  memset(b, 'x', n);
+  if (at >= 0) memcpy(b + at, "\x89HDF\r\n\x1a\n", 8);
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+  fclose(f);
+  free(b);
+}
+
+static int starts_ours(const char *head, size_t n) {
+  return n >= 4 && !memcmp(head, "OURS", 4);
+}
+
+/* What report -o / diff -o may replace (cli_check_replace): nothing
+ * there, an empty file, its own output; not an HDF5 file wherever its
+ * superblock may start, nor another file, unless force. */
+START_TEST(test_check_replace) {
+  ck_assert_int_eq(cli_check_replace("t", "none.html", 0, starts_ours, "ours"), 0);
+  put("empty.html", "");
+  ck_assert_int_eq(cli_check_replace("t", "empty.html", 0, starts_ours, "ours"), 0);
+  put("own.html", "OURS and more");
+  ck_assert_int_eq(cli_check_replace("t", "own.html", 0, starts_ours, "ours"), 0);
+  put("other.txt", "notes");
+  ck_assert_int_eq(cli_check_replace("t", "other.txt", 0, starts_ours, "ours"),
+                   CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_replace("t", "other.txt", 1, starts_ours, "ours"), 0);
+  /* the signature at 0, and after a user block of 512, 1024, 4096 bytes */
+  static const long at[] = {0, 512, 1024, 4096};
+  for (size_t i = 0; i < sizeof at / sizeof *at; i++) {
+    put_sig("t.h5", 8192, at[i]);
+    ck_assert_int_eq(cli_check_replace("t", "t.h5", 0, starts_ours, "ours"),
+                     CLI_EXIT_USAGE);
+  }
+  /* a file that starts as ours but holds a superblock is a trace */
+  put_sig("t.h5", 8192, 2048);
+  FILE *f = fopen("t.h5", "r+b");
+  fputs("OURS", f);
+  fclose(f);
+  ck_assert_int_eq(cli_check_replace("t", "t.h5", 0, starts_ours, "ours"),
+                   CLI_EXIT_USAGE);
+  /* the signature elsewhere (offset 100, 1500) is no superblock */
+  put_sig("t.h5", 8192, 100);
+  f = fopen("t.h5", "r+b");
+  fputs("OURS", f);
+  fclose(f);
+  ck_assert_int_eq(cli_check_replace("t", "t.h5", 0, starts_ours, "ours"), 0);
+  /* not a regular file: written in place, not read */
+  ck_assert_int_eq(cli_check_replace("t", "/dev/null", 0, starts_ours, "ours"), 0);
+  /* through a symlink: what it names */
+  put_sig("t.h5", 600, 512);
+  unlink("l.html");
+  ck_assert_int_eq(symlink("t.h5", "l.html"), 0);
+  ck_assert_int_eq(cli_check_replace("t", "l.html", 0, starts_ours, "ours"),
+                   CLI_EXIT_USAGE);
+}
+END_TEST
+
+/* -o as a name, and -o joining a set argument. */
+START_TEST(test_out_names) {
+  ck_assert_int_eq(cli_check_out_arg("t", "-o", NULL), 0);
+  ck_assert_int_eq(cli_check_out_arg("t", "-o", "r.html"), 0);
+  ck_assert_int_eq(cli_check_out_arg("t", "-o", ""), CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_arg("t", "-o", "r.html/"), CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_arg("t", "-o", "/"), CLI_EXIT_USAGE);
+  mkdir("set", 0755);
+  put("set/t.rank0.h5", "x");
+  char *set_dir[] = {"set"}, *glob_all[] = {"set/*.h5"}, *glob_rank[] = {"set/t.rank*.h5"},
+       *file[] = {"set/t.rank0.h5"};
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/new.h5", set_dir, 1), CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "./set/../set/new.h5", set_dir, 1),
+                   CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/new.html", set_dir, 1), 0);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/.h5", set_dir, 1), 0);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "new.h5", set_dir, 1), 0);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/new.h5", glob_all, 1),
+                   CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/new.h5", glob_rank, 1), 0);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/t.rank9.h5", glob_rank, 1),
+                   CLI_EXIT_USAGE);
+  ck_assert_int_eq(cli_check_out_joins_set("t", "set/new.h5", file, 1), 0);
+}
+END_TEST
+
 /* What cli_error(sub, "%s", text) prints on stderr (a static buffer). */
 static const char *error_line(const char *text) {
   fflush(stderr);
@@ -467,6 +555,8 @@ int main(void) {
   tcase_add_test(tc, test_numbers);
   tcase_add_test(tc, test_escape_name);
   tcase_add_test(tc, test_error_line_controls);
+  tcase_add_test(tc, test_check_replace);
+  tcase_add_test(tc, test_out_names);
   tcase_add_test(tc, test_paste_word_whole);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
