@@ -937,6 +937,18 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   e->origin_out = o->stats;
   e->have_origin_in = in_idx >= 0;
   if (in_idx >= 0) e->origin_in = r[in_idx].stats;
+  /* A loss made NaN from a finite prediction: its targets are not
+   * recorded (the trainer and the tracer record the prediction only), and
+   * a NaN among them does the same. */
+  if (lkind == PROBE_KIND_LOSS && o->site == PROBE_SITE_FWD_OUT &&
+      o->stats.nan_count > 0 && in_idx >= 0 &&
+      !stats_nonfinite(&r[in_idx].stats)) {
+    size_t at = strlen(e->event_evidence);
+    snprintf(e->event_evidence + at, sizeof e->event_evidence - at,
+             "%sa loss's targets are not recorded: a NaN among them (the "
+             "data) does this too - check step %lld's targets",
+             at ? "; or " : "", (long long)step);
+  }
 
   /* The feeder: the layer whose output came last before the origin's
    * first record of that phase. */

@@ -283,8 +283,9 @@ def _own_params(m):
     parametrized the originals its parametrizations hold (weight_norm's
     original0/original1), which its forward uses through them."""
     own = [p for p in m._parameters.values() if p is not None]
-    if _is_parametrized(m):
-        own += list(m.parametrizations.parameters())
+    if _is_parametrized(m) and all(n == "parametrizations"
+                                   for n, _ in m.named_children()):
+        own += list(m.parametrizations.parameters())  # a leaf (_leaf_units)
     return own
 
 
@@ -371,11 +372,13 @@ def _leaf_units(root, user_kinds):
         if id(m) in seen:
             return
         seen.add(id(m))
-        # a parametrized module is a leaf: its `parametrizations` child is
-        # how it computes its weight (it was hooked there, not itself:
-        # its output not recorded, nor rounded)
-        kids = [(n, c) for n, c in m.named_children()
-                if not (n == "parametrizations" and _is_parametrized(m))]
+        # a parametrized module whose only child is its `parametrizations`
+        # (how it computes its weight) is a leaf (it was hooked there, not
+        # itself: its output not recorded, nor rounded); one with other
+        # children is walked as before, its parametrizations included
+        kids = list(m.named_children())
+        if _is_parametrized(m) and all(n == "parametrizations" for n, _ in kids):
+            kids = []
         if not kids or unit(m):
             out.append((prefix, m))
             return
@@ -602,9 +605,13 @@ def _floats(x, depth=0):
         return [t for v in x.values() for t in _floats(v, depth + 1)]
     fields = _record_fields(x)  # a dataclass (ModelOutput), a Mapping:
     # their tensors were not seen, so a NaN its producer made was named at
-    # the next module, or in the backward
+    # the next module, or in the backward; a field that is an option (an
+    # attention_mask, an additive bias: _is_option) is none, as an argument
+    # of that name is not
     if fields is not None:
-        return [t for _, v in fields for t in _floats(v, depth + 1)]
+        return [t for k, v in fields
+                if not (isinstance(k, str) and _is_option(k, v))
+                for t in _floats(v, depth + 1)]
     return []
 
 
@@ -615,8 +622,11 @@ def _map_floats(x, fn, depth=0, keep=None):
     it appends to, a cache dict) and must be the job's own objects, keep
     says what becomes of them: "all" hands them on as they are, their
     tensors left alone; "unchanged" rebuilds one only when fn changed a
-    tensor in it (a cast up). Tuples, immutable, are rebuilt, and the
-    keyword arguments of an _ArgsKwargs are mapped one by one."""
+    tensor in it (a cast up); "records" rebuilds lists and dicts (a loss's:
+    its prediction in one gets its own grad_in) but hands dataclasses and
+    other Mappings on as the job's own (a criterion may write into the one
+    it gets). Tuples, immutable, are rebuilt, and the keyword arguments of
+    an _ArgsKwargs are mapped one by one."""
     if torch.is_tensor(x):
         return fn(x) if x.is_floating_point() else x
     if type(x) is _ArgsKwargs:
@@ -639,10 +649,12 @@ def _map_floats(x, fn, depth=0, keep=None):
         same = lambda: all(y[k] is v for k, v in x.items())  # noqa: E731
     else:
         fields = _record_fields(x)
-        if fields is None or keep == "all":  # the job's own object
+        if fields is None or keep in ("all", "records"):  # the job's own
             return x
         changed = {}
         for k, v in fields:
+            if isinstance(k, str) and _is_option(k, v):
+                continue
             w = _map_floats(v, fn, depth + 1, keep)
             if w is not v:
                 changed[k] = w
@@ -820,8 +832,7 @@ class Tracer:
       on_nonfinite  "record" (default), "warn" or "raise" (NonFiniteError)
                     at the end of the step whose records first show it.
       loss_fn       a loss module to trace too (kind loss).
-      record_input  record the model's input, and the loss_fn's data
-                    (targets), as layer "input" (True).
+      record_input  record the model's input as layer "input" (True).
       config        a dict stored as the trace's config_json ("name" etc.).
       env           obey the AMPPROBE_* environment variables (True).
     Distributed jobs (docs/python.md, "Distributed jobs"):
@@ -1310,7 +1321,7 @@ class Tracer:
             # a loss's containers are rebuilt: its prediction, in a dict
             # or list (a DETR-style criterion), gets its own grad_in
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred),
-                               keep=None if loss else "all")
+                               keep="records" if loss else "all")
         return hook  # registered by _pre_hook
 
     def _inplace_pre(self, L, mode, inputs):
@@ -1354,20 +1365,13 @@ class Tracer:
         which autograd accumulates this rank's gradient (the sharded one
         receives the reduce-scattered result with no hook called)."""
         fin = _floats(inputs)
-        if L.kind == "loss":
-            pred = _prediction(fin)
-            for t in pred:
-                self._record(L, "fwd_in", t)
-            if self._input_layer is not None:
-                # the loss's data (targets): the job's input as the model's
-                # is, so that a NaN target is "NaN in the input data", not
-                # a NaN the loss made from a finite prediction
-                for t in fin:
-                    if not t.requires_grad and not (pred and t is pred[0]):
-                        self._record(self._input_layer, "fwd_out", t)
-        else:
-            for t in fin:
-                self._record(L, "fwd_in", t)
+        # a loss: its prediction only. Its targets are not recorded: a NaN
+        # label the loss masks out (missing labels) is no fault, and one it
+        # does not makes its output non-finite, which the post-mortem
+        # explains with the targets named (recorded as the job's input
+        # they made such healthy jobs fail)
+        for t in _prediction(fin) if L.kind == "loss" else fin:
+            self._record(L, "fwd_in", t)
         if not self._recording:
             return
         now = _params_now(L)
@@ -1768,6 +1772,9 @@ class Tracer:
         if L is None and not self._in_window(step):
             detail = (" (the step was not traced: outside step_start/"
                       "step_end/every, so where it began is not known)")
+        if kind == "loss" and site == "fwd_out" and c is not None and c[0]:
+            detail += ("; the loss's targets are not recorded: a NaN among "
+                       "them (the data) gives this too")
         if site == _dist.POST:
             detail += ("; it came back from the gradient all-reduce, finite "
                        "as this rank sent it: another rank's gradient or "

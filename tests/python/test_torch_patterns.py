@@ -1837,49 +1837,56 @@ def test_a_losss_recorded_input_is_its_prediction(tmp_path, how):
     assert len(fi) == 1 and fi[0][2] == float(want.abs().max()), (fi, how)
 
 
-@pytest.mark.parametrize("case", ["mse-nan", "mse-inf", "soft-labels-nan",
-                                  "target-first-nan", "healthy"])
-def test_a_bad_target_is_bad_input_data(tmp_path, case):
-    """A loss's data (its inputs that need no gradient: targets, soft
-    labels) is recorded as the job's input, layer 'input' at fwd_out: a
-    NaN or inf target is "NaN or inf arrived in the input data" (it was
-    recorded nowhere, and the loss was blamed for making the NaN from a
-    finite prediction); a healthy job stays healthy."""
+@pytest.mark.parametrize("case", ["mse-nan", "soft-labels-nan",
+                                  "target-first-nan", "masked-nan-labels"])
+def test_a_bad_target(tmp_path, case):
+    """A loss's targets are not recorded (review of e43e6c4: recorded as
+    the job's input, NaN labels a loss masks out - missing labels - made a
+    healthy job fail). A NaN target the loss does not mask makes its
+    output NaN from a finite prediction: the post-mortem's evidence names
+    the targets (it said only that the loss made the NaN itself)."""
     torch.manual_seed(0)
     m = nn.Linear(4, 3)
+
+    def masked_mse(p, y):
+        ok = ~torch.isnan(y)
+        return ((p[ok] - y[ok]) ** 2).mean()
+
     crit = {"soft-labels-nan": nn.CrossEntropyLoss(),
-            "target-first-nan": _TargetFirstLoss()}.get(case, nn.MSELoss())
+            "target-first-nan": _TargetFirstLoss(),
+            "masked-nan-labels": _FnLoss(masked_mse)}.get(case, nn.MSELoss())
     path = str(tmp_path / "t.h5")
-    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32")
-    x = torch.randn(8, 4)
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32", on_nonfinite="warn")
     y = torch.softmax(torch.randn(8, 3), 1)
-    if case != "healthy":
-        y[2, 1] = float("inf") if case == "mse-inf" else float("nan")
-    p = m(x)
+    y[2, 1] = float("nan")
+    p = m(torch.randn(8, 4))
     loss = crit(y, p) if case == "target-first-nan" else crit(p, y)
     loss.backward()
-    tr.end_step(loss=float(loss))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tr.end_step(loss=float(loss))
     tr.close()
+    said = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
+    assert len(said) == (0 if case == "masked-nan-labels" else 1), said
+    assert not said or "targets are not recorded" in said[0], said
     pm = ampprobe.postmortem(path)
-    ins = stats_by_site(path)[(0, "input", "fwd_out")]
-    assert len(ins) == 2, ins  # the model's input, then the target
-    if case == "healthy":
-        assert pm["verdict"] == "healthy", pm["verdict"]
+    assert not any(k[1] == "input" and k[2] == "fwd_out" and len(v) > 1
+                   for k, v in stats_by_site(path).items())
+    if case == "masked-nan-labels":
+        assert pm["verdict"] == "healthy", pm["event"]
         return
     ev = pm["event"]
-    assert (ev["kind"], ev["origin_layer"], ev["origin_site"]) == (
-        "input-nan", "input", "fwd_out"), ev
+    assert (ev["origin_layer"], ev["origin_site"]) == ("loss", "fwd_out"), ev
+    assert "targets" in ev["evidence"], ev
 
 
-def test_a_target_without_the_input_layer(tmp_path):
-    """record_input=False: the target is recorded nowhere, as before."""
-    m, crit = nn.Linear(4, 1), nn.MSELoss()
-    path = str(tmp_path / "t.h5")
-    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32", record_input=False)
-    crit(m(torch.randn(8, 4)), torch.randn(8, 1)).backward()
-    tr.end_step(loss=1.0)
-    tr.close()
-    assert not any(k[1] == "input" for k in stats_by_site(path))
+class _FnLoss(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, p, y):
+        return self.fn(p, y)
 
 
 def _smoothed(self, input, target):  # a job's own loss forward
@@ -2181,3 +2188,84 @@ def test_masked_logits_before_a_softmax(tmp_path, case, mode):
     assert len(got) >= 1 and "module 'sm' (softmax), site %s" % site in got[0], got
     ev = pm["event"]
     assert (ev["origin_layer"], ev["origin_site"]) == ("sm", site), ev
+
+
+def test_dataclass_inputs_masks_and_mutation(tmp_path):
+    """A dataclass handed to a module: a field that is an option (an
+    additive -inf attention bias, a mask) is not recorded, as an argument
+    of that name is not (review of f8be79b: the model's input then held
+    -inf, a healthy job was 'input-nan'); its other fields are; and a
+    criterion writes into the dataclass the job gave it, not into a copy."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        attn_bias: torch.Tensor
+        notes: list = dataclasses.field(default_factory=list)
+        aux: object = None
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 5)
+
+        def forward(self, b):
+            return torch.softmax(self.fc(b.x) + b.attn_bias, -1)
+
+    class Crit(nn.Module):
+        def forward(self, p, b):
+            b.notes.append("seen")
+            b.aux = "set"
+            return -torch.log(p[:, :3].clamp(min=1e-9)).mean()
+
+    torch.manual_seed(0)
+    m, crit = M(), Crit()
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, loss_fn=crit, precision="fp32", on_nonfinite="raise")
+    bias = torch.zeros(4, 5)
+    bias[:, 3:] = float("-inf")
+    b = Batch(torch.randn(4, 5), bias)
+    crit(m(b), b).backward()
+    tr.end_step(loss=1.0)
+    tr.close()
+    assert b.notes == ["seen"] and b.aux == "set"
+    st = stats_by_site(path)
+    assert len(st[(0, "input", "fwd_out")]) == 1  # x only
+    assert ampprobe.postmortem(path)["verdict"] == "healthy"
+
+
+class _LogParam(nn.Module):
+    def forward(self, w):
+        return torch.log(w)  # NaN where w < 0
+
+
+def test_a_parametrized_module_with_children(tmp_path):
+    """A parametrized module that also has children is no leaf: its
+    children and its parametrizations are traced as before, so a NaN its
+    parametrization makes is named there, in the forward (review of
+    4656d47: made a leaf only of its parametrizations, nothing of them was
+    traced and the NaN was named at the child, later at a master weight)."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(8))
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x * self.w)
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), Block())
+    nn.utils.parametrize.register_parametrization(m[1], "w", _LogParam())
+    path = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, path, precision="fp32", on_nonfinite="raise")
+    names = tr.layer_names()
+    assert "1.fc" in names and "1.parametrizations.w.0" in names, names
+    with torch.no_grad():
+        m[1].parametrizations.w.original[2] = -1.0
+    with pytest.raises(at.NonFiniteError) as e:
+        m(torch.randn(4, 8)).sum().backward()
+        tr.end_step(loss=1.0)
+    assert (e.value.module, e.value.site, e.value.phase) == (
+        "1.parametrizations.w.0", "fwd_out", "forward"), str(e.value)
