@@ -72,8 +72,9 @@ probe_status probe_site_parse(const char *name, probe_site *out) {
 int probe_record_nonfinite(probe_kind kind, probe_site site,
                            const probe_stats *s) {
   if (!s || probe_stats_nonfinite(s) == 0) return 0;
-  int masked_logits = kind == PROBE_KIND_SOFTMAX && site == PROBE_SITE_FWD_IN &&
-                      s->nan_count == 0 && s->posinf_count == 0;
+  int masked_logits = (kind == PROBE_KIND_SOFTMAX || kind == PROBE_KIND_LOSS) &&
+                      site == PROBE_SITE_FWD_IN && s->nan_count == 0 &&
+                      s->posinf_count == 0;
   return !masked_logits;
 }
 

@@ -125,10 +125,11 @@ probe_phase probe_site_phase(probe_site s);
 AMPPROBE_API
 const char *probe_phase_name(probe_phase p);
 /* 1 when a record of a layer of `kind` at `site` with statistics s holds
- * inf or NaN as events are taken: every such record but a softmax's input
- * holding -inf and nothing else non-finite (masked logits:
- * masked_fill(mask, -inf) before the softmax, which maps them to 0; a row
- * of them only is the softmax's NaN output, an event there). The writer's
+ * inf or NaN as events are taken: every such record but the input of a
+ * softmax or a loss holding -inf and nothing else non-finite (masked
+ * logits: masked_fill(mask, -inf) before the softmax or the cross-entropy,
+ * which map them to 0; a row of them only is the softmax's NaN output, a
+ * masked target class the loss's inf, events there). The writer's
  * first non-finite step and record (probe_session_first_nonfinite,
  * probe_session_step_nonfinite), the post-mortem and the rank summaries
  * use it; the statistics themselves are as computed. */

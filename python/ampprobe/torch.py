@@ -1920,10 +1920,11 @@ def _first_bad(refs, forward=False):
 
 
 def _masked_logits(L, site, c):
-    """A softmax's input holding -inf and nothing else non-finite, (NaN,
-    +inf, -inf) counts c: masked logits, no event (libprobe's
-    probe_record_nonfinite)."""
-    return L.kind == "softmax" and site == "fwd_in" and c[0] == 0 and c[1] == 0
+    """A softmax's or a loss's input holding -inf and nothing else
+    non-finite, (NaN, +inf, -inf) counts c: masked logits, no event
+    (libprobe's probe_record_nonfinite)."""
+    return (L.kind in ("softmax", "loss") and site == "fwd_in" and
+            c[0] == 0 and c[1] == 0)
 
 
 def _count_nonfinite(t):

@@ -542,8 +542,9 @@ static probe_session *open_full_two(const char *tag, char *path, size_t n,
   return s;
 }
 
-/* Masked logits - a softmax's input holding -inf and nothing else
- * non-finite (masked_fill(mask, -inf) before nn.Softmax) - are no event:
+/* Masked logits - a softmax's or a loss's input holding -inf and nothing
+ * else non-finite (masked_fill(mask, -inf) before nn.Softmax or the
+ * cross-entropy) - are no event:
  * not for the predicate, the writer (first non-finite step, the step's
  * records) nor the post-mortem, which called such a healthy job degraded;
  * +inf or NaN there, -inf anywhere else, and a fully masked row's NaN
@@ -566,7 +567,9 @@ START_TEST(test_masked_logits_are_no_event) {
       {PROBE_KIND_SOFTMAX, PROBE_SITE_GRAD_IN, 0, 1},
       {PROBE_KIND_LINEAR, PROBE_SITE_FWD_IN, 0, 1},
       {PROBE_KIND_ATTENTION, PROBE_SITE_FWD_IN, 0, 1},
-      {PROBE_KIND_LOSS, PROBE_SITE_FWD_IN, 0, 1},
+      {PROBE_KIND_LOSS, PROBE_SITE_FWD_IN, 0, 0},
+      {PROBE_KIND_LOSS, PROBE_SITE_FWD_IN, 2, 1},
+      {PROBE_KIND_LOSS, PROBE_SITE_FWD_OUT, 0, 1},
   };
   const float *data[4] = {neg, pos, nan, fin};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -2127,12 +2127,13 @@ def test_a_parametrized_module_is_one_layer(tmp_path, how):
 
 
 @pytest.mark.parametrize("case", ["action-mask", "causal-scores", "log-softmax-in",
-                                  "fully-masked-row", "plus-inf", "nan"])
+                                  "cross-entropy", "fully-masked-row", "plus-inf",
+                                  "nan"])
 @pytest.mark.parametrize("mode", ["raise", "warn"])
 def test_masked_logits_before_a_softmax(tmp_path, case, mode):
     """-inf written into a softmax's input (masked_fill(~valid, -inf)
-    before nn.Softmax: RL action masking, hand-written attention) is
-    masked logits, no event: the job runs on and is healthy (it raised,
+    before nn.Softmax: RL action masking, hand-written attention), or into
+    a cross-entropy's, is masked logits, no event: the job runs on and is healthy (it raised,
     and was called degraded). A row with every logit masked makes the
     softmax's NaN output, an event named there; +inf or NaN in the input
     is one at the input. A LogSoftmax maps masked logits to -inf at its
@@ -2146,6 +2147,8 @@ def test_masked_logits_before_a_softmax(tmp_path, case, mode):
 
         def forward(self, obs, valid):
             z = self.fc(obs)
+            if case == "cross-entropy":  # the masked logits go to the loss
+                return z.masked_fill(~valid, float("-inf"))
             if case == "causal-scores":
                 z = z[:, :4].unsqueeze(1).expand(4, 4, 4)
                 valid = torch.ones(4, 4, dtype=torch.bool).tril().expand(4, 4, 4)
@@ -2158,7 +2161,9 @@ def test_masked_logits_before_a_softmax(tmp_path, case, mode):
     torch.manual_seed(0)
     m = Policy()
     path = str(tmp_path / "t.h5")
-    tr = at.Tracer(m, path, precision="fp32", on_nonfinite=mode)
+    ce = nn.CrossEntropyLoss()
+    tr = at.Tracer(m, path, precision="fp32", on_nonfinite=mode,
+                   loss_fn=ce if case == "cross-entropy" else None)
     valid = torch.ones(4, 6, dtype=torch.bool)
     valid[:, 4:] = False
     if case == "fully-masked-row":
@@ -2170,8 +2175,11 @@ def test_masked_logits_before_a_softmax(tmp_path, case, mode):
             for _ in range(2):
                 p = m(torch.randn(4, 8), valid)
                 out = p[..., :4]
-                loss = (-out.sum() if case == "log-softmax-in" else
-                        -torch.log(out.clamp(min=1e-9)).mean())
+                if case == "cross-entropy":
+                    loss = ce(p, torch.tensor([0, 1, 2, 3]))
+                else:
+                    loss = (-out.sum() if case == "log-softmax-in" else
+                            -torch.log(out.clamp(min=1e-9)).mean())
                 loss.backward()
                 tr.end_step(loss=float(loss))
         except at.NonFiniteError as e:
@@ -2180,7 +2188,7 @@ def test_masked_logits_before_a_softmax(tmp_path, case, mode):
     said = [str(x.message) for x in w if issubclass(x.category, at.NonFiniteWarning)]
     got = [err] if err else said
     pm = ampprobe.postmortem(path)
-    if case in ("action-mask", "causal-scores"):
+    if case in ("action-mask", "causal-scores", "cross-entropy"):
         assert got == [], got
         assert pm["verdict"] == "healthy", (pm["verdict"], pm["event"])
         return
