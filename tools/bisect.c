@@ -110,7 +110,10 @@ static void usage(FILE *f) {
 "                           under 'mpirun -np N' writes one trace per rank\n"
 "                           (AMPPROBE_TRACE's rank files), judged as a set\n"
 "  --granularity G          kind (default): answer in the candidates as given;\n"
-"                           layer: then narrow them to single layer instances\n"
+"                           layer: then narrow them to single layer instances,\n"
+"                           each named exactly as =NAME in the trials and the\n"
+"                           reproduce line (--fp32 =bn is the layer named bn,\n"
+"                           never the kind)\n"
 "\n"
 "a trial fails when (criteria, checked on the trace each trial wrote):\n"
 "  --fail-nonfinite         any non-finite loss (default on; internal trials\n"
@@ -1239,13 +1242,20 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
 
 /* ---- ddmin's oracle --------------------------------------------------------- */
 
-static void set_to_list(const bisect *b, uint64_t set, char *buf, size_t len) {
+/* The comma list of the names in set, each skip bytes in (1: a layer
+ * name without its '=': the layer-level names are =NAME entries). */
+static void set_to_list_skip(const bisect *b, uint64_t set, char *buf,
+                             size_t len, size_t skip) {
   size_t off = 0;
   buf[0] = 0;
   for (int i = 0; i < b->n_names && off < len; i++)
     if (set >> i & 1)
       off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? "," : "",
-                              b->names[i]);
+                              b->names[i] + skip);
+}
+
+static void set_to_list(const bisect *b, uint64_t set, char *buf, size_t len) {
+  set_to_list_skip(b, set, buf, len, 0);
 }
 
 static probe_status oracle(void *ctx, const uint64_t *sets, size_t count,
@@ -1291,7 +1301,8 @@ typedef struct result {
   outcome oc;
   char summary[2048];
   char minimal[LIST_MAX];        /* candidates as given */
-  char minimal_layers[LIST_MAX]; /* --granularity layer */
+  char minimal_layers[LIST_MAX]; /* --granularity layer: the names */
+  char minimal_layer_set[LIST_MAX]; /* the same as =NAME entries (--fp32) */
   char *reproduce;               /* the whole command (malloc'd), or NULL */
   char implicated[512];          /* postmortem on the all-candidates run */
   char suggest[512];             /* new candidates it proposes */
@@ -1965,8 +1976,8 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
         "proposes %s)",
         o ? "; " : "", r->suggest, strchr(r->suggest, ',') ? "them" : "it");
   else if (r->implicated[0] && finding == PROBE_DIAG_FINDING_FORCE_FP32)
-    PUT("%sadd the layer %s (or its kind) to --fp32-candidates", o ? "; " : "",
-        r->implicated);
+    PUT("%sadd the layer as =%s (that name exactly), or its kind, to "
+        "--fp32-candidates", o ? "; " : "", r->implicated);
   if (!o && tall->longest_skip > 0 && b->max_skips >= 0 &&
       tall->longest_skip > b->max_skips)
     PUT("the loss scaler kept skipping steps with every candidate in FP32: "
@@ -2706,13 +2717,25 @@ static int run_premises(bisect *b, result *r) {
 
 /* ---- stage 4: the search --------------------------------------------------------- */
 
+/* A layer name an --fp32 list (and AMPPROBE_FP32) cannot hold: a ',' would
+ * split it, a trailing space is trimmed. */
+static int unlistable(const char *name) {
+  size_t n = strlen(name);
+  return !n || strchr(name, ',') || name[n - 1] == ' ';
+}
+
 /* --granularity layer: the layer instances of the kinds found, narrowed by
- * a second ddmin seeded with the kind-level answer. */
+ * a second ddmin seeded with the kind-level answer. Each layer is the
+ * entry =NAME in its trials (PROBE_POLICY_LITERAL: that layer exactly; a
+ * bare name is a kind when it is one - a BatchNorm named "bn" forced every
+ * BatchNorm and the answer named the wrong layer - and a glob when it holds
+ * * ? or [). */
 static void search_layers(bisect *b, result *r, uint64_t min_set,
                           char ***lnames, int *n_lnames) {
   char **ln = calloc(PROBE_DDMIN_MAX + 1, sizeof *ln);
   int nl = 0;
   size_t matching = 0;
+  const char *bad = NULL; /* a name no list can hold */
   for (size_t l = 0; ln && l < b->n_layers; l++) {
     if (b->layers[l].kind == PROBE_KIND_INPUT)
       continue;
@@ -2721,10 +2744,28 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
       hit |= (min_set >> i & 1) &&
              probe_policy_match(b->cand[i], b->layers[l].name,
                                 b->layers[l].kind);
-    if (hit && ++matching <= PROBE_DDMIN_MAX)
-      ln[nl++] = strdup(b->layers[l].name);
+    if (hit && unlistable(b->layers[l].name) && !bad)
+      bad = b->layers[l].name;
+    if (hit && ++matching <= PROBE_DDMIN_MAX) {
+      size_t n = strlen(b->layers[l].name) + 2;
+      if ((ln[nl] = malloc(n)))
+        snprintf(ln[nl++], n, "%c%s", PROBE_POLICY_LITERAL, b->layers[l].name);
+    }
   }
-  if (matching > PROBE_DDMIN_MAX) {
+  if (bad && matching <= PROBE_DDMIN_MAX) {
+    /* a trial set could not name it: the answer stays the kind-level one */
+    for (int i = 0; i < nl; i++) free(ln[i]);
+    nl = 0;
+    char qb[PROBE_NAME_MAX * 8];
+    cli_escape_name(qb, sizeof qb, bad);
+    snprintf(r->hint, sizeof r->hint,
+             "--granularity layer: the layer '%.200s' cannot be written in an "
+             "--fp32 list (its name holds a ',' or ends in a space), so the "
+             "answer stays at kind level", qb);
+    char qh[sizeof r->hint * 2];
+    cli_escape_name(qh, sizeof qh, r->hint);
+    fprintf(stderr, "ampprobe: bisect: warning: %s\n", qh);
+  } else if (matching > PROBE_DDMIN_MAX) {
     /* One ddmin takes at most PROBE_DDMIN_MAX elements; searching the first
      * 64 and seeding "all of them pass" answered with a set that never
      * passed (the culprit was layer 70). The answer stays the kind-level
@@ -2747,7 +2788,8 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
   b->names = ln;
   b->n_names = nl;
   if (nl == 1) {
-    snprintf(r->minimal_layers, sizeof r->minimal_layers, "%s", ln[0]);
+    snprintf(r->minimal_layers, sizeof r->minimal_layers, "%s", ln[0] + 1);
+    snprintf(r->minimal_layer_set, sizeof r->minimal_layer_set, "%s", ln[0]);
     return;
   }
   if (nl < 2)
@@ -2763,9 +2805,10 @@ static void search_layers(bisect *b, result *r, uint64_t min_set,
   probe_status st = probe_ddmin_minimize(&dl, &min_l);
   r->ddmin_trials += dl.trials;
   probe_ddmin_free(&dl);
-  if (st == PROBE_OK)
-    set_to_list(b, min_l, r->minimal_layers, sizeof r->minimal_layers);
-  else
+  if (st == PROBE_OK) {
+    set_to_list_skip(b, min_l, r->minimal_layers, sizeof r->minimal_layers, 1);
+    set_to_list(b, min_l, r->minimal_layer_set, sizeof r->minimal_layer_set);
+  } else
     r->oc = st == PROBE_ERR_INTERRUPTED ? O_INTERRUPTED : O_ERROR;
 }
 
@@ -2790,9 +2833,12 @@ static void run_search(bisect *b, result *r, char ***lnames, int *n_lnames) {
     search_layers(b, r, min_set, lnames, n_lnames);
   if (r->oc != O_FOUND)
     return;
+  /* the command runs the =NAME entries (each that layer exactly); the
+   * summary names the layers */
   const char *fix = r->minimal_layers[0] ? r->minimal_layers : r->minimal;
   free(r->reproduce);
-  r->reproduce = make_reproduce(b, fix);
+  r->reproduce = make_reproduce(b, r->minimal_layers[0] ? r->minimal_layer_set
+                                                        : r->minimal);
   int k = 1;
   for (const char *p = fix; *p; p++)
     k += *p == ',';

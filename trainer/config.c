@@ -402,6 +402,10 @@ static probe_status set_fp32_list(probe_train_config *c, const char *list,
     if (len >= PROBE_NAME_MAX)
       return pt_fail(err, errlen, PROBE_ERR_CONFIG,
                      "fp32: entry '%.*s' is too long", (int)len, p);
+    if (len == 1 && *p == PROBE_POLICY_LITERAL)
+      return pt_fail(err, errlen, PROBE_ERR_CONFIG,
+                     "fp32: entry '=' names no layer (=NAME is the layer "
+                     "named exactly NAME)");
     if (c->n_fp32 >= PT_MAX_FP32)
       return pt_fail(err, errlen, PROBE_ERR_CONFIG,
                      "fp32: more than %d entries", PT_MAX_FP32);
@@ -481,9 +485,11 @@ static probe_status parse_root(jctx *j, json_t *root, probe_train_config *c) {
       c->n_fp32 = 0;
       json_array_foreach(fp, k, e) {
         if (!json_is_string(e) || !json_string_length(e) ||
-            json_string_length(e) >= PROBE_NAME_MAX)
+            json_string_length(e) >= PROBE_NAME_MAX ||
+            !strcmp(json_string_value(e), "="))
           return pt_fail(j->err, j->errlen, PROBE_ERR_CONFIG,
-                         "fp32[%zu]: expected a kind or layer-name glob", k);
+                         "fp32[%zu]: expected a kind, a layer-name glob or "
+                         "=NAME (one layer, named exactly)", k);
         if (c->n_fp32 >= PT_MAX_FP32)
           return pt_fail(j->err, j->errlen, PROBE_ERR_CONFIG,
                          "fp32: more than %d entries", PT_MAX_FP32);
@@ -1100,6 +1106,9 @@ char *probe_config_to_json(const probe_train_config *c) {
 int probe_policy_match(const char *entry, const char *layer_name,
                        probe_kind kind) {
   if (!entry || !layer_name) return 0;
+  /* =NAME: that one layer, its name as written (never a kind, never a
+   * glob: a layer named "bn" or "enc[0]" is itself, bisect's answer) */
+  if (entry[0] == PROBE_POLICY_LITERAL) return entry[1] && !strcmp(entry + 1, layer_name);
   probe_kind k;
   if (probe_kind_parse(entry, &k) == PROBE_OK && k == kind) return 1;
   return fnmatch(entry, layer_name, 0) == 0;

@@ -105,10 +105,15 @@ typedef struct probe_layer_desc {
 probe_status probe_config_layers(const probe_train_config *c,
                                  probe_layer_desc *out, size_t max, size_t *n);
 
-/* 1 when one fp32-list entry (a kind name such as "bn", or a glob such as
- * "enc.*") selects the layer, else 0. The rule probe_train applies. */
+/* 1 when one fp32-list entry selects the layer, else 0. The rule
+ * probe_train applies. An entry is a kind name such as "bn" (every layer
+ * of that kind, and also a glob), a glob such as "enc.*" on the layer
+ * name, or PROBE_POLICY_LITERAL followed by a name ("=enc.bn2"): the one
+ * layer named exactly that, never a kind nor a glob (a layer named "bn",
+ * or "enc[0]", is itself; bisect names layers this way). */
 int probe_policy_match(const char *entry, const char *layer_name,
                        probe_kind kind);
+#define PROBE_POLICY_LITERAL '='
 
 /* ---- data-parallel runs: the communicator ---------------------------------- */
 

@@ -4,8 +4,11 @@ through exactly these variables:
 
   AMPPROBE_FP32       modules forced to FP32: comma-separated kind names
                       (linear, bn, layernorm, revin, activation, softmax,
-                      attention, loss, conv, embedding, ...) or fnmatch globs
-                      on module names ("enc.bn*"), as `--fp32`;
+                      attention, loss, conv, embedding, ...), fnmatch globs
+                      on module names ("enc.bn*") or =NAME, the one module
+                      named exactly NAME (never a kind, never a glob:
+                      "=bn", "=enc[0]"; bisect --granularity layer names
+                      modules this way), as `--fp32`;
   AMPPROBE_PRECISION  "fp32" runs the whole job in FP32 (also fp16, bf16:
                       overrides the job's own choice);
   AMPPROBE_TRACE      the path the trace goes to (overrides the job's);
@@ -32,6 +35,10 @@ def env_seed(default, environ=None):
     except ValueError:
         raise ValueError("%s=%r: expected an integer" % (ENV_SEED, v))
 
+# An fp32 entry that starts with this is one module's exact name
+# (PROBE_POLICY_LITERAL of ampprobe/trainer.h).
+LITERAL = "="
+
 # The kind vocabulary of probe.h, for telling kinds from globs without
 # loading the library. Kept in step with PROBE_KIND_MAP by a test.
 KINDS = ("input", "linear", "bn", "layernorm", "revin", "activation",
@@ -51,7 +58,8 @@ def split_list(text):
 
 class Policy:
     """Which modules run in FP32, the job's precision, and the trace path.
-    fp32 entries are kind names or name globs."""
+    fp32 entries are kind names, name globs or =NAME (one module, its name
+    exactly)."""
 
     def __init__(self, fp32=(), precision=None, trace=None,
                  precision_from="precision"):
@@ -65,6 +73,9 @@ class Policy:
         if bad:
             raise ValueError("%s=%r: expected fp32, fp16 or bf16" %
                              (precision_from, bad[0]))
+        if LITERAL in self.fp32:
+            raise ValueError("fp32 entry %r names no module (=NAME is the "
+                             "module named exactly NAME)" % LITERAL)
 
     @classmethod
     def from_env(cls, environ=None, fp32=(), precision=None, trace=None):
@@ -79,12 +90,15 @@ class Policy:
 
     def forces_fp32(self, name, kind):
         """True when a module (its dotted name and kind name) must run in
-        FP32: the whole job is FP32, its kind is listed, or a glob matches
-        its name."""
+        FP32: the whole job is FP32, its kind is listed, a glob matches its
+        name, or =NAME names it exactly."""
         if self.precision == "fp32":
             return True
         for p in self.fp32:
-            if p == kind or fnmatch.fnmatchcase(name, p):
+            if p.startswith(LITERAL):
+                if p[len(LITERAL):] == name:
+                    return True
+            elif p == kind or fnmatch.fnmatchcase(name, p):
                 return True
         return False
 

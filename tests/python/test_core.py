@@ -280,6 +280,40 @@ def test_policy_from_env():
         ampprobe.Policy.from_env({"AMPPROBE_PRECISION": "fp8"})
 
 
+@pytest.mark.parametrize("entry,name,kind,want", [
+    # =NAME: that module exactly; never a kind, never a glob (bisect
+    # --granularity layer names modules so: a module named "bn", "linear"
+    # or "l[0]" was read as a kind or a glob and forced others)
+    ("=bn", "bn", "bn", True),
+    ("=bn", "enc.bn1", "bn", False),
+    ("=linear", "linear", "bn", True),
+    ("=linear", "enc.fc1", "linear", False),
+    ("=l[0]", "l0", "linear", False),
+    ("=l[0]", "l[0]", "linear", True),
+    ("=*", "enc.fc1", "linear", False),
+    ("=*", "*", "linear", True),
+    ("=enc.bn?", "enc.bn2", "bn", False),
+    ("==x", "=x", "linear", True),
+    # kinds and globs as before
+    ("bn", "enc.bn1", "bn", True),
+    ("l[0]", "l0", "linear", True),
+])
+def test_policy_literal_names(entry, name, kind, want):
+    p = ampprobe.Policy.from_env({"AMPPROBE_FP32": entry})
+    assert p.forces_fp32(name, kind) is want
+    assert ampprobe.Policy(fp32=[entry]).forces_fp32(name, kind) is want
+
+
+def test_policy_literal_names_in_a_list():
+    p = ampprobe.Policy.from_env({"AMPPROBE_FP32": "=bn, =l[0],=enc.fc1 "})
+    assert p.fp32 == ["=bn", "=l[0]", "=enc.fc1"]
+    assert [n for n, k in [("bn", "bn"), ("enc.bn1", "bn"), ("l0", "linear"),
+                           ("l[0]", "linear"), ("enc.fc1", "linear")]
+            if p.forces_fp32(n, k)] == ["bn", "l[0]", "enc.fc1"]
+    with pytest.raises(ValueError, match="names no module"):
+        ampprobe.Policy.from_env({"AMPPROBE_FP32": "bn,="})
+
+
 def test_kind_vocabulary_in_step_with_library():
     assert tuple(ampprobe.kind_names()) == policy.KINDS
 

@@ -13,6 +13,7 @@
 #
 # usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]
 #   GROUP: zoo | errors | fair | external | safety | ranks | all
+#   (names: the layer-name part of zoo alone)
 set -u
 BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|fair|external|safety|all]}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN") # tests cd elsewhere
@@ -62,6 +63,56 @@ expect_set() { # tag scenario candidates expected(sorted, comma) [args]
   fi
 }
 
+# --granularity layer names each layer exactly (=NAME) in its trials, its
+# reproduce line and its result: a layer named like a kind ("bn", the
+# candidate; "linear", another kind of the model) was read as that kind -
+# the trial "only layer bn" forced every BatchNorm, passed, and bisect
+# answered bn, a harmless layer, for the culprit enc.bn2 (found 2026-12 by a
+# defect hunt).
+fp32_layers() { # TRACE: the non-loss layers that ran in FP32, sorted, comma
+  "$PY" -c "import h5py,sys; L=h5py.File(sys.argv[1],'r')['layers'][:]; print(','.join(sorted(n.decode() for n,k,p in zip(L['name'],L['kind'],L['precision']) if p==0 and k not in (0,8))))" "$1"
+}
+layer_names_exact() {
+  local harmless
+  for harmless in bn linear; do
+    "$PY" - "$HERE/../../trainer/scenarios/bn-overflow.json" "$WORK/named-$harmless.json" "$harmless" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["name"] = "bn-named"
+c["data"]["feature_scale"] = 1.0
+c["model"] = [{"type": "bn", "name": sys.argv[3]},
+              {"type": "linear", "name": "enc.fc1", "out": 32, "init_gain": 2000.0},
+              {"type": "bn", "name": "enc.bn2"},
+              {"type": "relu", "name": "enc.act"},
+              {"type": "linear", "name": "head.fc", "out": 1}]
+json.dump(c, open(sys.argv[2], "w"))
+PY
+    "$BIN" bisect --config "$WORK/named-$harmless.json" --fp32-candidates bn --granularity layer \
+      -j 2 -q --workdir "$WORK/wd-named-$harmless" --json >"$WORK/named-$harmless.out" 2>"$WORK/named-$harmless.err"
+    RC=$?
+    local got rep
+    got=$(jget "$WORK/named-$harmless.out" "','.join(d['minimal_layers'] or [])")
+    rep=$(jget "$WORK/named-$harmless.out" "d['reproduce']")
+    if [ "$RC" = 1 ] && [ "$got" = enc.bn2 ] && echo "$rep" | grep -q -- "--fp32 =enc.bn2\$"; then
+      pass "a BatchNorm named '$harmless': the culprit enc.bn2 found ($rep)"
+    else
+      fail "a BatchNorm named '$harmless': got {$got} exit $RC, reproduce $rep: $(cat "$WORK/named-$harmless.err")"
+    fi
+    # every layer-level trial forced exactly the layers it names
+    local t bad= n=0
+    for t in $(jget "$WORK/named-$harmless.out" "' '.join('%s:%s' % (x['trace'], ','.join(sorted(n[1:] for n in x['fp32']))) for x in d['trials'] if x['role']=='ddmin-layer')"); do
+      [ "$(fp32_layers "${t%%:*}")" = "${t#*:}" ] || bad="$bad ${t#*:}->$(fp32_layers "${t%%:*}")"
+      n=$((n + 1))
+    done
+    [ -z "$bad" ] && [ $n -gt 0 ] && pass "'$harmless': each layer trial forced only its layers" ||
+      fail "'$harmless': $n layer trials, some forced other layers:$bad"
+    # the reproduce line is the fix: that layer alone, not its kind
+    (cd "$WORK" && "$BIN" run --config "named-$harmless.json" --fp32 =enc.bn2 -q --trace -o "fix-$harmless.h5" >/dev/null 2>&1)
+    [ "$(fp32_layers "$WORK/fix-$harmless.h5")" = enc.bn2 ] &&
+      pass "--fp32 =enc.bn2 forces enc.bn2 alone" || fail "--fp32 =enc.bn2 forced $(fp32_layers "$WORK/fix-$harmless.h5")"
+  done
+}
+
 zoo() {
   expect_set revin revin-overflow bn,softmax,revin revin
   expect_set bn bn-overflow bn,softmax,revin bn
@@ -93,7 +144,7 @@ zoo() {
   fi
   # ...and it is the one: every other BN layer alone is not enough
   local others
-  others=$(jget "$WORK/bnl.json" "','.join(sorted({n for t in d['trials'] if t['role']=='ddmin-layer' for n in t['fp32']} - {'$layer'}))")
+  others=$(jget "$WORK/bnl.json" "','.join(sorted({n[1:] for t in d['trials'] if t['role']=='ddmin-layer' for n in t['fp32']} - {'$layer'}))")
   if [ -z "$others" ]; then
     others=$("$BIN" run --scenario bn-overflow --steps 1 --json -q -o "$WORK/l.h5" >/dev/null 2>&1; \
       "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); L=f['layers'][:]; print(','.join(n.decode() for n,k in zip(L['name'],L['kind']) if k==2 and n.decode()!=sys.argv[2]))" "$WORK/l.h5" "$layer")
@@ -105,6 +156,7 @@ zoo() {
     [ "$oc" = candidates-insufficient ] && pass "bn-overflow: $o alone is not enough" \
       || fail "bn-overflow: $o alone should not be enough, got $oc"
   done
+  layer_names_exact
 
   # not a precision problem
   bisect lr lr-too-high bn,softmax,revin
@@ -609,6 +661,30 @@ EOF
   [ "$(jget "$WORK/many60.json" "d.get('minimal_layers')")" = "['l59']" ] &&
     pass "60 matching layers: searched, the culprit l59 found" ||
     fail "60 layers: $(jget "$WORK/many60.json" "d['summary']") $(cat "$WORK/many60.err")"
+  # layer names a bare AMPPROBE_FP32 entry would read as a kind ("linear")
+  # or a glob ("l[0]" matches l0, "*" everything): each is =NAME in the
+  # trials, so the answer is the culprit l0 (it was the first of them)
+  LAYERS='linear|l[0]|*|l0|l?' CULPRIT=l0 PYTHONPATH=$pkg "$BIN" bisect --fp32-candidates linear \
+    --granularity layer -j 2 -q --workdir "$WORK/wd-glob" --json -- "$PY" "$many" >"$WORK/glob.json" 2>"$WORK/glob.err"
+  RC=$?
+  [ "$RC" = 1 ] && [ "$(jget "$WORK/glob.json" "d.get('minimal_layers')")" = "['l0']" ] &&
+    jget "$WORK/glob.json" "d['reproduce']" | grep -q "^AMPPROBE_FP32==l0 " &&
+    pass "external layers named linear, l[0], *, l?: the culprit l0 ($(jget "$WORK/glob.json" "d['reproduce']" | cut -c1-40)...)" ||
+    fail "external glob names: exit $RC $(jget "$WORK/glob.json" "d['summary']") $(cat "$WORK/glob.err")"
+  LAYERS='*|l[0]|l0' CULPRIT='l[0]' PYTHONPATH=$pkg "$BIN" bisect --fp32-candidates linear \
+    --granularity layer -j 2 -q --workdir "$WORK/wd-glob2" --json -- "$PY" "$many" >"$WORK/glob2.json" 2>"$WORK/glob2.err"
+  [ "$(jget "$WORK/glob2.json" "d.get('minimal_layers')")" = "['l[0]']" ] &&
+    pass "external: the culprit named l[0] found as itself" ||
+    fail "external culprit l[0]: $(jget "$WORK/glob2.json" "d['summary']") $(cat "$WORK/glob2.err")"
+  # a name no list can hold (a comma): the answer stays at kind level, said
+  LAYERS='a,b|l0' CULPRIT=l0 PYTHONPATH=$pkg "$BIN" bisect --fp32-candidates linear \
+    --granularity layer -j 2 -q --workdir "$WORK/wd-comma" --json -- "$PY" "$many" >"$WORK/comma.json" 2>"$WORK/comma.err"
+  RC=$?
+  [ "$RC" = 1 ] && [ "$(jget "$WORK/comma.json" "d['minimal_set']")" = "['linear']" ] &&
+    [ "$(jget "$WORK/comma.json" "d.get('minimal_layers')")" = None ] &&
+    grep -q "the layer 'a,b' cannot be written in an --fp32 list" "$WORK/comma.err" &&
+    pass "external layer named 'a,b': kind-level answer, with the reason" ||
+    fail "external comma name: exit $RC $(jget "$WORK/comma.json" "d['summary']") $(cat "$WORK/comma.err")"
   unset FAKE_JOB_LOG AMPPROBE_SEED
 }
 
@@ -941,6 +1017,7 @@ SH
 
 case "$GROUP" in
   zoo) zoo ;;
+  names) layer_names_exact ;;
   errors) errors ;;
   fair) fair ;;
   external) external ;;

@@ -87,6 +87,10 @@ static const struct {
   const char *json;
   const char *needle;
 } bad_configs[] = {
+    {"{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"fp32\": [\"=\"]}",
+     "fp32[0]: expected a kind, a layer-name glob or =NAME"},
+    {"{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"fp32\": \"bn, =\"}",
+     "fp32: entry '=' names no layer"},
     {"{\"model\": [{\"type\": \"linear\", \"out\": 1}], \"stepz\": 3}",
      "stepz: unknown key"},
     {"{\"model\": [{\"type\": \"linear\", \"outt\": 1}]}", "model[0].outt"},
@@ -200,6 +204,22 @@ START_TEST(test_policy_match) {
   ck_assert(probe_policy_match("head.soft?ax", "head.softmax", PROBE_KIND_SOFTMAX));
   ck_assert(probe_policy_match("softmax", "head.sm", PROBE_KIND_SOFTMAX));
   ck_assert(!probe_policy_match("softmax", "head.sm", PROBE_KIND_ATTENTION));
+  /* =NAME: one layer, its name exactly - never a kind, never a glob (a
+   * BatchNorm named "bn" forced as "bn" forced every BatchNorm: bisect's
+   * layer-level answer named the wrong layer) */
+  ck_assert(probe_policy_match("=bn", "bn", PROBE_KIND_BN));
+  ck_assert(!probe_policy_match("=bn", "enc.bn1", PROBE_KIND_BN));
+  ck_assert(probe_policy_match("=linear", "linear", PROBE_KIND_BN));
+  ck_assert(!probe_policy_match("=linear", "enc.fc1", PROBE_KIND_LINEAR));
+  ck_assert(probe_policy_match("=enc.bn2", "enc.bn2", PROBE_KIND_BN));
+  ck_assert(!probe_policy_match("=enc.*", "enc.fc1", PROBE_KIND_LINEAR));
+  ck_assert(probe_policy_match("=enc.*", "enc.*", PROBE_KIND_LINEAR));
+  ck_assert(!probe_policy_match("=l[0]", "l0", PROBE_KIND_LINEAR));
+  ck_assert(probe_policy_match("=l[0]", "l[0]", PROBE_KIND_LINEAR));
+  ck_assert(!probe_policy_match("=l?", "l0", PROBE_KIND_LINEAR));
+  ck_assert(!probe_policy_match("=", "", PROBE_KIND_LINEAR));
+  ck_assert(!probe_policy_match("=", "=", PROBE_KIND_LINEAR));
+  ck_assert(probe_policy_match("==x", "=x", PROBE_KIND_LINEAR));
 }
 END_TEST
 
@@ -239,6 +259,17 @@ START_TEST(test_policy_layers) {
   probe_config_layers(c, l, 40, &n);
   ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_DTYPE_F32);
   ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_DTYPE_F16);
+  ck_assert_int_eq(probe_config_set(c, "fp32", "=enc.bn2, =head.fc", err, sizeof err),
+                   PROBE_OK);
+  probe_config_layers(c, l, 40, &n);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn1"), PROBE_DTYPE_F16);
+  ck_assert_int_eq(prec_of(l, n, "enc.bn2"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_DTYPE_F32);
+  ck_assert_int_eq(prec_of(l, n, "enc.fc1"), PROBE_DTYPE_F16);
+  ck_assert_int_eq(probe_config_set(c, "fp32", "bn,=", err, sizeof err),
+                   PROBE_ERR_CONFIG);
+  ck_assert_ptr_nonnull(strstr(err, "entry '=' names no layer"));
+  probe_config_set(c, "fp32", "enc.*", err, sizeof err);
   probe_config_set(c, "precision", "bf16", err, sizeof err);
   probe_config_layers(c, l, 40, &n);
   ck_assert_int_eq(prec_of(l, n, "head.fc"), PROBE_DTYPE_BF16);
