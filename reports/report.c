@@ -400,8 +400,13 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
      * value) when nothing is finite (the cell is then marked non-finite) */
     double h = probe_stats_headroom(s);
     probe_grid_add(&r->headroom, p->layer, p->step, h, bad > 0);
+    /* the layers table's first inf/NaN, as the post-mortem takes them:
+     * masked logits are none (probe_record_nonfinite); the plots show
+     * every value as it is */
     layer_nonfinite *L = &r->lnf[p->layer];
     uint32_t bit = p->site >= 0 && p->site < 32 ? 1u << p->site : 0;
+    bad = probe_record_nonfinite((probe_kind)r->layers[p->layer].kind,
+                                 (probe_site)p->site, s) ? bad : 0;
     if (bad > 0) L->n_records++;
     if (L->step < 0) { /* nothing non-finite yet: the current step's sites */
       if (p->step != L->cur_step) {
@@ -425,7 +430,8 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
       /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes
        * the values that flush to zero (|x| <= 2^-25) */
       double f = finite > 0 ? (double)s->f16_subnormal / (double)finite : NAN;
-      probe_grid_add(&r->underflow, p->layer, p->step, f, bad > 0);
+      probe_grid_add(&r->underflow, p->layer, p->step, f,
+                     probe_stats_nonfinite(s) > 0);
     }
   }
   r->counts.records += (int64_t)n;

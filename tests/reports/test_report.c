@@ -899,6 +899,46 @@ START_TEST(test_report_nonfinite_story) {
 }
 END_TEST
 
+/* Masked logits (-inf alone at a softmax's input) are no inf/NaN in the
+ * layers table, as in the post-mortem (it listed the softmax "first in the
+ * run" on the page of a healthy run); +inf there is. */
+START_TEST(test_report_masked_logits) {
+  for (int plus = 0; plus < 2; plus++) {
+    probe_report *r;
+    probe_report_options o;
+    probe_report_options_init(&o);
+    ck_assert_int_eq(probe_report_new(&r, &o), PROBE_OK);
+    probe_layer_info li[2];
+    memset(li, 0, sizeof li);
+    li[0] = (probe_layer_info){.id = 0, .kind = PROBE_KIND_LINEAR};
+    li[1] = (probe_layer_info){.id = 1, .kind = PROBE_KIND_SOFTMAX};
+    snprintf(li[0].name, sizeof li[0].name, "fc");
+    snprintf(li[1].name, sizeof li[1].name, "sm");
+    ck_assert_int_eq(probe_report_set_layers(r, li, 2), PROBE_OK);
+    ck_assert_int_eq(probe_report_set_range(r, 0, 9), PROBE_OK);
+    for (int64_t st = 0; st < 10; st++) {
+      probe_record rec[3] = {nf_rec(st, 0, PROBE_SITE_FWD_OUT, 0),
+                             nf_rec(st, 1, PROBE_SITE_FWD_IN, 0),
+                             nf_rec(st, 1, PROBE_SITE_FWD_OUT, 0)};
+      if (plus)
+        rec[1].stats.posinf_count = 20;
+      else
+        rec[1].stats.neginf_count = 20;
+      for (int i = 0; i < 3; i++) rec[i].seq = (uint32_t)i;
+      ck_assert_int_eq(probe_report_add_records(r, rec, 3), PROBE_OK);
+    }
+    size_t len;
+    char *html = write_report(r, &len);
+    if (plus)
+      ck_assert(row_has(nf_row(html, "sm"), "<td>0 (first in the run)</td>"));
+    else
+      ck_assert_ptr_null(strstr(html, "<table id=\"nonfinite\">"));
+    free(html);
+    probe_report_free(r);
+  }
+}
+END_TEST
+
 /* #15.5: the underflow colour bar is a fraction: 0% .. 100%, no "<=0" or
  * "1+"; headroom keeps its open ends (values beyond are clamped). */
 START_TEST(test_report_colour_bar_labels) {
@@ -976,6 +1016,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_clip_without_finite_norm);
   tcase_add_test(tc, test_report_clip_not_measured);
   tcase_add_test(tc, test_report_nonfinite_story);
+  tcase_add_test(tc, test_report_masked_logits);
   tcase_add_test(tc, test_report_rows_capped);
   tcase_add_test(tc, test_report_colour_bar_labels);
   suite_add_tcase(s, tc);
