@@ -932,6 +932,8 @@ typedef struct scan_ctx {
   int row;
   scan_res *res;
   step_bits nf, skip, seen;
+  const probe_layer_info *layers; /* the trace's: their kinds */
+  size_t n_layers;
 } scan_ctx;
 
 /* A step's cell from its scalars. Gradients that overflowed in a step the
@@ -955,7 +957,12 @@ static void scan_steps(scan_ctx *c, const probe_step_scalars *s, size_t n) {
 
 static void scan_records(scan_ctx *c, const probe_record *r, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    if (probe_stats_nonfinite(&r[i].stats) == 0) continue;
+    /* inf/NaN as the post-mortem takes them: masked logits are none */
+    probe_kind kind = r[i].layer >= 0 && (size_t)r[i].layer < c->n_layers
+                          ? (probe_kind)c->layers[r[i].layer].kind
+                          : PROBE_KIND_OTHER;
+    if (!probe_record_nonfinite(kind, (probe_site)r[i].site, &r[i].stats))
+      continue;
     int ph = (int)probe_site_phase((probe_site)r[i].site);
     if (ph == PROBE_PHASE_BACKWARD && bits_get(&c->skip, r[i].step)) {
       probe_rankmap_add(c->m, c->row, r[i].step, PROBE_RANK_CELL_SKIPPED);
@@ -988,7 +995,8 @@ static probe_status scan_file(const char *path, probe_rankmap *m, int row,
     snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(NULL));
     return st;
   }
-  scan_ctx c = {m, row, res, {0}, {0}, {0}};
+  scan_ctx c = {m, row, res, {0}, {0}, {0}, NULL, 0};
+  c.layers = probe_trace_layers(t, &c.n_layers);
   int64_t writer_nf = probe_trace_get_info(t)->first_nonfinite_step;
   st = trace_range(t, &res->first, &res->last);
   bits_init(&c.nf, res->first, res->last);

@@ -10,6 +10,7 @@ import math
 import copy
 import io
 import json
+import re
 import subprocess
 import threading
 import warnings
@@ -2277,3 +2278,50 @@ def test_a_parametrized_module_with_children(tmp_path):
         tr.end_step(loss=1.0)
     assert (e.value.module, e.value.site, e.value.phase) == (
         "1.parametrizations.w.0", "fwd_out", "forward"), str(e.value)
+
+
+def test_masked_logits_in_the_report_of_a_rank_set(tmp_path, cli):
+    """The report of a rank set whose ranks mask logits before a softmax
+    and back off once (a routine scaler overflow at step 1, so the writer
+    has a first non-finite step and the ranks x steps view reads records
+    from it): healthy, and no rank-step marked inf/NaN (review of 3f16129:
+    the header said healthy, the view 5 steps of inf/NaN on each rank)."""
+    class W(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.sm = nn.Linear(8, 6), nn.Softmax(-1)
+
+        def forward(self, x, valid):
+            return self.sm(self.fc(x).masked_fill(~valid, float("-inf")))
+
+    paths = []
+    for rank in range(2):
+        torch.manual_seed(rank)
+        m = W()
+        opt = torch.optim.SGD(m.parameters(), 0.01)
+        tr = at.Tracer(m, str(tmp_path / "t.h5"), distributed=True, rank=rank,
+                       world_size=2, run_id="masked", precision="fp32")
+        paths.append(tr.path)
+        for step in range(6):
+            valid = torch.rand(16, 6) > 0.3
+            valid[:, 0] = True
+            loss = (m(torch.randn(16, 8), valid) * torch.randn(16, 6)).sum()
+            scale = 3e38 if step == 1 else 1024.0
+            opt.zero_grad()
+            (loss * scale).backward()
+            found = any(not torch.isfinite(p.grad).all() for p in m.parameters())
+            if not found:
+                for p in m.parameters():
+                    p.grad /= scale
+                opt.step()
+            tr.end_step(loss=loss, loss_scale=scale, found_inf=int(found),
+                        skipped=int(found))
+        tr.close()
+    html = str(tmp_path / "set.html")
+    r = subprocess.run([cli, "report", *paths, "-o", html, "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    page = open(html, encoding="utf-8").read()
+    assert "no inf/NaN on any rank" in page
+    assert "inf/NaN on this rank (0 rank-steps)" in page, re.findall(
+        r"inf/NaN on this rank \([^)]*\)", page)
