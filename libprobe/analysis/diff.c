@@ -321,7 +321,11 @@ static probe_status compare_step(state *s, const cursor *ca,
         probe_diff_rel(ua * probe_stats_rms(sa), ub * probe_stats_rms(sb));
     double r_l2 = probe_diff_rel(ua * probe_stats_l2(sa), ub * probe_stats_l2(sb));
     double inst = fmax(r_abs, fmax(r_rms, r_l2));
-    int nfa = probe_stats_nonfinite(sa) > 0, nfb = probe_stats_nonfinite(sb) > 0;
+    /* inf/NaN as the post-mortem takes them: masked logits are none */
+    int nfa = probe_record_nonfinite((probe_kind)s->la[ra->layer].kind,
+                                     (probe_site)ra->site, sa);
+    int nfb = probe_record_nonfinite((probe_kind)s->lb[rb->layer].kind,
+                                     (probe_site)rb->site, sb);
     /* Scaled gradients that overflow on a step the loss scaler skipped are
      * AMP working as designed (backoff), not a divergence. */
     int grad = site_is_grad(ra->site);

@@ -1772,7 +1772,11 @@ class Tracer:
         if L is None and not self._in_window(step):
             detail = (" (the step was not traced: outside step_start/"
                       "step_end/every, so where it began is not known)")
-        if kind == "loss" and site == "fwd_out" and c is not None and c[0]:
+        if (kind == "loss" and site == "fwd_out" and c is not None and c[0]
+                and not any(e[0] is L and e[1] == "fwd_in" and
+                            sum(_recorded_counts(e)) for e in refs)):
+            # from a finite prediction only: masked logits (-inf, no event)
+            # make a fully masked row's NaN, not a target (review 9)
             detail += ("; the loss's targets are not recorded: a NaN among "
                        "them (the data) gives this too")
         if site == _dist.POST:

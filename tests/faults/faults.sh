@@ -693,6 +693,12 @@ with open('ub.h5', 'rb') as f: assert f.read(8) != b'\x89HDF\r\n\x1a\n'" ||
   grep -v '<meta name="generator"' own.html >legacy.html
   t -- "$AMP" report fp16.h5 -q -o legacy.html --title "over a legacy page"
   expect 1 "report -o a page written before the generator tag"; has legacy.html "<title>over a legacy page</title>"
+  # such a page with a --title longer than the head read (1,100 '<', 4,400
+  # bytes escaped: its style sheet beyond the first 4 KiB; review 9)
+  t -- "$AMP" report fp16.h5 -q -o long.html --title "$(printf '<%.0s' $(seq 1100))"
+  grep -v '<meta name="generator"' long.html >legacy-long.html
+  t -- "$AMP" report fp16.h5 -q -o legacy-long.html --title "over a long legacy page"
+  expect 1 "report -o a page before the tag with a 4 KiB title"; has legacy-long.html "<title>over a long legacy page</title>"
   mkdir -p A B && "$HOSTILE" A ranks && "$HOSTILE" B ranks || { echo "cannot write the sets"; exit 1; }
   t -- "$AMP" diff A B -q -o own.json
   expect "0|1" "diff of sets -o a pair's earlier result"; has own.json '"kind": "ranks"'

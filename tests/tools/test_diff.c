@@ -42,6 +42,8 @@ typedef enum variant {
                    the step is skipped (a collapsed scale), on either side */
   V_NAN_NOSKIP, /* from step 3 every gradient is NaN and found_inf is set,
                    but no scaler skips (an FP32 run applying NaN grads) */
+  V_MASKED,     /* A's softmax gets masked logits (-inf only) at its input
+                   from step 4, which are no inf/NaN (probe_record_nonfinite) */
 } variant;
 
 typedef struct spec {
@@ -100,6 +102,10 @@ static double value(const spec *s, int step, int layer, probe_site site,
     if (step >= 3 && bwd)
       *inf = 1;
     return base * f;
+  case V_MASKED:
+    if (step >= 4 && layer == 3 && site == PROBE_SITE_FWD_IN)
+      *inf = -1;
+    return base * f;
   }
   return base;
 }
@@ -115,7 +121,7 @@ static void record(probe_session *ps, const spec *s, int step, int32_t id,
   for (int i = 0; i < NEL; i++)
     buf[i] = zero ? 0.0f : (float)(v * (i + 1) / NEL);
   if (inf)
-    buf[NEL / 2] = INFINITY;
+    buf[NEL / 2] = inf < 0 ? -INFINITY : INFINITY;
   ck_assert_int_eq(probe_tensor_record(ps, id, site, PROBE_DTYPE_F32, buf, NEL),
                    PROBE_OK);
 }
@@ -236,6 +242,22 @@ static void teardown(void) {
 }
 
 /* ---- tests ---------------------------------------------------------------- */
+
+/* Masked logits at A's softmax are no inf/NaN for diff, as for the
+ * post-mortem (it named A's first non-finite record there, and counted the
+ * record as diverging: review 9). */
+START_TEST(test_masked_logits_are_finite) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_MASKED, .steps = 12}, (spec){.v = V_MASKED, .steps = 12}, 0);
+  ck_assert_int_eq(d.first_nonfinite_a.found, 0);
+  ck_assert_int_eq(d.first_nonfinite_b.found, 0);
+  const probe_diff_entry *e = find(&d, "soft", PROBE_SITE_FWD_IN);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->first_nonfinite_a, -1);
+  ck_assert_int_eq(e->first_div_step, -1);
+  probe_diff_free(&d);
+}
+END_TEST
 
 START_TEST(test_rel) {
   ck_assert_double_eq(probe_diff_rel(0, 0), 0);
@@ -663,6 +685,7 @@ static Suite *make_diff_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_rel);
+  tcase_add_test(tc, test_masked_logits_are_finite);
   tcase_add_test(tc, test_agree);
   tcase_add_test(tc, test_local_overflow_at_revin);
   tcase_add_test(tc, test_carried_from_lin1);
