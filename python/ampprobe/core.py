@@ -250,6 +250,8 @@ def _to_float32(a):
     if a.dtype.kind == "f" and a.dtype.itemsize > 4:
         a = np.where(np.isinf(a), a, np.clip(a, -_F32_MAX, _F32_MAX))
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
 _DT_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 

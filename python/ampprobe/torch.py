@@ -268,24 +268,27 @@ def _params_now(L):
     _parameters (0.15 us against 1.6 for parameters(recurse=False))."""
     if L.module is None:
         return []
-    return _own_params(L.module)
+    return _own_params(L.module, L.parametrized)
 
 
-def _is_parametrized(m):
+def _parametrized_leaf(m):
     """m has a parametrization (register_parametrization: torch's
-    parametrizations.weight_norm, spectral_norm, orthogonal), held in a
-    `parametrizations` child."""
-    return _parametrize.is_parametrized(m)
+    parametrizations.weight_norm, spectral_norm, orthogonal) and no child
+    but its `parametrizations`: one unit (_leaf_units), whose parameters
+    include the originals the parametrizations hold (_own_params)."""
+    return _parametrize.is_parametrized(m) and all(
+        n == "parametrizations" for n, _ in m.named_children())
 
 
-def _own_params(m):
-    """The parameters a module trains itself: its own, and where it is
-    parametrized the originals its parametrizations hold (weight_norm's
-    original0/original1), which its forward uses through them."""
+def _own_params(m, parametrized):
+    """The parameters a module trains itself: its own, and for a
+    parametrized leaf (_parametrized_leaf, decided once when it is
+    registered: this runs at every forward) the originals its
+    parametrizations hold (weight_norm's original0/original1), which its
+    forward uses through them."""
     own = [p for p in m._parameters.values() if p is not None]
-    if _is_parametrized(m) and all(n == "parametrizations"
-                                   for n, _ in m.named_children()):
-        own += list(m.parametrizations.parameters())  # a leaf (_leaf_units)
+    if parametrized:
+        own += list(m.parametrizations.parameters())
     return own
 
 
@@ -376,9 +379,7 @@ def _leaf_units(root, user_kinds):
         # (how it computes its weight) is a leaf (it was hooked there, not
         # itself: its output not recorded, nor rounded); one with other
         # children is walked as before, its parametrizations included
-        kids = list(m.named_children())
-        if _is_parametrized(m) and all(n == "parametrizations" for n, _ in kids):
-            kids = []
+        kids = [] if _parametrized_leaf(m) else list(m.named_children())
         if not kids or unit(m):
             out.append((prefix, m))
             return
@@ -506,7 +507,7 @@ class LossScaler:
 
 # ---- the tracer ----------------------------------------------------------------
 
-_F32_MAX = 3.4028234663852886e38
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 def _as_float32(t):
@@ -792,7 +793,8 @@ def _settle(t):
 
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
-                 "emulate", "params", "selected", "mode", "pending")
+                 "emulate", "params", "parametrized", "selected", "mode",
+                 "pending")
 
 
 class Tracer:
@@ -1073,7 +1075,8 @@ class Tracer:
         if kid is None:  # an older library without this kind
             kid = _lib.kind_id("other")
         L.lid = self.session.register(name, kid, L.precision)
-        L.params = [] if module is None else _own_params(module)
+        L.parametrized = module is not None and _parametrized_leaf(module)
+        L.params = [] if module is None else _own_params(module, L.parametrized)
         L.selected = selected
         L.mode = None  # this forward's: "record", "replay" or None (_gate)
         L.pending = None  # an in-place forward's inputs and their nodes
