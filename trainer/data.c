@@ -74,6 +74,19 @@ void pt_data_close(pt_data *d) {
   free(d);
 }
 
+/* The (rows, columns) an open dataset declares, a 1-D one as one column;
+ * 0 when it is not 1-D or 2-D. */
+static int h5_shape(hid_t ds, hsize_t dims[2]) {
+  hid_t sp = H5Dget_space(ds);
+  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+  dims[0] = 0;
+  dims[1] = 1;
+  int ok = nd >= 1 && nd <= 2 && H5Sget_simple_extent_dims(sp, dims, NULL) >= 0;
+  if (sp >= 0) H5Sclose(sp);
+  if (ok && nd == 1) dims[1] = 1;
+  return ok;
+}
+
 /* The values a dataset of an HDF5 file declares (its shape's product, as
  * a double: no wrap), 0 when it cannot be told (the load says why). */
 static double h5_declared_values(hid_t file, const char *name) {
@@ -81,15 +94,10 @@ static double h5_declared_values(hid_t file, const char *name) {
   H5E_BEGIN_TRY { ds = H5Dopen2(file, name, H5P_DEFAULT); }
   H5E_END_TRY;
   if (ds < 0) return 0;
-  double n = 0;
-  hid_t sp = H5Dget_space(ds);
-  hsize_t dims[2] = {0, 1};
-  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
-  if (nd >= 1 && nd <= 2 && H5Sget_simple_extent_dims(sp, dims, NULL) >= 0)
-    n = (double)dims[0] * (double)(nd == 2 ? dims[1] : 1);
-  if (sp >= 0) H5Sclose(sp);
+  hsize_t dims[2];
+  int ok = h5_shape(ds, dims);
   H5Dclose(ds);
-  return n;
+  return ok ? (double)dims[0] * (double)dims[1] : 0;
 }
 
 /* The float32 values an HDF5 data file's x and y declare, read from their
@@ -258,22 +266,19 @@ done:
 static probe_status read_h5(hid_t file, const char *path, const char *name,
                             float **out, int64_t *rows, int64_t *cols,
                             char *err, size_t errlen) {
-  hid_t ds = H5I_INVALID_HID, sp = H5I_INVALID_HID;
+  hid_t ds = H5I_INVALID_HID;
   probe_status st = PROBE_OK;
   H5E_BEGIN_TRY { ds = H5Dopen2(file, name, H5P_DEFAULT); }
   H5E_END_TRY;
   if (ds < 0)
     return pt_fail(err, errlen, PROBE_ERR_NOT_FOUND,
                    "%s: no dataset '%s'", path, name);
-  sp = H5Dget_space(ds);
-  int nd = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
-  hsize_t dims[2] = {0, 1};
-  if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0) {
+  hsize_t dims[2];
+  if (!h5_shape(ds, dims)) {
     st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: dataset '%s' must be 1-D or 2-D", path, name);
     goto done;
   }
-  if (nd == 1) dims[1] = 1;
   if (dims[0] < 1 || dims[1] < 1) {
     st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: dataset '%s' has shape (%llu, %llu): no values", path,
@@ -305,7 +310,6 @@ static probe_status read_h5(hid_t file, const char *path, const char *name,
     st = pt_fail(err, errlen, PROBE_ERR_CORRUPT,
                  "%s: dataset '%s' could not be read as numbers", path, name);
 done:
-  if (sp >= 0) H5Sclose(sp);
   H5Dclose(ds);
   return st;
 }
