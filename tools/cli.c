@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -240,6 +241,46 @@ int cli_parse_double(const char *sub, const char *opt, const char *s,
 int cli_parse_double_gt(const char *sub, const char *opt, const char *s,
                         double lo, double hi, double *out) {
   return parse_real(sub, opt, s, lo, 1, hi, out);
+}
+
+/* The unit at the end of a size: "", B, K/KiB, M/MiB, G/GiB, T/TiB (either
+ * case, powers of 1024); 0 when it is none of them. */
+static double size_unit(const char *u) {
+  static const struct { const char *name; double mult; } units[] = {
+      {"", 1.0}, {"b", 1.0}, {"k", 0x1p10}, {"kib", 0x1p10}, {"m", 0x1p20},
+      {"mib", 0x1p20}, {"g", 0x1p30}, {"gib", 0x1p30}, {"t", 0x1p40},
+      {"tib", 0x1p40}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcasecmp(u, units[i].name) == 0)
+      return units[i].mult;
+  return 0;
+}
+
+int cli_parse_size(const char *sub, const char *opt, const char *s,
+                   uint64_t lo, uint64_t hi, uint64_t *out) {
+  char q[96], num[64];
+  quote_value(q, sizeof q, s);
+  size_t n = 0;
+  while (s && s[n] && (isdigit((unsigned char)s[n]) || s[n] == '.'))
+    n++;
+  double mult = s && n > 0 && n < sizeof num ? size_unit(s + n) : 0;
+  if (mult > 0) {
+    memcpy(num, s, n);
+    num[n] = '\0';
+  }
+  if (mult == 0 || !is_decimal_real(num)) {
+    cli_error(sub, "invalid value '%s' for %s: expected a size such as 512M, "
+                   "8G or 1.5GiB (units B, K, M, G, T: powers of 1024)", q, opt);
+    return -1;
+  }
+  double v = strtod(num, NULL) * mult;
+  if (!(v >= (double)lo && v <= (double)hi)) {
+    cli_error(sub, "invalid value '%s' for %s: must be in [%.0f MiB, %.0f TiB]",
+              q, opt, (double)lo / 0x1p20, (double)hi / 0x1p40);
+    return -1;
+  }
+  *out = (uint64_t)v;
+  return 0;
 }
 
 void cli_getopt_reset(void) {

@@ -86,6 +86,12 @@ int cli_parse_double(const char *sub, const char *opt, const char *s,
 int cli_parse_double_gt(const char *sub, const char *opt, const char *s,
                         double lo, double hi, double *out);
 
+/* A size in bytes: a decimal number with an optional unit B, K, M, G, T
+ * (or KiB ... TiB; any case; powers of 1024), e.g. 512M, 1.5GiB, rounded
+ * down to whole bytes and in [lo, hi]; errors as above. */
+int cli_parse_size(const char *sub, const char *opt, const char *s,
+                   uint64_t lo, uint64_t hi, uint64_t *out);
+
 /* Call before getopt_long in a subcommand (resets glibc's state). */
 void cli_getopt_reset(void);
 /* Reports the option getopt_long rejected ('?' or ':') in the one-line

@@ -83,6 +83,9 @@ static void usage(FILE *f) {
 "  --seed S                 random seed\n"
 "  --lr X                   learning rate\n"
 "  --micro-batches N        gradient accumulation over N micro-batches\n"
+"  --max-memory SIZE        refuse a run needing more host memory than SIZE\n"
+"                           (e.g. 512M, 8G; default 80%% of physical memory,\n"
+"                           or what ulimit -v/-d leaves)\n"
 "  --stop-on-nonfinite[=K]  end the run K steps (default 0) after the first\n"
 "                           non-finite loss\n"
 "\n"
@@ -128,11 +131,16 @@ enum {
   O_HYSTERESIS, O_MIN_SCALE, O_NO_LOSS_SCALE, O_CLIP_NORM,
   O_CLIP_BEFORE_UNSCALE, O_MICRO_BATCHES, O_LR, O_STOP_NONFINITE,
   O_LIST, O_JSON, O_RING, O_FORCE, O_PROGRESS_EVERY, O_RANKS,
-  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS, O_DIGEST
+  O_AR_DTYPE, O_AR_PREDIV, O_FLUSH_STEPS, O_FLUSH_SECONDS, O_DIGEST, O_MAX_MEMORY
 };
 
 /* --ranks' range: more processes than this on one machine is a mistake. */
 #define RUN_RANKS_MAX 4096
+
+/* --max-memory's range: below 16 MiB no scenario runs; 1 PiB is past any
+ * host. */
+#define RUN_MEMORY_MIN ((uint64_t)16 << 20)
+#define RUN_MEMORY_MAX ((uint64_t)1 << 50)
 
 /* The trainer's range for steps (docs/config.md), checked here so that
  * --steps -5 and --steps 200000000 get the same message. */
@@ -331,6 +339,7 @@ typedef struct run_args {
   int64_t ranks;         /* --ranks N: re-exec under mpirun; 0 = not given */
   int64_t flush_steps;   /* --flush-steps N; 0 = libprobe's default */
   double flush_seconds;  /* --flush-seconds S; 0 = libprobe's default */
+  uint64_t max_memory;   /* --max-memory SIZE; 0 = the trainer's default */
   override ov[32];
   int n_ov;
 } run_args;
@@ -363,6 +372,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
       {"list-scenarios", no_argument, NULL, O_LIST},
       {"json", no_argument, NULL, O_JSON},
       {"progress-every", required_argument, NULL, O_PROGRESS_EVERY},
+      {"max-memory", required_argument, NULL, O_MAX_MEMORY},
       {"ranks", required_argument, NULL, O_RANKS},
       {"allreduce-dtype", required_argument, NULL, O_AR_DTYPE},
       {"allreduce-prediv", no_argument, NULL, O_AR_PREDIV},
@@ -497,6 +507,11 @@ static int run_parse(int argc, char **argv, run_args *a) {
     case O_FLUSH_SECONDS:
       if (cli_parse_double(SUB, "--flush-seconds", optarg, 0.001, 1e6,
                            &a->flush_seconds))
+        return CLI_EXIT_USAGE;
+      break;
+    case O_MAX_MEMORY:
+      if (cli_parse_size(SUB, "--max-memory", optarg, RUN_MEMORY_MIN,
+                         RUN_MEMORY_MAX, &a->max_memory))
         return CLI_EXIT_USAGE;
       break;
     case O_DIGEST: a->digest = 1; break;
@@ -1007,6 +1022,7 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
   to.comm = d->comm;
   to.flush_steps = a->flush_steps;
   to.flush_seconds = a->flush_seconds;
+  to.max_memory = a->max_memory;
   if (a->digest) to.weight_digest = 1; /* else the default: data-parallel */
   to.run_id = d->comm ? d->run_id : NULL;
   to.trace_path = path;
@@ -1022,6 +1038,16 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
   probe_status st = probe_train(cfg, &to, res, err, errlen);
   cli_progress_done(&pc.bar);
   return st;
+}
+
+/* The trainer's memory refusal ends "... or raise max_memory", its
+ * library field: the command's name for it follows. */
+static const char *memory_hint(probe_status st, const char *err) {
+  static const char field[] = "max_memory";
+  size_t n = strlen(err), k = sizeof field - 1;
+  return st == PROBE_ERR_NOMEM && n >= k && strcmp(err + n - k, field) == 0
+             ? " (--max-memory SIZE)"
+             : "";
 }
 
 /* ---- stage 5: the summary ----------------------------------------------- */
@@ -1136,10 +1162,11 @@ static int run_and_report(const run_args *a, const probe_train_config *cfg,
   free(cmdline);
   if (st < 0 && st != PROBE_ERR_INTERRUPTED) {
     if (d->comm)
-      cli_error(SUB, "rank %d: %s", d->rank,
-                err[0] ? err : probe_status_str(st));
+      cli_error(SUB, "rank %d: %s%s", d->rank,
+                err[0] ? err : probe_status_str(st), memory_hint(st, err));
     else
-      cli_error(SUB, "%s", err[0] ? err : probe_status_str(st));
+      cli_error(SUB, "%s%s", err[0] ? err : probe_status_str(st),
+                memory_hint(st, err));
     /* the empty file claimed above is no trace: do not leave it behind */
     struct stat sb;
     if (created && stat(path, &sb) == 0 && sb.st_size == 0)

@@ -243,5 +243,28 @@ nextl=$(sed -n 's/^     next: //p' cr.out | head -1)
   pass "a crafted trace's command line and fp32 list stay quoted words: $nextl" ||
   fail "crafted trace: next '$nextl' (words $(cat cr.words)); $(ls PWNED* 2>/dev/null)"
 
+# --max-memory SIZE (2026-12-04): the trainer's refusal said "raise
+# max_memory", a library field no flag set. Units, bad values, the refusal
+# naming the flag, and a run it lets through.
+cat >mm.json <<'JSON'
+{"name": "mm", "steps": 2, "precision": "fp16",
+ "model": [{"type": "linear", "name": "fc1", "out": 65536},
+           {"type": "linear", "name": "fc2", "out": 1}],
+ "data": {"kind": "regression", "batch": 32, "features": 16, "outputs": 1}}
+JSON
+run_rc 4 "--max-memory 32M on a larger model" --config mm.json --max-memory 32M -q -o mm1.h5
+grep -q 'more than the limit of 32.00 MiB (max_memory).*raise max_memory (--max-memory SIZE)$' o.err &&
+  pass "the refusal names the limit and the flag" || fail "refusal: '$(cat o.err)'"
+[ ! -e mm1.h5 ] && pass "no trace left by a refused run" || fail "mm1.h5 left behind"
+for v in 1G 1g 1GiB 1024MiB 1048576K 1073741824 0.5T 1.5G; do
+  run_rc 0 "--max-memory $v" --config mm.json --max-memory "$v" -q -o "mm-$v.h5"
+done
+for v in "" 1x -1G 1e9 1.2.3G "1 G" 0x10M nanG G . 15M 2048T; do
+  run_rc 2 "--max-memory '$v'" --config mm.json --max-memory "$v" -q -o mm2.h5
+done
+grep -q "must be in \[16 MiB, 1024 TiB\]" o.err && pass "the range is named" ||
+  fail "range: '$(cat o.err)'"
+[ ! -e mm2.h5 ] && pass "no trace after a bad --max-memory" || fail "mm2.h5 left behind"
+
 echo "$FAILS failure(s)"
 [ "$FAILS" = 0 ]
