@@ -1051,7 +1051,11 @@ double cli_line_delay(void) {
 void cli_read_line_init(cli_read_line *p, int quiet, const char *path,
                         const char *words) {
   cli_line_init(&p->line, quiet, cli_line_delay());
-  p->phase[0] = '\0';
+  cli_read_line_name(p, path, words);
+}
+
+void cli_read_line_name(cli_read_line *p, const char *path, const char *words) {
+  p->phase[0] = '\0'; /* the new name drawn at once */
   if (path)
     cli_escape_name(p->name, sizeof p->name, path);
   else

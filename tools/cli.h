@@ -365,6 +365,9 @@ typedef struct cli_read_line {
 } cli_read_line;
 void cli_read_line_init(cli_read_line *p, int quiet, const char *path,
                         const char *words);
+/* What the line names from now on: path (escaped), or words as they are
+ * when path is NULL. */
+void cli_read_line_name(cli_read_line *p, const char *path, const char *words);
 /* The callback to hand a probe_*_progress call: NULL when the line is off
  * (so the library does no progress work at all). */
 probe_progress_fn cli_read_line_fn(const cli_read_line *p);

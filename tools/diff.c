@@ -62,7 +62,8 @@ static void usage(FILE *f) {
 "                   the traces, and not a *.h5 name inside a set's\n"
 "                   directory (it would join the set)\n"
 "  --force          replace F even when it is not a result of diff\n"
-"  -q, --quiet      accepted for symmetry; diff shows no progress\n"
+"  -q, --quiet      no progress line (on a terminal, a long diff shows\n"
+"                   checking A, checking B, then comparing: NN%%)\n"
 "  -h, --help       this help\n"
 "\n"
 "exit: 0 A agrees with B within tolerance, 1 they diverge or do not align,\n"
@@ -259,7 +260,7 @@ static int write_out(const char *out, int force, const char *doc) {
 /* Two single traces: today's diff. */
 static int diff_two(const char *pa, const char *pb,
                     const probe_diff_options *optp, int json, const char *out,
-                    int force, char *const *args, int64_t top) {
+                    int force, char *const *args, int64_t top, int quiet) {
   probe_diff_options opt = *optp;
   /* the file rules (tools/cli.h): regular-file inputs, -o none of them */
   const char *inputs[2] = {pa, pb};
@@ -268,15 +269,27 @@ static int diff_two(const char *pa, const char *pb,
   if (!fr) fr = check_out(out, force, inputs, 2, args);
   if (fr) return fr;
   probe_trace *ta = NULL, *tb = NULL;
-  int orc = cli_open_trace(SUB, &ta, pa);
+  /* "checking A.h5: 42% (...)", the same for B, then "comparing A.h5 and
+   * B.h5: ..." */
+  cli_read_line pg;
+  cli_read_line_init(&pg, quiet, pa, NULL);
+  probe_progress_fn fn = cli_read_line_fn(&pg);
+  int orc = cli_open_trace_progress(SUB, &ta, pa, fn, &pg);
   if (orc) return orc;
-  orc = cli_open_trace(SUB, &tb, pb);
+  cli_read_line_name(&pg, pb, NULL);
+  orc = cli_open_trace_progress(SUB, &tb, pb, fn, &pg);
   if (orc) {
     probe_trace_close(ta);
     return orc;
   }
+  char ea_[300], eb_[300], both[640];
+  cli_escape_name(ea_, sizeof ea_, pa);
+  cli_escape_name(eb_, sizeof eb_, pb);
+  snprintf(both, sizeof both, "%s and %s", ea_, eb_);
+  cli_read_line_name(&pg, NULL, both);
   probe_diff d;
-  probe_status st = probe_diff_run(&d, ta, tb, &opt);
+  probe_status st = probe_diff_run_progress(&d, ta, tb, &opt, fn, &pg);
+  cli_line_clear(&pg.line);
   if (st < 0) {
     const char *ea = probe_trace_last_error(ta), *eb = probe_trace_last_error(tb);
     const char *e = ea && *ea ? ea : (eb && *eb ? eb : "");
@@ -333,8 +346,10 @@ static void side_free(side *s) {
   probe_trace_set_free(s->paths, s->n);
 }
 
-/* Opens every file of a side (isolated) and reads its rank. */
-static int side_open(side *s) {
+/* Opens every file of a side (isolated) and reads its rank; the line (may
+ * be off) counts the files. */
+static int side_open(side *s, cli_read_line *pg) {
+  probe_progress_fn fn = cli_read_line_fn(pg);
   s->t = calloc(s->n, sizeof *s->t);
   s->rank = calloc(s->n, sizeof *s->rank);
   s->err = calloc(s->n, sizeof *s->err);
@@ -342,6 +357,7 @@ static int side_open(side *s) {
   for (size_t i = 0; i < s->n; i++) {
     char err[512] = "";
     s->rank[i] = -1;
+    if (fn) fn(PROBE_PROGRESS_RANKS, i, s->n, pg);
     probe_status st = probe_trace_open_isolated(&s->t[i], s->paths[i], err,
                                                 sizeof err);
     if (st < 0) {
@@ -351,6 +367,7 @@ static int side_open(side *s) {
     }
     s->rank[i] = probe_trace_get_info(s->t[i])->rank;
   }
+  if (fn) fn(PROBE_PROGRESS_RANKS, s->n, s->n, pg);
   return 0;
 }
 
@@ -392,9 +409,13 @@ static const char *verdict_word(probe_diff_verdict v) {
 /* One pair: a text row and a JSON entry. Returns its verdict or -1. */
 static int diff_pair_row(const side *a, long ia, const side *b, long ib,
                          int32_t rank, const probe_diff_options *opt,
-                         json_t *pairs, FILE *f) {
+                         json_t *pairs, FILE *f, cli_read_line *pg) {
   probe_diff d;
-  probe_status st = probe_diff_run(&d, a->t[ia], b->t[ib], opt);
+  char who[32];
+  snprintf(who, sizeof who, "rank %d", (int)rank);
+  cli_read_line_name(pg, NULL, who);
+  probe_status st = probe_diff_run_progress(&d, a->t[ia], b->t[ib], opt,
+                                            cli_read_line_fn(pg), pg);
   json_t *e = json_object();
   json_object_set_new(e, "rank", json_integer(rank));
   json_object_set_new(e, "trace_a", cli_json_text(a->paths[ia]));
@@ -451,8 +472,10 @@ static void unreadable_rows(const side *s, const char *label, json_t *arr,
 
 /* Compares two sets rank by rank. */
 static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
-                     const char *out, int force) {
-  if (side_open(a) < 0 || side_open(b) < 0) {
+                     const char *out, int force, int quiet) {
+  cli_read_line pg; /* "reading rank files: ...", "comparing rank 3: ..." */
+  cli_read_line_init(&pg, quiet, NULL, NULL);
+  if (side_open(a, &pg) < 0 || side_open(b, &pg) < 0) {
     cli_error(SUB, "out of memory");
     return CLI_EXIT_INTERNAL;
   }
@@ -477,12 +500,13 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
       if (worst == PROBE_DIFF_AGREE) worst = PROBE_DIFF_NOT_ALIGNED;
       continue;
     }
-    int v = diff_pair_row(a, ia, b, ib, u[i], opt, pairs, f);
+    int v = diff_pair_row(a, ia, b, ib, u[i], opt, pairs, f, &pg);
     if (v < 0) failed = 1;
     else if (v == PROBE_DIFF_DIVERGE) worst = PROBE_DIFF_DIVERGE;
     else if (v == PROBE_DIFF_NOT_ALIGNED && worst == PROBE_DIFF_AGREE)
       worst = PROBE_DIFF_NOT_ALIGNED;
   }
+  cli_line_clear(&pg.line);
   unreadable_rows(a, "A", bad, f);
   unreadable_rows(b, "B", bad, f);
   fclose(f);
@@ -545,7 +569,7 @@ int cmd_diff(int argc, char **argv) {
   };
   probe_diff_options opt;
   probe_diff_options_init(&opt);
-  int json = 0, force = 0;
+  int json = 0, force = 0, quiet = 0;
   int64_t top = 20;
   const char *out = NULL;
   cli_getopt_reset();
@@ -571,7 +595,7 @@ int cmd_diff(int argc, char **argv) {
     case 'j': json = 1; break;
     case 'o': out = optarg; break;
     case 'f': force = 1; break;
-    case 'q': break;
+    case 'q': quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
     }
@@ -595,7 +619,7 @@ int cmd_diff(int argc, char **argv) {
   }
   if (a.n == 1 && b.n == 1) {
     rc = diff_two(a.paths[0], b.paths[0], &opt, json, out, force,
-                  argv + optind, top);
+                  argv + optind, top, quiet);
   } else {
     for (size_t i = 0; i < a.n && !rc; i++) rc = cli_check_input(SUB, a.paths[i]);
     for (size_t i = 0; i < b.n && !rc; i++) rc = cli_check_input(SUB, b.paths[i]);
@@ -603,7 +627,7 @@ int cmd_diff(int argc, char **argv) {
     if (!rc) rc = cli_check_output(SUB, out, (const char *const *)a.paths, a.n);
     if (!rc) rc = check_out(out, force, (const char *const *)b.paths, b.n,
                             argv + optind);
-    if (!rc) rc = diff_sets(&a, &b, &opt, json, out, force);
+    if (!rc) rc = diff_sets(&a, &b, &opt, json, out, force, quiet);
   }
   side_free(&a);
   side_free(&b);

@@ -927,6 +927,18 @@ typedef struct probe_diff {
  * message>" (or B), also in probe_trace_last_error(NULL). */
 AMPPROBE_API probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
                             const probe_diff_options *opt);
+/* probe_diff_run, telling fn (may be NULL: the same as probe_diff_run) how
+ * far it has read, phase PROBE_PROGRESS_COMPARING (probe_progress_fn,
+ * probe.h): once with done 0 before the first read, then after each chunk
+ * of opt->chunk_rows rows; total is both traces' records and steps rows,
+ * and the last call of a run that succeeds has done == total. A non-zero
+ * return stops the run at that chunk: PROBE_ERR_INTERRUPTED (free *d with
+ * probe_diff_free). */
+AMPPROBE_API probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
+                                                  probe_trace *b,
+                                                  const probe_diff_options *opt,
+                                                  probe_progress_fn fn,
+                                                  void *user);
 AMPPROBE_API void probe_diff_free(probe_diff *d);
 
 /* The whole result as a JSON document (malloc'd; free with probe_free).

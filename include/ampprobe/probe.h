@@ -582,6 +582,8 @@ typedef int (*probe_progress_fn)(const char *phase, uint64_t done,
 #define PROBE_PROGRESS_CHECKING "checking"
 /* probe_diag_run_progress's passes (analysis.h) */
 #define PROBE_PROGRESS_ANALYSING "analysing"
+/* probe_diff_run_progress reading both traces (analysis.h) */
+#define PROBE_PROGRESS_COMPARING "comparing"
 /* probe_ranks_run_progress reading the rank files (analysis.h; total: the
  * files), then reading again those whose first event needs a second look
  * (total: those files) */

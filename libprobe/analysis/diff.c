@@ -57,9 +57,35 @@ static void append_name(char *buf, size_t len, const char *raw) {
   strcat(buf, name);
 }
 
+/* ---- progress -------------------------------------------------------------- */
+
+/* The caller's callback (probe_diff_run_progress): done counts the rows read
+ * of total (both traces' records, then both steps tables); stopped once it
+ * asked to stop. fn NULL: nothing. */
+typedef struct diff_progress {
+  probe_progress_fn fn;
+  void *user;
+  uint64_t done, total;
+  int stopped;
+} diff_progress;
+
+/* n more rows read; PROBE_ERR_INTERRUPTED when the callback asks to stop. */
+static probe_status diff_progress_add(diff_progress *p, size_t n) {
+  if (!p || !p->fn) return PROBE_OK;
+  if (p->stopped) return PROBE_ERR_INTERRUPTED;
+  p->done += n;
+  if (p->done > p->total) p->done = p->total;
+  if (p->fn(PROBE_PROGRESS_COMPARING, p->done, p->total, p->user) != 0) {
+    p->stopped = 1;
+    return PROBE_ERR_INTERRUPTED;
+  }
+  return PROBE_OK;
+}
+
 /* ---- a trace read one step of records at a time -------------------------- */
 
 typedef struct cursor {
+  diff_progress *pg;     /* told of each chunk read (NULL: not counted) */
   probe_trace *t;
   int64_t row;           /* next row of the records table to read */
   probe_record *chunk;
@@ -71,9 +97,11 @@ typedef struct cursor {
   int64_t skipped;       /* records out of step order, ignored */
 } cursor;
 
-static probe_status cursor_init(cursor *c, probe_trace *t, size_t chunk) {
+static probe_status cursor_init(cursor *c, probe_trace *t, size_t chunk,
+                                diff_progress *pg) {
   memset(c, 0, sizeof *c);
   c->t = t;
+  c->pg = pg;
   c->chunk_cap = probe__chunk_rows(chunk);
   c->chunk = malloc(c->chunk_cap * sizeof *c->chunk);
   c->step_no = c->prev_step = -1;
@@ -91,7 +119,7 @@ static probe_status cursor_peek(cursor *c, const probe_record **r) {
     size_t got = 0;
     probe_status st =
         probe_trace_read_records(c->t, c->row, c->chunk_cap, c->chunk, &got);
-    if (st != PROBE_OK)
+    if (st != PROBE_OK || (got && (st = diff_progress_add(c->pg, got)) != PROBE_OK))
       return st;
     c->row += (int64_t)got;
     c->chunk_n = got;
@@ -462,7 +490,8 @@ static probe_status compare_step(state *s, const cursor *ca,
 #define FINAL_WINDOW 10
 
 static probe_status compare_losses(probe_diff *d, probe_trace *a,
-                                   probe_trace *b, size_t chunk) {
+                                   probe_trace *b, size_t chunk,
+                                   diff_progress *pg) {
   probe_step_scalars *ba = malloc(chunk * sizeof *ba);
   probe_step_scalars *bb = malloc(chunk * sizeof *bb);
   probe_status st = PROBE_OK;
@@ -482,13 +511,15 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
   d->trailing_skips_a = d->trailing_skips_b = 0;
   for (;;) {
     if (ia == na) {
-      if ((st = probe_trace_read_steps(a, rowa, chunk, ba, &na)) != PROBE_OK)
+      if ((st = probe_trace_read_steps(a, rowa, chunk, ba, &na)) != PROBE_OK ||
+          (st = diff_progress_add(pg, na)) != PROBE_OK)
         goto done;
       rowa += (int64_t)na;
       ia = 0;
     }
     if (ib == nb) {
-      if ((st = probe_trace_read_steps(b, rowb, chunk, bb, &nb)) != PROBE_OK)
+      if ((st = probe_trace_read_steps(b, rowb, chunk, bb, &nb)) != PROBE_OK ||
+          (st = diff_progress_add(pg, nb)) != PROBE_OK)
         goto done;
       rowb += (int64_t)nb;
       ib = 0;
@@ -1082,6 +1113,13 @@ static void stage_verdict(state *s) {
 
 probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
                             const probe_diff_options *opt) {
+  return probe_diff_run_progress(d, a, b, opt, NULL, NULL);
+}
+
+probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
+                                     probe_trace *b,
+                                     const probe_diff_options *opt,
+                                     probe_progress_fn fn, void *user) {
   if (!d || !a || !b) {
     probe__trace_open_msg("probe_diff_run: NULL %s",
                           !d ? "result" : !a ? "trace a" : "trace b");
@@ -1122,24 +1160,35 @@ probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
   st = stage_metadata(d, a, b, opt);
   if (st != PROBE_OK)
     return st;
+  const probe_trace_info *ia = probe_trace_get_info(a);
+  const probe_trace_info *ib = probe_trace_get_info(b);
+  diff_progress pg = {fn, user, 0, 0, 0};
+  pg.total = (uint64_t)ia->n_records + (uint64_t)ib->n_records +
+             (uint64_t)ia->n_steps + (uint64_t)ib->n_steps;
   state s;
   cursor ca, cb;
   memset(&ca, 0, sizeof ca);
   memset(&cb, 0, sizeof cb);
   st = stage_state(&s, d, a, b);
-  if (st == PROBE_OK && (cursor_init(&ca, a, d->opt.chunk_rows) != PROBE_OK ||
-                         cursor_init(&cb, b, d->opt.chunk_rows) != PROBE_OK))
+  if (st == PROBE_OK && (cursor_init(&ca, a, d->opt.chunk_rows, &pg) != PROBE_OK ||
+                         cursor_init(&cb, b, d->opt.chunk_rows, &pg) != PROBE_OK))
     st = PROBE_ERR_NOMEM;
+  if (st == PROBE_OK)
+    st = diff_progress_add(&pg, 0); /* 0 of total: under way */
   if (st == PROBE_OK) {
     st = stage_align_layers(&s);                    /* stage 3 */
     if (st == PROBE_OK)
       st = stage_records(&s, &ca, &cb);             /* stage 4 */
   }
   if (st == PROBE_OK)                               /* stage 5 */
-    st = compare_losses(d, a, b, d->opt.chunk_rows);
+    st = compare_losses(d, a, b, d->opt.chunk_rows, &pg);
   if (st == PROBE_OK) {
     stage_scaler_notes(d);                          /* stage 6 */
     stage_verdict(&s);                              /* stage 7 */
+    if (pg.done < pg.total) { /* rows the info counted and no read gave */
+      pg.done = pg.total;
+      st = diff_progress_add(&pg, 0);
+    }
   }
   cursor_free(&ca);
   cursor_free(&cb);

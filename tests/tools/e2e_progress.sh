@@ -13,6 +13,8 @@
 # `ampprobe report` the same (tools/report.c): of a trace "checking",
 # "analysing" and "plotting TRACE: N% (... rows)"; of a set also "scanning
 # rank files: N% (k of 96 files)"; erased before its "wrote" line.
+# `ampprobe diff` the same: "checking" A and B, "comparing A and B: N%"; of
+# two sets "reading rank files" and "comparing rank R: N%".
 #
 # usage: e2e_progress.sh AMPPROBE_BINARY MANY_LAYERS_TRACE [SYNTH_RANKS]
 set -u
@@ -159,6 +161,22 @@ else
   pass "report, stderr to a file: no progress line"
 fi
 
+# diff (2026-12-04; it drew nothing): "checking" each trace, then
+# "comparing A and B: N% (... rows)", erased before the result
+cp "$T" "$WORK/t2.h5"
+"$BIN" diff "$T" "$WORK/t2.h5" >"$WORK/dref.out" 2>"$WORK/dref.err"
+DREF_RC=$?
+[ "$DREF_RC" -le 1 ] || fail "diff of the traces: exit $DREF_RC: $(cat "$WORK/dref.err")"
+AMPPROBE_PROGRESS_DELAY=0 "$BIN" diff "$T" "$WORK/t2.h5" >/dev/null 2>"$WORK/dref0.err"
+nothing "diff, stderr to a file, delay 0" "$WORK/dref0.err"
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/dtty.out" "$WORK/dtty.err" "$BIN" diff "$T" "$WORK/t2.h5"
+same_out "diff on a terminal" "$WORK/dtty.out" "$WORK/dref.out"
+on_tty "diff on a terminal (checking A, checking B, comparing)" "$DREF_RC" erased "$WORK/dtty.err" \
+  "checking [^ ]*/t\.h5: [0-9]+% \(" "checking [^ ]*/t2\.h5: [0-9]+% \(" \
+  "comparing [^ ]*/t\.h5 and [^ ]*/t2\.h5: [0-9]+% \([0-9.kM]+ of [0-9.kM]+ rows\)"
+AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/dq.out" "$WORK/dq.err" "$BIN" diff -q "$T" "$WORK/t2.h5"
+nothing "diff -q on a terminal" "$WORK/dq.err"
+
 # a rank set
 if [ -z "$SYNTH" ]; then
   echo "skip: the rank set (no bench/synth_ranks given: AMPPROBE_BUILD_BENCH off)"
@@ -189,6 +207,18 @@ else
     "scanning rank files: [0-9]+% \([0-9]+ of 96 files\)"
   AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/srq.out" "$WORK/srq.err" "$BIN" report -q "$S" -o "$WORK/sq.html"
   nothing "report of a set, -q on a terminal" "$WORK/srq.err"
+  # diff of two sets: the files of each read, then the ranks compared
+  cp -r "$S" "$WORK/set2"
+  "$BIN" diff "$S" "$WORK/set2" >"$WORK/sdref.out" 2>"$WORK/sdref.err"
+  SDREF_RC=$?
+  [ "$SDREF_RC" -le 1 ] || fail "diff of the sets: exit $SDREF_RC: $(cat "$WORK/sdref.err")"
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sdtty.out" "$WORK/sdtty.err" "$BIN" diff "$S" "$WORK/set2"
+  same_out "diff of sets on a terminal" "$WORK/sdtty.out" "$WORK/sdref.out"
+  on_tty "diff of sets on a terminal (files read, ranks compared)" "$SDREF_RC" erased \
+    "$WORK/sdtty.err" "reading rank files: [0-9]+% \([0-9]+ of 96 files\)" \
+    "comparing rank [0-9]+: [0-9]+% \("
+  AMPPROBE_PROGRESS_DELAY=0 pty_run "$WORK/sdq.out" "$WORK/sdq.err" "$BIN" diff -q "$S" "$WORK/set2"
+  nothing "diff of sets, -q on a terminal" "$WORK/sdq.err"
 fi
 
 [ "$FAILS" = 0 ] || { echo "$FAILS check(s) failed"; exit 1; }

@@ -562,6 +562,63 @@ START_TEST(test_chunked_same_answer) {
 }
 END_TEST
 
+/* probe_diff_run_progress: one phase, done never decreasing and reaching
+ * total (both traces' records and steps rows), the same result as
+ * probe_diff_run; a callback that asks to stop gets PROBE_ERR_INTERRUPTED
+ * at that chunk; NULL is probe_diff_run. */
+typedef struct dprog {
+  int calls, bad, stop_at;
+  uint64_t done, total;
+} dprog;
+
+static int dprog_cb(const char *phase, uint64_t done, uint64_t total,
+                    void *user) {
+  dprog *l = user;
+  l->calls++;
+  if (strcmp(phase, PROBE_PROGRESS_COMPARING) || done > total ||
+      (l->calls > 1 && (done < l->done || total != l->total)))
+    l->bad = l->calls;
+  l->done = done;
+  l->total = total;
+  return l->stop_at > 0 && l->calls >= l->stop_at;
+}
+
+START_TEST(test_progress) {
+  probe_diff ref, d;
+  spec a = {.v = V_REVIN_INF, .steps = 40}, b = {.v = V_SAME, .steps = 40};
+  run_diff(&ref, a, b, 7);
+  probe_trace *ta = NULL, *tb = NULL;
+  ck_assert_int_eq(probe_trace_open(&ta, path_a), PROBE_OK);
+  ck_assert_int_eq(probe_trace_open(&tb, path_b), PROBE_OK);
+  const probe_trace_info *ia = probe_trace_get_info(ta), *ib = probe_trace_get_info(tb);
+  uint64_t rows = (uint64_t)(ia->n_records + ib->n_records + ia->n_steps + ib->n_steps);
+  probe_diff_options opt;
+  probe_diff_options_init(&opt);
+  opt.chunk_rows = 7;
+  dprog l = {0};
+  ck_assert_int_eq(probe_diff_run_progress(&d, ta, tb, &opt, dprog_cb, &l), PROBE_OK);
+  ck_assert_msg(!l.bad, "call %d broke a rule", l.bad);
+  ck_assert_uint_eq(l.total, rows);
+  ck_assert_uint_eq(l.done, rows);
+  ck_assert_int_gt(l.calls, (int)(rows / 7)); /* a call a chunk */
+  ck_assert_int_eq(d.first_div_step, ref.first_div_step);
+  ck_assert_str_eq(d.intro.layer, ref.intro.layer);
+  ck_assert_str_eq(d.verdict_text, ref.verdict_text);
+  probe_diff_free(&d);
+  dprog stop = {.stop_at = 5};
+  ck_assert_int_eq(probe_diff_run_progress(&d, ta, tb, &opt, dprog_cb, &stop),
+                   PROBE_ERR_INTERRUPTED);
+  ck_assert_int_eq(stop.calls, 5);
+  probe_diff_free(&d);
+  ck_assert_int_eq(probe_diff_run_progress(&d, ta, tb, &opt, NULL, NULL), PROBE_OK);
+  ck_assert_str_eq(d.verdict_text, ref.verdict_text);
+  probe_diff_free(&d);
+  probe_diff_free(&ref);
+  probe_trace_close(ta);
+  probe_trace_close(tb);
+}
+END_TEST
+
 /* The FP32 baseline finds NaN gradients (found_inf) and, having no scaler,
  * applies them: those records are compared, not left out as a scaler's
  * routine overflow (they were, when found_inf alone meant "skipped"). */
@@ -697,6 +754,7 @@ static Suite *make_diff_suite(void) {
   tcase_add_test(tc, test_config_values);
   tcase_add_test(tc, test_different_lengths);
   tcase_add_test(tc, test_chunked_same_answer);
+  tcase_add_test(tc, test_progress);
   tcase_add_test(tc, test_nan_without_skip_compared);
   tcase_add_test(tc, test_all_left_out);
   tcase_add_test(tc, test_layers_differ);
