@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define F_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len, 0}
 #define FOPT_(st, fld, kind, len) {#fld, offsetof(st, fld), kind, len, 1}
@@ -290,12 +292,59 @@ static void h5_mu_create(void) {
   pthread_mutexattr_destroy(&a);
 }
 
+/* The descriptors under the traces this process writes (probe__h5_own_fd),
+ * under h5_mu; a child of fork() gets them in h5_fork_child. */
+enum { H5_OWN_MAX = 256 };
+static int h5_own[H5_OWN_MAX];
+static int h5_n_own;
+/* 1 in a child of fork() that inherited traces open for writing: its exit
+ * leaves HDF5 alone (h5_exit_cleanup) */
+static atomic_int h5_inherited;
+
+void probe__h5_own_fd(int fd) {
+  if (fd >= 0 && h5_n_own < H5_OWN_MAX) h5_own[h5_n_own++] = fd;
+}
+
+void probe__h5_disown_fd(int fd) {
+  for (int i = 0; i < h5_n_own; i++)
+    if (h5_own[i] == fd) {
+      h5_own[i] = h5_own[--h5_n_own];
+      return;
+    }
+}
+
+/* In a child of fork(): the parent's traces are the parent's. HDF5's copy
+ * here still holds them open, and a flush of it - H5close at the child's
+ * exit() - would write that copy's stale metadata into the parent's live
+ * file (a trace the reader then refused as corrupt). Each descriptor is
+ * pointed at a sink of its own (an empty memory file: writes taken, reads
+ * of zeros; /dev/null without memfd_create), and the child's exit does no
+ * HDF5 clean-up. Only system calls: no HDF5, no locks. */
+static void h5_fork_child_sinks(void) {
+  for (int i = 0; i < h5_n_own; i++) {
+    int sink = -1;
+#ifdef MFD_CLOEXEC
+    sink = memfd_create("ampprobe-inherited-trace", MFD_CLOEXEC);
+#endif
+    if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (sink >= 0) {
+      dup3(sink, h5_own[i], O_CLOEXEC);
+      close(sink);
+    }
+  }
+  if (h5_n_own > 0) atomic_store(&h5_inherited, 1);
+  h5_n_own = 0;
+}
+
 /* fork() while a writer thread is inside HDF5 would leave the child an
  * HDF5 in the middle of a call, and a lock owned by a thread it lacks:
  * fork waits for the lock, and the child re-creates it. */
 static void h5_fork_prepare(void) { pthread_mutex_lock(&h5_mu); }
 static void h5_fork_parent(void) { pthread_mutex_unlock(&h5_mu); }
-static void h5_fork_child(void) { h5_mu_create(); }
+static void h5_fork_child(void) {
+  h5_fork_child_sinks();
+  h5_mu_create();
+}
 
 static void h5_mu_init(void) {
   h5_mu_create();
@@ -378,7 +427,7 @@ static void h5_close_open_ids(void) {
 }
 
 static void h5_exit_cleanup(void) {
-  if (atomic_load(&h5_close_failed)) return;
+  if (atomic_load(&h5_close_failed) || atomic_load(&h5_inherited)) return;
   if (!atomic_load(&h5_failed_call)) {
     H5close();
     return;

@@ -185,6 +185,12 @@ void probe__h5_lock_child_reset(void);
 void probe__h5_cloexec(hid_t file);
 /* The descriptor under an open HDF5 file (the sec2 driver's), or -1. */
 int probe__h5_fd(hid_t file);
+/* The descriptor under a trace this process writes, from its creation
+ * (own) to its close (disown), under the lock: a child of fork() points
+ * each at a sink and leaves HDF5 alone at its exit, so that nothing it
+ * does - exit() included - writes into the parent's live trace. */
+void probe__h5_own_fd(int fd);
+void probe__h5_disown_fd(int fd);
 
 /* HDF5's clean-up at exit (H5_term_library) closes every file still open;
  * after an H5Fclose that failed - HDF5 1.10 then keeps the id of a file it

@@ -120,6 +120,7 @@ static herr_t h5err_walk(unsigned n, const H5E_error2_t *e, void *data) {
  * because of a full disk or the file-size limit is PROBE_ERR_NOSPACE. */
 static probe_status h5_fail(probe_session *s, const char *what) {
   int saved = errno;
+  probe__h5_failed_call(); /* HDF5 may have leaked: no H5close at exit */
   h5err he = {{0}, 0, 0};
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5err_walk, &he);
   H5Eclear2(H5E_DEFAULT);
@@ -661,6 +662,7 @@ static void session_close_handles(probe_session *s) {
       s->dset[t] = s->mtype[t] = H5I_INVALID_HID;
     }
     if (s->state >= 0 && H5Dclose(s->state) < 0) bad = 1;
+    if (s->file >= 0) probe__h5_disown_fd(probe__h5_fd(s->file));
     if (s->file >= 0 && H5Fclose(s->file) < 0) {
       bad = 1;
       probe__h5_close_failed();
@@ -704,6 +706,7 @@ static probe_status file_create(probe_session *s) {
                     s->w_err == PROBE_ERR_HDF5 ? "HDF5 error" : strerror(e));
   }
   probe__h5_cloexec(s->file);
+  probe__h5_own_fd(probe__h5_fd(s->file)); /* a forked child leaves it alone */
   if (write_root_attrs(s) < 0) return h5_fail(s, "writing root attributes");
   if (create_layout(s) < 0) return h5_fail(s, "creating tables");
   probe_status st = state_write(s, 0);

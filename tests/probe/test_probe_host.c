@@ -4,7 +4,9 @@
  * host may have set, as h5py does) is the host's again after every call;
  * the host's stdio buffers are not flushed behind its back; and no
  * descriptor the library holds (HDF5's open traces) is inherited by a
- * program the host execs. Each once failed (an audit of 2026-12-03).
+ * program the host execs; a child of fork() that exits leaves the parent's
+ * live traces as they were. Each once failed (an audit of 2026-12-03, a
+ * hunt of 2026-12-04).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -257,6 +259,140 @@ START_TEST(failed_open_prints_nothing_at_exit) {
 }
 END_TEST
 
+/* ---- a child of fork() leaves the parent's traces alone ------------------ */
+
+enum { FK_LAYERS = 16, FK_N = 256 };
+
+/* Steps a..b-1 of FK_LAYERS records each. */
+static void fork_steps(probe_session *s, int64_t a, int64_t b) {
+  float x[FK_N];
+  for (int64_t k = a; k < b; k++) {
+    PT_CHECK(probe_step_begin(s, k));
+    for (int l = 0; l < FK_LAYERS; l++) {
+      pt_tensor(x, FK_N, k, (uint32_t)l);
+      PT_CHECK(probe_tensor_record(s, l, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, FK_N));
+    }
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+}
+
+static probe_session *fork_session(const char *path, probe_record_mode mode) {
+  probe_session *s = pt_open(path, mode);
+  for (int l = 0; l < FK_LAYERS; l++) {
+    char n[16];
+    snprintf(n, sizeof n, "l%d", l);
+    PT_CHECK(probe_layer_register(s, n, PROBE_KIND_LINEAR, PROBE_DTYPE_F16, NULL));
+  }
+  return s;
+}
+
+/* The trace at path opens whole (every row read), complete, with steps
+ * steps (and as many records a step in full mode). */
+static void fork_trace_whole(const char *path, int64_t steps, int full,
+                             const char *what) {
+  probe_trace *t = NULL;
+  char err[512] = "";
+  probe_status st = probe_trace_open_isolated(&t, path, err, sizeof err);
+  ck_assert_msg(st == PROBE_OK, "%s: %s: %s", what, probe_status_name(st), err);
+  const probe_trace_info *in = probe_trace_get_info(t);
+  ck_assert_msg(in->complete, "%s: not complete", what);
+  ck_assert_int_eq(in->n_steps, steps);
+  if (full) ck_assert_int_eq(in->n_records, steps * FK_LAYERS);
+  ck_assert_int_eq(pt_read_all(t), PROBE_OK);
+  probe_trace_close(t);
+}
+
+/* How the child ends: exit() at once; exit() after the parent closed its
+ * sessions; a session of its own, written and closed, then exit(). */
+enum { FK_EXIT, FK_EXIT_LATE, FK_OWN };
+
+/* A child of fork() that merely exit()s - its atexit handlers run, HDF5's
+ * clean-up among them - wrote its copy of HDF5's stale metadata into the
+ * parent's live trace, which the reader then refused as corrupt ("counts
+ * 3200 rows of /records, the table has 2400": hunt, 2026-12-04). Full and
+ * flight-recorder traces, one or two open at the fork, rows written and not
+ * yet flushed; the child exits early, late, or after a trace of its own.
+ * Every trace opens whole, and the child prints nothing. */
+static void fork_case(int mode, int two, int how) {
+  char pa[256], pb[256], pc[256], what[96];
+  snprintf(what, sizeof what, "%s, %d trace%s, child %s",
+           mode == PROBE_MODE_FULL ? "full" : "flight recorder", two ? 2 : 1,
+           two ? "s" : "", how == FK_EXIT ? "exit()" : how == FK_EXIT_LATE
+                                          ? "exit() late" : "own trace");
+  pt_path(pa, sizeof pa, "fork-a");
+  pt_path(pb, sizeof pb, "fork-b");
+  pt_path(pc, sizeof pc, "fork-c");
+  probe_session *a = fork_session(pa, (probe_record_mode)mode);
+  probe_session *b = two ? fork_session(pb, (probe_record_mode)mode) : NULL;
+  fork_steps(a, 0, 150); /* rows handed to the writer, not flushed */
+  if (b) fork_steps(b, 0, 40);
+  int go[2], ep[2];
+  ck_assert_int_eq(pipe(go), 0);
+  ck_assert_int_eq(pipe(ep), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(go[1]);
+    close(ep[0]);
+    dup2(ep[1], 2);
+    if (how == FK_OWN) {
+      probe_session *c = fork_session(pc, PROBE_MODE_FULL);
+      fork_steps(c, 0, 30);
+      if (probe_session_close(c) != PROBE_OK) _exit(10);
+    }
+    char ch;
+    if (how == FK_EXIT_LATE && read(go[0], &ch, 1) != 1) _exit(11);
+    exit(0); /* atexit handlers run */
+  }
+  close(go[0]);
+  close(ep[1]);
+  fork_steps(a, 150, 200);
+  PT_CHECK(probe_session_flush(a));
+  if (how == FK_EXIT_LATE) {
+    PT_CHECK(probe_session_close(a));
+    if (b) PT_CHECK(probe_session_close(b));
+    ck_assert_int_eq(write(go[1], "x", 1), 1);
+  }
+  char err[2048];
+  ssize_t n = read(ep[0], err, sizeof err - 1);
+  err[n > 0 ? n : 0] = '\0';
+  int wst = 0;
+  ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+  close(go[1]);
+  close(ep[0]);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "%s: child status 0x%x",
+                what, (unsigned)wst);
+  ck_assert_msg(n <= 0, "%s: the child printed '%.300s'", what, err);
+  if (how != FK_EXIT_LATE) {
+    fork_steps(a, 200, 220);
+    PT_CHECK(probe_session_close(a));
+    if (b) PT_CHECK(probe_session_close(b));
+  }
+  int full = mode == PROBE_MODE_FULL;
+  if (full) {
+    fork_trace_whole(pa, how == FK_EXIT_LATE ? 200 : 220, 1, what);
+    if (b) fork_trace_whole(pb, 40, 1, what);
+  } else { /* the flight recorder: the steps table, whole */
+    fork_trace_whole(pa, how == FK_EXIT_LATE ? 200 : 220, 0, what);
+  }
+  if (how == FK_OWN) fork_trace_whole(pc, 30, 1, what);
+  unlink(pa);
+  unlink(pb);
+  unlink(pc);
+}
+
+START_TEST(forked_child_leaves_the_trace) {
+  static const int modes[] = {PROBE_MODE_FULL, PROBE_MODE_SCALARS};
+  for (int m = 0; m < 2; m++)
+    for (int two = 0; two < 2; two++)
+      for (int how = FK_EXIT; how <= FK_OWN; how++)
+        fork_case(modes[m], two, how);
+}
+END_TEST
+
 /* A test that fails before its unlinks (a Check failure ends its process
  * with exit) leaves nothing in TMPDIR: the files of every pt_path of a
  * process go with it (they piled up in /tmp: NAME.h5, NAME.h5.bad.h5,
@@ -414,6 +550,7 @@ int main(void) {
   tcase_add_test(tc, host_stdio_buffers_untouched);
   tcase_add_test(tc, no_trace_descriptor_survives_exec);
   tcase_add_test(tc, failed_open_prints_nothing_at_exit);
+  tcase_add_test(tc, forked_child_leaves_the_trace);
   tcase_add_test(tc, test_files_go_with_the_process);
   tcase_add_test(tc, test_dir_any_tmpdir);
   tcase_add_test(tc, test_dir_never_reused);
