@@ -735,35 +735,78 @@ static void note_uncertain(probe_ranks *r) {
  * came from - a sum of finite values is not NaN, and an FP32 sum of
  * finite gradients does not overflow - so the text leads with them and
  * the fix is to read them, not to change the all-reduce. */
+/* The ranks read whose traces end before the event step (killed before
+ * they flushed it): they hold no record of it, so that they were finite
+ * before the all-reduce is not seen. Their list into buf; returns how
+ * many, *last the latest step they reach. */
+static int64_t short_ranks(const probe_ranks *r, char *buf, size_t cap,
+                           int64_t *last) {
+  size_t len = 0;
+  int64_t n = 0;
+  *last = -1;
+  if (cap) buf[0] = '\0';
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (e->status != PROBE_RANK_READ || e->nf_step >= 0 ||
+        e->last_step >= r->event_step)
+      continue;
+    n++;
+    if (e->last_step > *last) *last = e->last_step;
+    if (len < cap) {
+      int k = snprintf(buf + len, cap - len, "%s%d", len ? ", " : "",
+                       (int)e->rank);
+      len += k > 0 ? (size_t)k : 0;
+      if (len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* cut */
+    }
+  }
+  return n;
+}
+
 static void text_allreduce_origin(probe_ranks *r, const char *carried) {
-  char cast[160], lost[160];
+  char cast[160], lost[160], shrt[64], unseen[344], fixwho[352];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_CAST, cast, sizeof cast);
   int64_t n_lost = r->n_missing + r->n_unreadable;
   int64_t nl = probe__rank_list(r, 1, PROBE_RANK_MISSING, lost, sizeof lost);
   if (nl == 0) /* unreadable files whose rank is unknown */
     snprintf(lost, sizeof lost, "%lld file%s", (long long)r->n_unreadable,
              r->n_unreadable == 1 ? "" : "s");
+  int64_t last = -1, ns = short_ranks(r, shrt, sizeof shrt, &last);
   const char *layer = r->entries[r->first].nf_layer_name;
   const char *who = nl == 0 ? "" : nl == 1 ? "rank " : "ranks ";
   const char *them = n_lost == 1 ? "it" : "them";
-  if (n_lost > 0) {
-    /* NaN: a sum of finite values is not NaN - born on a lost rank; inf:
-     * that, or an FP16 sum of finite values that overflowed */
+  if (n_lost > 0 || ns > 0) {
+    /* NaN: a sum of finite values is not NaN - born on a rank not seen at
+     * the step; inf: that, or an FP16 sum of finite values that overflowed */
     int nan = (r->entries[r->first].nf_post & 2) != 0;
+    char a[200] = "", b[128] = "", fa[216] = "", fb[128] = "";
+    if (n_lost > 0) {
+      snprintf(a, sizeof a, "%s%s, which could not be read", who, lost);
+      snprintf(fa, sizeof fa, "read the trace of %s%s (restore or re-record "
+               "%s)", who, lost, them);
+    }
+    if (ns > 0) {
+      if (ns == 1)
+        snprintf(b, sizeof b, "rank %s, whose trace ends at step %lld", shrt,
+                 (long long)last);
+      else
+        snprintf(b, sizeof b, "ranks %s, whose traces end before step %lld",
+                 shrt, (long long)r->event_step);
+      snprintf(fb, sizeof fb, "re-record rank%s %s past step %lld",
+               ns == 1 ? "" : "s", shrt, (long long)r->event_step);
+    }
+    snprintf(unseen, sizeof unseen, "%s%s%s", a, a[0] && b[0] ? ", or on " : "", b);
+    snprintf(fixwho, sizeof fixwho, "%s%s%s", fa, fa[0] && fb[0] ? " and " : "", fb);
     snprintf(r->origin_text, sizeof r->origin_text,
              "the all-reduce brought %s to rank%s %s (step %lld, layer %s): "
-             "every rank read was finite before it%s, so it was born on %s%s, "
-             "which could not be read%s",
+             "every rank read was finite before it%s, so it was born on %s%s",
              nan ? "NaN" : "inf", r->n_carried + r->n_cast > 1 ? "s" : "",
              r->n_carried ? carried : cast, (long long)r->event_step, layer,
-             nan ? ", and a sum of finite values is not NaN" : "", who, lost,
+             nan ? ", and a sum of finite values is not NaN" : "", unseen,
              nan ? "" : ", or in the all-reduce itself (an FP16 sum of finite "
                         "values that overflowed)");
-    snprintf(r->fix_text, sizeof r->fix_text,
-             "read the trace of %s%s (restore or re-record %s)%s%s", who, lost,
-             them, nan ? " to see where it was born; the all-reduce did not "
-                         "make it"
-                       : "; if every rank's gradients were finite, ",
+    snprintf(r->fix_text, sizeof r->fix_text, "%s%s%s", fixwho,
+             nan ? " to see where it was born; the all-reduce did not make it"
+                 : "; if every rank's gradients were finite, ",
              nan ? "" : PROBE__ALLREDUCE_FIX);
     return;
   }
@@ -852,8 +895,11 @@ static void write_texts(probe_ranks *r) {
     snprintf(r->origin_text, sizeof r->origin_text,
              "no non-finite value on any rank read");
   }
+  int64_t last;
   r->origin_uncertain = r->origin != PROBE_RANKS_ORIGIN_NONE &&
-                        r->n_missing + r->n_unreadable > 0;
+                        (r->n_missing + r->n_unreadable > 0 ||
+                         (r->origin == PROBE_RANKS_ORIGIN_ALLREDUCE &&
+                          short_ranks(r, NULL, 0, &last) > 0));
   /* (an all-reduce origin says itself what the ranks not read mean) */
   if (r->origin_uncertain && r->origin != PROBE_RANKS_ORIGIN_ALLREDUCE)
     note_uncertain(r);

@@ -107,7 +107,7 @@ static void text_header(const probe_ranks *r, FILE *f) {
   }
   if (r->first >= 0 && r->n_unreached) {
     probe__rank_list(r, 0, PROBE_RANK_ROLE_NONE, list, sizeof list);
-    fprintf(f, "                  never non-finite: rank%s %s\n",
+    fprintf(f, "                  no non-finite value recorded: rank%s %s\n",
             r->n_unreached > 1 ? "s" : "", list);
   }
 }

@@ -1369,6 +1369,78 @@ START_TEST(test_lost_origin_with_scaler) {
 }
 END_TEST
 
+/* A rank read whose trace ends before the event step (killed before it
+ * flushed that step) holds no record of it: "every rank's gradients were
+ * finite before the all-reduce" is not seen. It was "born in the
+ * all-reduce ... all-reduce the gradients in FP32" (hunt, 2026-12-04), the
+ * same error as a missing rank's; now the short rank is named as where a
+ * NaN was born, with the missing ones, and an inf keeps the all-reduce as
+ * the other cause. A rank that ends after the event changes nothing. */
+START_TEST(test_allreduce_origin_on_a_short_rank) {
+  static const struct {
+    const char *tag;
+    int nan_rank, skip;
+    int64_t kill[4]; /* kill_after per rank, -1 = not killed */
+    int inf;         /* the all-reduce returns inf on every rank at step 5 */
+    const char *origin, *fix, *carried;
+  } cases[] = {
+      {"short1", 1, -1, {-1, 4, -1, -1}, 0,
+       "is not NaN, so it was born on rank 1, whose trace ends at step 4",
+       "re-record rank 1 past step 5 to see where it was born", "0,2,3"},
+      {"short2", 2, -1, {-1, 3, 4, -1}, 0,
+       "so it was born on ranks 1, 2, whose traces end before step 5",
+       "re-record ranks 1, 2 past step 5", "0,3"},
+      {"shortmiss", 1, 3, {-1, 4, -1, -1}, 0,
+       "born on rank 3, which could not be read, or on rank 1, whose trace "
+       "ends at step 4",
+       "read the trace of rank 3 (restore or re-record it) and re-record rank "
+       "1 past step 5", "0,2"},
+      {"shortinf", -1, -1, {-1, -1, 4, -1}, 1,
+       "born on rank 2, whose trace ends at step 4, or in the all-reduce "
+       "itself", "re-record rank 2 past step 5; if every rank's gradients "
+       "were finite, all-reduce the gradients in FP32", "0,1,3"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    job j;
+    job_init(&j, cases[c].tag, 4, 10);
+    j.no_scaler = 1;
+    for (int k = 0; k < 4; k++) {
+      j.f[k].kill_after = cases[c].kill[k];
+      if (cases[c].inf) j.f[k].post_inf_step = 5;
+    }
+    if (cases[c].nan_rank >= 0) j.f[cases[c].nan_rank].nan_input_step = 5;
+    write_job(&j);
+    probe_ranks r;
+    run_set(&r, &j, cases[c].skip, 0);
+    ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+    ck_assert_int_eq(r.event_step, 5);
+    ck_assert_int_eq(r.origin_uncertain, 1);
+    ck_assert_msg(strstr(r.origin_text, cases[c].origin), "%s: %s",
+                  cases[c].tag, r.origin_text);
+    ck_assert_msg(strstr(r.fix_text, cases[c].fix), "%s: %s", cases[c].tag,
+                  r.fix_text);
+    if (!cases[c].inf)
+      ck_assert_msg(!strstr(r.fix_text, "--allreduce-dtype"), "%s: %s",
+                    cases[c].tag, r.fix_text);
+    check_origin(&r, "allreduce", "", cases[c].carried);
+    probe_ranks_free(&r);
+  }
+  /* killed after the event: every rank was seen at step 5, certain */
+  job j;
+  job_init(&j, "shortlate", 4, 10);
+  j.no_scaler = 1;
+  for (int k = 0; k < 4; k++) j.f[k].post_inf_step = 5;
+  j.f[1].kill_after = 7;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  ck_assert_int_eq(r.origin_uncertain, 0);
+  ck_assert_msg(strstr(r.origin_text, "born in the all-reduce"), "%s", r.origin_text);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 /* A routine overflow of rank 0's own gradients on the very step rank 1's
  * input is NaN: rank 1 is born, rank 0 was reached by the all-reduce (it
  * was "born on ranks 0-1 (step 5, input/fwd_out)"); in both modes. */
@@ -1906,6 +1978,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_sets);
   tcase_add_test(tc, test_cli_diff_sets);
   tcase_add_test(tc, test_lost_origin_with_scaler);
+  tcase_add_test(tc, test_allreduce_origin_on_a_short_rank);
   tcase_add_test(tc, test_backoff_coincides_with_nan);
   tcase_add_test(tc, test_allreduce_cast_overflow);
   tcase_add_test(tc, test_born_sites_listed);
