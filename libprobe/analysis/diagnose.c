@@ -889,6 +889,14 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
        * layer in FP32 does not change that cast */
       origin = (int)i;
       kind = PROBE_DIAG_EVENT_ALLREDUCE;
+    } else if (x->site == PROBE_SITE_FWD_IN) {
+      /* the step's first non-finite value arrived in a module's input:
+       * nothing recorded before made it (a forward output that did would
+       * have come first): the data with no input layer recorded, or code
+       * between modules (the clean-input finding says so). A weight or
+       * master weight later in the step, made non-finite by it, is not
+       * the origin (it was: weight-nonfinite at master_weight) */
+      origin = (int)i;
     } else if (is_fwd_out(x->site) || is_bwd_out(x->site)) {
       layer_step call = call_of(l, r, i);
       if (!inputs_nonfinite(&call, r, x->site)) origin = (int)i;

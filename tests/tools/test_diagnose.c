@@ -2123,6 +2123,125 @@ END_TEST
 #endif
 
 
+/* ---- a value that arrived in a module's input ----------------------------- */
+
+/* A job with no input layer (the Python tracer with record_input=False, or
+ * a loop that calls the model's parts): three linear blocks and a loss, each
+ * block recording fwd_in, weight, fwd_out; master weights at the end of each
+ * step, and the NaN the data or code between modules puts into block `at`'s
+ * input at step `bad_step` (nan or inf) carried to the end and into the
+ * weights after. It was diagnosed weight-nonfinite at master_weight (the
+ * fwd_in was never an origin, and the weights' records won: hunt,
+ * 2026-12-04); now it is named where it arrived, with the clean-input
+ * finding (look upstream, not FP32). */
+enum { AR_BLOCKS = 3 };
+
+static void arrived_trace(const char *p, int at, int bad_step, int inf,
+                          int made_by_block) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.precision_policy = "fp16";
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
+  int32_t id[AR_BLOCKS + 1];
+  for (int b = 0; b < AR_BLOCKS; b++) {
+    char n[16];
+    snprintf(n, sizeof n, "blk%d", b);
+    ck_assert_int_eq(probe_layer_register(s, n, PROBE_KIND_LINEAR,
+                                          PROBE_DTYPE_F16, &id[b]), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_layer_register(s, "loss", PROBE_KIND_LOSS,
+                                        PROBE_DTYPE_F32, &id[AR_BLOCKS]), PROBE_OK);
+  float v[N], bad[N];
+  for (int i = 0; i < N; i++) v[i] = bad[i] = 0.5f + (float)i / N;
+  bad[0] = bad[3] = inf ? INFINITY : NAN;
+  for (int step = 0; step < 8; step++) {
+    int hot = step >= bad_step; /* the value flows on; weights bad after */
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    int flowing = 0;
+    for (int b = 0; b < AR_BLOCKS; b++) {
+      /* arrived: in block at's input (from outside modules) */
+      if (hot && step == bad_step && b == at && !made_by_block) flowing = 1;
+      const float *w = hot && step > bad_step ? bad : v;
+      ck_assert_int_eq(probe_tensor_record(s, id[b], PROBE_SITE_FWD_IN,
+                                           PROBE_DTYPE_F32,
+                                           flowing || (hot && step > bad_step) ? bad : v, N),
+                       PROBE_OK);
+      ck_assert_int_eq(probe_tensor_record(s, id[b], PROBE_SITE_WEIGHT,
+                                           PROBE_DTYPE_F32, w, N), PROBE_OK);
+      /* made: block at's output from finite inputs (the control) */
+      if (hot && step == bad_step && b == at && made_by_block) flowing = 1;
+      ck_assert_int_eq(probe_tensor_record(s, id[b], PROBE_SITE_FWD_OUT,
+                                           PROBE_DTYPE_F32,
+                                           flowing || (hot && step > bad_step) ? bad : v, N),
+                       PROBE_OK);
+    }
+    int nf = hot;
+    ck_assert_int_eq(probe_tensor_record(s, id[AR_BLOCKS], PROBE_SITE_FWD_IN,
+                                         PROBE_DTYPE_F32, nf ? bad : v, N), PROBE_OK);
+    for (int b = AR_BLOCKS - 1; b >= 0; b--)
+      ck_assert_int_eq(probe_tensor_record(s, id[b], PROBE_SITE_WEIGHT_GRAD,
+                                           PROBE_DTYPE_F32, nf ? bad : v, N),
+                       PROBE_OK);
+    for (int b = 0; b < AR_BLOCKS; b++)
+      ck_assert_int_eq(probe_tensor_record(s, id[b], PROBE_SITE_MASTER_WEIGHT,
+                                           PROBE_DTYPE_F32, nf ? bad : v, N),
+                       PROBE_OK);
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = nf ? NAN : 1.0;
+    sc.loss_scale = 1.0;
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_arrived_in_input) {
+  static const struct {
+    int at, inf, made;
+    probe_site site;
+    const char *layer;
+  } cases[] = {
+      {0, 0, 0, PROBE_SITE_FWD_IN, "blk0"},  /* the data, no input layer */
+      {0, 1, 0, PROBE_SITE_FWD_IN, "blk0"},
+      {1, 0, 0, PROBE_SITE_FWD_IN, "blk1"},  /* code between modules */
+      {2, 1, 0, PROBE_SITE_FWD_IN, "blk2"},
+      {1, 1, 1, PROBE_SITE_FWD_OUT, "blk1"}, /* controls: a block made it */
+      {0, 0, 1, PROBE_SITE_FWD_OUT, "blk0"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "arrived%zu", c);
+    const char *p = tmp_path(tag);
+    arrived_trace(p, cases[c].at, 3, cases[c].inf, cases[c].made);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(d.event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+                      d.event != PROBE_DIAG_EVENT_NONE,
+                  "case %zu: event %s", c, probe_diag_event_name(d.event));
+    ck_assert_int_eq(d.event_step, 3);
+    ck_assert_int_eq(d.event_phase, PROBE_PHASE_FORWARD);
+    ck_assert_int_eq(d.origin_site, cases[c].site);
+    ck_assert_str_eq(d.layers[d.origin_layer].info.name, cases[c].layer);
+    ck_assert_int_ge(d.n_findings, 1);
+    if (!cases[c].made) { /* no precision change fixes it: look upstream */
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_CLEAN_INPUT);
+      char want[96];
+      snprintf(want, sizeof want, "'%s' (linear) received inf/NaN at its fwd_in",
+               cases[c].layer);
+      ck_assert_msg(strstr(d.findings[0].title, want), "case %zu: %s", c,
+                    d.findings[0].title);
+    } else {
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+    }
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 /* ---- progress (probe_trace_open_isolated_progress, probe_diag_run_progress) */
 
 typedef struct prog_log {
@@ -2233,6 +2352,7 @@ static Suite *make_diagnose_suite(void) {
   TCase *tc = tcase_create("engine");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_healthy);
+  tcase_add_test(tc, test_arrived_in_input);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
   tcase_add_test(tc, test_underflow_from_fp32_layers);
