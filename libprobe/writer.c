@@ -427,8 +427,8 @@ static probe_status flush_commit(probe_session *s, int complete) {
 
 static probe_status table_write(probe_session *s, probe__table t);
 
-/* At the file-size limit, what can still be made durable is, in the room
- * the last check kept (FLUSH_MARGIN): the pending layers, step scalars and
+/* At the file-size limit or on a full disk, what can still be made durable
+ * is, in the room the last check kept (FLUSH_MARGIN): the pending layers, step scalars and
  * scaler events (each checked against COMMIT_MARGIN), then the counts of
  * every row written so far - so the trace ends at its last written row, not at
  * its last timed flush (in a fast full-trace run that was the difference
@@ -479,6 +479,15 @@ static probe_status space_check_need(probe_session *s, uint64_t need) {
   if (H5Fget_vfd_handle(s->file, H5P_DEFAULT, &handle) >= 0 && handle &&
       fstatvfs(*(int *)handle, &vf) == 0 &&
       (uint64_t)vf.f_bavail * vf.f_frsize < need) {
+    if (s->committing) return PROBE_ERR_NOSPACE; /* see limit_commit */
+    /* what fits in the room the check kept is committed first, as at the
+     * file-size limit: the rows written so far, the layers, steps and
+     * scaler events pending (a full disk lost everything since the last
+     * timed flush: within the first second, even the layers) */
+    if (limit_commit(s) != PROBE_OK && s->w_err != PROBE_OK) {
+      file_detach(s);
+      return s->w_err;
+    }
     s->w_err = PROBE_ERR_NOSPACE;
     file_detach(s);
     return set_wmsg(s, s->w_err,

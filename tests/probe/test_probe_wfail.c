@@ -357,6 +357,35 @@ START_TEST(test_wfail_full_fs) {
     if (fill_kib[k] == 0) ck_assert_int_gt(w.r.last_flushed, 10);
     trace_holds(path, w.r.last_flushed);
   }
+  /* no flush asked for and none timed (flush_seconds 1e9): the disk fills
+   * with every row since the start unflushed. What was written is
+   * committed at the refusal, as at the file-size limit; it was all lost
+   * (the trace read back empty, even its layers: hunt, 2026-12-04) */
+  char path[300], fill[300];
+  snprintf(path, sizeof path, "%s/t.h5", mnt);
+  snprintf(fill, sizeof fill, "%s/fill", mnt);
+  unlink(path);
+  unlink(fill);
+  wjob j = {path, -1, 1, 0, 0, 1000000};
+  wrun w;
+  wrun_job(&j, &w);
+  wrun_clean(&w, "full fs, no flush");
+  ck_assert_int_eq(w.r.loop_st, PROBE_ERR_NOSPACE);
+  probe_trace *t = NULL;
+  char err[512];
+  probe_status ost = probe_trace_open_isolated(&t, path, err, sizeof err);
+  ck_assert_msg(ost == PROBE_OK, "full fs, no flush: %s", err);
+  const probe_trace_info *in = probe_trace_get_info(t);
+  ck_assert_int_eq(in->n_layers, LAYERS);
+  ck_assert_msg(in->n_steps > 0 && in->n_records > 0 &&
+                    in->n_steps <= w.r.last_ended + 1,
+                "full fs, no flush: %lld steps, %lld records kept of %lld "
+                "steps ended", (long long)in->n_steps,
+                (long long)in->n_records, (long long)w.r.last_ended + 1);
+  printf("wfail full_fs, no flush: %lld of %lld steps kept, %lld records\n",
+         (long long)in->n_steps, (long long)w.r.last_ended + 1,
+         (long long)in->n_records);
+  probe_trace_close(t);
   umount(mnt);
   rmdir(mnt);
 }
