@@ -181,7 +181,32 @@ static int out_move_locked(probe_session *s) {
 }
 
 /* The sticky error of the writer thread, as the caller sees it. */
+/* A session belongs to the process that opened it: a child of fork() has
+ * its copy but no writer thread, and a flush there waited for ever, a
+ * close joined a thread that is not there. Each fork() bumps the
+ * generation in the child (pthread_atfork: no system call per record). */
+static atomic_int fork_gen;
+static pthread_once_t fork_gen_once = PTHREAD_ONCE_INIT;
+static void fork_gen_child(void) { atomic_fetch_add(&fork_gen, 1); }
+static void fork_gen_init(void) { pthread_atfork(NULL, NULL, fork_gen_child); }
+
+static int other_process(const probe_session *s) {
+  return s->fork_gen != atomic_load_explicit(&fork_gen, memory_order_relaxed);
+}
+
+/* The sticky error of a session used in another process; no lock taken
+ * (the child's copy of mu may be held by a thread it lacks). */
+static probe_status other_process_error(probe_session *s) {
+  s->err = PROBE_ERR_STATE;
+  snprintf(s->msg, sizeof s->msg,
+           "session opened by process %d, used in process %d (a child of "
+           "fork(): open a session of its own)",
+           (int)s->pid, (int)getpid());
+  return s->err;
+}
+
 static probe_status writer_error(probe_session *s) {
+  if (other_process(s)) return other_process_error(s);
   if (s->err == PROBE_OK &&
       atomic_load_explicit(&s->err_flag, memory_order_acquire)) {
     pthread_mutex_lock(&s->mu);
@@ -453,9 +478,12 @@ probe_status probe_session_open(probe_session **out, const char *path,
   probe_status rst = check_rank_options(&o);
   if (rst != PROBE_OK) return rst;
 
+  pthread_once(&fork_gen_once, fork_gen_init);
   probe_session *s = calloc(1, sizeof *s);
   if (s == NULL) return open_fail(PROBE_ERR_NOMEM, "out of memory");
   s->lock_fd = -1;
+  s->fork_gen = atomic_load(&fork_gen);
+  s->pid = getpid();
   if (session_sync_init(s) < 0) {
     free(s);
     return open_fail(PROBE_ERR_NOMEM, "out of memory");
@@ -1100,6 +1128,10 @@ probe_status probe_session_flush(probe_session *s) {
 
 probe_status probe_session_close(probe_session *s) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) { /* the parent's copy: nothing joined or freed */
+    other_process_error(s);
+    return open_fail(PROBE_ERR_STATE, "%s", s->msg);
+  }
   probe_status st = writer_error(s);
   if (st == PROBE_OK && s->in_step) st = step_finish(s, 0);
   if (s->cupti) {

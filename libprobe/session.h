@@ -109,6 +109,8 @@ typedef struct ring_slot {
 
 struct probe_session {
   probe_options opt;
+  int fork_gen;       /* the process's fork generation at open (session.c) */
+  pid_t pid;          /* the process that opened it */
   char *layer_select; /* owned copy of opt.layer_select */
   char *path;         /* owned copy, for the writer thread's H5Fcreate */
   char *own_strings[4]; /* owned copies of opt.command_line, config_json,

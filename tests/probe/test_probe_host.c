@@ -384,6 +384,50 @@ static void fork_case(int mode, int two, int how) {
   unlink(pc);
 }
 
+/* A child of fork() that uses the parent's session - which the API
+ * forbids - gets PROBE_ERR_STATE from every call, at once, with a message
+ * that says why; close frees nothing (the parent's copy). The child hung
+ * for ever in probe_session_flush (a flush no writer thread serves) and
+ * probe_session_close (it joined a thread the child lacks): hunt,
+ * 2026-12-04. The parent's trace is whole. */
+START_TEST(forked_child_session_refused) {
+  char pa[256];
+  pt_path(pa, sizeof pa, "fork-use");
+  probe_session *a = fork_session(pa, PROBE_MODE_FULL);
+  fork_steps(a, 0, 50);
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    alarm(20); /* a hang fails the test, not the suite's timeout */
+    float x[FK_N] = {0};
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    probe_status got[7];
+    got[0] = probe_step_begin(a, 50);
+    got[1] = probe_tensor_record(a, 0, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, FK_N);
+    got[2] = probe_step_set_scalars(a, &sc);
+    got[3] = probe_step_end(a);
+    got[4] = probe_layer_register(a, "late", PROBE_KIND_LINEAR, PROBE_DTYPE_F16, NULL);
+    got[5] = probe_session_flush(a);
+    if (!strstr(probe_session_last_error(a), "a child of fork()")) _exit(20);
+    got[6] = probe_session_close(a);
+    if (!strstr(probe_session_last_error(NULL), "a child of fork()")) _exit(21);
+    for (int i = 0; i < 7; i++)
+      if (got[i] != PROBE_ERR_STATE) _exit(10 + i);
+    _exit(0);
+  }
+  int wst = 0;
+  ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
+                "child status 0x%x (exit 10+i: call i was not refused; 20, "
+                "21: the message; SIGALRM: a hang)", (unsigned)wst);
+  fork_steps(a, 50, 80);
+  PT_CHECK(probe_session_close(a));
+  fork_trace_whole(pa, 80, 1, "the parent after its child used the session");
+  unlink(pa);
+}
+END_TEST
+
 START_TEST(forked_child_leaves_the_trace) {
   static const int modes[] = {PROBE_MODE_FULL, PROBE_MODE_SCALARS};
   for (int m = 0; m < 2; m++)
@@ -551,6 +595,7 @@ int main(void) {
   tcase_add_test(tc, no_trace_descriptor_survives_exec);
   tcase_add_test(tc, failed_open_prints_nothing_at_exit);
   tcase_add_test(tc, forked_child_leaves_the_trace);
+  tcase_add_test(tc, forked_child_session_refused);
   tcase_add_test(tc, test_files_go_with_the_process);
   tcase_add_test(tc, test_dir_any_tmpdir);
   tcase_add_test(tc, test_dir_never_reused);
