@@ -151,10 +151,12 @@ probe_status probe__stats_compute_path(probe_stats *out, probe_dtype dt,
   if (path < 0 || path >= PROBE__PATH_COUNT) return PROBE_ERR_INVALID_ARG;
   const stats_path *p = &paths[path];
   if (!p->available() || n > p->max_n) return PROBE_ERR_UNSUPPORTED;
+  unsigned fp = probe__fp_exact_enter();
   probe__acc a;
   probe__acc_init(&a);
   p->acc(&a, dt, data, n);
   probe__acc_finish(&a, out);
+  probe__fp_exact_leave(fp);
   return PROBE_OK;
 }
 

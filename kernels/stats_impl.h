@@ -28,6 +28,28 @@ typedef struct probe__acc {
   uint64_t hist[PROBE_HIST_BINS];
 } probe__acc;
 
+/* The caller's floating-point mode may flush subnormals (x86 MXCSR FTZ and
+ * DAZ: torch.set_flush_denormal(True)); the sums must not (a tensor of
+ * fp32/bf16 subnormals summed to 0 beside its non-zero counts). enter
+ * clears those bits for one pass and returns the caller's MXCSR; leave
+ * puts it back. Elsewhere no-ops (the portable C of other CPUs follows the
+ * platform's default, which keeps subnormals). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define PROBE__MXCSR_FLUSH 0x8040u /* FTZ (bit 15) | DAZ (bit 6) */
+static inline unsigned probe__fp_exact_enter(void) {
+  unsigned c = _mm_getcsr();
+  if (c & PROBE__MXCSR_FLUSH) _mm_setcsr(c & ~PROBE__MXCSR_FLUSH);
+  return c;
+}
+static inline void probe__fp_exact_leave(unsigned c) {
+  if (c & PROBE__MXCSR_FLUSH) _mm_setcsr(c);
+}
+#else
+static inline unsigned probe__fp_exact_enter(void) { return 0; }
+static inline void probe__fp_exact_leave(unsigned c) { (void)c; }
+#endif
+
 void probe__acc_init(probe__acc *a);
 /* Fold the extremes of one more set of finite binary32 bit patterns. */
 void probe__acc_extremes(probe__acc *a, int32_t smax, int32_t smin,

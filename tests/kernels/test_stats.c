@@ -420,6 +420,50 @@ START_TEST(test_every_f16_and_bf16_value) {
 }
 END_TEST
 
+/* A caller that flushes subnormals (MXCSR FTZ|DAZ, as
+ * torch.set_flush_denormal(True) sets) gets the same sums as one that does
+ * not, on every path, and its MXCSR back: four fp32 or bf16 values of
+ * 2^-127 summed to 0 while counted non-zero (hunt, 2026-12-04). */
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+START_TEST(test_flush_denormal_caller) {
+  float f[37];
+  uint16_t b[37];
+  double want = 0, want_sq = 0;
+  for (int i = 0; i < 37; i++) {
+    f[i] = ldexpf((float)(i + 1), -140); /* fp32 subnormals */
+    want += (double)f[i];
+    want_sq += (double)f[i] * (double)f[i];
+    float g = ldexpf((float)(i + 1), -128); /* a bf16 subnormal: its top half */
+    uint32_t u;
+    memcpy(&u, &g, 4);
+    b[i] = (uint16_t)(u >> 16);
+  }
+  unsigned caller = _mm_getcsr();
+  _mm_setcsr(caller | 0x8040u);
+  for (int path = 0; path < PROBE__PATH_COUNT; path++) {
+    probe_stats s, sb;
+    if (probe__stats_compute_path(&s, PROBE_DTYPE_F32, f, 37, path) == PROBE_ERR_UNSUPPORTED)
+      continue;
+    ck_assert_uint_eq(_mm_getcsr(), caller | 0x8040u); /* given back */
+    ck_assert_msg(s.sum == want && s.sumsq == want_sq,
+                  "path %d fp32: sum %g (want %g), sumsq %g", path, s.sum, want,
+                  s.sumsq);
+    ck_assert_int_eq(probe__stats_compute_path(&sb, PROBE_DTYPE_BF16, b, 37, path), PROBE_OK);
+    ck_assert_msg(sb.sum > 0 && sb.sumsq > 0, "path %d bf16: sum %g", path, sb.sum);
+    ck_assert_uint_eq(sb.zero_count, 0);
+  }
+  probe_stats s;
+  ck_assert_int_eq(probe_stats_compute(&s, PROBE_DTYPE_F32, f, 37), PROBE_OK);
+  ck_assert(s.sum == want);
+  ck_assert_int_eq(probe_stats_compute_portable(&s, PROBE_DTYPE_F32, f, 37), PROBE_OK);
+  ck_assert(s.sum == want);
+  ck_assert_uint_eq(_mm_getcsr(), caller | 0x8040u);
+  _mm_setcsr(caller);
+}
+END_TEST
+#endif
+
 START_TEST(test_hand_computed) {
   /* 1, -2, 0, -0, inf, NaN, 2^-20, 70000: every field by hand. */
   float x[8] = {1.0f, -2.0f, 0.0f, -0.0f, INFINITY, NAN, 0x1p-20f, 70000.0f};
@@ -1228,6 +1272,9 @@ static Suite *make_stats_suite(void) {
   tcase_add_test(tc, test_special_buffers);
   tcase_add_test(tc, test_every_f16_and_bf16_value);
   tcase_add_test(tc, test_hand_computed);
+#if defined(__x86_64__)
+  tcase_add_test(tc, test_flush_denormal_caller);
+#endif
   tcase_add_test(tc, test_fp16_headroom);
   tcase_add_test(tc, test_forced_path);
   tcase_add_loop_test(tc, test_short_lengths, 0, 3);
