@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -912,8 +913,15 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
                             run_dist *d, char *path, size_t len,
                             int *created) {
   *created = 0;
-  char base[1024];
+  char base[PATH_MAX];
   if (a->out_path) {
+    /* the path named or none: a prefix of it is another file (a long -o
+     * was cut at 1023 bytes, and --force replaced what that name held) */
+    if (strlen(a->out_path) >= sizeof base || strlen(a->out_path) >= len) {
+      cli_error(SUB, "-o: the path is too long (%zu bytes; at most %zu)",
+                strlen(a->out_path), (len < sizeof base ? len : sizeof base) - 1);
+      return CLI_EXIT_USAGE;
+    }
     snprintf(base, sizeof base, "%s", a->out_path);
   } else {
     char safe[80];
@@ -1214,7 +1222,7 @@ int cmd_run(int argc, char **argv) {
     warn_unmatched_fp32(&a, cfg);
   if (rc < 0)
     rc = fault_from_env(&d, &base);
-  char path[1024];
+  char path[PATH_MAX];
   int created = 0;
   if (rc < 0)
     rc = run_claim_output(&a, cfg, &d, path, sizeof path, &created);

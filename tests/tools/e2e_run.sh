@@ -266,5 +266,25 @@ grep -q "must be in \[16 MiB, 1024 TiB\]" o.err && pass "the range is named" ||
   fail "range: '$(cat o.err)'"
 [ ! -e mm2.h5 ] && pass "no trace after a bad --max-memory" || fail "mm2.h5 left behind"
 
+# A long -o (2026-12-04): a path over 1023 bytes was cut there, and the
+# trace (with --force: replacing it) went to the file that prefix named.
+# The exact path is written, or one over PATH_MAX refused; the prefix's
+# file is untouched either way.
+long=$WORK/$(printf 'd%.0s' $(seq 200))
+for k in 1 2 3 4; do long=$long/$(printf 'e%.0s' $(seq 200)); done
+mkdir -p "$long"
+name="$long/precious.csv.and-a-longer-suffix-for-the-trace.h5"
+cut=$(printf '%s' "$name" | head -c 1023)
+echo "precious" >"$cut"
+run_rc 0 "-o of ${#name} bytes --force" --steps 3 -q -o "$name" --force
+[ "$(cat "$cut")" = precious ] && pass "the file a 1023-byte prefix names is untouched" ||
+  fail "the prefix's file was replaced"
+"$BIN" postmortem "$name" >/dev/null 2>&1 && pass "the trace is at the path named" ||
+  fail "no trace at the path named"
+huge=$long
+for k in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do huge=$huge/$(printf 'f%.0s' $(seq 200)); done
+run_rc 2 "-o of ${#huge} bytes" --steps 3 -q -o "$huge/t.h5"
+grep -q "the path is too long" o.err && pass "named too long" || fail "'$(cat o.err)'"
+
 echo "$FAILS failure(s)"
 [ "$FAILS" = 0 ]
