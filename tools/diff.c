@@ -7,8 +7,10 @@
  * renders the verdict, the alignment, the loss curves and the table sorted
  * by where divergence begins, or the same as JSON.
  * A and B may each be a set of rank traces (a directory, a quoted glob):
- * then the files are paired by their rank attribute and each pair is
- * compared; ranks without a partner are reported.
+ * then each side is read as one job (as the post-mortem reads a set: one
+ * that is not is refused), the files are paired by their rank attribute
+ * and each pair is opened, compared and closed; ranks without a partner
+ * are reported.
  * Exit 0 agree within tolerance, 1 diverge or not aligned (of a set: any
  * pair, or a rank without a partner), 3 an unreadable trace.
  */
@@ -327,55 +329,51 @@ static int diff_two(const char *pa, const char *pb,
 
 /* ---- sets of rank traces ------------------------------------------------- */
 
+/* One side: its files, read as a set by the rank post-mortem's reader
+ * (probe_ranks_run: one job or refused, every file in a forked worker, in
+ * part), whose entries give each rank's file; the pair compared is opened
+ * then and closed after, so memory holds two traces at most (every trace of
+ * both sides stayed open: 650 MB for two sets of 500 ranks). */
 typedef struct side {
   char **paths;
   size_t n;
-  probe_trace **t;   /* open traces, NULL when unreadable */
-  int32_t *rank;     /* rank attribute (-1 none) */
-  char **err;        /* why unreadable */
+  probe_ranks r;
+  int have_r;
 } side;
 
 static void side_free(side *s) {
-  for (size_t i = 0; i < s->n; i++) {
-    if (s->t && s->t[i]) probe_trace_close(s->t[i]);
-    if (s->err) free(s->err[i]);
-  }
-  free(s->t);
-  free(s->rank);
-  free(s->err);
+  if (s->have_r) probe_ranks_free(&s->r);
   probe_trace_set_free(s->paths, s->n);
 }
 
-/* Opens every file of a side (isolated) and reads its rank; the line (may
- * be off) counts the files. */
-static int side_open(side *s, cli_read_line *pg) {
-  probe_progress_fn fn = cli_read_line_fn(pg);
-  s->t = calloc(s->n, sizeof *s->t);
-  s->rank = calloc(s->n, sizeof *s->rank);
-  s->err = calloc(s->n, sizeof *s->err);
-  if (!s->t || !s->rank || !s->err) return -1;
-  for (size_t i = 0; i < s->n; i++) {
-    char err[512] = "";
-    s->rank[i] = -1;
-    if (fn) fn(PROBE_PROGRESS_RANKS, i, s->n, pg);
-    probe_status st = probe_trace_open_isolated(&s->t[i], s->paths[i], err,
-                                                sizeof err);
-    if (st < 0) {
-      s->err[i] = strdup(err[0] ? err : probe_status_str(st));
-      if (!s->err[i]) return -1;
-      continue;
-    }
-    s->rank[i] = probe_trace_get_info(s->t[i])->rank;
+/* Reads a side as one job; the line (may be off) counts its files.
+ * Returns 0, or the exit code after the one-line error: a set that is not
+ * one job (mixed run ids or world sizes, a rank twice) is refused as the
+ * post-mortem refuses it. */
+static int side_open(side *s, const char *label, cli_read_line *pg) {
+  probe_ranks_options ro;
+  probe_ranks_options_init(&ro);
+  ro.isolate = 1;
+  ro.focus_diag = 0;
+  cli_read_line_name(pg, NULL, label);
+  probe_status st = probe_ranks_run_progress(&s->r, (const char *const *)s->paths,
+                                             s->n, &ro, cli_read_line_fn(pg), pg);
+  s->have_r = 1;
+  if (st == PROBE_ERR_INVALID_ARG || st == PROBE_ERR_NOMEM) {
+    cli_line_clear(&pg->line);
+    cli_error(SUB, "%s: %s", label, s->r.error[0] ? s->r.error : probe_status_str(st));
+    return cli_exit_for_status(st);
   }
-  if (fn) fn(PROBE_PROGRESS_RANKS, s->n, s->n, pg);
-  return 0;
+  return 0; /* an unreadable file (or all of them) is a row of the result */
 }
 
-/* Index of the file of rank r on a side, -1 none. */
-static long side_find(const side *s, int32_t r) {
-  for (size_t i = 0; i < s->n; i++)
-    if (s->t[i] && s->rank[i] == r) return (long)i;
-  return -1;
+/* The entry of rank r read on a side, NULL none. */
+static const probe_rank_entry *side_find(const side *s, int32_t r) {
+  for (size_t i = 0; i < s->r.n_entries; i++) {
+    const probe_rank_entry *e = &s->r.entries[i];
+    if (e->status == PROBE_RANK_READ && e->rank == r) return e;
+  }
+  return NULL;
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -383,15 +381,16 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The ranks present on either side, sorted and unique. */
+/* The ranks read on either side, sorted and unique. */
 static int32_t *union_ranks(const side *a, const side *b, size_t *n) {
-  int32_t *u = malloc((a->n + b->n + 1) * sizeof *u);
+  int32_t *u = malloc((a->r.n_entries + b->r.n_entries + 1) * sizeof *u);
   if (!u) return NULL;
   size_t k = 0;
-  for (size_t i = 0; i < a->n; i++)
-    if (a->t[i]) u[k++] = a->rank[i];
-  for (size_t i = 0; i < b->n; i++)
-    if (b->t[i]) u[k++] = b->rank[i];
+  const side *sd[2] = {a, b};
+  for (int j = 0; j < 2; j++)
+    for (size_t i = 0; i < sd[j]->r.n_entries; i++)
+      if (sd[j]->r.entries[i].status == PROBE_RANK_READ)
+        u[k++] = sd[j]->r.entries[i].rank;
   qsort(u, k, sizeof *u, cmp_i32);
   size_t m = 0;
   for (size_t i = 0; i < k; i++)
@@ -406,30 +405,51 @@ static const char *verdict_word(probe_diff_verdict v) {
                                    : "not-aligned";
 }
 
-/* One pair: a text row and a JSON entry. Returns its verdict or -1. */
-static int diff_pair_row(const side *a, long ia, const side *b, long ib,
-                         int32_t rank, const probe_diff_options *opt,
-                         json_t *pairs, FILE *f, cli_read_line *pg) {
+/* " (A not closed)", " (A and B not closed)" or "": a trace its writer did
+ * not close (killed) compares only the steps it reached. */
+static const char *not_closed(const probe_rank_entry *ea, const probe_rank_entry *eb) {
+  return !ea->complete && !eb->complete ? " (A and B not closed)"
+         : !ea->complete                ? " (A not closed)"
+         : !eb->complete                ? " (B not closed)"
+                                        : "";
+}
+
+/* One pair, both files opened (isolated) for it and closed after: a text
+ * row and a JSON entry. Returns its verdict or -1. */
+static int diff_pair_row(const probe_rank_entry *ea, const probe_rank_entry *eb,
+                         const probe_diff_options *opt, json_t *pairs, FILE *f,
+                         cli_read_line *pg, int with_diff) {
+  int32_t rank = ea->rank;
   probe_diff d;
-  char who[32];
+  memset(&d, 0, sizeof d);
+  char who[32], err[512] = "";
   snprintf(who, sizeof who, "rank %d", (int)rank);
   cli_read_line_name(pg, NULL, who);
-  probe_status st = probe_diff_run_progress(&d, a->t[ia], b->t[ib], opt,
-                                            cli_read_line_fn(pg), pg);
+  probe_trace *ta = NULL, *tb = NULL;
+  probe_status st = probe_trace_open_isolated(&ta, ea->path, err, sizeof err);
+  if (st >= 0) st = probe_trace_open_isolated(&tb, eb->path, err, sizeof err);
+  if (st >= 0)
+    st = probe_diff_run_progress(&d, ta, tb, opt, cli_read_line_fn(pg), pg);
   json_t *e = json_object();
   json_object_set_new(e, "rank", json_integer(rank));
-  json_object_set_new(e, "trace_a", cli_json_text(a->paths[ia]));
-  json_object_set_new(e, "trace_b", cli_json_text(b->paths[ib]));
+  json_object_set_new(e, "trace_a", cli_json_text(ea->path));
+  json_object_set_new(e, "trace_b", cli_json_text(eb->path));
+  json_object_set_new(e, "closed_a", json_boolean(ea->complete));
+  json_object_set_new(e, "closed_b", json_boolean(eb->complete));
   int v = -1;
   if (st < 0) {
+    char m[600];
+    probe_text_escape(m, sizeof m, err[0] ? err : probe_status_str(st));
     json_object_set_new(e, "verdict", json_string("error"));
-    json_object_set_new(e, "error", json_string(probe_status_str(st)));
-    fprintf(f, "%5d  error: %s\n", (int)rank, probe_status_str(st));
+    json_object_set_new(e, "error", cli_json_text(err[0] ? err : probe_status_str(st)));
+    fprintf(f, "%5d  error: %s\n", (int)rank, m);
   } else {
     v = (int)d.verdict;
     char *doc = NULL;
     json_object_set_new(e, "verdict", json_string(verdict_word(d.verdict)));
-    if (probe_diff_json(&d, a->paths[ia], b->paths[ib], &doc) == PROBE_OK) {
+    /* the pair's whole document only where JSON is written (it is most
+     * of the memory of a large set) */
+    if (with_diff && probe_diff_json(&d, ea->path, eb->path, &doc) == PROBE_OK) {
       json_t *dj = json_loads(doc, 0, NULL);
       if (dj) json_object_set_new(e, "diff", dj);
     }
@@ -438,35 +458,38 @@ static int diff_pair_row(const side *a, long ia, const side *b, long ib,
     if (d.intro.found)
       snprintf(where, sizeof where, "step %lld %s/%s", (long long)d.intro.step,
                d.intro.layer, probe_site_name((probe_site)d.intro.site));
-    fprintf(f, "%5d  %-11s  %s\n", (int)rank,
+    fprintf(f, "%5d  %-11s  %s%s\n", (int)rank,
             d.verdict == PROBE_DIFF_AGREE     ? "AGREE"
             : d.verdict == PROBE_DIFF_DIVERGE ? "DIVERGE"
                                               : "NOT ALIGNED",
-            where);
+            where, not_closed(ea, eb));
   }
   json_array_append_new(pairs, e);
   probe_diff_free(&d);
+  if (ta) probe_trace_close(ta);
+  if (tb) probe_trace_close(tb);
   return v;
 }
 
 static void unreadable_rows(const side *s, const char *label, json_t *arr,
                             FILE *f) {
-  for (size_t i = 0; i < s->n; i++) {
-    if (s->t[i]) continue;
+  for (size_t i = 0; i < s->r.n_entries; i++) {
+    const probe_rank_entry *e = &s->r.entries[i];
+    if (e->status != PROBE_RANK_UNREADABLE) continue;
     char p[1024], m[1024];
-    const char *err = s->err[i];
-    size_t pl = strlen(s->paths[i]);
+    const char *err = e->error ? e->error : "unreadable";
+    size_t pl = strlen(e->path);
     /* the reader's message often starts with the path already: once */
-    if (pl && !strncmp(err, s->paths[i], pl) && err[pl] == ':')
+    if (pl && !strncmp(err, e->path, pl) && err[pl] == ':')
       err += pl + 1 + (err[pl + 1] == ' ');
-    probe_text_escape(p, sizeof p, s->paths[i]);
+    probe_text_escape(p, sizeof p, e->path);
     probe_text_escape(m, sizeof m, err);
     fprintf(f, "UNREADABLE %s: %s: %s\n", label, p, m);
-    json_t *e = json_object();
-    json_object_set_new(e, "side", json_string(label));
-    json_object_set_new(e, "path", cli_json_text(s->paths[i]));
-    json_object_set_new(e, "error", cli_json_text(s->err[i]));
-    json_array_append_new(arr, e);
+    json_t *j = json_object();
+    json_object_set_new(j, "side", json_string(label));
+    json_object_set_new(j, "path", cli_json_text(e->path));
+    json_object_set_new(j, "error", cli_json_text(e->error ? e->error : "unreadable"));
+    json_array_append_new(arr, j);
   }
 }
 
@@ -475,10 +498,9 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
                      const char *out, int force, int quiet) {
   cli_read_line pg; /* "reading rank files: ...", "comparing rank 3: ..." */
   cli_read_line_init(&pg, quiet, NULL, NULL);
-  if (side_open(a, &pg) < 0 || side_open(b, &pg) < 0) {
-    cli_error(SUB, "out of memory");
-    return CLI_EXIT_INTERNAL;
-  }
+  int rc0 = side_open(a, "A", &pg);
+  if (!rc0) rc0 = side_open(b, "B", &pg);
+  if (rc0) return rc0;
   size_t nu = 0;
   int32_t *u = union_ranks(a, b, &nu);
   char *text = NULL;
@@ -493,14 +515,14 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   fprintf(f, "\n rank  verdict      error introduced at\n");
   int worst = PROBE_DIFF_AGREE, failed = 0;
   for (size_t i = 0; i < nu; i++) {
-    long ia = side_find(a, u[i]), ib = side_find(b, u[i]);
-    if (ia < 0 || ib < 0) {
-      fprintf(f, "%5d  only in %s\n", (int)u[i], ia < 0 ? "B" : "A");
-      json_array_append_new(ia < 0 ? ob : oa, json_integer(u[i]));
+    const probe_rank_entry *ea = side_find(a, u[i]), *eb = side_find(b, u[i]);
+    if (!ea || !eb) {
+      fprintf(f, "%5d  only in %s\n", (int)u[i], !ea ? "B" : "A");
+      json_array_append_new(!ea ? ob : oa, json_integer(u[i]));
       if (worst == PROBE_DIFF_AGREE) worst = PROBE_DIFF_NOT_ALIGNED;
       continue;
     }
-    int v = diff_pair_row(a, ia, b, ib, u[i], opt, pairs, f, &pg);
+    int v = diff_pair_row(ea, eb, opt, pairs, f, &pg, json || out);
     if (v < 0) failed = 1;
     else if (v == PROBE_DIFF_DIVERGE) worst = PROBE_DIFF_DIVERGE;
     else if (v == PROBE_DIFF_NOT_ALIGNED && worst == PROBE_DIFF_AGREE)
@@ -509,6 +531,13 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   cli_line_clear(&pg.line);
   unreadable_rows(a, "A", bad, f);
   unreadable_rows(b, "B", bad, f);
+  /* traces their writers did not close: each pair compared the steps both
+   * reached; the verdict holds for those only */
+  int64_t nca = a->r.n_incomplete, ncb = b->r.n_incomplete;
+  if (nca || ncb)
+    fprintf(f, "note: %lld trace%s of A and %lld of B were not closed "
+               "(killed?): their pairs compare the steps both reached\n",
+            (long long)nca, nca == 1 ? "" : "s", (long long)ncb);
   fclose(f);
   json_object_set_new(root, "verdict", json_string(verdict_word(worst)));
   json_object_set_new(root, "kind", json_string("ranks"));
@@ -516,6 +545,8 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   json_object_set_new(root, "only_a", oa);
   json_object_set_new(root, "only_b", ob);
   json_object_set_new(root, "unreadable", bad);
+  json_object_set_new(root, "not_closed_a", json_integer(nca));
+  json_object_set_new(root, "not_closed_b", json_integer(ncb));
   int rc = json_array_size(bad) || failed  ? CLI_EXIT_INPUT
            : worst == PROBE_DIFF_AGREE ? CLI_EXIT_OK
                                        : CLI_EXIT_PROBLEM;

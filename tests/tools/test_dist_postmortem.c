@@ -1337,6 +1337,51 @@ START_TEST(test_cli_diff_sets) {
 }
 END_TEST
 
+/* A side that is not one job is refused as the post-mortem refuses it
+ * (exit 2, the files named): it was compared, one of two files of a rank
+ * picked at will, ranks of two jobs or world sizes paired (hunt,
+ * 2026-12-04). A trace its writer did not close is marked in its row and
+ * the note. */
+START_TEST(test_cli_diff_sets_one_job) {
+  static char out[1 << 16];
+  job a;
+  job_init(&a, "djob", 3, 6);
+  write_job(&a);
+  char args[1400], p[256], q[300], cmd[700];
+  /* the same rank twice */
+  job b;
+  job_init(&b, "djobdup", 3, 6);
+  write_job(&b);
+  rank_path(&b, 1, p, sizeof p);
+  snprintf(q, sizeof q, "%s/copy.h5", b.dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", p, q);
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(args, sizeof args, "diff '%s' '%s'", b.dir, a.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "ampprobe: diff: A: rank 1 twice"), "%s", out);
+  /* two jobs on side B */
+  job c;
+  job_init(&c, "djobmix", 3, 6);
+  write_rank_id(&c, 0, "run-a");
+  write_rank_id(&c, 1, "run-a");
+  write_rank_id(&c, 2, "run-b");
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, c.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "ampprobe: diff: B: mixed run ids"), "%s", out);
+  /* killed ranks: compared, and said */
+  job k;
+  job_init(&k, "djobkill", 3, 6);
+  k.f[2].kill_after = 3;
+  write_job(&k);
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, k.dir);
+  int rc = run_cli(args, out, sizeof out);
+  ck_assert_msg(rc == 0 || rc == 1, "exit %d: %s", rc, out);
+  ck_assert_msg(strstr(out, "(B not closed)"), "%s", out);
+  ck_assert_msg(strstr(out, "note: 0 traces of A and 1 of B were not closed"),
+                "%s", out);
+}
+END_TEST
+
 /* ---- classes from the multi-rank audit ------------------------------------ */
 
 /* The origin rank's file is lost in a job with a loss scaler: the others
@@ -1977,6 +2022,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_hostile_path_escaped);
   tcase_add_test(tc, test_cli_sets);
   tcase_add_test(tc, test_cli_diff_sets);
+  tcase_add_test(tc, test_cli_diff_sets_one_job);
   tcase_add_test(tc, test_lost_origin_with_scaler);
   tcase_add_test(tc, test_allreduce_origin_on_a_short_rank);
   tcase_add_test(tc, test_backoff_coincides_with_nan);
