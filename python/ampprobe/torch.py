@@ -535,6 +535,15 @@ def _round16_in_place(tensors):
                 t.data.copy_(t.half())
 
 
+def _version(t):
+    """t's version counter (bumped by each in-place change), or None for
+    an inference tensor (made under torch.inference_mode()), which keeps
+    none: reading it raised "Inference tensors do not track version
+    counter" from the hooks of a forward run under inference_mode inside
+    a step (a teacher), and the job died."""
+    return None if t.is_inference() else t._version
+
+
 def _round16(t):
     return t.half().float() if t.dtype == torch.float32 else t
 
@@ -1223,7 +1232,8 @@ class Tracer:
         # with its version: a tensor changed in place after this (a
         # ReLU(inplace=True) turning -inf to 0) no longer holds what
         # libprobe read (_nonfinite_counts)
-        self._refs.append([L, site, t, t._version, None])
+        # (None for an inference tensor, which keeps no version: _version)
+        self._refs.append([L, site, t, _version(t), None])
         st = self._rec(self._h, L.lid, _SITE[site], dt, t.data_ptr(),
                        t.numel())
         if st < 0:
@@ -1351,7 +1361,10 @@ class Tracer:
             ids = {id(t): t for t in fin}
             for e in self._refs:
                 t = ids.get(id(e[2]))
-                if t is not None and e[4] is None and e[3] == t._version:
+                # an inference tensor keeps no version (e[3] None): its
+                # counts are taken now, before the module changes it
+                if t is not None and e[4] is None and (
+                        e[3] is None or e[3] == _version(t)):
                     e[4] = _count_nonfinite(t)
         if L.emulate:
             _round16_in_place(fin)
@@ -1948,8 +1961,8 @@ def _recorded_counts(e):
     """The (NaN, +inf, -inf) counts of a step's record e = [layer, site,
     tensor, version at record, counts taken before an in-place module
     changed it] as libprobe read it: the live tensor when unchanged."""
-    if e[4] is not None and e[2]._version != e[3]:
-        return e[4]
+    if e[4] is not None and (e[3] is None or e[2]._version != e[3]):
+        return e[4]  # (e[3] None: an inference tensor, no version kept)
     return _count_nonfinite(e[2])
 
 

