@@ -548,6 +548,24 @@ def _round16(t):
     return t.half().float() if t.dtype == torch.float32 else t
 
 
+def _once(fn):
+    """fn for _map_floats, applied once per distinct tensor: a tensor
+    passed twice gets one result, the same object both times, so that the
+    module still sees them as one (self-attention's `query is key is
+    value`, which MultiheadAttention's fast path and its packed projection
+    test; rounded one by one, an eval pass of a TransformerEncoder with a
+    padding mask handed it three copies of a NestedTensor, which it refuses
+    outside that path)."""
+    memo = {}
+
+    def once(t):
+        r = memo.get(id(t))  # t is alive while the call's inputs are
+        if r is None:
+            r = memo[id(t)] = fn(t)
+        return r
+    return once
+
+
 _NEST_MAX = 4  # how deep inputs/outputs are looked into: (out, (h, c))
 
 
@@ -682,7 +700,7 @@ def _fp32_forward(self, *args, **kwargs):
     # nested too: an LSTM's (h, c) (its bf16 state made the CPU LSTM fail)
     # a list or dict rebuilt only when it held a half tensor: the module
     # fills the job's own otherwise
-    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), up,
+    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), _once(up),
                                keep="unchanged")
     inner = self.__dict__.get("_ampprobe_inner")  # a forward of the job's
     # own on the instance (the class's otherwise)
@@ -1324,7 +1342,8 @@ class Tracer:
                 if inplace:
                     _round16_in_place(_floats(inputs))
                     return None
-                return _map_floats(inputs, _round16, keep="all")
+                # one rounded copy per distinct tensor (_once)
+                return _map_floats(inputs, _once(_round16), keep="all")
             fin = _floats(inputs)
             if mode == "record":
                 self._record_forward_in(L, inputs)
@@ -1412,7 +1431,7 @@ class Tracer:
                 return None
             raw = output
             if L.emulate and not self._closed:
-                output = _map_floats(output, _round16)
+                output = _map_floats(output, _once(_round16))
             mode = pending = None
             if not self._closed and module is L.module:
                 mode, L.mode = L.mode, None

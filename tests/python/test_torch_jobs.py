@@ -181,3 +181,146 @@ def test_an_inplace_module_under_inference_mode(tmp_path, mode):
         tr.end_step()
     assert e.value.module == "0" and e.value.site == "fwd_out", str(e.value)
     assert "(0 NaN, 0 +inf, 2 -inf of 6)" in str(e.value)
+
+
+# ---- one rounded copy per distinct tensor -------------------------------------
+
+class Twice(nn.Module):
+    """Returns the same tensor twice."""
+
+    def forward(self, h):
+        return h, h
+
+
+class Same(nn.Module):
+    """Notes whether its three arguments are one tensor (self-attention's
+    `query is key is value`, which MultiheadAttention's fast path and its
+    packed projection test)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, q, k, v):
+        self.seen.append(q is k and k is v)
+        return q + k + v
+
+
+class IdNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.twice = Twice()
+        self.same = Same()
+        self.head = nn.Linear(4, 1)
+        self.pair = []
+
+    def forward(self, x):
+        a, b = self.twice(self.fc(x))
+        self.pair.append(a is b)
+        return self.head(self.same(a, a, b))
+
+
+@pytest.mark.parametrize("case", ["grad", "no_grad_between_steps",
+                                  "no_grad_inside_the_step",
+                                  "inference_mode_inside_the_step",
+                                  "copy_of_the_model", "closed_tracer",
+                                  "fp32_forced_under_autocast"])
+def test_one_rounded_copy_per_tensor(tmp_path, case):
+    """A tensor a module gets twice (or returns twice) is one tensor after
+    the tracer rounded it (FP16 emulation) or cast it up (a module forced
+    to FP32), in every path: the training forward, no_grad and
+    inference_mode passes between steps or inside one, an untraced copy.
+    Each argument was rounded separately (only the training forward's
+    pre-hook kept one handle per tensor), so `q is k is v` failed."""
+    torch.manual_seed(0)
+    m = IdNet()
+    kw = dict(emulate_fp16=True)
+    if case == "fp32_forced_under_autocast":
+        kw = dict(precision="bf16", fp32="same")
+    tr = at.Tracer(m, str(tmp_path / "i.h5"), env=False, **kw)
+    x = torch.randn(3, 4)
+    run = m
+    with tr.autocast():
+        if case == "grad":
+            m(x).sum().backward()
+        elif case == "no_grad_between_steps":
+            with torch.no_grad():
+                m(x)
+        elif case == "no_grad_inside_the_step":
+            m(x).sum().backward()
+            with torch.no_grad():
+                m(x)
+        elif case == "inference_mode_inside_the_step":
+            m(x).sum().backward()
+            with torch.inference_mode():
+                m(x)
+        elif case == "copy_of_the_model":
+            run = copy.deepcopy(m)
+            run(x).sum().backward()
+        elif case == "closed_tracer":
+            tr.close()
+            m(x)
+        else:
+            m(x).float().sum().backward()
+    tr.close()
+    assert run.pair and all(run.pair), run.pair  # Twice's outputs
+    assert run.same.seen and all(run.same.seen), run.same.seen
+
+
+def _encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0,
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, 2)
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+@pytest.mark.parametrize("where", ["between_steps", "inside_the_step",
+                                   "inference_mode_inside_the_step"])
+def test_transformer_encoder_evaluation_with_a_padding_mask(tmp_path, where,
+                                                            emulate):
+    """An eval pass (no_grad or inference_mode, a key padding mask) of a
+    TransformerEncoder: torch turns its input into a NestedTensor, which
+    only MultiheadAttention's fast path takes, and only for `query is key
+    is value`. Under emulation the no_grad pre-hook rounded the three
+    into three copies: "MultiheadAttention does not support NestedTensor
+    outside of its fast path" (torch 2). The output is the untraced one's
+    (the same without emulation; within binary16 rounding with it), and
+    inside a step the nested tensors are recorded."""
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    ref = _encoder().eval()
+    with torch.no_grad():
+        want = ref(x, src_key_padding_mask=pad)
+    m = _encoder()
+    p = str(tmp_path / "e.h5")
+    tr = at.Tracer(m, p, emulate_fp16=emulate, env=False)
+    m.train()
+    loss = m(x, src_key_padding_mask=pad).square().mean()
+    loss.backward()
+    if where == "between_steps":
+        tr.end_step(loss=loss)
+    m.eval()
+    ctx = torch.inference_mode() if where.startswith("inference") \
+        else torch.no_grad()
+    calls = []  # torch 1.13's eval path runs the layer fused, not its MHA
+    h = m.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args: calls.append(1))
+    with ctx:
+        got = m(x, src_key_padding_mask=pad)
+    h.remove()
+    if where != "between_steps":
+        tr.end_step(loss=loss)
+    tr.close()
+    got = got.clone() if got.is_inference() else got
+    if emulate:
+        assert torch.allclose(got, want, atol=2e-2), (got - want).abs().max()
+    else:
+        assert torch.equal(got, want)
+    c = site_counts(p, step=0)
+    inside = where != "between_steps"  # the eval pass recorded, nested
+    assert c[("input", "fwd_out")] == (2 if inside else 1), c
+    assert c[("layers.0.self_attn", "fwd_out")] == 1 + (len(calls) if inside
+                                                        else 0), c
