@@ -285,11 +285,24 @@ def _own_params(m, parametrized):
     parametrized leaf (_parametrized_leaf, decided once when it is
     registered: this runs at every forward) the originals its
     parametrizations hold (weight_norm's original0/original1), which its
-    forward uses through them."""
+    forward uses through them. A lazy module's parameter not materialised
+    yet (nn.LazyLinear before its first forward) is left out: it has no
+    values nor a gradient hook (register_hook raised, and the Tracer could
+    not be made); its first forward materialises it in place, the same
+    object, and _record_forward_in hooks it there."""
     own = [p for p in m._parameters.values() if p is not None]
     if parametrized:
         own += list(m.parametrizations.parameters())
-    return own
+    return [p for p in own if not _is_lazy(p)]
+
+
+def _is_lazy(p):
+    """p is a lazy module's parameter not materialised yet
+    (UninitializedParameter)."""
+    return isinstance(p, _UNINITIALIZED)
+
+
+_UNINITIALIZED = getattr(nn.parameter, "UninitializedTensorMixin", ())
 
 
 def _forget_param(by_param, late_hooks, pid):
@@ -1856,7 +1869,8 @@ class Tracer:
         to host FP32 first."""
         fn = digest64_fn()
         h = digest64_init()
-        params = list(dict.fromkeys(self.model.parameters()))  # held now
+        params = [p for p in dict.fromkeys(self.model.parameters())
+                  if not _is_lazy(p)]  # held now (a lazy one: no values)
         if any(_is_dtensor(p) for p in params):  # sharded after the Tracer
             raise ValueError(_SHARDED_DIGEST)
         with torch.no_grad():

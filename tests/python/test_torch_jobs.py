@@ -324,3 +324,130 @@ def test_transformer_encoder_evaluation_with_a_padding_mask(tmp_path, where,
     assert c[("input", "fwd_out")] == (2 if inside else 1), c
     assert c[("layers.0.self_attn", "fwd_out")] == 1 + (len(calls) if inside
                                                         else 0), c
+
+
+# ---- lazy modules -------------------------------------------------------------
+
+class LazyNet(nn.Module):
+    def __init__(self, lazy):
+        super().__init__()
+        L = (lambda n: nn.LazyLinear(n)) if lazy else (lambda n: nn.Linear(8, n))
+        self.fc = L(16)
+        self.conv = nn.LazyConv1d(4, 3) if lazy else nn.Conv1d(1, 4, 3)
+        self.bn = nn.LazyBatchNorm1d() if lazy else nn.BatchNorm1d(4)
+        self.head = nn.LazyLinear(1) if lazy else nn.Linear(56, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x)).unsqueeze(1)
+        return self.head(self.bn(self.conv(h)).flatten(1))
+
+
+def _lazy_job(path, lazy, emulate, steps=3, digest=False):
+    torch.manual_seed(0)
+    m = LazyNet(lazy)
+    tr = at.Tracer(m, path, emulate_fp16=emulate, weight_digest=digest,
+                   env=False) if path else None
+    out = []
+    opt = None
+    for s in range(steps):
+        g = torch.Generator().manual_seed(s)
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+        loss = ((m(x) - y) ** 2).mean()
+        if opt is None:  # after the lazy parameters are materialised
+            opt = torch.optim.SGD(m.parameters(), 0.05)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if tr is not None:
+            tr.end_step(loss=loss, optimizer=opt)
+        out.append(float(loss))
+    if tr is not None:
+        tr.close()
+    return out
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_lazy_modules_are_traced_from_their_first_forward(tmp_path, emulate):
+    """A Tracer made before the lazy modules' first forward (the usual
+    order: build, trace, train): register_hook on an
+    UninitializedParameter raised in Tracer(). Their parameters are
+    hooked when the first forward materialises them: from step 0 on, the
+    same records as an eagerly built twin (weight, weight_grad,
+    master_weight of every layer), and the job trains as untraced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: lazy modules are new
+        untraced = _lazy_job(None, True, False)
+        got = _lazy_job(str(tmp_path / "l.h5"), True, emulate, digest=True)
+        _lazy_job(str(tmp_path / "e.h5"), False, emulate, digest=True)
+    if not emulate:
+        assert got == untraced
+    lazy, eager = site_counts(str(tmp_path / "l.h5")), \
+        site_counts(str(tmp_path / "e.h5"))
+    assert lazy == eager
+    for layer in ("fc", "conv", "bn", "head"):
+        for site in ("weight", "weight_grad", "master_weight"):
+            assert site_counts(str(tmp_path / "l.h5"), 0)[(layer, site)] == 2, \
+                (layer, site)
+    t, _ = records(str(tmp_path / "l.h5"))
+    assert (t["steps"]["unmeasured"] & ampprobe._lib.SCALAR_WEIGHT_DIGEST
+            == 0).all()
+
+
+def test_a_lazy_module_first_run_in_a_later_step(tmp_path):
+    """A lazy branch the model runs from step 2 on: nothing of it before
+    (no master weight of an uninitialised parameter), everything after;
+    a no_grad warm-up pass materialising another one between steps gives
+    it its gradient hook at its next training forward."""
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.late = nn.LazyLinear(8)
+            self.warm = nn.LazyLinear(1)
+            self.use_late = False
+
+        def forward(self, x):
+            h = self.a(x)
+            if self.use_late:
+                h = self.late(h)
+            return self.warm(h)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = Branchy()
+        p = str(tmp_path / "b.h5")
+        tr = at.Tracer(m, p, env=False)
+        with torch.no_grad():
+            m(torch.randn(2, 8))  # warm-up: materialises `warm`
+        for step in range(4):
+            m.use_late = step >= 2
+            loss = m(torch.randn(4, 8)).square().mean()
+            loss.backward()  # (no optimizer: the gradients are the point)
+            tr.end_step(loss=loss)
+        tr.close()
+    for step in range(4):
+        c = site_counts(p, step)
+        assert c[("warm", "weight_grad")] == 2 and c[("warm", "master_weight")] == 2
+        n = 2 if step >= 2 else 0
+        assert c[("late", "weight_grad")] == n and c[("late", "master_weight")] == n, \
+            (step, c)
+
+
+def test_an_overflow_in_a_lazy_module_is_named(tmp_path):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 1))
+        tr = at.Tracer(m, str(tmp_path / "o.h5"), emulate_fp16=True,
+                       on_nonfinite="raise", env=False)
+        with pytest.raises(at.NonFiniteError) as e:
+            for step in range(3):
+                x = torch.randn(4, 8)
+                if step == 2:
+                    with torch.no_grad():
+                        m[0].weight.fill_(100.0)
+                    x = torch.full((4, 8), 100.0)  # 8 * 100 * 100 > 65504
+                m(x).square().mean().backward()
+                tr.end_step()
+    assert (e.value.module, e.value.site, e.value.step) == ("0", "fwd_out", 2), \
+        str(e.value)
