@@ -446,13 +446,23 @@ def materialized(module, tensor):
 # ---- a loss scaler for CPU runs ------------------------------------------------
 
 class LossScaler:
-    """Dynamic loss scaling with torch.cuda.amp.GradScaler's rules, in plain
+    """Dynamic loss scaling with torch.amp.GradScaler's rules, in plain
     torch, for CPU jobs (Debian's torch 1.13 disables GradScaler without
-    CUDA) and FP16 emulation: scale starts at init_scale; a step with
-    non-finite gradients is skipped and scale *= backoff, tracker = 0;
-    otherwise tracker += 1 and every growth_interval clean steps the scale
+    CUDA) and FP16 emulation: scale starts at init_scale; an optimizer
+    whose gradients hold inf or NaN skips its step; update() backs the
+    scale off (scale *= backoff, tracker = 0) when any optimizer's did,
+    else tracker += 1 and every growth_interval clean steps the scale
     grows (if finite). Same methods as GradScaler: scale, unscale_, step,
-    update, get_scale, is_enabled; the tracer reads it like GradScaler."""
+    update, get_scale, is_enabled; the tracer reads it like GradScaler.
+
+    As GradScaler, it keeps its state per optimizer (a job with two
+    optimizers: each one's gradients unscaled and checked once, by
+    unscale_ or by step) until update(); the same misuses raise the same
+    errors: unscale_ twice for one optimizer, unscale_ after its step, a
+    second step (RuntimeError), update() with no step or unscale_ before
+    it (AssertionError). One scaler-wide flag made the second optimizer's
+    unscale_ a no-op: it stepped with gradients times the scale, and
+    never checked them."""
 
     def __init__(self, init_scale=65536.0, growth_factor=2.0,
                  backoff_factor=0.5, growth_interval=2000, enabled=True):
@@ -462,8 +472,10 @@ class LossScaler:
         self._interval = growth_interval
         self._tracker = 0
         self._enabled = enabled
-        self._found_inf = None
-        self._unscaled = False
+        # id(optimizer) -> [stage, found_inf]: stage "ready", "unscaled"
+        # or "stepped" (GradScaler's OptState), found_inf None until its
+        # gradients were checked
+        self._per_optimizer = {}
 
     def is_enabled(self):
         return self._enabled
@@ -477,9 +489,20 @@ class LossScaler:
     def scale(self, loss):
         return loss * self._scale if self._enabled else loss
 
+    def _state(self, optimizer):
+        return self._per_optimizer.setdefault(id(optimizer), ["ready", None])
+
     def unscale_(self, optimizer):
-        if not self._enabled or self._unscaled:
+        """Divides this optimizer's gradients by the scale and checks them
+        for inf/NaN (once per optimizer between update()s)."""
+        if not self._enabled:
             return
+        st = self._state(optimizer)
+        if st[0] == "unscaled":
+            raise RuntimeError("unscale_() has already been called on this "
+                               "optimizer since the last update().")
+        if st[0] == "stepped":
+            raise RuntimeError("unscale_() is being called after step().")
         inv = 1.0 / self._scale  # in double, as GradScaler
         found = False
         with torch.no_grad():
@@ -487,35 +510,61 @@ class LossScaler:
                 for p in g["params"]:
                     if p.grad is None:
                         continue
-                    p.grad.mul_(inv)
-                    if not bool(torch.isfinite(p.grad).all()):
+                    grad = p.grad
+                    if grad.is_sparse:  # as GradScaler: its values
+                        grad = grad.coalesce()
+                        p.grad = grad
+                        grad = grad._values()
+                    grad.mul_(inv)
+                    if not found and not bool(torch.isfinite(grad).all()):
                         found = True
-        self._found_inf = found
-        self._unscaled = True
+        st[:] = ["unscaled", found]
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
+        """unscale_(optimizer) unless done, then optimizer.step(*args,
+        **kwargs) unless its gradients held inf or NaN; returns what
+        optimizer.step returned (None when skipped)."""
         if not self._enabled:
-            optimizer.step()
-            return
-        self.unscale_(optimizer)
-        if not self._found_inf:
-            optimizer.step()
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if "
+                               "GradScaler is enabled.")
+        st = self._state(optimizer)
+        if st[0] == "stepped":
+            raise RuntimeError("step() has already been called since the "
+                               "last update().")
+        if st[0] == "ready":
+            self.unscale_(optimizer)
+        ret = None if st[1] else optimizer.step(*args, **kwargs)
+        st[0] = "stepped"
+        return ret
 
-    def update(self):
+    def update(self, new_scale=None):
+        """The scale for the next iteration, after step() of every
+        optimizer: backed off when any optimizer's gradients held inf or
+        NaN, grown after growth_interval clean steps; new_scale sets it
+        instead. Forgets every optimizer's state."""
         if not self._enabled:
             return
-        if self._found_inf:
-            self._scale *= self._backoff
-            self._tracker = 0
+        if new_scale is not None:
+            self._scale = float(new_scale)
         else:
-            self._tracker += 1
-            if self._tracker >= self._interval:
-                new = self._scale * self._growth
-                if math.isfinite(new):
-                    self._scale = new
+            found = [st[1] for st in self._per_optimizer.values()
+                     if st[1] is not None]
+            if not found:
+                raise AssertionError(
+                    "No inf checks were recorded prior to update.")
+            if any(found):
+                self._scale *= self._backoff
                 self._tracker = 0
-        self._found_inf = None
-        self._unscaled = False
+            else:
+                self._tracker += 1
+                if self._tracker >= self._interval:
+                    new = self._scale * self._growth
+                    if math.isfinite(new):
+                        self._scale = new
+                    self._tracker = 0
+        self._per_optimizer = {}
 
 
 # ---- the tracer ----------------------------------------------------------------

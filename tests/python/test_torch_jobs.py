@@ -451,3 +451,164 @@ def test_an_overflow_in_a_lazy_module_is_named(tmp_path):
                 tr.end_step()
     assert (e.value.module, e.value.site, e.value.step) == ("0", "fwd_out", 2), \
         str(e.value)
+
+
+# ---- at.LossScaler: its state per optimizer -----------------------------------
+
+def _two(scale=1024.0, bad=None):
+    """Two Linear heads with their own SGD, the gradients of both scaled
+    by the scaler (bad: the head whose gradients get an inf)."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 1), nn.Linear(4, 1)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    loss = a(x).square().mean() + b(x).square().mean()
+    (loss * scale).backward()
+    if bad is not None:
+        with torch.no_grad():
+            (a, b)[bad].weight.grad[0, 0] = float("inf")
+    return a, b, oa, ob
+
+
+@pytest.mark.parametrize("how", ["step_both", "unscale_one_first",
+                                 "unscale_both_first", "three_steps"])
+def test_loss_scaler_unscales_each_optimizer(how):
+    """Each optimizer steps with its true gradient: the scaler-wide
+    'unscaled' flag made the second optimizer's unscale_ a no-op, so it
+    stepped with gradient x scale (x1024 here) and its gradients were
+    never checked."""
+    scale = 1024.0
+    for step in range(3 if how == "three_steps" else 1):
+        a, b, oa, ob = _two(scale)
+        true = [p.grad.clone() / scale for p in (a.weight, b.weight)]
+        before = [p.detach().clone() for p in (a.weight, b.weight)]
+        if step == 0:
+            sc = at.LossScaler(init_scale=scale, growth_interval=100)
+        if how == "unscale_one_first":  # clipping of the first only
+            sc.unscale_(oa)
+        elif how == "unscale_both_first":
+            sc.unscale_(oa)
+            sc.unscale_(ob)
+        sc.step(oa)
+        sc.step(ob)
+        sc.update()
+        for w, w0, g in zip((a.weight, b.weight), before, true):
+            assert torch.allclose(w0 - w.detach(), 0.1 * g, rtol=1e-5,
+                                  atol=1e-6), how
+    assert sc.get_scale() == scale and sc._get_growth_tracker() == (
+        3 if how == "three_steps" else 1)
+
+
+@pytest.mark.parametrize("bad", [0, 1])
+def test_loss_scaler_skips_the_optimizer_whose_gradients_overflowed(bad):
+    """As GradScaler: the optimizer whose gradients hold inf skips its
+    step, the other steps, and update() backs the scale off; the next
+    clean iteration counts from 0. Checked against torch.amp.GradScaler
+    where it runs on the CPU (torch 2)."""
+    def run(make):
+        a, b, oa, ob = _two(1024.0, bad)
+        before = [p.detach().clone() for p in (a.weight, b.weight)]
+        sc = make()
+        rets = [sc.step(oa), sc.step(ob)]
+        sc.update()
+        moved = [not torch.equal(w0, w.detach())
+                 for w0, w in zip(before, (a.weight, b.weight))]
+        return moved, sc.get_scale(), [a.weight.detach(), b.weight.detach()], rets
+    moved, scale, ws, rets = run(lambda: at.LossScaler(init_scale=1024.0))
+    assert moved == [bad != 0, bad != 1]
+    assert scale == 512.0 and rets == [None, None]
+    amp = getattr(torch, "amp", None)
+    if amp is not None and hasattr(amp, "GradScaler"):
+        try:
+            ref = run(lambda: amp.GradScaler("cpu", init_scale=1024.0))
+        except (TypeError, RuntimeError, AssertionError):
+            ref = None  # (torch 1.13: no CPU GradScaler)
+        if ref is not None:
+            assert ref[0] == moved and ref[1] == scale
+            assert all(torch.equal(u, v) for u, v in zip(ref[2], ws))
+
+
+def test_loss_scaler_refuses_what_gradscaler_refuses():
+    """The same misuses raise the same errors as GradScaler (a job moving
+    between the two behaves the same); a disabled scaler checks
+    nothing."""
+    a, b, oa, ob = _two()
+    sc = at.LossScaler(init_scale=1024.0)
+    with pytest.raises(AssertionError, match="No inf checks"):
+        sc.update()
+    sc.unscale_(oa)
+    with pytest.raises(RuntimeError, match="already been called"):
+        sc.unscale_(oa)
+    sc.step(oa)
+    with pytest.raises(RuntimeError, match="after step"):
+        sc.unscale_(oa)
+    with pytest.raises(RuntimeError, match="already been called"):
+        sc.step(oa)
+    with pytest.raises(RuntimeError, match="Closure"):
+        sc.step(ob, closure=lambda: 0.0)
+    sc.step(ob)
+    sc.update()
+    sc.unscale_(oa)  # a new iteration
+    off = at.LossScaler(enabled=False)
+    off.unscale_(oa)
+    off.unscale_(oa)
+    off.step(oa)
+    off.step(oa)
+    off.update()
+    assert off.get_scale() == 1.0
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.h1 = nn.Linear(16, 1)
+        self.h2 = nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.enc(x)
+        return self.h1(h), self.h2(h)
+
+
+def test_two_optimizers_under_emulation_train_as_with_gradscaler(tmp_path):
+    """The hunt's job: two heads, two optimizers, FP16 emulation and one
+    at.LossScaler. Its loss went 1.8 -> 59 -> 255 (the second head stepped
+    with x scale gradients) and the trace reported gradient overflows;
+    now it trains (the loss falls) and is healthy, as with
+    torch.amp.GradScaler (torch 2: the same losses)."""
+    def run(path, make):
+        torch.manual_seed(0)
+        m = TwoHeads()
+        o1 = torch.optim.SGD(list(m.enc.parameters()) + list(m.h1.parameters()), 0.05)
+        o2 = torch.optim.SGD(m.h2.parameters(), 0.05)
+        sc = make()
+        tr = at.Tracer(m, path, emulate_fp16=True, env=False)
+        tr.attach_scaler(sc)
+        out = []
+        for s in range(8):
+            g = torch.Generator().manual_seed(s % 2)
+            x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+            p1, p2 = m(x)
+            loss = ((p1 - y) ** 2).mean() + ((p2 - y) ** 2).mean()
+            o1.zero_grad()
+            o2.zero_grad()
+            sc.scale(loss).backward()
+            sc.unscale_(o1)  # clipping what o1 steps
+            nn.utils.clip_grad_norm_(o1.param_groups[0]["params"], 10.0)
+            sc.step(o1)
+            sc.step(o2)
+            sc.update()
+            tr.end_step(loss=loss)
+            out.append(float(loss))
+        tr.close()
+        return out
+    got = run(str(tmp_path / "l.h5"), lambda: at.LossScaler(init_scale=2.0 ** 10))
+    assert got[-2] < got[0] and got[-1] < got[1], got  # (2 batches)
+    assert ampprobe.verdict(str(tmp_path / "l.h5")) == "healthy"
+    try:
+        ref = run(str(tmp_path / "g.h5"),
+                  lambda: torch.amp.GradScaler("cpu", init_scale=2.0 ** 10))
+    except (AttributeError, TypeError, RuntimeError):
+        return  # torch 1.13: no CPU GradScaler
+    assert ref == got
