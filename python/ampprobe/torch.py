@@ -193,7 +193,8 @@ def _forward_signature(cls):
     P = inspect.Parameter
     try:
         ps = list(inspect.signature(cls.forward).parameters.values())[1:]
-    except (TypeError, ValueError):  # no Python signature
+    except (TypeError, ValueError, AttributeError):  # no Python
+        # signature (AttributeError: a torch.jit.trace'd module's class)
         sig = ((), ())
     else:
         pos = [q.name for q in ps
@@ -268,7 +269,7 @@ def _params_now(L):
     _parameters (0.15 us against 1.6 for parameters(recurse=False))."""
     if L.module is None:
         return []
-    return _own_params(L.module, L.parametrized)
+    return _own_params(L.module, L.parametrized, L.jit is not None)
 
 
 def _parametrized_leaf(m):
@@ -280,19 +281,23 @@ def _parametrized_leaf(m):
         n == "parametrizations" for n, _ in m.named_children())
 
 
-def _own_params(m, parametrized):
+def _own_params(m, parametrized, whole=False):
     """The parameters a module trains itself: its own, and for a
     parametrized leaf (_parametrized_leaf, decided once when it is
     registered: this runs at every forward) the originals its
     parametrizations hold (weight_norm's original0/original1), which its
-    forward uses through them. A lazy module's parameter not materialised
+    forward uses through them; for a TorchScript unit (whole: _jit_kind)
+    every parameter under it. A lazy module's parameter not materialised
     yet (nn.LazyLinear before its first forward) is left out: it has no
     values nor a gradient hook (register_hook raised, and the Tracer could
     not be made); its first forward materialises it in place, the same
     object, and _record_forward_in hooks it there."""
-    own = [p for p in m._parameters.values() if p is not None]
-    if parametrized:
-        own += list(m.parametrizations.parameters())
+    if whole:
+        own = list(m.parameters())
+    else:
+        own = [p for p in m._parameters.values() if p is not None]
+        if parametrized:
+            own += list(m.parametrizations.parameters())
     return [p for p in own if not _is_lazy(p)]
 
 
@@ -303,6 +308,27 @@ def _is_lazy(p):
 
 
 _UNINITIALIZED = getattr(nn.parameter, "UninitializedTensorMixin", ())
+
+
+# torch.jit.trace's module: its own forward hooks run (its call goes
+# through nn.Module), those of the modules inside it never do
+_TOP_TRACED = getattr(getattr(torch.jit, "_trace", None),
+                      "TopLevelTracedModule", None)
+
+
+def _jit_kind(m):
+    """How the tracer sees a TorchScript module: None for any other
+    module; "traced" for what torch.jit.trace returned, whose hooks run
+    (one unit: its inputs and outputs recorded, nothing inside it);
+    "script" for a torch.jit.script module (its hook registration raises
+    "register_forward_pre_hook is not supported on ScriptModules", which
+    made the Tracer fail) or a module inside a traced one (its hooks are
+    registered and never called: the records silently missing)."""
+    if not isinstance(m, torch.jit.ScriptModule):
+        return None
+    if _TOP_TRACED is not None and isinstance(m, _TOP_TRACED):
+        return "traced"
+    return "script"
 
 
 def _forget_param(by_param, late_hooks, pid):
@@ -391,8 +417,11 @@ def _leaf_units(root, user_kinds):
         # a parametrized module whose only child is its `parametrizations`
         # (how it computes its weight) is a leaf (it was hooked there, not
         # itself: its output not recorded, nor rounded); one with other
-        # children is walked as before, its parametrizations included
-        kids = [] if _parametrized_leaf(m) else list(m.named_children())
+        # children is walked as before, its parametrizations included. A
+        # TorchScript module is one unit: what runs inside it calls no
+        # Python hook (_jit_kind)
+        kids = [] if (_jit_kind(m) is not None or _parametrized_leaf(m)) \
+            else list(m.named_children())
         if not kids or unit(m):
             out.append((prefix, m))
             return
@@ -401,6 +430,39 @@ def _leaf_units(root, user_kinds):
 
     walk("", root)
     return out
+
+
+_JIT_SAYS = {
+    "script": (
+        "%s TorchScript (torch.jit.script, or inside a torch.jit.trace'd "
+        "module): the tracer cannot hook it nor look inside it. It is one "
+        "layer with no forward or gradient sites, only its parameters' "
+        "weight_grad and master_weight; under FP16 emulation it runs as it "
+        "is (not rounded), and the precision policy cannot force it to "
+        "FP32. A NaN or overflow made inside it is seen at the next traced "
+        "module's input (docs/python.md, Limits)"),
+    "traced": (
+        "%s a torch.jit.trace'd module: traced as one unit (its inputs, "
+        "outputs and gradients recorded, and rounded under FP16 "
+        "emulation), not the modules inside it, whose hooks never run "
+        "(not recorded, not rounded; the precision policy cannot force it "
+        "to FP32). A fault inside it is named at the unit "
+        "(docs/python.md, Limits)"),
+}
+
+
+def _warn_jit(jit):
+    """One RuntimeWarning per kind of TorchScript unit the Tracer found
+    (_jit_kind), naming them, at its construction."""
+    for how, Ls in sorted(jit.items()):
+        if not Ls:
+            continue
+        names = ", ".join("'%s'" % _lib.escape(L.name) for L in Ls[:3])
+        if len(Ls) > 3:
+            names += " (and %d more)" % (len(Ls) - 3)
+        who = "ampprobe: module%s %s %s" % (
+            "s" if len(Ls) > 1 else "", names, "are" if len(Ls) > 1 else "is")
+        warnings.warn(_JIT_SAYS[how] % who, RuntimeWarning, stacklevel=5)
 
 
 def _user_kind(m, user_kinds):
@@ -883,7 +945,7 @@ def _settle(t):
 class _Layer:
     __slots__ = ("name", "module", "kind", "precision", "lid", "fp32",
                  "emulate", "params", "parametrized", "selected", "mode",
-                 "pending")
+                 "pending", "jit")
 
 
 class Tracer:
@@ -1159,13 +1221,18 @@ class Tracer:
         L.fp32 = kind == "loss" or self.policy.forces_fp32(name, kind) or (
             full is not None and self.policy.forces_fp32(full, kind))
         L.precision = "fp32" if L.fp32 else self.precision
-        L.emulate = self.emulate and not L.fp32
+        L.jit = None if module is None else _jit_kind(module)
+        # a torch.jit.script unit runs as it is: nothing rounds its
+        # inputs or outputs, so neither are its gradients
+        L.emulate = self.emulate and not L.fp32 and L.jit != "script"
         kid = _lib.kind_id(kind)
         if kid is None:  # an older library without this kind
             kid = _lib.kind_id("other")
         L.lid = self.session.register(name, kid, L.precision)
-        L.parametrized = module is not None and _parametrized_leaf(module)
-        L.params = [] if module is None else _own_params(module, L.parametrized)
+        L.parametrized = (module is not None and L.jit is None and
+                          _parametrized_leaf(module))
+        L.params = [] if module is None else _own_params(
+            module, L.parametrized, L.jit is not None)
         L.selected = selected
         L.mode = None  # this forward's: "record", "replay" or None (_gate)
         L.pending = None  # an in-place forward's inputs and their nodes
@@ -1200,9 +1267,11 @@ class Tracer:
         # inside it), and records the input when selected.
         _guard_module_hooks(True)
         self._guard = [True]  # shared with the finalizer: given back once
-        self._hooks.append(_pre_hook(
-            model, self._make_input_hook(self._input_layer)))
+        if _jit_kind(model) != "script":  # (it takes no hook: _jit_kind)
+            self._hooks.append(_pre_hook(
+                model, self._make_input_hook(self._input_layer)))
         units = _leaf_units(model, user_kinds)
+        jit = {"script": [], "traced": []}  # TorchScript units (_jit_kind)
         if loss_fn is not None:
             # a criterion that is also a child of the model is one layer,
             # `loss` (it was two, each record written twice)
@@ -1218,10 +1287,20 @@ class Tracer:
                 for g in self._globs)
             L = self._register(name, m, kind, sel,
                                full if full != name else None)
-            if L.fp32:
-                self._wrap_fp32(m)
-            m._ampprobe_ref = (weakref.ref(self), L)
+            if L.jit is not None:  # TorchScript: no wrapper, no saved()
+                jit[L.jit].append(L)
+            else:
+                if L.fp32:
+                    self._wrap_fp32(m)
+                m._ampprobe_ref = (weakref.ref(self), L)
             if not sel:
+                continue
+            if L.jit == "script":  # no forward hook runs: its parameters
+                for p in L.params:  # alone (weight_grad, master_weight)
+                    if id(p) not in self._by_param:
+                        self._follow(p, L)
+                        self._hook_param(p, L)
+                L.params = ()
                 continue
             # No full backward hook: torch wraps a hooked module's outputs
             # in views, which made any in-place op on them (a ResNet's
@@ -1237,6 +1316,7 @@ class Tracer:
                     self._follow(p, L)
                     self._hook_param(p, L)
             L.params = ()  # only their ids are kept: replaced ones can go
+        _warn_jit(jit)
         # Close the file even if the job raises and never calls us again.
         self._finalizer = weakref.finalize(self, Tracer._finalize,
                                            self.session, self._guard)
@@ -1786,8 +1866,10 @@ class Tracer:
             return
         if self._model_forward_ran():
             return
+        # (a script unit runs no forward hook: _warn_jit said so)
         missing = [L for L in self._layers
-                   if L.lid in self._grads and L.lid not in self._ran]
+                   if L.lid in self._grads and L.lid not in self._ran
+                   and L.jit != "script"]
         if not missing:
             return
         self._no_forward_said = True

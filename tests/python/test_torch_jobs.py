@@ -612,3 +612,105 @@ def test_two_optimizers_under_emulation_train_as_with_gradscaler(tmp_path):
     except (AttributeError, TypeError, RuntimeError):
         return  # torch 1.13: no CPU GradScaler
     assert ref == got
+
+
+# ---- TorchScript modules ------------------------------------------------------
+
+def _jit_net(how, whole=False):
+    torch.manual_seed(0)
+    blk = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+    if whole:
+        m = nn.Sequential(nn.Linear(8, 16), blk, nn.Linear(16, 1))
+        return torch.jit.script(m) if how == "script" else \
+            torch.jit.trace(m, torch.randn(2, 8))
+    blk = torch.jit.script(blk) if how == "script" else \
+        torch.jit.trace(blk, torch.randn(2, 16))
+    return nn.Sequential(nn.Linear(8, 16), blk, nn.Linear(16, 1))
+
+
+def _jit_job(m, path, emulate, steps=2):
+    opt = torch.optim.SGD(m.parameters(), 0.01)
+    out = []
+    tr = None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        if path:
+            tr = at.Tracer(m, path, emulate_fp16=emulate, env=False)
+        for s in range(steps):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+            loss = m(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if tr:
+                tr.end_step(loss=loss, optimizer=opt)
+            out.append(float(loss))
+        if tr:
+            tr.close()
+    return out, ampprobe_warnings(w)
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_scripted_module_is_one_layer_it_cannot_look_into(tmp_path, whole,
+                                                            emulate):
+    """torch.jit.script in the model, or as the model: Tracer() raised
+    "register_forward_pre_hook is not supported on ScriptModules". Now
+    the script module is one layer with its parameters' weight_grad and
+    master_weight, no forward site, one warning naming it (and no
+    misleading "forward ran without the tracer's hooks"), and the job
+    runs as untraced."""
+    p = str(tmp_path / "s.h5")
+    want, _ = _jit_job(_jit_net("script", whole), None, False)
+    got, said = _jit_job(_jit_net("script", whole), p, emulate)
+    if not emulate or whole:  # (a whole script model: nothing rounded)
+        assert got == want
+    name = "1" if not whole else records(p)[1][-1]
+    assert len(said) == 1 and "'%s' is TorchScript" % name in said[0], said
+    c = site_counts(p, 1)
+    assert {s for (n, s) in c if n == name} == {"weight_grad", "master_weight"}
+    assert c[(name, "weight_grad")] == (4 if not whole else 8)
+    t, names = records(p)
+    assert list(t["steps"]["step"]) == [0, 1]
+    if not whole:
+        assert c[("0", "fwd_out")] == 1 and c[("2", "fwd_in")] == 1
+        assert not [n for n in names if n.startswith("1.")]
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_traced_module_is_one_unit(tmp_path, whole):
+    """torch.jit.trace'd: the modules inside have hooks that never run
+    (they were listed as layers with gradients and no forward, silently);
+    the traced module's own hooks run, so it is one unit, recorded and
+    rounded at its boundary, with one warning. An overflow made inside it
+    is named there."""
+    p = str(tmp_path / "t.h5")
+    m = _jit_net("trace", whole)
+    got, said = _jit_job(m, p, True)
+    unit = "1" if not whole else records(p)[1][-1]
+    assert len(said) == 1 and "'%s' is a torch.jit.trace'd module" % unit in \
+        said[0], said
+    c = site_counts(p, 1)
+    have = {s for (n, s) in c if n == unit}
+    assert {"fwd_in", "fwd_out", "weight_grad", "master_weight"} <= have, have
+    if not whole:
+        assert "grad_out" in have and "grad_in" in have
+    t, names = records(p)
+    inside = [n for n in names if n.startswith(unit + ".")]
+    if whole:
+        inside += [n for n in names if n in ("0", "1", "2")]
+    assert not inside, names
+    # an overflow inside the traced module, named at it: 3 x 8 = 24 into
+    # it, 16 x 24 = 384 inside (not rounded), 20 x 16 x 384 > 65504 out
+    m = _jit_net("trace", whole)
+    ps = dict(m.named_parameters())
+    with torch.no_grad():
+        for n, v in (("0", 1.0), ("1.0", 1.0), ("1.2", 20.0), ("2", 1.0)):
+            ps[n + ".weight"].fill_(v)
+            ps[n + ".bias"].zero_()
+    tr = at.Tracer(m, str(tmp_path / "o.h5"), emulate_fp16=True,
+                   on_nonfinite="raise", env=False)
+    with pytest.raises(at.NonFiniteError) as e:
+        m(torch.full((4, 8), 3.0)).square().mean().backward()
+        tr.end_step()
+    assert e.value.module == unit and e.value.site == "fwd_out", str(e.value)
