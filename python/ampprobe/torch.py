@@ -432,6 +432,22 @@ def _leaf_units(root, user_kinds):
     return out
 
 
+def _module_ids(root):
+    """The ids of root and every module under it, in walk order (through
+    the _modules dicts: 0.2 us a module, end_step's cost with
+    Tracer._check_new_modules)."""
+    out = [id(root)]
+    add = out.append
+
+    def walk(m):
+        for c in m._modules.values():
+            if c is not None:
+                add(id(c))
+                walk(c)
+    walk(root)
+    return out
+
+
 _JIT_SAYS = {
     "script": (
         "%s TorchScript (torch.jit.script, or inside a torch.jit.trace'd "
@@ -1270,6 +1286,7 @@ class Tracer:
         if _jit_kind(model) != "script":  # (it takes no hook: _jit_kind)
             self._hooks.append(_pre_hook(
                 model, self._make_input_hook(self._input_layer)))
+        self._user_kinds = user_kinds
         units = _leaf_units(model, user_kinds)
         jit = {"script": [], "traced": []}  # TorchScript units (_jit_kind)
         if loss_fn is not None:
@@ -1316,6 +1333,11 @@ class Tracer:
                     self._follow(p, L)
                     self._hook_param(p, L)
             L.params = ()  # only their ids are kept: replaced ones can go
+        # the modules the walk found, for end_step's check for modules
+        # added to the model later (_check_new_modules)
+        self._unit_ids = {id(m) for _, m in units}
+        self._module_ids = _module_ids(model)
+        self._new_modules_said = False
         _warn_jit(jit)
         # Close the file even if the job raises and never calls us again.
         self._finalizer = weakref.finalize(self, Tracer._finalize,
@@ -1827,6 +1849,7 @@ class Tracer:
                 if sc is not None:
                     self._scale_begin = None
         self._check_forwards_seen(step)
+        self._check_new_modules(step)
         if self.on_nonfinite != "record":
             # a loss not given is not measured, not non-finite (0.0 stands
             # for "nothing wrong with it")
@@ -1852,6 +1875,36 @@ class Tracer:
         self._late_backward_said = True
         warnings.warn(_LATE_BACKWARD % (self._ended_fwd_only, self._next),
                       RuntimeWarning, stacklevel=4)
+
+    def _check_new_modules(self, step):
+        """Warns, once a tracer, when the model holds modules it did not
+        hold when the Tracer hooked it (`model.extra = nn.Linear(...)`, a
+        head replaced for fine-tuning): they have no hooks, so they are
+        not recorded nor rounded under emulation, and a fault they make
+        is named at the next traced module. A walk of the module tree per
+        step (_module_ids: 0.2 us a module); the units are looked for
+        only when it changed."""
+        if self._new_modules_said:
+            return
+        now = _module_ids(self.model)
+        if now == self._module_ids:
+            return
+        self._module_ids = now
+        new = [n for n, m in _leaf_units(self.model, self._user_kinds)
+               if id(m) not in self._unit_ids]
+        if not new:  # (a parametrization registered on a traced leaf)
+            return
+        self._new_modules_said = True
+        more = " (and %d more)" % (len(new) - 1) if len(new) > 1 else ""
+        warnings.warn(
+            "ampprobe: step %d: module '%s'%s is not traced: it was added "
+            "to the model after the Tracer was made, so it has no hooks (no "
+            "records; not rounded under FP16 emulation, not forced to FP32 "
+            "by the precision policy), and a NaN or overflow it makes is "
+            "named at the next traced module. Make the Tracer once the "
+            "model is complete (docs/python.md, Limits)" % (
+                step, _lib.escape(new[0] or type(self.model).__name__),
+                more), RuntimeWarning, stacklevel=3)
 
     def _check_forwards_seen(self, step):
         """Warns, once a tracer, when layers got gradients in the step that

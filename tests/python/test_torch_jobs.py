@@ -714,3 +714,67 @@ def test_a_traced_module_is_one_unit(tmp_path, whole):
         m(torch.full((4, 8), 3.0)).square().mean().backward()
         tr.end_step()
     assert e.value.module == unit and e.value.site == "fwd_out", str(e.value)
+
+
+# ---- modules added after the Tracer -------------------------------------------
+
+class Growing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.head = nn.Linear(8, 1)
+        self.extra = None
+
+    def forward(self, x):
+        h = self.body(x)
+        if self.extra is not None:
+            h = self.extra(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("how", ["added", "replaced", "appended", "none",
+                                 "parametrized", "lazy", "train_eval"])
+def test_modules_added_after_the_tracer_warn_once(tmp_path, how):
+    """A module the model gets after the Tracer hooked it has no hooks:
+    not recorded, and said once, at the next end_step, naming it (it was
+    silent, and a post-mortem named a module 'fed by' the wrong one).
+    What changes no traced unit says nothing: a parametrization
+    registered on a traced layer, a lazy module materialised, train() and
+    eval()."""
+    torch.manual_seed(0)
+    m = Growing()
+    if how == "lazy":
+        m.extra = nn.LazyLinear(8)
+    p = str(tmp_path / "g.h5")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tr = at.Tracer(m, p, env=False)
+        for step in range(4):
+            if step == 1:
+                if how == "added":
+                    m.extra = nn.Linear(8, 8)
+                elif how == "replaced":
+                    m.head = nn.Linear(8, 1)  # fine-tuning's new head
+                elif how == "appended":
+                    m.body.append(nn.Tanh())
+                elif how == "parametrized":
+                    nn.utils.parametrize.register_parametrization(
+                        m.head, "weight", _Scale())
+                elif how == "train_eval":
+                    m.eval()
+                    m.train()
+            m(torch.randn(4, 8)).square().mean().backward()
+            tr.end_step()
+        tr.close()
+    said = [s for s in ampprobe_warnings(w) if "added to the model" in s]
+    want = {"added": "extra", "replaced": "head", "appended": "body.2"}.get(how)
+    if want is None:
+        assert not said, said
+    else:
+        assert len(said) == 1, said
+        assert "step 1: module '%s' is not traced" % want in said[0], said
+
+
+class _Scale(nn.Module):
+    def forward(self, w):
+        return w * 1.0
