@@ -227,6 +227,26 @@ probe_status probe_grid_init(probe_grid *g, int rows, int cols, int64_t x0,
   return PROBE_OK;
 }
 
+probe_status probe_grid_resize_rows(probe_grid *g, int rows) {
+  if (rows <= 0 || !g->val) return PROBE_ERR_INVALID_ARG;
+  size_t w = (size_t)g->cols, had = (size_t)g->rows * w, n = (size_t)rows * w;
+  float *v = realloc(g->val, n * sizeof *v);
+  if (!v) return PROBE_ERR_NOMEM;
+  g->val = v;
+  uint32_t *c = realloc(g->count, n * sizeof *c);
+  if (!c) return PROBE_ERR_NOMEM;
+  g->count = c;
+  uint32_t *f = realloc(g->nonfinite, n * sizeof *f);
+  if (!f) return PROBE_ERR_NOMEM;
+  g->nonfinite = f;
+  for (size_t i = had; i < n; i++) {
+    v[i] = NAN;
+    c[i] = f[i] = 0;
+  }
+  g->rows = rows;
+  return PROBE_OK;
+}
+
 void probe_grid_free(probe_grid *g) {
   free(g->val);
   free(g->count);

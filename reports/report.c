@@ -79,8 +79,13 @@ struct probe_report {
   char *headline, *diag_body;
 
   probe_layer_info *layers;
-  char (*label)[PROBE_NAME_MAX * 4]; /* (n_layers) names as shown */
   size_t n_layers;
+  /* The grids hold a row per layer with a record only, in the order of
+   * their first record (a row per registered layer took 2.7 GB for a trace
+   * of 2^20 layers, 9 of them recorded): row_of (n_layers, -1 none) and its
+   * inverse layer_of_row (cap_rows). */
+  int32_t *row_of, *layer_of_row;
+  int n_rows, cap_rows;
 
   int have_range;
   int64_t x0, x1;
@@ -163,7 +168,31 @@ static void free_bins_grids(probe_report *r) {
   probe_grid_free(&r->headroom);
   probe_grid_free(&r->underflow);
   free(r->lnf);
+  free(r->row_of);
+  free(r->layer_of_row);
   r->lnf = NULL;
+  r->row_of = r->layer_of_row = NULL;
+  r->n_rows = r->cap_rows = 0;
+}
+
+/* The grids' row of a layer with a record, given one at its first record
+ * (the grids grown by doubling); -1 out of memory. */
+static int grid_row(probe_report *r, int32_t layer) {
+  if (r->row_of[layer] >= 0) return r->row_of[layer];
+  if (r->n_rows == r->cap_rows) {
+    int cap = r->cap_rows ? 2 * r->cap_rows : 16;
+    if ((size_t)cap > r->n_layers) cap = (int)r->n_layers;
+    int32_t *l = realloc(r->layer_of_row, (size_t)cap * sizeof *l);
+    if (!l) return -1;
+    r->layer_of_row = l;
+    if (probe_grid_resize_rows(&r->headroom, cap) != PROBE_OK ||
+        probe_grid_resize_rows(&r->underflow, cap) != PROBE_OK)
+      return -1;
+    r->cap_rows = cap;
+  }
+  r->layer_of_row[r->n_rows] = layer;
+  r->row_of[layer] = r->n_rows;
+  return r->n_rows++;
 }
 
 void probe_report_free(probe_report *r) {
@@ -176,7 +205,6 @@ void probe_report_free(probe_report *r) {
   free(r->headline);
   free(r->diag_body);
   free(r->layers);
-  free(r->label);
   free(r->baseline_label);
   probe_rankmap_free(r->rankmap);
   free(r->rank_title);
@@ -229,19 +257,13 @@ probe_status probe_report_set_layers(probe_report *r,
   if (r->ready) return PROBE_ERR_STATE;
   if (n && !layers) return PROBE_ERR_INVALID_ARG;
   free(r->layers);
-  free(r->label);
   r->layers = NULL;
-  r->label = NULL;
   r->n_layers = 0;
   if (n) {
     r->layers = malloc(n * sizeof *layers);
-    r->label = malloc(n * sizeof *r->label);
-    if (!r->layers || !r->label) return PROBE_ERR_NOMEM;
+    if (!r->layers) return PROBE_ERR_NOMEM;
     memcpy(r->layers, layers, n * sizeof *layers);
-    for (size_t i = 0; i < n; i++) {
-      r->layers[i].name[PROBE_NAME_MAX - 1] = '\0';
-      escape_name(r->label[i], sizeof r->label[i], r->layers[i].name);
-    }
+    for (size_t i = 0; i < n; i++) r->layers[i].name[PROBE_NAME_MAX - 1] = '\0';
   }
   r->n_layers = n;
   return PROBE_OK;
@@ -274,11 +296,20 @@ static probe_status ensure_ready(probe_report *r) {
       r->lnf[i] = (layer_nonfinite){-1, -1, -1, 0, 0, 0, -1, 0};
   }
   if (st == PROBE_OK && r->n_layers) {
-    st = probe_grid_init(&r->headroom, (int)r->n_layers, r->opt.heat_cols,
-                         r->x0, r->x1, PROBE_GRID_MIN);
+    r->row_of = malloc(r->n_layers * sizeof *r->row_of);
+    if (!r->row_of) st = PROBE_ERR_NOMEM;
+    for (size_t i = 0; st == PROBE_OK && i < r->n_layers; i++) r->row_of[i] = -1;
+    /* one row to start with; grid_row grows them */
     if (st == PROBE_OK)
-      st = probe_grid_init(&r->underflow, (int)r->n_layers, r->opt.heat_cols,
-                           r->x0, r->x1, PROBE_GRID_MAX);
+      st = probe_grid_init(&r->headroom, 1, r->opt.heat_cols, r->x0, r->x1,
+                           PROBE_GRID_MIN);
+    if (st == PROBE_OK)
+      st = probe_grid_init(&r->underflow, 1, r->opt.heat_cols, r->x0, r->x1,
+                           PROBE_GRID_MAX);
+    if (st == PROBE_OK && (r->layer_of_row = malloc(sizeof *r->layer_of_row)))
+      r->cap_rows = 1;
+    else if (st == PROBE_OK)
+      st = PROBE_ERR_NOMEM;
   }
   if (st != PROBE_OK) {
     free_bins_grids(r);
@@ -399,7 +430,9 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
     /* headroom log2(65504/absmax): +inf for all-zero tensors, NaN (no
      * value) when nothing is finite (the cell is then marked non-finite) */
     double h = probe_stats_headroom(s);
-    probe_grid_add(&r->headroom, p->layer, p->step, h, bad > 0);
+    int row = grid_row(r, p->layer);
+    if (row < 0) return PROBE_ERR_NOMEM;
+    probe_grid_add(&r->headroom, row, p->step, h, bad > 0);
     /* the layers table's first inf/NaN, as the post-mortem takes them:
      * masked logits are none (probe_record_nonfinite); the plots show
      * every value as it is */
@@ -430,7 +463,7 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
       /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes
        * the values that flush to zero (|x| <= 2^-25) */
       double f = finite > 0 ? (double)s->f16_subnormal / (double)finite : NAN;
-      probe_grid_add(&r->underflow, p->layer, p->step, f,
+      probe_grid_add(&r->underflow, row, p->step, f,
                      probe_stats_nonfinite(s) > 0);
     }
   }
@@ -865,15 +898,16 @@ static int int_cmp(const void *pa, const void *pb) {
   return (a > b) - (a < b);
 }
 
-/* rows: r->n_layers entries; returns how many are shown (sorted), and in
- * *recorded how many layers have a record. */
+/* rows: r->n_rows entries (grid rows); returns how many are shown, in the
+ * layers' registration order, and in *recorded how many layers have a
+ * record. */
 static size_t select_rows(const probe_report *r, int *rows, size_t *recorded,
                           row_rank *tmp) {
   const probe_grid *h = &r->headroom, *u = &r->underflow;
   size_t n = 0;
-  for (int i = 0; i < h->rows; i++) {
-    row_rank k = {i, 0, r->lnf ? r->lnf[i].step : -1,
-                  r->lnf ? r->lnf[i].first_seq : 0, NAN};
+  for (int i = 0; i < r->n_rows; i++) {
+    const layer_nonfinite *L = &r->lnf[r->layer_of_row[i]];
+    row_rank k = {i, 0, L->step, L->first_seq, NAN};
     int any = 0;
     for (int c = 0; c < h->cols; c++) {
       size_t at = (size_t)i * (size_t)h->cols + (size_t)c;
@@ -889,8 +923,16 @@ static size_t select_rows(const probe_report *r, int *rows, size_t *recorded,
     qsort(tmp, n, sizeof *tmp, row_rank_cmp);
     n = HEAT_ROWS_MAX;
   }
+  /* registration order: the layers in order, those whose row is shown */
   for (size_t i = 0; i < n; i++) rows[i] = tmp[i].row;
-  qsort(rows, n, sizeof *rows, int_cmp);
+  qsort(rows, n, sizeof *rows, int_cmp); /* by row, then mapped to layers */
+  size_t k = 0;
+  for (size_t l = 0; l < r->n_layers && k < n; l++) {
+    int row = r->row_of[l];
+    if (row >= 0 && bsearch(&row, rows, n, sizeof *rows, int_cmp))
+      tmp[k++].row = row;
+  }
+  for (size_t i = 0; i < n; i++) rows[i] = tmp[i].row;
   return n;
 }
 
@@ -933,10 +975,12 @@ static void write_nonfinite_table(const probe_report *r, const int *rows,
                     "non-finite step</th><th>site</th><th>there</th>"
                     "<th>non-finite records</th></tr>\n");
   for (size_t k = 0; k < n_rows; k++) {
-    size_t i = (size_t)rows[k];
+    size_t i = (size_t)r->layer_of_row[rows[k]];
     const layer_nonfinite *L = &r->lnf[i];
+    char label[PROBE_NAME_MAX * 4];
+    escape_name(label, sizeof label, r->layers[i].name);
     probe_buf_puts(o, "<tr><td>");
-    put_escaped(o, r->label[i]);
+    put_escaped(o, label);
     if (L->step < 0) {
       probe_buf_puts(o, "</td><td>never</td><td></td><td></td><td>0</td>"
                         "</tr>\n");
@@ -958,13 +1002,16 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
                 "draw per layer.");
     return PROBE_OK;
   }
-  const char **labels = malloc(r->n_layers * sizeof *labels);
-  int *rows = malloc(r->n_layers * sizeof *rows);
-  row_rank *tmp = malloc(r->n_layers * sizeof *tmp);
+  size_t nr = r->n_rows ? (size_t)r->n_rows : 1;
+  const char **labels = malloc(nr * sizeof *labels);
+  char (*names)[PROBE_NAME_MAX * 4] =
+      malloc((nr < HEAT_ROWS_MAX ? nr : HEAT_ROWS_MAX) * sizeof *names);
+  int *rows = malloc(nr * sizeof *rows);
+  row_rank *tmp = malloc(nr * sizeof *tmp);
   probe_grid hg, ug;
   memset(&hg, 0, sizeof hg);
   memset(&ug, 0, sizeof ug);
-  probe_status st = labels && rows && tmp ? PROBE_OK : PROBE_ERR_NOMEM;
+  probe_status st = labels && names && rows && tmp ? PROBE_OK : PROBE_ERR_NOMEM;
   size_t recorded = 0, n = 0;
   if (st == PROBE_OK) n = select_rows(r, rows, &recorded, tmp);
   if (st == PROBE_OK && n == 0) {
@@ -975,7 +1022,10 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
   if (st == PROBE_OK) st = grid_rows(&r->headroom, rows, n, &hg);
   if (st == PROBE_OK) st = grid_rows(&r->underflow, rows, n, &ug);
   if (st != PROBE_OK) goto done;
-  for (size_t i = 0; i < n; i++) labels[i] = r->label[rows[i]];
+  for (size_t i = 0; i < n; i++) {
+    escape_name(names[i], sizeof names[i], r->layers[r->layer_of_row[rows[i]]].name);
+    labels[i] = names[i];
+  }
   int rh = n > 60 ? 11 : 14;
 
   probe_heatmap_opts h;
@@ -1051,6 +1101,7 @@ done:
   probe_grid_free(&hg);
   probe_grid_free(&ug);
   free(labels);
+  free(names);
   free(rows);
   free(tmp);
   return st;

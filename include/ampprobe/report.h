@@ -106,6 +106,10 @@ typedef struct probe_grid {
 
 probe_status probe_grid_init(probe_grid *g, int rows, int cols, int64_t x0,
                              int64_t x1, probe_grid_agg agg);
+/* Gives g `rows` rows, keeping the cells of those it has (new rows empty:
+ * NaN, counts 0); fewer rows drop the last ones. PROBE_ERR_NOMEM leaves g
+ * as it was, or with larger buffers and the same rows. */
+probe_status probe_grid_resize_rows(probe_grid *g, int rows);
 void probe_grid_free(probe_grid *g);
 /* Adds one value at (row, step). nonfinite marks the cell (the tensor held
  * inf/NaN); value may be NaN when there is no finite value to keep. */

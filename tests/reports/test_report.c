@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ampprobe/report.h"
 
@@ -824,6 +827,64 @@ START_TEST(test_report_rows_capped) {
 }
 END_TEST
 
+/* The grids hold a row per layer with a record, not per registered layer:
+ * 2^20 layers of which 9 were recorded took 2.7 GB (4,000 heat columns:
+ * over 12 GB) for a 2.3 MB trace (hunt, 2026-12-04). Here 2^18 layers,
+ * four recorded out of order, 4,000 columns, under a 1 GiB address-space
+ * limit (the old grids needed 2^18 x 4,000 x 24 bytes, 24 GiB): the
+ * report is written, its rows in registration order, named right. */
+START_TEST(test_report_rows_of_recorded_layers) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    struct rlimit rl = {(rlim_t)1 << 30, (rlim_t)1 << 30};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(10);
+    const int L = 1 << 18;
+    probe_report *r;
+    probe_report_options o;
+    probe_report_options_init(&o);
+    o.heat_cols = 4000;
+    if (probe_report_new(&r, &o) != PROBE_OK) _exit(11);
+    probe_layer_info *li = calloc((size_t)L, sizeof *li);
+    if (!li) _exit(12);
+    for (int l = 0; l < L; l++) {
+      li[l].id = l;
+      snprintf(li[l].name, sizeof li[l].name, "layer%d", l);
+    }
+    if (probe_report_set_layers(r, li, (size_t)L) != PROBE_OK) _exit(13);
+    free(li);
+    if (probe_report_set_range(r, 0, 9999) != PROBE_OK) _exit(14);
+    static const int rec[] = {200000, 7, 150000, 7, 99};
+    for (int64_t st = 0; st < 10000; st += 37)
+      for (size_t k = 0; k < sizeof rec / sizeof rec[0]; k++) {
+        probe_record p = nf_rec(st, rec[k], PROBE_SITE_FWD_OUT, rec[k] == 150000 && st > 5000);
+        if (probe_report_add_records(r, &p, 1) != PROBE_OK) _exit(15);
+      }
+    char *mem = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&mem, &n);
+    if (!f || probe_report_write(r, f) != PROBE_OK) _exit(16);
+    fclose(f);
+    /* the first-non-finite table lists the recorded layers in registration
+     * order: 7, 99, 150000, 200000 */
+    const char *a = nf_row(mem, "layer7"), *b = nf_row(mem, "layer99"),
+               *c = nf_row(mem, "layer150000"), *d = nf_row(mem, "layer200000");
+    if (!a || !b || !c || !d) _exit(17);
+    if (!(a < b && b < c && c < d)) _exit(18);
+    if (nf_row(mem, "layer8")) _exit(19);
+    if (!row_has(c, "5032")) _exit(20); /* its first NaN: step 37 x 136 */
+    free(mem);
+    probe_report_free(r);
+    _exit(0);
+  }
+  int wst = 0;
+  ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
+                "child status 0x%x (exit 15: out of memory adding records)",
+                (unsigned)wst);
+}
+END_TEST
+
 /* #15.5: when every record is non-finite the heatmaps say so, and per layer
  * the first non-finite step and whether it was born or passed there. */
 START_TEST(test_report_nonfinite_story) {
@@ -1018,6 +1079,7 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_nonfinite_story);
   tcase_add_test(tc, test_report_masked_logits);
   tcase_add_test(tc, test_report_rows_capped);
+  tcase_add_test(tc, test_report_rows_of_recorded_layers);
   tcase_add_test(tc, test_report_colour_bar_labels);
   suite_add_tcase(s, tc);
   return s;
