@@ -1346,6 +1346,7 @@ class Tracer:
     @staticmethod
     def _finalize(session, guard):
         Tracer._give_back_guard(guard)
+        _end_open_step(session, snapshot=False)
         try:
             session.close()
         except Exception:
@@ -2086,10 +2087,15 @@ class Tracer:
         return [L.name for L in self._layers if L.fp32 and L.kind != "loss"]
 
     def close(self):
-        """Removes the hooks and closes the trace (idempotent)."""
+        """Removes the hooks and closes the trace (idempotent). A step
+        still open (a forward under grad after the last end_step, a job
+        that raised in the middle of a step) is ended first, its records
+        kept and its scalars not measured (_end_open_step)."""
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_step", None) is not None:
+            _end_open_step(self.session)
         for h in self._hooks + list(self._late_hooks.values()):
             h.remove()
         self._hooks = []
@@ -2125,6 +2131,28 @@ class Tracer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _end_open_step(session, snapshot=True):
+    """Ends the session's step, if one is open, with every scalar not
+    measured (NaN and its bit in `unmeasured`), for close() and a tracer
+    collected unclosed. libprobe's close ended it too, but without scalars
+    it wrote no steps row: the trace held records of a step its steps
+    table did not have, and the post-mortem named an event at that step.
+    snapshot=False (the finalizer: the step's tensors may be gone) leaves
+    the ending to probe_session_close, which takes no snapshot. Errors
+    (a full disk) are left for close to report."""
+    if session.closed:
+        return
+    try:
+        session.set_scalars()  # ERR_STATE when no step is open
+    except _lib.ProbeError:
+        return
+    if snapshot:
+        try:
+            session.end_step()
+        except _lib.ProbeError:
+            pass
 
 
 def _scalar(name, v, kind=float, who="end_step", lo=None):

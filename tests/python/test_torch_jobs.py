@@ -778,3 +778,57 @@ def test_modules_added_after_the_tracer_warn_once(tmp_path, how):
 class _Scale(nn.Module):
     def forward(self, w):
         return w * 1.0
+
+
+# ---- close() with a step open -------------------------------------------------
+
+@pytest.mark.parametrize("how", ["forward_after_the_last_step",
+                                 "exception_in_the_step", "collected",
+                                 "explicit_begin_step"])
+def test_close_ends_a_step_left_open(tmp_path, how):
+    """A step open at close() (a validation forward under grad after the
+    last end_step, a job that raised in the middle of a step, a tracer
+    collected without close()) is ended with its scalars not measured:
+    the steps table has it, as the records do (its records were written
+    but its steps row not: a post-mortem named an event at a step the
+    table did not have)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    p = str(tmp_path / "c.h5")
+    tr = at.Tracer(m, p, env=False)
+    opt = torch.optim.SGD(m.parameters(), 0.1)
+    for s in range(2):
+        loss = m(torch.randn(3, 4)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    nan = torch.full((3, 4), float("nan"))
+    if how == "forward_after_the_last_step":
+        m(nan)  # validation without no_grad: opens step 2
+        tr.close()
+    elif how == "exception_in_the_step":
+        with pytest.raises(ZeroDivisionError):
+            with tr:
+                m(nan).sum().backward()
+                1 / 0
+    elif how == "explicit_begin_step":
+        tr.begin_step(7)
+        with torch.no_grad():
+            m(nan)
+        tr.close()
+    else:
+        m(nan)
+        del tr
+        gc.collect()
+    last = 7 if how == "explicit_begin_step" else 2
+    t, _ = records(p)
+    st = t["steps"]
+    assert list(st["step"]) == [0, 1, last]
+    assert sorted(set(t["records"]["step"].tolist())) == [0, 1, last]
+    assert math.isnan(st["loss"][2]) and st["unmeasured"][2] & ampprobe._lib.SCALAR_LOSS
+    assert not st["unmeasured"][1] & ampprobe._lib.SCALAR_LOSS
+    ev = ampprobe.postmortem(p)["event"]
+    assert ev["kind"] == "input-nan" and ev["step"] == last, ev
+    assert t["info"]["complete"] == 1
+    m(torch.randn(3, 4)).sum().backward()  # the model runs on
