@@ -495,6 +495,8 @@ typedef struct walker {
   probe_diag bwd; /* only the event fields are used */
   int64_t weight_first_step;
   master_seen *masters; /* [n_layers] as the last step left them */
+  int64_t weights_nf_step; /* first step a weight or master weight held
+                              inf/NaN, -1 none (the verdict: diverged) */
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
@@ -1331,6 +1333,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   for (size_t i = 0; i < n; i++) {
     if (!rec_event_nf(d, &r[i])) continue;
     any_nf = 1;
+    if (is_weight(r[i].site) && w->weights_nf_step < 0) w->weights_nf_step = step;
     if (probe_site_phase((probe_site)r[i].site) == PROBE_PHASE_FORWARD)
       fwd_nf = 1;
     if (r[i].layer >= 0 && r[i].layer < d->n_layers &&
@@ -1348,11 +1351,13 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
 }
 
 static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
-                                 int hist_len, diag_progress *pg) {
+                                 int hist_len, diag_progress *pg,
+                                 int64_t *weights_nf_step) {
   probe_status st = PROBE_OK;
   walker w;
   memset(&w, 0, sizeof w);
   w.d = d;
+  w.weights_nf_step = -1;
   w.hist_len = hist_len > 0 ? hist_len : 1;
   int64_t nl = d->n_layers > 0 ? d->n_layers : 1;
   w.hist = calloc((size_t)(nl * w.hist_len), sizeof *w.hist);
@@ -1415,6 +1420,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     event_copy(d, &w.bwd);
   st = PROBE_OK;
 done:
+  *weights_nf_step = w.weights_nf_step;
   free(w.hist);
   free(w.hist_count);
   free(w.ls);
@@ -1742,8 +1748,10 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
         (d->trailing_skip_run >= tail && d->trailing_skip_run >= 10) ||
         (d->min_clamps > 0 && d->trailing_skip_run > 0);
   }
+  int64_t weights_nf_step = -1;
   st = pass_records(d, t, chunk,
-                    opt->layer_history > 0 ? opt->layer_history : 8, &pg);
+                    opt->layer_history > 0 ? opt->layer_history : 8, &pg,
+                    &weights_nf_step);
   if (st < 0) return st;
   /* done == total (count_late_backoffs stops at the first clean step) */
   if (pg.done < pg.total && (st = progress_add(&pg, pg.total - pg.done)) < 0)
@@ -1785,6 +1793,10 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   d->total_grad_zero_frac = tot_c ? (double)tot_z / (double)tot_c : NAN;
 
   probe__diag_rank(d);
+  /* weights that went non-finite after a first event of another kind (an
+   * activation overflow) are a divergence too (docs/precision.md), the
+   * loss's say or not: a loss not measured left such a run "degraded" */
+  if (weights_nf_step >= 0) d->verdict = PROBE_VERDICT_DIVERGED;
   return PROBE_OK;
 }
 

@@ -620,6 +620,63 @@ START_TEST(test_nonfinite_input_not_called_finite) {
 }
 END_TEST
 
+/* Weights that go non-finite after a first event of another kind are a
+ * divergence (docs/precision.md: "the loss went non-finite, the weights
+ * did, or the loss scale collapsed"), whether the loss was measured or not:
+ * with the loss not measured such a run was "degraded" (hunt, 2026-12-04;
+ * only a first event at the weights counted). Controls: the same without
+ * the weights' NaN is degraded; a measured NaN loss is diverged as before. */
+static void weights_later_trace(const char *p, int weights_nf, int loss_measured) {
+  probe_session *s = hb_open(p, NULL);
+  int32_t id = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  float x[N], y[N], w[N];
+  for (int step = 0; step < 10; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) x[i] = y[i] = w[i] = 0.5f + (float)i / N;
+    if (step >= 3) y[0] = INFINITY; /* fc overflows from finite inputs */
+    if (weights_nf && step >= 6) w[2] = NAN;
+    hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, id, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, id, PROBE_SITE_FWD_OUT, y, N);
+    hb_rec(s, id, PROBE_SITE_MASTER_WEIGHT, w, N);
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    if (!loss_measured) {
+      sc.loss = NAN;
+      sc.unmeasured = PROBE_SCALAR_LOSS;
+    } else if (step >= 3) {
+      sc.loss = NAN;
+    }
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_weights_nonfinite_later) {
+  static const struct {
+    int weights_nf, loss_measured;
+    probe_verdict want;
+  } cases[] = {
+      {1, 0, PROBE_VERDICT_DIVERGED},
+      {0, 0, PROBE_VERDICT_DEGRADED},
+      {1, 1, PROBE_VERDICT_DIVERGED},
+      {0, 1, PROBE_VERDICT_DIVERGED},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *p = tmp_path("wlater");
+    weights_later_trace(p, cases[c].weights_nf, cases[c].loss_measured);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.event_step, 3);
+    ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+    ck_assert_msg(d.verdict == cases[c].want, "case %zu: verdict %s", c,
+                  probe_verdict_name(d.verdict));
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 /* An FP32 loss whose recorded input (the prediction) is finite and whose
  * output is NaN: the NaN came with the target, which is not recorded - not
  * "produced in FP16 upstream" (unseen-model audit: a NaN target). */
@@ -2353,6 +2410,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_healthy);
   tcase_add_test(tc, test_arrived_in_input);
+  tcase_add_test(tc, test_weights_nonfinite_later);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
   tcase_add_test(tc, test_underflow_from_fp32_layers);
