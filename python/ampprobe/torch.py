@@ -706,6 +706,23 @@ def _once(fn):
     return once
 
 
+def _once_traceable(fn):
+    """_once for code torch.compile traces (the FP32 wrapper, a module's
+    forward): the results found by `is`, which dynamo follows as it
+    follows aliasing; id() keys made it guard on each tensor's id and
+    recompile the module at every call, up to its limit."""
+    done = []
+
+    def once(t):
+        for a, r in done:
+            if a is t:
+                return r
+        r = fn(t)
+        done.append((t, r))
+        return r
+    return once
+
+
 _NEST_MAX = 4  # how deep inputs/outputs are looked into: (out, (h, c))
 
 
@@ -840,8 +857,8 @@ def _fp32_forward(self, *args, **kwargs):
     # nested too: an LSTM's (h, c) (its bf16 state made the CPU LSTM fail)
     # a list or dict rebuilt only when it held a half tensor: the module
     # fills the job's own otherwise
-    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)), _once(up),
-                               keep="unchanged")
+    args, kwargs = _map_floats(_ArgsKwargs((args, kwargs)),
+                               _once_traceable(up), keep="unchanged")
     inner = self.__dict__.get("_ampprobe_inner")  # a forward of the job's
     # own on the instance (the class's otherwise)
     with torch.autocast(device_type=self._ampprobe_fp32, enabled=False):
