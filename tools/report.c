@@ -225,8 +225,14 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d,
   else
     snprintf(head, sizeof head, "%s", problem ? "PROBLEM" : "HEALTHY");
   /* a trace the writer did not close (a killed run) is healthy only as far
-   * as it goes: not the green bar of a finished run */
-  int unfinished = !problem && !set_head && !d->complete;
+   * as it goes: not the green bar of a finished run. Its post-mortem is
+   * degraded (exit 1) by the not-closed finding alone; the steps it holds
+   * showing no problem, the bar is the grey one, not the red */
+  int only_not_closed = d->n_findings == 1 &&
+                        d->findings[0].id == PROBE_DIAG_FINDING_NOT_CLOSED &&
+                        d->silent_layer < 0;
+  int unfinished = !set_head && !d->complete && (!problem || only_not_closed);
+  if (unfinished) problem = 0;
   if (unfinished)
     snprintf(head, sizeof head, "HEALTHY SO FAR: the trace was not closed "
              "(the run was killed, or is still running); the steps it holds "

@@ -164,7 +164,8 @@ AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
   XX(SCALE_COLLAPSE, "scale-collapse")                                         \
   XX(FIX_ALLREDUCE, "fix-allreduce")                                           \
   XX(NO_STEPS, "no-steps")                                                     \
-  XX(NOT_PRECISION, "not-precision")
+  XX(NOT_PRECISION, "not-precision")                                           \
+  XX(NOT_CLOSED, "not-closed")
 
 typedef enum probe_diag_finding_id {
 #define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,

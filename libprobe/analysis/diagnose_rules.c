@@ -66,6 +66,7 @@
 #define SCORE_LOSS_OUTSIDE 96 /* above the FP32 lr signature: it says why */
 #define SCORE_NO_STEPS 100
 #define SCORE_NOT_PRECISION 95
+#define SCORE_NOT_CLOSED 10 /* a fact about the run, after any fault */
 #define SCORE_HEALTHY 0
 
 /* ---- context ---------------------------------------------------------------- */
@@ -972,6 +973,32 @@ static void explain_no_steps(rank_ctx *c, probe_diag_finding *f) {
               "run it again");
 }
 
+/* not-closed: the writer never closed the trace (killed, crashed, out of
+ * disk, or the job still runs). What it holds may be clean, but a run that
+ * died is no healthy one: a killed trace said "healthy", exit 0, while the
+ * same file in a rank set was degraded (hunt, 2026-12-04). With steps only:
+ * no-steps says the rest. */
+static int when_not_closed(const rank_ctx *c) {
+  return !c->d->complete && c->d->n_steps > 0;
+}
+static double score_not_closed(const rank_ctx *c) { (void)c; return SCORE_NOT_CLOSED; }
+static void explain_not_closed(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "the trace was not closed: the run stopped after step %lld "
+               "(killed, crashed or out of disk), or it still runs",
+            (long long)d->last_step);
+  add_evidence(f, "%lld steps recorded (%lld..%lld), the last one flushed "
+                  "before the writer stopped",
+               (long long)d->n_steps, (long long)d->first_step,
+               (long long)d->last_step);
+  if (d->event_step < 0 && d->first_nonfinite_loss_step < 0)
+    add_evidence(f, "no non-finite value in the steps recorded: what stopped "
+                    "the run is not in the trace");
+  set_next(f, "if the job still runs, look again when it ends; else find why "
+              "it stopped (its exit status, the OOM killer in dmesg, the "
+              "scheduler's log)");
+}
+
 /* healthy (fallback): nothing else fired. */
 static int when_healthy(const rank_ctx *c) {
   return c->d->n_findings == 0 && c->d->silent_layer < 0;
@@ -1034,6 +1061,8 @@ static const rule RULES[] = {
      explain_loss_only},
     {"no-steps", PROBE_DIAG_FINDING_NO_STEPS, when_no_steps, score_no_steps,
      explain_no_steps},
+    {"not-closed", PROBE_DIAG_FINDING_NOT_CLOSED, when_not_closed,
+     score_not_closed, explain_not_closed},
     {"healthy", PROBE_DIAG_FINDING_HEALTHY, when_healthy, score_healthy,
      explain_healthy},
 };

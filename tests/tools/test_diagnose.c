@@ -652,6 +652,69 @@ static void weights_later_trace(const char *p, int weights_nf, int loss_measured
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
 }
 
+/* A trace its writer never closed (killed) is not healthy: the not-closed
+ * finding, verdict degraded (it was healthy, exit 0, while the same file in
+ * a rank set was degraded: hunt, 2026-12-04); after a fault it comes last;
+ * a closed trace has none. */
+static void killed_trace(const char *p, int nan_at, int close_it) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    probe_session *s = hb_open(p, NULL);
+    int32_t id = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+    float x[N];
+    for (int step = 0; step < 12; step++) {
+      if (probe_step_begin(s, step) != PROBE_OK) _exit(10);
+      for (int i = 0; i < N; i++) x[i] = 0.5f + (float)i / N;
+      hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+      if (step == nan_at) x[1] = NAN;
+      hb_rec(s, id, PROBE_SITE_FWD_OUT, x, N);
+      probe_step_scalars sc = {.loss = step >= nan_at && nan_at >= 0 ? NAN : 1.0,
+                               .loss_scale = 1.0};
+      if (probe_step_set_scalars(s, &sc) != PROBE_OK || probe_step_end(s) != PROBE_OK)
+        _exit(11);
+    }
+    if (close_it) _exit(probe_session_close(s) == PROBE_OK ? 0 : 12);
+    _exit(probe_session_flush(s) == PROBE_OK ? 0 : 13); /* killed: no close */
+  }
+  int wst = 0;
+  ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+  ck_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+}
+
+START_TEST(test_not_closed) {
+  static const struct {
+    int nan_at, close_it;
+    probe_verdict want;
+    int not_closed_at; /* index of the finding, -1 none */
+  } cases[] = {
+      {-1, 0, PROBE_VERDICT_DEGRADED, 0},
+      {5, 0, PROBE_VERDICT_DIVERGED, 1},
+      {-1, 1, PROBE_VERDICT_HEALTHY, -1},
+      {5, 1, PROBE_VERDICT_DIVERGED, -1},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *p = tmp_path("killed");
+    unlink(p);
+    killed_trace(p, cases[c].nan_at, cases[c].close_it);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.complete, cases[c].close_it);
+    ck_assert_msg(d.verdict == cases[c].want, "case %zu: verdict %s", c,
+                  probe_verdict_name(d.verdict));
+    int at = -1;
+    for (int i = 0; i < d.n_findings; i++)
+      if (d.findings[i].id == PROBE_DIAG_FINDING_NOT_CLOSED) at = i;
+    ck_assert_msg(at == cases[c].not_closed_at, "case %zu: not-closed at %d", c, at);
+    if (at >= 0)
+      ck_assert_msg(strstr(d.findings[at].title, "the run stopped after step 11"),
+                    "%s", d.findings[at].title);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_weights_nonfinite_later) {
   static const struct {
     int weights_nf, loss_measured;
@@ -2411,6 +2474,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_healthy);
   tcase_add_test(tc, test_arrived_in_input);
   tcase_add_test(tc, test_weights_nonfinite_later);
+  tcase_add_test(tc, test_not_closed);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
   tcase_add_test(tc, test_underflow_from_fp32_layers);
