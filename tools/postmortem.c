@@ -138,9 +138,13 @@ static int rank_set(const char *const *paths, size_t n, int one_of_set,
   probe_status st =
       probe_ranks_run_progress(&r, paths, n, &ro, cli_read_line_fn(&pg), &pg);
   cli_line_clear(&pg.line);
-  if (st < 0 && one_of_set && st != PROBE_ERR_NOMEM) {
+  int unread = r.n_entries > 0 && r.entries[0].status == PROBE_RANK_UNREADABLE;
+  if (st < 0 && one_of_set && st != PROBE_ERR_NOMEM && unread) {
     /* it cannot be read: said as for a file named alone (its words and
-     * exit code: a loop of links, a corrupt file), only on this path */
+     * exit code: a loop of links, a corrupt file), only on this path; a
+     * file read whose set is refused (a world size leaving more than
+     * 65,536 ranks without a file) is refused as report refuses it (it
+     * got the one-process report, no word of the set) */
     probe_ranks_free(&r);
     return one_trace(paths[0], json, opt, 1);
   }

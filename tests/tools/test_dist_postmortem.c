@@ -1626,6 +1626,36 @@ START_TEST(test_cli_set_of_one) {
   ck_assert_msg(doc != NULL, "%s", out);
   ck_assert_ptr_null(json_object_get(doc, "ranks_missing"));
   json_decref(doc);
+
+  /* a folder holding one rank file whose set is refused (rank 5000 of a
+   * world of 100,000: more than 65,536 ranks without a file) is refused by
+   * postmortem as by report, exit 3; it got the one-process report with no
+   * word of the set (hunt, 2026-12-04). A file that cannot be read keeps
+   * its own words (a set of one) */
+  job w;
+  job_init(&w, "setrefused", 1, 4);
+  char wp[300];
+  snprintf(wp, sizeof wp, "%s/t.rank5000.h5", w.dir);
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.rank = 5000;
+  o.world_size = 100000;
+  o.run_id = "job-42";
+  probe_session *s = NULL;
+  ck_assert_int_eq(probe_session_open(&s, wp, &o), PROBE_OK);
+  ck_assert_int_eq(probe_step_begin(s, 0), PROBE_OK);
+  probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+  ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+  ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  static const char *cmds[] = {"postmortem '%s'", "report '%s' -o '%s/r.html'"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(args, sizeof args, cmds[k], w.dir, w.dir);
+    ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+    ck_assert_msg(strstr(out, "corrupt trace set: world size 100000 leaves more than "
+                              "65536 ranks without a file"), "%s: %s", args, out);
+  }
 }
 END_TEST
 
