@@ -89,15 +89,28 @@ void probe__trace_open_msg(const char *fmt, ...) {
   va_end(ap);
 }
 
+/* A path as a message shows it: whole up to MSG_PATH_MAX bytes, else its
+ * first MSG_PATH_HEAD bytes and its last MSG_PATH_TAIL around "...", so
+ * that the reason after it survives the message's 512 bytes (a 1,236-byte
+ * path left the path alone, cut). */
+enum { MSG_PATH_MAX = 240, MSG_PATH_HEAD = 80, MSG_PATH_TAIL = 150 };
+static const char *msg_path(char *buf, size_t n, const char *p) {
+  size_t len = strlen(p);
+  if (len <= MSG_PATH_MAX) return p;
+  snprintf(buf, n, "%.*s...%s", (int)MSG_PATH_HEAD, p, p + len - MSG_PATH_TAIL);
+  return buf;
+}
+
 /* Sets the one-line message "PATH: what". */
 static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
                          ...) {
-  char what[400];
+  char what[260], pb[MSG_PATH_MAX + 8];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  snprintf(t->msg, sizeof t->msg, "%s: %s", t->path ? t->path : "trace", what);
+  snprintf(t->msg, sizeof t->msg, "%s: %s",
+           t->path ? msg_path(pb, sizeof pb, t->path) : "trace", what);
   if (H5Eget_num(H5E_DEFAULT) > 0) probe__h5_failed_call(); /* format.h */
   H5Eclear2(H5E_DEFAULT);
   return st;
@@ -1229,6 +1242,8 @@ static size_t read_by(int fd, void *buf, size_t n, iso_watch *w) {
 static probe_status open_isolated_impl(probe_trace **out, const char *path,
                                        char *err, size_t errlen,
                                        probe_progress_fn fn, void *user) {
+  char pb_[MSG_PATH_MAX + 8]; /* the path as the messages show it */
+  const char *mp = path ? msg_path(pb_, sizeof pb_, path) : "";
   if (out == NULL || path == NULL) {
     snprintf(err, errlen, "probe_trace_open_isolated: NULL argument");
     return PROBE_ERR_INVALID_ARG;
@@ -1247,7 +1262,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     timeout += (double)sb.st_size / ISO_MIN_RATE;
     if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
       /* not even forked for: the open would block (a FIFO) */
-      snprintf(err, errlen, "%s: not a regular file", path);
+      snprintf(err, errlen, "%s: not a regular file", mp);
       return PROBE_ERR_NOT_HDF5;
     }
   }
@@ -1379,7 +1394,7 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   if (w.stopped) {
     free(strs);
     snprintf(err, errlen, "%s: interrupted (the progress callback asked to stop)",
-             path);
+             mp);
     return PROBE_ERR_INTERRUPTED;
   }
   if (timed_out) {
@@ -1387,11 +1402,11 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     if (w.stalled)
       snprintf(err, errlen,
                "%s: corrupt trace (reading it made no progress for %.0f s)",
-               path, ISO_STALL_S);
+               mp, ISO_STALL_S);
     else
       snprintf(err, errlen,
                "%s: corrupt trace (reading it did not finish in %.0f s)",
-               path, timeout);
+               mp, timeout);
     return PROBE_ERR_CORRUPT;
   }
   if (have < sizeof rep || (rep.status == PROBE_OK && !strs_ok) ||
@@ -1399,11 +1414,11 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
     free(strs);
     if (WIFSIGNALED(wst))
       snprintf(err, errlen,
-               "%s: corrupt trace (HDF5 crashed reading it: signal %d)", path,
+               "%s: corrupt trace (HDF5 crashed reading it: signal %d)", mp,
                WTERMSIG(wst));
     else
       snprintf(err, errlen, "%s: corrupt trace (the reader exited early)",
-               path);
+               mp);
     return PROBE_ERR_CORRUPT;
   }
   rep.msg[sizeof rep.msg - 1] = '\0';
@@ -1440,9 +1455,9 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   if (st != PROBE_OK) {
     for (int i = 0; i < N_STR_ATTRS; i++) free(given[i]);
     if (st == PROBE_ERR_NOMEM)
-      snprintf(err, errlen, "%s: out of memory", path);
+      snprintf(err, errlen, "%s: out of memory", mp);
     else
-      snprintf(err, errlen, "%s: corrupt trace (the reader's report was malformed)", path);
+      snprintf(err, errlen, "%s: corrupt trace (the reader's report was malformed)", mp);
     return st;
   }
   probe__h5_lock();

@@ -62,12 +62,35 @@ long long cli_file_bytes(const char *path) {
              : 0;
 }
 
+/* A one-line message longer than this keeps its head and its tail, the
+ * middle elided: the reason comes last ("PATH: why"), and a long path cut
+ * at the end lost it (a 1,236-byte path left the path alone). */
+enum { CLI_ERROR_MAX = 2048, CLI_ERROR_KEEP = 1000 };
+
+/* The start of the UTF-8 character at or before s[i] (not a continuation). */
+static size_t utf8_start(const char *s, size_t i) {
+  while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80) i--;
+  return i;
+}
+
 void cli_error(const char *sub, const char *fmt, ...) {
-  char raw[1024], msg[4 * 1024];
+  char raw[CLI_ERROR_MAX + 16], msg[4 * (CLI_ERROR_MAX + 16)];
   cli_busy_done();
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(raw, sizeof raw, fmt, ap);
+  int len = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *full = len > CLI_ERROR_MAX ? malloc((size_t)len + 1) : NULL;
+  va_start(ap, fmt);
+  if (full) {
+    vsnprintf(full, (size_t)len + 1, fmt, ap);
+    size_t head = utf8_start(full, CLI_ERROR_KEEP);
+    size_t tail = utf8_start(full, (size_t)len - CLI_ERROR_KEEP);
+    snprintf(raw, sizeof raw, "%.*s ... %s", (int)head, full, full + tail);
+    free(full);
+  } else {
+    vsnprintf(raw, sizeof raw, fmt, ap);
+  }
   va_end(ap);
   /* One line, and no terminal control whatever a caller put in it (a
    * parser's token, a key from a file): a newline or CR becomes a space,
@@ -133,7 +156,9 @@ int cli_open_trace_progress(const char *sub, probe_trace **t, const char *path,
   probe_status st =
       probe_trace_open_isolated_progress(t, path, err, sizeof err, fn, user);
   if (st >= 0) return CLI_EXIT_OK;
-  if (err[0] && strstr(err, path)) { /* the reader's message names it */
+  size_t pl = strlen(path), head = pl < 80 ? pl : 80;
+  if (err[0] && (strstr(err, path) || !strncmp(err, path, head))) {
+    /* the reader's message names it (a long path by its head and tail) */
     cli_error(sub, "%s", err);
   } else {
     char q[PATH_MAX + 16];
@@ -503,6 +528,12 @@ int cli_check_replace(const char *sub, const char *path, int force,
   if (!path || !*path || force) return 0;
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return 0;
+  if (fd < 0 && errno == ENAMETOOLONG) { /* nothing there to refuse */
+    char q[PATH_MAX + 16];
+    cli_escape_name(q, sizeof q, path);
+    cli_error(sub, "cannot write %s: %s", q, strerror(errno));
+    return CLI_EXIT_USAGE;
+  }
   if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)) {
     close(fd); /* a device or FIFO is written in place; an empty file holds nothing */
     return 0;

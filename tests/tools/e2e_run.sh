@@ -285,6 +285,19 @@ huge=$long
 for k in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do huge=$huge/$(printf 'f%.0s' $(seq 200)); done
 run_rc 2 "-o of ${#huge} bytes" --steps 3 -q -o "$huge/t.h5"
 grep -q "the path is too long" o.err && pass "named too long" || fail "'$(cat o.err)'"
+# ... and their errors keep the reason: a message cut at 1,023 bytes (the
+# CLI's) or 511 (the reader's) was the path alone
+head -c 100 /dev/zero | tr '\0' 'x' >"$long/bad.h5"
+"$BIN" postmortem "$long/bad.h5" >o.out 2>o.err
+rc=$?
+[ $rc = 3 ] && grep -q "bad.h5: .*HDF5" o.err && [ "$(wc -l <o.err)" = 1 ] &&
+  pass "postmortem of a ${#long}-byte path: the reason kept ($(sed -E 's/[ed]{20,}/<.>/g' o.err | head -c 160))" ||
+  fail "postmortem of a long path: rc $rc, '$(head -c 300 o.err)'"
+"$BIN" report "$name" -o "$huge/r.html" >o.out 2>o.err
+rc=$?
+[ $rc = 2 ] && grep -q "^ampprobe: report: cannot write .*: File name too long$" o.err &&
+  pass "report -o a path over PATH_MAX: File name too long" ||
+  fail "report -o huge: rc $rc, '$(head -c 300 o.err | sed -E 's/[def]{20,}/<.>/g')'"
 
 echo "$FAILS failure(s)"
 [ "$FAILS" = 0 ]
