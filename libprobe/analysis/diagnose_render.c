@@ -54,7 +54,10 @@ static void render_text(const probe_diag *d, FILE *f) {
     fprintf(f, "precision   %s\n", d->precision_policy);
   fmt_num(a, sizeof a, d->first_loss);
   fmt_num(b, sizeof b, d->last_loss);
-  fprintf(f, "loss        %s -> %s", a, b);
+  if (!d->first_loss_seen && d->n_steps > 0) /* it read "nan -> nan" */
+    fprintf(f, "loss        not measured (no step recorded it)");
+  else
+    fprintf(f, "loss        %s -> %s", a, b);
   if (d->first_nonfinite_loss_step >= 0)
     fprintf(f, "; first non-finite loss at step %lld (%lld non-finite)",
             (long long)d->first_nonfinite_loss_step,

@@ -734,6 +734,13 @@ START_TEST(test_weights_nonfinite_later) {
     ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
     ck_assert_msg(d.verdict == cases[c].want, "case %zu: verdict %s", c,
                   probe_verdict_name(d.verdict));
+    /* a loss never measured reads so (it read "nan -> nan") */
+    char *text = NULL;
+    ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+    ck_assert_msg(!strstr(text, "nan -> nan"), "%s", text);
+    if (!cases[c].loss_measured)
+      ck_assert_msg(strstr(text, "loss        not measured"), "%s", text);
+    probe_free(text);
     probe_diag_free(&d);
     unlink(p);
   }
