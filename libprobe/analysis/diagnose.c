@@ -497,6 +497,9 @@ typedef struct walker {
   master_seen *masters; /* [n_layers] as the last step left them */
   int64_t weights_nf_step; /* first step a weight or master weight held
                               inf/NaN, -1 none (the verdict: diverged) */
+  /* the recorded steps around the first non-finite loss's (-1 none): equal
+   * to it when that step has records */
+  int64_t loss_rec_before, loss_rec_after;
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
@@ -1329,6 +1332,9 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   probe_diag *d = w->d;
   qsort(r, n, sizeof *r, cmp_seq);
   index_step(w, r, n);
+  int64_t ls = d->first_nonfinite_loss_step;
+  if (ls >= 0 && step <= ls) w->loss_rec_before = step;
+  if (ls >= 0 && step >= ls && w->loss_rec_after < 0) w->loss_rec_after = step;
   int any_nf = 0, fwd_nf = 0;
   for (size_t i = 0; i < n; i++) {
     if (!rec_event_nf(d, &r[i])) continue;
@@ -1350,14 +1356,39 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   note_masters(w, r, n, step);
 }
 
+/* The evidence of a non-finite loss at a step with no per-layer record:
+ * the recorded steps around it (-1 none). */
+static void loss_step_unrecorded(probe_diag *d, int64_t before, int64_t after) {
+  char around[96];
+  if (before >= 0 && after >= 0)
+    snprintf(around, sizeof around, "at steps %lld and %lld around it",
+             (long long)before, (long long)after);
+  else if (before >= 0)
+    snprintf(around, sizeof around, "up to step %lld", (long long)before);
+  else
+    snprintf(around, sizeof around, "from step %lld", (long long)after);
+  snprintf(d->event_evidence, sizeof d->event_evidence,
+           "step %lld has no per-layer record: the trace holds them %s (kept "
+           "every few steps, or in a window), so where the loss went "
+           "non-finite is not in it; record every step (--trace; the Python "
+           "tracer's every=1)",
+           (long long)d->event_step, around);
+}
+
+/* What the records pass found for the run function beside d. */
+typedef struct pass_out {
+  int64_t weights_nf_step;
+  int64_t loss_rec_before, loss_rec_after;
+} pass_out;
+
 static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
                                  int hist_len, diag_progress *pg,
-                                 int64_t *weights_nf_step) {
+                                 pass_out *out) {
   probe_status st = PROBE_OK;
   walker w;
   memset(&w, 0, sizeof w);
   w.d = d;
-  w.weights_nf_step = -1;
+  w.weights_nf_step = w.loss_rec_before = w.loss_rec_after = -1;
   w.hist_len = hist_len > 0 ? hist_len : 1;
   int64_t nl = d->n_layers > 0 ? d->n_layers : 1;
   w.hist = calloc((size_t)(nl * w.hist_len), sizeof *w.hist);
@@ -1420,7 +1451,9 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     event_copy(d, &w.bwd);
   st = PROBE_OK;
 done:
-  *weights_nf_step = w.weights_nf_step;
+  out->weights_nf_step = w.weights_nf_step;
+  out->loss_rec_before = w.loss_rec_before;
+  out->loss_rec_after = w.loss_rec_after;
   free(w.hist);
   free(w.hist_count);
   free(w.ls);
@@ -1748,10 +1781,9 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
         (d->trailing_skip_run >= tail && d->trailing_skip_run >= 10) ||
         (d->min_clamps > 0 && d->trailing_skip_run > 0);
   }
-  int64_t weights_nf_step = -1;
+  pass_out po;
   st = pass_records(d, t, chunk,
-                    opt->layer_history > 0 ? opt->layer_history : 8, &pg,
-                    &weights_nf_step);
+                    opt->layer_history > 0 ? opt->layer_history : 8, &pg, &po);
   if (st < 0) return st;
   /* done == total (count_late_backoffs stops at the first clean step) */
   if (pg.done < pg.total && (st = progress_add(&pg, pg.total - pg.done)) < 0)
@@ -1760,6 +1792,10 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
     d->event = PROBE_DIAG_EVENT_LOSS_ONLY;
     d->event_step = d->first_nonfinite_loss_step;
     d->event_phase = PROBE_PHASE_FORWARD;
+    /* its step has no record at all (records kept every few steps or in a
+     * window): not "no record of that step held a non-finite value" */
+    if (po.loss_rec_before != d->event_step && d->n_records > 0)
+      loss_step_unrecorded(d, po.loss_rec_before, po.loss_rec_after);
   }
 
   /* Silent faults: the first layer (execution order) with a collapse or
@@ -1796,7 +1832,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   /* weights that went non-finite after a first event of another kind (an
    * activation overflow) are a divergence too (docs/precision.md), the
    * loss's say or not: a loss not measured left such a run "degraded" */
-  if (weights_nf_step >= 0) d->verdict = PROBE_VERDICT_DIVERGED;
+  if (po.weights_nf_step >= 0) d->verdict = PROBE_VERDICT_DIVERGED;
   return PROBE_OK;
 }
 

@@ -116,6 +116,8 @@ static void render_text(const probe_diag *d, FILE *f) {
         fprintf(f, "  fed by      %s (%s)\n",
                 probe_diag_layer_name(d, d->feeder_layer),
                 probe_kind_name(d->layers[d->feeder_layer].info.kind));
+    } else if (d->event_evidence[0]) { /* no origin layer: why there is none */
+      fprintf(f, "  evidence    %s\n", d->event_evidence);
     }
     if (d->n_passed) {
       fprintf(f, "  passed on   ");

@@ -715,6 +715,48 @@ START_TEST(test_not_closed) {
 }
 END_TEST
 
+/* A non-finite loss at a step with no per-layer record (records kept every
+ * 4th step) is said so, with the recorded steps around it, in the JSON and
+ * the text: it read "no per-layer record of that step held a non-finite
+ * value: the loss computation ... made it" (hunt, 2026-12-04). */
+START_TEST(test_loss_at_unrecorded_step) {
+  static const int64_t bad[] = {50, 49, 3};
+  static const char *around[] = {"at steps 48 and 52 around it",
+                                 "at steps 48 and 52 around it",
+                                 "at steps 0 and 4 around it"};
+  for (size_t c = 0; c < 3; c++) {
+    const char *p = tmp_path("every4");
+    probe_session *s = hb_open(p, NULL);
+    int32_t id = hb_layer(s, "fc", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = 0.5f + (float)i / N;
+    for (int step = 0; step < 60; step++) {
+      ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+      if (step % 4 == 0) {
+        hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
+        hb_rec(s, id, PROBE_SITE_FWD_OUT, x, N);
+      }
+      hb_end(s, step == bad[c] ? NAN : 1.0, 1.0);
+    }
+    ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.event, PROBE_DIAG_EVENT_LOSS_ONLY);
+    ck_assert_int_eq(d.event_step, bad[c]);
+    char want[64];
+    snprintf(want, sizeof want, "step %lld has no per-layer record", (long long)bad[c]);
+    ck_assert_msg(strstr(d.event_evidence, want) && strstr(d.event_evidence, around[c]),
+                  "case %zu: %s", c, d.event_evidence);
+    char *text = NULL;
+    ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+    ck_assert_msg(strstr(text, "  evidence    step"), "%s", text);
+    probe_free(text);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 START_TEST(test_weights_nonfinite_later) {
   static const struct {
     int weights_nf, loss_measured;
@@ -2482,6 +2524,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_arrived_in_input);
   tcase_add_test(tc, test_weights_nonfinite_later);
   tcase_add_test(tc, test_not_closed);
+  tcase_add_test(tc, test_loss_at_unrecorded_step);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
   tcase_add_test(tc, test_underflow_from_fp32_layers);
