@@ -798,7 +798,7 @@ static int trial_read_trace(bisect *b, trial *t, int want_layers) {
     size_t got = 0;
     if (probe_trace_read_steps(tr, row, 1024, buf, &got) != PROBE_OK) {
       snprintf(t->why, sizeof t->why, "%.150s: %.150s", path,
-               probe_trace_last_error(tr));
+               *cli_trace_error(tr) ? cli_trace_error(tr) : "its steps cannot be read");
       ok = 0;
       break;
     }

@@ -168,6 +168,11 @@ int cli_open_trace_progress(const char *sub, probe_trace **t, const char *path,
   return st == PROBE_ERR_IO ? CLI_EXIT_INPUT : cli_exit_for_status(st);
 }
 
+const char *cli_trace_error(const probe_trace *t) {
+  const char *e = probe_trace_last_error(t);
+  return e && strcmp(e, "no error") ? e : "";
+}
+
 int cli_exit_for_status(probe_status st) {
   switch (st) {
   case PROBE_OK: return CLI_EXIT_OK;

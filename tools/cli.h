@@ -71,6 +71,10 @@ int cli_open_trace(const char *sub, struct probe_trace **t, const char *path);
 int cli_open_trace_progress(const char *sub, struct probe_trace **t,
                             const char *path, probe_progress_fn fn, void *user);
 
+/* probe_trace_last_error(t), "" when it says "no error" (a failure that
+ * was not the reader's: out of memory said "out of memory: no error"). */
+const char *cli_trace_error(const probe_trace *t);
+
 /* Strict parsing of option values: the whole string must be a decimal
  * number (integers: [+-]digits; reals: [+-]digits[.digits][e[+-]digits]) -
  * no spaces, no hex, no inf/nan - in [lo, hi]. On failure prints through

@@ -293,7 +293,7 @@ static int diff_two(const char *pa, const char *pb,
   probe_status st = probe_diff_run_progress(&d, ta, tb, &opt, fn, &pg);
   cli_line_clear(&pg.line);
   if (st < 0) {
-    const char *ea = probe_trace_last_error(ta), *eb = probe_trace_last_error(tb);
+    const char *ea = cli_trace_error(ta), *eb = cli_trace_error(tb);
     const char *e = ea && *ea ? ea : (eb && *eb ? eb : "");
     cli_error(SUB, "reading %s / %s: %s%s%s", pa, pb, probe_status_str(st),
               *e ? ": " : "", e);
@@ -579,7 +579,7 @@ static int expand(const char *arg, side *s) {
   memset(s, 0, sizeof *s);
   probe_status st = probe_trace_set_expand(&arg, 1, &s->paths, &s->n);
   if (st < 0) {
-    const char *e = probe_trace_last_error(NULL);
+    const char *e = cli_trace_error(NULL);
     cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
     return cli_exit_for_status(st);
   }

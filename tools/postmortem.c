@@ -99,7 +99,7 @@ static int one_trace(const char *path, int json, const probe_diag_options *opt,
   probe_status st = probe_diag_run_progress(&d, t, path, opt, fn, &pg);
   cli_line_clear(&pg.line);
   if (st < 0) {
-    const char *e = probe_trace_last_error(t);
+    const char *e = cli_trace_error(t);
     cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
               e && *e ? ": " : "", e ? e : "");
     probe_diag_free(&d);
@@ -214,7 +214,7 @@ int cmd_postmortem(int argc, char **argv) {
   probe_status st = probe_trace_set_expand((const char *const *)argv + optind,
                                            (size_t)(argc - optind), &paths, &n);
   if (st < 0) {
-    const char *e = probe_trace_last_error(NULL);
+    const char *e = cli_trace_error(NULL);
     cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
     return cli_exit_for_status(st);
   }

@@ -998,7 +998,7 @@ static probe_status scan_file(const char *path, probe_rankmap *m, int row,
   probe_trace *t = NULL;
   probe_status st = probe_trace_open(&t, path);
   if (st < 0) {
-    snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(NULL));
+    snprintf(res->err, sizeof res->err, "%s", *cli_trace_error(NULL) ? cli_trace_error(NULL) : probe_status_str(st));
     return st;
   }
   scan_ctx c = {m, row, res, {0}, {0}, {0}, NULL, 0};
@@ -1024,7 +1024,7 @@ static probe_status scan_file(const char *path, probe_rankmap *m, int row,
     if (st != PROBE_OK || got == 0) break;
     scan_records(&c, recs, got);
   }
-  if (st < 0) snprintf(res->err, sizeof res->err, "%s", probe_trace_last_error(t));
+  if (st < 0) snprintf(res->err, sizeof res->err, "%s", *cli_trace_error(t) ? cli_trace_error(t) : probe_status_str(st));
   else scan_count(&c);
   free(c.nf.bit);
   free(c.skip.bit);
@@ -1204,7 +1204,7 @@ static int set_build(trace_set *s, char **paths, size_t n, int heat_cols,
     return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
   if (st < 0) {
-    const char *e = probe_trace_last_error(NULL);
+    const char *e = cli_trace_error(NULL);
     cli_error(SUB, "no readable trace in the set: %s", e && *e ? e : probe_status_str(st));
     return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
@@ -1611,8 +1611,8 @@ static int report_write(const report_args *a, const char *path,
     }
   }
   if (st < 0) {
-    const char *e = probe_trace_last_error(t);
-    const char *eb = tb ? probe_trace_last_error(tb) : NULL;
+    const char *e = cli_trace_error(t);
+    const char *eb = tb ? cli_trace_error(tb) : NULL;
     if ((!e || !*e) && eb) e = eb;
     cli_error(SUB, "%s: %s%s%s", path, probe_status_str(st),
               e && *e ? ": " : "", e ? e : "");
@@ -1706,7 +1706,7 @@ static int report_set(const report_args *a, char **args, int n_args,
   probe_status st = probe_trace_set_expand((const char *const *)args,
                                            (size_t)n_args, &paths, &n);
   if (st != PROBE_OK) {
-    const char *e = probe_trace_last_error(NULL);
+    const char *e = cli_trace_error(NULL);
     cli_error(SUB, "%s", e && *e ? e : probe_status_str(st));
     return cli_exit_for_status(st);
   }
