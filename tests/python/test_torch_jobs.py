@@ -832,3 +832,91 @@ def test_close_ends_a_step_left_open(tmp_path, how):
     assert ev["kind"] == "input-nan" and ev["step"] == last, ev
     assert t["info"]["complete"] == 1
     m(torch.randn(3, 4)).sum().backward()  # the model runs on
+
+
+# ---- units whose children are not layers own every parameter under them ----------
+# nn.MultiheadAttention is one unit (its children are not walked), and its
+# forward uses out_proj's weight and bias without calling out_proj: those
+# parameters had no weight, weight_grad or master_weight record, and a NaN
+# in them was named elsewhere (found 2026-12-04). The same holds for a class
+# the user maps to a kind, whose children are not layers either.
+
+class AttnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        a, _ = self.att(x, x, x)
+        return self.head(a).mean()
+
+
+class Block(nn.Module):  # mapped to a kind: one unit with two children
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class BlockNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blk = Block()
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.blk(x)).mean()
+
+
+def _train(m, path, steps=3, poison=None, **kw):
+    torch.manual_seed(1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    tr = at.Tracer(m, path, mode="full", env=False, **kw)
+    for step in range(steps):
+        if poison is not None and step == 2:
+            with torch.no_grad():
+                poison().view(-1)[0] = float("nan")
+        x = torch.randn(4, 5, 16)
+        loss = m(x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+
+
+@pytest.mark.parametrize("net", ["attention", "mapped"])
+@pytest.mark.parametrize("emulate", [False, True])
+def test_a_unit_owns_its_childrens_parameters(tmp_path, net, emulate):
+    torch.manual_seed(0)
+    m = AttnNet() if net == "attention" else BlockNet()
+    kw = {"kinds": {Block: "attention"}} if net == "mapped" else {}
+    p = str(tmp_path / "u.h5")
+    _train(m, p, emulate_fp16=emulate, **kw)
+    unit = "att" if net == "attention" else "blk"
+    c = site_counts(p, step=1)
+    n = len(list(getattr(m, unit).parameters()))  # 4 either way
+    assert n == 4
+    for site in ("weight", "weight_grad", "master_weight"):
+        assert c[(unit, site)] == n, (site, c)
+
+
+@pytest.mark.parametrize("net", ["attention", "mapped"])
+def test_a_nan_in_a_childs_parameter_is_named_at_the_unit(tmp_path, net):
+    torch.manual_seed(0)
+    m = AttnNet() if net == "attention" else BlockNet()
+    kw = {"kinds": {Block: "attention"}} if net == "mapped" else {}
+    target = (lambda: m.att.out_proj.weight) if net == "attention" else \
+        (lambda: m.blk.b.weight)
+    p = str(tmp_path / "n.h5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _train(m, p, steps=4, poison=target, **kw)
+    ev = ampprobe.postmortem(p)["event"]
+    assert ev["step"] == 2, ev
+    assert ev["origin_layer"] == ("att" if net == "attention" else "blk"), ev
+    assert ev["origin_site"] in ("weight", "master_weight"), ev
