@@ -395,7 +395,7 @@ probe_status probe_stats_compute_portable(probe_stats *out, probe_dtype dt,
                                           const void *data, size_t n) {
   if (!out || probe_dtype_size(dt) == 0 || (n && !data))
     return PROBE_ERR_INVALID_ARG;
-  unsigned fp = probe__fp_exact_enter();
+  unsigned fp = dt == PROBE_DTYPE_F16 ? 0 : probe__fp_exact_enter();
   probe__acc a;
   probe__acc_init(&a);
   probe__acc_portable(&a, dt, data, n);

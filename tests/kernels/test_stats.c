@@ -452,6 +452,17 @@ START_TEST(test_flush_denormal_caller) {
     ck_assert_int_eq(probe__stats_compute_path(&sb, PROBE_DTYPE_BF16, b, 37, path), PROBE_OK);
     ck_assert_msg(sb.sum > 0 && sb.sumsq > 0, "path %d bf16: sum %g", path, sb.sum);
     ck_assert_uint_eq(sb.zero_count, 0);
+    /* fp16 subnormals (i+1) x 2^-24 widen to normal binary32: exact as they
+     * are, with no MXCSR change for them */
+    uint16_t h[37];
+    double hw = 0;
+    for (int i = 0; i < 37; i++) {
+      h[i] = (uint16_t)(i + 1);
+      hw += (double)(i + 1) * 0x1p-24;
+    }
+    probe_stats sh;
+    ck_assert_int_eq(probe__stats_compute_path(&sh, PROBE_DTYPE_F16, h, 37, path), PROBE_OK);
+    ck_assert_msg(sh.sum == hw, "path %d fp16: sum %g (want %g)", path, sh.sum, hw);
   }
   probe_stats s;
   ck_assert_int_eq(probe_stats_compute(&s, PROBE_DTYPE_F32, f, 37), PROBE_OK);
