@@ -320,18 +320,23 @@ void probe__h5_disown_fd(int fd) {
  * pointed at a sink of its own (an empty memory file: writes taken, reads
  * of zeros; /dev/null without memfd_create), and the child's exit does no
  * HDF5 clean-up. Only system calls: no HDF5, no locks. */
-static void h5_fork_child_sinks(void) {
-  for (int i = 0; i < h5_n_own; i++) {
-    int sink = -1;
+int probe__fd_to_sink(int fd, const char *name) {
+  int sink = -1;
 #ifdef MFD_CLOEXEC
-    sink = memfd_create("ampprobe-inherited-trace", MFD_CLOEXEC);
+  sink = memfd_create(name, MFD_CLOEXEC);
+#else
+  (void)name;
 #endif
-    if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (sink >= 0) {
-      dup3(sink, h5_own[i], O_CLOEXEC);
-      close(sink);
-    }
-  }
+  if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (sink < 0) return -1;
+  int r = dup3(sink, fd, O_CLOEXEC); /* stays close-on-exec */
+  close(sink);
+  return r < 0 ? -1 : 0;
+}
+
+static void h5_fork_child_sinks(void) {
+  for (int i = 0; i < h5_n_own; i++)
+    probe__fd_to_sink(h5_own[i], "ampprobe-inherited-trace");
   if (h5_n_own > 0) atomic_store(&h5_inherited, 1);
   h5_n_own = 0;
 }

@@ -191,6 +191,11 @@ int probe__h5_fd(hid_t file);
  * does - exit() included - writes into the parent's live trace. */
 void probe__h5_own_fd(int fd);
 void probe__h5_disown_fd(int fd);
+/* Points fd at a sink: an empty anonymous memory file named name (writes
+ * and truncates taken, reads of what was not written return zeros), or
+ * /dev/null opened read-write without memfd_create; close-on-exec. 0, or
+ * -1 when neither could be made. System calls only (async-signal-safe). */
+int probe__fd_to_sink(int fd, const char *name);
 
 /* HDF5's clean-up at exit (H5_term_library) closes every file still open;
  * after an H5Fclose that failed - HDF5 1.10 then keeps the id of a file it

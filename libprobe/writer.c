@@ -89,15 +89,7 @@ static void file_detach(probe_session *s) {
   if (s->file < 0 || s->detached) return;
   int fd = probe__h5_fd(s->file);
   if (fd < 0) return;
-  int sink = -1;
-#ifdef MFD_CLOEXEC
-  sink = memfd_create("ampprobe-detached-trace", MFD_CLOEXEC);
-#endif
-  if (sink < 0) sink = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (sink >= 0) {
-    if (dup3(sink, fd, O_CLOEXEC) >= 0) s->detached = 1; /* stays close-on-exec */
-    close(sink);
-  }
+  if (probe__fd_to_sink(fd, "ampprobe-detached-trace") == 0) s->detached = 1;
 }
 
 /* Collects from HDF5's error stack the most specific message and an errno

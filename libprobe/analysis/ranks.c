@@ -735,6 +735,15 @@ static void note_uncertain(probe_ranks *r) {
  * came from - a sum of finite values is not NaN, and an FP32 sum of
  * finite gradients does not overflow - so the text leads with them and
  * the fix is to read them, not to change the all-reduce. */
+/* Appends ", rank" (the first without the comma) to the list in buf (cap
+ * bytes, *len used), cut with "..." when it does not fit. */
+static void list_rank(char *buf, size_t cap, size_t *len, int32_t rank) {
+  if (*len >= cap) return;
+  int k = snprintf(buf + *len, cap - *len, "%s%d", *len ? ", " : "", (int)rank);
+  *len += k > 0 ? (size_t)k : 0;
+  if (*len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* cut */
+}
+
 /* The ranks read whose traces end before the event step (killed before
  * they flushed it): they hold no record of it, so that they were finite
  * before the all-reduce is not seen. Their list into buf; returns how
@@ -752,12 +761,7 @@ static int64_t short_ranks(const probe_ranks *r, char *buf, size_t cap,
       continue;
     n++;
     if (e->last_step > *last) *last = e->last_step;
-    if (len < cap) {
-      int k = snprintf(buf + len, cap - len, "%s%d", len ? ", " : "",
-                       (int)e->rank);
-      len += k > 0 ? (size_t)k : 0;
-      if (len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* cut */
-    }
+    list_rank(buf, cap, &len, e->rank);
   }
   return n;
 }
@@ -839,12 +843,7 @@ static int64_t loss_ranks(const probe_ranks *r, char *buf, size_t cap) {
         e->first_nonfinite_loss_step != r->event_step)
       continue;
     n++;
-    if (len < cap) {
-      int k = snprintf(buf + len, cap - len, "%s%d", len ? ", " : "",
-                       (int)e->rank);
-      len += k > 0 ? (size_t)k : 0;
-      if (len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* cut */
-    }
+    list_rank(buf, cap, &len, e->rank);
   }
   return n;
 }
