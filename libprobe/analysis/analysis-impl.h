@@ -45,6 +45,21 @@
 #define PROBE__SC_SCALER 4u
 #endif
 
+/* The caller's progress callback over the passes of one analysis (phase
+ * one of the PROBE_PROGRESS_* strings): done counts the rows read of total;
+ * stopped once it asked to stop. fn NULL: nothing (probe__progress_add). */
+typedef struct probe__progress {
+  probe_progress_fn fn;
+  void *user;
+  const char *phase;
+  uint64_t done, total;
+  int stopped;
+} probe__progress;
+
+/* n more rows read: the callback told (done clamped to total);
+ * PROBE_ERR_INTERRUPTED once it asks to stop. p or p->fn NULL: PROBE_OK. */
+probe_status probe__progress_add(probe__progress *p, size_t n);
+
 #define PROBE__JW_DEPTH 32
 
 typedef struct probe__jw {

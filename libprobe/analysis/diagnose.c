@@ -89,27 +89,24 @@ const char *probe_diag_layer_name(const probe_diag *d, int32_t id) {
 
 /* ---- progress -------------------------------------------------------------- */
 
-/* The caller's callback over the passes: done counts the rows the passes
- * have read of total (the steps once, the scaler events twice, the
- * records); stopped once it asked to stop. fn NULL: nothing. */
-typedef struct diag_progress {
-  probe_progress_fn fn;
-  void *user;
-  uint64_t done, total;
-  int stopped;
-} diag_progress;
+/* The passes' progress (probe__progress, analysis-impl.h): total is the
+ * rows they read (the steps once, the scaler events twice, the records). */
+typedef probe__progress diag_progress;
 
-/* n more rows read; PROBE_ERR_INTERRUPTED when the callback asks to stop. */
-static probe_status progress_add(diag_progress *p, size_t n) {
+probe_status probe__progress_add(probe__progress *p, size_t n) {
   if (!p || !p->fn) return PROBE_OK;
   if (p->stopped) return PROBE_ERR_INTERRUPTED;
   p->done += n;
   if (p->done > p->total) p->done = p->total;
-  if (p->fn(PROBE_PROGRESS_ANALYSING, p->done, p->total, p->user) != 0) {
+  if (p->fn(p->phase, p->done, p->total, p->user) != 0) {
     p->stopped = 1;
     return PROBE_ERR_INTERRUPTED;
   }
   return PROBE_OK;
+}
+
+static probe_status progress_add(diag_progress *p, size_t n) {
+  return probe__progress_add(p, n);
 }
 
 /* ---- chunked cursors ------------------------------------------------------ */
@@ -1746,7 +1743,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   if (st >= 0)
     st = edge_records(t, info->n_records, &d->rec_first_step,
                       &d->rec_last_step);
-  diag_progress pg = {fn, user, 0, 0, 0};
+  diag_progress pg = {fn, user, PROBE_PROGRESS_ANALYSING, 0, 0, 0};
   pg.total = (uint64_t)info->n_steps + 2 * (uint64_t)info->n_scaler_events +
              (uint64_t)info->n_records;
   if (st >= 0) st = progress_add(&pg, 0); /* 0 of total: under way */

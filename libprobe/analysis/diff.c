@@ -59,27 +59,11 @@ static void append_name(char *buf, size_t len, const char *raw) {
 
 /* ---- progress -------------------------------------------------------------- */
 
-/* The caller's callback (probe_diff_run_progress): done counts the rows read
- * of total (both traces' records, then both steps tables); stopped once it
- * asked to stop. fn NULL: nothing. */
-typedef struct diff_progress {
-  probe_progress_fn fn;
-  void *user;
-  uint64_t done, total;
-  int stopped;
-} diff_progress;
+/* Both traces' records, then both steps tables (probe__progress). */
+typedef probe__progress diff_progress;
 
-/* n more rows read; PROBE_ERR_INTERRUPTED when the callback asks to stop. */
 static probe_status diff_progress_add(diff_progress *p, size_t n) {
-  if (!p || !p->fn) return PROBE_OK;
-  if (p->stopped) return PROBE_ERR_INTERRUPTED;
-  p->done += n;
-  if (p->done > p->total) p->done = p->total;
-  if (p->fn(PROBE_PROGRESS_COMPARING, p->done, p->total, p->user) != 0) {
-    p->stopped = 1;
-    return PROBE_ERR_INTERRUPTED;
-  }
-  return PROBE_OK;
+  return probe__progress_add(p, n);
 }
 
 /* ---- a trace read one step of records at a time -------------------------- */
@@ -1162,7 +1146,7 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
     return st;
   const probe_trace_info *ia = probe_trace_get_info(a);
   const probe_trace_info *ib = probe_trace_get_info(b);
-  diff_progress pg = {fn, user, 0, 0, 0};
+  diff_progress pg = {fn, user, PROBE_PROGRESS_COMPARING, 0, 0, 0};
   pg.total = (uint64_t)ia->n_records + (uint64_t)ib->n_records +
              (uint64_t)ia->n_steps + (uint64_t)ib->n_steps;
   state s;
