@@ -338,6 +338,9 @@ static void fork_case(int mode, int two, int how) {
     close(go[1]);
     close(ep[0]);
     dup2(ep[1], 2);
+#if defined(__SANITIZE_ADDRESS__)
+    lsan_off = 1; /* the parent's sessions, copied, are never freed here */
+#endif
     if (how == FK_OWN) {
       probe_session *c = fork_session(pc, PROBE_MODE_FULL);
       fork_steps(c, 0, 30);
@@ -400,6 +403,9 @@ START_TEST(forked_child_session_refused) {
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
     alarm(20); /* a hang fails the test, not the suite's timeout */
+#if defined(__SANITIZE_ADDRESS__)
+    lsan_off = 1; /* the parent's session, copied, is never freed here */
+#endif
     float x[FK_N] = {0};
     probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
     probe_status got[7];
