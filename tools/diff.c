@@ -359,12 +359,19 @@ static int side_open(side *s, const char *label, cli_read_line *pg) {
   probe_status st = probe_ranks_run_progress(&s->r, (const char *const *)s->paths,
                                              s->n, &ro, cli_read_line_fn(pg), pg);
   s->have_r = 1;
-  if (st == PROBE_ERR_INVALID_ARG || st == PROBE_ERR_NOMEM) {
+  if (st == PROBE_ERR_INTERRUPTED) return CLI_EXIT_INTERRUPTED;
+  int any_read = 0;
+  for (size_t i = 0; i < s->r.n_entries; i++)
+    any_read |= s->r.entries[i].status == PROBE_RANK_READ;
+  /* refused (not one job, a corrupt world size or rank number): every
+   * failure but the one where no file could be read, whose files are
+   * rows of the result (UNREADABLE, exit 3) */
+  if (st < 0 && (any_read || st == PROBE_ERR_INVALID_ARG || st == PROBE_ERR_NOMEM)) {
     cli_line_clear(&pg->line);
     cli_error(SUB, "%s: %s", label, s->r.error[0] ? s->r.error : probe_status_str(st));
-    return cli_exit_for_status(st);
+    return st == PROBE_ERR_NOMEM ? CLI_EXIT_INTERNAL : cli_exit_for_status(st);
   }
-  return 0; /* an unreadable file (or all of them) is a row of the result */
+  return 0;
 }
 
 /* The entry of rank r read on a side, NULL none. */

@@ -229,6 +229,10 @@ typedef struct state {
   unsigned char *seen, *has_in, *in_div, *implied_in;
   unsigned char *fwd_div, *wgrad_div;
   scur sa, sb; /* loss scales of A and B */
+  /* a side its writer did not close that ends before the other: 'A' or
+   * 'B' (0 none), and the last steps (probe_trace_info) */
+  char stopped;
+  int64_t stopped_last, other_last;
 } state;
 
 static int32_t entry_for(state *s, int32_t la, int32_t site, uint32_t seq) {
@@ -710,7 +714,7 @@ static int entry_cmp(const void *pa, const void *pb) {
   return a->first_seq < b->first_seq ? -1 : a->first_seq > b->first_seq;
 }
 
-static void write_verdict(probe_diff *d) {
+static void write_verdict(probe_diff *d, const state *s) {
   char *v = d->verdict_text;
   size_t len = sizeof d->verdict_text, n = 0;
 #define PUT(...)                                                               \
@@ -721,7 +725,14 @@ static void write_verdict(probe_diff *d) {
   const int layers_differ = d->only_a[0] || d->only_b[0];
   if (d->verdict == PROBE_DIFF_NOT_ALIGNED) {
     PUT("A and B do not align: ");
-    if (d->n_layers_common == 0)
+    if (s->stopped && d->n_layers_common > 0 && !layers_differ &&
+        (d->steps_common > 0 || d->loss_steps > 0))
+      PUT("%c was not closed by its writer (killed?) and ends at step %lld, "
+          "%c at %lld: the steps both reached agree within tolerance, the "
+          "rest of %c's run is missing.",
+          s->stopped, (long long)s->stopped_last, s->stopped == 'A' ? 'B' : 'A',
+          (long long)s->other_last, s->stopped);
+    else if (d->n_layers_common == 0)
       PUT("no layer name in common, so nothing was compared.");
     else if (d->steps_common == 0 && d->loss_steps == 0)
       PUT("no step with per-layer records in common (A %lld steps, B %lld), "
@@ -1090,9 +1101,11 @@ static void stage_verdict(state *s) {
     d->verdict = PROBE_DIFF_DIVERGE;
   else if (d->only_a[0] || d->only_b[0])
     d->verdict = PROBE_DIFF_NOT_ALIGNED;
+  else if (s->stopped) /* a killed run agrees only as far as it went */
+    d->verdict = PROBE_DIFF_NOT_ALIGNED;
   else
     d->verdict = PROBE_DIFF_AGREE;
-  write_verdict(d);
+  write_verdict(d, s);
 }
 
 probe_status probe_diff_run(probe_diff *d, probe_trace *a, probe_trace *b,
@@ -1154,6 +1167,20 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
   memset(&ca, 0, sizeof ca);
   memset(&cb, 0, sizeof cb);
   st = stage_state(&s, d, a, b);
+  /* a trace not closed (a killed run) that ends before the other: what it
+   * lacks is not "in agreement" (a killed candidate passed a diff gate) */
+  if (st == PROBE_OK) {
+    s.stopped = !ia->complete && ia->last_step < ib->last_step   ? 'A'
+                : !ib->complete && ib->last_step < ia->last_step ? 'B'
+                                                                 : 0;
+    s.stopped_last = s.stopped == 'A' ? ia->last_step : ib->last_step;
+    s.other_last = s.stopped == 'A' ? ib->last_step : ia->last_step;
+    if (s.stopped)
+      note(d, "%c was not closed by its writer (killed?) and ends at step "
+              "%lld, %c at %lld",
+           s.stopped, (long long)s.stopped_last, s.stopped == 'A' ? 'B' : 'A',
+           (long long)s.other_last);
+  }
   if (st == PROBE_OK && (cursor_init(&ca, a, d->opt.chunk_rows, &pg) != PROBE_OK ||
                          cursor_init(&cb, b, d->opt.chunk_rows, &pg) != PROBE_OK))
     st = PROBE_ERR_NOMEM;
