@@ -294,15 +294,26 @@ static void h5_mu_create(void) {
 
 /* The descriptors under the traces this process writes (probe__h5_own_fd),
  * under h5_mu; a child of fork() gets them in h5_fork_child. */
-enum { H5_OWN_MAX = 256 };
-static int h5_own[H5_OWN_MAX];
-static int h5_n_own;
+static int *h5_own;
+static int h5_n_own, h5_cap_own;
+static int h5_own_lost; /* a descriptor the table could not hold */
 /* 1 in a child of fork() that inherited traces open for writing: its exit
  * leaves HDF5 alone (h5_exit_cleanup) */
 static atomic_int h5_inherited;
 
 void probe__h5_own_fd(int fd) {
-  if (fd >= 0 && h5_n_own < H5_OWN_MAX) h5_own[h5_n_own++] = fd;
+  if (fd < 0) return;
+  if (h5_n_own == h5_cap_own) { /* grown here, never in the fork handler */
+    int cap = h5_cap_own ? 2 * h5_cap_own : 16;
+    int *p = realloc(h5_own, (size_t)cap * sizeof *p);
+    if (!p) {
+      h5_own_lost = 1; /* a child then leaves HDF5 alone anyway */
+      return;
+    }
+    h5_own = p;
+    h5_cap_own = cap;
+  }
+  h5_own[h5_n_own++] = fd;
 }
 
 void probe__h5_disown_fd(int fd) {
@@ -337,7 +348,7 @@ int probe__fd_to_sink(int fd, const char *name) {
 static void h5_fork_child_sinks(void) {
   for (int i = 0; i < h5_n_own; i++)
     probe__fd_to_sink(h5_own[i], "ampprobe-inherited-trace");
-  if (h5_n_own > 0) atomic_store(&h5_inherited, 1);
+  if (h5_n_own > 0 || h5_own_lost) atomic_store(&h5_inherited, 1);
   h5_n_own = 0;
 }
 

@@ -97,7 +97,11 @@ enum { MSG_PATH_MAX = 240, MSG_PATH_HEAD = 80, MSG_PATH_TAIL = 150 };
 static const char *msg_path(char *buf, size_t n, const char *p) {
   size_t len = strlen(p);
   if (len <= MSG_PATH_MAX) return p;
-  snprintf(buf, n, "%.*s...%s", (int)MSG_PATH_HEAD, p, p + len - MSG_PATH_TAIL);
+  /* both cuts on a character's first byte: no UTF-8 sequence split */
+  size_t head = MSG_PATH_HEAD, tail = len - MSG_PATH_TAIL;
+  while (head > 0 && ((unsigned char)p[head] & 0xc0) == 0x80) head--;
+  while (tail > 0 && ((unsigned char)p[tail] & 0xc0) == 0x80) tail--;
+  snprintf(buf, n, "%.*s...%s", (int)head, p, p + tail);
   return buf;
 }
 

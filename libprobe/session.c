@@ -605,6 +605,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
                                   probe_kind kind, probe_dtype prec,
                                   int32_t *layer_id) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) return other_process_error(s);
   if (name == NULL)
     return set_msg(s, PROBE_ERR_INVALID_ARG, "probe_layer_register: NULL name");
   if (writer_error(s) != PROBE_OK) return s->err;
@@ -653,6 +654,7 @@ probe_status probe_layer_register(probe_session *s, const char *name,
 
 probe_status probe_step_begin(probe_session *s, int64_t step) {
   if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) return other_process_error(s);
   /* every refusal with a session says why: the last message must not be
    * an earlier, unrelated one */
   if (step < 0)
@@ -729,6 +731,7 @@ probe_status probe_session_first_nonfinite(const probe_session *s,
                                            probe_site *site, int *covers_all) {
   if (s == NULL || step == NULL || layer == NULL || site == NULL)
     return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) return PROBE_ERR_STATE; /* the parent's stale copy */
   *step = s->nf_rec_step;
   *layer = s->nf_rec_step >= 0 ? s->nf_rec_layer : -1;
   *site = s->nf_rec_step >= 0 ? s->nf_rec_site : PROBE_SITE_FWD_IN;
@@ -750,6 +753,7 @@ probe_status probe_session_step_nonfinite(const probe_session *s,
                                           int *measured) {
   if (s == NULL || step == NULL || any == NULL || forward == NULL)
     return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) return PROBE_ERR_STATE; /* the parent's stale copy */
   *step = s->nf_last_step;
   *any = s->nf_last_any;
   *forward = s->nf_last_fwd;
@@ -1160,7 +1164,7 @@ probe_status probe_session_close(probe_session *s) {
 }
 
 void probe_range_push(probe_session *s, int32_t layer, probe_site site) {
-  if (s == NULL) return;
+  if (s == NULL || other_process(s)) return;
 #ifdef AMPPROBE_HAVE_CUDA
   char name[PROBE_NAME_MAX + 24];
   const char *ln = layer >= 0 && layer < s->n_layers ? s->layers[layer].name
@@ -1175,7 +1179,7 @@ void probe_range_push(probe_session *s, int32_t layer, probe_site site) {
 }
 
 void probe_range_pop(probe_session *s) {
-  if (s == NULL) return;
+  if (s == NULL || other_process(s)) return;
 #ifdef AMPPROBE_HAVE_CUDA
   probe__nvtx_pop();
   if (s->cupti) probe__cupti_pop(s->cupti);

@@ -537,7 +537,7 @@ int cli_check_replace(const char *sub, const char *path, int force,
     char q[PATH_MAX + 16];
     cli_escape_name(q, sizeof q, path);
     cli_error(sub, "cannot write %s: %s", q, strerror(errno));
-    return CLI_EXIT_USAGE;
+    return CLI_EXIT_INTERNAL; /* a write error, as the writer's own (exit 4) */
   }
   if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)) {
     close(fd); /* a device or FIFO is written in place; an empty file holds nothing */

@@ -346,9 +346,11 @@ probe_status probe_session_flush(probe_session *s);
  * writer thread and are sticky: the next call and every later one returns
  * them, and the file keeps its last flushed state. A session is used from
  * one thread at a time (docs/trace-format.md), in the process that opened
- * it: in a child of fork() every call on it returns PROBE_ERR_STATE at once
- * ("session opened by process N, used in process M"), and close frees
- * nothing there (the memory is the parent's copy). */
+ * it: in a child of fork() every call on it that returns a status returns
+ * PROBE_ERR_STATE at once, whatever its other arguments ("session opened
+ * by process N, used in process M"; the two queries of its first
+ * non-finite record say nothing more), and close frees nothing there (the
+ * memory is the parent's copy); probe_range_push/pop do nothing there. */
 AMPPROBE_API
 const char *probe_session_last_error(const probe_session *s);
 

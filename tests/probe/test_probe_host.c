@@ -409,6 +409,18 @@ START_TEST(forked_child_session_refused) {
     float x[FK_N] = {0};
     probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
     probe_status got[7];
+    /* whatever the other arguments (review 10: a bad one was checked
+     * first), and the queries of the parent's stale copy */
+    int64_t qs;
+    int32_t ql;
+    probe_site qsite;
+    probe_nonfinite_record qa, qf;
+    if (probe_step_begin(a, -1) != PROBE_ERR_STATE ||
+        probe_layer_register(a, NULL, PROBE_KIND_LINEAR, PROBE_DTYPE_F16, NULL) !=
+            PROBE_ERR_STATE ||
+        probe_session_first_nonfinite(a, &qs, &ql, &qsite, NULL) != PROBE_ERR_STATE ||
+        probe_session_step_nonfinite(a, &qs, &qa, &qf, NULL) != PROBE_ERR_STATE)
+      _exit(22);
     got[0] = probe_step_begin(a, 50);
     got[1] = probe_tensor_record(a, 0, PROBE_SITE_FWD_OUT, PROBE_DTYPE_F32, x, FK_N);
     got[2] = probe_step_set_scalars(a, &sc);
@@ -426,7 +438,8 @@ START_TEST(forked_child_session_refused) {
   ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
   ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
                 "child status 0x%x (exit 10+i: call i was not refused; 20, "
-                "21: the message; SIGALRM: a hang)", (unsigned)wst);
+                "21: the message; 22: a bad argument or a query; SIGALRM: a "
+                "hang)", (unsigned)wst);
   fork_steps(a, 50, 80);
   PT_CHECK(probe_session_close(a));
   fork_trace_whole(pa, 80, 1, "the parent after its child used the session");

@@ -295,7 +295,7 @@ rc=$?
   fail "postmortem of a long path: rc $rc, '$(head -c 300 o.err)'"
 "$BIN" report "$name" -o "$huge/r.html" >o.out 2>o.err
 rc=$?
-[ $rc = 2 ] && grep -q "^ampprobe: report: cannot write .*: File name too long$" o.err &&
+[ $rc = 4 ] && grep -q "^ampprobe: report: cannot write .*: File name too long$" o.err &&
   pass "report -o a path over PATH_MAX: File name too long" ||
   fail "report -o huge: rc $rc, '$(head -c 300 o.err | sed -E 's/[def]{20,}/<.>/g')'"
 
