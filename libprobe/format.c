@@ -297,6 +297,9 @@ static void h5_mu_create(void) {
 static int *h5_own;
 static int h5_n_own, h5_cap_own;
 static int h5_own_lost; /* a descriptor the table could not hold */
+/* fork() calls in this process's ancestry: bumped in each child (sessions
+ * compare it with the one they were opened under, session.c) */
+static atomic_int fork_gen;
 /* 1 in a child of fork() that inherited traces open for writing: its exit
  * leaves HDF5 alone (h5_exit_cleanup) */
 static atomic_int h5_inherited;
@@ -358,6 +361,7 @@ static void h5_fork_child_sinks(void) {
 static void h5_fork_prepare(void) { pthread_mutex_lock(&h5_mu); }
 static void h5_fork_parent(void) { pthread_mutex_unlock(&h5_mu); }
 static void h5_fork_child(void) {
+  atomic_fetch_add(&fork_gen, 1);
   h5_fork_child_sinks();
   h5_mu_create();
 }
@@ -457,6 +461,15 @@ __attribute__((constructor)) static void h5_exit_guard(void) {
    * it has (HDF5 initialised by another constructor), its own handler stays
    * and this one's H5close finds the library closed already. */
   if (H5dont_atexit() >= 0) atexit(h5_exit_cleanup);
+}
+
+int probe__fork_generation(void) {
+  pthread_once(&h5_once, h5_mu_init); /* the fork handlers registered */
+  return atomic_load(&fork_gen);
+}
+
+int probe__forked_since(int generation) {
+  return generation != atomic_load_explicit(&fork_gen, memory_order_relaxed);
 }
 
 void probe__h5_lock_child_reset(void) {

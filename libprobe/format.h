@@ -176,6 +176,11 @@ hid_t probe__vlstr_type(void);
 void probe__h5_lock(void);
 void probe__h5_unlock(void);
 void probe__h5_lock_child_reset(void);
+/* The process's fork generation (registering the fork handlers first):
+ * probe__forked_since(g) is 1 in a child of fork() made after g was read
+ * (an atomic load: cheap enough for every record). */
+int probe__fork_generation(void);
+int probe__forked_since(int generation);
 
 /* Marks the descriptor under an open HDF5 file close-on-exec, so a program
  * the host starts (subprocess, system) does not inherit the trace open (or

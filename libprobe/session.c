@@ -180,18 +180,12 @@ static int out_move_locked(probe_session *s) {
   return rc;
 }
 
-/* The sticky error of the writer thread, as the caller sees it. */
 /* A session belongs to the process that opened it: a child of fork() has
  * its copy but no writer thread, and a flush there waited for ever, a
- * close joined a thread that is not there. Each fork() bumps the
- * generation in the child (pthread_atfork: no system call per record). */
-static atomic_int fork_gen;
-static pthread_once_t fork_gen_once = PTHREAD_ONCE_INIT;
-static void fork_gen_child(void) { atomic_fetch_add(&fork_gen, 1); }
-static void fork_gen_init(void) { pthread_atfork(NULL, NULL, fork_gen_child); }
-
+ * close joined a thread that is not there (format.c's fork generation: no
+ * system call per record). */
 static int other_process(const probe_session *s) {
-  return s->fork_gen != atomic_load_explicit(&fork_gen, memory_order_relaxed);
+  return probe__forked_since(s->fork_gen);
 }
 
 /* The sticky error of a session used in another process; no lock taken
@@ -205,6 +199,7 @@ static probe_status other_process_error(probe_session *s) {
   return s->err;
 }
 
+/* The sticky error of the writer thread, as the caller sees it. */
 static probe_status writer_error(probe_session *s) {
   if (other_process(s)) return other_process_error(s);
   if (s->err == PROBE_OK &&
@@ -478,11 +473,10 @@ probe_status probe_session_open(probe_session **out, const char *path,
   probe_status rst = check_rank_options(&o);
   if (rst != PROBE_OK) return rst;
 
-  pthread_once(&fork_gen_once, fork_gen_init);
   probe_session *s = calloc(1, sizeof *s);
   if (s == NULL) return open_fail(PROBE_ERR_NOMEM, "out of memory");
   s->lock_fd = -1;
-  s->fork_gen = atomic_load(&fork_gen);
+  s->fork_gen = probe__fork_generation();
   s->pid = getpid();
   if (session_sync_init(s) < 0) {
     free(s);

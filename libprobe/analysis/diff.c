@@ -57,19 +57,10 @@ static void append_name(char *buf, size_t len, const char *raw) {
   strcat(buf, name);
 }
 
-/* ---- progress -------------------------------------------------------------- */
-
-/* Both traces' records, then both steps tables (probe__progress). */
-typedef probe__progress diff_progress;
-
-static probe_status diff_progress_add(diff_progress *p, size_t n) {
-  return probe__progress_add(p, n);
-}
-
 /* ---- a trace read one step of records at a time -------------------------- */
 
 typedef struct cursor {
-  diff_progress *pg;     /* told of each chunk read (NULL: not counted) */
+  probe__progress *pg;     /* told of each chunk read (NULL: not counted) */
   probe_trace *t;
   int64_t row;           /* next row of the records table to read */
   probe_record *chunk;
@@ -82,7 +73,7 @@ typedef struct cursor {
 } cursor;
 
 static probe_status cursor_init(cursor *c, probe_trace *t, size_t chunk,
-                                diff_progress *pg) {
+                                probe__progress *pg) {
   memset(c, 0, sizeof *c);
   c->t = t;
   c->pg = pg;
@@ -103,7 +94,7 @@ static probe_status cursor_peek(cursor *c, const probe_record **r) {
     size_t got = 0;
     probe_status st =
         probe_trace_read_records(c->t, c->row, c->chunk_cap, c->chunk, &got);
-    if (st != PROBE_OK || (got && (st = diff_progress_add(c->pg, got)) != PROBE_OK))
+    if (st != PROBE_OK || (got && (st = probe__progress_add(c->pg, got)) != PROBE_OK))
       return st;
     c->row += (int64_t)got;
     c->chunk_n = got;
@@ -479,7 +470,7 @@ static probe_status compare_step(state *s, const cursor *ca,
 
 static probe_status compare_losses(probe_diff *d, probe_trace *a,
                                    probe_trace *b, size_t chunk,
-                                   diff_progress *pg) {
+                                   probe__progress *pg) {
   probe_step_scalars *ba = malloc(chunk * sizeof *ba);
   probe_step_scalars *bb = malloc(chunk * sizeof *bb);
   probe_status st = PROBE_OK;
@@ -500,14 +491,14 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
   for (;;) {
     if (ia == na) {
       if ((st = probe_trace_read_steps(a, rowa, chunk, ba, &na)) != PROBE_OK ||
-          (st = diff_progress_add(pg, na)) != PROBE_OK)
+          (st = probe__progress_add(pg, na)) != PROBE_OK)
         goto done;
       rowa += (int64_t)na;
       ia = 0;
     }
     if (ib == nb) {
       if ((st = probe_trace_read_steps(b, rowb, chunk, bb, &nb)) != PROBE_OK ||
-          (st = diff_progress_add(pg, nb)) != PROBE_OK)
+          (st = probe__progress_add(pg, nb)) != PROBE_OK)
         goto done;
       rowb += (int64_t)nb;
       ib = 0;
@@ -1159,7 +1150,8 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
     return st;
   const probe_trace_info *ia = probe_trace_get_info(a);
   const probe_trace_info *ib = probe_trace_get_info(b);
-  diff_progress pg = {fn, user, PROBE_PROGRESS_COMPARING, 0, 0, 0};
+  /* both traces' records, then both steps tables */
+  probe__progress pg = {fn, user, PROBE_PROGRESS_COMPARING, 0, 0, 0};
   pg.total = (uint64_t)ia->n_records + (uint64_t)ib->n_records +
              (uint64_t)ia->n_steps + (uint64_t)ib->n_steps;
   state s;
@@ -1185,7 +1177,7 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
                          cursor_init(&cb, b, d->opt.chunk_rows, &pg) != PROBE_OK))
     st = PROBE_ERR_NOMEM;
   if (st == PROBE_OK)
-    st = diff_progress_add(&pg, 0); /* 0 of total: under way */
+    st = probe__progress_add(&pg, 0); /* 0 of total: under way */
   if (st == PROBE_OK) {
     st = stage_align_layers(&s);                    /* stage 3 */
     if (st == PROBE_OK)
@@ -1198,7 +1190,7 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
     stage_verdict(&s);                              /* stage 7 */
     if (pg.done < pg.total) { /* rows the info counted and no read gave */
       pg.done = pg.total;
-      st = diff_progress_add(&pg, 0);
+      st = probe__progress_add(&pg, 0);
     }
   }
   cursor_free(&ca);

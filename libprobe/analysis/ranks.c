@@ -729,12 +729,6 @@ static void note_uncertain(probe_ranks *r) {
              (long long)(r->n_missing + r->n_unreadable));
 }
 
-/* No rank read holds it before the all-reduce. With every rank read, the
- * all-reduce made it: a bucket's cast to the all-reduce's dtype (CAST
- * ranks) or the sum. With ranks not read, those are where it most likely
- * came from - a sum of finite values is not NaN, and an FP32 sum of
- * finite gradients does not overflow - so the text leads with them and
- * the fix is to read them, not to change the all-reduce. */
 /* Appends ", rank" (the first without the comma) to the list in buf (cap
  * bytes, *len used), cut with "..." when it does not fit. */
 static void list_rank(char *buf, size_t cap, size_t *len, int32_t rank) {
@@ -766,6 +760,12 @@ static int64_t short_ranks(const probe_ranks *r, char *buf, size_t cap,
   return n;
 }
 
+/* No rank read holds it before the all-reduce. With every rank read, the
+ * all-reduce made it: a bucket's cast to the all-reduce's dtype (CAST
+ * ranks) or the sum. With ranks not read (or not seen at its step), those are where it most likely
+ * came from - a sum of finite values is not NaN, and an FP32 sum of
+ * finite gradients does not overflow - so the text leads with them and
+ * the fix is to read them, not to change the all-reduce. */
 static void text_allreduce_origin(probe_ranks *r, const char *carried) {
   char cast[160], lost[160], shrt[64], unseen[344], fixwho[352];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_CAST, cast, sizeof cast);
