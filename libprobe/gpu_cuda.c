@@ -6,7 +6,11 @@
  * CUPTI: kernels (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) carry a correlation
  * id; external-correlation records map it to the id pushed with
  * cuptiActivityPushExternalCorrelationId while a probe range was open, which
- * encodes (step, layer, site) (gpu.h). CUPTI hands completed buffers to a
+ * encodes (step, layer, site) (gpu.h). CUPTI writes an external-correlation
+ * record only before an API record (cupti_activity.h), so the runtime and
+ * driver API kinds are enabled too and their records dropped: without them
+ * no kernel had a range (seen on an H200, 2026-12-04, test_gpu_probe).
+ * CUPTI hands completed buffers to a
  * callback on its own thread with no user pointer, so the collector is one
  * process-wide object guarded by a mutex.
  */
@@ -129,7 +133,9 @@ probe_status probe__cupti_start(probe__cupti **out) {
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) !=
           CUPTI_SUCCESS ||
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) !=
-          CUPTI_SUCCESS) {
+          CUPTI_SUCCESS ||
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS ||
+      cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS) {
     probe__cupti_stop(c);
     return PROBE_ERR_CUDA;
   }
@@ -206,6 +212,8 @@ void probe__cupti_stop(probe__cupti *c) {
   cuptiActivityFlushAll(0);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);
   pthread_mutex_lock(&g_mu);
   g_cupti = NULL;
   pthread_mutex_unlock(&g_mu);
