@@ -14,7 +14,10 @@
 
 #include "ampprobe/trainer.h"
 
-#define GPU_STEPS 50
+/* 60 steps: past every scenario's planted step (nan-input's NaN batch is
+ * step 50, and a config refuses a nan_step past its last step) */
+#define GPU_STEPS 60
+#define GPU_STEPS_STR "60"
 #define FP32_RTOL 1e-5
 #define FP16_RTOL 2e-2
 
@@ -31,13 +34,25 @@ static int collect(int64_t step, double loss, double scale, void *user) {
   return 0;
 }
 
+/* The scenario shortened to GPU_STEPS at precision prec; NULL with the
+ * reason in err when its config refuses that. */
+static probe_train_config *configure(const char *scn, const char *prec,
+                                     char *err, size_t cap) {
+  probe_train_config *c = NULL;
+  if (probe_config_load_scenario(&c, scn, err, cap) != PROBE_OK) return NULL;
+  if (probe_config_set(c, "steps", GPU_STEPS_STR, err, cap) != PROBE_OK ||
+      probe_config_set(c, "precision", prec, err, cap) != PROBE_OK) {
+    probe_config_free(c);
+    return NULL;
+  }
+  return c;
+}
+
 static void run_backend(const char *scn, const char *prec, probe_backend b,
                         losses *l, probe_train_result *r) {
-  char err[512];
-  probe_train_config *c;
-  ck_assert_int_eq(probe_config_load_scenario(&c, scn, err, sizeof err), PROBE_OK);
-  ck_assert_int_eq(probe_config_set(c, "steps", "50", err, sizeof err), PROBE_OK);
-  ck_assert_int_eq(probe_config_set(c, "precision", prec, err, sizeof err), PROBE_OK);
+  char err[512] = "";
+  probe_train_config *c = configure(scn, prec, err, sizeof err);
+  ck_assert_msg(c != NULL, "%s %s: %s", scn, prec, err);
   probe_train_opts o;
   probe_train_opts_init(&o);
   o.backend = b;
@@ -95,9 +110,30 @@ START_TEST(test_fp16) {
 }
 END_TEST
 
+/* Every scenario at both precisions takes this test's configuration: checked
+ * on every machine, so that a scenario added with a planted step past
+ * GPU_STEPS fails here and not first on a GPU (as nan-input did). */
+static int configs_ok(void) {
+  int ok = 1;
+  const char *precs[] = {"fp32", "fp16"};
+  for (size_t i = 0; i < probe_scenario_count(); i++)
+    for (int p = 0; p < 2; p++) {
+      char err[512] = "";
+      probe_train_config *c = configure(probe_scenario_name(i), precs[p], err, sizeof err);
+      if (c == NULL) {
+        printf("FAIL: %s %s: %s\n", probe_scenario_name(i), precs[p], err);
+        ok = 0;
+      }
+      probe_config_free(c);
+    }
+  return ok;
+}
+
 int main(void) {
+  if (!configs_ok()) return 1;
   if (!probe_train_backend_available(PROBE_BACKEND_CUDA)) {
-    printf("SKIP: no CUDA backend (build without CUDA or no device)\n");
+    printf("SKIP: no CUDA backend (build without CUDA or no device); the %zu "
+           "scenarios' configurations were checked\n", probe_scenario_count());
     return 77; /* CTest's SKIP_RETURN_CODE */
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
