@@ -18,6 +18,13 @@
 #   FORCE_DIRECT=1           skip CMake, use the direct nvcc/gcc build below
 #   OUT                      when set (the device runner's folder), the logs
 #                            ($BUILD-logs/) are copied there
+#   BUNDLE=b.tar.xz          run a bundle of scripts/gpu-bundle.sh (the build
+#                            made on another machine, with its libraries)
+#                            instead of building: for a GPU machine without
+#                            HDF5, Check or MPI (the lent device). Runs the
+#                            five GPU test programs, tests/python/test_cuda.py
+#                            with the machine's python3 and torch, and the
+#                            GPU benchmark.
 #
 # When CMake cannot configure (a dependency such as HDF5 missing on the GPU
 # machine), it falls back to building the statistics test and benchmark
@@ -56,17 +63,107 @@ else
 fi
 "$NVCC" --version | tail -1
 
+# ---- a prebuilt bundle (scripts/gpu-bundle.sh) ---------------------------------
+# Each program runs with CK_FORK=no (CUDA does not survive fork); 77 is a
+# skip. The loader path: the bundle's libraries, then the directories of the
+# machine's own libcublas/libnccl (its CUDA toolkit or its PyTorch's wheels).
+run_bundle() {
+  local dir=/tmp/ampprobe-gpu-bundle t0 rc p
+  rm -rf "$dir" && mkdir -p "$dir"
+  t0=$(t_now)
+  # tar without xz: Python's tarfile reads it too
+  if ! tar -C "$dir" -xJf "$BUNDLE" 2>/dev/null &&
+     ! python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+       "$BUNDLE" "$dir"; then
+    row "unpack $BUNDLE" FAIL "$(t_since "$t0")"
+    return
+  fi
+  row "unpack bundle" ok "$(t_since "$t0")"
+  local b=$dir/b sys=""
+  for lib in libcublas.so.13 libnccl.so.2; do
+    p=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && sys="$sys:$(dirname "$p")"
+    echo "$lib: ${p:-not found}"
+  done
+  local pylibs="$b/lib$sys" clibs="$b/lib:$b/lib-cxx$sys"
+  local mpi=$b/mpi/usr pmix=$b/mpi/usr/lib/x86_64-linux-gnu/pmix2
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OPAL_PREFIX=$mpi PMIX_PREFIX=$pmix
+  export PMIX_MCA_mca_base_component_path=$pmix/lib/pmix
+  for prog in test_gpu_stats test_gpu_probe test_gpu_layers test_trainer_gpu test_nccl; do
+    echo "== $prog"
+    t0=$(t_now)
+    (cd "$LOG" && CK_FORK=no LD_LIBRARY_PATH="$clibs" timeout 300 "$b/bin/$prog") \
+      >"$LOG/$prog.log" 2>&1
+    rc=$?
+    tail -15 "$LOG/$prog.log"
+    case $rc in
+      0) row "test $prog" ok "$(t_since "$t0")" ;;
+      77) row "test $prog" "$SKIP_RESULT" "$(t_since "$t0")" ;;
+      *) row "test $prog (exit $rc)" FAIL "$(t_since "$t0")" ;;
+    esac
+  done
+  # compute-sanitizer on the statistics kernels (memcheck: out-of-bounds
+  # and misaligned accesses; racecheck: the shared-memory reductions), when
+  # the machine has it; SANITIZE=0 skips
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ "${SANITIZE:-1}" = 1 ] && [ -n "$cs" ]; then
+    for tool in memcheck racecheck; do
+      echo "== compute-sanitizer --tool $tool test_gpu_stats"
+      t0=$(t_now)
+      (cd "$LOG" && CK_FORK=no LD_LIBRARY_PATH="$clibs" timeout 240 "$cs" --tool "$tool" \
+         --error-exitcode 9 "$b/bin/test_gpu_stats") >"$LOG/sanitizer_$tool.log" 2>&1
+      rc=$?
+      tail -6 "$LOG/sanitizer_$tool.log"
+      case $rc in
+        0) row "compute-sanitizer $tool test_gpu_stats" ok "$(t_since "$t0")" ;;
+        124) row "compute-sanitizer $tool (timed out)" SKIP "$(t_since "$t0")" ;;
+        *) row "compute-sanitizer $tool (exit $rc)" FAIL "$(t_since "$t0")" ;;
+      esac
+    done
+  fi
+  echo "== python tests/python/test_cuda.py"
+  t0=$(t_now)
+  (cd "$b/tests/python" && PYTHONPATH="$b/python" LD_LIBRARY_PATH="$pylibs" \
+     AMPPROBE_LIB="$b/lib/libampprobe.so" AMPPROBE_CLI="$b/bin/ampprobe" \
+     timeout 300 python3 -m pytest -q -p no:cacheprovider -rs test_cuda.py) \
+     >"$LOG/python_cuda.log" 2>&1
+  rc=$?
+  tail -25 "$LOG/python_cuda.log"
+  case $rc in
+    0) if grep -q ' passed' "$LOG/python_cuda.log"; then row "python test_cuda.py" ok "$(t_since "$t0")"
+       else row "python test_cuda.py (all skipped)" "$SKIP_RESULT" "$(t_since "$t0")"; fi ;;
+    5) row "python test_cuda.py (no test ran)" "$SKIP_RESULT" "$(t_since "$t0")" ;;
+    *) row "python test_cuda.py (exit $rc)" FAIL "$(t_since "$t0")" ;;
+  esac
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    echo "== bench_stats_gpu"
+    t0=$(t_now)
+    if LD_LIBRARY_PATH="$clibs" timeout 200 "$b/bin/bench_stats_gpu" 2>&1 | tee "$LOG/bench_stats_gpu.log"; then
+      row "bench bench_stats_gpu" ok "$(t_since "$t0")"
+    else
+      row "bench bench_stats_gpu" FAIL "$(t_since "$t0")"
+    fi
+  fi
+}
+
 # ---- build -------------------------------------------------------------------
 MODE=cmake
+[ -n "${BUNDLE:-}" ] && MODE=bundle
 t0=$(t_now)
 configured=0
-if [ "${FORCE_DIRECT:-0}" = 1 ]; then
+if [ "$MODE" = bundle ]; then
+  run_bundle
+elif [ "${FORCE_DIRECT:-0}" = 1 ]; then
   echo "FORCE_DIRECT=1: not using CMake" >"$LOG/configure.log"
 elif cmake -S . -B "$BUILD" -DAMPPROBE_CUDA=ON \
      -DAMPPROBE_CUDA_ARCHITECTURES="$CUDA_ARCH" >"$LOG/configure.log" 2>&1; then
   configured=1
 fi
-if [ $configured = 1 ]; then
+if [ "$MODE" = bundle ]; then
+  :
+elif [ $configured = 1 ]; then
   if grep -q 'ampprobe: CUDA' "$LOG/configure.log"; then
     row "configure (cmake, CUDA on)" ok "$(t_since "$t0")"
   else
@@ -181,7 +278,7 @@ elif [ -x "$BUILD/test_gpu_stats" ]; then
 fi
 
 # ---- benchmarks --------------------------------------------------------------
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$MODE" != bundle ]; then
   for b in $GPU_BENCHES; do
     exe="$BUILD/$b"
     t0=$(t_now)
@@ -203,5 +300,8 @@ fi
   for r in "${ROWS[@]}"; do echo "$r"; done
 } | tee "$LOG/summary.txt"
 # On the lent machine, bring the logs back.
-if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$LOG" "$OUT/"; fi
+# (one archive and the summary: the runner brings back at most 8 files)
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  tar -czf "$OUT/gpu-check-logs.tar.gz" "$LOG" && cp "$LOG/summary.txt" "$OUT/"
+fi
 exit $FAILED
