@@ -2,18 +2,22 @@
  * stats_cuda.cu - the fused statistics record of include/ampprobe/numerics.h
  * computed on a CUDA device, many tensors per launch.
  *
- * One batch (up to max_tensors device tensors) is, on one stream:
- *   1. cudaMemcpyAsync of the batch's descriptor table (pinned -> device);
- *   2. stats_chunk_kernel, grid = chunks of all tensors of the batch: block b
- *      maps to (tensor t, chunk c) through the table, reads its part of the
- *      tensor once (16-byte loads, grid-stride within the tensor) and writes
- *      one partial record (warp shuffles, then shared memory);
- *   3. stats_merge_kernel, grid = tensors: block t merges the partials of
- *      tensor t in a fixed order into a probe_stats in device memory;
- *   4. cudaMemcpyAsync of the batch's records to pinned host memory, and an
- *      event recorded after it.
- * probe_cuda_stats_wait waits on the last event and copies the records into
- * the callers' arrays: no host synchronisation per tensor or per batch. The
+ * One batch (up to max_tensors device tensors) is, on one stream, one
+ * launch of stats_chunk_kernel, grid = chunks of all tensors of the batch:
+ * block b maps to (tensor t, chunk c) through the batch's descriptor table
+ * (in the launch's parameters for up to STATS_INLINE tensors, else copied
+ * with cudaMemcpyAsync from pinned memory), reads its part of the tensor
+ * once (16-byte loads, grid-stride within the tensor) and writes one
+ * partial record (warp shuffles, then shared memory); the last block of a
+ * tensor to finish (an arrival counter per tensor, __threadfence before it)
+ * folds the tensor's partials in a fixed order into its probe_stats,
+ * written straight into mapped pinned host memory. So a batch of one tensor
+ * (a hook's record) costs one launch and no copy: the four runtime calls of
+ * a launch, a separate merge launch and two copies took ~31 us a record on
+ * an H200's host (2026-12-04, torch.profiler), ~40% of a traced GPT step.
+ * probe_cuda_stats_wait records an event, waits for it and copies the
+ * records into the callers' arrays: no host synchronisation per tensor or
+ * per batch. The
  * statistics are those of the CPU reference (probe_stats_compute_portable in
  * kernels/stats.c, defined in docs/statistics.md); docs/cuda.md describes
  * this file. Counts, extremes and the histogram are exact; sum and sumsq are
@@ -78,8 +82,8 @@ struct device_scope {
 
 #define STATS_THREADS 256
 #define STATS_WARPS (STATS_THREADS / 32)
-#define MERGE_THREADS 128
-#define MERGE_WARPS (MERGE_THREADS / 32)
+/* Descriptors passed in the launch's parameters (320 bytes) */
+#define STATS_INLINE 8
 /* A tensor gets one block per CHUNK_MIN_ELEMS elements at most, and at least
  * one per CHUNK_MAX_ELEMS, so that no thread sees more than 2^23 / 256 + 10
  * elements (its vectors, at most one more vector, the head and tail
@@ -105,6 +109,11 @@ struct stats_desc {
   unsigned int dtype;      /* probe_dtype */
   unsigned int chunk_first; /* first block (and partial) of this tensor */
   unsigned int nchunks;     /* blocks; 0 when n == 0 */
+};
+
+/* A batch's table when it is short enough to travel as a launch parameter. */
+struct stats_desc_inline {
+  stats_desc d[STATS_INLINE];
 };
 
 /* What one block leaves for the merge: its chunk's record. */
@@ -311,17 +320,79 @@ __device__ __forceinline__ void acc_fold(D &dst, const S &src) {
 
 /* ---- kernels ---------------------------------------------------------------- */
 
+__device__ __forceinline__ void merge_init(merge_acc &m) {
+  m.nan = m.posinf = m.neginf = m.zero = m.sub = m.flush = m.ovf = 0;
+  m.minkey = KEY_NONE_MIN;
+  m.maxkey = KEY_NONE_MAX;
+  m.absmax = 0;
+  m.absmin = ABSMIN_NONE;
+  m.sum = m.sumsq = 0.0;
+}
+
+/* The whole block folds the nchunks partials at p of tensor d, in a fixed
+ * order (so the record is reproducible), into *o. wred: shared, one entry
+ * per warp. Called by every thread of a block (it has barriers). */
+__device__ void merge_tensor(const stats_desc &d,
+                             const stats_partial *__restrict__ p,
+                             probe_stats *__restrict__ o, merge_acc *wred) {
+  const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  merge_acc m;
+  merge_init(m);
+  for (unsigned int i = threadIdx.x; i < d.nchunks; i += STATS_THREADS)
+    acc_fold(m, p[i]);
+  acc_warp_reduce(m);
+  if (lane == 0) wred[warp] = m;
+  for (unsigned int bin = threadIdx.x; bin < PROBE_HIST_BINS;
+       bin += STATS_THREADS) {
+    unsigned long long s = 0;
+    for (unsigned int i = 0; i < d.nchunks; i++) s += p[i].hist[bin];
+    o->hist[bin] = s;
+  }
+  __syncthreads();
+
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < STATS_WARPS; w++) acc_fold(wred[0], wred[w]);
+    const merge_acc &r = wred[0];
+    const float qnan = __uint_as_float(0x7fc00000u);
+    unsigned long long finite = d.n - r.nan - r.posinf - r.neginf;
+    o->count = d.n;
+    o->nan_count = r.nan;
+    o->posinf_count = r.posinf;
+    o->neginf_count = r.neginf;
+    o->zero_count = r.zero;
+    o->f16_subnormal = r.sub;
+    o->f16_flush = r.flush;
+    o->f16_overflow = r.ovf;
+    o->min = finite ? __uint_as_float(f32_unkey(r.minkey)) : qnan;
+    o->max = finite ? __uint_as_float(f32_unkey(r.maxkey)) : qnan;
+    o->absmax = finite ? __uint_as_float(r.absmax) : qnan;
+    o->absmin_nonzero =
+        r.absmin != ABSMIN_NONE ? __uint_as_float(r.absmin) : qnan;
+    o->sum = r.sum;
+    o->sumsq = r.sumsq;
+  }
+}
+
 /* grid = total chunks of the batch, block = STATS_THREADS.
- * desc: (ntensors) table; part: (gridDim.x) partial records, one per block. */
+ * The batch's descriptors: inl.d when ntensors <= STATS_INLINE, else gdesc
+ * (device memory). part: (gridDim.x) partial records, one per block;
+ * arrived: (ntensors) counters, zero at launch and left zero; out:
+ * (ntensors) records (mapped host memory). Tensors with no element have no
+ * block: the host writes their records. */
 __global__ void __launch_bounds__(STATS_THREADS)
-    stats_chunk_kernel(const stats_desc *__restrict__ desc,
+    stats_chunk_kernel(stats_desc_inline inl,
+                       const stats_desc *__restrict__ gdesc,
                        unsigned int ntensors,
-                       stats_partial *__restrict__ part) {
+                       stats_partial *__restrict__ part,
+                       unsigned int *__restrict__ arrived,
+                       probe_stats *__restrict__ out) {
   /* (PROBE_HIST_BINS, STATS_THREADS) 16-bit counters: one column per
    * thread, 33 KiB */
   __shared__ unsigned short hist[PROBE_HIST_BINS * STATS_THREADS];
   __shared__ stats_acc wred[STATS_WARPS];
-  __shared__ unsigned int s_tensor;
+  __shared__ merge_acc mred[STATS_WARPS];
+  __shared__ stats_desc s_desc;
+  __shared__ unsigned int s_tensor, s_last;
   const unsigned int b = blockIdx.x;
   const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned short *hcol = hist + threadIdx.x;
@@ -329,6 +400,7 @@ __global__ void __launch_bounds__(STATS_THREADS)
   for (int bin = 0; bin < PROBE_HIST_BINS; bin++) /* own column only */
     hcol[bin * STATS_THREADS] = 0;
   if (threadIdx.x == 0) { /* last tensor whose first chunk is <= b */
+    const stats_desc *desc = ntensors <= STATS_INLINE ? inl.d : gdesc;
     unsigned int lo = 0, hi = ntensors - 1;
     while (lo < hi) {
       unsigned int mid = lo + (hi - lo + 1) / 2;
@@ -336,10 +408,12 @@ __global__ void __launch_bounds__(STATS_THREADS)
       else hi = mid - 1;
     }
     s_tensor = lo;
+    s_desc = desc[lo];
   }
   __syncthreads();
 
-  const stats_desc d = desc[s_tensor];
+  const stats_desc d = s_desc;
+  const unsigned int t = s_tensor;
   const unsigned int c = b - d.chunk_first;
   stats_acc a;
   acc_init(a);
@@ -356,12 +430,7 @@ __global__ void __launch_bounds__(STATS_THREADS)
   stats_partial *p = &part[b];
   if (threadIdx.x == 0) {
     merge_acc m;
-    m.nan = m.posinf = m.neginf = m.zero = m.sub = m.flush = m.ovf = 0;
-    m.minkey = KEY_NONE_MIN;
-    m.maxkey = KEY_NONE_MAX;
-    m.absmax = 0;
-    m.absmin = ABSMIN_NONE;
-    m.sum = m.sumsq = 0.0;
+    merge_init(m);
     for (int w = 0; w < STATS_WARPS; w++) acc_fold(m, wred[w]);
     p->nan = m.nan;
     p->posinf = m.posinf;
@@ -390,62 +459,18 @@ __global__ void __launch_bounds__(STATS_THREADS)
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(FULL_MASK, s, o);
     if (lane == 0 && bin < PROBE_HIST_BINS) p->hist[bin] = s;
   }
-}
 
-/* grid = tensors of the batch, block = MERGE_THREADS. Block t folds the
- * partials of tensor t in a fixed order (so the record is reproducible) and
- * writes out[t]. */
-__global__ void __launch_bounds__(MERGE_THREADS)
-    stats_merge_kernel(const stats_desc *__restrict__ desc,
-                       const stats_partial *__restrict__ part,
-                       probe_stats *__restrict__ out) {
-  __shared__ merge_acc wred[MERGE_WARPS];
-  const unsigned int t = blockIdx.x;
-  const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const stats_desc d = desc[t];
-  const stats_partial *p = part + d.chunk_first;
-
-  merge_acc m;
-  m.nan = m.posinf = m.neginf = m.zero = m.sub = m.flush = m.ovf = 0;
-  m.minkey = KEY_NONE_MIN;
-  m.maxkey = KEY_NONE_MAX;
-  m.absmax = 0;
-  m.absmin = ABSMIN_NONE;
-  m.sum = m.sumsq = 0.0;
-  for (unsigned int i = threadIdx.x; i < d.nchunks; i += MERGE_THREADS)
-    acc_fold(m, p[i]);
-  acc_warp_reduce(m);
-  if (lane == 0) wred[warp] = m;
-
-  probe_stats *o = &out[t];
-  for (unsigned int bin = threadIdx.x; bin < PROBE_HIST_BINS;
-       bin += MERGE_THREADS) {
-    unsigned long long s = 0;
-    for (unsigned int i = 0; i < d.nchunks; i++) s += p[i].hist[bin];
-    o->hist[bin] = s;
-  }
+  /* Arrival: every thread's writes of the partial are visible device-wide
+   * before the counter moves; the block that brings it to nchunks merges. */
+  __threadfence();
   __syncthreads();
-
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < MERGE_WARPS; w++) acc_fold(wred[0], wred[w]);
-    const merge_acc &r = wred[0];
-    const float qnan = __uint_as_float(0x7fc00000u);
-    unsigned long long finite = d.n - r.nan - r.posinf - r.neginf;
-    o->count = d.n;
-    o->nan_count = r.nan;
-    o->posinf_count = r.posinf;
-    o->neginf_count = r.neginf;
-    o->zero_count = r.zero;
-    o->f16_subnormal = r.sub;
-    o->f16_flush = r.flush;
-    o->f16_overflow = r.ovf;
-    o->min = finite ? __uint_as_float(f32_unkey(r.minkey)) : qnan;
-    o->max = finite ? __uint_as_float(f32_unkey(r.maxkey)) : qnan;
-    o->absmax = finite ? __uint_as_float(r.absmax) : qnan;
-    o->absmin_nonzero =
-        r.absmin != ABSMIN_NONE ? __uint_as_float(r.absmin) : qnan;
-    o->sum = r.sum;
-    o->sumsq = r.sumsq;
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(&arrived[t], 1u) + 1u == d.nchunks;
+  __syncthreads();
+  if (s_last) {
+    __threadfence();
+    merge_tensor(d, part + d.chunk_first, &out[t], mred);
+    if (threadIdx.x == 0) arrived[t] = 0; /* ready for the next batch */
   }
 }
 
@@ -462,13 +487,14 @@ struct probe_cuda_stats {
   int device;
   cudaStream_t stream;
   int own_stream;
-  cudaEvent_t done;     /* recorded after each batch's copy to the host */
+  cudaEvent_t done;     /* recorded by wait after the batches */
   size_t max_tensors;   /* tensors per launch */
   unsigned int target;  /* blocks one launch aims for (one full wave) */
   /* arena of descriptor/record slots, reset by wait: (arena) entries each */
   size_t arena, used;
   stats_desc *h_desc, *d_desc;
-  probe_stats *h_res, *d_res;
+  probe_stats *h_res, *d_res; /* mapped pinned records: host and device view */
+  unsigned int *d_arrived;    /* (arena) arrival counters, zero between launches */
   stats_partial *d_part; /* (part_cap) partials, reused launch after launch */
   size_t part_cap;
   stats_pending *pend;
@@ -539,9 +565,13 @@ static probe_status ctx_alloc(probe_cuda_stats *c, void *stream) {
   c->arena = 4 * c->max_tensors;
   c->part_cap = c->max_tensors + c->target;
   CUDA_CHECK(cudaMallocHost((void **)&c->h_desc, c->arena * sizeof *c->h_desc));
-  CUDA_CHECK(cudaMallocHost((void **)&c->h_res, c->arena * sizeof *c->h_res));
+  /* the kernel writes the records into host memory: no copy back */
+  CUDA_CHECK(cudaHostAlloc((void **)&c->h_res, c->arena * sizeof *c->h_res,
+                           cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostGetDevicePointer((void **)&c->d_res, c->h_res, 0));
   CUDA_CHECK(cudaMalloc((void **)&c->d_desc, c->arena * sizeof *c->d_desc));
-  CUDA_CHECK(cudaMalloc((void **)&c->d_res, c->arena * sizeof *c->d_res));
+  CUDA_CHECK(cudaMalloc((void **)&c->d_arrived, c->arena * sizeof *c->d_arrived));
+  CUDA_CHECK(cudaMemset(c->d_arrived, 0, c->arena * sizeof *c->d_arrived));
   CUDA_CHECK(cudaMalloc((void **)&c->d_part, c->part_cap * sizeof *c->d_part));
   c->pend = (stats_pending *)calloc(c->arena, sizeof *c->pend);
   if (!c->pend) return PROBE_ERR_NOMEM;
@@ -581,7 +611,7 @@ extern "C" void probe_cuda_stats_destroy(probe_cuda_stats *c) {
   /* Work in flight still writes into our buffers: let it finish first. */
   if (c->stream && c->npend) cudaStreamSynchronize(c->stream);
   if (c->d_part) cudaFree(c->d_part);
-  if (c->d_res) cudaFree(c->d_res);
+  if (c->d_arrived) cudaFree(c->d_arrived);
   if (c->d_desc) cudaFree(c->d_desc);
   if (c->h_res) cudaFreeHost(c->h_res);
   if (c->h_desc) cudaFreeHost(c->h_desc);
@@ -595,7 +625,8 @@ extern "C" void probe_cuda_stats_destroy(probe_cuda_stats *c) {
 /* Waits for every batch and hands the records to their callers. */
 static probe_status ctx_drain(probe_cuda_stats *c) {
   if (c->npend == 0) return PROBE_OK;
-  cudaError_t err = cudaEventSynchronize(c->done);
+  cudaError_t err = cudaEventRecord(c->done, c->stream);
+  if (err == cudaSuccess) err = cudaEventSynchronize(c->done);
   if (err == cudaSuccess) {
     for (size_t i = 0; i < c->npend; i++)
       memcpy(c->pend[i].out, c->h_res + c->pend[i].off,
@@ -604,7 +635,7 @@ static probe_status ctx_drain(probe_cuda_stats *c) {
   c->npend = 0; /* on failure the records are lost, and said to be */
   c->used = 0;
   if (err != cudaSuccess)
-    return cuda_fail_(err, "cudaEventSynchronize(c->done)", __FILE__, __LINE__);
+    return cuda_fail_(err, "cudaEventRecord/Synchronize(c->done)", __FILE__, __LINE__);
   return PROBE_OK;
 }
 
@@ -639,6 +670,15 @@ static unsigned int tensor_dtype(const probe_cuda_tensor *t) {
 static unsigned int dtype_bytes(unsigned int dt) {
   return dt == PROBE_DTYPE_F32 ? 4u
          : (dt == PROBE_DTYPE_F16 || dt == PROBE_DTYPE_BF16) ? 2u : 0u;
+}
+
+/* The record of a tensor with no element, as the merge would write it. */
+static void empty_record(probe_stats *o) {
+  const uint32_t qnan_bits = 0x7fc00000u;
+  float qnan;
+  memcpy(&qnan, &qnan_bits, sizeof qnan);
+  memset(o, 0, sizeof *o);
+  o->min = o->max = o->absmax = o->absmin_nonzero = qnan;
 }
 
 /* One launch for tensors[0..count), count <= max_tensors. */
@@ -680,20 +720,22 @@ static probe_status stats_launch(probe_cuda_stats *c,
     CUDA_CHECK(cudaMalloc((void **)&c->d_part, blocks * sizeof *c->d_part));
     c->part_cap = blocks;
   }
-  CUDA_CHECK(cudaMemcpyAsync(c->d_desc + off, hd, count * sizeof *hd,
-                             cudaMemcpyHostToDevice, c->stream));
+  for (size_t i = 0; i < count; i++)
+    if (hd[i].nchunks == 0) empty_record(&c->h_res[off + i]); /* no block */
   if (blocks > 0) {
+    stats_desc_inline inl;
+    memset(&inl, 0, sizeof inl);
+    if (count <= STATS_INLINE) {
+      memcpy(inl.d, hd, count * sizeof *hd);
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(c->d_desc + off, hd, count * sizeof *hd,
+                                 cudaMemcpyHostToDevice, c->stream));
+    }
     PROBE_LAUNCH(stats_chunk_kernel, (unsigned int)blocks, STATS_THREADS,
-                 c->stream, c->d_desc + off, (unsigned int)count, c->d_part);
+                 c->stream, inl, c->d_desc + off, (unsigned int)count,
+                 c->d_part, c->d_arrived + off, c->d_res + off);
     CUDA_CHECK(cudaGetLastError());
   }
-  PROBE_LAUNCH(stats_merge_kernel, (unsigned int)count, MERGE_THREADS,
-               c->stream, c->d_desc + off, c->d_part, c->d_res + off);
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaMemcpyAsync(c->h_res + off, c->d_res + off,
-                             count * sizeof *c->h_res, cudaMemcpyDeviceToHost,
-                             c->stream));
-  CUDA_CHECK(cudaEventRecord(c->done, c->stream));
   c->pend[c->npend].out = out;
   c->pend[c->npend].off = off;
   c->pend[c->npend].count = count;

@@ -140,10 +140,26 @@ run_bundle() {
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     echo "== bench_stats_gpu"
     t0=$(t_now)
-    if LD_LIBRARY_PATH="$clibs" timeout 200 "$b/bin/bench_stats_gpu" 2>&1 | tee "$LOG/bench_stats_gpu.log"; then
+    LD_LIBRARY_PATH="$clibs" timeout 200 "$b/bin/bench_stats_gpu" >"$LOG/bench_stats_gpu.log" 2>&1
+    rc=$?
+    cat "$LOG/bench_stats_gpu.log"
+    if [ $rc = 0 ]; then
       row "bench bench_stats_gpu" ok "$(t_since "$t0")"
     else
       row "bench bench_stats_gpu" FAIL "$(t_since "$t0")"
+    fi
+    # the Python tracer's cost on a GPU training step (this tree's package
+    # and bench, the bundle's library, the machine's torch)
+    echo "== bench/python_overhead_gpu.py"
+    t0=$(t_now)
+    PYTHONPATH="$b/python" LD_LIBRARY_PATH="$pylibs" AMPPROBE_LIB="$b/lib/libampprobe.so" \
+      timeout 400 python3 bench/python_overhead_gpu.py >"$LOG/python_overhead_gpu.log" 2>&1
+    rc=$?
+    cat "$LOG/python_overhead_gpu.log"
+    if [ $rc = 0 ]; then
+      row "bench python_overhead_gpu.py" ok "$(t_since "$t0")"
+    else
+      row "bench python_overhead_gpu.py" FAIL "$(t_since "$t0")"
     fi
   fi
 }

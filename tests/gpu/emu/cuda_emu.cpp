@@ -109,6 +109,19 @@ emu_cudaError_t cudaMallocManaged(void **p, size_t bytes, unsigned flags) {
 emu_cudaError_t cudaMallocHost(void **p, size_t bytes) {
   return track(p, bytes, cudaMemoryTypeHost);
 }
+emu_cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+  (void)flags;
+  return track(p, bytes, cudaMemoryTypeHost);
+}
+emu_cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags) {
+  (void)flags;
+  *dev = host;
+  return cudaSuccess;
+}
+emu_cudaError_t cudaMemset(void *p, int v, size_t bytes) {
+  memset(p, v, bytes);
+  return cudaSuccess;
+}
 emu_cudaError_t cudaFree(void *p) { return untrack(p); }
 emu_cudaError_t cudaFreeHost(void *p) { return untrack(p); }
 

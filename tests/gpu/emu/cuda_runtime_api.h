@@ -77,6 +77,10 @@ typedef struct emu_cudaPointerAttributes {
 #define cudaMalloc emu_cudaMalloc
 #define cudaMallocManaged emu_cudaMallocManaged
 #define cudaMallocHost emu_cudaMallocHost
+#define cudaHostAlloc emu_cudaHostAlloc
+#define cudaHostGetDevicePointer emu_cudaHostGetDevicePointer
+#define cudaMemset emu_cudaMemset
+#define cudaHostAllocMapped 0x02u
 #define cudaFree emu_cudaFree
 #define cudaFreeHost emu_cudaFreeHost
 #define cudaMemcpy emu_cudaMemcpy
@@ -106,6 +110,11 @@ emu_cudaError_t cudaDeviceSynchronize(void);
 emu_cudaError_t cudaMalloc(void **p, size_t bytes);
 emu_cudaError_t cudaMallocManaged(void **p, size_t bytes, unsigned flags);
 emu_cudaError_t cudaMallocHost(void **p, size_t bytes);
+/* Mapped pinned memory: host memory whose device view is the same address
+ * (as with unified addressing). */
+emu_cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
+emu_cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags);
+emu_cudaError_t cudaMemset(void *p, int v, size_t bytes);
 emu_cudaError_t cudaFree(void *p);
 emu_cudaError_t cudaFreeHost(void *p);
 emu_cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
