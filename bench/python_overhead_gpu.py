@@ -185,6 +185,38 @@ def bench(name, args, dev, tmp):
     return params, recs, med, paired
 
 
+def profile(args, dev):
+    """The traced gpt's step taken apart: wall and CPU time per step,
+    traced and untraced; the Python functions that take the most time
+    (cProfile); the CUDA runtime calls of the process (torch.profiler)."""
+    import cProfile
+    import pstats
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = {v: Job("gpt", v, args, dev, tmp) for v in ("untraced", "ampprobe")}
+        for v, j in jobs.items():
+            j.run(args.warmup)
+            c0 = time.process_time()
+            w = j.run(args.steps)
+            print("%-9s %.2f ms/step wall, %.2f ms/step CPU of the process" % (
+                v, 1e3 * w, 1e3 * (time.process_time() - c0) / args.steps))
+        j = jobs["ampprobe"]
+        pr = cProfile.Profile()
+        pr.enable()
+        j.run(args.steps)
+        pr.disable()
+        print("\ncProfile, %d traced steps, by own time:" % args.steps)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+        from torch.profiler import ProfilerActivity, profile as tprofile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with tprofile(activities=acts) as prof:
+            j.run(3)
+        print("torch.profiler, 3 traced steps, by self CPU time:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        for j in jobs.values():
+            j.close()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -196,6 +228,10 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--profile", action="store_true",
+                    help="instead: where a traced gpt step's time goes "
+                    "(cProfile of the Python side, torch.profiler's CUDA "
+                    "runtime calls of the whole process)")
     args = ap.parse_args()
     for k in ("rounds", "steps", "layers", "dim", "seq", "batch"):
         if getattr(args, k) < 1:
@@ -219,6 +255,8 @@ def main():
           "%d tokens; %d rounds x %d steps after %d warm-up steps, variants interleaved\n"
           % (args.layers, args.dim, args.seq, args.batch, args.batch * args.seq // 8,
              args.rounds, args.steps, args.warmup))
+    if args.profile:
+        return profile(args, dev)
     print("| model | params | records/step | variant | ms/step (median) | overhead (paired median) |")
     print("| --- | ---: | ---: | --- | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
