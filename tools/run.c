@@ -632,6 +632,42 @@ static int dist_agree(run_dist *d, int rc) {
   return (int)v;
 }
 
+/* The ranks train one model on one schedule: every rank's configuration
+ * (probe_config_to_json: model, data, steps, optimizer, scaler, policy) must
+ * be the same. Ranks started with different ones (mpirun's MPMD form with a
+ * different --steps on one rank: the others waited for ever in an
+ * all-reduce; a different scenario: buffers of other lengths summed, and
+ * "healthy", exit 0) all stop with exit 2 before training. Recording options
+ * (--flush-*, --trace, -o) may differ. Returns -1 to go on, or the exit
+ * code. */
+static int dist_same_config(run_dist *d, const probe_train_config *cfg) {
+  if (!d->comm || d->world == 1)
+    return -1;
+  char *json = probe_config_to_json(cfg);
+  uint64_t h = json ? probe_digest64(json, strlen(json), PROBE_DIGEST64_INIT) : 0;
+  free(json);
+  double steps = (double)probe_config_steps(cfg);
+  /* maxima of each 32-bit half and of its negation: min == max everywhere */
+  double v[6] = {(double)(h >> 32), (double)(h & 0xffffffffu), steps,
+                 -(double)(h >> 32), -(double)(h & 0xffffffffu), -steps};
+  if (probe_comm_allreduce_f64(d->comm, v, 6, 1) != PROBE_OK)
+    probe_comm_abort(d->comm, CLI_EXIT_INTERNAL);
+  if (v[0] == -v[3] && v[1] == -v[4])
+    return -1;
+  if (d->rank == 0) {
+    if (v[2] != -v[5])
+      cli_error(SUB, "the ranks were started with different configurations "
+                     "(steps %.0f to %.0f): every rank must train the same "
+                     "model on the same schedule; no rank trains", -v[5], v[2]);
+    else
+      cli_error(SUB, "the ranks were started with different configurations "
+                     "(scenario, --config or a training option differs between "
+                     "them): every rank must train the same model on the same "
+                     "schedule; no rank trains");
+  }
+  return CLI_EXIT_USAGE;
+}
+
 static void dist_close(run_dist *d) {
   probe_comm_close(d->comm);
   d->comm = NULL;
@@ -1227,6 +1263,8 @@ int cmd_run(int argc, char **argv) {
   if (rc < 0)
     rc = run_claim_output(&a, cfg, &d, path, sizeof path, &created);
   int all = dist_agree(&d, rc); /* every rank set up, or none trains */
+  if (all < 0 && (all = dist_same_config(&d, cfg)) >= 0)
+    rc = all; /* said once, by rank 0 */
   if (all >= 0) {
     if (rc < 0 && d.rank == 0)
       cli_error(SUB, "another rank failed to set up (its error is above); "

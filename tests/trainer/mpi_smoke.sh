@@ -129,6 +129,34 @@ for r in 0 1 2 3; do
   fi
 done
 
+# ---- ranks started with different configurations (MPMD) ----------------------------
+# one rank with another --steps waited for ever in an all-reduce; another
+# scenario on one rank summed buffers of other lengths and said healthy, exit 0.
+# Now every rank stops before training, exit 2, no trace left; recording
+# options may differ (the killed-rank case above trains with them).
+mismatch() { # name, then the second rank's extra arguments
+  local name=$1; shift
+  rm -f "$dir"/m.rank*.h5
+  timeout 120 mpirun --oversubscribe \
+    -np 1 "$AMPPROBE" run --scenario healthy-dp --steps 8 -o "$dir/m.h5" -q \
+    : -np 1 "$AMPPROBE" run -o "$dir/m.h5" -q "$@" \
+    : -np 1 "$AMPPROBE" run --scenario healthy-dp --steps 8 -o "$dir/m.h5" -q \
+    >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  local n
+  n=$(grep -c "different configurations" "$dir/err")
+  if [ $rc = 2 ] && [ "$n" = 1 ] && ! ls "$dir"/m.rank*.h5 >/dev/null 2>&1; then
+    ok "$name: exit 2, $(grep "different configurations" "$dir/err" | cut -c1-110)"
+  else
+    cat "$dir/err"; fail "$name: exit $rc (124: hung), said $n times"
+  fi
+}
+mismatch "one rank with --steps 5" --scenario healthy-dp --steps 5
+mismatch "one rank with another scenario" --scenario healthy --steps 8
+mismatch "one rank with another --lr" --scenario healthy-dp --steps 8 --lr 0.01
+grep -q "steps 5 to 8" <(mismatch "steps named" --scenario healthy-dp --steps 5; cat "$dir/err") ||
+  fail "the steps of the ranks are not named"
+
 # ---- --ranks ---------------------------------------------------------------------
 if "$AMPPROBE" run --ranks 2 --scenario healthy-dp --steps 5 -o "$dir/r.h5" \
     -q >"$dir/out" 2>"$dir/err"; then
