@@ -112,12 +112,18 @@ typedef struct probe__jleaf {
 typedef struct probe__jflat {
   probe__jleaf *leaf;
   size_t n, cap;
+  const probe__jleaf **by_path; /* (n) leaves by path, then document order */
 } probe__jflat;
 
+/* The longest JSON text parsed: a trace's configuration is a few KiB; a
+ * hostile 40 MB one took 2.1 GB and 76 s as leaves. */
+#define PROBE__JFLAT_MAX_BYTES (4u << 20)
+
 /* PROBE_OK, PROBE_ERR_CONFIG for text that is not JSON (or nested deeper
- * than 32), PROBE_ERR_NOMEM. */
+ * than 32, or longer than PROBE__JFLAT_MAX_BYTES), PROBE_ERR_NOMEM. */
 probe_status probe__jflat_parse(probe__jflat *f, const char *text);
 void probe__jflat_free(probe__jflat *f);
+/* The first leaf (in document order) at path, or NULL: O(log n). */
 const probe__jleaf *probe__jflat_get(const probe__jflat *f, const char *path);
 
 /* Rows per chunked read (diag and diff options): 0 is the default, more
