@@ -154,7 +154,8 @@ __device__ __forceinline__ unsigned int f32_unkey(unsigned int k) {
 
 /* ---- the per-element step -------------------------------------------------- */
 
-__device__ __forceinline__ void acc_init(stats_acc &a) {
+/* The empty accumulator (both kinds: per thread and merge-side). */
+template <typename A> __device__ __forceinline__ void acc_init(A &a) {
   a.nan = a.posinf = a.neginf = a.zero = a.sub = a.flush = a.ovf = 0;
   a.minkey = KEY_NONE_MIN;
   a.maxkey = KEY_NONE_MAX;
@@ -320,15 +321,6 @@ __device__ __forceinline__ void acc_fold(D &dst, const S &src) {
 
 /* ---- kernels ---------------------------------------------------------------- */
 
-__device__ __forceinline__ void merge_init(merge_acc &m) {
-  m.nan = m.posinf = m.neginf = m.zero = m.sub = m.flush = m.ovf = 0;
-  m.minkey = KEY_NONE_MIN;
-  m.maxkey = KEY_NONE_MAX;
-  m.absmax = 0;
-  m.absmin = ABSMIN_NONE;
-  m.sum = m.sumsq = 0.0;
-}
-
 /* The whole block folds the nchunks partials at p of tensor d, in a fixed
  * order (so the record is reproducible), into *o. wred: shared, one entry
  * per warp. Called by every thread of a block (it has barriers). */
@@ -337,7 +329,7 @@ __device__ void merge_tensor(const stats_desc &d,
                              probe_stats *__restrict__ o, merge_acc *wred) {
   const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   merge_acc m;
-  merge_init(m);
+  acc_init(m);
   for (unsigned int i = threadIdx.x; i < d.nchunks; i += STATS_THREADS)
     acc_fold(m, p[i]);
   acc_warp_reduce(m);
@@ -430,7 +422,7 @@ __global__ void __launch_bounds__(STATS_THREADS)
   stats_partial *p = &part[b];
   if (threadIdx.x == 0) {
     merge_acc m;
-    merge_init(m);
+    acc_init(m);
     for (int w = 0; w < STATS_WARPS; w++) acc_fold(m, wred[w]);
     p->nan = m.nan;
     p->posinf = m.posinf;

@@ -67,6 +67,20 @@ fi
 # Each program runs with CK_FORK=no (CUDA does not survive fork); 77 is a
 # skip. The loader path: the bundle's libraries, then the directories of the
 # machine's own libcublas/libnccl (its CUDA toolkit or its PyTorch's wheels).
+# One benchmark of the bundle: name, loader path, time limit, command; its
+# output shown and kept in $LOG/name.log, a row for the table.
+bundle_bench() {
+  local name=$1 libs=$2 limit=$3 t0 rc
+  shift 3
+  echo "== $name"
+  t0=$(t_now)
+  LD_LIBRARY_PATH="$libs" timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
+  rc=$?
+  cat "$LOG/$name.log"
+  if [ $rc = 0 ]; then row "bench $name" ok "$(t_since "$t0")"
+  else row "bench $name (exit $rc)" FAIL "$(t_since "$t0")"; fi
+}
+
 run_bundle() {
   local dir=/tmp/ampprobe-gpu-bundle t0 rc p
   rm -rf "$dir" && mkdir -p "$dir"
@@ -138,29 +152,11 @@ run_bundle() {
     *) row "python test_cuda.py (exit $rc)" FAIL "$(t_since "$t0")" ;;
   esac
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    echo "== bench_stats_gpu"
-    t0=$(t_now)
-    LD_LIBRARY_PATH="$clibs" timeout 200 "$b/bin/bench_stats_gpu" >"$LOG/bench_stats_gpu.log" 2>&1
-    rc=$?
-    cat "$LOG/bench_stats_gpu.log"
-    if [ $rc = 0 ]; then
-      row "bench bench_stats_gpu" ok "$(t_since "$t0")"
-    else
-      row "bench bench_stats_gpu" FAIL "$(t_since "$t0")"
-    fi
+    bundle_bench bench_stats_gpu "$clibs" 200 "$b/bin/bench_stats_gpu"
     # the Python tracer's cost on a GPU training step (this tree's package
     # and bench, the bundle's library, the machine's torch)
-    echo "== bench/python_overhead_gpu.py"
-    t0=$(t_now)
-    PYTHONPATH="$b/python" LD_LIBRARY_PATH="$pylibs" AMPPROBE_LIB="$b/lib/libampprobe.so" \
-      timeout 400 python3 bench/python_overhead_gpu.py >"$LOG/python_overhead_gpu.log" 2>&1
-    rc=$?
-    cat "$LOG/python_overhead_gpu.log"
-    if [ $rc = 0 ]; then
-      row "bench python_overhead_gpu.py" ok "$(t_since "$t0")"
-    else
-      row "bench python_overhead_gpu.py" FAIL "$(t_since "$t0")"
-    fi
+    PYTHONPATH="$b/python" AMPPROBE_LIB="$b/lib/libampprobe.so" \
+      bundle_bench python_overhead_gpu "$pylibs" 400 python3 bench/python_overhead_gpu.py
   fi
 }
 
