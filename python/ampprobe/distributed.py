@@ -10,6 +10,7 @@ torch.
 """
 import os
 import re
+import sys
 import time
 import uuid
 
@@ -116,6 +117,30 @@ def _result_tensor(v):
     return v
 
 
+# DistributedDataParallel's method that runs the comm hook on a rank that
+# has joined (ddp.join(), torch.distributed.algorithms.Join: uneven
+# inputs), once per backward of the ranks still training, with zero-filled
+# buckets (torch 1.13 to 2.x). The reducer calls the hook from it directly,
+# on the same thread; in a backward the hook's callers are autograd's.
+_SHADOW_CALLERS = frozenset(["_match_all_reduce_for_bwd_pass"])
+
+
+def _join_shadow(depth=6):
+    """True when the comm hook runs for DDP's join shadow (its caller,
+    a few Python frames up, is _match_all_reduce_for_bwd_pass), not for a
+    backward of this rank."""
+    try:
+        f = sys._getframe(2)
+    except ValueError:  # called with no caller's frame
+        return False
+    while f is not None and depth > 0:
+        if f.f_code.co_name in _SHADOW_CALLERS:
+            return True
+        f = f.f_back
+        depth -= 1
+    return False
+
+
 class BucketRecorder:
     """A DDP communication hook (ddp.register_comm_hook(None, rec.hook):
     DDP wants a function or method, not a callable object)
@@ -134,6 +159,10 @@ class BucketRecorder:
     pre = the bucket as DDP hands it to that hook, post = the tensor its
     future returns.
 
+    On a rank that has joined (ddp.join(): uneven inputs) DDP calls the
+    hook with zero buckets to match the other ranks' all-reduces: they are
+    all-reduced and not recorded, and no step is opened (_join_shadow).
+
     The hook waits for each bucket's all-reduce before returning (so that
     it records from the backward's own thread): communication does not
     overlap the rest of the backward while traced. A traced step costs two
@@ -151,6 +180,7 @@ class BucketRecorder:
         self.prediv = bool(prediv)
         self.group = group
         self.buckets = 0  # buckets seen (tests, diagnostics)
+        self.shadowed = 0  # of them, a joined rank's shadows (ddp.join())
 
     def hook(self, state, bucket):
         """The recorder as a plain function, as register_comm_hook wants."""
@@ -179,6 +209,19 @@ class BucketRecorder:
         # DDP cannot unregister a hook: after tracer.close() it all-reduces
         # (or runs the job's hook) without recording.
         recording = not tr._closed
+        if _join_shadow():
+            # This rank has joined (uneven inputs, ddp.join()): DDP calls
+            # the hook with zero buckets to match the all-reduces of ranks
+            # still training. No forward of this rank ran: the all-reduce
+            # is done, not recorded, and no step is opened (one held the
+            # others' gradients under this rank's next step number, after
+            # its last real step). Each shadowed backward (its last
+            # bucket) takes a step number, so that a later step of this
+            # rank (the next epoch) has the number the other ranks give it.
+            self.shadowed += 1
+            if not tr._closed and bucket.is_last():
+                tr._joined_step()
+            recording = False
         if recording:
             tr._ensure_step()
             recording = tr._recording

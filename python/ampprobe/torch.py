@@ -1228,6 +1228,9 @@ class Tracer:
         #                 or not fp32/fp16/bf16)
         self._closed = False
         self.comm_recorder = None  # the registered BucketRecorder, if any
+        # backwards of the other ranks this rank shadowed after it joined
+        # (ddp.join(): uneven inputs); not steps of this trace
+        self.joined_steps = 0
         self._attach(model, kinds, loss_fn, record_input)
         if self.ddp is not None and comm_hook is not False:
             self.comm_recorder = _dist.register(
@@ -1450,6 +1453,17 @@ class Tracer:
     def _ensure_step(self):
         if self._step is None:
             self.begin_step(self._next)
+
+    def _joined_step(self):
+        """One backward of the other ranks that this rank, joined (DDP's
+        join(), uneven inputs), shadowed with no step of its own (the comm
+        hook, distributed.BucketRecorder): the step number is taken, so
+        that this rank's next step (a next epoch) is numbered as the other
+        ranks number it. A step open here (begun by hand) keeps its
+        number."""
+        self.joined_steps += 1
+        if self._step is None:
+            self._next += 1
 
     def _gate(self, L):
         """How this forward of L's module is traced: "record" (a forward of

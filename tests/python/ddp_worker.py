@@ -26,6 +26,22 @@ Scenarios:
              MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32);
              rank BAD_RANK's batch holds a NaN at step BAD_STEP
 
+Uneven inputs (DDP's join(); run with 3 ranks): the Net with a
+LossScaler and the weight digest, each rank's loop under
+`with ddp.join():`, its number of batches per epoch from JOIN (a rank
+that runs out joins: DDP shadows the others' all-reduces through the comm
+hook); a NaN in (rank, step)'s batch (then FP16 emulation, as bad-input;
+without one bf16, as healthy), steps numbered by the longest rank:
+  join-nan      batches 3, 5, 5; NaN on rank 2 at step 4 (rank 0 joined)
+  join-healthy  batches 3, 5, 5; no NaN
+  join-two      batches 2, 3, 5 (ranks 0 and 1 join at different steps);
+                NaN on rank 2 at step 3 (all-reduced with two joined
+                ranks); the job's own hook (torch's allreduce_hook),
+                wrapped
+  join-last     batches 3, 5, 5; NaN on rank 0 at step 2, its last batch
+  join-epochs   two epochs, batches 3, 5, 5 then 3, 3, 3; no NaN (rank
+                0's second epoch is steps 5-7, as the others')
+
 usage: ddp_worker.py OUT SCENARIO...
 """
 import json
@@ -50,6 +66,14 @@ STEPS = 4
 BAD_RANK, BAD_STEP = 1, 2
 G_ELEM = 40000.0  # the overflow scenario's per-rank gradient element
 DRIFT_RANK, DRIFT_STEP = 1, 1
+# scenario: (batches of rank 0, 1, 2 in each epoch), (rank, step) of the NaN
+JOIN = {
+    "join-nan": ([(3, 5, 5)], (2, 4)),
+    "join-healthy": ([(3, 5, 5)], None),
+    "join-two": ([(2, 3, 5)], (2, 3)),
+    "join-last": ([(3, 5, 5)], (0, 2)),
+    "join-epochs": ([(3, 5, 5), (3, 3, 3)], None),
+}
 
 
 def run_net(out, scenario, rank, world):
@@ -89,6 +113,47 @@ def run_net(out, scenario, rank, world):
                 model.head.bias[0] += 1e-3
         tr.end_step(loss=loss, optimizer=opt, grad_norm=n, max_norm=1.0)
         losses.append(float(loss))
+    return tr, losses
+
+
+def run_join(out, scenario, rank, world):
+    """Uneven inputs under ddp.join() (JOIN)."""
+    epochs, bad = JOIN[scenario]
+    torch.manual_seed(0)
+    model = Net()
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 256
+    ddp = DDP(model, bucket_cap_mb=0.0001)  # several buckets, as run_net
+    loss_fn = ProbNLL()
+    kw = {}
+    if scenario == "join-two":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        kw = dict(comm_hook=default_hooks.allreduce_hook, comm_state=None)
+    fp16 = bad is not None  # as bad-input; a job with no NaN as healthy
+    tr = at.Tracer(ddp, os.path.join(out, "trace.h5"),
+                   kinds={RevINLike: "revin"}, loss_fn=loss_fn,
+                   precision="fp16" if fp16 else "bf16", emulate_fp16=fp16,
+                   weight_digest=True, on_nonfinite="warn",
+                   config={"name": "ddp-" + scenario}, **kw)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+    scaler = at.LossScaler(init_scale=1.0, enabled=fp16)
+    tr.attach_scaler(scaler)
+    losses, base = [], 0
+    for counts in epochs:
+        with ddp.join():
+            for step in range(base, base + counts[rank]):
+                x, y = data(step * world + rank, nan=(rank, step) == bad)
+                with tr.autocast():
+                    loss = loss_fn(ddp(x), y)
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+                tr.end_step(loss=loss, optimizer=opt, grad_norm=n,
+                            max_norm=1.0)
+                losses.append(float(loss))
+        base += max(counts)
     return tr, losses
 
 
@@ -183,7 +248,8 @@ def main():
         d = os.path.join(out, sc)
         os.makedirs(d, exist_ok=True)
         run = {"overflow": run_linear, "prediv": run_linear,
-               "fsdp": run_fsdp, "fsdp-mp": run_fsdp_mp}.get(sc, run_net)
+               "fsdp": run_fsdp, "fsdp-mp": run_fsdp_mp}.get(
+                   sc, run_join if sc in JOIN else run_net)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", at.NonFiniteWarning)
             tr, losses = run(d, sc, rank, world)
@@ -192,7 +258,9 @@ def main():
                 "rank": tr.rank, "world_size": tr.world_size,
                 "run_id": tr.run_id, "path": tr.path, "losses": losses,
                 "buckets": tr.comm_recorder.buckets
-                if tr.comm_recorder else 0}
+                if tr.comm_recorder else 0,
+                "shadowed": getattr(tr.comm_recorder, "shadowed", 0),
+                "joined_steps": getattr(tr, "joined_steps", 0)}
         tr.close()
         with open(os.path.join(d, "rank%d.json" % rank), "w") as f:
             json.dump(info, f)

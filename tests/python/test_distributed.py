@@ -418,6 +418,170 @@ def test_example_ddp_by_spawn(tmp_path):
         assert doc["origin"]["carried_to"] == [0], doc["origin"]
 
 
+# ---- uneven inputs: DDP's join() (three ranks) ----------------------------------
+# A rank out of batches joins: DDP calls the comm hook with zero buckets to
+# shadow the others' all-reduces, with no forward of that rank. The tracer
+# opened a step there and filed the others' all-reduces under it: the
+# post-mortem named the joined rank at the wrong step, "born in the
+# all-reduce", and a healthy job "ended early" a step late.
+
+JOIN_WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def join_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("join")
+    t0 = time.time()
+    launch(str(out), list(W.JOIN), world=JOIN_WORLD)
+    print("3-rank gloo join() job, %d scenarios: %.1f s" % (
+        len(W.JOIN), time.time() - t0))
+    return out
+
+
+def _join_seen(job, sc):
+    out = []
+    for r in range(JOIN_WORLD):
+        with open(job / sc / ("rank%d.json" % r)) as f:
+            out.append(json.load(f))
+    return out
+
+
+def _join_steps(job, sc, rank):
+    """(the steps table's steps, the steps of the records) of rank's trace,
+    and the count of all-reduce records per step."""
+    t = ampprobe.read_trace(str(job / sc / ("trace.rank%d.h5" % rank)))
+    r = t["records"]
+    ar = r[(r["site"] == PRE) | (r["site"] == POST)]
+    per = {int(k): int((ar["step"] == k).sum()) for k in set(ar["step"])}
+    return [int(x) for x in t["steps"]["step"]], sorted(
+        set(int(x) for x in r["step"])), per, t
+
+
+def _check_joined(job, sc, rank, steps, shadowed_steps):
+    """The joined rank's trace: its real steps and no other, each with
+    its own all-reduces (as many as a step of a rank that did not join),
+    every scalar measured; the tracer counted the backwards it shadowed."""
+    got, rec_steps, per, t = _join_steps(job, sc, rank)
+    assert got == steps, (sc, rank, got)
+    assert rec_steps == steps, (sc, rank, rec_steps)
+    _, _, full, tl = _join_steps(job, sc, JOIN_WORLD - 1)  # never joins
+    assert set(per) == set(steps) and all(per[k] == full[k] for k in steps), (
+        per, full)
+    # the scalars the job gave, as on the last rank (the phantom step had
+    # none: loss and scale "not measured")
+    um = dict(zip(tl["steps"]["step"], tl["steps"]["unmeasured"]))
+    assert [int(u) for u in t["steps"]["unmeasured"]] == [
+        int(um[k]) for k in steps], (t["steps"]["unmeasured"], um)
+    seen = _join_seen(job, sc)[rank]
+    assert seen["joined_steps"] == shadowed_steps, seen
+    assert seen["shadowed"] > 0 and seen["buckets"] > seen["shadowed"], seen
+
+
+def _ranks_entry(doc, rank):
+    return [e for e in doc["ranks"] if e["rank"] == rank][0]
+
+
+def test_join_nan_names_the_rank_and_step(join_job):
+    # rank 0 has 3 batches, ranks 1-2 five; rank 2's batch of step 4 holds
+    # a NaN. It was: first non-finite rank 0 step 3 (a step rank 0 never
+    # ran), "born in the all-reduce", fix "all-reduce in FP32".
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-nan")))
+    first = doc["first_nonfinite"]
+    assert (first["rank"], first["step"], first["layer"], first["site"]) == (
+        2, 4, "input", "fwd_out"), first
+    o = doc["origin"]
+    assert o["kind"] == "rank" and o["step"] == 4, o
+    assert o["born_on"] == [2] and o["carried_to"] == [1], o
+    assert "all-reduce in fp32" not in (o["next_step"] or "").lower(), o
+    assert doc["verdict"] == "diverged" and doc["disagreements"] == []
+    e0 = _ranks_entry(doc, 0)
+    assert (e0["steps"], e0["last_step"], e0["first_nonfinite"]) == (
+        3, 2, None), e0
+    _check_joined(join_job, "join-nan", 0, [0, 1, 2], 2)
+    # the NaN rank warned for its own batch; rank 0 saw nothing
+    seen = _join_seen(join_job, "join-nan")
+    assert seen[0]["warnings"] == [] and len(seen[2]["warnings"]) == 1, seen
+
+
+def test_join_healthy_job(join_job):
+    # no NaN: nothing non-finite, no disagreement, and rank 0's trace ends
+    # at its last step, 2 (it had a step 3 of NaN loss holding the others'
+    # all-reduces, and the post-mortem said "ended early ... at step 3")
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-healthy")))
+    assert doc["first_nonfinite"] is None and doc["origin"]["kind"] == "none"
+    assert doc["disagreements"] == [] and doc["ranks_not_closed"] == 0
+    e0 = _ranks_entry(doc, 0)
+    assert (e0["steps"], e0["last_step"], e0["complete"]) == (3, 2, True), e0
+    for r in (1, 2):
+        assert _ranks_entry(doc, r)["last_step"] == 4
+    _check_joined(join_job, "join-healthy", 0, [0, 1, 2], 2)
+    # libprobe's post-mortem cannot tell a rank that joined from one that
+    # left by an exception: it says "ended early" (degraded) and nothing
+    # else (test_join_healthy_verdict)
+    assert doc["verdict"] == "healthy" or (
+        doc["verdict"] == "degraded" and doc["ended_early"] == [0]), doc
+
+
+@pytest.mark.xfail(strict=True, reason="the C post-mortem counts a rank "
+                   "that left by DDP's join() as 'ended early' (degraded); "
+                   "it needs a mark in the trace that the rank joined")
+def test_join_healthy_verdict(join_job):
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-healthy")))
+    assert doc["verdict"] == "healthy", doc["ended_early"]
+
+
+def test_join_two_ranks_join_at_different_steps(join_job):
+    # batches 2, 3, 5 (the job's own hook, wrapped): ranks 0 and 1 join
+    # after steps 1 and 2; rank 2's batch of step 3 holds a NaN, summed
+    # with the zeros of two joined ranks. It was: rank 0 at step 2, "born
+    # in the all-reduce".
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-two")))
+    first = doc["first_nonfinite"]
+    assert (first["rank"], first["step"], first["layer"], first["site"]) == (
+        2, 3, "input", "fwd_out"), first
+    o = doc["origin"]
+    assert o["kind"] == "rank" and o["born_on"] == [2], o
+    assert o["carried_to"] == [], o
+    assert sorted(o["never_nonfinite"]) == [0, 1], o
+    for r, last in ((0, 1), (1, 2), (2, 4)):
+        assert _ranks_entry(doc, r)["last_step"] == last
+    _check_joined(join_job, "join-two", 0, [0, 1], 3)
+    _check_joined(join_job, "join-two", 1, [0, 1, 2], 2)
+
+
+def test_join_the_joining_rank_goes_bad(join_job):
+    # rank 0's last batch (step 2) holds the NaN, then it joins: born on
+    # rank 0 at step 2, carried to 1-2; rank 0's trace ends at step 2
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-last")))
+    first = doc["first_nonfinite"]
+    assert (first["rank"], first["step"], first["layer"]) == (
+        0, 2, "input"), first
+    o = doc["origin"]
+    assert o["born_on"] == [0] and o["carried_to"] == [1, 2], o
+    assert doc["disagreements"] == []
+    _check_joined(join_job, "join-last", 0, [0, 1, 2], 2)
+
+
+def test_join_each_epoch_keeps_the_step_numbers(join_job):
+    # two epochs under join(), batches 3, 5, 5 then 3 each: rank 0's second
+    # epoch is steps 5-7 as on the other ranks (it was 3-5: its first step
+    # of epoch 2 also held the shadowed all-reduces, the digests of steps
+    # 3-5 disagreed, and it "ended early" at 5); the job ends together,
+    # healthy
+    doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-epochs")))
+    _check_joined(join_job, "join-epochs", 0, [0, 1, 2, 5, 6, 7], 2)
+    digests = {}
+    for r in range(JOIN_WORLD):
+        _, _, _, t = _join_steps(join_job, "join-epochs", r)
+        digests[r] = {int(s): int(d) for s, d in
+                      zip(t["steps"]["step"], t["steps"]["weight_digest"])}
+    for s in (5, 6, 7):  # after DDP's final sync of epoch 1: equal weights
+        assert len({digests[r][s] for r in range(JOIN_WORLD)}) == 1, s
+    assert doc["disagreements"] == [] and doc["ended_early"] == [], doc
+    assert doc["first_nonfinite"] is None
+    assert doc["verdict"] == "healthy", doc
+
+
 # ---- in-process: naming, identity, digest -------------------------------------
 
 def _small(tmp_path, name, **kw):
