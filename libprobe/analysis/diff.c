@@ -196,10 +196,16 @@ static int site_is_input(int site) {
          site == PROBE_SITE_GRAD_OUT;
 }
 
-/* Gradient sites hold scaled gradients: compare them unscaled. */
+/* Gradient sites hold scaled gradients: compare them unscaled. The
+ * all-reduce's two sites are the same scaled gradients as this rank sent
+ * them and as the sum returned them (docs/trace-format.md, "Multi-rank
+ * traces"): left scaled, an FP16 run (scale 1024) differs from an FP32 one
+ * by exactly 1 - 1/1024 there. */
 static int site_is_grad(int site) {
   return site == PROBE_SITE_GRAD_IN || site == PROBE_SITE_GRAD_OUT ||
-         site == PROBE_SITE_WEIGHT_GRAD;
+         site == PROBE_SITE_WEIGHT_GRAD ||
+         site == PROBE_SITE_GRAD_PRE_ALLREDUCE ||
+         site == PROBE_SITE_GRAD_POST_ALLREDUCE;
 }
 
 /* ---- the comparison ------------------------------------------------------ */

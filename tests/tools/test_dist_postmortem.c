@@ -88,6 +88,14 @@ typedef struct job {
   int local_loss;   /* each rank logs its own loss (the Python tracer), not
                        the job's mean: NaN on the NaN input's rank, and on
                        every rank once the weights are NaN */
+  double grad_scale; /* > 0: every step's loss scale, and every gradient
+                        record (grad_in, weight_grad, the all-reduce's)
+                        holds the gradients scaled by it, as the trainer's
+                        (1: an FP32 run; 0: the default 65536, unscaled
+                        records) */
+  int64_t post_off_from; /* from this step fc2's all-reduce returns twice
+                            the sum on every rank (a real divergence of
+                            the all-reduce alone); 0 = never */
   fault f[MAX_WORLD];
 } job;
 
@@ -175,6 +183,11 @@ static int wopen(wr *w, const job *j, int r, const char *run_id) {
   return 0;
 }
 
+/* The factor of the gradient records (job.grad_scale). */
+static float grad_mul(const job *j) {
+  return j->grad_scale > 0 ? (float)j->grad_scale : 1.0f;
+}
+
 /* Backward of one parameterised layer: its local gradient, the bucket sent
  * into the all-reduce and the bucket it returned. */
 static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
@@ -182,12 +195,15 @@ static void backward_layer(wr *w, const job *j, int r, int64_t step, int layer,
   const fault *f = &j->f[r];
   int local = fwd_bad || (layer == f->grad_inf_layer && f->grad_inf_step == step);
   int mine = local ? (fwd_bad ? 1 : 2) : 0;
-  rec(w, layer, PROBE_SITE_WEIGHT_GRAD, 4.0f, mine);
+  float g = 4.0f * grad_mul(j);
+  rec(w, layer, PROBE_SITE_WEIGHT_GRAD, g, mine);
   if (j->no_allreduce) return;
   int cast = layer == L_FC2 && f->cast_inf_step == step;
-  rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, 4.0f, mine ? mine : cast ? 2 : 0);
+  rec(w, layer, PROBE_SITE_GRAD_PRE_ALLREDUCE, g, mine ? mine : cast ? 2 : 0);
   int post = any_pre_bad(j, step, layer) ? 1 : any_post_inf(j, step, layer) ? 2 : 0;
-  rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, 4.0f * (float)j->world, post);
+  float off = layer == L_FC2 && j->post_off_from > 0 && step >= j->post_off_from
+                  ? 2.0f : 1.0f;
+  rec(w, layer, PROBE_SITE_GRAD_POST_ALLREDUCE, g * (float)j->world * off, post);
 }
 
 /* The first step with a NaN input on any rank, -1 none. */
@@ -213,7 +229,7 @@ static void write_records(wr *w, const job *j, int r, int64_t step) {
   rec(w, L_FC1, PROBE_SITE_FWD_OUT, 2.0f, bad || f->masked_step == step);
   rec(w, L_FC2, PROBE_SITE_FWD_OUT, 2.0f, bad);
   rec(w, L_LOSS, PROBE_SITE_FWD_OUT, 1.0f, bad);
-  rec(w, L_LOSS, PROBE_SITE_GRAD_IN, 1.0f,
+  rec(w, L_LOSS, PROBE_SITE_GRAD_IN, grad_mul(j),
       bad ? 1 : f->grad_in_inf_step == step ? 2 : 0);
   backward_layer(w, j, r, step, L_FC2, bad);
   backward_layer(w, j, r, step, L_FC1, bad);
@@ -237,6 +253,7 @@ static void write_step(wr *w, const job *j, int r, int64_t step) {
     s.loss = f->nan_input_step == step || (j->nan_update && s0 >= 0 && step > s0)
                  ? NAN : 1.0 / (double)(step + 1);
   s.loss_scale = 65536.0;
+  if (j->grad_scale > 0) s.loss_scale = j->grad_scale;
   if (f->scale_from >= 0 && step >= f->scale_from) s.loss_scale = 32768.0;
   s.found_inf = found;
   s.skipped = found || f->skip_step == step;
@@ -1337,6 +1354,88 @@ START_TEST(test_cli_diff_sets) {
 }
 END_TEST
 
+/* The all-reduce's records hold scaled gradients, as weight_grad does:
+ * diff compares them unscaled. An FP32 set (scale 1) against an FP16 one
+ * (scale 1024) of the same gradients agrees - as sets, as a pair of rank
+ * files and in report's baseline panel - where they read DIVERGE at
+ * grad_pre_allreduce with rel 1 - 1/1024 = 0.999 (hunt F3, 2026-12). A
+ * real difference of the all-reduce alone (fc2's sum doubled from step 2)
+ * still diverges, there and from then. */
+START_TEST(test_cli_diff_sets_loss_scale) {
+  static char out[1 << 20];
+  char args[1200];
+  job a, b, c;
+  job_init(&a, "scale32", 3, 10);
+  a.grad_scale = 1.0;
+  write_job(&a);
+  job_init(&b, "scale16", 3, 10);
+  b.grad_scale = 1024.0;
+  write_job(&b);
+  job_init(&c, "scale16off", 3, 10);
+  c.grad_scale = 1024.0;
+  c.post_off_from = 2;
+  write_job(&c);
+  /* sets */
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, b.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "verdict: AGREE"), "%s", out);
+  ck_assert_msg(!strstr(out, "DIVERGE"), "%s", out);
+  /* one pair of rank files: no row differs at all */
+  char pa[256], pb[256], pc[256];
+  rank_path(&a, 1, pa, sizeof pa);
+  rank_path(&b, 1, pb, sizeof pb);
+  rank_path(&c, 1, pc, sizeof pc);
+  snprintf(args, sizeof args, "diff --json '%s' '%s'", pa, pb);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")), "agree");
+  json_t *rows = json_object_get(doc, "layers");
+  int allreduce_rows = 0;
+  for (size_t i = 0; i < json_array_size(rows); i++) {
+    json_t *e = json_array_get(rows, i);
+    allreduce_rows += strstr(json_string_value(json_object_get(e, "site")),
+                             "allreduce") != NULL;
+    ck_assert_msg(json_number_value(json_object_get(e, "max_rel_rms")) < 1e-6,
+                  "%s/%s differs",
+                  json_string_value(json_object_get(e, "layer")),
+                  json_string_value(json_object_get(e, "site")));
+  }
+  ck_assert_int_eq(allreduce_rows, 4); /* pre and post of fc1 and fc2 */
+  json_decref(doc);
+  /* report's baseline panel */
+  char page[256];
+  snprintf(page, sizeof page, "%s/page.html", b.dir);
+  snprintf(args, sizeof args, "report -q '%s' --baseline '%s' -o '%s'", pb, pa,
+           page);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  FILE *f = fopen(page, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, sizeof out - 1, f);
+  out[got] = '\0';
+  fclose(f);
+  ck_assert_msg(strstr(out, "A and B agree within tolerance"), "no agreement");
+  ck_assert_msg(!strstr(out, "A diverges from B"), "a divergence");
+  /* a real divergence in the all-reduce: found where it is */
+  snprintf(args, sizeof args, "diff '%s' '%s'", a.dir, c.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "verdict: DIVERGE"), "%s", out);
+  snprintf(args, sizeof args, "diff --json '%s' '%s'", pa, pc);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")),
+                   "diverge");
+  json_t *intro = json_object_get(json_object_get(doc, "divergence"),
+                                  "introduction_point");
+  ck_assert_str_eq(json_string_value(json_object_get(intro, "layer")), "fc2");
+  ck_assert_str_eq(json_string_value(json_object_get(intro, "site")),
+                   "grad_post_allreduce");
+  ck_assert_int_ge(json_integer_value(json_object_get(intro, "step")), 2);
+  json_decref(doc);
+}
+END_TEST
+
 /* A side that is not one job is refused as the post-mortem refuses it
  * (exit 2, the files named): it was compared, one of two files of a rank
  * picked at will, ranks of two jobs or world sizes paired (hunt,
@@ -2088,6 +2187,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_sets);
   tcase_add_test(tc, test_cli_diff_sets);
   tcase_add_test(tc, test_cli_diff_sets_one_job);
+  tcase_add_test(tc, test_cli_diff_sets_loss_scale);
   tcase_add_test(tc, test_lost_origin_with_scaler);
   tcase_add_test(tc, test_allreduce_origin_on_a_short_rank);
   tcase_add_test(tc, test_backoff_coincides_with_nan);
