@@ -767,7 +767,7 @@ static int64_t short_ranks(const probe_ranks *r, char *buf, size_t cap,
  * finite gradients does not overflow - so the text leads with them and
  * the fix is to read them, not to change the all-reduce. */
 static void text_allreduce_origin(probe_ranks *r, const char *carried) {
-  char cast[160], lost[160], shrt[64], unseen[344], fixwho[352];
+  char cast[160], lost[160], shrt[64], unseen[360], fixwho[352];
   probe__rank_list(r, 0, PROBE_RANK_ROLE_CAST, cast, sizeof cast);
   int64_t n_lost = r->n_missing + r->n_unreadable;
   int64_t nl = probe__rank_list(r, 1, PROBE_RANK_MISSING, lost, sizeof lost);
@@ -778,13 +778,18 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
   const char *layer = r->entries[r->first].nf_layer_name;
   const char *who = nl == 0 ? "" : nl == 1 ? "rank " : "ranks ";
   const char *them = n_lost == 1 ? "it" : "them";
+  /* several not seen: it came from at least one of them, which is all the
+   * evidence says (a clean one among them is as likely as not) */
+  const char *one_a = nl > 1 || (nl == 0 && n_lost > 1) ? "one of " : "";
+  const char *one_b = ns > 1 ? "one of " : "";
   if (n_lost > 0 || ns > 0) {
     /* NaN: a sum of finite values is not NaN - born on a rank not seen at
      * the step; inf: that, or an FP16 sum of finite values that overflowed */
     int nan = (r->entries[r->first].nf_post & 2) != 0;
-    char a[200] = "", b[128] = "", fa[216] = "", fb[128] = "";
+    char a[208] = "", b[144] = "", fa[216] = "", fb[128] = "";
     if (n_lost > 0) {
-      snprintf(a, sizeof a, "%s%s, which could not be read", who, lost);
+      snprintf(a, sizeof a, "%s%s%s, which could not be read", one_a, who,
+               lost);
       snprintf(fa, sizeof fa, "read the trace of %s%s (restore or re-record "
                "%s)", who, lost, them);
     }
@@ -793,8 +798,8 @@ static void text_allreduce_origin(probe_ranks *r, const char *carried) {
         snprintf(b, sizeof b, "rank %s, whose trace ends at step %lld", shrt,
                  (long long)last);
       else
-        snprintf(b, sizeof b, "ranks %s, whose traces end before step %lld",
-                 shrt, (long long)r->event_step);
+        snprintf(b, sizeof b, "%sranks %s, whose traces end before step %lld",
+                 one_b, shrt, (long long)r->event_step);
       snprintf(fb, sizeof fb, "re-record rank%s %s past step %lld",
                ns == 1 ? "" : "s", shrt, (long long)r->event_step);
     }

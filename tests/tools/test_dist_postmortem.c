@@ -1548,6 +1548,47 @@ START_TEST(test_lost_origin_with_scaler) {
 }
 END_TEST
 
+/* Two rank files lost, the NaN born on one of them (rank 1; rank 3 clean):
+ * the evidence says only that it came from at least one of them. It read
+ * "born on ranks 1, 3, which could not be read" (hunt F5, 2026-12), as if
+ * both; now "one of ranks 1, 3", in the library's text and the CLI's. */
+START_TEST(test_lost_origin_two_ranks) {
+  static char out[1 << 16];
+  job j;
+  job_init(&j, "losttwo", 4, 10);
+  j.f[1].nan_input_step = 5;
+  write_job(&j);
+  char paths[2][256], args[400];
+  const char *ptrs[2] = {paths[0], paths[1]};
+  rank_path(&j, 0, paths[0], sizeof paths[0]);
+  rank_path(&j, 2, paths[1], sizeof paths[1]);
+  probe_ranks r;
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  ck_assert_int_eq(probe_ranks_run(&r, ptrs, 2, &o), PROBE_OK);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_ALLREDUCE);
+  ck_assert_int_eq(r.origin_uncertain, 1);
+  check_origin(&r, "allreduce", "", "0,2");
+  ck_assert_msg(strstr(r.origin_text, "is not NaN, so it was born on one of "
+                                      "ranks 1, 3, which could not be read"),
+                "%s", r.origin_text);
+  ck_assert_msg(strstr(r.fix_text, "read the trace of ranks 1, 3 (restore or "
+                                   "re-record them)"), "%s", r.fix_text);
+  probe_ranks_free(&r);
+  /* the CLI on the directory with those two files gone */
+  char p[256];
+  rank_path(&j, 1, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  rank_path(&j, 3, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  snprintf(args, sizeof args, "postmortem '%s'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "born on one of ranks 1, 3, which could not be "
+                            "read"), "%s", out);
+  ck_assert_msg(!strstr(out, "born on ranks 1, 3"), "%s", out);
+}
+END_TEST
+
 /* A rank read whose trace ends before the event step (killed before it
  * flushed that step) holds no record of it: "every rank's gradients were
  * finite before the all-reduce" is not seen. It was "born in the
@@ -1567,7 +1608,7 @@ START_TEST(test_allreduce_origin_on_a_short_rank) {
        "is not NaN, so it was born on rank 1, whose trace ends at step 4",
        "re-record rank 1 past step 5 to see where it was born", "0,2,3"},
       {"short2", 2, -1, {-1, 3, 4, -1}, 0,
-       "so it was born on ranks 1, 2, whose traces end before step 5",
+       "so it was born on one of ranks 1, 2, whose traces end before step 5",
        "re-record ranks 1, 2 past step 5", "0,3"},
       {"shortmiss", 1, 3, {-1, 4, -1, -1}, 0,
        "born on rank 3, which could not be read, or on rank 1, whose trace "
@@ -2188,6 +2229,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_diff_sets);
   tcase_add_test(tc, test_cli_diff_sets_one_job);
   tcase_add_test(tc, test_cli_diff_sets_loss_scale);
+  tcase_add_test(tc, test_lost_origin_two_ranks);
   tcase_add_test(tc, test_lost_origin_with_scaler);
   tcase_add_test(tc, test_allreduce_origin_on_a_short_rank);
   tcase_add_test(tc, test_backoff_coincides_with_nan);
