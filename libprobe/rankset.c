@@ -143,8 +143,18 @@ static int ends_h5(const char *name) {
   return n > 3 && strcmp(name + n - 3, ".h5") == 0;
 }
 
-/* The regular files ending in .h5 directly in dir (a symlink to a regular
- * file counts); none is PROBE_ERR_NOT_FOUND. */
+/* Whether dir's entry (its path) joins the set: a regular file or a
+ * symlink to one, and also a FIFO, socket or device, so that opening it
+ * says it is not a regular file (left out, the post-mortem called a FIFO
+ * t.rank2.h5 "rank 2: no file"). A directory named x.h5 or a dangling
+ * link is no file. */
+static int dir_entry_joins(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+/* The .h5 entries directly in dir that dir_entry_joins; none is
+ * PROBE_ERR_NOT_FOUND. */
 static probe_status add_dir(pathlist *l, const char *dir) {
   DIR *d = opendir(dir);
   if (d == NULL) {
@@ -160,9 +170,7 @@ static probe_status add_dir(pathlist *l, const char *dir) {
       st = PROBE_ERR_NOMEM;
       break;
     }
-    struct stat sb;
-    if (stat(l->v[l->n - 1], &sb) != 0 || !S_ISREG(sb.st_mode))
-      free(l->v[--l->n]); /* a directory named x.h5, a FIFO, a dangling link */
+    if (!dir_entry_joins(l->v[l->n - 1])) free(l->v[--l->n]);
   }
   closedir(d);
   if (st == PROBE_ERR_NOMEM) {

@@ -623,8 +623,10 @@ probe_status probe_rank_trace_path(char *out, size_t cap, const char *path,
 
 /* Expands what a user names as a set of traces into file paths, the one
  * rule every tool and the Python package follow. Each arg:
- *   - an existing directory: its regular files ending in ".h5" (not
- *     recursive; other files are ignored);
+ *   - an existing directory: its entries ending in ".h5" other than a
+ *     directory or a dangling link (not recursive): a FIFO, socket or
+ *     device named so is kept, and opening it says it is not a regular
+ *     file;
  *   - an arg with glob metacharacters (* ? [) that is not an existing file:
  *     its glob(3) matches (none: PROBE_ERR_NOT_FOUND);
  *   - else the path itself (whether or not it exists: opening it reports).

@@ -146,6 +146,30 @@ START_TEST(test_set_dir) {
 }
 END_TEST
 
+/* A FIFO named like a rank file joins a directory's set, so that opening
+ * it says "not a regular file"; left out, the post-mortem called it "rank
+ * 3: no file" (hunt F6, 2026-12). A dangling link is no file and stays
+ * out, as a directory named x.h5 does. */
+START_TEST(test_set_dir_fifo) {
+  set_dir_up();
+  char p[512];
+  snprintf(p, sizeof p, "%s/trace.rank3.h5", g_dir);
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  snprintf(p, sizeof p, "%s/gone.h5", g_dir);
+  ck_assert_int_eq(symlink("nowhere.h5", p), 0);
+  const char *args[] = {g_dir};
+  const char *want[] = {"trace.rank0.h5", "trace.rank1.h5", "trace.rank2.h5",
+                        "trace.rank3.h5", "trace.rank10.h5"};
+  expect_set(args, 1, want, 5, 1);
+  probe_trace *t = NULL;
+  snprintf(p, sizeof p, "%s/trace.rank3.h5", g_dir);
+  ck_assert_int_eq(probe_trace_open(&t, p), PROBE_ERR_NOT_HDF5);
+  ck_assert_ptr_nonnull(strstr(probe_trace_last_error(NULL),
+                               "not a regular file"));
+  set_dir_down();
+}
+END_TEST
+
 START_TEST(test_set_glob_list_dedup) {
   set_dir_up();
   char pat[300], f2[300], f10[300], q[300];
@@ -671,6 +695,7 @@ static Suite *make_suite(void) {
   suite_add_tcase(s, tn);
   TCase *ts = tcase_create("sets");
   tcase_add_test(ts, test_set_dir);
+  tcase_add_test(ts, test_set_dir_fifo);
   tcase_add_test(ts, test_set_glob_list_dedup);
   tcase_add_test(ts, test_set_plain_paths);
   tcase_add_test(ts, test_set_natural_order);

@@ -1589,6 +1589,50 @@ START_TEST(test_lost_origin_two_ranks) {
 }
 END_TEST
 
+/* A FIFO named like rank 2's file in the set's directory: "rank 2: world
+ * size 4, no file" it read (hunt F6, 2026-12), though the file is there.
+ * The directory's set holds it: the CLI refuses it as every input that is
+ * not a regular file (exit 3, the file named), the library marks rank 2
+ * unreadable with the reader's reason. */
+START_TEST(test_fifo_rank_file) {
+  static char out[1 << 16];
+  job j;
+  job_init(&j, "fifo", 4, 6);
+  write_job(&j);
+  char p[256], args[400];
+  rank_path(&j, 2, p, sizeof p);
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  snprintf(args, sizeof args, "postmortem '%s'", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 3);
+  ck_assert_msg(strstr(out, "t.rank2.h5: not a regular file (a FIFO)"), "%s",
+                out);
+  ck_assert_msg(!strstr(out, "no file"), "%s", out);
+  const char *dir = j.dir;
+  char **paths = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(probe_trace_set_expand(&dir, 1, &paths, &n), PROBE_OK);
+  ck_assert_uint_eq(n, 4);
+  probe_ranks r;
+  probe_ranks_options o;
+  probe_ranks_options_init(&o);
+  ck_assert_int_eq(probe_ranks_run(&r, (const char *const *)paths, n, &o),
+                   PROBE_OK);
+  probe_trace_set_free(paths, n);
+  ck_assert_int_eq(r.n_missing, 0);
+  ck_assert_int_eq(r.n_unreadable, 1);
+  const probe_rank_entry *e = entry_of(&r, 2);
+  ck_assert_int_eq(e->status, PROBE_RANK_UNREADABLE);
+  ck_assert_msg(e->error && strstr(e->error, "not a regular file"), "%s",
+                e->error ? e->error : "(none)");
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "not a regular file") && !strstr(t, "no file"), "%s",
+                t);
+  free(t);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 /* A rank read whose trace ends before the event step (killed before it
  * flushed that step) holds no record of it: "every rank's gradients were
  * finite before the all-reduce" is not seen. It was "born in the
@@ -2230,6 +2274,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_diff_sets_one_job);
   tcase_add_test(tc, test_cli_diff_sets_loss_scale);
   tcase_add_test(tc, test_lost_origin_two_ranks);
+  tcase_add_test(tc, test_fifo_rank_file);
   tcase_add_test(tc, test_lost_origin_with_scaler);
   tcase_add_test(tc, test_allreduce_origin_on_a_short_rank);
   tcase_add_test(tc, test_backoff_coincides_with_nan);
