@@ -13,6 +13,7 @@
 
 #include "ampprobe/analysis.h" /* probe_text_escape */
 #include "ampprobe/report.h"
+#include "svg-impl.h"
 
 /* ---- probe_buf ------------------------------------------------------------ */
 
@@ -128,6 +129,52 @@ probe_status probe_buf_escape(probe_buf *b, const char *s) {
   return b->oom ? PROBE_ERR_NOMEM : st;
 }
 
+/* ---- steps onto columns (svg-impl.h) ------------------------------------- */
+
+/* x1 - x0 as unsigned: exact for any x0 <= x1 (the difference of two int64
+ * is below 2^64; in int64 it overflows). */
+static uint64_t step_diff(int64_t x0, int64_t x1) {
+  return (uint64_t)x1 - (uint64_t)x0;
+}
+
+double probe__span(int64_t x0, int64_t x1) {
+  return (double)step_diff(x0, x1) + 1.0;
+}
+
+int probe__cols_for(int ncols, int64_t x0, int64_t x1) {
+  uint64_t d = step_diff(x0, x1); /* steps - 1 */
+  return d < (uint64_t)ncols ? (int)(d + 1) : ncols;
+}
+
+int probe__col_of(int64_t x, int64_t x0, int64_t x1, int ncols) {
+  if (ncols <= 1 || x <= x0) return 0;
+  if (x >= x1) return ncols - 1;
+  uint64_t d = step_diff(x0, x), w = step_diff(x0, x1) + 1; /* w 0: 2^64 */
+  uint64_t c;
+  if (w != 0 && d <= UINT64_MAX / (uint64_t)ncols) {
+    c = d * (uint64_t)ncols / w;
+  } else { /* past 2^64 / ncols steps: a column is then > 2^32 steps, and
+            * the double moves it by one at most */
+    double f = (double)d / (w ? (double)w : 18446744073709551616.0) * ncols;
+    c = f >= (double)ncols ? (uint64_t)ncols : (uint64_t)f;
+  }
+  return c >= (uint64_t)ncols ? ncols - 1 : (int)c;
+}
+
+int64_t probe__step_at(int64_t x0, int64_t x1, double off) {
+  uint64_t w = step_diff(x0, x1);
+  if (!(off > 0)) return x0;
+  if (off >= (double)w) return x1;
+  return (int64_t)((uint64_t)x0 + (uint64_t)off); /* <= x1: fits */
+}
+
+int64_t probe__step_of(double v) {
+  if (isnan(v)) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX; /* 2^63 */
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
 /* ---- probe_bins ----------------------------------------------------------- */
 
 probe_status probe_bins_init(probe_bins *b, int ncols, int64_t x0,
@@ -135,7 +182,7 @@ probe_status probe_bins_init(probe_bins *b, int ncols, int64_t x0,
   memset(b, 0, sizeof *b);
   if (ncols <= 0 || x1 < x0) return PROBE_ERR_INVALID_ARG;
   /* never more columns than steps: each step then has its own column */
-  if ((int64_t)ncols > x1 - x0 + 1) ncols = (int)(x1 - x0 + 1);
+  ncols = probe__cols_for(ncols, x0, x1);
   b->bin = calloc((size_t)ncols, sizeof *b->bin);
   if (!b->bin) return PROBE_ERR_NOMEM;
   b->ncols = ncols;
@@ -150,11 +197,7 @@ void probe_bins_free(probe_bins *b) {
 }
 
 int probe_bins_col(const probe_bins *b, int64_t x) {
-  if (x <= b->x0) return 0;
-  if (x >= b->x1) return b->ncols - 1;
-  /* (x - x0) * ncols fits easily: steps < 2^40, ncols < 2^20 */
-  int64_t c = (x - b->x0) * (int64_t)b->ncols / (b->x1 - b->x0 + 1);
-  return (int)c;
+  return probe__col_of(x, b->x0, b->x1, b->ncols);
 }
 
 void probe_bins_add(probe_bins *b, int64_t x, double y) {
@@ -209,7 +252,7 @@ probe_status probe_grid_init(probe_grid *g, int rows, int cols, int64_t x0,
                              int64_t x1, probe_grid_agg agg) {
   memset(g, 0, sizeof *g);
   if (rows <= 0 || cols <= 0 || x1 < x0) return PROBE_ERR_INVALID_ARG;
-  if ((int64_t)cols > x1 - x0 + 1) cols = (int)(x1 - x0 + 1);
+  cols = probe__cols_for(cols, x0, x1);
   size_t n = (size_t)rows * (size_t)cols;
   g->val = malloc(n * sizeof *g->val);
   g->count = calloc(n, sizeof *g->count);
@@ -257,10 +300,7 @@ void probe_grid_free(probe_grid *g) {
 void probe_grid_add(probe_grid *g, int row, int64_t x, double value,
                     int nonfinite) {
   if (!g->val || row < 0 || row >= g->rows) return;
-  int col;
-  if (x <= g->x0) col = 0;
-  else if (x >= g->x1) col = g->cols - 1;
-  else col = (int)((x - g->x0) * (int64_t)g->cols / (g->x1 - g->x0 + 1));
+  int col = probe__col_of(x, g->x0, g->x1, g->cols);
   size_t i = (size_t)row * (size_t)g->cols + (size_t)col;
   if (g->count[i] < UINT32_MAX) g->count[i]++;
   if (nonfinite && g->nonfinite[i] < UINT32_MAX) g->nonfinite[i]++;

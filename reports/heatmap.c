@@ -195,14 +195,14 @@ probe_status probe_heatmap_render(const probe_grid *g,
   if (max_xt > 16) max_xt = 16;
   int nt = probe_axis_ticks(PROBE_AXIS_LINEAR, (double)g->x0, (double)g->x1,
                             ticks, max_xt);
-  double span = (double)(g->x1 - g->x0 + 1);
+  double span = probe__span(g->x0, g->x1);
   probe_buf_puts(out, "<g class=\"xt\">");
   for (int i = 0; i < nt; i++) {
     if (ticks[i] != floor(ticks[i])) continue;
     /* a step's cell starts at (step - x0) / span of the width */
     double x = x0 + (ticks[i] - (double)g->x0) / span * (x1 - x0);
     char s[32];
-    probe__step_text(s, sizeof s, (int64_t)ticks[i]);
+    probe__step_text(s, sizeof s, probe__step_of(ticks[i]));
     probe_buf_printf(out,
                      "<path d=\"M%.1f %.1fv5\" stroke=\"#444\"/>"
                      "<text x=\"%.1f\" y=\"%.1f\">%s</text>",
@@ -212,9 +212,8 @@ probe_status probe_heatmap_render(const probe_grid *g,
   probe_buf_printf(out, "<text class=\"al\" x=\"%.1f\" y=\"%.1f\">",
                    (x0 + x1) / 2, y1 + 34);
   probe_buf_escape(out, o->x_label ? o->x_label : "step");
-  if (g->x1 - g->x0 + 1 > g->cols)
-    probe_buf_printf(out, " (%lld steps per column)",
-                     (long long)ceil(span / g->cols));
+  if (span > g->cols)
+    probe_buf_printf(out, " (%.0f steps per column)", ceil(span / g->cols));
   probe_buf_puts(out, "</text>");
 
   /* colour bar */

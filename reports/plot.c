@@ -143,12 +143,12 @@ probe_status probe_plot_add_line(probe_plot *p, const probe_bins *b,
   it->n = probe_bins_points(b, it->x, it->y, cap);
   if (nonfinite_color) {
     copy_str(it->nonfinite_color, sizeof it->nonfinite_color, nonfinite_color);
-    double span = (double)(b->x1 - b->x0 + 1);
+    double span = probe__span(b->x0, b->x1);
     for (int c = 0; c < b->ncols; c++) {
       int64_t k = b->bin[c].n_nan + b->bin[c].n_inf;
       if (!k) continue;
-      it->nf_x[it->n_nf++] =
-          b->x0 + (int64_t)floor(((double)c + 0.5) * span / b->ncols);
+      it->nf_x[it->n_nf++] = probe__step_at(
+          b->x0, b->x1, floor(((double)c + 0.5) * span / b->ncols));
       it->nf_count += k;
     }
   }
@@ -284,7 +284,7 @@ typedef struct frame {
 } frame;
 
 static double px_x(const frame *f, double x) {
-  double span = (double)(f->xhi - f->xlo);
+  double span = (double)f->xhi - (double)f->xlo; /* no int64 overflow */
   if (span <= 0) span = 1;
   return f->x0 + (x - (double)f->xlo) / span * (f->x1 - f->x0);
 }
@@ -435,7 +435,10 @@ probe_status probe_plot_render(const probe_plot *p, probe_buf *o) {
     f.xlo = mn;
     f.xhi = mx;
   }
-  if (f.xhi == f.xlo) f.xhi = f.xlo + 1;
+  if (f.xhi == f.xlo) { /* one step: a range of two, inside int64 */
+    if (f.xlo < INT64_MAX) f.xhi = f.xlo + 1;
+    else f.xlo = f.xhi - 1;
+  }
   fit_y(p, &f.ylo, &f.yhi);
 
   probe_buf_printf(o,
@@ -488,7 +491,7 @@ probe_status probe_plot_render(const probe_plot *p, probe_buf *o) {
     if (t != floor(t)) continue; /* steps are integers */
     double x = px_x(&f, t);
     char s[32];
-    probe__step_text(s, sizeof s, (int64_t)t);
+    probe__step_text(s, sizeof s, probe__step_of(t));
     probe_buf_printf(o,
                      "<path class=\"gr\" d=\"M%.1f %.1fV%.1f\"/>"
                      "<path d=\"M%.1f %.1fv5\" stroke=\"#444\"/>"

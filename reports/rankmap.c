@@ -71,7 +71,7 @@ probe_status probe_rankmap_new(probe_rankmap **out, int rows, int cols,
   *out = NULL;
   if (rows < 1 || rows > PROBE_RANKMAP_MAX_ROWS || cols < 1 || x1 < x0)
     return PROBE_ERR_INVALID_ARG;
-  if ((uint64_t)(x1 - x0) < (uint64_t)cols) cols = (int)(x1 - x0 + 1);
+  cols = probe__cols_for(cols, x0, x1);
   probe_rankmap *m = calloc(1, sizeof *m);
   if (!m) return PROBE_ERR_NOMEM;
   m->rows = rows;
@@ -150,11 +150,7 @@ probe_status probe_rankmap_note(probe_rankmap *m, int row, const char *note) {
 }
 
 static int col_of(const probe_rankmap *m, int64_t step) {
-  if (step <= m->x0) return 0;
-  if (step >= m->x1) return m->cols - 1;
-  double span = (double)(m->x1 - m->x0) + 1.0;
-  int c = (int)((double)(step - m->x0) * m->cols / span);
-  return c < 0 ? 0 : c >= m->cols ? m->cols - 1 : c;
+  return probe__col_of(step, m->x0, m->x1, m->cols);
 }
 
 void probe_rankmap_add(probe_rankmap *m, int row, int64_t step,
@@ -261,8 +257,8 @@ static double col_x(const probe_rankmap *m, const rm_geom *g, int c) {
 }
 
 static double step_x(const probe_rankmap *m, const rm_geom *g, int64_t s) {
-  double span = (double)(m->x1 - m->x0) + 1.0;
-  return g->gx + g->gw * ((double)(s - m->x0) / span);
+  double span = probe__span(m->x0, m->x1);
+  return g->gx + g->gw * (((double)s - (double)m->x0) / span);
 }
 
 /* One <path> per state: the runs of every block of identical rows. */

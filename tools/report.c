@@ -896,8 +896,10 @@ typedef struct step_bits {
 static void bits_init(step_bits *b, int64_t first, int64_t last) {
   b->bit = NULL;
   b->first = first;
-  b->n = last - first + 1;
-  if (first >= 0 && b->n > 0 && b->n <= NF_BITS_MAX)
+  /* last - first + 1 overflows for steps 0 .. 2^63 - 1: no bits then */
+  b->n = first >= 0 && last >= first && last - first < NF_BITS_MAX
+             ? last - first + 1 : 0;
+  if (b->n > 0)
     b->bit = calloc((size_t)(b->n + 7) / 8, 1);
 }
 

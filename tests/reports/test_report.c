@@ -177,6 +177,78 @@ START_TEST(test_grid_aggregates) {
 }
 END_TEST
 
+/* Steps up to 2^63 - 1 (a trace's steps are int64 >= 0; the reader takes any
+ * increasing ones): x1 - x0 + 1 and (x - x0) * columns overflowed int64 -
+ * a negative column, heap corruption in `report` (found 2027-01 by a
+ * hostile-input hunt). Columns stay in range and in step order, the ends
+ * land in the first and last column, and the plot and heatmap render. */
+START_TEST(test_bins_huge_steps) {
+  static const int64_t hi[] = {INT64_C(1) << 62, INT64_MAX, INT64_MAX - 1};
+  static const int64_t lo[] = {0, 0, INT64_C(1) << 61};
+  for (size_t k = 0; k < 3; k++) {
+    probe_bins b;
+    ck_assert_int_eq(probe_bins_init(&b, 1092, lo[k], hi[k]), PROBE_OK);
+    ck_assert_int_eq(b.ncols, 1092);
+    int prev = 0;
+    for (int i = 0; i <= 64; i++) { /* lo .. hi in 64 steps, and past hi */
+      int64_t x = lo[k] + (int64_t)((double)(hi[k] - lo[k]) / 64.0 * i);
+      if (i == 64 || x < lo[k]) x = hi[k];
+      int c = probe_bins_col(&b, x);
+      ck_assert_int_ge(c, prev);
+      ck_assert_int_lt(c, b.ncols);
+      prev = c;
+      probe_bins_add(&b, x, (double)i);
+    }
+    ck_assert_int_eq(probe_bins_col(&b, lo[k]), 0);
+    ck_assert_int_eq(probe_bins_col(&b, hi[k] - 1), b.ncols - 1);
+    ck_assert_int_eq(probe_bins_col(&b, hi[k]), b.ncols - 1);
+    probe_bins_add(&b, hi[k] - 1, NAN);
+
+    probe_plot *p = NULL;
+    ck_assert_int_eq(probe_plot_new(&p, "huge steps", 1200, 300), PROBE_OK);
+    probe_plot_x_axis(p, "step", lo[k], hi[k]);
+    probe_plot_y_axis(p, PROBE_AXIS_LINEAR, "v", NAN, NAN);
+    ck_assert_int_eq(probe_plot_add_line(p, &b, NULL, "v", NULL, "#d62728"),
+                     PROBE_OK);
+    probe_buf o;
+    probe_buf_init(&o);
+    ck_assert_int_eq(probe_plot_render(p, &o), PROBE_OK);
+    ck_assert_ptr_null(strstr(o.data, "nan"));
+    ck_assert_ptr_null(strstr(o.data, "x=\"-"));
+    probe_buf_free(&o);
+    probe_plot_free(p);
+    probe_bins_free(&b);
+
+    probe_grid g;
+    ck_assert_int_eq(probe_grid_init(&g, 2, 600, lo[k], hi[k], PROBE_GRID_MAX),
+                     PROBE_OK);
+    probe_grid_add(&g, 0, lo[k], 1.0, 0);
+    probe_grid_add(&g, 1, hi[k] - 1, 2.0, 0);
+    probe_grid_add(&g, 1, lo[k] + (hi[k] - lo[k]) / 2, 3.0, 0);
+    ck_assert_float_eq(probe_grid_val(&g, 0, 0), 1.0f);
+    ck_assert_float_eq(probe_grid_val(&g, 1, 599), 2.0f);
+    /* the middle: column 299 or 300 (past 2^64 / columns steps the
+     * column is computed in double, a pixel then being 2^52 steps) */
+    ck_assert(probe_grid_val(&g, 1, 299) == 3.0f ||
+              probe_grid_val(&g, 1, 300) == 3.0f);
+    static const char *const rows[2] = {"a", "b"};
+    probe_heatmap_opts h;
+    memset(&h, 0, sizeof h);
+    h.title = "t";
+    h.row_labels = rows;
+    h.width = 800;
+    h.row_height = 12;
+    h.cmap = (probe_colormap){2, {0, 4}, {0xffffff, 0}};
+    probe_buf_init(&o);
+    ck_assert_int_eq(probe_heatmap_render(&g, &h, &o), PROBE_OK);
+    ck_assert_ptr_nonnull(strstr(o.data, "steps per column"));
+    ck_assert_ptr_null(strstr(o.data, "(-"));
+    probe_buf_free(&o);
+    probe_grid_free(&g);
+  }
+}
+END_TEST
+
 /* ---- ticks ---------------------------------------------------------------- */
 
 START_TEST(test_ticks) {
@@ -1059,6 +1131,7 @@ static Suite *make_report_suite(void) {
   tcase_add_loop_test(tc, test_bins_spike_survives, 0, 16);
   tcase_add_test(tc, test_bins_columns_and_nonfinite);
   tcase_add_test(tc, test_grid_aggregates);
+  tcase_add_test(tc, test_bins_huge_steps);
   suite_add_tcase(s, tc);
   tc = tcase_create("svg");
   tcase_add_test(tc, test_ticks);
