@@ -302,17 +302,62 @@ static int read_rows(probe_trace *t, int i, int64_t start, size_t n,
   return rc;
 }
 
-/* 1 when every link on the absolute path exists. */
-static int path_exists(hid_t f, const char *path) {
+/* Opens the dataset at the absolute path, as the reader's one way to a
+ * dataset of the file, into *d. A trace is one self-contained file: a link
+ * to another file (external link), a virtual dataset (its data mapped from
+ * other datasets, files anywhere) or external storage (its raw data in
+ * files the trace names) is never written by libprobe, and following it
+ * read what the file named - /etc/passwd, /dev/zero for a minute, a FIFO
+ * until the isolated open's timer - past the reader's "a regular file"
+ * check. Each is refused here, before any of its data is read: every link
+ * on the path is looked at (H5Lget_info does not follow the last one)
+ * before H5Lexists follows it, and the dataset's creation properties
+ * before its type and extent. PROBE_ERR_CORRUPT naming the path. */
+static probe_status open_dataset(probe_trace *t, const char *path, hid_t *d) {
   char buf[128];
-  for (const char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
-    size_t len = (size_t)(p - path);
-    if (len >= sizeof buf) return 0;
+  size_t n = strlen(path);
+  *d = H5I_INVALID_HID;
+  if (n >= sizeof buf)
+    return fail(t, PROBE_ERR_INVALID_ARG, "path %s too long", path);
+  for (const char *p = strchr(path + 1, '/');; p = strchr(p + 1, '/')) {
+    size_t len = p ? (size_t)(p - path) : n;
     memcpy(buf, path, len);
     buf[len] = '\0';
-    if (H5Lexists(f, buf, H5P_DEFAULT) <= 0) return 0;
+    if (H5Lexists(t->file, buf, H5P_DEFAULT) <= 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: table %s is missing",
+                  path);
+    H5L_info_t li; /* the type only: the same in HDF5 1.10 and 1.12+ */
+    if (H5Lget_info(t->file, buf, &li, H5P_DEFAULT) < 0)
+      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open %s", path);
+    if (li.type != H5L_TYPE_HARD && li.type != H5L_TYPE_SOFT)
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: %s is a link to another file (%s); a trace "
+                  "is one file",
+                  buf, li.type == H5L_TYPE_EXTERNAL ? "an external link"
+                                                    : "a user-defined link");
+    if (!p) break;
   }
-  return H5Lexists(f, path, H5P_DEFAULT) > 0;
+  *d = H5Dopen2(t->file, path, H5P_DEFAULT);
+  if (*d < 0)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open %s", path);
+  hid_t dcpl = H5Dget_create_plist(*d);
+  H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+  int efl = dcpl >= 0 ? H5Pget_external_count(dcpl) : -1;
+  if (dcpl >= 0) H5Pclose(dcpl);
+  const char *why = layout == H5D_LAYOUT_ERROR || efl < 0
+                        ? "its storage properties are unreadable"
+                    : layout == H5D_VIRTUAL
+                        ? "is a virtual dataset (its data in other datasets, "
+                          "other files)"
+                    : efl > 0 ? "stores its data in external files"
+                              : NULL;
+  if (why) {
+    H5Dclose(*d);
+    *d = H5I_INVALID_HID;
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: %s %s; a trace is one "
+                "file", path, why);
+  }
+  return PROBE_OK;
 }
 
 static probe_status open_tables(probe_trace *t) {
@@ -320,13 +365,8 @@ static probe_status open_tables(probe_trace *t) {
   for (int i = 0; i < PROBE__T_COUNT; i++) {
     const probe__tabledef *d = &probe__tables[i];
     iso_beat();
-    if (!path_exists(t->file, d->path))
-      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: table %s is missing",
-                  d->path);
-    t->dset[i] = H5Dopen2(t->file, d->path, H5P_DEFAULT);
-    if (t->dset[i] < 0)
-      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open %s",
-                  d->path);
+    probe_status st = open_dataset(t, d->path, &t->dset[i]);
+    if (st != PROBE_OK) return st;
     hid_t ft = H5Dget_type(t->dset[i]);
     if (ft < 0)
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: type of %s", d->path);
@@ -368,11 +408,9 @@ static probe_status open_tables(probe_trace *t) {
  * tables have when they are opened after it, even while the writer runs. */
 static probe_status read_state(probe_trace *t) {
   int64_t *st = t->state;
-  if (!path_exists(t->file, PROBE__STATE_PATH))
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /meta/state is missing");
-  hid_t d = H5Dopen2(t->file, PROBE__STATE_PATH, H5P_DEFAULT);
-  if (d < 0)
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: cannot open /meta/state");
+  hid_t d = H5I_INVALID_HID;
+  probe_status ost = open_dataset(t, PROBE__STATE_PATH, &d);
+  if (ost != PROBE_OK) return ost;
   hid_t ft = H5Dget_type(d);
   int ok = ft >= 0 && H5Tget_class(ft) == H5T_INTEGER &&
            H5Tget_size(ft) == 8 && extent_1d(d) == PROBE__STATE_LEN &&
@@ -760,11 +798,13 @@ static probe_status prev_key(probe_trace *t, int i, int64_t start,
   union {
     probe_record r;
     probe_step_scalars s;
+    probe_scaler_event e;
   } u;
   if (read_rows(t, i, start - 1, 1, &u) < 0)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: reading %s row %lld: %s",
                 probe__tables[i].path, (long long)(start - 1), t->h5msg);
-  *step = i == PROBE__T_RECORDS ? u.r.step : u.s.step;
+  *step = i == PROBE__T_RECORDS ? u.r.step
+          : i == PROBE__T_SCALER ? u.e.step : u.s.step;
   *seq = i == PROBE__T_RECORDS ? u.r.seq : 0;
   *have = 1;
   return PROBE_OK;
@@ -962,15 +1002,45 @@ static probe_status probe_trace_read_scaler_events_impl(probe_trace *t, int64_t 
                                             probe_scaler_event *buf,
                                             size_t *got) {
   probe_status st = read_chunk(t, PROBE__T_SCALER, start, max, buf, got);
-  if (st != PROBE_OK) return st;
+  if (st != PROBE_OK || *got == 0) return st;
+  /* Each event as a loss scaler makes it (probe__scaler_event_why), at a
+   * step of the trace (<= its last step: an event is written in its step)
+   * and in step order, also against the row before this read's first. */
+  int64_t pstep = -1;
+  uint32_t pseq = 0;
+  int have_prev = 0;
+  st = prev_key(t, PROBE__T_SCALER, start, &pstep, &pseq, &have_prev);
+  if (st != PROBE_OK) {
+    *got = 0;
+    return st;
+  }
   for (size_t i = 0; i < *got; i++) {
-    if (!probe__scaler_event_ok(&buf[i])) {
+    const probe_scaler_event *e = &buf[i];
+    long long row = (long long)(start + (int64_t)i);
+    const char *why = probe__scaler_event_why(e);
+    if (why == NULL && e->step > t->info.last_step) {
       *got = 0;
       return fail(t, PROBE_ERR_CORRUPT,
-                  "corrupt trace: /scaler_events row %lld",
-                  (long long)(start + (int64_t)i));
+                  "corrupt trace: /scaler_events row %lld is at step %lld, "
+                  "after the last step %lld",
+                  row, (long long)e->step, (long long)t->info.last_step);
     }
+    if (why == NULL && have_prev && e->step < pstep) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /scaler_events row %lld (step %lld) is "
+                  "before row %lld (step %lld)",
+                  row, (long long)e->step, row - 1, (long long)pstep);
+    }
+    if (why) {
+      *got = 0;
+      return fail(t, PROBE_ERR_CORRUPT,
+                  "corrupt trace: /scaler_events row %lld: %s", row, why);
+    }
+    pstep = e->step;
+    have_prev = 1;
   }
+  ord_keep(t, PROBE__T_SCALER, start + (int64_t)*got, pstep, 0);
   return PROBE_OK;
 }
 
