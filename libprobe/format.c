@@ -8,6 +8,7 @@
 #include "format.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -601,7 +602,19 @@ int probe__step_flags_ok(const probe_step_scalars *s) {
          (s->skipped == 0 || s->skipped == 1);
 }
 
+const char *probe__scaler_event_why(const probe_scaler_event *e) {
+  if (e->step < 0) return "a negative step";
+  if (e->kind < PROBE_SCALER_BACKOFF || e->kind > PROBE_SCALER_MIN_CLAMP)
+    return "an unknown kind";
+  /* A loss scaler's scale is finite and >= 0 (PyTorch's refuses an inf
+   * growth; a backoff can reach 0): NaN, inf or below 0 is no scale. */
+  if (!(isfinite(e->old_scale) && e->old_scale >= 0) ||
+      !(isfinite(e->new_scale) && e->new_scale >= 0))
+    return "a loss scale that is NaN, infinite or negative";
+  if (e->growth_tracker < 0) return "a negative growth tracker";
+  return NULL;
+}
+
 int probe__scaler_event_ok(const probe_scaler_event *e) {
-  return e->step >= 0 && e->kind >= PROBE_SCALER_BACKOFF &&
-         e->kind <= PROBE_SCALER_MIN_CLAMP;
+  return probe__scaler_event_why(e) == NULL;
 }

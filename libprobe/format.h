@@ -149,6 +149,10 @@ size_t probe__text_escape(char *out, size_t cap, const char *s);
  * formatting control (U+061C, U+200E, U+200F, U+202A..U+202E,
  * U+2066..U+2069), which probe__text_escape writes as \u202e; else 0. */
 unsigned probe__bidi_control(const unsigned char *p, int n);
+/* Why a scaler event cannot be one a loss scaler made, by itself (not
+ * against the trace's steps: the reader checks those), NULL when it can:
+ * the one rule of the writer (probe_scaler_transition) and the reader. */
+const char *probe__scaler_event_why(const probe_scaler_event *e);
 int probe__scaler_event_ok(const probe_scaler_event *e);
 
 /* child.c: sessions register their writer-lock descriptor while they hold

@@ -492,6 +492,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
     s->batch[t] = o.batch_rows; /* the writer may lower it (writer_main) */
   }
   s->last_step = s->w_last_step = -1;
+  s->scaler_last_step = -1;
   s->first_nonfinite = s->w_first_nonfinite = -1;
   s->nf_rec_step = -1;
   s->nf_last_step = -1;
@@ -879,11 +880,17 @@ probe_status probe_scaler_transition(probe_session *s,
   if (writer_error(s) != PROBE_OK) return s->err;
   probe_scaler_event e = *ev;
   if (s->in_step) e.step = s->step;
-  if (!probe__scaler_event_ok(&e)) /* what the reader accepts */
+  const char *why = probe__scaler_event_why(&e); /* what the reader accepts */
+  if (!why && e.step < s->scaler_last_step)
+    why = "before the step of the event before it (the reader takes them in "
+          "step order)";
+  if (why)
     return set_msg(s, PROBE_ERR_INVALID_ARG,
-                   "scaler event kind %d at step %lld: a known kind, at a "
-                   "step >= 0", (int)e.kind, (long long)e.step);
-  return table_append(s, PROBE__T_SCALER, &e, 1);
+                   "scaler event kind %d at step %lld: %s", (int)e.kind,
+                   (long long)e.step, why);
+  probe_status st = table_append(s, PROBE__T_SCALER, &e, 1);
+  if (st == PROBE_OK) s->scaler_last_step = e.step;
+  return st;
 }
 
 /* Stores the tensors of `layer` recorded in this step as float32. */

@@ -224,6 +224,7 @@ struct probe_session {
   probe_nonfinite_record nf_last_any, nf_last_fwd;
   int nf_last_measured, cur_left_out;
   int64_t last_step;
+  int64_t scaler_last_step; /* step of the last scaler event queued, -1 */
   int64_t steps_since_flush;
   double t0;
 

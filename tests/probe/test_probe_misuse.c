@@ -6,6 +6,7 @@
  * the enum, in time (Check's per-test timeout catches a hang).
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -86,7 +87,29 @@ START_TEST(values_the_reader_refuses) {
   ck_assert_int_eq(probe_scaler_transition(s, &ev), PROBE_ERR_INVALID_ARG);
   ev.step = 0;
   PT_CHECK(probe_scaler_transition(s, &ev)); /* outside a step, step 0: fine */
+  /* the scales and tracker the reader refuses since 2027-01 (a NaN, inf or
+   * negative scale, a negative tracker), and an event before the one
+   * before it (the reader takes them in step order) */
+  const double bad_scale[] = {NAN, INFINITY, -INFINITY, -1.0};
+  for (size_t i = 0; i < sizeof bad_scale / sizeof bad_scale[0]; i++) {
+    probe_scaler_event e = {.step = 0, .kind = PROBE_SCALER_BACKOFF,
+                            .old_scale = bad_scale[i], .new_scale = 1.0};
+    ck_assert_int_eq(probe_scaler_transition(s, &e), PROBE_ERR_INVALID_ARG);
+    e.old_scale = 1.0;
+    e.new_scale = bad_scale[i];
+    ck_assert_int_eq(probe_scaler_transition(s, &e), PROBE_ERR_INVALID_ARG);
+  }
+  probe_scaler_event neg = {.step = 0, .kind = PROBE_SCALER_GROWTH,
+                            .growth_tracker = -1};
+  ck_assert_int_eq(probe_scaler_transition(s, &neg), PROBE_ERR_INVALID_ARG);
+  ev.step = 1;
+  PT_CHECK(probe_scaler_transition(s, &ev));
+  ev.step = 0;
+  ck_assert_int_eq(probe_scaler_transition(s, &ev), PROBE_ERR_INVALID_ARG);
   PT_CHECK(probe_step_begin(s, 0));
+  ck_assert_int_eq(probe_scaler_transition(s, &ev), PROBE_ERR_INVALID_ARG);
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_step_begin(s, 1));
   const int32_t bad[][2] = {{2, 0}, {0, 2}, {-1, 0}, {0, INT32_MIN}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0,
