@@ -1106,6 +1106,116 @@ JSON
   fi
 }
 
+# Hostile HDF5 structure (found 2027-01 by a hostile-input hunt), made by
+# hostile_h5.py with /usr/bin/python3's h5py; each file consistent but for
+# the one thing it makes hostile.
+H5ED="$(cd "$(dirname "$0")" && pwd)/hostile_h5.py"
+h5ed() { /usr/bin/python3 "$H5ED" "$@" >/dev/null 2>h5ed.err || { echo "cannot make $2: $(cat h5ed.err)"; exit 1; }; }
+have_h5py() { /usr/bin/python3 -c "import h5py" 2>/dev/null || skip "/usr/bin/python3 has no h5py"; }
+
+# Steps of 2^61, 2^62 and 2^63 - 1 (increasing, /meta/state consistent):
+# the report's binning computed (step - x0) * columns and x1 - x0 + 1 in
+# int64, which overflowed - signed overflow, a negative column, heap
+# corruption (exit 134) or SIGSEGV (139). Every command draws or reads them.
+case_hostile_steps() {
+  have_h5py
+  "$AMP" run --trace --steps 60 -q -o healthy.h5 >/dev/null 2>&1 || { echo "cannot make healthy.h5"; exit 1; }
+  h5ed healthy.h5 huge.h5 steps $((1 << 61)) $((1 << 62))
+  h5ed healthy.h5 max.h5 steps 9223372036854775806 9223372036854775807
+  h5ed healthy.h5 wide.h5 steps 58 $((1 << 62)) # steps 0..58, then 2^62
+  for f in huge max wide; do
+    t -- "$AMP" report $f.h5 -q -o $f.html
+    expect "0|1" "report of $f.h5"
+    [ -s $f.html ] && ok "$f.html written" || bad "$f.html not written"
+    hasnt $f.html "nan"
+    t -- "$AMP" postmortem $f.h5
+    expect "0|1" "postmortem $f.h5"
+    t -- "$AMP" postmortem --json $f.h5
+    expect "0|1" "postmortem --json $f.h5"
+    t -- "$AMP" diff -q $f.h5 healthy.h5
+    expect "0|1" "diff $f.h5 healthy.h5"
+    t -- "$AMP" diff -q healthy.h5 $f.h5
+    expect "0|1" "diff healthy.h5 $f.h5"
+  done
+}
+
+# Tables that are not plain datasets of the trace: an external link (to a
+# copy of the trace: a valid table elsewhere), a virtual dataset, external
+# raw-data storage (a side file, /dev/zero, a FIFO). The reader followed
+# them past its "a regular file" check (read /etc/passwd; /dev/zero made a
+# command take 40-54 s; a FIFO stalled it 10 s): refused before any data is
+# read, exit 3, one line naming the dataset.
+case_hostile_links() {
+  have_h5py
+  fixtures
+  cp fp16.h5 other.h5
+  local p n=0
+  for p in /steps /records /layers /scaler_events /snapshots/index /snapshots/data /kernels /meta/state /meta /snapshots; do
+    n=$((n + 1))
+    h5ed fp16.h5 el$n.h5 extlink $p "$PWD/other.h5"
+    t -- "$AMP" postmortem el$n.h5
+    expect 3 "postmortem of $p an external link"
+    one_line "external link at $p" "$p is a link to another file (an external link)"
+  done
+  h5ed fp16.h5 elrel.h5 extlink /layers other.h5
+  t -- "$AMP" report elrel.h5 -q -o elrel.html
+  expect 3 "report of /layers a relative external link"
+  one_line "relative external link" "/layers is a link to another file"
+  for p in /records /steps; do
+    h5ed fp16.h5 vds.h5 vds $p "$PWD/other.h5"
+    t -- "$AMP" postmortem vds.h5
+    expect 3 "postmortem of $p a virtual dataset"
+    one_line "virtual $p" "$p is a virtual dataset"
+  done
+  head -c 100000 /dev/zero >side.bin
+  h5ed fp16.h5 eflside.h5 efl "$PWD/side.bin"
+  h5ed fp16.h5 eflzero.h5 efl /dev/zero $((1 << 36))
+  rm -f fifo && mkfifo fifo
+  h5ed fp16.h5 eflfifo.h5 efl "$PWD/fifo"
+  h5ed fp16.h5 eflpasswd.h5 efl /etc/passwd
+  local f s0 s1
+  for f in eflside eflzero eflfifo eflpasswd; do
+    s0=$(date +%s)
+    t -- "$AMP" postmortem $f.h5
+    s1=$(date +%s)
+    expect 3 "postmortem of /snapshots/data stored in a file ($f)"
+    one_line "$f" "/snapshots/data stores its data in external files"
+    [ $((s1 - s0)) -le 5 ] && ok "$f refused in $((s1 - s0)) s" || bad "$f took $((s1 - s0)) s (read what it named?)"
+  done
+  t -- "$AMP" diff -q fp16.h5 eflzero.h5
+  expect 3 "diff against /snapshots/data stored in /dev/zero"
+  t -- "$AMP" report eflfifo.h5 -q -o fifo.html
+  expect 3 "report of /snapshots/data stored in a FIFO"
+  absent fifo.html "report refused"
+}
+
+# /scaler_events rows no loss scaler makes: a step past the trace's last
+# (INT64_MAX where the last step is 149), rows out of step order, a NaN,
+# -inf or negative scale, a negative growth tracker. They were read as facts
+# ("backoff step 9223372036854775807: 2.8e-45 -> -inf"): exit 3 naming the
+# row. The trace as written reads (exit 1).
+case_hostile_scaler() {
+  have_h5py
+  fixtures
+  t -- "$AMP" postmortem fp16.h5
+  expect 1 "postmortem of the trace as written"
+  local e
+  for e in step_max past_last reversed nan neginf negative tracker; do
+    h5ed fp16.h5 sc_$e.h5 scaler $e
+    t -- "$AMP" postmortem sc_$e.h5
+    expect 3 "postmortem of scaler events: $e"
+    one_line "scaler events: $e" "corrupt trace: /scaler_events row"
+    t -- "$AMP" report sc_$e.h5 -q -o sc_$e.html
+    expect 3 "report of scaler events: $e"
+    t -- "$AMP" diff -q fp16.h5 sc_$e.h5
+    expect 3 "diff against scaler events: $e"
+  done
+  t -- "$AMP" postmortem sc_step_max.h5
+  one_line "scaler event at INT64_MAX" "is at step 9223372036854775807, after the last step"
+  t -- "$AMP" postmortem sc_reversed.h5
+  one_line "scaler events reversed" "is before row"
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
