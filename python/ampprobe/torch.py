@@ -1763,6 +1763,14 @@ class Tracer:
         if None in ev:
             raise TypeError("ampprobe: scaler_event(kind, old_scale, "
                             "new_scale, growth_tracker): numbers, not None")
+        # what libprobe refuses (no loss scaler makes it), refused here, at
+        # the call: end_step would fail with the step's records written
+        for name, v in (("old_scale", ev[1]), ("new_scale", ev[2]),
+                        ("growth_tracker", ev[3])):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError("ampprobe: scaler_event(%s=%r): a loss "
+                                 "scaler's values are finite and >= 0" %
+                                 (name, v))
         self._ensure_step()
         self._hand_events.append(ev)
 

@@ -896,6 +896,13 @@ def test_end_step_refuses_bools_for_numbers(tmp_path, arg, bad, exc):
         tr.scaler_event("backoff", 8.0, True)
     with pytest.raises(ValueError, match=r"scaler_event\(kind='bogus'\)"):
         tr.scaler_event("bogus", 8.0, 4.0)
+    for a, b, name in ((float("nan"), 4.0, "old_scale"),
+                       (8.0, float("inf"), "new_scale"),
+                       (8.0, -1.0, "new_scale")):
+        with pytest.raises(ValueError, match=r"scaler_event\(%s=" % name):
+            tr.scaler_event("backoff", a, b)
+    with pytest.raises(ValueError, match=r"scaler_event\(growth_tracker="):
+        tr.scaler_event("growth", 8.0, 16.0, -2)
     tr.close()
     st = ampprobe.read_trace(p)["steps"]
     assert st["found_inf"].tolist() == [1] and st["skipped"].tolist() == [0]
