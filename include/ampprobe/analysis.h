@@ -309,6 +309,14 @@ typedef struct probe_diag {
   int n_history;
   probe_diag_history_point history[PROBE_DIAG_HISTORY_MAX]; /* oldest first */
   int64_t first_grad_overflow_step; /* first backward-only non-finite step */
+  int64_t unskipped_grad_overflow_step; /* first backward-only non-finite
+                                           step the scaler did not skip, -1 */
+  /* a backward inf of a custom module (kind other) at no more positions
+   * than its forward values hold exact zeros, from a finite incoming
+   * gradient: a division by those zeros, not an FP16 overflow
+   * (docs/precision.md, "How an event is classified") */
+  int origin_divides_zeros;
+  uint64_t origin_fwd_zeros; /* those zeros (the record holding the most) */
 
   /* ---- loss scaler */
   int scaling_on;          /* a dynamic loss scaler ran */
@@ -322,7 +330,9 @@ typedef struct probe_diag {
   int64_t skipped_steps, found_inf_steps;
   int64_t longest_skip_run, longest_skip_start;
   int64_t trailing_skip_run; /* skipped steps at the end of the trace */
+  int64_t trailing_skip_start; /* the first of them, -1 when none */
   int scale_collapsed;
+  int never_stepped; /* every step skipped: no optimizer step was taken */
   int n_backoff_detail;
   probe_diag_backoff backoff_detail[PROBE_DIAG_MAX_BACKOFFS];
 

@@ -18,6 +18,12 @@
  * fraction of its weights' mean square (gamma ~ 1: an output that should
  * have variance ~1) while its input's variance is above it. */
 #define PROBE_DIAG_COLLAPSE_VAR_FRAC 1e-3
+/* The loss scale collapsed when the steps from some step to the end were
+ * all skipped and this many or more came after a step the scaler did not
+ * skip (it had found a scale that worked: a routine backoff skips one step,
+ * two with hysteresis), or when every step was skipped (no optimizer step
+ * was taken: the run did not train, however short). */
+#define PROBE_DIAG_COLLAPSE_TRAILING_SKIPS 3
 
 /* Ranks the findings with the rules table and sets d->verdict. */
 void probe__diag_rank(probe_diag *d);

@@ -341,6 +341,7 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
     }
   }
   d->trailing_skip_run = run;
+  d->trailing_skip_start = run > 0 ? run_start : -1;
   probe_status st = c.st;
   free(c.buf);
   if (st < 0) return st;
@@ -477,6 +478,8 @@ typedef struct master_seen {
   int finite;
 } master_seen;
 
+enum { BWD_FIRST, BWD_LATE, BWD_UNSKIPPED, BWD_COUNT };
+
 typedef struct walker {
   probe_diag *d;
   int hist_len;
@@ -487,9 +490,13 @@ typedef struct walker {
   int64_t mid_step;
   int frozen;       /* history frozen after the event */
   int backoff_i;    /* next backoff_detail to attribute */
-  /* The first backward-only overflow, kept in case it becomes the event. */
-  int have_bwd;
-  probe_diag bwd; /* only the event fields are used */
+  /* Backward-only overflows kept in case one becomes the event (only
+   * their event fields are used; on the heap, 3 probe_diag are ~90 KiB):
+   * the first; the first in the skip run that ends the trace (a collapse's,
+   * not a warm-up backoff's); the first in a step the scaler did not skip
+   * (masked before the parameter gradients: the scaler never saw it). */
+  probe_diag *bwd; /* [BWD_COUNT] */
+  int have_bwd[BWD_COUNT];
   int64_t weight_first_step;
   master_seen *masters; /* [n_layers] as the last step left them */
   int64_t weights_nf_step; /* first step a weight or master weight held
@@ -689,6 +696,42 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
              "the %llu zeros of its input are exact (no flushing evidence): "
              "not an underflow",
              (unsigned long long)in->zero_count);
+}
+
+/* A backward inf of a custom module (kind other: what its backward does
+ * is unknown) from a finite incoming gradient, at no more positions than
+ * one of its forward values (input, output, saved) holds exact zeros with
+ * no sign of flushing (no value that flushes in FP16, no subnormal beside
+ * them): a division by those zeros (g / y, g / sqrt(x) of a ReLU's zeros),
+ * which makes inf in any precision and at any loss scale. A module of a
+ * known kind, a non-finite incoming gradient, or more inf than zeros keep
+ * the gradient-overflow reading. Sets e->origin_divides_zeros and its
+ * evidence. */
+static void classify_backward(probe_diag *e, const probe_record *r,
+                              const probe_record *o, const layer_step *l,
+                              int lkind) {
+  if (lkind != PROBE_KIND_OTHER || !is_bwd_out(o->site) || l->grad_out < 0 ||
+      probe_stats_nonfinite(&r[l->grad_out].stats))
+    return;
+  const int fwd[3] = {l->fwd_in, l->fwd_out, l->fwd_saved};
+  const probe_stats *z = NULL;
+  for (int k = 0; k < 3; k++) {
+    if (fwd[k] < 0) continue;
+    const probe_stats *st = &r[fwd[k]].stats;
+    if (probe_stats_nonfinite(st) || probe__diag_zeros_flushed(st)) continue;
+    if (!z || st->zero_count > z->zero_count) z = st;
+  }
+  uint64_t nf = o->stats.nan_count + o->stats.posinf_count +
+                o->stats.neginf_count;
+  if (!z || z->zero_count == 0 || nf > z->zero_count) return;
+  e->origin_divides_zeros = 1;
+  e->origin_fwd_zeros = z->zero_count;
+  snprintf(e->event_evidence, sizeof e->event_evidence,
+           "its grad_out was finite (absmax %.4g), its %s holds %llu "
+           "inf/NaN, no more than the %llu exact zeros (not flushed) of its "
+           "forward values: a division by 0 (g/y), inf in any precision",
+           (double)r[l->grad_out].stats.absmax, probe_site_name((probe_site)o->site),
+           (unsigned long long)nf, (unsigned long long)z->zero_count);
 }
 
 /* Finds the origin of the step's first non-finite value and classifies it.
@@ -931,6 +974,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     if (!fwd) {
       kind = stats_has_inf(&o->stats) ? PROBE_DIAG_EVENT_GRAD_OVERFLOW
                                       : PROBE_DIAG_EVENT_INF_ARITH_NAN;
+      if (kind == PROBE_DIAG_EVENT_GRAD_OVERFLOW)
+        classify_backward(e, r, o, l, lkind);
     } else {
       const probe_stats *in = in_idx >= 0 ? &r[in_idx].stats : NULL;
       int out_inf = rec_nf(r, l->fwd_out) && stats_has_inf(&r[l->fwd_out].stats);
@@ -1275,15 +1320,25 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   memcpy(to->passed, from->passed, sizeof to->passed);
   to->more_passed = from->more_passed;
   to->nan_from_inf_layer = from->nan_from_inf_layer;
+  to->origin_divides_zeros = from->origin_divides_zeros;
+  to->origin_fwd_zeros = from->origin_fwd_zeros;
   memcpy(to->event_evidence, from->event_evidence, sizeof to->event_evidence);
   to->n_history = from->n_history;
   memcpy(to->history, from->history, sizeof to->history);
 }
 
+/* The step's backward-only overflow into slot k, unless it holds one. */
+static int keep_bwd(walker *w, int k, probe_record *r, size_t n, int64_t step) {
+  if (w->have_bwd[k]) return 0;
+  memset(&w->bwd[k], 0, sizeof w->bwd[k]);
+  w->have_bwd[k] = analyse_step(w, &w->bwd[k], r, n, step, 0);
+  return w->have_bwd[k];
+}
+
 /* A step holding a non-finite record: the first event (forward, the loss)
  * or the first backward-only overflow, kept in case it becomes one. */
 static void event_of_step(walker *w, probe_record *r, size_t n, int64_t step,
-                          int fwd_nf, int loss_nf) {
+                          int fwd_nf, int loss_nf, int unskipped) {
   probe_diag *d = w->d;
   if (fwd_nf || loss_nf) {
     probe_diag e;
@@ -1297,11 +1352,20 @@ static void event_of_step(walker *w, probe_record *r, size_t n, int64_t step,
     }
   } else {
     if (d->first_grad_overflow_step < 0) d->first_grad_overflow_step = step;
-    if (!w->have_bwd) {
-      memset(&w->bwd, 0, sizeof w->bwd);
-      if (analyse_step(w, &w->bwd, r, n, step, 0)) w->have_bwd = 1;
-    }
+    keep_bwd(w, BWD_FIRST, r, n, step);
+    if (d->trailing_skip_start >= 0 && step >= d->trailing_skip_start)
+      keep_bwd(w, BWD_LATE, r, n, step);
+    if (unskipped && keep_bwd(w, BWD_UNSKIPPED, r, n, step) &&
+        d->unskipped_grad_overflow_step < 0)
+      d->unskipped_grad_overflow_step = step;
   }
+}
+
+/* A step a scaler ran at and did not skip, as its scalars say (not
+ * measured: cannot tell, 0). */
+static int step_unskipped(const probe_diag *d, const probe_step_scalars *sc) {
+  return d->scaling_on && sc && !PROBE__UNMEASURED(sc, PROBE__SC_SCALER) &&
+         !sc->skipped && !sc->found_inf;
 }
 
 /* Each layer's FP32 master weights as the step left them (all its master
@@ -1349,7 +1413,8 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   compare_clip_norm(w, r, n, sc);
   update_layers(w, r, n, step, loss_nf);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
-  if (any_nf) event_of_step(w, r, n, step, fwd_nf, loss_nf);
+  if (any_nf)
+    event_of_step(w, r, n, step, fwd_nf, loss_nf, step_unskipped(d, sc));
   note_masters(w, r, n, step);
 }
 
@@ -1394,13 +1459,14 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.nf_at = malloc((size_t)nl * sizeof *w.nf_at);
   for (int64_t i = 0; w.nf_at && i < nl; i++) w.nf_at[i] = INT64_MIN;
   w.masters = calloc((size_t)nl, sizeof *w.masters);
+  w.bwd = calloc(BWD_COUNT, sizeof *w.bwd);
   for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
   probe_record *buf = malloc(chunk * sizeof *buf);
   size_t step_cap = 256, step_n = 0;
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.bwd || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -1443,9 +1509,22 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   }
   /* A backward-only overflow becomes the event when nothing else did and
    * the scaler did not cope (no scaling, or the scale collapsed). */
-  if (d->event_step < 0 && w.have_bwd &&
+  if (d->event_step < 0 && w.have_bwd[BWD_FIRST] &&
       (!d->scaling_on || d->scale_collapsed))
-    event_copy(d, &w.bwd);
+    /* a collapse after clean steps: the overflow of its own skip run, not
+     * a warm-up backoff's (with no clean step: the first) */
+    event_copy(d, &w.bwd[d->scaling_on && !d->never_stepped &&
+                                 w.have_bwd[BWD_LATE]
+                             ? BWD_LATE
+                             : BWD_FIRST]);
+  /* Or a division by exact zeros (classify_backward) in a step the scaler
+   * let through: masked before the parameter gradients this time, but an
+   * op that makes inf in any precision (the FP32 run's event too). A
+   * scaled overflow masked so (a ReLU's backward zeroes those positions:
+   * their gradient is 0 anyway) stays the scaler's business. */
+  else if (d->event_step < 0 && w.have_bwd[BWD_UNSKIPPED] &&
+           w.bwd[BWD_UNSKIPPED].origin_divides_zeros)
+    event_copy(d, &w.bwd[BWD_UNSKIPPED]);
   st = PROBE_OK;
 done:
   out->weights_nf_step = w.weights_nf_step;
@@ -1456,6 +1535,7 @@ done:
   free(w.ls);
   free(w.nf_at);
   free(w.masters);
+  free(w.bwd);
   free(buf);
   free(step_buf);
   if (sc_ok) free(sc.buf);
@@ -1709,6 +1789,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   d->feeder_layer = -1;
   d->nan_from_inf_layer = -1;
   d->first_grad_overflow_step = -1;
+  d->unskipped_grad_overflow_step = -1;
   d->worst_underflow_layer = -1;
   d->entry_flush_step = -1;
   d->entry_flush_from = d->entry_flush_to = -1;
@@ -1769,13 +1850,16 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   }
 
   /* Collapse: the scale ended far below where it started and was still
-   * backing off (or at its minimum), or the last steps were all skipped. */
+   * backing off (or at its minimum), or the last steps were all skipped:
+   * every step, or PROBE_DIAG_COLLAPSE_TRAILING_SKIPS after a clean one
+   * (docs/precision.md, "Verdicts"). */
+  d->never_stepped = d->n_steps > 0 && d->skipped_steps == d->n_steps;
   if (d->scaling_on) {
-    int64_t tail = d->n_steps / 10 > 20 ? d->n_steps / 10 : 20;
     d->scale_collapsed =
         (isfinite(d->scale_last) && d->scale_last <= 1.0 &&
          d->scale_first > 1.0) ||
-        (d->trailing_skip_run >= tail && d->trailing_skip_run >= 10) ||
+        d->never_stepped ||
+        d->trailing_skip_run >= PROBE_DIAG_COLLAPSE_TRAILING_SKIPS ||
         (d->min_clamps > 0 && d->trailing_skip_run > 0);
   }
   pass_out po;

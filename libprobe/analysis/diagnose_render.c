@@ -29,6 +29,18 @@ static void fmt_pct(char *b, size_t n, double x) {
 
 /* ---- text ----------------------------------------------------------------- */
 
+
+/* The clip order and its basis; an unknown order's basis says "cannot
+ * tell" itself (it printed "cannot tell: cannot tell: ..."). */
+static void clip_order_line(FILE *f, const probe_diag *d) {
+  if (d->clip_order < 0)
+    fprintf(f, "  clip order  %s\n", d->clip_order_basis);
+  else
+    fprintf(f, "  clip order  %s: %s\n",
+            d->clip_order == 1 ? "BEFORE unscaling" : "after unscaling",
+            d->clip_order_basis);
+}
+
 static void render_text(const probe_diag *d, FILE *f) {
   char a[32], b[32];
   fprintf(f, "trace       %s\n", d->path);
@@ -68,9 +80,20 @@ static void render_text(const probe_diag *d, FILE *f) {
   fprintf(f, "FIRST NON-FINITE EVENT\n");
   if (d->event == PROBE_DIAG_EVENT_NONE) {
     fprintf(f, "  none in the forward pass, the weights or the loss\n");
-    if (d->first_grad_overflow_step >= 0)
+    if (d->unskipped_grad_overflow_step >= 0)
+      fprintf(f, "  (gradients held inf/NaN first at step %lld; at step %lld "
+                 "the scaler did not skip it: it was masked before the "
+                 "parameter gradients, as a ReLU's backward zeroes those "
+                 "positions)\n",
+              (long long)d->first_grad_overflow_step,
+              (long long)d->unskipped_grad_overflow_step);
+    else if (d->first_grad_overflow_step >= 0 && d->skipped_steps > 0)
       fprintf(f, "  (scaled gradients overflowed first at step %lld; the "
                  "scaler skipped those steps, as designed)\n",
+              (long long)d->first_grad_overflow_step);
+    else if (d->first_grad_overflow_step >= 0)
+      fprintf(f, "  (gradients held inf/NaN first at step %lld; the trace "
+                 "does not say that the scaler skipped it)\n",
               (long long)d->first_grad_overflow_step);
   } else {
     fprintf(f, "  step        %lld\n", (long long)d->event_step);
@@ -227,11 +250,7 @@ static void render_text(const probe_diag *d, FILE *f) {
   } else if (d->clip_steps_seen == 0) {
     fprintf(f, "  threshold   %g; no finite gradient norm in the trace\n",
             d->clip_threshold);
-    fprintf(f, "  clip order  %s: %s\n",
-            d->clip_order == 1   ? "BEFORE unscaling"
-            : d->clip_order == 0 ? "after unscaling"
-                                 : "cannot tell",
-            d->clip_order_basis);
+    clip_order_line(f, d);
   } else {
     fprintf(f, "  threshold   %g; %lld of %lld steps clipped; largest ratio "
                "norm/threshold %.4g at step %lld\n",
@@ -250,11 +269,7 @@ static void render_text(const probe_diag *d, FILE *f) {
             d->clip_scaled_signature
                 ? "  -> clipping sees SCALED gradients"
                 : "");
-    fprintf(f, "  clip order  %s: %s\n",
-            d->clip_order == 1   ? "BEFORE unscaling"
-            : d->clip_order == 0 ? "after unscaling"
-                                 : "cannot tell",
-            d->clip_order_basis);
+    clip_order_line(f, d);
     if (d->clip_norm_steps > 0)
       fprintf(f, "  norm seen   = recorded (scaled) weight-gradient norm on %lld "
                  "of %lld comparable steps; = that norm / scale on the rest\n",

@@ -312,8 +312,11 @@ static void clip_order(probe_diag *d) {
            "clipper's norm could be compared with the recorded gradients "
            "(%lld), and %s",
            (long long)d->clip_norm_steps,
-           moved ? "the norms do not follow the scale"
-                 : "the loss scale hardly moved");
+           d->clip_steps_seen == 0 ? "no step with a finite gradient norm to "
+                                     "set against the loss scale"
+           : moved ? "the norms do not follow the scale"
+                   : "the loss scale hardly moved over the steps with a "
+                     "finite gradient norm");
 }
 
 /* ---- the rules --------------------------------------------------------------- */
@@ -577,10 +580,32 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
  * did not diverge (the lr signature did not fire): the op itself makes it
  * (0/0, sqrt or log of 0, an eps of 0), whatever the precision; in any run,
  * a NaN made of the exact zeros of a layer's input (nan_of_exact_zeros). */
+/* A custom module's backward made inf of the exact zeros of its forward
+ * values (diagnose.c, classify_backward): a division by 0 in any
+ * precision. */
+static void explain_divides_zeros(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  set_title(f, "'%s' (%s) made inf in its backward from a finite gradient, "
+               "where its forward values hold exact zeros (a division by 0): "
+               "not a precision problem",
+            c->oname, kind_of(d, d->origin_layer));
+  add_evidence(f, "step %lld, %s, %s", (long long)d->event_step,
+               probe_phase_name(d->event_phase),
+               probe_site_name(d->origin_site));
+  add_evidence(f, "%s", d->event_evidence);
+  if (d->first_nonfinite_loss_step < 0)
+    add_evidence(f, "the loss stayed finite");
+  set_next(f, "look at what the backward of '%s' divides by at step %lld (its "
+              "saved output or input, 0 where a ReLU or mask zeroed it): add "
+              "an eps or mask those positions; keeping it in FP32 will not "
+              "help (if it divides by nothing, check the FP32 baseline: %s)",
+           c->oname, (long long)d->event_step, c->run_fp32);
+}
+
 static int when_not_precision(const rank_ctx *c) {
   const probe_diag *d = c->d;
-  return (d->fp32_run || nan_of_exact_zeros(d)) && c->has_event &&
-         !c->lr_signature && d->origin_layer >= 0 &&
+  return (d->fp32_run || nan_of_exact_zeros(d) || d->origin_divides_zeros) &&
+         c->has_event && !c->lr_signature && d->origin_layer >= 0 &&
          d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
          d->event != PROBE_DIAG_EVENT_NONE && !loss_outside(d);
@@ -588,6 +613,10 @@ static int when_not_precision(const rank_ctx *c) {
 static double score_not_precision(const rank_ctx *c) { (void)c; return SCORE_NOT_PRECISION; }
 static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
+  if (!d->fp32_run && d->origin_divides_zeros) {
+    explain_divides_zeros(c, f);
+    return;
+  }
   if (!d->fp32_run) {
     set_title(f, "'%s' (%s) made NaN of the exact zeros of its input (0/0): "
                  "not a precision problem",
@@ -628,7 +657,8 @@ static int when_event(const rank_ctx *c) {
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
          d->event != PROBE_DIAG_EVENT_ALLREDUCE &&
          d->event != PROBE_DIAG_EVENT_NONE && !d->fp32_run &&
-         d->origin_layer >= 0 && !loss_outside(d) && !nan_of_exact_zeros(d);
+         d->origin_layer >= 0 && !loss_outside(d) && !nan_of_exact_zeros(d) &&
+         !d->origin_divides_zeros;
 }
 static double score_event(const rank_ctx *c) {
   return c->lr_signature ? SCORE_FORCE_FP32_AFTER_LR
@@ -712,7 +742,10 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
     add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
                  probe_diag_layer_name(d, d->feeder_layer),
                  kind_of(d, d->feeder_layer));
-  if (d->first_nonfinite_loss_step < 0)
+  if (d->first_nonfinite_loss_step < 0 && d->scaling_on && d->scale_collapsed)
+    add_evidence(f, "the loss stayed finite, but the loss scale collapsed: "
+                    "the run diverged");
+  else if (d->first_nonfinite_loss_step < 0)
     add_evidence(f, "the loss stayed finite: a silent fault, the run is "
                     "degraded, not healthy");
   if (c->prior[0])
@@ -873,7 +906,16 @@ static double score_collapse(const rank_ctx *c) {
 }
 static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
-  if (d->min_clamps > 0)
+  if (d->never_stepped)
+    set_title(f, "no optimizer step was taken: all %lld steps were skipped "
+                 "(non-finite gradients every step), the weights never changed",
+              (long long)d->n_steps);
+  else if (d->trailing_skip_run >= PROBE_DIAG_COLLAPSE_TRAILING_SKIPS)
+    set_title(f, "the run stopped training: its last %lld steps (from step "
+                 "%lld) were all skipped, the loss scale still backing off",
+              (long long)d->trailing_skip_run,
+              (long long)d->trailing_skip_start);
+  else if (d->min_clamps > 0)
     set_title(f, "the loss scale collapsed: %lld backoffs, %lld min-scale "
                  "clamps, %lld skipped steps",
               (long long)d->backoffs, (long long)d->min_clamps,
@@ -898,7 +940,18 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
                  (long long)d->layers[top].backoff_steps);
     add_candidate(cands, sizeof cands, kind_of(d, top));
   }
-  if (cands[0])
+  /* no layer to keep in FP32: an FP32 run, or skips made by an op in any
+   * precision (not-precision's event); bisect would find nothing */
+  if (d->fp32_run && d->origin_layer < 0)
+    set_next(f, "every layer ran in FP32: find what makes the gradients "
+                "non-finite (a 0/0, a log or division of 0); forcing layers "
+                "to FP32 will not help");
+  else if (d->origin_layer >= 0 && c->has_event &&
+           (d->fp32_run || d->origin_divides_zeros || nan_of_exact_zeros(d)))
+    set_next(f, "fix what makes '%s' non-finite at step %lld (the "
+                "not-precision finding): every step it reaches is skipped",
+             c->oname, (long long)d->event_step);
+  else if (cands[0])
     set_next_bisect(f, cands, c->args);
   else
     set_next(f, "check the FP32 baseline: %s", c->run_fp32);
@@ -1027,10 +1080,14 @@ static void explain_healthy(rank_ctx *c, probe_diag_finding *f) {
     add_evidence(f, "tightest FP16 headroom: '%s' %.2f binades (step %lld)",
                  d->layers[tight].display, d->layers[tight].min_fwd_headroom,
                  (long long)d->layers[tight].min_fwd_headroom_step);
-  if (d->clipping_on)
+  if (d->clipping_on && d->clip_steps_seen > 0)
     add_evidence(f, "%lld of %lld steps clipped, largest clip ratio %.3g",
                  (long long)d->clipped_steps, (long long)d->clip_steps_seen,
                  d->max_clip_ratio);
+  else if (d->clipping_on)
+    add_evidence(f, "clipping on (threshold %g), but no step recorded a "
+                    "finite gradient norm",
+                 d->clip_threshold);
   set_next(f, "nothing to fix");
 }
 

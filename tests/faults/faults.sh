@@ -609,8 +609,10 @@ case_numbers() {
   t -- "$AMP" run --scenario healthy -q -o n.h5 --lr 1e400
   expect 2 "--lr 1e400"; one_line "--lr 1e400" "must be in [0, 1e+06]"
   rm -f n.h5
+  # accepted, not a usage error (2): both steps overflow at that scale and
+  # are skipped, and a run that took no optimizer step is not healthy (1)
   t -- "$AMP" run --scenario healthy -q --steps 2 --init-scale 3e38 -o big.h5
-  expect 0 "--init-scale 3e38 (the config maximum)"
+  expect 1 "--init-scale 3e38 (the config maximum; no step taken: diverged)"
   t -- "$AMP" run --scenario healthy -q --steps 2 --init-scale 3.1e38 -o big2.h5
   expect 2 "--init-scale 3.1e38"; one_line "--init-scale 3.1e38" "must be in [1e-30, 3e+38]"
   t -- "$AMP" run --scenario healthy -q --steps 2 --micro-batches 2048 -o mb.h5

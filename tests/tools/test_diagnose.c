@@ -2516,6 +2516,256 @@ START_TEST(test_progress_reaches_the_total) {
 }
 END_TEST
 
+/* ---- skipped steps, unskipped backward inf, division by zeros -------------
+ * Hunt on PyTorch models (2026-12-04): a run whose steps were all skipped,
+ * or whose last ones were, was called healthy while the scale was above 1
+ * and the skip run shorter than max(20, steps/10); a backward inf the scaler
+ * never skipped was healthy in FP16 ("the scaler skipped those steps") and
+ * degraded in FP32; a custom module's division by an exact 0 in its
+ * backward was "FP16 gradient-overflow: keep it in FP32". */
+
+/* n steps of the 5-layer model from scale s0; skip(s) says which steps
+ * overflow in lin1's weight gradient (skipped, the scale halves). clip: a
+ * clip threshold of 1 with no finite gradient norm. */
+static void skip_trace(const char *p, int n, double s0, int (*skip)(int, int),
+                       int clip) {
+  tb t;
+  tb_open(&t, p, 0);
+  double scale = s0;
+  for (int s = 0; s < n; s++) {
+    int k = skip(s, n);
+    spec sp = {.grad_inf = k};
+    scal sc = clean(2.0 - 0.01 * s, scale);
+    if (clip) {
+      sc.clip_threshold = 1.0;
+      sc.grad_norm = NAN;
+    }
+    tb_step(&t, s, &sp, &sc);
+    if (k) {
+      scaler_event(&t, s, PROBE_SCALER_BACKOFF, scale, scale / 2);
+      scale /= 2;
+    }
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+}
+
+static int skip_all(int s, int n) { (void)s, (void)n; return 1; }
+static int skip_last15(int s, int n) { return s >= n - 15; }
+static int skip_warm_then_last3(int s, int n) { return s < 5 || s >= n - 3; }
+static int skip_warm3(int s, int n) { (void)n; return s < 3; }
+static int skip_warm9(int s, int n) { (void)n; return s < 9; }
+static int skip_warm3_last1(int s, int n) { return s < 3 || s == n - 1; }
+static int skip_routine(int s, int n) { return s < 2 || s % 10 == 9 || s >= n - 2; }
+
+static int text_has(const probe_diag *d, const char *needle) {
+  char *text = NULL;
+  ck_assert_int_eq(probe_diag_render_text(d, &text), PROBE_OK);
+  int has = strstr(text, needle) != NULL;
+  probe_free(text);
+  return has;
+}
+
+START_TEST(test_skipped_to_the_end_is_not_healthy) {
+  const char *p = tmp_path("skipend");
+  const struct { int n; double s0; int (*skip)(int, int); int healthy;
+                 const char *title; } c[] = {
+      {12, 65536, skip_all, 0, "no optimizer step"},  /* c04 alwaysskip */
+      {3, 65536, skip_all, 0, "no optimizer step"},   /* a short run */
+      {1, 65536, skip_all, 0, "no optimizer step"},
+      {8, 1024, skip_all, 0, "no optimizer step"},    /* c10 gru_bighead */
+      {45, 16777216, skip_last15, 0, "stopped training"}, /* c14 */
+      {13, 65536, skip_warm_then_last3, 0, "stopped training"},
+      /* controls: a scaler finding its scale, then training */
+      {20, 65536, skip_warm3, 1, NULL},
+      {12, 16777216, skip_warm9, 1, NULL},  /* a long warm-up, a short run */
+      {10, 65536, skip_warm3_last1, 1, NULL}, /* one routine backoff last */
+      {40, 65536, skip_routine, 1, NULL},   /* routine backoffs, 2 at the end */
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    unlink(p);
+    skip_trace(p, c[i].n, c[i].s0, c[i].skip, 0);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(probe_diag_problem(&d) == !c[i].healthy, "case %zu: %s: %s",
+                  i, probe_verdict_name(d.verdict), d.findings[0].title);
+    if (c[i].healthy) /* the warm-up's overflows: the scaler's design */
+      ck_assert_msg(text_has(&d, "as designed"), "case %zu", i);
+    if (!c[i].healthy) {
+      ck_assert_msg(d.verdict == PROBE_VERDICT_DIVERGED && d.scale_collapsed,
+                    "case %zu: %s", i, probe_verdict_name(d.verdict));
+      int found = 0;
+      for (int k = 0; k < d.n_findings; k++) {
+        if (d.findings[k].id == PROBE_DIAG_FINDING_SCALE_COLLAPSE)
+          found = strstr(d.findings[k].title, c[i].title) != NULL;
+        for (int e = 0; e < d.findings[k].n_evidence; e++)
+          ck_assert_msg(!strstr(d.findings[k].evidence[e], "degraded, not healthy"),
+                        "case %zu: %s", i, d.findings[k].evidence[e]);
+      }
+      ck_assert_msg(found, "case %zu: no scale-collapse '%s'", i, c[i].title);
+    }
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
+/* Clipping on, no finite gradient norm: the text neither says "cannot
+ * tell" twice, nor that a scale that fell 2^k "hardly moved", nor "0 of 0
+ * steps clipped". */
+START_TEST(test_clip_text_without_a_norm) {
+  const char *p = tmp_path("clipnan");
+  skip_trace(p, 20, 65536, skip_warm3, 1);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_HEALTHY);
+  ck_assert_msg(!text_has(&d, "cannot tell: cannot tell"), "twice");
+  ck_assert_msg(!strstr(d.clip_order_basis, "hardly moved"), "%s", d.clip_order_basis);
+  for (int e = 0; e < d.findings[0].n_evidence; e++)
+    ck_assert_msg(!strstr(d.findings[0].evidence[e], "0 of 0"), "%s",
+                  d.findings[0].evidence[e]);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* A custom module 'sq' (kind `kind`, precision prec) behind an activation
+ * 'act': its forward values hold `zeros` zeros (tiny: values of 1e-8 beside
+ * them, which flush in FP16), its grad_in holds `infs` inf from a finite
+ * grad_out. The activation masks them (its grad_in is finite) unless
+ * reach: then lin's weight gradient holds NaN and the step is skipped.
+ * n steps at scale 65536 (halved at each skipped step). */
+typedef struct zdiv { probe_kind kind; const char *policy; probe_dtype prec;
+                      int zeros, infs, tiny, reach, n; } zdiv;
+
+static void zdiv_trace(const char *p, const zdiv *z) {
+  probe_session *s = hb_open(p, z->policy);
+  int32_t lin = hb_layer(s, "lin", PROBE_KIND_LINEAR, z->prec);
+  int32_t act = hb_layer(s, "act", PROBE_KIND_ACTIVATION, z->prec);
+  int32_t sq = hb_layer(s, "sq", z->kind, z->prec);
+  double scale = 65536;
+  float x[N], y[N], g[N], gi[N], ga[N], w[N];
+  for (int step = 0; step < z->n; step++) {
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) {
+      x[i] = 0.5f + (float)i / N;
+      w[i] = 0.1f;
+      y[i] = x[i];
+      g[i] = 0.01f * (1 + i);
+      gi[i] = g[i] / y[i];
+      ga[i] = gi[i];
+    }
+    for (int i = 0; i < z->zeros; i++) x[i] = y[i] = 0.0f;
+    if (z->tiny) x[z->zeros] = y[z->zeros] = 1e-8f;
+    for (int i = 0; i < z->infs; i++) gi[i] = INFINITY, ga[i] = 0.0f;
+    hb_rec(s, lin, PROBE_SITE_FWD_IN, w, N);
+    hb_rec(s, lin, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, lin, PROBE_SITE_FWD_OUT, w, N);
+    hb_rec(s, act, PROBE_SITE_FWD_IN, w, N);
+    hb_rec(s, act, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, sq, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, sq, PROBE_SITE_FWD_OUT, y, N);
+    hb_rec(s, sq, PROBE_SITE_GRAD_OUT, g, N);
+    hb_rec(s, sq, PROBE_SITE_GRAD_IN, gi, N);
+    hb_rec(s, act, PROBE_SITE_GRAD_OUT, gi, N);
+    if (z->reach) ga[0] = NAN;
+    hb_rec(s, act, PROBE_SITE_GRAD_IN, ga, N);
+    hb_rec(s, lin, PROBE_SITE_GRAD_OUT, ga, N);
+    hb_rec(s, lin, PROBE_SITE_WEIGHT_GRAD, ga, N);
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = scale,
+                             .found_inf = z->reach, .skipped = z->reach};
+    ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(s), PROBE_OK);
+    if (z->reach) {
+      probe_scaler_event e = {.step = step, .kind = PROBE_SCALER_BACKOFF,
+                              .old_scale = scale, .new_scale = scale / 2};
+      ck_assert_int_eq(probe_scaler_transition(s, &e), PROBE_OK);
+      scale /= 2;
+    }
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+/* A division by exact zeros the scaler never skipped (act masks it) is an
+ * event in FP16 as in FP32: degraded in both (it was healthy in FP16, with
+ * "the scaler skipped those steps" beside 0 skipped steps). Controls: a
+ * scaled overflow masked so (no zeros to divide by, or a Linear) stays
+ * healthy, as the C trainer's bn-relu-healthy, and the text says it was
+ * masked, not skipped. */
+START_TEST(test_unskipped_gradient_inf_is_an_event) {
+  const char *p = tmp_path("unskipped");
+  const struct { zdiv z; int healthy; } c[] = {
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 0, 12}, 0},
+      {{PROBE_KIND_OTHER, "fp32", PROBE_DTYPE_F32, 4, 4, 0, 0, 12}, 0},
+      {{PROBE_KIND_OTHER, "bf16", PROBE_DTYPE_BF16, 5, 3, 0, 0, 6}, 0},
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 3, 0, 0, 6}, 1},
+      {{PROBE_KIND_LINEAR, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 0, 6}, 1},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    zdiv_trace(p, &c[i].z);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(!text_has(&d, "as designed"), "case %zu", i);
+    if (c[i].healthy) {
+      ck_assert_msg(d.verdict == PROBE_VERDICT_HEALTHY, "case %zu: %s", i,
+                    d.findings[0].title);
+      ck_assert_int_eq(d.unskipped_grad_overflow_step, 0);
+      ck_assert_msg(text_has(&d, "masked"), "case %zu", i);
+    } else {
+      ck_assert_msg(d.event == PROBE_DIAG_EVENT_GRAD_OVERFLOW && d.event_step == 0,
+                    "case %zu: %s at %lld", i, probe_diag_event_name(d.event),
+                    (long long)d.event_step);
+      ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "sq");
+      ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+      ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_NOT_PRECISION);
+    }
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
+/* A division by the exact zeros of a custom module's forward values in
+ * its backward is not-precision in FP16, as in FP32, skipped or not;
+ * flushed zeros, more inf than zeros, or a module of a known kind keep
+ * force-fp32. */
+START_TEST(test_backward_division_by_zeros_is_not_precision) {
+  const char *p = tmp_path("zdiv");
+  const struct { zdiv z; int np; } c[] = {
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 0, 12}, 1},
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 6, 2, 0, 0, 12}, 1},
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 1, 12}, 1}, /* skipped */
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 1, 40}, 1},
+      {{PROBE_KIND_OTHER, "fp32", PROBE_DTYPE_F32, 4, 4, 0, 1, 12}, 1},
+      /* controls, every step skipped (the event: the first overflow) */
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 4, 4, 1, 1, 12}, 0}, /* flushed */
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 2, 5, 0, 1, 12}, 0}, /* more inf */
+      {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 3, 0, 1, 12}, 0}, /* no zeros */
+      {{PROBE_KIND_LINEAR, "fp16", PROBE_DTYPE_F16, 4, 4, 0, 1, 12}, 0},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    zdiv_trace(p, &c[i].z);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(probe_diag_problem(&d), "case %zu: healthy", i);
+    ck_assert_msg(d.findings[0].id == (c[i].np ? PROBE_DIAG_FINDING_NOT_PRECISION
+                                               : PROBE_DIAG_FINDING_FORCE_FP32),
+                  "case %zu: %s: %s", i, probe_diag_finding_name(d.findings[0].id),
+                  d.findings[0].title);
+    for (int k = 0; c[i].np && k < d.n_findings; k++) {
+      ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_FORCE_FP32);
+      ck_assert_msg(!strstr(d.findings[k].next_step, "bisect"), "case %zu: %s",
+                    i, d.findings[k].next_step);
+    }
+    if (c[i].np && c[i].z.prec != PROBE_DTYPE_F32)
+      ck_assert_msg(strstr(d.findings[0].title, "division by 0"), "%s",
+                    d.findings[0].title);
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -2569,6 +2819,10 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_external_command);
   tcase_add_test(tc, test_norm_collapse_records);
   tcase_add_test(tc, test_progress_reaches_the_total);
+  tcase_add_test(tc, test_skipped_to_the_end_is_not_healthy);
+  tcase_add_test(tc, test_clip_text_without_a_norm);
+  tcase_add_test(tc, test_unskipped_gradient_inf_is_an_event);
+  tcase_add_test(tc, test_backward_division_by_zeros_is_not_precision);
 #ifdef PROBE_SCALAR_LOSS
   tcase_add_test(tc, test_unmeasured_loss_is_absent);
 #endif
