@@ -92,10 +92,13 @@ def test_warn_once_per_step(tmp_path):
 def test_gradient_overflow_is_scalers_business(tmp_path):
     """A huge loss scale overflows the FP16 gradients: the step is skipped
     and backed off; raise mode stays quiet (the scaler's routine), and the
-    trace has the backoff and the origin in the backward phase."""
+    trace has the backoff and the origin in the backward phase. Enough
+    steps for the scale to come down and the run to train: a run whose
+    steps were all skipped took no optimizer step, which is not healthy
+    (its 4 steps at 2^40 were)."""
     model, loss_fn, tr, path = make(tmp_path, on_nonfinite="raise")
     sc = at.LossScaler(init_scale=2.0 ** 40, growth_interval=2)
-    losses = train(tr, model, loss_fn, 4, scaler=sc, make=lambda s: data(s))
+    losses = train(tr, model, loss_fn, 40, scaler=sc, make=lambda s: data(s))
     tr.close()
     assert all(math.isfinite(x) for x in losses)
     t = ampprobe.read_trace(path)
@@ -108,6 +111,7 @@ def test_gradient_overflow_is_scalers_business(tmp_path):
     assert pm["event"]["kind"] == "none"  # nothing in forward or weights
     assert pm["event"]["first_gradient_overflow_step"] == 0
     assert pm["scaler"]["backoffs"] >= 1
+    assert pm["verdict"] == "healthy", pm["verdict"]
 
 
 def _silent_fault_run(tmp_path, init_scale, mode, fault_step, again=None,
