@@ -1670,6 +1670,19 @@ static int source_arg(char *out, size_t cap, const char *opt, const char *v) {
   return (size_t)snprintf(out, cap, "%s %s", opt, q) < cap;
 }
 
+/* A configuration's whole number (steps, seed) in [0, 2^53]: 0 and *out
+ * set, or -1 and *out untouched for anything else (a string, 1.9, 1e300:
+ * a cast of a double past int64's range is undefined, and 1.9 became
+ * --steps 1 in the suggested command). */
+static int json_count(const probe__jleaf *x, int64_t *out) {
+  const double max = 9007199254740992.0; /* 2^53: every integer exact */
+  if (!x || x->type != PROBE__JV_NUM || !(x->num >= 0 && x->num <= max) ||
+      x->num != floor(x->num))
+    return -1;
+  *out = (int64_t)x->num;
+  return 0;
+}
+
 /* A command line re-quoted word by word (probe_shell_quote): what the
  * post-mortem prints for an external job to be pasted after "--". The
  * stored line is data: "$(cmd)" or "a;b" in it becomes one quoted word,
@@ -1706,10 +1719,8 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
       if (strlen(x->str) < sizeof raw_name) /* a cut name is another one */
         snprintf(raw_name, sizeof raw_name, "%s", x->str);
     }
-    if ((x = probe__jflat_get(&f, "steps")) && x->type == PROBE__JV_NUM)
-      d->cfg_steps = (int64_t)x->num;
-    if ((x = probe__jflat_get(&f, "seed")) && x->type == PROBE__JV_NUM)
-      d->cfg_seed = (int64_t)x->num;
+    (void)json_count(probe__jflat_get(&f, "steps"), &d->cfg_steps);
+    (void)json_count(probe__jflat_get(&f, "seed"), &d->cfg_seed);
     if ((x = probe__jflat_get(&f, "clip.before_unscale")) &&
         x->type == PROBE__JV_BOOL)
       d->cfg_clip_before_unscale = x->boolean;

@@ -1918,6 +1918,34 @@ START_TEST(test_stored_command_is_data) {
 }
 END_TEST
 
+/* steps and seed are read only as whole numbers a run can have: a double
+ * past int64's range was cast (undefined), 1.9 became --steps 1, a
+ * negative seed was passed on. */
+START_TEST(test_config_counts_are_whole_numbers) {
+  static probe_diag d; /* large */
+  static const struct {
+    const char *json;
+    long long steps, seed;
+  } cases[] = {
+      {"{\"steps\": 150, \"seed\": 7}", 150, 7},
+      {"{\"steps\": 0, \"seed\": 0}", 0, 0},
+      {"{\"steps\": 9007199254740992, \"seed\": 1}", 9007199254740992LL, 1},
+      {"{\"steps\": 1.9, \"seed\": 2.5}", -1, -1},
+      {"{\"steps\": 1e300, \"seed\": -1e300}", -1, -1},
+      {"{\"steps\": 9223372036854775808, \"seed\": 18446744073709551616}", -1, -1},
+      {"{\"steps\": -3, \"seed\": -1}", -1, -1},
+      {"{\"steps\": \"150\", \"seed\": true}", -1, -1},
+      {"{\"steps\": 1.0e2, \"seed\": 3e0}", 100, 3},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    probe__diag_read_config(&d, cases[i].json, "ampprobe run --scenario unit");
+    ck_assert_msg(d.cfg_steps == cases[i].steps && d.cfg_seed == cases[i].seed,
+                  "%s: steps %lld seed %lld", cases[i].json,
+                  (long long)d.cfg_steps, (long long)d.cfg_seed);
+  }
+}
+END_TEST
+
 /* A layer name holding a newline, ESC, BEL and CR: printed escaped in the
  * text and the JSON, and a newline cannot forge a "verdict" line. */
 START_TEST(test_hostile_names) {
@@ -2813,6 +2841,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_text_escape);
   tcase_add_test(tc, test_shell_quote);
   tcase_add_test(tc, test_stored_command_is_data);
+  tcase_add_test(tc, test_config_counts_are_whole_numbers);
   tcase_add_test(tc, test_hostile_names);
   tcase_add_test(tc, test_clip_order_cannot_tell);
   tcase_add_test(tc, test_json_inf_is_a_string);
