@@ -100,20 +100,26 @@ def run_net(out, scenario, rank, world):
         # rank r's shard of the global batch: micro-batch step*world + r
         x, y = data(step * world + rank,
                     nan=fp16 and rank == BAD_RANK and step == BAD_STEP)
-        with tr.autocast():
-            loss = loss_fn(ddp(x), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
+        loss, n = amp_step(tr, ddp, loss_fn, opt, scaler, x, y)
         if scenario == "drift" and rank == DRIFT_RANK and step == DRIFT_STEP:
             with torch.no_grad():
                 model.head.bias[0] += 1e-3
         tr.end_step(loss=loss, optimizer=opt, grad_norm=n, max_norm=1.0)
         losses.append(float(loss))
     return tr, losses
+
+
+def amp_step(tr, ddp, loss_fn, opt, scaler, x, y):
+    """One GradScaler-style step of the DDP model: (loss, grad norm)."""
+    with tr.autocast():
+        loss = loss_fn(ddp(x), y)
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    return loss, n
 
 
 def run_join(out, scenario, rank, world):
@@ -142,14 +148,7 @@ def run_join(out, scenario, rank, world):
         with ddp.join():
             for step in range(base, base + counts[rank]):
                 x, y = data(step * world + rank, nan=(rank, step) == bad)
-                with tr.autocast():
-                    loss = loss_fn(ddp(x), y)
-                opt.zero_grad()
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                n = nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-                scaler.step(opt)
-                scaler.update()
+                loss, n = amp_step(tr, ddp, loss_fn, opt, scaler, x, y)
                 tr.end_step(loss=loss, optimizer=opt, grad_norm=n,
                             max_norm=1.0)
                 losses.append(float(loss))
