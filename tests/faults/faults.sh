@@ -1108,7 +1108,7 @@ JSON
   fi
 }
 
-# Hostile HDF5 structure (found 2027-01 by a hostile-input hunt), made by
+# Hostile HDF5 structure (found 2026-12-04 by a hostile-input hunt), made by
 # hostile_h5.py with /usr/bin/python3's h5py; each file consistent but for
 # the one thing it makes hostile.
 H5ED="$(cd "$(dirname "$0")" && pwd)/hostile_h5.py"

@@ -87,7 +87,7 @@ START_TEST(values_the_reader_refuses) {
   ck_assert_int_eq(probe_scaler_transition(s, &ev), PROBE_ERR_INVALID_ARG);
   ev.step = 0;
   PT_CHECK(probe_scaler_transition(s, &ev)); /* outside a step, step 0: fine */
-  /* the scales and tracker the reader refuses since 2027-01 (a NaN, inf or
+  /* the scales and tracker the reader refuses since 2026-12-04 (a NaN, inf or
    * negative scale, a negative tracker), and an event before the one
    * before it (the reader takes them in step order) */
   const double bad_scale[] = {NAN, INFINITY, -INFINITY, -1.0};

@@ -179,7 +179,7 @@ END_TEST
 
 /* Steps up to 2^63 - 1 (a trace's steps are int64 >= 0; the reader takes any
  * increasing ones): x1 - x0 + 1 and (x - x0) * columns overflowed int64 -
- * a negative column, heap corruption in `report` (found 2027-01 by a
+ * a negative column, heap corruption in `report` (found 2026-12-04 by a
  * hostile-input hunt). Columns stay in range and in step order, the ends
  * land in the first and last column, and the plot and heatmap render. */
 START_TEST(test_bins_huge_steps) {
@@ -191,8 +191,9 @@ START_TEST(test_bins_huge_steps) {
     ck_assert_int_eq(b.ncols, 1092);
     int prev = 0;
     for (int i = 0; i <= 64; i++) { /* lo .. hi in 64 steps, and past hi */
-      int64_t x = lo[k] + (int64_t)((double)(hi[k] - lo[k]) / 64.0 * i);
-      if (i == 64 || x < lo[k]) x = hi[k];
+      /* in double: lo + (hi - lo) * i / 64 overflows int64 near the top */
+      double xd = (double)lo[k] + ((double)hi[k] - (double)lo[k]) / 64.0 * i;
+      int64_t x = i == 64 || xd >= (double)hi[k] ? hi[k] : (int64_t)xd;
       int c = probe_bins_col(&b, x);
       ck_assert_int_ge(c, prev);
       ck_assert_int_lt(c, b.ncols);
