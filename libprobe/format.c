@@ -614,7 +614,3 @@ const char *probe__scaler_event_why(const probe_scaler_event *e) {
   if (e->growth_tracker < 0) return "a negative growth tracker";
   return NULL;
 }
-
-int probe__scaler_event_ok(const probe_scaler_event *e) {
-  return probe__scaler_event_why(e) == NULL;
-}

@@ -153,7 +153,6 @@ unsigned probe__bidi_control(const unsigned char *p, int n);
  * against the trace's steps: the reader checks those), NULL when it can:
  * the one rule of the writer (probe_scaler_transition) and the reader. */
 const char *probe__scaler_event_why(const probe_scaler_event *e);
-int probe__scaler_event_ok(const probe_scaler_event *e);
 
 /* child.c: sessions register their writer-lock descriptor while they hold
  * it; a child the library forks (isolated readers) calls
