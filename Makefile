@@ -8,7 +8,7 @@
 #                                        found): every test but the extended ones
 #                         build-nocuda/  -DAMPPROBE_CUDA=OFF (skipped when the
 #                                        default build is CUDA-off already):
-#                                        the suite minus NOCUDA_EXCLUDE, its
+#                                        the labels NOCUDA_LABELS, its
 #                                        Python tests on PyPI's torch 2
 #                                        (scripts/torch2-venv.sh; build/'s
 #                                        on Debian's torch 1.13)
@@ -41,10 +41,12 @@ WERROR ?= ON
 # and CI".
 ASAN_EXCLUDE ?= extended|browser|torch|python|package|mpi
 
-# The CUDA-off build's tests leave out what does not change with CUDA off:
-# the browser tests (Chromium renders the same HTML) and the PyTorch
-# comparisons (the CPU layers are the same code in both builds; the time
-# goes to Python). Together ~245 s of CPU per run on 2 cores (2026-12-02).
+# The CUDA-off build runs only what the ASan+UBSan build, CUDA-off too,
+# leaves out: the Python package (here on torch 2), the multi-rank jobs and
+# the install/consumer checks of a CUDA-off library. Every other test of a
+# CUDA-off build runs in build-asan/, under the sanitizers; until
+# 2026-12-04 this stage ran them a second time (~400 s of CPU on a Zen 1).
+NOCUDA_LABELS ?= python|mpi|package
 NOCUDA_EXCLUDE ?= extended|browser|torch
 
 CONFIG_FLAGS = -DAMPPROBE_WERROR=$(WERROR) $(CMAKE_FLAGS)
@@ -99,7 +101,7 @@ test-nocuda: build
 	    echo "test-nocuda: NO torch 2 (scripts/torch2-venv.sh failed, above): tests/python with Debian's torch 1.13 again"; \
 	  fi; \
 	  cmake -S . -B $(BUILD)-nocuda "-DAMPPROBE_PYTHON=$$py2" > /dev/null; \
-	  cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) -LE '$(NOCUDA_EXCLUDE)'; \
+	  cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) -L '$(NOCUDA_LABELS)' -LE '$(NOCUDA_EXCLUDE)'; \
 	else \
 	  echo "test-nocuda: $(BUILD) is CUDA-off already (no nvcc): tested by test-main"; \
 	fi
