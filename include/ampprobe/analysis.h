@@ -317,6 +317,12 @@ typedef struct probe_diag {
    * (docs/precision.md, "How an event is classified") */
   int origin_divides_zeros;
   uint64_t origin_fwd_zeros; /* those zeros (the record holding the most) */
+  /* a NaN-only event (inf-arithmetic-nan) whose records rule out FP16/BF16
+   * as its cause: nothing overflowed (finite inputs whose bound stays
+   * below the range), nothing flushed, and its op makes that NaN in any
+   * precision (docs/precision.md, "Not a precision problem"); the event's
+   * evidence says which records showed it. 0: no such evidence. */
+  int origin_not_precision;
 
   /* ---- loss scaler */
   int scaling_on;          /* a dynamic loss scaler ran */

@@ -726,12 +726,130 @@ static void classify_backward(probe_diag *e, const probe_record *r,
   if (!z || z->zero_count == 0 || nf > z->zero_count) return;
   e->origin_divides_zeros = 1;
   e->origin_fwd_zeros = z->zero_count;
-  snprintf(e->event_evidence, sizeof e->event_evidence,
-           "its grad_out was finite (absmax %.4g), its %s holds %llu "
-           "inf/NaN, no more than the %llu exact zeros (not flushed) of its "
-           "forward values: a division by 0 (g/y), inf in any precision",
-           (double)r[l->grad_out].stats.absmax, probe_site_name((probe_site)o->site),
-           (unsigned long long)nf, (unsigned long long)z->zero_count);
+  if (stats_has_inf(&o->stats))
+    snprintf(e->event_evidence, sizeof e->event_evidence,
+             "its grad_out was finite (absmax %.4g), its %s holds %llu "
+             "inf/NaN, no more than the %llu exact zeros (not flushed) of its "
+             "forward values: a division by 0 (g/y), inf in any precision",
+             (double)r[l->grad_out].stats.absmax,
+             probe_site_name((probe_site)o->site), (unsigned long long)nf,
+             (unsigned long long)z->zero_count);
+  else
+    snprintf(e->event_evidence, sizeof e->event_evidence,
+             "its grad_out was finite (absmax %.4g), its %s holds %llu NaN "
+             "and no inf, no more than the %llu exact zeros (not flushed) of "
+             "its forward values: a 0 times an infinite or NaN derivative at "
+             "those zeros (the masked-out branch of a where, sqrt' or log' "
+             "at 0), NaN in any precision",
+             (double)r[l->grad_out].stats.absmax,
+             probe_site_name((probe_site)o->site), (unsigned long long)nf,
+             (unsigned long long)z->zero_count);
+}
+
+/* The sum of squares of the weights the call whose output is r[origin]
+ * used: every weight record of its layer after the call's input (an
+ * attention records q, k, v and out projections, weights and biases, as
+ * several records), else the call's one weight record. NaN when none. */
+static double call_weight_sumsq(const probe_record *r, int origin,
+                                const layer_step *l) {
+  double s = 0;
+  int any = 0;
+  for (int k = origin - 1; k > l->fwd_in && k >= 0; k--)
+    if (r[k].layer == r[origin].layer && r[k].site == PROBE_SITE_WEIGHT) {
+      s += r[k].stats.sumsq;
+      any = 1;
+    }
+  if (!any && l->weight >= 0) return r[l->weight].stats.sumsq;
+  return any ? s : NAN;
+}
+
+/* A value the origin received shows no sign of the range of FP16: finite,
+ * nothing that overflows when an FP16 layer casts it, no zeros that came
+ * from flushing. */
+static int in_range(const probe_stats *s, int prec) {
+  return !stats_nonfinite(s) &&
+         !(prec == PROBE_DTYPE_F16 && s->f16_overflow > 0) &&
+         !probe__diag_zeros_flushed(s);
+}
+
+/* A NaN-only event (no inf in the origin's output) whose records rule out
+ * the precision (docs/precision.md, "Not a precision problem"): FP16 makes
+ * a NaN out of finite values only through an inf (an overflow, then
+ * inf-inf or 0*inf), a zero that flushed (0/0), or a rounding that turns a
+ * small positive into a negative (a variance E[x^2]-E[x]^2). Ruled out:
+ *  - the origin runs in FP32 (in a mixed run) and what it received was
+ *    finite and in range: its op does the same in the FP32 run;
+ *  - an attention whose inputs bound every score and output below the
+ *    range: ||W||^2 (||x||+1)^2 (each of q, k is at most ||W||_F (||x||_F
+ *    + 1), the bias counted in W, so |q.k| is at most their product; the
+ *    output projection of a convex mix of v rows stays below it too); the
+ *    NaN is then a row with every position masked (softmax of all -inf);
+ *  - a normalisation whose NaN are no more than the exact zeros of its
+ *    finite input, with absmax^2 below the range: rows of zeros (variance
+ *    exactly 0 in any precision, 0/sqrt(0) with an eps of 0).
+ * A NaN from an unknown op (kind other) with no zeros to explain it keeps
+ * the precision reading: a rounding inside it can make a negative. Sets
+ * e->origin_not_precision and writes the evidence. */
+static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
+                               int origin, const layer_step *l, int lkind,
+                               int fwd) {
+  const probe_diag *d = w->d;
+  const probe_record *o = &r[origin];
+  if (stats_has_inf(&o->stats) || o->stats.nan_count == 0 ||
+      lkind == PROBE_KIND_LOSS || lkind == PROBE_KIND_INPUT)
+    return;
+  int prec = d->layers[o->layer].info.precision;
+  int range = prec == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16;
+  double pmax = probe__diag_range_max(range);
+  const char *plabel = probe__diag_prec_label(range);
+  char *ev = e->event_evidence;
+  size_t evl = sizeof e->event_evidence;
+  unsigned long long nan = (unsigned long long)o->stats.nan_count;
+  /* forward values the op used: its input (forward), or its incoming
+   * gradient and its forward values (backward) */
+  const int need[3] = {fwd ? l->fwd_in : l->grad_out, fwd ? -1 : l->fwd_in,
+                       fwd ? -1 : l->fwd_out};
+  if (need[0] < 0) return;
+  for (int k = 0; k < 3; k++)
+    if (need[k] >= 0 && !in_range(&r[need[k]].stats, prec)) return;
+  const probe_stats *in = &r[need[0]].stats;
+  if (prec == PROBE_DTYPE_F32) {
+    e->origin_not_precision = 1;
+    snprintf(ev, evl,
+             "it runs in FP32 and its %s made %llu NaN (no inf) from a finite "
+             "%s (absmax %.4g, %llu zeros, none flushed, nothing beyond "
+             "FP16's range): its op makes that NaN in an FP32 run too (0/0, "
+             "0*inf, a sqrt or log of a negative value, a fully masked row)",
+             fwd ? "forward" : "backward", nan, fwd ? "input" : "gradient",
+             (double)in->absmax, (unsigned long long)in->zero_count);
+    return;
+  }
+  if (!fwd) return;
+  double sq = (double)in->absmax * (double)in->absmax;
+  if (probe__diag_is_norm_kind(lkind) && in->zero_count >= o->stats.nan_count &&
+      sq < pmax) {
+    e->origin_not_precision = 1;
+    snprintf(ev, evl,
+             "its %llu NaN are no more than the %llu exact zeros of its finite "
+             "input (none flushed): rows of zeros, whose variance is exactly 0 "
+             "in any precision (0/sqrt(0 + eps), an eps of 0); absmax^2 = %.3g "
+             "< %.6g, so its %s variance did not overflow",
+             nan, (unsigned long long)in->zero_count, sq, pmax, plabel);
+    return;
+  }
+  if (lkind == PROBE_KIND_ATTENTION) {
+    double xn = sqrt(in->sumsq) + 1.0;
+    double bound = call_weight_sumsq(r, origin, l) * xn * xn;
+    if (!(bound < pmax)) return; /* NaN: no weights recorded */
+    e->origin_not_precision = 1;
+    snprintf(ev, evl,
+             "finite input (absmax %.4g, none flushed); its weights and "
+             "input bound every score and output below %s's max "
+             "(||W||^2 (||x||+1)^2 = %.3g < %.6g): nothing overflowed, its "
+             "%llu NaN are its op's in any precision (a fully masked softmax "
+             "row)",
+             (double)in->absmax, plabel, bound, pmax, nan);
+  }
 }
 
 /* Finds the origin of the step's first non-finite value and classifies it.
@@ -974,8 +1092,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     if (!fwd) {
       kind = stats_has_inf(&o->stats) ? PROBE_DIAG_EVENT_GRAD_OVERFLOW
                                       : PROBE_DIAG_EVENT_INF_ARITH_NAN;
-      if (kind == PROBE_DIAG_EVENT_GRAD_OVERFLOW)
-        classify_backward(e, r, o, l, lkind);
+      classify_backward(e, r, o, l, lkind);
     } else {
       const probe_stats *in = in_idx >= 0 ? &r[in_idx].stats : NULL;
       int out_inf = rec_nf(r, l->fwd_out) && stats_has_inf(&r[l->fwd_out].stats);
@@ -983,6 +1100,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
           rec_nf(r, l->fwd_saved) && stats_has_inf(&r[l->fwd_saved].stats);
       classify_forward(w, e, r, n, o, l, lkind, in, out_inf, saved_inf, &kind);
     }
+    if (kind == PROBE_DIAG_EVENT_INF_ARITH_NAN && !e->origin_divides_zeros)
+      rule_out_precision(w, e, r, origin, l, lkind, fwd);
   }
   e->event = kind;
   e->event_step = step;
@@ -1322,6 +1441,7 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   to->nan_from_inf_layer = from->nan_from_inf_layer;
   to->origin_divides_zeros = from->origin_divides_zeros;
   to->origin_fwd_zeros = from->origin_fwd_zeros;
+  to->origin_not_precision = from->origin_not_precision;
   memcpy(to->event_evidence, from->event_evidence, sizeof to->event_evidence);
   to->n_history = from->n_history;
   memcpy(to->history, from->history, sizeof to->history);

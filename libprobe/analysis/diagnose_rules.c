@@ -394,7 +394,19 @@ static int nan_of_exact_zeros(const probe_diag *d) {
     return 0;
   double sq = (double)d->origin_in.absmax * (double)d->origin_in.absmax;
   if (low && !(sq < probe__diag_range_max(li->precision))) return 0;
-  return !(li->precision == PROBE_DTYPE_F16 && probe__diag_zeros_flushed(&d->origin_in));
+  /* zeros beside flushing values: FP16 made them, in an FP16 layer or in
+   * the FP16 layers that fed an FP32 one (BF16 flushes only near 1e-38) */
+  return !(li->precision != PROBE_DTYPE_BF16 &&
+           probe__diag_zeros_flushed(&d->origin_in));
+}
+
+/* The records rule out the precision as the event's cause: a NaN of exact
+ * zeros (forward or, for a custom module, backward), or a NaN-only event
+ * whose inputs could neither overflow nor flush (diagnose.c,
+ * rule_out_precision). */
+static int no_precision_cause(const probe_diag *d) {
+  return nan_of_exact_zeros(d) || d->origin_divides_zeros ||
+         (d->origin_not_precision && d->event == PROBE_DIAG_EVENT_INF_ARITH_NAN);
 }
 
 /* check-weights: a non-finite update reached the weights. */
@@ -585,26 +597,38 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
  * precision. */
 static void explain_divides_zeros(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
-  set_title(f, "'%s' (%s) made inf in its backward from a finite gradient, "
-               "where its forward values hold exact zeros (a division by 0): "
-               "not a precision problem",
-            c->oname, kind_of(d, d->origin_layer));
+  int inf = d->origin_out.posinf_count + d->origin_out.neginf_count > 0;
+  set_title(f, "'%s' (%s) made %s in its backward from a finite gradient, "
+               "where its forward values hold exact zeros (%s): not a "
+               "precision problem",
+            c->oname, kind_of(d, d->origin_layer), inf ? "inf" : "NaN",
+            inf ? "a division by 0" : "0 times an infinite derivative");
   add_evidence(f, "step %lld, %s, %s", (long long)d->event_step,
                probe_phase_name(d->event_phase),
                probe_site_name(d->origin_site));
   add_evidence(f, "%s", d->event_evidence);
   if (d->first_nonfinite_loss_step < 0)
     add_evidence(f, "the loss stayed finite");
-  set_next(f, "look at what the backward of '%s' divides by at step %lld (its "
-              "saved output or input, 0 where a ReLU or mask zeroed it): add "
-              "an eps or mask those positions; keeping it in FP32 will not "
-              "help (if it divides by nothing, check the FP32 baseline: %s)",
-           c->oname, (long long)d->event_step, c->run_fp32);
+  if (inf)
+    set_next(f, "look at what the backward of '%s' divides by at step %lld "
+                "(its saved output or input, 0 where a ReLU or mask zeroed "
+                "it): add an eps or mask those positions; keeping it in FP32 "
+                "will not help (if it divides by nothing, check the FP32 "
+                "baseline: %s)",
+             c->oname, (long long)d->event_step, c->run_fp32);
+  else
+    set_next(f, "look at what '%s' computes at its zeros at step %lld (a "
+                "torch.where whose other branch is NaN or inf there, sqrt or "
+                "log of 0: its gradient is NaN even where it is not "
+                "selected): clamp the input of that branch (e.g. "
+                "sqrt(x.clamp(min=eps))); keeping it in FP32 will not help "
+                "(check the FP32 baseline: %s)",
+             c->oname, (long long)d->event_step, c->run_fp32);
 }
 
 static int when_not_precision(const rank_ctx *c) {
   const probe_diag *d = c->d;
-  return (d->fp32_run || nan_of_exact_zeros(d) || d->origin_divides_zeros) &&
+  return (d->fp32_run || no_precision_cause(d)) &&
          c->has_event && !c->lr_signature && d->origin_layer >= 0 &&
          d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
@@ -617,6 +641,29 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
     explain_divides_zeros(c, f);
     return;
   }
+  /* a normalisation's NaN that its input's zero rows account for: the
+   * exact-zeros wording, with the rule's evidence */
+  int zero_rows = d->origin_not_precision && d->have_origin_in &&
+                  probe__diag_is_norm_kind(d->layers[d->origin_layer].info.kind) &&
+                  d->origin_in.zero_count >= d->origin_out.nan_count;
+  if (!d->fp32_run && d->origin_not_precision && !nan_of_exact_zeros(d) &&
+      !zero_rows) {
+    set_title(f, "'%s' (%s) made NaN from values its precision did not "
+                 "spoil: not a precision problem",
+              c->oname, kind_of(d, d->origin_layer));
+    add_evidence(f, "step %lld, %s, %s: %s", (long long)d->event_step,
+                 probe_phase_name(d->event_phase),
+                 probe_site_name(d->origin_site), probe__diag_event_text(d));
+    add_evidence(f, "%s", d->event_evidence);
+    if (d->first_nonfinite_loss_step < 0)
+      add_evidence(f, "the loss stayed finite");
+    set_next(f, "look at what '%s' computes at step %lld (a row with every "
+                "position masked, a 0/0 on a padding row, an eps of 0, a "
+                "sqrt or log of a negative value) and guard it; keeping it in "
+                "FP32 will not help (check the FP32 baseline: %s)",
+             c->oname, (long long)d->event_step, c->run_fp32);
+    return;
+  }
   if (!d->fp32_run) {
     set_title(f, "'%s' (%s) made NaN of the exact zeros of its input (0/0): "
                  "not a precision problem",
@@ -624,12 +671,15 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
     add_evidence(f, "step %lld, %s, %s: %s", (long long)d->event_step,
                  probe_phase_name(d->event_phase),
                  probe_site_name(d->origin_site), probe__diag_event_text(d));
-    add_evidence(f, "its input was finite and held %llu exact zeros of %llu, "
-                    "none from underflow (no value near FP16's smallest); its "
-                    "output holds %llu NaN and no inf",
-                 (unsigned long long)d->origin_in.zero_count,
-                 (unsigned long long)d->origin_in.count,
-                 (unsigned long long)d->origin_out.nan_count);
+    if (zero_rows)
+      add_evidence(f, "%s", d->event_evidence);
+    else
+      add_evidence(f, "its input was finite and held %llu exact zeros of "
+                      "%llu, none from underflow (no value near FP16's "
+                      "smallest); its output holds %llu NaN and no inf",
+                   (unsigned long long)d->origin_in.zero_count,
+                   (unsigned long long)d->origin_in.count,
+                   (unsigned long long)d->origin_out.nan_count);
     set_next(f, "look at what '%s' divides by at step %lld (a sum or norm of "
                 "a row that is all zeros: a padding row, an empty feature): "
                 "add an eps or mask those rows; keeping it in FP32 will not "
@@ -657,8 +707,7 @@ static int when_event(const rank_ctx *c) {
          d->event != PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
          d->event != PROBE_DIAG_EVENT_ALLREDUCE &&
          d->event != PROBE_DIAG_EVENT_NONE && !d->fp32_run &&
-         d->origin_layer >= 0 && !loss_outside(d) && !nan_of_exact_zeros(d) &&
-         !d->origin_divides_zeros;
+         d->origin_layer >= 0 && !loss_outside(d) && !no_precision_cause(d);
 }
 static double score_event(const rank_ctx *c) {
   return c->lr_signature ? SCORE_FORCE_FP32_AFTER_LR
@@ -947,7 +996,7 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
                 "non-finite (a 0/0, a log or division of 0); forcing layers "
                 "to FP32 will not help");
   else if (d->origin_layer >= 0 && c->has_event &&
-           (d->fp32_run || d->origin_divides_zeros || nan_of_exact_zeros(d)))
+           (d->fp32_run || no_precision_cause(d)))
     set_next(f, "fix what makes '%s' non-finite at step %lld (the "
                 "not-precision finding): every step it reaches is skipped",
              c->oname, (long long)d->event_step);

@@ -1352,7 +1352,8 @@ static void zeros_nan_trace(const char *p, probe_kind kind, probe_dtype prec,
   for (int step = 0; step < 4; step++) {
     ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
     for (int i = 0; i < N; i++) x[i] = y[i] = 1.0f + (float)i;
-    if (zeros && zero_or_tiny > 1.0f) x[0] = zero_or_tiny, x[3] = 0.0f;
+    if (zeros == 2) x[3] = 0.0f; /* one zero: fewer than the 4 NaN */
+    else if (zeros && zero_or_tiny > 1.0f) x[0] = zero_or_tiny, x[3] = 0.0f;
     else if (zeros) x[0] = x[1] = x[2] = zero_or_tiny, x[3] = 0.0f;
     if (step == 3) y[0] = y[1] = y[2] = y[3] = NAN;
     hb_rec(s, id, PROBE_SITE_FWD_IN, x, N);
@@ -1372,8 +1373,16 @@ START_TEST(test_nan_of_exact_zeros_is_not_precision) {
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 300.0f, 1, 0}, /* 300^2 >= 65504 */
       {PROBE_KIND_OTHER, PROBE_DTYPE_F32, 0.0f, 1, 1},   /* FP32 run: np */
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 1e-7f, 1, 0},     /* flushed */
-      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, 0.0f, 1, 0}, /* a norm */
+      /* a norm: more NaN than zeros (a variance that rounded negative) */
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, 0.0f, 2, 0},
       {PROBE_KIND_OTHER, PROBE_DTYPE_F16, 0.0f, 0, 0},      /* no zeros */
+      /* a norm whose NaN fit in its input's exact zeros: rows of zeros
+       * (0/sqrt(0) with an eps of 0), in any precision (hunt d12) */
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_BF16, 0.0f, 1, 1},
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_F16, 0.0f, 1, 1},
+      {PROBE_KIND_BN, PROBE_DTYPE_F16, 0.0f, 1, 1},
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_F16, 1e-7f, 1, 0}, /* flushed */
+      {PROBE_KIND_LAYERNORM, PROBE_DTYPE_F16, 300.0f, 1, 0}, /* 300^2 */
   };
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     zeros_nan_trace(p, c[i].k, c[i].prec, c[i].z, c[i].zeros);
@@ -2794,6 +2803,134 @@ START_TEST(test_backward_division_by_zeros_is_not_precision) {
 END_TEST
 
 
+/* A NaN (no inf) that the records show FP16 could not have made: nothing
+ * its op received could overflow (finite, inside the range, an attention's
+ * scores bounded by ||W||^2 (||x||+1)^2 below it) or had flushed, and its
+ * op makes the NaN in any precision. The hunt (/tmp/hunt_diag2, findings
+ * 2, 4, 6) saw "keep it in FP32" for a fully masked attention row, a
+ * LayerNorm(eps=0) of padding rows and a where(x>0, sqrt(x), 0) backward;
+ * FP32 and bisect both said not-precision. Counter-cases, where FP16 can
+ * be the cause, keep force-fp32. */
+typedef struct npnan {
+  probe_kind kind;
+  const char *policy;
+  probe_dtype prec; /* the layer under test's */
+  int fwd;          /* NaN in its forward output, else in its grad_in */
+  float in_mag;     /* its input's (forward) magnitude */
+  int zeros;        /* exact zeros in its input and output */
+  int tiny;         /* an FP16 subnormal beside the zeros (flushing) */
+  int n_weights;    /* weight records of its call (q, k, v, o ...) */
+  int nans;         /* NaN it makes */
+  int np;           /* expected: not-precision (else force-fp32) */
+} npnan;
+
+static void npnan_trace(const char *p, const npnan *z) {
+  probe_session *s = hb_open(p, z->policy);
+  int32_t pre = hb_layer(s, "pre", PROBE_KIND_LINEAR,
+                         z->prec == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16);
+  int32_t x_id = hb_layer(s, "blk.x", z->kind, z->prec);
+  int32_t loss = hb_layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
+  float x[N], y[N], w[N], g[N], gi[N], one[1] = {1.0f};
+  for (int step = 0; step < 4; step++) {
+    int bad = step == 3;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) {
+      x[i] = z->in_mag * (0.5f + (float)i / N);
+      y[i] = 0.5f + (float)i / N;
+      w[i] = 0.1f;
+      g[i] = 0.01f * (1 + i);
+      gi[i] = 0.02f * (1 + i);
+    }
+    for (int i = 0; i < z->zeros; i++) x[N - 1 - i] = y[N - 1 - i] = 0.0f;
+    if (z->tiny) x[0] = y[0] = 1e-6f; /* an FP16 subnormal */
+    hb_rec(s, pre, PROBE_SITE_FWD_IN, w, N);
+    hb_rec(s, pre, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, pre, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, x_id, PROBE_SITE_FWD_IN, x, N);
+    for (int k = 0; k < z->n_weights; k++) hb_rec(s, x_id, PROBE_SITE_WEIGHT, w, N);
+    for (int i = 0; bad && z->fwd && i < z->nans; i++) y[N - 1 - i] = NAN;
+    hb_rec(s, x_id, PROBE_SITE_FWD_OUT, y, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_IN, y, N);
+    one[0] = bad && z->fwd ? NAN : 1.0f;
+    hb_rec(s, loss, PROBE_SITE_FWD_OUT, one, 1);
+    for (int i = 0; bad && z->fwd && i < N; i++) g[i] = NAN;
+    hb_rec(s, loss, PROBE_SITE_GRAD_IN, g, N);
+    hb_rec(s, x_id, PROBE_SITE_GRAD_OUT, g, N);
+    for (int i = 0; bad && i < (z->fwd ? N : z->nans); i++) gi[N - 1 - i] = NAN;
+    hb_rec(s, x_id, PROBE_SITE_GRAD_IN, gi, N);
+    hb_rec(s, pre, PROBE_SITE_GRAD_OUT, gi, N);
+    hb_rec(s, pre, PROBE_SITE_WEIGHT_GRAD, gi, N);
+    hb_end(s, bad && z->fwd ? NAN : 1.0, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+START_TEST(test_nan_without_precision_evidence) {
+  const char *p = tmp_path("npnan");
+  const npnan c[] = {
+      /* an attention row with every position masked: small inputs and
+       * weights (4 records, q k v o) bound the scores far below 65504 */
+      {PROBE_KIND_ATTENTION, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 4, 4, 1},
+      /* the same with big inputs: the scores can overflow (inf - inf) */
+      {PROBE_KIND_ATTENTION, "fp16", PROBE_DTYPE_F16, 1, 100.0f, 0, 0, 4, 4, 0},
+      /* no weight recorded: no bound, the precision reading stays */
+      {PROBE_KIND_ATTENTION, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 0, 4, 0},
+      /* big inputs in BF16, judged against BF16's range */
+      {PROBE_KIND_ATTENTION, "bf16", PROBE_DTYPE_BF16, 1, 100.0f, 0, 0, 4, 4, 1},
+      /* an FP32 module of a mixed run, from a finite input without zeros
+       * (a sqrt of a negative value): its op does it in FP32 too */
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F32, 1, 1.0f, 0, 0, 0, 2, 1},
+      /* ... but with zeros beside an FP16 subnormal: FP16 upstream can
+       * have flushed them */
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F32, 1, 1.0f, 3, 1, 0, 2, 0},
+      /* LayerNorm with padding rows (zeros >= NaN) */
+      {PROBE_KIND_LAYERNORM, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 8, 0, 1, 8, 1},
+      /* LayerNorm whose input can overflow its FP16 variance */
+      {PROBE_KIND_LAYERNORM, "fp16", PROBE_DTYPE_F16, 1, 300.0f, 8, 0, 1, 8, 0},
+      /* LayerNorm whose input overflows FP16 on entry */
+      {PROBE_KIND_LAYERNORM, "fp16", PROBE_DTYPE_F16, 1, 70000.0f, 8, 0, 1, 8, 0},
+      /* LayerNorm with more NaN than zero values: not only zero rows */
+      {PROBE_KIND_LAYERNORM, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 2, 0, 1, 8, 0},
+      /* a custom backward's NaN at its forward zeros: 0 times sqrt'(0)
+       * of a where's masked-out branch (hunt d01) */
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 1.0f, 5, 0, 0, 5, 1},
+      /* more NaN than zeros, or flushed zeros: FP16 may be the cause */
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 1.0f, 2, 0, 0, 5, 0},
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 1.0f, 5, 1, 0, 5, 0},
+      /* an FP32 custom module's backward NaN from a finite gradient */
+      {PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F32, 0, 1.0f, 0, 0, 0, 5, 1},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    npnan_trace(p, &c[i]);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(d.origin_layer >= 0 &&
+                      !strcmp(probe_diag_layer_name(&d, d.origin_layer), "blk.x"),
+                  "case %zu: origin %s", i, probe_diag_layer_name(&d, d.origin_layer));
+    ck_assert_msg(d.n_findings > 0, "case %zu: no finding", i);
+    probe_diag_finding_id want = c[i].np ? PROBE_DIAG_FINDING_NOT_PRECISION
+                                         : PROBE_DIAG_FINDING_FORCE_FP32;
+    ck_assert_msg(d.findings[0].id == want, "case %zu: %s: %s (%s)", i,
+                  probe_diag_finding_name(d.findings[0].id), d.findings[0].title,
+                  d.event_evidence);
+    for (int k = 0; c[i].np && k < d.n_findings; k++) {
+      ck_assert_int_ne(d.findings[k].id, PROBE_DIAG_FINDING_FORCE_FP32);
+      ck_assert_msg(!strstr(d.findings[k].next_step, "bisect"), "case %zu: %s", i,
+                    d.findings[k].next_step);
+    }
+    if (c[i].np) {
+      ck_assert_msg(strstr(d.findings[0].title, "not a precision problem"),
+                    "case %zu: %s", i, d.findings[0].title);
+      /* no "produced in FP16 upstream" beside a finite input */
+      ck_assert_msg(!text_has(&d, "produced in FP16 upstream"), "case %zu", i);
+    }
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -2822,6 +2959,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_loss_outside_modules);
   tcase_add_test(tc, test_loss_outside_every_precision);
   tcase_add_test(tc, test_nan_of_exact_zeros_is_not_precision);
+  tcase_add_test(tc, test_nan_without_precision_evidence);
   tcase_add_test(tc, test_weights_nonfinite_before_any_update);
   tcase_add_test(tc, test_weights_outgrew_fp16);
   tcase_add_test(tc, test_weights_changed_outside_the_optimizer);
