@@ -381,8 +381,20 @@ typedef struct probe_diag {
   int32_t entry_flush_from, entry_flush_to;
   double entry_flush_absmax;
 
-  /* ---- growth of the weights (lr signature) */
+  /* ---- growth of the weights (lr signature): the largest |w| at the
+   * first step and the last before the event, as the updates made it (a
+   * jump between a step's master weights and the next forward's weights,
+   * an edit outside the optimizer, is divided out) */
   double master_absmax_first, master_absmax_last;
+  /* the first such edit: its step (-1 none), layer and factor */
+  int64_t weights_edit_step;
+  int32_t weights_edit_layer;
+  double weights_edit_jump;
+  /* the first learning-rate spike of the steps table: a step whose lr is
+   * >= 4x the step before's and falls back by as much lr_spike_steps steps
+   * later (-1 none); its largest lr and the lr before it */
+  int64_t lr_spike_step, lr_spike_steps;
+  double lr_spike, lr_spike_base;
 
   /* ---- per layer */
   probe_diag_layer *layers;

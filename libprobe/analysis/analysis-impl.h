@@ -38,11 +38,13 @@
 #define PROBE__SC_LOSS PROBE_SCALAR_LOSS
 #define PROBE__SC_SCALE PROBE_SCALAR_LOSS_SCALE
 #define PROBE__SC_SCALER PROBE_SCALAR_SCALER
+#define PROBE__SC_LR PROBE_SCALAR_LR
 #else
 #define PROBE__UNMEASURED(row, bit) ((void)(row), (void)(bit), 0)
 #define PROBE__SC_LOSS 1u
 #define PROBE__SC_SCALE 2u
 #define PROBE__SC_SCALER 4u
+#define PROBE__SC_LR 8u
 #endif
 
 /* The caller's progress callback over the passes of one analysis (phase

@@ -74,6 +74,33 @@ static inline int probe__diag_weights_edited(const probe_diag *d) {
                  sizeof PROBE__DIAG_WEIGHTS_EDITED - 1) == 0;
 }
 
+/* How a weight-nonfinite event's evidence opens when the first
+ * non-finite record is a master_weight, taken after the step's optimizer
+ * update, with every record before it in the step finite: the update made
+ * it (diagnose.c, master_updated). */
+#define PROBE__DIAG_WEIGHTS_UPDATED "made by the optimizer step: "
+static inline int probe__diag_weights_updated(const probe_diag *d) {
+  return d->event == PROBE_DIAG_EVENT_WEIGHT_NONFINITE &&
+         strncmp(d->event_evidence, PROBE__DIAG_WEIGHTS_UPDATED,
+                 sizeof PROBE__DIAG_WEIGHTS_UPDATED - 1) == 0;
+}
+
+/* How a gradient-overflow event's evidence opens when the overflow is the
+ * cast of a finite gradient, recorded by the layer that handed it over,
+ * at an FP16 layer's entry (grad_out; diagnose.c, handover_overflow): a
+ * record covers the value, so it is no "code between modules". */
+#define PROBE__DIAG_HANDOVER "overflowed at the hand-over: "
+static inline int probe__diag_handover(const probe_diag *d) {
+  return d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW &&
+         strncmp(d->event_evidence, PROBE__DIAG_HANDOVER,
+                 sizeof PROBE__DIAG_HANDOVER - 1) == 0;
+}
+
+/* How an overflow event's evidence opens when the values beyond FP16's
+ * range are in the recorded input data (the input layer's fwd_out), not
+ * made between modules (diagnose.c, classify_forward). */
+#define PROBE__DIAG_RAW_INPUT "the input data holds values beyond FP16's range: "
+
 /* Zeros of an input that the statistics alone show came from flushing in
  * FP16: values at or below 2^-25 in it, or subnormals beside the zeros. */
 static inline int probe__diag_zeros_flushed(const probe_stats *in) {

@@ -158,6 +158,14 @@ static const probe_step_scalars *steps_cursor_find(steps_cursor *c,
 }
 
 /* ---- small helpers -------------------------------------------------------- */
+/* Weights the forward used more than this times the masters the step
+ * before left were changed between the steps (an FP16 or BF16 copy rounds
+ * by at most 2^-8 relative). */
+#define EDIT_JUMP 1.01
+/* A learning rate this many times the step before's, falling back by as
+ * much later, is a spike (docs/precision.md, lr-signature). */
+#define LR_SPIKE 4.0
+
 
 static int stats_nonfinite(const probe_stats *s) {
   return probe_stats_nonfinite(s) > 0;
@@ -247,6 +255,13 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
   double n = 0, sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0, sr = 0;
   double log_ratio_sum = 0;
   int64_t n_ratio = 0;
+  /* the learning-rate spike being followed: the step it rose (-1 none),
+   * the lr before it and its largest lr */
+  int64_t lr_rise = -1;
+  double prev_lr = 0, lr_base = 0, lr_peak = 0;
+  d->lr_spike_step = -1;
+  d->lr_spike_steps = 0;
+  d->lr_spike = d->lr_spike_base = NAN;
   /* in double: steps may be anywhere in int64 (a difference of two would
    * overflow) */
   double span = (double)d->last_step - (double)d->first_step + 1.0;
@@ -300,6 +315,26 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
       }
     } else {
       run = 0;
+    }
+    /* a learning-rate spike: a step whose lr is >= LR_SPIKE times the step
+     * before's, which falls back by as much later (a warm-up or a step-up
+     * never falls back); the first such spike */
+    if (!PROBE__UNMEASURED(r, PROBE__SC_LR) && isfinite(r->lr) && r->lr > 0) {
+      if (d->lr_spike_step < 0 && lr_rise < 0 && prev_lr > 0 &&
+          r->lr >= LR_SPIKE * prev_lr) {
+        lr_rise = r->step;
+        lr_base = prev_lr;
+        lr_peak = r->lr;
+      } else if (lr_rise >= 0 && r->lr > lr_peak) {
+        lr_peak = r->lr;
+      } else if (lr_rise >= 0 && r->lr * LR_SPIKE <= lr_peak) {
+        d->lr_spike_step = lr_rise;
+        d->lr_spike_steps = r->step - lr_rise;
+        d->lr_spike = lr_peak;
+        d->lr_spike_base = lr_base;
+        lr_rise = -1;
+      }
+      prev_lr = r->lr;
     }
     /* clipping */
     if (r->clip_threshold > 0) {
@@ -499,6 +534,8 @@ typedef struct walker {
   int have_bwd[BWD_COUNT];
   int64_t weight_first_step;
   master_seen *masters; /* [n_layers] as the last step left them */
+  double *edit_gain;    /* [n_layers]: product of the jumps edits made */
+  double *wstep;        /* [n_layers]: largest |w| used this step, -1 */
   int64_t weights_nf_step; /* first step a weight or master weight held
                               inf/NaN, -1 none (the verdict: diverged) */
   /* the recorded steps around the first non-finite loss's (-1 none): equal
@@ -602,12 +639,14 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
   char *ev = e->event_evidence;
   size_t evl = sizeof e->event_evidence;
   /* the feeder's kind: the last forward output before this layer's input */
-  int feeder_kind = -1;
+  int feeder_kind = -1, feeder = -1;
   uint32_t first_seq = l->fwd_in >= 0 ? r[l->fwd_in].seq : o->seq;
   for (size_t i = 0; i < n && r[i].seq < first_seq; i++)
     if (r[i].site == PROBE_SITE_FWD_OUT && r[i].layer != o->layer &&
-        r[i].layer >= 0 && r[i].layer < d->n_layers)
+        r[i].layer >= 0 && r[i].layer < d->n_layers) {
       feeder_kind = d->layers[r[i].layer].info.kind;
+      feeder = (int)i;
+    }
   int in_zero = in && in->zero_count > 0;
   int flushed =
       in && (probe__diag_zeros_flushed(in) ||
@@ -634,6 +673,16 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
    * covers (a residual add, a matmul outside a module). */
   if (in && in->f16_overflow > 0 && prec == PROBE_DTYPE_F16) {
     *kind = PROBE_DIAG_EVENT_OVERFLOW;
+    /* the recorded data itself holds them: no code between modules */
+    if (feeder_kind == PROBE_KIND_INPUT && r[feeder].stats.f16_overflow > 0) {
+      snprintf(ev, evl,
+               PROBE__DIAG_RAW_INPUT "%llu finite values >= 65520 (absmax "
+               "%.6g), inf once cast to FP16 by '%.60s'; normalise or scale "
+               "the data (or keep the layers it reaches in FP32)",
+               (unsigned long long)r[feeder].stats.f16_overflow,
+               (double)r[feeder].stats.absmax, d->layers[o->layer].display);
+      return;
+    }
     snprintf(ev, evl,
              "its input was already beyond FP16's range when it arrived: "
              "%llu finite values >= 65520 (absmax %.6g) are inf once cast to "
@@ -1018,6 +1067,85 @@ static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
   return -1;
 }
 
+/* A weight-nonfinite event at a master_weight record, which is taken
+ * after the step's optimizer update: every record before it in the step
+ * was finite (analyse_step), so the update made the value - from the
+ * finite weights and gradient the step recorded, or from a gradient the
+ * step did not record. Writes the evidence, opening with
+ * PROBE__DIAG_WEIGHTS_UPDATED (explain_weights words its finding from it). */
+static void master_updated(walker *w, probe_diag *e, const probe_record *r,
+                           int origin) {
+  const probe_record *o = &r[origin];
+  if (o->site != PROBE_SITE_MASTER_WEIGHT || o->layer < 0 ||
+      o->layer >= w->d->n_layers)
+    return;
+  const layer_step *l = &w->ls[o->layer];
+  char wt[96] = "", gr[160];
+  if (l->weight >= 0 && l->weight < origin)
+    snprintf(wt, sizeof wt, "its weights as the forward used them (absmax "
+             "%.4g) and ", (double)r[l->weight].stats.absmax);
+  if (l->wgrad >= 0 && l->wgrad < origin)
+    snprintf(gr, sizeof gr, "%sits gradient (weight_grad, absmax %.4g, %llu "
+             "exact zeros) were finite", wt, (double)r[l->wgrad].stats.absmax,
+             (unsigned long long)r[l->wgrad].stats.zero_count);
+  else
+    snprintf(gr, sizeof gr, "%severy record of the step before it was finite; "
+             "its gradient was not recorded", wt);
+  snprintf(e->event_evidence, sizeof e->event_evidence,
+           PROBE__DIAG_WEIGHTS_UPDATED "step %lld's update wrote %llu NaN, "
+           "%llu inf into the master weights, which are recorded after it; "
+           "%s",
+           (long long)o->step, (unsigned long long)o->stats.nan_count,
+           (unsigned long long)(o->stats.posinf_count + o->stats.neginf_count),
+           gr);
+}
+
+/* A gradient overflow first seen at an FP16 layer's grad_out, handed over
+ * by a layer whose grad_in (recorded as it left, before the cast) was
+ * finite but held values >= 65520: inf once cast to FP16 at the entry -
+ * the backward twin of the forward's "overflow upstream", a record covers
+ * it (the FP32 loss's own gradient, times the loss scale). Writes the
+ * evidence, opening with PROBE__DIAG_HANDOVER. */
+static void handover_overflow(walker *w, probe_diag *e, const probe_record *r,
+                              const probe_record *o, const layer_step *l) {
+  const probe_diag *d = w->d;
+  if (l->grad_feed < 0 || d->layers[o->layer].info.precision != PROBE_DTYPE_F16)
+    return;
+  const probe_record *f = &r[l->grad_feed];
+  if (f->layer < 0 || f->layer >= d->n_layers || stats_nonfinite(&f->stats) ||
+      f->stats.f16_overflow == 0)
+    return;
+  snprintf(e->event_evidence, sizeof e->event_evidence,
+           PROBE__DIAG_HANDOVER "'%.40s' (%s) handed '%.40s' a finite "
+           "gradient with %llu values >= 65520 (absmax %.4g): inf once cast "
+           "to FP16 at its entry; a record made it, "
+           "not code between modules",
+           d->layers[f->layer].display,
+           probe__diag_prec_label(d->layers[f->layer].info.precision),
+           d->layers[o->layer].display,
+           (unsigned long long)f->stats.f16_overflow, (double)f->stats.absmax);
+}
+
+/* A gradient first non-finite at a grad_out whose update the step applied:
+ * the master weights recorded after the update are non-finite. Appends
+ * that to the evidence (the finding names the gradient, the weights are
+ * where it ended). */
+static void update_applied(walker *w, probe_diag *e, const probe_record *r,
+                           size_t n, int origin) {
+  const probe_diag *d = w->d;
+  for (size_t i = (size_t)origin + 1; i < n; i++) {
+    if (r[i].site != PROBE_SITE_MASTER_WEIGHT || !stats_nonfinite(&r[i].stats) ||
+        r[i].layer < 0 || r[i].layer >= d->n_layers)
+      continue;
+    size_t at = strlen(e->event_evidence);
+    snprintf(e->event_evidence + at, sizeof e->event_evidence - at,
+             "%sthe step's optimizer update applied it: the master weights "
+             "of '%.120s' are non-finite after it",
+             at ? "; " : "", d->layers[r[i].layer].display);
+    return;
+  }
+}
+
 static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
                         size_t n, int64_t step, int loss_nf) {
   const probe_diag *d = w->d;
@@ -1029,15 +1157,25 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     if (origin < 0) return 1; /* loss-nonfinite, no origin layer */
     kind = e->event;
   }
+  int seen_nf = 0; /* a non-finite record came before x in the step */
   for (size_t i = 0; i < n && origin < 0; i++) {
     const probe_record *x = &r[i];
     if (!rec_event_nf(d, x)) continue;
     if (x->layer < 0 || x->layer >= d->n_layers) continue;
     int lkind = d->layers[x->layer].info.kind;
     const layer_step *l = &w->ls[x->layer];
+    int after_nf = seen_nf;
+    seen_nf = 1;
     if (lkind == PROBE_KIND_INPUT) {
       origin = (int)i;
       kind = PROBE_DIAG_EVENT_INPUT_NAN;
+    } else if (x->site == PROBE_SITE_MASTER_WEIGHT && after_nf) {
+      /* master weights are recorded after the update: a non-finite
+       * record before them in the step (a gradient that arrived
+       * non-finite at a grad_out: a loss Function's backward, code no
+       * record covers) is what the update applied; the first such record
+       * is the origin (below), the master weights are where it ended */
+      break;
     } else if (is_weight(x->site)) {
       origin = (int)i;
       kind = PROBE_DIAG_EVENT_WEIGHT_NONFINITE;
@@ -1076,8 +1214,10 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   }
   if (origin < 0) return 0;
   if (!from_loss) e->event_evidence[0] = '\0';
-  if (kind == PROBE_DIAG_EVENT_WEIGHT_NONFINITE)
+  if (kind == PROBE_DIAG_EVENT_WEIGHT_NONFINITE) {
     master_outgrew(w, e, r, n, origin);
+    master_updated(w, e, r, origin);
+  }
 
   const probe_record *o = &r[origin];
   layer_step call = w->ls[o->layer];
@@ -1093,6 +1233,9 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       kind = stats_has_inf(&o->stats) ? PROBE_DIAG_EVENT_GRAD_OVERFLOW
                                       : PROBE_DIAG_EVENT_INF_ARITH_NAN;
       classify_backward(e, r, o, l, lkind);
+      if (kind == PROBE_DIAG_EVENT_GRAD_OVERFLOW && o->site == PROBE_SITE_GRAD_OUT)
+        handover_overflow(w, e, r, o, l);
+      if (o->site == PROBE_SITE_GRAD_OUT) update_applied(w, e, r, n, origin);
     } else {
       const probe_stats *in = in_idx >= 0 ? &r[in_idx].stats : NULL;
       int out_inf = rec_nf(r, l->fwd_out) && stats_has_inf(&r[l->fwd_out].stats);
@@ -1334,12 +1477,38 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
     if (w->nf_at[li] == step) dl->nonfinite_steps++;
     if (step >= d->warmup_end && !loss_nf) silent_faults(w, dl, l, r, step);
   }
-  /* weights: largest |w| of any layer at this step */
-  double wmax = NAN;
+  /* weights as the updates made them: a layer whose forward used weights
+   * larger than the FP32 masters the step just before left (by more than
+   * its copy's rounding) was changed between the steps by something else
+   * (an in-place edit under no_grad, load_state_dict); that jump is
+   * divided out of its |w| from then on, so the lr signature reads only
+   * the growth the updates made */
+  for (int64_t li = 0; li < nl; li++) w->wstep[li] = -1;
   for (size_t i = 0; i < n; i++)
-    if (is_weight(r[i].site) && isfinite(r[i].stats.absmax) &&
-        (isnan(wmax) || r[i].stats.absmax > wmax))
-      wmax = r[i].stats.absmax;
+    if (r[i].site == PROBE_SITE_WEIGHT && r[i].layer >= 0 && r[i].layer < nl &&
+        !stats_nonfinite(&r[i].stats) && r[i].stats.absmax > w->wstep[r[i].layer])
+      w->wstep[r[i].layer] = r[i].stats.absmax;
+  for (int64_t li = 0; li < nl; li++) {
+    const master_seen *m = &w->masters[li];
+    if (w->wstep[li] < 0 || m->step != step - 1 || !m->finite || !(m->absmax > 0) ||
+        !(w->wstep[li] > EDIT_JUMP * m->absmax))
+      continue;
+    double jump = w->wstep[li] / m->absmax;
+    w->edit_gain[li] *= jump;
+    if (d->weights_edit_step < 0) {
+      d->weights_edit_step = step;
+      d->weights_edit_layer = (int32_t)li;
+      d->weights_edit_jump = jump;
+    }
+  }
+  /* the largest |w| of any layer at this step, edits divided out */
+  double wmax = NAN;
+  for (size_t i = 0; i < n; i++) {
+    if (!is_weight(r[i].site) || !isfinite(r[i].stats.absmax)) continue;
+    double a = r[i].stats.absmax;
+    if (r[i].layer >= 0 && r[i].layer < nl) a /= w->edit_gain[r[i].layer];
+    if (isnan(wmax) || a > wmax) wmax = a;
+  }
   if (isfinite(wmax)) {
     if (isnan(d->master_absmax_first)) d->master_absmax_first = wmax;
     if (d->event_step < 0 || step < d->event_step) d->master_absmax_last = wmax;
@@ -1579,6 +1748,9 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.nf_at = malloc((size_t)nl * sizeof *w.nf_at);
   for (int64_t i = 0; w.nf_at && i < nl; i++) w.nf_at[i] = INT64_MIN;
   w.masters = calloc((size_t)nl, sizeof *w.masters);
+  w.edit_gain = malloc((size_t)nl * sizeof *w.edit_gain);
+  w.wstep = malloc((size_t)nl * sizeof *w.wstep);
+  for (int64_t i = 0; w.edit_gain && i < nl; i++) w.edit_gain[i] = 1.0;
   w.bwd = calloc(BWD_COUNT, sizeof *w.bwd);
   for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
   probe_record *buf = malloc(chunk * sizeof *buf);
@@ -1586,7 +1758,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.bwd || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.edit_gain || !w.wstep || !w.bwd || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -1655,6 +1827,8 @@ done:
   free(w.ls);
   free(w.nf_at);
   free(w.masters);
+  free(w.edit_gain);
+  free(w.wstep);
   free(w.bwd);
   free(buf);
   free(step_buf);
@@ -1925,6 +2099,9 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   d->entry_flush_step = -1;
   d->entry_flush_from = d->entry_flush_to = -1;
   d->master_absmax_first = d->master_absmax_last = NAN;
+  d->weights_edit_step = -1;
+  d->weights_edit_layer = -1;
+  d->weights_edit_jump = NAN;
   probe_text_escape(d->precision_policy, sizeof d->precision_policy,
                     info->precision_policy ? info->precision_policy : "");
 

@@ -421,8 +421,15 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
    * else: edited), or beyond FP16's range with an FP16 copy that
    * overflowed (outgrew) */
   int edited = probe__diag_weights_edited(d);
-  int outgrew = !edited && d->event_evidence[0] != '\0';
-  int loaded = !before_event_updates(d);
+  /* master weights are recorded after the step's update, and the records
+   * before them were finite: the update made them non-finite, at any step */
+  int updated = probe__diag_weights_updated(d);
+  int outgrew = !edited && !updated && d->event_evidence[0] != '\0';
+  /* only the weights as the first step's forward used them (before any
+   * update) came from the checkpoint or the initialisation */
+  int loaded = !updated && d->origin_site == PROBE_SITE_WEIGHT &&
+               !before_event_updates(d);
+  int grad_seen = updated && strstr(d->event_evidence, "weight_grad") != NULL;
   if (edited)
     set_title(f, "the weights of '%s' were changed outside the optimizer "
                  "before step %lld: non-finite as its forward used them, "
@@ -432,6 +439,11 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
     set_title(f, "the weights of '%s' outgrew FP16: their FP16 copy is inf at "
                  "step %lld while the FP32 master weights are finite",
               c->oname, (long long)d->event_step);
+  else if (updated)
+    set_title(f, "the optimizer step of step %lld made the weights of '%s' "
+                 "non-finite%s",
+              (long long)d->event_step, c->oname,
+              grad_seen ? " from finite weights and gradients" : "");
   else if (loaded)
     set_title(f, "the weights of '%s' were non-finite before any update: at "
                  "step %lld, the first step the trace holds",
@@ -458,6 +470,17 @@ static void explain_weights(rank_ctx *c, probe_diag_finding *f) {
                 "weights stay within FP16's range, or keep it in FP32: "
                 "ampprobe bisect --fp32-candidates %s %s",
              c->oname, kind_of(d, d->origin_layer), c->args);
+  } else if (updated) {
+    add_evidence(f, "%s", d->event_evidence + sizeof PROBE__DIAG_WEIGHTS_UPDATED - 1);
+    set_next(f, "check the optimizer of '%s' and its hyper-parameters: an eps "
+                "of 0 (Adam, AdamW, RMSprop divide by sqrt(v) + eps, 0/0 where "
+                "a gradient is exactly 0), a learning rate, momentum or weight "
+                "decay that is inf/NaN or so large the update overflows%s; the "
+                "weights were finite before the update, so neither the "
+                "checkpoint nor the precision explains it",
+             c->oname,
+             grad_seen ? "" : ", or the gradient it applied (not recorded: "
+                              "record its weight_grad)");
   } else if (loaded) {
     add_evidence(f, "no update of this run had reached them: they came "
                     "non-finite from the initialisation or the checkpoint "
@@ -576,8 +599,30 @@ static void explain_lr(rank_ctx *c, probe_diag_finding *f) {
                  d->loss_rise, b1);
   }
   if (isfinite(c->wgrowth))
-    add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)",
-                 c->wgrowth, d->master_absmax_first, d->master_absmax_last);
+    add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)%s",
+                 c->wgrowth, d->master_absmax_first, d->master_absmax_last,
+                 d->weights_edit_step >= 0 ? " by the updates" : "");
+  if (d->weights_edit_step >= 0)
+    add_evidence(f, "the weights of '%s' were also changed outside the "
+                    "optimizer before step %lld (x%.3g against the last "
+                    "update): not counted",
+                 probe_diag_layer_name(d, d->weights_edit_layer),
+                 (long long)d->weights_edit_step, d->weights_edit_jump);
+  int64_t ev = d->event_step >= 0 ? d->event_step : d->first_nonfinite_loss_step;
+  if (d->lr_spike_step >= 0 && d->lr_spike_step <= ev) {
+    add_evidence(f, "the learning rate spiked at step %lld: %.4g, %.3gx the "
+                    "%.4g of the step before, for %lld step%s",
+                 (long long)d->lr_spike_step, d->lr_spike,
+                 d->lr_spike / d->lr_spike_base, d->lr_spike_base,
+                 (long long)d->lr_spike_steps, d->lr_spike_steps == 1 ? "" : "s");
+    set_next(f, "fix the learning-rate schedule at step %lld (lr %.4g against "
+                "%.4g before it): the spike, not the base rate, grew the "
+                "weights; %s",
+             (long long)d->lr_spike_step, d->lr_spike, d->lr_spike_base,
+             d->fp32_run ? "forcing layers to FP32 will not help"
+                         : "then check the FP32 baseline if it still diverges");
+    return;
+  }
   if (d->fp32_run)
     set_next(f, "lower the learning rate (and run %s again); forcing layers "
                 "to FP32 will not help",
@@ -624,6 +669,41 @@ static void explain_divides_zeros(rank_ctx *c, probe_diag_finding *f) {
                 "sqrt(x.clamp(min=eps))); keeping it in FP32 will not help "
                 "(check the FP32 baseline: %s)",
              c->oname, (long long)d->event_step, c->run_fp32);
+}
+
+/* An FP32 run whose first non-finite value arrived at a layer's input
+ * (fwd_in) or incoming gradient (grad_out) with nothing recorded making
+ * it: code no record covers made it (a loss computed outside the modules
+ * or a custom autograd.Function's backward, an op between modules). The
+ * layer did not make it. */
+static void explain_arrived_fp32(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  int bwd = d->origin_site == PROBE_SITE_GRAD_OUT;
+  set_title(f, "'%s' (%s) received inf/NaN at its %s from code no record "
+               "covers at step %lld: not a precision problem",
+            c->oname, kind_of(d, d->origin_layer),
+            probe_site_name(d->origin_site), (long long)d->event_step);
+  add_evidence(f, "every layer ran in FP32; step %lld, %s: the step's first "
+                  "non-finite record is '%s' %s (%llu NaN, %llu inf), and no "
+                  "record before it made it",
+               (long long)d->event_step, probe_phase_name(d->event_phase),
+               c->oname, probe_site_name(d->origin_site),
+               (unsigned long long)d->origin_out.nan_count,
+               (unsigned long long)(d->origin_out.posinf_count +
+                                    d->origin_out.neginf_count));
+  if (d->event_evidence[0]) add_evidence(f, "%s", d->event_evidence);
+  if (d->weights_edit_step >= 0 && d->weights_edit_step <= d->event_step)
+    add_evidence(f, "the weights of '%s' were changed outside the optimizer "
+                    "before step %lld (x%.3g against the last update)",
+                 probe_diag_layer_name(d, d->weights_edit_layer),
+                 (long long)d->weights_edit_step, d->weights_edit_jump);
+  set_next(f, "look at what computes the %s of '%s' at step %lld: %s; "
+              "forcing layers to FP32 will not help",
+           bwd ? "gradient" : "input", c->oname, (long long)d->event_step,
+           bwd ? "the loss's backward (a custom autograd.Function's backward, "
+                 "a loss written outside the recorded modules) or an op "
+                 "between modules (a 0/0, a division by 0)"
+               : "the data (entries of a dict batch) or an op between modules");
 }
 
 static int when_not_precision(const rank_ctx *c) {
@@ -687,6 +767,10 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
              c->oname, (long long)d->event_step);
     return;
   }
+  if (d->origin_site == PROBE_SITE_FWD_IN || d->origin_site == PROBE_SITE_GRAD_OUT) {
+    explain_arrived_fp32(c, f);
+    return;
+  }
   set_title(f, "'%s' (%s) made inf/NaN in FP32: not a precision problem",
             c->oname, kind_of(d, d->origin_layer));
   add_evidence(f, "every layer ran in FP32; step %lld, %s, %s: %s",
@@ -738,8 +822,9 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                     d->layers[d->origin_layer].info.kind == PROBE_KIND_LOSS &&
                     d->have_origin_in && !probe_stats_nonfinite(&d->origin_in) &&
                     d->event == PROBE_DIAG_EVENT_INF_ARITH_NAN;
-  int at_input = d->origin_site == PROBE_SITE_FWD_IN ||
-                 d->origin_site == PROBE_SITE_GRAD_OUT;
+  int at_input = (d->origin_site == PROBE_SITE_FWD_IN ||
+                  d->origin_site == PROBE_SITE_GRAD_OUT) &&
+                 !probe__diag_handover(d); /* a record made it: the cast */
   if (loss_target || at_input) f->id = PROBE_DIAG_FINDING_CLEAN_INPUT;
   if (at_input)
     set_title(f, "'%s' (%s) received inf/NaN at its %s from code no record "
@@ -815,6 +900,16 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
     set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
                 "trace against a full trace of %s",
              c->oname, c->run_fp32);
+  /* the recorded data holds the values beyond FP16's range: scale it */
+  if (cands && !at_input && !loss_target &&
+      strncmp(d->event_evidence, PROBE__DIAG_RAW_INPUT,
+              sizeof PROBE__DIAG_RAW_INPUT - 1) == 0) {
+    char b[sizeof f->next_step];
+    memcpy(b, f->next_step, sizeof b);
+    set_next(f, "normalise or scale the input data so it fits FP16 (it "
+                "holds values beyond 65504), or keep the layers it reaches "
+                "in FP32: %s", b);
+  }
 }
 
 /* force-fp32 (silent fault): a normalisation collapsed, or a forward
@@ -947,8 +1042,12 @@ static void explain_scaling(rank_ctx *c, probe_diag_finding *f) {
  * from non-finite losses: a symptom then). */
 static int when_collapse(const rank_ctx *c) {
   const probe_diag *d = c->d;
+  /* the steps the scaler found non-finite gradients at: skipped, or (two
+   * optimizers, one of which stepped) only found_inf */
+  int64_t bad = d->skipped_steps > d->found_inf_steps ? d->skipped_steps
+                                                      : d->found_inf_steps;
   return d->scaling_on && d->scale_collapsed &&
-         !(c->has_event && 2 * d->nonfinite_loss_steps >= d->skipped_steps);
+         !(c->has_event && 2 * d->nonfinite_loss_steps >= bad);
 }
 static double score_collapse(const rank_ctx *c) {
   return c->has_event ? SCORE_SCALE_COLLAPSE_EVENT : SCORE_SCALE_COLLAPSE;
@@ -968,6 +1067,13 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
     set_title(f, "the loss scale collapsed: %lld backoffs, %lld min-scale "
                  "clamps, %lld skipped steps",
               (long long)d->backoffs, (long long)d->min_clamps,
+              (long long)d->skipped_steps);
+  else if (d->found_inf_steps > d->skipped_steps)
+    set_title(f, "the loss scale collapsed: %lld backoffs, %lld steps with "
+                 "non-finite gradients, of which %lld skipped by every "
+                 "optimizer (in the others one optimizer skipped while "
+                 "another stepped)",
+              (long long)d->backoffs, (long long)d->found_inf_steps,
               (long long)d->skipped_steps);
   else
     set_title(f, "the loss scale collapsed: %lld backoffs, %lld skipped steps",
@@ -1215,6 +1321,11 @@ void probe__diag_rank(probe_diag *d) {
    * climbed or the weights grew; else an op made the value: not-precision,
    * or the loss computation: loss-outside). */
   int updated = before_event_updates(d) && !probe__diag_weights_edited(d);
+  /* weights changed between steps by something other than the optimizer
+   * before the event: the loss may have climbed by that edit, so only the
+   * growth the updates made (the edit divided out) counts */
+  int64_t ev = d->event_step >= 0 ? d->event_step : d->first_nonfinite_loss_step;
+  if (d->weights_edit_step >= 0 && d->weights_edit_step <= ev) loss_climb = 0;
   c.lr_signature = c.has_event && d->event != PROBE_DIAG_EVENT_INPUT_NAN &&
                    updated &&
                    ((fp32_diverged && !loss_outside(d) &&
