@@ -19,6 +19,7 @@ import copy
 import ctypes
 import dataclasses
 import fnmatch
+import functools
 import inspect
 import json
 import math
@@ -624,6 +625,12 @@ class LossScaler:
         instead. Forgets every optimizer's state."""
         if not self._enabled:
             return
+        # which optimizers stepped and which skipped, for the tracer's
+        # end_step (as it reads a GradScaler's: _watch_steps)
+        self._ampprobe_skips = (
+            getattr(self, "_ampprobe_skips", (0, None))[0] + 1,
+            [bool(st[1]) for st in self._per_optimizer.values()
+             if st[0] == "stepped"])
         if new_scale is not None:
             self._scale = float(new_scale)
         else:
@@ -1220,6 +1227,7 @@ class Tracer:
         self._refs = []  # (layer, site, tensor) of this step, for scans
         self._scale_begin = None
         self._scaler = None
+        self._skips_serial = 0  # the scaler's last update() end_step read
         self._clip = None
         self._hand_events = []
         self._masters_at = None  # the step whose master weights are recorded
@@ -1739,6 +1747,8 @@ class Tracer:
         change by end_step a backoff (skipped step) or a growth event.
         Passing scaler= to end_step does the same from the next step on."""
         self._scaler = scaler
+        _watch_steps(scaler)
+        self._skips_serial = getattr(scaler, "_ampprobe_skips", (0, None))[0]
         if self._step is not None and self._scale_begin is None:
             self._scale_begin = float(scaler.get_scale())
 
@@ -1802,6 +1812,8 @@ class Tracer:
         step = self._step
         if scaler is not None and self._scaler is None:
             self._scaler = scaler  # the scale at this step's start is unknown
+            _watch_steps(scaler)
+            self._skips_serial = getattr(scaler, "_ampprobe_skips", (0, None))[0]
         events = []
         sc = self._scaler
         scale = loss_scale
@@ -1809,6 +1821,16 @@ class Tracer:
         fi, sk = found_inf, skipped
         if sc is not None and (not hasattr(sc, "is_enabled")
                                or sc.is_enabled()):
+            # This step's update() said which optimizers stepped: found_inf
+            # when any skipped (the scale backs off), skipped only when none
+            # stepped - with two optimizers one may skip while the other
+            # steps, and the weights it updates changed
+            serial, skips = getattr(sc, "_ampprobe_skips", (0, None))
+            if serial != self._skips_serial:
+                self._skips_serial = serial
+                if skips:
+                    fi = int(any(skips)) if fi is None else fi
+                    sk = int(all(skips)) if sk is None else sk
             new = float(sc.get_scale())
             old = self._scale_begin if self._scale_begin is not None else new
             if scale is None:
@@ -2255,6 +2277,45 @@ def _recorded_counts(e):
     if e[4] is not None and (e[3] is None or e[2]._version != e[3]):
         return e[4]  # (e[3] None: an inference tensor, no version kept)
     return _count_nonfinite(e[2])
+
+
+def _gradscaler_skips(sc):
+    """Of a torch GradScaler before its update(): for each optimizer whose
+    step() ran since the last update, whether it skipped (its found_inf)."""
+    out = []
+    for st in getattr(sc, "_per_optimizer_states", {}).values():
+        stage = st.get("stage")
+        if getattr(stage, "name", stage) != "STEPPED":
+            continue
+        found = st.get("found_inf_per_device") or {}
+        out.append(any(float(v) != 0.0 for v in found.values()))
+    return out
+
+
+def _watch_steps(sc):
+    """A torch GradScaler's update() forgets which optimizer skipped its
+    step; end_step runs after it. Wraps the scaler's update so that it
+    leaves that (sc._ampprobe_skips: a serial and, per optimizer that
+    stepped through it, True when it skipped) as at.LossScaler does."""
+    if isinstance(sc, LossScaler) or getattr(sc, "_ampprobe_watch", False):
+        return
+    orig = getattr(sc, "update", None)
+    if orig is None or not hasattr(sc, "_per_optimizer_states"):
+        return
+
+    def update(*args, **kwargs):
+        try:
+            skips = _gradscaler_skips(sc)
+        except Exception:  # a scaler of another layout: not read
+            skips = None
+        sc._ampprobe_skips = (getattr(sc, "_ampprobe_skips", (0, None))[0]
+                              + 1, skips)
+        return orig(*args, **kwargs)
+    try:
+        sc.update = functools.wraps(orig)(update)
+        sc._ampprobe_watch = True
+    except (AttributeError, TypeError):
+        pass
 
 
 def _tracker(sc):
