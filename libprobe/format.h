@@ -41,6 +41,9 @@ enum {
   PROBE__S_RECORD_MODE,                                /* 12 */
   PROBE__S_CHECK,    /* 13: probe__state_check of the others (features) */
   PROBE__S_FEATURES, /* 14: PROBE__FEAT_* bits; 0 in older traces */
+  PROBE__S_JOINED,   /* 15: 1 when the rank left the loop by joining after
+                        last_step (probe_session_mark_joined); 0 in older
+                        traces, whose writers kept it "reserved" and 0 */
   PROBE__STATE_LEN = 16
 };
 
@@ -57,7 +60,7 @@ int64_t probe__state_check(const int64_t st[PROBE__STATE_LEN]);
 #define PROBE__STATE_FIELDS                                                    \
   "complete,n_layers,n_steps,n_records,n_scaler_events,n_snapshots,"          \
   "n_snapshot_elems,n_kernels,last_step,first_nonfinite_step,n_events,"       \
-  "n_flushes,record_mode,check,features,reserved"
+  "n_flushes,record_mode,check,features,joined"
 
 typedef enum probe__fkind {
   PROBE__F_I32,

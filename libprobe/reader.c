@@ -441,6 +441,10 @@ static probe_status read_state(probe_trace *t) {
                 "corrupt trace: /meta/state has unknown feature bits");
   if (st[PROBE__S_COMPLETE] != 0 && st[PROBE__S_COMPLETE] != 1)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: bad completion flag");
+  /* 0 in every trace of a writer before the mark (the entry was
+   * "reserved"), so an old trace reads as not joined */
+  if (st[PROBE__S_JOINED] != 0 && st[PROBE__S_JOINED] != 1)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: bad joined mark");
   for (int i = 0; i < PROBE__T_COUNT; i++)
     if (st[PROBE__S_ROWS + i] < 0)
       return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: negative row count");
@@ -451,6 +455,7 @@ static probe_status read_state(probe_trace *t) {
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: state out of range");
   probe_trace_info *in = &t->info;
   in->complete = (int)st[PROBE__S_COMPLETE];
+  in->joined = (int)st[PROBE__S_JOINED];
   in->record_mode = (int)mode;
   in->last_step = st[PROBE__S_LAST_STEP];
   in->first_nonfinite_step = st[PROBE__S_FIRST_NONFINITE];

@@ -177,6 +177,7 @@ static int out_move_locked(probe_session *s) {
   s->sh_last_step = s->last_step;
   s->sh_first_nonfinite = s->first_nonfinite;
   s->sh_n_events = s->n_events;
+  s->sh_joined = s->joined;
   return rc;
 }
 
@@ -662,6 +663,15 @@ probe_status probe_step_begin(probe_session *s, int64_t step) {
   if (step <= s->last_step)
     return set_msg(s, PROBE_ERR_STATE, "step %lld after step %lld",
                    (long long)step, (long long)s->last_step);
+  if (s->joined) {
+    /* the rank is back (the next epoch under join()): the mark no longer
+     * holds, and a flush before this step ends must not commit it with
+     * the steps that follow */
+    s->joined = 0;
+    pthread_mutex_lock(&s->mu);
+    s->sh_joined = 0;
+    pthread_mutex_unlock(&s->mu);
+  }
   s->in_step = 1;
   s->step = step;
   s->n_cur = 0;
@@ -1123,6 +1133,20 @@ probe_status probe_step_end(probe_session *s) {
   if (!s->in_step)
     return set_msg(s, PROBE_ERR_STATE, "probe_step_end without a step");
   return step_finish(s, 1);
+}
+
+probe_status probe_session_mark_joined(probe_session *s) {
+  if (s == NULL) return PROBE_ERR_INVALID_ARG;
+  if (writer_error(s) != PROBE_OK) return s->err;
+  if (s->in_step)
+    return set_msg(s, PROBE_ERR_STATE,
+                   "probe_session_mark_joined inside step %lld (the rank "
+                   "joins after the last step it ended)",
+                   (long long)s->step);
+  s->joined = 1;
+  /* committed with the state at the next flush: one is asked for now, not
+   * waited for (a joined rank is inside the others' all-reduces) */
+  return hand_over(s, HAND_FLUSH_ASYNC);
 }
 
 probe_status probe_session_flush(probe_session *s) {

@@ -141,6 +141,7 @@ struct probe_session {
   size_t scratch_cap;
   int64_t w_last_step, w_first_nonfinite, w_n_events; /* as of the rows
                                                          taken */
+  int w_joined; /* the join mark as of the rows taken (state entry 15) */
   int64_t n_flushes;
   double t_last_flush;
   probe_status w_err; /* sticky I/O error of the writer thread */
@@ -162,6 +163,7 @@ struct probe_session {
   int n_spare[PROBE__T_COUNT];
   size_t in_bytes;
   int64_t sh_last_step, sh_first_nonfinite, sh_n_events;
+  int sh_joined;
   uint64_t flush_req, flush_done; /* synchronous flush tickets */
   int close_req, close_flush;
   int w_idle;  /* the writer sleeps with nothing to flush */
@@ -224,6 +226,7 @@ struct probe_session {
   probe_nonfinite_record nf_last_any, nf_last_fwd;
   int nf_last_measured, cur_left_out;
   int64_t last_step;
+  int joined; /* probe_session_mark_joined since the last step began */
   int64_t scaler_last_step; /* step of the last scaler event queued, -1 */
   int64_t steps_since_flush;
   double t0;

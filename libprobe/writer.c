@@ -373,6 +373,7 @@ static probe_status state_write(probe_session *s, int complete) {
   st[PROBE__S_FLUSHES] = s->n_flushes;
   st[PROBE__S_RECORD_MODE] = s->opt.mode;
   st[PROBE__S_FEATURES] = PROBE__FEAT_CHECK;
+  st[PROBE__S_JOINED] = s->w_joined;
   st[PROBE__S_CHECK] = probe__state_check(st);
   if (H5Dwrite(s->state, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) <
       0)
@@ -606,6 +607,7 @@ void *probe__writer_main(void *arg) {
     s->w_last_step = s->sh_last_step;
     s->w_first_nonfinite = s->sh_first_nonfinite;
     s->w_n_events = s->sh_n_events;
+    s->w_joined = s->sh_joined;
     int final_flush = s->close_flush;
     pthread_cond_broadcast(&s->done); /* room for a waiting caller */
     pthread_mutex_unlock(&s->mu);

@@ -336,6 +336,21 @@ probe_status probe_session_open(probe_session **out, const char *path,
 /* Flushes, marks the trace complete and closes. Always frees s. */
 AMPPROBE_API
 probe_status probe_session_close(probe_session *s);
+/* Marks that this rank left the training loop by joining after the last
+ * step it ended: its inputs ran out before the other ranks' (uneven
+ * inputs: DDP's join(), torch.distributed.algorithms.Join), and it
+ * shadows their collectives without steps of its own. The post-mortem of
+ * the rank set (analysis.h, probe_ranks_run) then does not count the
+ * trace, once closed, as "ended early" when it ends before the other
+ * ranks'. A trace that is not closed (the rank was killed after joining)
+ * is still "not closed": the mark does not say how the run ended. Call it
+ * outside a step (PROBE_ERR_STATE inside one); calling it again changes
+ * nothing, and the next probe_step_begin clears it (the rank is back: the
+ * next epoch under join()). Written to the trace with its state at the
+ * next flush, which is asked for now and not waited for, or at close
+ * (/meta/state entry `joined`, docs/trace-format.md). */
+AMPPROBE_API
+probe_status probe_session_mark_joined(probe_session *s);
 /* Forces everything buffered to disk now. */
 AMPPROBE_API
 probe_status probe_session_flush(probe_session *s);
@@ -482,6 +497,11 @@ typedef struct probe_trace_info {
   int32_t rank;
   int32_t world_size;
   const char *run_id;
+  /* appended: 1 when the rank left the training loop by joining after
+   * last_step (probe_session_mark_joined); 0 otherwise and in traces
+   * written before the mark existed. Says nothing of how the trace ended:
+   * complete does. */
+  int joined;
 } probe_trace_info;
 
 /* Opens and validates (format name and version, tables, types, state and

@@ -46,6 +46,7 @@ def check(path, complete):
     assert st["n_layers"] == 2 and st["n_steps"] == 5 and st["n_records"] == 10
     assert st["n_scaler_events"] == 1 and st["last_step"] == 4
     assert st["first_nonfinite_step"] == 3, st
+    assert st["joined"] == 0, st  # the join mark, by name (entry 15)
 
     layers = f["layers"][: st["n_layers"]]
     assert layers.dtype.names == ("id", "name", "kind", "precision")

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ampprobe/probe.h"
@@ -662,8 +663,151 @@ START_TEST(test_old_trace_2026_12) {
       ck_assert(i == 4 ? isnan(out[i].loss) : out[i].loss == 0.5);
     }
     ck_assert_int_eq(in->first_nonfinite_step, 4);
+    /* written before the join mark: its state entry 15 ("reserved") is 0,
+     * read as not joined, the trace complete as it was */
+    ck_assert_int_eq(in->joined, 0);
+    ck_assert_int_eq(in->complete, 1);
     probe_trace_close(t);
   }
+}
+END_TEST
+
+/* ---- the join mark (probe_session_mark_joined) ---------------------------- */
+
+/* Rank `rank` of 2 ending steps 0..last (-1: none) with scalars. */
+static probe_session *join_open(const char *path, int64_t last) {
+  probe_options o;
+  probe_options_init(&o);
+  o.overwrite = 1;
+  o.rank = 0;
+  o.world_size = 2;
+  o.run_id = "join-1";
+  probe_session *s;
+  PT_CHECK(probe_session_open(&s, path, &o));
+  for (int64_t k = 0; k <= last; k++) {
+    PT_CHECK(probe_step_begin(s, k));
+    probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+    PT_CHECK(probe_step_set_scalars(s, &sc));
+    PT_CHECK(probe_step_end(s));
+  }
+  return s;
+}
+
+/* The trace's (complete, joined, last_step), read both ways. */
+static void join_expect(const char *path, int complete, int joined,
+                        int64_t last) {
+  for (int iso = 0; iso < 2; iso++) {
+    probe_trace *t;
+    char err[512];
+    if (iso) PT_CHECK(probe_trace_open_isolated(&t, path, err, sizeof err));
+    else PT_CHECK(probe_trace_open(&t, path));
+    const probe_trace_info *in = probe_trace_get_info(t);
+    ck_assert_int_eq(in->complete, complete);
+    ck_assert_int_eq(in->joined, joined);
+    ck_assert_int_eq(in->last_step, last);
+    probe_trace_close(t);
+  }
+}
+
+/* Marked after the last step, then closed: complete and joined; the state's
+ * entry 15 is named `joined` (h5py readers find it by name). */
+START_TEST(test_join_mark_roundtrip) {
+  char path[256];
+  pt_path(path, sizeof path, "join-rt");
+  probe_session *s = join_open(path, 2);
+  PT_CHECK(probe_session_mark_joined(s));
+  PT_CHECK(probe_session_mark_joined(s)); /* again: no change */
+  PT_CHECK(probe_session_close(s));
+  join_expect(path, 1, 1, 2);
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t d = H5Dopen2(f, "/meta/state", H5P_DEFAULT);
+  int64_t st[16];
+  ck_assert_int_ge(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                           H5P_DEFAULT, st), 0);
+  ck_assert_int_eq(st[15], 1);
+  hid_t a = H5Aopen(d, "fields", H5P_DEFAULT);
+  hid_t ty = H5Aget_type(a);
+  char *fields = NULL;
+  ck_assert_int_ge(H5Aread(a, ty, &fields), 0);
+  size_t n = strlen(fields);
+  ck_assert_msg(n > 7 && !strcmp(fields + n - 7, ",joined"), "%s", fields);
+  H5free_memory(fields);
+  H5Tclose(ty);
+  H5Aclose(a);
+  H5Dclose(d);
+  H5Fclose(f);
+  /* never marked: 0 */
+  s = join_open(path, 2);
+  PT_CHECK(probe_session_close(s));
+  join_expect(path, 1, 0, 2);
+  /* a rank with no batch at all joins before its first step */
+  s = join_open(path, -1);
+  PT_CHECK(probe_session_mark_joined(s));
+  PT_CHECK(probe_session_close(s));
+  join_expect(path, 1, 1, -1);
+  unlink(path);
+}
+END_TEST
+
+/* A step begun after the mark clears it (the rank is back: the next epoch
+ * under join()); inside a step the mark is refused, saying why, and the
+ * session goes on. */
+START_TEST(test_join_mark_cleared_and_refused) {
+  char path[256];
+  pt_path(path, sizeof path, "join-clear");
+  probe_session *s = join_open(path, 2);
+  PT_CHECK(probe_session_mark_joined(s));
+  PT_CHECK(probe_session_flush(s)); /* committed once with the mark */
+  PT_CHECK(probe_step_begin(s, 5));
+  ck_assert_int_eq(probe_session_mark_joined(s), PROBE_ERR_STATE);
+  ck_assert_ptr_nonnull(strstr(probe_session_last_error(s), "inside step 5"));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_close(s));
+  join_expect(path, 1, 0, 5);
+  /* marked again after the second epoch's last step: joined */
+  s = join_open(path, 2);
+  PT_CHECK(probe_session_mark_joined(s));
+  PT_CHECK(probe_step_begin(s, 5));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_mark_joined(s));
+  PT_CHECK(probe_session_close(s));
+  join_expect(path, 1, 1, 5);
+  ck_assert_int_eq(probe_session_mark_joined(NULL), PROBE_ERR_INVALID_ARG);
+  unlink(path);
+}
+END_TEST
+
+/* Marked, flushed, then the writer dies without closing: the mark is on
+ * disk, the trace is not complete (the post-mortem's "not closed"). */
+START_TEST(test_join_mark_killed) {
+  char path[256];
+  pt_path(path, sizeof path, "join-killed");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    probe_options o;
+    probe_options_init(&o);
+    o.overwrite = 1;
+    o.rank = 1;
+    o.world_size = 2;
+    probe_session *s;
+    if (probe_session_open(&s, path, &o) != PROBE_OK) _exit(2);
+    for (int k = 0; k < 3; k++) {
+      probe_step_scalars sc = {.loss = 1.0, .loss_scale = 1.0};
+      if (probe_step_begin(s, k) || probe_step_set_scalars(s, &sc) ||
+          probe_step_end(s))
+        _exit(3);
+    }
+    if (probe_session_mark_joined(s) != PROBE_OK) _exit(4);
+    if (probe_session_flush(s) != PROBE_OK) _exit(5);
+    _exit(0);
+  }
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child: %d", ws);
+  join_expect(path, 0, 1, 2);
+  unlink(path);
 }
 END_TEST
 
@@ -710,6 +854,12 @@ static Suite *make_suite(void) {
   tcase_add_test(tr, test_allreduce_sites);
   tcase_add_test(tr, test_rank_set_end_to_end);
   suite_add_tcase(s, tr);
+  TCase *tj = tcase_create("join");
+  tcase_set_timeout(tj, 60);
+  tcase_add_test(tj, test_join_mark_roundtrip);
+  tcase_add_test(tj, test_join_mark_cleared_and_refused);
+  tcase_add_test(tj, test_join_mark_killed);
+  suite_add_tcase(s, tj);
   TCase *td = tcase_create("digest");
   tcase_add_test(td, test_digest_known_values);
   tcase_add_test(td, test_digest_zero_unmeasured);

@@ -34,6 +34,7 @@ enum {
   S_MODE = 12,
   S_CHECK = 13,
   S_FEATURES = 14,
+  S_JOINED = 15,
 };
 
 static double mono(void) {
@@ -162,6 +163,9 @@ static const vcase cases[] = {
     {"mode flipped", 1, {S_MODE}, {PROBE_MODE_SCALARS}, "record mode"},
     {"unknown feature", 1, {S_FEATURES}, {3}, "feature bits"},
     {"complete 2", 1, {S_COMPLETE}, {2}, "completion flag"},
+    /* the join mark is 0 or 1 (older writers wrote 0 there, "reserved") */
+    {"joined 2", 1, {S_JOINED}, {2}, "bad joined mark"},
+    {"joined -1", 1, {S_JOINED}, {-1}, "bad joined mark"},
 };
 
 START_TEST(test_validate_state) {
@@ -416,6 +420,9 @@ START_TEST(test_scalars_old_trace) {
   PT_CHECK(probe_trace_open_isolated(&t, PT_DATA_DIR "/trace-v1-2026-11.h5",
                                      err, sizeof err));
   ck_assert_int_eq(probe_trace_get_info(t)->n_steps, 6);
+  /* its state's last entry, then "reserved", is 0: not joined */
+  ck_assert_int_eq(probe_trace_get_info(t)->joined, 0);
+  ck_assert_int_eq(probe_trace_get_info(t)->complete, 1);
   probe_step_scalars out[6];
   memset(out, 0xff, sizeof out); /* the reader must clear the field */
   size_t got;
