@@ -409,6 +409,9 @@ typedef struct probe_diag {
   int n_findings;
   probe_diag_finding findings[PROBE_DIAG_MAX_FINDINGS];
   char fp32_candidates[256]; /* "revin,softmax": kinds implicated */
+  /* appended: the rank left the loop by joining after last_step
+   * (probe_trace_info.joined: uneven inputs, DDP's join()) */
+  int joined;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger
@@ -635,6 +638,11 @@ typedef struct probe_rank_entry {
                             non-finite (the all-reduce brought one); 2 one
                             of them holds NaN */
   int first_backoff_post; /* the same at first_backoff_step */
+  /* appended: its trace carries the join mark (probe_session_mark_joined:
+   * the rank ran out of inputs and joined the others after last_step). A
+   * joined rank whose trace is closed did not end early; one not closed
+   * is still a rank that stopped (killed after joining). */
+  int joined;
 } probe_rank_entry;
 
 /* Per-step values every rank of a DDP job must agree on. */
@@ -729,7 +737,8 @@ typedef struct probe_ranks {
                            non-finite first) */
   int64_t n_ended_early; /* ranks that closed their trace before the
                             furthest rank's last step (an exception, an
-                            early exit: they did not crash) */
+                            early exit: they did not crash), without the
+                            join mark (those are n_joined) */
   int32_t ended_early;   /* entry index of the one that ended first, -1 */
   int64_t n_read_whole;  /* of the ranks read, those read whole, every row
                             checked: the focus rank when isolate is set (its
@@ -737,6 +746,11 @@ typedef struct probe_ranks {
                             in part - their steps table and the records of
                             their first event - so damage elsewhere in their
                             files is not seen */
+  /* appended: ranks read whose trace is closed and carries the join mark
+   * (uneven inputs: they ran out of inputs and joined the others). Not
+   * "ended early" and no problem by themselves: the verdict is not
+   * raised for them. */
+  int64_t n_joined;
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

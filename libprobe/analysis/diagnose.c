@@ -2086,6 +2086,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   probe_text_escape(d->path, sizeof d->path, path ? path : "");
   const probe_trace_info *info = probe_trace_get_info(t);
   d->complete = info->complete;
+  d->joined = info->joined;
   d->record_mode = info->record_mode;
   d->n_steps = info->n_steps;
   d->n_records = info->n_records;

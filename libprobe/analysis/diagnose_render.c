@@ -62,6 +62,9 @@ static void render_text(const probe_diag *d, FILE *f) {
   if (!d->complete)
     fprintf(f, "            last step recorded: %lld\n",
             (long long)d->last_step);
+  if (d->joined)
+    fprintf(f, "            the rank ran out of inputs and joined the other "
+               "ranks after its last step (uneven inputs: DDP's join())\n");
   if (d->precision_policy[0])
     fprintf(f, "precision   %s\n", d->precision_policy);
   fmt_num(a, sizeof a, d->first_loss);
@@ -349,6 +352,7 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
   probe__jw_obj(w, "trace");
   probe__jw_str(w, "path", d->path);
   probe__jw_bool(w, "complete", d->complete);
+  probe__jw_bool(w, "joined", d->joined);
   probe__jw_str(w, "record_mode", d->record_mode == PROBE_MODE_FULL
                                       ? "full"
                                       : "flight-recorder");

@@ -63,8 +63,28 @@ probe_status probe__rank_read_isolated(probe__rworker *w, probe__rsum *s,
                                        const char *const *paths, size_t n,
                                        size_t i);
 
+/* A rank read whose trace is closed with the join mark: it ran out of
+ * inputs and joined the others (uneven inputs), so ending before them is
+ * no fault. */
+static inline int probe__rank_joined(const probe_rank_entry *e) {
+  return e->status == PROBE_RANK_READ && e->complete && e->joined;
+}
+
+/* A rank read whose trace is closed, without the join mark, before the
+ * furthest rank's last step: an exception or an early exit on it. */
+static inline int probe__rank_ended_early(const probe_ranks *r,
+                                          const probe_rank_entry *e) {
+  return e->status == PROBE_RANK_READ && e->complete && !e->joined &&
+         e->last_step < r->max_last_step;
+}
+
+/* by_status of probe__rank_list: the ranks that joined
+ * (probe__rank_joined). */
+#define PROBE__RANKS_BY_JOINED 2
+
 /* "0-3, 5, 9-11": the ranks of entries whose role (or status, when
- * by_status) is `want`, into buf; the count is returned. */
+ * by_status is 1; joined when PROBE__RANKS_BY_JOINED, want unused) is
+ * `want`, into buf; the count is returned. */
 int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
                          char *buf, size_t cap);
 

@@ -353,14 +353,15 @@ static int nf_before(const probe_rank_entry *a, const probe_rank_entry *b) {
   return a->rank < b->rank;
 }
 
-/* Closed traces that end before the furthest rank's last step. */
+/* Closed traces that end before the furthest rank's last step, but those
+ * of ranks that joined (uneven inputs: they ran out of inputs, the trace
+ * says so). */
 static void find_ended_early(probe_ranks *r) {
   r->ended_early = -1;
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
-    if (e->status != PROBE_RANK_READ || !e->complete ||
-        e->last_step >= r->max_last_step)
-      continue;
+    if (probe__rank_joined(e)) r->n_joined++;
+    if (!probe__rank_ended_early(r, e)) continue;
     r->n_ended_early++;
     if (r->ended_early < 0 || e->last_step < r->entries[r->ended_early].last_step)
       r->ended_early = (int32_t)i;
@@ -1033,6 +1034,7 @@ probe_status probe_ranks_run_progress(probe_ranks *r, const char *const *paths,
     r->n_read--;
     r->n_unreadable++;
     if (!e->complete) r->n_incomplete--;
+    if (e->complete && e->joined) r->n_joined--;
   }
   set_verdict(r);
   write_texts(r);

@@ -267,6 +267,7 @@ static probe_status read_open(probe__rsum *s, probe_trace *t) {
   s->e.rank = in->rank;
   s->e.world_size = in->world_size;
   s->e.complete = in->complete;
+  s->e.joined = in->joined;
   s->e.last_step = in->last_step;
   snprintf(s->run_id, sizeof s->run_id, "%s", in->run_id ? in->run_id : "");
   probe_status st = read_steps(s, t, in->n_steps);

@@ -20,6 +20,7 @@
 
 static int entry_matches(const probe_rank_entry *e, int by_status,
                          int32_t want) {
+  if (by_status == PROBE__RANKS_BY_JOINED) return probe__rank_joined(e);
   if (by_status && want == PROBE_RANK_MISSING) /* missing or unreadable */
     return e->status != PROBE_RANK_READ && e->rank >= 0;
   if (by_status) return e->status == want && e->rank >= 0;
@@ -200,9 +201,10 @@ static void text_faults(const probe_ranks *r, FILE *f) {
                  "its trace: cannot tell which stopped first\n",
               at);
     else
-      fprintf(f, "stopped first     rank %d %s (its trace was not closed: "
+      fprintf(f, "stopped first     rank %d %s (its trace was not closed%s: "
                  "killed?)%s; the furthest rank reached step %lld\n",
-              (int)s->rank, at, tied > 1 ? " with others at the same step" : "",
+              (int)s->rank, at, s->joined ? " after it joined" : "",
+              tied > 1 ? " with others at the same step" : "",
               (long long)r->max_last_step);
   }
   if (r->n_ended_early) {
@@ -213,6 +215,30 @@ static void text_faults(const probe_ranks *r, FILE *f) {
             (int)s->rank, (long long)s->last_step,
             r->n_ended_early > 1 ? " (and others before the end)" : "",
             (long long)r->max_last_step);
+  }
+  if (r->n_joined) {
+    /* said, not a fault: the trace says the rank ran out of inputs */
+    const probe_rank_entry *s = NULL;
+    for (size_t i = 0; i < r->n_entries; i++)
+      if (probe__rank_joined(&r->entries[i]) &&
+          (!s || r->entries[i].last_step < s->last_step))
+        s = &r->entries[i];
+    char list[160], after[48];
+    probe__rank_list(r, PROBE__RANKS_BY_JOINED, 0, list, sizeof list);
+    if (s->last_step < 0)
+      snprintf(after, sizeof after, "before its first step");
+    else
+      snprintf(after, sizeof after, "after step %lld", (long long)s->last_step);
+    if (r->n_joined == 1)
+      fprintf(f, "joined            rank %s ran out of inputs and joined the "
+                 "others %s (uneven inputs: DDP's join()), its trace closed; "
+                 "the furthest rank reached step %lld\n",
+              list, after, (long long)r->max_last_step);
+    else
+      fprintf(f, "joined            ranks %s ran out of inputs and joined the "
+                 "others (uneven inputs: DDP's join()), their traces closed, "
+                 "the first %s; the furthest rank reached step %lld\n",
+              list, after, (long long)r->max_last_step);
   }
   if (r->n_missing) {
     char list[160]; /* ranges, cut with "..." */
@@ -399,6 +425,7 @@ static void json_entry(probe__jw *w, const probe_rank_entry *e, int whole) {
   }
   if (e->status == PROBE_RANK_READ) {
     probe__jw_bool(w, "complete", e->complete);
+    probe__jw_bool(w, "joined", e->joined);
     probe__jw_int(w, "steps", e->n_steps);
     probe__jw_step(w, "last_step", e->last_step);
     probe__jw_int(w, "skipped_steps", e->skipped_steps);
@@ -456,12 +483,14 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   json_disagreements(w, r);
   json_stopped(w, r);
   probe__jw_arr(w, "ended_early");
-  for (size_t i = 0; i < r->n_entries; i++) {
-    const probe_rank_entry *e = &r->entries[i];
-    if (e->status == PROBE_RANK_READ && e->complete &&
-        e->last_step < r->max_last_step)
-      probe__jw_int(w, NULL, e->rank);
-  }
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (probe__rank_ended_early(r, &r->entries[i]))
+      probe__jw_int(w, NULL, r->entries[i].rank);
+  probe__jw_end(w, ']');
+  probe__jw_arr(w, "joined"); /* closed with the join mark: not ended early */
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (probe__rank_joined(&r->entries[i]))
+      probe__jw_int(w, NULL, r->entries[i].rank);
   probe__jw_end(w, ']');
   probe__jw_arr(w, "ranks");
   for (size_t i = 0; i < r->n_entries; i++)

@@ -61,10 +61,13 @@ typedef struct fault {
   int64_t grad_in_inf_step;   /* the loss's gradient to its input overflows
                                  and goes nowhere (not a parameter's: not
                                  found by the scaler, not applied) */
+  int joined;                 /* after its last step (close_after or
+                                 kill_after) the rank marks that it joined
+                                 the others (uneven inputs) */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1, -1};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1, -1, 0};
   return f;
 }
 
@@ -280,6 +283,7 @@ static void write_killed(const job *j, int r, const char *run_id) {
     wr w;
     if (wopen(&w, j, r, run_id) < 0) _exit(2);
     for (int64_t s = 0; s <= j->f[r].kill_after; s++) write_step(&w, j, r, s);
+    if (j->f[r].joined && probe_session_mark_joined(w.s) != PROBE_OK) _exit(4);
     if (probe_session_flush(w.s) != PROBE_OK) _exit(3);
     _exit(0);
   }
@@ -298,6 +302,7 @@ static void write_rank_id(const job *j, int r, const char *run_id) {
   for (int64_t s = 0; s < j->steps && (j->f[r].close_after < 0 ||
                                         s <= j->f[r].close_after); s++)
     write_step(&w, j, r, s);
+  if (j->f[r].joined) ck_assert_int_eq(probe_session_mark_joined(w.s), PROBE_OK);
   ck_assert_int_eq(probe_session_close(w.s), PROBE_OK);
 }
 
@@ -1960,6 +1965,202 @@ START_TEST(test_ended_early) {
 }
 END_TEST
 
+/* A rank that ran out of inputs and joined the others (uneven inputs: DDP's
+ * join()) marks its trace so before closing it: it did not end early, and
+ * a healthy job stays healthy. Without the mark the same trace is "ended
+ * early"; with the mark but not closed (killed after joining) it is still
+ * a rank that stopped. */
+START_TEST(test_joined_not_ended_early) {
+  job j;
+  job_init(&j, "joined", 3, 8);
+  j.f[1].close_after = 4;
+  j.f[1].joined = 1;
+  write_job(&j);
+  for (int iso = 0; iso < 2; iso++) { /* the worker's pipe carries it too */
+    probe_ranks r;
+    run_set(&r, &j, -1, iso);
+    ck_assert_int_eq(r.n_ended_early, 0);
+    ck_assert_int_eq(r.ended_early, -1);
+    ck_assert_int_eq(r.n_joined, 1);
+    ck_assert_int_eq(r.n_incomplete, 0);
+    ck_assert_int_eq(entry_of(&r, 1)->joined, 1);
+    ck_assert_int_eq(entry_of(&r, 1)->last_step, 4);
+    ck_assert_int_eq(entry_of(&r, 0)->joined, 0);
+    ck_assert_int_eq(r.verdict, PROBE_VERDICT_HEALTHY);
+    char *t = ranks_text(&r);
+    ck_assert_msg(strstr(t, "joined            rank 1 ran out of inputs and "
+                            "joined the others after step 4 (uneven inputs: "
+                            "DDP's join()), its trace closed; the furthest "
+                            "rank reached step 7"),
+                  "%s", t);
+    ck_assert_msg(!strstr(t, "ended early"), "%s", t);
+    probe_free(t);
+    json_t *doc = ranks_json(&r);
+    char b[64];
+    int_list(json_object_get(doc, "joined"), b, sizeof b);
+    ck_assert_str_eq(b, "1");
+    int_list(json_object_get(doc, "ended_early"), b, sizeof b);
+    ck_assert_str_eq(b, "");
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")),
+                     "healthy");
+    json_t *e1 = NULL, *e;
+    size_t k;
+    json_array_foreach(json_object_get(doc, "ranks"), k, e) {
+      ck_assert(json_is_boolean(json_object_get(e, "joined")));
+      if (json_integer_value(json_object_get(e, "rank")) == 1) e1 = e;
+    }
+    ck_assert(json_is_true(json_object_get(e1, "joined")));
+    json_decref(doc);
+    probe_ranks_free(&r);
+  }
+  /* that rank's trace alone: the mark said, in its status and JSON */
+  probe_diag d;
+  diag_of_rank(&j, 1, &d);
+  ck_assert_int_eq(d.joined, 1);
+  char *dt = NULL, *dj = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &dt), PROBE_OK);
+  ck_assert_msg(strstr(dt, "the rank ran out of inputs and joined the other "
+                           "ranks after its last step"), "%s", dt);
+  ck_assert_int_eq(probe_diag_render_json(&d, &dj), PROBE_OK);
+  json_t *dd = json_loads(dj, 0, NULL);
+  ck_assert(json_is_true(json_object_get(json_object_get(dd, "trace"),
+                                         "joined")));
+  json_decref(dd);
+  probe_free(dt);
+  probe_free(dj);
+  probe_diag_free(&d);
+  diag_of_rank(&j, 0, &d);
+  ck_assert_int_eq(d.joined, 0);
+  probe_diag_free(&d);
+  /* the CLI: healthy, exit 0 */
+  static char out[1 << 20];
+  char args[512];
+  snprintf(args, sizeof args, "postmortem %s", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "verdict: healthy"), "%s", out);
+  ck_assert_msg(strstr(out, "joined            rank 1"), "%s", out);
+}
+END_TEST
+
+/* The mark missing: the same early close is "ended early" (an exception
+ * on that rank, as far as the trace tells). */
+START_TEST(test_joined_mark_missing) {
+  job j;
+  job_init(&j, "nojoinmark", 3, 8);
+  j.f[1].close_after = 4;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_ended_early, 1);
+  ck_assert_int_eq(r.entries[r.ended_early].rank, 1);
+  ck_assert_int_eq(r.n_joined, 0);
+  ck_assert_int_eq(entry_of(&r, 1)->joined, 0);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(!strstr(t, "joined   "), "%s", t);
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(doc, "joined"), b, sizeof b);
+  ck_assert_str_eq(b, "");
+  int_list(json_object_get(doc, "ended_early"), b, sizeof b);
+  ck_assert_str_eq(b, "1");
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* Joined, then killed before closing (its trace flushed with the mark):
+ * still the rank that stopped, not closed, the verdict degraded; the mark
+ * is shown on its entry and in the sentence, and it is not in `joined`. */
+START_TEST(test_joined_not_closed) {
+  job j;
+  job_init(&j, "joinkilled", 3, 8);
+  j.f[1].kill_after = 4;
+  j.f[1].joined = 1;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.n_incomplete, 1);
+  ck_assert_int_ge(r.stopped_first, 0);
+  ck_assert_int_eq(r.entries[r.stopped_first].rank, 1);
+  ck_assert_int_eq(entry_of(&r, 1)->joined, 1);
+  ck_assert_int_eq(entry_of(&r, 1)->complete, 0);
+  ck_assert_int_eq(r.n_joined, 0);
+  ck_assert_int_eq(r.n_ended_early, 0);
+  ck_assert_int_ge(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "stopped first     rank 1 at step 4 (its trace was "
+                          "not closed after it joined: killed?)"),
+                "%s", t);
+  ck_assert_msg(!strstr(t, "joined            "), "%s", t);
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(doc, "joined"), b, sizeof b);
+  ck_assert_str_eq(b, "");
+  int_list(json_object_get(json_object_get(doc, "stopped_first"),
+                           "not_closed"), b, sizeof b);
+  ck_assert_str_eq(b, "1");
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A NaN on a rank that then joins: the join excuses its early end, not
+ * its NaN (diverged, born on it); two ranks joining at different steps
+ * beside a third that ended early by an exception: only that one is
+ * "ended early". */
+START_TEST(test_joined_with_nan_and_others) {
+  job j;
+  job_init(&j, "joinnan", 3, 8);
+  j.f[1].nan_input_step = 3;
+  j.f[1].close_after = 4;
+  j.f[1].joined = 1;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 0);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DIVERGED);
+  ck_assert_int_eq(r.origin, PROBE_RANKS_ORIGIN_RANK);
+  ck_assert_int_eq(r.entries[r.first].rank, 1);
+  ck_assert_int_eq(r.entries[r.first].nf_step, 3);
+  ck_assert_int_eq(r.n_ended_early, 0);
+  ck_assert_int_eq(r.n_joined, 1);
+  probe_ranks_free(&r);
+
+  job_init(&j, "jointwo", 4, 8);
+  j.f[0].close_after = 2;
+  j.f[0].joined = 1;
+  j.f[1].close_after = 4;
+  j.f[1].joined = 1;
+  j.f[2].close_after = 5; /* an exception: no mark */
+  write_job(&j);
+  run_set(&r, &j, -1, 1);
+  ck_assert_int_eq(r.n_joined, 2);
+  ck_assert_int_eq(r.n_ended_early, 1);
+  ck_assert_int_eq(r.entries[r.ended_early].rank, 2);
+  ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+  char *t = ranks_text(&r);
+  ck_assert_msg(strstr(t, "ended early       rank 2 closed its trace at step "
+                          "5; the furthest rank reached step 7"),
+                "%s", t);
+  ck_assert_msg(strstr(t, "joined            ranks 0-1 ran out of inputs and "
+                          "joined the others (uneven inputs: DDP's join()), "
+                          "their traces closed, the first after step 2; the "
+                          "furthest rank reached step 7"),
+                "%s", t);
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  char b[64];
+  int_list(json_object_get(doc, "joined"), b, sizeof b);
+  ck_assert_str_eq(b, "0,1");
+  int_list(json_object_get(doc, "ended_early"), b, sizeof b);
+  ck_assert_str_eq(b, "2");
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
 /* A long list of missing ranks is cut with "...", in ranges (it stopped
  * at "43," with no mark). */
 START_TEST(test_missing_list_cut) {
@@ -2284,6 +2485,10 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_cli_set_of_one);
   tcase_add_test(tc, test_set_json_of_one);
   tcase_add_test(tc, test_ended_early);
+  tcase_add_test(tc, test_joined_not_ended_early);
+  tcase_add_test(tc, test_joined_mark_missing);
+  tcase_add_test(tc, test_joined_not_closed);
+  tcase_add_test(tc, test_joined_with_nan_and_others);
   tcase_add_test(tc, test_missing_list_cut);
   tcase_add_test(tc, test_digest_outlier_first_rank);
   tcase_add_test(tc, test_reached_through_the_update);
