@@ -212,7 +212,16 @@ class probe_trace_info(ctypes.Structure):
         ("rank", ctypes.c_int32),
         ("world_size", ctypes.c_int32),
         ("run_id", ctypes.c_char_p),
+        # the rank left the loop by joining (probe_session_mark_joined);
+        # libraries before it lack the field (has_join_mark)
+        ("joined", ctypes.c_int),
     ]
+
+
+def has_join_mark(lib):
+    """Whether lib knows the join mark: probe_session_mark_joined and
+    probe_trace_info.joined came together."""
+    return hasattr(lib, "probe_session_mark_joined")
 
 
 # ---- finding the library ----------------------------------------------------
@@ -305,6 +314,8 @@ def _declare(lib):
     fn("probe_trace_read_snapshot_data", st, P,
        c.POINTER(probe_snapshot_info), c.POINTER(c.c_float))
     # Optional: the analysis API (include/ampprobe/analysis.h) and version.
+    if has_join_mark(lib):
+        fn("probe_session_mark_joined", st, P)
     if hasattr(lib, "probe_session_step_nonfinite"):  # 0.3.x after ef00638
         fn("probe_session_step_nonfinite", st, P, c.POINTER(c.c_int64),
            c.POINTER(probe_nonfinite_record),

@@ -524,6 +524,19 @@ class Session:
         self._check(self._lib.probe_session_flush(self.handle),
                     "probe_session_flush")
 
+    def mark_joined(self):
+        """Marks that this rank left the training loop by joining after
+        the last step it ended (uneven inputs: DDP's join()): the rank
+        set's post-mortem then does not call its trace, once closed,
+        "ended early" (probe_session_mark_joined). Outside a step
+        (ERR_STATE inside one); the next begin_step clears it. ProbeError
+        ERR_UNSUPPORTED when this libampprobe predates the mark."""
+        if not _lib.has_join_mark(self._lib):
+            raise ProbeError(-14, "mark_joined: not in this libampprobe (%s)"
+                             % _lib.library_path(), "ERR_UNSUPPORTED")
+        self._check(self._lib.probe_session_mark_joined(self.handle),
+                    "probe_session_mark_joined")
+
     def close(self):
         h = self._box[0]
         if not h:
@@ -737,6 +750,8 @@ class Trace:
         p = lib.probe_trace_get_info(self._h).contents
         self.info = {}
         for name, ct in p._fields_:
+            if name == "joined" and not _lib.has_join_mark(lib):
+                continue  # past the end of an older library's struct
             v = getattr(p, name)
             if ct is ctypes.c_char_p:
                 v = v.decode(errors="replace") if v else ""

@@ -161,7 +161,10 @@ class BucketRecorder:
 
     On a rank that has joined (ddp.join(): uneven inputs) DDP calls the
     hook with zero buckets to match the other ranks' all-reduces: they are
-    all-reduced and not recorded, and no step is opened (_join_shadow).
+    all-reduced and not recorded, no step is opened (_join_shadow), and
+    the first after the rank's last step marks its trace joined
+    (Tracer._joined_step: the post-mortem's "joined", not "ended
+    early").
 
     The hook waits for each bucket's all-reduce before returning (so that
     it records from the backward's own thread): communication does not

@@ -1239,6 +1239,12 @@ class Tracer:
         # backwards of the other ranks this rank shadowed after it joined
         # (ddp.join(): uneven inputs); not steps of this trace
         self.joined_steps = 0
+        # the join mark (probe_session_mark_joined) is set in the trace:
+        # this rank left the loop by joining after its last step; pending:
+        # a shadow came while a step begun by hand was open (marked when
+        # it ends)
+        self._joined = False
+        self._join_pending = False
         self._attach(model, kinds, loss_fn, record_input)
         if self.ddp is not None and comm_hook is not False:
             self.comm_recorder = _dist.register(
@@ -1472,6 +1478,53 @@ class Tracer:
         self.joined_steps += 1
         if self._step is None:
             self._next += 1
+            self._mark_joined_quietly()
+        else:
+            self._join_pending = True
+
+    def _mark_joined_quietly(self):
+        """Sets the trace's join mark once after the rank's last step, from
+        the comm hook or close(): nothing with a library that predates it
+        (the post-mortem then says "ended early", as it did), and a
+        refusal (a sticky write error: a full disk) is left for end_step
+        or close to report, not raised inside DDP's join."""
+        self._join_pending = False
+        if self._joined or not _lib.has_join_mark(self._lib):
+            return
+        try:
+            self.session.mark_joined()
+            self._joined = True
+        except _lib.ProbeError:
+            pass
+
+    def mark_joined(self):
+        """Marks that this rank left the training loop by joining the
+        others after its last step: its inputs ran out first (uneven
+        inputs), and it did not stop by an exception. The post-mortem of
+        the rank set then does not call its trace, once closed, "ended
+        early" (probe_session_mark_joined; docs/python.md, "Distributed
+        jobs"). The tracer does it by itself when DDP shadows the other
+        ranks' all-reduces through its comm hook (ddp.join(),
+        torch.distributed.algorithms.Join); call it where the tracer
+        cannot see the join (comm_hook=False, no DDP, a job's own way of
+        stopping a rank that ran out of data). After the last end_step
+        (RuntimeError inside a step); a later step clears it. ProbeError
+        ERR_UNSUPPORTED with a libampprobe older than the mark."""
+        if self._closed:
+            raise RuntimeError("ampprobe: mark_joined() after close()")
+        if self._step is not None:
+            raise RuntimeError("ampprobe: mark_joined() inside step %d: call "
+                               "it after the rank's last end_step" %
+                               self._step)
+        self.session.mark_joined()
+        self._joined = True
+
+    @property
+    def joined(self):
+        """Whether the trace carries the join mark now (mark_joined, or
+        the tracer saw DDP shadow the others' backwards after this rank's
+        last step); a step begun since clears it."""
+        return self._joined
 
     def _gate(self, L):
         """How this forward of L's module is traced: "record" (a forward of
@@ -1733,6 +1786,7 @@ class Tracer:
                 self._hook_param(p, L)
         self.session.begin_step(step)
         self._step = step
+        self._joined = self._join_pending = False  # (libprobe cleared it)
         self._ran = set()  # layers whose forward ran in this step (_gate)
         self._grads = set()  # layers that got a weight_grad in it
         self._bwd = False
@@ -1907,6 +1961,8 @@ class Tracer:
             # tracer ended its step anyway, and its next forward was
             # refused with 'step 1 begun inside step 0'.
             if ended:
+                if self._join_pending:  # DDP shadowed others in this step
+                    self._mark_joined_quietly()
                 self._ended_fwd_only = step if (
                     not self._bwd and self._model_forward_ran()) else None
                 refs = self._refs
@@ -2164,6 +2220,8 @@ class Tracer:
         self._closed = True
         if getattr(self, "_step", None) is not None:
             _end_open_step(self.session)
+        if getattr(self, "_join_pending", False):  # shadows in that step
+            self._mark_joined_quietly()
         for h in self._hooks + list(self._late_hooks.values()):
             h.remove()
         self._hooks = []

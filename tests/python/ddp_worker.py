@@ -259,7 +259,8 @@ def main():
                 "buckets": tr.comm_recorder.buckets
                 if tr.comm_recorder else 0,
                 "shadowed": getattr(tr.comm_recorder, "shadowed", 0),
-                "joined_steps": getattr(tr, "joined_steps", 0)}
+                "joined_steps": getattr(tr, "joined_steps", 0),
+                "joined": getattr(tr, "joined", None)}
         tr.close()
         with open(os.path.join(d, "rank%d.json" % rank), "w") as f:
             json.dump(info, f)

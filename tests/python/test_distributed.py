@@ -457,10 +457,12 @@ def _join_steps(job, sc, rank):
         set(int(x) for x in r["step"])), per, t
 
 
-def _check_joined(job, sc, rank, steps, shadowed_steps):
+def _check_joined(job, sc, rank, steps, shadowed_steps, marked=True):
     """The joined rank's trace: its real steps and no other, each with
     its own all-reduces (as many as a step of a rank that did not join),
-    every scalar measured; the tracer counted the backwards it shadowed."""
+    every scalar measured; the tracer counted the backwards it shadowed,
+    and the trace carries the join mark when the rank ended joined
+    (marked; not when it came back for a later epoch)."""
     got, rec_steps, per, t = _join_steps(job, sc, rank)
     assert got == steps, (sc, rank, got)
     assert rec_steps == steps, (sc, rank, rec_steps)
@@ -475,6 +477,10 @@ def _check_joined(job, sc, rank, steps, shadowed_steps):
     seen = _join_seen(job, sc)[rank]
     assert seen["joined_steps"] == shadowed_steps, seen
     assert seen["shadowed"] > 0 and seen["buckets"] > seen["shadowed"], seen
+    assert seen["joined"] is marked, seen
+    assert t["info"]["joined"] == int(marked) and t["info"]["complete"], (
+        t["info"])
+    assert tl["info"]["joined"] == 0  # the last rank never joins
 
 
 def _ranks_entry(doc, rank):
@@ -497,6 +503,9 @@ def test_join_nan_names_the_rank_and_step(join_job):
     e0 = _ranks_entry(doc, 0)
     assert (e0["steps"], e0["last_step"], e0["first_nonfinite"]) == (
         3, 2, None), e0
+    # rank 0 joined, it did not end early (the NaN is rank 2's)
+    assert e0["joined"] is True and doc["joined"] == [0], e0
+    assert doc["ended_early"] == [], doc["ended_early"]
     _check_joined(join_job, "join-nan", 0, [0, 1, 2], 2)
     # the NaN rank warned for its own batch; rank 0 saw nothing
     seen = _join_seen(join_job, "join-nan")
@@ -506,28 +515,38 @@ def test_join_nan_names_the_rank_and_step(join_job):
 def test_join_healthy_job(join_job):
     # no NaN: nothing non-finite, no disagreement, and rank 0's trace ends
     # at its last step, 2 (it had a step 3 of NaN loss holding the others'
-    # all-reduces, and the post-mortem said "ended early ... at step 3")
+    # all-reduces, and the post-mortem said "ended early ... at step 3");
+    # the tracer marked it joined when DDP shadowed the others' backwards,
+    # so it is named as joined, not as ended early
     doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-healthy")))
     assert doc["first_nonfinite"] is None and doc["origin"]["kind"] == "none"
     assert doc["disagreements"] == [] and doc["ranks_not_closed"] == 0
     e0 = _ranks_entry(doc, 0)
-    assert (e0["steps"], e0["last_step"], e0["complete"]) == (3, 2, True), e0
+    assert (e0["steps"], e0["last_step"], e0["complete"], e0["joined"]) == (
+        3, 2, True, True), e0
     for r in (1, 2):
-        assert _ranks_entry(doc, r)["last_step"] == 4
+        e = _ranks_entry(doc, r)
+        assert (e["last_step"], e["joined"]) == (4, False), e
     _check_joined(join_job, "join-healthy", 0, [0, 1, 2], 2)
-    # libprobe's post-mortem cannot tell a rank that joined from one that
-    # left by an exception: it says "ended early" (degraded) and nothing
-    # else (test_join_healthy_verdict)
-    assert doc["verdict"] == "healthy" or (
-        doc["verdict"] == "degraded" and doc["ended_early"] == [0]), doc
+    assert doc["ended_early"] == [] and doc["joined"] == [0], doc
+    assert doc["verdict"] == "healthy", doc
 
 
-@pytest.mark.xfail(strict=True, reason="the C post-mortem counts a rank "
-                   "that left by DDP's join() as 'ended early' (degraded); "
-                   "it needs a mark in the trace that the rank joined")
 def test_join_healthy_verdict(join_job):
+    # it was "degraded": the C post-mortem could not tell a rank that left
+    # by DDP's join() from one that ended by an exception
     doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-healthy")))
     assert doc["verdict"] == "healthy", doc["ended_early"]
+    cli = ampprobe.find_cli()
+    if cli is not None:  # the text the CLI prints, exit 0 (healthy)
+        text = subprocess.run(
+            [cli, "postmortem", str(join_job / "join-healthy")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            universal_newlines=True)
+        assert text.returncode == 0, text.stdout
+        assert "joined            rank 0 ran out of inputs and joined the " \
+            "others after step 2" in text.stdout, text.stdout
+        assert "ended early" not in text.stdout, text.stdout
 
 
 def test_join_two_ranks_join_at_different_steps(join_job):
@@ -545,6 +564,7 @@ def test_join_two_ranks_join_at_different_steps(join_job):
     assert sorted(o["never_nonfinite"]) == [0, 1], o
     for r, last in ((0, 1), (1, 2), (2, 4)):
         assert _ranks_entry(doc, r)["last_step"] == last
+    assert doc["joined"] == [0, 1] and doc["ended_early"] == [], doc
     _check_joined(join_job, "join-two", 0, [0, 1], 3)
     _check_joined(join_job, "join-two", 1, [0, 1, 2], 2)
 
@@ -559,6 +579,9 @@ def test_join_the_joining_rank_goes_bad(join_job):
     o = doc["origin"]
     assert o["born_on"] == [0] and o["carried_to"] == [1, 2], o
     assert doc["disagreements"] == []
+    # joined after its NaN: the join excuses its early end, not the NaN
+    assert doc["joined"] == [0] and doc["ended_early"] == [], doc
+    assert doc["verdict"] == "diverged", doc["verdict"]
     _check_joined(join_job, "join-last", 0, [0, 1, 2], 2)
 
 
@@ -569,7 +592,11 @@ def test_join_each_epoch_keeps_the_step_numbers(join_job):
     # 3-5 disagreed, and it "ended early" at 5); the job ends together,
     # healthy
     doc = _cross_rank(ampprobe.postmortem(str(join_job / "join-epochs")))
-    _check_joined(join_job, "join-epochs", 0, [0, 1, 2, 5, 6, 7], 2)
+    # joined in epoch 1, back in epoch 2: its trace ends unmarked, with
+    # the others
+    _check_joined(join_job, "join-epochs", 0, [0, 1, 2, 5, 6, 7], 2,
+                  marked=False)
+    assert doc["joined"] == [], doc["joined"]
     digests = {}
     for r in range(JOIN_WORLD):
         _, _, _, t = _join_steps(join_job, "join-epochs", r)
@@ -632,6 +659,119 @@ def test_not_distributed_by_default(tmp_path):
     tr.close()
     info = ampprobe.read_trace(str(tmp_path / "t.h5"))["info"]
     assert (info["rank"], info["world_size"], info["run_id"]) == (-1, 0, "")
+
+
+# ---- the join mark (probe_session_mark_joined) --------------------------------
+
+def _two_ranks(tmp_path, joined_at, last=4, mark=True):
+    """Rank 1 trains steps 0..last; rank 0 stops after step joined_at and
+    (mark) says it joined. Returns rank 0's tracer, closed."""
+    model, t1 = _small(tmp_path, "t.h5", rank=1, world_size=2, run_id="j-1")
+    for _ in range(last + 1):
+        _one_step(model, t1)
+    t1.close()
+    model, t0 = _small(tmp_path, "t.h5", rank=0, world_size=2, run_id="j-1")
+    for _ in range(joined_at + 1):
+        _one_step(model, t0)
+    if mark:
+        t0.mark_joined()
+        assert t0.joined
+    t0.close()
+    return t0
+
+
+def test_mark_joined_by_hand(tmp_path):
+    """A job whose join the tracer cannot see (no DDP hook) says it: the
+    trace carries the mark, the set is healthy, rank 0 is `joined`."""
+    t0 = _two_ranks(tmp_path, 2)
+    info = ampprobe.read_trace(t0.path)["info"]
+    assert (info["joined"], info["complete"], info["last_step"]) == (1, 1, 2)
+    doc = _cross_rank(ampprobe.postmortem(str(tmp_path)))
+    assert doc["verdict"] == "healthy", doc
+    assert doc["joined"] == [0] and doc["ended_early"] == [], doc
+    assert _ranks_entry(doc, 0)["joined"] is True
+
+
+def test_no_mark_is_ended_early(tmp_path):
+    """The same early stop without the mark: an exception, as far as the
+    traces tell ("ended early", degraded)."""
+    t0 = _two_ranks(tmp_path, 2, mark=False)
+    assert not t0.joined
+    assert ampprobe.read_trace(t0.path)["info"]["joined"] == 0
+    doc = _cross_rank(ampprobe.postmortem(str(tmp_path)))
+    assert doc["verdict"] == "degraded", doc
+    assert doc["ended_early"] == [0] and doc["joined"] == [], doc
+
+
+def test_mark_joined_inside_a_step_and_cleared(tmp_path):
+    model, tr = _small(tmp_path, "t.h5", rank=0, world_size=2)
+    _one_step(model, tr)
+    tr.begin_step()
+    with pytest.raises(RuntimeError, match="inside step 1"):
+        tr.mark_joined()
+    with pytest.raises(ampprobe.ProbeError) as e:  # libprobe says so too
+        tr.session.mark_joined()
+    assert e.value.name == "ERR_STATE"
+    tr.end_step()
+    tr.mark_joined()
+    _one_step(model, tr)  # the rank is back (a next epoch): cleared
+    assert not tr.joined
+    tr.close()
+    assert ampprobe.read_trace(tr.path)["info"]["joined"] == 0
+    with pytest.raises(RuntimeError, match="after close"):
+        tr.mark_joined()
+
+
+def test_shadow_in_a_step_begun_by_hand_marks_at_its_end(tmp_path):
+    """DDP's shadow (the comm hook's _joined_step) while a step begun by
+    hand is open: marked when that step ends, not refused inside it; a
+    shadow after the mark changes nothing."""
+    model, tr = _small(tmp_path, "t.h5", rank=0, world_size=2)
+    _one_step(model, tr)
+    tr.begin_step()
+    tr._joined_step()
+    assert not tr.joined and tr.joined_steps == 1
+    tr.end_step()
+    assert tr.joined
+    tr._joined_step()
+    assert tr.joined and tr.joined_steps == 2
+    tr.close()
+    info = ampprobe.read_trace(tr.path)["info"]
+    assert (info["joined"], info["last_step"]) == (1, 1)
+
+
+_KILLED_AFTER_JOIN = r"""
+import os, sys, torch, torch.nn as nn
+import ampprobe.torch as at
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+tr = at.Tracer(model, sys.argv[1], precision="fp32", rank=0, world_size=2,
+               run_id="j-1")
+for _ in range(3):
+    model(torch.randn(5, 4)).square().mean().backward()
+    tr.end_step()
+tr.mark_joined()
+tr.session.flush()
+os._exit(0)  # killed while shadowing the others: never closed
+"""
+
+
+def test_joined_then_killed_is_not_closed(tmp_path):
+    """The mark does not say how the run ended: a rank killed after it
+    joined is still "not closed" (degraded), and not in `joined`."""
+    model, t1 = _small(tmp_path, "t.h5", rank=1, world_size=2, run_id="j-1")
+    for _ in range(5):
+        _one_step(model, t1)
+    t1.close()
+    p = run_py(["-c", _KILLED_AFTER_JOIN, str(tmp_path / "t.h5")])
+    assert p.returncode == 0, p.stdout + p.stderr
+    info = ampprobe.read_trace(str(tmp_path / "t.rank0.h5"))["info"]
+    assert (info["joined"], info["complete"], info["last_step"]) == (1, 0, 2)
+    doc = _cross_rank(ampprobe.postmortem(str(tmp_path)))
+    assert doc["verdict"] == "degraded", doc
+    assert doc["ranks_not_closed"] == 1 and doc["joined"] == [], doc
+    assert doc["stopped_first"]["rank"] == 0, doc["stopped_first"]
+    assert _ranks_entry(doc, 0)["joined"] is True
 
 
 @pytest.mark.parametrize("kw,msg", [
