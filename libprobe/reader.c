@@ -62,6 +62,8 @@ struct probe_trace {
   probe_layer_info *layers; /* (info.n_layers) */
   char *path;
   char h5msg[256]; /* HDF5's message of the last failed read */
+  char h5filter[200]; /* "" or, when that read's table uses a filter this
+                         HDF5 lacks, what read_failed says instead */
   char *strs[N_STR_ATTRS]; /* str_attrs: created, command_line,
                               config_json, precision_policy,
                               library_versions, run_id */
@@ -106,18 +108,39 @@ static const char *msg_path(char *buf, size_t n, const char *p) {
 }
 
 /* Sets the one-line message "PATH: what". */
-static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
-                         ...) {
+static probe_status vfail(probe_trace *t, probe_status st, const char *fmt,
+                          va_list ap) {
   char what[260], pb[MSG_PATH_MAX + 8];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
   snprintf(t->msg, sizeof t->msg, "%s: %s",
            t->path ? msg_path(pb, sizeof pb, t->path) : "trace", what);
   if (H5Eget_num(H5E_DEFAULT) > 0) probe__h5_failed_call(); /* format.h */
   H5Eclear2(H5E_DEFAULT);
   return st;
+}
+
+static probe_status fail(probe_trace *t, probe_status st, const char *fmt,
+                         ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(t, st, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* PROBE_ERR_CORRUPT for a failed read_rows: the caller's message (which
+ * quotes HDF5's, t->h5msg), or, when the table uses a filter this HDF5
+ * lacks, the sentence that says so (t->h5filter) instead: HDF5's own
+ * message then names the plugin directory it searched ("can't open
+ * directory: /usr/lib/x86_64-linux-gnu/hdf5/serial/plugins"). */
+static probe_status read_failed(probe_trace *t, const char *fmt, ...) {
+  if (t->h5filter[0])
+    return fail(t, PROBE_ERR_CORRUPT, "%s", t->h5filter);
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(t, PROBE_ERR_CORRUPT, fmt, ap);
+  va_end(ap);
+  return PROBE_ERR_CORRUPT;
 }
 
 static herr_t first_desc(unsigned n, const H5E_error2_t *e, void *data) {
@@ -284,8 +307,40 @@ static int64_t extent_1d(hid_t d) {
   return n;
 }
 
+/* When dataset d (at path) uses a filter this HDF5 lacks - neither built
+ * in nor found as a plugin: LZF (32000), Blosc, Zstandard, which h5py or
+ * other writers can use and libprobe never does - writes "PATH is
+ * compressed with a filter this HDF5 does not have (id 32000, lzf)" into
+ * buf and returns 1; else 0. The name is the one the file stores with the
+ * filter (text from the file: escaped, and cut short); none, the id
+ * alone. Called after a read failed: a table whose chunks all skipped an
+ * optional filter, or that has no rows, reads without it. */
+static int filter_missing(hid_t d, const char *path, char *buf, size_t n) {
+  hid_t dcpl = H5Dget_create_plist(d);
+  int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1, found = 0;
+  for (int k = 0; k < nf && !found; k++) {
+    unsigned flags = 0, conf = 0;
+    size_t nvals = 0;
+    char name[48] = "", shown[64];
+    H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)k, &flags, &nvals, NULL,
+                                     sizeof name, name, &conf);
+    if (id < 0 || H5Zfilter_avail(id) > 0) continue;
+    name[sizeof name - 1] = '\0';
+    probe__text_escape(shown, sizeof shown, name);
+    snprintf(buf, n,
+             "%s is compressed with a filter this HDF5 does not have (id "
+             "%d%s%s)",
+             path, (int)id, shown[0] ? ", " : "", shown);
+    found = 1;
+  }
+  if (dcpl >= 0) H5Pclose(dcpl);
+  return found;
+}
+
 /* Reads rows [start, start+n) of table i into buf; on failure HDF5's
- * message goes to t->h5msg (taken before later calls clear the stack). */
+ * message goes to t->h5msg (taken before later calls clear the stack),
+ * and t->h5filter says which filter this HDF5 lacks when that is why
+ * (read_failed reports one or the other). */
 static int read_rows(probe_trace *t, int i, int64_t start, size_t n,
                      void *buf) {
   hsize_t st[1] = {(hsize_t)start}, cnt[1] = {n};
@@ -296,7 +351,12 @@ static int read_rows(probe_trace *t, int i, int64_t start, size_t n,
       H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cnt, NULL) >= 0 &&
       H5Dread(t->dset[i], t->mtype[i], ms, fs, H5P_DEFAULT, buf) >= 0)
     rc = 0;
-  if (rc < 0) h5_desc(t->h5msg);
+  if (rc < 0) {
+    h5_desc(t->h5msg);
+    if (!filter_missing(t->dset[i], probe__tables[i].path, t->h5filter,
+                        sizeof t->h5filter))
+      t->h5filter[0] = '\0';
+  }
   if (ms >= 0) H5Sclose(ms);
   if (fs >= 0) H5Sclose(fs);
   return rc;
@@ -426,8 +486,12 @@ static probe_status read_state(probe_trace *t) {
     H5Drefresh(d);
     ok = H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st) >= 0;
   }
+  char nofilter[200];
+  int lacks = !ok && filter_missing(d, PROBE__STATE_PATH, nofilter,
+                                    sizeof nofilter);
   if (ft >= 0) H5Tclose(ft);
   H5Dclose(d);
+  if (lacks) return fail(t, PROBE_ERR_CORRUPT, "%s", nofilter);
   if (!ok)
     return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable /meta/state");
   if ((st[PROBE__S_FEATURES] & PROBE__FEAT_CHECK) &&
@@ -519,8 +583,8 @@ static probe_status check_state(probe_trace *t) {
     if (t->rows[i] == 0) continue;
     int64_t s = row_step(t, i, t->rows[i] - 1);
     if (s == -2)
-      return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable %s (%s)",
-                  probe__tables[i].path, t->h5msg);
+      return read_failed(t, "corrupt trace: unreadable %s (%s)",
+                         probe__tables[i].path, t->h5msg);
     if (s < 0 || s > last)
       return fail(t, PROBE_ERR_CORRUPT,
                   "corrupt trace: the last row of %s is step %lld, the last "
@@ -577,8 +641,7 @@ static probe_status read_layers(probe_trace *t) {
   t->layers = calloc((size_t)n + 1, sizeof *t->layers);
   if (t->layers == NULL) return fail(t, PROBE_ERR_NOMEM, "out of memory");
   if (n > 0 && read_rows(t, PROBE__T_LAYERS, 0, (size_t)n, t->layers) < 0)
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: unreadable /layers (%s)",
-                t->h5msg);
+    return read_failed(t, "corrupt trace: unreadable /layers (%s)", t->h5msg);
   for (int64_t i = 0; i < n; i++) {
     probe_layer_info *l = &t->layers[i];
     if (memchr(l->name, '\0', PROBE_NAME_MAX) == NULL || l->name[0] == '\0' ||
@@ -780,8 +843,8 @@ static probe_status read_chunk(probe_trace *t, int i, int64_t start, size_t max,
   size_t n = (size_t)(t->rows[i] - start);
   if (n > max) n = max;
   if (read_rows(t, i, start, n, buf) < 0)
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: reading %s rows %lld..: %s",
-                probe__tables[i].path, (long long)start, t->h5msg);
+    return read_failed(t, "corrupt trace: reading %s rows %lld..: %s",
+                       probe__tables[i].path, (long long)start, t->h5msg);
   *got = n;
   return PROBE_OK;
 }
@@ -806,8 +869,9 @@ static probe_status prev_key(probe_trace *t, int i, int64_t start,
     probe_scaler_event e;
   } u;
   if (read_rows(t, i, start - 1, 1, &u) < 0)
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: reading %s row %lld: %s",
-                probe__tables[i].path, (long long)(start - 1), t->h5msg);
+    return read_failed(t, "corrupt trace: reading %s row %lld: %s",
+                       probe__tables[i].path, (long long)(start - 1),
+                       t->h5msg);
   *step = i == PROBE__T_RECORDS ? u.r.step
           : i == PROBE__T_SCALER ? u.e.step : u.s.step;
   *seq = i == PROBE__T_RECORDS ? u.r.seq : 0;
@@ -1088,8 +1152,7 @@ static probe_status probe_trace_read_snapshot_data_impl(probe_trace *t,
     return fail(t, PROBE_ERR_INVALID_ARG, "snapshot outside /snapshots/data");
   if (sn->n == 0) return PROBE_OK;
   if (read_rows(t, PROBE__T_SNAPDATA, sn->offset, (size_t)sn->n, buf) < 0)
-    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
-                t->h5msg);
+    return read_failed(t, "corrupt trace: /snapshots/data: %s", t->h5msg);
   return PROBE_OK;
 }
 
@@ -1139,8 +1202,7 @@ static probe_status sweep_unread(probe_trace *t, void *buf, size_t bytes) {
     if (n > slice) n = slice;
     probe__h5_lock();
     if (read_rows(t, PROBE__T_SNAPDATA, at, n, buf) < 0)
-      st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: /snapshots/data: %s",
-                t->h5msg);
+      st = read_failed(t, "corrupt trace: /snapshots/data: %s", t->h5msg);
     probe__h5_unlock();
     if (st == PROBE_OK) iso_rows(n);
   }

@@ -13,6 +13,13 @@ faults.sh (run by /usr/bin/python3, which has h5py and numpy):
   hostile_h5.py SRC DST scaler EDIT      one edit of /scaler_events: step_max,
                                          past_last, reversed, nan, neginf,
                                          negative, tracker
+  hostile_h5.py SRC DST filter PATH HOW  the dataset PATH rewritten through a
+                                         filter: lzf (h5py's, id 32000, which
+                                         HDF5 lacks without its plugin), ID
+                                         (a filter id no HDF5 has, applied to
+                                         every chunk: raw chunks), skipped:ID
+                                         (that id as an optional filter every
+                                         chunk skipped: readable)
 
 The /meta/state check value is recomputed (docs/trace-format.md), so each
 file is consistent but for the one thing the edit makes hostile.
@@ -100,12 +107,41 @@ def scaler(f, edit):
     f["scaler_events"][:] = e
 
 
+def refilter(f, path, how):
+    old = f[path]
+    data, attrs = old[:], dict(old.attrs)
+    del f[path]
+    n = len(data)
+    chunk = max(1, min(n, 256))
+    if how == "lzf":
+        d = f.create_dataset(path, data=data, chunks=(chunk,), maxshape=(None,),
+                             compression="lzf")
+    else:
+        skipped = how.startswith("skipped:")
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((chunk,))
+        dcpl.set_filter(int(how.split(":")[-1]), h5py.h5z.FLAG_OPTIONAL, ())
+        sp = h5py.h5s.create_simple((n,), (h5py.h5s.UNLIMITED,))
+        tid = h5py.h5t.py_create(data.dtype)
+        dsid = h5py.h5d.create(f.id, path.encode(), tid, sp, dcpl=dcpl)
+        if skipped:  # HDF5 skips the optional filter it lacks: mask bit set
+            dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, data)
+        else:  # chunks as if filtered (filter mask 0): never decodable
+            for at in range(0, n, chunk):
+                raw = np.zeros(chunk, dtype=data.dtype)
+                raw[:min(chunk, n - at)] = data[at:at + chunk]
+                dsid.write_direct_chunk((at,), raw.tobytes(), filter_mask=0)
+        d = f[path]
+    for k, v in attrs.items():
+        d.attrs[k] = v
+
+
 def main():
     src, dst, kind, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     shutil.copy(src, dst)
     with h5py.File(dst, "r+") as f:
         {"steps": steps, "extlink": extlink, "efl": efl, "vds": vds,
-         "scaler": scaler}[kind](f, *args)
+         "scaler": scaler, "filter": refilter}[kind](f, *args)
 
 
 if __name__ == "__main__":
