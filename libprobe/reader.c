@@ -213,34 +213,63 @@ static int has_hdf5_signature(int fd, off_t size) {
   return 0;
 }
 
-/* Reads a string attribute (variable or fixed length) into a malloc'ed
- * string; NULL when absent (*absent = 1) or unreadable (*absent = 0). */
-static char *attr_read_str(hid_t loc, const char *name, int *absent) {
+/* What reading a root attribute found (attr_read_str, attr_read_i64). */
+typedef enum attr_why {
+  ATTR_OK,
+  ATTR_ABSENT,
+  ATTR_OTHER_TYPE, /* another class (an int for a string, a string for an
+                      int) or not one value (an array) */
+  ATTR_TOO_LONG,   /* a string over ROOT_STRS_MAX */
+  ATTR_UNREADABLE, /* HDF5 failed to read it */
+} attr_why;
+
+/* The string root attributes hold at most this many bytes together
+ * (each one's length, 4 bytes, and its bytes: what the isolated open's
+ * child sends its parent), so at most this much each. */
+#define ROOT_STRS_MAX ((size_t)64 << 20)
+#define ROOT_STRS_MAX_TEXT "64 MiB"
+
+/* Reads a scalar string attribute (variable or fixed length) into a
+ * malloc'ed string; NULL, and why in *why, when it is absent, not a
+ * string, longer than ROOT_STRS_MAX or unreadable. */
+static char *attr_read_str(hid_t loc, const char *name, attr_why *why) {
   char *out = NULL;
   hid_t a = -1, ft = -1, mt = -1, sp = -1;
   htri_t ex = H5Aexists(loc, name);
-  if (absent) *absent = ex == 0;
+  *why = ex == 0 ? ATTR_ABSENT : ATTR_UNREADABLE;
   if (ex <= 0) return NULL;
-  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0) goto done;
-  if ((ft = H5Aget_type(a)) < 0 || H5Tget_class(ft) != H5T_STRING) goto done;
-  if ((sp = H5Aget_space(a)) < 0 || H5Sget_simple_extent_npoints(sp) != 1)
+  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0 || (ft = H5Aget_type(a)) < 0 ||
+      (sp = H5Aget_space(a)) < 0)
     goto done;
+  H5T_class_t cls = H5Tget_class(ft);
+  hssize_t npoints = H5Sget_simple_extent_npoints(sp);
+  if (cls == H5T_NO_CLASS || npoints < 0) goto done;
+  if (cls != H5T_STRING || npoints != 1) {
+    *why = ATTR_OTHER_TYPE;
+    goto done;
+  }
   if (H5Tis_variable_str(ft) > 0) {
     char *v = NULL;
     if ((mt = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 ||
         H5Tset_cset(mt, H5Tget_cset(ft)) < 0)
       goto done;
     if (H5Aread(a, mt, &v) < 0) goto done;
-    out = strdup(v ? v : "");
+    if (v && strlen(v) > ROOT_STRS_MAX) *why = ATTR_TOO_LONG;
+    else out = strdup(v ? v : "");
     if (v) H5free_memory(v);
   } else {
     size_t len = H5Tget_size(ft);
-    if (len == 0 || len > (1u << 24)) goto done;
+    if (len == 0) goto done;
+    if (len > ROOT_STRS_MAX) { /* not allocated: it may be a damaged type */
+      *why = ATTR_TOO_LONG;
+      goto done;
+    }
     if ((mt = H5Tcopy(ft)) < 0) goto done;
     char *v = calloc(1, len + 1);
     if (v && H5Aread(a, mt, v) >= 0) out = v;
     else free(v);
   }
+  if (out) *why = ATTR_OK;
 done:
   if (mt >= 0) H5Tclose(mt);
   if (sp >= 0) H5Sclose(sp);
@@ -249,21 +278,25 @@ done:
   return out;
 }
 
-/* Reads a scalar integer attribute; -1 when absent or not an integer. */
-static int attr_read_i64(hid_t loc, const char *name, int64_t *v) {
+/* Reads a scalar integer attribute into *v: ATTR_OK, or why not. */
+static attr_why attr_read_i64(hid_t loc, const char *name, int64_t *v) {
   hid_t a = -1, ft = -1, sp = -1;
-  int rc = -1;
-  if (H5Aexists(loc, name) <= 0) return -1;
-  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0) goto done;
-  if ((ft = H5Aget_type(a)) < 0 || H5Tget_class(ft) != H5T_INTEGER) goto done;
-  if ((sp = H5Aget_space(a)) < 0 || H5Sget_simple_extent_npoints(sp) != 1)
+  htri_t ex = H5Aexists(loc, name);
+  attr_why why = ex == 0 ? ATTR_ABSENT : ATTR_UNREADABLE;
+  if (ex <= 0) return why;
+  if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0 || (ft = H5Aget_type(a)) < 0 ||
+      (sp = H5Aget_space(a)) < 0)
     goto done;
-  rc = H5Aread(a, H5T_NATIVE_INT64, v) < 0 ? -1 : 0;
+  H5T_class_t cls = H5Tget_class(ft);
+  hssize_t npoints = H5Sget_simple_extent_npoints(sp);
+  if (cls == H5T_NO_CLASS || npoints < 0) goto done;
+  if (cls != H5T_INTEGER || npoints != 1) why = ATTR_OTHER_TYPE;
+  else if (H5Aread(a, H5T_NATIVE_INT64, v) >= 0) why = ATTR_OK;
 done:
   if (sp >= 0) H5Sclose(sp);
   if (ft >= 0) H5Tclose(ft);
   if (a >= 0) H5Aclose(a);
-  return rc;
+  return why;
 }
 
 /* probe_trace_open_isolated's child: its progress, a message on a pipe per
@@ -591,8 +624,8 @@ static probe_status check_state(probe_trace *t) {
                   "step is %lld",
                   probe__tables[i].path, (long long)s, (long long)last);
   }
-  int64_t mode_attr = -1;
-  if (attr_read_i64(t->file, "record_mode", &mode_attr) == 0 &&
+  int64_t mode_attr = -1; /* its type is checked with the others' */
+  if (attr_read_i64(t->file, "record_mode", &mode_attr) == ATTR_OK &&
       mode_attr != st[PROBE__S_RECORD_MODE])
     return fail(t, PROBE_ERR_CORRUPT,
                 "corrupt trace: record mode %lld in /meta/state, %lld in the "
@@ -608,8 +641,8 @@ static probe_status read_rank(probe_trace *t) {
   int has_rank = H5Aexists(t->file, "rank") > 0;
   int has_world = H5Aexists(t->file, "world_size") > 0;
   if (has_rank != has_world ||
-      (has_rank && (attr_read_i64(t->file, "rank", &rank) < 0 ||
-                    attr_read_i64(t->file, "world_size", &world) < 0)))
+      (has_rank && (attr_read_i64(t->file, "rank", &rank) != ATTR_OK ||
+                    attr_read_i64(t->file, "world_size", &world) != ATTR_OK)))
     return fail(t, PROBE_ERR_CORRUPT,
                 "corrupt trace (attributes rank and world_size)");
   int single = rank == -1 && world == 0;
@@ -756,11 +789,13 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
   probe__h5_cloexec(t->file);
-  int absent = 0;
-  char *fmt = given ? NULL : attr_read_str(t->file, "format", &absent);
+  /* A "format" that is absent, not a string or another string is another
+   * program's file; one that HDF5 fails to read, a damaged file. */
+  attr_why fmt_why = ATTR_OK;
+  char *fmt = given ? NULL : attr_read_str(t->file, "format", &fmt_why);
   int is_trace = given || (fmt && strcmp(fmt, PROBE_TRACE_FORMAT) == 0);
   free(fmt);
-  if (!given && fmt == NULL && !absent) {
+  if (!given && fmt_why == ATTR_UNREADABLE) {
     h5_desc(desc);
     st = fail(t, PROBE_ERR_CORRUPT, "corrupt HDF5 file (root attributes: %s)",
               desc);
@@ -771,7 +806,7 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
   int64_t version = 0;
-  if (attr_read_i64(t->file, "version", &version) < 0 || version < 1) {
+  if (attr_read_i64(t->file, "version", &version) != ATTR_OK || version < 1) {
     st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (bad version attribute)");
     goto out;
   }
@@ -782,14 +817,46 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
   t->info.version = (int)version;
+  size_t strs_bytes = 0; /* as the isolated open's child sends them */
+  int largest = 0;
   for (int i = 0; i < N_STR_ATTRS && !given; i++) {
-    int str_absent = 0;
-    t->strs[i] = attr_read_str(t->file, str_attrs[i], &str_absent);
-    if (t->strs[i] == NULL && i == STR_RUN_ID && str_absent)
+    attr_why why = ATTR_OK;
+    t->strs[i] = attr_read_str(t->file, str_attrs[i], &why);
+    if (t->strs[i] == NULL && i == STR_RUN_ID && why == ATTR_ABSENT)
       t->strs[i] = strdup(""); /* an older writer */
     if (t->strs[i] == NULL) {
+      st = why == ATTR_TOO_LONG
+               ? fail(t, PROBE_ERR_CORRUPT,
+                      "root attribute %s is larger than " ROOT_STRS_MAX_TEXT,
+                      str_attrs[i])
+               : fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute %s)",
+                      str_attrs[i]);
+      goto out;
+    }
+    size_t len = strlen(t->strs[i]);
+    strs_bytes += 4 + len;
+    if (len > strlen(t->strs[largest])) largest = i;
+  }
+  if (strs_bytes > ROOT_STRS_MAX) {
+    st = fail(t, PROBE_ERR_CORRUPT,
+              "root attributes larger than " ROOT_STRS_MAX_TEXT " together "
+              "(%s alone %.1f MiB)",
+              str_attrs[largest],
+              (double)strlen(t->strs[largest]) / (1 << 20));
+    goto out;
+  }
+  /* The integer root attributes: absent in no trace libprobe wrote, but
+   * tolerated; of another type or shape (a string, a float, an array),
+   * corrupt as the others are. record_mode is checked against the state
+   * too (check_state); the others' values are not used. */
+  static const char *const int_attrs[] = {"record_mode", "ring_steps",
+                                          "hist_min_exp", "hist_bins"};
+  for (size_t i = 0; i < sizeof int_attrs / sizeof int_attrs[0]; i++) {
+    int64_t v;
+    attr_why why = attr_read_i64(t->file, int_attrs[i], &v);
+    if (why != ATTR_OK && why != ATTR_ABSENT) {
       st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute %s)",
-                str_attrs[i]);
+                int_attrs[i]);
       goto out;
     }
   }
@@ -1513,7 +1580,13 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
   size_t have = read_by(fds[0], &rep, sizeof rep, &w);
   char *strs = NULL;
   int strs_ok = 0;
-  if (have == sizeof rep && rep.status == PROBE_OK && rep.strs_bytes <= (64u << 20) &&
+  /* The child refuses more (probe_trace_open_impl): more is a report this
+   * process does not take. The child, whose write then fails, is killed
+   * first: a SIGPIPE would read as "HDF5 crashed". */
+  int strs_too_big = have == sizeof rep && rep.status == PROBE_OK &&
+                     rep.strs_bytes > ROOT_STRS_MAX;
+  if (strs_too_big) kill(pid, SIGKILL);
+  if (have == sizeof rep && rep.status == PROBE_OK && !strs_too_big &&
       (strs = malloc(rep.strs_bytes ? rep.strs_bytes : 1)) != NULL)
     strs_ok = read_by(fds[0], strs, rep.strs_bytes, &w) == rep.strs_bytes;
   close(fds[0]);
@@ -1548,6 +1621,12 @@ static probe_status open_isolated_impl(probe_trace **out, const char *path,
       snprintf(err, errlen,
                "%s: corrupt trace (reading it did not finish in %.0f s)",
                mp, timeout);
+    return PROBE_ERR_CORRUPT;
+  }
+  if (strs_too_big) {
+    snprintf(err, errlen,
+             "%s: root attributes larger than " ROOT_STRS_MAX_TEXT " together",
+             mp);
     return PROBE_ERR_CORRUPT;
   }
   if (have < sizeof rep || (rep.status == PROBE_OK && !strs_ok) ||

@@ -1259,6 +1259,69 @@ case_hostile_filters() {
   done
 }
 
+# Root attributes of another type or size (found 2026-12-04, F7.2, F7.3,
+# F7.5): a "format" that is not a string was "corrupt HDF5 file (root
+# attributes: HDF5 error)" - it is another program's file, as one whose
+# format is another string; a string attribute over 64 MiB was "HDF5 crashed
+# reading it: signal 13" (the parent refused the child's report and the
+# child died writing it); an integer attribute of another type (record_mode
+# a string) was accepted.
+case_hostile_attrs() {
+  have_h5py
+  fixtures
+  local k a n=0
+  for k in "int 7" "float 1.5" "ints" "strs" "str something-else" "none"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    h5ed fp16.h5 fmt$n.h5 attr format $k
+    t -- "$AMP" postmortem fmt$n.h5
+    expect 3 "postmortem of format: $k"
+    one_line "format: $k" "HDF5 file but not an ampprobe trace"
+  done
+  t -- "$AMP" report fmt1.h5 -q -o fmt1.html
+  expect 3 "report of format: int"
+  one_line "report of format: int" "HDF5 file but not an ampprobe trace"
+  t -- "$AMP" diff -q fp16.h5 fmt4.h5
+  expect 3 "diff against format: strs"
+  one_line "diff against format: strs" "HDF5 file but not an ampprobe trace"
+  for a in record_mode ring_steps hist_min_exp hist_bins; do
+    for k in "str 1" "float 1.0" "ints"; do
+      n=$((n + 1))
+      # shellcheck disable=SC2086
+      h5ed fp16.h5 int$n.h5 attr $a $k
+      t -- "$AMP" postmortem int$n.h5
+      expect 3 "postmortem of $a: $k"
+      one_line "$a: $k" "corrupt trace (attribute $a)"
+    done
+  done
+  h5ed fp16.h5 nomode.h5 attr record_mode none
+  t -- "$AMP" postmortem nomode.h5
+  expect 1 "postmortem without record_mode (tolerated, as before)"
+  # 64 MiB: what the isolated reader's child may send its parent
+  h5ed fp16.h5 big.h5 attr config_json big 70000000
+  t -- "$AMP" postmortem big.h5
+  expect 3 "postmortem of a 70 MB config_json"
+  one_line "a 70 MB config_json" "root attribute config_json is larger than 64 MiB"
+  hasnt err.txt "signal"
+  t -- "$AMP" diff -q big.h5 fp16.h5
+  expect 3 "diff of a 70 MB config_json"
+  one_line "diff of a 70 MB config_json" "root attribute config_json is larger than 64 MiB"
+  h5ed fp16.h5 big.h5 attr command_line big $(((64 << 20) + 1))
+  t -- "$AMP" postmortem big.h5
+  expect 3 "postmortem of a command_line of 64 MiB + 1"
+  one_line "a command_line of 64 MiB + 1" "root attribute command_line is larger than 64 MiB"
+  h5ed fp16.h5 big1.h5 attr config_json big 40000000
+  h5ed big1.h5 big.h5 attr created big 30000000
+  t -- "$AMP" postmortem big.h5
+  expect 3 "postmortem of 70 MB of strings in two attributes"
+  one_line "70 MB in two attributes" "root attributes larger than 64 MiB together (config_json alone 38.1 MiB)"
+  hasnt err.txt "signal"
+  h5ed fp16.h5 big.h5 attr config_json big 30000000
+  t -- "$AMP" postmortem big.h5
+  expect 1 "postmortem of a 30 MB config_json (under the limit: read)"
+  rm -f big.h5 big1.h5
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"

@@ -13,6 +13,12 @@ faults.sh (run by /usr/bin/python3, which has h5py and numpy):
   hostile_h5.py SRC DST scaler EDIT      one edit of /scaler_events: step_max,
                                          past_last, reversed, nan, neginf,
                                          negative, tracker
+  hostile_h5.py SRC DST attr NAME KIND [VALUE]
+                                         root attribute NAME replaced by KIND:
+                                         str VALUE, int VALUE, float VALUE,
+                                         ints (an array of 2), strs (an array
+                                         of 2 strings), big N (a string of N
+                                         bytes), none (deleted)
   hostile_h5.py SRC DST filter PATH HOW  the dataset PATH rewritten through a
                                          filter: lzf (h5py's, id 32000, which
                                          HDF5 lacks without its plugin), ID
@@ -107,6 +113,26 @@ def scaler(f, edit):
     f["scaler_events"][:] = e
 
 
+def attr(f, name, kind, value=None):
+    if name in f.attrs:
+        del f.attrs[name]
+    if kind == "str":
+        f.attrs.create(name, value, dtype=h5py.string_dtype("utf-8"))
+    elif kind == "int":
+        f.attrs[name] = np.int32(int(value))
+    elif kind == "float":
+        f.attrs[name] = np.float64(float(value))
+    elif kind == "ints":
+        f.attrs[name] = np.array([1, 1], dtype=np.int32)
+    elif kind == "strs":
+        f.attrs.create(name, ["ampprobe-trace", "x"],
+                       dtype=h5py.string_dtype("utf-8"))
+    elif kind == "big":
+        f.attrs.create(name, "x" * int(value), dtype=h5py.string_dtype("utf-8"))
+    elif kind != "none":
+        sys.exit("unknown attribute kind " + kind)
+
+
 def refilter(f, path, how):
     old = f[path]
     data, attrs = old[:], dict(old.attrs)
@@ -141,7 +167,7 @@ def main():
     shutil.copy(src, dst)
     with h5py.File(dst, "r+") as f:
         {"steps": steps, "extlink": extlink, "efl": efl, "vds": vds,
-         "scaler": scaler, "filter": refilter}[kind](f, *args)
+         "scaler": scaler, "attr": attr, "filter": refilter}[kind](f, *args)
 
 
 if __name__ == "__main__":
