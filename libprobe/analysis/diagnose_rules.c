@@ -113,9 +113,24 @@ static void set_next(probe_diag_finding *f, const char *fmt, ...) {
 
 /* "ampprobe bisect --fp32-candidates LIST ARGS": the list holds names from
  * the trace's config ("fp32"), so it is one shell-quoted word (a kind list
- * such as revin,softmax stays as it is); ARGS is quoted already. */
+ * such as revin,softmax stays as it is); ARGS is quoted already. Those
+ * names are escaped (probe__diag_read_config): one that needed it (a
+ * control character, a bidi control, a backslash, bytes that are not
+ * UTF-8) shows a backslash, and pasted as shown it would ask bisect for
+ * other modules ('\e[31m' is a backslash and an e, not ESC). Then no
+ * command is given, only why - as source_arg (diagnose.c) gives no
+ * --config or --scenario it cannot make pasteable. Kinds and the layer
+ * names add_layer_candidate takes hold no backslash. */
 static void set_next_bisect(probe_diag_finding *f, const char *cands,
                             const char *args) {
+  if (strchr(cands, '\\')) {
+    set_next(f, "no bisect command to paste: the candidates '%.300s' hold a "
+                "name from the config's fp32 list that is shown escaped (a "
+                "control character, a backslash or bytes that are not "
+                "UTF-8); pasted, it would name other modules",
+             cands);
+    return;
+  }
   char q[600];
   if (probe_shell_quote(q, sizeof q, cands) >= sizeof q)
     snprintf(q, sizeof q, "KINDS");

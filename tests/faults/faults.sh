@@ -1322,6 +1322,42 @@ case_hostile_attrs() {
   rm -f big.h5 big1.h5
 }
 
+# Names from the config's fp32 list that need escaping (found 2026-12-04,
+# F7.4): they were put, escaped, into the bisect command the user is told
+# to paste ("--fp32-candidates '\e[31m,bn,revin'"), which pasted names other
+# modules (a backslash and an e). No command then, but why, in one line, as
+# for a --config or --scenario that cannot be pasted.
+case_hostile_candidates() {
+  have_h5py
+  fixtures
+  local c n=0
+  for c in '{"name": "revin-overflow", "fp32": ["\u001b[31m", "bn"]}' \
+           '{"name": "revin-overflow", "fp32": "\u202ebn"}' \
+           '{"name": "revin-overflow", "fp32": ["a\\b"]}' \
+           '{"name": "revin-overflow", "fp32": ["\u009b31m", "bn"]}' \
+           '{"name": "revin-overflow", "fp32": ["bn\nrevin"]}'; do
+    n=$((n + 1))
+    h5ed fp16.h5 cand$n.h5 attr config_json str "$c"
+    t -- "$AMP" postmortem cand$n.h5
+    expect 1 "postmortem with fp32 list $n"
+    check_no_raw out.txt "fp32 list $n"
+    hasnt out.txt "ampprobe bisect --fp32-candidates"
+    has out.txt "next: no bisect command to paste: the candidates '"
+    t -- "$AMP" postmortem --json cand$n.h5
+    expect 1 "postmortem --json with fp32 list $n"
+    hasnt out.txt "ampprobe bisect --fp32-candidates"
+  done
+  h5ed fp16.h5 clean.h5 attr config_json str '{"name": "revin-overflow", "fp32": ["bn"]}'
+  t -- "$AMP" postmortem clean.h5
+  expect 1 "postmortem with a plain fp32 list"
+  has out.txt "next: ampprobe bisect --fp32-candidates bn,revin --scenario revin-overflow"
+  h5ed fp16.h5 ext2.h5 attr config_json str \
+    '{"name": "x", "framework": "pytorch", "command": "python t.py --lr 0.1", "fp32": ["bn"]}'
+  t -- "$AMP" postmortem ext2.h5
+  expect 1 "postmortem of an external job"
+  has out.txt "next: ampprobe bisect --fp32-candidates bn,revin -- python t.py --lr 0.1"
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"

@@ -2190,6 +2190,60 @@ START_TEST(test_external_command) {
 }
 END_TEST
 
+/* The config's fp32 list goes into the suggested bisect command. A name
+ * that needs escaping (ESC, a bidi control as a one-string list, a
+ * backslash, a C1 control, a newline) was put there escaped - '\e[31m,bn'
+ * - which pasted asks bisect for other modules (a backslash and an e). No
+ * command then: one line that says why, with the list shown escaped. */
+START_TEST(test_candidates_need_escape) {
+  static const char *const fp32[] = {
+      "[\"\\u001b[31m\", \"bn\"]", "\"\\u202ebn\"", "[\"a\\\\b\"]",
+      "[\"\\u009b31m\"]",           "[\"bn\\nsoftmax\"]",
+  };
+  const char *p = tmp_path("cand_escape");
+  char cfg[256];
+  snprintf(cfg, sizeof cfg, "{\"name\": \"unit\", \"fp32\": %s}", fp32[_i]);
+  tb t;
+  tb_open_ex(&t, p, 0, 0, cfg);
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.bn_var_inf = s >= 10};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_FORCE_FP32);
+  const char *next = d.findings[0].next_step;
+  ck_assert_msg(strstr(next, "no bisect command to paste: the candidates '") == next,
+                "%s: %s", fp32[_i], next);
+  ck_assert_ptr_nonnull(strstr(next, "pasted, it would name other modules"));
+  for (int i = 0; i < d.n_findings; i++) {
+    ck_assert_ptr_null(strstr(d.findings[i].next_step, "--fp32-candidates"));
+    ck_assert(!probe_text_needs_escape(d.findings[i].next_step) ||
+              strchr(d.findings[i].next_step, '\\')); /* shown escaped */
+    for (const char *c = d.findings[i].next_step; *c; c++)
+      ck_assert_msg((unsigned char)*c >= 0x20 && *c != 0x7f, "raw control");
+  }
+  probe_diag_free(&d);
+  unlink(p);
+  /* the same list without the name that needs escaping: the command */
+  tb_open_ex(&t, p, 0, 0, "{\"name\": \"unit\", \"fp32\": [\"softmax\"]}");
+  for (int s = 0; s < 12; s++) {
+    spec sp = {.bn_var_inf = s >= 10};
+    scal sc = clean(1.0, 65536);
+    tb_step(&t, s, &sp, &sc);
+  }
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag_of(&d, p);
+  ck_assert_str_eq(d.findings[0].next_step,
+                   "ampprobe bisect --fp32-candidates softmax,bn --scenario "
+                   "unit");
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 /* Class 1 at the record level: an FP16 BatchNorm (8 features, batch 8)
  * whose saved variance holds one exact 0 from step 0 on. When the input
  * holds 8 zeros (a dead, all-zero feature after a ReLU) the zero is
@@ -2986,6 +3040,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_clip_order_cannot_tell);
   tcase_add_test(tc, test_json_inf_is_a_string);
   tcase_add_test(tc, test_external_command);
+  tcase_add_loop_test(tc, test_candidates_need_escape, 0, 5);
   tcase_add_test(tc, test_norm_collapse_records);
   tcase_add_test(tc, test_progress_reaches_the_total);
   tcase_add_test(tc, test_skipped_to_the_end_is_not_healthy);
