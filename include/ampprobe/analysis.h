@@ -278,7 +278,9 @@ typedef struct probe_diag {
   int cfg_external;          /* written by another framework (the config's
                                 "framework", e.g. "pytorch"): rerun with
                                 its own command, cfg_command */
-  char cfg_command[512];     /* that command, escaped */
+  char cfg_command[512];     /* that command, each word shell-quoted;
+                                "YOUR TRAINING COMMAND" when it would
+                                need escaping (it could not be pasted) */
   int64_t warmup_end;        /* first step after warm-up */
 
   /* ---- losses (steps whose loss was not measured are left out) */

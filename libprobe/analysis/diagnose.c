@@ -2041,10 +2041,14 @@ void probe__diag_read_config(probe_diag *d, const char *config_json,
       const char *line = cmd && cmd->type == PROBE__JV_STR ? cmd->str
                          : command_line                    ? command_line
                                                            : "";
-      char rq[2048];
+      /* pasted after "--": whole words that fit (escaping cannot cut
+       * one), and none shown escaped (as source_arg: pasted as shown, an
+       * escaped word would be another argument), else the placeholder */
+      char rq[sizeof d->cfg_command];
       requote_command(rq, sizeof rq, line);
-      probe_text_escape(d->cfg_command, sizeof d->cfg_command,
-                        rq[0] ? rq : "YOUR TRAINING COMMAND");
+      snprintf(d->cfg_command, sizeof d->cfg_command, "%s",
+               rq[0] && !probe_text_needs_escape(rq) ? rq
+                                                     : "YOUR TRAINING COMMAND");
     }
     probe__jflat_free(&f);
   }

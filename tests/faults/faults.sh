@@ -1326,7 +1326,8 @@ case_hostile_attrs() {
 # F7.4): they were put, escaped, into the bisect command the user is told
 # to paste ("--fp32-candidates '\e[31m,bn,revin'"), which pasted names other
 # modules (a backslash and an e). No command then, but why, in one line, as
-# for a --config or --scenario that cannot be pasted.
+# for a --config or --scenario that cannot be pasted; an external job's
+# command that would need escaping is the placeholder.
 case_hostile_candidates() {
   have_h5py
   fixtures
@@ -1351,6 +1352,12 @@ case_hostile_candidates() {
   t -- "$AMP" postmortem clean.h5
   expect 1 "postmortem with a plain fp32 list"
   has out.txt "next: ampprobe bisect --fp32-candidates bn,revin --scenario revin-overflow"
+  h5ed fp16.h5 ext.h5 attr config_json str \
+    '{"name": "x", "framework": "pytorch", "command": "python t.py \u001b[2J --lr 0.1", "fp32": ["bn"]}'
+  t -- "$AMP" postmortem ext.h5
+  expect 1 "postmortem of an external job whose command holds an ESC"
+  check_no_raw out.txt "external command with an ESC"
+  has out.txt "next: ampprobe bisect --fp32-candidates bn,revin -- YOUR TRAINING COMMAND"
   h5ed fp16.h5 ext2.h5 attr config_json str \
     '{"name": "x", "framework": "pytorch", "command": "python t.py --lr 0.1", "fp32": ["bn"]}'
   t -- "$AMP" postmortem ext2.h5

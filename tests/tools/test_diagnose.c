@@ -1926,6 +1926,33 @@ START_TEST(test_stored_command_is_data) {
   probe__diag_read_config(&d, "{\"framework\": \"pytorch\", \"command\": "
                               "\"python t.py; touch x $(id)\"}", NULL);
   ck_assert_str_eq(d.cfg_command, "python 't.py;' touch x '$(id)'");
+  /* a word that would be shown escaped (an ESC, a newline, a backslash,
+   * bytes that are not UTF-8): pasted as shown it is another argument, so
+   * the placeholder, as for a --config that cannot be pasted */
+  static const char *const unpasteable[] = {
+      "{\"framework\": \"pytorch\", \"command\": \"python t.py \\u001b[2J\"}",
+      "{\"framework\": \"pytorch\", \"command\": \"python 'a\\nb.py'\"}",
+      "{\"framework\": \"pytorch\", \"command\": \"python 'a\\\\b.py'\"}",
+      "{\"framework\": \"pytorch\", \"command\": \"python \\u202ey.py\"}",
+  };
+  for (size_t i = 0; i < sizeof unpasteable / sizeof unpasteable[0]; i++) {
+    probe__diag_read_config(&d, unpasteable[i], NULL);
+    ck_assert_msg(!strcmp(d.cfg_command, "YOUR TRAINING COMMAND"), "%s: %s",
+                  unpasteable[i], d.cfg_command);
+  }
+  /* the stored command line, when the config has none: the same rule */
+  probe__diag_read_config(&d, "{\"framework\": \"pytorch\"}",
+                          "python t.py --name '\x1b[31m'");
+  ck_assert_str_eq(d.cfg_command, "YOUR TRAINING COMMAND");
+  /* longer than cfg_command: whole words that fit, never a cut one */
+  char cmd[1400] = "{\"framework\": \"pytorch\", \"command\": \"python";
+  for (int i = 0; i < 100; i++) strcat(cmd, " 'a b c d e'");
+  strcat(cmd, "\"}");
+  probe__diag_read_config(&d, cmd, NULL);
+  size_t n = strlen(d.cfg_command);
+  ck_assert_uint_lt(n, sizeof d.cfg_command);
+  ck_assert_msg(n >= 12 && !strcmp(d.cfg_command + n - 12, " 'a b c d e'"),
+                "cut: ...%s", d.cfg_command + (n > 20 ? n - 20 : 0));
 }
 END_TEST
 
