@@ -48,10 +48,15 @@ static int32_t layer(probe_session *s, const char *name, probe_kind kind,
   return id;
 }
 
-/* N values v * (0.5 + i/N), then the first nan NaN, inf +inf, zeros 0. */
+/* N values v * (0.5 + i/N), then the first nan NaN, inf +inf, zeros 0.
+ * The data must stay valid until probe_step_end (the session may snapshot
+ * it then: probe.h), so each record of a step gets its own buffer. */
+#define PUT_BUFFERS 64
 static void put(probe_session *s, int32_t id, probe_site site, float v, int nan,
                 int inf, int zeros) {
-  float x[N];
+  static float pool[PUT_BUFFERS][N];
+  static unsigned next;
+  float *x = pool[next++ % PUT_BUFFERS];
   for (int i = 0; i < N; i++) x[i] = v * (0.5f + (float)i / N);
   int k = 0;
   for (int i = 0; i < nan; i++) x[k++] = NAN;
