@@ -165,7 +165,8 @@ AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
   XX(FIX_ALLREDUCE, "fix-allreduce")                                           \
   XX(NO_STEPS, "no-steps")                                                     \
   XX(NOT_PRECISION, "not-precision")                                           \
-  XX(NOT_CLOSED, "not-closed")
+  XX(NOT_CLOSED, "not-closed")                                                 \
+  XX(DATA_RESOLUTION, "data-resolution")
 
 typedef enum probe_diag_finding_id {
 #define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,
@@ -220,6 +221,26 @@ typedef struct probe_diag_collapse {
   double out_var, in_var; /* variance of the output / input tensors */
 } probe_diag_collapse;
 
+/* Data below the resolution of the precision it enters: the FP32 values
+ * entering an FP16/BF16 layer (its fwd_in record) vary (max > min) but
+ * their spread is below that precision's spacing at their level, so the
+ * layer sees them as (nearly) constant; docs/precision.md, "Data below
+ * resolution". Whole-tensor statistics only. */
+typedef struct probe_diag_resolution {
+  int64_t seen;         /* steps with an FP32 fwd_in the rule could judge */
+  int64_t steps;        /* of those, steps below resolution */
+  int64_t uncertain;    /* steps the sums' cancellation left undecided */
+  int64_t first_step;   /* -1 none */
+  /* the evidence at first_step: */
+  double mean, std;     /* of the whole tensor (std from sum/sumsq) */
+  double min, max;
+  double level;         /* smallest magnitude the values reach (0 when
+                           they straddle 0) */
+  double spacing;       /* the precision's spacing at that level */
+  int by_range;         /* decided by max - min < spacing (std unreliable) */
+  int from_input;       /* the values are the input layer's fwd_out */
+} probe_diag_resolution;
+
 /* Per-layer totals (one per layer of the trace). */
 typedef struct probe_diag_layer {
   probe_layer_info info; /* as stored in the trace (raw name) */
@@ -245,6 +266,8 @@ typedef struct probe_diag_layer {
    * cast into this FP16 layer; its gradients' zeros then count as flushed
    * in grad_subnormal */
   int64_t entry_flush_steps;
+  /* appended: data below resolution at this layer's entry */
+  probe_diag_resolution resolution;
 } probe_diag_layer;
 
 typedef struct probe_diag_backoff {
@@ -414,6 +437,10 @@ typedef struct probe_diag {
   /* appended: the rank left the loop by joining after last_step
    * (probe_trace_info.joined: uneven inputs, DDP's join()) */
   int joined;
+  /* appended: the first layer (execution order) whose FP32 input was below
+   * its precision's resolution on at least PROBE_DIAG_RESOLUTION_STEP_FRAC
+   * of the steps judged; -1 none */
+  int32_t resolution_layer;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

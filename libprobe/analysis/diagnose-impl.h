@@ -24,6 +24,16 @@
  * two with hysteresis), or when every step was skipped (no optimizer step
  * was taken: the run did not train, however short). */
 #define PROBE_DIAG_COLLAPSE_TRAILING_SKIPS 3
+/* Data below resolution (docs/precision.md): FP32 values entering an
+ * FP16/BF16 layer whose standard deviation is below this fraction of that
+ * precision's spacing at their level (half an ulp: nearly every value
+ * rounds to the same one or two neighbours), or whose range max - min is
+ * below one spacing (then std <= range / 2 is below half of it, whatever
+ * the sums' cancellation). */
+#define PROBE_DIAG_RESOLUTION_STD_FRAC 0.5
+/* ... on at least this fraction of the steps the rule could judge (one
+ * narrow batch is no property of the data). */
+#define PROBE_DIAG_RESOLUTION_STEP_FRAC 0.5
 
 /* Ranks the findings with the rules table and sets d->verdict. */
 void probe__diag_rank(probe_diag *d);

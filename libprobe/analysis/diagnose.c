@@ -1383,6 +1383,79 @@ static void silent_faults(walker *w, probe_diag_layer *dl, const layer_step *l,
   }
 }
 
+/* The spacing (ulp) of FP16, or BF16 for a BF16 layer, at magnitude x:
+ * 2^(e - 10) (2^(e - 7)) in the binade [2^e, 2^(e+1)), the subnormal
+ * spacing below the smallest normal. */
+static double spacing_at(double x, int dtype) {
+  int mant = dtype == PROBE_DTYPE_BF16 ? 7 : 10;
+  int emin = dtype == PROBE_DTYPE_BF16 ? -126 : -14;
+  if (!(x >= ldexp(1.0, emin))) return ldexp(1.0, emin - mant);
+  int e;
+  frexp(x, &e); /* x = f * 2^e, f in [0.5, 1) */
+  return ldexp(1.0, e - 1 - mant);
+}
+
+/* Data below resolution (docs/precision.md): the FP32 values entering FP16
+ * (BF16) layer dl at this step vary (max > min) but their spread is below
+ * the precision's spacing at their level - the smallest magnitude they
+ * reach, where the spacing is finest: std < PROBE_DIAG_RESOLUTION_STD_FRAC
+ * of it, or max - min below one spacing. The std comes from sum and sumsq,
+ * whose var = sumsq/n - mean^2 cancels at a level far above the spread;
+ * with the n-term summation bound of docs/statistics.md its error is at
+ * most 2n eps (sumsq/n + 2 |mean| absmax). A step the bound leaves on
+ * either side of the threshold (and the range does not decide) counts as
+ * uncertain, not as below. */
+static void below_resolution(walker *w, probe_diag_layer *dl,
+                             const layer_step *l, const probe_record *r,
+                             int64_t step) {
+  const probe_diag *d = w->d;
+  int prec = dl->info.precision;
+  if (prec == PROBE_DTYPE_F32 || dl->info.kind == PROBE_KIND_INPUT ||
+      dl->info.kind == PROBE_KIND_LOSS || l->fwd_in < 0)
+    return;
+  const probe_record *x = &r[l->fwd_in];
+  const probe_stats *s = &x->stats;
+  uint64_t n = probe_stats_finite(s);
+  if (x->dtype != PROBE_DTYPE_F32 || stats_nonfinite(s) || n < 2 ||
+      !(s->absmax <= probe__diag_range_max(prec)))
+    return;
+  probe_diag_resolution *rs = &dl->resolution;
+  rs->seen++;
+  if (!(s->max > s->min)) return; /* constant in FP32: nothing to lose */
+  double lo = fabs((double)s->min), hi = fabs((double)s->max);
+  double level = s->min <= 0 && s->max >= 0 ? 0.0 : (lo < hi ? lo : hi);
+  double sp = spacing_at(level, prec);
+  double m = s->sum / (double)n, q = s->sumsq / (double)n;
+  double var = q - m * m;
+  if (var < 0) var = 0;
+  double err = 2.0 * (double)n * DBL_EPSILON * (q + 2.0 * fabs(m) * s->absmax);
+  double thr = PROBE_DIAG_RESOLUTION_STD_FRAC * sp;
+  int by_range = (double)s->max - (double)s->min < sp;
+  int by_std = var + err < thr * thr;
+  if (!by_range && !by_std) {
+    if (var - err < thr * thr) rs->uncertain++;
+    return;
+  }
+  if (rs->steps++ > 0) return;
+  rs->first_step = step;
+  rs->mean = m;
+  rs->std = sqrt(var);
+  rs->min = s->min;
+  rs->max = s->max;
+  rs->level = level;
+  rs->spacing = sp;
+  rs->by_range = by_range && !by_std;
+  rs->from_input = 0;
+  for (int64_t k = 0; k < d->n_layers; k++) {
+    int o = w->ls[k].fwd_out;
+    if (d->layers[k].info.kind != PROBE_KIND_INPUT || o < 0) continue;
+    const probe_stats *t = &r[o].stats;
+    if (t->count == s->count && t->sum == s->sum && t->sumsq == s->sumsq &&
+        t->min == s->min && t->max == s->max)
+      rs->from_input = 1;
+  }
+}
+
 /* loss_nf: the step's loss is not finite; its layers' faults are then not
  * silent (they reached the loss) and are not counted as such. */
 /* Whether the whole gradient an FP32 layer (the loss) handed to FP16
@@ -1476,6 +1549,7 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
     }
     if (w->nf_at[li] == step) dl->nonfinite_steps++;
     if (step >= d->warmup_end && !loss_nf) silent_faults(w, dl, l, r, step);
+    below_resolution(w, dl, l, r, step);
   }
   /* weights as the updates made them: a layer whose forward used weights
    * larger than the FP32 masters the step just before left (by more than
@@ -2096,6 +2170,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   d->n_records = info->n_records;
   d->event_step = -1;
   d->origin_layer = -1;
+  d->resolution_layer = -1;
   d->feeder_layer = -1;
   d->nan_from_inf_layer = -1;
   d->first_grad_overflow_step = -1;
@@ -2122,6 +2197,7 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
     d->layers[i].min_fwd_headroom_step = -1;
     d->layers[i].fwd_nonfinite_first = -1;
     d->layers[i].collapse.first_step = -1;
+    d->layers[i].resolution.first_step = -1;
     probe_text_escape(d->layers[i].display, sizeof d->layers[i].display,
                       li[i].name);
     if (li[i].kind != PROBE_KIND_INPUT && li[i].kind != PROBE_KIND_LOSS &&
@@ -2201,6 +2277,16 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
     if (l->collapse.steps == 0 && l->fwd_nonfinite_steps == 0) continue;
     if (d->silent_layer < 0) d->silent_layer = (int32_t)i;
     d->silent_layers++;
+  }
+
+  /* Data below resolution: the first layer (execution order) whose FP32
+   * input was below it on enough of the steps judged. */
+  d->resolution_layer = -1;
+  for (int64_t i = 0; i < d->n_layers && d->resolution_layer < 0; i++) {
+    const probe_diag_resolution *rs = &d->layers[i].resolution;
+    if (rs->steps > 0 &&
+        (double)rs->steps >= PROBE_DIAG_RESOLUTION_STEP_FRAC * (double)rs->seen)
+      d->resolution_layer = (int32_t)i;
   }
 
   /* Worst gradient underflow. */
