@@ -56,6 +56,7 @@
 #define SCORE_FIX_ALLREDUCE 90 /* as an FP16 event: the first fault */
 #define SCORE_LR 88
 #define SCORE_SILENT 85
+#define SCORE_DATA_RESOLUTION 86 /* above silent-fault: it says why */
 #define SCORE_SCALE_COLLAPSE 85
 #define SCORE_LOSS_SCALING 80
 #define SCORE_FORCE_FP32_AFTER_CLIP 75
@@ -218,10 +219,24 @@ static void add_layer_candidate(char *cl, size_t cn, const probe_diag *d,
   add_candidate(cl, cn, kind_of(d, id));
 }
 
+/* Data below resolution is a finding (data-resolution) when the values are
+ * the input data, or when a normalisation at or after that layer (in
+ * execution order) collapsed: its input was then constant in what it
+ * normalises before it ran (docs/precision.md, "Data below resolution"). */
+static int resolution_fires(const probe_diag *d) {
+  int32_t r = d->resolution_layer;
+  if (r < 0 || r >= d->n_layers) return 0;
+  if (d->layers[r].resolution.from_input) return 1;
+  for (int64_t i = r; i < d->n_layers; i++)
+    if (d->layers[i].collapse.steps > 0) return 1;
+  return 0;
+}
+
 /* Candidates to keep in FP32: what the run already kept, the origin's kind
  * (or, when the origin already runs in FP32, the FP16 layer that fed it
- * zeros), other layers that were origins, silent-fault layers, and
- * sensitive layers with tight headroom. */
+ * zeros), other layers that were origins, the layer whose input was
+ * below resolution (before the collapse it explains), silent-fault layers,
+ * and sensitive layers with tight headroom. */
 static void candidates(rank_ctx *c) {
   probe_diag *d = c->d;
   char *cl = d->fp32_candidates;
@@ -245,6 +260,7 @@ static void candidates(rank_ctx *c) {
     if (d->layers[i].origin_steps > 0 && i != d->origin_layer &&
         !layer_is_fp32(d, (int32_t)i))
       add_layer_candidate(cl, cn, d, (int32_t)i);
+  if (resolution_fires(d)) add_layer_candidate(cl, cn, d, d->resolution_layer);
   for (int64_t i = 0; i < d->n_layers; i++)
     if (d->layers[i].collapse.steps > 0 && !layer_is_fp32(d, (int32_t)i))
       add_layer_candidate(cl, cn, d, (int32_t)i);
@@ -970,8 +986,17 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
                    (unsigned long long)k->saved_count);
     if (isfinite(k->out_var))
       add_evidence(f, "output variance %.3g against input variance %.3g "
-                      "(collapse threshold %.0e of its weights' mean square)",
+                      "(whole tensors; collapse threshold %.0e of its "
+                      "weights' mean square)",
                    k->out_var, k->in_var, PROBE_DIAG_COLLAPSE_VAR_FRAC);
+    int32_t r = d->resolution_layer;
+    if (resolution_fires(d) && r != s && r < s)
+      add_evidence(f, "upstream, the input of '%s' was below %s's resolution "
+                      "(data-resolution): what '%s' normalises may be "
+                      "constant already; keeping '%s' alone in FP32 will "
+                      "not restore it",
+                   d->layers[r].display, prec_label(d, r), l->display,
+                   l->display);
   } else {
     add_evidence(f, "%lld steps after warm-up with inf/NaN in its forward "
                     "outputs, first at step %lld",
@@ -986,6 +1011,67 @@ static void explain_silent(rank_ctx *c, probe_diag_finding *f) {
                   "diff' against the FP32 run shows how far it drifts)");
   const char *cands = d->fp32_candidates[0] ? d->fp32_candidates : kind_of(d, s);
   set_next_bisect(f, cands, c->args);
+}
+
+/* data-resolution: the FP32 values entering an FP16/BF16 layer vary, but
+ * by less than that precision's spacing at their level (diagnose.c,
+ * below_resolution); the layer computes on (nearly) one value. */
+static int when_resolution(const rank_ctx *c) { return resolution_fires(c->d); }
+static double score_resolution(const rank_ctx *c) {
+  (void)c;
+  return SCORE_DATA_RESOLUTION;
+}
+static void explain_resolution(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  int32_t r = d->resolution_layer;
+  const probe_diag_layer *l = &d->layers[r];
+  const probe_diag_resolution *rs = &l->resolution;
+  const char *p = prec_label(d, r);
+  char what[PROBE_NAME_MAX * 4 + 40];
+  if (rs->from_input)
+    snprintf(what, sizeof what, "the input's variation");
+  else
+    snprintf(what, sizeof what, "the variation of the input of '%s'", l->display);
+  set_title(f, "%s (std %.3g at level %.5g) is below %s's spacing there "
+               "(%.3g): '%s' (%s) sees it as constant",
+            what, rs->std, fabs(rs->mean), p, rs->spacing, l->display,
+            kind_of(d, r));
+  add_evidence(f, "the FP32 input of '%s' at step %lld: mean %.6g, std %.3g, "
+                  "range %.6g .. %.6g; %s's spacing at %.6g is %.3g",
+               l->display, (long long)rs->first_step, rs->mean, rs->std,
+               rs->min, rs->max, p, rs->level, rs->spacing);
+  add_evidence(f, "below resolution (std < %.1f of the spacing, or max - min "
+                  "< the spacing) on %lld of %lld steps",
+               PROBE_DIAG_RESOLUTION_STD_FRAC, (long long)rs->steps,
+               (long long)rs->seen);
+  if (rs->by_range)
+    add_evidence(f, "the std from sum/sumsq is unreliable at this level "
+                    "(cancellation); the range decided it");
+  if (rs->uncertain > 0)
+    add_evidence(f, "%lld steps undecided: the sums' cancellation bound "
+                    "straddles the threshold",
+                 (long long)rs->uncertain);
+  for (int64_t i = r; i < d->n_layers; i++)
+    if (d->layers[i].collapse.steps > 0) {
+      add_evidence(f, "'%s' (%s) collapsed downstream (silent fault): its "
+                      "input was constant in what it normalises, this lost "
+                      "variation, not its own precision",
+                   d->layers[i].display, kind_of(d, (int32_t)i));
+      break;
+    }
+  add_evidence(f, "whole-tensor statistics: a spread within each feature "
+                  "below the spacing, with features at unlike levels, is "
+                  "not seen");
+  char b[PROBE_DIAG_TEXT_MAX * 2];
+  const char *cands = d->fp32_candidates[0] ? d->fp32_candidates : kind_of(d, r);
+  set_next_bisect(f, cands, c->args);
+  snprintf(b, sizeof b, "%s", f->next_step);
+  set_next(f, "%s '%s' in FP32: %s",
+           rs->from_input ? "centre or normalise the input data (subtract its "
+                            "level, or standardise it), or keep"
+                          : "remove the offset before it (centre or "
+                            "normalise), or keep",
+           l->display, b);
 }
 
 /* A scale below 1 shrinks the gradients instead of lifting them: loss
@@ -1276,6 +1362,8 @@ static const rule RULES[] = {
      score_not_precision, explain_not_precision},
     {"allreduce-event", PROBE_DIAG_FINDING_FIX_ALLREDUCE, when_allreduce,
      score_allreduce, explain_allreduce},
+    {"data-resolution", PROBE_DIAG_FINDING_DATA_RESOLUTION, when_resolution,
+     score_resolution, explain_resolution},
     {"silent-fault", PROBE_DIAG_FINDING_FORCE_FP32, when_silent, score_silent,
      explain_silent},
     {"grad-underflow", PROBE_DIAG_FINDING_ENABLE_LOSS_SCALING, when_scaling,
