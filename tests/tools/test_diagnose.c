@@ -2374,6 +2374,135 @@ START_TEST(test_norm_collapse_records) {
 }
 END_TEST
 
+/* Data below resolution (docs/precision.md): input -> enc.lin (linear) ->
+ * enc.bn (bn) -> loss, 8 rows x 8 features, 30 steps. The input is level +
+ * std * z (z of mean 0, std 1, fixed); enc.lin's output is constant per
+ * feature (what FP16 made of such data at level 3000) and bn's output is its
+ * bias: a collapse downstream in every case, so only the input decides. */
+static void res_trace(const char *p, int all_fp32, double level, double std) {
+  probe_options o;
+  probe_options_init(&o);
+  o.mode = PROBE_MODE_FULL;
+  o.config_json = "{\"name\": \"unit\"}";
+  o.precision_policy = all_fp32 ? "fp32" : "fp16";
+  probe_session *ss = NULL;
+  ck_assert_int_eq(probe_session_open(&ss, p, &o), PROBE_OK);
+  probe_dtype hp = all_fp32 ? PROBE_DTYPE_F32 : PROBE_DTYPE_F16;
+  int32_t in_id, lin_id, bn_id, loss_id;
+  ck_assert_int_eq(probe_layer_register(ss, "input", PROBE_KIND_INPUT,
+                                        PROBE_DTYPE_F32, &in_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "enc.lin", PROBE_KIND_LINEAR, hp,
+                                        &lin_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "enc.bn", PROBE_KIND_BN, hp,
+                                        &bn_id), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(ss, "loss", PROBE_KIND_LOSS,
+                                        PROBE_DTYPE_F32, &loss_id), PROBE_OK);
+  float x[64], lw[64], y[64], bw[16], sv[8], out[64], l[1] = {0.69f};
+  for (int step = 0; step < 30; step++) {
+    ck_assert_int_eq(probe_step_begin(ss, step), PROBE_OK);
+    for (int i = 0; i < 64; i++) {
+      /* a permutation of 0..63, centred and scaled to std 1 */
+      double z = ((double)((i * 37 + step * 11) % 64) - 31.5) / 18.4730;
+      x[i] = (float)(level + std * z);
+      lw[i] = 0.1f * (float)((i % 9) - 4);
+      y[i] = 100.0f * (float)(i % 8) - 350.0f; /* constant per feature */
+      out[i] = 0.001f * (float)(i % 2);         /* the bias */
+    }
+    for (int i = 0; i < 16; i++) bw[i] = i < 8 ? 1.0f : 0.0f;
+    for (int i = 0; i < 8; i++) sv[i] = 0.0f;
+    const struct { int32_t id; probe_site site; const float *v; size_t n; } rs[] = {
+        {in_id, PROBE_SITE_FWD_OUT, x, 64},    {lin_id, PROBE_SITE_FWD_IN, x, 64},
+        {lin_id, PROBE_SITE_WEIGHT, lw, 64},   {lin_id, PROBE_SITE_FWD_OUT, y, 64},
+        {bn_id, PROBE_SITE_FWD_IN, y, 64},     {bn_id, PROBE_SITE_WEIGHT, bw, 16},
+        {bn_id, PROBE_SITE_FWD_SAVED, sv, 8},  {bn_id, PROBE_SITE_FWD_OUT, out, 64},
+        {loss_id, PROBE_SITE_FWD_OUT, l, 1}};
+    for (size_t k = 0; k < sizeof rs / sizeof rs[0]; k++)
+      ck_assert_int_eq(probe_tensor_record(ss, rs[k].id, rs[k].site,
+                                           PROBE_DTYPE_F32, rs[k].v, rs[k].n),
+                       PROBE_OK);
+    probe_step_scalars sc;
+    memset(&sc, 0, sizeof sc);
+    sc.loss = 0.69;
+    sc.loss_scale = 65536;
+    ck_assert_int_eq(probe_step_set_scalars(ss, &sc), PROBE_OK);
+    ck_assert_int_eq(probe_step_end(ss), PROBE_OK);
+  }
+  ck_assert_int_eq(probe_session_close(ss), PROBE_OK);
+}
+
+static const probe_diag_finding *find_id(const probe_diag *d,
+                                         probe_diag_finding_id id) {
+  for (int i = 0; i < d->n_findings; i++)
+    if (d->findings[i].id == id) return &d->findings[i];
+  return NULL;
+}
+
+/* Input at level 3000 with std 0.3 (FP16 spacing there: 2) feeding an FP16
+ * linear -> bn: the data-resolution finding ranks first, names the input and
+ * enc.lin, and the collapse's candidates hold linear with bn. */
+START_TEST(test_resolution_fires) {
+  const char *p = tmp_path("res-fires");
+  res_trace(p, 0, 3000.0, 0.3);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.resolution_layer, 1);
+  const probe_diag_resolution *rs = &d.layers[1].resolution;
+  ck_assert_int_eq(rs->steps, 30);
+  ck_assert_int_eq(rs->seen, 30);
+  ck_assert_int_eq(rs->from_input, 1);
+  ck_assert_double_eq(rs->spacing, 2.0);
+  ck_assert_double_eq_tol(rs->std, 0.3, 0.01);
+  ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+  ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_DATA_RESOLUTION);
+  ck_assert_msg(strstr(d.findings[0].title, "input's variation") &&
+                    strstr(d.findings[0].title, "'enc.lin'"),
+                "%s", d.findings[0].title);
+  ck_assert_ptr_nonnull(strstr(d.findings[0].next_step, "keep 'enc.lin' in FP32"));
+  ck_assert_str_eq(d.fp32_candidates, "linear,bn");
+  const probe_diag_finding *c = find_id(&d, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_ptr_nonnull(c); /* bn's collapse is still a silent fault */
+  ck_assert_ptr_nonnull(strstr(c->next_step, "--fp32-candidates linear,bn"));
+  json_t *j = diag_json(&d);
+  json_t *f0 = json_array_get(json_object_get(j, "diagnosis"), 0);
+  ck_assert_str_eq(json_string_value(json_object_get(f0, "id")), "data-resolution");
+  json_decref(j);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
+/* Not below resolution: the same data in FP32; a large offset whose spread
+ * (std 5) is above FP16's spacing (2); a small level (0.01) whose tiny spread
+ * (1e-4) FP16 resolves (spacing 2^-17 there); a constant input (std 0). The
+ * collapse downstream stays, with bn alone as its candidate. */
+START_TEST(test_resolution_quiet) {
+  static const struct { const char *tag; int fp32; double level, std; } c[] = {
+      {"res-fp32", 1, 3000.0, 0.3},
+      {"res-wide", 0, 3000.0, 5.0},
+      {"res-small", 0, 0.01, 1e-4},
+      {"res-const", 0, 3000.0, 0.0},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    const char *p = tmp_path(c[i].tag);
+    res_trace(p, c[i].fp32, c[i].level, c[i].std);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_msg(d.resolution_layer == -1, "%s: resolution_layer %d", c[i].tag,
+                  (int)d.resolution_layer);
+    ck_assert_msg(find_id(&d, PROBE_DIAG_FINDING_DATA_RESOLUTION) == NULL,
+                  "%s: data-resolution fired", c[i].tag);
+    ck_assert_int_eq(d.layers[1].resolution.steps, 0);
+    if (!c[i].fp32) {
+      ck_assert_int_eq(d.layers[1].resolution.seen, 30);
+      ck_assert_msg(!strcmp(d.fp32_candidates, "bn"), "%s: candidates %s",
+                    c[i].tag, d.fp32_candidates);
+    }
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 #ifdef PROBE_SCALAR_LOSS
 /* A loss that was not measured (NaN with its PROBE_SCALAR_LOSS bit) is
  * absent, not non-finite: the run stays healthy. (Compiled where libprobe
@@ -3069,6 +3198,8 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_external_command);
   tcase_add_loop_test(tc, test_candidates_need_escape, 0, 5);
   tcase_add_test(tc, test_norm_collapse_records);
+  tcase_add_test(tc, test_resolution_fires);
+  tcase_add_test(tc, test_resolution_quiet);
   tcase_add_test(tc, test_progress_reaches_the_total);
   tcase_add_test(tc, test_skipped_to_the_end_is_not_healthy);
   tcase_add_test(tc, test_clip_text_without_a_norm);
