@@ -11,6 +11,7 @@
  * whatever another thread held when it was forked.
  */
 #define _GNU_SOURCE /* pipe2 */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -38,7 +39,7 @@ void probe__lock_fd_unregister(int fd) {
 
 void probe__child_detach(void) {
   int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (nul >= 0) {
+  if (nul >= 0 && nul != 2) { /* 2: stderr was closed, now /dev/null */
     dup2(nul, 2);
     close(nul);
   }
@@ -48,4 +49,26 @@ void probe__child_detach(void) {
   }
 }
 
-int probe__pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+/* Both ends at 3 or above: in a process started with stdin, stdout or
+ * stderr closed, pipe2 hands out those numbers, and the child's dup2 of
+ * /dev/null onto 2 (probe__child_detach) then overwrote its own end of
+ * the pipe: a good trace read back as "corrupt (the reader exited
+ * early)". */
+static int fd_above_std(int fd) {
+  if (fd > 2) return fd;
+  int to = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  close(fd);
+  return to;
+}
+
+int probe__pipe(int fds[2]) {
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  fds[0] = fd_above_std(fds[0]);
+  fds[1] = fd_above_std(fds[1]);
+  if (fds[0] >= 0 && fds[1] >= 0) return 0;
+  int e = errno;
+  if (fds[0] >= 0) close(fds[0]);
+  if (fds[1] >= 0) close(fds[1]);
+  errno = e;
+  return -1;
+}

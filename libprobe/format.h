@@ -165,8 +165,10 @@ const char *probe__scaler_event_why(const probe_scaler_event *e);
 void probe__lock_fd_register(int fd);
 void probe__lock_fd_unregister(int fd);
 void probe__child_detach(void);
-/* pipe(2) with both ends close-on-exec: a program another thread of the
- * host execs must not hold the pipe to an isolated reader open. */
+/* pipe(2) with both ends close-on-exec (a program another thread of the
+ * host execs must not hold the pipe to an isolated reader open) and both
+ * at fd 3 or above (a host started with 0, 1 or 2 closed: the child's
+ * dup2 onto 2 must not hit its own pipe). */
 int probe__pipe(int fds[2]);
 
 /* Variable-length UTF-8 string type (for root attributes). */

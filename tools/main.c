@@ -7,8 +7,11 @@
  * "cannot write PATH: File too large" with exit 4, instead of the process
  * being killed half-way through a file. After it, whatever went to stdout is
  * flushed and checked (a full disk, /dev/full): a lost output is exit 4.
+ * Closed standard descriptors are filled first (std_fds_fill).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +120,23 @@ static int started_interrupted(const char *sub) {
   return 1;
 }
 
+/* Standard descriptors the caller closed (a daemon, cron, a supervisor
+ * with `<&- 2>&-`) get /dev/null, opened the wrong way round so that a
+ * write to stdout or stderr still fails (EBADF: "cannot write standard
+ * output") and a read of stdin too. Otherwise the next file opened takes
+ * the number: an output page or a trace on fd 1 or 2 would receive what
+ * is printed to stdout or stderr. */
+static void std_fds_fill(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    int nul = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+    if (nul >= 0 && nul != fd) {
+      dup2(nul, fd);
+      close(nul);
+    }
+  }
+}
+
 static const command *find_command(const char *name) {
   for (size_t i = 0; name && i < N_COMMANDS; i++)
     if (!strcmp(name, commands[i].name)) return &commands[i];
@@ -124,6 +144,7 @@ static const command *find_command(const char *name) {
 }
 
 int main(int argc, char **argv) {
+  std_fds_fill();
   const command *c = find_command(argc >= 2 ? argv[1] : NULL);
   if (started_interrupted(c ? c->name : NULL)) return CLI_EXIT_INTERRUPTED;
   cli_blas_one_thread(argv);

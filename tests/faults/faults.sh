@@ -6,7 +6,7 @@
 # are hostile, when a bisect work directory holds planted symlinks, and
 # when bisect is SIGKILLed.
 #
-#   faults.sh CASE AMPPROBE HOSTILE_TRACE WORKDIR
+#   faults.sh CASE AMPPROBE HOSTILE_TRACE WORKDIR [CLOSED_FDS_READER]
 #
 # One CASE per CTest test (tests/faults/CMakeLists.txt, label `faults`).
 # Every command runs under `timeout`, so a regression that hangs fails
@@ -20,6 +20,7 @@ CASE=$1
 AMP=$2
 HOSTILE=$3
 W=$4
+CLOSED_FDS=${5:-}
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 TMO=${FAULTS_TIMEOUT:-60}
 fail=0
@@ -1363,6 +1364,53 @@ case_hostile_candidates() {
   t -- "$AMP" postmortem ext2.h5
   expect 1 "postmortem of an external job"
   has out.txt "next: ampprobe bisect --fp32-candidates bn,revin -- python t.py --lr 0.1"
+}
+
+# A good trace read with stdin, stdout and/or stderr closed (a daemon, cron,
+# a supervisor) is still good: the forked reader's pipe used to land on fd
+# 2, the child's dup2 of /dev/null onto 2 overwrote it, and the trace was
+# "corrupt" (exit 3). Every combination, through the CLI and through the
+# library alone (closed_fds: no CLI start-up to fill the descriptors).
+case_closed_fds() {
+  fixtures
+  mkdir A && "$HOSTILE" A ranks || { echo "cannot write the set"; exit 1; }
+  local c redir
+  for c in 0 1 2 01 02 12 012; do
+    redir=
+    case $c in *0*) redir="$redir <&-";; esac
+    case $c in *1*) redir="$redir >&-";; esac
+    case $c in *2*) redir="$redir 2>&-";; esac
+    rm -f r.html d.json pm.json lib.txt
+    t -- sh -c "\"$AMP\" report fp16.h5 -q -o r.html $redir; echo \$? >rc.txt"
+    rc=$(cat rc.txt)
+    expect 1 "report with fd(s) $c closed"
+    if [ -s r.html ] && ! grep -q "^ampprobe:" r.html; then ok "r.html written, no message in it (fds $c closed)"
+    else bad "r.html missing or holds a message (fds $c closed)"; fi
+    t -- sh -c "\"$AMP\" diff fp16.h5 fp32.h5 -q -o d.json $redir; echo \$? >rc.txt"
+    rc=$(cat rc.txt)
+    case $c in
+      *1*) expect 4 "diff -o with fd(s) $c closed: its verdict line is lost, not the input corrupt";;
+      *) expect "0|1" "diff -o with fd(s) $c closed";;
+    esac
+    [ -s d.json ] && ok "d.json written (fds $c closed)" || bad "d.json not written (fds $c closed)"
+    for x in fp16.h5:1 A:0; do
+      t -- sh -c "\"$AMP\" postmortem --json ${x%:*} $redir >pm.json; echo \$? >rc.txt"
+      rc=$(cat rc.txt)
+      expect "${x#*:}" "postmortem --json ${x%:*} with fd(s) $c closed but stdout"
+      has pm.json '"verdict"'
+    done
+    case $c in *1*)
+      t -- sh -c "\"$AMP\" postmortem fp16.h5 $redir; echo \$? >rc.txt"
+      rc=$(cat rc.txt)
+      expect 4 "postmortem with stdout closed (fds $c): the output is lost, not the input corrupt";;
+    esac
+    if [ -n "$CLOSED_FDS" ]; then
+      t -- sh -c "\"$CLOSED_FDS\" lib.txt fp16.h5 A/* $redir"
+      expect 0 "library readers with fd(s) $c closed"
+      if [ "$(grep -c 'status=0 json=yes' lib.txt 2>/dev/null)" = 2 ]; then ok "library: trace and set read (fds $c closed)"
+      else bad "library with fds $c closed: $(tr '\n' ' ' <lib.txt 2>/dev/null)"; fi
+    fi
+  done
 }
 
 "case_$CASE" || true
