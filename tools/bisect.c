@@ -8,7 +8,8 @@
  * candidates, work directory, output) -> premises (all-FP16, two FP32
  * baselines of different seeds, all candidates in FP32; run in parallel)
  * -> search (ddmin over the candidates, then over layers with
- * --granularity layer) -> bisect_output (table or JSON, only on success).
+ * --granularity layer) -> bisect_output (table or JSON and -o, unless a
+ * trial could not run).
  *
  * Trials. An internal trial is `ampprobe run ... --json -q -o
  * WORKDIR/trial-NN.h5` (fork/exec of /proc/self/exe); an external one is
@@ -2868,7 +2869,10 @@ static int exit_code_of(const bisect *b, const result *r) {
 }
 
 /* The table (or JSON) and the -o file; on an error only the one-line
- * message, nothing on stdout. */
+ * message, nothing on stdout. An interrupted search writes -o too (outcome
+ * "interrupted", the trials done). A -o that cannot be written loses
+ * nothing: the result still goes to stdout (a bisect can take hours of
+ * trials), then the write's error is the exit code. */
 static int bisect_output(bisect *b, result *r) {
   int rc = exit_code_of(b, r);
   if (r->oc == O_ERROR) {
@@ -2881,16 +2885,18 @@ static int bisect_output(bisect *b, result *r) {
   json_t *j = NULL;
   if (b->json || b->out)
     j = result_json(b, r);
-  if (b->out && r->oc != O_INTERRUPTED) {
+  int wrc = 0;
+  if (b->out) {
     /* the one output writer of every command (docs/cli.md "Files"): with
      * --force renamed over FILE (a symlink's target replaced, a device
      * written in place); without, linked into place, so a file that
      * appeared since the plan's check is not replaced */
-    int wrc = b->force ? cli_write_json(SUB, b->out, j)
-                       : cli_write_json_new(SUB, b->out, j);
-    if (wrc != 0) {
-      json_decref(j);
-      return CLI_EXIT_INTERNAL;
+    if (!j) {
+      cli_error(SUB, "cannot write %s: out of memory", b->out);
+      wrc = CLI_EXIT_INTERNAL;
+    } else if (b->force ? cli_write_json(SUB, b->out, j)
+                        : cli_write_json_new(SUB, b->out, j)) {
+      wrc = CLI_EXIT_INTERNAL;
     }
   }
   if (b->json) {
@@ -2900,7 +2906,7 @@ static int bisect_output(bisect *b, result *r) {
     if (cli_stdout_check(SUB) != 0) rc = CLI_EXIT_INTERNAL;
   }
   json_decref(j);
-  return rc;
+  return wrc ? wrc : rc;
 }
 
 static void bisect_free(bisect *b) {

@@ -308,10 +308,11 @@ static int diff_two(const char *pa, const char *pb,
     cli_error(SUB, "cannot render the result: out of memory");
     rc = CLI_EXIT_INTERNAL;
   }
+  /* a -o that cannot be written (its error line is printed) does not
+   * lose the result: stdout still gets it, the write's error is the exit */
   int wrc = out && j ? write_out(out, force, j) : 0;
-  if (wrc) rc = wrc;
   cli_busy_done();
-  if (rc == CLI_EXIT_INTERNAL || rc == CLI_EXIT_USAGE) {
+  if (rc == CLI_EXIT_INTERNAL) {
     /* the error is reported: nothing on stdout (docs/cli.md) */
   } else if (json && j) {
     fputs(j, stdout);
@@ -324,7 +325,7 @@ static int diff_two(const char *pa, const char *pb,
   probe_diff_free(&d);
   probe_trace_close(ta);
   probe_trace_close(tb);
-  return rc;
+  return wrc ? wrc : rc;
 }
 
 /* ---- sets of rank traces ------------------------------------------------- */
@@ -558,10 +559,9 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
            : worst == PROBE_DIFF_AGREE ? CLI_EXIT_OK
                                        : CLI_EXIT_PROBLEM;
   char *doc = json_dumps(root, JSON_INDENT(2));
-  int wrc = out && doc ? write_out(out, force, doc) : 0;
-  if (wrc) rc = wrc;
+  int wrc = out && doc ? write_out(out, force, doc) : 0; /* as diff_two */
   cli_busy_done();
-  if (rc != CLI_EXIT_INTERNAL && rc != CLI_EXIT_USAGE) {
+  if (rc != CLI_EXIT_INTERNAL) {
     if (json && doc)
       printf("%s\n", doc);
     else if (!json)
@@ -579,7 +579,7 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   free(text);
   free(u);
   json_decref(root);
-  return rc;
+  return wrc ? wrc : rc;
 }
 
 static int expand(const char *arg, side *s) {

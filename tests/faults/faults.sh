@@ -1413,6 +1413,48 @@ case_closed_fds() {
   done
 }
 
+# A -o that cannot be written at the end does not lose the result: bisect
+# and diff still print it on stdout (table or JSON), then one error line,
+# exit 4. A bisect stopped by SIGINT writes its "interrupted" result to -o
+# as it prints it with --json.
+case_output_kept() {
+  fixtures
+  mkdir A && "$HOSTILE" A ranks || { echo "cannot write the set"; exit 1; }
+  local cmd
+  for cmd in "bisect --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q --workdir bw1 --force -o /dev/full:minimal set" \
+             "bisect --json --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q --workdir bw2 --force -o /dev/full:\"outcome\": \"minimal-set-found\"" \
+             "diff fp16.h5 fp32.h5 -q -o /dev/full:verdict: " \
+             "diff --json fp16.h5 fp32.h5 -q -o /dev/full:\"verdict\": " \
+             "diff A A -q -o /dev/full:verdict: AGREE" \
+             "diff --json A A -q -o /dev/full:\"verdict\": \"agree\""; do
+    t -- sh -c "exec \"$AMP\" ${cmd%%:*}"
+    expect 4 "ampprobe ${cmd%%:*}"
+    one_line "ampprobe ${cmd%%:*}" "cannot write /dev/full: No space left on device"
+    has out.txt "${cmd#*:}"
+  done
+  local tag="$W/int-wd" pid i left
+  "$AMP" bisect --scenario two-culprits --fp32-candidates revin,softmax -j 2 \
+    --steps 200000 -q --workdir "$tag" -o bi.json >bi.out 2>bi.err &
+  pid=$!
+  for i in $(seq 300); do # until trials run (at most 60 s)
+    left=$(pgrep -f -- "$tag/trial-" || true)
+    [ -n "$left" ] && break
+    sleep 0.2
+  done
+  [ -n "$left" ] || { kill -9 $pid 2>/dev/null; bad "no trial started within 60 s"; return; }
+  kill -INT $pid
+  wait $pid
+  rc=$?
+  expect 130 "bisect -o stopped by SIGINT"
+  if [ -s bi.json ]; then
+    has bi.json '"outcome": "interrupted"'
+    has bi.json '"trials"'
+  else
+    bad "bi.json not written by the interrupted bisect"
+  fi
+  has bi.out "interrupted"
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
