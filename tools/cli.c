@@ -809,6 +809,15 @@ static int out_open(const char *sub, cli_out *o, const char *path, int excl) {
       return out_error(sub, o, path, e);
     }
     out_guard(o->tmp);
+    /* The file it replaces keeps its owner and mode, as with sed -i: a page
+     * the user made 0600 did become 0644 on the next run (best effort: an
+     * owner this user cannot give is left as it is; the owner first, since
+     * chown clears set-id bits). */
+    if (exists && S_ISREG(st.st_mode)) {
+      if (fchown(o->fd, st.st_uid, st.st_gid) != 0)
+        (void)!fchown(o->fd, (uid_t)-1, st.st_gid);
+      (void)!fchmod(o->fd, st.st_mode & 07777);
+    }
   }
   cookie_io_functions_t io = {NULL, out_cookie_write, NULL, NULL};
   o->f = fopencookie(o, "w", io);

@@ -1455,6 +1455,44 @@ case_output_kept() {
   has bi.out "interrupted"
 }
 
+# An output replaced through a temporary file keeps the mode (and, where
+# the user may give it, the owner) of the file it replaces: a page made
+# 0600 became 0644 on the next report. A new file is 0666 minus the umask.
+case_modes_kept() {
+  fixtures
+  umask 022
+  mode() { stat -c %a "$1"; }
+  want_mode() { # FILE MODE WHAT
+    if [ "$(mode "$1")" = "$2" ]; then ok "$3: $1 is $2"; else bad "$3: $1 is $(mode "$1"), want $2"; fi
+  }
+  t -- "$AMP" report fp16.h5 -q -o p.html
+  want_mode p.html 644 "a new page"
+  local m
+  for m in 600 640 604; do
+    chmod $m p.html
+    t -- "$AMP" report fp16.h5 -q -o p.html
+    expect 1 "report over a $m page"
+    want_mode p.html $m "report over a $m page"
+  done
+  ln -s p.html l.html && chmod 600 p.html
+  t -- "$AMP" report fp16.h5 -q -o l.html
+  want_mode p.html 600 "report through a symlink"
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o d.json
+  chmod 600 d.json
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o d.json
+  want_mode d.json 600 "diff -o over a 600 result"
+  echo '{}' >b.json && chmod 640 b.json
+  t -- "$AMP" bisect --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q --workdir bw --force -o b.json
+  want_mode b.json 640 "bisect --force -o over a 640 file"
+  if [ "$(id -u)" = 0 ]; then
+    chown 65534:65534 d.json
+    t -- "$AMP" diff fp16.h5 fp32.h5 -q -o d.json
+    if [ "$(stat -c %u:%g d.json)" = 65534:65534 ]; then ok "diff -o keeps the owner (root)"
+    else bad "diff -o changed the owner to $(stat -c %u:%g d.json)"; fi
+  fi
+  no_temps .
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
