@@ -441,6 +441,15 @@ typedef struct probe_diag {
    * its precision's resolution on at least PROBE_DIAG_RESOLUTION_STEP_FRAC
    * of the steps judged; -1 none */
   int32_t resolution_layer;
+  /* appended: which call of its layer the origin was, 1-based in the
+   * order of the event's phase (the backward runs a module's calls last
+   * first), and how many calls that layer made in that phase of the step,
+   * as its records tell them (docs/precision.md, "A module called more
+   * than once"); 0 and 0 when there is no origin layer */
+  int32_t origin_call, origin_calls;
+  /* the same for the feeder's record (0 and 0: no feeder). feeder_layer ==
+   * origin_layer: an earlier call of the origin's own module fed it */
+  int32_t feeder_call, feeder_calls;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

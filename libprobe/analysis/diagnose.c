@@ -610,6 +610,73 @@ static layer_step call_of(const layer_step *l, const probe_record *r, size_t i) 
   return c;
 }
 
+/* A site's part in a call of its layer, in the forward (fwd) or the
+ * backward: 1 an input (forward: fwd_in, weight; backward: grad_out), 2 an
+ * output (forward: fwd_out, fwd_saved; backward: grad_in, weight_grad), 0
+ * neither (a site of the other phase, master weights, all-reduce buckets). */
+static int call_role(int site, int fwd) {
+  if (fwd)
+    return site == PROBE_SITE_FWD_IN || site == PROBE_SITE_WEIGHT ? 1
+           : is_fwd_out(site)                                      ? 2
+                                                                   : 0;
+  return site == PROBE_SITE_GRAD_OUT ? 1 : is_bwd_out(site) ? 2 : 0;
+}
+
+/* The calls of `layer` in one phase of the step's records (fwd: the
+ * forward, else the backward), as its records tell them: a call starts at
+ * the layer's first record of that phase and at each input record that
+ * follows one of its outputs. Returns how many; *call gets the call that
+ * record `at` belongs to (1-based; 0 when `at` is none of them) and *first
+ * (may be NULL) that call's first record (-1 when none). Records cannot
+ * tell two calls that record outputs only (no input, no weight) from one
+ * call with two outputs: they count as one. The backward runs a module's
+ * calls last first: its call 1 is the forward's last. */
+static int32_t calls_of(const probe_record *r, size_t n, int32_t layer,
+                        int fwd, size_t at, int32_t *call, int *first) {
+  int32_t calls = 0;
+  int prev = 0, start = -1; /* role of the layer's previous record; the
+                               current call's first record */
+  *call = 0;
+  if (first) *first = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].layer != layer) continue;
+    int role = call_role(r[i].site, fwd);
+    if (!role) continue;
+    if (prev == 0 || (prev == 2 && role == 1)) {
+      calls++;
+      start = (int)i;
+    }
+    prev = role;
+    if (i == at) {
+      *call = calls;
+      if (first) *first = start;
+    }
+  }
+  return calls;
+}
+
+/* The feeder of a call of `layer` that starts at record `first`: the last
+ * output of the phase (forward: fwd_out, backward: grad_in) recorded
+ * before it in the same pass (a record of the other phase between them -
+ * one micro-batch's backward before the next one's forward - ends the
+ * search). An earlier call of the same layer feeds it too (h = mix(mix(h)
+ * * 50): call 2 is fed by call 1; in the backward, call 1 of the forward
+ * is fed by call 2) when `first` is known to start the call (own); else
+ * the layer's records before it may be the call's own, and are skipped.
+ * Returns the record's index, -1 when none. */
+static int feeder_of(const probe_diag *d, const probe_record *r, int first,
+                     int32_t layer, int fwd, int own) {
+  int out_site = fwd ? PROBE_SITE_FWD_OUT : PROBE_SITE_GRAD_IN;
+  probe_phase other = fwd ? PROBE_PHASE_BACKWARD : PROBE_PHASE_FORWARD;
+  for (int i = first; i-- > 0;) {
+    if (probe_site_phase((probe_site)r[i].site) == other) break;
+    if (r[i].layer < 0 || r[i].layer >= d->n_layers) continue;
+    if (r[i].layer == layer && !own) continue;
+    if (r[i].site == out_site) return i;
+  }
+  return -1;
+}
+
 /* Inputs of a layer for the phase of `site` held a non-finite value. */
 static int inputs_nonfinite(const layer_step *l, const probe_record *r,
                             int site) {
@@ -631,22 +698,16 @@ static int inputs_nonfinite(const layer_step *l, const probe_record *r,
  * saved reduction. */
 
 static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
-                             size_t n, const probe_record *o,
+                             const probe_record *o,
                              const layer_step *l, int lkind,
                              const probe_stats *in, int out_inf, int saved_inf,
-                             probe_diag_event *kind) {
+                             int feeder, probe_diag_event *kind) {
   const probe_diag *d = w->d;
   char *ev = e->event_evidence;
   size_t evl = sizeof e->event_evidence;
-  /* the feeder's kind: the last forward output before this layer's input */
-  int feeder_kind = -1, feeder = -1;
-  uint32_t first_seq = l->fwd_in >= 0 ? r[l->fwd_in].seq : o->seq;
-  for (size_t i = 0; i < n && r[i].seq < first_seq; i++)
-    if (r[i].site == PROBE_SITE_FWD_OUT && r[i].layer != o->layer &&
-        r[i].layer >= 0 && r[i].layer < d->n_layers) {
-      feeder_kind = d->layers[r[i].layer].info.kind;
-      feeder = (int)i;
-    }
+  /* the feeder's kind: the last forward output before this call's input
+   * (feeder_of; an earlier call of the same module counts) */
+  int feeder_kind = feeder >= 0 ? d->layers[r[feeder].layer].info.kind : -1;
   int in_zero = in && in->zero_count > 0;
   int flushed =
       in && (probe__diag_zeros_flushed(in) ||
@@ -1049,6 +1110,11 @@ static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
   e->origin_layer = -1;
   e->origin_site = PROBE_SITE_FWD_OUT;
   e->feeder_layer = in >= 0 ? r[in].layer : -1;
+  e->feeder_call = e->feeder_calls = 0;
+  e->origin_call = e->origin_calls = 0;
+  if (in >= 0)
+    e->feeder_calls = calls_of(r, n, r[in].layer, 1, (size_t)in,
+                               &e->feeder_call, NULL);
   e->nan_from_inf_layer = -1;
   e->n_passed = 0;
   e->more_passed = 0;
@@ -1228,6 +1294,28 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT &&
             !is_allreduce(o->site);
   int in_idx = fwd ? l->fwd_in : l->grad_out;
+  /* Which call of its module the origin was, and the feeder: the layer
+   * whose output came last before the origin call's first record of that
+   * phase - an earlier call of the same module too (h = mix(mix(h) * 50)).
+   * A record that is no part of a call (master weights, an all-reduce
+   * bucket): before the origin's input, or the origin, the same layer's
+   * records skipped. */
+  int call_first = -1;
+  e->origin_calls = calls_of(r, n, o->layer, fwd, (size_t)origin,
+                             &e->origin_call, &call_first);
+  if (!e->origin_call) e->origin_calls = 0;
+  int first = call_first;
+  if (first < 0) {
+    first = origin;
+    int origin_first = fwd ? l->fwd_in : l->grad_out;
+    if (origin_first >= 0 && origin_first < first) first = origin_first;
+  }
+  int feeder = feeder_of(d, r, first, o->layer, fwd, call_first >= 0);
+  e->feeder_layer = feeder >= 0 ? r[feeder].layer : -1;
+  e->feeder_call = e->feeder_calls = 0;
+  if (feeder >= 0)
+    e->feeder_calls = calls_of(r, n, r[feeder].layer, fwd, (size_t)feeder,
+                               &e->feeder_call, NULL);
   if (kind == PROBE_DIAG_EVENT_NONE) {
     if (!fwd) {
       kind = stats_has_inf(&o->stats) ? PROBE_DIAG_EVENT_GRAD_OVERFLOW
@@ -1241,7 +1329,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
       int out_inf = rec_nf(r, l->fwd_out) && stats_has_inf(&r[l->fwd_out].stats);
       int saved_inf =
           rec_nf(r, l->fwd_saved) && stats_has_inf(&r[l->fwd_saved].stats);
-      classify_forward(w, e, r, n, o, l, lkind, in, out_inf, saved_inf, &kind);
+      classify_forward(w, e, r, o, l, lkind, in, out_inf, saved_inf, feeder,
+                       &kind);
     }
     if (kind == PROBE_DIAG_EVENT_INF_ARITH_NAN && !e->origin_divides_zeros)
       rule_out_precision(w, e, r, origin, l, lkind, fwd);
@@ -1265,20 +1354,6 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
              "%sa loss's targets are not recorded: a NaN among them (the "
              "data) does this too - check step %lld's targets",
              at ? "; or " : "", (long long)step);
-  }
-
-  /* The feeder: the layer whose output came last before the origin's
-   * first record of that phase. */
-  e->feeder_layer = -1;
-  uint32_t first_seq = o->seq;
-  int origin_first = fwd ? l->fwd_in : l->grad_out;
-  if (origin_first >= 0 && r[origin_first].seq < first_seq)
-    first_seq = r[origin_first].seq;
-  for (size_t i = 0; i < n && r[i].seq < first_seq; i++) {
-    if (r[i].layer == o->layer) continue;
-    if ((fwd && r[i].site == PROBE_SITE_FWD_OUT) ||
-        (!fwd && r[i].site == PROBE_SITE_GRAD_IN))
-      e->feeder_layer = r[i].layer;
   }
 
   /* Layers that passed it on, and the first that made NaN out of inf. */
@@ -1678,6 +1753,10 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   to->have_origin_in = from->have_origin_in;
   to->origin_in = from->origin_in;
   to->feeder_layer = from->feeder_layer;
+  to->feeder_call = from->feeder_call;
+  to->feeder_calls = from->feeder_calls;
+  to->origin_call = from->origin_call;
+  to->origin_calls = from->origin_calls;
   to->n_passed = from->n_passed;
   memcpy(to->passed, from->passed, sizeof to->passed);
   to->more_passed = from->more_passed;

@@ -120,6 +120,14 @@ static void render_text(const probe_diag *d, FILE *f) {
               (unsigned long long)d->origin_out.posinf_count,
               (unsigned long long)d->origin_out.neginf_count,
               (unsigned long long)d->origin_out.count);
+      if (d->origin_calls > 1)
+        fprintf(f, "  call        %d of %d of %s in this step's %s%s\n",
+                (int)d->origin_call, (int)d->origin_calls,
+                probe_diag_layer_name(d, d->origin_layer),
+                probe_phase_name(d->event_phase),
+                d->event_phase == PROBE_PHASE_BACKWARD
+                    ? " (the backward runs the calls last first)"
+                    : "");
       if (d->have_origin_in) {
         const probe_stats *in = &d->origin_in;
         fmt_num(a, sizeof a, in->absmax);
@@ -138,7 +146,17 @@ static void render_text(const probe_diag *d, FILE *f) {
       }
       if (d->event_evidence[0])
         fprintf(f, "  evidence    %s\n", d->event_evidence);
-      if (d->feeder_layer >= 0)
+      if (d->feeder_layer >= 0 && d->feeder_calls > 1)
+        fprintf(f, "  fed by      %s (%s), %s call %d of %d in this step's %s\n",
+                probe_diag_layer_name(d, d->feeder_layer),
+                probe_kind_name(d->layers[d->feeder_layer].info.kind),
+                d->feeder_layer == d->origin_layer ? "its own" : "its",
+                (int)d->feeder_call, (int)d->feeder_calls,
+                /* an optimizer-phase origin's feeder is a forward output */
+                probe_phase_name(d->event_phase == PROBE_PHASE_BACKWARD
+                                     ? PROBE_PHASE_BACKWARD
+                                     : PROBE_PHASE_FORWARD));
+      else if (d->feeder_layer >= 0)
         fprintf(f, "  fed by      %s (%s)\n",
                 probe_diag_layer_name(d, d->feeder_layer),
                 probe_kind_name(d->layers[d->feeder_layer].info.kind));
@@ -345,6 +363,14 @@ static void layer_ref(probe__jw *w, const char *key, const probe_diag *d,
     probe__jw_str(w, key, probe_diag_layer_name(d, id));
 }
 
+/* A call number (origin_call and the like: 1-based; 0, none, is null). */
+static void call_ref(probe__jw *w, const char *key, int32_t v) {
+  if (v > 0)
+    probe__jw_int(w, key, v);
+  else
+    probe__jw_null(w, key);
+}
+
 /* The whole document; the caller wraps it (one trace) or lists it (several). */
 void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
   probe__jw_obj(w, key);
@@ -385,11 +411,17 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
                     probe_kind_name(
                         (probe_kind)d->layers[d->origin_layer].info.kind));
       probe__jw_str(w, "origin_site", probe_site_name(d->origin_site));
+      call_ref(w, "origin_call", d->origin_call);
+      call_ref(w, "origin_calls", d->origin_calls);
       stats_json(w, "origin_output", &d->origin_out);
       if (d->have_origin_in) stats_json(w, "origin_input", &d->origin_in);
     }
     probe__jw_str(w, "evidence", d->event_evidence);
     layer_ref(w, "fed_by", d, d->feeder_layer);
+    call_ref(w, "fed_by_call", d->feeder_call);
+    call_ref(w, "fed_by_calls", d->feeder_calls);
+    probe__jw_bool(w, "fed_by_own_call",
+                   d->feeder_layer >= 0 && d->feeder_layer == d->origin_layer);
     probe__jw_arr(w, "passed_on");
     for (int i = 0; i < d->n_passed; i++)
       probe__jw_str(w, NULL, probe_diag_layer_name(d, d->passed[i]));

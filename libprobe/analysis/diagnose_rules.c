@@ -250,8 +250,9 @@ static void candidates(rank_ctx *c) {
        tok = strtok_r(NULL, ",", &save))
     add_candidate(cl, cn, tok);
   if (d->origin_layer >= 0) {
+    /* the feeder may be the origin's own earlier call: listed once, below */
     if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
-        !layer_is_fp32(d, d->feeder_layer))
+        d->feeder_layer != d->origin_layer && !layer_is_fp32(d, d->feeder_layer))
       add_layer_candidate(cl, cn, d, d->feeder_layer);
     if (!layer_is_fp32(d, d->origin_layer))
       add_layer_candidate(cl, cn, d, d->origin_layer);
@@ -903,10 +904,16 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  (long long)z->step);
   }
   if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
-      d->have_origin_in && d->origin_in.zero_count > 0) /* its input's zeros */
-    add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
-                 probe_diag_layer_name(d, d->feeder_layer),
-                 kind_of(d, d->feeder_layer));
+      d->have_origin_in && d->origin_in.zero_count > 0) { /* its input's zeros */
+    if (d->feeder_layer == d->origin_layer) /* a module called twice */
+      add_evidence(f, "its own call %d fed it (call %d) values that had "
+                      "underflowed to zero",
+                   (int)d->feeder_call, (int)d->origin_call);
+    else
+      add_evidence(f, "'%s' (%s) fed it values that had underflowed to zero",
+                   probe_diag_layer_name(d, d->feeder_layer),
+                   kind_of(d, d->feeder_layer));
+  }
   if (d->first_nonfinite_loss_step < 0 && d->scaling_on && d->scale_collapsed)
     add_evidence(f, "the loss stayed finite, but the loss scale collapsed: "
                     "the run diverged");
