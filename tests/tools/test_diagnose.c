@@ -1452,6 +1452,162 @@ START_TEST(test_shared_module_first_call_overflows) {
 }
 END_TEST
 
+/* A module called more than once in a step (hunt c08 second_call: h =
+ * mix(h); h = mix(h * 50)), whose later call overflows on what an earlier
+ * call made: that earlier call is its feeder, not the module before the
+ * first call (the feeder search skipped every record of the origin's own
+ * layer: "fed by inp"), and the origin says which call it was. The trace:
+ * input -> inp -> mix x `calls` -> loss; at step 2 the call `bad_call`
+ * (1-based, forward order) overflows in the forward (bwd 0) or in the
+ * backward (bwd 1: the backward runs mix's calls last first, and its call
+ * `bad_call` of the backward overflows). */
+static void shared_calls_trace(const char *p, int calls, int bad_call, int bwd) {
+  probe_session *s = hb_open(p, "fp16");
+  int32_t in = hb_layer(s, "input", PROBE_KIND_INPUT, PROBE_DTYPE_F32);
+  int32_t inp = hb_layer(s, "inp", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  int32_t mix = hb_layer(s, "mix", PROBE_KIND_LINEAR, PROBE_DTYPE_F16);
+  int32_t loss = hb_layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
+  float x[N], w[N], big[N], bad[N], one[1] = {1.0f}, nan1[1] = {NAN};
+  for (int i = 0; i < N; i++) {
+    x[i] = w[i] = 0.5f + (float)i / N;
+    big[i] = 4000.0f * x[i]; /* finite, but W*big overflows FP16 */
+    bad[i] = i < 3 ? INFINITY : 1.0f;
+  }
+  for (int step = 0; step < 3; step++) {
+    int ov = step == 2;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    hb_rec(s, in, PROBE_SITE_FWD_OUT, x, N);
+    hb_rec(s, inp, PROBE_SITE_FWD_IN, x, N);
+    hb_rec(s, inp, PROBE_SITE_WEIGHT, w, N);
+    hb_rec(s, inp, PROBE_SITE_FWD_OUT, x, N);
+    int fwd_bad = 0; /* an inf flows forward */
+    for (int c = 1; c <= calls; c++) {
+      int here = ov && !bwd && c == bad_call;
+      /* its input: the call before's output times 50 (an op between) */
+      hb_rec(s, mix, PROBE_SITE_FWD_IN, fwd_bad ? bad : here ? big : x, N);
+      hb_rec(s, mix, PROBE_SITE_WEIGHT, w, N);
+      hb_rec(s, mix, PROBE_SITE_FWD_OUT, fwd_bad || here ? bad : x, N);
+      fwd_bad = fwd_bad || here;
+    }
+    hb_rec(s, loss, PROBE_SITE_FWD_IN, fwd_bad ? bad : x, N);
+    hb_rec(s, loss, PROBE_SITE_FWD_OUT, fwd_bad ? nan1 : one, 1);
+    /* backward, in reverse: mix's last forward call first */
+    hb_rec(s, loss, PROBE_SITE_GRAD_OUT, one, 1);
+    hb_rec(s, loss, PROBE_SITE_GRAD_IN, fwd_bad ? bad : x, N);
+    int bwd_bad = fwd_bad;
+    for (int c = 1; c <= calls; c++) { /* c: the backward's call */
+      int here = ov && bwd && c == bad_call;
+      int fed_big = ov && bwd && c == bad_call - 1;
+      hb_rec(s, mix, PROBE_SITE_GRAD_OUT, bwd_bad ? bad : here ? big : x, N);
+      hb_rec(s, mix, PROBE_SITE_GRAD_IN, bwd_bad || here ? bad : fed_big ? big : x, N);
+      bwd_bad = bwd_bad || here;
+    }
+    hb_rec(s, mix, PROBE_SITE_WEIGHT_GRAD, bwd_bad ? bad : x, N);
+    hb_rec(s, inp, PROBE_SITE_GRAD_OUT, bwd_bad ? bad : x, N);
+    hb_rec(s, inp, PROBE_SITE_WEIGHT_GRAD, bwd_bad ? bad : x, N);
+    hb_rec(s, inp, PROBE_SITE_GRAD_IN, bwd_bad ? bad : x, N);
+    hb_end(s, fwd_bad ? NAN : 1.0, 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+/* The post-mortem of shared_calls_trace: the origin mix at `site` in
+ * `phase`, its call `call` of `calls`, fed by mix's call `feeder_call`;
+ * `call_line` and `fed_line` are in the text; the JSON says the same. */
+static void check_shared_call(const char *p, probe_site site, probe_phase phase,
+                              int call, int calls, int feeder_call,
+                              const char *call_line, const char *fed_line) {
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event_step, 2);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "mix");
+  ck_assert_int_eq(d.origin_site, site);
+  ck_assert_int_eq(d.event_phase, phase);
+  ck_assert_msg(d.feeder_layer == d.origin_layer, "fed by %s",
+                d.feeder_layer >= 0 ? probe_diag_layer_name(&d, d.feeder_layer)
+                                    : "nothing");
+  ck_assert_int_eq(d.origin_call, call);
+  ck_assert_int_eq(d.origin_calls, calls);
+  ck_assert_int_eq(d.feeder_call, feeder_call);
+  ck_assert_int_eq(d.feeder_calls, calls);
+  char *text = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+  ck_assert_msg(strstr(text, call_line), "no '%s' in:\n%s", call_line, text);
+  ck_assert_msg(strstr(text, fed_line), "no '%s' in:\n%s", fed_line, text);
+  probe_free(text);
+  json_t *j = diag_json(&d);
+  json_t *ev = json_object_get(j, "event");
+  ck_assert_str_eq(json_string_value(json_object_get(ev, "fed_by")), "mix");
+  ck_assert_int_eq(json_integer_value(json_object_get(ev, "fed_by_call")),
+                   feeder_call);
+  ck_assert_int_eq(json_integer_value(json_object_get(ev, "fed_by_calls")), calls);
+  ck_assert(json_is_true(json_object_get(ev, "fed_by_own_call")));
+  ck_assert_int_eq(json_integer_value(json_object_get(ev, "origin_call")), call);
+  ck_assert_int_eq(json_integer_value(json_object_get(ev, "origin_calls")), calls);
+  json_decref(j);
+  probe_diag_free(&d);
+  unlink(p);
+}
+
+START_TEST(test_shared_module_second_call_fed_by_first) {
+  const char *p = tmp_path("call2");
+  shared_calls_trace(p, 2, 2, 0);
+  check_shared_call(p, PROBE_SITE_FWD_OUT, PROBE_PHASE_FORWARD, 2, 2, 1,
+                    "  call        2 of 2 of mix in this step's forward\n",
+                    "  fed by      mix (linear), its own call 1 of 2 in this "
+                    "step's forward\n");
+}
+END_TEST
+
+/* The backward's call 2 (the forward's call 1) overflows on the gradient
+ * the backward's call 1 (the forward's call 2) handed it. */
+START_TEST(test_shared_module_backward_call_fed_by_previous) {
+  const char *p = tmp_path("bcall2");
+  shared_calls_trace(p, 2, 2, 1);
+  check_shared_call(p, PROBE_SITE_GRAD_IN, PROBE_PHASE_BACKWARD, 2, 2, 1,
+                    "  call        2 of 2 of mix in this step's backward (the "
+                    "backward runs the calls last first)\n",
+                    "  fed by      mix (linear), its own call 1 of 2 in this "
+                    "step's backward\n");
+}
+END_TEST
+
+START_TEST(test_shared_module_third_call_fed_by_second) {
+  const char *p = tmp_path("call3");
+  shared_calls_trace(p, 3, 3, 0);
+  check_shared_call(p, PROBE_SITE_FWD_OUT, PROBE_PHASE_FORWARD, 3, 3, 2,
+                    "  call        3 of 3 of mix in this step's forward\n",
+                    "  fed by      mix (linear), its own call 2 of 3 in this "
+                    "step's forward\n");
+}
+END_TEST
+
+/* Control: a module called once - the text is as it was (no call line, the
+ * feeder by name and kind only). */
+START_TEST(test_single_call_text_unchanged) {
+  const char *p = tmp_path("call1");
+  shared_calls_trace(p, 1, 1, 0);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_int_eq(d.event_step, 2);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "mix");
+  ck_assert_int_eq(d.origin_site, PROBE_SITE_FWD_OUT);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.feeder_layer), "inp");
+  char *text = NULL;
+  ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+  ck_assert_msg(strstr(text, "  fed by      inp (linear)\n"), "%s", text);
+  ck_assert_msg(!strstr(text, "  call        "), "%s", text);
+  ck_assert_msg(!strstr(text, "its own call"), "%s", text);
+  probe_free(text);
+  json_t *j = diag_json(&d);
+  json_t *ev = json_object_get(j, "event");
+  ck_assert_str_eq(json_string_value(json_object_get(ev, "fed_by")), "inp");
+  json_decref(j);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 START_TEST(test_warmup_backoffs_are_healthy) {
   const char *p = tmp_path("warm");
   tb t;
@@ -3167,6 +3323,10 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_custom_module_is_a_candidate_by_name);
   tcase_add_test(tc, test_precision_and_nan_only_evidence);
   tcase_add_test(tc, test_shared_module_first_call_overflows);
+  tcase_add_test(tc, test_shared_module_second_call_fed_by_first);
+  tcase_add_test(tc, test_shared_module_backward_call_fed_by_previous);
+  tcase_add_test(tc, test_shared_module_third_call_fed_by_second);
+  tcase_add_test(tc, test_single_call_text_unchanged);
   tcase_add_test(tc, test_loss_nan_from_a_finite_prediction);
   tcase_add_test(tc, test_loss_outside_modules);
   tcase_add_test(tc, test_loss_outside_every_precision);
