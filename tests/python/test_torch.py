@@ -1328,3 +1328,57 @@ def test_real_fp16_autocast_on_the_cpu(tmp_path, planted):
     assert st["found_inf"].all() and st["skipped"].all()
     assert list(t["scaler_events"]["new_scale"]) == [2.0 ** 15, 2.0 ** 14,
                                                      2.0 ** 13]
+
+
+class _Shared(nn.Module):
+    """One Linear 'mix' applied twice in the forward, the second time to
+    its own output times 50 (hunt c08 second_call); calls=1: once, to the
+    first Linear's output times 2500, as large (the control)."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+        self.inp = nn.Linear(8, 16)
+        self.mix = nn.Linear(16, 16, bias=False)
+        self.out = nn.Linear(16, 2)
+        with torch.no_grad():
+            self.mix.weight.mul_(60.0)  # call 1 stays in FP16, x50 does not
+
+    def forward(self, x):
+        h = self.inp(x)
+        if self.calls == 2:
+            h = self.mix(h)
+        return self.out(self.mix(h * (50.0 if self.calls == 2 else 2500.0)))
+
+
+@pytest.mark.parametrize("calls", [2, 1])
+def test_shared_module_call_that_overflowed_and_its_feeder(tmp_path, calls):
+    """A module called twice whose second call overflows in FP16 on what
+    its first call made: the post-mortem's fed_by is that module, its own
+    call 1 (it said 'inp', the module before the first call), and the
+    origin is call 2 of 2. Called once: fed by 'inp', call 1 of 1."""
+    torch.manual_seed(0)
+    model = _Shared(calls)
+    path = str(tmp_path / "s.h5")
+    tr = at.Tracer(model, path, emulate_fp16=True)
+
+    def make(s):
+        g = torch.Generator().manual_seed(s)
+        return torch.randn(32, 8, generator=g), torch.randint(0, 2, (32,), generator=g)
+
+    train(tr, model, nn.CrossEntropyLoss(), 2, make=make)
+    tr.close()
+    ev = ampprobe.postmortem(path)["event"]
+    assert (ev["origin_layer"], ev["origin_site"], ev["phase"], ev["step"],
+            ev["kind"]) == ("mix", "fwd_out", "forward", 0, "overflow"), ev
+    got = {k: ev.get(k) for k in ("fed_by", "fed_by_call", "fed_by_calls",
+                                  "fed_by_own_call", "origin_call",
+                                  "origin_calls")}
+    if calls == 2:
+        assert got == {"fed_by": "mix", "fed_by_call": 1, "fed_by_calls": 2,
+                       "fed_by_own_call": True, "origin_call": 2,
+                       "origin_calls": 2}, got
+    else:
+        assert got == {"fed_by": "inp", "fed_by_call": 1, "fed_by_calls": 1,
+                       "fed_by_own_call": False, "origin_call": 1,
+                       "origin_calls": 1}, got
