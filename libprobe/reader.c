@@ -43,11 +43,12 @@
 
 /* The string attributes of a trace's root, in probe_trace.strs order; the
  * last, run_id, was added later: absent in older traces, read as "". */
-#define N_STR_ATTRS 6
+#define N_STR_ATTRS 7
 #define STR_RUN_ID 5
+#define STR_ABORTED 6 /* the abort mark: absent in older traces, read as "" */
 static const char *const str_attrs[N_STR_ATTRS] = {
     "created",          "command_line",     "config_json",
-    "precision_policy", "library_versions", "run_id"};
+    "precision_policy", "library_versions", "run_id", "aborted"};
 
 struct probe_trace {
   hid_t file;
@@ -634,6 +635,19 @@ static probe_status check_state(probe_trace *t) {
   return PROBE_OK;
 }
 
+/* The abort mark's step: absent in older traces (-1). A reason with a
+ * complete trace is one no writer makes (the close that writes it leaves
+ * complete 0): refused after read_state. */
+static probe_status read_aborted(probe_trace *t) {
+  int64_t v = -1;
+  attr_why why = attr_read_i64(t->file, "aborted_step", &v);
+  if (why == ATTR_ABSENT) v = -1;
+  else if (why != ATTR_OK || v < -1)
+    return fail(t, PROBE_ERR_CORRUPT, "corrupt trace (attribute aborted_step)");
+  t->info.aborted_step = t->info.aborted[0] ? v : -1;
+  return PROBE_OK;
+}
+
 /* The rank attributes: absent in older traces (rank -1, world size 0),
  * else as probe_session_open accepts them; the run id likewise. */
 static probe_status read_rank(probe_trace *t) {
@@ -822,7 +836,8 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   for (int i = 0; i < N_STR_ATTRS && !given; i++) {
     attr_why why = ATTR_OK;
     t->strs[i] = attr_read_str(t->file, str_attrs[i], &why);
-    if (t->strs[i] == NULL && i == STR_RUN_ID && why == ATTR_ABSENT)
+    if (t->strs[i] == NULL && (i == STR_RUN_ID || i == STR_ABORTED) &&
+        why == ATTR_ABSENT)
       t->strs[i] = strdup(""); /* an older writer */
     if (t->strs[i] == NULL) {
       st = why == ATTR_TOO_LONG
@@ -866,10 +881,18 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   t->info.precision_policy = t->strs[3];
   t->info.library_versions = t->strs[4];
   t->info.run_id = t->strs[STR_RUN_ID];
+  t->info.aborted = t->strs[STR_ABORTED];
+  t->info.aborted_step = -1;
+  if ((st = read_aborted(t)) != PROBE_OK) goto out;
   if ((st = read_rank(t)) != PROBE_OK) goto out;
 
   if ((st = read_state(t)) != PROBE_OK || (st = open_tables(t)) != PROBE_OK ||
       (st = check_state(t)) != PROBE_OK || (st = read_layers(t)) != PROBE_OK) {
+    goto out;
+  }
+  if (t->info.aborted[0] && t->info.complete) {
+    st = fail(t, PROBE_ERR_CORRUPT, "corrupt trace: an abort mark (attribute "
+              "aborted) on a trace marked complete");
     goto out;
   }
   probe_trace_info *in = &t->info;

@@ -494,6 +494,7 @@ probe_status probe_session_open(probe_session **out, const char *path,
   }
   s->last_step = s->w_last_step = -1;
   s->scaler_last_step = -1;
+  s->aborted_step = -1;
   s->first_nonfinite = s->w_first_nonfinite = -1;
   s->nf_rec_step = -1;
   s->nf_last_step = -1;
@@ -1147,6 +1148,24 @@ probe_status probe_session_mark_joined(probe_session *s) {
   /* committed with the state at the next flush: one is asked for now, not
    * waited for (a joined rank is inside the others' all-reduces) */
   return hand_over(s, HAND_FLUSH_ASYNC);
+}
+
+probe_status probe_session_mark_aborted(probe_session *s, const char *reason) {
+  if (s == NULL || reason == NULL || reason[0] == '\0')
+    return PROBE_ERR_INVALID_ARG;
+  if (other_process(s)) return PROBE_ERR_STATE;
+  if (s->aborted[0]) return PROBE_OK; /* the first cause holds */
+  /* cut at a character boundary: the reason is UTF-8 text as a rule */
+  size_t n = strlen(reason);
+  if (n > PROBE_ABORT_REASON_MAX - 1) {
+    n = PROBE_ABORT_REASON_MAX - 1;
+    while (n > 0 && ((unsigned char)reason[n] & 0xC0) == 0x80) n--;
+  }
+  memcpy(s->aborted, reason, n);
+  s->aborted[n] = '\0';
+  s->aborted_step = s->in_step ? s->step : -1;
+  /* the writer reads it at close, after taking close_req under mu */
+  return PROBE_OK;
 }
 
 probe_status probe_session_flush(probe_session *s) {

@@ -227,6 +227,10 @@ struct probe_session {
   int nf_last_measured, cur_left_out;
   int64_t last_step;
   int joined; /* probe_session_mark_joined since the last step began */
+  char aborted[PROBE_ABORT_REASON_MAX]; /* probe_session_mark_aborted's
+                                           reason, "" when none; read by
+                                           the writer at close */
+  int64_t aborted_step; /* the step in progress at the mark, -1 */
   int64_t scaler_last_step; /* step of the last scaler event queued, -1 */
   int64_t steps_since_flush;
   double t0;

@@ -160,6 +160,37 @@ static int attr_i32(hid_t loc, const char *name, int32_t value) {
   return rc;
 }
 
+/* The abort mark's attributes, created with the others (an SWMR writer
+ * cannot add attributes later, but may rewrite one in place): `aborted`, a
+ * fixed-size string of PROBE_ABORT_REASON_MAX bytes, "" until a close
+ * after probe_session_mark_aborted writes the reason; `aborted_step`,
+ * 64-bit, -1 until then. */
+static int attr_aborted(hid_t f, const char *reason, int64_t step,
+                        int create) {
+  char buf[PROBE_ABORT_REASON_MAX] = {0};
+  snprintf(buf, sizeof buf, "%s", reason);
+  hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = -1, b = -1;
+  int rc = -1;
+  if (t < 0 || sp < 0 || H5Tset_size(t, sizeof buf) < 0 ||
+      H5Tset_strpad(t, H5T_STR_NULLTERM) < 0 ||
+      H5Tset_cset(t, H5T_CSET_UTF8) < 0)
+    goto done;
+  a = create ? H5Acreate2(f, "aborted", t, sp, H5P_DEFAULT, H5P_DEFAULT)
+             : H5Aopen(f, "aborted", H5P_DEFAULT);
+  b = create ? H5Acreate2(f, "aborted_step", H5T_STD_I64LE, sp, H5P_DEFAULT,
+                          H5P_DEFAULT)
+             : H5Aopen(f, "aborted_step", H5P_DEFAULT);
+  if (a >= 0 && b >= 0 && H5Awrite(a, t, buf) >= 0 &&
+      H5Awrite(b, H5T_NATIVE_INT64, &step) >= 0)
+    rc = 0;
+done:
+  if (a >= 0) H5Aclose(a);
+  if (b >= 0) H5Aclose(b);
+  if (sp >= 0) H5Sclose(sp);
+  if (t >= 0) H5Tclose(t);
+  return rc;
+}
+
 static int write_root_attrs(probe_session *s) {
   char created[32], versions[160];
   time_t t = time(NULL);
@@ -190,7 +221,8 @@ static int write_root_attrs(probe_session *s) {
       attr_i32(f, "hist_bins", PROBE_HIST_BINS) < 0 ||
       attr_i32(f, "rank", s->opt.rank) < 0 ||
       attr_i32(f, "world_size", s->opt.world_size) < 0 ||
-      attr_str(f, "run_id", s->opt.run_id) < 0)
+      attr_str(f, "run_id", s->opt.run_id) < 0 ||
+      attr_aborted(f, "", -1, 1) < 0)
     return -1;
   return 0;
 }
@@ -620,8 +652,18 @@ void *probe__writer_main(void *arg) {
     if (oom && st == PROBE_OK)
       st = s->w_err = set_wmsg(s, PROBE_ERR_NOMEM, "out of memory buffering rows");
     if (st == PROBE_OK && (!closing || final_flush)) {
+      /* An aborted job's close commits every row with complete 0, then
+       * the reason: killed in between, the trace reads as not closed */
+      int aborted = closing && s->aborted[0];
       probe__h5_lock();
-      st = want_flush || timer ? flush_all(s, closing) : write_full_batches(s);
+      st = want_flush || timer ? flush_all(s, closing && !aborted)
+                               : write_full_batches(s);
+      if (st == PROBE_OK && aborted) {
+        if (attr_aborted(s->file, s->aborted, s->aborted_step, 0) < 0)
+          st = h5_fail(s, "writing the abort mark");
+        else if (H5Fflush(s->file, H5F_SCOPE_LOCAL) < 0)
+          st = h5_fail(s, "H5Fflush");
+      }
       probe__h5_unlock();
     }
     if (s->w_err != PROBE_OK) /* rows that cannot be written any more */

@@ -351,6 +351,23 @@ probe_status probe_session_close(probe_session *s);
  * (/meta/state entry `joined`, docs/trace-format.md). */
 AMPPROBE_API
 probe_status probe_session_mark_joined(probe_session *s);
+/* The most bytes of an abort reason kept (probe_session_mark_aborted),
+ * its terminating NUL included. */
+#define PROBE_ABORT_REASON_MAX 256
+/* Marks that the job is ending abnormally (an exception, a signal, an
+ * interrupt) though its trace is about to be closed: the close that
+ * follows writes every row as usual but leaves the trace's completion flag
+ * 0 (an older reader sees a trace that was not closed, never a healthy
+ * one) and sets the root attributes `aborted` (reason) and `aborted_step`
+ * (the step in progress at the mark, which the close ends as it stands -
+ * half done; -1 between steps). Readers give them as
+ * probe_trace_info.aborted and aborted_step. reason: what ended the job,
+ * as data ("KeyboardInterrupt", "signal SIGTERM"); not empty, cut to
+ * PROBE_ABORT_REASON_MAX - 1 bytes. The first mark holds: a later call
+ * changes nothing. Callable inside or outside a step (PROBE_ERR_INVALID_ARG
+ * for s or reason NULL or reason empty). Nothing is written before close. */
+AMPPROBE_API
+probe_status probe_session_mark_aborted(probe_session *s, const char *reason);
 /* Forces everything buffered to disk now. */
 AMPPROBE_API
 probe_status probe_session_flush(probe_session *s);
@@ -502,6 +519,13 @@ typedef struct probe_trace_info {
    * written before the mark existed. Says nothing of how the trace ended:
    * complete does. */
   int joined;
+  /* appended: the abort mark (probe_session_mark_aborted): "" when the job
+   * did not mark an abnormal end (and in traces written before the mark);
+   * else its reason (data, not escaped), the trace closed by its writer
+   * with complete 0. aborted_step: the step in progress at the mark
+   * (closed half done), -1 when none or not aborted. */
+  const char *aborted;
+  int64_t aborted_step;
 } probe_trace_info;
 
 /* Opens and validates (format name and version, tables, types, state and
