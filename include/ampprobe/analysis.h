@@ -450,6 +450,13 @@ typedef struct probe_diag {
   /* the same for the feeder's record (0 and 0: no feeder). feeder_layer ==
    * origin_layer: an earlier call of the origin's own module fed it */
   int32_t feeder_call, feeder_calls;
+  /* appended: the abort mark (probe_trace_info.aborted), escaped with
+   * probe_text_escape: "" when the job did not mark an abnormal end; else
+   * what ended it, the trace closed by its writer with complete 0 (the
+   * finding not-closed says so). aborted_step: the step in progress at
+   * the mark, closed half done; -1 none. */
+  char aborted[4 * 256];
+  int64_t aborted_step;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

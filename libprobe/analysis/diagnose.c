@@ -2244,6 +2244,9 @@ probe_status probe_diag_run_progress(probe_diag *d, probe_trace *t,
   const probe_trace_info *info = probe_trace_get_info(t);
   d->complete = info->complete;
   d->joined = info->joined;
+  probe_text_escape(d->aborted, sizeof d->aborted,
+                    info->aborted ? info->aborted : "");
+  d->aborted_step = info->aborted[0] ? info->aborted_step : -1;
   d->record_mode = info->record_mode;
   d->n_steps = info->n_steps;
   d->n_records = info->n_records;

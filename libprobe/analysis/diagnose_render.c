@@ -45,7 +45,10 @@ static void render_text(const probe_diag *d, FILE *f) {
   char a[32], b[32];
   fprintf(f, "trace       %s\n", d->path);
   fprintf(f, "status      %s; %s; %lld steps (%lld..%lld), ",
-          d->complete ? "complete" : "INCOMPLETE (writer did not close it)",
+          d->complete     ? "complete"
+          : d->aborted[0] ? "ABORTED (the job ended abnormally; the tracer "
+                            "closed the trace)"
+                          : "INCOMPLETE (writer did not close it)",
           d->record_mode == PROBE_MODE_FULL ? "full per-layer trace"
                                             : "flight recorder",
           (long long)d->n_steps, (long long)d->first_step,
@@ -62,6 +65,11 @@ static void render_text(const probe_diag *d, FILE *f) {
   if (!d->complete)
     fprintf(f, "            last step recorded: %lld\n",
             (long long)d->last_step);
+  if (d->aborted[0] && d->aborted_step >= 0)
+    fprintf(f, "            ended by %s in step %lld (closed half done)\n",
+            d->aborted, (long long)d->aborted_step);
+  else if (d->aborted[0])
+    fprintf(f, "            ended by %s\n", d->aborted);
   if (d->joined)
     fprintf(f, "            the rank ran out of inputs and joined the other "
                "ranks after its last step (uneven inputs: DDP's join())\n");
@@ -379,6 +387,10 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
   probe__jw_str(w, "path", d->path);
   probe__jw_bool(w, "complete", d->complete);
   probe__jw_bool(w, "joined", d->joined);
+  /* the abort mark: null when none */
+  if (d->aborted[0]) probe__jw_str(w, "aborted", d->aborted);
+  else probe__jw_null(w, "aborted");
+  probe__jw_step(w, "aborted_step", d->aborted_step);
   probe__jw_str(w, "record_mode", d->record_mode == PROBE_MODE_FULL
                                       ? "full"
                                       : "flight-recorder");

@@ -1281,6 +1281,9 @@ static void explain_no_steps(rank_ctx *c, probe_diag_finding *f) {
   if (c->d->complete)
     add_evidence(f, "the trace was closed with 0 steps: the job ended before "
                     "its first step, or never called end_step");
+  else if (c->d->aborted[0])
+    add_evidence(f, "the job ended by %s before its first step ended; the "
+                    "tracer closed the trace with 0 steps", c->d->aborted);
   else
     add_evidence(f, "the trace was not closed and holds 0 steps: the writer "
                     "was killed, or could not write (a full disk?), before its "
@@ -1300,6 +1303,28 @@ static int when_not_closed(const rank_ctx *c) {
 static double score_not_closed(const rank_ctx *c) { (void)c; return SCORE_NOT_CLOSED; }
 static void explain_not_closed(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
+  if (d->aborted[0]) {
+    /* the abort mark: the writer closed the trace, the job did not end */
+    if (d->aborted_step >= 0)
+      set_title(f, "the job ended by %s in step %lld (closed half done); its "
+                   "trace was closed by the tracer",
+                d->aborted, (long long)d->aborted_step);
+    else
+      set_title(f, "the job ended by %s after step %lld; its trace was "
+                   "closed by the tracer",
+                d->aborted, (long long)d->last_step);
+    add_evidence(f, "%lld steps recorded (%lld..%lld), all written at the "
+                    "close: the run did not finish",
+                 (long long)d->n_steps, (long long)d->first_step,
+                 (long long)d->last_step);
+    if (d->event_step < 0 && d->first_nonfinite_loss_step < 0)
+      add_evidence(f, "no non-finite value in the steps recorded: what "
+                      "stopped the run is not in the trace");
+    set_next(f, "find why the job ended (%s: its traceback or who sent the "
+                "signal), then run it again",
+             d->aborted);
+    return;
+  }
   set_title(f, "the trace was not closed: the run stopped after step %lld "
                "(killed, crashed or out of disk), or it still runs",
             (long long)d->last_step);
