@@ -1076,6 +1076,7 @@ static probe_status run_train(const run_args *a, const probe_train_config *cfg,
   to.progress = on_progress;
   to.user = &pc;
   to.stop_flag = &cli_stop_flag;
+  to.stop_signal = &cli_stop_signal;
   to.stop_on_nonfinite = a->stop_k;
   cli_signals_install();
   memset(res, 0, sizeof *res);
@@ -1135,8 +1136,18 @@ static probe_verdict run_verdict(const probe_train_result *res,
   } else if (!a->quiet && rank == 0 && a->progress_every > 0) {
     fprintf(stderr, "ampprobe: run: checking the trace (post-mortem)\n");
   }
-  if (probe_postmortem_verdict(path, &v) != PROBE_OK)
-    v = PROBE_VERDICT_HEALTHY; /* no readable trace: the trainer's word */
+  probe_status pst = probe_postmortem_verdict(path, &v);
+  if (pst != PROBE_OK) {
+    /* the check could not read the trace the run just wrote (removed,
+     * damaged): no verdict of it, and never "healthy" (it was, exit 0) */
+    if (rank == 0) {
+      char pe[480];
+      if (cli_paste_word(pe, sizeof pe, path) != 0) snprintf(pe, sizeof pe, "(the trace)");
+      cli_error(SUB, "the closing check could not read the trace %s: %s",
+                pe, probe_status_str(pst));
+    }
+    v = PROBE_VERDICT_DEGRADED;
+  }
   if (tty) {
     fprintf(stderr, "\r\033[K");
     fflush(stderr);

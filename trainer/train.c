@@ -1422,6 +1422,20 @@ static probe_status run_finish(pt_train *T, int64_t steps_run,
   out->diverged =
       out->first_nonfinite_loss_step >= 0 || !isfinite(out->final_loss);
   if (out->steps_run == 0) out->diverged = 0;
+  if (R->sess && out->stopped_by_flag) {
+    /* stopped before its last step: the trace is closed, the job was not
+     * finished (the post-mortem says so; the close leaves complete 0) */
+    char why[64];
+    int sig = T->o->stop_signal ? (int)*T->o->stop_signal : 0;
+    int mine = T->o->stop_flag && *T->o->stop_flag;
+    if (sig == SIGINT) snprintf(why, sizeof why, "signal SIGINT");
+    else if (sig == SIGTERM) snprintf(why, sizeof why, "signal SIGTERM");
+    else if (sig == SIGHUP) snprintf(why, sizeof why, "signal SIGHUP");
+    else if (sig > 0) snprintf(why, sizeof why, "signal %d", sig);
+    else snprintf(why, sizeof why, mine ? "the stop flag"
+                                        : "another rank's stop");
+    probe_session_mark_aborted(R->sess, why);
+  }
   if (R->sess) {
     probe_status cst = probe_session_close(R->sess);
     R->sess = NULL;

@@ -257,6 +257,12 @@ typedef struct probe_train_opts {
    * series (some 4 cycles a byte, ~2.5% of a step of the default scenario),
    * as ampprobe.torch.Tracer's weight_digest=True is opt-in too. */
   int weight_digest;
+  /* appended: the signal that set *stop_flag (0 or NULL: not known). A run
+   * the stop flag ended marks its trace aborted before closing it
+   * (probe_session_mark_aborted: "signal SIGTERM", "signal SIGINT", "the
+   * stop flag", "another rank's stop"), so the trace does not read as a
+   * finished run. */
+  volatile sig_atomic_t *stop_signal;
 } probe_train_opts;
 
 void probe_train_opts_init(probe_train_opts *o);
