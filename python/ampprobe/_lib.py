@@ -215,7 +215,17 @@ class probe_trace_info(ctypes.Structure):
         # the rank left the loop by joining (probe_session_mark_joined);
         # libraries before it lack the field (has_join_mark)
         ("joined", ctypes.c_int),
+        # the abort mark (probe_session_mark_aborted): read only when
+        # has_abort_mark(lib), older libraries lack both fields
+        ("aborted", ctypes.c_char_p),
+        ("aborted_step", ctypes.c_int64),
     ]
+
+
+def has_abort_mark(lib):
+    """Whether lib knows the abort mark: probe_session_mark_aborted and
+    probe_trace_info.aborted/aborted_step came together."""
+    return hasattr(lib, "probe_session_mark_aborted")
 
 
 def has_join_mark(lib):
@@ -316,6 +326,8 @@ def _declare(lib):
     # Optional: the analysis API (include/ampprobe/analysis.h) and version.
     if has_join_mark(lib):
         fn("probe_session_mark_joined", st, P)
+    if has_abort_mark(lib):
+        fn("probe_session_mark_aborted", st, P, c.c_char_p)
     if hasattr(lib, "probe_session_step_nonfinite"):  # 0.3.x after ef00638
         fn("probe_session_step_nonfinite", st, P, c.POINTER(c.c_int64),
            c.POINTER(probe_nonfinite_record),

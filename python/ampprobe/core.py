@@ -537,6 +537,20 @@ class Session:
         self._check(self._lib.probe_session_mark_joined(self.handle),
                     "probe_session_mark_joined")
 
+    def mark_aborted(self, reason):
+        """Marks that the job is ending abnormally (reason: what ended it,
+        "KeyboardInterrupt", "exception RuntimeError"): the close that
+        follows writes every row but leaves the trace not complete and
+        records the reason (probe_session_mark_aborted), so the post-mortem
+        does not call the run finished. The first mark holds. Returns False
+        (and marks nothing) when this libampprobe predates the mark."""
+        if not _lib.has_abort_mark(self._lib):
+            return False
+        r = str(reason).encode("utf-8", "backslashreplace") or b"aborted"
+        self._check(self._lib.probe_session_mark_aborted(self.handle, r),
+                    "probe_session_mark_aborted")
+        return True
+
     def close(self):
         h = self._box[0]
         if not h:

@@ -1380,13 +1380,21 @@ class Tracer:
         self._module_ids = _module_ids(model)
         self._new_modules_said = False
         _warn_jit(jit)
-        # Close the file even if the job raises and never calls us again.
+        # Close the file even if the job raises and never calls us again;
+        # marked aborted when the interpreter exits by an exception
+        _install_excepthook()
         self._finalizer = weakref.finalize(self, Tracer._finalize,
                                            self.session, self._guard)
 
     @staticmethod
     def _finalize(session, guard):
         Tracer._give_back_guard(guard)
+        why = _uncaught_reason()
+        if why:  # the interpreter exits by an uncaught exception
+            try:
+                session.mark_aborted(why)
+            except Exception:
+                pass
         _end_open_step(session, snapshot=False)
         try:
             session.close()
@@ -2210,14 +2218,28 @@ class Tracer:
         out)."""
         return [L.name for L in self._layers if L.fp32 and L.kind != "loss"]
 
-    def close(self):
+    def close(self, aborted=None):
         """Removes the hooks and closes the trace (idempotent). A step
         still open (a forward under grad after the last end_step, a job
         that raised in the middle of a step) is ended first, its records
-        kept and its scalars not measured (_end_open_step)."""
+        kept and its scalars not measured (_end_open_step).
+
+        aborted: None for a job that finished; else what ended it (a
+        string: "KeyboardInterrupt", "CUDA out of memory"): the trace is
+        closed with every row but marked as a job that ended abnormally
+        (probe_session_mark_aborted; its step in progress, if any, as
+        closed half done), and the post-mortem says so (not-closed,
+        degraded, exit 1) instead of "healthy". Leaving a `with` block by
+        an exception passes its type name."""
         if self._closed:
             return
         self._closed = True
+        if aborted:
+            # before the open step is ended: the mark names it half done
+            try:
+                self.session.mark_aborted(aborted)
+            except _lib.ProbeError:
+                pass  # a sticky write error: close reports it
         if getattr(self, "_step", None) is not None:
             _end_open_step(self.session)
         if getattr(self, "_join_pending", False):  # shadows in that step
@@ -2255,8 +2277,57 @@ class Tracer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(aborted=_exception_reason(exc_type, exc))
+
+
+def _exception_reason(exc_type, exc):
+    """The abort reason for an exception leaving the tracer, None for
+    none (or a SystemExit with status 0/None: sys.exit() is a normal end)."""
+    if exc_type is None:
+        return None
+    if issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0):
+        return None
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "KeyboardInterrupt"
+    return "exception " + getattr(exc_type, "__name__", "?")
+
+
+# The exception the interpreter is exiting by, as seen by our sys.excepthook
+# wrapper (installed once, chained to the hook it replaced): the finalizer
+# runs at exit after the hook, and marks the trace aborted with it.
+_UNCAUGHT = [None]
+_HOOK_INSTALLED = [False]
+
+
+def _install_excepthook():
+    if _HOOK_INSTALLED[0]:
+        return
+    _HOOK_INSTALLED[0] = True
+    prev = sys.excepthook
+
+    def _ampprobe_excepthook(exc_type, exc, tb):
+        try:
+            _UNCAUGHT[0] = _exception_reason(exc_type, exc)
+        except Exception:
+            pass
+        prev(exc_type, exc, tb)
+
+    sys.excepthook = _ampprobe_excepthook
+
+
+def _uncaught_reason():
+    """What the interpreter exits by, for the finalizer: our hook's record,
+    else sys.last_type (set for an uncaught exception even when a later
+    hook replaced ours) outside an interactive session, where it only
+    means some earlier line failed."""
+    if _UNCAUGHT[0]:
+        return "uncaught " + _UNCAUGHT[0]
+    lt = getattr(sys, "last_type", None)
+    if lt is not None and not hasattr(sys, "ps1"):
+        r = _exception_reason(lt, getattr(sys, "last_value", None))
+        return "uncaught " + r if r else None
+    return None
 
 
 def _end_open_step(session, snapshot=True):
