@@ -515,7 +515,9 @@ case_interrupt() {
   fi
   hasnt run.out "stopped after non-finite loss"
   info ranks $(files out/t "$N")
-  check "every rank closed its trace, all at the same step" -- expr ranks.json "all(f['complete'] == 1 for f in d) and len(set(f['last_step'] for f in d)) == 1" "[(f['rank'], f['complete'], f['last_step']) for f in d]"
+  # closed by the writer but marked aborted (complete 0): a stopped job is
+  # not a finished run (it read complete and healthy, exit 0: hunt F2)
+  check "every rank closed its trace marked aborted, all at the same step" -- expr ranks.json "all(f['complete'] == 0 and f['aborted'] for f in d) and len(set(f['last_step'] for f in d)) == 1 and [f['aborted'] for f in d if f['rank'] == $K] == ['signal SIGTERM']" "[(f['rank'], f['complete'], f['aborted'], f['last_step']) for f in d]"
   interrupt_check
 }
 

@@ -4,6 +4,7 @@
  *
  *   {"path", "ok", "error"?, "rank", "world_size", "run_id",
  *    "config" (the stored config, a JSON string), "complete",
+ *    "aborted" (the abort mark's reason, "" none), "aborted_step",
  *    "n_steps", "last_step", "n_records",
  *    "steps": [{"step", "loss", "skipped", "found_inf", "loss_scale",
  *               "digest" (hex string, or null when not measured)}],
@@ -173,6 +174,9 @@ static void put_file(const char *path) {
   put_str(in->run_id);
   fputs(", \"config\": ", stdout);
   put_str(in->config_json);
+  fputs(", \"aborted\": ", stdout);
+  put_str(in->aborted);
+  printf(", \"aborted_step\": %" PRId64, in->aborted_step);
   printf(", \"complete\": %d, \"n_steps\": %" PRId64 ", \"last_step\": %" PRId64
          ", \"n_records\": %" PRId64 ", ",
          in->complete, in->n_steps, in->last_step, in->n_records);

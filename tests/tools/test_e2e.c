@@ -341,8 +341,15 @@ START_TEST(test_sigint_run) {
   int rc = -1;
   json_t *j = postmortem_json(trace, &rc);
   ck_assert_ptr_nonnull(j);
-  ck_assert(json_is_true(json_object_get(json_object_get(j, "trace"),
-                                         "complete")));
+  /* closed by the writer, marked aborted: not complete, degraded (exit 1);
+   * it read complete and healthy, exit 0 (hunt F2) */
+  ck_assert_int_eq(rc, 1);
+  json_t *tr = json_object_get(j, "trace");
+  ck_assert(json_is_false(json_object_get(tr, "complete")));
+  ck_assert_str_eq(json_string_value(json_object_get(tr, "aborted")),
+                   "signal SIGINT");
+  ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")),
+                   "degraded");
   json_decref(j);
 }
 END_TEST
