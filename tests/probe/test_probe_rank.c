@@ -811,6 +811,210 @@ START_TEST(test_join_mark_killed) {
 }
 END_TEST
 
+/* ---- the abort mark (probe_session_mark_aborted) -------------------------- */
+
+/* The trace's (complete, aborted, aborted_step, last_step), read both ways. */
+static void abort_expect(const char *path, int complete, const char *aborted,
+                         int64_t aborted_step, int64_t last) {
+  for (int iso = 0; iso < 2; iso++) {
+    probe_trace *t;
+    char err[512];
+    if (iso) PT_CHECK(probe_trace_open_isolated(&t, path, err, sizeof err));
+    else PT_CHECK(probe_trace_open(&t, path));
+    const probe_trace_info *in = probe_trace_get_info(t);
+    ck_assert_int_eq(in->complete, complete);
+    ck_assert_ptr_nonnull(in->aborted);
+    ck_assert_str_eq(in->aborted, aborted);
+    ck_assert_int_eq(in->aborted_step, aborted_step);
+    ck_assert_int_eq(in->last_step, last);
+    probe_trace_close(t);
+  }
+}
+
+/* Marked between steps: every row written, complete 0, the reason and
+ * step -1; marked inside a step: that step is closed half done and named;
+ * a second mark changes nothing; never marked: "" and -1, complete. */
+START_TEST(test_abort_mark_roundtrip) {
+  char path[256];
+  pt_path(path, sizeof path, "abort-rt");
+  probe_session *s = join_open(path, 2);
+  PT_CHECK(probe_session_mark_aborted(s, "signal SIGTERM"));
+  PT_CHECK(probe_session_mark_aborted(s, "KeyboardInterrupt")); /* first wins */
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 0, "signal SIGTERM", -1, 2);
+  probe_trace *t;
+  PT_CHECK(probe_trace_open(&t, path));
+  ck_assert_int_eq(probe_trace_get_info(t)->n_steps, 3);
+  probe_trace_close(t);
+  /* inside step 3 (its scalars not set yet) */
+  s = join_open(path, 2);
+  PT_CHECK(probe_step_begin(s, 3));
+  PT_CHECK(probe_session_mark_aborted(s, "RuntimeError"));
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 0, "RuntimeError", 3, 3);
+  /* the step ended after the mark: the mark still names step 3 */
+  s = join_open(path, 2);
+  PT_CHECK(probe_step_begin(s, 3));
+  PT_CHECK(probe_session_mark_aborted(s, "ValueError"));
+  PT_CHECK(probe_step_end(s));
+  PT_CHECK(probe_session_mark_aborted(s, "SystemExit")); /* ignored */
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 0, "ValueError", 3, 3);
+  /* before the first step */
+  s = join_open(path, -1);
+  PT_CHECK(probe_session_mark_aborted(s, "OSError"));
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 0, "OSError", -1, -1);
+  /* never marked */
+  s = join_open(path, 2);
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 1, "", -1, 2);
+  /* the attributes exist in every new trace, empty until a mark */
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  ck_assert_int_gt(H5Aexists(f, "aborted"), 0);
+  ck_assert_int_gt(H5Aexists(f, "aborted_step"), 0);
+  H5Fclose(f);
+  unlink(path);
+}
+END_TEST
+
+/* NULL session, NULL or empty reason: refused, the session goes on
+ * unmarked. */
+START_TEST(test_abort_mark_refused) {
+  char path[256];
+  pt_path(path, sizeof path, "abort-refused");
+  probe_session *s = join_open(path, 1);
+  ck_assert_int_eq(probe_session_mark_aborted(NULL, "x"), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_session_mark_aborted(s, NULL), PROBE_ERR_INVALID_ARG);
+  ck_assert_int_eq(probe_session_mark_aborted(s, ""), PROBE_ERR_INVALID_ARG);
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 1, "", -1, 1);
+  unlink(path);
+}
+END_TEST
+
+/* A reason longer than PROBE_ABORT_REASON_MAX - 1 bytes is cut, never in
+ * the middle of a UTF-8 character; one that fits is kept whole. */
+START_TEST(test_abort_mark_long_reason) {
+  char path[256];
+  pt_path(path, sizeof path, "abort-long");
+  char r[600];
+  /* 2-byte characters: the cut at 255 bytes falls inside the 128th */
+  size_t n = 0;
+  while (n + 2 < sizeof r) {
+    r[n++] = (char)0xC3;
+    r[n++] = (char)0xA9; /* U+00E9 */
+  }
+  r[n] = '\0';
+  probe_session *s = join_open(path, 0);
+  PT_CHECK(probe_session_mark_aborted(s, r));
+  PT_CHECK(probe_session_close(s));
+  char want[PROBE_ABORT_REASON_MAX];
+  ck_assert_uint_eq((unsigned char)r[255], 0xA9); /* a continuation byte */
+  memcpy(want, r, 254); /* 127 whole characters */
+  want[254] = '\0';
+  abort_expect(path, 0, want, -1, 0);
+  /* 3-byte characters, cut at 255 falls on a boundary after 'ab' + 84 */
+  n = 0;
+  r[n++] = 'a';
+  r[n++] = 'b';
+  while (n + 3 < sizeof r) {
+    r[n++] = (char)0xE2;
+    r[n++] = (char)0x82;
+    r[n++] = (char)0xAC; /* U+20AC */
+  }
+  r[n] = '\0';
+  s = join_open(path, 0);
+  PT_CHECK(probe_session_mark_aborted(s, r));
+  PT_CHECK(probe_session_close(s));
+  memcpy(want, r, 254); /* 2 + 84 * 3 */
+  want[254] = '\0';
+  abort_expect(path, 0, want, -1, 0);
+  /* exactly 255 bytes: kept whole */
+  memset(r, 'x', 255);
+  r[255] = '\0';
+  s = join_open(path, 0);
+  PT_CHECK(probe_session_mark_aborted(s, r));
+  PT_CHECK(probe_session_close(s));
+  abort_expect(path, 0, r, -1, 0);
+  unlink(path);
+}
+END_TEST
+
+/* Rewrites the root attribute `aborted` of a closed trace in place (its
+ * fixed-size string type kept). */
+static void abort_patch(const char *path, const char *reason, int64_t step) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  hid_t a = H5Aopen(f, "aborted", H5P_DEFAULT);
+  ck_assert_int_ge(a, 0);
+  hid_t ty = H5Aget_type(a);
+  char buf[PROBE_ABORT_REASON_MAX] = {0};
+  snprintf(buf, sizeof buf, "%s", reason);
+  ck_assert_int_ge(H5Awrite(a, ty, buf), 0);
+  H5Tclose(ty);
+  H5Aclose(a);
+  a = H5Aopen(f, "aborted_step", H5P_DEFAULT);
+  ck_assert_int_ge(a, 0);
+  ck_assert_int_ge(H5Awrite(a, H5T_NATIVE_INT64, &step), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+/* No writer leaves a reason on a complete trace: such a file is corrupt,
+ * saying why; a bad aborted_step is corrupt too. */
+START_TEST(test_abort_mark_on_complete_is_corrupt) {
+  char path[256];
+  pt_path(path, sizeof path, "abort-corrupt");
+  probe_session *s = join_open(path, 2);
+  PT_CHECK(probe_session_close(s));
+  abort_patch(path, "signal SIGTERM", -1);
+  for (int iso = 0; iso < 2; iso++) {
+    probe_trace *t = NULL;
+    char err[512] = "";
+    probe_status st = iso ? probe_trace_open_isolated(&t, path, err, sizeof err)
+                          : probe_trace_open(&t, path);
+    ck_assert_int_eq(st, PROBE_ERR_CORRUPT);
+    if (iso) ck_assert_msg(strstr(err, "abort mark"), "%s", err);
+  }
+  /* an aborted trace whose step is below -1 */
+  s = join_open(path, 2);
+  PT_CHECK(probe_session_mark_aborted(s, "signal SIGINT"));
+  PT_CHECK(probe_session_close(s));
+  abort_patch(path, "signal SIGINT", -7);
+  probe_trace *t = NULL;
+  ck_assert_int_eq(probe_trace_open(&t, path), PROBE_ERR_CORRUPT);
+  unlink(path);
+}
+END_TEST
+
+/* Traces written before the mark (2026-11 and 2026-12 fixtures) have no
+ * such attributes: not aborted ("" and -1), complete as they were. */
+START_TEST(test_abort_mark_old_traces) {
+  static const char *const old[] = {PT_DATA_DIR "/trace-v1-2026-11.h5",
+                                    PT_DATA_DIR "/trace-v1-2026-12.h5"};
+  for (int k = 0; k < 2; k++) {
+    hid_t f = H5Fopen(old[k], H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    ck_assert_int_eq(H5Aexists(f, "aborted"), 0);
+    H5Fclose(f);
+    for (int iso = 0; iso < 2; iso++) {
+      probe_trace *t;
+      char err[512];
+      if (iso) PT_CHECK(probe_trace_open_isolated(&t, old[k], err, sizeof err));
+      else PT_CHECK(probe_trace_open(&t, old[k]));
+      const probe_trace_info *in = probe_trace_get_info(t);
+      ck_assert_ptr_nonnull(in->aborted);
+      ck_assert_str_eq(in->aborted, "");
+      ck_assert_int_eq(in->aborted_step, -1);
+      ck_assert_int_eq(in->complete, 1);
+      probe_trace_close(t);
+    }
+  }
+}
+END_TEST
+
 /* ---- the two sites ------------------------------------------------------- */
 
 START_TEST(test_allreduce_sites) {
@@ -860,6 +1064,14 @@ static Suite *make_suite(void) {
   tcase_add_test(tj, test_join_mark_cleared_and_refused);
   tcase_add_test(tj, test_join_mark_killed);
   suite_add_tcase(s, tj);
+  TCase *ta = tcase_create("abort");
+  tcase_set_timeout(ta, 60);
+  tcase_add_test(ta, test_abort_mark_roundtrip);
+  tcase_add_test(ta, test_abort_mark_refused);
+  tcase_add_test(ta, test_abort_mark_long_reason);
+  tcase_add_test(ta, test_abort_mark_on_complete_is_corrupt);
+  tcase_add_test(ta, test_abort_mark_old_traces);
+  suite_add_tcase(s, ta);
   TCase *td = tcase_create("digest");
   tcase_add_test(td, test_digest_known_values);
   tcase_add_test(td, test_digest_zero_unmeasured);

@@ -717,6 +717,91 @@ START_TEST(test_not_closed) {
 }
 END_TEST
 
+/* A trace its writer closed with the abort mark (an exception, a signal)
+ * is not a finished run: not-closed first, degraded (postmortem exit 1),
+ * the finding naming what ended the job, escaped (the reason is data);
+ * the step in progress at the mark is named; JSON trace.aborted and
+ * aborted_step. It read "healthy", exit 0 (hunt F1, F2). */
+START_TEST(test_aborted_trace) {
+  static const struct {
+    const char *reason, *shown;
+    int in_step; /* marked inside step 12, else after step 11 */
+    const char *title;
+  } cases[] = {
+      {"signal SIGTERM", "signal SIGTERM", 0,
+       "the job ended by signal SIGTERM after step 11; its trace was closed "
+       "by the tracer"},
+      {"RuntimeError\n\x1b[2Jfake", "RuntimeError\\n\\e[2Jfake", 1,
+       "the job ended by RuntimeError\\n\\e[2Jfake in step 12 (closed half "
+       "done); its trace was closed by the tracer"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *p = tmp_path("aborted");
+    unlink(p);
+    tb t;
+    tb_open(&t, p, 0);
+    for (int st = 0; st < 12; st++) {
+      spec sp = {0};
+      scal sc = clean(1.0, 65536);
+      tb_step(&t, st, &sp, &sc);
+    }
+    if (cases[c].in_step) {
+      ck_assert_int_eq(probe_step_begin(t.s, 12), PROBE_OK);
+      rec(&t, L_INPUT, PROBE_SITE_FWD_OUT, 1.0f, 0, 0, 0);
+    }
+    ck_assert_int_eq(probe_session_mark_aborted(t.s, cases[c].reason), PROBE_OK);
+    ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+    probe_diag d;
+    probe_diag_of(&d, p);
+    ck_assert_int_eq(d.complete, 0);
+    ck_assert_str_eq(d.aborted, cases[c].shown);
+    ck_assert_int_eq(d.aborted_step, cases[c].in_step ? 12 : -1);
+    ck_assert_int_eq(d.verdict, PROBE_VERDICT_DEGRADED);
+    ck_assert_int_eq(probe_diag_problem(&d), 1);
+    ck_assert_int_ge(d.n_findings, 1);
+    ck_assert_int_eq(d.findings[0].id, PROBE_DIAG_FINDING_NOT_CLOSED);
+    ck_assert_str_eq(d.findings[0].title, cases[c].title);
+    for (int i = 0; i < d.n_findings; i++)
+      ck_assert_int_ne(d.findings[i].id, PROBE_DIAG_FINDING_HEALTHY);
+    char *text = NULL;
+    ck_assert_int_eq(probe_diag_render_text(&d, &text), PROBE_OK);
+    ck_assert_msg(strstr(text, "status      ABORTED"), "%s", text);
+    ck_assert_msg(strstr(text, cases[c].shown), "%s", text);
+    ck_assert_msg(!strchr(text, '\x1b'), "a raw escape in the text");
+    probe_free(text);
+    json_t *j = diag_json(&d);
+    json_t *tr = json_object_get(j, "trace");
+    ck_assert(json_is_false(json_object_get(tr, "complete")));
+    ck_assert_str_eq(json_string_value(json_object_get(tr, "aborted")),
+                     cases[c].shown);
+    json_t *as = json_object_get(tr, "aborted_step");
+    if (cases[c].in_step) ck_assert_int_eq(json_integer_value(as), 12);
+    else ck_assert(json_is_null(as));
+    ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")),
+                     "degraded");
+    json_decref(j);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+  /* never marked: the JSON says aborted null */
+  const char *p = tmp_path("not-aborted");
+  tb t;
+  tb_open(&t, p, 0);
+  spec sp = {0};
+  scal sc = clean(1.0, 65536);
+  tb_step(&t, 0, &sp, &sc);
+  ck_assert_int_eq(probe_session_close(t.s), PROBE_OK);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  ck_assert_str_eq(d.aborted, "");
+  json_t *j = diag_json(&d);
+  ck_assert(json_is_null(json_object_get(json_object_get(j, "trace"), "aborted")));
+  json_decref(j);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 /* A non-finite loss at a step with no per-layer record (records kept every
  * 4th step) is said so, with the recorded steps around it, in the JSON and
  * the text: it read "no per-layer record of that step held a non-finite
@@ -3307,6 +3392,7 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_arrived_in_input);
   tcase_add_test(tc, test_weights_nonfinite_later);
   tcase_add_test(tc, test_not_closed);
+  tcase_add_test(tc, test_aborted_trace);
   tcase_add_test(tc, test_loss_at_unrecorded_step);
   tcase_add_test(tc, test_bn_reduction_overflow);
   tcase_add_test(tc, test_softmax_underflow_to_inf);
