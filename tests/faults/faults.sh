@@ -923,6 +923,80 @@ PY
   [ $prc -eq 0 ] || bad "interrupted run check (above)"
 }
 
+# sig_run SIG SECONDS OUT ARGS...: `ampprobe run ARGS -o OUT` in the
+# background, sent SIG (TERM, INT, KILL) SECONDS after OUT appears (the
+# handlers are installed before the trace is made); its exit in rc, its
+# stdout in OUT.run.txt.
+sig_run() {
+  local sig=$1 secs=$2 out=$3 waited=0 pid
+  shift 3
+  rm -f "$out"
+  timeout -k 5 "$TMO" "$AMP" run "$@" -o "$out" >"$out.run.txt" 2>"$out.err.txt" &
+  pid=$!
+  while [ ! -s "$out" ] && [ $waited -lt 300 ] && kill -0 $pid 2>/dev/null; do
+    sleep 0.1; waited=$((waited + 1))
+  done
+  sleep "$secs"
+  kill -"$sig" $pid 2>/dev/null
+  wait $pid
+  rc=$?
+}
+
+# A run stopped by SIGTERM (Slurm's time limit, preemption, docker stop) or
+# SIGINT ends with exit 130 and INTERRUPTED, and its trace, closed by the
+# writer, is marked aborted: postmortem says ABORTED, names the signal,
+# degraded, exit 1, JSON trace.aborted; diff against a finished run of the
+# same command says what it says of a killed (unclosed) trace, never AGREE.
+# Every interrupted run read back complete and healthy, exit 0 from
+# postmortem, report and diff (hunt F2).
+case_interrupt_run_abort() {
+  local sig
+  for sig in TERM INT; do
+    sig_run $sig 1 $sig.h5 --steps 100000
+    expect 130 "run --steps 100000 sent SIG$sig after 1 s"
+    has $sig.h5.run.txt "INTERRUPTED"
+    t -- "$AMP" postmortem $sig.h5
+    expect 1 "postmortem of the run SIG$sig stopped"
+    cp out.txt pm-$sig.txt
+    has pm-$sig.txt "status      ABORTED"
+    has pm-$sig.txt "[not-closed] the job ended by signal SIG$sig after step"
+    has pm-$sig.txt "verdict     degraded"
+    t -- "$AMP" postmortem --json $sig.h5
+    expect 1 "postmortem --json of the run SIG$sig stopped"
+    if /usr/bin/python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["trace"]; sys.exit(not (t["aborted"] == "signal SIG" + sys.argv[2] and t["complete"] is False and t["aborted_step"] is None))' out.txt $sig; then
+      ok "JSON trace.aborted is 'signal SIG$sig', complete false, aborted_step null"
+    else
+      bad "JSON trace of the SIG$sig run: $(head -c 300 out.txt)"
+    fi
+  done
+  # diff: the same command, stopped by SIGTERM, killed by SIGKILL (after a
+  # flush), and run to its end
+  t -- "$AMP" run --steps 4000 -q -o base.h5
+  expect 0 "run --steps 4000 (the baseline)"
+  sig_run TERM 1 ab.h5 --steps 4000
+  # exit 0 here: it ran to its end before the signal (a faster machine)
+  expect 130 "run --steps 4000 sent SIGTERM after 1 s"
+  sig_run KILL 1.5 kd.h5 --steps 4000 2>/dev/null
+  # (expect reads 137 as a timeout)
+  [ "$rc" = 137 ] && ok "run --steps 4000 sent SIGKILL after 1.5 s (exit 137)" ||
+    bad "run --steps 4000 sent SIGKILL after 1.5 s: exit $rc, want 137"
+  local what v_ab= v_kd= rc_ab= rc_kd=
+  for what in ab kd; do
+    t -- "$AMP" diff --json $what.h5 base.h5
+    cp out.txt diff-$what.json
+    local v
+    v=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["verdict"])' diff-$what.json 2>/dev/null)
+    if [ $what = ab ]; then v_ab=$v; rc_ab=$rc; else v_kd=$v; rc_kd=$rc; fi
+  done
+  if [ "$v_ab" = "$v_kd" ] && [ "$rc_ab" = "$rc_kd" ] && [ "$v_ab" != agree ] && [ "$rc_ab" != 0 ]; then
+    ok "diff of the aborted trace: $v_ab, exit $rc_ab, as of the killed one"
+  else
+    bad "diff: aborted $v_ab exit $rc_ab, killed $v_kd exit $rc_kd (want the same, not agree/0)"
+  fi
+  t -- "$AMP" diff ab.h5 base.h5
+  has out.txt "verdict: NOT ALIGNED"
+}
+
 # A long read says on a terminal what it reads (a 297 MB trace took a
 # minute with nothing on the screen): one line on stderr, cleared before
 # the output; nothing without a terminal or with report -q.
