@@ -766,6 +766,8 @@ class Trace:
         for name, ct in p._fields_:
             if name == "joined" and not _lib.has_join_mark(lib):
                 continue  # past the end of an older library's struct
+            if name in ("aborted", "aborted_step") and not _lib.has_abort_mark(lib):
+                continue  # likewise (a pointer read there could crash)
             v = getattr(p, name)
             if ct is ctypes.c_char_p:
                 v = v.decode(errors="replace") if v else ""

@@ -51,8 +51,14 @@ def test_job_that_raises_still_closes_its_trace(tmp_path):
     r = run_py([EXAMPLE, "--steps", "50", "--fail-at", "4", "--trace", str(p)])
     assert r.returncode == 1 and b"planted failure" in r.stderr
     with ampprobe.Trace(str(p)) as t:
-        assert t.info["complete"] == 1  # closed by the finalizer at exit
+        # closed by the finalizer at exit, marked aborted by the exception
+        # (it read complete, and the post-mortem healthy: hunt F1)
+        assert t.info["complete"] == 0
+        assert t.info["aborted"] == "uncaught exception RuntimeError"
+        assert t.info["aborted_step"] == -1  # raised between steps
         assert t.info["n_steps"] == 4
+    pm = ampprobe.postmortem(str(p))
+    assert pm["verdict"] != "healthy" and pm["trace"]["aborted"] == "uncaught exception RuntimeError"
 
 
 def test_raise_mode_stops_the_job_at_step_0(tmp_path):

@@ -830,7 +830,15 @@ def test_close_ends_a_step_left_open(tmp_path, how):
     assert not st["unmeasured"][1] & ampprobe._lib.SCALAR_LOSS
     ev = ampprobe.postmortem(p)["event"]
     assert ev["kind"] == "input-nan" and ev["step"] == last, ev
-    assert t["info"]["complete"] == 1
+    if how == "exception_in_the_step":
+        # the exception marks the trace aborted, naming the half-done step
+        # (it read complete: hunt F1)
+        assert t["info"]["complete"] == 0
+        assert t["info"]["aborted"] == "exception ZeroDivisionError"
+        assert t["info"]["aborted_step"] == last
+    else:
+        assert t["info"]["complete"] == 1
+        assert t["info"]["aborted"] == ""
     m(torch.randn(3, 4)).sum().backward()  # the model runs on
 
 
