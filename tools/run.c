@@ -195,6 +195,11 @@ static char *join_args(int argc, char **argv) {
 
 static void fmt_num(char *b, size_t n, double x) { probe_num_format(b, n, x, 6); }
 
+/* Set by run_verdict when the closing check could not read the trace: the
+ * verdict is then degraded for want of one, not for anything the trace
+ * shows (the summary said "the loss stayed finite; see the post-mortem"). */
+static int run_check_failed;
+
 static void print_summary(const probe_train_result *r, const char *name,
                           const char *policy, int64_t steps_planned,
                           const char *path, int full, int interrupted,
@@ -252,9 +257,12 @@ static void print_summary(const probe_train_result *r, const char *name,
   printf("  verdict         %s\n",
          interrupted                        ? "INTERRUPTED"
          : v == PROBE_VERDICT_DIVERGED      ? "DIVERGED"
-         : v == PROBE_VERDICT_DEGRADED      ? "DEGRADED (the loss stayed "
-                                              "finite; see the post-mortem)"
-                                            : "healthy");
+         : v == PROBE_VERDICT_DEGRADED && run_check_failed
+             ? "DEGRADED (the closing check could not read the trace; "
+               "see the error above)"
+         : v == PROBE_VERDICT_DEGRADED ? "DEGRADED (the loss stayed "
+                                         "finite; see the post-mortem)"
+                                       : "healthy");
   printf("  trace           %s (%s)\n", path,
          full ? "full per-layer trace" : "flight recorder");
   printf("  time            %.2f s", r->wall_seconds);
@@ -283,6 +291,9 @@ static json_t *summary_json(const probe_train_result *r, const char *name,
   json_object_set_new(o, "scenario", cli_json_text(name));
   json_object_set_new(o, "precision_policy", cli_json_text(policy));
   json_object_set_new(o, "trace", cli_json_text(path));
+  /* true: the closing check could not read the trace (verdict degraded
+   * for want of one) */
+  json_object_set_new(o, "check_failed", json_boolean(run_check_failed));
   json_object_set_new(o, "record_mode",
                       json_string(full ? "full" : "flight-recorder"));
   json_object_set_new(o, "steps_planned", json_integer(steps_planned));
@@ -1147,6 +1158,7 @@ static probe_verdict run_verdict(const probe_train_result *res,
                 pe, probe_status_str(pst));
     }
     v = PROBE_VERDICT_DEGRADED;
+    run_check_failed = 1;
   }
   if (tty) {
     fprintf(stderr, "\r\033[K");

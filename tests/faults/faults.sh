@@ -997,6 +997,34 @@ case_interrupt_run_abort() {
   has out.txt "verdict: NOT ALIGNED"
 }
 
+# The closing check cannot read the trace (removed while the run ran): one
+# line saying so, verdict DEGRADED naming the check (not "the loss stayed
+# finite"), exit 1, JSON check_failed true. It said healthy, exit 0 (hunt F4).
+case_run_check_unreadable() {
+  local waited=0 pid
+  timeout -k 5 "$TMO" "$AMP" run --steps 3000 -o rm.h5 >out.txt 2>err.txt &
+  pid=$!
+  while [ ! -s rm.h5 ] && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
+  sleep 0.5; rm -f rm.h5
+  wait $pid; rc=$?
+  expect 1 "run whose trace was removed before its closing check"
+  one_line "the closing check" "the closing check could not read the trace rm.h5"
+  has out.txt "DEGRADED (the closing check could not read the trace"
+  hasnt out.txt "the loss stayed finite"
+  waited=0
+  timeout -k 5 "$TMO" "$AMP" run --steps 3000 --json -o rm2.h5 >out.txt 2>err.txt &
+  pid=$!
+  while [ ! -s rm2.h5 ] && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
+  sleep 0.5; rm -f rm2.h5
+  wait $pid; rc=$?
+  expect 1 "run --json whose trace was removed"
+  if /usr/bin/python3 -c 'import json, sys; d = json.load(open("out.txt")); sys.exit(not (d["check_failed"] is True and d["verdict"] == "degraded"))'; then
+    ok "JSON check_failed true, verdict degraded"
+  else
+    bad "JSON: $(head -c 300 out.txt)"
+  fi
+}
+
 # A long read says on a terminal what it reads (a 297 MB trace took a
 # minute with nothing on the screen): one line on stderr, cleared before
 # the output; nothing without a terminal or with report -q.
