@@ -1303,41 +1303,33 @@ static int when_not_closed(const rank_ctx *c) {
 static double score_not_closed(const rank_ctx *c) { (void)c; return SCORE_NOT_CLOSED; }
 static void explain_not_closed(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
-  if (d->aborted[0]) {
-    /* the abort mark: the writer closed the trace, the job did not end */
-    if (d->aborted_step >= 0)
-      set_title(f, "the job ended by %s in step %lld (closed half done); its "
-                   "trace was closed by the tracer",
-                d->aborted, (long long)d->aborted_step);
-    else
-      set_title(f, "the job ended by %s after step %lld; its trace was "
-                   "closed by the tracer",
-                d->aborted, (long long)d->last_step);
-    add_evidence(f, "%lld steps recorded (%lld..%lld), all written at the "
-                    "close: the run did not finish",
-                 (long long)d->n_steps, (long long)d->first_step,
-                 (long long)d->last_step);
-    if (d->event_step < 0 && d->first_nonfinite_loss_step < 0)
-      add_evidence(f, "no non-finite value in the steps recorded: what "
-                      "stopped the run is not in the trace");
-    set_next(f, "find why the job ended (%s: its traceback or who sent the "
-                "signal), then run it again",
-             d->aborted);
-    return;
-  }
-  set_title(f, "the trace was not closed: the run stopped after step %lld "
-               "(killed, crashed or out of disk), or it still runs",
-            (long long)d->last_step);
-  add_evidence(f, "%lld steps recorded (%lld..%lld), the last one flushed "
-                  "before the writer stopped",
+  if (d->aborted[0]) /* the abort mark: the writer closed, the job did not end */
+    set_title(f, d->aborted_step >= 0
+                     ? "the job ended by %s in step %lld (closed half done); "
+                       "its trace was closed by the tracer"
+                     : "the job ended by %s after step %lld; its trace was "
+                       "closed by the tracer",
+              d->aborted,
+              (long long)(d->aborted_step >= 0 ? d->aborted_step : d->last_step));
+  else
+    set_title(f, "the trace was not closed: the run stopped after step %lld "
+                 "(killed, crashed or out of disk), or it still runs",
+              (long long)d->last_step);
+  add_evidence(f, "%lld steps recorded (%lld..%lld), %s",
                (long long)d->n_steps, (long long)d->first_step,
-               (long long)d->last_step);
+               (long long)d->last_step,
+               d->aborted[0] ? "then the tracer closed the trace: the run did "
+                               "not finish"
+                             : "the last one flushed before the writer stopped");
   if (d->event_step < 0 && d->first_nonfinite_loss_step < 0)
     add_evidence(f, "no non-finite value in the steps recorded: what stopped "
                     "the run is not in the trace");
-  set_next(f, "if the job still runs, look again when it ends; else find why "
-              "it stopped (its exit status, the OOM killer in dmesg, the "
-              "scheduler's log)");
+  if (d->aborted[0])
+    set_next(f, "find why the job ended (%s), then run it again", d->aborted);
+  else
+    set_next(f, "if the job still runs, look again when it ends; else find "
+                "why it stopped (its exit status, the OOM killer in dmesg, "
+                "the scheduler's log)");
 }
 
 /* healthy (fallback): nothing else fired. */
