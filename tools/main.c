@@ -47,7 +47,7 @@ static void cli_blas_one_thread(char **argv) {
  * message. The executable's .preinit_array runs after the libraries are
  * mapped and before any of their constructors, so from there on a signal
  * only sets cli_stop_flag; main then ends with "interrupted" (exit 130)
- * before any work starts. A second signal still kills (SA_RESETHAND). */
+ * before any work starts. A later signal still kills (cli_signals_install). */
 static void cli_preinit_signals(void) { cli_signals_install(); }
 __attribute__((section(".preinit_array"), used)) static void (
     *const cli_preinit)(void) = cli_preinit_signals;
