@@ -688,6 +688,13 @@ typedef struct probe_rank_entry {
    * joined rank whose trace is closed did not end early; one not closed
    * is still a rank that stopped (killed after joining). */
   int joined;
+  /* appended: its trace's abort mark (probe_trace_info.aborted), escaped
+   * with probe_text_escape: "" when the job did not mark an abnormal end;
+   * else what ended it ("signal SIGTERM"), the trace closed by its writer
+   * with complete 0 (so the rank counts as not closed). aborted_step: the
+   * step in progress at the mark, closed half done; -1 none. */
+  char aborted[4 * PROBE_ABORT_REASON_MAX];
+  int64_t aborted_step;
 } probe_rank_entry;
 
 /* Per-step values every rank of a DDP job must agree on. */
@@ -796,6 +803,10 @@ typedef struct probe_ranks {
    * "ended early" and no problem by themselves: the verdict is not
    * raised for them. */
   int64_t n_joined;
+  /* appended: ranks read whose trace carries the abort mark (a signal or
+   * an exception ended the job; probe_rank_entry.aborted says what). They
+   * are among n_incomplete. */
+  int64_t n_aborted;
 } probe_ranks;
 
 /* Reads the set (paths in any order; probe_trace_set_expand makes them

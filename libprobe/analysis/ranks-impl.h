@@ -70,6 +70,13 @@ static inline int probe__rank_joined(const probe_rank_entry *e) {
   return e->status == PROBE_RANK_READ && e->complete && e->joined;
 }
 
+/* A rank read whose trace carries the abort mark: a signal or an
+ * exception ended the job, the tracer closed the trace (complete 0: it
+ * counts as not closed); e->aborted says what. */
+static inline int probe__rank_aborted(const probe_rank_entry *e) {
+  return e->status == PROBE_RANK_READ && !e->complete && e->aborted[0];
+}
+
 /* A rank read whose trace is closed, without the join mark, before the
  * furthest rank's last step: an exception or an early exit on it. */
 static inline int probe__rank_ended_early(const probe_ranks *r,
@@ -81,6 +88,8 @@ static inline int probe__rank_ended_early(const probe_ranks *r,
 /* by_status of probe__rank_list: the ranks that joined
  * (probe__rank_joined). */
 #define PROBE__RANKS_BY_JOINED 2
+/* by_status of probe__rank_list: the ranks aborted (probe__rank_aborted). */
+#define PROBE__RANKS_BY_ABORTED 3
 
 /* "0-3, 5, 9-11": the ranks of entries whose role (or status, when
  * by_status is 1; joined when PROBE__RANKS_BY_JOINED, want unused) is

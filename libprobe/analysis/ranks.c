@@ -339,6 +339,7 @@ static probe_status add_missing(probe_ranks *r, size_t *cap) {
     e.status = PROBE_RANK_MISSING;
     e.last_step = e.nf_step = e.first_nonfinite_loss_step = -1;
     e.nf_layer = e.nf_site = -1;
+    e.aborted_step = -1;
     st = add_entry(r, cap, &e, NULL, NULL);
   }
   free(have);
@@ -380,6 +381,7 @@ static void find_first(probe_ranks *r) {
     if (e->last_step > r->max_last_step) r->max_last_step = e->last_step;
     if (!e->complete) {
       r->n_incomplete++;
+      r->n_aborted += e->aborted[0] != '\0';
       if (r->stopped_first < 0 ||
           e->last_step < r->entries[r->stopped_first].last_step)
         r->stopped_first = (int32_t)i;
@@ -1034,6 +1036,7 @@ probe_status probe_ranks_run_progress(probe_ranks *r, const char *const *paths,
     r->n_read--;
     r->n_unreadable++;
     if (!e->complete) r->n_incomplete--;
+    if (!e->complete && e->aborted[0]) r->n_aborted--;
     if (e->complete && e->joined) r->n_joined--;
   }
   set_verdict(r);

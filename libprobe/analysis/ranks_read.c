@@ -253,6 +253,7 @@ static void entry_init(probe_rank_entry *e) {
   e->first_backoff_step = -1;
   e->first_backoff_site = e->first_backoff_layer = -1;
   e->error_status = PROBE_OK;
+  e->aborted_step = -1;
 }
 
 static void set_unreadable(probe__rsum *s, probe_status st, const char *msg) {
@@ -268,6 +269,9 @@ static probe_status read_open(probe__rsum *s, probe_trace *t) {
   s->e.world_size = in->world_size;
   s->e.complete = in->complete;
   s->e.joined = in->joined;
+  probe_text_escape(s->e.aborted, sizeof s->e.aborted,
+                    in->aborted ? in->aborted : "");
+  s->e.aborted_step = s->e.aborted[0] ? in->aborted_step : -1;
   s->e.last_step = in->last_step;
   snprintf(s->run_id, sizeof s->run_id, "%s", in->run_id ? in->run_id : "");
   probe_status st = read_steps(s, t, in->n_steps);

@@ -21,6 +21,7 @@
 static int entry_matches(const probe_rank_entry *e, int by_status,
                          int32_t want) {
   if (by_status == PROBE__RANKS_BY_JOINED) return probe__rank_joined(e);
+  if (by_status == PROBE__RANKS_BY_ABORTED) return probe__rank_aborted(e);
   if (by_status && want == PROBE_RANK_MISSING) /* missing or unreadable */
     return e->status != PROBE_RANK_READ && e->rank >= 0;
   if (by_status) return e->status == want && e->rank >= 0;
@@ -169,6 +170,83 @@ static void text_disagreements(const probe_ranks *r, FILE *f) {
   }
 }
 
+/* "ranks 0, 2-3" of the aborted entries whose reason is why (escaped, as
+ * stored), into buf; how many; the lowest and highest last step and
+ * aborted_step of them into lo/hi and in_lo/in_hi. */
+static int64_t aborted_group(const probe_ranks *r, const char *why, char *buf,
+                             size_t cap, int64_t *lo, int64_t *hi,
+                             int64_t *in_lo, int64_t *in_hi) {
+  size_t len = 0;
+  int64_t count = 0;
+  int32_t a = -1, b = -1;
+  buf[0] = '\0';
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (!probe__rank_aborted(e) || strcmp(e->aborted, why) != 0) continue;
+    if (count++ == 0) {
+      *lo = *hi = e->last_step;
+      *in_lo = *in_hi = e->aborted_step;
+    }
+    if (e->last_step < *lo) *lo = e->last_step;
+    if (e->last_step > *hi) *hi = e->last_step;
+    if (e->aborted_step < *in_lo) *in_lo = e->aborted_step;
+    if (e->aborted_step > *in_hi) *in_hi = e->aborted_step;
+    if (a >= 0 && e->rank == b + 1) {
+      b = e->rank;
+      continue;
+    }
+    if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+    a = b = e->rank;
+  }
+  if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+  return count;
+}
+
+/* The ranks whose traces carry the abort mark, one line per reason (the
+ * first 8 reasons): which rank a signal reached, and what the others
+ * recorded ("another rank's stop"). The reasons are data, escaped when
+ * read. */
+static void text_aborted(const probe_ranks *r, FILE *f) {
+  int groups = 0;
+  for (size_t i = 0; i < r->n_entries; i++) {
+    const probe_rank_entry *e = &r->entries[i];
+    if (!probe__rank_aborted(e)) continue;
+    int seen = 0;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = probe__rank_aborted(&r->entries[j]) &&
+             strcmp(r->entries[j].aborted, e->aborted) == 0;
+    if (seen) continue;
+    if (groups++ == 8) {
+      fprintf(f, "                  ... (more reasons: --json lists each "
+                 "rank's)\n");
+      return;
+    }
+    char list[160], at[160];
+    int64_t lo = 0, hi = 0, in_lo = 0, in_hi = 0;
+    int64_t n = aborted_group(r, e->aborted, list, sizeof list, &lo, &hi,
+                              &in_lo, &in_hi);
+    if (in_lo >= 0 && in_lo == in_hi)
+      snprintf(at, sizeof at, "in step %lld (closed half done by the "
+               "tracer, marked aborted)", (long long)in_lo);
+    else if (in_hi >= 0)
+      snprintf(at, sizeof at, "at steps %lld-%lld (some closed half done by "
+               "the tracer, marked aborted)",
+               (long long)lo, (long long)(in_hi > hi ? in_hi : hi));
+    else if (hi < 0)
+      snprintf(at, sizeof at, "before %s first step (closed by the tracer, "
+               "marked aborted)", n > 1 ? "their" : "its");
+    else if (lo == hi)
+      snprintf(at, sizeof at, "after step %lld (closed by the tracer, marked "
+               "aborted)", (long long)lo);
+    else
+      snprintf(at, sizeof at, "after steps %lld-%lld (closed by the tracer, "
+               "marked aborted)", (long long)lo, (long long)hi);
+    fprintf(f, "%s rank%s %s ended by %.300s %s\n",
+            groups == 1 ? "ABORTED          " : "                 ",
+            n > 1 ? "s" : "", list, e->aborted, at);
+  }
+}
+
 static void text_faults(const probe_ranks *r, FILE *f) {
   /* what "read" means, said: every row of the focus rank's file (isolated)
    * was read and checked, of the others' only the steps table and the
@@ -181,10 +259,14 @@ static void text_faults(const probe_ranks *r, FILE *f) {
              (int)r->entries[r->focus].rank, (long long)part);
   else if (part > 0)
     snprintf(how, sizeof how, " (in part: steps and the records at the event)");
+  char marked[48] = "";
+  if (r->n_aborted)
+    snprintf(marked, sizeof marked, " (%lld marked aborted)",
+             (long long)r->n_aborted);
   fprintf(f, "ranks             %lld read%s, %lld missing, %lld unreadable, "
-             "%lld not closed\n",
+             "%lld not closed%s\n",
           (long long)r->n_read, how, (long long)r->n_missing,
-          (long long)r->n_unreadable, (long long)r->n_incomplete);
+          (long long)r->n_unreadable, (long long)r->n_incomplete, marked);
   if (r->stopped_first >= 0) {
     const probe_rank_entry *s = &r->entries[r->stopped_first];
     int64_t tied = 0;
@@ -197,9 +279,19 @@ static void text_faults(const probe_ranks *r, FILE *f) {
     else
       snprintf(at, sizeof at, "at step %lld", (long long)s->last_step);
     if (probe_ranks_stopped_tie(r))
-      fprintf(f, "stopped           every rank stopped %s without closing "
-                 "its trace: cannot tell which stopped first\n",
-              at);
+      fprintf(f, "stopped           every rank stopped %s %s: cannot tell "
+                 "which stopped first\n",
+              at, r->n_aborted == r->n_incomplete
+                      ? "and its tracer closed its trace marked aborted "
+                        "(ABORTED: what ended each)"
+                      : "without closing its trace");
+    else if (s->aborted[0]) /* the reason is recorded: no guess */
+      fprintf(f, "stopped first     rank %d %s (ended by %s; its trace was "
+                 "closed by the tracer, marked aborted)%s; the furthest rank "
+                 "reached step %lld\n",
+              (int)s->rank, at, s->aborted,
+              tied > 1 ? " with others at the same step" : "",
+              (long long)r->max_last_step);
     else
       fprintf(f, "stopped first     rank %d %s (its trace was not closed%s: "
                  "killed?)%s; the furthest rank reached step %lld\n",
@@ -207,6 +299,7 @@ static void text_faults(const probe_ranks *r, FILE *f) {
               tied > 1 ? " with others at the same step" : "",
               (long long)r->max_last_step);
   }
+  text_aborted(r, f);
   if (r->n_ended_early) {
     const probe_rank_entry *s = &r->entries[r->ended_early];
     fprintf(f, "ended early       rank %d closed its trace at step %lld%s; the "
@@ -263,8 +356,28 @@ static void text_faults(const probe_ranks *r, FILE *f) {
   }
 }
 
+/* The table's `closed` column: yes, joined (closed with the join mark),
+ * aborted (closed by the tracer with the abort mark: what ended it is in
+ * the `ended by` column) or no (not closed: killed?). */
+static const char *closed_name(const probe_rank_entry *e) {
+  return e->complete   ? (e->joined ? "joined" : "yes")
+         : e->aborted[0] ? "aborted"
+                         : "no";
+}
+
+/* Width of the `ended by` column (shown when a rank was aborted). */
+#define TEXT_REASON_MAX 40
+
 static void text_table(const probe_ranks *r, FILE *f) {
-  fprintf(f, "\n rank  steps   last  closed  skipped  first non-finite\n");
+  int wide = 0; /* the `ended by` column's width, 0: no column */
+  for (size_t i = 0; r->n_aborted && i < r->n_entries; i++) {
+    size_t n = strlen(r->entries[i].aborted);
+    if (probe__rank_aborted(&r->entries[i]) && (int)n > wide)
+      wide = n > TEXT_REASON_MAX ? TEXT_REASON_MAX : (int)n;
+  }
+  if (wide && wide < 8) wide = 8;
+  fprintf(f, "\n rank  steps   last  closed  skipped  %s%*s%sfirst non-finite\n",
+          wide ? "ended by" : "", wide ? wide - 8 : 0, "", wide ? "  " : "");
   size_t rows = 0, more = 0;
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
@@ -277,9 +390,18 @@ static void text_table(const probe_ranks *r, FILE *f) {
       fprintf(f, "%5d  (%s)\n", (int)e->rank, status_name(e->status));
       continue;
     }
-    fprintf(f, "%5d %6lld %6lld  %-6s %8lld  ", (int)e->rank,
-            (long long)e->n_steps, (long long)e->last_step,
-            e->complete ? "yes" : "no", (long long)e->skipped_steps);
+    fprintf(f, "%5d %6lld %6lld  %-7s%8lld  ", (int)e->rank,
+            (long long)e->n_steps, (long long)e->last_step, closed_name(e),
+            (long long)e->skipped_steps);
+    if (wide) {
+      char why[TEXT_REASON_MAX + 1];
+      const char *a = probe__rank_aborted(e) ? e->aborted : "-";
+      if (strlen(a) > (size_t)wide)
+        snprintf(why, sizeof why, "%.*s...", wide - 3, a);
+      else
+        snprintf(why, sizeof why, "%s", a);
+      fprintf(f, "%-*s  ", wide, why);
+    }
     if (e->nf_step >= 0)
       fprintf(f, "step %lld %s %s/%s%s%s%s\n", (long long)e->nf_step,
               phase_name(e->nf_phase), e->nf_layer_name, site_name(e->nf_site),
@@ -426,6 +548,9 @@ static void json_entry(probe__jw *w, const probe_rank_entry *e, int whole) {
   if (e->status == PROBE_RANK_READ) {
     probe__jw_bool(w, "complete", e->complete);
     probe__jw_bool(w, "joined", e->joined);
+    /* the abort mark: what ended the job (escaped), null when none */
+    probe__jw_str(w, "aborted", e->aborted[0] ? e->aborted : NULL);
+    probe__jw_step(w, "aborted_step", e->aborted_step);
     probe__jw_int(w, "steps", e->n_steps);
     probe__jw_step(w, "last_step", e->last_step);
     probe__jw_int(w, "skipped_steps", e->skipped_steps);
@@ -453,6 +578,8 @@ static void json_stopped(probe__jw *w, const probe_ranks *r) {
     probe__jw_int(w, "rank", s->rank);
   probe__jw_bool(w, "tie", tie);
   probe__jw_step(w, "last_step", s->last_step);
+  /* its abort mark when the tie is not (null: none, or a tie) */
+  probe__jw_str(w, "aborted", !tie && s->aborted[0] ? s->aborted : NULL);
   probe__jw_step(w, "furthest_step", r->max_last_step);
   probe__jw_arr(w, "not_closed");
   for (size_t i = 0; i < r->n_entries; i++)
@@ -490,6 +617,11 @@ static void json_body(probe__jw *w, const probe_ranks *r) {
   probe__jw_arr(w, "joined"); /* closed with the join mark: not ended early */
   for (size_t i = 0; i < r->n_entries; i++)
     if (probe__rank_joined(&r->entries[i]))
+      probe__jw_int(w, NULL, r->entries[i].rank);
+  probe__jw_end(w, ']');
+  probe__jw_arr(w, "aborted"); /* closed by the tracer with the abort mark */
+  for (size_t i = 0; i < r->n_entries; i++)
+    if (probe__rank_aborted(&r->entries[i]))
       probe__jw_int(w, NULL, r->entries[i].rank);
   probe__jw_end(w, ']');
   probe__jw_arr(w, "ranks");

@@ -64,10 +64,16 @@ typedef struct fault {
   int joined;                 /* after its last step (close_after or
                                  kill_after) the rank marks that it joined
                                  the others (uneven inputs) */
+  const char *abort_reason;   /* before its close the rank marks its trace
+                                 aborted with this reason (a signal, an
+                                 exception); NULL: no mark */
+  int abort_in_step;          /* the mark comes inside step close_after + 1
+                                 (begun, closed half done) */
 } fault;
 
 static fault no_fault(void) {
-  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1, -1, 0};
+  fault f = {-1, -1, -1, -1, L_FC2, -1, -1, -1, 0, -1, 0, -1, L_FC1, -1, -1, 0,
+             NULL, 0};
   return f;
 }
 
@@ -303,6 +309,13 @@ static void write_rank_id(const job *j, int r, const char *run_id) {
                                         s <= j->f[r].close_after); s++)
     write_step(&w, j, r, s);
   if (j->f[r].joined) ck_assert_int_eq(probe_session_mark_joined(w.s), PROBE_OK);
+  if (j->f[r].abort_reason) {
+    if (j->f[r].abort_in_step)
+      ck_assert_int_eq(probe_step_begin(w.s, j->f[r].close_after + 1),
+                       PROBE_OK);
+    ck_assert_int_eq(probe_session_mark_aborted(w.s, j->f[r].abort_reason),
+                     PROBE_OK);
+  }
   ck_assert_int_eq(probe_session_close(w.s), PROBE_OK);
 }
 
@@ -2447,6 +2460,180 @@ START_TEST(test_progress_of_a_set) {
 }
 END_TEST
 
+/* ---- the abort and join marks in the set's outputs ------------------------ */
+
+/* The set part of a cross-rank text (before the focus rank's post-mortem). */
+static void set_part(const char *t, char *out, size_t cap) {
+  const char *end = strstr(t, "\n==== rank ");
+  size_t n = end ? (size_t)(end - t) : strlen(t);
+  if (n >= cap) n = cap - 1;
+  memcpy(out, t, n);
+  out[n] = '\0';
+}
+
+/* The per-rank table's row of rank, "" when none. */
+static void table_row(const char *t, int rank, char *out, size_t cap) {
+  out[0] = '\0';
+  const char *p = strstr(t, "\n rank  steps   last  closed");
+  char want[16];
+  snprintf(want, sizeof want, "\n%5d ", rank);
+  const char *q = p ? strstr(p + 1, want) : NULL;
+  if (!q) return;
+  q++;
+  size_t n = strcspn(q, "\n");
+  if (n >= cap) n = cap - 1;
+  memcpy(out, q, n);
+  out[n] = '\0';
+}
+
+static json_t *rank_json(json_t *doc, int rank) {
+  json_t *e;
+  size_t k;
+  json_array_foreach(json_object_get(doc, "ranks"), k, e)
+    if (json_integer_value(json_object_get(e, "rank")) == rank) return e;
+  ck_abort_msg("rank %d not in the JSON", rank);
+  return NULL;
+}
+
+/* A job stopped by a signal: the signalled rank's trace names the signal,
+ * the others' the stop they agreed on, all closed by the tracer at the
+ * same step. The set's text says which rank ended by what (ABORTED lines,
+ * the table's `closed` and `ended by` columns), not "killed?"; the JSON's
+ * per-rank entries carry the reason; the verdict is degraded, exit 1. */
+START_TEST(test_aborted_set) {
+  job j;
+  job_init(&j, "aborted", 3, 8);
+  for (int r = 0; r < 3; r++) {
+    j.f[r].close_after = 4;
+    j.f[r].abort_reason = r == 1 ? "signal SIGTERM" : "another rank's stop";
+  }
+  write_job(&j);
+  for (int iso = 0; iso < 2; iso++) { /* the worker's pipe carries it too */
+    probe_ranks r;
+    run_set(&r, &j, -1, iso);
+    ck_assert_int_eq(r.verdict, PROBE_VERDICT_DEGRADED);
+    char *t = ranks_text(&r);
+    static char part[1 << 16];
+    char row[512];
+    set_part(t, part, sizeof part);
+    ck_assert_msg(strstr(part, "ABORTED           ranks 0, 2 ended by another "
+                               "rank's stop after step 4 (closed by the "
+                               "tracer, marked aborted)\n"
+                               "                  rank 1 ended by signal "
+                               "SIGTERM after step 4 (closed by the tracer, "
+                               "marked aborted)\n"),
+                  "%s", part);
+    ck_assert_msg(strstr(part, "3 not closed (3 marked aborted)"), "%s", part);
+    ck_assert_msg(!strstr(part, "killed?"), "%s", part);
+    table_row(part, 1, row, sizeof row);
+    ck_assert_msg(strstr(row, " aborted ") && strstr(row, "signal SIGTERM"),
+                  "row [%s] of\n%s", row, part);
+    table_row(part, 0, row, sizeof row);
+    ck_assert_msg(strstr(row, " aborted ") && strstr(row, "another rank's stop"),
+                  "row [%s] of\n%s", row, part);
+    probe_free(t);
+    json_t *doc = ranks_json(&r);
+    char b[64];
+    int_list(json_object_get(doc, "aborted"), b, sizeof b);
+    ck_assert_str_eq(b, "0,1,2");
+    ck_assert_str_eq(json_string_value(json_object_get(rank_json(doc, 1),
+                                                       "aborted")),
+                     "signal SIGTERM");
+    ck_assert_str_eq(json_string_value(json_object_get(rank_json(doc, 0),
+                                                       "aborted")),
+                     "another rank's stop");
+    ck_assert(json_is_null(json_object_get(rank_json(doc, 1), "aborted_step")));
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "verdict")),
+                     "degraded");
+    json_decref(doc);
+    probe_ranks_free(&r);
+  }
+  static char out[1 << 20];
+  char args[512];
+  snprintf(args, sizeof args, "postmortem %s", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "rank 1 ended by signal SIGTERM after step 4"),
+                "%s", out);
+  snprintf(args, sizeof args, "postmortem --json %s", j.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  json_t *doc = json_loads(out, 0, NULL);
+  ck_assert_msg(doc != NULL, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(rank_json(doc, 1),
+                                                     "aborted")),
+                   "signal SIGTERM");
+  json_decref(doc);
+}
+END_TEST
+
+/* One rank ended by an exception inside a step while the others finished:
+ * it stopped first, and the line says what ended it (the reason is data:
+ * escaped in the text and the JSON), with the step it closed half done. */
+START_TEST(test_aborted_one_rank_escaped) {
+  job j;
+  job_init(&j, "abortesc", 3, 8);
+  j.f[1].close_after = 2;
+  j.f[1].abort_in_step = 1;
+  j.f[1].abort_reason = "Boom\n<b>\x1b[2J";
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  char *t = ranks_text(&r);
+  static char part[1 << 16];
+  char row[512];
+  set_part(t, part, sizeof part);
+  ck_assert_msg(strstr(part, "stopped first     rank 1 at step 3 (ended by "
+                             "Boom\\n<b>\\e[2J; its trace was closed by the "
+                             "tracer, marked aborted)"),
+                "%s", part);
+  ck_assert_msg(strstr(part, "ABORTED           rank 1 ended by Boom\\n<b>"
+                             "\\e[2J in step 3 (closed half done by the "
+                             "tracer, marked aborted)"),
+                "%s", part);
+  ck_assert_msg(!strchr(part, '\x1b') && !strstr(part, "killed?"), "%s", part);
+  table_row(part, 1, row, sizeof row);
+  ck_assert_msg(strstr(row, " aborted ") && strstr(row, "Boom\\n<b>"),
+                "row [%s] of\n%s", row, part);
+  table_row(part, 0, row, sizeof row);
+  ck_assert_msg(strstr(row, " yes ") && strstr(row, " - "), "row [%s] of\n%s",
+                row, part);
+  probe_free(t);
+  json_t *doc = ranks_json(&r);
+  json_t *e1 = rank_json(doc, 1);
+  ck_assert_str_eq(json_string_value(json_object_get(e1, "aborted")),
+                   "Boom\\n<b>\\e[2J");
+  ck_assert_int_eq(json_integer_value(json_object_get(e1, "aborted_step")), 3);
+  ck_assert(json_is_null(json_object_get(rank_json(doc, 0), "aborted")));
+  ck_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(doc, "stopped_first"), "aborted")),
+                   "Boom\\n<b>\\e[2J");
+  json_decref(doc);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+/* A joined rank reads `joined` in the table's `closed` column (it read
+ * "yes", as a rank that finished). */
+START_TEST(test_joined_in_table) {
+  job j;
+  job_init(&j, "joinedtable", 3, 8);
+  j.f[1].close_after = 4;
+  j.f[1].joined = 1;
+  write_job(&j);
+  probe_ranks r;
+  run_set(&r, &j, -1, 1);
+  char *t = ranks_text(&r);
+  char row[512];
+  table_row(t, 1, row, sizeof row);
+  ck_assert_msg(strstr(row, "  joined ") != NULL, "row [%s] of\n%s", row, t);
+  table_row(t, 0, row, sizeof row);
+  ck_assert_msg(strstr(row, "  yes ") != NULL, "row [%s] of\n%s", row, t);
+  ck_assert_msg(!strstr(t, "ended by"), "%s", t); /* no abort column */
+  probe_free(t);
+  probe_ranks_free(&r);
+}
+END_TEST
+
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
   TCase *tc = tcase_create("ranks");
@@ -2497,6 +2684,9 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_gradient_that_went_nowhere);
   tcase_add_test(tc, test_weights_everywhere_not_allreduce);
   tcase_add_test(tc, test_progress_of_a_set);
+  tcase_add_test(tc, test_aborted_set);
+  tcase_add_test(tc, test_aborted_one_rank_escaped);
+  tcase_add_test(tc, test_joined_in_table);
   suite_add_tcase(s, tc);
   return s;
 }
