@@ -422,6 +422,22 @@ static const char *not_closed(const probe_rank_entry *ea, const probe_rank_entry
                                         : "";
 }
 
+/* "A rank 1 signal SIGTERM, A rank 0 another rank's stop": the abort
+ * marks of a side's ranks, the first 4 (escaped when read). */
+static void aborted_reasons(FILE *f, const side *s, const char *name) {
+  int64_t shown = 0;
+  for (size_t i = 0; i < s->r.n_entries; i++) {
+    const probe_rank_entry *e = &s->r.entries[i];
+    if (e->status != PROBE_RANK_READ || e->complete || !e->aborted[0]) continue;
+    if (shown++ == 4) {
+      fprintf(f, ", ...");
+      break;
+    }
+    fprintf(f, "%s%s rank %d ended by %.200s", shown > 1 ? ", " : "", name,
+            (int)e->rank, e->aborted);
+  }
+}
+
 /* One pair, both files opened (isolated) for it and closed after: a text
  * row and a JSON entry. Returns its verdict or -1. */
 static int diff_pair_row(const probe_rank_entry *ea, const probe_rank_entry *eb,
@@ -542,10 +558,23 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   /* traces their writers did not close: each pair compared the steps both
    * reached; the verdict holds for those only */
   int64_t nca = a->r.n_incomplete, ncb = b->r.n_incomplete;
-  if (nca || ncb)
+  /* of those, the traces with the abort mark say what ended them: a
+   * recorded reason, not a guess */
+  int64_t kla = nca - a->r.n_aborted, klb = ncb - b->r.n_aborted;
+  if (kla || klb)
     fprintf(f, "note: %lld trace%s of A and %lld of B were not closed "
                "(killed?): their pairs compare the steps both reached\n",
-            (long long)nca, nca == 1 ? "" : "s", (long long)ncb);
+            (long long)kla, kla == 1 ? "" : "s", (long long)klb);
+  if (a->r.n_aborted || b->r.n_aborted) {
+    fprintf(f, "note: %lld trace%s of A and %lld of B were marked aborted "
+               "(",
+            (long long)a->r.n_aborted, a->r.n_aborted == 1 ? "" : "s",
+            (long long)b->r.n_aborted);
+    aborted_reasons(f, a, "A");
+    if (a->r.n_aborted && b->r.n_aborted) fputs("; ", f);
+    aborted_reasons(f, b, "B");
+    fputs("): their pairs compare the steps both reached\n", f);
+  }
   fclose(f);
   json_object_set_new(root, "verdict", json_string(verdict_word(worst)));
   json_object_set_new(root, "kind", json_string("ranks"));
@@ -555,6 +584,8 @@ static int diff_sets(side *a, side *b, const probe_diff_options *opt, int json,
   json_object_set_new(root, "unreadable", bad);
   json_object_set_new(root, "not_closed_a", json_integer(nca));
   json_object_set_new(root, "not_closed_b", json_integer(ncb));
+  json_object_set_new(root, "aborted_a", json_integer(a->r.n_aborted));
+  json_object_set_new(root, "aborted_b", json_integer(b->r.n_aborted));
   int rc = json_array_size(bad) || failed  ? CLI_EXIT_INPUT
            : worst == PROBE_DIFF_AGREE ? CLI_EXIT_OK
                                        : CLI_EXIT_PROBLEM;

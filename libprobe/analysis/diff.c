@@ -230,7 +230,19 @@ typedef struct state {
    * 'B' (0 none), and the last steps (probe_trace_info) */
   char stopped;
   int64_t stopped_last, other_last;
+  /* that side's abort mark (probe_trace_info.aborted), escaped: "" when
+   * none (killed?), else what ended it (its writer closed it) */
+  char stopped_why[4 * PROBE_ABORT_REASON_MAX];
 } state;
+
+/* "was not closed by its writer (killed?)", or for a trace with the abort
+ * mark what ended it: the reason is recorded, no guess. */
+static const char *stopped_how(const state *s, char *buf, size_t cap) {
+  if (!s->stopped_why[0]) return "was not closed by its writer (killed?)";
+  snprintf(buf, cap, "was ended by %.200s (marked aborted; the tracer closed "
+                     "it)", s->stopped_why);
+  return buf;
+}
 
 static int32_t entry_for(state *s, int32_t la, int32_t site, uint32_t seq) {
   size_t slot = (size_t)la * PROBE_SITE_COUNT + (size_t)site;
@@ -721,13 +733,15 @@ static void write_verdict(probe_diff *d, const state *s) {
   } while (0)
   const int layers_differ = d->only_a[0] || d->only_b[0];
   if (d->verdict == PROBE_DIFF_NOT_ALIGNED) {
+    char how[320];
     PUT("A and B do not align: ");
     if (s->stopped && d->n_layers_common > 0 && !layers_differ &&
         (d->steps_common > 0 || d->loss_steps > 0))
-      PUT("%c was not closed by its writer (killed?) and ends at step %lld, "
+      PUT("%c %s and ends at step %lld, "
           "%c at %lld: the steps both reached agree within tolerance, the "
           "rest of %c's run is missing.",
-          s->stopped, (long long)s->stopped_last, s->stopped == 'A' ? 'B' : 'A',
+          s->stopped, stopped_how(s, how, sizeof how),
+          (long long)s->stopped_last, s->stopped == 'A' ? 'B' : 'A',
           (long long)s->other_last, s->stopped);
     else if (d->n_layers_common == 0)
       PUT("no layer name in common, so nothing was compared.");
@@ -1173,11 +1187,14 @@ probe_status probe_diff_run_progress(probe_diff *d, probe_trace *a,
                                                                  : 0;
     s.stopped_last = s.stopped == 'A' ? ia->last_step : ib->last_step;
     s.other_last = s.stopped == 'A' ? ib->last_step : ia->last_step;
+    const char *why = s.stopped == 'A' ? ia->aborted : ib->aborted;
+    probe_text_escape(s.stopped_why, sizeof s.stopped_why,
+                      s.stopped && why ? why : "");
+    char how[320];
     if (s.stopped)
-      note(d, "%c was not closed by its writer (killed?) and ends at step "
-              "%lld, %c at %lld",
-           s.stopped, (long long)s.stopped_last, s.stopped == 'A' ? 'B' : 'A',
-           (long long)s.other_last);
+      note(d, "%c %s and ends at step %lld, %c at %lld", s.stopped,
+           stopped_how(&s, how, sizeof how), (long long)s.stopped_last,
+           s.stopped == 'A' ? 'B' : 'A', (long long)s.other_last);
   }
   if (st == PROBE_OK && (cursor_init(&ca, a, d->opt.chunk_rows, &pg) != PROBE_OK ||
                          cursor_init(&cb, b, d->opt.chunk_rows, &pg) != PROBE_OK))

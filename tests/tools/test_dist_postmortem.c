@@ -2633,6 +2633,37 @@ START_TEST(test_joined_in_table) {
 }
 END_TEST
 
+/* diff of an aborted trace (a pair, and two sets) names the recorded
+ * reason, not "killed?". */
+START_TEST(test_diff_names_abort_reason) {
+  job a, b;
+  job_init(&a, "abortdiff_full", 2, 8);
+  write_job(&a);
+  job_init(&b, "abortdiff_cut", 2, 8);
+  for (int r = 0; r < 2; r++) {
+    b.f[r].close_after = 3;
+    b.f[r].abort_reason = r == 1 ? "signal SIGINT" : "another rank's stop";
+  }
+  write_job(&b);
+  static char out[1 << 20];
+  char args[1200], pa[256], pb[256];
+  rank_path(&a, 1, pa, sizeof pa);
+  rank_path(&b, 1, pb, sizeof pb);
+  snprintf(args, sizeof args, "diff '%s' '%s'", pb, pa);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "A was ended by signal SIGINT (marked aborted; "
+                            "the tracer closed it) and ends at step 3, B at 7"),
+                "%s", out);
+  ck_assert_msg(!strstr(out, "killed?"), "%s", out);
+  snprintf(args, sizeof args, "diff '%s' '%s'", b.dir, a.dir);
+  ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "note: 2 traces of A and 0 of B were marked "
+                            "aborted (A rank 0 ended by another rank's stop, "
+                            "A rank 1 ended by signal SIGINT)"),
+                "%s", out);
+  ck_assert_msg(!strstr(out, "killed?"), "%s", out);
+}
+END_TEST
 
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist_postmortem");
@@ -2687,6 +2718,7 @@ Suite *dist_suite(void) {
   tcase_add_test(tc, test_aborted_set);
   tcase_add_test(tc, test_aborted_one_rank_escaped);
   tcase_add_test(tc, test_joined_in_table);
+  tcase_add_test(tc, test_diff_names_abort_reason);
   suite_add_tcase(s, tc);
   return s;
 }
