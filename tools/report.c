@@ -35,6 +35,7 @@
 #include "cli.h"
 #include "diagnose.h"
 #include "diffcore.h"
+#include "ranks-impl.h" /* probe__rank_joined, probe__rank_aborted */
 
 static const char *SUB = "report";
 
@@ -233,7 +234,11 @@ static probe_status add_diagnosis(probe_report *rep, const probe_diag *d,
                         d->silent_layer < 0;
   int unfinished = !set_head && !d->complete && (!problem || only_not_closed);
   if (unfinished) problem = 0;
-  if (unfinished)
+  if (unfinished && d->aborted[0]) /* the abort mark: what ended it, no guess */
+    snprintf(head, sizeof head, "HEALTHY SO FAR: the job ended by %.200s "
+             "(the tracer closed its trace, marked aborted); the steps it "
+             "holds show no problem", esc(e1, d->aborted));
+  else if (unfinished)
     snprintf(head, sizeof head, "HEALTHY SO FAR: the trace was not closed "
              "(the run was killed, or is still running); the steps it holds "
              "show no problem");
@@ -803,11 +808,28 @@ static void add_meta_escaped(probe_report *rep, const char *key, const char *val
 static void add_trace_meta(probe_report *rep, const char *label,
                            const char *path, probe_trace *t) {
   const probe_trace_info *in = probe_trace_get_info(t);
-  char v[512], qp[256];
+  char v[768], qp[256], how[320], why[4 * PROBE_ABORT_REASON_MAX];
   cli_escape_name(qp, sizeof qp, path);
+  /* the marks: the join (uneven inputs) and the abort (what ended the job,
+   * data: escaped) */
+  cli_escape_name(why, sizeof why, in->aborted ? in->aborted : "");
+  if (in->complete)
+    snprintf(how, sizeof how, "%s", in->joined
+                                        ? "complete; the rank ran out of "
+                                          "inputs and joined the others "
+                                          "(uneven inputs: DDP's join())"
+                                        : "complete");
+  else if (why[0] && in->aborted_step >= 0)
+    snprintf(how, sizeof how, "aborted: ended by %.200s in step %lld (closed "
+             "half done by the tracer)", why, (long long)in->aborted_step);
+  else if (why[0])
+    snprintf(how, sizeof how, "aborted: ended by %.200s, closed by the tracer",
+             why);
+  else
+    snprintf(how, sizeof how, "incomplete: writer did not close it");
   snprintf(v, sizeof v, "%s (%s, %s; %lld steps, %lld layers, %lld layer "
                         "records)",
-           qp, in->complete ? "complete" : "incomplete: writer did not close it",
+           qp, how,
            in->record_mode == PROBE_MODE_FULL ? "full trace" : "flight recorder",
            (long long)in->n_steps, (long long)in->n_layers,
            (long long)in->n_records);
@@ -837,7 +859,7 @@ static void add_trace_meta(probe_report *rep, const char *label,
 
 #define SET_MAP_COLS 500    /* step columns of the ranks x steps view */
 #define SET_TABLE_ROWS 64   /* rows of the ranks table at most */
-#define SET_NOTE_MAX 240
+#define SET_NOTE_MAX 480
 #define NF_BITS_MAX (INT64_C(1) << 30) /* steps counted exactly, at most */
 #define SCAN_SECONDS 30     /* a worker's time per file: 30 s + 1 s per */
 #define SCAN_BYTES_PER_SECOND (20 << 20) /* 20 MB, as the isolated reader */
@@ -1165,7 +1187,19 @@ static void set_notes(trace_set *s) {
     if (e->status != PROBE_RANK_READ) continue;
     if (s->scan && s->scan[i].state == 2)
       add_note(w, "its steps could not be read: %s", s->scan[i].err);
-    if (!e->complete) add_note(w, "incomplete (writer did not close it)");
+    if (probe__rank_aborted(e) && e->aborted_step >= 0)
+      add_note(w, "aborted: ended by %.200s in step %lld (closed half done "
+               "by the tracer)", e->aborted, (long long)e->aborted_step);
+    else if (probe__rank_aborted(e))
+      add_note(w, "aborted: ended by %.200s after step %lld (its trace "
+               "closed by the tracer)", e->aborted, (long long)e->last_step);
+    else if (!e->complete)
+      add_note(w, "incomplete (writer did not close it%s)",
+               e->joined ? ", after it joined" : "");
+    if (probe__rank_joined(e))
+      add_note(w, "joined: ran out of inputs and joined the others after "
+               "step %lld (uneven inputs: DDP's join())",
+               (long long)e->last_step);
     if (R->stopped_first >= 0 && e == &R->entries[R->stopped_first] &&
         !probe_ranks_stopped_tie(R))
       add_note(w, "stopped first: last step %lld of %lld",
@@ -1392,10 +1426,14 @@ static probe_status set_table(probe_report *rep, const trace_set *s,
     }
     snprintf(note, sizeof note, "%s%s", i == chosen ? "(panels below) " : "",
              w->note);
-    const char *cells[8] = {w->label, fname, steps,
-                            e->status == PROBE_RANK_READ
-                                ? (e->complete ? "yes" : "no")
-                                : "",
+    /* closed: yes, joined (with the join mark), aborted (closed by the
+     * tracer with the abort mark; the note says what ended it), no */
+    const char *closed = e->status != PROBE_RANK_READ ? ""
+                         : probe__rank_joined(e)      ? "joined"
+                         : e->complete                ? "yes"
+                         : probe__rank_aborted(e)     ? "aborted"
+                                                      : "no";
+    const char *cells[8] = {w->label, fname, steps, closed,
                             nf, a, b, note};
     st = probe_report_table_row(rep, tid, cells);
   }

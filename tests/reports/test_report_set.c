@@ -12,6 +12,8 @@
  * rank (exit 1; the headline and ring on rank 2 at step 17, the others
  * "carried"; rank 2's panels by default); a rank killed
  * mid-run (its trace incomplete; stopped first, its red bar, its panels); a
+ * rank stopped by a signal and one that joined (the marks: `closed` aborted /
+ * joined, the notes, the reason escaped, the aborted rank's own page); a
  * missing rank and an unreadable rank file (grey and purple rows, the rest
  * drawn); hostile names (a layer "<script>..." and a directory "set<b>&");
  * a set mixing two run ids (exit 2); --rank R (chosen, unknown, with a
@@ -61,10 +63,15 @@ typedef struct rank_spec {
   int kill_after;      /* flush after this step and _exit (incomplete), -1 */
   const char *input_name;
   int pattern;         /* big test: rank-specific skips and NaNs */
+  int joined;          /* marks that it joined the others (uneven inputs)
+                          after its last step, then closes */
+  const char *aborted; /* marks its trace aborted with this reason before
+                          the close (a signal), NULL: no mark */
 } rank_spec;
 
 static rank_spec spec(int rank, int world, int steps) {
-  rank_spec s = {rank, world, "job-a", steps, 0, -1, -1, -1, "input", 0};
+  rank_spec s = {rank, world, "job-a", steps, 0, -1, -1, -1, "input", 0, 0,
+                 NULL};
   return s;
 }
 
@@ -162,6 +169,10 @@ static int write_rank(const char *path, const rank_spec *r) {
   }
   int rc = write_steps(s, r);
   if (r->kill_after >= 0) _exit(1); /* not reached unless it failed */
+  if (rc == 0 && r->joined && probe_session_mark_joined(s) != PROBE_OK) rc = -1;
+  if (rc == 0 && r->aborted &&
+      probe_session_mark_aborted(s, r->aborted) != PROBE_OK)
+    rc = -1;
   probe_status cl = probe_session_close(s);
   return rc == 0 && cl == PROBE_OK ? 0 : -1;
 }
@@ -355,6 +366,54 @@ static void case_killed(void) {
   free(h);
 }
 
+/* The marks a rank's trace carries: rank 1 stopped by a signal (the abort
+ * mark, its reason data: escaped), rank 2 out of inputs (the join mark).
+ * The ranks table's `closed` column reads `aborted` and `joined`, the notes
+ * say what ended rank 1 and when rank 2 joined; rank 1's own page says
+ * what ended it in its trace line and in the grey bar (not "killed"). */
+static void case_marks(void) {
+  char dir[1024], out[1024], err[4096], one[1100], out1[1024];
+  path_of(dir, sizeof dir, "marks");
+  path_of(out, sizeof out, "marks.html");
+  path_of(out1, sizeof out1, "marks1.html");
+  rank_spec s[3];
+  for (int r = 0; r < 3; r++) s[r] = spec(r, 3, 30);
+  s[1].steps = 13;
+  s[1].aborted = "signal SIGTERM <i>&";
+  s[2].steps = 20;
+  s[2].joined = 1;
+  check(write_set(dir, s, 3) == 0, "marks: 3 rank traces written");
+  int rc = run_report(err, sizeof err, dir, "-o", out, NULL);
+  char *h = slurp(out, NULL);
+  check(rc == 1, "marks: exit %d, want 1 (%s)", rc, err);
+  check(has(h, "<td>aborted</td>"), "marks: rank 1 closed = aborted");
+  check(has(h, "<td>joined</td>"), "marks: rank 2 closed = joined");
+  check(has(h, "aborted: ended by signal SIGTERM &lt;i&gt;&amp; after step 12 "
+               "(its trace closed by the tracer)"),
+        "marks: rank 1's note names the reason, escaped");
+  check(has(h, "joined: ran out of inputs and joined the others after step "
+               "19 (uneven inputs: DDP&#39;s join())") ||
+            has(h, "joined: ran out of inputs and joined the others after "
+                   "step 19 (uneven inputs: DDP's join())"),
+        "marks: rank 2's note says it joined");
+  check(!has(h, "<i>&"), "marks: the reason is not raw HTML");
+  check(!has(h, "incomplete (writer did not close it)"),
+        "marks: rank 1 is not said to be unclosed");
+  free(h);
+  snprintf(one, sizeof one, "%s/t.rank1.h5", dir);
+  rc = run_report(err, sizeof err, one, "-o", out1, NULL);
+  h = slurp(out1, NULL);
+  check(rc == 1, "marks: rank 1 alone: exit %d, want 1 (%s)", rc, err);
+  check(has(h, "aborted: ended by signal SIGTERM &lt;i&gt;&amp;, closed by "
+               "the tracer"),
+        "marks: rank 1 alone: its trace line names the reason");
+  check(has(h, "HEALTHY SO FAR: the job ended by signal SIGTERM &lt;i&gt;&amp; "
+               "(the tracer closed its trace, marked aborted)"),
+        "marks: rank 1 alone: the grey bar names the reason");
+  check(!has(h, "<i>&"), "marks: rank 1 alone: the reason is not raw HTML");
+  free(h);
+}
+
 static void case_missing_unreadable(void) {
   char dir[1024], out[1024], err[4096], junk[1100];
   path_of(dir, sizeof dir, "holes");
@@ -511,6 +570,7 @@ int main(int argc, char **argv) {
   case_warmup();
   case_bad_input();
   case_killed();
+  case_marks();
   case_missing_unreadable();
   case_hostile();
   case_run_ids();
