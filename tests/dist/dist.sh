@@ -8,7 +8,7 @@
 #   dist.sh CASE NRANKS AMPPROBE RANK_INFO WORKDIR
 #
 # CASE: healthy | allreduce_overflow | rank_bad_input | kill | rank_files |
-#       culprit_missing | sets | launch | interrupt. One CTest test per (CASE, NRANKS),
+#       culprit_missing | sets | launch | interrupt | abort. One CTest test per (CASE, NRANKS),
 #       label `mpi` (tests/dist/CMakeLists.txt). Skips (exit 77, reason printed) when
 #       mpirun is not found or the binary was built without MPI. Every
 #       command runs under `timeout` (30 s x AMPPROBE_TEST_TIMEOUT_SCALE), in
@@ -478,13 +478,13 @@ case_launch() {
   j glob "d['ranks_read'] == $N and d['world_size'] == $N" "(d['ranks_read'], d['world_size'])"
 }
 
-# interrupt: SIGTERM to one rank stops every rank at the same step, and
-# rank 0's summary says so - INTERRUPTED, exit 130 - though rank 0 was not
-# the one signalled (it said "stopped after non-finite loss" and healthy or
-# DIVERGED: crash audit, 3 of 3). The rank is found among mpirun's children by the
-# OMPI_COMM_WORLD_RANK of its environment.
-case_interrupt() {
-  local K=$((N - 1)) r pid p target= waited=0
+# stop_one_rank SIG K: `mpirun -np N ampprobe run` of healthy-dp for ever
+# (traces out/t.rank*.h5, summary run.out, run.err), SIG sent to rank K once
+# its trace exists and a second has passed; waits for the job's end. The
+# rank is found among mpirun's children by the OMPI_COMM_WORLD_RANK of its
+# environment. Returns 1 (after a FAIL) when the job could not be stopped so.
+stop_one_rank() {
+  local sig=$1 K=$2 pid target= waited=0
   mkdir -p out
   "$MPIRUN" --oversubscribe -np "$N" "$AMP" run --scenario healthy-dp \
     --steps 100000000 -o out/t.h5 >run.out 2>run.err &
@@ -498,15 +498,25 @@ case_interrupt() {
   done
   if [ -z "$target" ]; then
     bad "rank $K not found among mpirun's children"; sed 's/^/     | /' run.err | head -8
-    kill -9 $launcher 2>/dev/null; return
+    kill -9 $launcher 2>/dev/null; return 1
   fi
   sleep 1 # some steps first
-  kill -TERM "$target"
+  kill -"$sig" "$target"
   waited=0
   while kill -0 $launcher 2>/dev/null && [ $waited -lt $((TMO * 10)) ]; do sleep 0.1; waited=$((waited + 1)); done
-  if kill -0 $launcher 2>/dev/null; then bad "the job still runs ${TMO}s after SIGTERM to rank $K"; kill -9 $launcher; return; fi
+  if kill -0 $launcher 2>/dev/null; then bad "the job still runs ${TMO}s after SIG$sig to rank $K"; kill -9 $launcher; return 1; fi
   wait $launcher; rc=$?
-  [ "$rc" != 0 ] && ok "mpirun exit $rc after SIGTERM to rank $K" || bad "mpirun exit 0 after SIGTERM to rank $K"
+  [ "$rc" != 0 ] && ok "mpirun exit $rc after SIG$sig to rank $K" || bad "mpirun exit 0 after SIG$sig to rank $K"
+  return 0
+}
+
+# interrupt: SIGTERM to one rank stops every rank at the same step, and
+# rank 0's summary says so - INTERRUPTED, exit 130 - though rank 0 was not
+# the one signalled (it said "stopped after non-finite loss" and healthy or
+# DIVERGED: crash audit, 3 of 3).
+case_interrupt() {
+  local K=$((N - 1))
+  stop_one_rank TERM "$K" || return
   # rank 0 prints the job's summary; the signal went to another rank
   if grep -q "verdict *INTERRUPTED" run.out && [ "$(grep -c '^ampprobe run:' run.out)" = 1 ]; then
     ok "rank 0's summary says INTERRUPTED although rank $K got the signal"
@@ -565,8 +575,39 @@ PY
   check "a signal while checking leaves every trace complete" -- expr chkranks.json "all(f['complete'] == 1 for f in d)" "[(f['rank'], f['complete']) for f in d]"
 }
 
+# abort: SIGINT to one rank (Ctrl-C reaching that process alone). Every
+# rank's trace is closed marked aborted, the signalled rank's naming the
+# signal, the others "another rank's stop"; the post-mortem of the set
+# names the rank and the reason in its text (the ABORTED lines, the
+# table's `closed` = aborted and `ended by` columns) and in its JSON (the
+# `aborted` list, each rank entry's `aborted`), and says degraded, exit 1
+# (docs/cli.md): a stopped job is not a finished run.
+case_abort() {
+  local K=$((N - 1))
+  stop_one_rank INT "$K" || return
+  info ranks $(files out/t "$N")
+  check "every rank's trace is marked aborted, rank $K's naming SIGINT" -- expr ranks.json "all(f['complete'] == 0 and f['aborted'] for f in d) and [f['aborted'] for f in d if f['rank'] == $K] == ['signal SIGINT'] and all(f['aborted'] == \"another rank's stop\" for f in d if f['rank'] != $K)" "[(f['rank'], f['complete'], f['aborted'], f['last_step']) for f in d]"
+  pm set out/
+  expect 1 "postmortem of the stopped job's set" set
+  j set "d['verdict'] == 'degraded' and d['problem']" "d['verdict']"
+  j set "d['aborted'] == list(range($N)) and d['ranks_not_closed'] == $N" "(d.get('aborted'), d['ranks_not_closed'])"
+  j set "[e['aborted'] for e in d['ranks'] if e['rank'] == $K] == ['signal SIGINT']" "[(e['rank'], e.get('aborted'), e.get('aborted_step')) for e in d['ranks']]"
+  j set "all(e['aborted'] == \"another rank's stop\" for e in d['ranks'] if e['rank'] != $K)" "[(e['rank'], e.get('aborted')) for e in d['ranks']]"
+  has set.txt "verdict: degraded"
+  has set.txt "ABORTED           rank"
+  has set.txt "rank $K ended by signal SIGINT after step"
+  has set.txt "not closed ($N marked aborted)"
+  if grep -E "^ +$K +[0-9]+ +[0-9]+  aborted +[0-9]+  signal SIGINT " set.txt >/dev/null; then
+    ok "the table's row of rank $K: closed aborted, ended by signal SIGINT"
+  else
+    bad "the table's row of rank $K does not say aborted by signal SIGINT"; sed 's/^/     | /' set.txt | head -30
+  fi
+  hasnt set.txt "killed?"
+  hasnt set.txt "without closing its trace"
+}
+
 case "$CASE" in
-  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | culprit_missing | sets | launch | interrupt)
+  healthy | allreduce_overflow | rank_bad_input | kill | rank_files | culprit_missing | sets | launch | interrupt | abort)
     "case_$CASE" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
