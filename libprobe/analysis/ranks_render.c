@@ -278,13 +278,15 @@ static void text_faults(const probe_ranks *r, FILE *f) {
       snprintf(at, sizeof at, "before its first step");
     else
       snprintf(at, sizeof at, "at step %lld", (long long)s->last_step);
-    if (probe_ranks_stopped_tie(r))
-      fprintf(f, "stopped           every rank stopped %s %s: cannot tell "
-                 "which stopped first\n",
-              at, r->n_aborted == r->n_incomplete
-                      ? "and its tracer closed its trace marked aborted "
-                        "(ABORTED: what ended each)"
-                      : "without closing its trace");
+    if (probe_ranks_stopped_tie(r) && r->n_aborted == r->n_incomplete)
+      fprintf(f, "stopped           every rank stopped %s, each trace closed "
+                 "by its tracer with the abort mark: the ABORTED lines say "
+                 "what ended each\n",
+              at);
+    else if (probe_ranks_stopped_tie(r))
+      fprintf(f, "stopped           every rank stopped %s without closing "
+                 "its trace: cannot tell which stopped first\n",
+              at);
     else if (s->aborted[0]) /* the reason is recorded: no guess */
       fprintf(f, "stopped first     rank %d %s (ended by %s; its trace was "
                  "closed by the tracer, marked aborted)%s; the furthest rank "
