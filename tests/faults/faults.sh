@@ -891,7 +891,7 @@ case_interrupt_run_check() {
   /usr/bin/python3 - "$AMP" <<'PY' >py.txt 2>&1
 import os, signal, subprocess, sys, time
 amp = sys.argv[1]
-p = subprocess.Popen([amp, "run", "--scenario", "healthy", "--trace", "--steps", "40000",
+p = subprocess.Popen([amp, "run", "--scenario", "healthy", "--trace", "--steps", "8000",
                       "--progress-every", "0.2", "-o", "long.h5"],
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 seen = False
