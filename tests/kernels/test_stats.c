@@ -1318,6 +1318,16 @@ static Suite *make_stats_suite(void) {
 }
 
 int main(void) {
+  /* stats_path_X (CMakeLists.txt) forces a family; one that resolves to
+   * this CPU's own (its widest, or the fallback from a wider one it lacks)
+   * would run `stats`'s reference case again, path for path */
+  const char *forced = getenv("AMPPROBE_STATS_PATH");
+  if (forced && probe__stats_family_from_env(forced) == probe__stats_family_from_env(NULL)) {
+    printf("SKIP: AMPPROBE_STATS_PATH=%s resolves to %s, this CPU's own family, "
+           "which the test `stats` runs (test_forced_path checks the fallback)\n",
+           forced, probe_stats_path());
+    return 77;
+  }
   printf("stats paths tested: portable%s%s; probe_stats_compute on the %s family "
          "(AMPPROBE_STATS_PATH=%s)\n",
          probe__cpu_avx2() ? ", avx2, small2 (n <= 4096)" : " (no AVX2/F16C/FMA: AVX2 paths skipped)",
