@@ -101,6 +101,14 @@ _NO_FORWARD = (
     "(docs/python.md, torch.compile)")
 
 
+_WRITE_STOPPED = (
+    "ampprobe: the trace %s cannot be written (%s: %s): the tracer stopped "
+    "recording at step %d and the job goes on untraced. The trace keeps "
+    "the steps written before and reads as not closed (incomplete); "
+    "Tracer(on_write_error=\"raise\") raises this from end_step() and "
+    "close() instead (docs/python.md, on_write_error)")
+
+
 _LATE_BACKWARD = (
     "ampprobe: step %d ended before its backward: its gradients arrived "
     "after end_step() and are recorded in step %d, with the next step's "
@@ -360,6 +368,17 @@ class NonFiniteError(FloatingPointError):
 
 class NonFiniteWarning(RuntimeWarning):
     pass
+
+
+class WriteErrorWarning(RuntimeWarning):
+    """Warned once by a Tracer with on_write_error="warn" (the default)
+    when its trace cannot be written (a full disk, a file-size limit): it
+    stopped recording; the job goes on."""
+
+
+# libprobe's statuses of a trace that cannot be written: the writer's
+# sticky I/O error (every later call returns it)
+_WRITE_ERRORS = ("ERR_NOSPACE", "ERR_IO", "ERR_HDF5")
 
 
 # ---- module kinds -------------------------------------------------------------
@@ -1024,6 +1043,11 @@ class Tracer:
       kinds         {class or class name: kind name} for custom modules.
       on_nonfinite  "record" (default), "warn" or "raise" (NonFiniteError)
                     at the end of the step whose records first show it.
+      on_write_error  the trace cannot be written (a full disk, a
+                    file-size limit): "warn" (default) stops recording
+                    with one WriteErrorWarning, the job going on; "raise"
+                    raises the ProbeError from end_step() and close().
+                    Never from inside a module hook (model(x), backward).
       loss_fn       a loss module to trace too (kind loss).
       record_input  record the model's input as layer "input" (True).
       config        a dict stored as the trace's config_json ("name" etc.).
@@ -1058,7 +1082,8 @@ class Tracer:
     def __init__(self, model, path=None, *, mode="full", layers=None,
                  every=1, step_start=0, step_end=-1, ring_steps=8,
                  precision=None, emulate_fp16=False, fp32=(), kinds=None,
-                 on_nonfinite="record", loss_fn=None, record_input=True,
+                 on_nonfinite="record", on_write_error="warn",
+                 loss_fn=None, record_input=True,
                  config=None, env=True, device_type=None,
                  distributed=None, rank=None, world_size=None, run_id=None,
                  process_group=None, comm_hook=True, comm_state=None,
@@ -1069,6 +1094,8 @@ class Tracer:
                             "torch.nn.Module, got %s" % type(model).__name__)
         if on_nonfinite not in ("record", "warn", "raise"):
             raise ValueError("on_nonfinite: record, warn or raise")
+        if on_write_error not in ("warn", "raise"):
+            raise ValueError("on_write_error: warn or raise")
         if loss_fn is not None and not isinstance(loss_fn, nn.Module):
             raise TypeError(
                 "ampprobe: Tracer(loss_fn=...): the criterion module (e.g. "
@@ -1111,6 +1138,9 @@ class Tracer:
         self.device_type = device_type or (
             "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu")
         self.on_nonfinite = on_nonfinite
+        self.on_write_error = on_write_error
+        # the ProbeError that stopped the recording (_write_failed)
+        self.write_error = None
         # A DDP model: its module is traced (names without "module."), the
         # wrapper gets the recording communication hook. A torch.compile'd
         # one (either way round): the module it compiled (names without
@@ -1427,7 +1457,7 @@ class Tracer:
 
     def _record(self, L, site, t):
         """Hands one tensor to libprobe by pointer (copy if it must)."""
-        if self._closed:
+        if self._closed or self.write_error is not None:
             return
         backward = _lib.SITE_PHASE[site] == "backward"
         if self._step is None:
@@ -1469,8 +1499,42 @@ class Tracer:
         st = self._rec(self._h, L.lid, _SITE[site], dt, t.data_ptr(),
                        t.numel())
         if st < 0:
-            self.session._check(st, "probe_tensor_record(%s, %s)" %
-                                (L.name, site))
+            try:
+                self.session._check(st, "probe_tensor_record(%s, %s)" %
+                                    (L.name, site))
+            except _lib.ProbeError as e:
+                if e.name not in _WRITE_ERRORS:
+                    raise
+                self._write_failed(e)
+
+    def _write_failed(self, err):
+        """The trace cannot be written (err: libprobe's sticky write
+        error, a full disk or a file-size limit, met in a hook, a step's
+        begin or end, or close): the tracer stops recording for good and
+        calls libprobe no more until close(), so that no module hook can
+        raise into the job's forward or backward (it did: the job died
+        inside model(x)). The hooks go on applying the precision policy
+        and FP16 emulation: the job's numerics do not change in the
+        middle of its run. on_write_error "warn": one WriteErrorWarning,
+        now; "raise": end_step() and close() raise err (_write_error_at)."""
+        if self.write_error is not None:
+            return
+        self.write_error = err
+        self._recording = False
+        self._refs = []
+        if self.on_write_error == "warn":
+            warnings.warn(_WRITE_STOPPED % (
+                _lib.escape(self.path), err.name, err,
+                self._step if self._step is not None else self._next),
+                WriteErrorWarning, stacklevel=3)
+
+    def _write_error_at(self):
+        """on_write_error="raise": the write error that stopped the
+        recording, raised again (a new exception each call: it is sticky,
+        as libprobe's)."""
+        e = self.write_error
+        if e is not None and self.on_write_error == "raise":
+            raise _lib.ProbeError(e.status, str(e), e.name)
 
     def _ensure_step(self):
         if self._step is None:
@@ -1524,6 +1588,8 @@ class Tracer:
             raise RuntimeError("ampprobe: mark_joined() inside step %d: call "
                                "it after the rank's last end_step" %
                                self._step)
+        if self.write_error is not None:  # nothing is written any more
+            return self._write_error_at()
         self.session.mark_joined()
         self._joined = True
 
@@ -1792,14 +1858,20 @@ class Tracer:
             frozen, self._frozen = self._frozen, []
             for p, L in frozen:
                 self._hook_param(p, L)
-        self.session.begin_step(step)
+        if self.write_error is None:
+            try:
+                self.session.begin_step(step)
+            except _lib.ProbeError as e:
+                if e.name not in _WRITE_ERRORS:
+                    raise
+                self._write_failed(e)  # (from a hook, as a rule: _gate)
         self._step = step
         self._joined = self._join_pending = False  # (libprobe cleared it)
         self._ran = set()  # layers whose forward ran in this step (_gate)
         self._grads = set()  # layers that got a weight_grad in it
         self._bwd = False
         self._ended_fwd_only = None  # a step is open: no late gradient
-        self._recording = self._in_window(step)
+        self._recording = self.write_error is None and self._in_window(step)
         if self._scaler is not None:
             self._scale_begin = float(self._scaler.get_scale())
 
@@ -1918,6 +1990,18 @@ class Tracer:
             # once per step: an end_step retried after libprobe refused
             # the scalars or the step's end does not record them again
             self._masters_at = step
+        if self.write_error is not None:
+            # the recording stopped (in this step or before): the step
+            # ends here, libprobe is not called
+            self._step = None
+            self._next = step + 1
+            self._refs = []
+            self._clip = None
+            self._hand_events = []
+            self._ended_fwd_only = None
+            if sc is not None:
+                self._scale_begin = None
+            return self._write_error_at()
         if self._digest and any(_is_dtensor(p)
                                 for p in self.model.parameters()):
             # sharded after the Tracer (FSDP2): no digest from here on, a
@@ -1960,14 +2044,23 @@ class Tracer:
             except _lib.ProbeError:
                 ended = self._libprobe_step_ended()
                 raise
+        except _lib.ProbeError as e:
+            if e.name not in _WRITE_ERRORS:
+                raise
+            # the trace cannot be written (its sticky error: a full disk):
+            # the recording stops and the tracer's step ends here; close()
+            # leaves libprobe's step to libprobe
+            self._write_failed(e)
+            ended = True
         finally:
             # The tracer's step follows libprobe's: it ends only when
-            # libprobe's did. A refused set_scalars/scaler_event, or an
-            # end_step refused for a sticky write error (a full disk),
-            # leave libprobe's step open: so is the tracer's, and the next
-            # call is a retry of end_step or libprobe's own error - the
-            # tracer ended its step anyway, and its next forward was
-            # refused with 'step 1 begun inside step 0'.
+            # libprobe's did. A refused set_scalars/scaler_event leaves
+            # libprobe's step open: so is the tracer's, and the next call
+            # is a retry of end_step or libprobe's own error - the tracer
+            # ended its step anyway, and its next forward was refused with
+            # 'step 1 begun inside step 0'. A write error stops the
+            # recording instead (_write_failed): nothing more goes to
+            # libprobe, whose step is left as it is.
             if ended:
                 if self._join_pending:  # DDP shadowed others in this step
                     self._mark_joined_quietly()
@@ -1981,6 +2074,8 @@ class Tracer:
                 self._hand_events = []
                 if sc is not None:
                     self._scale_begin = None
+        if self.write_error is not None:
+            return self._write_error_at()
         self._check_forwards_seen(step)
         self._check_new_modules(step)
         if self.on_nonfinite != "record":
@@ -2272,7 +2367,13 @@ class Tracer:
         self._step = None
         self._refs = []
         self._h = ctypes.c_void_p(0)
-        self.session.close()
+        try:
+            self.session.close()
+        except _lib.ProbeError as e:
+            if e.name not in _WRITE_ERRORS:
+                raise
+            self._write_failed(e)  # (the last rows: the disk filled since)
+        self._write_error_at()
 
     def __enter__(self):
         return self

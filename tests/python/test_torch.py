@@ -949,7 +949,7 @@ import ampprobe, ampprobe.torch as at
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 10, 512 << 10))  # above the open's 256 KiB minimum
 m = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
-tr = at.Tracer(m, sys.argv[1], flush_steps=1)
+tr = at.Tracer(m, sys.argv[1], flush_steps=1, on_write_error="raise")
 err = None
 for step in range(4000):  # the first error comes within ~100 steps; lag-proof
     try:
@@ -973,7 +973,8 @@ except ampprobe.ProbeError as e:
 def test_full_disk_in_end_step_stays_a_clear_error(tmp_path):
     """A write failure libprobe reports in end_step (the file-size limit,
     as a full disk: sticky) is reported again by the next call, never as a
-    step begun inside another one."""
+    step begun inside another one (on_write_error="raise": the default
+    stops tracing with a warning, test_torch_write_error.py)."""
     import subprocess
     import sys
     p = str(tmp_path / "full.h5")
