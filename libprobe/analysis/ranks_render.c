@@ -28,36 +28,54 @@ static int entry_matches(const probe_rank_entry *e, int by_status,
   return e->status == PROBE_RANK_READ && e->role == want;
 }
 
-/* Appends "a" or "a-b" to buf. */
-static void put_range(char *buf, size_t cap, size_t *len, int first,
-                      int32_t a, int32_t b) {
-  if (*len >= cap) return;
-  int n = a == b ? snprintf(buf + *len, cap - *len, "%s%d", first ? "" : ", ",
-                            (int)a)
-                 : snprintf(buf + *len, cap - *len, "%s%d-%d",
-                            first ? "" : ", ", (int)a, (int)b);
-  if (n > 0) *len += (size_t)n;
-  if (*len >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4);
+/* Ranks in ascending order gathered into "a, b-c, ..." (cut with "..."
+ * at cap): ranges_add each, then ranges_end. */
+typedef struct rank_ranges {
+  char *buf;
+  size_t cap, len;
+  int32_t a, b; /* the open range; a < 0: none */
+} rank_ranges;
+
+static void ranges_init(rank_ranges *g, char *buf, size_t cap) {
+  *g = (rank_ranges){buf, cap, 0, -1, -1};
+  if (cap) buf[0] = '\0';
 }
+
+/* Appends the open range, "a" or "a-b". */
+static void ranges_put(rank_ranges *g) {
+  if (g->a < 0 || g->len >= g->cap) return;
+  const char *sep = g->len == 0 ? "" : ", ";
+  int n = g->a == g->b
+              ? snprintf(g->buf + g->len, g->cap - g->len, "%s%d", sep, (int)g->a)
+              : snprintf(g->buf + g->len, g->cap - g->len, "%s%d-%d", sep,
+                         (int)g->a, (int)g->b);
+  if (n > 0) g->len += (size_t)n;
+  if (g->len >= g->cap && g->cap > 4) memcpy(g->buf + g->cap - 4, "...", 4);
+}
+
+static void ranges_add(rank_ranges *g, int32_t rank) {
+  if (g->a >= 0 && rank == g->b + 1) {
+    g->b = rank;
+    return;
+  }
+  ranges_put(g);
+  g->a = g->b = rank;
+}
+
+static void ranges_end(rank_ranges *g) { ranges_put(g); }
 
 int64_t probe__rank_list(const probe_ranks *r, int by_status, int32_t want,
                          char *buf, size_t cap) {
-  size_t len = 0;
+  rank_ranges g;
   int64_t count = 0;
-  int32_t a = -1, b = -1;
-  if (cap) buf[0] = '\0';
+  ranges_init(&g, buf, cap);
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
     if (!entry_matches(e, by_status, want)) continue;
     count++;
-    if (a >= 0 && e->rank == b + 1) {
-      b = e->rank;
-      continue;
-    }
-    if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
-    a = b = e->rank;
+    ranges_add(&g, e->rank);
   }
-  if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+  ranges_end(&g);
   return count;
 }
 
@@ -176,10 +194,9 @@ static void text_disagreements(const probe_ranks *r, FILE *f) {
 static int64_t aborted_group(const probe_ranks *r, const char *why, char *buf,
                              size_t cap, int64_t *lo, int64_t *hi,
                              int64_t *in_lo, int64_t *in_hi) {
-  size_t len = 0;
+  rank_ranges g;
   int64_t count = 0;
-  int32_t a = -1, b = -1;
-  buf[0] = '\0';
+  ranges_init(&g, buf, cap);
   for (size_t i = 0; i < r->n_entries; i++) {
     const probe_rank_entry *e = &r->entries[i];
     if (!probe__rank_aborted(e) || strcmp(e->aborted, why) != 0) continue;
@@ -191,14 +208,9 @@ static int64_t aborted_group(const probe_ranks *r, const char *why, char *buf,
     if (e->last_step > *hi) *hi = e->last_step;
     if (e->aborted_step < *in_lo) *in_lo = e->aborted_step;
     if (e->aborted_step > *in_hi) *in_hi = e->aborted_step;
-    if (a >= 0 && e->rank == b + 1) {
-      b = e->rank;
-      continue;
-    }
-    if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
-    a = b = e->rank;
+    ranges_add(&g, e->rank);
   }
-  if (a >= 0) put_range(buf, cap, &len, len == 0, a, b);
+  ranges_end(&g);
   return count;
 }
 
