@@ -2346,20 +2346,24 @@ static int plan_output(bisect *b) {
   int rc = cli_check_output(SUB, b->out, inputs, 3);
   if (rc)
     return rc;
+  /* a symlink to nothing (or a loop) and a directory are refused by the
+   * writer whatever the flags (docs/cli.md "Files"): said now, in its
+   * words, not after every trial ran, nor as "use --force", which cannot
+   * help there */
+  if ((rc = cli_out_check(SUB, b->out)) != 0)
+    return rc;
+  char q[PATH_MAX + 16];
+  cli_escape_name(q, sizeof q, b->out);
   struct stat sb;
   if (!b->force && lstat(b->out, &sb) == 0) {
     cli_error(SUB, "%s already exists: refusing to overwrite it (use --force "
-                   "to replace it, or choose another -o)", b->out);
+                   "to replace it, or choose another -o)", q);
     return CLI_EXIT_USAGE;
   }
-  /* a symlink to nothing (or a loop) is refused by the writer (docs/cli.md
-   * "Files"): said now, in its words, not after every trial ran */
-  if (b->force && (rc = cli_out_check(SUB, b->out)) != 0)
-    return rc;
   /* its folder must take the result: said now, not after every trial ran */
   char *dir = cli_dir_part(b->out);
   if (!dir || access(dir, W_OK | X_OK) != 0) {
-    cli_error(SUB, "cannot write %s: %s", b->out, dir ? strerror(errno) : "out of memory");
+    cli_error(SUB, "cannot write %s: %s", q, dir ? strerror(errno) : "out of memory");
     free(dir);
     return CLI_EXIT_INTERNAL;
   }

@@ -737,6 +737,9 @@ int cli_out_check(const char *sub, const char *path) {
   char *r = NULL;
   int rc = out_link_target(sub, path, &r);
   free(r);
+  struct stat st;
+  if (!rc && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    rc = out_say(sub, path, strerror(EISDIR)); /* as out_open says it */
   return rc;
 }
 

@@ -226,10 +226,11 @@ typedef struct cli_out {
 /* Opens an output. Returns 0, or prints "cannot write PATH: <why>" and
  * returns CLI_EXIT_INTERNAL. */
 int cli_out_open(const char *sub, cli_out *o, const char *path);
-/* What cli_out_open refuses of a symbolic link at path, said now (before
- * a long command runs): a link to nothing or a loop prints "cannot write
- * PATH: <why>" and returns CLI_EXIT_INTERNAL; 0 otherwise (nothing there,
- * no link, or a link to a file that exists). Opens nothing. */
+/* What cli_out_open refuses whatever the flags, said now (before a long
+ * command runs): a symbolic link to nothing or a loop, a directory (or a
+ * link to one) prints "cannot write PATH: <why>" and returns
+ * CLI_EXIT_INTERNAL; 0 otherwise (nothing there, a file, a device or FIFO,
+ * or a link to one of them). Opens nothing. */
 int cli_out_check(const char *sub, const char *path);
 /* The same for an output that must not exist: refused (EEXIST) when
  * anything is at path, even a symlink; at commit the temporary file is

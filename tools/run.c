@@ -952,10 +952,65 @@ static void rank_set_glob(const char *base, char *out, size_t cap) {
   out[at] = '*';
 }
 
+/* Why an existing path can never hold a trace, in libprobe's words
+ * (session.c, trace_claim): a directory, a device, a FIFO, a symbolic link
+ * to nothing. NULL for a regular file (or a link to one), which --force
+ * may replace. */
+static const char *trace_target_unusable(const char *path, char *buf,
+                                         size_t n) {
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    if (e == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+      return "a symbolic link to nothing";
+    snprintf(buf, n, "%s", strerror(e));
+    return buf;
+  }
+  if (S_ISDIR(st.st_mode))
+    return strerror(EISDIR);
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(buf, n, "not a regular file (%s)",
+             S_ISFIFO(st.st_mode)   ? "a FIFO"
+             : S_ISCHR(st.st_mode)  ? "a character device"
+             : S_ISBLK(st.st_mode)  ? "a block device"
+             : S_ISSOCK(st.st_mode) ? "a socket"
+                                    : "not a plain file");
+    return buf;
+  }
+  return NULL;
+}
+
+/* Creates the trace file exclusively, with or without --force, so both say
+ * the same of a path that cannot be a trace ("cannot create trace PATH:
+ * why", exit 4: --force cannot help there, so it is not offered) and of a
+ * missing folder. An existing regular file is refused without --force
+ * (exit 2) and left for the session to replace with it. -1 to go on. */
+static int claim_trace_file(const char *path, int force, int *created) {
+  char q[PATH_MAX + 16], buf[160];
+  cli_escape_name(q, sizeof q, path);
+  int e = guard_create_excl(path);
+  if (!e) {
+    *created = 1;
+    return -1;
+  }
+  const char *why = e == EEXIST ? trace_target_unusable(path, buf, sizeof buf)
+                                : strerror(e);
+  if (why) {
+    cli_error(SUB, "cannot create trace %s: %s", q, why);
+    return CLI_EXIT_INTERNAL;
+  }
+  if (force)
+    return -1;
+  cli_error(SUB, "%s already exists: refusing to overwrite it (use --force "
+                 "to replace it, or choose another -o)", q);
+  return CLI_EXIT_USAGE;
+}
+
 /* Decides the trace path (default from the sanitised config name), refuses
- * an input as output whatever --force says, and without --force creates
- * the file exclusively so an existing one is never replaced. Returns -1 to
- * go on, or the exit code; *created is 1 when the file was created here. */
+ * an input as output whatever --force says, and creates the file
+ * exclusively so an existing one is never replaced without --force.
+ * Returns -1 to go on, or the exit code; *created is 1 when the file was
+ * created here. */
 static int run_claim_output(const run_args *a, const probe_train_config *cfg,
                             run_dist *d, char *path, size_t len,
                             int *created) {
@@ -1001,20 +1056,7 @@ static int run_claim_output(const run_args *a, const probe_train_config *cfg,
     rc = cli_check_output(SUB, path, inputs, 3);
   if (rc)
     return rc;
-  if (a->force)
-    return -1;
-  int e = guard_create_excl(path);
-  if (e == EEXIST) {
-    cli_error(SUB, "%s already exists: refusing to overwrite it (use "
-                   "--force to replace it, or choose another -o)", path);
-    return CLI_EXIT_USAGE;
-  }
-  if (e) {
-    cli_error(SUB, "cannot create %s: %s", path, strerror(e));
-    return CLI_EXIT_INTERNAL;
-  }
-  *created = 1;
-  return -1;
+  return claim_trace_file(path, a->force, created);
 }
 
 /* ---- stage 4: training -------------------------------------------------- */

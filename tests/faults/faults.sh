@@ -1661,6 +1661,56 @@ case_modes_kept() {
   no_temps .
 }
 
+# run -o / bisect -o at what can never hold the output (hunt F10): a
+# directory, a device, a FIFO, a symlink to nothing or to a directory, a
+# missing folder. The reason is said at once, exit 4, in the same words
+# with and without --force, with no "use --force" advice (it cannot help),
+# and nothing there is touched; an existing regular file is still refused
+# (exit 2, naming --force).
+case_run_o_not_file() {
+  TMO=30
+  mkdir adir && mkfifo ff && ln -s nowhere dang.h5 && ln -s adir dlink.h5
+  local o f e1
+  for o in adir /dev/null ff dang.h5 dlink.h5 nodir/x.h5; do
+    for f in "" --force; do
+      t -- "$AMP" run -q --steps 3 $f -o "$o"
+      expect 4 "run -o $o $f"
+      one_line "run -o $o $f" "cannot create trace $o: "
+      hasnt err.txt "--force"
+      [ -z "$f" ] && e1=$(cat err.txt)
+      [ -n "$f" ] && { [ "$e1" = "$(cat err.txt)" ] && ok "run -o $o: the same line with --force" ||
+                         bad "run -o $o: '$e1' without --force, '$(cat err.txt)' with it"; }
+    done
+  done
+  [ -d adir ] && [ -p ff ] && [ -L dang.h5 ] && [ ! -e nowhere ] && [ -L dlink.h5 ] &&
+    [ -z "$(ls -A adir)" ] && [ ! -e nodir ] && ok "nothing there was touched" ||
+    bad "an -o target was changed: $(ls -la . adir)"
+  has err.txt "No such file or directory"
+  t -- "$AMP" run -q --steps 3 -o adir; has err.txt "Is a directory"
+  t -- "$AMP" run -q --steps 3 -o ff; has err.txt "not a regular file (a FIFO)"
+  t -- "$AMP" run -q --steps 3 -o dang.h5; has err.txt "a symbolic link to nothing"
+  # an existing regular file: refused, --force named, and --force works
+  echo "keep" >keep.h5
+  t -- "$AMP" run -q --steps 3 -o keep.h5
+  expect 2 "run -o an existing file"
+  one_line "run -o an existing file" "already exists: refusing to overwrite it (use --force"
+  [ "$(cat keep.h5)" = keep ] && ok "keep.h5 untouched" || bad "keep.h5 changed"
+  t -- "$AMP" run -q --steps 3 --force -o new.h5
+  expect 0 "run --force -o a new file"
+  trace_opens new.h5 "run --force -o a new file"
+  # bisect -o: a directory or a dangling symlink, said before any trial
+  for o in adir dlink.h5 dang.h5; do
+    for f in "" --force; do
+      t -- "$AMP" bisect --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q \
+        --workdir bw $f -o "$o"
+      expect 4 "bisect -o $o $f"
+      one_line "bisect -o $o $f" "cannot write $o: "
+      hasnt err.txt "--force"
+      absent bw "bisect -o $o $f: no trial ran"
+    done
+  done
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"

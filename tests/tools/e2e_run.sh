@@ -60,9 +60,13 @@ run_rc 0 "-o EXISTING --force" --steps 3 -q -o t.h5 --force
 run_rc 2 "-o an existing empty file" --steps 3 -q -o empty.h5
 run_rc 0 "-o a new file" --steps 3 -q -o new.h5
 run_rc 2 "-o the trace just written (second run)" --steps 3 -q -o new.h5
-# a dangling symlink planted at -o: not followed, its target not created
+# a dangling symlink planted at -o: not followed, its target not created;
+# refused with the reason --force would get (it cannot help there), exit 4
 ln -s "$WORK/planted-target.h5" planted.h5
-run_rc 2 "-o a dangling symlink" --steps 3 -q -o planted.h5
+run_rc 4 "-o a dangling symlink" --steps 3 -q -o planted.h5
+grep -q "cannot create trace planted.h5: a symbolic link to nothing" o.err &&
+  ! grep -q -- "--force" o.err && pass "the dangling symlink named as such, no --force advice" ||
+  fail "dangling symlink message: '$(cat o.err)'"
 [ ! -e planted-target.h5 ] && pass "symlink target not created" || fail "symlink followed"
 
 # an input as output: refused whatever --force says
