@@ -747,6 +747,23 @@ static int out_error(const char *sub, cli_out *o, const char *path, int e) {
   return out_error_why(sub, o, path, strerror(e ? e : EIO));
 }
 
+/* A FIFO target, opened without waiting: with nobody reading it, a plain
+ * open blocks until someone does, possibly forever (`report -o ff` hung
+ * with no message). ENXIO is that case, said at once and exit 4, as a
+ * reader that leaves early is (EPIPE). With a reader there, the writes
+ * block again as usual (a slow reader is waited for). */
+static int out_open_fifo(const char *sub, cli_out *o, const char *path) {
+  o->fd = open(o->target, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (o->fd < 0 && errno == ENXIO)
+    return out_error_why(sub, o, path, "a FIFO with no reader (start the "
+                                       "reader first, or name a file)");
+  if (o->fd < 0) return out_error(sub, o, path, errno);
+  int fl = fcntl(o->fd, F_GETFL);
+  if (fl < 0 || fcntl(o->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+    return out_error(sub, o, path, errno);
+  return 0;
+}
+
 /* excl: the target must not exist (nothing there, not even a symlink); the
  * temporary file is linked into place at commit, so a file that appeared
  * meanwhile is not replaced (EEXIST). */
@@ -778,8 +795,13 @@ static int out_open(const char *sub, cli_out *o, const char *path, int excl) {
     if (S_ISDIR(st.st_mode)) return out_error(sub, o, path, EISDIR);
     /* /dev/null, /dev/full, a FIFO, a terminal: written in place (renaming
      * over a device node would replace it) */
-    o->fd = open(o->target, O_WRONLY | O_CLOEXEC | O_NOCTTY);
-    if (o->fd < 0) return out_error(sub, o, path, errno);
+    if (S_ISFIFO(st.st_mode)) {
+      int rc = out_open_fifo(sub, o, path);
+      if (rc) return rc;
+    } else {
+      o->fd = open(o->target, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+      if (o->fd < 0) return out_error(sub, o, path, errno);
+    }
   } else {
     const char *base = base_part(o->target);
     if (!*base) return out_error(sub, o, path, EISDIR);

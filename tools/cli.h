@@ -127,7 +127,9 @@ json_t *cli_json_text(const char *s);
  *    the target only when everything was written: a failed or interrupted
  *    write leaves the old file (or none), never a truncated one. A target
  *    that exists and is not a regular file (/dev/null, /dev/full, a FIFO) is
- *    written in place; an existing symlink is followed, so the file it names
+ *    written in place (a FIFO only with a reader there: one without is
+ *    "a FIFO with no reader", exit 4, never a wait for ever); an existing
+ *    symlink is followed, so the file it names
  *    is replaced and the link kept; a symlink to nothing (or a loop) is
  *    refused, exit 4: neither the link nor a file where it points is made;
  *  - an output that exists and is not what the command writes (report -o

@@ -1711,6 +1711,43 @@ case_run_o_not_file() {
   done
 }
 
+# -o a FIFO (hunt F11): written in place when a reader has it open; with
+# no reader, one line at once (exit 4), never a wait for ever.
+case_fifo_no_reader() {
+  TMO=10 # an answer takes seconds; a hang is cut short
+  fixtures
+  mkfifo ff
+  local what
+  for what in "report fp16.h5 -q -o ff" "report fp16.h5 -q --force -o ff" \
+              "diff fp16.h5 fp32.h5 -q -o ff"; do
+    t -- "$AMP" $what
+    expect 4 "$what, no reader"
+    one_line "$what, no reader" "cannot write ff: a FIFO with no reader"
+  done
+  t -- "$AMP" bisect --scenario two-culprits --fp32-candidates softmax,revin --steps 30 -q \
+    --workdir bw --force -o ff
+  expect 4 "bisect --force -o ff, no reader"
+  has err.txt "cannot write ff: a FIFO with no reader"
+  [ -p ff ] && ok "ff is still a FIFO" || bad "ff was replaced: $(ls -l ff)"
+  no_temps .
+  # a reader there: the output goes through the FIFO, whole
+  local cp
+  cat ff >got.html & cp=$!
+  sleep 0.5
+  t -- "$AMP" report fp16.h5 -q -o ff
+  wait $cp
+  expect 1 "report -o ff, a reader there"
+  has got.html "ampprobe report"
+  has got.html "</html>"
+  cat ff >got.json & cp=$!
+  sleep 0.5
+  t -- "$AMP" diff fp16.h5 fp32.h5 -q -o ff
+  wait $cp
+  expect "0|1" "diff -o ff, a reader there"
+  has got.json '"verdict"'
+  [ -p ff ] && ok "ff is still a FIFO" || bad "ff was replaced: $(ls -l ff)"
+}
+
 "case_$CASE" || true
 if [ "$fail" -ne 0 ] && [ -n "${PENDING:-}" ]; then
   echo "SKIP: this case needs $PENDING, which is not in this tree yet; the failures above are expected until it lands"
