@@ -7,7 +7,10 @@
  * hold values in range. Row counts are min(state count, dataset extent): the
  * writer commits the counts only after the rows are on disk, so a killed
  * writer's trace yields exactly its flushed rows. Reads are chunked; every
- * row read is range-checked, and a bad one is PROBE_ERR_CORRUPT.
+ * row read is range-checked, and a bad one is PROBE_ERR_CORRUPT. A writer
+ * killed while it created the file left an empty file (not HDF5, said so),
+ * a bare superblock (read as a trace not closed with 0 steps, info
+ * "unwritten") or a file still marked open for write (corrupt, said so).
  *
  * probe_trace_open_isolated does the whole parse (every row of every table)
  * in a forked child first, since HDF5 1.10 can crash, hang or overrun its
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h> /* flock */
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -212,6 +216,98 @@ static int has_hdf5_signature(int fd, off_t size) {
     if (memcmp(buf, sig, 8) == 0) return 1;
   }
   return 0;
+}
+
+/* 1 when another open file description holds a write lock on fd's file:
+ * a live libprobe writer (session.c's trace_claim locks the whole file
+ * until it closes or dies), or HDF5's flock of a writer. 0 when none, or
+ * the system cannot tell. */
+static int writer_alive(int fd) {
+  struct flock fl; /* F_GETLK sees OFD locks too (l_pid -1) */
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) return 1;
+  /* HDF5's own lock: a writer holds flock(LOCK_EX) until SWMR mode */
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) return errno == EWOULDBLOCK;
+  flock(fd, LOCK_UN);
+  return 0;
+}
+
+/* Bytes of a version 2 or 3 superblock (3 is the one libprobe's writer
+ * makes, libver "latest") with offsets of size o: signature 8, versions
+ * and sizes 4, four addresses, checksum 4. 48 with 8-byte offsets. */
+#define SB23_BYTES(o) (12 + 4 * (o) + 4)
+
+/* Reads a little-endian address of n bytes. */
+static uint64_t le_addr(const unsigned char *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* 1 when the file is an HDF5 superblock (version 3, at offset 0, marked
+ * open for write) and nothing else: it is exactly that long, its stored
+ * end of file lies past the end of the file and its root group's header
+ * is not in it. H5Fcreate writes this first; a writer killed before its
+ * first flush leaves it (hunt F8: 48 bytes, stored EOF 2048). The HDF5
+ * library calls it "truncated". */
+static int bare_superblock(int fd, off_t size) {
+  unsigned char b[SB23_BYTES(8)];
+  if (size < SB23_BYTES(2) || size > (off_t)sizeof b) return 0;
+  if (pread(fd, b, (size_t)size, 0) != (ssize_t)size) return 0;
+  int o = b[9];
+  /* version 3 (libver latest), still marked open for write (flag 0x01):
+   * a closed trace cut to this length has the flag clear */
+  if (b[8] != 3 || !(b[11] & 0x01) || (o != 2 && o != 4 && o != 8) ||
+      size != SB23_BYTES(o))
+    return 0;
+  uint64_t base = le_addr(b + 12, o), eof = le_addr(b + 12 + 2 * o, o);
+  uint64_t root = le_addr(b + 12 + 3 * o, o);
+  return base == 0 && eof > (uint64_t)size && root >= (uint64_t)size;
+}
+
+/* 1 when the file's version 3 superblock still says "open for write"
+ * without SWMR (HDF5's file consistency flags: write access 0x01, SWMR
+ * write access 0x04) and no writer holds it: its writer was killed before
+ * it closed the file or entered SWMR mode. libprobe's writer enters SWMR
+ * mode right after it creates the tables, so for a trace that is a kill
+ * during its creation, before any step; HDF5 refuses to open such a file
+ * ("already open for write") without h5clear, which would write to it. */
+static int killed_open_for_write(const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
+  unsigned char b[12];
+  int hit = pread(fd, b, sizeof b, 0) == (ssize_t)sizeof b &&
+            has_hdf5_signature(fd, sizeof b) && b[8] == 3 &&
+            (b[11] & 0x01) && !(b[11] & 0x04) && !writer_alive(fd);
+  close(fd);
+  return hit;
+}
+
+/* A trace whose writer was killed before it wrote anything (a bare
+ * superblock, see bare_superblock): read as a trace it never closed with
+ * 0 steps, which is what it is (the analyses say "not closed, no step
+ * recorded"). Nothing of it is known: no config, no layers, mode
+ * "flight recorder" (run's default). Strings the isolated child sent
+ * (all "") are kept; the others are made "". */
+static void open_unwritten(probe_trace *t) {
+  for (int i = 0; i < N_STR_ATTRS; i++)
+    if (t->strs[i] == NULL) t->strs[i] = strdup("");
+  probe_trace_info *in = &t->info;
+  in->version = PROBE_TRACE_VERSION;
+  in->record_mode = PROBE_MODE_SCALARS;
+  in->last_step = in->first_nonfinite_step = -1;
+  in->rank = -1;
+  in->aborted_step = -1;
+  in->unwritten = 1;
+  in->created = t->strs[0];
+  in->command_line = t->strs[1];
+  in->config_json = t->strs[2];
+  in->precision_policy = t->strs[3];
+  in->library_versions = t->strs[4];
+  in->run_id = t->strs[STR_RUN_ID];
+  in->aborted = t->strs[STR_ABORTED];
 }
 
 /* What reading a root attribute found (attr_read_str, attr_read_i64). */
@@ -777,9 +873,28 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
   int sig = has_hdf5_signature(fd, sb.st_size);
+  int bare = sig && bare_superblock(fd, sb.st_size);
+  int alive = (sb.st_size == 0 || bare) && writer_alive(fd);
   close(fd);
+  if (sb.st_size == 0) { /* not necessarily ours: said as what it is */
+    st = fail(t, PROBE_ERR_NOT_HDF5,
+              alive ? "empty file: a writer is creating it now (no step "
+                      "yet; look again)"
+                    : "empty file: no trace was written (a writer killed "
+                      "at its creation leaves this)");
+    goto out;
+  }
   if (!sig) {
     st = fail(t, PROBE_ERR_NOT_HDF5, "not an HDF5 file");
+    goto out;
+  }
+  if (bare && !alive) {
+    open_unwritten(t);
+    for (int i = 0; i < N_STR_ATTRS; i++)
+      if (t->strs[i] == NULL) {
+        st = fail(t, PROBE_ERR_NOMEM, "out of memory");
+        goto out;
+      }
     goto out;
   }
 
@@ -796,6 +911,15 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
   if (t->file < 0) {
     H5Eclear2(H5E_DEFAULT);
     t->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  }
+  if (t->file < 0 && killed_open_for_write(path)) {
+    H5Eclear2(H5E_DEFAULT);
+    st = fail(t, PROBE_ERR_CORRUPT,
+              "HDF5 file its writer never closed, still marked open for "
+              "write and not in SWMR mode: a trace writer killed while it "
+              "created the file leaves this (no step recorded); it cannot "
+              "be read");
+    goto out;
   }
   if (t->file < 0) {
     h5_desc(desc);

@@ -155,6 +155,15 @@ int cli_open_trace_progress(const char *sub, probe_trace **t, const char *path,
   cli_busy(sub, path, cli_file_bytes(path)); /* cleared before any output */
   probe_status st =
       probe_trace_open_isolated_progress(t, path, err, sizeof err, fn, user);
+  if (st >= 0 && probe_trace_get_info(*t)->unwritten) {
+    /* read as a trace not closed with 0 steps; the verdict says no more */
+    char q[PATH_MAX + 16];
+    cli_escape_name(q, sizeof q, path);
+    cli_busy_done();
+    fprintf(stderr, "ampprobe: %s: note: %s is an HDF5 superblock and "
+                    "nothing else: the writer was killed before it wrote "
+                    "anything (no step recorded)\n", sub, q);
+  }
   if (st >= 0) return CLI_EXIT_OK;
   size_t pl = strlen(path), head = pl < 80 ? pl : 80;
   if (err[0] && (strstr(err, path) || !strncmp(err, path, head))) {

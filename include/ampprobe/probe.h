@@ -526,6 +526,12 @@ typedef struct probe_trace_info {
    * (closed half done), -1 when none or not aborted. */
   const char *aborted;
   int64_t aborted_step;
+  /* appended: 1 when the file is an HDF5 superblock and nothing else (its
+   * stored end of file past the file's end) and no writer holds it: the
+   * writer was killed before it wrote anything. Read as a trace not
+   * closed, with 0 steps, no layers and empty strings (no config); 0 for
+   * every other trace. */
+  int unwritten;
 } probe_trace_info;
 
 /* Opens and validates (format name and version, tables, types, state and

@@ -328,6 +328,16 @@ probe_status probe__rank_read(probe__rsum *s, const char *path) {
     mark_unreadable(s, path, st, probe_trace_last_error(NULL));
     return PROBE_OK;
   }
+  if (probe_trace_get_info(t)->unwritten) {
+    /* no rank attribute to place it by (it would refuse the whole set as
+     * "no rank attribute"): an unreadable rank file, named by its name;
+     * read alone, it is a trace not closed with 0 steps */
+    probe_trace_close(t);
+    mark_unreadable(s, path, PROBE_ERR_CORRUPT,
+                    "an HDF5 superblock and nothing else: the writer was "
+                    "killed before it wrote anything (no step recorded)");
+    return PROBE_OK;
+  }
   s->e.status = PROBE_RANK_READ;
   st = read_open(s, t);
   if (st == PROBE_ERR_NOMEM) {

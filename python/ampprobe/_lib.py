@@ -219,6 +219,10 @@ class probe_trace_info(ctypes.Structure):
         # has_abort_mark(lib), older libraries lack both fields
         ("aborted", ctypes.c_char_p),
         ("aborted_step", ctypes.c_int64),
+        # 1: a bare HDF5 superblock, its writer killed before it wrote
+        # anything (read as not closed, 0 steps). Not read by Trace: no
+        # symbol tells an older library, which lacks it, from this one
+        ("unwritten", ctypes.c_int),
     ]
 
 

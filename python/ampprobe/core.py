@@ -768,6 +768,8 @@ class Trace:
                 continue  # past the end of an older library's struct
             if name in ("aborted", "aborted_step") and not _lib.has_abort_mark(lib):
                 continue  # likewise (a pointer read there could crash)
+            if name == "unwritten":
+                continue  # likewise, and nothing tells which library has it
             v = getattr(p, name)
             if ct is ctypes.c_char_p:
                 v = v.decode(errors="replace") if v else ""
