@@ -166,7 +166,8 @@ AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
   XX(NO_STEPS, "no-steps")                                                     \
   XX(NOT_PRECISION, "not-precision")                                           \
   XX(NOT_CLOSED, "not-closed")                                                 \
-  XX(DATA_RESOLUTION, "data-resolution")
+  XX(DATA_RESOLUTION, "data-resolution")                                       \
+  XX(SKIP_STREAK, "skip-streak")
 
 typedef enum probe_diag_finding_id {
 #define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,
@@ -457,6 +458,42 @@ typedef struct probe_diag {
    * the mark, closed half done; -1 none. */
   char aborted[4 * 256];
   int64_t aborted_step;
+  /* appended: the loss's trend (docs/precision.md, "A finite loss that
+   * diverges"): the running median of the last loss_window finite losses
+   * of the steps table; its lowest value (the window ending at
+   * loss_best_step), the first step after it whose median passed
+   * PROBE_DIAG_DIVERGE_FACTOR times that, and its value at the last step.
+   * loss_window is 0 when the rule could not judge (too few losses, or a
+   * loss below 0: a ratio of losses means nothing then). */
+  int32_t loss_window;
+  int loss_diverged;         /* last / best >= PROBE_DIAG_DIVERGE_FACTOR,
+                                every loss finite */
+  int64_t loss_best_step, loss_rise_step; /* -1 none */
+  double loss_best_median, loss_last_median, loss_growth; /* NaN none */
+  double loss_best_lr, loss_last_lr; /* the learning rate at those steps
+                                        (the last measured), NaN none */
+  /* the first layer (earliest step, then execution order) whose forward
+   * absmax or unscaled gradient absmax passed
+   * PROBE_DIAG_DIVERGE_LAYER_GROWTH times its largest up to
+   * loss_best_step, after it; -1 none (or no divergence) */
+  int32_t diverge_layer;
+  int diverge_layer_bwd;     /* 1: its gradients grew, 0: its activations */
+  int64_t diverge_layer_step;
+  double diverge_layer_growth;
+  /* appended: the longest streak of skipped steps after the first step
+   * the scaler did not skip that ended before the trace did (a streak at
+   * the end is scale-collapse's), when it held at least
+   * PROBE_DIAG_SKIP_STREAK steps (docs/precision.md, "A streak of skipped
+   * steps"): its first and last step (-1 none), length, the scale at its first step
+   * and at the step after it, and its steps with a non-finite loss;
+   * skip_streaks counts such streaks. skip_streak_layer: the layer with
+   * non-finite gradients in most of its steps (-1 none recorded). */
+  int64_t skip_streak_start, skip_streak_end, skip_streak_len;
+  int64_t skip_streak_loss_nf;
+  double skip_streak_scale_from, skip_streak_scale_to;
+  int64_t skip_streaks;
+  int32_t skip_streak_layer;
+  int64_t skip_streak_layer_steps;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

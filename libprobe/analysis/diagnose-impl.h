@@ -35,6 +35,63 @@
  * narrow batch is no property of the data). */
 #define PROBE_DIAG_RESOLUTION_STEP_FRAC 0.5
 
+/* A finite loss that diverges (docs/precision.md, "A finite loss that
+ * diverges"): the running median of the last W finite losses, W =
+ * (losses / PROBE_DIAG_DIVERGE_WINDOW_DIV) clamped to
+ * [PROBE_DIAG_DIVERGE_WINDOW_MIN, PROBE_DIAG_DIVERGE_WINDOW_MAX] (a median
+ * of several steps: one noisy batch moves it little); judged when the
+ * steps table holds at least 2 W finite losses, none below 0. The loss
+ * diverged when the median at the last step is PROBE_DIAG_DIVERGE_FACTOR
+ * times or more the lowest running median before it: not a warm-up that
+ * doubles the loss, nor a loss that starts high and falls. */
+#define PROBE_DIAG_DIVERGE_WINDOW_DIV 10
+#define PROBE_DIAG_DIVERGE_WINDOW_MIN 5
+#define PROBE_DIAG_DIVERGE_WINDOW_MAX 25
+#define PROBE_DIAG_DIVERGE_FACTOR 10.0
+/* The layer that grew first: the first (step, then activations before
+ * gradients, then layer order) whose forward absmax, or gradient absmax
+ * divided by the step's loss scale, passed this many times its largest up
+ * to the step of the lowest median. */
+#define PROBE_DIAG_DIVERGE_LAYER_GROWTH 10.0
+/* A streak of skipped steps (docs/precision.md, "A streak of skipped
+ * steps"): this many consecutive skipped steps after the first step the
+ * scaler did not skip, ended by a step it did not skip (at the end of the
+ * trace, PROBE_DIAG_COLLAPSE_TRAILING_SKIPS already make a collapse). A
+ * routine growth probe skips one step (two with hysteresis); a warm-up's
+ * backoffs come before the first clean step. */
+#define PROBE_DIAG_SKIP_STREAK 10
+
+/* Pass 1's trackers of the loss trend and of skip streaks
+ * (diagnose_trend.c): init before the first row, one call per row of the
+ * steps table in order, end after the last. */
+typedef struct probe__loss_trend {
+  int32_t w;                                  /* window; 0: not judged */
+  double ring[PROBE_DIAG_DIVERGE_WINDOW_MAX]; /* last w finite losses */
+  int64_t seen;                               /* finite losses so far */
+  int negative;                               /* a loss below 0 */
+  double lr;                                  /* the last measured lr */
+} probe__loss_trend;
+void probe__diag_trend_init(probe__loss_trend *t, probe_diag *d);
+void probe__diag_trend_row(probe__loss_trend *t, probe_diag *d,
+                           const probe_step_scalars *r);
+void probe__diag_trend_end(probe__loss_trend *t, probe_diag *d);
+
+typedef struct probe__skip_streak {
+  int clean_seen;          /* a step the scaler did not skip came before */
+  int64_t start, last, len, loss_nf; /* the streak under way; len 0: none */
+  double scale_from;
+} probe__skip_streak;
+void probe__diag_streak_init(probe__skip_streak *s, probe_diag *d);
+void probe__diag_streak_row(probe__skip_streak *s, probe_diag *d,
+                            const probe_step_scalars *r);
+
+/* Pass 3's part: each layer's largest forward and unscaled gradient
+ * absmax up to d->loss_best_step (base[2 li], base[2 li + 1]), then the
+ * first to grow past PROBE_DIAG_DIVERGE_LAYER_GROWTH times it; fa, ba: the
+ * layer's absmax at this step (NaN: none). */
+void probe__diag_growth_layer(probe_diag *d, double *base, int32_t li,
+                              int64_t step, double fa, double ba);
+
 /* Ranks the findings with the rules table and sets d->verdict. */
 void probe__diag_rank(probe_diag *d);
 

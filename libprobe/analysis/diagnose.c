@@ -266,10 +266,16 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
    * overflow) */
   double span = (double)d->last_step - (double)d->first_step + 1.0;
   for (int b = 0; b < PROBE_DIAG_TIME_BUCKETS; b++) d->bucket_first_step[b] = -1;
+  probe__loss_trend trend;
+  probe__skip_streak streak;
+  probe__diag_trend_init(&trend, d);
+  probe__diag_streak_init(&streak, d);
 
   const probe_step_scalars *r;
   while ((r = steps_cursor_peek(&c))) {
     c.pos++;
+    probe__diag_trend_row(&trend, d, r);
+    probe__diag_streak_row(&streak, d, r);
     int loss_known = !PROBE__UNMEASURED(r, PROBE__SC_LOSS);
     int scale_known = !PROBE__UNMEASURED(r, PROBE__SC_SCALE);
     if (loss_known && isnan(d->first_loss) && !d->first_loss_seen) {
@@ -377,6 +383,7 @@ static probe_status pass_steps(probe_diag *d, probe_trace *t, size_t chunk,
   }
   d->trailing_skip_run = run;
   d->trailing_skip_start = run > 0 ? run_start : -1;
+  probe__diag_trend_end(&trend, d);
   probe_status st = c.st;
   free(c.buf);
   if (st < 0) return st;
@@ -541,6 +548,9 @@ typedef struct walker {
   /* the recorded steps around the first non-finite loss's (-1 none): equal
    * to it when that step has records */
   int64_t loss_rec_before, loss_rec_after;
+  double *growth_base;  /* [2 n_layers]: probe__diag_growth_layer's */
+  int64_t *streak_nf;   /* [n_layers]: steps of the skip streak in which
+                           its gradients were non-finite */
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
@@ -1563,6 +1573,23 @@ static int entry_flushed(walker *w, const probe_record *r, const layer_step *l,
   return 1;
 }
 
+/* A layer's largest finite forward absmax (outputs, saved intermediates)
+ * and gradient absmax (grad_in, weight_grad) in the step, NaN when none;
+ * whether it has any of those records. */
+static int layer_absmax(const layer_step *l, const probe_record *r, float *fa,
+                        float *ba) {
+  int any = 0;
+  *fa = *ba = NAN;
+  for (int s = 0; s < 4; s++) {
+    int i = s == 0 ? l->fwd_out : s == 1 ? l->fwd_saved : s == 2 ? l->grad_in : l->wgrad;
+    if (i < 0) continue;
+    any = 1;
+    float a = r[i].stats.absmax, *m = s < 2 ? fa : ba;
+    if (isfinite(a) && (isnan(*m) || a > *m)) *m = a;
+  }
+  return any;
+}
+
 static void update_layers(walker *w, const probe_record *r, size_t n,
                           int64_t step, int loss_nf) {
   probe_diag *d = w->d;
@@ -1575,23 +1602,8 @@ static void update_layers(walker *w, const probe_record *r, size_t n,
   /* history + headroom + underflow, per layer */
   for (int64_t li = 0; li < nl; li++) {
     const layer_step *l = &w->ls[li];
-    float fa = NAN, ba = NAN;
-    int any = 0;
-    for (int s = 0; s < 2; s++) {
-      int i = s == 0 ? l->fwd_out : l->fwd_saved;
-      if (i < 0) continue;
-      any = 1;
-      float a = r[i].stats.absmax;
-      if (isfinite(a) && (isnan(fa) || a > fa)) fa = a;
-    }
-    for (int s = 0; s < 2; s++) {
-      int i = s == 0 ? l->grad_in : l->wgrad;
-      if (i < 0) continue;
-      any = 1;
-      float a = r[i].stats.absmax;
-      if (isfinite(a) && (isnan(ba) || a > ba)) ba = a;
-    }
-    if (!any) continue;
+    float fa, ba;
+    if (!layer_absmax(l, r, &fa, &ba)) continue;
     probe_diag_layer *dl = &d->layers[li];
     if (!w->frozen) {
       hist_point *p = &w->hist[li * w->hist_len + w->hist_count[li] % w->hist_len];
@@ -1830,6 +1842,58 @@ static void note_masters(walker *w, const probe_record *r, size_t n, int64_t ste
   }
 }
 
+/* A finite loss that diverged: each layer's activations and unscaled
+ * gradients against their largest before the loss's lowest median
+ * (probe__diag_growth_layer). The gradients are recorded scaled: divided
+ * by the step's scale when the steps table gives one. */
+static void track_growth(walker *w, const probe_record *r, int64_t step,
+                         const probe_step_scalars *sc) {
+  probe_diag *d = w->d;
+  if (!d->loss_diverged) return;
+  double unscale = 1.0;
+  if (sc && !PROBE__UNMEASURED(sc, PROBE__SC_SCALE) && isfinite(sc->loss_scale) &&
+      sc->loss_scale > 0)
+    unscale = 1.0 / sc->loss_scale;
+  for (int64_t li = 0; li < d->n_layers; li++) {
+    float fa, ba;
+    /* the loss's own values are the loss: not a layer that grew */
+    if (d->layers[li].info.kind == PROBE_KIND_LOSS ||
+        !layer_absmax(&w->ls[li], r, &fa, &ba))
+      continue;
+    probe__diag_growth_layer(d, w->growth_base, (int32_t)li, step, fa,
+                             (double)ba * unscale);
+  }
+}
+
+/* The steps of the skip streak (pass 1): the layer whose gradient was
+ * the first non-finite one of the step's backward (execution order: the
+ * layers behind it only passed it on). */
+static void track_streak(walker *w, const probe_record *r, size_t n,
+                         int64_t step) {
+  const probe_diag *d = w->d;
+  if (d->skip_streak_start < 0 || step < d->skip_streak_start ||
+      step > d->skip_streak_end)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    if (!is_bwd_out(r[i].site) || r[i].layer < 0 || r[i].layer >= d->n_layers ||
+        !rec_event_nf(d, &r[i]))
+      continue;
+    w->streak_nf[r[i].layer]++;
+    return;
+  }
+}
+
+/* The layer with non-finite gradients in most of the streak's steps, the
+ * first (layer order) of equals. */
+static void streak_layer(walker *w) {
+  probe_diag *d = w->d;
+  for (int64_t li = 0; li < d->n_layers; li++)
+    if (w->streak_nf[li] > d->skip_streak_layer_steps) {
+      d->skip_streak_layer = (int32_t)li;
+      d->skip_streak_layer_steps = w->streak_nf[li];
+    }
+}
+
 static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
                          const probe_step_scalars *sc) {
   probe_diag *d = w->d;
@@ -1854,6 +1918,8 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
                 !isfinite(sc->loss);
   compare_clip_norm(w, r, n, sc);
   update_layers(w, r, n, step, loss_nf);
+  track_growth(w, r, step, sc);
+  track_streak(w, r, n, step);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
   if (any_nf)
     event_of_step(w, r, n, step, fwd_nf, loss_nf, step_unskipped(d, sc));
@@ -1905,13 +1971,15 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.wstep = malloc((size_t)nl * sizeof *w.wstep);
   for (int64_t i = 0; w.edit_gain && i < nl; i++) w.edit_gain[i] = 1.0;
   w.bwd = calloc(BWD_COUNT, sizeof *w.bwd);
+  w.growth_base = calloc(2 * (size_t)nl, sizeof *w.growth_base);
+  w.streak_nf = calloc((size_t)nl, sizeof *w.streak_nf);
   for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
   probe_record *buf = malloc(chunk * sizeof *buf);
   size_t step_cap = 256, step_n = 0;
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.edit_gain || !w.wstep || !w.bwd || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.edit_gain || !w.wstep || !w.bwd || !w.growth_base || !w.streak_nf || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -1952,6 +2020,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     st = sc.st;
     goto done;
   }
+  streak_layer(&w);
   /* A backward-only overflow becomes the event when nothing else did and
    * the scaler did not cope (no scaling, or the scale collapsed). */
   if (d->event_step < 0 && w.have_bwd[BWD_FIRST] &&
@@ -1983,6 +2052,8 @@ done:
   free(w.edit_gain);
   free(w.wstep);
   free(w.bwd);
+  free(w.growth_base);
+  free(w.streak_nf);
   free(buf);
   free(step_buf);
   if (sc_ok) free(sc.buf);

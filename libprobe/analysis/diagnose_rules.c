@@ -45,6 +45,9 @@
 /* A sensitive FP16 layer (norms, softmax, attention) with less forward
  * headroom than this (binades) is a candidate when the run had an event. */
 #define SENSITIVE_HEADROOM 1.0
+/* loss-diverging names the learning rate when it rose at least this many
+ * times from the step of the loss's lowest median to the last. */
+#define DIVERGE_LR_RISE 2.0
 
 /* ---- scores (higher ranks first) ------------------------------------------- */
 
@@ -58,6 +61,8 @@
 #define SCORE_SILENT 85
 #define SCORE_DATA_RESOLUTION 86 /* above silent-fault: it says why */
 #define SCORE_SCALE_COLLAPSE 85
+#define SCORE_LOSS_DIVERGING 87 /* below the lr signature of an event */
+#define SCORE_SKIP_STREAK 84    /* below a collapse: the run recovered */
 #define SCORE_LOSS_SCALING 80
 #define SCORE_FORCE_FP32_AFTER_CLIP 75
 #define SCORE_FORCE_FP32_AFTER_LR 70
@@ -1220,6 +1225,129 @@ static void explain_collapse(rank_ctx *c, probe_diag_finding *f) {
     set_next(f, "check the FP32 baseline: %s", c->run_fp32);
 }
 
+/* loss-diverging: every loss finite, but its running median rose
+ * PROBE_DIAG_DIVERGE_FACTOR times or more above the lowest it reached
+ * (diagnose_trend.c). Not when the lr signature already said it. */
+static int when_loss_diverging(const rank_ctx *c) {
+  return c->d->loss_diverged && !c->lr_signature;
+}
+static double score_loss_diverging(const rank_ctx *c) {
+  (void)c;
+  return SCORE_LOSS_DIVERGING;
+}
+/* The layer that grew first, and the weights' growth. */
+static void diverging_layers(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  if (d->diverge_layer >= 0)
+    add_evidence(f, "'%s' (%s) grew first: its %s reached %.3gx their largest "
+                    "up to step %lld at step %lld",
+                 probe_diag_layer_name(d, d->diverge_layer),
+                 kind_of(d, d->diverge_layer),
+                 d->diverge_layer_bwd ? "gradients (unscaled)" : "activations",
+                 d->diverge_layer_growth, (long long)d->loss_best_step,
+                 (long long)d->diverge_layer_step);
+  else if (d->n_records > 0)
+    add_evidence(f, "no layer's activations or gradients grew %.3gx past their "
+                    "largest up to step %lld in the records",
+                 PROBE_DIAG_DIVERGE_LAYER_GROWTH, (long long)d->loss_best_step);
+  if (isfinite(c->wgrowth) && c->wgrowth > 1.0)
+    add_evidence(f, "the largest weight grew %.3gx (|w| %.3g -> %.3g)",
+                 c->wgrowth, d->master_absmax_first, d->master_absmax_last);
+}
+static void explain_loss_diverging(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  char b1[32], b2[32];
+  fmt_loss(b1, sizeof b1, d->loss_best_median);
+  fmt_loss(b2, sizeof b2, d->loss_last_median);
+  set_title(f, "the loss diverged while staying finite: it rose %.3gx from "
+               "step %lld to step %lld (%s -> %s)",
+            d->loss_growth, (long long)d->loss_best_step,
+            (long long)d->last_step, b1, b2);
+  add_evidence(f, "median of the last %d losses: lowest %s at step %lld, "
+                  "%.3gx that from step %lld, %s at the last step %lld; no "
+                  "inf/NaN in the loss",
+               (int)d->loss_window, b1, (long long)d->loss_best_step,
+               PROBE_DIAG_DIVERGE_FACTOR, (long long)d->loss_rise_step, b2,
+               (long long)d->last_step);
+  diverging_layers(c, f);
+  if (d->loss_best_lr > 0 && d->loss_last_lr >= DIVERGE_LR_RISE * d->loss_best_lr)
+    add_evidence(f, "the learning rate rose %.3gx meanwhile: %.4g at step %lld, "
+                    "%.4g at the last step",
+                 d->loss_last_lr / d->loss_best_lr, d->loss_best_lr,
+                 (long long)d->loss_best_step, d->loss_last_lr);
+  if (d->fp32_run)
+    add_evidence(f, "every layer ran in FP32: not a precision problem");
+  if (d->lr_spike_step >= 0 && d->lr_spike_step <= d->last_step) {
+    add_evidence(f, "the learning rate spiked at step %lld: %.4g, %.3gx the "
+                    "%.4g of the step before",
+                 (long long)d->lr_spike_step, d->lr_spike,
+                 d->lr_spike / d->lr_spike_base, d->lr_spike_base);
+    set_next(f, "fix the learning-rate schedule at step %lld; then check the "
+                "data of steps %lld..%lld and clip the gradients (after "
+                "unscaling)",
+             (long long)d->lr_spike_step, (long long)d->loss_best_step,
+             (long long)d->loss_rise_step);
+    return;
+  }
+  set_next(f, "lower the learning rate (or warm it up), check the data of "
+              "steps %lld..%lld (outliers, bad labels), and clip the gradients "
+              "by norm (after unscaling)%s",
+           (long long)d->loss_best_step, (long long)d->loss_rise_step,
+           d->fp32_run ? "; forcing layers to FP32 will not help" : "");
+}
+
+/* skip-streak: a long streak of skipped steps mid-run, the scale backing
+ * off at each, after which the run trained again (at the end of the
+ * trace it is scale-collapse's). Not when most of its steps had a
+ * non-finite loss: the loss's findings say that. */
+static int when_skip_streak(const rank_ctx *c) {
+  const probe_diag *d = c->d;
+  return d->skip_streak_start >= 0 &&
+         2 * d->skip_streak_loss_nf < d->skip_streak_len;
+}
+static double score_skip_streak(const rank_ctx *c) {
+  (void)c;
+  return SCORE_SKIP_STREAK;
+}
+static void explain_skip_streak(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  int32_t l = d->skip_streak_layer;
+  set_title(f, "%lld consecutive steps were skipped mid-run (steps "
+               "%lld..%lld): the weights did not change for that stretch",
+            (long long)d->skip_streak_len, (long long)d->skip_streak_start,
+            (long long)d->skip_streak_end);
+  add_evidence(f, "loss scale %.6g at step %lld, %.6g when the run stepped "
+                  "again at step %lld; a routine backoff skips 1 or 2",
+               d->skip_streak_scale_from, (long long)d->skip_streak_start,
+               d->skip_streak_scale_to, (long long)d->skip_streak_end + 1);
+  if (d->skip_streaks > 1)
+    add_evidence(f, "%lld streaks of %d or more skipped steps; this is the "
+                    "longest", (long long)d->skip_streaks, PROBE_DIAG_SKIP_STREAK);
+  char cands[128] = "";
+  if (l >= 0) {
+    add_evidence(f, "'%s' (%s, %s) made the first non-finite gradient in %lld "
+                    "of those steps",
+                 probe_diag_layer_name(d, l), kind_of(d, l), prec_label(d, l),
+                 (long long)d->skip_streak_layer_steps);
+    if (!layer_is_fp32(d, l)) add_layer_candidate(cands, sizeof cands, d, l);
+  } else {
+    add_evidence(f, "no per-layer record of those steps shows which gradient "
+                    "overflowed (record them to see it)");
+  }
+  if (cands[0])
+    set_next(f, "check the data of steps %lld..%lld and whether the "
+                "gradients of '%s' grew there (lower the learning rate or clip "
+                "after unscaling); if they overflow only in %s: ampprobe "
+                "bisect --fp32-candidates %s %s",
+             (long long)d->skip_streak_start, (long long)d->skip_streak_end,
+             probe_diag_layer_name(d, l), prec_label(d, l), cands, c->args);
+  else
+    set_next(f, "check the data of steps %lld..%lld (a batch that makes the "
+                "gradients non-finite) and whether the gradients grew there "
+                "(lower the learning rate, or clip after unscaling)",
+             (long long)d->skip_streak_start, (long long)d->skip_streak_end);
+}
+
 /* loss-outside: the loss went non-finite while every value its step's
  * forward recorded was finite (diagnose.c, loss_outside_modules wrote the
  * evidence): the loss computation, outside the recorded modules, made it.
@@ -1398,6 +1526,10 @@ static const rule RULES[] = {
      score_loss_outside, explain_loss_outside},
     {"loss-only", PROBE_DIAG_FINDING_LOWER_LR, when_loss_only, score_loss_only,
      explain_loss_only},
+    {"skip-streak", PROBE_DIAG_FINDING_SKIP_STREAK, when_skip_streak,
+     score_skip_streak, explain_skip_streak},
+    {"loss-diverging", PROBE_DIAG_FINDING_LOWER_LR, when_loss_diverging,
+     score_loss_diverging, explain_loss_diverging},
     {"no-steps", PROBE_DIAG_FINDING_NO_STEPS, when_no_steps, score_no_steps,
      explain_no_steps},
     {"not-closed", PROBE_DIAG_FINDING_NOT_CLOSED, when_not_closed,
