@@ -494,6 +494,13 @@ typedef struct probe_diag {
   int64_t skip_streaks;
   int32_t skip_streak_layer;
   int64_t skip_streak_layer_steps;
+  /* appended: a NaN-only event in a module of kind other (a custom module
+   * the tracer cannot classify) running in FP16/BF16 whose records show
+   * neither an overflow nor a flush (its inputs finite, in range, no
+   * flushed zeros) and nothing else rules the precision in or out: the
+   * force-fp32 finding says its evidence is weak and ranks lower
+   * (docs/precision.md, "Not a precision problem"). */
+  int origin_precision_weak;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

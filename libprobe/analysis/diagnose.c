@@ -944,6 +944,15 @@ static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
              (double)in->absmax, (unsigned long long)in->zero_count);
     return;
   }
+  /* A custom module (kind other: its op is unknown) from values in range:
+   * no overflow, no flush recorded. Nothing rules FP16 in or out (a
+   * rounding inside the op can make a negative; the op can make the NaN
+   * in any precision): the force-fp32 reading stands, as weak evidence
+   * (explain_event says so). */
+  if (lkind == PROBE_KIND_OTHER) {
+    e->origin_precision_weak = 1;
+    return;
+  }
   if (!fwd) return;
   double sq = (double)in->absmax * (double)in->absmax;
   if (probe__diag_is_norm_kind(lkind) && in->zero_count >= o->stats.nan_count &&
@@ -1776,6 +1785,7 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   to->origin_divides_zeros = from->origin_divides_zeros;
   to->origin_fwd_zeros = from->origin_fwd_zeros;
   to->origin_not_precision = from->origin_not_precision;
+  to->origin_precision_weak = from->origin_precision_weak;
   memcpy(to->event_evidence, from->event_evidence, sizeof to->event_evidence);
   to->n_history = from->n_history;
   memcpy(to->history, from->history, sizeof to->history);

@@ -66,6 +66,8 @@
 #define SCORE_LOSS_SCALING 80
 #define SCORE_FORCE_FP32_AFTER_CLIP 75
 #define SCORE_FORCE_FP32_AFTER_LR 70
+#define SCORE_FORCE_FP32_WEAK 65 /* a custom module's NaN, nothing
+                                    overflowed or flushed */
 #define SCORE_CLIP 60
 #define SCORE_SCALE_COLLAPSE_EVENT 60
 #define SCORE_LOSS_ONLY 50
@@ -833,6 +835,7 @@ static int when_event(const rank_ctx *c) {
 static double score_event(const rank_ctx *c) {
   return c->lr_signature ? SCORE_FORCE_FP32_AFTER_LR
          : c->d->clip_scaled_signature ? SCORE_FORCE_FP32_AFTER_CLIP
+         : c->d->origin_precision_weak ? SCORE_FORCE_FP32_WEAK
                                        : SCORE_FORCE_FP32;
 }
 static void explain_event(rank_ctx *c, probe_diag_finding *f) {
@@ -874,6 +877,10 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  "what it takes besides it (the targets of step %lld), which "
                  "is not recorded",
               c->oname, (long long)d->event_step);
+  else if (target == d->origin_layer && d->origin_precision_weak)
+    set_title(f, "%s %s in '%s' (%s): keeping it in FP32 may help, but the "
+                 "evidence is weak (nothing overflowed or flushed)",
+              prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
   else if (target == d->origin_layer)
     set_title(f, "%s %s in '%s' (%s): keep it in FP32",
               prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
@@ -900,6 +907,14 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  (unsigned long long)d->origin_out.nan_count,
                  (unsigned long long)(d->origin_out.posinf_count +
                                       d->origin_out.neginf_count));
+  if (d->origin_precision_weak)
+    add_evidence(f, "weak evidence for %s: '%s' is a custom module (kind "
+                    "other, its op unknown) that made NaN and no inf from "
+                    "finite values within %s's range, none flushed; no record "
+                    "shows an overflow or an underflow, and its op may make "
+                    "that NaN in any precision",
+                 prec_label(d, d->origin_layer), c->oname,
+                 prec_label(d, d->origin_layer));
   if (d->n_history >= 2) {
     const probe_diag_history_point *a = &d->history[0];
     const probe_diag_history_point *z = &d->history[d->n_history - 1];
@@ -943,6 +958,15 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
     set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
                 "trace against a full trace of %s",
              c->oname, c->run_fp32);
+  /* weak evidence: the FP32 run says first whether the precision is it */
+  if (cands && !at_input && !loss_target && d->origin_precision_weak) {
+    char b[sizeof f->next_step];
+    memcpy(b, f->next_step, sizeof b);
+    set_next(f, "check first whether '%s' makes NaN in FP32 too (%s): if it "
+                "does, fix its op (a sqrt or log of a negative, 0/0); if not, "
+                "%s",
+             c->oname, c->run_fp32, b);
+  }
   /* the recorded data holds the values beyond FP16's range: scale it */
   if (cands && !at_input && !loss_target &&
       strncmp(d->event_evidence, PROBE__DIAG_RAW_INPUT,

@@ -3384,6 +3384,62 @@ START_TEST(test_nan_without_precision_evidence) {
 END_TEST
 
 
+/* A NaN in a custom module (kind other: the tracer cannot tell its op)
+ * in FP16/BF16 where no record shows an overflow or a flush was "keep it
+ * in FP32" at full confidence (hunt, 2026-12-04): nothing rules the
+ * precision in, nor out. Its force-fp32 finding now says the evidence is
+ * weak, ranks below SCORE_FORCE_FP32 (90) and asks for the FP32 check
+ * first; with an overflow or a flush in the records, or a kind whose op is
+ * known, it stays as it was. */
+static const struct {
+  npnan z;
+  int weak;
+} weak_cases[] = {
+    /* weak: finite, in range, nothing flushed */
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 0, 2, 0}, 1},
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 1, 100.0f, 0, 0, 0, 4, 0}, 1},
+    {{PROBE_KIND_OTHER, "bf16", PROBE_DTYPE_BF16, 1, 1000.0f, 0, 0, 0, 3, 0}, 1},
+    /* its backward: more NaN than its forward's exact zeros */
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 1.0f, 2, 0, 0, 5, 0}, 1},
+    /* not weak: zeros beside an FP16 subnormal (flushing recorded) */
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 3, 1, 0, 2, 0}, 0},
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 0, 1.0f, 5, 1, 0, 5, 0}, 0},
+    /* not weak: an input beyond FP16's range */
+    {{PROBE_KIND_OTHER, "fp16", PROBE_DTYPE_F16, 1, 70000.0f, 0, 0, 0, 2, 0}, 0},
+    /* not weak: a kind whose op is known (a linear or an activation makes
+     * NaN of finite values only through an overflow) */
+    {{PROBE_KIND_LINEAR, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 1, 2, 0}, 0},
+    {{PROBE_KIND_ACTIVATION, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 0, 2, 0}, 0},
+};
+
+START_TEST(test_custom_nan_is_weak_evidence) {
+  const char *p = tmp_path("weaknan");
+  size_t i = (size_t)_i;
+  npnan_trace(p, &weak_cases[i].z);
+  probe_diag d;
+  probe_diag_of(&d, p);
+  const probe_diag_finding *f = find_id(&d, PROBE_DIAG_FINDING_FORCE_FP32);
+  ck_assert_msg(f != NULL, "case %zu: no force-fp32; first %s: %s", i,
+                probe_diag_finding_name(d.findings[0].id), d.findings[0].title);
+  int weak = strstr(f->title, "evidence is weak") != NULL;
+  ck_assert_msg(weak == weak_cases[i].weak, "case %zu: %s (score %g)", i,
+                f->title, f->score);
+  if (weak_cases[i].weak) {
+    ck_assert_msg(f->score < 90, "case %zu: score %g", i, f->score);
+    ck_assert_msg(strstr(f->next_step, "in FP32 too") &&
+                      strstr(f->next_step, "--precision fp32"),
+                  "case %zu: %s", i, f->next_step);
+    ck_assert_msg(text_has(&d, "no record shows an overflow or an underflow"),
+                  "case %zu", i);
+  } else {
+    ck_assert_msg(f->score >= 90 && strstr(f->title, "keep it in FP32"),
+                  "case %zu: %s (score %g)", i, f->title, f->score);
+  }
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_diagnose_suite(void) {
   Suite *s = suite_create("diagnose");
   TCase *tc = tcase_create("engine");
@@ -3418,6 +3474,8 @@ static Suite *make_diagnose_suite(void) {
   tcase_add_test(tc, test_loss_outside_every_precision);
   tcase_add_test(tc, test_nan_of_exact_zeros_is_not_precision);
   tcase_add_test(tc, test_nan_without_precision_evidence);
+  tcase_add_loop_test(tc, test_custom_nan_is_weak_evidence, 0,
+                      (int)(sizeof weak_cases / sizeof weak_cases[0]));
   tcase_add_test(tc, test_weights_nonfinite_before_any_update);
   tcase_add_test(tc, test_weights_outgrew_fp16);
   tcase_add_test(tc, test_weights_changed_outside_the_optimizer);
