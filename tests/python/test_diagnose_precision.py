@@ -205,3 +205,50 @@ def test_norm_whose_sum_of_squares_overflows_fp16(tmp_path, monkeypatch):
         return x + 400.0, pad, y
     pm = run(tmp_path, SumSquaresNorm(), make, kinds={SumSquaresNorm: "layernorm"})
     force_fp32(pm, "block")
+
+
+# ---- a custom module's NaN with nothing recorded either way ------------------
+
+
+class SqrtShift(nn.Module):
+    """sqrt(h + shift): finite while h + shift >= 0; a shift set below the
+    values makes NaN (no inf) from finite, in-range inputs, in any
+    precision. A custom module: the tracer cannot tell its op (kind other)."""
+    def __init__(self):
+        super().__init__()
+        self.shift = 10.0
+
+    def forward(self, h):
+        return torch.sqrt(h + self.shift)
+
+
+def _sqrt_shift_run(tmp_path, block, scale=1.0, bad_from=2):
+    def make(s):
+        block.shift = -10.0 if s >= bad_from else 10.0
+        return batch(s, scale=scale)
+    return run(tmp_path, block, make, kinds={SqrtShift: "other"})
+
+
+def test_custom_module_nan_is_weak_evidence(tmp_path):
+    """No overflow, no flush in the records: force-fp32 stays (a rounding
+    inside an unknown op could make the negative), but says its evidence
+    is weak, ranks below 90 and asks for the FP32 check first (the hunt's
+    'force-fp32 with full confidence'; failed before the fix)."""
+    pm = _sqrt_shift_run(tmp_path, SqrtShift())
+    force_fp32(pm, "block")
+    f = pm["diagnosis"][0]
+    assert "evidence is weak" in f["title"], f
+    assert "in FP32 too" in f["next_step"], f
+    assert any("no record shows an overflow or an underflow" in e
+               for e in f["evidence"]), f
+
+
+def test_custom_module_nan_after_overflow_is_not_weak(tmp_path, monkeypatch):
+    """The same module fed values beyond 65504 (the identity input layer
+    hands them over): the overflow is recorded, the finding is the plain
+    force-fp32 as before."""
+    _identity_inp(monkeypatch)
+    pm = _sqrt_shift_run(tmp_path, SqrtShift(), scale=1e5)
+    fs = findings(pm)
+    assert fs and fs[0][0] == "force-fp32", fs
+    assert "evidence is weak" not in fs[0][1], fs
