@@ -550,7 +550,8 @@ typedef struct walker {
   int64_t loss_rec_before, loss_rec_after;
   double *growth_base;  /* [2 n_layers]: probe__diag_growth_layer's */
   int64_t *streak_nf;   /* [n_layers]: steps of the skip streak in which
-                           its gradients were non-finite */
+                           it made the backward's first non-finite
+                           gradient */
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
