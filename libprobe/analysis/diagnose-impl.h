@@ -70,6 +70,7 @@ typedef struct probe__loss_trend {
   int64_t seen;                               /* finite losses so far */
   int negative;                               /* a loss below 0 */
   double lr;                                  /* the last measured lr */
+  double first;                               /* the first window's median */
 } probe__loss_trend;
 void probe__diag_trend_init(probe__loss_trend *t, probe_diag *d);
 void probe__diag_trend_row(probe__loss_trend *t, probe_diag *d,

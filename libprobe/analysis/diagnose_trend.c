@@ -62,6 +62,7 @@ void probe__diag_trend_row(probe__loss_trend *t, probe_diag *d,
   t->seen++;
   if (t->seen < t->w) return;
   double m = median_of(t->ring, t->w);
+  if (t->seen == t->w) t->first = m;
   d->loss_last_median = m;
   d->loss_last_lr = t->lr;
   if (m < d->loss_best_median) {
@@ -86,7 +87,11 @@ void probe__diag_trend_end(probe__loss_trend *t, probe_diag *d) {
   }
   d->loss_window = t->w;
   d->loss_growth = d->loss_last_median / d->loss_best_median;
+  /* ...and ends above where it started: a loss that fell to ~0 and
+   * drifts up by decades there (1e-6 to 1e-4 near convergence) is not a
+   * run that came apart */
   d->loss_diverged = d->loss_growth >= PROBE_DIAG_DIVERGE_FACTOR &&
+                     d->loss_last_median > t->first &&
                      d->first_nonfinite_loss_step < 0;
 }
 

@@ -227,6 +227,19 @@ static double loss_recovers(int s, int n) {
   return s >= 100 && s < 130 ? 100.0 : 1.0;
 }
 
+/* falls from 1 to 1e-6 by step 200, then drifts up to 1e-4 (x100 its
+ * lowest, far below its start): near-zero noise, not a divergence */
+static double loss_converged_drift(int s, int n) {
+  (void)n;
+  return s < 200 ? pow(1e-6, s / 200.0) : 1e-6 * pow(100.0, (s - 200) / 100.0);
+}
+/* learns 2.3 -> 0.01, climbs back to 0.5 (x50, still below its start) */
+static double loss_climbs_below_start(int s, int n) {
+  (void)n;
+  if (s < 150) return 2.3 * pow(0.01 / 2.3, s / 150.0);
+  return 0.01 * pow(50.0, (s - 150) / 150.0);
+}
+
 static const run_case diverge_cases[] = {
     /* fires: degraded, lower-lr, the growth and the steps named */
     {"explodes", 300, loss_explodes, 0, 40, NULL, 0, 0, 0, PROBE_VERDICT_DEGRADED,
@@ -257,6 +270,10 @@ static const run_case diverge_cases[] = {
      NULL, {NULL}},
     {"recovers", 300, loss_recovers, 0, -1, NULL, 0, 0, 0, PROBE_VERDICT_HEALTHY,
      NULL, {NULL}},
+    {"converged_drift", 300, loss_converged_drift, 0.3, -1, NULL, 0, 0, 0,
+     PROBE_VERDICT_HEALTHY, NULL, {NULL}},
+    {"climbs_below_start", 300, loss_climbs_below_start, 0.2, -1, NULL, 0, 0, 0,
+     PROBE_VERDICT_HEALTHY, NULL, {NULL}},
 };
 
 START_TEST(test_finite_divergence) { check_case(&diverge_cases[_i]); }
