@@ -25,14 +25,14 @@
 
 #include "ampprobe/analysis.h"
 #include "ampprobe/probe.h"
+#include "probe_testutil.h"
 
 #define N 16
 
+/* a path in this process's test folder, removed with it (pt_path) */
 static char path_buf[256];
 static const char *tmp_path(const char *tag) {
-  const char *dir = getenv("TMPDIR");
-  snprintf(path_buf, sizeof path_buf, "%.64s/ampprobe-test-trend-%d-%s.h5",
-           dir ? dir : "/tmp", (int)getpid(), tag);
+  pt_path(path_buf, sizeof path_buf, tag);
   return path_buf;
 }
 
