@@ -25,7 +25,10 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
+import threading
+import time
 import types
 import warnings
 import weakref
@@ -2387,6 +2390,8 @@ def _exception_reason(exc_type, exc):
     none (or a SystemExit with status 0/None: sys.exit() is a normal end)."""
     if exc_type is None:
         return None
+    if isinstance(exc, SignalExit):  # stop_on_signals: the CLI's words
+        return _signal_reason(exc.signum)
     if issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0):
         return None
     if issubclass(exc_type, KeyboardInterrupt):
@@ -2424,11 +2429,107 @@ def _uncaught_reason():
     means some earlier line failed."""
     if _UNCAUGHT[0]:
         return "uncaught " + _UNCAUGHT[0]
+    if _SIGNALLED[0]:  # a SignalExit (a SystemExit: no excepthook)
+        return _SIGNALLED[0]
     lt = getattr(sys, "last_type", None)
     if lt is not None and not hasattr(sys, "ps1"):
         r = _exception_reason(lt, getattr(sys, "last_value", None))
         return "uncaught " + r if r else None
     return None
+
+
+class SignalExit(SystemExit):
+    """Raised in the main thread by the handler stop_on_signals installs:
+    the job was told to stop by signal `signum`. A SystemExit (`except
+    Exception` lets it through) whose code is 128 + signum, the status a
+    shell or Slurm reads as "ended by that signal"; a Tracer it leaves
+    is marked aborted "signal SIGTERM" (the name `ampprobe run` writes)."""
+
+    def __init__(self, signum):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+    def __str__(self):
+        return _signal_reason(self.signum)
+
+
+# The first stop signal received ("signal SIGTERM") and when (monotonic
+# seconds), set by _on_stop_signal: the finalizer marks a tracer never
+# closed with it, since an uncaught SystemExit skips sys.excepthook.
+_SIGNALLED = [None]
+_SIGNAL_FIRST = [0.0]
+# A repeat within this of the first is the same request delivered twice
+# (timeout(1) signals the command, then its group; a launcher forwards
+# what it got): ignored, as `ampprobe run` does (CLI_SIGNAL_REPEAT_S), so
+# that it cannot break the tracer's close. A later one ends the process.
+_SIGNAL_REPEAT_S = 1.0
+
+
+def _signal_reason(signum):
+    try:
+        return "signal " + signal.Signals(signum).name
+    except ValueError:
+        return "signal %d" % signum
+
+
+def _on_stop_signal(signum, frame):
+    now = time.monotonic()
+    if _SIGNALLED[0] is None:
+        _SIGNALLED[0] = _signal_reason(signum)
+        _SIGNAL_FIRST[0] = now
+        raise SignalExit(signum)
+    if now - _SIGNAL_FIRST[0] < _SIGNAL_REPEAT_S:
+        return
+    # asked again: end now, by the signal's default action (work stuck in
+    # a close or a checkpoint cannot make the job deaf to it)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def stop_on_signals(signals=(signal.SIGTERM,)):
+    """Opt-in: makes each of `signals` (default SIGTERM: Slurm's time limit
+    and preemption, Kubernetes, `docker stop`) stop the job by raising
+    SignalExit in the main thread, instead of Python's default action for
+    SIGTERM, which kills the interpreter with no `with` exit and no
+    finalizer (the trace read "not closed", its reason lost). A
+    `with Tracer(...)` block it leaves, and a tracer never closed that the
+    at-exit finalizer closes, are marked aborted "signal SIGTERM" (the
+    name `ampprobe run` writes), and the process exits with status
+    128 + signum (143 for SIGTERM). A repeat of a stop signal within 1 s
+    of the first is ignored (the same request delivered twice: the close
+    goes on); a later one ends the process by the signal's default action.
+
+    Call it once, from the main thread (a ValueError otherwise: Python
+    runs signal handlers there only). The library never installs a handler
+    by itself. Returns {signum: previous handler}; restore with
+    `for s, h in prev.items(): signal.signal(s, h)`. SIGKILL and SIGSTOP
+    cannot be caught (ValueError); nothing is installed when any signal is
+    refused."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("stop_on_signals must be called from the main "
+                         "thread (Python runs signal handlers there only)")
+    if isinstance(signals, int):
+        signals = (signals,)
+    sigs = []
+    for s in signals:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError("stop_on_signals: %r is not a signal number" % (s,))
+        if s in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError("stop_on_signals: %s cannot be caught" %
+                             _signal_reason(s))
+        if s not in signal.valid_signals():
+            raise ValueError("stop_on_signals: %r is no signal here" % (s,))
+        if s not in sigs:
+            sigs.append(s)
+    prev = {}
+    try:
+        for s in sigs:
+            prev[s] = signal.signal(s, _on_stop_signal)
+    except BaseException:
+        for s, h in prev.items():  # all or nothing
+            signal.signal(s, h)
+        raise
+    return prev
 
 
 def _end_open_step(session, snapshot=True):
