@@ -196,6 +196,10 @@ typedef struct probe_diag_finding {
   int n_evidence;
   char evidence[PROBE_DIAG_MAX_EVIDENCE][PROBE_DIAG_TEXT_MAX];
   char next_step[PROBE_DIAG_TEXT_MAX * 2];
+  /* appended: 1 when the rule marks its own evidence weak (force-fp32 for
+   * a custom module's NaN with no overflow or flush recorded:
+   * probe_diag.origin_precision_weak), else 0 */
+  int weak_evidence;
 } probe_diag_finding;
 
 /* One point of the origin layer's history before the event. */

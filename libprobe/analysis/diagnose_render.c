@@ -371,6 +371,15 @@ static void layer_ref(probe__jw *w, const char *key, const probe_diag *d,
     probe__jw_str(w, key, probe_diag_layer_name(d, id));
 }
 
+/* A measured number: finite, or null (NaN: not measured; inf and NaN
+ * cannot be read by a program as a number). */
+static void fin_num(probe__jw *w, const char *key, double v) {
+  if (isfinite(v))
+    probe__jw_num(w, key, v);
+  else
+    probe__jw_null(w, key);
+}
+
 /* A call number (origin_call and the like: 1-based; 0, none, is null). */
 static void call_ref(probe__jw *w, const char *key, int32_t v) {
   if (v > 0)
@@ -409,6 +418,39 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
   probe__jw_opt(w, "min", d->min_loss); /* null: no finite loss */
   probe__jw_step(w, "first_nonfinite_step", d->first_nonfinite_loss_step);
   probe__jw_int(w, "nonfinite_steps", d->nonfinite_loss_steps);
+  probe__jw_end(w, '}');
+
+  /* loss-diverging's numbers (docs/precision.md, "A finite loss that
+   * diverges"); judged false (loss_window 0): too few finite losses or a
+   * loss below 0, and every other key is null. NaN and inf are null. */
+  probe__jw_obj(w, "loss_trend");
+  probe__jw_bool(w, "judged", d->loss_window > 0);
+  if (d->loss_window > 0)
+    probe__jw_int(w, "window", d->loss_window);
+  else
+    probe__jw_null(w, "window");
+  probe__jw_obj(w, "best");
+  probe__jw_step(w, "step", d->loss_best_step);
+  fin_num(w, "median", d->loss_best_median);
+  fin_num(w, "lr", d->loss_best_lr);
+  probe__jw_end(w, '}');
+  probe__jw_obj(w, "last");
+  fin_num(w, "median", d->loss_last_median);
+  fin_num(w, "lr", d->loss_last_lr);
+  probe__jw_end(w, '}');
+  fin_num(w, "growth", d->loss_growth);
+  probe__jw_step(w, "rise_step", d->loss_rise_step);
+  probe__jw_bool(w, "diverged", d->loss_diverged);
+  if (d->diverge_layer >= 0) {
+    probe__jw_obj(w, "first_grown_layer");
+    probe__jw_str(w, "name", probe_diag_layer_name(d, d->diverge_layer));
+    probe__jw_step(w, "step", d->diverge_layer_step);
+    fin_num(w, "growth", d->diverge_layer_growth);
+    probe__jw_str(w, "site", d->diverge_layer_bwd ? "gradient" : "activation");
+    probe__jw_end(w, '}');
+  } else {
+    probe__jw_null(w, "first_grown_layer");
+  }
   probe__jw_end(w, '}');
 
   probe__jw_obj(w, "event");
@@ -513,6 +555,26 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
   probe__jw_end(w, ']');
   probe__jw_end(w, '}');
 
+  /* skip-streak's numbers (docs/precision.md, "A streak of skipped
+   * steps"): null when no streak of PROBE_DIAG_SKIP_STREAK skipped steps
+   * ended before the trace did. */
+  if (d->skip_streak_start >= 0) {
+    probe__jw_obj(w, "skip_streak");
+    probe__jw_step(w, "start", d->skip_streak_start);
+    probe__jw_step(w, "end", d->skip_streak_end);
+    probe__jw_int(w, "length", d->skip_streak_len);
+    probe__jw_int(w, "streaks", d->skip_streaks);
+    fin_num(w, "scale_from", d->skip_streak_scale_from);
+    fin_num(w, "scale_to", d->skip_streak_scale_to);
+    layer_ref(w, "layer", d, d->skip_streak_layer);
+    probe__jw_int(w, "layer_steps",
+                  d->skip_streak_layer >= 0 ? d->skip_streak_layer_steps : 0);
+    probe__jw_int(w, "loss_nonfinite", d->skip_streak_loss_nf);
+    probe__jw_end(w, '}');
+  } else {
+    probe__jw_null(w, "skip_streak");
+  }
+
   probe__jw_obj(w, "clipping");
   probe__jw_bool(w, "enabled", d->clipping_on);
   if (d->clipping_on) {
@@ -577,6 +639,9 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
       probe__jw_str(w, NULL, fd->evidence[k]);
     probe__jw_end(w, ']');
     probe__jw_str(w, "next_step", fd->next_step);
+    /* true: the rule says its own evidence is weak (force-fp32 for a custom
+     * module's NaN with no overflow or flush recorded); false: not marked */
+    probe__jw_bool(w, "weak_evidence", fd->weak_evidence);
     probe__jw_end(w, '}');
   }
   probe__jw_end(w, ']');

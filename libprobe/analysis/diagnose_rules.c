@@ -907,6 +907,7 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  (unsigned long long)d->origin_out.nan_count,
                  (unsigned long long)(d->origin_out.posinf_count +
                                       d->origin_out.neginf_count));
+  if (d->origin_precision_weak) f->weak_evidence = 1;
   if (d->origin_precision_weak)
     add_evidence(f, "weak evidence for %s: '%s' is a custom module (kind "
                     "other, its op unknown) that made NaN and no inf from "

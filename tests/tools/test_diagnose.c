@@ -3412,6 +3412,31 @@ static const struct {
     {{PROBE_KIND_ACTIVATION, "fp16", PROBE_DTYPE_F16, 1, 1.0f, 0, 0, 0, 2, 0}, 0},
 };
 
+/* postmortem --json: the force-fp32 finding's weak_evidence is WEAK (1/0)
+ * and every other finding's false, read with /usr/bin/python3's json. */
+static void weak_json_check(const probe_diag *d, size_t i, int weak) {
+  char *js = NULL;
+  ck_assert_int_eq(probe_diag_render_json(d, &js), PROBE_OK);
+  char jp[320], cmd[800];
+  snprintf(jp, sizeof jp, "%s.json", tmp_path("weaknan"));
+  FILE *fj = fopen(jp, "w");
+  ck_assert(fj != NULL);
+  fputs(js, fj);
+  fclose(fj);
+  free(js);
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 -c \"import json,sys; f=json.load(open(sys.argv[1]))"
+           "['diagnosis']; w=[x['weak_evidence'] for x in f if x['id']=="
+           "'force-fp32']; o=[x['weak_evidence'] for x in f if x['id']!="
+           "'force-fp32']; sys.exit(0 if w and w[0] is %s and not any(o) "
+           "else 1)\" '%s'",
+           weak ? "True" : "False", jp);
+  int rc = system(cmd);
+  unlink(jp);
+  ck_assert_msg(rc == 0, "case %zu: weak_evidence is not %s in the JSON", i,
+                weak ? "true" : "false");
+}
+
 START_TEST(test_custom_nan_is_weak_evidence) {
   const char *p = tmp_path("weaknan");
   size_t i = (size_t)_i;
@@ -3435,6 +3460,7 @@ START_TEST(test_custom_nan_is_weak_evidence) {
     ck_assert_msg(f->score >= 90 && strstr(f->title, "keep it in FP32"),
                   "case %zu: %s (score %g)", i, f->title, f->score);
   }
+  weak_json_check(&d, i, weak_cases[i].weak);
   probe_diag_free(&d);
   unlink(p);
 }

@@ -83,6 +83,9 @@ typedef struct run_case {
   const char *text[3];            /* in that finding's text */
 } run_case;
 
+/* head.fc2's name in the trace (test_json_keys gives it a hostile one) */
+static const char *fc2_name = "head.fc2";
+
 static void write_run(const char *p, const run_case *c) {
   probe_options o;
   probe_options_init(&o);
@@ -96,7 +99,7 @@ static void write_run(const char *p, const run_case *c) {
   probe_dtype prec = c->fp32 ? PROBE_DTYPE_F32 : PROBE_DTYPE_F16;
   int32_t fc1, fc2, loss;
   ck_assert_int_eq(probe_layer_register(s, "enc.fc1", PROBE_KIND_LINEAR, prec, &fc1), PROBE_OK);
-  ck_assert_int_eq(probe_layer_register(s, "head.fc2", PROBE_KIND_LINEAR, prec, &fc2), PROBE_OK);
+  ck_assert_int_eq(probe_layer_register(s, fc2_name, PROBE_KIND_LINEAR, prec, &fc2), PROBE_OK);
   ck_assert_int_eq(probe_layer_register(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32, &loss), PROBE_OK);
   double scale = c->fp32 ? 1.0 : 65536.0;
   int interval = c->growth_interval > 0 ? c->growth_interval : 2000, tracker = 0;
@@ -346,6 +349,133 @@ START_TEST(test_trailing_streak_not_twice) {
 }
 END_TEST
 
+/* ---- 3: the numbers in `postmortem --json` ------------------------------------
+ * loss_trend, skip_streak and each finding's weak_evidence, read back with
+ * /usr/bin/python3's json module: CHECK is a Python expression over d (the
+ * document), t (loss_trend), k (skip_streak) and f (diagnosis). */
+static void json_check(const probe_diag *d, const char *tag, const char *check) {
+  char *js = NULL;
+  ck_assert_int_eq(probe_diag_render_json(d, &js), PROBE_OK);
+  char jp[300], sp[300], cmd[700];
+  snprintf(jp, sizeof jp, "%s.json", tmp_path(tag));
+  snprintf(sp, sizeof sp, "%s.py", tmp_path(tag));
+  FILE *fj = fopen(jp, "w");
+  ck_assert(fj != NULL);
+  fputs(js, fj);
+  fclose(fj);
+  free(js);
+  FILE *fs = fopen(sp, "w");
+  ck_assert(fs != NULL);
+  fprintf(fs,
+          "import json, os, sys\n"
+          "raw = open(sys.argv[1], encoding='utf-8').read()\n"
+          "d = json.loads(raw)\n"
+          "t, k, f = d['loss_trend'], d['skip_streak'], d['diagnosis']\n"
+          "ok = (%s)\n"
+          "if os.environ.get('AMPPROBE_TEST_SHOW'):\n"
+          "    print(sys.argv[2], json.dumps({'loss_trend': t, 'skip_streak': k}),"
+          " file=sys.stderr)\n"
+          "if not ok:\n"
+          "    print('%s: failed:', %s, file=sys.stderr)\n"
+          "    print(json.dumps({'loss_trend': t, 'skip_streak': k, 'weak': "
+          "[x['weak_evidence'] for x in f]}, indent=1), file=sys.stderr)\n"
+          "sys.exit(0 if ok else 1)\n",
+          check, tag, "repr(sys.argv[2])");
+  fclose(fs);
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' '%s' '%s'", sp, jp, tag);
+  int rc = system(cmd);
+  unlink(jp);
+  unlink(sp);
+  ck_assert_msg(rc == 0, "%s: %s", tag, check);
+}
+
+static void json_case(const run_case *c, const char *check) {
+  const char *p = tmp_path(c->tag);
+  write_run(p, c);
+  probe_diag d;
+  diag_of(&d, p);
+  json_check(&d, c->tag, check);
+  probe_diag_free(&d);
+  unlink(p);
+}
+
+/* shared by every case: the keys and their types, no weak finding here */
+#define JSON_COMMON                                                          \
+  "set(t) == {'judged','window','best','last','growth','rise_step',"         \
+  "'diverged','first_grown_layer'} and set(t['best']) == {'step','median',"  \
+  "'lr'} and set(t['last']) == {'median','lr'} and "                         \
+  "all(x['weak_evidence'] is False for x in f) and "
+
+START_TEST(test_json_diverging) {
+  json_case(&diverge_cases[0], /* explodes: head.fc2 grows from step 40 */
+            JSON_COMMON
+            "t['judged'] is True and t['diverged'] is True and "
+            "isinstance(t['window'], int) and 5 <= t['window'] <= 25 and "
+            "isinstance(t['best']['step'], int) and t['best']['lr'] == 1e-3 and "
+            "t['last']['lr'] == 1e-3 and t['growth'] >= 10 and "
+            "abs(t['growth'] - t['last']['median'] / t['best']['median']) < "
+            "1e-6 * t['growth'] and t['rise_step'] > t['best']['step'] and "
+            "t['first_grown_layer']['name'] == 'head.fc2' and "
+            "t['first_grown_layer']['site'] == 'activation' and "
+            "t['first_grown_layer']['step'] > t['best']['step'] and "
+            "t['first_grown_layer']['growth'] >= 10 and k is None and "
+            "f[0]['id'] == 'lower-lr'");
+}
+END_TEST
+
+START_TEST(test_json_healthy) {
+  json_case(&diverge_cases[6], /* noisy_falls */
+            JSON_COMMON
+            "t['judged'] is True and t['diverged'] is False and "
+            "t['growth'] < 10 and t['rise_step'] is None and "
+            "t['first_grown_layer'] is None and k is None and "
+            "d['verdict'] == 'healthy'");
+}
+END_TEST
+
+START_TEST(test_json_too_short) {
+  /* 8 losses: fewer than 2 windows of 5, not judged */
+  const run_case c = {"json_short", 8, loss_falls, 0, -1, NULL, 0, 0, 0,
+                      PROBE_VERDICT_HEALTHY, NULL, {NULL}};
+  json_case(&c, JSON_COMMON
+                "t['judged'] is False and t['window'] is None and "
+                "t['diverged'] is False and t['growth'] is None and "
+                "t['best'] == {'step': None, 'median': None, 'lr': None} and "
+                "t['last'] == {'median': None, 'lr': None} and "
+                "t['rise_step'] is None and t['first_grown_layer'] is None and "
+                "k is None");
+}
+END_TEST
+
+START_TEST(test_json_skip_streak) {
+  json_case(&streak_cases[0], /* streak_50: steps 500..549, head.fc2's inf */
+            JSON_COMMON
+            "set(k) == {'start','end','length','streaks','scale_from',"
+            "'scale_to','layer','layer_steps','loss_nonfinite'} and "
+            "k['start'] == 500 and k['end'] == 549 and k['length'] == 50 and "
+            "k['streaks'] == 1 and k['scale_from'] > k['scale_to'] > 0 and "
+            "k['layer'] == 'head.fc2' and k['layer_steps'] == 50 and "
+            "k['loss_nonfinite'] == 0 and t['judged'] is True and "
+            "any(x['id'] == 'skip-streak' for x in f)");
+}
+END_TEST
+
+START_TEST(test_json_hostile_layer_name) {
+  /* the layer that grew first has control characters and a quote in its
+   * name: it is escaped as every other layer name of the document */
+  fc2_name = "head\x01\x1b[2J\n\"fc2\\";
+  run_case c = diverge_cases[0];
+  c.tag = "json_hostile";
+  json_case(&c, JSON_COMMON
+                "t['diverged'] is True and "
+                "t['first_grown_layer']['name'] in "
+                "[x['layer'] for x in d['layers']] and "
+                "not any(ord(ch) < 32 for ch in t['first_grown_layer']['name']) "
+                "and '\\x1b' not in raw and '\\x01' not in raw");
+  fc2_name = "head.fc2";
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("diagnose_trend");
   TCase *tc = tcase_create("trend");
@@ -355,6 +485,11 @@ static Suite *make_suite(void) {
   tcase_add_loop_test(tc, test_skip_streak, 0,
                       (int)(sizeof streak_cases / sizeof streak_cases[0]));
   tcase_add_test(tc, test_trailing_streak_not_twice);
+  tcase_add_test(tc, test_json_diverging);
+  tcase_add_test(tc, test_json_healthy);
+  tcase_add_test(tc, test_json_too_short);
+  tcase_add_test(tc, test_json_skip_streak);
+  tcase_add_test(tc, test_json_hostile_layer_name);
   suite_add_tcase(s, tc);
   return s;
 }
