@@ -36,6 +36,14 @@
  * i.e. shifted by the trial's warm-up skips (the first backoffs from the
  * initial scale), with a tolerance of max(--max-loss-regress, the spread
  * between the two baselines of different seeds).
+ *
+ * Resuming (--resume FILE, docs/cli.md "Resuming"): the document of an
+ * earlier bisect records its settings (settings_json) and, per trial, the
+ * folder and number of its files. When every setting matches, a trial of
+ * the same role and FP32 set that had a verdict is read back from its
+ * trace and judged again instead of run (trial_try_reuse, in run_trials'
+ * launch order, so ddmin sees the same verdicts as an uninterrupted run);
+ * one whose trace is gone runs again, into this bisect's own folder.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -71,6 +79,8 @@ static const char *SUB = "bisect";
 #define CANCEL_GRACE 5.0 /* seconds from SIGTERM to SIGKILL of a trial */
 #define RANKS_MAX 1024   /* --ranks N, at most */
 #define SET_MAX 1024     /* rank files of one trial read, at most */
+#define RS_DIRS_MAX 64   /* --resume: folders of earlier trials, at most */
+#define RESUME_MAX (64L << 20) /* --resume: the document's size, at most */
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -79,6 +89,7 @@ static void usage(FILE *f) {
 "                       [--ranks N] [--trace] [--workdir DIR]\n"
 "                       [failure criteria] [--json] [-o FILE [--force]] [-q]\n"
 "                       [--progress-every SECONDS] [--trial-timeout SECONDS]\n"
+"                       [--resume FILE]\n"
 "                       [-- RUN OPTIONS | -- COMMAND ARGS...]\n"
 "\n"
 "Finds a minimal set of modules to keep in FP32 so that FP16 training stays\n"
@@ -144,6 +155,15 @@ static void usage(FILE *f) {
 "                           'ampprobe report --bisect FILE'); an existing FILE\n"
 "                           is refused unless --force\n"
 "  --force                  replace an existing -o FILE\n"
+"  --resume FILE            go on from an earlier bisect's -o FILE (stopped by\n"
+"                           Ctrl-C/SIGTERM, or finished): its trials with a\n"
+"                           pass/fail verdict whose traces are still there are\n"
+"                           read back instead of run (marked 'reused'); its\n"
+"                           settings must be this bisect's (candidates,\n"
+"                           scenario/config, command, steps, seeds, ranks,\n"
+"                           run options, granularity, criteria), else exit 2\n"
+"                           naming the first that differs; -o FILE may be the\n"
+"                           same file only with --force\n"
 "  -q, --quiet              no progress line on stderr\n"
 "  --trial-timeout S        stop a trial still running after S seconds and\n"
 "                           end bisect with exit 4 naming it (default 0: no\n"
@@ -157,10 +177,12 @@ static void usage(FILE *f) {
 "      precision problem (the FP32 baseline fails), or the candidates are not\n"
 "      enough; 2 usage error; 3 unreadable config; 4 a trial could not run;\n"
 "      5 the FP32 baseline does not train (its loss does not go down);\n"
-"      130 interrupted\n"
+"      130 interrupted (-o FILE holds the trials so far: --resume FILE)\n"
 "\n"
 "examples:\n"
 "  ampprobe bisect --scenario two-culprits --fp32-candidates bn,softmax,revin\n"
+"  ampprobe bisect --scenario two-culprits --fp32-candidates bn,softmax,revin \\\n"
+"      -o r.json --resume r.json --force      (goes on after a Ctrl-C)\n"
 "  ampprobe bisect --scenario bn-overflow --fp32-candidates bn --granularity layer\n"
 "  ampprobe bisect --fp32-candidates bn,softmax,revin -j 2 -- python train.py\n"
 "  ampprobe bisect --scenario allreduce-overflow --ranks 2 --fp32-candidates bn\n"
@@ -221,6 +243,12 @@ typedef struct trial {
   double win_loss, win_base; /* judged windows: trial's, baseline's */
   int64_t win_from, win_base_from, win_len;
   char trace[1100];
+  /* --resume: a trial of the earlier document, read back from its trace
+   * instead of run (reused), its files trial-<fid>.* in folder src of
+   * the resume table (bisect.rs_dir); fid is id for a trial run here */
+  int reused;
+  int fid;
+  int src;
   /* a multi-rank trial: its rank files, and what the set says */
   int n_ranks;          /* rank files found; 0: one trace (trace) */
   int world;            /* ranks the job had (--ranks, or the traces say) */
@@ -239,6 +267,18 @@ typedef struct layer_ref {
   char name[PROBE_NAME_MAX];
   probe_kind kind;
 } layer_ref;
+
+/* --resume: a trial of the earlier document that had a verdict: looked up
+ * by role and FP32 set (the set as the comma list trials carry). */
+typedef struct prior {
+  trial_role role;
+  char fp32[LIST_MAX];
+  int fid, src;       /* trial-<fid>.* in rs_dir[src] */
+  char trace[1100];   /* the trace path it showed */
+  int exit_code;
+  double seconds;
+  int64_t steps_planned;
+} prior;
 
 typedef struct bisect {
   /* options */
@@ -298,6 +338,20 @@ typedef struct bisect {
   double t_start;
   cli_line progress; /* the line on a terminal (cli.h) */
   double last_line;
+  /* settings that decide the answer, besides the options above
+   * (settings_json: written to the result, checked by --resume) */
+  int64_t steps_eff;       /* the trials' steps (internal), -1 unknown */
+  char config_digest[40];  /* of the config file's content, "" none */
+  char wd_abs[PATH_MAX];   /* realpath of workdir */
+  /* --resume FILE: the earlier document's trials with a verdict (prior),
+   * the folders holding their files (rs_dir/rs_fd) */
+  const char *resume;
+  struct prior *prior;
+  size_t n_prior;
+  char *rs_dir[RS_DIRS_MAX];
+  int rs_fd[RS_DIRS_MAX];
+  int n_rs_dir;
+  size_t n_reused, n_gone;
 } bisect;
 
 static trial *T(bisect *b, int id) { return id >= 0 ? &b->trials[id] : NULL; }
@@ -322,12 +376,23 @@ static trial *trial_new(bisect *b, trial_role role, const char *fp32,
   t->final_loss = t->min_scale = t->win_loss = t->win_base = NAN;
   t->first_nonfinite_loss = -1;
   t->rank_short = -1;
+  t->fid = t->id;
+  t->src = -1;
   snprintf(t->trace, sizeof t->trace, "%.1000s/trial-%02d.h5", b->workdir, t->id);
   return t;
 }
 
 static void trial_file(const trial *t, const char *ext, char *buf, size_t len) {
-  snprintf(buf, len, "trial-%02d.%s", t->id, ext);
+  snprintf(buf, len, "trial-%02d.%s", t->fid, ext);
+}
+
+/* The folder of a trial's files: this bisect's work directory, or for a
+ * reused trial the earlier one's (as a descriptor and as a path). */
+static int trial_dir_fd(const bisect *b, const trial *t) {
+  return t->reused ? b->rs_fd[t->src] : b->wd_fd;
+}
+static const char *trial_dir(const bisect *b, const trial *t) {
+  return t->reused ? b->rs_dir[t->src] : b->workdir;
 }
 
 /* argv of `ampprobe run` for one internal trial; strings point into b and
@@ -419,7 +484,7 @@ static int trial_open(const bisect *b, const trial *t, const char *ext) {
 /* The rank of a trial's rank file name "trial-NN.rankR.h5", or -1. */
 static int rank_file_rank(const trial *t, const char *name) {
   char pre[32];
-  int n = snprintf(pre, sizeof pre, "trial-%02d.rank", t->id);
+  int n = snprintf(pre, sizeof pre, "trial-%02d.rank", t->fid);
   if (strncmp(name, pre, (size_t)n) != 0) return -1;
   const char *p = name + n;
   if (*p < '0' || *p > '9') return -1;
@@ -438,7 +503,7 @@ static int cmp_int(const void *a, const void *b) {
  * max of them into ranks (may be NULL); returns how many there are. */
 static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
                             int max) {
-  int dfd = dup(b->wd_fd);
+  int dfd = dup(trial_dir_fd(b, t));
   DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
   if (!d) {
     if (dfd >= 0) close(dfd);
@@ -450,6 +515,10 @@ static int trial_rank_files(const bisect *b, const trial *t, int *ranks,
   while ((e = readdir(d))) {
     int r = rank_file_rank(t, e->d_name);
     if (r < 0) continue;
+    struct stat sb; /* an earlier folder's: its own files only, no link */
+    if (t->reused && (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+                      !S_ISREG(sb.st_mode)))
+      continue;
     if (ranks && n < max) ranks[n] = r;
     n++;
   }
@@ -668,19 +737,20 @@ static int trial_find_set(bisect *b, trial *t, char *primary, size_t cap,
   struct stat sb;
   *n = 0;
   trial_file(t, "h5", tname, sizeof tname);
-  if (fstatat(b->wd_fd, tname, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
-    snprintf(primary, cap, "%s", t->trace);
+  if (fstatat(trial_dir_fd(b, t), tname, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+      (!t->reused || S_ISREG(sb.st_mode))) {
+    snprintf(primary, cap, "%.1000s/%s", trial_dir(b, t), tname);
     return 0;
   }
   int k = trial_rank_files(b, t, ranks, SET_MAX);
   *n = k < SET_MAX ? k : SET_MAX;
   if (k == 0) {
     snprintf(t->why, sizeof t->why, "no trace at %.200s (nor rank files "
-             "trial-%02d.rank*.h5)", t->trace, t->id);
+             "trial-%02d.rank*.h5)", t->trace, t->fid);
     return -1;
   }
-  snprintf(primary, cap, "%.1000s/trial-%02d.rank%d.h5", b->workdir, t->id,
-           ranks[0]);
+  snprintf(primary, cap, "%.1000s/trial-%02d.rank%d.h5", trial_dir(b, t),
+           t->fid, ranks[0]);
   return 0;
 }
 
@@ -732,8 +802,8 @@ static void trial_read_ranks(bisect *b, trial *t, const int *ranks, int n) {
   t->rank_short = -1;
   for (int i = 0; paths && i < n; i++) {
     char p[1200], err[256] = "";
-    snprintf(p, sizeof p, "%.1000s/trial-%02d.rank%d.h5", b->workdir, t->id,
-             ranks[i]);
+    snprintf(p, sizeof p, "%.1000s/trial-%02d.rank%d.h5", trial_dir(b, t),
+             t->fid, ranks[i]);
     probe_trace *tr = NULL;
     if (probe_trace_open_isolated(&tr, p, err, sizeof err) != PROBE_OK) {
       snprintf(t->set_note, sizeof t->set_note, "rank %d's trace cannot be "
@@ -1061,7 +1131,9 @@ static void progress_text(const bisect *b, char *buf, size_t len) {
   double busy = 0;
   for (size_t i = 0; i < b->n_trials; i++) {
     trial_state s = b->trials[i].state;
-    if (s == T_DONE || s == T_ERROR) {
+    if (b->trials[i].reused) {
+      done++;
+    } else if (s == T_DONE || s == T_ERROR) {
       done++;
       busy += b->trials[i].seconds;
     } else if (s == T_CANCELLED) {
@@ -1075,7 +1147,8 @@ static void progress_text(const bisect *b, char *buf, size_t len) {
   double el = cli_now() - b->t_start;
   size_t ran = 0;
   for (size_t i = 0; i < b->n_trials; i++)
-    ran += b->trials[i].state == T_DONE || b->trials[i].state == T_ERROR;
+    ran += !b->trials[i].reused &&
+           (b->trials[i].state == T_DONE || b->trials[i].state == T_ERROR);
   double per = ran ? busy / (double)ran : NAN;
   double eta = per * (double)(total - done) / (double)(b->jobs > 0 ? b->jobs : 1);
   char es[32], ts[32];
@@ -1160,6 +1233,59 @@ static void time_out_trials(const bisect *b, trial **ts, size_t n) {
     }
 }
 
+/* --resume: the earlier trial of t's role and FP32 set, or NULL. */
+static const prior *prior_find(const bisect *b, const trial *t) {
+  for (size_t i = 0; i < b->n_prior; i++)
+    if (b->prior[i].role == t->role && !strcmp(b->prior[i].fp32, t->fp32))
+      return &b->prior[i];
+  return NULL;
+}
+
+/* --resume: t, when the earlier document ran it (same role and FP32 set)
+ * to a pass/fail verdict, is read back from that trial's trace (in the
+ * earlier work directory, by its file number: no path of the document is
+ * opened but its folders) and judged as a trial run now would be: so a
+ * baseline gives its loss series again, and a verdict follows this run's
+ * baseline. Returns 1 when reused (t done), 0 when t must run: no such
+ * trial, or its trace is gone or unreadable (said on stderr). */
+static int trial_try_reuse(bisect *b, trial *t) {
+  const prior *p = b->n_prior ? prior_find(b, t) : NULL;
+  if (!p)
+    return 0;
+  trial keep = *t;
+  t->reused = 1;
+  t->fid = p->fid;
+  t->src = p->src;
+  snprintf(t->trace, sizeof t->trace, "%s", p->trace);
+  t->exit_code = p->exit_code;
+  t->seconds = p->seconds;
+  t->steps_planned = p->steps_planned;
+  if (trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) != 0) {
+    char why[sizeof t->why], qw[sizeof why * 4], qs[LIST_MAX * 4];
+    snprintf(why, sizeof why, "%s", t->why);
+    free(t->loss);
+    *t = keep;
+    b->n_gone++;
+    cli_escape_name(qw, sizeof qw, why);
+    cli_escape_name(qs, sizeof qs, t->fp32);
+    progress_clear(b);
+    fprintf(stderr, "ampprobe: bisect: note: --resume: the earlier %s trial%s%s%s "
+                    "is run again: %s%s\n",
+            role_name[t->role], t->fp32[0] ? " (FP32 " : "", qs,
+            t->fp32[0] ? ")" : "", qw,
+            t->role == R_BASELINE ? " (the loss criterion needs the FP32 "
+                                    "baseline's loss series, read from its "
+                                    "trace)"
+                                  : "");
+    return 0;
+  }
+  t->state = T_DONE;
+  b->n_reused++;
+  if (b->baseline_known || is_baseline(t->role))
+    trial_judge(b, t);
+  return 1;
+}
+
 /* Runs trials ts[0..n) at most b->jobs at a time. With first_pass, stops
  * launching past the first trial (in order) that passes and cancels the
  * later ones still running. Returns PROBE_OK, PROBE_ERR_INTERRUPTED, or
@@ -1178,6 +1304,16 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
       stop_at = 0;
     }
     while (result == PROBE_OK && running < (size_t)b->jobs && next < stop_at) {
+      if (trial_try_reuse(b, ts[next])) { /* --resume: done, not run */
+        size_t k = next++;
+        progress_draw(b, 1);
+        if (first_pass && ts[k]->verdict == PROBE_DDMIN_PASS && k < stop_at) {
+          stop_at = k + 1;
+          kill_running(ts, n, k + 1,
+                       "cancelled: an earlier trial of the round passed");
+        }
+        continue;
+      }
       if (trial_launch(b, ts[next]) != 0) {
         result = PROBE_ERR_IO;
         b->error_exit = CLI_EXIT_INTERNAL;
@@ -1279,7 +1415,7 @@ static probe_status oracle(void *ctx, const uint64_t *sets, size_t count,
   /* sets never launched (an earlier one passed) are not trials: drop them;
    * launches go in order, so they are the batch's tail */
   size_t keep = count;
-  while (keep > 0 && ts_buf[keep - 1]->pid == 0)
+  while (keep > 0 && ts_buf[keep - 1]->pid == 0 && !ts_buf[keep - 1]->reused)
     keep--;
   b->n_trials = base + keep;
   return st;
@@ -1441,9 +1577,65 @@ static void criteria_text(const bisect *b, char *buf, size_t len) {
 #undef PUT
 }
 
-static json_t *trial_json(const trial *t) {
+/* What decides the answer, as --resume compares it: the trials' training
+ * (scenario, or the config's content, or the command; steps, seeds, ranks,
+ * run options, --trace), the candidates in their order (ddmin's sets
+ * follow it), the granularity and the failure criteria. */
+static const char *trial_dir_abs(const bisect *b, const trial *t) {
+  return t->reused ? b->rs_dir[t->src] : b->wd_abs;
+}
+
+static json_t *settings_json(const bisect *b) {
+  json_t *s = json_object(), *a;
+  json_object_set_new(s, "scenario", b->ext || b->config
+                                         ? json_null()
+                                         : cli_json_text(b->scenario));
+  json_object_set_new(s, "config_digest", b->config_digest[0]
+                                              ? json_string(b->config_digest)
+                                              : json_null());
+  /* the path only where the content could not be read */
+  json_object_set_new(s, "config", b->config && !b->config_digest[0]
+                                       ? cli_json_text(b->config)
+                                       : json_null());
+  a = json_null();
+  if (b->ext) {
+    a = json_array();
+    for (int i = 0; i < b->n_ext; i++)
+      json_array_append_new(a, cli_json_text(b->ext[i]));
+  }
+  json_object_set_new(s, "external_command", a);
+  a = json_array();
+  for (int i = 0; i < b->n_cand_all; i++)
+    json_array_append_new(a, cli_json_text(b->cand_all[i]));
+  json_object_set_new(s, "candidates", a);
+  json_object_set_new(s, "granularity", json_string(b->granularity));
+  json_object_set_new(s, "steps", b->steps_eff >= 0 ? json_integer(b->steps_eff)
+                                                    : json_null());
+  json_object_set_new(s, "seed", json_integer(b->base_seed));
+  json_object_set_new(s, "noise_seed", b->noise_on
+                                           ? json_integer(b->noise_seed_used)
+                                           : json_null());
+  json_object_set_new(s, "ranks", b->ranks > 0 ? json_integer(b->ranks)
+                                                : json_null());
+  a = json_array();
+  for (int i = 0; i < b->n_pass; i++)
+    json_array_append_new(a, cli_json_text(b->pass[i]));
+  json_object_set_new(s, "run_options", a);
+  json_object_set_new(s, "trace", json_boolean(b->full_trace));
+  json_object_set_new(s, "fail_nonfinite", json_boolean(b->fail_nonfinite));
+  json_object_set_new(s, "max_consecutive_skips",
+                      b->max_skips >= 0 ? json_integer(b->max_skips) : json_null());
+  json_object_set_new(s, "min_scale", b->min_scale > 0 ? json_real(b->min_scale)
+                                                       : json_null());
+  json_object_set_new(s, "max_loss_regress_pct",
+                      b->max_regress >= 0 ? json_real(b->max_regress) : json_null());
+  return s;
+}
+
+static json_t *trial_json(const bisect *b, const trial *t) {
   json_t *x = json_object();
   json_object_set_new(x, "id", json_integer(t->id));
+  json_object_set_new(x, "reused", json_boolean(t->reused));
   json_object_set_new(x, "role", json_string(role_name[t->role]));
   json_object_set_new(x, "precision",
                       json_string(is_baseline(t->role) ? "fp32" : "fp16"));
@@ -1474,6 +1666,9 @@ static json_t *trial_json(const trial *t) {
   json_object_set_new(x, "exit_code", json_integer(t->exit_code));
   json_object_set_new(x, "seconds", num_or_null(t->seconds));
   json_object_set_new(x, "trace", cli_json_text(t->trace));
+  /* where --resume finds its files: trial-<file_id>.* in dir */
+  json_object_set_new(x, "dir", cli_json_text(trial_dir_abs(b, t)));
+  json_object_set_new(x, "file_id", json_integer(t->fid));
   json_object_set_new(x, "ranks", json_integer(t->n_ranks));
   return x;
 }
@@ -1546,16 +1741,22 @@ static json_t *result_json(const bisect *b, const result *r) {
   json_object_set_new(o, "baseline_final_loss",
                       base && base->have_trace ? num_or_null(base->final_loss)
                                                : json_null());
-  size_t ran = 0, cancelled = 0;
+  size_t ran = 0, cancelled = 0, reused = 0;
   json_t *arr = json_array();
   for (size_t i = 0; i < b->n_trials; i++) {
     const trial *t = &b->trials[i];
-    ran += t->state == T_DONE || t->state == T_ERROR;
+    ran += !t->reused && (t->state == T_DONE || t->state == T_ERROR);
+    reused += (size_t)t->reused;
     cancelled += t->state == T_CANCELLED;
-    json_array_append_new(arr, trial_json(t));
+    json_array_append_new(arr, trial_json(b, t));
   }
   json_object_set_new(o, "trials", arr);
+  /* run by this bisect; the reused ones (--resume) are counted apart */
   json_object_set_new(o, "trials_run", json_integer((json_int_t)ran));
+  json_object_set_new(o, "trials_reused", json_integer((json_int_t)reused));
+  json_object_set_new(o, "resumed_from",
+                      b->resume ? cli_json_text(b->resume) : json_null());
+  json_object_set_new(o, "settings", settings_json(b));
   json_object_set_new(o, "trials_cancelled", json_integer((json_int_t)cancelled));
   json_object_set_new(o, "ddmin_trials", json_integer((json_int_t)r->ddmin_trials));
   json_object_set_new(o, "jobs", json_integer(b->jobs));
@@ -1596,10 +1797,11 @@ static void print_text(const bisect *b, const result *r) {
   }
   fprintf(f, "  %-3s %-15s %-*s %-7s %-9s %7s  %s\n", "#", "trial", w,
           "forced to FP32", "verdict", "steps", "time", "why");
-  size_t ran = 0, cancelled = 0;
+  size_t ran = 0, cancelled = 0, reused = 0;
   for (size_t i = 0; i < b->n_trials; i++) {
     const trial *t = &b->trials[i];
-    ran += t->state == T_DONE || t->state == T_ERROR;
+    ran += !t->reused && (t->state == T_DONE || t->state == T_ERROR);
+    reused += (size_t)t->reused;
     cancelled += t->state == T_CANCELLED;
     char steps[48] = "-", tm[24] = "-";
     if (t->have_trace) {
@@ -1609,7 +1811,9 @@ static void print_text(const bisect *b, const result *r) {
       else
         snprintf(steps, sizeof steps, "%lld", (long long)t->n_steps);
     }
-    if (t->state == T_DONE || t->state == T_ERROR || t->seconds > 0)
+    if (t->reused) /* --resume: read back from an earlier trial's trace */
+      snprintf(tm, sizeof tm, "reused");
+    else if (t->state == T_DONE || t->state == T_ERROR || t->seconds > 0)
       snprintf(tm, sizeof tm, "%.2fs", t->seconds);
     const char *set = t->role == R_BASELINE ? "(all: fp32 baseline)"
                       : t->role == R_NOISE  ? "(all: fp32, seed 2)"
@@ -1644,9 +1848,15 @@ static void print_text(const bisect *b, const result *r) {
     fprintf(f, "  reproduce       %s\n", e ? e : "(out of memory)");
     free(e);
   }
-  fprintf(f, "  trials          %zu run (%zu in ddmin), %zu cancelled, %.2f s "
-             "wall with -j %d\n",
-          ran, r->ddmin_trials, cancelled, cli_now() - b->t_start, b->jobs);
+  if (b->resume)
+    fprintf(f, "  trials          %zu run, %zu reused from %s (%zu in ddmin), "
+               "%zu cancelled, %.2f s wall with -j %d\n",
+            ran, reused, ESC(b->resume), r->ddmin_trials, cancelled,
+            cli_now() - b->t_start, b->jobs);
+  else
+    fprintf(f, "  trials          %zu run (%zu in ddmin), %zu cancelled, %.2f s "
+               "wall with -j %d\n",
+            ran, r->ddmin_trials, cancelled, cli_now() - b->t_start, b->jobs);
   fprintf(f, "  workdir         %s (trace, summary and log of every trial)\n",
           ESC(b->workdir));
 }
@@ -1994,7 +2204,8 @@ static void insufficient_hint(const bisect *b, const trial *tall, int finding,
 enum {
   O_CAND = 256, O_SCENARIO, O_CONFIG, O_STEPS, O_SEED, O_GRAN, O_WORKDIR,
   O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON,
-  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS, O_TRIAL_TIMEOUT
+  O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS, O_TRIAL_TIMEOUT,
+  O_RESUME
 };
 
 /* Returns -1 to go on, or the exit code. */
@@ -2050,6 +2261,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       {"force", no_argument, NULL, O_FORCE},
       {"progress-every", required_argument, NULL, O_PROGRESS},
       {"trial-timeout", required_argument, NULL, O_TRIAL_TIMEOUT},
+      {"resume", required_argument, NULL, O_RESUME},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -2062,6 +2274,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
   b->noise_pct = NAN;
   b->base_id = b->noise_id = -1;
   b->wd_fd = -1;
+  b->steps_eff = -1;
   b->granularity = "kind";
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   b->jobs = ncpu > 0 ? (int)ncpu : 1;
@@ -2145,6 +2358,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       if (cli_parse_double(SUB, "--trial-timeout", optarg, 0, 1e7, &b->trial_timeout))
         return CLI_EXIT_USAGE;
       break;
+    case O_RESUME: b->resume = optarg; break;
     case 'q': b->quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
@@ -2216,6 +2430,241 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
 
 /* ---- stage 2: the plan ---------------------------------------------------------- */
 
+/* ---- --resume FILE: an earlier bisect's document ------------------------------ */
+
+/* A setting as words for a message: a list joined with sep, none for null. */
+static void setting_text(const json_t *v, const char *sep, char *buf,
+                         size_t len) {
+  if (!v) {
+    snprintf(buf, len, "(not recorded)");
+  } else if (json_is_null(v)) {
+    snprintf(buf, len, "none");
+  } else if (json_is_boolean(v)) {
+    snprintf(buf, len, "%s", json_is_true(v) ? "on" : "off");
+  } else if (json_is_string(v)) {
+    snprintf(buf, len, "%s", json_string_value(v));
+  } else if (json_is_array(v)) {
+    size_t o = 0, i;
+    json_t *e;
+    buf[0] = 0;
+    json_array_foreach(v, i, e) {
+      char one[LIST_MAX];
+      setting_text(e, sep, one, sizeof one);
+      if (o < len)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? sep : "", one);
+    }
+    if (!json_array_size(v))
+      snprintf(buf, len, "none");
+  } else {
+    char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(buf, len, "%s", d ? d : "?");
+    free(d);
+  }
+}
+
+/* A folder of earlier trials, as the document names it: an absolute path
+ * with no "." or ".." part (it is opened, never written). Its index in
+ * b->rs_dir, added when new (the descriptor -1 when it cannot be opened:
+ * its trials are then run again); -1 when refused or too many. */
+static int resume_dir(bisect *b, const char *dir) {
+  for (int i = 0; i < b->n_rs_dir; i++)
+    if (!strcmp(b->rs_dir[i], dir))
+      return i;
+  size_t l = strlen(dir);
+  if (dir[0] != '/' || l > WORKDIR_MAX_LEN + 16 || strstr(dir, "/./") ||
+      strstr(dir, "/../") || (l >= 2 && !strcmp(dir + l - 2, "/.")) ||
+      (l >= 3 && !strcmp(dir + l - 3, "/..")) || b->n_rs_dir == RS_DIRS_MAX)
+    return -1;
+  char *d = strdup(dir);
+  if (!d)
+    return -1;
+  b->rs_dir[b->n_rs_dir] = d;
+  b->rs_fd[b->n_rs_dir] = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return b->n_rs_dir++;
+}
+
+/* The trace path a reused trial shows: the one the document showed when
+ * it still names that file from here, else the absolute one. */
+static void prior_trace(const char *shown, const char *dir, int fid,
+                        char *out, size_t cap) {
+  char base[32], real[PATH_MAX];
+  snprintf(base, sizeof base, "trial-%02d.h5", fid);
+  char *d = shown ? cli_dir_part(shown) : NULL;
+  const char *slash = shown ? strrchr(shown, '/') : NULL;
+  int same = d && slash && !strcmp(slash + 1, base) && realpath(d, real) &&
+             !strcmp(real, dir);
+  free(d);
+  if (same)
+    snprintf(out, cap, "%s", shown);
+  else
+    snprintf(out, cap, "%.1000s/%s", dir, base);
+}
+
+/* One trial of the document, when it had a pass/fail verdict: into
+ * b->prior. Entries of another shape are skipped (run again). */
+static void resume_trial(bisect *b, json_t *x) {
+  const char *role = json_string_value(json_object_get(x, "role"));
+  const char *verdict = json_string_value(json_object_get(x, "verdict"));
+  const char *dir = json_string_value(json_object_get(x, "dir"));
+  json_t *fid = json_object_get(x, "file_id"), *fp = json_object_get(x, "fp32");
+  if (!role || !verdict || !dir || !json_is_integer(fid) ||
+      (strcmp(verdict, "pass") && strcmp(verdict, "fail")) ||
+      json_integer_value(fid) < 0 || json_integer_value(fid) > 99999 ||
+      !(json_is_null(fp) || json_is_array(fp)))
+    return;
+  int r = -1;
+  for (int i = 0; i < (int)(sizeof role_name / sizeof *role_name); i++)
+    if (!strcmp(role, role_name[i]))
+      r = i;
+  if (r < 0)
+    return;
+  prior p;
+  memset(&p, 0, sizeof p);
+  p.role = (trial_role)r;
+  size_t o = 0, i;
+  json_t *e;
+  json_array_foreach(fp, i, e) {
+    const char *n = json_string_value(e);
+    if (!n || o >= sizeof p.fp32 - 1)
+      return;
+    o += (size_t)snprintf(p.fp32 + o, sizeof p.fp32 - o, "%s%s", i ? "," : "", n);
+  }
+  if (o >= sizeof p.fp32 - 1)
+    return;
+  p.fid = (int)json_integer_value(fid);
+  if ((p.src = resume_dir(b, dir)) < 0)
+    return;
+  prior_trace(json_string_value(json_object_get(x, "trace")), dir, p.fid,
+              p.trace, sizeof p.trace);
+  p.exit_code = (int)json_integer_value(json_object_get(x, "exit_code"));
+  p.seconds = json_number_value(json_object_get(x, "seconds"));
+  p.steps_planned = json_integer_value(json_object_get(x, "steps_planned"));
+  prior *np = realloc(b->prior, (b->n_prior + 1) * sizeof *np);
+  if (!np)
+    return;
+  b->prior = np;
+  b->prior[b->n_prior++] = p;
+}
+
+/* Reads --resume FILE whole (before anything is written: -o may be the
+ * same file, with --force) and checks that it is an earlier bisect of the
+ * same question: every setting that decides the answer must be the same
+ * (settings_json). Returns -1 to go on, or the exit code: 3 for a file
+ * that is no bisect document (or none that can be checked), 2 for one of
+ * another bisect, naming the first setting that differs. */
+static int resume_load(bisect *b) {
+  char q[PATH_MAX + 16];
+  cli_escape_name(q, sizeof q, b->resume);
+  int fd = open(b->resume, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    cli_error(SUB, "--resume %s: %s", q, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return CLI_EXIT_INPUT;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    cli_error(SUB, "--resume %s: not a regular file (%s)", q,
+              S_ISFIFO(st.st_mode)  ? "a FIFO"
+              : S_ISCHR(st.st_mode) ? "a character device"
+              : S_ISBLK(st.st_mode) ? "a block device"
+              : S_ISDIR(st.st_mode) ? "a directory"
+              : S_ISSOCK(st.st_mode) ? "a socket" : "not a file");
+    close(fd);
+    return CLI_EXIT_INPUT;
+  }
+  size_t cap = (size_t)RESUME_MAX + 1, n = 0;
+  char *buf = st.st_size <= RESUME_MAX ? malloc(cap) : NULL;
+  ssize_t got = 1;
+  while (buf && n < cap && (got = read(fd, buf + n, cap - n)) != 0) {
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      break;
+    n += (size_t)got;
+  }
+  int err = errno;
+  close(fd);
+  if (!buf || n > (size_t)RESUME_MAX) {
+    cli_error(SUB, "--resume %s: larger than %ld MiB, more than a bisect "
+                   "document holds", q, RESUME_MAX >> 20);
+    free(buf);
+    return CLI_EXIT_INPUT;
+  }
+  if (got < 0) {
+    cli_error(SUB, "--resume %s: %s", q, strerror(err));
+    free(buf);
+    return CLI_EXIT_INPUT;
+  }
+  json_error_t je;
+  json_t *j = json_loadb(buf, n, 0, &je);
+  free(buf);
+  if (!j) {
+    cli_error(SUB, "--resume %s: not a bisect document: not JSON (line %d: "
+                   "%s)", q, je.line, je.text);
+    return CLI_EXIT_INPUT;
+  }
+  const char *cmd = json_string_value(json_object_get(j, "command"));
+  json_t *trials = json_object_get(j, "trials");
+  json_t *set = json_object_get(j, "settings");
+  if (!cmd || strcmp(cmd, "bisect") || !json_is_array(trials)) {
+    cli_error(SUB, "--resume %s: not a bisect document (the JSON of "
+                   "'ampprobe bisect -o FILE')", q);
+    json_decref(j);
+    return CLI_EXIT_INPUT;
+  }
+  if (!json_is_object(set)) {
+    cli_error(SUB, "--resume %s: it records no settings (written by an "
+                   "ampprobe without --resume), so it cannot be checked "
+                   "against this bisect", q);
+    json_decref(j);
+    return CLI_EXIT_INPUT;
+  }
+  static const struct {
+    const char *key, *says, *sep;
+  } keys[] = {
+      {"scenario", "scenario is", ","},
+      {"config_digest", "config's content (digest) is", ","},
+      {"config", "config is", ","},
+      {"external_command", "command is", " "},
+      {"candidates", "candidates are", ","},
+      {"granularity", "granularity is", ","},
+      {"steps", "steps are", ","},
+      {"seed", "seed is", ","},
+      {"noise_seed", "noise baseline's seed is", ","},
+      {"ranks", "ranks are", ","},
+      {"run_options", "run options are", " "},
+      {"trace", "--trace is", ","},
+      {"fail_nonfinite", "--fail-nonfinite is", ","},
+      {"max_consecutive_skips", "--max-consecutive-skips is", ","},
+      {"min_scale", "--min-scale is", ","},
+      {"max_loss_regress_pct", "--max-loss-regress is", ","},
+  };
+  json_t *cur = settings_json(b);
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+    json_t *was = json_object_get(set, keys[k].key);
+    json_t *now = json_object_get(cur, keys[k].key);
+    if (was && now && json_equal(was, now))
+      continue;
+    char a[LIST_MAX], c[LIST_MAX], qa[LIST_MAX], qc[LIST_MAX];
+    setting_text(was, keys[k].sep, a, sizeof a);
+    setting_text(now, keys[k].sep, c, sizeof c);
+    cli_escape_name(qa, sizeof qa, a);
+    cli_escape_name(qc, sizeof qc, c);
+    cli_error(SUB, "--resume %s: its %s %s (this bisect: %s)", q,
+              keys[k].says, qa, qc);
+    json_decref(cur);
+    json_decref(j);
+    return CLI_EXIT_USAGE;
+  }
+  json_decref(cur);
+  size_t i;
+  json_t *x;
+  json_array_foreach(trials, i, x) resume_trial(b, x);
+  json_decref(j);
+  return -1;
+}
+
 /* The noise baseline's seed: --noise-seed, else the trials' seed + 1
  * (which must exist: a seed of INT64_MAX has no + 1). -1 when refused. */
 static int plan_noise_seed(bisect *b) {
@@ -2231,6 +2680,26 @@ static int plan_noise_seed(bisect *b) {
   }
   b->noise_seed_used = b->base_seed + 1;
   return 0;
+}
+
+/* b->config_digest: FNV-1a (64 bits) of the config file's bytes, so that
+ * --resume refuses a config edited since (a moved one is the same); ""
+ * when it cannot be read. Not cryptographic: it tells edits apart. */
+static void config_digest(bisect *b) {
+  FILE *f = b->config ? fopen(b->config, "rb") : NULL;
+  b->config_digest[0] = 0;
+  if (!f)
+    return;
+  uint64_t h = 0xcbf29ce484222325ull;
+  unsigned char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    for (size_t i = 0; i < n; i++)
+      h = (h ^ buf[i]) * 0x100000001b3ull;
+  if (!ferror(f))
+    snprintf(b->config_digest, sizeof b->config_digest, "fnv1a64:%016llx",
+             (unsigned long long)h);
+  fclose(f);
 }
 
 /* The config's name and layers (internal trials). Returns -1 or the exit
@@ -2251,6 +2720,7 @@ static int plan_config(bisect *b) {
         cli_error(SUB, "%s: %s", b->config, err[0] ? err : probe_status_str(st));
       return st == PROBE_ERR_CONFIG ? CLI_EXIT_USAGE : CLI_EXIT_INPUT;
     }
+    config_digest(b);
   } else {
     st = probe_config_load_scenario(&cfg, b->scenario, err, sizeof err);
     if (st < 0) {
@@ -2273,6 +2743,8 @@ static int plan_config(bisect *b) {
     char *text = probe_config_to_json(cfg);
     json_t *j = text ? json_loads(text, 0, NULL) : NULL;
     b->base_seed = json_integer_value(json_object_get(j, "seed"));
+    if (json_is_integer(json_object_get(j, "steps")))
+      b->steps_eff = json_integer_value(json_object_get(j, "steps"));
     const char *prec = json_string_value(json_object_get(j, "precision"));
     int all_fp32 = prec && !strcmp(prec, "fp32");
     json_decref(j);
@@ -2483,6 +2955,10 @@ static int bisect_plan(bisect *b) {
     cli_error(SUB, "too many candidates (at most %d)", PROBE_DDMIN_MAX);
     return CLI_EXIT_USAGE;
   }
+  /* read whole now: -o may replace it (--force), and a refusal comes
+   * before any folder is made */
+  if (b->resume && (rc = resume_load(b)) >= 0)
+    return rc;
   /* internal: the layers are known now; external: from the first trace */
   if (!b->ext && select_candidates(b) != 0)
     return CLI_EXIT_INTERNAL;
@@ -2495,6 +2971,8 @@ static int bisect_plan(bisect *b) {
   }
   if (workdir_open(b, wd) != 0)
     return CLI_EXIT_INTERNAL;
+  if (!realpath(b->workdir, b->wd_abs))
+    snprintf(b->wd_abs, sizeof b->wd_abs, "%s", b->workdir);
   if (b->out && (cli_same_file(b->out, b->workdir) || inside_workdir(b))) {
     cli_error(SUB, "-o %s is %sthe work directory %s, where the trials' files "
                    "go: choose another output",
@@ -2922,6 +3400,12 @@ static void bisect_free(bisect *b) {
   free(b->layers);
   if (b->wd_fd >= 0)
     close(b->wd_fd);
+  free(b->prior);
+  for (int i = 0; i < b->n_rs_dir; i++) {
+    free(b->rs_dir[i]);
+    if (b->rs_fd[i] >= 0)
+      close(b->rs_fd[i]);
+  }
 }
 
 int cmd_bisect(int argc, char **argv) {
