@@ -10,9 +10,10 @@
 # variables, tests/tools/fake_job.sh), safety (outputs, work directory,
 # FIFOs, trials dying with bisect, progress lines, no table on errors).
 # Issue 14: ranks (multi-rank trials with mpirun; skipped, exit 77, without).
+# resume: --resume FILE after Ctrl-C or a finished bisect, refusals.
 #
 # usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]
-#   GROUP: zoo | errors | fair | external | safety | ranks | all
+#   GROUP: zoo | errors | fair | external | safety | ranks | resume | all
 #   (names: the layer-name part of zoo alone)
 set -u
 BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|fair|external|safety|all]}
@@ -1015,6 +1016,203 @@ SH
     fail "--ranks 0: exit $RC"
 }
 
+# --resume FILE (a bisect killed after hours of trials lost them all): an
+# interrupted or finished document goes on, reusing the trials it judged
+# whose traces are still there, and gives the answer an uninterrupted
+# bisect gives; a document of another bisect (exit 2, naming the setting),
+# or no bisect document at all (exit 3), is refused. Trials of 1000 steps
+# (~0.2-1 s each) with -j 1, so that SIGINT lands between two trials.
+# resume_refused CODE PATTERN WHAT ARGS...: exit CODE and one line matching
+# PATTERN (the generic 'ampprobe: bisect:' prefix alone is what an unknown
+# option gives too)
+resume_refused() {
+  local code=$1 pat=$2 what=$3
+  shift 3
+  "$BIN" bisect "$@" >"$WORK/rr.out" 2>"$WORK/rr.err"
+  local rc=$?
+  if [ "$rc" = "$code" ] && [ "$(grep -c . "$WORK/rr.err")" = 1 ] &&
+     grep -Eq "^ampprobe: bisect: $pat" "$WORK/rr.err"; then
+    pass "$what: exit $rc, '$(cat "$WORK/rr.err")'"
+  else
+    fail "$what: expected exit $code and /$pat/, got $rc: $(cat "$WORK/rr.err")"
+  fi
+}
+# rjget FILE EXPR, "?" when the file is no JSON
+rjget() { jget "$1" "$2" 2>/dev/null || echo "?"; }
+
+resume() {
+  local R="$WORK/rs" args
+  mkdir -p "$R"
+  args=(--scenario two-culprits --fp32-candidates linear,softmax,relu,revin --steps 1000 -j 1 -q)
+  # the uninterrupted answer
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --json -o "$R/full.json" >/dev/null 2>&1
+  RC=$?
+  local full_set full_n full_oc
+  full_set=$(rjget "$R/full.json" "','.join(d['minimal_set'] or [])")
+  full_n=$(rjget "$R/full.json" "d['trials_run']")
+  full_oc=$(rjget "$R/full.json" "d['outcome']")
+  [ "$RC" = 1 ] && [ "$full_set" = softmax,revin ] ||
+    fail "resume: the uninterrupted bisect: exit $RC, set {$full_set}"
+
+  # (1) SIGINT after trial 04 finished (trial 05's files appear when it
+  # starts: -j 1), then --resume: the same answer from fewer new trials
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-int" -o "$R/int.json" >/dev/null 2>"$R/int.err" &
+  local pid=$! n=0
+  while [ $n -lt 600 ] && [ ! -e "$R/wd-int/trial-05.log" ]; do sleep 0.1; n=$((n + 1)); done
+  kill -INT "$pid"
+  wait "$pid"
+  local irc=$? done_int
+  done_int=$(rjget "$R/int.json" "sum(t['verdict'] in ('pass','fail') for t in d['trials'])")
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-int" --resume "$R/int.json" --json \
+    -o "$R/res.json" >"$R/res.out" 2>"$R/res.err"
+  RC=$?
+  local got
+  got=$(rjget "$R/res.json" "'%s|%s|%d|%d|%s' % (','.join(d['minimal_set'] or []), d['outcome'], d['trials_reused'], d['trials_run'], d['resumed_from'] == sys.argv[1].replace('res.json', 'int.json'))")
+  local set oc reused ran from
+  IFS='|' read -r set oc reused ran from <<<"$got"
+  if [ "$irc" = 130 ] && [ "$RC" = 1 ] && [ "$set" = "$full_set" ] && [ "$oc" = "$full_oc" ] &&
+     [ "${reused:-0}" -gt 0 ] && [ "$reused" = "$done_int" ] && [ "$ran" -lt "$full_n" ] &&
+     [ "$from" = True ]; then
+    pass "Ctrl-C then --resume: {$set} as uninterrupted, $reused trials reused, $ran run (uninterrupted: $full_n)"
+  else
+    fail "Ctrl-C (exit $irc, $done_int judged) then --resume: exit $RC, got $got (want {$full_set} $full_oc, fewer than $full_n run): $(cat "$R/res.err")"
+  fi
+  # reused trials keep their old trace paths and mark themselves; new ones
+  # go to a fresh run-N folder
+  got=$(rjget "$R/res.json" "all(t['trace'].startswith(sys.argv[1].rsplit('/',1)[0] + '/wd-int/trial-') for t in d['trials'] if t['reused']) and all('/wd-int/run-2/trial-' in t['trace'] for t in d['trials'] if not t['reused'])")
+  [ "$got" = True ] && pass "--resume: reused traces at their old paths, new ones in run-2/" ||
+    fail "--resume: trace paths: $(rjget "$R/res.json" "[(t['reused'], t['trace']) for t in d['trials']]")"
+
+  # (2) a finished document: nothing runs again, the same answer; the
+  # table says 'reused'
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/full.json" >"$R/fin.out" 2>"$R/fin.err"
+  RC=$?
+  if [ "$RC" = 1 ] && grep -q "minimal set     softmax,revin" "$R/fin.out" &&
+     grep -q "trials          0 run, $full_n reused from" "$R/fin.out" &&
+     [ "$(grep -c ' reused  ' "$R/fin.out")" = "$full_n" ]; then
+    pass "--resume of a finished bisect: 0 trials run, $full_n reused, the same set"
+  else
+    fail "--resume of a finished bisect: exit $RC: $(grep -E 'minimal|trials ' "$R/fin.out") $(cat "$R/fin.err")"
+  fi
+  # -o FILE = --resume FILE: only with --force, the input read first
+  cp "$R/full.json" "$R/same.json"
+  resume_refused 2 ".*same.json already exists: refusing to overwrite it" "-o = --resume without --force" \
+    "${args[@]}" --workdir "$R/wd-full" --resume "$R/same.json" -o "$R/same.json"
+  cmp -s "$R/full.json" "$R/same.json" && pass "-o = --resume without --force: the document untouched" ||
+    fail "-o = --resume without --force changed it"
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/same.json" -o "$R/same.json" --force >/dev/null 2>&1
+  RC=$?
+  got=$(rjget "$R/same.json" "'%s|%d|%d' % (','.join(d['minimal_set']), d['trials_reused'], d['trials_run'])")
+  [ "$RC" = 1 ] && [ "$got" = "softmax,revin|$full_n|0" ] &&
+    pass "-o = --resume --force: replaced by the resumed document ($got)" ||
+    fail "-o = --resume --force: exit $RC, $got"
+
+  # (3) another bisect's document: exit 2, naming what differs
+  local a2=(--fp32-candidates linear,softmax,relu,revin -j 1 -q --workdir "$R/wd-x")
+  resume_refused 2 "--resume .*full.json: its candidates are linear,softmax,relu,revin \(this bisect: softmax,linear,relu,revin\)$" \
+    "--resume, candidates in another order" --scenario two-culprits --fp32-candidates softmax,linear,relu,revin \
+    --steps 1000 -j 1 -q --workdir "$R/wd-x" --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its steps are 1000 \(this bisect: 900\)$" "--resume, other --steps" \
+    --scenario two-culprits "${a2[@]}" --steps 900 --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its steps are 1000 \(this bisect: 150\)$" "--resume, the scenario's own steps" \
+    --scenario two-culprits "${a2[@]}" --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its scenario is two-culprits \(this bisect: revin-overflow\)$" "--resume, another scenario" \
+    --scenario revin-overflow "${a2[@]}" --steps 1000 --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its seed is 1 \(this bisect: 7\)$" "--resume, another --seed" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --seed 7 --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its --max-loss-regress is 10.0 \(this bisect: 5.0\)$" "--resume, another criterion" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --max-loss-regress 5 --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its granularity is kind \(this bisect: layer\)$" "--resume, another granularity" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --granularity layer --resume "$R/full.json"
+  resume_refused 2 "--resume .*: its run options are none \(this bisect: --lr 0.01\)$" "--resume, run options after --" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --resume "$R/full.json" -- --lr 0.01
+  # a config: its content, not its path, is compared
+  "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['steps']=1000; json.dump(c, open(sys.argv[2],'w'))" \
+    "$HERE/../../trainer/scenarios/two-culprits.json" "$R/tc.json"
+  "$BIN" bisect --config "$R/tc.json" "${a2[@]}" --workdir "$R/wd-cfg" -o "$R/cfg.json" >/dev/null 2>&1
+  "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['optimizer']['lr']=0.001; json.dump(c, open(sys.argv[1],'w'))" "$R/tc.json"
+  resume_refused 2 "--resume .*cfg.json: its config's content \(digest\) is fnv1a64:[0-9a-f]{16} \(this bisect: fnv1a64:[0-9a-f]{16}\)$" \
+    "--resume, the config edited since" --config "$R/tc.json" "${a2[@]}" --resume "$R/cfg.json"
+  # names from the document are data: no terminal control reaches stderr
+  "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); d['settings']['candidates'][0]='\x1b]0;pwned\x07linear'; json.dump(d, open(sys.argv[2],'w'))" \
+    "$R/full.json" "$R/esc.json"
+  resume_refused 2 "--resume .*esc.json: its candidates are .*pwned" "--resume, a control character in the document" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --resume "$R/esc.json"
+  if [ -s "$WORK/rr.err" ] && ! LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$WORK/rr.err"; then
+    pass "--resume: the document's control characters printed escaped"
+  else
+    fail "--resume: a control character reached stderr (or nothing was said)"
+  fi
+
+  # (4) no bisect document: exit 3 (as an unreadable config)
+  echo "garbage" >"$R/garbage.json"
+  head -c 700 "$R/full.json" >"$R/trunc.json"
+  echo '{"command": "run", "trials": []}' >"$R/notbisect.json"
+  "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); del d['settings']; json.dump(d, open(sys.argv[2],'w'))" \
+    "$R/full.json" "$R/nosettings.json"
+  rm -f "$R/fifo"; mkfifo "$R/fifo"
+  truncate -s 65M "$R/huge.json"
+  local f what
+  for f in "garbage.json|not a bisect document: not JSON" "trunc.json|not a bisect document: not JSON" \
+           "notbisect.json|not a bisect document" "nosettings.json|it records no settings" \
+           "fifo|not a regular file \(a FIFO\)" "huge.json|larger than 64 MiB" \
+           "missing.json|No such file or directory"; do
+    what=${f#*|}
+    resume_refused 3 "--resume .*${f%%|*}: $what" "--resume ${f%%|*}" \
+      --scenario two-culprits "${a2[@]}" --steps 1000 --resume "$R/${f%%|*}"
+  done
+  resume_refused 3 "--resume /dev/zero: not a regular file \(a character device\)" "--resume /dev/zero" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --resume /dev/zero
+  [ ! -e "$R/wd-x" ] && pass "--resume refused: no work directory made" ||
+    fail "--resume refused, yet $R/wd-x was made"
+  # a document naming folders that are no absolute path of its own (a
+  # relative or '..' one) reuses nothing there: those trials run again
+  "$PY" -c "
+import json,sys
+d=json.load(open(sys.argv[1]))
+for i,t in enumerate(d['trials']): t['dir'] = ['wd-full', '/etc/../' + t['dir']][i % 2]
+json.dump(d, open(sys.argv[2],'w'))" "$R/full.json" "$R/baddir.json"
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-bd" --resume "$R/baddir.json" --json >"$R/bd.json" 2>/dev/null
+  got=$(rjget "$R/bd.json" "'%d|%s' % (d['trials_reused'], ','.join(d['minimal_set']))")
+  [ "$got" = "0|softmax,revin" ] && pass "--resume: relative or '..' folders in the document are not read ($got)" ||
+    fail "--resume: folders with '..': $got"
+
+  # (5) traces deleted since: the FP32 baseline's (whose loss series the
+  # loss criterion needs) and a ddmin trial's run again, said on stderr
+  local base_tr dd_tr
+  base_tr=$(rjget "$R/full.json" "[t['trace'] for t in d['trials'] if t['role']=='fp32-baseline'][0]")
+  dd_tr=$(rjget "$R/full.json" "[t['trace'] for t in d['trials'] if t['role']=='ddmin'][1]")
+  rm -f "$base_tr" "$dd_tr"
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/full.json" --json >"$R/gone.json" 2>"$R/gone.err"
+  RC=$?
+  got=$(rjget "$R/gone.json" "'%s|%d|%d|%s' % (','.join(d['minimal_set'] or []), d['trials_reused'], d['trials_run'], sorted(t['role'] for t in d['trials'] if not t['reused']))")
+  if [ "$RC" = 1 ] && [ "$got" = "softmax,revin|$((full_n - 2))|2|['ddmin', 'fp32-baseline']" ] &&
+     grep -q "note: --resume: the earlier fp32-baseline trial is run again: no trace at .*loss series" "$R/gone.err"; then
+    pass "--resume with 2 traces deleted: those 2 run again ($got)"
+  else
+    fail "--resume with traces deleted: exit $RC, $got: $(cat "$R/gone.err")"
+  fi
+
+  # (6) an external command (tests/tools/fake_job.sh) resumes too, its
+  # all-FP16 trace (which names the model's layers) deleted
+  local x=(--fp32-candidates bn,softmax,revin -j 2 -q --workdir "$R/wd-ext")
+  AMPPROBE_SEED=5 "$BIN" bisect "${x[@]}" -o "$R/ext.json" -- "$FAKE" "$BIN" two-culprits >/dev/null 2>&1
+  local ext_n
+  ext_n=$(rjget "$R/ext.json" "d['trials_run']")
+  rm -f "$(rjget "$R/ext.json" "[t['trace'] for t in d['trials'] if t['role']=='all-fp16'][0]")"
+  AMPPROBE_SEED=5 "$BIN" bisect "${x[@]}" --resume "$R/ext.json" --json -- "$FAKE" "$BIN" two-culprits \
+    >"$R/ext2.json" 2>"$R/ext2.err"
+  RC=$?
+  got=$(rjget "$R/ext2.json" "'%s|%d|%d' % (','.join(sorted(d['minimal_set'] or [])), d['trials_reused'], d['trials_run'])")
+  [ "$RC" = 1 ] && [ "$got" = "revin,softmax|$((ext_n - 1))|1" ] &&
+    pass "external command: --resume reruns the deleted all-FP16 trial only ($got)" ||
+    fail "external command: --resume: exit $RC, $got (full: $ext_n): $(cat "$R/ext2.err")"
+  resume_refused 2 "--resume .*ext.json: its command is .*fake_job.sh .* two-culprits \(this bisect: .*fake_job.sh .* revin-overflow\)$" \
+    "--resume, another external command" "${x[@]}" --resume "$R/ext.json" -- "$FAKE" "$BIN" revin-overflow
+  AMPPROBE_SEED=6 resume_refused 2 "--resume .*ext.json: its seed is 5 \(this bisect: 6\)$" \
+    "--resume, another AMPPROBE_SEED" "${x[@]}" --resume "$R/ext.json" -- "$FAKE" "$BIN" two-culprits
+}
+
 case "$GROUP" in
   zoo) zoo ;;
   names) layer_names_exact ;;
@@ -1023,7 +1221,8 @@ case "$GROUP" in
   external) external ;;
   safety) safety ;;
   ranks) ranks ;;
-  all) zoo; errors; fair; external; safety; ranks ;;
+  resume) resume ;;
+  all) zoo; errors; fair; external; safety; ranks; resume ;;
   *) echo "unknown group $GROUP"; exit 2 ;;
 esac
 echo "$FAILS failure(s)"
