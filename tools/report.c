@@ -579,7 +579,9 @@ static probe_status add_bisect_escaped(probe_report *rep, json_t *root) {
       snprintf(steps, sizeof steps, "%lld/%lld",
                (long long)json_integer_value(sr),
                (long long)json_integer_value(sp));
-    if (json_is_number(v = json_object_get(x, "seconds")))
+    if (json_is_true(json_object_get(x, "reused"))) /* bisect --resume */
+      snprintf(tm, sizeof tm, "reused");
+    else if (json_is_number(v = json_object_get(x, "seconds")))
       snprintf(tm, sizeof tm, "%.2fs", json_number_value(v));
     char *set = NULL;
     if (!strcmp(role, "fp32-baseline") ||
@@ -627,9 +629,14 @@ static probe_status add_bisect_escaped(probe_report *rep, json_t *root) {
     json_t *ca = json_object_get(root, "trials_cancelled");
     json_t *wall = json_object_get(root, "wall_seconds");
     json_t *jobs = json_object_get(root, "jobs");
-    probe_buf_printf(&r, "  %-15s %lld run (%lld in ddmin), %lld cancelled, "
+    json_t *ru = json_object_get(root, "trials_reused");
+    char reused[48] = "";
+    if (json_integer_value(ru) > 0) /* bisect --resume: not run again */
+      snprintf(reused, sizeof reused, ", %lld reused",
+               (long long)json_integer_value(ru));
+    probe_buf_printf(&r, "  %-15s %lld run%s (%lld in ddmin), %lld cancelled, "
                          "%.2f s wall with -j %lld\n",
-                     "trials", (long long)json_integer_value(ran),
+                     "trials", (long long)json_integer_value(ran), reused,
                      (long long)json_integer_value(dd),
                      (long long)json_integer_value(ca),
                      json_is_number(wall) ? json_number_value(wall) : 0.0,
