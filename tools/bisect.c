@@ -272,9 +272,9 @@ typedef struct layer_ref {
  * by role and FP32 set (the set as the comma list trials carry). */
 typedef struct prior {
   trial_role role;
-  char fp32[LIST_MAX];
+  char *fp32;         /* malloc'd, as the trace below: a document of */
+  char *trace;        /* 64 MiB holds some 10^5 trials */
   int fid, src;       /* trial-<fid>.* in rs_dir[src] */
-  char trace[1100];   /* the trace path it showed */
   int exit_code;
   double seconds;
   int64_t steps_planned;
@@ -347,7 +347,7 @@ typedef struct bisect {
    * the folders holding their files (rs_dir/rs_fd) */
   const char *resume;
   struct prior *prior;
-  size_t n_prior;
+  size_t n_prior, cap_prior;
   char *rs_dir[RS_DIRS_MAX];
   int rs_fd[RS_DIRS_MAX];
   int n_rs_dir;
@@ -2521,28 +2521,41 @@ static void resume_trial(bisect *b, json_t *x) {
   prior p;
   memset(&p, 0, sizeof p);
   p.role = (trial_role)r;
+  char list[LIST_MAX], trace[1100];
   size_t o = 0, i;
   json_t *e;
+  list[0] = 0;
   json_array_foreach(fp, i, e) {
     const char *n = json_string_value(e);
-    if (!n || o >= sizeof p.fp32 - 1)
+    if (!n || o >= sizeof list - 1)
       return;
-    o += (size_t)snprintf(p.fp32 + o, sizeof p.fp32 - o, "%s%s", i ? "," : "", n);
+    o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", i ? "," : "", n);
   }
-  if (o >= sizeof p.fp32 - 1)
+  if (o >= sizeof list - 1)
     return;
   p.fid = (int)json_integer_value(fid);
   if ((p.src = resume_dir(b, dir)) < 0)
     return;
   prior_trace(json_string_value(json_object_get(x, "trace")), dir, p.fid,
-              p.trace, sizeof p.trace);
+              trace, sizeof trace);
   p.exit_code = (int)json_integer_value(json_object_get(x, "exit_code"));
   p.seconds = json_number_value(json_object_get(x, "seconds"));
   p.steps_planned = json_integer_value(json_object_get(x, "steps_planned"));
-  prior *np = realloc(b->prior, (b->n_prior + 1) * sizeof *np);
-  if (!np)
+  if (b->n_prior == b->cap_prior) {
+    size_t cap = b->cap_prior ? 2 * b->cap_prior : 64;
+    prior *np = realloc(b->prior, cap * sizeof *np);
+    if (!np)
+      return;
+    b->prior = np;
+    b->cap_prior = cap;
+  }
+  p.fp32 = strdup(list);
+  p.trace = strdup(trace);
+  if (!p.fp32 || !p.trace) {
+    free(p.fp32);
+    free(p.trace);
     return;
-  b->prior = np;
+  }
   b->prior[b->n_prior++] = p;
 }
 
@@ -3400,6 +3413,10 @@ static void bisect_free(bisect *b) {
   free(b->layers);
   if (b->wd_fd >= 0)
     close(b->wd_fd);
+  for (size_t i = 0; i < b->n_prior; i++) {
+    free(b->prior[i].fp32);
+    free(b->prior[i].trace);
+  }
   free(b->prior);
   for (int i = 0; i < b->n_rs_dir; i++) {
     free(b->rs_dir[i]);

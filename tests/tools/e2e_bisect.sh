@@ -1083,6 +1083,14 @@ resume() {
   [ "$got" = True ] && pass "--resume: reused traces at their old paths, new ones in run-2/" ||
     fail "--resume: trace paths: $(rjget "$R/res.json" "[(t['reused'], t['trace']) for t in d['trials']]")"
 
+  # ... and that resumed document resumes in turn (its reused trials live
+  # in the first folder, its new ones in run-2/), from another folder
+  (cd "$R/wd-full" && "$BIN" bisect "${args[@]}" --workdir "$R/wd-int" --resume "$R/res.json" --json \
+    >"$R/res2.json" 2>/dev/null)
+  got=$(rjget "$R/res2.json" "'%s|%d|%d' % (','.join(d['minimal_set'] or []), d['trials_reused'], d['trials_run'])")
+  [ "$got" = "$full_set|$((reused + ran))|0" ] && pass "--resume of a resumed document: all reused ($got)" ||
+    fail "--resume of a resumed document: $got (want $full_set|$((reused + ran))|0)"
+
   # (2) a finished document: nothing runs again, the same answer; the
   # table says 'reused'
   "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/full.json" >"$R/fin.out" 2>"$R/fin.err"
