@@ -275,6 +275,7 @@ typedef struct prior {
   char *fp32;         /* malloc'd, as the trace below: a document of */
   char *trace;        /* 64 MiB holds some 10^5 trials */
   int fid, src;       /* trial-<fid>.* in rs_dir[src] */
+  int ranks;          /* its rank files then (0: one trace) */
   int exit_code;
   double seconds;
   int64_t steps_planned;
@@ -1260,7 +1261,12 @@ static int trial_try_reuse(bisect *b, trial *t) {
   t->exit_code = p->exit_code;
   t->seconds = p->seconds;
   t->steps_planned = p->steps_planned;
-  if (trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) != 0) {
+  int bad = trial_read_trace(b, t, b->ext && t->role == R_ALL_FP16) != 0;
+  if (!bad && t->n_ranks < p->ranks) /* a deleted rank file is no rank */
+    snprintf(t->why, sizeof t->why, "%d of its %d rank files are gone "
+             "(%.200s/trial-%02d.rank*.h5)", p->ranks - t->n_ranks, p->ranks,
+             trial_dir(b, t), t->fid);
+  if (bad || t->n_ranks < p->ranks) {   /* that would fail the trial */
     char why[sizeof t->why], qw[sizeof why * 4], qs[LIST_MAX * 4];
     snprintf(why, sizeof why, "%s", t->why);
     free(t->loss);
@@ -2541,6 +2547,7 @@ static void resume_trial(bisect *b, json_t *x) {
   p.exit_code = (int)json_integer_value(json_object_get(x, "exit_code"));
   p.seconds = json_number_value(json_object_get(x, "seconds"));
   p.steps_planned = json_integer_value(json_object_get(x, "steps_planned"));
+  p.ranks = (int)json_integer_value(json_object_get(x, "ranks"));
   if (b->n_prior == b->cap_prior) {
     size_t cap = b->cap_prior ? 2 * b->cap_prior : 64;
     prior *np = realloc(b->prior, cap * sizeof *np);

@@ -961,6 +961,16 @@ ranks() {
   jget "$WORK/rk.json" "d['reproduce']" | grep -q -- '--ranks 2 --fp32 revin' &&
     pass "--ranks 2: reproduce '$(jget "$WORK/rk.json" "d['reproduce']")'" ||
     fail "--ranks 2: reproduce: $(jget "$WORK/rk.json" "d['reproduce']")"
+  # --resume reads a reused trial's rank files back; one with a rank file
+  # deleted since runs again (it is no rank that wrote no trace)
+  local rk_n
+  rk_n=$(jget "$WORK/rk.json" "d['trials_run']")
+  rm -f "$(jget "$WORK/rk.json" "[t['dir'] + '/trial-%02d.rank1.h5' % t['file_id'] for t in d['trials'] if t['role']=='ddmin'][0]")"
+  bisect rkr revin-overflow revin,linear --ranks 2 --steps 40 -j 1 --workdir "$WORK/wd-rk" --resume "$WORK/rk.json"
+  got=$(jget "$WORK/rkr.json" "'%s|%d|%d' % (','.join(d['minimal_set'] or []), d['trials_reused'], d['trials_run'])" 2>/dev/null)
+  [ "$RC" = 1 ] && [ "$got" = "revin|$((rk_n - 1))|1" ] && grep -q "1 of its 2 rank files are gone" "$WORK/rkr.err" &&
+    pass "--ranks 2 --resume: rank sets reused, the one missing a rank file run again ($got)" ||
+    fail "--ranks 2 --resume: exit $RC, $got (ran $rk_n): $(cat "$WORK/rkr.err")"
 
   # an FP16 all-reduce that overflows: the FP32 baseline fails too, born in
   # the all-reduce: the answer is the all-reduce's dtype (it was "not a
