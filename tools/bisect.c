@@ -1583,14 +1583,14 @@ static void criteria_text(const bisect *b, char *buf, size_t len) {
 #undef PUT
 }
 
-/* What decides the answer, as --resume compares it: the trials' training
- * (scenario, or the config's content, or the command; steps, seeds, ranks,
- * run options, --trace), the candidates in their order (ddmin's sets
- * follow it), the granularity and the failure criteria. */
 static const char *trial_dir_abs(const bisect *b, const trial *t) {
   return t->reused ? b->rs_dir[t->src] : b->wd_abs;
 }
 
+/* What decides the answer, as --resume compares it: the trials' training
+ * (scenario, or the config's content, or the command; steps, seeds, ranks,
+ * run options, --trace), the candidates in their order (ddmin's sets
+ * follow it), the granularity and the failure criteria. */
 static json_t *settings_json(const bisect *b) {
   json_t *s = json_object(), *a;
   json_object_set_new(s, "scenario", b->ext || b->config
@@ -2605,6 +2605,10 @@ static int resume_load(bisect *b) {
   }
   int err = errno;
   close(fd);
+  if (!buf && st.st_size <= RESUME_MAX) {
+    cli_error(SUB, "--resume %s: out of memory", q);
+    return CLI_EXIT_INTERNAL;
+  }
   if (!buf || n > (size_t)RESUME_MAX) {
     cli_error(SUB, "--resume %s: larger than %ld MiB, more than a bisect "
                    "document holds", q, RESUME_MAX >> 20);
@@ -2619,9 +2623,11 @@ static int resume_load(bisect *b) {
   json_error_t je;
   json_t *j = json_loadb(buf, n, 0, &je);
   free(buf);
-  if (!j) {
+  if (!j) { /* the parser's text quotes the file: escaped */
+    char qt[sizeof je.text * 4];
+    cli_escape_name(qt, sizeof qt, je.text);
     cli_error(SUB, "--resume %s: not a bisect document: not JSON (line %d: "
-                   "%s)", q, je.line, je.text);
+                   "%s)", q, je.line, qt);
     return CLI_EXIT_INPUT;
   }
   const char *cmd = json_string_value(json_object_get(j, "command"));

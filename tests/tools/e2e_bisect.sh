@@ -1181,6 +1181,14 @@ resume() {
   done
   resume_refused 3 "--resume /dev/zero: not a regular file \(a character device\)" "--resume /dev/zero" \
     --scenario two-culprits "${a2[@]}" --steps 1000 --resume /dev/zero
+  printf '\033]0;pwned\007{' >"$R/ctl.json" # the parser's message quotes it
+  resume_refused 3 "--resume .*ctl.json: not a bisect document: not JSON" "--resume, a control character in bad JSON" \
+    --scenario two-culprits "${a2[@]}" --steps 1000 --resume "$R/ctl.json"
+  if [ -s "$WORK/rr.err" ] && ! LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$WORK/rr.err"; then
+    pass "--resume: bad JSON's control characters printed escaped"
+  else
+    fail "--resume: bad JSON's control character reached stderr"
+  fi
   [ ! -e "$R/wd-x" ] && pass "--resume refused: no work directory made" ||
     fail "--resume refused, yet $R/wd-x was made"
   # a document naming folders that are no absolute path of its own (a
