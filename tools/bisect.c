@@ -44,6 +44,8 @@
  * trace and judged again instead of run (trial_try_reuse, in run_trials'
  * launch order, so ddmin sees the same verdicts as an uninterrupted run);
  * one whose trace is gone runs again, into this bisect's own folder.
+ * After every trial the document so far is also written to the work
+ * directory (checkpoint), for a bisect killed by SIGKILL.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -156,7 +158,9 @@ static void usage(FILE *f) {
 "                           is refused unless --force\n"
 "  --force                  replace an existing -o FILE\n"
 "  --resume FILE            go on from an earlier bisect's -o FILE (stopped by\n"
-"                           Ctrl-C/SIGTERM, or finished): its trials with a\n"
+"                           Ctrl-C/SIGTERM, or finished) or its\n"
+"                           WORKDIR/bisect-checkpoint.json (written after\n"
+"                           every trial: after a SIGKILL): its trials with a\n"
 "                           pass/fail verdict whose traces are still there are\n"
 "                           read back instead of run (marked 'reused'); its\n"
 "                           settings must be this bisect's (candidates,\n"
@@ -335,6 +339,7 @@ typedef struct bisect {
   int est_total; /* expected trials, for progress */
   char error[1024];
   int error_exit; /* exit code of the trial that could not run */
+  int ckpt_off;   /* a checkpoint could not be written: no more tried */
   int interrupted;
   double t_start;
   cli_line progress; /* the line on a terminal (cli.h) */
@@ -1292,6 +1297,8 @@ static int trial_try_reuse(bisect *b, trial *t) {
   return 1;
 }
 
+static void checkpoint(bisect *b);
+
 /* Runs trials ts[0..n) at most b->jobs at a time. With first_pass, stops
  * launching past the first trial (in order) that passes and cancels the
  * later ones still running. Returns PROBE_OK, PROBE_ERR_INTERRUPTED, or
@@ -1355,6 +1362,8 @@ static probe_status run_trials(bisect *b, trial **ts, size_t n,
     running--;
     kill(-pid, SIGKILL); /* anything the trial left behind in its group */
     trial_finish(b, ts[k], status);
+    if (ts[k]->state == T_DONE)
+      checkpoint(b);
     progress_draw(b, 1);
     if (ts[k]->state == T_ERROR && result == PROBE_OK) {
       snprintf(b->error, sizeof b->error, "trial %02d (%s) could not run (%.300s); "
@@ -1769,6 +1778,66 @@ static json_t *result_json(const bisect *b, const result *r) {
   json_object_set_new(o, "wall_seconds", json_real(cli_now() - b->t_start));
   json_object_set_new(o, "workdir", cli_json_text(b->workdir));
   return o;
+}
+
+/* The checkpoint: after every trial that ran to a verdict, the document
+ * so far (outcome interrupted) goes to WORKDIR/CHECKPOINT, so that a
+ * bisect killed by SIGKILL (the OOM killer, a machine that went down),
+ * which writes no -o, can still be resumed (--resume WORKDIR/CHECKPOINT).
+ * Written to a temporary name, synced and renamed over the last one
+ * (relative to the work directory's descriptor: a link planted at either
+ * name is replaced, never followed). A write that fails is said once and
+ * no more are tried; the bisect goes on. */
+#define CHECKPOINT "bisect-checkpoint.json"
+static void checkpoint(bisect *b) {
+  static const char tmp[] = "." CHECKPOINT ".tmp";
+  if (b->ckpt_off || b->wd_fd < 0)
+    return;
+  result r;
+  memset(&r, 0, sizeof r);
+  r.oc = O_INTERRUPTED;
+  snprintf(r.summary, sizeof r.summary, "in progress: the trials so far "
+           "(written after each trial; bisect --resume takes it)");
+  json_t *j = result_json(b, &r);
+  char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+  json_decref(j);
+  int fd = -1, ok = 0, err = ENOMEM;
+  if (text) {
+    unlinkat(b->wd_fd, tmp, 0);
+    fd = openat(b->wd_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
+                                   O_CLOEXEC, 0644);
+    size_t len = strlen(text), off = 0;
+    ok = fd >= 0;
+    while (ok && off < len) {
+      ssize_t w = write(fd, text + off, len - off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      ok = w > 0;
+      off += ok ? (size_t)w : 0;
+    }
+    ok = ok && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    err = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) {
+      ok = 0;
+      err = errno;
+    }
+    if (ok && renameat(b->wd_fd, tmp, b->wd_fd, CHECKPOINT) != 0) {
+      ok = 0;
+      err = errno;
+    }
+    if (!ok && fd >= 0)
+      unlinkat(b->wd_fd, tmp, 0);
+  }
+  free(text);
+  if (!ok) {
+    char q[2048];
+    cli_escape_name(q, sizeof q, b->workdir);
+    progress_clear(b);
+    fprintf(stderr, "ampprobe: bisect: warning: cannot write the checkpoint "
+                    "%s/" CHECKPOINT ": %s (no more are tried; -o is written "
+                    "at the end as always)\n", q, strerror(err));
+    b->ckpt_off = 1;
+  }
 }
 
 /* Names come from configs, traces and the command line: printed escaped

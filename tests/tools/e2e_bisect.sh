@@ -1101,6 +1101,25 @@ resume() {
   [ "$got" = "$full_set|$((reused + ran))|0" ] && pass "--resume of a resumed document: all reused ($got)" ||
     fail "--resume of a resumed document: $got (want $full_set|$((reused + ran))|0)"
 
+  # SIGKILL writes no -o: the checkpoint the work directory holds after
+  # every trial is resumed instead
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-kill" -o "$R/kill.json" >/dev/null 2>&1 &
+  pid=$!
+  n=0
+  while [ $n -lt 600 ] && [ ! -e "$R/wd-kill/trial-05.log" ]; do sleep 0.1; n=$((n + 1)); done
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  "$BIN" bisect "${args[@]}" --workdir "$R/wd-kill" --resume "$R/wd-kill/bisect-checkpoint.json" --json \
+    >"$R/kres.json" 2>"$R/kres.err"
+  RC=$?
+  got=$(rjget "$R/kres.json" "'%s|%d|%d' % (','.join(d['minimal_set'] or []), d['trials_reused'], d['trials_run'])")
+  if [ ! -e "$R/kill.json" ] && [ "$RC" = 1 ] && [ "${got%%|*}" = "$full_set" ] &&
+     [ "$(echo "$got" | cut -d'|' -f2)" -ge 5 ] && [ "$(echo "$got" | cut -d'|' -f3)" -lt "$full_n" ]; then
+    pass "SIGKILL (no -o written) then --resume of the checkpoint: $got"
+  else
+    fail "SIGKILL then --resume WORKDIR/bisect-checkpoint.json: exit $RC, $got: $(cat "$R/kres.err")"
+  fi
+
   # (2) a finished document: nothing runs again, the same answer; the
   # table says 'reused'
   "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/full.json" >"$R/fin.out" 2>"$R/fin.err"
