@@ -1120,6 +1120,23 @@ resume() {
     fail "SIGKILL then --resume WORKDIR/bisect-checkpoint.json: exit $RC, $got: $(cat "$R/kres.err")"
   fi
 
+  # the checkpoint (and its temporary name) planted as symlinks in a work
+  # directory of the user's: replaced, their targets untouched
+  mkdir -p "$R/wd-plant"
+  echo victim >"$R/victim1"
+  echo victim >"$R/victim2"
+  ln -s "$R/victim1" "$R/wd-plant/bisect-checkpoint.json"
+  ln -s "$R/victim2" "$R/wd-plant/.bisect-checkpoint.json.tmp"
+  "$BIN" bisect --scenario revin-overflow --fp32-candidates revin --steps 40 -j 1 -q \
+    --workdir "$R/wd-plant" >/dev/null 2>&1
+  if [ "$(cat "$R/victim1" "$R/victim2")" = "$(printf 'victim\nvictim')" ] &&
+     [ -f "$R/wd-plant/bisect-checkpoint.json" ] && [ ! -L "$R/wd-plant/bisect-checkpoint.json" ] &&
+     [ "$(rjget "$R/wd-plant/bisect-checkpoint.json" "d['command']")" = bisect ]; then
+    pass "checkpoint: planted symlinks replaced, their targets untouched"
+  else
+    fail "checkpoint through planted symlinks: $(head -c 80 "$R/victim1" "$R/victim2"; ls -la "$R/wd-plant" | head -5)"
+  fi
+
   # (2) a finished document: nothing runs again, the same answer; the
   # table says 'reused'
   "$BIN" bisect "${args[@]}" --workdir "$R/wd-full" --resume "$R/full.json" >"$R/fin.out" 2>"$R/fin.err"
