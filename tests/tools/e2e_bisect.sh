@@ -1271,6 +1271,25 @@ json.dump(d, open(sys.argv[2],'w'))" "$R/full.json" "$R/baddir.json"
   [ "$RC" = 1 ] && [ "$got" = "revin,softmax|$((ext_n - 1))|1" ] &&
     pass "external command: --resume reruns the deleted all-FP16 trial only ($got)" ||
     fail "external command: --resume: exit $RC, $got (full: $ext_n): $(cat "$R/ext2.err")"
+  # a trial that could not run (the job crashed: exit 4, no -o) runs again
+  # from the checkpoint, once the cause is gone
+  cat >"$R/flaky.sh" <<FLAKY
+#!/usr/bin/env bash
+[ "\${AMPPROBE_FP32-}" = revin ] && [ ! -e "$R/flaky.ok" ] && exit 3
+exec "$FAKE" "\$@"
+FLAKY
+  chmod +x "$R/flaky.sh"
+  local fx=(--fp32-candidates bn,softmax,revin -j 1 -q --workdir "$R/wd-flaky")
+  "$BIN" bisect "${fx[@]}" -o "$R/flaky.json" -- "$R/flaky.sh" "$BIN" two-culprits >/dev/null 2>&1
+  local frc=$?
+  touch "$R/flaky.ok"
+  "$BIN" bisect "${fx[@]}" --resume "$R/wd-flaky/bisect-checkpoint.json" --json -- "$R/flaky.sh" "$BIN" two-culprits \
+    >"$R/flaky2.json" 2>"$R/flaky2.err"
+  RC=$?
+  got=$(rjget "$R/flaky2.json" "'%s|%d|%s' % (','.join(sorted(d['minimal_set'] or [])), d['trials_reused'], [t['fp32'] for t in d['trials'] if not t['reused']])")
+  [ "$frc" = 4 ] && [ ! -e "$R/flaky.json" ] && [ "$RC" = 1 ] && [ "$got" = "revin,softmax|5|[['revin']]" ] &&
+    pass "a trial that could not run (exit 4): --resume of the checkpoint runs it alone again ($got)" ||
+    fail "crashed trial then --resume: exit $frc then $RC, $got: $(cat "$R/flaky2.err")"
   resume_refused 2 "--resume .*ext.json: its command is .*fake_job.sh .* two-culprits \(this bisect: .*fake_job.sh .* revin-overflow\)$" \
     "--resume, another external command" "${x[@]}" --resume "$R/ext.json" -- "$FAKE" "$BIN" revin-overflow
   AMPPROBE_SEED=6 resume_refused 2 "--resume .*ext.json: its seed is 5 \(this bisect: 6\)$" \
