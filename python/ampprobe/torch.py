@@ -1258,9 +1258,11 @@ class Tracer:
         self._no_forward_said = False
         self._late_backward_said = False
         self._refs = []  # (layer, site, tensor) of this step, for scans
-        self._scale_begin = None
-        self._scaler = None
-        self._skips_serial = 0  # the scaler's last update() end_step read
+        # the attached loss scalers, first attached first (the primary:
+        # its scale is the steps table's): [scaler, its scale at the
+        # step's start (None: unknown), the serial of its last update()
+        # that end_step read]
+        self._scalers = []
         self._clip = None
         self._hand_events = []
         self._masters_at = None  # the step whose master weights are recorded
@@ -1875,19 +1877,94 @@ class Tracer:
         self._bwd = False
         self._ended_fwd_only = None  # a step is open: no late gradient
         self._recording = self.write_error is None and self._in_window(step)
-        if self._scaler is not None:
-            self._scale_begin = float(self._scaler.get_scale())
+        for w in self._scalers:
+            w[1] = float(w[0].get_scale())
 
     def attach_scaler(self, scaler):
         """A torch.cuda.amp / torch.amp GradScaler or an ampprobe LossScaler:
         its scale at the start of each step is the step's loss scale, and a
         change by end_step a backoff (skipped step) or a growth event.
-        Passing scaler= to end_step does the same from the next step on."""
-        self._scaler = scaler
+        Passing scaler= to end_step does the same from the next step on.
+
+        Several scalers (a GAN's, one per network): each call adds one (a
+        scaler attached again is not added twice). The first attached is
+        the primary: its scale and growth tracker are the step's
+        loss_scale/growth_tracker; every scaler's backoffs and growths are
+        scaler events; a step is found_inf when any scaler found inf in
+        it, skipped only when every scaler whose update() ran in it
+        skipped each of its optimizers; a gradient overflow is the
+        scalers' routine for on_nonfinite when any of them found inf in
+        that step (docs/python.md)."""
+        self._add_scaler(scaler, known_now=True)
+
+    def _add_scaler(self, scaler, known_now):
+        """Watches scaler (attach_scaler; end_step(scaler=), where the
+        scale at the open step's start is not known: known_now False)."""
+        if any(w[0] is scaler for w in self._scalers):
+            return
         _watch_steps(scaler)
-        self._skips_serial = getattr(scaler, "_ampprobe_skips", (0, None))[0]
-        if self._step is not None and self._scale_begin is None:
-            self._scale_begin = float(scaler.get_scale())
+        begin = None
+        if self._step is not None and known_now:
+            begin = float(scaler.get_scale())
+        self._scalers.append(
+            [scaler, begin, getattr(scaler, "_ampprobe_skips", (0, None))[0]])
+
+    def _read_scalers(self):
+        """At end_step: (loss scale at the step's start, growth tracker,
+        found_inf, skipped, events, read) of the attached scalers, each
+        None where no scaler says (read: False when none is attached or
+        enabled). The primary's (first attached enabled) scale and
+        tracker; found_inf when any scaler found inf (an optimizer of its
+        skipped, or it backed off); skipped when every scaler whose
+        update() ran (or whose scale changed) in this step skipped all of
+        its optimizers; each scaler's backoff or growth an event. Changes
+        nothing (an end_step libprobe refused is retried):
+        _scalers_step_ended does, once the step ended."""
+        scale = tracker = None
+        found = []  # per scaler active in the step: (found_inf, skipped)
+        events = []
+        read = False
+        for w in self._scalers:
+            sc, begin = w[0], w[1]
+            if hasattr(sc, "is_enabled") and not sc.is_enabled():
+                continue
+            read = True
+            # This step's update() said which optimizers stepped: found_inf
+            # when any skipped (the scale backs off), skipped only when none
+            # stepped - with two optimizers one may skip while the other
+            # steps, and the weights it updates changed
+            serial, skips = getattr(sc, "_ampprobe_skips", (0, None))
+            updated = serial != w[2]
+            new = float(sc.get_scale())
+            old = begin if begin is not None else new
+            tr = _tracker(sc)
+            if scale is None:
+                scale, tracker = old, tr
+            fi = sk = None
+            if updated and skips:
+                fi, sk = any(skips), all(skips)
+            if new < old:
+                events.append(("backoff", old, new, tr or 0))
+                fi = True if fi is None else fi
+                sk = True if sk is None else sk
+            elif new > old:
+                events.append(("growth", old, new, tr or 0))
+            watched = isinstance(sc, LossScaler) or getattr(
+                sc, "_ampprobe_watch", False)
+            if fi is not None or updated or not watched:
+                # (a scaler whose update() cannot be watched: it is taken
+                # to have stepped unless it backed off)
+                found.append((bool(fi), bool(sk)))
+        fi = int(any(f for f, _ in found)) if found else None
+        sk = int(all(k for _, k in found)) if found else None
+        return scale, tracker, fi, sk, events, read
+
+    def _scalers_step_ended(self):
+        """The step ended: no scale at the next step's start yet
+        (begin_step reads it), and each scaler's update() so far read."""
+        for w in self._scalers:
+            w[1] = None
+            w[2] = getattr(w[0], "_ampprobe_skips", (0, None))[0]
 
     def clip(self, grad_norm, max_norm):
         """The job's clipping of this step: clip_grad_norm_'s return value
@@ -1947,39 +2024,16 @@ class Tracer:
         growth_tracker = _scalar("growth_tracker", growth_tracker, int)
         self._ensure_step()
         step = self._step
-        if scaler is not None and self._scaler is None:
-            self._scaler = scaler  # the scale at this step's start is unknown
-            _watch_steps(scaler)
-            self._skips_serial = getattr(scaler, "_ampprobe_skips", (0, None))[0]
-        events = []
-        sc = self._scaler
-        scale = loss_scale
-        tracker = growth_tracker
-        fi, sk = found_inf, skipped
-        if sc is not None and (not hasattr(sc, "is_enabled")
-                               or sc.is_enabled()):
-            # This step's update() said which optimizers stepped: found_inf
-            # when any skipped (the scale backs off), skipped only when none
-            # stepped - with two optimizers one may skip while the other
-            # steps, and the weights it updates changed
-            serial, skips = getattr(sc, "_ampprobe_skips", (0, None))
-            if serial != self._skips_serial:
-                self._skips_serial = serial
-                if skips:
-                    fi = int(any(skips)) if fi is None else fi
-                    sk = int(all(skips)) if sk is None else sk
-            new = float(sc.get_scale())
-            old = self._scale_begin if self._scale_begin is not None else new
-            if scale is None:
-                scale = old
-            if tracker is None:
-                tracker = _tracker(sc)
-            if new < old:
-                events.append(("backoff", old, new, tracker or 0))
-                fi = 1 if fi is None else fi
-                sk = 1 if sk is None else sk
-            elif new > old:
-                events.append(("growth", old, new, tracker or 0))
+        if scaler is not None:
+            self._add_scaler(scaler, known_now=False)
+        sc = self._scalers or None
+        scale, tracker, fi, sk, events, read = self._read_scalers()
+        if not read:
+            scale = tracker = fi = sk = None
+        scale = loss_scale if loss_scale is not None else scale
+        tracker = growth_tracker if growth_tracker is not None else tracker
+        fi = found_inf if found_inf is not None else fi
+        sk = skipped if skipped is not None else sk
         for e in self._hand_events:
             events.append(e)
             if e[0] == "backoff":
@@ -2002,8 +2056,7 @@ class Tracer:
             self._clip = None
             self._hand_events = []
             self._ended_fwd_only = None
-            if sc is not None:
-                self._scale_begin = None
+            self._scalers_step_ended()
             return self._write_error_at()
         if self._digest and any(_is_dtensor(p)
                                 for p in self.model.parameters()):
@@ -2075,8 +2128,7 @@ class Tracer:
                 self._next = step + 1
                 self._clip = None
                 self._hand_events = []
-                if sc is not None:
-                    self._scale_begin = None
+                self._scalers_step_ended()
         if self.write_error is not None:
             return self._write_error_at()
         self._check_forwards_seen(step)
@@ -2084,8 +2136,10 @@ class Tracer:
         if self.on_nonfinite != "record":
             # a loss not given is not measured, not non-finite (0.0 stands
             # for "nothing wrong with it")
+            # a step a loss scaler skipped, or in which one found inf
+            # (another's optimizer stepped: a GAN's): the scalers' routine
             self._check_nonfinite(step, lossv if loss is not None else 0.0,
-                                  bool(sk), refs)
+                                  bool(sk) or bool(fi), refs)
 
     def _model_forward_ran(self):
         """A module of the model (input and loss aside) ran its forward
@@ -2224,8 +2278,11 @@ class Tracer:
         L, site, c = hit
         phase = _lib.SITE_PHASE.get(site, "forward") if L is not None \
             else "forward"
-        if phase == "backward" and skipped:
-            return  # the loss scaler's routine overflow: step skipped
+        if phase == "backward" and skipped and not _weights_nonfinite(refs):
+            # a loss scaler's routine overflow: it found inf and skipped
+            # (with several scalers: any of them). Not when a weight came
+            # out of the step non-finite: an optimizer stepped with it
+            return
         if step <= self._reported:
             return
         self._reported = step
@@ -2242,6 +2299,16 @@ class Tracer:
             # make a fully masked row's NaN, not a target (review 9)
             detail += ("; the loss's targets are not recorded: a NaN among "
                        "them (the data) gives this too")
+        if phase == "backward" and L is not None:
+            if skipped:  # found inf, and a weight came out non-finite
+                detail += ("; a loss scaler found inf in this step, yet a "
+                           "weight came out of it non-finite: an optimizer "
+                           "stepped with it (past its scaler's step?)")
+            else:
+                detail += ("; no loss scaler the tracer reads found inf in "
+                           "this step (a scaler it does not read that "
+                           "skipped the step makes this its routine: "
+                           "attach_scaler() each one, a GAN's two)")
         if site == _dist.POST:
             detail += ("; it came back from the gradient all-reduce, finite "
                        "as this rank sent it: another rank's gradient or "
@@ -2581,6 +2648,13 @@ def _first_bad(refs, forward=False):
         if sum(c) and not _masked_logits(L, site, c):
             return (L, site, c + (e[2].numel(),))
     return None
+
+
+def _weights_nonfinite(refs):
+    """A master weight recorded in this step (after the optimizer step)
+    holds NaN or inf."""
+    return any(e[1] == "master_weight" and sum(_recorded_counts(e))
+               for e in refs)
 
 
 def _masked_logits(L, site, c):
