@@ -2003,8 +2003,9 @@ class Tracer:
                  skipped=None, growth_tracker=None):
         """Ends the step, after the optimizer step and scaler.update():
         records every traced parameter (the FP32 master after the step),
-        the step's scalars (loss, loss scale, scaler events, lr from
-        optimizer.param_groups[0], grad norm and clip coefficient), then
+        the step's scalars (loss, loss scale, scaler events, lr: the
+        largest of every param group of optimizer - one or a list - grad
+        norm and clip coefficient), then
         checks for a non-finite value (on_nonfinite). Hand-scaled jobs pass
         loss_scale/found_inf/skipped/growth_tracker and call
         scaler_event()."""
@@ -2012,10 +2013,8 @@ class Tracer:
         # written, the step still open): call again with scalars. A bad lr
         # or grad_norm failed after the master weights were recorded, and
         # left libprobe's step open while the tracer had ended it.
-        if lr is None and optimizer is not None:
-            lr = optimizer.param_groups[0]["lr"]
         loss = _scalar("loss", loss)
-        lr = _scalar("lr", lr)
+        lr = _scalar("lr", lr) if lr is not None else _largest_lr(optimizer)
         grad_norm = _scalar("grad_norm", grad_norm, lo=0)
         max_norm = _scalar("max_norm", max_norm, lo=0)
         loss_scale = _scalar("loss_scale", loss_scale, lo=0)
@@ -2648,6 +2647,21 @@ def _first_bad(refs, forward=False):
         if sum(c) and not _masked_logits(L, site, c):
             return (L, site, c + (e[2].numel(),))
     return None
+
+
+def _largest_lr(optimizer):
+    """end_step's lr from optimizer= (an optimizer, or a list or tuple of
+    them): the largest lr over every param group of every one (a spike
+    in a head's group, with layer-wise decay or a no-decay group, is
+    seen; param_groups[0] alone hid it), a NaN or inf one first; None
+    when there is none."""
+    if optimizer is None:
+        return None
+    opts = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
+    lrs = [_scalar("lr", g["lr"]) for o in opts for g in o.param_groups
+           if g.get("lr") is not None]
+    bad = [v for v in lrs if not math.isfinite(v)]
+    return bad[0] if bad else (max(lrs) if lrs else None)
 
 
 def _weights_nonfinite(refs):

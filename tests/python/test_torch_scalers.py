@@ -256,3 +256,80 @@ def test_a_forward_overflow_in_d_is_still_reported(tmp_path):
                                                d_input={BAD})
     assert err is not None and err.step == BAD and err.phase == "forward", \
         str(err)
+
+
+# ---- several param groups ----------------------------------------------------
+
+def lr_job(path, lrs, spike=(), steps=16, optimizer_arg=None):
+    """A 3-layer MLP with two param groups (backbone, head) at lrs; the
+    head's lr x1000 at the steps in spike (a broken schedule)."""
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32),
+                      nn.ReLU(), nn.Linear(32, 4))
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD([
+        {"params": m[0].parameters(), "lr": lrs[0]},
+        {"params": list(m[2].parameters()) + list(m[4].parameters()),
+         "lr": lrs[1]}])
+    tr = at.Tracer(m, path, loss_fn=crit, overwrite=True, env=False)
+    X, Y = torch.randn(64, 8), torch.randn(64, 4)
+    for s in range(steps):
+        opt.param_groups[1]["lr"] = lrs[1] * (1000 if s in spike else 1)
+        i = (s * 8) % 64
+        loss = crit(m(X[i:i + 8]), Y[i:i + 8])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=optimizer_arg(opt)
+                    if optimizer_arg else opt)
+    tr.close()
+    return ampprobe.read_trace(path)["steps"], ampprobe.postmortem(path)
+
+
+def texts(pm):
+    return " | ".join(" | ".join([d.get("title", ""), d.get("next_step", "")]
+                                 + d.get("evidence", []))
+                      for d in pm.get("diagnosis", []))
+
+
+def test_lr_spike_in_the_second_group_is_the_schedule(tmp_path):
+    """The head's group spikes x1000 at steps 8-9 and the loss diverges:
+    the lr column shows it, the post-mortem names the schedule at step 8
+    (before: a flat 0.01 and 'lower the learning rate')."""
+    st, pm = lr_job(str(tmp_path / "spike.h5"), (0.01, 0.01), spike={8, 9})
+    assert col(st, "lr", float)[7:11] == pytest.approx([0.01, 10, 10, 0.01])
+    t = texts(pm)
+    assert "spiked at step 8" in t and "schedule at step 8" in t, t
+
+
+def test_constant_lrs_over_groups_stay_quiet(tmp_path):
+    """Two groups at constant, different rates: the larger is recorded
+    every step, no learning-rate finding, healthy."""
+    st, pm = lr_job(str(tmp_path / "const.h5"), (0.001, 0.01))
+    assert col(st, "lr", float) == pytest.approx([0.01] * 16)
+    assert pm["verdict"] == "healthy", texts(pm)
+    assert "learning rate" not in texts(pm), texts(pm)
+
+
+@pytest.mark.parametrize("wrap", [list, tuple])
+def test_several_optimizers_give_the_largest_lr(tmp_path, wrap):
+    """optimizer= a list or tuple of optimizers: the largest lr of all."""
+    other = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
+    st, pm = lr_job(str(tmp_path / "opts.h5"), (0.001, 0.01), steps=3,
+                    optimizer_arg=lambda o: wrap([o, other]))
+    assert col(st, "lr", float) == pytest.approx([0.5] * 3)
+
+
+def test_a_nonfinite_lr_in_any_group_is_recorded(tmp_path):
+    """A NaN lr in the second group is what is recorded, not the first
+    group's finite one."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    opt = torch.optim.SGD([{"params": [m.weight], "lr": 0.1},
+                           {"params": [m.bias], "lr": float("nan")}])
+    p = str(tmp_path / "nan.h5")
+    tr = at.Tracer(m, p, overwrite=True, env=False)
+    m(torch.randn(2, 4)).sum().backward()
+    tr.end_step(loss=1.0, optimizer=opt)
+    tr.close()
+    assert math.isnan(float(ampprobe.read_trace(p)["steps"]["lr"][0]))
