@@ -1887,8 +1887,9 @@ class Tracer:
         Passing scaler= to end_step does the same from the next step on.
 
         Several scalers (a GAN's, one per network): each call adds one (a
-        scaler attached again is not added twice). The first attached is
-        the primary: its scale and growth tracker are the step's
+        scaler attached again is not added twice). The first attached
+        whose update() ran in the step is the primary: its scale and
+        growth tracker are the step's
         loss_scale/growth_tracker; every scaler's backoffs and growths are
         scaler events; a step is found_inf when any scaler found inf in
         it, skipped only when every scaler whose update() ran in it
@@ -1913,14 +1914,16 @@ class Tracer:
         """At end_step: (loss scale at the step's start, growth tracker,
         found_inf, skipped, events, read) of the attached scalers, each
         None where no scaler says (read: False when none is attached or
-        enabled). The primary's (first attached enabled) scale and
-        tracker; found_inf when any scaler found inf (an optimizer of its
+        enabled). The primary's scale and tracker: the first attached
+        scaler whose update() ran in the step (a scaler attached before
+        and no longer used - a job that made a new one at a resume - is
+        passed over), else the first attached enabled one; found_inf when any scaler found inf (an optimizer of its
         skipped, or it backed off); skipped when every scaler whose
         update() ran (or whose scale changed) in this step skipped all of
         its optimizers; each scaler's backoff or growth an event. Changes
         nothing (an end_step libprobe refused is retried):
         _scalers_step_ended does, once the step ended."""
-        scale = tracker = None
+        scale = tracker = first = None
         found = []  # per scaler active in the step: (found_inf, skipped)
         events = []
         read = False
@@ -1938,8 +1941,8 @@ class Tracer:
             new = float(sc.get_scale())
             old = begin if begin is not None else new
             tr = _tracker(sc)
-            if scale is None:
-                scale, tracker = old, tr
+            if first is None:
+                first = (old, tr)
             fi = sk = None
             if updated and skips:
                 fi, sk = any(skips), all(skips)
@@ -1955,6 +1958,10 @@ class Tracer:
                 # (a scaler whose update() cannot be watched: it is taken
                 # to have stepped unless it backed off)
                 found.append((bool(fi), bool(sk)))
+                if scale is None:
+                    scale, tracker = old, tr
+        if scale is None and first is not None:
+            scale, tracker = first
         fi = int(any(f for f, _ in found)) if found else None
         sk = int(all(k for _, k in found)) if found else None
         return scale, tracker, fi, sk, events, read

@@ -219,6 +219,40 @@ def test_attach_order_picks_the_primary(tmp_path):
     assert col(ev, "step") == [BAD]
 
 
+@pytest.mark.parametrize("first_disabled", [False, True])
+def test_a_scaler_no_longer_used_is_passed_over(tmp_path, first_disabled):
+    """A job that makes a new scaler (a resume) and attaches it too: the
+    first one, attached and no longer updated (or disabled), is not the
+    primary: the scale column follows the one in use, whose backoff is
+    the step's (found_inf, skipped: its only optimizer skipped)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(m.parameters(), 0.01)
+    p = str(tmp_path / "resume.h5")
+    tr = at.Tracer(m, p, overwrite=True, env=False, emulate_fp16=True,
+                   on_nonfinite="raise")
+    old = at.LossScaler(init_scale=256.0, enabled=not first_disabled)
+    tr.attach_scaler(old)
+    for s in range(6):
+        if s == 3:
+            sc = at.LossScaler(init_scale=1024.0)
+            tr.attach_scaler(sc)
+        elif s == 0:
+            sc = old
+        loss = m(torch.randn(4, 4)).square().mean()
+        opt.zero_grad()
+        sc.scale(loss * (1e7 if s == 4 else 1.0)).backward()
+        sc.step(opt)
+        sc.update()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    st = ampprobe.read_trace(p)["steps"]
+    first = 1.0 if first_disabled else 256.0
+    assert col(st, "loss_scale", float) == [first] * 3 + [1024.0] * 2 + [512.0]
+    assert col(st, "skipped") == flags(6, {4})
+    assert col(st, "found_inf") == flags(6, {4})
+
+
 def test_warn_mode_says_nothing_of_the_routine(tmp_path):
     """warn, G's scaler backing off with both attached, D's last: no
     NonFiniteWarning (before: a false one, from D's scaler, the only one
