@@ -46,7 +46,7 @@ class GAN(nn.Module):
 
 
 def gan_job(path, attach="GD", d_over=(), g_over=(), onf="raise",
-            torch_scaler=False, g_unchecked=(), d_input=()):
+            torch_scaler=False, g_unchecked=(), d_input=(), pass_d=False):
     """A GAN with one scaler per network (at.LossScaler under FP16
     emulation, or torch.amp.GradScaler("cpu") under real FP16 autocast):
     at the steps in d_over D's loss is x1e7 (D's gradients overflow, its
@@ -54,7 +54,8 @@ def gan_job(path, attach="GD", d_over=(), g_over=(), onf="raise",
     g_unchecked G's gradient gets a NaN and G steps by hand past its
     scaler (unscale_ then opt.step: not routine); in d_input D's real
     input is x1e6 (D's forward overflows FP16). attach: the scalers
-    attached, in order. Returns (tracer's error or None, steps table,
+    attached, in order; pass_d: D's passed as end_step(scaler=) at every
+    step instead. Returns (tracer's error or None, steps table,
     scaler events, G stepped per step, D stepped per step, warnings)."""
     torch.manual_seed(0)
     m = GAN()
@@ -105,7 +106,8 @@ def gan_job(path, attach="GD", d_over=(), g_over=(), onf="raise",
                     sG.step(oG)
                 sG.update()
                 g_moved.append(bool((G[0].weight != g0).any()))
-                tr.end_step(loss=lg, optimizer=oG)
+                tr.end_step(loss=lg, optimizer=oG,
+                            scaler=sD if pass_d else None)
             tr.close()
         except at.NonFiniteError as e:
             err = e
@@ -251,6 +253,21 @@ def test_a_scaler_no_longer_used_is_passed_over(tmp_path, first_disabled):
     assert col(st, "loss_scale", float) == [first] * 3 + [1024.0] * 2 + [512.0]
     assert col(st, "skipped") == flags(6, {4})
     assert col(st, "found_inf") == flags(6, {4})
+
+
+def test_end_step_scaler_adds_a_scaler(tmp_path):
+    """G's attached, D's passed to end_step(scaler=) at every step: D's
+    is added once (from the step after the first, whose start scale was
+    not known), read as if attached: its backoff is an event, the step
+    found_inf and not skipped, no error."""
+    err, st, ev, g_moved, d_moved, W = gan_job(str(tmp_path / "e.h5"),
+                                               attach="G", d_over={BAD},
+                                               pass_d=True)
+    assert err is None, str(err)
+    assert col(st, "skipped") == [0] * STEPS
+    assert col(st, "found_inf") == flags(STEPS, {BAD})
+    assert col(st, "loss_scale", float) == [256.0] * STEPS
+    assert col(ev, "step") == [BAD]
 
 
 def test_warn_mode_says_nothing_of_the_routine(tmp_path):
