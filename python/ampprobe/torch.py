@@ -1912,26 +1912,24 @@ class Tracer:
 
     def _read_scalers(self):
         """At end_step: (loss scale at the step's start, growth tracker,
-        found_inf, skipped, events, read) of the attached scalers, each
-        None where no scaler says (read: False when none is attached or
-        enabled). The primary's scale and tracker: the first attached
-        scaler whose update() ran in the step (a scaler attached before
-        and no longer used - a job that made a new one at a resume - is
-        passed over), else the first attached enabled one; found_inf when any scaler found inf (an optimizer of its
-        skipped, or it backed off); skipped when every scaler whose
-        update() ran (or whose scale changed) in this step skipped all of
-        its optimizers; each scaler's backoff or growth an event. Changes
+        found_inf, skipped, events) of the attached enabled scalers, each
+        None where no scaler says. The primary's scale and tracker: the
+        first attached scaler whose update() ran in the step (a scaler
+        attached before and no longer used - a job that made a new one at
+        a resume - is passed over), else the first attached enabled one;
+        found_inf when any scaler found inf (an optimizer of its skipped,
+        or it backed off); skipped when every scaler whose update() ran
+        (or whose scale changed) in this step skipped all of its
+        optimizers; each scaler's backoff or growth an event. Changes
         nothing (an end_step libprobe refused is retried):
         _scalers_step_ended does, once the step ended."""
         scale = tracker = first = None
         found = []  # per scaler active in the step: (found_inf, skipped)
         events = []
-        read = False
         for w in self._scalers:
             sc, begin = w[0], w[1]
             if hasattr(sc, "is_enabled") and not sc.is_enabled():
                 continue
-            read = True
             # This step's update() said which optimizers stepped: found_inf
             # when any skipped (the scale backs off), skipped only when none
             # stepped - with two optimizers one may skip while the other
@@ -1964,7 +1962,7 @@ class Tracer:
             scale, tracker = first
         fi = int(any(f for f, _ in found)) if found else None
         sk = int(all(k for _, k in found)) if found else None
-        return scale, tracker, fi, sk, events, read
+        return scale, tracker, fi, sk, events
 
     def _scalers_step_ended(self):
         """The step ended: no scale at the next step's start yet
@@ -2033,9 +2031,7 @@ class Tracer:
         if scaler is not None:
             self._add_scaler(scaler, known_now=False)
         sc = self._scalers or None
-        scale, tracker, fi, sk, events, read = self._read_scalers()
-        if not read:
-            scale = tracker = fi = sk = None
+        scale, tracker, fi, sk, events = self._read_scalers()
         scale = loss_scale if loss_scale is not None else scale
         tracker = growth_tracker if growth_tracker is not None else tracker
         fi = found_inf if found_inf is not None else fi
