@@ -898,20 +898,42 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     goto out;
   }
 
-  /* SWMR read opens the trace of a writer that was killed in SWMR mode
-   * without h5clear; files that are not SWMR files need a plain open. */
+  /* The file is opened through HDF5's log driver, which logs nothing with
+   * flags 0 and reads as the default (sec2) driver does, because HDF5
+   * takes a file already open in this process through the same driver
+   * (the same device and inode) for the same file: it hands the reader the
+   * open file's state instead of reading the file. A trace this process
+   * writes is open through sec2 on its writer thread, so a reader here
+   * read through the writer's metadata cache and descriptor - and in the
+   * isolated open's child, whose copy of that descriptor is pointed at an
+   * empty memory file (format.c, h5_fork_child_sinks), it read zeros: a
+   * healthy live trace was "corrupt HDF5 file (root attributes: bad object
+   * header version number)". Another driver is another file to HDF5: the
+   * reader gets its own descriptor and cache and reads what is on disk,
+   * as a reader in another process does. */
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl >= 0 && H5Pset_fapl_log(fapl, NULL, 0, 0) < 0) {
+    H5Pclose(fapl);
+    fapl = -1;
+  }
+  if (fapl < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    st = fail(t, PROBE_ERR_IO, "HDF5 could not set up a file access "
+                               "property list (H5Pset_fapl_log)");
+    goto out;
+  }
   /* HDF5 retries a metadata read whose checksum fails up to 100 times under
    * SWMR, sleeping in between (a live writer may be mid-write): on a
    * corrupt file that is minutes. A few attempts are enough here. */
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  if (fapl >= 0) H5Pset_metadata_read_attempts(fapl, PROBE__READ_ATTEMPTS);
-  t->file = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ,
-                    fapl >= 0 ? fapl : H5P_DEFAULT);
-  if (fapl >= 0) H5Pclose(fapl);
+  H5Pset_metadata_read_attempts(fapl, PROBE__READ_ATTEMPTS); /* SWMR only */
+  /* SWMR read opens the trace of a writer that was killed in SWMR mode
+   * without h5clear; files that are not SWMR files need a plain open. */
+  t->file = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl);
   if (t->file < 0) {
     H5Eclear2(H5E_DEFAULT);
-    t->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    t->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   }
+  H5Pclose(fapl);
   if (t->file < 0 && killed_open_for_write(path)) {
     H5Eclear2(H5E_DEFAULT);
     st = fail(t, PROBE_ERR_CORRUPT,
