@@ -84,7 +84,52 @@ struct probe_trace {
    * has passed its checks: probe_trace_open_isolated's child read them, or
    * probe__trace_check_unread did */
   int unread_checked;
+  /* the file at the open (stat), and the list of the open traces */
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  struct timespec mtime;
+  probe_trace *next_open;
+  int listed;
 };
+
+/* The traces open in this process that hold an HDF5 file (from
+ * probe_trace_open to probe_trace_close), under the HDF5 lock; a child of
+ * fork() has its parent's, whose HDF5 files it inherited. HDF5 hands an
+ * open of a file already open in the process through the same driver (the
+ * same device and inode) the state of that open: the metadata it read
+ * then, stale once the file has grown (a live writer's flush), mixed with
+ * what it reads now ("/meta/state counts 12 rows of /steps, the table has
+ * 5": a healthy trace called corrupt). Such an open is refused, saying so
+ * (open_shared). */
+static probe_trace *open_traces;
+
+static void open_list_add(probe_trace *t) {
+  t->next_open = open_traces;
+  open_traces = t;
+  t->listed = 1;
+}
+
+static void open_list_remove(probe_trace *t) {
+  if (!t->listed) return;
+  for (probe_trace **p = &open_traces; *p; p = &(*p)->next_open)
+    if (*p == t) {
+      *p = t->next_open;
+      break;
+    }
+  t->listed = 0;
+}
+
+/* Another open trace of this file whose HDF5 state may be stale: the file
+ * has changed (size or modification time) since that trace's open. */
+static const probe_trace *open_shared(const probe_trace *t) {
+  for (const probe_trace *o = open_traces; o; o = o->next_open)
+    if (o->dev == t->dev && o->ino == t->ino &&
+        (o->size != t->size || o->mtime.tv_sec != t->mtime.tv_sec ||
+         o->mtime.tv_nsec != t->mtime.tv_nsec))
+      return o;
+  return NULL;
+}
 
 /* The message of the last failed probe_trace_open in this thread. */
 static _Thread_local char open_msg[512];
@@ -164,6 +209,7 @@ static void h5_desc(char *buf) {
 
 static void probe_trace_close_impl(probe_trace *t) {
   if (t == NULL) return;
+  open_list_remove(t);
   H5E_BEGIN_TRY {
     for (int i = 0; i < PROBE__T_COUNT; i++) {
       if (t->dset[i] >= 0) H5Dclose(t->dset[i]);
@@ -867,6 +913,19 @@ static probe_status probe_trace_open_impl(probe_trace **out, const char *path, c
     st = fail(t, PROBE_ERR_NOT_HDF5, "not a regular file");
     goto out;
   }
+  t->dev = sb.st_dev;
+  t->ino = sb.st_ino;
+  t->size = sb.st_size;
+  t->mtime = sb.st_mtim;
+  if (open_shared(t)) {
+    st = fail(t, PROBE_ERR_STATE,
+              "open in this process by a reader not closed since it "
+              "changed (a trace still written?): HDF5 would read it "
+              "through that reader's view, as it was then; close the "
+              "other reader first (probe_trace_close, ampprobe.Trace's "
+              "close), or read it from another process");
+    goto out;
+  }
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     st = fail(t, PROBE_ERR_IO, "%s", strerror(errno));
@@ -1057,6 +1116,7 @@ out:
     return st;
   }
   open_msg[0] = '\0';
+  if (t->file >= 0) open_list_add(t);
   *out = t;
   return PROBE_OK;
 }

@@ -135,3 +135,27 @@ def test_early_stopping_reads_own_trace(tmp_path, cli, modes):
         assert pm["verdict"] == "diverged"
         assert pm["event"]["step"] == NAN_STEP
         assert pm == cli_postmortem(cli, j.path)
+
+
+def test_reader_held_open_is_refused_not_corrupt(tmp_path, cli):
+    """A Trace left open pins HDF5's view of its file in this process: a
+    later read of the same file, grown since, would share that stale view
+    ("corrupt trace: /meta/state counts 6 rows of /steps, the table has
+    3"). It is refused, saying why, and reads once the Trace is closed."""
+    job = Job(tmp_path / "held.h5", "full", seed=0)
+    for s in range(3):
+        job.step(s)
+    job.tr.session.flush()
+    held = ampprobe.Trace(job.path)
+    for s in range(3, 6):
+        job.step(s)
+    job.tr.session.flush()
+    for read in (ampprobe.verdict, ampprobe.postmortem, ampprobe.read_trace):
+        with pytest.raises(ampprobe.ProbeError) as e:
+            read(job.path)
+        assert "open in this process by a reader not closed" in str(e.value)
+        assert "corrupt" not in str(e.value)
+    assert len(held.steps()) == 3  # the held one reads what it opened
+    held.close()
+    assert read_live(cli, job, 5)[0] != "diverged"
+    job.tr.close()
