@@ -536,8 +536,13 @@ typedef struct probe_trace_info {
 
 /* Opens and validates (format name and version, tables, types, state and
  * layers in range). Errors: PROBE_ERR_NOT_FOUND, PROBE_ERR_NOT_HDF5,
- * PROBE_ERR_NOT_TRACE, PROBE_ERR_VERSION, PROBE_ERR_CORRUPT, PROBE_ERR_IO.
- * Opens traces of killed writers (their rows up to the last flush). On
+ * PROBE_ERR_NOT_TRACE, PROBE_ERR_VERSION, PROBE_ERR_CORRUPT, PROBE_ERR_IO,
+ * and PROBE_ERR_STATE for a file another trace handle of this process
+ * holds open and that changed since it opened it (HDF5 would give this
+ * open that handle's stale view: close it first). Opens traces of killed
+ * writers (their rows up to the last flush) and live traces, this
+ * process's own included (what was flushed, as another process reads
+ * it). On
  * failure *out is NULL and probe_trace_last_error(NULL) has the message.
  * Not safe on files you do not trust: the validation runs HDF5 1.10 in
  * this process, and HDF5 itself can crash, hang or write past its buffers
