@@ -3,7 +3,7 @@
  * writing while it writes them (a monitoring or early-stopping loop), and
  * gets what a reader in another process gets at the same moment.
  *
- * Every such read failed: HDF5 took the reader's open of a file this
+ * Every isolated read (all of the Python package's) failed: HDF5 took the reader's open of a file this
  * process already had open (the writer's, same device and inode) for that
  * file and read through the writer's state - in the isolated open's child
  * through the writer's descriptor, pointed there at an empty memory file -
@@ -15,6 +15,8 @@
  * compared with those of a trace of the same steps written without reads,
  * and the JSON with what a fresh process (this program, exec'd with
  * --read) prints. The finished traces equal those written without reads.
+ * And a reader left open while the trace grows: a later open of the file
+ * is refused, saying why, not read through that reader's stale view.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
