@@ -505,6 +505,16 @@ typedef struct probe_diag {
    * force-fp32 finding says its evidence is weak and ranks lower
    * (docs/precision.md, "Not a precision problem"). */
   int origin_precision_weak;
+  /* appended: a call records one input (fwd_in; backward: grad_out) per
+   * tensor argument, in argument order. origin_in is the one of the
+   * origin call that the analysis read (docs/precision.md, "A module
+   * called with several inputs": a non-finite one first, then one beyond
+   * FP16's range or with flushed zeros, then the largest), origin_in_index
+   * its 1-based place among them and origin_in_count how many the call
+   * recorded; for an origin that is an input record, its own place. 0 and
+   * 0 when not known (no origin layer, a record that is no part of a call,
+   * a call with no input recorded). */
+  int32_t origin_in_index, origin_in_count;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

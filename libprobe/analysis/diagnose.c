@@ -507,6 +507,12 @@ typedef struct layer_step {
   int fwd_in, fwd_out, fwd_saved, grad_out, grad_in, wgrad, weight, master;
   int first_out_nf; /* first non-finite output record (seq order), -1 */
   int grad_feed;    /* the other layer's grad_in just before grad_out, -1 */
+  /* One call's view (call_of; index_step leaves call_first -1 and the
+   * counts 0): the call's first record, how many input records it holds
+   * (forward: fwd_in, backward: grad_out; one per tensor argument), and
+   * which of them, 1-based in recording order, fwd_in or grad_out is. */
+  int call_first;
+  int32_t in_n, in_pos;
 } layer_step;
 
 typedef struct hist_point {
@@ -560,7 +566,9 @@ static void index_step(walker *w, const probe_record *r, size_t n) {
   for (int64_t i = 0; i < nl; i++) {
     layer_step *l = &w->ls[i];
     l->fwd_in = l->fwd_out = l->fwd_saved = l->grad_out = l->grad_in =
-        l->wgrad = l->weight = l->master = l->first_out_nf = l->grad_feed = -1;
+        l->wgrad = l->weight = l->master = l->first_out_nf = l->grad_feed =
+            l->call_first = -1;
+    l->in_n = l->in_pos = 0;
   }
   int last_grad_in = -1; /* the backward hands each layer the last one */
   for (size_t i = 0; i < n; i++) {
@@ -597,30 +605,6 @@ static int rec_nf(const probe_record *r, int i) {
   return i >= 0 && stats_nonfinite(&r[i].stats);
 }
 
-/* The records of the call of a layer that record i (an output) belongs to.
- * A module called more than once in a step (weight sharing) has one
- * fwd_in/weight/fwd_out group per call, and index_step keeps one record
- * per site: the output of the first call was compared with the input of
- * the second (an inf), and the real origin rejected. The call's inputs are
- * the same layer's last input and weight records before i. */
-static layer_step call_of(const layer_step *l, const probe_record *r, size_t i) {
-  layer_step c = *l;
-  int fwd = is_fwd_out(r[i].site);
-  int in_site = fwd ? PROBE_SITE_FWD_IN : PROBE_SITE_GRAD_OUT;
-  int in = -1, wt = -1;
-  for (size_t k = i; k-- > 0 && (in < 0 || wt < 0);) {
-    if (r[k].layer != r[i].layer) continue;
-    if (in < 0 && r[k].site == in_site) in = (int)k;
-    if (wt < 0 && r[k].site == PROBE_SITE_WEIGHT) wt = (int)k;
-  }
-  if (in >= 0) {
-    if (fwd) c.fwd_in = in;
-    else c.grad_out = in;
-  }
-  if (wt >= 0) c.weight = wt;
-  return c;
-}
-
 /* A site's part in a call of its layer, in the forward (fwd) or the
  * backward: 1 an input (forward: fwd_in, weight; backward: grad_out), 2 an
  * output (forward: fwd_out, fwd_saved; backward: grad_in, weight_grad), 0
@@ -631,6 +615,101 @@ static int call_role(int site, int fwd) {
            : is_fwd_out(site)                                      ? 2
                                                                    : 0;
   return site == PROBE_SITE_GRAD_OUT ? 1 : is_bwd_out(site) ? 2 : 0;
+}
+
+/* How strongly one input record of a call speaks for the range of the
+ * layer's precision `prec`: 3 non-finite, 2 finite values beyond FP16's
+ * range in an FP16 layer (inf once cast), 1 zeros that came from flushing,
+ * 0 none of these (finite and in range: in_range below). */
+static int input_class(const probe_stats *s, int prec) {
+  if (stats_nonfinite(s)) return 3;
+  if (prec == PROBE_DTYPE_F16 && s->f16_overflow > 0) return 2;
+  if (probe__diag_zeros_flushed(s)) return 1;
+  return 0;
+}
+
+/* The first record of the call of its layer that record i belongs to, in
+ * the phase fwd (calls_of's rule, read backwards: a call starts at an
+ * input record that follows one of the layer's outputs of that phase).
+ * The call's input records may come before i or, i an input, after it. */
+static int call_start(const probe_record *r, size_t i, int fwd) {
+  int first = (int)i, seen_in = call_role(r[i].site, fwd) == 1;
+  for (size_t k = i; k-- > 0;) {
+    if (r[k].layer != r[i].layer) continue;
+    int role = call_role(r[k].site, fwd);
+    if (role == 2 && seen_in) break;
+    if (role == 1) {
+      seen_in = 1;
+      first = (int)k;
+    }
+  }
+  return first;
+}
+
+/* The records of the call of a layer that record i (an output) belongs to.
+ * A module called more than once in a step (weight sharing) has one
+ * fwd_in/weight/fwd_out group per call, and index_step keeps one record
+ * per site: the output of the first call was compared with the input of
+ * the second (an inf), and the real origin rejected. A call with several
+ * inputs (an RNN cell's x and h, an attention's query and memory) records
+ * one fwd_in each, in argument order: the one that speaks for the event is
+ * taken, whichever it is - a non-finite one first, then one beyond FP16's
+ * range (an FP16 layer) or with flushed zeros, then the largest (absmax);
+ * reading only the last input called an overflowing first input "finite"
+ * (docs/precision.md, "A module called with several inputs"). Since a
+ * finite, in-range input is taken only when every input is, a rule that
+ * needs "its input finite and in range" holds for all of them. The
+ * weight: the first non-finite weight record of the call, else its last.
+ * prec: the layer's precision. */
+static layer_step call_of(const layer_step *l, const probe_record *r, size_t i,
+                          int prec) {
+  layer_step c = *l;
+  int fwd = is_fwd_out(r[i].site);
+  int in_site = fwd ? PROBE_SITE_FWD_IN : PROBE_SITE_GRAD_OUT;
+  int first = call_start(r, i, fwd);
+  int in = -1, cls = -1, wt = -1;
+  c.call_first = first;
+  c.in_n = c.in_pos = 0;
+  for (int k = first; k < (int)i; k++) {
+    if (r[k].layer != r[i].layer) continue;
+    if (r[k].site == in_site) {
+      c.in_n++;
+      int ck = input_class(&r[k].stats, prec);
+      if (ck > cls || (ck == cls && ck < 3 &&
+                       r[k].stats.absmax > r[in].stats.absmax)) {
+        in = k;
+        cls = ck;
+        c.in_pos = c.in_n;
+      }
+    }
+    if (fwd && r[k].site == PROBE_SITE_WEIGHT && (wt < 0 || !rec_nf(r, wt)))
+      wt = k;
+  }
+  /* the backward's weights are the forward's: the last record before it */
+  for (size_t k = i; !fwd && k-- > 0 && wt < 0;)
+    if (r[k].layer == r[i].layer && r[k].site == PROBE_SITE_WEIGHT) wt = (int)k;
+  if (in >= 0) {
+    if (fwd) c.fwd_in = in;
+    else c.grad_out = in;
+  }
+  if (wt >= 0) c.weight = wt;
+  return c;
+}
+
+/* Input record `at` (a fwd_in or grad_out) of its call: its 1-based place
+ * among the call's input records of that site (*pos) and how many there
+ * are (*n). */
+static void input_place(const probe_record *r, size_t n_rec, size_t at,
+                        int32_t *pos, int32_t *n) {
+  int fwd = r[at].site == PROBE_SITE_FWD_IN;
+  *pos = *n = 0;
+  for (size_t k = (size_t)call_start(r, at, fwd); k < n_rec; k++) {
+    if (r[k].layer != r[at].layer) continue;
+    if (call_role(r[k].site, fwd) == 2) break;
+    if (r[k].site != r[at].site) continue;
+    (*n)++;
+    if (k == at) *pos = *n;
+  }
 }
 
 /* The calls of `layer` in one phase of the step's records (fwd: the
@@ -696,6 +775,51 @@ static int inputs_nonfinite(const layer_step *l, const probe_record *r,
          rec_nf(r, l->fwd_in);
 }
 
+/* The sum of squares of the weights the call whose output is r[origin]
+ * used: every weight record of its layer in the call (an attention
+ * records q, k, v and out projections, weights and biases, as several
+ * records; a Linear its weight and bias), else the call's one weight
+ * record. NaN when none. */
+static double call_weight_sumsq(const probe_record *r, int origin,
+                                const layer_step *l) {
+  double s = 0;
+  int any = 0;
+  int lo = l->call_first >= 0 ? l->call_first : l->fwd_in;
+  for (int k = origin - 1; k >= lo && k >= 0; k--)
+    if (r[k].layer == r[origin].layer && r[k].site == PROBE_SITE_WEIGHT) {
+      s += r[k].stats.sumsq;
+      any = 1;
+    }
+  if (!any && l->weight >= 0) return r[l->weight].stats.sumsq;
+  return any ? s : NAN;
+}
+
+/* The largest sum of squares and absmax among the input records (fwd_in)
+ * of the call whose output is r[origin]: a bound on what the call computes
+ * must hold for each of its inputs (an attention's query and its memory),
+ * not only the one `in` the analysis reads. `in`'s own when the call is
+ * not known. */
+static void call_in_max(const probe_record *r, int origin, const layer_step *l,
+                        const probe_stats *in, double *sumsq, double *absmax) {
+  *sumsq = in ? in->sumsq : NAN;
+  *absmax = in ? (double)in->absmax : NAN;
+  for (int k = l->call_first; k >= 0 && k < origin; k++) {
+    if (r[k].layer != r[origin].layer || r[k].site != PROBE_SITE_FWD_IN) continue;
+    if (r[k].stats.sumsq > *sumsq) *sumsq = r[k].stats.sumsq;
+    if ((double)r[k].stats.absmax > *absmax) *absmax = r[k].stats.absmax;
+  }
+}
+
+/* How the evidence names the input it read: "its input", or in a call
+ * with several, "its input 2 of 3" (argument order). */
+static const char *input_label(char *buf, size_t n, const layer_step *l) {
+  if (l->in_n > 1 && l->in_pos > 0)
+    snprintf(buf, n, "its input %d of %d", (int)l->in_pos, (int)l->in_n);
+  else
+    snprintf(buf, n, "its input");
+  return buf;
+}
+
 /* The kind of a forward event at layer `l` (docs/precision.md, "How an
  * event is classified"). Underflow-to-inf needs specific evidence: the op
  * can make inf out of a zero (log, division, 1/sqrt), its input holds
@@ -724,12 +848,18 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
       in && (probe__diag_zeros_flushed(in) ||
              (in_zero && (feeder_kind == PROBE_KIND_SOFTMAX ||
                           feeder_kind == PROBE_KIND_ATTENTION)));
-  double bound = NAN; /* largest output magnitude the inputs allow */
+  char lab[48];
+  input_label(lab, sizeof lab, l);
+  /* largest output magnitude the inputs allow: every input of the call
+   * bounded, and every weight record of it (a Linear's bias too) */
+  double bound = NAN, in_sq = NAN, in_max = NAN;
+  int origin = (int)(o - r);
+  call_in_max(r, origin, l, in, &in_sq, &in_max);
   if (in && (lkind == PROBE_KIND_LINEAR || lkind == PROBE_KIND_ATTENTION) &&
       l->weight >= 0)
-    bound = sqrt(r[l->weight].stats.sumsq) * (sqrt(in->sumsq) + 1.0);
-  else if (in && is_norm_kind(lkind) && isfinite(in->absmax))
-    bound = (double)in->absmax * (double)in->absmax;
+    bound = sqrt(call_weight_sumsq(r, origin, l)) * (sqrt(in_sq) + 1.0);
+  else if (in && is_norm_kind(lkind) && isfinite(in_max))
+    bound = in_max * in_max;
   /* the range the bound is judged against: BF16's for a BF16 layer (it
    * has FP32's range, so what overflows FP16 may not overflow it), else
    * FP16's (an FP32 layer's input came from the FP16 layers) */
@@ -756,21 +886,21 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
       return;
     }
     snprintf(ev, evl,
-             "its input was already beyond FP16's range when it arrived: "
+             "%s was already beyond FP16's range when it arrived: "
              "%llu finite values >= 65520 (absmax %.6g) are inf once cast to "
              "FP16; they were made upstream, in code between modules that is "
              "not recorded (a residual add, an op outside any module)",
-             (unsigned long long)in->f16_overflow, (double)in->absmax);
+             lab, (unsigned long long)in->f16_overflow, (double)in->absmax);
     return;
   }
   if ((out_inf || saved_inf) && in_zero && flushed &&
       can_make_inf_from_zero(d, lkind) && !can_overflow) {
     *kind = PROBE_DIAG_EVENT_UNDERFLOW_TO_INF;
     snprintf(ev, evl,
-             "its input held %llu zeros that came from flushing (%s) and a "
+             "%s held %llu zeros that came from flushing (%s) and a "
              "%s can turn a zero into inf; its inputs' magnitudes cannot "
              "overflow %s (bound %.3g < %.6g)",
-             (unsigned long long)in->zero_count,
+             lab, (unsigned long long)in->zero_count,
              in->f16_flush > 0 ? "values at or below 2^-25 in its input"
              : (feeder_kind == PROBE_KIND_SOFTMAX ||
                 feeder_kind == PROBE_KIND_ATTENTION)
@@ -795,6 +925,14 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
              is_norm_kind(lkind) ? "absmax(x)^2 =" : "||W||*(||x||+1) =", bound,
              pmax, in_zero ? " (the zeros in its input do not explain it)" : "");
   else if (!out_inf && !saved_inf && *kind == PROBE_DIAG_EVENT_INF_ARITH_NAN &&
+           in && !probe_stats_nonfinite(in) && l->in_n > 1)
+    /* the input read is finite: so is every input of the call */
+    snprintf(ev, evl,
+             "its output holds NaN and no inf while all %d of its inputs are "
+             "finite (input %d: absmax %.4g): its op made the NaN itself (0/0, "
+             "inf-inf, or a sqrt or log of a negative value)",
+             (int)l->in_n, (int)l->in_pos, (double)in->absmax);
+  else if (!out_inf && !saved_inf && *kind == PROBE_DIAG_EVENT_INF_ARITH_NAN &&
            in && !probe_stats_nonfinite(in))
     snprintf(ev, evl,
              "its output holds NaN and no inf while its input is finite "
@@ -803,20 +941,20 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
              (double)in->absmax);
   else if (in_zero && lkind == PROBE_KIND_OTHER)
     snprintf(ev, evl,
-             "its input holds %llu zeros; whether this custom module (kind "
+             "%s holds %llu zeros; whether this custom module (kind "
              "other) can make inf from a zero (a division, a log) is unknown",
-             (unsigned long long)in->zero_count);
+             lab, (unsigned long long)in->zero_count);
   else if (in_zero && !can_make_inf_from_zero(d, lkind))
     snprintf(ev, evl,
-             "a %s cannot turn the %llu zeros of its input into inf: the "
+             "a %s cannot turn the %llu zeros of %s into inf: the "
              "values overflowed",
              probe_kind_name((probe_kind)lkind),
-             (unsigned long long)in->zero_count);
+             (unsigned long long)in->zero_count, lab);
   else if (in_zero && !flushed)
     snprintf(ev, evl,
-             "the %llu zeros of its input are exact (no flushing evidence): "
+             "the %llu zeros of %s are exact (no flushing evidence): "
              "not an underflow",
-             (unsigned long long)in->zero_count);
+             (unsigned long long)in->zero_count, lab);
 }
 
 /* A backward inf of a custom module (kind other: what its backward does
@@ -867,23 +1005,6 @@ static void classify_backward(probe_diag *e, const probe_record *r,
              (unsigned long long)z->zero_count);
 }
 
-/* The sum of squares of the weights the call whose output is r[origin]
- * used: every weight record of its layer after the call's input (an
- * attention records q, k, v and out projections, weights and biases, as
- * several records), else the call's one weight record. NaN when none. */
-static double call_weight_sumsq(const probe_record *r, int origin,
-                                const layer_step *l) {
-  double s = 0;
-  int any = 0;
-  for (int k = origin - 1; k > l->fwd_in && k >= 0; k--)
-    if (r[k].layer == r[origin].layer && r[k].site == PROBE_SITE_WEIGHT) {
-      s += r[k].stats.sumsq;
-      any = 1;
-    }
-  if (!any && l->weight >= 0) return r[l->weight].stats.sumsq;
-  return any ? s : NAN;
-}
-
 /* A value the origin received shows no sign of the range of FP16: finite,
  * nothing that overflows when an FP16 layer casts it, no zeros that came
  * from flushing. */
@@ -891,6 +1012,16 @@ static int in_range(const probe_stats *s, int prec) {
   return !stats_nonfinite(s) &&
          !(prec == PROBE_DTYPE_F16 && s->f16_overflow > 0) &&
          !probe__diag_zeros_flushed(s);
+}
+
+/* Every record of `site` of `layer` in [lo, hi) is in range (in_range);
+ * lo < 0: none checked. */
+static int inputs_in_range(const probe_record *r, int lo, int hi, int32_t layer,
+                           int site, int prec) {
+  for (int k = lo; k >= 0 && k < hi; k++)
+    if (r[k].layer == layer && r[k].site == site && !in_range(&r[k].stats, prec))
+      return 0;
+  return 1;
 }
 
 /* A NaN-only event (no inf in the origin's output) whose records rule out
@@ -933,7 +1064,26 @@ static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
   if (need[0] < 0) return;
   for (int k = 0; k < 3; k++)
     if (need[k] >= 0 && !in_range(&r[need[k]].stats, prec)) return;
+  /* ... and so were the call's other inputs (an RNN cell's x beside h,
+   * an attention's query beside its memory): every input record of the
+   * call, and backward every forward input of the layer in the step (the
+   * records do not say which forward call a backward call undoes) */
+  if (!inputs_in_range(r, l->call_first, origin, o->layer,
+                       fwd ? PROBE_SITE_FWD_IN : PROBE_SITE_GRAD_OUT, prec) ||
+      (!fwd && !inputs_in_range(r, 0, origin, o->layer, PROBE_SITE_FWD_IN, prec)))
+    return;
   const probe_stats *in = &r[need[0]].stats;
+  if (prec == PROBE_DTYPE_F32 && l->in_n > 1) {
+    e->origin_not_precision = 1;
+    snprintf(ev, evl,
+             "it runs in FP32 and its %s made %llu NaN (no inf) from %d "
+             "finite %s (largest absmax %.4g), none flushed, nothing beyond "
+             "FP16's range: its op makes that NaN in an FP32 run too (0/0, "
+             "0*inf, a sqrt or log of a negative value, a fully masked row)",
+             fwd ? "forward" : "backward", nan, (int)(l->in_n % 1000),
+             fwd ? "inputs" : "gradients", (double)in->absmax);
+    return;
+  }
   if (prec == PROBE_DTYPE_F32) {
     e->origin_not_precision = 1;
     snprintf(ev, evl,
@@ -955,30 +1105,51 @@ static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
     return;
   }
   if (!fwd) return;
-  double sq = (double)in->absmax * (double)in->absmax;
+  /* the bounds take the largest of the call's inputs */
+  double in_sq, in_max;
+  call_in_max(r, origin, l, in, &in_sq, &in_max);
+  double sq = in_max * in_max;
   if (probe__diag_is_norm_kind(lkind) && in->zero_count >= o->stats.nan_count &&
       sq < pmax) {
     e->origin_not_precision = 1;
-    snprintf(ev, evl,
-             "its %llu NaN are no more than the %llu exact zeros of its finite "
-             "input (none flushed): rows of zeros, whose variance is exactly 0 "
-             "in any precision (0/sqrt(0 + eps), an eps of 0); absmax^2 = %.3g "
-             "< %.6g, so its %s variance did not overflow",
-             nan, (unsigned long long)in->zero_count, sq, pmax, plabel);
+    if (l->in_n > 1)
+      snprintf(ev, evl,
+               "its %llu NaN are no more than the %llu exact zeros of its "
+               "input %d of %d (all finite, none flushed): rows of zeros, "
+               "whose variance is exactly 0 in any precision; largest "
+               "absmax^2 = %.3g < %.6g, so its %s variance did not overflow",
+               nan, (unsigned long long)in->zero_count, (int)(l->in_pos % 1000),
+               (int)(l->in_n % 1000), sq, pmax, plabel);
+    else
+      snprintf(ev, evl,
+               "its %llu NaN are no more than the %llu exact zeros of its finite "
+               "input (none flushed): rows of zeros, whose variance is exactly 0 "
+               "in any precision (0/sqrt(0 + eps), an eps of 0); absmax^2 = %.3g "
+               "< %.6g, so its %s variance did not overflow",
+               nan, (unsigned long long)in->zero_count, sq, pmax, plabel);
     return;
   }
   if (lkind == PROBE_KIND_ATTENTION) {
-    double xn = sqrt(in->sumsq) + 1.0;
+    double xn = sqrt(in_sq) + 1.0;
     double bound = call_weight_sumsq(r, origin, l) * xn * xn;
     if (!(bound < pmax)) return; /* NaN: no weights recorded */
     e->origin_not_precision = 1;
-    snprintf(ev, evl,
-             "finite input (absmax %.4g, none flushed); its weights and "
-             "input bound every score and output below %s's max "
-             "(||W||^2 (||x||+1)^2 = %.3g < %.6g): nothing overflowed, its "
-             "%llu NaN are its op's in any precision (a fully masked softmax "
-             "row)",
-             (double)in->absmax, plabel, bound, pmax, nan);
+    if (l->in_n > 1)
+      snprintf(ev, evl,
+               "%d finite inputs (largest absmax %.4g, none flushed); its "
+               "weights and largest input bound every score and output below "
+               "%s's max (||W||^2 (||x||+1)^2 = %.3g < %.6g): nothing "
+               "overflowed, its %llu NaN are its op's in any precision (a "
+               "fully masked softmax row)",
+               (int)(l->in_n % 1000), in_max, plabel, bound, pmax, nan);
+    else
+      snprintf(ev, evl,
+               "finite input (absmax %.4g, none flushed); its weights and "
+               "input bound every score and output below %s's max "
+               "(||W||^2 (||x||+1)^2 = %.3g < %.6g): nothing overflowed, its "
+               "%llu NaN are its op's in any precision (a fully masked softmax "
+               "row)",
+               in_max, plabel, bound, pmax, nan);
   }
 }
 
@@ -1132,6 +1303,7 @@ static int loss_outside_modules(walker *w, probe_diag *e, const probe_record *r,
   e->feeder_layer = in >= 0 ? r[in].layer : -1;
   e->feeder_call = e->feeder_calls = 0;
   e->origin_call = e->origin_calls = 0;
+  e->origin_in_index = e->origin_in_count = 0;
   if (in >= 0)
     e->feeder_calls = calls_of(r, n, r[in].layer, 1, (size_t)in,
                                &e->feeder_call, NULL);
@@ -1285,7 +1457,7 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
        * the origin (it was: weight-nonfinite at master_weight) */
       origin = (int)i;
     } else if (is_fwd_out(x->site) || is_bwd_out(x->site)) {
-      layer_step call = call_of(l, r, i);
+      layer_step call = call_of(l, r, i, d->layers[x->layer].info.precision);
       if (!inputs_nonfinite(&call, r, x->site)) origin = (int)i;
     }
   }
@@ -1308,7 +1480,10 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   const probe_record *o = &r[origin];
   layer_step call = w->ls[o->layer];
   if (is_fwd_out(o->site) || is_bwd_out(o->site))
-    call = call_of(&w->ls[o->layer], r, (size_t)origin);
+    call = call_of(&w->ls[o->layer], r, (size_t)origin,
+                   d->layers[o->layer].info.precision);
+  else if (o->site == PROBE_SITE_FWD_IN || o->site == PROBE_SITE_GRAD_OUT)
+    input_place(r, n, (size_t)origin, &call.in_pos, &call.in_n);
   const layer_step *l = &call;
   int lkind = d->layers[o->layer].info.kind;
   int fwd = !is_bwd_out(o->site) && o->site != PROBE_SITE_GRAD_OUT &&
@@ -1363,6 +1538,10 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
   e->origin_out = o->stats;
   e->have_origin_in = in_idx >= 0;
   if (in_idx >= 0) e->origin_in = r[in_idx].stats;
+  /* which input record of the call origin_in is (or the origin is, an
+   * input itself), of how many; 0 of 0 when not known */
+  e->origin_in_index = l->in_pos;
+  e->origin_in_count = l->in_pos > 0 ? l->in_n : 0;
   /* A loss made NaN from a finite prediction: its targets are not
    * recorded (the trainer and the tracer record the prediction only), and
    * a NaN among them does the same. */
@@ -1774,6 +1953,8 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   to->origin_out = from->origin_out;
   to->have_origin_in = from->have_origin_in;
   to->origin_in = from->origin_in;
+  to->origin_in_index = from->origin_in_index;
+  to->origin_in_count = from->origin_in_count;
   to->feeder_layer = from->feeder_layer;
   to->feeder_call = from->feeder_call;
   to->feeder_calls = from->feeder_calls;

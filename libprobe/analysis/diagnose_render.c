@@ -139,16 +139,21 @@ static void render_text(const probe_diag *d, FILE *f) {
       if (d->have_origin_in) {
         const probe_stats *in = &d->origin_in;
         fmt_num(a, sizeof a, in->absmax);
+        /* a call with several inputs: which one (argument order) */
+        char which[48] = "";
+        if (d->origin_in_count > 1)
+          snprintf(which, sizeof which, "%d of %d: ", (int)d->origin_in_index,
+                   (int)d->origin_in_count);
         if (probe_stats_nonfinite(in))
-          fprintf(f, "  its input   %llu NaN, %llu inf; finite absmax %s, of "
+          fprintf(f, "  its input   %s%llu NaN, %llu inf; finite absmax %s, of "
                      "%llu\n",
-                  (unsigned long long)in->nan_count,
+                  which, (unsigned long long)in->nan_count,
                   (unsigned long long)(in->posinf_count + in->neginf_count), a,
                   (unsigned long long)in->count);
         else
-          fprintf(f, "  its input   finite: absmax %s, %llu zeros, %llu "
+          fprintf(f, "  its input   %sfinite: absmax %s, %llu zeros, %llu "
                      "would flush in FP16, of %llu\n",
-                  a, (unsigned long long)in->zero_count,
+                  which, a, (unsigned long long)in->zero_count,
                   (unsigned long long)in->f16_flush,
                   (unsigned long long)in->count);
       }
@@ -469,6 +474,10 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
       call_ref(w, "origin_calls", d->origin_calls);
       stats_json(w, "origin_output", &d->origin_out);
       if (d->have_origin_in) stats_json(w, "origin_input", &d->origin_in);
+      /* which input of the call origin_input is (argument order), of how
+       * many: null when not known */
+      call_ref(w, "origin_input_index", d->origin_in_index);
+      call_ref(w, "origin_inputs", d->origin_in_count);
     }
     probe__jw_str(w, "evidence", d->event_evidence);
     layer_ref(w, "fed_by", d, d->feeder_layer);

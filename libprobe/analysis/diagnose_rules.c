@@ -908,14 +908,19 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  (unsigned long long)(d->origin_out.posinf_count +
                                       d->origin_out.neginf_count));
   if (d->origin_precision_weak) f->weak_evidence = 1;
-  if (d->origin_precision_weak)
+  if (d->origin_precision_weak) {
+    /* the rule held for every input of the call, not only the one read */
+    char all[48] = "";
+    if (d->origin_in_count > 1)
+      snprintf(all, sizeof all, " (all %d of its inputs)", (int)d->origin_in_count);
     add_evidence(f, "weak evidence for %s: '%s' is a custom module (kind "
                     "other, its op unknown) that made NaN and no inf from "
-                    "finite values within %s's range, none flushed; no record "
-                    "shows an overflow or an underflow, and its op may make "
-                    "that NaN in any precision",
+                    "finite values within %s's range%s, none flushed; no "
+                    "record shows an overflow or an underflow, and its op may "
+                    "make that NaN in any precision",
                  prec_label(d, d->origin_layer), c->oname,
-                 prec_label(d, d->origin_layer));
+                 prec_label(d, d->origin_layer), all);
+  }
   if (d->n_history >= 2) {
     const probe_diag_history_point *a = &d->history[0];
     const probe_diag_history_point *z = &d->history[d->n_history - 1];
