@@ -332,3 +332,69 @@ def test_raw_input_beyond_fp16_is_named_as_the_data(tmp_path):
     assert "input data holds values beyond FP16's range" in ev["evidence"], ev
     assert "between modules" not in ev["evidence"]
     assert "normalise or scale the input data" in findings(pm)[0]["next_step"]
+
+
+# ---- a module called with several inputs ------------------------------------------
+
+class TwoIn(nn.Module):
+    """pre -> a two-input module (GRUCell(x, h), or a cross-attention
+    MultiheadAttention(q, mem, mem)) -> out. At step `bad` the tensor in
+    argument `big` (0: x / the query, 1: h / the memory) is multiplied by
+    1e6 between modules: beyond FP16's range when it arrives."""
+
+    def __init__(self, block, big):
+        super().__init__()
+        self.block, self.big, self.bad = block, big, False
+        self.pre = nn.Linear(8, 16)
+        self.mem = nn.Linear(8, 16)
+        if block == "gru":
+            self.cell = nn.GRUCell(16, 16)
+        else:
+            self.cell = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x):
+        a = [self.pre(x), torch.tanh(self.mem(x))]
+        if self.bad:
+            a[self.big] = a[self.big] * 1e6
+        if self.block == "gru":
+            z = self.cell(a[0], a[1])
+        else:
+            z = self.cell(a[0], a[1], a[1], need_weights=False)[0]
+        return self.out(z).reshape(-1, 3)
+
+
+@pytest.mark.parametrize("block", ["gru", "mha"])
+@pytest.mark.parametrize("big", [0, 1])
+def test_overflowing_input_of_a_multi_input_module(tmp_path, block, big):
+    """GRUCell(big, h) and MHA(big_q, mem, mem) under FP16 emulation: the
+    first input arrives beyond FP16's range. The post-mortem read only the
+    call's last input and said 'input finite ... its op made the NaN
+    itself' (weak force-fp32), or, for the attention, 'not a precision
+    problem'. Now, wherever the big input is: an overflow made upstream,
+    naming that input. big=1 (the old code was right) is the control."""
+    torch.manual_seed(0)
+    m = TwoIn(block, big)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+    def make(s):
+        m.bad = s == 2
+        g = torch.Generator().manual_seed(s)
+        shape = (4, 8) if block == "gru" else (2, 5, 8)
+        n = 4 if block == "gru" else 10
+        return torch.randn(*shape, generator=g), torch.randint(0, 3, (n,), generator=g)
+    pm = run(m, str(tmp_path / "two.h5"), 4, make, opt, "fp16")
+    ev = pm["event"]
+    assert ev["origin_layer"] == "cell" and ev["step"] == 2, ev
+    assert ev["kind"] == "overflow", ev
+    # the call's inputs in argument order: GRUCell(x, h); MHA(q, k, v)
+    n_in = 2 if block == "gru" else 3
+    assert ev["origin_inputs"] == n_in, ev
+    assert ev["origin_input_index"] == big + 1, ev
+    assert ev["origin_input"]["absmax"] > 65504, ev
+    assert ("its input %d of %d was already beyond FP16's range" % (big + 1, n_in)
+            in ev["evidence"]), ev
+    f = findings(pm)[0]
+    assert f["id"] == "force-fp32" and not f.get("weak_evidence"), f
+    assert all(g["id"] != "not-precision" for g in findings(pm)), texts(pm)
+    assert "its op made the NaN itself" not in texts(pm)
