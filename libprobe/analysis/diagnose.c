@@ -767,6 +767,39 @@ static int feeder_of(const probe_diag *d, const probe_record *r, int first,
   return -1;
 }
 
+/* Two records hold the same values as far as their statistics tell: the
+ * same counts and extremes, sums equal to 1e-6 (their accumulation order
+ * may differ). */
+static int same_values(const probe_stats *a, const probe_stats *b) {
+  double ds = fabs(a->sum - b->sum), dq = fabs(a->sumsq - b->sumsq);
+  return a->count == b->count && a->nan_count == b->nan_count &&
+         a->posinf_count == b->posinf_count &&
+         a->neginf_count == b->neginf_count && a->zero_count == b->zero_count &&
+         a->f16_overflow == b->f16_overflow && a->f16_flush == b->f16_flush &&
+         a->min == b->min && a->max == b->max && a->absmax == b->absmax &&
+         ds <= 1e-6 * fabs(a->sum) + 1e-30 && dq <= 1e-6 * a->sumsq + 1e-30;
+}
+
+/* The feeder of input record `in` of a call with several inputs, which
+ * starts at record `first`: the last output of the phase before it in the
+ * same pass (feeder_of's search, the layer's own earlier calls included)
+ * that holds the same values - the record that handed this input over
+ * unchanged. -1 when none does: the input was made between modules (x *
+ * 1e6, a slice of the batch), and the last output before the call fed
+ * another of its inputs, not this one. */
+static int input_feeder(const probe_diag *d, const probe_record *r, int first,
+                        int in, int fwd) {
+  int out_site = fwd ? PROBE_SITE_FWD_OUT : PROBE_SITE_GRAD_IN;
+  probe_phase other = fwd ? PROBE_PHASE_BACKWARD : PROBE_PHASE_FORWARD;
+  for (int i = first; i-- > 0;) {
+    if (probe_site_phase((probe_site)r[i].site) == other) break;
+    if (r[i].layer < 0 || r[i].layer >= d->n_layers) continue;
+    if (r[i].site == out_site && same_values(&r[i].stats, &r[in].stats))
+      return i;
+  }
+  return -1;
+}
+
 /* Inputs of a layer for the phase of `site` held a non-finite value. */
 static int inputs_nonfinite(const layer_step *l, const probe_record *r,
                             int site) {
@@ -1506,6 +1539,11 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     if (origin_first >= 0 && origin_first < first) first = origin_first;
   }
   int feeder = feeder_of(d, r, first, o->layer, fwd, call_first >= 0);
+  /* a call with several inputs: the feeder of the input read (origin_in),
+   * none when no record handed it over (docs/precision.md, "A module
+   * called with several inputs") */
+  if (l->in_n > 1 && in_idx >= 0 && call_first >= 0)
+    feeder = input_feeder(d, r, call_first, in_idx, fwd);
   e->feeder_layer = feeder >= 0 ? r[feeder].layer : -1;
   e->feeder_call = e->feeder_calls = 0;
   if (feeder >= 0)

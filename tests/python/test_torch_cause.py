@@ -392,6 +392,9 @@ def test_overflowing_input_of_a_multi_input_module(tmp_path, block, big):
     assert ev["origin_inputs"] == n_in, ev
     assert ev["origin_input_index"] == big + 1, ev
     assert ev["origin_input"]["absmax"] > 65504, ev
+    # made between modules (x 1e6): no module handed it over; the last
+    # output before the call fed the other input
+    assert ev["fed_by"] is None, ev
     assert ("its input %d of %d was already beyond FP16's range" % (big + 1, n_in)
             in ev["evidence"]), ev
     f = findings(pm)[0]

@@ -340,6 +340,63 @@ START_TEST(test_nonfinite_input_is_the_origin) {
 }
 END_TEST
 
+/* ---- fed_by: the producer of the input read -------------------------------- */
+
+/* pre and mem (linears) each make one input of cell (kind other); at step
+ * 3 cell's output holds 4 NaN. mode 0: pre's output (3.0) is the largest
+ * input, handed over unchanged: fed by pre, though mem's output came last
+ * before the call (the old code's feeder); 1: mem's (3.0) is: fed by mem;
+ * 2: cell's first input is pre's output x 1e5, made between modules: no
+ * record fed it (the old code said mem, which fed the other input). */
+START_TEST(test_fed_by_is_the_producer_of_the_input_read) {
+  int mode = _i;
+  const char *p = tmp_path("fedby");
+  probe_session *s = open_s(p);
+  int32_t pre = layer(s, "pre", PROBE_KIND_LINEAR);
+  int32_t mem = layer(s, "mem", PROBE_KIND_LINEAR);
+  int32_t cell = layer(s, "cell", PROBE_KIND_OTHER);
+  const rec one = {1.0f, 0, 0, 0}, three = {3.0f, 0, 0, 0}, half = {0.5f, 0, 0, 0};
+  for (int step = 0; step < 4; step++) {
+    int bad = step == 3;
+    rec a = mode == 0 ? three : one, b = mode == 1 ? three : one;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    put(s, pre, PROBE_SITE_FWD_IN, one);
+    put(s, pre, PROBE_SITE_WEIGHT, half);
+    put(s, pre, PROBE_SITE_FWD_OUT, a);
+    put(s, mem, PROBE_SITE_FWD_IN, one);
+    put(s, mem, PROBE_SITE_WEIGHT, half);
+    put(s, mem, PROBE_SITE_FWD_OUT, b);
+    put(s, cell, PROBE_SITE_FWD_IN, bad && mode == 2 ? (rec){1.0e5f, 0, 0, 0} : a);
+    put(s, cell, PROBE_SITE_FWD_IN, b);
+    put(s, cell, PROBE_SITE_WEIGHT, half);
+    put(s, cell, PROBE_SITE_FWD_OUT, (rec){1.0f, bad ? 4 : 0, 0, 0});
+    end(s, bad ? NAN : 1.0);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+  probe_diag d;
+  diag_of(&d, p);
+  ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "cell");
+  ck_assert_int_eq(d.origin_in_index, mode == 1 ? 2 : 1);
+  const char *want = mode == 0 ? "pre" : mode == 1 ? "mem" : NULL;
+  const char *got = d.feeder_layer >= 0 ? probe_diag_layer_name(&d, d.feeder_layer)
+                                        : NULL;
+  ck_assert_msg(want ? got && !strcmp(got, want) : !got, "mode %d: fed by %s",
+                mode, got ? got : "nothing");
+  char *js = NULL;
+  ck_assert_int_eq(probe_diag_render_json(&d, &js), PROBE_OK);
+  json_t *j = json_loads(js, 0, NULL);
+  json_t *fb = json_object_get(json_object_get(j, "event"), "fed_by");
+  if (want)
+    ck_assert_str_eq(json_string_value(fb), want);
+  else
+    ck_assert(json_is_null(fb));
+  json_decref(j);
+  probe_free(js);
+  probe_diag_free(&d);
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("diagnose_multiin");
   TCase *tc = tcase_create("multiin");
@@ -350,6 +407,7 @@ static Suite *make_suite(void) {
   tcase_add_loop_test(tc, test_attention_bound_takes_the_largest_input, 0, 2);
   tcase_add_loop_test(tc, test_inputs_in_range_keep_the_verdict, 0, 2);
   tcase_add_test(tc, test_nonfinite_input_is_the_origin);
+  tcase_add_loop_test(tc, test_fed_by_is_the_producer_of_the_input_read, 0, 3);
   suite_add_tcase(s, tc);
   return s;
 }
