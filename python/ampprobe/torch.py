@@ -1239,7 +1239,9 @@ class Tracer:
         self._h = ctypes.c_void_p(self.session.handle)
         self._hooks = []
         self._wrapped = []   # modules forced to FP32 (_wrap_fp32)
-        self._frozen = []    # (param, layer) not trainable yet (_hook_param)
+        # id(param) -> (param, layer): not trainable when hooked
+        # (_hook_param), hooked once it is (_unfrozen)
+        self._frozen = {}
         self._layers = []
         self._by_param = {}
         # weight_grad hooks of parameters first seen in a forward (FSDP2's
@@ -1750,6 +1752,8 @@ class Tracer:
         # they made such healthy jobs fail)
         for t in _prediction(fin) if L.kind == "loss" else fin:
             self._record(L, "fwd_in", t)
+        if self._frozen:
+            self._unfrozen(L)
         if not self._recording:
             return
         now = _params_now(L)
@@ -1818,11 +1822,28 @@ class Tracer:
 
     def _hook_param(self, p, L):
         """A weight_grad hook on p, now if it is trainable, else when it
-        becomes so (checked at each step's start: fine-tuning unfreezes)."""
+        becomes so: checked at each step's start (fine-tuning unfreezes)
+        and at each recorded forward of its module (_unfrozen)."""
         if p.requires_grad:
             self._hooks.append(p.register_hook(self._make_param_hook(L)))
         else:
-            self._frozen.append((p, L))
+            self._frozen[id(p)] = (p, L)
+
+    def _unfrozen(self, L):
+        """The weight_grad hooks of L's parameters that were frozen when
+        hooked and are trainable now, registered at this forward of L,
+        before it uses them: a gradient reaches a parameter only from a
+        forward run while it required one. Checked at each step's start
+        alone, a network frozen there and unfrozen inside the step
+        (CycleGAN's set_requires_grad(D, False) for G's update, True for
+        D's) never had its gradients recorded, without a word; an inf
+        gradient of D was then blamed on the optimizer step."""
+        frozen = self._frozen
+        for p in _params_now(L):
+            f = frozen.get(id(p))
+            if f is not None and f[0] is p and p.requires_grad:
+                del frozen[id(p)]
+                self._hook_param(p, f[1])
 
     def _make_param_hook(self, L):
         self = weakref.proxy(self)  # noqa: PLW0642
@@ -1860,8 +1881,8 @@ class Tracer:
                                self._step)
         step = self._next if step is None else int(step)
         if self._frozen:  # parameters unfrozen since: hook them now
-            frozen, self._frozen = self._frozen, []
-            for p, L in frozen:
+            frozen, self._frozen = self._frozen, {}
+            for p, L in frozen.values():
                 self._hook_param(p, L)
         if self.write_error is None:
             try:
