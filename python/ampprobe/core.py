@@ -551,6 +551,14 @@ class Session:
                     "probe_session_mark_aborted")
         return True
 
+    def disown(self):
+        """Forgets the session without a call to libprobe: in a child of
+        fork() the session is the parent's copy, which libprobe refuses
+        (PROBE_ERR_STATE) and neither writes nor frees there. Closed from
+        here on, as far as this object is concerned."""
+        self._box[0] = None
+        self._finalizer.detach()
+
     def close(self):
         h = self._box[0]
         if not h:

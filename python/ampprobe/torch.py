@@ -120,6 +120,39 @@ _LATE_BACKWARD = (
     "(docs/python.md, The PyTorch tracer)")
 
 
+_IN_CHILD = (
+    "ampprobe: %s() in process %d, a child of fork(): this Tracer's trace "
+    "%s is written by process %d, which made the Tracer. In the child the "
+    "tracer records nothing (its hooks only apply the precision policy "
+    "and FP16 emulation, so the numerics are the parent's); to trace the "
+    "child, make a Tracer of its own there, on another path "
+    "(docs/python.md, Limits)")
+
+
+# The Tracers of this process (weakly), for the fork handler below.
+_LIVE_TRACERS = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    """In a child of os.fork() (a DataLoader worker, multiprocessing's
+    fork start method, a helper process): every Tracer the parent had is
+    the parent's. Its session is refused in the child (libprobe:
+    PROBE_ERR_STATE, "session opened by process X, used in process Y"),
+    and a module hook that met that refusal raised ProbeError inside the
+    child's model(x) - a DataLoader worker whose dataset runs a traced
+    module killed the job. Marked here, once: the hooks then record
+    nothing in the child, without a system call per hook (Tracer._in_child)."""
+    for tr in list(_LIVE_TRACERS):
+        try:
+            tr._in_child()
+        except Exception:  # noqa: BLE001 (never fail a fork)
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _uncompiled(model):
     """The module torch.compile(model) wrapped (its OptimizedModule calls
     that module, whose hooks run from the compiled code), else model."""
@@ -1186,6 +1219,10 @@ class Tracer:
         self._every = max(int(every), 1)
         self._start, self._end = int(step_start), int(step_end)
         self._full = mode == "full"
+        # the process that made the tracer (its session's); _forked: this
+        # is a child of fork() (_in_child)
+        self._pid = os.getpid()
+        self._forked = False
         self.session = Session(
             self.path, mode=mode,
             # layers= is applied here, by which modules get hooks: libprobe
@@ -1272,6 +1309,7 @@ class Tracer:
         self.copies = 0  # tensors copied before recording (not contiguous
         #                 or not fp32/fp16/bf16)
         self._closed = False
+        _LIVE_TRACERS.add(self)
         self.comm_recorder = None  # the registered BucketRecorder, if any
         # backwards of the other ranks this rank shadowed after it joined
         # (ddp.join(): uneven inputs); not steps of this trace
@@ -1464,7 +1502,7 @@ class Tracer:
 
     def _record(self, L, site, t):
         """Hands one tensor to libprobe by pointer (copy if it must)."""
-        if self._closed or self.write_error is not None:
+        if self._closed or self.write_error is not None or self._forked:
             return
         backward = _lib.SITE_PHASE[site] == "backward"
         if self._step is None:
@@ -1510,9 +1548,44 @@ class Tracer:
                 self.session._check(st, "probe_tensor_record(%s, %s)" %
                                     (L.name, site))
             except _lib.ProbeError as e:
+                if self._forked_unseen(e):
+                    return
                 if e.name not in _WRITE_ERRORS:
                     raise
                 self._write_failed(e)
+
+    def _in_child(self):
+        """This process is a child of fork() (_after_fork_in_child): the
+        session is the parent's. From now on the hooks record nothing and
+        call libprobe no more (no step begun there, no record, no close),
+        and keep applying the precision policy and FP16 emulation, so that
+        the child computes what the parent would; begin_step() and
+        end_step() raise ProbeError ERR_STATE (_child_refuses); close()
+        removes the hooks from the child's copy of the model and leaves
+        the parent's trace alone."""
+        self._forked = True
+        self._recording = False
+        self._refs = []
+
+    def _forked_unseen(self, err):
+        """libprobe refused the session as used in another process, and
+        this is not the process that made the tracer: a fork that
+        os.register_at_fork did not see (a fork() made in C). The tracer
+        goes the child's way (_in_child) instead of raising into the job.
+        Only asked on an error: getpid() is no cost of a record."""
+        if err.name == "ERR_STATE" and os.getpid() != self._pid:
+            self._in_child()
+            return True
+        return False
+
+    def _child_refuses(self, who):
+        """An explicit call (begin_step, end_step) in a child of fork():
+        the parent's session cannot take it, and the child's records would
+        be lost without a word; refused, naming both processes."""
+        if self._forked:
+            raise _lib.ProbeError(-10, _IN_CHILD % (
+                who, os.getpid(), _lib.escape(self.path), self._pid),
+                "ERR_STATE")
 
     def _write_failed(self, err):
         """The trace cannot be written (err: libprobe's sticky write
@@ -1543,9 +1616,13 @@ class Tracer:
         if e is not None and self.on_write_error == "raise":
             raise _lib.ProbeError(e.status, str(e), e.name)
 
-    def _ensure_step(self):
+    def _ensure_step(self, who=None):
+        """Opens the step if none is (a hook: who None; an explicit call of
+        the job's: its name, refused in a child of fork())."""
+        if who is not None:
+            self._child_refuses(who)
         if self._step is None:
-            self.begin_step(self._next)
+            self._begin(self._next)
 
     def _joined_step(self):
         """One backward of the other ranks that this rank, joined (DDP's
@@ -1876,6 +1953,10 @@ class Tracer:
     def begin_step(self, step=None):
         """Starts a step (the first traced forward of a step does it by
         itself, numbering steps 0, 1, ...)."""
+        self._child_refuses("begin_step")
+        self._begin(step)
+
+    def _begin(self, step=None):
         if self._step is not None:
             raise RuntimeError("ampprobe: step %d not ended (end_step)" %
                                self._step)
@@ -1884,20 +1965,24 @@ class Tracer:
             frozen, self._frozen = self._frozen, {}
             for p, L in frozen.values():
                 self._hook_param(p, L)
-        if self.write_error is None:
+        if self.write_error is None and not self._forked:
             try:
                 self.session.begin_step(step)
             except _lib.ProbeError as e:
-                if e.name not in _WRITE_ERRORS:
+                if self._forked_unseen(e):
+                    pass
+                elif e.name not in _WRITE_ERRORS:
                     raise
-                self._write_failed(e)  # (from a hook, as a rule: _gate)
+                else:
+                    self._write_failed(e)  # (from a hook, as a rule: _gate)
         self._step = step
         self._joined = self._join_pending = False  # (libprobe cleared it)
         self._ran = set()  # layers whose forward ran in this step (_gate)
         self._grads = set()  # layers that got a weight_grad in it
         self._bwd = False
         self._ended_fwd_only = None  # a step is open: no late gradient
-        self._recording = self.write_error is None and self._in_window(step)
+        self._recording = (self.write_error is None and not self._forked
+                           and self._in_window(step))
         for w in self._scalers:
             w[1] = float(w[0].get_scale())
 
@@ -2047,7 +2132,7 @@ class Tracer:
         found_inf = _scalar("found_inf", found_inf, "flag")
         skipped = _scalar("skipped", skipped, "flag")
         growth_tracker = _scalar("growth_tracker", growth_tracker, int)
-        self._ensure_step()
+        self._ensure_step(who="end_step")
         step = self._step
         if scaler is not None:
             self._add_scaler(scaler, known_now=False)
@@ -2422,16 +2507,23 @@ class Tracer:
         if self._closed:
             return
         self._closed = True
+        # a child of fork() (a helper or worker leaving a `with` block, its
+        # finally): the trace is the parent's, and libprobe refuses the
+        # session here; only the child's copy of the model is given back
+        child = getattr(self, "_pid", os.getpid()) != os.getpid()
+        if child:
+            self._forked = True
+            aborted = None
         if aborted:
             # before the open step is ended: the mark names it half done
             try:
                 self.session.mark_aborted(aborted)
             except _lib.ProbeError:
                 pass  # a sticky write error: close reports it
-        if getattr(self, "_step", None) is not None:
+        if getattr(self, "_step", None) is not None and not child:
             _end_open_step(self.session)
-        if getattr(self, "_join_pending", False):  # shadows in that step
-            self._mark_joined_quietly()
+        if getattr(self, "_join_pending", False) and not child:  # shadows
+            self._mark_joined_quietly()                        # in that step
         for h in self._hooks + list(self._late_hooks.values()):
             h.remove()
         self._hooks = []
@@ -2460,6 +2552,9 @@ class Tracer:
         self._step = None
         self._refs = []
         self._h = ctypes.c_void_p(0)
+        if child:
+            self.session.disown()
+            return
         try:
             self.session.close()
         except _lib.ProbeError as e:

@@ -71,6 +71,261 @@ def _ampprobe_warnings(rec):
     return [str(w.message) for w in rec if "ampprobe" in str(w.message)]
 
 
+# ---- F2: a child of fork() running the traced model ----------------------------
+
+
+class _Features(torch.utils.data.Dataset):
+    """A dataset that runs a traced submodule under no_grad (features on
+    the fly), in the DataLoader's worker."""
+
+    def __init__(self, module, n=8):
+        self.module, self.n = module, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with torch.no_grad():
+            return self.module(torch.randn(8))
+
+
+class _Plain(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.randn(8)
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+@pytest.mark.parametrize("emulate", [False, True])
+def test_fork_workers_running_a_traced_module_inside_a_step(tmp_path,
+                                                             emulate):
+    """A DataLoader with fork workers whose dataset runs a traced
+    submodule, iterated with a step open (between backward and end_step):
+    the worker died of ProbeError "session opened by process X, used in
+    process Y", and the job with it. Now the workers record nothing and
+    the parent's trace has every step, its own records only."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, p, loss_fn=crit, emulate_fp16=emulate)
+    feats = []
+    for s in range(3):
+        loss = _train_step(m, crit, opt)
+        dl = torch.utils.data.DataLoader(
+            _Features(m[0]), batch_size=4, num_workers=2,
+            multiprocessing_context="fork")
+        feats += [b.shape for b in dl]
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    assert feats == [torch.Size([4, 16])] * 6
+    assert _steps(p) == [0, 1, 2]
+    c = _counts(p, "fwd_in")
+    assert [c[("0", s)] for s in range(3)] == [1, 1, 1]  # the parent's only
+    assert ampprobe.verdict(p) == "healthy"
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+def test_fork_workers_that_do_not_touch_the_model_say_nothing(tmp_path,
+                                                               strict):
+    """The control: fork workers of a plain dataset, inside and between
+    steps: no warning, every step recorded."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    with at.Tracer(m, p, loss_fn=crit) as tr:
+        for s in range(2):
+            loss = _train_step(m, crit, opt)
+            n = sum(1 for _ in torch.utils.data.DataLoader(
+                _Plain(), batch_size=4, num_workers=2,
+                multiprocessing_context="fork"))
+            tr.end_step(loss=loss, optimizer=opt)
+            n += sum(1 for _ in torch.utils.data.DataLoader(
+                _Plain(), batch_size=4, num_workers=2,
+                multiprocessing_context="fork"))
+            assert n == 4
+    assert _steps(p) == [0, 1]
+
+
+def _in_child(fn):
+    """Runs fn() in a child of os.fork(); returns (exit status, what fn
+    returned). The child runs its at-exit handlers (the Tracer's
+    finalizer among them) as a helper leaving by sys.exit would, then
+    os._exit (a SystemExit would be caught by pytest, in the child)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.close(r)
+        code = 0
+        try:
+            out = fn()
+        except BaseException as e:  # noqa: BLE001
+            out = ("raised", type(e).__name__, str(e))
+            code = 3
+        with os.fdopen(w, "wb") as f:
+            pickle.dump(out, f)
+        try:  # what sys.exit would run (not raised: pytest would catch it)
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) if hasattr(
+        os, "waitstatus_to_exitcode") else status >> 8, (
+            pickle.loads(data) if data else None)
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+@pytest.mark.parametrize("open_step", [False, True])
+def test_os_fork_child_runs_the_model_forward_and_backward(tmp_path,
+                                                           open_step):
+    """os.fork() between steps (or with a step open), the child runs the
+    model under grad and no_grad, forward and backward, and exits: it
+    died of ProbeError at its first forward under grad
+    (probe_step_begin). The parent's trace is intact, every step there."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, p, loss_fn=crit)
+
+    def child():
+        with torch.no_grad():
+            m(torch.randn(2, 8))
+        out = crit(m(torch.randn(2, 8)), torch.zeros(2, 4))
+        out.backward()
+        return "ok"
+
+    for s in range(4):
+        loss = _train_step(m, crit, opt)
+        if s == 1 and open_step:
+            assert _in_child(child) == (0, "ok")
+        tr.end_step(loss=loss, optimizer=opt)
+        if s == 1 and not open_step:
+            assert _in_child(child) == (0, "ok")
+    tr.close()
+    assert _steps(p) == [0, 1, 2, 3]
+    c = _counts(p, "fwd_in")
+    assert [c[("0", s)] for s in range(4)] == [1, 1, 1, 1]
+    assert ampprobe.verdict(p) == "healthy"
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+def test_a_forked_child_computes_what_the_parent_does_under_emulation(
+        tmp_path):
+    """Under FP16 emulation the child's hooks keep rounding (inputs,
+    outputs and gradients): its output and weight gradients are the
+    parent's, bit for bit, for the same input."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    p = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, p, loss_fn=crit, emulate_fp16=True)
+    torch.manual_seed(1)
+    x = torch.randn(4, 8) * 3
+    y = torch.randn(4, 4)
+
+    def run():
+        m.zero_grad()
+        out = m(x)
+        crit(out, y).backward()
+        return [out.detach().clone()] + [q.grad.clone()
+                                         for q in m.parameters()]
+
+    def child():
+        return [t.numpy().tobytes() for t in run()]
+
+    code, theirs = _in_child(child)
+    assert code == 0, theirs
+    mine = run()
+    ours = [t.numpy().tobytes() for t in mine]
+    tr.end_step()
+    tr.close()
+    assert theirs == ours
+    # and the emulation did round (the control): the output is binary16
+    assert torch.equal(mine[0], mine[0].half().float())
+    assert not torch.equal(m(x), mine[0])  # untraced: not rounded
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+def test_explicit_calls_in_a_forked_child_say_why(tmp_path):
+    """begin_step() and end_step() in the child are refused with
+    ProbeError ERR_STATE naming both processes and what to do; close()
+    in the child (a `with` block or finally it leaves) gives the child's
+    model back and leaves the parent's trace alone."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, p, loss_fn=crit, fp32=["2"])
+    loss = _train_step(m, crit, opt)
+    tr.end_step(loss=loss, optimizer=opt)
+
+    def child():
+        out = []
+        for call in (lambda: tr.end_step(loss=1.0), lambda: tr.begin_step()):
+            try:
+                call()
+                out.append(None)
+            except ampprobe.ProbeError as e:
+                out.append((e.name, str(e)))
+        tr.close()
+        out.append(("closed", "forward" in m[2].__dict__,
+                    len(m[0]._forward_hooks)))
+        _train_step(m, crit, opt)  # the model untraced, fine
+        return out
+
+    code, res = _in_child(child)
+    assert code == 0, res
+    for name, msg in res[:2]:
+        assert name == "ERR_STATE"
+        assert "child of fork()" in msg and str(os.getpid()) in msg
+        assert "Tracer of its own" in msg
+    assert res[2] == ("closed", False, 0)
+    # the parent's tracer goes on, its model still traced
+    assert "forward" in m[2].__dict__ and len(m[0]._forward_hooks) == 1
+    loss = _train_step(m, crit, opt)
+    tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    assert _steps(p) == [0, 1]
+    assert ampprobe.verdict(p) == "healthy"
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+def test_a_with_block_left_in_a_forked_child(tmp_path):
+    """A helper forked inside `with Tracer(...)` that leaves by sys.exit
+    closes the tracer in the child (SystemExit passes through __exit__):
+    that raised ProbeError there. The parent's trace is unmarked and
+    complete."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    with at.Tracer(m, p, loss_fn=crit) as tr:
+        loss = _train_step(m, crit, opt)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            try:
+                with tr:
+                    m(torch.randn(2, 8)).sum().backward()
+                    sys.exit(0)
+            except SystemExit:
+                os._exit(0)
+            except BaseException:  # noqa: BLE001
+                os._exit(5)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+        tr.end_step(loss=loss, optimizer=opt)
+    pm = ampprobe.postmortem(p)
+    assert pm["trace"]["complete"] and not pm["trace"].get("aborted")
+    assert _steps(p) == [0]
+
+
 # ---- F4: parameters frozen at Tracer(), unfrozen inside each step ---------------
 
 
