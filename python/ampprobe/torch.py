@@ -1458,12 +1458,25 @@ class Tracer:
         # Close the file even if the job raises and never calls us again;
         # marked aborted when the interpreter exits by an exception
         _install_excepthook()
-        self._finalizer = weakref.finalize(self, Tracer._finalize,
-                                           self.session, self._guard)
+        self._finalizer = weakref.finalize(
+            self, Tracer._finalize, self.session, self._guard, self._pid,
+            (self._hooks, self._late_hooks, self._wrapped, self._layers))
 
     @staticmethod
-    def _finalize(session, guard):
+    def _finalize(session, guard, pid, model):
+        """A tracer dropped without close(), or left open at interpreter
+        exit: the model given back (its hooks, its FP32 wrappers: they
+        stayed, a module forced to FP32 ran so for good, for the next
+        tracer too) and the trace closed - in the process that made it
+        only (a child of fork() leaves the parent's trace alone)."""
         Tracer._give_back_guard(guard)
+        try:
+            Tracer._release(*model, None)
+        except Exception:  # noqa: BLE001 (at exit: modules half torn down)
+            pass
+        if os.getpid() != pid:
+            session.disown()
+            return
         why = _uncaught_reason()
         if why:  # the interpreter exits by an uncaught exception
             try:
@@ -1475,6 +1488,33 @@ class Tracer:
             session.close()
         except Exception:
             pass
+
+    @staticmethod
+    def _release(hooks, late_hooks, wrapped, layers, owner):
+        """Gives the model back as it was before the tracer: its hooks
+        removed, its modules' FP32 wrappers undone (torch.save works
+        again) and their references to it dropped. By close() (owner: the
+        tracer) and by the finalizer of a tracer dropped without close()
+        (owner None: the references of a dead tracer go; a second
+        tracer's stay)."""
+        for h in list(hooks) + list(late_hooks.values()):
+            h.remove()
+        del hooks[:]
+        late_hooks.clear()
+        for L in layers:
+            ref = getattr(L.module, "_ampprobe_ref", None) if L.module is not None else None
+            if ref is not None and ref[0]() is owner:  # not another tracer's
+                try:
+                    del L.module._ampprobe_ref
+                except AttributeError:
+                    pass
+        for m in wrapped:  # the model as it was (torch.save works again)
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop("_ampprobe_fp32", None)
+            inner = m.__dict__.pop("_ampprobe_inner", None)
+            if inner is not None:
+                m.forward = inner
+        del wrapped[:]
 
     @staticmethod
     def _give_back_guard(guard):
@@ -2524,24 +2564,10 @@ class Tracer:
             _end_open_step(self.session)
         if getattr(self, "_join_pending", False) and not child:  # shadows
             self._mark_joined_quietly()                        # in that step
-        for h in self._hooks + list(self._late_hooks.values()):
-            h.remove()
+        Tracer._release(self._hooks, self._late_hooks, self._wrapped,
+                        self._layers, self)
         self._hooks = []
-        self._late_hooks.clear()
-        self._frozen = []
-        for L in self._layers:
-            ref = getattr(L.module, "_ampprobe_ref", None) if L.module is not None else None
-            if ref is not None and ref[0]() is self:  # not another tracer's
-                try:
-                    del L.module._ampprobe_ref
-                except AttributeError:
-                    pass
-        for m in self._wrapped:  # the model as it was (torch.save works again)
-            m.__dict__.pop("forward", None)
-            m.__dict__.pop("_ampprobe_fp32", None)
-            inner = m.__dict__.pop("_ampprobe_inner", None)
-            if inner is not None:
-                m.forward = inner
+        self._frozen = {}
         self._wrapped = []
         Tracer._give_back_guard(getattr(self, "_guard", None))
         if getattr(self, "_finalizer", None) is not None:  # set after _attach

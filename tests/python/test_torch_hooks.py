@@ -432,3 +432,48 @@ def test_a_parameter_frozen_again_then_unfrozen(tmp_path):
             tr.end_step(loss=loss, optimizer=opt)
     c = _counts(p, "weight_grad")
     assert [c[("0", s)] for s in range(4)] == [0, 2, 0, 2]
+
+
+# ---- F9: a Tracer dropped without close() --------------------------------------
+
+
+def test_a_tracer_dropped_without_close_gives_the_model_back(tmp_path):
+    """Its FP32 wrappers stayed on the model (a module forced to FP32 ran
+    so for good, also under the next Tracer) and its hooks too; the
+    finalizer now removes both, as close() does."""
+    m = _mlp()
+    m[2].forward = types_forward = m[2].forward  # noqa: F841 (a job's own)
+    crit = nn.MSELoss()
+    p = str(tmp_path / "a.h5")
+    a = at.Tracer(m, p, fp32=["0", "2"], loss_fn=crit)
+    assert m[0]._ampprobe_fp32 and "forward" in m[0].__dict__
+    m(torch.randn(2, 8)).sum().backward()
+    del a
+    gc.collect()
+    assert not hasattr(m[0], "_ampprobe_fp32")
+    assert "forward" not in m[0].__dict__
+    assert m[2].__dict__.get("forward") is types_forward  # the job's, back
+    assert not hasattr(m[0], "_ampprobe_ref")
+    for mod in m.modules():
+        assert not mod._forward_hooks and not mod._forward_pre_hooks
+    assert ampprobe.read_trace(p)["info"]  # closed, readable
+    b = at.Tracer(m, str(tmp_path / "b.h5"))  # B forces nothing
+    assert not hasattr(m[0], "_ampprobe_fp32")
+    b.close()
+    del m[2].forward
+    pickle.dumps(m)  # torch.save works (no bound wrapper)
+
+
+def test_a_second_tracer_keeps_its_wrappers_when_the_first_is_dropped(
+        tmp_path):
+    """The control: the finalizer of a dropped tracer leaves alone what a
+    tracer still open put on the model."""
+    m = _mlp()
+    a = at.Tracer(m, str(tmp_path / "a.h5"))
+    b = at.Tracer(m, str(tmp_path / "b.h5"), fp32=["2"])
+    del a
+    gc.collect()
+    assert m[2]._ampprobe_fp32 and m[2]._ampprobe_ref[0]() is b
+    assert m[0]._forward_hooks  # b's
+    b.close()
+    assert not hasattr(m[2], "_ampprobe_fp32")
