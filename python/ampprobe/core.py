@@ -50,6 +50,24 @@ def _same_file(a, b):
 
 
 _open_traces = weakref.WeakSet()  # Trace objects of this process, open
+_open_sessions = weakref.WeakSet()  # Session objects of this process
+
+
+def _locked_by_us(path):
+    """The words for a trace libprobe found locked (ERR_LOCKED) when the
+    writer holding it is a session of this process still open: a Tracer
+    made by a notebook cell that raised before its close(), and kept by
+    the cell's variable or the traceback, when the cell runs again. The
+    message said "another writer", with no hint that it was the job's
+    own; None when no open session here writes that file."""
+    for s in list(_open_sessions):
+        if not s.closed and _same_file(s.path, path):
+            return ("the writer is a %s of this process that was not "
+                    "closed (made earlier, still referenced: a notebook "
+                    "cell re-run after an exception keeps the first): "
+                    "call its close(), or make it with `with`" %
+                    getattr(s, "owner", "Session"))
+    return None
 
 
 def _cint(v, lo, hi, what):
@@ -335,11 +353,17 @@ class Session:
         st = lib.probe_session_open(ctypes.byref(h), raw, ctypes.byref(buf))
         if st < 0:
             e = lib.probe_session_last_error(None)
-            check(st, "probe_session_open(%s)" % path,
-                  e.decode(errors="replace") if e else None)
+            e = e.decode(errors="replace") if e else None
+            if lib.probe_status_name(st) == b"ERR_LOCKED":
+                ours = _locked_by_us(path)
+                if ours:
+                    e = "%s; %s" % (e, ours) if e else ours
+            check(st, "probe_session_open(%s)" % path, e)
         self.path = os.fspath(path)
+        self.owner = "Session"  # who made it, for _locked_by_us (Tracer)
         self._box = [h.value]
         self._finalizer = weakref.finalize(self, _close_handle, lib, self._box)
+        _open_sessions.add(self)
         self.layers = {}  # name -> id
         self.step = None
 

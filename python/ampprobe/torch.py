@@ -1234,6 +1234,7 @@ class Tracer:
             config_json=json.dumps(cfg),
             precision_policy=self.policy.describe(self.precision),
             **session_options)
+        self.session.owner = "Tracer"
         # whether end_step must scan the tensors itself (on_nonfinite):
         # libprobe computes no record in scalars mode with neither flight
         # recorder nor snapshots (_step_nonfinite); in full mode it computes

@@ -434,6 +434,64 @@ def test_a_parameter_frozen_again_then_unfrozen(tmp_path):
     assert [c[("0", s)] for s in range(4)] == [0, 2, 0, 2]
 
 
+# ---- F11: the lock held by a Tracer of this process -----------------------------
+
+
+def test_a_tracer_left_open_is_named_as_the_lock_holder(tmp_path):
+    """A notebook cell re-run after an exception: the first Tracer, still
+    referenced, holds the trace; the second was refused as "being
+    written by another writer", no word that it was this process's own.
+    Closing the first lets the second in."""
+    m = _mlp()
+    p = str(tmp_path / "t.h5")
+    first = at.Tracer(m, p)
+    m(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(ampprobe.ProbeError) as ei:
+        at.Tracer(m, p, overwrite=True)
+    msg = str(ei.value)
+    assert ei.value.name == "ERR_LOCKED"
+    assert "Tracer of this process that was not closed" in msg
+    assert "close()" in msg and p in msg
+    first.close()
+    with at.Tracer(m, p, overwrite=True):
+        pass
+
+
+def test_a_session_left_open_is_named_as_the_lock_holder(tmp_path):
+    p = str(tmp_path / "t.h5")
+    s = ampprobe.Session(p)
+    with pytest.raises(ampprobe.ProbeError) as ei:
+        at.Tracer(_mlp(), p, overwrite=True)
+    assert "Session of this process that was not closed" in str(ei.value)
+    s.close()
+
+
+def test_a_lock_held_by_another_process_is_not_said_to_be_ours(tmp_path):
+    """The control: a writer in another process keeps libprobe's words."""
+    import subprocess
+    import textwrap
+    p = str(tmp_path / "t.h5")
+    code = textwrap.dedent("""
+        import sys, ampprobe
+        s = ampprobe.Session(sys.argv[1])
+        print("open", flush=True)
+        sys.stdin.read()
+        s.close()
+    """)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(ampprobe.__file__))
+    child = subprocess.Popen([sys.executable, "-c", code, p], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"open"
+        with pytest.raises(ampprobe.ProbeError) as ei:
+            at.Tracer(_mlp(), p, overwrite=True)
+        assert ei.value.name == "ERR_LOCKED"
+        assert "of this process" not in str(ei.value)
+    finally:
+        child.communicate(b"", timeout=60)
+
+
 # ---- F9: a Tracer dropped without close() --------------------------------------
 
 
