@@ -112,6 +112,34 @@ _WRITE_STOPPED = (
     "close() instead (docs/python.md, on_write_error)")
 
 
+_VALIDATION_MERGED = (
+    "ampprobe: step %d began with a forward of the model in eval mode "
+    "under grad, and a forward in train mode followed with no backward "
+    "between: a validation or check run after end_step() without "
+    "torch.no_grad() opens a step, and the next iteration's training is "
+    "recorded in it too (a NaN of the validation data is then named at "
+    "step %d's input). Run it under torch.no_grad() (docs/python.md, "
+    "Limits)")
+
+
+_PHANTOM_STEP = (
+    "ampprobe: step %d, ended by close(), ran the model's forward under "
+    "grad and no backward: a validation or check run after the last "
+    "end_step() without torch.no_grad() opens a step of its own, which "
+    "the trace keeps as step %d (loss and lr not measured). Run it under "
+    "torch.no_grad() (docs/python.md, Limits)")
+
+
+_EMPTY_STEP = (
+    "ampprobe: step %d ended with nothing traced in it: end_step() was "
+    "called with no step open, no forward of the model under grad and no "
+    "gradient since the step before. Two end_step() calls for one "
+    "iteration (a logging callback's as well as the loop's) number the "
+    "trace's steps ahead of the job's iterations, and an evaluation loop "
+    "under no_grad records nothing outside begin_step()/end_step(). Call "
+    "end_step() once per iteration (docs/python.md, Limits)")
+
+
 _LATE_BACKWARD = (
     "ampprobe: step %d ended before its backward: its gradients arrived "
     "after end_step() and are recorded in step %d, with the next step's "
@@ -1297,6 +1325,11 @@ class Tracer:
         self._ended_fwd_only = None
         self._no_forward_said = False
         self._late_backward_said = False
+        self._first_eval = None
+        self._opened_by = None
+        self._merged_said = False  # _root_forward
+        self._empty_said = False  # _check_empty_step
+        self._phantom_said = False  # _check_phantom_step
         self._refs = []  # (layer, site, tensor) of this step, for scans
         # the attached loss scalers, first attached first (the primary:
         # its scale is the steps table's): [scaler, its scale at the
@@ -1664,6 +1697,7 @@ class Tracer:
             self._child_refuses(who)
         if self._step is None:
             self._begin(self._next)
+            self._opened_by = who
 
     def _joined_step(self):
         """One backward of the other ranks that this rank, joined (DDP's
@@ -1750,9 +1784,10 @@ class Tracer:
         def hook(module, inputs):
             if _gone(self) or self._closed or module is not self.model:
                 return  # a copy of the model
+            if torch.is_grad_enabled():
+                self._ensure_step()
+                self._root_forward(module.training)
             if L is None:  # the input not recorded: start the step only
-                if torch.is_grad_enabled():
-                    self._ensure_step()
                 return
             if self._gate(L) != "record":
                 return  # evaluation between steps, or recomputation
@@ -1818,6 +1853,26 @@ class Tracer:
             return _map_floats(inputs, lambda t: own(t, memo, id(t) == pred),
                                keep="records" if loss else "all")
         return hook  # registered by _pre_hook
+
+    def _root_forward(self, training):
+        """The model's forward under grad, in a step (training: its mode):
+        warns once a tracer when the step's first such forward ran in
+        eval mode and one in train mode follows with no backward between
+        (_VALIDATION_MERGED): a validation pass run without
+        torch.no_grad() after end_step() opened the step, and the next
+        iteration's training joined it. Adversarial training (an attack's
+        forward and backward in eval mode, then the training forward) has
+        a backward between, and a job that trains in eval mode (frozen
+        BatchNorm) has no train-mode forward: neither warns."""
+        first = self._first_eval
+        if first is None:
+            self._first_eval = not training
+            return
+        if (first and training and not self._bwd and
+                not self._merged_said and not _in_backward()):
+            self._merged_said = True
+            warnings.warn(_VALIDATION_MERGED % (self._step, self._step),
+                          RuntimeWarning, stacklevel=4)
 
     def _inplace_pre(self, L, mode, inputs):
         """The pre-hook of a module that works in place (inplace=True): it
@@ -1996,6 +2051,7 @@ class Tracer:
         itself, numbering steps 0, 1, ...)."""
         self._child_refuses("begin_step")
         self._begin(step)
+        self._opened_by = "begin_step"
 
     def _begin(self, step=None):
         if self._step is not None:
@@ -2021,6 +2077,9 @@ class Tracer:
         self._ran = set()  # layers whose forward ran in this step (_gate)
         self._grads = set()  # layers that got a weight_grad in it
         self._bwd = False
+        self._first_eval = None  # the step's first forward of the model
+        #                         under grad ran in eval mode (_root_forward)
+        self._opened_by = None  # the explicit call that opened it, if any
         self._ended_fwd_only = None  # a step is open: no late gradient
         self._recording = (self.write_error is None and not self._forked
                            and self._in_window(step))
@@ -2282,6 +2341,7 @@ class Tracer:
             return self._write_error_at()
         self._check_forwards_seen(step)
         self._check_new_modules(step)
+        self._check_empty_step(step)
         if self.on_nonfinite != "record":
             # a loss not given is not measured, not non-finite (0.0 stands
             # for "nothing wrong with it")
@@ -2308,6 +2368,32 @@ class Tracer:
             return
         self._late_backward_said = True
         warnings.warn(_LATE_BACKWARD % (self._ended_fwd_only, self._next),
+                      RuntimeWarning, stacklevel=4)
+
+    def _check_empty_step(self, step):
+        """Warns, once a tracer, when end_step() found no step open and
+        ended one of nothing (_EMPTY_STEP): no hook opened it (no forward
+        of the model under grad, no gradient) nor begin_step(). end_step()
+        called twice per iteration doubled the steps, the extra ones
+        empty, and a NaN of iteration 5 was named at step 10, with no
+        word. A step the job opened itself (begin_step) is its own."""
+        if self._empty_said or self._opened_by != "end_step":
+            return
+        self._empty_said = True
+        warnings.warn(_EMPTY_STEP % step, RuntimeWarning, stacklevel=3)
+
+    def _check_phantom_step(self):
+        """At close(), before it ends an open step: warns (once) when the
+        model ran its forward under grad in it and no backward came
+        (_PHANTOM_STEP): a validation pass without torch.no_grad() after
+        the last end_step() opened it. A step the job opened itself
+        (begin_step: an inference-only job) says nothing."""
+        if (self._phantom_said or self._bwd or self._opened_by == "begin_step"
+                or not (self._first_eval is not None or
+                        self._model_forward_ran())):
+            return
+        self._phantom_said = True
+        warnings.warn(_PHANTOM_STEP % (self._step, self._step),
                       RuntimeWarning, stacklevel=4)
 
     def _check_new_modules(self, step):
@@ -2562,6 +2648,8 @@ class Tracer:
             except _lib.ProbeError:
                 pass  # a sticky write error: close reports it
         if getattr(self, "_step", None) is not None and not child:
+            if not aborted and self.write_error is None:
+                self._check_phantom_step()
             _end_open_step(self.session)
         if getattr(self, "_join_pending", False) and not child:  # shadows
             self._mark_joined_quietly()                        # in that step

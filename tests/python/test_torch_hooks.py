@@ -492,6 +492,228 @@ def test_a_lock_held_by_another_process_is_not_said_to_be_ours(tmp_path):
         child.communicate(b"", timeout=60)
 
 
+# ---- F12: end_step() twice per iteration ---------------------------------------
+
+
+def test_end_step_twice_per_iteration_warns_once(tmp_path):
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with at.Tracer(m, p, loss_fn=crit) as tr:
+            for s in range(4):
+                loss = _train_step(m, crit, opt)
+                tr.end_step(loss=loss, optimizer=opt)
+                tr.end_step(loss=loss.item())  # a logging callback's
+    w = _ampprobe_warnings(rec)
+    assert len(w) == 1, w
+    assert "step 1 ended with nothing traced" in w[0]
+    assert "once per iteration" in w[0]
+    assert _steps(p) == list(range(8))  # the steps are as they were
+
+
+def test_an_evaluation_loop_under_no_grad_with_end_step_warns(tmp_path):
+    """end_step() after forwards under no_grad alone: no step open, nothing
+    recorded (only begin_step() opens one there): said once."""
+    m = _mlp()
+    p = str(tmp_path / "t.h5")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with at.Tracer(m, p) as tr:
+            for s in range(3):
+                with torch.no_grad():
+                    m(torch.randn(2, 8))
+                tr.end_step()
+    w = _ampprobe_warnings(rec)
+    assert len(w) == 1 and "step 0 ended with nothing traced" in w[0], w
+
+
+def test_accumulation_checkpointing_penalty_and_explicit_steps_say_nothing(
+        tmp_path, strict):
+    """The controls for F12/F8 (and the merged-step check): gradient
+    accumulation (4 micro-batches a step), a checkpointed segment
+    (reentrant and not), a gradient penalty's double backward, an
+    inference-only job with begin_step()/end_step(), a validation under
+    no_grad after end_step(): not one warning."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    with at.Tracer(m, p, loss_fn=crit) as tr:
+        for s in range(3):
+            opt.zero_grad()
+            for k in range(4):
+                crit(m(torch.randn(2, 8)), torch.randn(2, 4)).backward()
+            opt.step()
+            tr.end_step(optimizer=opt)
+            with torch.no_grad():
+                m.eval()
+                m(torch.randn(2, 8))
+                m.train()
+        for reentrant in (True, False):
+            x = torch.randn(4, 8, requires_grad=True)
+            kw = {} if torch.__version__.startswith("1.") else {
+                "use_reentrant": reentrant}
+            h = torch.utils.checkpoint.checkpoint(m, x, **kw)
+            loss = crit(h, torch.randn(4, 4))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tr.end_step(loss=loss, optimizer=opt)
+        x = torch.randn(4, 8, requires_grad=True)
+        out = m(x)
+        g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = crit(out, torch.randn(4, 4)) + (g.norm() - 1) ** 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+        for s in range(2):
+            tr.begin_step()
+            with torch.no_grad():
+                m(torch.randn(2, 8))
+            tr.end_step()
+    assert len(_steps(p)) == 3 + 2 + 1 + 2
+
+
+def test_a_gan_with_two_networks_says_nothing(tmp_path, strict):
+    """The control: G and D traced as one model, each run several times a
+    step (D's update on G's output under grad and detached, G's on D),
+    with a WGAN critic loop of 3 D updates a step."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    class GAN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.G, self.D = G, D
+
+        def forward(self, z):
+            return self.D(self.G(z))
+
+    gan = GAN()
+    oG = torch.optim.Adam(G.parameters(), 1e-3)
+    oD = torch.optim.Adam(D.parameters(), 1e-3)
+    p = str(tmp_path / "t.h5")
+    with at.Tracer(gan, p) as tr:
+        for s in range(3):
+            for k in range(3):
+                fake = G(torch.randn(8, 4)).detach()
+                ld = D(fake).mean() - D(torch.randn(8, 8)).mean()
+                oD.zero_grad()
+                ld.backward()
+                oD.step()
+            lg = -gan(torch.randn(8, 4)).mean()
+            oG.zero_grad()
+            lg.backward()
+            oG.step()
+            lg = -gan(torch.randn(8, 4)).mean()  # a second G update
+            oG.zero_grad()
+            lg.backward()
+            oG.step()
+            tr.end_step(loss=lg, optimizer=oG)
+    assert _steps(p) == [0, 1, 2]
+
+
+# ---- F8: a validation under grad after end_step() -------------------------------
+
+
+def _validation_job(tmp_path, where, steps=6):
+    m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                      nn.Linear(16, 4))
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    xv, yv = torch.randn(8, 8), torch.randn(8, 4)
+
+    def validate():
+        m.eval()
+        if where == "grad":  # the no_grad forgotten
+            crit(m(xv), yv).item()
+        else:
+            with torch.no_grad():
+                crit(m(xv), yv).item()
+        m.train()
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        tr = at.Tracer(m, p, loss_fn=crit)
+        for s in range(steps):
+            loss = _train_step(m, crit, opt, torch.randn(8, 8),
+                               torch.randn(8, 4))
+            tr.end_step(loss=loss, optimizer=opt)
+            if s % 3 == 2:
+                validate()
+        tr.close()
+    return p, _ampprobe_warnings(rec)
+
+
+def test_a_validation_under_grad_after_end_step_warns(tmp_path):
+    """Validation without no_grad after end_step(): its forward opens the
+    next step, which the next iteration's training joins (said once, at
+    that training forward), and the last one is a step of its own that
+    close() ends (said once, there)."""
+    p, w = _validation_job(tmp_path, "grad")
+    assert len(w) == 2, w
+    assert "step 3 began with a forward of the model in eval mode" in w[0]
+    assert "step 6, ended by close()" in w[1]
+    assert "torch.no_grad()" in w[0] and "torch.no_grad()" in w[1]
+    assert _steps(p) == list(range(7))  # the records stay as they were
+
+
+def test_a_validation_under_no_grad_after_end_step_says_nothing(tmp_path):
+    p, w = _validation_job(tmp_path, "no_grad")
+    assert w == []
+    assert _steps(p) == list(range(6))
+
+
+def test_training_in_eval_mode_and_adversarial_steps_say_nothing(tmp_path,
+                                                                 strict):
+    """The controls: a job that trains in eval mode (frozen BatchNorm)
+    throughout, and adversarial training (the attack's forward and
+    backward in eval mode, then the training forward in train mode, in
+    one step)."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                      nn.Linear(16, 4))
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    with at.Tracer(m, p, loss_fn=crit) as tr:
+        m.eval()
+        for s in range(2):
+            loss = _train_step(m, crit, opt, torch.randn(8, 8),
+                               torch.randn(8, 4))
+            tr.end_step(loss=loss, optimizer=opt)
+        for s in range(2):
+            x, y = torch.randn(8, 8), torch.randn(8, 4)
+            m.eval()
+            xa = x.clone().requires_grad_(True)
+            for k in range(2):  # PGD
+                g, = torch.autograd.grad(crit(m(xa), y), xa)
+                xa = (xa + 0.01 * g.sign()).detach().requires_grad_(True)
+            m.train()
+            loss = _train_step(m, crit, opt, xa.detach(), y)
+            tr.end_step(loss=loss, optimizer=opt)
+    assert _steps(p) == [0, 1, 2, 3]
+
+
+def test_a_job_that_raises_mid_step_is_not_told_about_validation(tmp_path):
+    """close() by an exception (a `with` block) ends a step with a forward
+    and no backward: that is the abort, not a forgotten no_grad."""
+    m = _mlp()
+    p = str(tmp_path / "t.h5")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyError):
+            with at.Tracer(m, p):
+                m(torch.randn(2, 8))
+                raise KeyError("bug")
+    assert _ampprobe_warnings(rec) == []
+
+
 # ---- F9: a Tracer dropped without close() --------------------------------------
 
 
