@@ -8,13 +8,13 @@ without close(). Each case has its negative controls: gradient
 accumulation, activation checkpointing, a GAN's two networks, a gradient
 penalty's double backward, fork workers that never touch the model - no
 warning there (every control runs with warnings turned into errors)."""
-import atexit
 import collections
 import gc
 import os
 import pickle
 import sys
 import warnings
+import weakref
 
 import pytest
 
@@ -152,9 +152,9 @@ def test_fork_workers_that_do_not_touch_the_model_say_nothing(tmp_path,
 
 def _in_child(fn):
     """Runs fn() in a child of os.fork(); returns (exit status, what fn
-    returned). The child runs its at-exit handlers (the Tracer's
-    finalizer among them) as a helper leaving by sys.exit would, then
-    os._exit (a SystemExit would be caught by pytest, in the child)."""
+    returned). The child runs the at-exit finalizers (the Tracer's and
+    its Session's) as a helper leaving by sys.exit would, then os._exit
+    (a SystemExit would be caught by pytest, in the child)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
@@ -167,8 +167,10 @@ def _in_child(fn):
             code = 3
         with os.fdopen(w, "wb") as f:
             pickle.dump(out, f)
-        try:  # what sys.exit would run (not raised: pytest would catch it)
-            atexit._run_exitfuncs()
+        try:  # the finalizers sys.exit would run (not raised: pytest
+            # would catch it); not every at-exit handler: multiprocessing's
+            # would terminate the parent's DataLoader workers from here
+            weakref.finalize._exitfunc()
         except BaseException:  # noqa: BLE001
             code = 4
         os._exit(code)
@@ -213,6 +215,36 @@ def test_os_fork_child_runs_the_model_forward_and_backward(tmp_path,
     assert _steps(p) == [0, 1, 2, 3]
     c = _counts(p, "fwd_in")
     assert [c[("0", s)] for s in range(4)] == [1, 1, 1, 1]
+    assert ampprobe.verdict(p) == "healthy"
+
+
+@pytest.mark.skipif(not FORK, reason="no fork here")
+@pytest.mark.parametrize("open_step", [False, True])
+def test_a_fork_the_handler_did_not_see(tmp_path, open_step):
+    """A fork made in C (no os.register_at_fork handler run): the tracer
+    learns it from libprobe's first refusal (ERR_STATE in another
+    process) and goes the child's way there, instead of raising."""
+    m = _mlp()
+    crit = nn.MSELoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    p = str(tmp_path / "t.h5")
+    tr = at.Tracer(m, p, loss_fn=crit)
+    loss = _train_step(m, crit, opt)
+    if not open_step:
+        tr.end_step(loss=loss, optimizer=opt)
+
+    def child():
+        tr._forked = False  # as if the handler had not run
+        tr._recording = tr._step is not None
+        out = crit(m(torch.randn(2, 8)), torch.zeros(2, 4))
+        out.backward()
+        return tr._forked
+
+    assert _in_child(child) == (0, True)
+    if open_step:
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    assert _steps(p) == [0]
     assert ampprobe.verdict(p) == "healthy"
 
 
