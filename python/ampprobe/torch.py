@@ -1543,6 +1543,18 @@ class Tracer:
                 except AttributeError:
                     pass
         for m in wrapped:  # the model as it was (torch.save works again)
+            ref = getattr(m, "_ampprobe_ref", None)
+            other = ref[0]() if ref is not None else None
+            if (other is not None and other is not owner and ref[1].fp32
+                    and not other._closed and other._wrapped is not wrapped):
+                # (the last: the finalizer at interpreter exit, its tracer
+                # still alive, owner None)
+                # a second tracer still open forces it too, through this
+                # wrapper (_wrap_fp32 wraps once): handed over, not undone
+                # (it was undone, and the module ran in half precision
+                # under that tracer from then on)
+                other._wrapped.append(m)
+                continue
             m.__dict__.pop("forward", None)
             m.__dict__.pop("_ampprobe_fp32", None)
             inner = m.__dict__.pop("_ampprobe_inner", None)

@@ -789,3 +789,44 @@ def test_a_second_tracer_keeps_its_wrappers_when_the_first_is_dropped(
     assert m[0]._forward_hooks  # b's
     b.close()
     assert not hasattr(m[2], "_ampprobe_fp32")
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_wrapper_two_tracers_need_stays_until_the_second_closes(
+        tmp_path, how):
+    """Two tracers force the same module to FP32 (it is wrapped once, by
+    the first): the first's close(), or its collection, hands the wrapper
+    to the second instead of undoing it (the module ran in half
+    precision under the second from then on); the second's close()
+    undoes it."""
+    m = _mlp()
+    a = at.Tracer(m, str(tmp_path / "a.h5"), fp32=["2"])
+    b = at.Tracer(m, str(tmp_path / "b.h5"), fp32=["2"])
+    if how == "close":
+        a.close()
+    else:
+        del a
+        gc.collect()
+    assert m[2]._ampprobe_fp32 and "forward" in m[2].__dict__
+    assert b.fp32_modules() == ["2"]
+    b.close()
+    assert not hasattr(m[2], "_ampprobe_fp32")
+    assert "forward" not in m[2].__dict__
+
+
+def test_a_tracer_left_open_at_interpreter_exit(tmp_path):
+    """The at-exit finalizer of a tracer never closed, which forces a
+    module to FP32, gives the model back and closes the trace; the
+    process exits at once (the wrapper hand-over must not take the
+    tracer, alive at exit, for a second one)."""
+    from conftest import run_py
+    p = str(tmp_path / "t.h5")
+    code = ("import sys, torch, torch.nn as nn, ampprobe.torch as at\n"
+            "m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))\n"
+            "tr = at.Tracer(m, sys.argv[1], fp32=['1'])\n"
+            "m(torch.randn(2, 4)).sum().backward()\n"
+            "tr.end_step()\n")
+    r = run_py(["-c", code, p], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert _steps(p) == [0]
+    assert ampprobe.postmortem(p)["trace"]["complete"]
