@@ -206,7 +206,10 @@ typedef struct probe_diag_finding {
 typedef struct probe_diag_history_point {
   int64_t step;
   double absmax;   /* largest finite |x| of the origin's output sites */
-  double headroom; /* log2(65504 / absmax) */
+  double headroom; /* log2(MAX / absmax), MAX the largest finite value of
+                      the origin's reduced precision: 65504 for FP16,
+                      ~3.39e38 for BF16 (an FP32 origin: the run's FP16,
+                      else BF16) */
 } probe_diag_history_point;
 
 /* Per-layer totals (one per layer of the trace). */
@@ -515,6 +518,13 @@ typedef struct probe_diag {
    * 0 when not known (no origin layer, a record that is no part of a call,
    * a call with no input recorded). */
   int32_t origin_in_index, origin_in_count;
+  /* appended: the largest output magnitude the origin's recorded inputs
+   * allow (a Linear's or attention's ||W||_F * (||x||_F + 1), a
+   * normalisation's absmax(x)^2), the bound the forward event's evidence
+   * quotes; 0 or NaN when there is none (no weight record, a backward
+   * event). A BF16 overflow with a bound within FP32's range is the one
+   * FP32 would hold (docs/precision.md, "BF16"). */
+  double origin_bound;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

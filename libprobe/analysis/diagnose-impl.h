@@ -129,6 +129,34 @@ static inline double probe__diag_range_max(int dtype) {
   return dtype == PROBE_DTYPE_BF16 ? PROBE__DIAG_BF16_MAX : (double)PROBE_F16_MAX;
 }
 
+/* The reduced precision a layer's values are measured against (headroom,
+ * flushing, what an overflow means): its own when it runs in FP16 or BF16;
+ * for an FP32 layer the one its inputs came from - FP16 when any layer of
+ * the run is FP16, else BF16 when some is, else FP16 (an FP32 run: how far
+ * its values are from FP16's range). */
+static inline int probe__diag_range_prec(const probe_diag *d, int32_t id) {
+  if (id >= 0 && id < d->n_layers && d->layers &&
+      d->layers[id].info.precision != PROBE_DTYPE_F32)
+    return d->layers[id].info.precision == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16
+                                                           : PROBE_DTYPE_F16;
+  int bf16 = 0;
+  for (int64_t i = 0; d->layers && i < d->n_layers; i++) {
+    if (d->layers[i].info.precision == PROBE_DTYPE_F16) return PROBE_DTYPE_F16;
+    if (d->layers[i].info.precision == PROBE_DTYPE_BF16) bf16 = 1;
+  }
+  return bf16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16;
+}
+
+/* The headroom of a magnitude in a reduced precision: log2(MAX / absmax),
+ * MAX 65504 (FP16, probe_fp16_headroom) or BF16's ~3.39e38; the same edge
+ * cases (+inf for 0, NaN for NaN). */
+static inline double probe__diag_headroom_in(double absmax, int dtype) {
+  if (dtype != PROBE_DTYPE_BF16) return probe_fp16_headroom(absmax);
+  if (isnan(absmax) || absmax < 0) return NAN;
+  if (absmax == 0) return INFINITY;
+  return log2(PROBE__DIAG_BF16_MAX / absmax);
+}
+
 /* How a weight-nonfinite event's evidence (d->event_evidence, written by
  * the walker's master_outgrew) opens when the weights the forward used were
  * non-finite while the FP32 masters the previous step's update left were

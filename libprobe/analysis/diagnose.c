@@ -865,6 +865,9 @@ static const char *input_label(char *buf, size_t n, const layer_step *l) {
  * element). Otherwise the inf is an overflow of the product or of the
  * saved reduction. */
 
+static double call_weight_sumsq(const probe_record *r, int origin,
+                                const layer_step *l);
+
 static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
                              const probe_record *o,
                              const layer_step *l, int lkind,
@@ -900,6 +903,13 @@ static void classify_forward(walker *w, probe_diag *e, const probe_record *r,
   int range = prec == PROBE_DTYPE_BF16 ? PROBE_DTYPE_BF16 : PROBE_DTYPE_F16;
   double pmax = probe__diag_range_max(range);
   const char *plabel = probe__diag_prec_label(range);
+  /* the bound over every weight record of the call (a Linear's weight
+   * and bias are two records; l->weight is the last of them) */
+  e->origin_bound = bound;
+  if (in && (lkind == PROBE_KIND_LINEAR || lkind == PROBE_KIND_ATTENTION) &&
+      l->weight >= 0)
+    e->origin_bound = sqrt(call_weight_sumsq(r, (int)(o - r), l)) *
+                      (sqrt(in->sumsq) + 1.0);
   int can_overflow = !(bound < pmax); /* NaN: cannot tell */
   if (lkind == PROBE_KIND_LOSS) can_overflow = 0; /* FP32, probabilities */
   /* An FP16 layer whose input (recorded as it arrived, before the cast)
@@ -1162,6 +1172,14 @@ static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
                nan, (unsigned long long)in->zero_count, sq, pmax, plabel);
     return;
   }
+  /* A BF16 op of a known kind, not a normalisation (whose variance can
+   * round negative at BF16's 8 bits): it makes NaN of finite values only
+   * through an inf, a value past BF16's ~3.39e38, which FP32 overflows too
+   * but for the 0.4% between the two maxima. Nothing recorded rules BF16
+   * in: weak evidence, as for a custom module (an attention whose scores
+   * are bounded below is ruled out just below). */
+  if (prec == PROBE_DTYPE_BF16 && !probe__diag_is_norm_kind(lkind))
+    e->origin_precision_weak = 1;
   if (lkind == PROBE_KIND_ATTENTION) {
     double xn = sqrt(in_sq) + 1.0;
     double bound = call_weight_sumsq(r, origin, l) * xn * xn;
@@ -1635,7 +1653,8 @@ static int analyse_step(walker *w, probe_diag *e, const probe_record *r,
     double a = fwd ? p->fwd_absmax : p->bwd_absmax;
     e->history[e->n_history].step = p->step;
     e->history[e->n_history].absmax = a;
-    e->history[e->n_history].headroom = headroom_of(a);
+    e->history[e->n_history].headroom =
+        probe__diag_headroom_in(a, probe__diag_range_prec(w->d, o->layer));
     e->n_history++;
   }
   return 1;
@@ -2006,6 +2025,7 @@ static void event_copy(probe_diag *to, const probe_diag *from) {
   to->origin_fwd_zeros = from->origin_fwd_zeros;
   to->origin_not_precision = from->origin_not_precision;
   to->origin_precision_weak = from->origin_precision_weak;
+  to->origin_bound = from->origin_bound;
   memcpy(to->event_evidence, from->event_evidence, sizeof to->event_evidence);
   to->n_history = from->n_history;
   memcpy(to->history, from->history, sizeof to->history);

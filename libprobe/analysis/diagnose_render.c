@@ -150,6 +150,11 @@ static void render_text(const probe_diag *d, FILE *f) {
                   which, (unsigned long long)in->nan_count,
                   (unsigned long long)(in->posinf_count + in->neginf_count), a,
                   (unsigned long long)in->count);
+        else if (probe__diag_range_prec(d, d->origin_layer) == PROBE_DTYPE_BF16)
+          /* BF16 flushes only below ~1e-38: FP16's count says nothing */
+          fprintf(f, "  its input   finite: absmax %s, %llu zeros, of %llu\n",
+                  a, (unsigned long long)in->zero_count,
+                  (unsigned long long)in->count);
         else
           fprintf(f, "  its input   %sfinite: absmax %s, %llu zeros, %llu "
                      "would flush in FP16, of %llu\n",
@@ -190,8 +195,11 @@ static void render_text(const probe_diag *d, FILE *f) {
       fprintf(f, "  history     none: the event is in the first step recorded"
                  "\n");
     } else if (d->n_history > 0) {
-      fprintf(f, "  history of %s (absmax, headroom log2(65504/absmax)):\n",
-              probe_diag_layer_name(d, d->origin_layer));
+      fprintf(f, "  history of %s (absmax, headroom log2(%s/absmax)):\n",
+              probe_diag_layer_name(d, d->origin_layer),
+              probe__diag_range_prec(d, d->origin_layer) == PROBE_DTYPE_BF16
+                  ? "3.39e38 (BF16)"
+                  : "65504");
       for (int i = 0; i < d->n_history; i++) {
         fmt_num(a, sizeof a, d->history[i].absmax);
         fmt_num(b, sizeof b, d->history[i].headroom);
@@ -325,7 +333,11 @@ static void render_text(const probe_diag *d, FILE *f) {
     fprintf(f, "  %-24s %7s -> %7s   zeros %7s\n", l->display, u0, u1, z);
     shown_l++;
   }
-  if (!shown_l) fprintf(f, "  no gradient records of FP16 layers\n");
+  if (!shown_l && probe__diag_range_prec(d, -1) == PROBE_DTYPE_BF16)
+    fprintf(f, "  no FP16 layers: BF16 has FP32's range and flushes only "
+               "below ~1e-38, so gradients do not underflow there\n");
+  else if (!shown_l)
+    fprintf(f, "  no gradient records of FP16 layers\n");
   fprintf(f, "\n");
 
   fprintf(f, "DIAGNOSIS (most likely first)\n");

@@ -439,13 +439,48 @@ static int nan_of_exact_zeros(const probe_diag *d) {
            probe__diag_zeros_flushed(&d->origin_in));
 }
 
+/* FP32's largest finite value (FLT_MAX). */
+#define FP32_MAX 3.4028234663852886e38
+
+/* A BF16 origin whose values were within FP32's range but past BF16's:
+ * its input (recorded before the cast) held finite values beyond BF16's
+ * maximum, or the bound its inputs allow (||W||*(||x||+1), absmax^2) is
+ * within FP32's maximum. FP32 holds them; BF16 made them inf. */
+static int bf16_within_fp32(const probe_diag *d) {
+  if (d->layers[d->origin_layer].info.precision != PROBE_DTYPE_BF16) return 0;
+  if (d->have_origin_in && isfinite(d->origin_in.absmax) &&
+      d->origin_in.absmax > PROBE__DIAG_BF16_MAX)
+    return 1;
+  return d->origin_bound > 0 && d->origin_bound <= FP32_MAX;
+}
+
+/* An overflow (inf) that FP32 makes too: BF16 has FP32's range (its
+ * largest value, ~3.39e38, is within 0.4% of FP32's ~3.40e38), so an
+ * overflow made in a BF16 layer, or in an FP32 layer whose inputs came
+ * from BF16 layers, is an overflow of FP32 too, unless its values were in
+ * the sliver between the two maxima (bf16_within_fp32). Not an inf that
+ * arrived at a layer's input or incoming gradient (clean-input, or the
+ * cast of a value FP32 held). docs/precision.md, "BF16". */
+static int bf16_overflow(const probe_diag *d) {
+  if (d->fp32_run || d->origin_layer < 0 || d->origin_layer >= d->n_layers ||
+      d->origin_site == PROBE_SITE_FWD_IN || d->origin_site == PROBE_SITE_GRAD_OUT)
+    return 0;
+  if (d->event != PROBE_DIAG_EVENT_OVERFLOW &&
+      d->event != PROBE_DIAG_EVENT_REDUCTION_OVERFLOW &&
+      d->event != PROBE_DIAG_EVENT_GRAD_OVERFLOW)
+    return 0;
+  return probe__diag_range_prec(d, d->origin_layer) == PROBE_DTYPE_BF16 &&
+         !bf16_within_fp32(d);
+}
+
 /* The records rule out the precision as the event's cause: a NaN of exact
  * zeros (forward or, for a custom module, backward), or a NaN-only event
  * whose inputs could neither overflow nor flush (diagnose.c,
  * rule_out_precision). */
 static int no_precision_cause(const probe_diag *d) {
   return nan_of_exact_zeros(d) || d->origin_divides_zeros ||
-         (d->origin_not_precision && d->event == PROBE_DIAG_EVENT_INF_ARITH_NAN);
+         (d->origin_not_precision && d->event == PROBE_DIAG_EVENT_INF_ARITH_NAN) ||
+         bf16_overflow(d);
 }
 
 /* check-weights: a non-finite update reached the weights. */
@@ -745,6 +780,38 @@ static void explain_arrived_fp32(rank_ctx *c, probe_diag_finding *f) {
                : "the data (entries of a dict batch) or an op between modules");
 }
 
+/* not-precision for an overflow in BF16 (bf16_overflow): FP32 overflows
+ * too; the cause is what made the values this large. */
+static void explain_bf16_overflow(rank_ctx *c, probe_diag_finding *f) {
+  const probe_diag *d = c->d;
+  if (layer_is_fp32(d, d->origin_layer))
+    set_title(f, "'%s' (%s, FP32) overflowed FP32 on values made in BF16: "
+                 "not a precision problem (BF16 has FP32's range)",
+              c->oname, kind_of(d, d->origin_layer));
+  else
+    set_title(f, "'%s' (%s) overflowed in BF16: not a precision problem "
+                 "(BF16 has FP32's range, so FP32 overflows too)",
+              c->oname, kind_of(d, d->origin_layer));
+  add_evidence(f, "step %lld, %s, %s: %s", (long long)d->event_step,
+               probe_phase_name(d->event_phase),
+               probe_site_name(d->origin_site), probe__diag_event_text(d));
+  if (d->event_evidence[0]) add_evidence(f, "%s", d->event_evidence);
+  add_evidence(f, "BF16's largest value (%.6g) is within 0.4%% of FP32's "
+                  "(%.6g): a value past it is past FP32's too, so keeping "
+                  "layers in FP32 does not cure this overflow%s",
+               PROBE__DIAG_BF16_MAX, FP32_MAX,
+               d->origin_bound > FP32_MAX
+                   ? " (the bound its inputs allow is past FP32's maximum)"
+                   : "");
+  if (d->first_nonfinite_loss_step < 0)
+    add_evidence(f, "the loss stayed finite");
+  set_next(f, "find why the values of '%s' grew past ~3.4e38 by step %lld: "
+              "the learning rate (the loss and weights before it), the "
+              "inputs' scale, the weights' initialisation; keeping layers in "
+              "FP32 will not help (check the FP32 baseline: %s)",
+           c->oname, (long long)d->event_step, c->run_fp32);
+}
+
 static int when_not_precision(const rank_ctx *c) {
   const probe_diag *d = c->d;
   return (d->fp32_run || no_precision_cause(d)) &&
@@ -758,6 +825,10 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
   const probe_diag *d = c->d;
   if (!d->fp32_run && d->origin_divides_zeros) {
     explain_divides_zeros(c, f);
+    return;
+  }
+  if (bf16_overflow(d)) {
+    explain_bf16_overflow(c, f);
     return;
   }
   /* a normalisation's NaN that its input's zero rows account for: the
@@ -885,15 +956,17 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
     set_title(f, "%s %s in '%s' (%s): keep it in FP32",
               prec_label(d, target), probe_diag_event_name(d->event), c->oname, okind);
   else if (target >= 0)
-    set_title(f, "FP16 %s: '%s' (%s) underflowed to zero in FP16 and '%s' "
+    set_title(f, "%s %s: '%s' (%s) underflowed to zero in %s and '%s' "
                  "(%s, FP32) turned it into inf: keep '%s' in FP32",
-              probe_diag_event_name(d->event), probe_diag_layer_name(d, target),
-              kind_of(d, target), c->oname, okind,
+              prec_label(d, target), probe_diag_event_name(d->event),
+              probe_diag_layer_name(d, target), kind_of(d, target),
+              prec_label(d, target), c->oname, okind,
               probe_diag_layer_name(d, target));
   else
     set_title(f, "%s in '%s' (%s), a layer that already runs in FP32: what "
-                 "it received was produced in FP16 upstream",
-              probe_diag_event_name(d->event), c->oname, okind);
+                 "it received was produced in %s upstream",
+              probe_diag_event_name(d->event), c->oname, okind,
+              probe__diag_prec_label(probe__diag_range_prec(d, d->origin_layer)));
   add_evidence(f, "step %lld, %s: %s", (long long)d->event_step,
                probe_phase_name(d->event_phase),
                probe__diag_event_text(d));
@@ -908,11 +981,19 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                  (unsigned long long)(d->origin_out.posinf_count +
                                       d->origin_out.neginf_count));
   if (d->origin_precision_weak) f->weak_evidence = 1;
-  if (d->origin_precision_weak) {
-    /* the rule held for every input of the call, not only the one read */
-    char all[48] = "";
-    if (d->origin_in_count > 1)
-      snprintf(all, sizeof all, " (all %d of its inputs)", (int)d->origin_in_count);
+  /* the rule held for every input of the call, not only the one read */
+  char all[48] = "";
+  if (d->origin_in_count > 1)
+    snprintf(all, sizeof all, " (all %d of its inputs)", (int)d->origin_in_count);
+  if (d->origin_precision_weak &&
+      d->layers[d->origin_layer].info.kind != PROBE_KIND_OTHER)
+    add_evidence(f, "weak evidence for BF16: '%s' (%s) made NaN and no inf "
+                    "from finite values within BF16's range%s, none flushed; "
+                    "its op makes NaN of finite values only through an inf, "
+                    "and BF16 has FP32's range (~3.39e38 against ~3.40e38): "
+                    "only a value in the 0.4%% between them is BF16's doing",
+                 c->oname, okind, all);
+  else if (d->origin_precision_weak)
     add_evidence(f, "weak evidence for %s: '%s' is a custom module (kind "
                     "other, its op unknown) that made NaN and no inf from "
                     "finite values within %s's range%s, none flushed; no "
@@ -920,12 +1001,31 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
                     "make that NaN in any precision",
                  prec_label(d, d->origin_layer), c->oname,
                  prec_label(d, d->origin_layer), all);
-  }
+  /* a BF16 overflow that FP32 holds (bf16_within_fp32): by a sliver */
+  if (target == d->origin_layer && !d->origin_precision_weak &&
+      (d->event == PROBE_DIAG_EVENT_OVERFLOW ||
+       d->event == PROBE_DIAG_EVENT_REDUCTION_OVERFLOW ||
+       d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW) &&
+      bf16_within_fp32(d))
+    add_evidence(f, "its values were past BF16's largest (%.6g) but within "
+                    "FP32's (%.6g; %s %.6g): FP32 holds them, with less than "
+                    "0.4%% to spare, so find why they are this large too (the "
+                    "learning rate, the inputs, the weights)",
+                 PROBE__DIAG_BF16_MAX, FP32_MAX,
+                 d->have_origin_in && d->origin_in.absmax > PROBE__DIAG_BF16_MAX
+                     ? "its input's absmax"
+                     : "the bound its inputs allow",
+                 d->have_origin_in && d->origin_in.absmax > PROBE__DIAG_BF16_MAX
+                     ? (double)d->origin_in.absmax
+                     : d->origin_bound);
   if (d->n_history >= 2) {
     const probe_diag_history_point *a = &d->history[0];
     const probe_diag_history_point *z = &d->history[d->n_history - 1];
-    add_evidence(f, "headroom log2(65504/absmax) went %.2f -> %.2f over steps "
+    add_evidence(f, "headroom log2(%s/absmax) went %.2f -> %.2f over steps "
                     "%lld..%lld",
+                 probe__diag_range_prec(d, d->origin_layer) == PROBE_DTYPE_BF16
+                     ? "3.39e38"
+                     : "65504",
                  a->headroom, z->headroom, (long long)a->step,
                  (long long)z->step);
   }

@@ -13,6 +13,8 @@
 #   class 3  clipping after unscaling with nothing comparable: no
 #            fix-clip-order; the clip order comes from the stored config.
 #   class 6  clamps are not backoffs; inf/nan are strings in --json.
+#   class 7  BF16 (FP32's range): its overflows are not-precision, its
+#            values not measured against FP16's limits; FP16 unchanged.
 # Each expectation failed on the tree before this change (see the report
 # in the commit message); the zoo's answers are tests/tools/test_e2e.c's.
 #
@@ -143,6 +145,49 @@ if [ "$last" = "'inf'" ]; then
   pass "an infinite loss is \"inf\" in --json"
 else
   fail "final loss in --json is $last, expected 'inf'"
+fi
+
+# ---- class 7: BF16 has FP32's range (hunt /tmp/hunt_bf F2, F3, F7) -------------
+# An overflow in BF16 is an overflow of FP32 too: not-precision, never
+# "keep it in FP32" or a bisect; BF16 values are not measured against
+# FP16's 65504. The FP16 run of the same config keeps force-fp32.
+record gelu-linear-overflow bf16
+"$BIN" postmortem "$WORK/gelu-linear-overflow-bf16.h5" --json >"$WORK/glo-bf16.json" 2>/dev/null
+"$BIN" postmortem "$WORK/gelu-linear-overflow-bf16.h5" >"$WORK/glo-bf16.txt" 2>&1
+ids=$(jget "$WORK/glo-bf16.json" "','.join(x['id'] for x in d['diagnosis'])")
+np=$(jget "$WORK/glo-bf16.json" "[x['title'] for x in d['diagnosis'] if x['id'] == 'not-precision'][:1]")
+# its weights grew before the overflow (the lr signature): lower-lr says
+# it; else not-precision must
+if { [[ "$ids" == lower-lr* ]] || [[ "$np" == *"BF16 has FP32's range"* ]]; } &&
+   [[ ",$ids," != *,force-fp32,* ]] && ! grep -q "bisect" "$WORK/glo-bf16.txt" &&
+   ! grep -q "keep it in FP32" "$WORK/glo-bf16.txt"; then
+  pass "gelu-linear-overflow (bf16): no force-fp32, no bisect ($ids)"
+else
+  fail "gelu-linear-overflow (bf16): findings '$ids', not-precision title '$np'"
+fi
+if ! grep -q "65504" "$WORK/glo-bf16.txt" && ! grep -q "would flush in FP16" "$WORK/glo-bf16.txt" &&
+   grep -q "headroom log2(3.39e38 (BF16)/absmax)" "$WORK/glo-bf16.txt"; then
+  pass "gelu-linear-overflow (bf16): headroom against BF16's maximum, no FP16 flush count"
+else
+  fail "gelu-linear-overflow (bf16): FP16's limits in the text: $(grep -E '65504|flush in FP16' "$WORK/glo-bf16.txt" | head -3)"
+fi
+"$BIN" postmortem "$WORK/gelu-linear-overflow-fp16.h5" --json >"$WORK/glo-fp16.json" 2>/dev/null
+top=$(jget "$WORK/glo-fp16.json" "d['diagnosis'][0]['id']")
+if [ "$top" = force-fp32 ]; then
+  pass "gelu-linear-overflow (fp16): force-fp32 as before"
+else
+  fail "gelu-linear-overflow (fp16): top finding '$top', expected force-fp32"
+fi
+"$BIN" run --scenario lr-too-high --precision bf16 --trace -q -o "$WORK/lrh-bf16.h5" >/dev/null 2>&1
+"$BIN" postmortem "$WORK/lrh-bf16.h5" --json >"$WORK/lrh-bf16.json" 2>/dev/null
+"$BIN" postmortem "$WORK/lrh-bf16.h5" >"$WORK/lrh-bf16.txt" 2>&1
+ids=$(jget "$WORK/lrh-bf16.json" "','.join(x['id'] for x in d['diagnosis'])")
+if [[ "$ids" == lower-lr* ]] && [[ ",$ids," != *,force-fp32,* ]] &&
+   ! grep -q "FP16 upstream" "$WORK/lrh-bf16.txt" && ! grep -q "bisect" "$WORK/lrh-bf16.txt" &&
+   ! grep -q "65504" "$WORK/lrh-bf16.txt"; then
+  pass "lr-too-high (bf16): lower-lr, no force-fp32, no 'FP16 upstream' ($ids)"
+else
+  fail "lr-too-high (bf16): findings '$ids'; $(grep -E 'FP16 upstream|bisect|65504' "$WORK/lrh-bf16.txt" | head -3)"
 fi
 
 echo
