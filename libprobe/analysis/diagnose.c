@@ -1132,10 +1132,11 @@ static void rule_out_precision(walker *w, probe_diag *e, const probe_record *r,
     snprintf(ev, evl,
              "it runs in FP32 and its %s made %llu NaN (no inf) from a finite "
              "%s (absmax %.4g, %llu zeros, none flushed, nothing beyond "
-             "FP16's range): its op makes that NaN in an FP32 run too (0/0, "
+             "%s's range): its op makes that NaN in an FP32 run too (0/0, "
              "0*inf, a sqrt or log of a negative value, a fully masked row)",
              fwd ? "forward" : "backward", nan, fwd ? "input" : "gradient",
-             (double)in->absmax, (unsigned long long)in->zero_count);
+             (double)in->absmax, (unsigned long long)in->zero_count,
+             probe__diag_prec_label(probe__diag_range_prec(d, o->layer)));
     return;
   }
   /* A custom module (kind other: its op is unknown) from values in range:

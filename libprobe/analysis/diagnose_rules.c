@@ -865,10 +865,13 @@ static void explain_not_precision(rank_ctx *c, probe_diag_finding *f) {
       add_evidence(f, "%s", d->event_evidence);
     else
       add_evidence(f, "its input was finite and held %llu exact zeros of "
-                      "%llu, none from underflow (no value near FP16's "
-                      "smallest); its output holds %llu NaN and no inf",
+                      "%llu, none from underflow (%s); its output holds %llu "
+                      "NaN and no inf",
                    (unsigned long long)d->origin_in.zero_count,
                    (unsigned long long)d->origin_in.count,
+                   probe__diag_range_prec(d, d->origin_layer) == PROBE_DTYPE_BF16
+                       ? "BF16 flushes only below ~1e-38"
+                       : "no value near FP16's smallest",
                    (unsigned long long)d->origin_out.nan_count);
     set_next(f, "look at what '%s' divides by at step %lld (a sum or norm of "
                 "a row that is all zeros: a padding row, an empty feature): "
@@ -1061,8 +1064,9 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
   else if (cands)
     set_next_bisect(f, cands, c->args);
   else
-    set_next(f, "find the FP16 layer upstream of '%s': 'ampprobe diff' this "
+    set_next(f, "find the %s layer upstream of '%s': 'ampprobe diff' this "
                 "trace against a full trace of %s",
+             probe__diag_prec_label(probe__diag_range_prec(d, d->origin_layer)),
              c->oname, c->run_fp32);
   /* weak evidence: the FP32 run says first whether the precision is it */
   if (cands && !at_input && !loss_target && d->origin_precision_weak) {
@@ -1502,8 +1506,11 @@ static void explain_loss_outside(rank_ctx *c, probe_diag_finding *f) {
            (long long)d->event_step,
            fp32_in || d->fp32_run
                ? ""
-               : "; compute it in FP32 (e.g. loss_fn(out.float(), target)), "
-                 "since its input is FP16");
+               : probe__diag_range_prec(d, in) == PROBE_DTYPE_BF16
+                   ? "; compute it in FP32 (e.g. loss_fn(out.float(), "
+                     "target)), since its input is BF16"
+                   : "; compute it in FP32 (e.g. loss_fn(out.float(), "
+                     "target)), since its input is FP16");
 }
 
 /* lower-lr (fallback): a non-finite loss and no per-layer record. */

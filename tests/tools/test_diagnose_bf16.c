@@ -359,6 +359,58 @@ START_TEST(test_bf16_linear_nan_only_is_weak) {
 }
 END_TEST
 
+/* ---- no FP16 in a BF16 run's findings --------------------------------------- */
+
+/* A BF16 run: 'pre' (BF16 linear) feeds 'blk.x' (kind `kind` in `prec`);
+ * at step 3 blk.x makes 2 NaN (no inf) from a finite input that holds
+ * `zeros` exact zeros (values 1 otherwise). */
+static void bf16_nan_trace(const char *p, probe_kind kind, probe_dtype prec, int zeros) {
+  probe_session *s = open_s(p, "bf16");
+  int32_t pre = layer(s, "pre", PROBE_KIND_LINEAR, PROBE_DTYPE_BF16);
+  int32_t x = layer(s, "blk.x", kind, prec);
+  int32_t loss = layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
+  static float in[N];
+  for (int step = 0; step < 4; step++) {
+    int bad = step == 3;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    for (int i = 0; i < N; i++) in[i] = i < zeros ? 0.0f : 1.0f;
+    put(s, pre, PROBE_SITE_FWD_IN, 1.0f, 0, 0);
+    put(s, pre, PROBE_SITE_FWD_OUT, 1.0f, 0, 0);
+    ck_assert_int_eq(probe_tensor_record(s, x, PROBE_SITE_FWD_IN, PROBE_DTYPE_F32, in, N),
+                     PROBE_OK);
+    put(s, x, PROBE_SITE_FWD_OUT, 1.0f, bad ? 2 : 0, 0);
+    put(s, loss, PROBE_SITE_FWD_IN, 1.0f, bad ? 2 : 0, 0);
+    put(s, loss, PROBE_SITE_FWD_OUT, 1.0f, bad ? 1 : 0, 0);
+    end(s, bad ? NAN : 1.0 - 0.1 * step);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+/* The not-precision findings of a BF16 run do not measure it against FP16:
+ * an FP32 module's NaN from a finite input (was "nothing beyond FP16's
+ * range") and a BF16 Linear's NaN of its input's exact zeros (was "no
+ * value near FP16's smallest"). */
+START_TEST(test_bf16_not_precision_text_says_bf16) {
+  const char *p = tmp_path("bf16np");
+  const struct { probe_kind kind; probe_dtype prec; int zeros; const char *says; } c[] = {
+      {PROBE_KIND_OTHER, PROBE_DTYPE_F32, 0, "nothing beyond BF16's range"},
+      {PROBE_KIND_LINEAR, PROBE_DTYPE_BF16, 4, "BF16 flushes only below"},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    bf16_nan_trace(p, c[i].kind, c[i].prec, c[i].zeros);
+    probe_diag d;
+    diag_of(&d, p);
+    ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "blk.x");
+    ck_assert_msg(d.findings[0].id == PROBE_DIAG_FINDING_NOT_PRECISION, "case %zu: %s", i,
+                  d.findings[0].title);
+    ck_assert_msg(any_text(&d, c[i].says), "case %zu: %s", i, d.event_evidence);
+    ck_assert_msg(!any_text(&d, "FP16"), "case %zu: FP16 in a BF16 run's findings", i);
+    probe_diag_free(&d);
+  }
+  unlink(p);
+}
+END_TEST
+
 static Suite *make_suite(void) {
   Suite *s = suite_create("diagnose_bf16");
   TCase *tc = tcase_create("bf16");
@@ -370,6 +422,7 @@ static Suite *make_suite(void) {
   tcase_add_test(tc, test_fp32_loss_after_bf16_is_not_precision);
   tcase_add_test(tc, test_fp32_loss_after_fp16_unchanged);
   tcase_add_test(tc, test_bf16_linear_nan_only_is_weak);
+  tcase_add_test(tc, test_bf16_not_precision_text_says_bf16);
   suite_add_tcase(s, tc);
   return s;
 }
