@@ -252,3 +252,33 @@ def test_custom_module_nan_after_overflow_is_not_weak(tmp_path, monkeypatch):
     fs = findings(pm)
     assert fs and fs[0][0] == "force-fp32", fs
     assert "evidence is weak" not in fs[0][1], fs
+
+
+def test_bf16_overflow_past_fp32_is_not_precision(tmp_path):
+    """Real BF16 autocast: a Linear whose product (inputs 1e20, weights
+    1e19) overflows FP32's range too. BF16 has FP32's range, so the answer
+    is not-precision, as the FP32 run's and bisect's; it was "[force-fp32]
+    BF16 overflow in '0' (linear): keep it in FP32" with a bisect (hunt
+    /tmp/hunt_bf F2). The origin's headroom is BF16's, not 65504's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(1e19)
+    loss_fn = nn.MSELoss()
+    path = str(tmp_path / "bf16ov.h5")
+    tr = at.Tracer(model, path, precision="bf16", loss_fn=loss_fn,
+                   config={"name": "bf16-overflow"}, overwrite=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.full((16, 8), 1e20)
+        with tr.autocast():
+            loss = loss_fn(model(x), torch.zeros(16, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tr.end_step(loss=loss, optimizer=opt)
+    tr.close()
+    pm = ampprobe.postmortem(path)
+    not_precision(pm)
+    assert "BF16 has FP32's range" in pm["diagnosis"][0]["title"], pm["diagnosis"]
+    assert pm["event"]["kind"] == "overflow", pm["event"]
