@@ -1010,17 +1010,18 @@ static void explain_event(rank_ctx *c, probe_diag_finding *f) {
        d->event == PROBE_DIAG_EVENT_REDUCTION_OVERFLOW ||
        d->event == PROBE_DIAG_EVENT_GRAD_OVERFLOW) &&
       bf16_within_fp32(d))
-    add_evidence(f, "its values were past BF16's largest (%.6g) but within "
-                    "FP32's (%.6g; %s %.6g): FP32 holds them, with less than "
-                    "0.4%% to spare, so find why they are this large too (the "
-                    "learning rate, the inputs, the weights)",
-                 PROBE__DIAG_BF16_MAX, FP32_MAX,
+    add_evidence(f, "the records place its values within FP32's range (%s "
+                    "%.6g <= %.6g), which BF16's largest (%.6g) falls short "
+                    "of: FP32 holds them, with less than 0.4%% to spare, so "
+                    "find why they are this large too (the learning rate, "
+                    "the inputs, the weights)",
                  d->have_origin_in && d->origin_in.absmax > PROBE__DIAG_BF16_MAX
                      ? "its input's absmax"
                      : "the bound its inputs allow",
                  d->have_origin_in && d->origin_in.absmax > PROBE__DIAG_BF16_MAX
                      ? (double)d->origin_in.absmax
-                     : d->origin_bound);
+                     : d->origin_bound,
+                 FP32_MAX, PROBE__DIAG_BF16_MAX);
   if (d->n_history >= 2) {
     const probe_diag_history_point *a = &d->history[0];
     const probe_diag_history_point *z = &d->history[d->n_history - 1];
