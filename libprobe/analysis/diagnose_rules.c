@@ -239,6 +239,8 @@ static int resolution_fires(const probe_diag *d) {
   return 0;
 }
 
+static int bf16_overflow(const probe_diag *d);
+
 /* Candidates to keep in FP32: what the run already kept, the origin's kind
  * (or, when the origin already runs in FP32, the FP16 layer that fed it
  * zeros), other layers that were origins, the layer whose input was
@@ -261,7 +263,8 @@ static void candidates(rank_ctx *c) {
     if (d->event == PROBE_DIAG_EVENT_UNDERFLOW_TO_INF && d->feeder_layer >= 0 &&
         d->feeder_layer != d->origin_layer && !layer_is_fp32(d, d->feeder_layer))
       add_layer_candidate(cl, cn, d, d->feeder_layer);
-    if (!layer_is_fp32(d, d->origin_layer))
+    /* not a BF16 overflow's origin: FP32 overflows too */
+    if (!layer_is_fp32(d, d->origin_layer) && !bf16_overflow(d))
       add_layer_candidate(cl, cn, d, d->origin_layer);
   }
   for (int64_t i = 0; i < d->n_layers; i++)

@@ -149,6 +149,8 @@ START_TEST(test_bf16_overflow_past_fp32_is_not_precision) {
   ck_assert_msg(!any_text(&d, "keep it in FP32"), "keep it in FP32");
   ck_assert_msg(strstr(d.findings[0].next_step, "learning rate"), "%s",
                 d.findings[0].next_step);
+  /* nor in the JSON's fp32_candidates */
+  ck_assert_msg(!strstr(d.fp32_candidates, "linear"), "%s", d.fp32_candidates);
   probe_diag_free(&d);
   unlink(p);
 }
