@@ -167,7 +167,8 @@ AMPPROBE_API const char *probe_diag_event_desc(probe_diag_event e);
   XX(NOT_PRECISION, "not-precision")                                           \
   XX(NOT_CLOSED, "not-closed")                                                 \
   XX(DATA_RESOLUTION, "data-resolution")                                       \
-  XX(SKIP_STREAK, "skip-streak")
+  XX(SKIP_STREAK, "skip-streak")                                               \
+  XX(WEIGHTS_STAGNANT, "weights-stagnant")
 
 typedef enum probe_diag_finding_id {
 #define PROBE_DIAG_FINDING_ENUM_(name, str) PROBE_DIAG_FINDING_##name,
@@ -525,6 +526,28 @@ typedef struct probe_diag {
    * event). A BF16 overflow with a bound within FP32's range is the one
    * FP32 would hold (docs/precision.md, "BF16"). */
   double origin_bound;
+  /* appended: weights that stopped changing (docs/precision.md, "Weights
+   * that stop changing"): parameters (master_weight records) whose
+   * statistics were bit-identical from one recorded step to the next for
+   * PROBE_DIAG_STAG_MIN_STEPS consecutive steps or more, and on at least
+   * PROBE_DIAG_STAG_MIN_FRAC of the steps that could judge them, while the
+   * lr was > 0, the step not skipped, their gradient finite and nonzero
+   * and lr * its absmax below PROBE_DIAG_STAG_UPDATE_ULPS spacings of the
+   * weight format at their absmax. stag_judged: some step could judge a
+   * parameter; stag_layers 0: none stopped. stag_layer: the layer with the
+   * most such elements (-1 none), stag_dtype the format it stores them in;
+   * stag_first_step the earliest step a stopped run began (-1 none),
+   * stag_longest the longest run; stag_lr, stag_grad_rms (unscaled),
+   * stag_weight_rms, stag_half_ulp (half the spacing at that rms) and
+   * stag_ratio (lr * grad rms / stag_half_ulp) are geometric means over
+   * the stopped steps (NaN none). */
+  int stag_judged;
+  int32_t stag_layers, stag_params;
+  int64_t stag_elems, stag_total_elems;
+  int64_t stag_first_step, stag_longest;
+  int32_t stag_layer;
+  int32_t stag_dtype;
+  double stag_lr, stag_grad_rms, stag_weight_rms, stag_half_ulp, stag_ratio;
 } probe_diag;
 
 /* The most rows one chunked read of the analysis takes; a larger

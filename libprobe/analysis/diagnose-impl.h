@@ -93,6 +93,67 @@ void probe__diag_streak_row(probe__skip_streak *s, probe_diag *d,
 void probe__diag_growth_layer(probe_diag *d, double *base, int32_t li,
                               int64_t step, double fa, double ba);
 
+/* Weights that stop changing (docs/precision.md, "Weights that stop
+ * changing"): a parameter (one master_weight record of a layer: the
+ * weights as the optimizer step left them, in the format they are stored
+ * in) is stopped at a step when its statistics are bit-identical to the
+ * step before's (the record of step - 1: sparse records judge nothing)
+ * while the step could have moved it - an lr > 0, the step not skipped
+ * and found no inf, its gradient (the layer's weight_grad records of the
+ * same element count) finite and nonzero - and lr * the gradient's
+ * unscaled absmax is below PROBE_DIAG_STAG_UPDATE_ULPS spacings of the
+ * weight format at the weights' absmax (the precision explains it; a
+ * parameter no optimizer holds, with updates that would show, is not
+ * this). It stopped when it was so for PROBE_DIAG_STAG_MIN_STEPS
+ * consecutive steps or more and on PROBE_DIAG_STAG_MIN_FRAC of the steps
+ * that could judge it; the finding wants the stopped elements to be
+ * PROBE_DIAG_STAG_MIN_SHARE of all recorded weight elements. At most
+ * PROBE_DIAG_STAG_PARAMS parameters of a layer are followed. */
+#define PROBE_DIAG_STAG_MIN_STEPS 20
+#define PROBE_DIAG_STAG_MIN_FRAC 0.5
+#define PROBE_DIAG_STAG_MIN_SHARE 0.01
+#define PROBE_DIAG_STAG_UPDATE_ULPS 1.0
+#define PROBE_DIAG_STAG_PARAMS 8
+
+/* A parameter's statistics compared from step to step (all but the
+ * histogram, which sum and sumsq already pin). */
+typedef struct probe__stag_sig {
+  uint64_t count, nan, posinf, neginf, zero;
+  float min, max, absmax, absmin_nonzero;
+  double sum, sumsq;
+} probe__stag_sig;
+
+typedef struct probe__stag_param {
+  int64_t prev_step;        /* the step of prev; -1 none */
+  probe__stag_sig prev;
+  int32_t dtype;            /* the format it is stored in */
+  int64_t count;            /* elements */
+  int64_t run, run_start;   /* the stopped steps under way */
+  int64_t best, best_start; /* the longest run */
+  int64_t eligible, stopped; /* steps that could judge it; stopped ones */
+  double log_lr, log_g, log_w, log_h; /* sums of logs over stopped steps */
+  int64_t nlog;             /* ...and their number */
+} probe__stag_param;
+
+/* Pass 3's tracker: one call per recorded step (records sorted by seq,
+ * sc the step's scalars or NULL), then end. */
+typedef struct probe__stag {
+  int64_t n_layers;
+  probe__stag_param *p; /* [n_layers * PROBE_DIAG_STAG_PARAMS] */
+  int32_t *ord;         /* [n_layers]: master records seen in ord_step */
+  int64_t *ord_step;    /* [n_layers] */
+} probe__stag;
+int probe__diag_stag_init(probe__stag *t, probe_diag *d);
+void probe__diag_stag_step(probe__stag *t, const probe_record *r, size_t n,
+                           int64_t step, const probe_step_scalars *sc);
+void probe__diag_stag_end(probe__stag *t, probe_diag *d);
+void probe__diag_stag_free(probe__stag *t);
+
+/* The weights-stagnant finding's text (diagnose_trend.c): its rule's row
+ * is in diagnose_rules.c's table. */
+int probe__diag_stag_fires(const probe_diag *d);
+void probe__diag_stag_explain(const probe_diag *d, probe_diag_finding *f);
+
 /* Ranks the findings with the rules table and sets d->verdict. */
 void probe__diag_rank(probe_diag *d);
 

@@ -558,6 +558,7 @@ typedef struct walker {
   int64_t *streak_nf;   /* [n_layers]: steps of the skip streak in which
                            it made the backward's first non-finite
                            gradient */
+  probe__stag stag;     /* weights that stop changing (diagnose_trend.c) */
 } walker;
 
 /* Fills ls[] for the step's records (sorted by seq). */
@@ -2171,6 +2172,7 @@ static void process_step(walker *w, probe_record *r, size_t n, int64_t step,
   update_layers(w, r, n, step, loss_nf);
   track_growth(w, r, step, sc);
   track_streak(w, r, n, step);
+  probe__diag_stag_step(&w->stag, r, n, step, sc);
   attribute_backoff(w, r, step, sc ? sc->found_inf : 0);
   if (any_nf)
     event_of_step(w, r, n, step, fwd_nf, loss_nf, step_unskipped(d, sc));
@@ -2225,12 +2227,13 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
   w.growth_base = calloc(2 * (size_t)nl, sizeof *w.growth_base);
   w.streak_nf = calloc((size_t)nl, sizeof *w.streak_nf);
   for (int64_t i = 0; w.masters && i < nl; i++) w.masters[i].step = -1;
+  int stag_ok = probe__diag_stag_init(&w.stag, d) == 0;
   probe_record *buf = malloc(chunk * sizeof *buf);
   size_t step_cap = 256, step_n = 0;
   probe_record *step_buf = malloc(step_cap * sizeof *step_buf);
   steps_cursor sc;
   int sc_ok = steps_cursor_init(&sc, t, chunk) == 0;
-  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.edit_gain || !w.wstep || !w.bwd || !w.growth_base || !w.streak_nf || !buf || !step_buf || !sc_ok) {
+  if (!w.hist || !w.hist_count || !w.ls || !w.nf_at || !w.masters || !w.edit_gain || !w.wstep || !w.bwd || !w.growth_base || !w.streak_nf || !stag_ok || !buf || !step_buf || !sc_ok) {
     st = PROBE_ERR_NOMEM;
     goto done;
   }
@@ -2272,6 +2275,7 @@ static probe_status pass_records(probe_diag *d, probe_trace *t, size_t chunk,
     goto done;
   }
   streak_layer(&w);
+  probe__diag_stag_end(&w.stag, d);
   /* A backward-only overflow becomes the event when nothing else did and
    * the scaler did not cope (no scaling, or the scale collapsed). */
   if (d->event_step < 0 && w.have_bwd[BWD_FIRST] &&
@@ -2305,6 +2309,7 @@ done:
   free(w.bwd);
   free(w.growth_base);
   free(w.streak_nf);
+  probe__diag_stag_free(&w.stag);
   free(buf);
   free(step_buf);
   if (sc_ok) free(sc.buf);

@@ -596,6 +596,39 @@ void probe__diag_json(probe__jw *w, const char *key, const probe_diag *d) {
     probe__jw_null(w, "skip_streak");
   }
 
+  /* weights-stagnant's numbers (docs/precision.md, "Weights that stop
+   * changing"): null when no step could judge a parameter (no
+   * master_weight records of consecutive steps with an lr > 0 and a
+   * finite, nonzero gradient). */
+  if (d->stag_judged) {
+    probe__jw_obj(w, "weights_stagnant");
+    probe__jw_bool(w, "stagnant", probe__diag_stag_fires(d));
+    probe__jw_int(w, "layers", d->stag_layers);
+    probe__jw_int(w, "params", d->stag_params);
+    probe__jw_int(w, "elements", d->stag_elems);
+    probe__jw_int(w, "total_elements", d->stag_total_elems);
+    fin_num(w, "share", d->stag_total_elems > 0
+                            ? (double)d->stag_elems / (double)d->stag_total_elems
+                            : NAN);
+    probe__jw_step(w, "first_step", d->stag_first_step);
+    probe__jw_int(w, "longest", d->stag_longest);
+    layer_ref(w, "layer", d, d->stag_layer);
+    if (d->stag_layer >= 0)
+      probe__jw_str(w, "stored_as", d->stag_dtype == PROBE_DTYPE_BF16  ? "bf16"
+                                    : d->stag_dtype == PROBE_DTYPE_F16 ? "fp16"
+                                                                       : "fp32");
+    else
+      probe__jw_null(w, "stored_as");
+    fin_num(w, "lr", d->stag_lr);
+    fin_num(w, "grad_rms", d->stag_grad_rms);
+    fin_num(w, "weight_rms", d->stag_weight_rms);
+    fin_num(w, "half_spacing", d->stag_half_ulp);
+    fin_num(w, "update_ratio", d->stag_ratio);
+    probe__jw_end(w, '}');
+  } else {
+    probe__jw_null(w, "weights_stagnant");
+  }
+
   probe__jw_obj(w, "clipping");
   probe__jw_bool(w, "enabled", d->clipping_on);
   if (d->clipping_on) {

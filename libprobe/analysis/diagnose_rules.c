@@ -63,6 +63,7 @@
 #define SCORE_SCALE_COLLAPSE 85
 #define SCORE_LOSS_DIVERGING 87 /* below the lr signature of an event */
 #define SCORE_SKIP_STREAK 84    /* below a collapse: the run recovered */
+#define SCORE_STAGNANT 83       /* the run trains, worse: a silent loss */
 #define SCORE_LOSS_SCALING 80
 #define SCORE_FORCE_FP32_AFTER_CLIP 75
 #define SCORE_FORCE_FP32_AFTER_LR 70
@@ -1434,6 +1435,17 @@ static void explain_loss_diverging(rank_ctx *c, probe_diag_finding *f) {
            d->fp32_run ? "; forcing layers to FP32 will not help" : "");
 }
 
+/* weights-stagnant: weights the optimizer steps stopped changing
+ * (diagnose_trend.c, docs/precision.md "Weights that stop changing"). */
+static int when_stagnant(const rank_ctx *c) { return probe__diag_stag_fires(c->d); }
+static double score_stagnant(const rank_ctx *c) {
+  (void)c;
+  return SCORE_STAGNANT;
+}
+static void explain_stagnant(rank_ctx *c, probe_diag_finding *f) {
+  probe__diag_stag_explain(c->d, f);
+}
+
 /* skip-streak: a long streak of skipped steps mid-run, the scale backing
  * off at each, after which the run trained again (at the end of the
  * trace it is scale-collapse's). Not when most of its steps had a
@@ -1671,6 +1683,8 @@ static const rule RULES[] = {
      score_skip_streak, explain_skip_streak},
     {"loss-diverging", PROBE_DIAG_FINDING_LOWER_LR, when_loss_diverging,
      score_loss_diverging, explain_loss_diverging},
+    {"weights-stagnant", PROBE_DIAG_FINDING_WEIGHTS_STAGNANT, when_stagnant,
+     score_stagnant, explain_stagnant},
     {"no-steps", PROBE_DIAG_FINDING_NO_STEPS, when_no_steps, score_no_steps,
      explain_no_steps},
     {"not-closed", PROBE_DIAG_FINDING_NOT_CLOSED, when_not_closed,
