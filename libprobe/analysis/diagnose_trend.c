@@ -415,12 +415,13 @@ void probe__diag_stag_explain(const probe_diag *d, probe_diag_finding *f) {
            "of %s at the weights, so it rounds back to the same value",
            (int)d->stag_layers, d->stag_layers == 1 ? "" : "s", share,
            (long long)d->stag_first_step, fmt);
-  stag_evidence(f, "%d of the parameters (%lld of %lld weight elements) were "
-                   "bit-identical after %lld consecutive optimizer steps or "
-                   "more (the longest %lld), each step with an lr > 0, not "
-                   "skipped, and a finite, nonzero gradient",
-                (int)d->stag_params, (long long)d->stag_elems,
-                (long long)d->stag_total_elems,
+  stag_evidence(f, "%d parameter%s (%lld of the %lld weight elements "
+                   "recorded) did not change at all over runs of %lld or "
+                   "more consecutive optimizer steps (the longest %lld), and "
+                   "on most of the steps that could move them: each with an "
+                   "lr > 0, not skipped, and a finite, nonzero gradient",
+                (int)d->stag_params, d->stag_params == 1 ? "" : "s",
+                (long long)d->stag_elems, (long long)d->stag_total_elems,
                 (long long)PROBE_DIAG_STAG_MIN_STEPS, (long long)d->stag_longest);
   if (l >= 0)
     stag_evidence(f, "the most of them in '%s' (%s), whose weights are stored "
