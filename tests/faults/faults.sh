@@ -970,16 +970,29 @@ case_interrupt_run_abort() {
     fi
   done
   # diff: the same command, stopped by SIGTERM, killed by SIGKILL (after a
-  # flush), and run to its end
-  t -- "$AMP" run --steps 4000 -q -o base.h5
-  expect 0 "run --steps 4000 (the baseline)"
-  sig_run TERM 1 ab.h5 --steps 4000
-  # exit 0 here: it ran to its end before the signal (a faster machine)
-  expect 130 "run --steps 4000 sent SIGTERM after 1 s"
-  sig_run KILL 1.5 kd.h5 --steps 4000 2>/dev/null
+  # flush), and run to its end. The signals come 1 and 1.5 s after the
+  # trace appears, so the run must last longer than that: 4000 steps took
+  # 1.4 s on an idle Zen 3 and ended before the SIGKILL. The baseline is
+  # timed and, when it took under STEADY_MS, run again with the steps
+  # scaled to take about that long here (at most 10^6).
+  local n=4000 t0 ms
+  t0=$(date +%s%N)
+  t -- "$AMP" run --steps $n -q -o base.h5
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  local STEADY_MS=8000
+  if [ "$rc" = 0 ] && [ $ms -lt $STEADY_MS ]; then
+    n=$((n * STEADY_MS / (ms > 0 ? ms : 1)))
+    [ $n -le 1000000 ] || n=1000000
+    rm -f base.h5
+    t -- "$AMP" run --steps $n -q -o base.h5
+  fi
+  expect 0 "run --steps $n (the baseline; 4000 steps took $ms ms)"
+  sig_run TERM 1 ab.h5 --steps $n
+  expect 130 "run --steps $n sent SIGTERM after 1 s"
+  sig_run KILL 1.5 kd.h5 --steps $n 2>/dev/null
   # (expect reads 137 as a timeout)
-  [ "$rc" = 137 ] && ok "run --steps 4000 sent SIGKILL after 1.5 s (exit 137)" ||
-    bad "run --steps 4000 sent SIGKILL after 1.5 s: exit $rc, want 137"
+  [ "$rc" = 137 ] && ok "run --steps $n sent SIGKILL after 1.5 s (exit 137)" ||
+    bad "run --steps $n sent SIGKILL after 1.5 s: exit $rc, want 137"
   local what v_ab= v_kd= rc_ab= rc_kd=
   for what in ab kd; do
     t -- "$AMP" diff --json $what.h5 base.h5
