@@ -52,7 +52,9 @@ static void usage(FILE *f) {
 "\n"
 "options:\n"
 "  --threshold X    relative difference that counts as divergence\n"
-"                   (default %.2f); rel = |a-b| / max(|a|,|b|)\n"
+"                   (default %.2f); rel = |a-b| / max(|a|,|b|). It is FP16's:\n"
+"                   when a trace has BF16 layers it is multiplied by %.0f\n"
+"                   (BF16 rounds 8x coarser than FP16)\n"
 "  --window W       steps the RMS difference is averaged over before it is\n"
 "                   compared with the threshold (default %d, 1 = per step)\n"
 "  --top N          rows of the table to print (default 20, 0 = all); for\n"
@@ -75,7 +77,8 @@ static void usage(FILE *f) {
 "  ampprobe run --scenario revin-overflow --trace -o fp16.h5\n"
 "  ampprobe run --scenario revin-overflow --precision fp32 --trace -o fp32.h5\n"
 "  ampprobe diff fp16.h5 fp32.h5\n",
-          PROBE_DIFF_DEFAULT_THRESHOLD, PROBE_DIFF_DEFAULT_WINDOW);
+          PROBE_DIFF_DEFAULT_THRESHOLD,
+          PROBE_DIFF_BF16_THRESHOLD_FACTOR, PROBE_DIFF_DEFAULT_WINDOW);
 }
 
 static void fmt_step(char *b, size_t n, int64_t s) {
@@ -214,9 +217,9 @@ static void print_text(const probe_diff *d, const char *pa, const char *pb,
           "local/carr: diverging steps\n"
           "  whose inputs agreed (error introduced here) / already differed "
           "(carried in); '!': gradients\n"
-          "  flushed to zero in A; '-': nothing compared (every step left "
+          "  underflowed to zero in A; '-': nothing compared (every step left "
           "out: its scaler skipped it)\n",
-          d->opt.window, d->opt.threshold);
+          d->opt.window, d->threshold_used);
 }
 
 /* 1 when a file starts as what diff -o writes: the JSON of one pair

@@ -955,16 +955,30 @@ AMPPROBE_API probe_status probe_ranks_render_json(const probe_ranks *r,
  *   a record diverges at a step when the mean of its relative RMS difference
  *                over the last W steps (W = window, default 10; steps before
  *                the first count as 0) exceeds the threshold (default 0.1),
- *                or when the fractions of exact zeros on the two sides
- *                differ by zero_frac_margin or more at that step (values
- *                underflowed to zero), or when exactly one side holds a
- *                non-finite value (scaled
+ *                (the threshold of the coarsest format either trace
+ *                uses: times PROBE_DIFF_BF16_THRESHOLD_FACTOR when a layer
+ *                runs in BF16), or when values underflowed to zero on one
+ *                side at that step (see "underflow" below), or when
+ *                exactly one side holds a non-finite value (scaled
  *                gradients that overflow on a step that side's loss scaler
  *                skipped are normal backoffs and do not count). RMS, not
  *                absmax: the absmax of a gradient is one element and jumps
  *                from step to step (healthy FP16 runs against FP32 show
  *                single-step absmax differences up to 0.4 and windowed RMS
  *                differences up to 0.05; see docs/cli.md).
+ *   underflow: the side with more exact zeros holds them by at least
+ *                zero_frac_margin of the tensor AND at least
+ *                PROBE_DIFF_ZERO_MIN_VALUES values more, that side's layer
+ *                runs in FP16 or BF16, and the other side's smallest
+ *                non-zero |x| (at that side's loss scale) is below the
+ *                format's smallest normal (FP16 2^-14 ~ 6.1e-5, BF16
+ *                2^-126 ~ 1.2e-38). Extra zeros that fail the last two
+ *                tests come from rounding (BF16's 8-bit significand rounds
+ *                p to 1, so p(1-p) = 0) or exact cancellation: they are
+ *                counted (zero_rounding_records) but are no divergence by
+ *                themselves (what they change shows in the RMS), unless
+ *                the reduced side lost PROBE_DIFF_ZERO_LOST_FRAC of the
+ *                tensor or more to them ("values turned to exact zeros").
  *   inputs of a record: FWD_IN and WEIGHT for forward outputs (FWD_OUT,
  *                FWD_SAVED); GRAD_OUT and the layer's forward sites for
  *                backward outputs (GRAD_IN, WEIGHT_GRAD); WEIGHT_GRAD for
@@ -984,6 +998,22 @@ AMPPROBE_API probe_status probe_ranks_render_json(const probe_ranks *r,
 #define PROBE_DIFF_MAX_WINDOW 256
 #define PROBE_DIFF_TEXT_MAX 512
 #define PROBE_DIFF_MAX_NOTES 16
+/* Exact zeros on one side count as underflow only when they are at least
+ * this many values more than the other side's (besides zero_frac_margin of
+ * the tensor): 2 of a 32-element tensor are 6%, and no evidence. */
+#define PROBE_DIFF_ZERO_MIN_VALUES 8
+/* More zeros on the reduced-precision side that are no underflow still
+ * diverge when they are this fraction of the tensor or more (a tensor gone
+ * to zero where the other side holds ordinary values); BF16's rounding
+ * zeros in the scenario zoo stay near 10%. */
+#define PROBE_DIFF_ZERO_LOST_FRAC 0.5
+/* BF16 keeps 8 significand bits to FP16's 11: its rounding is 8x coarser,
+ * and a healthy BF16 run drifts further from FP32 than an FP16 one. The
+ * threshold (FP16's, default 0.1) is multiplied by this when either trace
+ * has a BF16 layer: healthy FP16 runs stay near 0.05 (half of 0.1), the
+ * healthy BF16 runs of the scenario zoo reach 0.38 (two-culprits); 8x
+ * (0.8) would pass a factor of 5 in RMS (docs/cli.md, "ampprobe diff"). */
+#define PROBE_DIFF_BF16_THRESHOLD_FACTOR 4.0
 
 typedef struct probe_diff_options {
   /* probe_diff_run refuses threshold <= 0 or NaN, window outside 1..256
@@ -993,8 +1023,10 @@ typedef struct probe_diff_options {
   int window;        /* steps averaged for divergence (10), 1..256 */
   size_t chunk_rows; /* as in probe_diag_options */
   /* A record diverges when its fractions of zero values differ by at least
-   * this much at a step, and a gradient site "flushes to zero" in A when
-   * its overall zero fraction exceeds B's by this much (0.05 = 5 points). */
+   * this much at a step and the zeros underflowed (the other conditions
+   * under "underflow" above), and a gradient site "flushes to zero" in A
+   * when its overall zero fraction exceeds B's by this much (0.05 = 5
+   * points) and its zeros underflowed at some step. */
   double zero_frac_margin;
 } probe_diff_options;
 
@@ -1022,7 +1054,10 @@ typedef struct probe_diff_entry {
   int64_t local_steps;    /* diverging steps with inputs in agreement */
   int64_t carried_steps;  /* diverging steps with inputs diverging too */
   uint64_t count_a, zero_a, count_b, zero_b; /* values, exact zeros */
-  int flushes_to_zero;    /* gradient site, zero fraction A >> B */
+  int flushes_to_zero;    /* gradient site, zero fraction A >> B, and A's
+                             zeros underflowed (FP16/BF16 layer, B's values
+                             below that format's normal range) at some
+                             step; not for zeros from rounding */
   int64_t steps_left_out; /* of steps: gradients that overflowed on a step
                              that side's loss scaler skipped; not compared
                              (not in the max_rel_*, windows and means) */
@@ -1107,6 +1142,15 @@ typedef struct probe_diff {
   int config_compared;  /* 1: both configs were read and compared; 0: a
                            side holds none readable (no rows: not
                            "identical", nothing was compared) */
+  /* (added in 0.3, last for the same reason) the threshold the records
+   * and the loss were judged with: opt.threshold, times
+   * PROBE_DIFF_BF16_THRESHOLD_FACTOR when a layer of either trace runs in
+   * BF16 (threshold_format PROBE_DTYPE_BF16; else PROBE_DTYPE_F16) */
+  double threshold_used;
+  int32_t threshold_format;
+  int64_t zero_underflow_records; /* records that diverged by underflow */
+  int64_t zero_rounding_records;  /* more zeros on one side, not underflow
+                                     (rounding, cancellation): no divergence */
 } probe_diff;
 
 /* Compares two open traces. PROBE_OK with d->verdict set, or a reader error

@@ -208,6 +208,62 @@ static int site_is_grad(int site) {
          site == PROBE_SITE_GRAD_POST_ALLREDUCE;
 }
 
+/* ---- exact zeros on one side: underflow or rounding --------------------- */
+
+/* The smallest normal of a reduced format, or 0 for FP32 (and anything
+ * else): below it values lose bits and then flush to zero. */
+static double format_min_normal(int32_t dtype) {
+  switch (dtype) {
+  case PROBE_DTYPE_F16: return 6.103515625e-05;        /* 2^-14 */
+  case PROBE_DTYPE_BF16: return 1.1754943508222875e-38; /* 2^-126 */
+  default: return 0.0;
+  }
+}
+
+static const char *format_name(int32_t dtype) {
+  return dtype == PROBE_DTYPE_BF16 ? "BF16"
+         : dtype == PROBE_DTYPE_F16 ? "FP16"
+                                    : "FP32";
+}
+
+enum { ZEROS_NONE = 0, ZEROS_UNDERFLOW = 1, ZEROS_ROUNDING = 2, ZEROS_LOST = 3 };
+
+/* Whether the exact zeros of a record differ between the sides, and why.
+ * The side with more zeros (*side 'A' or 'B') must hold zero_frac_margin
+ * of the tensor and PROBE_DIFF_ZERO_MIN_VALUES values more than the other;
+ * then they underflowed when that side's layer runs in a reduced format
+ * and the other side's smallest non-zero magnitude, brought to this side's
+ * loss scale, is below the format's smallest normal; else they are
+ * rounding or exact cancellation (BF16 rounds a softmax p to 1.0, and
+ * p(1-p) is exactly 0; an FP32 sum cancels exactly), unless the reduced
+ * side lost PROBE_DIFF_ZERO_LOST_FRAC of the tensor or more to zeros: a
+ * tensor gone to zero where the other holds ordinary values (an overflow
+ * upstream) diverges whatever the cause (ZEROS_LOST). */
+static int zeros_kind(const probe_stats *sa, const probe_stats *sb,
+                      int32_t prec_a, int32_t prec_b, double scale_a,
+                      double scale_b, double margin, char *side) {
+  *side = 0;
+  if (!sa->count || !sb->count)
+    return ZEROS_NONE;
+  double za = (double)sa->zero_count / (double)sa->count;
+  double zb = (double)sb->zero_count / (double)sb->count;
+  int a_more = sa->zero_count > sb->zero_count;
+  uint64_t more = a_more ? sa->zero_count - sb->zero_count
+                         : sb->zero_count - sa->zero_count;
+  if (fabs(za - zb) < margin || more < PROBE_DIFF_ZERO_MIN_VALUES)
+    return ZEROS_NONE;
+  *side = a_more ? 'A' : 'B';
+  const probe_stats *other = a_more ? sb : sa;
+  double tiny = format_min_normal(a_more ? prec_a : prec_b);
+  double to_side = a_more ? scale_a / scale_b : scale_b / scale_a;
+  double small = (double)other->absmin_nonzero * to_side;
+  if (tiny > 0 && isfinite(small) && small < tiny)
+    return ZEROS_UNDERFLOW;
+  if (tiny > 0 && fabs(za - zb) >= PROBE_DIFF_ZERO_LOST_FRAC)
+    return ZEROS_LOST;
+  return ZEROS_ROUNDING;
+}
+
 /* ---- the comparison ------------------------------------------------------ */
 
 typedef struct state {
@@ -217,6 +273,11 @@ typedef struct state {
   int32_t *map_ab;      /* A layer id -> B layer id, -1 */
   int32_t *slot_entry;  /* A layer * SITES + site -> entry index, -1 */
   int64_t *entry_last_div; /* per entry: last step it diverged */
+  int64_t *entry_uf_a;  /* per entry: steps A's values underflowed */
+  /* why the points' zeros differ (ZEROS_*), and on which side */
+  int first_div_zeros, intro_zeros;
+  char first_div_zside, intro_zside;
+  int32_t first_div_zprec, intro_zprec;
   double *entry_rel_sum;
   double *win;          /* per entry: the last W rel RMS values (ring) */
   double *win_sum;
@@ -278,10 +339,15 @@ static void set_point(probe_diff_point *p, int64_t step, const char *layer,
   p->nonfinite = nonfinite;
 }
 
+/* The precision of a layer of A or B (PROBE_DTYPE_*). */
+static int32_t e_prec(const state *s, int32_t layer, char side) {
+  return side == 'A' ? s->la[layer].precision : s->lb[layer].precision;
+}
+
 static probe_status compare_step(state *s, const cursor *ca,
                                  const cursor *cb) {
   probe_diff *d = s->d;
-  double thr = d->opt.threshold;
+  double thr = d->threshold_used;
   int64_t step = ca->step_no;
   double scale_a, scale_b;
   int skip_a, skip_b;
@@ -375,10 +441,26 @@ static probe_status compare_step(state *s, const cursor *ca,
       ring[slot] = r_rms;
       wrel = fmax(0.0, s->win_sum[ei]) / W;
     }
-    /* values flushed to zero on one side only (underflow) */
+    /* values flushed to zero on one side only: underflow diverges,
+     * rounding and cancellation are counted (zeros_kind) */
     double za = sa->count ? (double)sa->zero_count / (double)sa->count : 0.0;
     double zb = sb->count ? (double)sb->zero_count / (double)sb->count : 0.0;
-    int zdiv = !ov_a && !ov_b && fabs(za - zb) >= d->opt.zero_frac_margin;
+    char zside = 0;
+    int zkind = ZEROS_NONE;
+    if (!ov_a && !ov_b)
+      zkind = zeros_kind(sa, sb, e_prec(s, ra->layer, 'A'),
+                         e_prec(s, rb->layer, 'B'), grad ? scale_a : 1.0,
+                         grad ? scale_b : 1.0, d->opt.zero_frac_margin,
+                         &zside);
+    int zdiv = zkind == ZEROS_UNDERFLOW || zkind == ZEROS_LOST;
+    if (zkind == ZEROS_UNDERFLOW)
+      d->zero_underflow_records++;
+    else if (zkind == ZEROS_ROUNDING)
+      d->zero_rounding_records++;
+    int32_t zprec = zside == 'A' ? e_prec(s, ra->layer, 'A')
+                                 : e_prec(s, rb->layer, 'B');
+    if (zkind == ZEROS_UNDERFLOW && zside == 'A')
+      s->entry_uf_a[ei]++;
     /* a left-out record never diverges: one side holds the gradients its
      * scaler threw away, nothing to hold the other side's against */
     int div = !left_out && (wrel > thr || nfa != nfb || zdiv);
@@ -462,11 +544,15 @@ static probe_status compare_step(state *s, const cursor *ca,
         set_point(&d->first_div, step, e->layer, ra->site, ra->seq, rel,
                   inputs_div == 0, nfa != nfb ? 1 + nfb : 0);
         d->first_div.zero_a = za, d->first_div.zero_b = zb;
+        s->first_div_zeros = zkind, s->first_div_zside = zside;
+        s->first_div_zprec = zprec;
       }
       if (!d->intro.found && inputs_div == 0) {
         set_point(&d->intro, step, e->layer, ra->site, ra->seq, rel, 1,
                   nfa != nfb ? 1 + nfb : 0);
         d->intro.zero_a = za, d->intro.zero_b = zb;
+        s->intro_zeros = zkind, s->intro_zside = zside;
+        s->intro_zprec = zprec;
       }
     }
   }
@@ -564,7 +650,7 @@ static probe_status compare_losses(probe_diff *d, probe_trace *a,
     lsum += r_fin - lring[slot];
     lring[slot] = r_fin;
     double wrel = fmax(0.0, lsum) / W;
-    if (d->loss_part_step < 0 && (wrel > d->opt.threshold || fa != fb)) {
+    if (d->loss_part_step < 0 && (wrel > d->threshold_used || fa != fb)) {
       d->loss_part_step = pa->step;
       d->loss_a_at_part = pa->loss;
       d->loss_b_at_part = pb->loss;
@@ -767,9 +853,11 @@ static void write_verdict(probe_diff *d, const state *s) {
       wrel = m, worst = e;
   }
   if (d->verdict == PROBE_DIFF_AGREE) {
-    PUT("A and B agree within tolerance (threshold %.3g on the RMS "
+    PUT("A and B agree within tolerance (threshold %.3g%s on the RMS "
         "difference averaged over %d steps)",
-        d->opt.threshold, d->opt.window);
+        d->threshold_used,
+        d->threshold_format == PROBE_DTYPE_BF16 ? " for BF16" : "",
+        d->opt.window);
     if (worst)
       PUT(": largest %.3g (%s %s)", wrel, worst->layer,
           probe_site_name((probe_site)worst->site));
@@ -788,12 +876,24 @@ static void write_verdict(probe_diff *d, const state *s) {
           probe_site_name((probe_site)d->intro.site));
       if (d->intro.nonfinite)
         PUT("non-finite in %s only", d->intro.nonfinite == 2 ? "B" : "A");
-      else if (fabs(d->intro.zero_a - d->intro.zero_b) >=
-               d->opt.zero_frac_margin)
-        PUT("zeros %.0f%% vs %.0f%%: values underflowed to zero",
-            100.0 * d->intro.zero_a, 100.0 * d->intro.zero_b);
-      else
+      else if (s->intro_zeros == ZEROS_UNDERFLOW)
+        PUT("zeros %.0f%% vs %.0f%%: values underflowed to zero in %c (%s)",
+            100.0 * d->intro.zero_a, 100.0 * d->intro.zero_b,
+            s->intro_zside, format_name(s->intro_zprec));
+      else if (s->intro_zeros == ZEROS_LOST)
+        PUT("zeros %.0f%% vs %.0f%%: values turned to exact zeros in %c "
+            "(%s), not by underflow: %c's are within %s's range",
+            100.0 * d->intro.zero_a, 100.0 * d->intro.zero_b,
+            s->intro_zside, format_name(s->intro_zprec),
+            s->intro_zside == 'A' ? 'B' : 'A', format_name(s->intro_zprec));
+      else {
         PUT("windowed relative difference %.3g", d->intro.rel);
+        if (s->intro_zeros == ZEROS_ROUNDING)
+          PUT("; zeros %.0f%% vs %.0f%%, more in %c from rounding or exact "
+              "cancellation, not underflow",
+              100.0 * d->intro.zero_a, 100.0 * d->intro.zero_b,
+              s->intro_zside);
+      }
       PUT("), its inputs agreed");
     }
     else if (d->first_div.found)
@@ -825,7 +925,7 @@ static void write_verdict(probe_diff *d, const state *s) {
   else if (d->loss_steps > 0)
     PUT(" Loss curves stay together (largest windowed difference below "
         "%.3g).",
-        d->opt.threshold);
+        d->threshold_used);
   int nflush = 0;
   for (size_t i = 0; i < d->n_entries; i++) {
     const probe_diff_entry *e = &d->entries[i];
@@ -882,6 +982,7 @@ static void state_free(state *s) {
   free(s->map_ab);
   free(s->slot_entry);
   free(s->entry_last_div);
+  free(s->entry_uf_a);
   free(s->entry_rel_sum);
   free(s->win);
   free(s->win_sum);
@@ -912,6 +1013,7 @@ static probe_status stage_state(state *s, probe_diff *d, probe_trace *a,
   s->slot_entry = malloc(nslots * sizeof *s->slot_entry);
   s->entry_last_div = malloc(nslots * sizeof *s->entry_last_div);
   s->entry_rel_sum = calloc(nslots, sizeof *s->entry_rel_sum);
+  s->entry_uf_a = calloc(nslots, sizeof *s->entry_uf_a);
   s->win = calloc(nslots * (size_t)d->opt.window, sizeof *s->win);
   s->win_sum = calloc(nslots, sizeof *s->win_sum);
   s->head_b = malloc(nslots_b * sizeof *s->head_b);
@@ -929,10 +1031,21 @@ static probe_status stage_state(state *s, probe_diff *d, probe_trace *a,
   s->sa.buf = malloc(s->sa.cap * sizeof *s->sa.buf);
   s->sb.buf = malloc(s->sb.cap * sizeof *s->sb.buf);
   if (!s->map_ab || !s->slot_entry || !s->entry_last_div ||
-      !s->entry_rel_sum || !s->head_b || !d->entries || !s->win ||
+      !s->entry_rel_sum || !s->entry_uf_a || !s->head_b || !d->entries || !s->win ||
       !s->win_sum || !s->seen || !s->has_in || !s->in_div || !s->implied_in ||
       !s->fwd_div || !s->wgrad_div || !s->sa.buf || !s->sb.buf)
     return PROBE_ERR_NOMEM;
+  /* the threshold of the coarsest format either trace uses */
+  d->threshold_used = d->opt.threshold;
+  d->threshold_format = PROBE_DTYPE_F16;
+  for (size_t i = 0; i < s->nla + s->nlb; i++) {
+    const probe_layer_info *l = i < s->nla ? &s->la[i] : &s->lb[i - s->nla];
+    if (l->precision == PROBE_DTYPE_BF16) {
+      d->threshold_used = d->opt.threshold * PROBE_DIFF_BF16_THRESHOLD_FACTOR;
+      d->threshold_format = PROBE_DTYPE_BF16;
+      break;
+    }
+  }
   for (size_t i = 0; i < nslots; i++)
     s->slot_entry[i] = -1;
   for (size_t i = 0; i < nslots_b; i++)
@@ -1093,6 +1206,19 @@ static void stage_scaler_notes(probe_diff *d) {
 /* Stage 7: per-entry summaries, the table's order and the verdict. */
 static void stage_verdict(state *s) {
   probe_diff *d = s->d;
+  if (d->zero_rounding_records)
+    note(d, "%lld record%s more exact zeros on one side (>= %.0f%% and "
+            ">= %d values) that are no underflow (the other side's values "
+            "are within the format's range, or the zeros are FP32's): "
+            "rounding or exact cancellation, not counted as divergence",
+         (long long)d->zero_rounding_records,
+         d->zero_rounding_records == 1 ? " holds" : "s hold",
+         100.0 * d->opt.zero_frac_margin, PROBE_DIFF_ZERO_MIN_VALUES);
+  if (d->threshold_format == PROBE_DTYPE_BF16)
+    note(d, "a trace has BF16 layers: records and the loss are judged with "
+            "threshold %.3g (%.3g x %.0f: BF16 rounds 8x coarser than FP16)",
+         d->threshold_used, d->opt.threshold,
+         PROBE_DIFF_BF16_THRESHOLD_FACTOR);
   for (size_t i = 0; i < d->n_entries; i++) {
     probe_diff_entry *e = &d->entries[i];
     int64_t compared = e->steps - e->steps_left_out;
@@ -1100,7 +1226,9 @@ static void stage_verdict(state *s) {
     if (site_is_grad(e->site) && e->count_a > 0 && e->count_b > 0) {
       double za = (double)e->zero_a / (double)e->count_a;
       double zb = (double)e->zero_b / (double)e->count_b;
-      e->flushes_to_zero = za >= zb + d->opt.zero_frac_margin;
+      e->flushes_to_zero = za >= zb + d->opt.zero_frac_margin &&
+                           e->zero_a >= e->zero_b + PROBE_DIFF_ZERO_MIN_VALUES &&
+                           s->entry_uf_a[i] > 0;
     }
   }
   qsort(d->entries, d->n_entries, sizeof *d->entries, entry_cmp);
@@ -1301,6 +1429,11 @@ probe_status probe_diff_json(const probe_diff *d, const char *trace_a,
     probe__jw_str(w, "trace_b", esc);
   }
   probe__jw_num(w, "threshold", d->opt.threshold);
+  probe__jw_num(w, "threshold_used", d->threshold_used);
+  probe__jw_str(w, "threshold_format",
+                format_name(d->threshold_format));
+  probe__jw_int(w, "zero_underflow_records", d->zero_underflow_records);
+  probe__jw_int(w, "zero_rounding_records", d->zero_rounding_records);
   probe__jw_int(w, "window", d->opt.window);
 
   probe__jw_obj(w, "alignment");

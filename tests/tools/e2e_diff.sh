@@ -104,6 +104,49 @@ else
   fail "revin-overflow: note on skipped overflows: $ronote"
 fi
 
+# BF16 against FP32 (hunt F4): healthy BF16 runs agree. They were DIVERGE,
+# "values underflowed to zero", on 2 exact zeros of a 32-value tensor (on
+# the FP32 side in bn-overflow) and on zeros from BF16 rounding p to 1.0
+# (softmax-underflow); BF16's coarser rounding needs its own threshold
+# (two-culprits 0.38). The FP16 runs of the same scenarios still diverge,
+# and so does a BF16 run with a real fault (lr-too-high).
+SCN=$(cd "$(dirname "$0")" && pwd)/scenarios
+rec_prec() { # name precision [run args...] -> $WORK/<name>-<precision>.h5
+  local n=$1 p=$2
+  shift 2
+  "$BIN" run "$@" --precision "$p" --trace -q -o "$WORK/$n-$p.h5" >/dev/null 2>&1 ||
+    [ -f "$WORK/$n-$p.h5" ] || fail "$n: could not record $p"
+}
+for s in bn-overflow grad-underflow softmax-underflow two-culprits bn-relu-healthy lr-too-high; do
+  if [ "$s" = bn-relu-healthy ]; then set -- --config "$SCN/$s.json"; else set -- --scenario "$s"; fi
+  for p in bf16 fp16 fp32; do rec_prec "$s" "$p" "$@"; done
+  "$BIN" diff "$WORK/$s-bf16.h5" "$WORK/$s-fp32.h5" --json >"$WORK/$s-bf.json" 2>/dev/null
+  RCB=$?
+  "$BIN" diff "$WORK/$s-fp16.h5" "$WORK/$s-fp32.h5" --json >"$WORK/$s-fp.json" 2>/dev/null
+  RCF=$?
+  sumb=$(jget "$WORK/$s-bf.json" "d['summary']")
+  if [ "$s" = lr-too-high ]; then
+    [ "$RCB" = 1 ] && [ "$(jget "$WORK/$s-bf.json" "d['verdict']")" = diverge ] \
+      && pass "$s: BF16 against FP32 still diverges (a real fault): ${sumb:0:90}" \
+      || fail "$s: BF16 against FP32: exit $RCB: $sumb"
+    continue
+  fi
+  if [ "$RCB" = 0 ] && ! echo "$sumb" | grep -qi "underflow" &&
+     [ "$(jget "$WORK/$s-bf.json" "d['threshold_format']")" = BF16 ]; then
+    pass "$s: BF16 against FP32 agrees (${sumb:0:100}...)"
+  else
+    fail "$s: BF16 against FP32: exit $RCB: $sumb"
+  fi
+  want=1 # each diverges in FP16 (bn-relu-healthy: an inf in enc.bn's FP16
+         # grad_in at step 0, as before)
+  [ "$RCF" = "$want" ] && pass "$s: FP16 against FP32 exit $RCF, as before" \
+    || fail "$s: FP16 against FP32: exit $RCF (expected $want): $(jget "$WORK/$s-fp.json" "d['summary']")"
+done
+# the FP16 underflow is still called so, with its format
+jget "$WORK/softmax-underflow-fp.json" "d['summary']" | grep -q "values underflowed to zero in A (FP16)" \
+  && pass "softmax-underflow: FP16's zeros are underflow in A (FP16)" \
+  || fail "softmax-underflow FP16: $(jget "$WORK/softmax-underflow-fp.json" "d['summary']")"
+
 # the same trace against itself: zero difference everywhere
 "$BIN" diff "$WORK/healthy-16.h5" "$WORK/healthy-16.h5" --json >"$WORK/same.json"
 [ "$(jget "$WORK/same.json" "max(r['max_rel_absmax']+r['max_rel_rms'] for r in d['layers'])")" = 0.0 ] \

@@ -44,6 +44,8 @@ typedef enum variant {
                    but no scaler skips (an FP32 run applying NaN grads) */
   V_MASKED,     /* A's softmax gets masked logits (-inf only) at its input
                    from step 4, which are no inf/NaN (probe_record_nonfinite) */
+  V_SOME_ZEROS, /* this side's soft GRAD_IN holds nzero exact zeros (its
+                   smallest values) at every step */
 } variant;
 
 typedef struct spec {
@@ -54,18 +56,26 @@ typedef struct spec {
   int seed;      /* config seed */
   int hostile;   /* register "revin" with control characters in its name */
   const char *cfg_extra; /* members added to the config ("\"eps\":1e-05") */
+  int bf16;      /* A's layers run in BF16 (not FP16) */
+  int nzero;     /* V_SOME_ZEROS: how many */
+  double tiny;   /* the gradients of soft and lin1 times this (0: 1): B's
+                    values in FP16's underflow range at A's scale 2^16 */
 } spec;
 
 /* The value scale of one record, and whether it holds an inf. */
+/* *zero: how many of the record's values (its smallest) are exact zeros. */
 static double value(const spec *s, int step, int layer, probe_site site,
                     int *inf, int *zero) {
   *inf = 0;
   *zero = 0;
+  int gsite = site == PROBE_SITE_GRAD_OUT || site == PROBE_SITE_GRAD_IN ||
+              site == PROBE_SITE_WEIGHT_GRAD;
   double base = (1.0 + 0.1 * layer) * (1.0 + 0.01 * step) *
-                (site == PROBE_SITE_GRAD_OUT || site == PROBE_SITE_GRAD_IN ||
-                         site == PROBE_SITE_WEIGHT_GRAD
-                     ? 1e-3
-                     : 1.0);
+                (gsite ? 1e-3 : 1.0);
+  if (s->tiny > 0 && gsite && (layer == 2 || layer == 3))
+    base *= s->tiny;
+  if (s->v == V_SOME_ZEROS && layer == 3 && site == PROBE_SITE_GRAD_IN)
+    *zero = s->nzero;
   if (s->side == 1 && s->v == V_SAME)
     return base;
   int bwd = probe_site_phase(site) == PROBE_PHASE_BACKWARD;
@@ -86,7 +96,7 @@ static double value(const spec *s, int step, int layer, probe_site site,
   case V_GRAD_FLUSH:
     if (layer == 2 && (site == PROBE_SITE_GRAD_IN ||
                        site == PROBE_SITE_WEIGHT_GRAD))
-      *zero = 1;
+      *zero = NEL;
     return base * f;
   case V_LOSS_PART:
     return base * f;
@@ -106,6 +116,8 @@ static double value(const spec *s, int step, int layer, probe_site site,
     if (step >= 4 && layer == 3 && site == PROBE_SITE_FWD_IN)
       *inf = -1;
     return base * f;
+  case V_SOME_ZEROS:
+    return base * f;
   }
   return base;
 }
@@ -119,7 +131,7 @@ static void record(probe_session *ps, const spec *s, int step, int32_t id,
   if (s->side == 0 && probe_site_phase(site) == PROBE_PHASE_BACKWARD)
     v *= 65536.0;
   for (int i = 0; i < NEL; i++)
-    buf[i] = zero ? 0.0f : (float)(v * (i + 1) / NEL);
+    buf[i] = i < zero ? 0.0f : (float)(v * (i + 1) / NEL);
   if (inf)
     buf[NEL / 2] = inf < 0 ? -INFINITY : INFINITY;
   ck_assert_int_eq(probe_tensor_record(ps, id, site, PROBE_DTYPE_F32, buf, NEL),
@@ -136,10 +148,10 @@ static void write_trace(const char *path, const spec *s) {
   snprintf(cfg, sizeof cfg,
            "{\"name\":\"synthetic\",\"seed\":%d,\"precision\":\"%s\",%s%s"
            "\"model\":[{\"kind\":\"revin\"},{\"kind\":\"linear\",\"out\":8}]}",
-           s->seed, s->side == 0 ? "fp16" : "fp32",
+           s->seed, s->side == 0 ? (s->bf16 ? "bf16" : "fp16") : "fp32",
            s->cfg_extra ? s->cfg_extra : "", s->cfg_extra ? "," : "");
   opt.config_json = cfg;
-  opt.precision_policy = s->side == 0 ? "fp16" : "fp32";
+  opt.precision_policy = s->side == 0 ? (s->bf16 ? "bf16" : "fp16") : "fp32";
   probe_session *ps = NULL;
   ck_assert_int_eq(probe_session_open(&ps, path, &opt), PROBE_OK);
   int32_t ids[N_LAYERS];
@@ -150,7 +162,8 @@ static void write_trace(const char *path, const spec *s) {
     if (s->hostile && l == 1)
       name = "rev\nverdict AGREE\x1b[2J";
     ck_assert_int_eq(probe_layer_register(ps, name, layer_kinds[l],
-                                          s->side == 0 ? PROBE_DTYPE_F16
+                                          s->side == 0 ? (s->bf16 ? PROBE_DTYPE_BF16
+                                                                  : PROBE_DTYPE_F16)
                                                        : PROBE_DTYPE_F32,
                                           &ids[l]),
                      PROBE_OK);
@@ -391,8 +404,10 @@ END_TEST
 
 START_TEST(test_grad_flush) {
   probe_diff d;
-  run_diff(&d, (spec){.v = V_GRAD_FLUSH, .steps = 6},
-           (spec){.v = V_SAME, .steps = 6}, 0);
+  /* B's gradients there are small enough (2.5e-6 at A's scale 2^16) to
+   * underflow FP16's normal range: A's zeros are underflow */
+  run_diff(&d, (spec){.v = V_GRAD_FLUSH, .steps = 6, .tiny = 1e-6},
+           (spec){.v = V_SAME, .steps = 6, .tiny = 1e-6}, 0);
   ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
   const probe_diff_entry *g = find(&d, "lin1", PROBE_SITE_GRAD_IN);
   ck_assert(g->flushes_to_zero);
@@ -408,6 +423,121 @@ START_TEST(test_grad_flush) {
   ck_assert_str_eq(d.intro.layer, "lin1");
   ck_assert_int_eq(d.intro.site, PROBE_SITE_GRAD_IN);
   ck_assert_ptr_nonnull(strstr(d.verdict_text, "flush to zero in A: lin1"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* hunt F4: exact zeros that are not underflow. BF16 rounds a softmax p to
+ * 1.0 and p(1-p) is exactly 0: zeros where FP32 holds values far inside
+ * BF16's range (smallest normal 2^-126) are rounding, no divergence. */
+START_TEST(test_bf16_rounding_zeros_agree) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SOME_ZEROS, .nzero = 10, .steps = 12, .bf16 = 1},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_msg(d.verdict == PROBE_DIFF_AGREE, "%s", d.verdict_text);
+  ck_assert_ptr_null(strstr(d.verdict_text, "underflow"));
+  ck_assert(!find(&d, "soft", PROBE_SITE_GRAD_IN)->flushes_to_zero);
+  ck_assert_int_eq(d.zero_underflow_records, 0);
+  ck_assert_int_eq(d.zero_rounding_records, 12);
+  int noted = 0;
+  for (int i = 0; i < d.n_notes; i++)
+    noted |= strstr(d.notes[i], "no underflow") != NULL;
+  ck_assert(noted);
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* The same zeros in FP16 with B's values in FP16's normal range: rounding
+ * too, not underflow. */
+START_TEST(test_fp16_zeros_in_range_not_underflow) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SOME_ZEROS, .nzero = 10, .steps = 12},
+           (spec){.v = V_SAME, .steps = 12}, 0);
+  ck_assert_msg(d.verdict == PROBE_DIFF_AGREE, "%s", d.verdict_text);
+  ck_assert_int_eq(d.zero_rounding_records, 12);
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* 2 zeros of a 32-value tensor are 6%, but only 2 values: below
+ * PROBE_DIFF_ZERO_MIN_VALUES, no evidence, even where they would be FP16
+ * underflow. 8 of them are. */
+START_TEST(test_zero_count_floor) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SOME_ZEROS, .nzero = 2, .steps = 12, .tiny = 1e-9},
+           (spec){.v = V_SAME, .steps = 12, .tiny = 1e-9}, 0);
+  ck_assert_msg(d.verdict == PROBE_DIFF_AGREE, "%s", d.verdict_text);
+  ck_assert_int_eq(d.zero_underflow_records + d.zero_rounding_records, 0);
+  probe_diff_free(&d);
+  run_diff(&d,
+           (spec){.v = V_SOME_ZEROS, .nzero = PROBE_DIFF_ZERO_MIN_VALUES,
+                  .steps = 12, .tiny = 1e-9},
+           (spec){.v = V_SAME, .steps = 12, .tiny = 1e-9}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_int_eq(d.first_div_step, 0);
+  ck_assert_str_eq(d.intro.layer, "soft");
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "underflowed to zero in A (FP16)"));
+  ck_assert(find(&d, "soft", PROBE_SITE_GRAD_IN)->flushes_to_zero);
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* Zeros on the FP32 side (exact cancellation in the baseline) are no
+ * underflow of A's: bn-overflow in BF16 was "values underflowed to zero"
+ * for B's 2 zeros. */
+START_TEST(test_zeros_on_fp32_side) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_SAME, .steps = 12, .tiny = 1e-9},
+           (spec){.v = V_SOME_ZEROS, .nzero = 10, .steps = 12, .tiny = 1e-9},
+           0);
+  ck_assert_msg(d.verdict == PROBE_DIFF_AGREE, "%s", d.verdict_text);
+  ck_assert_ptr_null(strstr(d.verdict_text, "underflow"));
+  ck_assert_int_eq(d.zero_rounding_records, 12);
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* A BF16 layer whose gradients are all zero where FP32's are tiny: not
+ * underflow (BF16 reaches 2^-126), no flush flag, but the whole tensor is
+ * gone (>= PROBE_DIFF_ZERO_LOST_FRAC): still DIVERGE, said as such. */
+START_TEST(test_bf16_zeroed_tensor_diverges) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_GRAD_FLUSH, .steps = 8, .bf16 = 1, .tiny = 1e-6},
+           (spec){.v = V_SAME, .steps = 8, .tiny = 1e-6}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_ptr_null(strstr(d.verdict_text, "underflowed"));
+  ck_assert(!find(&d, "lin1", PROBE_SITE_GRAD_IN)->flushes_to_zero);
+  ck_assert_str_eq(d.intro.layer, "lin1");
+  ck_assert_int_eq(d.first_div_step, 0); /* the whole tensor: at once */
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "turned to exact zeros in A (BF16)"));
+  probe_diff_free(&d);
+}
+END_TEST
+
+/* BF16's threshold is FP16's times PROBE_DIFF_BF16_THRESHOLD_FACTOR: a
+ * steady 23% RMS difference (lin1 +30%) diverges in FP16, not in BF16; a
+ * real fault (an overflow) diverges in both. */
+START_TEST(test_bf16_threshold) {
+  probe_diff d;
+  run_diff(&d, (spec){.v = V_LIN1_DRIFT, .steps = 16},
+           (spec){.v = V_SAME, .steps = 16}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_double_eq(d.threshold_used, PROBE_DIFF_DEFAULT_THRESHOLD);
+  ck_assert_int_eq(d.threshold_format, PROBE_DTYPE_F16);
+  probe_diff_free(&d);
+  run_diff(&d, (spec){.v = V_LIN1_DRIFT, .steps = 16, .bf16 = 1},
+           (spec){.v = V_SAME, .steps = 16}, 0);
+  ck_assert_msg(d.verdict == PROBE_DIFF_AGREE, "%s", d.verdict_text);
+  ck_assert_double_eq_tol(d.threshold_used,
+                          PROBE_DIFF_DEFAULT_THRESHOLD *
+                              PROBE_DIFF_BF16_THRESHOLD_FACTOR, 1e-12);
+  ck_assert_int_eq(d.threshold_format, PROBE_DTYPE_BF16);
+  ck_assert_ptr_nonnull(strstr(d.verdict_text, "for BF16"));
+  probe_diff_free(&d);
+  run_diff(&d, (spec){.v = V_REVIN_INF, .steps = 8, .bf16 = 1},
+           (spec){.v = V_SAME, .steps = 8}, 0);
+  ck_assert_int_eq(d.verdict, PROBE_DIFF_DIVERGE);
+  ck_assert_str_eq(d.intro.layer, "revin");
   probe_diff_free(&d);
 }
 END_TEST
@@ -748,6 +878,12 @@ static Suite *make_diff_suite(void) {
   tcase_add_test(tc, test_carried_from_lin1);
   tcase_add_test(tc, test_hostile_layer_name);
   tcase_add_test(tc, test_grad_flush);
+  tcase_add_test(tc, test_bf16_rounding_zeros_agree);
+  tcase_add_test(tc, test_fp16_zeros_in_range_not_underflow);
+  tcase_add_test(tc, test_zero_count_floor);
+  tcase_add_test(tc, test_zeros_on_fp32_side);
+  tcase_add_test(tc, test_bf16_zeroed_tensor_diverges);
+  tcase_add_test(tc, test_bf16_threshold);
   tcase_add_test(tc, test_loss_part);
   tcase_add_test(tc, test_scaler_backoff_not_divergence);
   tcase_add_test(tc, test_not_aligned);
