@@ -94,6 +94,7 @@ struct probe_report {
   probe_bins loss, base_loss, scale, gnorm, clip_thr, clip_coef;
   probe_bins skipped, clipped, backoff, growth, clamp;
   probe_grid headroom, underflow;
+  unsigned formats; /* formats of the layers with records: FMT_* bits */
   layer_nonfinite *lnf; /* (n_layers) */
   int64_t n_skipped, n_clipped, n_backoff, n_growth, n_clamp, n_hysteresis;
   int have_clip;      /* some step had clipping on */
@@ -409,6 +410,32 @@ probe_status probe_report_add_scaler_events(probe_report *r,
   return PROBE_OK;
 }
 
+/* A layer's format: its largest finite value, the headroom of its
+ * records is measured against (an FP16 ceiling on a BF16 layer painted a
+ * healthy 1e5 red). */
+enum { FMT_F16 = 1, FMT_BF16 = 2, FMT_F32 = 4 };
+
+static unsigned fmt_bit(int32_t dtype) {
+  return dtype == PROBE_DTYPE_F16 ? FMT_F16
+         : dtype == PROBE_DTYPE_BF16 ? FMT_BF16
+                                     : FMT_F32;
+}
+
+static double fmt_max(int32_t dtype) {
+  return dtype == PROBE_DTYPE_F16 ? (double)PROBE_F16_MAX
+         : dtype == PROBE_DTYPE_BF16 ? 3.3895313892515355e38
+                                     : 3.4028234663852886e38;
+}
+
+/* log2(the format's maximum / absmax): +inf for an all-zero tensor, NaN
+ * when nothing is finite */
+static double fmt_headroom(int32_t dtype, const probe_stats *s) {
+  double a = (double)s->absmax;
+  if (isnan(a)) return NAN;
+  if (a == 0) return INFINITY;
+  return log2(fmt_max(dtype) / a);
+}
+
 static int is_grad_site(int32_t site) {
   return site == PROBE_SITE_GRAD_OUT || site == PROBE_SITE_GRAD_IN ||
          site == PROBE_SITE_WEIGHT_GRAD;
@@ -427,9 +454,12 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
     const probe_stats *s = &p->stats;
     uint64_t bad = probe_stats_nonfinite(s);
     uint64_t finite = probe_stats_finite(s);
-    /* headroom log2(65504/absmax): +inf for all-zero tensors, NaN (no
+    /* headroom log2(max/absmax) in the layer's own format (FP16 65504,
+     * BF16 3.39e38, FP32 3.40e38): +inf for all-zero tensors, NaN (no
      * value) when nothing is finite (the cell is then marked non-finite) */
-    double h = probe_stats_headroom(s);
+    int32_t prec = r->layers[p->layer].precision;
+    r->formats |= fmt_bit(prec);
+    double h = fmt_headroom(prec, s);
     int row = grid_row(r, p->layer);
     if (row < 0) return PROBE_ERR_NOMEM;
     probe_grid_add(&r->headroom, row, p->step, h, bad > 0);
@@ -459,7 +489,8 @@ probe_status probe_report_add_records(probe_report *r, const probe_record *rec,
       if (bad > 0) L->nf_sites |= bit;
       else L->fin_sites |= bit;
     }
-    if (is_grad_site(p->site)) {
+    if (is_grad_site(p->site) && prec == PROBE_DTYPE_F16) {
+      /* FP16 layers only: BF16 and FP32 reach down to 2^-126 */
       /* f16_subnormal counts every finite 0 < |x| < 2^-14, which includes
        * the values that flush to zero (|x| <= 2^-25) */
       double f = finite > 0 ? (double)s->f16_subnormal / (double)finite : NAN;
@@ -1036,15 +1067,47 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
   h.row_height = rh;
   h.empty_label = "no record";
 
-  probe_buf_puts(o, "<h2>FP16 headroom per layer</h2>\n");
-  put_help(o,
-           "Each row is a layer (in registration order), each column a range "
-           "of steps. The colour is the smallest headroom log2(65504 / absmax) "
-           "over the layer's recorded tensors (all sites) in those steps: the "
-           "number of doublings left before the largest value overflows FP16. "
-           "Red means close to overflow; at 0 the largest value is 65504. "
-           "Black cells held inf or NaN.");
-  h.title = "FP16 headroom: log2(65504 / absmax), worst tensor per cell";
+  /* the formats of the layers with records: one named, or each its own */
+  unsigned fm = r->formats ? r->formats : FMT_F16;
+  unsigned red = fm & (FMT_F16 | FMT_BF16); /* the reduced formats */
+  const char *fname = red == FMT_F16 ? "FP16" : red == FMT_BF16 ? "BF16"
+                      : red == 0 ? "FP32" : NULL;
+  const char *fmax = red == FMT_F16 ? "65504" : red == FMT_BF16 ? "3.39e38"
+                     : "3.40e38";
+  /* FP32 layers of an FP16 or BF16 run (the loss) against FP32's maximum */
+  const char *f32_too = red && (fm & FMT_F32)
+                            ? " (FP32 layers: against FP32's 3.40e38)" : "";
+  char title[200], help[900];
+  if (fname) {
+    snprintf(title, sizeof title, "<h2>%s headroom per layer</h2>\n", fname);
+    probe_buf_puts(o, title);
+    snprintf(help, sizeof help,
+             "Each row is a layer (in registration order), each column a range "
+             "of steps. The colour is the smallest headroom log2(%s / absmax) "
+             "over the layer's recorded tensors (all sites) in those steps: the "
+             "number of doublings left before the largest value overflows %s, "
+             "the layers' format%s. Red means close to overflow; at 0 the "
+             "largest value is %s. Black cells held inf or NaN.",
+             fmax, fname, f32_too, fmax);
+    put_help(o, help);
+    snprintf(title, sizeof title,
+             "%s headroom: log2(%s / absmax)%s, worst tensor per cell", fname,
+             fmax, f32_too);
+  } else {
+    probe_buf_puts(o, "<h2>Headroom per layer, in each layer's format</h2>\n");
+    put_help(o,
+             "Each row is a layer (in registration order), each column a range "
+             "of steps. The colour is the smallest headroom log2(max / absmax) "
+             "over the layer's recorded tensors (all sites) in those steps, "
+             "where max is the largest finite value of the layer's own format "
+             "(FP16 65504, BF16 3.39e38, FP32 3.40e38): the number of "
+             "doublings left before the largest value overflows that format. "
+             "Red means close to overflow. Black cells held inf or NaN.");
+    snprintf(title, sizeof title,
+             "Headroom in each layer's format: log2(max / absmax) (FP16 "
+             "65504, BF16 3.39e38, FP32 3.40e38), worst tensor per cell");
+  }
+  h.title = title;
   h.value_label = "headroom [binades]";
   h.nonfinite_label = "inf/NaN in a tensor";
   h.cmap = (probe_colormap){6,
@@ -1071,15 +1134,24 @@ static probe_status write_heatmaps(probe_report *r, probe_buf *o) {
                    : NULL;
   st = probe_heatmap_render(&hg, &h, o);
   if (st == PROBE_OK) write_nonfinite_table(r, rows, n, o);
-  if (st == PROBE_OK) {
+  if (st == PROBE_OK && !(fm & FMT_F16)) {
     probe_buf_puts(o, "<h2>FP16 underflow of gradients per layer</h2>\n");
-    put_help(o,
+    put_help(o, "No layer runs in FP16: BF16 and FP32 share FP32's exponent "
+                "range (smallest normal 2^-126, about 1.2e-38), so FP16's "
+                "underflow below 2^-14 does not apply; nothing to draw.");
+  } else if (st == PROBE_OK) {
+    probe_buf_puts(o, "<h2>FP16 underflow of gradients per layer</h2>\n");
+    snprintf(help, sizeof help,
              "The colour is the largest fraction, over the layer's gradient "
              "tensors (gradient at the output, gradient to the input, weight "
              "gradient) in those steps, of finite values whose magnitude is "
              "below 2^-14: subnormal in FP16, or so small (at most 2^-25) "
              "that FP16 flushes them to zero. Values already stored as FP16 "
-             "zeros are not counted. Grey rows have no gradient records.");
+             "zeros are not counted. Grey rows have no gradient records%s.",
+             fm != FMT_F16 ? ", or are BF16 or FP32 layers (whose range "
+                             "reaches 2^-126: FP16's underflow does not "
+                             "apply)" : "");
+    put_help(o, help);
     h.title = "Fraction of gradient values subnormal or flushed to zero in "
               "FP16, worst tensor per cell";
     h.value_label = "fraction of finite values";

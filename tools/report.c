@@ -306,7 +306,7 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
   } else {
     n += snprintf(text + n, sizeof text - (size_t)n,
                   "loss curves agree within %.3g over %lld common steps\n",
-                  d->opt.threshold, (long long)d->loss_steps);
+                  d->threshold_used, (long long)d->loss_steps);
   }
   if (d->intro.found && n < (int)sizeof text)
     n += snprintf(text + n, sizeof text - (size_t)n,
@@ -331,7 +331,7 @@ static probe_status add_diff(probe_report *rep, const probe_diff *d) {
   char title[96];
   snprintf(title, sizeof title,
            "Per layer and site, sorted by where divergence begins "
-           "(threshold %.3g)", d->opt.threshold);
+           "(threshold %.3g)", d->threshold_used);
   st = probe_report_add_table(rep, PROBE_REPORT_DIFF, title, 9, hdr, &tid);
   for (size_t i = 0; st == PROBE_OK && i < d->n_entries && i < DIFF_TABLE_ROWS;
        i++) {

@@ -521,7 +521,17 @@ static char *write_report(probe_report *r, size_t *len) {
   return mem;
 }
 
+/* A report over FP16 layers (the runs these tests draw: headroom against
+ * 65504, FP16 underflow), or over layers of the given formats. */
+static probe_report *new_report_prec(int64_t steps, int layers,
+                                     const probe_dtype *prec);
+
 static probe_report *new_report(int64_t steps, int layers) {
+  return new_report_prec(steps, layers, NULL);
+}
+
+static probe_report *new_report_prec(int64_t steps, int layers,
+                                     const probe_dtype *prec) {
   probe_report *r;
   probe_report_options o;
   probe_report_options_init(&o);
@@ -532,6 +542,7 @@ static probe_report *new_report(int64_t steps, int layers) {
     li[l].id = l;
     snprintf(li[l].name, sizeof li[l].name, "block%d.%s", l / 3,
              l % 3 == 0 ? "linear" : l % 3 == 1 ? "bn" : "revin");
+    li[l].precision = prec ? prec[l] : PROBE_DTYPE_F16;
   }
   ck_assert_int_eq(probe_report_set_layers(r, li, (size_t)layers), PROBE_OK);
   free(li);
@@ -1075,6 +1086,80 @@ START_TEST(test_report_masked_logits) {
 }
 END_TEST
 
+/* The headroom section of a report: from its heading to the next one. */
+static char *headroom_section(const char *html, const char *h2) {
+  const char *a = strstr(html, h2);
+  if (!a) return NULL;
+  const char *b = strstr(a + 4, "<h2>");
+  size_t n = b ? (size_t)(b - a) : strlen(a);
+  char *out = malloc(n + 1);
+  memcpy(out, a, n);
+  out[n] = 0;
+  return out;
+}
+
+static void feed_absmax(probe_report *r, int layer, int site, float absmax) {
+  for (int64_t st = 0; st < 50; st++) {
+    probe_record p;
+    memset(&p, 0, sizeof p);
+    p.step = st;
+    p.layer = layer;
+    p.site = site;
+    p.stats.count = 100;
+    p.stats.absmax = absmax;
+    ck_assert_int_eq(probe_report_add_records(r, &p, 1), PROBE_OK);
+  }
+}
+
+/* hunt F6: a BF16 trace's headroom is measured against BF16's 3.39e38,
+ * not FP16's 65504: a healthy BF16 layer at 1e5 (RevIN's variance) is at
+ * the blue end (24+ binades), not painted red as past FP16's range; the
+ * FP16 underflow map does not apply to BF16 layers. */
+START_TEST(test_report_bf16_headroom) {
+  const probe_dtype prec[2] = {PROBE_DTYPE_BF16, PROBE_DTYPE_BF16};
+  probe_report *r = new_report_prec(50, 2, prec);
+  feed_absmax(r, 0, PROBE_SITE_FWD_OUT, 1e5f);
+  feed_absmax(r, 1, PROBE_SITE_GRAD_IN, 1e5f);
+  size_t len;
+  char *html = write_report(r, &len);
+  ck_assert_ptr_null(strstr(html, "FP16 headroom"));
+  ck_assert_ptr_null(strstr(html, "65504"));
+  char *h = headroom_section(html, "<h2>BF16 headroom per layer</h2>");
+  ck_assert_ptr_nonnull(h);
+  ck_assert_ptr_nonnull(strstr(h, "BF16 headroom: log2(3.39e38 / absmax)"));
+  /* one colour of cells, the top level (24+ binades), none red */
+  ck_assert_int_eq(count_substr(h, "<path fill="), 1);
+  ck_assert_ptr_nonnull(strstr(h, "<path fill=\"#333997\""));
+  free(h);
+  ck_assert_ptr_nonnull(strstr(html, "No layer runs in FP16"));
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
+/* FP16 and BF16 layers in one trace: each against its own format, the
+ * title says so; the FP16 layer near 65504 is red, the BF16 one blue. */
+START_TEST(test_report_mixed_formats_headroom) {
+  const probe_dtype prec[2] = {PROBE_DTYPE_F16, PROBE_DTYPE_BF16};
+  probe_report *r = new_report_prec(50, 2, prec);
+  feed_absmax(r, 0, PROBE_SITE_FWD_OUT, 65000.0f);
+  feed_absmax(r, 1, PROBE_SITE_FWD_OUT, 1e5f);
+  size_t len;
+  char *html = write_report(r, &len);
+  char *h = headroom_section(html, "<h2>Headroom per layer, in each layer's format</h2>");
+  ck_assert_ptr_nonnull(h);
+  ck_assert_ptr_nonnull(strstr(h, "FP16 65504, BF16 3.39e38"));
+  ck_assert_int_eq(count_substr(h, "<path fill="), 2);
+  ck_assert_ptr_nonnull(strstr(h, "<path fill=\"#333997\"")); /* BF16 */
+  ck_assert_ptr_nonnull(strstr(h, "<path fill=\"#a"));  /* FP16: the red end */
+  free(h);
+  /* the FP16 underflow map is drawn, BF16 rows grey */
+  ck_assert_ptr_nonnull(strstr(html, "or are BF16 or FP32 layers"));
+  free(html);
+  probe_report_free(r);
+}
+END_TEST
+
 /* #15.5: the underflow colour bar is a fraction: 0% .. 100%, no "<=0" or
  * "1+"; headroom keeps its open ends (values beyond are clamped). */
 START_TEST(test_report_colour_bar_labels) {
@@ -1157,6 +1242,8 @@ static Suite *make_report_suite(void) {
   tcase_add_test(tc, test_report_rows_capped);
   tcase_add_test(tc, test_report_rows_of_recorded_layers);
   tcase_add_test(tc, test_report_colour_bar_labels);
+  tcase_add_test(tc, test_report_bf16_headroom);
+  tcase_add_test(tc, test_report_mixed_formats_headroom);
   suite_add_tcase(s, tc);
   return s;
 }
