@@ -88,16 +88,18 @@ static void usage(FILE *f) {
   fprintf(f,
 "usage: ampprobe bisect --fp32-candidates LIST [--scenario NAME | --config FILE]\n"
 "                       [--granularity kind|layer] [-j N] [--steps N] [--seed S]\n"
+"                       [--precision fp16|bf16]\n"
 "                       [--ranks N] [--trace] [--workdir DIR]\n"
 "                       [failure criteria] [--json] [-o FILE [--force]] [-q]\n"
 "                       [--progress-every SECONDS] [--trial-timeout SECONDS]\n"
 "                       [--resume FILE]\n"
 "                       [-- RUN OPTIONS | -- COMMAND ARGS...]\n"
 "\n"
-"Finds a minimal set of modules to keep in FP32 so that FP16 training stays\n"
-"healthy. Candidates are module kinds or layer-name globs, as in 'run --fp32';\n"
-"those that match no layer are dropped with a warning. It first checks its\n"
-"premises: the run with everything in FP16 must fail, the FP32 baseline must\n"
+"Finds a minimal set of modules to keep in FP32 so that FP16 (or BF16)\n"
+"training stays healthy. Candidates are module kinds or layer-name globs, as\n"
+"in 'run --fp32'; those that match no layer are dropped with a warning. It\n"
+"first checks its premises: the run with everything in FP16 (BF16) must\n"
+"fail, the FP32 baseline must\n"
 "pass and train (otherwise it is not a precision problem), and the run with\n"
 "every candidate in FP32 must pass (otherwise the candidates are not enough).\n"
 "Then delta debugging (ddmin) finds a set from which no candidate can be\n"
@@ -107,7 +109,10 @@ static void usage(FILE *f) {
 "  --fp32-candidates LIST   comma-separated kinds or layer globs (required)\n"
 "  --scenario NAME          built-in scenario (default '%s')\n"
 "  --config FILE            JSON config file\n"
-"  --steps N, --seed S      passed to every trial (N in 1..100000000)\n"
+"  --steps N, --seed S      passed to every trial (N in 1..100000000)\n""  --precision fp16|bf16    the reduced precision of every trial but the FP32\n"
+"                           baselines (default: the config's, else fp16); as\n"
+"                           'run --precision', so a BF16 run can be bisected.\n"
+"                           With a command: AMPPROBE_PRECISION in those trials\n"
 "  --ranks N                every trial trains data-parallel on N ranks\n"
 "                           ('ampprobe run --ranks N', mpirun underneath) and\n"
 "                           is judged by the post-mortem over its rank files;\n"
@@ -206,8 +211,13 @@ typedef enum trial_role {
   R_ALL_FP16, R_BASELINE, R_NOISE, R_ALL_CAND, R_DDMIN, R_DDMIN_LAYER
 } trial_role;
 
+/* The JSON's role identifiers. "all-fp16" stays the name of the trial with
+ * nothing in FP32 whatever the reduced precision (report --bisect and
+ * --resume of older documents read it); its "precision" field and the
+ * text (role_text) say fp16 or bf16. */
 static const char *role_name[] = {"all-fp16", "fp32-baseline", "fp32-noise",
                                   "all-candidates", "ddmin", "ddmin-layer"};
+
 
 static int is_baseline(trial_role r) { return r == R_BASELINE || r == R_NOISE; }
 
@@ -347,6 +357,13 @@ typedef struct bisect {
   /* settings that decide the answer, besides the options above
    * (settings_json: written to the result, checked by --resume) */
   int64_t steps_eff;       /* the trials' steps (internal), -1 unknown */
+  /* the reduced precision of the trials that are not baselines: "fp16" or
+   * "bf16": --precision, else the config's (scenario's), else fp16;
+   * prec_given: from --precision (then passed to every such trial);
+   * prec_default: what it would be without --precision (a --resume
+   * document written before the setting existed ran that one) */
+  const char *prec, *prec_default;
+  int prec_given;
   char config_digest[40];  /* of the config file's content, "" none */
   char wd_abs[PATH_MAX];   /* realpath of workdir */
   /* --resume FILE: the earlier document's trials with a verdict (prior),
@@ -359,6 +376,11 @@ typedef struct bisect {
   int n_rs_dir;
   size_t n_reused, n_gone;
 } bisect;
+
+
+/* A role as the text says it: the trial with nothing in FP32 is all-bf16
+ * in a BF16 bisect. */
+static const char *role_text(const bisect *b, int role);
 
 static trial *T(bisect *b, int id) { return id >= 0 ? &b->trials[id] : NULL; }
 
@@ -440,6 +462,10 @@ static int trial_argv(const bisect *b, const trial *t, char **argv, int max,
     ARG("--precision");
     ARG("fp32");
   } else {
+    if (b->prec_given) { /* else the config's own, which b->prec is */
+      ARG("--precision");
+      ARG(b->prec);
+    }
     ARG("--fp32");
     ARG(t->fp32);
   }
@@ -466,8 +492,11 @@ static void trial_env(const bisect *b, const trial *t, const char *trace_abs) {
   unsetenv("AMPPROBE_PRECISION");
   if (is_baseline(t->role))
     setenv("AMPPROBE_PRECISION", "fp32", 1);
-  else
+  else {
     setenv("AMPPROBE_FP32", t->fp32, 1);
+    if (b->prec_given) /* else the job's own */
+      setenv("AMPPROBE_PRECISION", b->prec, 1);
+  }
   setenv("AMPPROBE_TRACE", trace_abs, 1);
   /* Every trial gets the seed, not only the noise baseline: a job whose own
    * default seed is S + 1 would otherwise run the same seed in both
@@ -1282,7 +1311,7 @@ static int trial_try_reuse(bisect *b, trial *t) {
     progress_clear(b);
     fprintf(stderr, "ampprobe: bisect: note: --resume: the earlier %s trial%s%s%s "
                     "is run again: %s%s\n",
-            role_name[t->role], t->fp32[0] ? " (FP32 " : "", qs,
+            role_text(b, t->role), t->fp32[0] ? " (FP32 " : "", qs,
             t->fp32[0] ? ")" : "", qw,
             t->role == R_BASELINE ? " (the loss criterion needs the FP32 "
                                     "baseline's loss series, read from its "
@@ -1513,6 +1542,10 @@ static char *make_reproduce(const bisect *b, const char *fp32) {
     w[n++] = "--ranks";
     w[n++] = ranks;
   }
+  if (b->prec_given) {
+    w[n++] = "--precision";
+    w[n++] = b->prec;
+  }
   w[n++] = "--fp32";
   w[n++] = fp32;
   for (int i = 0; i < b->n_pass && n < sizeof w / sizeof *w; i++)
@@ -1600,6 +1633,17 @@ static const char *trial_dir_abs(const bisect *b, const trial *t) {
  * (scenario, or the config's content, or the command; steps, seeds, ranks,
  * run options, --trace), the candidates in their order (ddmin's sets
  * follow it), the granularity and the failure criteria. */
+static const char *role_text(const bisect *b, int role) {
+  if (role == R_ALL_FP16 && b->prec && !strcmp(b->prec, "bf16"))
+    return "all-bf16";
+  return role_name[role];
+}
+
+/* "FP16" or "BF16": the trials' reduced precision, for the text. */
+static const char *prec_upper(const bisect *b) {
+  return b->prec && !strcmp(b->prec, "bf16") ? "BF16" : "FP16";
+}
+
 static json_t *settings_json(const bisect *b) {
   json_t *s = json_object(), *a;
   json_object_set_new(s, "scenario", b->ext || b->config
@@ -1624,6 +1668,7 @@ static json_t *settings_json(const bisect *b) {
     json_array_append_new(a, cli_json_text(b->cand_all[i]));
   json_object_set_new(s, "candidates", a);
   json_object_set_new(s, "granularity", json_string(b->granularity));
+  json_object_set_new(s, "precision", json_string(b->prec));
   json_object_set_new(s, "steps", b->steps_eff >= 0 ? json_integer(b->steps_eff)
                                                     : json_null());
   json_object_set_new(s, "seed", json_integer(b->base_seed));
@@ -1653,7 +1698,7 @@ static json_t *trial_json(const bisect *b, const trial *t) {
   json_object_set_new(x, "reused", json_boolean(t->reused));
   json_object_set_new(x, "role", json_string(role_name[t->role]));
   json_object_set_new(x, "precision",
-                      json_string(is_baseline(t->role) ? "fp32" : "fp16"));
+                      json_string(is_baseline(t->role) ? "fp32" : b->prec));
   json_object_set_new(x, "fp32", is_baseline(t->role) ? json_null()
                                                        : list_json(t->fp32));
   json_object_set_new(
@@ -1901,7 +1946,7 @@ static void print_text(const bisect *b, const result *r) {
       set = setb;
     }
     fprintf(f, "  %02d  %-15s %-*s %-7s %-9s %7s  %s\n", t->id,
-            role_name[t->role], w, ESC(set), verdict_str(t), steps, tm, ESC(t->why));
+            role_text(b, t->role), w, ESC(set), verdict_str(t), steps, tm, ESC(t->why));
   }
   fprintf(f, "\n");
   fprintf(f, "result: %s\n", ESC(r->summary));
@@ -2280,7 +2325,7 @@ enum {
   O_CAND = 256, O_SCENARIO, O_CONFIG, O_STEPS, O_SEED, O_GRAN, O_WORKDIR,
   O_FAILNF, O_NOFAILNF, O_MAXSKIP, O_MINSCALE, O_REGRESS, O_TRACE, O_JSON,
   O_FORCE, O_PROGRESS, O_NOISE_SEED, O_NO_NOISE, O_RANKS, O_TRIAL_TIMEOUT,
-  O_RESUME
+  O_RESUME, O_PRECISION
 };
 
 /* Returns -1 to go on, or the exit code. */
@@ -2292,7 +2337,7 @@ static const char *controlled_run_option(const char *a) {
   static const struct {
     const char *opt, *why;
   } owned[] = {
-      {"--precision", "bisect sets each trial's precision (FP32 baselines, FP16 trials)"},
+      {"--precision", "give it to bisect itself (before --): --precision fp16|bf16 is the trials' reduced precision; the baselines run in FP32"},
       {"--fp32", "bisect sets each trial's FP32 set (--fp32-candidates)"},
       {"--scenario", "give it to bisect itself (before --)"},
       {"--config", "give it to bisect itself (before --)"},
@@ -2337,6 +2382,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
       {"progress-every", required_argument, NULL, O_PROGRESS},
       {"trial-timeout", required_argument, NULL, O_TRIAL_TIMEOUT},
       {"resume", required_argument, NULL, O_RESUME},
+      {"precision", required_argument, NULL, O_PRECISION},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -2351,6 +2397,7 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
   b->wd_fd = -1;
   b->steps_eff = -1;
   b->granularity = "kind";
+  b->prec = b->prec_default = "fp16";
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   b->jobs = ncpu > 0 ? (int)ncpu : 1;
   int64_t iv;
@@ -2434,6 +2481,17 @@ static int bisect_parse(int argc, char **argv, bisect *b) {
         return CLI_EXIT_USAGE;
       break;
     case O_RESUME: b->resume = optarg; break;
+    case O_PRECISION:
+      if (strcmp(optarg, "fp16") && strcmp(optarg, "bf16")) {
+        char q[256];
+        cli_escape_name(q, sizeof q, optarg);
+        cli_error(SUB, "--precision %s: fp16 or bf16 (the trials' reduced "
+                       "precision; the baselines always run in FP32)", q);
+        return CLI_EXIT_USAGE;
+      }
+      b->prec = !strcmp(optarg, "bf16") ? "bf16" : "fp16";
+      b->prec_given = 1;
+      break;
     case 'q': b->quiet = 1; break;
     case 'h': usage(stdout); return CLI_EXIT_OK;
     default: return cli_getopt_error(SUB, argv, c);
@@ -2724,6 +2782,7 @@ static int resume_load(bisect *b) {
       {"external_command", "command is", " "},
       {"candidates", "candidates are", ","},
       {"granularity", "granularity is", ","},
+      {"precision", "precision is", ","},
       {"steps", "steps are", ","},
       {"seed", "seed is", ","},
       {"noise_seed", "noise baseline's seed is", ","},
@@ -2740,6 +2799,11 @@ static int resume_load(bisect *b) {
     json_t *was = json_object_get(set, keys[k].key);
     json_t *now = json_object_get(cur, keys[k].key);
     if (was && now && json_equal(was, now))
+      continue;
+    /* a document from before the precision setting: its trials ran in
+     * the precision this bisect takes without --precision */
+    if (!was && !strcmp(keys[k].key, "precision") &&
+        !strcmp(b->prec, b->prec_default))
       continue;
     char a[LIST_MAX], c[LIST_MAX], qa[LIST_MAX], qc[LIST_MAX];
     setting_text(was, keys[k].sep, a, sizeof a);
@@ -2841,7 +2905,10 @@ static int plan_config(bisect *b) {
     if (json_is_integer(json_object_get(j, "steps")))
       b->steps_eff = json_integer_value(json_object_get(j, "steps"));
     const char *prec = json_string_value(json_object_get(j, "precision"));
-    int all_fp32 = prec && !strcmp(prec, "fp32");
+    int all_fp32 = prec && !strcmp(prec, "fp32") && !b->prec_given;
+    b->prec_default = prec && !strcmp(prec, "bf16") ? "bf16" : "fp16";
+    if (!b->prec_given)
+      b->prec = b->prec_default;
     json_decref(j);
     cli_config_data_files(text, b->config, b->data, sizeof b->data, b->data2,
                           sizeof b->data2);
@@ -2849,7 +2916,7 @@ static int plan_config(bisect *b) {
     if (all_fp32) {
       cli_error(SUB, "the config's precision is fp32: nothing runs in FP16 or "
                      "BF16, so there is nothing to bisect (set \"precision\" "
-                     "to fp16 or bf16)");
+                     "to fp16 or bf16, or give --precision fp16|bf16)");
       probe_config_free(cfg);
       return CLI_EXIT_USAGE;
     }
@@ -3232,16 +3299,16 @@ static int run_premises(bisect *b, result *r) {
     snprintf(r->summary, sizeof r->summary,
              "not a precision problem: the FP32 baseline does not train (its "
              "mean loss went from %.4g over the first steps to %.4g over the "
-             "last, no drop beyond the batch-to-batch noise), so no FP16 "
+             "last, no drop beyond the batch-to-batch noise), so no %s "
              "trial can be judged against it; fix the training itself first (learning rate, data, model; ampprobe "
              "postmortem %.300s)",
-             first, last, base->trace);
+             first, last, prec_upper(b), base->trace);
   } else if (a16->verdict == PROBE_DDMIN_PASS) {
     r->oc = O_HEALTHY;
     snprintf(r->summary, sizeof r->summary,
-             "healthy, nothing to bisect: with everything in FP16 the run "
+             "healthy, nothing to bisect: with everything in %s the run "
              "passes (%.300s)%s",
-             a16->why,
+             prec_upper(b), a16->why,
              base->verdict == PROBE_DDMIN_FAIL
                  ? "; note that the FP32 baseline fails"
                  : "");

@@ -21,8 +21,8 @@ add_test(NAME tools.e2e.bisect.errors
          COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> errors)
 # fair trials (issue 15.4), external commands (13.5), files and processes
 # (17.3/5/6, 15.6); run's output rules and progress lines (e2e_run.sh)
-# --resume after Ctrl-C or a finished bisect (resume)
-foreach(group fair external safety resume)
+# --resume after Ctrl-C or a finished bisect (resume); --precision bf16
+foreach(group fair external safety resume bf16)
   add_test(NAME tools.e2e.bisect.${group}
            COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e_bisect.sh $<TARGET_FILE:ampprobe_exe> ${group})
   set_tests_properties(tools.e2e.bisect.${group} PROPERTIES LABELS "tools;e2e" TIMEOUT 300)

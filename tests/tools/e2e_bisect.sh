@@ -11,9 +11,10 @@
 # FIFOs, trials dying with bisect, progress lines, no table on errors).
 # Issue 14: ranks (multi-rank trials with mpirun; skipped, exit 77, without).
 # resume: --resume FILE after Ctrl-C or a finished bisect, refusals.
+# bf16: --precision fp16|bf16 (the trials' reduced precision).
 #
 # usage: e2e_bisect.sh AMPPROBE_BINARY [GROUP]
-#   GROUP: zoo | errors | fair | external | safety | ranks | resume | all
+#   GROUP: zoo | errors | fair | external | safety | ranks | resume | bf16 | all
 #   (names: the layer-name part of zoo alone)
 set -u
 BIN=${1:?usage: e2e_bisect.sh AMPPROBE_BINARY [zoo|errors|fair|external|safety|all]}
@@ -1296,6 +1297,76 @@ FLAKY
     "--resume, another AMPPROBE_SEED" "${x[@]}" --resume "$R/ext.json" -- "$FAKE" "$BIN" two-culprits
 }
 
+# bf16 (hunt F5): bisect --precision fp16|bf16 sets the reduced precision of
+# every trial but the FP32 baselines (default: the config's, else fp16), so
+# that a 'run --precision bf16' can be bisected (it was refused after --,
+# and a BF16 config's trials were labelled all-fp16, "with everything in
+# FP16"); the JSON role stays all-fp16 (its "precision" says bf16);
+# --resume compares the precision.
+trace_prec() { # the precisions of a trace's layers that are not FP32 (0)
+  "$PY" -c "import h5py,sys; L=h5py.File(sys.argv[1],'r')['layers'][:]; print(','.join(sorted({str(p) for p in L['precision'] if p})))" "$1"
+}
+bf16() {
+  local W=$WORK/bf
+  mkdir -p "$W"
+  "$BIN" bisect --scenario bn-overflow --fp32-candidates bn --precision bf16 -j 2 -q \
+    --workdir "$W/wd1" -o "$W/b1.json" >"$W/b1.txt" 2>"$W/b1.err"
+  RC=$?
+  local got
+  got=$(jget "$W/b1.json" "(d['outcome'], d['settings']['precision'], [(t['role'], t['precision']) for t in d['trials']][0])")
+  if [ "$RC" = 0 ] && [ "$got" = "('healthy', 'bf16', ('all-fp16', 'bf16'))" ] &&
+     grep -q "with everything in BF16 the run passes" "$W/b1.txt" &&
+     grep -Eq "^  00  all-bf16 " "$W/b1.txt" && ! grep -q "FP16" "$W/b1.txt" &&
+     [ "$(trace_prec "$W/wd1/trial-00.h5")" = 2 ]; then
+    pass "--precision bf16: BF16 trials (trace precision 2), all-bf16, 'with everything in BF16' ($got)"
+  else
+    fail "--precision bf16: exit $RC, $got: $(grep -E 'result|00 ' "$W/b1.txt") $(cat "$W/b1.err")"
+  fi
+  # a config whose precision is bf16: the same, without --precision
+  mkcfg bn-overflow "$W/bnov-bf16.json" 'precision="bf16"'
+  "$BIN" bisect --config "$W/bnov-bf16.json" --fp32-candidates bn -j 2 -q \
+    --workdir "$W/wd2" -o "$W/b2.json" >"$W/b2.txt" 2>&1
+  RC=$?
+  got=$(jget "$W/b2.json" "(d['settings']['precision'], d['trials'][0]['precision'])")
+  [ "$RC" = 0 ] && [ "$got" = "('bf16', 'bf16')" ] && grep -q "with everything in BF16" "$W/b2.txt" &&
+    grep -Eq "^  00  all-bf16 " "$W/b2.txt" &&
+    pass "a bf16 config: BF16 trials, said so ($got)" ||
+    fail "a bf16 config: exit $RC, $got: $(grep result "$W/b2.txt")"
+  # --precision fp16 is the default's answer, and the reproduce line has it
+  "$BIN" bisect --scenario bn-overflow --fp32-candidates bn --precision fp16 -j 2 -q \
+    --workdir "$W/wd3" -o "$W/b3.json" >"$W/b3.txt" 2>&1
+  RC=$?
+  got=$(jget "$W/b3.json" "(d['minimal_set'], d['trials'][0]['precision'], '--precision fp16' in d['reproduce'])")
+  [ "$RC" = 1 ] && [ "$got" = "(['bn'], 'fp16', True)" ] &&
+    pass "--precision fp16: the FP16 answer, reproduce line with --precision fp16 ($got)" ||
+    fail "--precision fp16: exit $RC, $got"
+  # the command of a 'run --scenario lr-too-high --precision bf16' (its
+  # post-mortem's next step) bisects BF16: not a precision problem
+  "$BIN" bisect --scenario lr-too-high --fp32-candidates linear --precision bf16 -j 2 -q \
+    --workdir "$W/wd4" -o "$W/b4.json" >"$W/b4.txt" 2>&1
+  RC=$?
+  got=$(jget "$W/b4.json" "(d['outcome'], d['trials'][0]['precision'])")
+  [ "$RC" = 1 ] && [ "$got" = "('not-a-precision-problem', 'bf16')" ] &&
+    [ "$(trace_prec "$W/wd4/trial-00.h5")" = 2 ] &&
+    pass "lr-too-high --precision bf16: not a precision problem, BF16 trials" ||
+    fail "lr-too-high --precision bf16: exit $RC, $got"
+  expect_err 2 "--precision fp32" --fp32-candidates bn --scenario bn-overflow --precision fp32 -q \
+    --workdir "$W/wd-x"
+  grep -q "fp16 or bf16" "$WORK/e.err" || fail "--precision fp32: $(cat "$WORK/e.err")"
+  [ -e "$W/wd-x" ] && fail "--precision fp32: a trial ran"
+  # --resume: the precision is a setting
+  resume_refused 2 "--resume .*b1.json: its precision is bf16 \(this bisect: fp16\)$" \
+    "--resume of a BF16 bisect without --precision" --scenario bn-overflow --fp32-candidates bn \
+    -j 2 -q --workdir "$W/wd1" --resume "$W/b1.json"
+  "$BIN" bisect --scenario bn-overflow --fp32-candidates bn --precision bf16 -j 2 -q \
+    --workdir "$W/wd1" --resume "$W/b1.json" -o "$W/b1r.json" >/dev/null 2>&1
+  RC=$?
+  got=$(jget "$W/b1r.json" "(d['outcome'], d['trials_reused'], d['settings']['precision'])")
+  [ "$RC" = 0 ] && [ "$got" = "('healthy', 4, 'bf16')" ] &&
+    pass "--resume of a BF16 bisect with --precision bf16: every trial reused ($got)" ||
+    fail "--resume --precision bf16: exit $RC, $got"
+}
+
 case "$GROUP" in
   zoo) zoo ;;
   names) layer_names_exact ;;
@@ -1305,7 +1376,8 @@ case "$GROUP" in
   safety) safety ;;
   ranks) ranks ;;
   resume) resume ;;
-  all) zoo; errors; fair; external; safety; ranks; resume ;;
+  bf16) bf16 ;;
+  all) zoo; errors; fair; external; safety; ranks; resume; bf16 ;;
   *) echo "unknown group $GROUP"; exit 2 ;;
 esac
 echo "$FAILS failure(s)"
