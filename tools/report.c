@@ -595,6 +595,11 @@ static probe_status add_bisect_escaped(probe_report *rep, json_t *root) {
       }
     }
     const char *why = jstr(x, "why");
+    /* the role all-fp16 is the trial with nothing in FP32 whatever the
+     * reduced precision: shown as all-bf16 for a BF16 bisect's */
+    const char *prec = jstr(x, "precision");
+    if (!strcmp(role, "all-fp16") && prec && !strcmp(prec, "bf16"))
+      role = "all-bf16";
     const char *row[7] = {id, role, set ? set : "", verdict, steps, tm,
                           why ? why : ""};
     st = probe_report_table_row(rep, tid, row);

@@ -1322,6 +1322,11 @@ bf16() {
   else
     fail "--precision bf16: exit $RC, $got: $(grep -E 'result|00 ' "$W/b1.txt") $(cat "$W/b1.err")"
   fi
+  # report --bisect shows that trial as all-bf16 too
+  "$BIN" report "$W/wd1/trial-00.h5" --bisect "$W/b1.json" -o "$W/r1.html" -q >/dev/null 2>&1 &&
+    grep -q ">all-bf16<" "$W/r1.html" && ! grep -q ">all-fp16<" "$W/r1.html" &&
+    pass "report --bisect of a BF16 bisect: all-bf16" ||
+    fail "report --bisect of a BF16 bisect: $(grep -o '>all-[a-z0-9]*<' "$W/r1.html" | head -2)"
   # a config whose precision is bf16: the same, without --precision
   mkcfg bn-overflow "$W/bnov-bf16.json" 'precision="bf16"'
   "$BIN" bisect --config "$W/bnov-bf16.json" --fp32-candidates bn -j 2 -q \
