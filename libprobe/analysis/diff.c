@@ -274,10 +274,11 @@ typedef struct state {
   int32_t *slot_entry;  /* A layer * SITES + site -> entry index, -1 */
   int64_t *entry_last_div; /* per entry: last step it diverged */
   int64_t *entry_uf_a;  /* per entry: steps A's values underflowed */
-  /* why the points' zeros differ (ZEROS_*), and on which side */
-  int first_div_zeros, intro_zeros;
-  char first_div_zside, intro_zside;
-  int32_t first_div_zprec, intro_zprec;
+  /* why the introduction point's zeros differ (ZEROS_*), on which side,
+   * and that side's format */
+  int intro_zeros;
+  char intro_zside;
+  int32_t intro_zprec;
   double *entry_rel_sum;
   double *win;          /* per entry: the last W rel RMS values (ring) */
   double *win_sum;
@@ -544,8 +545,6 @@ static probe_status compare_step(state *s, const cursor *ca,
         set_point(&d->first_div, step, e->layer, ra->site, ra->seq, rel,
                   inputs_div == 0, nfa != nfb ? 1 + nfb : 0);
         d->first_div.zero_a = za, d->first_div.zero_b = zb;
-        s->first_div_zeros = zkind, s->first_div_zside = zside;
-        s->first_div_zprec = zprec;
       }
       if (!d->intro.found && inputs_div == 0) {
         set_point(&d->intro, step, e->layer, ra->site, ra->seq, rel, 1,
