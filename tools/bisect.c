@@ -1521,7 +1521,14 @@ static char *make_reproduce(const bisect *b, const char *fp32) {
     e[0] = fp32;
     for (int i = 0; i < b->n_ext; i++)
       e[i + 1] = b->ext[i];
-    char *s = cli_join_quoted("AMPPROBE_FP32=", e, (size_t)b->n_ext + 1);
+    /* with --precision, the trials' AMPPROBE_PRECISION too (prec is one of
+     * two bare words) */
+    char *s = cli_join_quoted(b->prec_given && !strcmp(b->prec, "bf16")
+                                  ? "AMPPROBE_PRECISION=bf16 AMPPROBE_FP32="
+                              : b->prec_given
+                                  ? "AMPPROBE_PRECISION=fp16 AMPPROBE_FP32="
+                                  : "AMPPROBE_FP32=",
+                              e, (size_t)b->n_ext + 1);
     free(e);
     return s;
   }

@@ -1359,6 +1359,25 @@ bf16() {
     --workdir "$W/wd-x"
   grep -q "fp16 or bf16" "$WORK/e.err" || fail "--precision fp32: $(cat "$WORK/e.err")"
   [ -e "$W/wd-x" ] && fail "--precision fp32: a trial ran"
+  # an external command: AMPPROBE_PRECISION=bf16 in the trials but the
+  # baselines (fp32 there), and in the reproduce line
+  : >"$W/job.log"
+  FAKE_JOB_LOG=$W/job.log "$BIN" bisect --fp32-candidates bn --precision bf16 -j 2 -q \
+    --workdir "$W/wd5" -o "$W/b5.json" -- "$FAKE" "$BIN" two-culprits >/dev/null 2>&1
+  RC=$?
+  got=$(grep -o "precision=[a-z0-9<>]*" "$W/job.log" | sort | uniq -c | awk '{print $2}' | tr '\n' ' ')
+  [ "$RC" != 4 ] && [ "$got" = "precision=bf16 precision=fp32 " ] &&
+    [ "$(trace_prec "$W/wd5/trial-00.h5")" = 2 ] &&
+    [ "$(jget "$W/b5.json" "d['trials'][0]['precision']")" = bf16 ] &&
+    pass "an external command with --precision bf16: AMPPROBE_PRECISION=bf16 in its trials ($got)" ||
+    fail "an external command with --precision bf16: exit $RC, $got"
+  "$BIN" bisect --fp32-candidates softmax,revin --precision fp16 -j 2 -q \
+    --workdir "$W/wd6" -o "$W/b6.json" -- "$FAKE" "$BIN" two-culprits >/dev/null 2>&1
+  RC=$?
+  got=$(jget "$W/b6.json" "d['reproduce'].split(' ')[:2]")
+  [ "$RC" = 1 ] && [ "$got" = "['AMPPROBE_PRECISION=fp16', 'AMPPROBE_FP32=softmax,revin']" ] &&
+    pass "an external command's reproduce line with --precision: $got" ||
+    fail "an external command's reproduce line with --precision: exit $RC, $got"
   # --resume: the precision is a setting
   resume_refused 2 "--resume .*b1.json: its precision is bf16 \(this bisect: fp16\)$" \
     "--resume of a BF16 bisect without --precision" --scenario bn-overflow --fp32-candidates bn \

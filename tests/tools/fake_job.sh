@@ -4,6 +4,7 @@
 # as the ampprobe Python package does, by training a scenario of the zoo:
 #   AMPPROBE_FP32=<kinds or globs>  -> run --fp32 LIST
 #   AMPPROBE_PRECISION=fp32         -> run --precision fp32
+#   AMPPROBE_PRECISION=fp16|bf16    -> run --precision P --fp32 LIST
 #   AMPPROBE_TRACE=<path>           -> run -o PATH (the trace bisect judges)
 #   AMPPROBE_SEED=<n>               -> run --seed N (unless MODE is noseed)
 # and appends what it saw to $FAKE_JOB_LOG (one line per trial) when set.
@@ -29,6 +30,8 @@ esac
 args=(run --scenario "$SC" -q -o "${AMPPROBE_TRACE:?AMPPROBE_TRACE is not set}")
 if [ "${AMPPROBE_PRECISION-}" = fp32 ]; then
   args+=(--precision fp32)
+elif [ -n "${AMPPROBE_PRECISION-}" ]; then # fp16 or bf16 (bisect --precision)
+  args+=(--precision "$AMPPROBE_PRECISION" --fp32 "${AMPPROBE_FP32-}")
 else
   args+=(--fp32 "${AMPPROBE_FP32-}")
 fi
