@@ -192,11 +192,18 @@ static const char *kind_of(const probe_diag *d, int32_t id) {
 
 /* The command that reruns the run: from the structured config. A trace of
  * another framework (the config's "framework", e.g. the Python package's
- * "pytorch") is rerun with its own command: bisect takes it after "--". */
+ * "pytorch") is rerun with its own command: bisect takes it after "--".
+ * A run whose reduced layers are BF16 is rerun and bisected in BF16
+ * (`--precision bf16`: bisect's trials are FP16 otherwise, another run);
+ * its FP32 baseline is the same command in FP32. */
 static void run_args(rank_ctx *c) {
   const probe_diag *d = c->d;
+  const char *prec = probe__diag_range_prec(d, -1) == PROBE_DTYPE_BF16
+                         ? " --precision bf16"
+                         : "";
   if (d->cfg_external) {
-    snprintf(c->args, sizeof c->args, "-- %s", d->cfg_command);
+    snprintf(c->args, sizeof c->args, "%s%s-- %s", prec + (prec[0] != 0),
+             prec[0] ? " " : "", d->cfg_command);
     snprintf(c->run_same, sizeof c->run_same, "'%s'", d->cfg_command);
     snprintf(c->run_fp32, sizeof c->run_fp32,
              "'%s' with every module in FP32", d->cfg_command);
@@ -207,11 +214,13 @@ static void run_args(rank_ctx *c) {
     k += (size_t)snprintf(c->args + k, sizeof c->args - k, " --steps %lld",
                           (long long)d->cfg_steps);
   if (k < sizeof c->args && d->cfg_seed >= 0)
-    snprintf(c->args + k, sizeof c->args - k, " --seed %lld",
-             (long long)d->cfg_seed);
-  snprintf(c->run_same, sizeof c->run_same, "'ampprobe run %s'", c->args);
+    k += (size_t)snprintf(c->args + k, sizeof c->args - k, " --seed %lld",
+                          (long long)d->cfg_seed);
   snprintf(c->run_fp32, sizeof c->run_fp32, "'ampprobe run --precision fp32 %s'",
            c->args);
+  if (k < sizeof c->args)
+    snprintf(c->args + k, sizeof c->args - k, "%s", prec);
+  snprintf(c->run_same, sizeof c->run_same, "'ampprobe run %s'", c->args);
 }
 
 /* A layer as a candidate: its kind, or for a kind bisect cannot select

@@ -190,6 +190,21 @@ else
   fail "lr-too-high (bf16): findings '$ids'; $(grep -E 'FP16 upstream|bisect|65504' "$WORK/lrh-bf16.txt" | head -3)"
 fi
 
+# A BF16 run's commands to paste rerun and bisect it in BF16: bisect's
+# trials are FP16 without --precision bf16, another run (hunt_bf F5). Its
+# FP32 baseline carries one --precision only. The FP16 run's do not change.
+record bn-var-zero-series bf16
+"$BIN" postmortem "$WORK/bn-var-zero-series-bf16.h5" >"$WORK/bvz-bf16.txt" 2>&1
+bis=$(grep -o "ampprobe bisect [^;']*" "$WORK/bvz-bf16.txt" | head -1)
+b32=$(grep -o "'ampprobe run --precision fp32 [^']*'" "$WORK/bvz-bf16.txt" | head -1)
+bis16=$(grep -o "ampprobe bisect [^;']*" "$WORK/bn-var-zero-series.txt" | head -1)
+if [[ "$bis" == *" --precision bf16"* ]] && [[ "$b32" != *bf16* ]] &&
+   [ -n "$bis16" ] && [[ "$bis16" != *--precision* ]]; then
+  pass "bn-var-zero-series (bf16): '$bis'; the FP16 run's has no --precision"
+else
+  fail "bn-var-zero-series (bf16): bisect '$bis', FP32 baseline '$b32', FP16 run's bisect '$bis16'"
+fi
+
 echo
 if [ "$FAILS" -gt 0 ]; then
   echo "$FAILS check(s) failed"
