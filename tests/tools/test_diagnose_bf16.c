@@ -17,66 +17,21 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ampprobe/analysis.h"
-#include "ampprobe/probe.h"
-#include "probe_testutil.h"
+#include "diag_testutil.h"
 
-#define N 16
+#define N DIAG_N
 
-static char path_buf[256];
-static const char *tmp_path(const char *tag) {
-  pt_path(path_buf, sizeof path_buf, tag);
-  return path_buf;
-}
+static const char *tmp_path(const char *tag) { return diag_tmp_path(tag); }
+#define open_s(...) diag_open(__VA_ARGS__)
+#define layer(...) diag_layer(__VA_ARGS__)
 
-static probe_session *open_s(const char *p, const char *policy) {
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  o.overwrite = 1;
-  o.precision_policy = policy;
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  return s;
-}
-
-static int32_t layer(probe_session *s, const char *name, probe_kind kind,
-                     probe_dtype prec) {
-  int32_t id;
-  ck_assert_int_eq(probe_layer_register(s, name, kind, prec, &id), PROBE_OK);
-  return id;
-}
-
-/* N values all v, then the first nan NaN and inf +inf. Each record of a
- * step gets its own buffer (the session may read it at probe_step_end). */
-#define PUT_BUFFERS 64
+/* DIAG_N values all v, then the first nan NaN and inf +inf */
 static void put(probe_session *s, int32_t id, probe_site site, float v, int nan,
                 int inf) {
-  static float pool[PUT_BUFFERS][N];
-  static unsigned next;
-  float *x = pool[next++ % PUT_BUFFERS];
-  for (int i = 0; i < N; i++) x[i] = v;
-  int k = 0;
-  for (int i = 0; i < nan; i++) x[k++] = NAN;
-  for (int i = 0; i < inf; i++) x[k++] = INFINITY;
-  ck_assert_int_eq(probe_tensor_record(s, id, site, PROBE_DTYPE_F32, x, N),
-                   PROBE_OK);
+  diag_put(s, id, site, v, 0, nan, inf, 0);
 }
-
 static void end(probe_session *s, double loss) {
-  probe_step_scalars sc = {.loss = loss, .loss_scale = 1.0, .lr = 1e-3};
-  ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-  ck_assert_int_eq(probe_step_end(s), PROBE_OK);
-}
-
-static void diag_of(probe_diag *d, const char *p) {
-  probe_trace *tr = NULL;
-  char err[256];
-  ck_assert_int_eq(probe_trace_open_isolated(&tr, p, err, sizeof err), PROBE_OK);
-  probe_diag_options o;
-  probe_diag_options_init(&o);
-  ck_assert_int_eq(probe_diag_run(d, tr, p, &o), PROBE_OK);
-  probe_trace_close(tr);
+  diag_end(s, loss, 1.0, 1e-3, 0, 0);
 }
 
 static const probe_diag_finding *find(const probe_diag *d, probe_diag_finding_id id) {

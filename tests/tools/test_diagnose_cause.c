@@ -17,72 +17,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ampprobe/analysis.h"
-#include "ampprobe/probe.h"
-#include "probe_testutil.h"
+#include "diag_testutil.h"
 
-#define N 16
+#define N DIAG_N
 
-/* a path in this process's test folder, removed with it (pt_path) */
-static char path_buf[256];
-static const char *tmp_path(const char *tag) {
-  pt_path(path_buf, sizeof path_buf, tag);
-  return path_buf;
-}
+static const char *tmp_path(const char *tag) { return diag_tmp_path(tag); }
+#define open_s(...) diag_open(__VA_ARGS__)
+#define layer(...) diag_layer(__VA_ARGS__)
 
-static probe_session *open_s(const char *p, const char *policy) {
-  probe_options o;
-  probe_options_init(&o);
-  o.mode = PROBE_MODE_FULL;
-  o.overwrite = 1;
-  o.precision_policy = policy;
-  probe_session *s = NULL;
-  ck_assert_int_eq(probe_session_open(&s, p, &o), PROBE_OK);
-  return s;
-}
-
-static int32_t layer(probe_session *s, const char *name, probe_kind kind,
-                     probe_dtype prec) {
-  int32_t id;
-  ck_assert_int_eq(probe_layer_register(s, name, kind, prec, &id), PROBE_OK);
-  return id;
-}
-
-/* N values v * (0.5 + i/N), then the first nan NaN, inf +inf, zeros 0.
- * The data must stay valid until probe_step_end (the session may snapshot
- * it then: probe.h), so each record of a step gets its own buffer. */
-#define PUT_BUFFERS 64
+/* DIAG_N values v * (0.5 + i/N), then the first nan NaN, inf +inf, zeros 0 */
 static void put(probe_session *s, int32_t id, probe_site site, float v, int nan,
                 int inf, int zeros) {
-  static float pool[PUT_BUFFERS][N];
-  static unsigned next;
-  float *x = pool[next++ % PUT_BUFFERS];
-  for (int i = 0; i < N; i++) x[i] = v * (0.5f + (float)i / N);
-  int k = 0;
-  for (int i = 0; i < nan; i++) x[k++] = NAN;
-  for (int i = 0; i < inf; i++) x[k++] = INFINITY;
-  for (int i = 0; i < zeros; i++) x[k++] = 0.0f;
-  ck_assert_int_eq(probe_tensor_record(s, id, site, PROBE_DTYPE_F32, x, N),
-                   PROBE_OK);
+  diag_put(s, id, site, v, 1, nan, inf, zeros);
 }
-
-static void end(probe_session *s, double loss, double scale, double lr,
-                int found_inf, int skipped) {
-  probe_step_scalars sc = {.loss = loss, .loss_scale = scale, .lr = lr,
-                           .found_inf = found_inf, .skipped = skipped};
-  ck_assert_int_eq(probe_step_set_scalars(s, &sc), PROBE_OK);
-  ck_assert_int_eq(probe_step_end(s), PROBE_OK);
-}
-
-static void diag_of(probe_diag *d, const char *p) {
-  probe_trace *tr = NULL;
-  char err[256];
-  ck_assert_int_eq(probe_trace_open_isolated(&tr, p, err, sizeof err), PROBE_OK);
-  probe_diag_options o;
-  probe_diag_options_init(&o);
-  ck_assert_int_eq(probe_diag_run(d, tr, p, &o), PROBE_OK);
-  probe_trace_close(tr);
-}
+#define end(...) diag_end(__VA_ARGS__)
 
 static const probe_diag_finding *find(const probe_diag *d, probe_diag_finding_id id) {
   for (int i = 0; i < d->n_findings; i++)
