@@ -478,6 +478,17 @@ static int bf16_overflow(const probe_diag *d) {
   if (d->fp32_run || d->origin_layer < 0 || d->origin_layer >= d->n_layers ||
       d->origin_site == PROBE_SITE_FWD_IN || d->origin_site == PROBE_SITE_GRAD_OUT)
     return 0;
+  /* A BF16 normalisation or custom op (kind other) makes inf of in-range
+   * values through a quantity its 8 bits rounded to zero (a variance
+   * E[x^2] - E[x]^2 under its rsqrt, a denominator): a precision problem,
+   * which FP32 cures. A range overflow only when its input's square
+   * reaches BF16's range. */
+  const probe_layer_info *oi = &d->layers[d->origin_layer].info;
+  if (oi->precision == PROBE_DTYPE_BF16 &&
+      (probe__diag_is_norm_kind(oi->kind) || oi->kind == PROBE_KIND_OTHER) &&
+      (!d->have_origin_in ||
+       (double)d->origin_in.absmax * (double)d->origin_in.absmax < PROBE__DIAG_BF16_MAX))
+    return 0;
   if (d->event != PROBE_DIAG_EVENT_OVERFLOW &&
       d->event != PROBE_DIAG_EVENT_REDUCTION_OVERFLOW &&
       d->event != PROBE_DIAG_EVENT_GRAD_OVERFLOW)

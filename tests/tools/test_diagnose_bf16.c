@@ -83,6 +83,53 @@ static void linear_overflow_trace(const char *p, const char *policy,
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
 }
 
+/* One BF16 layer 'op' of `kind` (no weight record) then an FP32 loss;
+ * at step 3 its input is x_mag and its output holds 2 +inf. */
+static void op_inf_trace(const char *p, probe_kind kind, float x_mag) {
+  probe_session *s = open_s(p, "bf16");
+  int32_t op = layer(s, "op", kind, PROBE_DTYPE_BF16);
+  int32_t loss = layer(s, "loss", PROBE_KIND_LOSS, PROBE_DTYPE_F32);
+  for (int step = 0; step < 4; step++) {
+    int bad = step == 3;
+    ck_assert_int_eq(probe_step_begin(s, step), PROBE_OK);
+    put(s, op, PROBE_SITE_FWD_IN, bad ? x_mag : 1.0f, 0, 0);
+    put(s, op, PROBE_SITE_FWD_OUT, 2.0f + step, 0, bad ? 2 : 0);
+    put(s, loss, PROBE_SITE_FWD_IN, 2.0f + step, 0, bad ? 2 : 0);
+    put(s, loss, PROBE_SITE_FWD_OUT, 1.0f, 0, bad ? 1 : 0);
+    end(s, bad ? INFINITY : 1.0 - 0.1 * step);
+  }
+  ck_assert_int_eq(probe_session_close(s), PROBE_OK);
+}
+
+/* A BF16 custom op or normalisation that makes inf of in-range values
+ * (input absmax 300: a variance E[x^2] - E[x]^2 that BF16's 8 bits
+ * rounded to 0 under an rsqrt) is BF16's doing, which FP32 cures: not
+ * "not a precision problem, FP32 overflows too" (hunt_new F1). With an
+ * input whose square passes BF16's range, it is a range overflow again. */
+START_TEST(test_bf16_op_inf_of_in_range_values_is_precision) {
+  const char *p = tmp_path("bf16op");
+  const struct { probe_kind kind; float x; int not_precision; } c[] = {
+      {PROBE_KIND_OTHER, 300.0f, 0},
+      {PROBE_KIND_LAYERNORM, 300.0f, 0},
+      {PROBE_KIND_OTHER, 1e20f, 1},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    op_inf_trace(p, c[i].kind, c[i].x);
+    probe_diag d;
+    diag_of(&d, p);
+    ck_assert_str_eq(probe_diag_layer_name(&d, d.origin_layer), "op");
+    int np = find(&d, PROBE_DIAG_FINDING_NOT_PRECISION) != NULL;
+    ck_assert_msg(np == c[i].not_precision, "case %zu: %s: %s", i,
+                  probe_diag_finding_name(d.findings[0].id), d.findings[0].title);
+    if (!c[i].not_precision)
+      ck_assert_msg(find(&d, PROBE_DIAG_FINDING_FORCE_FP32) != NULL, "case %zu: %s", i,
+                    d.findings[0].title);
+    probe_diag_free(&d);
+    unlink(p);
+  }
+}
+END_TEST
+
 /* F2: a BF16 Linear whose inputs bound its output far past FP32's range
  * (1e20 x 1e19, as the hunt's bf16_overflow_step0.py; the FP32 run
  * overflows at the same step) is not-precision, with no bisect and no
@@ -373,6 +420,7 @@ static Suite *make_suite(void) {
   TCase *tc = tcase_create("bf16");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_bf16_overflow_past_fp32_is_not_precision);
+  tcase_add_test(tc, test_bf16_op_inf_of_in_range_values_is_precision);
   tcase_add_test(tc, test_bf16_overflow_within_fp32_keeps_force_fp32);
   tcase_add_test(tc, test_fp16_overflow_unchanged);
   tcase_add_test(tc, test_bf16_headroom_is_bf16s);
