@@ -3,14 +3,16 @@
  * to write a small trace through the libprobe writer API and read it back
  * isolated: a path in the test folder, a full-trace session, a layer, a
  * record of N constant (or ramped) values with planted NaN/inf/zeros, a
- * step's end with its scalars, and the diagnosis of a trace. Static: each
- * suite is its own program.
+ * step's end with its scalars, the diagnosis of a trace and a search of a
+ * finding's text. Static inline: each suite is its own program and takes
+ * what it needs.
  */
 #ifndef AMPPROBE_TESTS_DIAG_TESTUTIL_H
 #define AMPPROBE_TESTS_DIAG_TESTUTIL_H
 
 #include <check.h>
 #include <math.h>
+#include <string.h>
 
 #include "ampprobe/analysis.h"
 #include "ampprobe/probe.h"
@@ -20,13 +22,13 @@
 #define DIAG_PUT_BUFFERS 64 /* records of one step, at most */
 
 /* a path in this process's test folder, removed with it (pt_path) */
-static const char *diag_tmp_path(const char *tag) {
+static inline const char *diag_tmp_path(const char *tag) {
   static char path_buf[256];
   pt_path(path_buf, sizeof path_buf, tag);
   return path_buf;
 }
 
-static probe_session *diag_open(const char *p, const char *policy) {
+static inline probe_session *diag_open(const char *p, const char *policy) {
   probe_options o;
   probe_options_init(&o);
   o.mode = PROBE_MODE_FULL;
@@ -37,7 +39,7 @@ static probe_session *diag_open(const char *p, const char *policy) {
   return s;
 }
 
-static int32_t diag_layer(probe_session *s, const char *name, probe_kind kind,
+static inline int32_t diag_layer(probe_session *s, const char *name, probe_kind kind,
                           probe_dtype prec) {
   int32_t id;
   ck_assert_int_eq(probe_layer_register(s, name, kind, prec, &id), PROBE_OK);
@@ -48,7 +50,7 @@ static int32_t diag_layer(probe_session *s, const char *name, probe_kind kind,
  * inf +inf, zeros 0. The data must stay valid until probe_step_end (the
  * session may snapshot it then: probe.h), so each record of a step gets
  * its own buffer. */
-static void diag_put(probe_session *s, int32_t id, probe_site site, float v,
+static inline void diag_put(probe_session *s, int32_t id, probe_site site, float v,
                      int ramp, int nan, int inf, int zeros) {
   static float pool[DIAG_PUT_BUFFERS][DIAG_N];
   static unsigned next;
@@ -63,7 +65,7 @@ static void diag_put(probe_session *s, int32_t id, probe_site site, float v,
                    PROBE_OK);
 }
 
-static void diag_end(probe_session *s, double loss, double scale, double lr,
+static inline void diag_end(probe_session *s, double loss, double scale, double lr,
                      int found_inf, int skipped) {
   probe_step_scalars sc = {.loss = loss, .loss_scale = scale, .lr = lr,
                            .found_inf = found_inf, .skipped = skipped};
@@ -71,15 +73,27 @@ static void diag_end(probe_session *s, double loss, double scale, double lr,
   ck_assert_int_eq(probe_step_end(s), PROBE_OK);
 }
 
-/* the post-mortem of the trace at p, read isolated, default options */
-static void diag_of(probe_diag *d, const char *p) {
+/* the post-mortem of the trace at p, read isolated; chunk_rows 0: the
+ * default, else that many rows a chunk (several chunks on a small trace) */
+static inline void diag_of_rows(probe_diag *d, const char *p, size_t chunk_rows) {
   probe_trace *tr = NULL;
   char err[256];
   ck_assert_int_eq(probe_trace_open_isolated(&tr, p, err, sizeof err), PROBE_OK);
   probe_diag_options o;
   probe_diag_options_init(&o);
+  if (chunk_rows) o.chunk_rows = chunk_rows;
   ck_assert_int_eq(probe_diag_run(d, tr, p, &o), PROBE_OK);
   probe_trace_close(tr);
+}
+
+static inline void diag_of(probe_diag *d, const char *p) { diag_of_rows(d, p, 0); }
+
+/* 1 when the finding's title, next step or an evidence line holds needle */
+static inline int diag_finding_has(const probe_diag_finding *f, const char *needle) {
+  if (strstr(f->title, needle) || strstr(f->next_step, needle)) return 1;
+  for (int k = 0; k < f->n_evidence; k++)
+    if (strstr(f->evidence[k], needle)) return 1;
+  return 0;
 }
 
 #endif

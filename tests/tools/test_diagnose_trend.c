@@ -26,6 +26,7 @@
 #include "ampprobe/analysis.h"
 #include "ampprobe/probe.h"
 #include "probe_testutil.h"
+#include "diag_testutil.h"
 
 #define N 16
 
@@ -149,23 +150,10 @@ static void write_run(const char *p, const run_case *c) {
   ck_assert_int_eq(probe_session_close(s), PROBE_OK);
 }
 
-static void diag_of(probe_diag *d, const char *p) {
-  probe_trace *tr = NULL;
-  char err[256];
-  ck_assert_int_eq(probe_trace_open_isolated(&tr, p, err, sizeof err), PROBE_OK);
-  probe_diag_options o;
-  probe_diag_options_init(&o);
-  o.chunk_rows = 64; /* several chunks */
-  ck_assert_int_eq(probe_diag_run(d, tr, p, &o), PROBE_OK);
-  probe_trace_close(tr);
-}
+/* the diagnosis over several chunks of 64 rows */
+#define diag_of(d, p) diag_of_rows((d), (p), 64)
 
-static int finding_has(const probe_diag_finding *f, const char *needle) {
-  if (strstr(f->title, needle) || strstr(f->next_step, needle)) return 1;
-  for (int k = 0; k < f->n_evidence; k++)
-    if (strstr(f->evidence[k], needle)) return 1;
-  return 0;
-}
+#define finding_has(f, needle) diag_finding_has(f, needle)
 
 static void check_case(const run_case *c) {
   const char *p = tmp_path(c->tag);
